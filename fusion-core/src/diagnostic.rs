@@ -1,0 +1,271 @@
+//! Source locations and error messages shared by every stage of the compiler.
+//!
+//! Both front ends attach a [`Span`] to what they parse; later stages (IR
+//! validation, fusion) report problems as [`Diagnostic`]s that keep that span,
+//! so an error in a graph points at the user's file, line and column whether
+//! the graph came from TOML or from a `fusion_graph!` invocation.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+/// Where something was written.
+///
+/// Spans are locations, not content: two declarations that say the same thing
+/// compare equal wherever they were written (so the TOML and macro front ends
+/// can be checked against each other).
+#[derive(Clone, Copy, Debug, Default)]
+pub enum Span {
+    /// A byte range in a [`SourceFile`] (the TOML front end).
+    Source { lo: usize, hi: usize },
+    /// A token's span: the compiler's inside `fusion_graph!`, or proc-macro2's
+    /// own (with line and column) when a build script parses Rust source.
+    Tokens(proc_macro2::Span),
+    /// Built programmatically: there is no source to point at.
+    #[default]
+    None,
+}
+
+impl PartialEq for Span {
+    fn eq(&self, _: &Span) -> bool {
+        true
+    }
+}
+
+impl Span {
+    /// Byte range in a source file, for the TOML front end.
+    pub fn source(lo: usize, hi: usize) -> Span {
+        Span::Source { lo, hi }
+    }
+
+    /// The smallest span covering both, where both are in the same kind of source.
+    pub fn join(self, other: Span) -> Span {
+        match (self, other) {
+            (Span::Source { lo: a, hi: b }, Span::Source { lo: c, hi: d }) => Span::Source {
+                lo: a.min(c),
+                hi: b.max(d),
+            },
+            (Span::Tokens(a), Span::Tokens(b)) => Span::Tokens(a.join(b).unwrap_or(a)),
+            (Span::None, s) | (s, Span::None) => s,
+            (s, _) => s,
+        }
+    }
+}
+
+/// One problem, with where it was found.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Diagnostic {
+    pub message: String,
+    pub span: Span,
+    /// Extra sentences: what to do about it.
+    pub notes: Vec<String>,
+    /// Other places that matter (where a name was first defined).
+    pub labels: Vec<(Span, String)>,
+}
+
+impl Diagnostic {
+    pub fn new(span: Span, message: impl Into<String>) -> Diagnostic {
+        Diagnostic {
+            message: message.into(),
+            span,
+            notes: Vec::new(),
+            labels: Vec::new(),
+        }
+    }
+
+    pub fn with_label(mut self, span: Span, label: impl Into<String>) -> Diagnostic {
+        self.labels.push((span, label.into()));
+        self
+    }
+
+    pub fn with_note(mut self, note: impl Into<String>) -> Diagnostic {
+        self.notes.push(note.into());
+        self
+    }
+}
+
+impl fmt::Display for Diagnostic {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)?;
+        for note in &self.notes {
+            write!(f, "\n  note: {note}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Every problem a stage found, in the order found. Never empty.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Diagnostics(pub Vec<Diagnostic>);
+
+impl Diagnostics {
+    pub fn iter(&self) -> std::slice::Iter<'_, Diagnostic> {
+        self.0.iter()
+    }
+
+    /// Renders every diagnostic against the file it came from.
+    pub fn render(&self, source: &SourceFile) -> String {
+        self.0
+            .iter()
+            .map(|d| source.render(d))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+impl From<Diagnostic> for Diagnostics {
+    fn from(d: Diagnostic) -> Diagnostics {
+        Diagnostics(vec![d])
+    }
+}
+
+impl fmt::Display for Diagnostics {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, d) in self.0.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "error: {d}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for Diagnostics {}
+
+/// A 1-based line and column (columns count characters, not bytes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LineCol {
+    pub line: usize,
+    pub column: usize,
+}
+
+/// A graph's source text and the path it was read from.
+#[derive(Clone, Debug)]
+pub struct SourceFile {
+    pub path: PathBuf,
+    pub text: String,
+}
+
+impl SourceFile {
+    pub fn new(path: impl Into<PathBuf>, text: impl Into<String>) -> SourceFile {
+        SourceFile {
+            path: path.into(),
+            text: text.into(),
+        }
+    }
+
+    /// Reads a file; the error names the path.
+    pub fn read(path: &Path) -> Result<SourceFile, Diagnostic> {
+        std::fs::read_to_string(path)
+            .map(|text| SourceFile::new(path, text))
+            .map_err(|e| Diagnostic::new(Span::None, format!("cannot read {}: {e}", path.display())))
+    }
+
+    /// Line and column of a byte offset (clamped to the text).
+    pub fn line_col(&self, offset: usize) -> LineCol {
+        let mut offset = offset.min(self.text.len());
+        while !self.text.is_char_boundary(offset) {
+            offset -= 1;
+        }
+        let before = &self.text[..offset];
+        let line = before.matches('\n').count() + 1;
+        let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+        LineCol {
+            line,
+            column: before[line_start..].chars().count() + 1,
+        }
+    }
+
+    /// Where a span starts and ends, if it has a location.
+    pub fn locate(&self, span: Span) -> Option<(LineCol, LineCol)> {
+        match span {
+            Span::Source { lo, hi } => Some((self.line_col(lo), self.line_col(hi))),
+            Span::Tokens(s) => {
+                let (a, b) = (s.start(), s.end());
+                if a.line == 0 {
+                    return None;
+                }
+                Some((
+                    LineCol {
+                        line: a.line,
+                        column: a.column + 1,
+                    },
+                    LineCol {
+                        line: b.line,
+                        column: b.column + 1,
+                    },
+                ))
+            }
+            Span::None => None,
+        }
+    }
+
+    /// `path:line:col: error: message`, then the line with the span underlined.
+    pub fn render(&self, d: &Diagnostic) -> String {
+        let path = self.path.display();
+        let mut out = match self.locate(d.span) {
+            None => format!("{path}: error: {}", d.message),
+            Some((start, end)) => {
+                let mut out = format!("{path}:{}:{}: error: {}", start.line, start.column, d.message);
+                if let Some(text) = self.text.lines().nth(start.line - 1) {
+                    let width = if end.line == start.line && end.column > start.column {
+                        end.column - start.column
+                    } else {
+                        1
+                    };
+                    let gutter = start.line.to_string().len();
+                    out.push_str(&format!(
+                        "\n{:gutter$} |\n{} | {}\n{:gutter$} | {}{}",
+                        "",
+                        start.line,
+                        text,
+                        "",
+                        " ".repeat(start.column - 1),
+                        "^".repeat(width),
+                    ));
+                }
+                out
+            }
+        };
+        for (span, label) in &d.labels {
+            match self.locate(*span) {
+                Some((at, _)) => out.push_str(&format!(
+                    "\n  = note: {label} at {path}:{}:{}",
+                    at.line, at.column
+                )),
+                None => out.push_str(&format!("\n  = note: {label}")),
+            }
+        }
+        for note in &d.notes {
+            out.push_str(&format!("\n  = note: {note}"));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn line_col_counts_from_one_and_in_characters() {
+        let f = SourceFile::new("g.toml", "a = 1\nbé = \"x\"\n");
+        assert_eq!(f.line_col(0), LineCol { line: 1, column: 1 });
+        assert_eq!(f.line_col(6), LineCol { line: 2, column: 1 });
+        // 'é' is two bytes but one column.
+        assert_eq!(f.line_col(9), LineCol { line: 2, column: 3 });
+    }
+
+    #[test]
+    fn render_names_file_line_column_and_underlines() {
+        let f = SourceFile::new("g.toml", "[dims]\nM = 0\n");
+        let d = Diagnostic::new(Span::source(11, 12), "dim `M` must be at least 1");
+        let text = f.render(&d);
+        assert!(
+            text.starts_with("g.toml:2:5: error: dim `M` must be at least 1"),
+            "{text}"
+        );
+        assert!(text.contains("2 | M = 0"), "{text}");
+        assert!(text.contains("    ^"), "{text}");
+    }
+}

@@ -1,0 +1,1 @@
+//! The fusion matcher: splits a graph into fused kernels.

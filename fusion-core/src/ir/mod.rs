@@ -1,0 +1,267 @@
+//! The graph IR: typed tensors, ops, and the checks that make a graph valid.
+//!
+//! A [`Graph`] is built either programmatically with [`GraphBuilder`] or from
+//! a parsed declaration with [`lower`]; both go through the builder, so shape
+//! and dtype inference and every validity check live in one place. A built
+//! graph is valid: single definition, acyclic, shapes and dtypes agree, every
+//! declared tensor is used and every op contributes to an output.
+
+mod builder;
+mod lower;
+
+pub use builder::GraphBuilder;
+pub use lower::lower;
+
+use crate::diagnostic::Span;
+use std::fmt;
+use std::str::FromStr;
+
+/// Element type of a tensor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DType {
+    F16,
+    BF16,
+    F32,
+}
+
+impl DType {
+    pub const ALL: [DType; 3] = [DType::F16, DType::BF16, DType::F32];
+
+    /// The name used in graph declarations (`f16`).
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F16 => "f16",
+            DType::BF16 => "bf16",
+            DType::F32 => "f32",
+        }
+    }
+
+    pub fn size_bytes(self) -> usize {
+        match self {
+            DType::F16 | DType::BF16 => 2,
+            DType::F32 => 4,
+        }
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for DType {
+    type Err = String;
+    fn from_str(s: &str) -> Result<DType, String> {
+        DType::ALL
+            .into_iter()
+            .find(|d| d.name() == s)
+            .ok_or_else(|| format!("unknown dtype `{s}`: expected one of f16, bf16, f32"))
+    }
+}
+
+/// Index of a dim in [`Graph::dims`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DimId(pub usize);
+
+/// Index of a tensor in [`Graph::tensors`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TensorId(pub usize);
+
+/// Index of an op in [`Graph::ops`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct OpId(pub usize);
+
+/// A named dim of the graph.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DimDef {
+    pub name: String,
+    /// `None` for a dynamic dim, known only at run time.
+    pub size: Option<u64>,
+    pub span: Span,
+}
+
+/// The size of one axis of a tensor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Extent {
+    Static(u64),
+    /// A dynamic dim: two axes with the same `DimId` have the same size at
+    /// run time.
+    Dynamic(DimId),
+}
+
+/// What a tensor is to the graph.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TensorKind {
+    /// Fed on every run.
+    Input,
+    /// Bound once, when the compiled graph is constructed.
+    Weight,
+    /// Computed, and consumed only inside the graph.
+    Intermediate,
+    /// Computed and returned.
+    Output,
+}
+
+/// A tensor: row-major over its shape.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TensorDesc {
+    pub name: String,
+    pub dtype: DType,
+    pub shape: Vec<Extent>,
+    pub kind: TensorKind,
+    pub span: Span,
+}
+
+/// How a matmul reads its right operand.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WeightLayout {
+    /// `[K, N]`, row-major: `x @ w`.
+    KN,
+    /// `[N, K]`, as `torch.nn.Linear` stores its weight: `x @ w^T`.
+    NK,
+}
+
+/// Which formula a GELU uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GeluApprox {
+    /// `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`, as GPT-2 and cuBLASLt use.
+    Tanh,
+    /// `0.5·x·(1 + erf(x/√2))`, the exact form.
+    Erf,
+}
+
+/// What an op computes. Operand order is fixed per kind (see each variant).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum OpKind {
+    /// `[a, b]`: a `[M, K]` times b (`[K, N]` or `[N, K]`) → `[M, N]`.
+    MatMul { b_layout: WeightLayout },
+    /// `[x, bias]`: x `[M, N]` plus bias `[N]` on every row.
+    BiasAdd,
+    /// `[a, b]`: elementwise sum of equal shapes.
+    Add,
+    /// `[a, b]`: elementwise product of equal shapes.
+    Mul,
+    /// `[x]`.
+    Gelu(GeluApprox),
+    /// `[x]`: x·sigmoid(x).
+    Silu,
+    /// `[x]`: max(x, 0).
+    Relu,
+    /// `[x, gamma, beta]`: per row, (x − mean)/√(var + eps)·gamma + beta.
+    LayerNorm { eps: f64 },
+    /// `[x, gamma]`: per row, x/√(mean(x²) + eps)·gamma.
+    RmsNorm { eps: f64 },
+}
+
+impl OpKind {
+    /// The op's name as written in graph declarations.
+    pub fn name(&self) -> &'static str {
+        match self {
+            OpKind::MatMul { .. } => "matmul",
+            OpKind::BiasAdd => "bias_add",
+            OpKind::Add => "add",
+            OpKind::Mul => "mul",
+            OpKind::Gelu(GeluApprox::Tanh) => "gelu",
+            OpKind::Gelu(GeluApprox::Erf) => "gelu_erf",
+            OpKind::Silu => "silu",
+            OpKind::Relu => "relu",
+            OpKind::LayerNorm { .. } => "layernorm",
+            OpKind::RmsNorm { .. } => "rmsnorm",
+        }
+    }
+
+    /// Computes each output element from the same element of its inputs
+    /// (a bias add broadcasts along rows, which is still per element).
+    pub fn is_elementwise(&self) -> bool {
+        !matches!(
+            self,
+            OpKind::MatMul { .. } | OpKind::LayerNorm { .. } | OpKind::RmsNorm { .. }
+        )
+    }
+}
+
+/// One op: reads `inputs`, defines `output`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Op {
+    pub kind: OpKind,
+    pub inputs: Vec<TensorId>,
+    pub output: TensorId,
+    pub span: Span,
+}
+
+/// A valid dataflow graph. Ops are in topological order.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Graph {
+    pub name: String,
+    pub doc: Option<String>,
+    pub dims: Vec<DimDef>,
+    pub tensors: Vec<TensorDesc>,
+    pub ops: Vec<Op>,
+    /// Declared inputs, in declaration order.
+    pub inputs: Vec<TensorId>,
+    /// Declared weights, in declaration order.
+    pub weights: Vec<TensorId>,
+    /// Outputs, in declaration order.
+    pub outputs: Vec<TensorId>,
+}
+
+impl Graph {
+    pub fn tensor(&self, id: TensorId) -> &TensorDesc {
+        &self.tensors[id.0]
+    }
+
+    pub fn op(&self, id: OpId) -> &Op {
+        &self.ops[id.0]
+    }
+
+    pub fn op_ids(&self) -> impl Iterator<Item = OpId> + '_ {
+        (0..self.ops.len()).map(OpId)
+    }
+
+    pub fn tensor_by_name(&self, name: &str) -> Option<TensorId> {
+        self.tensors.iter().position(|t| t.name == name).map(TensorId)
+    }
+
+    pub fn dim_by_name(&self, name: &str) -> Option<DimId> {
+        self.dims.iter().position(|d| d.name == name).map(DimId)
+    }
+
+    /// The op that defines a tensor (`None` for inputs and weights).
+    pub fn producer(&self, t: TensorId) -> Option<OpId> {
+        self.ops.iter().position(|op| op.output == t).map(OpId)
+    }
+
+    /// Every use of a tensor as an operand, once per use (an op that reads
+    /// the same tensor twice appears twice).
+    pub fn uses(&self, t: TensorId) -> Vec<OpId> {
+        self.ops
+            .iter()
+            .enumerate()
+            .flat_map(|(i, op)| op.inputs.iter().filter(move |&&x| x == t).map(move |_| OpId(i)))
+            .collect()
+    }
+
+    /// Number of uses, counting a graph output as one more.
+    pub fn use_count(&self, t: TensorId) -> usize {
+        self.uses(t).len() + usize::from(self.outputs.contains(&t))
+    }
+
+    /// `f16[M, 4096]`.
+    pub fn type_string(&self, t: TensorId) -> String {
+        let desc = self.tensor(t);
+        format!("{}[{}]", desc.dtype, self.shape_string(&desc.shape))
+    }
+
+    /// `M, 4096`: dynamic dims by name, static ones by size.
+    pub fn shape_string(&self, shape: &[Extent]) -> String {
+        shape
+            .iter()
+            .map(|e| match e {
+                Extent::Static(n) => n.to_string(),
+                Extent::Dynamic(d) => self.dims[d.0].name.clone(),
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}

@@ -1,0 +1,34 @@
+//! fusion-core: the fusion compiler. It needs no GPU.
+//!
+//! Data flows one way through these modules:
+//!
+//! | module | what it does |
+//! | --- | --- |
+//! | [`syntax`] | parses a graph from TOML or from `fusion_graph!` tokens into one AST |
+//! | [`ir`] | resolves and checks it: a [`ir::Graph`] with shapes and dtypes |
+//! | [`fuse`] | splits the graph into fused kernels: a [`fuse::Plan`] |
+//! | [`reference`] | evaluates a graph on the CPU in f64: the oracle for GPU tests |
+//!
+//! [`diagnostic`] holds the spans and error messages every stage shares.
+
+pub mod diagnostic;
+pub mod fuse;
+pub mod ir;
+pub mod reference;
+pub mod syntax;
+
+use diagnostic::SourceFile;
+use std::path::Path;
+
+/// Reads, parses and lowers a TOML graph. The error is rendered against the
+/// file: `path:line:col: error: …` with the offending line underlined.
+pub fn load_toml_graph(path: &Path) -> Result<ir::Graph, String> {
+    let source = SourceFile::read(path).map_err(|d| d.message)?;
+    graph_from_source(&source)
+}
+
+/// Parses and lowers TOML text already read.
+pub fn graph_from_source(source: &SourceFile) -> Result<ir::Graph, String> {
+    let decl = syntax::parse_toml(source).map_err(|e| e.render(source))?;
+    ir::lower(&decl).map_err(|e| e.render(source))
+}

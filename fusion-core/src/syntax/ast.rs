@@ -1,0 +1,159 @@
+//! The parsed form of a graph declaration, shared by both front ends.
+//!
+//! The TOML reader and the `fusion_graph!` token parser each produce a
+//! [`GraphDecl`]; nothing here is resolved yet (names, dims, dtypes and op
+//! names are checked when [`crate::ir::lower`] turns it into a graph).
+
+use crate::diagnostic::Span;
+
+/// One graph: its dims, inputs, weights and the tensors it computes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GraphDecl {
+    pub name: Ident,
+    /// Documentation (`///` lines in the macro, `doc` in TOML).
+    pub doc: Option<String>,
+    pub dims: Vec<DimDecl>,
+    /// Inputs and weights, in declaration order.
+    pub tensors: Vec<TensorDecl>,
+    /// Computed tensors, in declaration order (which need not be dependency
+    /// order: names are resolved across the whole graph).
+    pub bindings: Vec<Binding>,
+}
+
+/// A name with where it was written.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Ident {
+    pub name: String,
+    pub span: Span,
+}
+
+impl Ident {
+    pub fn new(name: impl Into<String>, span: Span) -> Ident {
+        Ident {
+            name: name.into(),
+            span,
+        }
+    }
+}
+
+/// `M: dyn` or `D: 4096`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DimDecl {
+    pub name: Ident,
+    pub size: DimSize,
+    /// Span of the size (the literal or `dyn`).
+    pub size_span: Span,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DimSize {
+    /// Known when the graph is compiled.
+    Static(u64),
+    /// Read from the inputs at run time (the token count M).
+    Dynamic,
+}
+
+/// Whether a declared tensor is fed per call or bound once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TensorRole {
+    /// Passed to every run (activations).
+    Input,
+    /// Bound when the compiled graph is constructed (parameters).
+    Weight,
+}
+
+/// `x: f16[M, D]`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TensorDecl {
+    pub role: TensorRole,
+    pub name: Ident,
+    pub ty: TypeExpr,
+}
+
+/// `f16[M, D]`: an element type and a shape.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TypeExpr {
+    /// Element type as written (`f16`, `bf16`, `f32`); checked when lowered.
+    pub dtype: Ident,
+    pub dims: Vec<DimExpr>,
+    pub span: Span,
+}
+
+/// One entry of a shape.
+#[derive(Clone, Debug, PartialEq)]
+pub enum DimExpr {
+    /// A declared dim (`M`).
+    Named(Ident),
+    /// A literal size (`4096`).
+    Literal(u64, Span),
+}
+
+/// `name = expr`, an intermediate or (with `is_output`) a graph output.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Binding {
+    pub name: Ident,
+    pub expr: Expr,
+    pub is_output: bool,
+}
+
+/// An expression over tensors.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Expr {
+    /// A tensor by name.
+    Name(Ident),
+    /// `silu(x)`, `layernorm(x, g, b, eps = 1e-5)`.
+    Call(Call),
+    /// `a + b`, `a * b`, `a @ b`.
+    Binary(Binary),
+    /// `w^T`: read `w` transposed (nn.Linear's `[N, K]` layout as a matmul's
+    /// right operand).
+    Transpose { operand: Box<Expr>, span: Span },
+}
+
+impl Expr {
+    /// The span of the whole expression.
+    pub fn span(&self) -> Span {
+        match self {
+            Expr::Name(i) => i.span,
+            Expr::Call(c) => c.span,
+            Expr::Binary(b) => b.span,
+            Expr::Transpose { span, .. } => *span,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Call {
+    pub func: Ident,
+    pub args: Vec<Expr>,
+    pub kwargs: Vec<KwArg>,
+    /// The whole call, from the function name to the closing parenthesis.
+    pub span: Span,
+}
+
+/// `eps = 1e-5`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KwArg {
+    pub name: Ident,
+    pub value: f64,
+    pub span: Span,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Binary {
+    pub op: BinOp,
+    pub lhs: Box<Expr>,
+    pub rhs: Box<Expr>,
+    /// The whole expression.
+    pub span: Span,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BinOp {
+    /// `+`: elementwise add, or a bias add when the right side is a row vector.
+    Add,
+    /// `*`: elementwise multiply.
+    Mul,
+    /// `@`: matrix multiply.
+    MatMul,
+}

@@ -1,0 +1,1 @@
+//! `fusion_graph!`: declares a graph in Rust source.

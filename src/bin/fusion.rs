@@ -1,0 +1,2 @@
+//! The `fusion` command line.
+fn main() {}

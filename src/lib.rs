@@ -1,0 +1,2 @@
+//! fusion: fused transformer GPU kernels, compiled at build time.
+pub use fusion_core as core;
