@@ -1,2 +1,24 @@
-//! fusion: fused transformer GPU kernels, compiled at build time.
+//! fusion: fused transformer GPU kernels, compiled at build time from
+//! dataflow graphs and called as typed, checked Rust functions.
+//!
+//! | module | what it is |
+//! | --- | --- |
+//! | [`tensor`] | typed views of device memory that kernels take |
+//! | [`device`] | which compiled kernel variant runs on a GPU |
+//! | [`error`] | every way a call can be refused |
+//!
+//! The compiler itself (parsing, planning, code generation) is
+//! [`fusion_core`], re-exported as [`core`].
+
+pub mod device;
+pub mod error;
+pub mod tensor;
+
+pub use device::Arch;
+pub use error::{Error, Result};
 pub use fusion_core as core;
+pub use tensor::{Element, Shape, Tensor, TensorMut};
+
+/// Re-exported so that users and generated code name the same version.
+pub use cudarc;
+pub use half;

@@ -1,0 +1,153 @@
+//! Which compiled kernel variant runs on a device.
+//!
+//! A build carries one variant per enabled cargo feature (`sm75`, `sm80`,
+//! `sm90`). The device's compute capability is read once per device and the
+//! best variant that runs there is used; `FUSION_FORCE_ARCH` overrides the
+//! choice (tests use it to run the sm75 and sm80 variants, as PTX, on newer
+//! GPUs).
+
+use crate::error::{Error, Result};
+use cudarc::driver::CudaStream;
+use std::sync::Mutex;
+
+/// A kernel variant: the GPU generation its mainloop was written for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Arch {
+    /// Turing: WMMA, f16 only.
+    Sm75,
+    /// Ampere and Ada: mma.sync, cp.async pipeline, f16 and bf16.
+    Sm80,
+    /// Hopper (built as sm_90a).
+    Sm90,
+}
+
+impl Arch {
+    pub const ALL: [Arch; 3] = [Arch::Sm75, Arch::Sm80, Arch::Sm90];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Sm75 => "sm75",
+            Arch::Sm80 => "sm80",
+            Arch::Sm90 => "sm90",
+        }
+    }
+
+    /// Variants compiled into this build, by cargo feature.
+    pub fn compiled() -> Vec<Arch> {
+        Arch::ALL.into_iter().filter(|a| a.is_compiled()).collect()
+    }
+
+    pub fn is_compiled(self) -> bool {
+        match self {
+            Arch::Sm75 => cfg!(feature = "sm75"),
+            Arch::Sm80 => cfg!(feature = "sm80"),
+            Arch::Sm90 => cfg!(feature = "sm90"),
+        }
+    }
+
+    /// Whether this variant's code runs on a device of compute capability
+    /// `major.minor`. sm_90a machine code runs on 9.0 alone; the sm80 and
+    /// sm75 variants also carry PTX, which the driver compiles for any newer
+    /// device.
+    pub fn runs_on(self, major: i32, minor: i32) -> bool {
+        match self {
+            Arch::Sm90 => (major, minor) == (9, 0),
+            Arch::Sm80 => major >= 8,
+            Arch::Sm75 => (major, minor) >= (7, 5),
+        }
+    }
+
+    /// The best compiled variant for a compute capability.
+    pub fn best_for(major: i32, minor: i32, compiled: &[Arch]) -> Option<Arch> {
+        compiled.iter().copied().filter(|a| a.runs_on(major, minor)).max()
+    }
+
+    fn parse(value: &str) -> Option<Arch> {
+        Arch::ALL.into_iter().find(|a| a.name() == value)
+    }
+}
+
+fn compiled_list() -> String {
+    let names: Vec<&str> = Arch::compiled().iter().map(|a| a.name()).collect();
+    if names.is_empty() {
+        "no variants".into()
+    } else {
+        names.join(", ")
+    }
+}
+
+/// Arch chosen per device ordinal, filled on first use.
+static CHOSEN: Mutex<Vec<Option<Arch>>> = Mutex::new(Vec::new());
+
+/// The variant to launch on the stream's device.
+pub fn arch_for(stream: &CudaStream) -> Result<Arch> {
+    let ctx = stream.context();
+    let ordinal = ctx.ordinal();
+    if let Some(Some(arch)) = CHOSEN.lock().unwrap_or_else(|e| e.into_inner()).get(ordinal) {
+        return Ok(*arch);
+    }
+    let (major, minor) = ctx.compute_capability()?;
+    let arch = choose(major, minor, std::env::var("FUSION_FORCE_ARCH").ok().as_deref())?;
+    let mut chosen = CHOSEN.lock().unwrap_or_else(|e| e.into_inner());
+    if chosen.len() <= ordinal {
+        chosen.resize(ordinal + 1, None);
+    }
+    chosen[ordinal] = Some(arch);
+    Ok(arch)
+}
+
+/// The variant for a compute capability, honouring a forced choice.
+pub fn choose(major: i32, minor: i32, forced: Option<&str>) -> Result<Arch> {
+    let compiled = Arch::compiled();
+    if let Some(value) = forced.filter(|v| !v.is_empty()) {
+        let reason = match Arch::parse(value) {
+            None => "expected sm75, sm80 or sm90".to_string(),
+            Some(a) if !a.is_compiled() => format!("this build has {}", compiled_list()),
+            Some(a) if !a.runs_on(major, minor) => {
+                format!(
+                    "{} code does not run on compute capability {major}.{minor}",
+                    a.name()
+                )
+            }
+            Some(a) => return Ok(a),
+        };
+        return Err(Error::ForcedArch {
+            value: value.to_string(),
+            reason,
+        });
+    }
+    Arch::best_for(major, minor, &compiled).ok_or(Error::UnsupportedDevice {
+        major,
+        minor,
+        compiled: compiled_list(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn best_variant_per_capability() {
+        let all = Arch::ALL;
+        assert_eq!(Arch::best_for(9, 0, &all), Some(Arch::Sm90));
+        // sm_90a machine code does not run on later majors; sm80 PTX does.
+        assert_eq!(Arch::best_for(10, 0, &all), Some(Arch::Sm80));
+        assert_eq!(Arch::best_for(8, 9, &all), Some(Arch::Sm80));
+        assert_eq!(Arch::best_for(8, 6, &[Arch::Sm75]), Some(Arch::Sm75));
+        assert_eq!(Arch::best_for(7, 0, &all), None);
+        assert_eq!(Arch::best_for(8, 0, &[Arch::Sm90]), None);
+    }
+
+    #[test]
+    fn forced_arch_is_checked() {
+        assert!(matches!(
+            choose(9, 0, Some("sm60")),
+            Err(Error::ForcedArch { .. })
+        ));
+        if Arch::Sm90.is_compiled() {
+            let e = choose(8, 0, Some("sm90")).unwrap_err().to_string();
+            assert!(e.contains("does not run on compute capability 8.0"), "{e}");
+        }
+    }
+}

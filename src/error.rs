@@ -1,0 +1,90 @@
+//! The one error type of the run time: every way a call can be refused,
+//! each with a message that says what to do.
+//!
+//! A call either computes the right answer or returns one of these; it never
+//! launches a kernel on arguments it has not checked.
+
+/// Why a call into fusion did not run.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A buffer holds a different number of elements than its shape needs.
+    #[error("shape {shape} needs {expected} elements but the buffer holds {actual}")]
+    BufferLength {
+        shape: String,
+        expected: usize,
+        actual: usize,
+    },
+    /// A tensor's shape disagrees with the graph's declaration.
+    #[error("`{tensor}` has shape {actual} but the graph declares {expected}")]
+    Shape {
+        tensor: String,
+        expected: String,
+        actual: String,
+    },
+    /// A dynamic dim (such as the token count M) differs between two tensors.
+    #[error(
+        "dim `{dim}` is {first_value} in `{first}` but {second_value} in `{second}`: pass tensors that agree"
+    )]
+    DimMismatch {
+        dim: String,
+        first: String,
+        first_value: usize,
+        second: String,
+        second_value: usize,
+    },
+    /// Kernels read rows in 16-byte pieces.
+    #[error(
+        "`{tensor}`: {dim} = {value} is not a multiple of 8; fused kernels read rows 16 bytes (8 halves) at a time, so pad {dim} to a multiple of 8"
+    )]
+    NotMultipleOf8 {
+        tensor: String,
+        dim: String,
+        value: usize,
+    },
+    /// A device pointer is not 16-byte aligned.
+    #[error(
+        "`{tensor}` starts at {address:#x}, which is not 16-byte aligned; pass a buffer from a fresh allocation or a view starting at a multiple of 8 elements"
+    )]
+    Misaligned { tensor: String, address: u64 },
+    /// A tensor lives in another CUDA context than the stream it is used on.
+    #[error("`{tensor}` was allocated in another CUDA context (device) than the stream it is used on")]
+    WrongContext { tensor: String },
+    /// An output overlaps an input in a way the kernel cannot allow.
+    #[error(
+        "output `{output}` overlaps input `{input}`: this kernel reads `{input}` while writing `{output}`; use separate buffers"
+    )]
+    Aliasing { output: String, input: String },
+    /// The element type has no compiled kernel.
+    #[error("no `{kernel}` kernel is compiled for {dtype}; compiled: {compiled}")]
+    UnsupportedDType {
+        kernel: String,
+        dtype: String,
+        compiled: String,
+    },
+    /// No compiled kernel variant runs on this GPU.
+    #[error(
+        "no kernel variant runs on this GPU (compute capability {major}.{minor}); this build has {compiled}; rebuild with the cargo feature for it (sm75, sm80 or sm90)"
+    )]
+    UnsupportedDevice {
+        major: i32,
+        minor: i32,
+        compiled: String,
+    },
+    /// `FUSION_FORCE_ARCH` names a variant that is not usable here.
+    #[error("FUSION_FORCE_ARCH={value}: {reason}")]
+    ForcedArch { value: String, reason: String },
+    /// A kernel launch failed.
+    #[error("kernel `{kernel}` failed: {message} (CUDA error {code})")]
+    Launch {
+        kernel: String,
+        code: i32,
+        message: String,
+    },
+    /// The CUDA driver refused something (allocation, copy, query).
+    #[error("CUDA driver: {0}")]
+    Driver(#[from] cudarc::driver::DriverError),
+}
+
+/// `Result` with [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,184 @@
+//! Typed tensor views over device memory: what kernel wrappers take.
+//!
+//! A [`Tensor`] (read) or [`TensorMut`] (written) pairs a cudarc view with a
+//! shape; constructing one checks that the buffer holds exactly that many
+//! elements. Wrappers then check shapes against the graph, alignment and
+//! context before anything is launched.
+
+use crate::error::{Error, Result};
+use cudarc::driver::{
+    CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, SyncOnDrop,
+};
+use fusion_core::ir::DType;
+use std::fmt;
+
+/// An element type kernels are compiled for.
+pub trait Element: DeviceRepr + Copy + Send + Sync + 'static {
+    const DTYPE: DType;
+}
+
+impl Element for half::f16 {
+    const DTYPE: DType = DType::F16;
+}
+
+impl Element for half::bf16 {
+    const DTYPE: DType = DType::BF16;
+}
+
+impl Element for f32 {
+    const DTYPE: DType = DType::F32;
+}
+
+/// A row vector `[n]` or a row-major matrix `[rows, cols]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Shape {
+    Vector(usize),
+    Matrix(usize, usize),
+}
+
+impl Shape {
+    pub fn len(self) -> usize {
+        match self {
+            Shape::Vector(n) => n,
+            Shape::Matrix(r, c) => r * c,
+        }
+    }
+
+    pub fn is_empty(self) -> bool {
+        self.len() == 0
+    }
+
+    /// Rows of a matrix; 1 for a vector.
+    pub fn rows(self) -> usize {
+        match self {
+            Shape::Vector(_) => 1,
+            Shape::Matrix(r, _) => r,
+        }
+    }
+
+    /// Columns of a matrix; the length of a vector.
+    pub fn cols(self) -> usize {
+        match self {
+            Shape::Vector(n) | Shape::Matrix(_, n) => n,
+        }
+    }
+}
+
+impl From<[usize; 2]> for Shape {
+    fn from([r, c]: [usize; 2]) -> Shape {
+        Shape::Matrix(r, c)
+    }
+}
+
+impl From<[usize; 1]> for Shape {
+    fn from([n]: [usize; 1]) -> Shape {
+        Shape::Vector(n)
+    }
+}
+
+impl fmt::Display for Shape {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Shape::Vector(n) => write!(f, "[{n}]"),
+            Shape::Matrix(r, c) => write!(f, "[{r}, {c}]"),
+        }
+    }
+}
+
+fn check_len(shape: Shape, actual: usize) -> Result<()> {
+    if shape.len() != actual {
+        return Err(Error::BufferLength {
+            shape: shape.to_string(),
+            expected: shape.len(),
+            actual,
+        });
+    }
+    Ok(())
+}
+
+/// A tensor a kernel reads.
+#[derive(Debug)]
+pub struct Tensor<'a, T> {
+    view: CudaView<'a, T>,
+    shape: Shape,
+}
+
+impl<'a, T: Element> Tensor<'a, T> {
+    /// Views a whole allocation with a shape; its length must match.
+    pub fn new(slice: &'a CudaSlice<T>, shape: impl Into<Shape>) -> Result<Self> {
+        Tensor::from_view(slice.as_view(), shape)
+    }
+
+    /// Views part of an allocation (`slice.slice(a..b)`) with a shape.
+    pub fn from_view(view: CudaView<'a, T>, shape: impl Into<Shape>) -> Result<Self> {
+        let shape = shape.into();
+        check_len(shape, view.len())?;
+        Ok(Tensor { view, shape })
+    }
+
+    pub fn shape(&self) -> Shape {
+        self.shape
+    }
+
+    /// The device address and the guard that orders this use after earlier
+    /// work on other streams. For generated wrappers.
+    #[doc(hidden)]
+    pub fn device_ptr<'s>(&'s self, stream: &'s CudaStream) -> (u64, SyncOnDrop<'s>) {
+        self.view.device_ptr(stream)
+    }
+
+    #[doc(hidden)]
+    pub fn stream(&self) -> &CudaStream {
+        use cudarc::driver::DeviceSlice;
+        self.view.stream()
+    }
+}
+
+/// A tensor a kernel writes.
+#[derive(Debug)]
+pub struct TensorMut<'a, T> {
+    view: CudaViewMut<'a, T>,
+    shape: Shape,
+}
+
+impl<'a, T: Element> TensorMut<'a, T> {
+    pub fn new(slice: &'a mut CudaSlice<T>, shape: impl Into<Shape>) -> Result<Self> {
+        TensorMut::from_view(slice.as_view_mut(), shape)
+    }
+
+    pub fn from_view(view: CudaViewMut<'a, T>, shape: impl Into<Shape>) -> Result<Self> {
+        let shape = shape.into();
+        check_len(shape, view.len())?;
+        Ok(TensorMut { view, shape })
+    }
+
+    pub fn shape(&self) -> Shape {
+        self.shape
+    }
+
+    #[doc(hidden)]
+    pub fn device_ptr_mut<'s>(&'s mut self, stream: &'s CudaStream) -> (u64, SyncOnDrop<'s>) {
+        self.view.device_ptr_mut(stream)
+    }
+
+    #[doc(hidden)]
+    pub fn stream(&self) -> &CudaStream {
+        use cudarc::driver::DeviceSlice;
+        self.view.stream()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shapes_count_and_print() {
+        assert_eq!(Shape::from([3, 4]).len(), 12);
+        assert_eq!(Shape::from([5]).cols(), 5);
+        assert_eq!(Shape::from([5]).rows(), 1);
+        assert_eq!(Shape::from([3, 4]).to_string(), "[3, 4]");
+        let e = check_len(Shape::from([3, 4]), 10).unwrap_err().to_string();
+        assert_eq!(e, "shape [3, 4] needs 12 elements but the buffer holds 10");
+    }
+}
