@@ -17,3 +17,29 @@ mod toml_reader;
 
 pub use grammar::parse_tokens;
 pub use toml_reader::parse_toml;
+
+/// Frees the text proc-macro2 keeps for every string it has tokenized on
+/// this thread (each TOML type and expression string, each source file a
+/// build script tokenized).
+///
+/// [`parse_toml`] keeps no token spans (it moves them into the file as byte
+/// offsets), but proc-macro2 keeps the tokenized text for the life of the
+/// thread, so a process that parses graphs without end (a fuzzer, a language
+/// server) grows. It calls this between parses.
+///
+/// Only call it when no [`crate::diagnostic::Span::Tokens`] from tokenized
+/// text is still in use on this thread: asking such a span for its location
+/// afterwards panics. That is why [`parse_toml`] does not call it itself: a
+/// build script may hold a macro graph's spans while it reads TOML graphs.
+/// Inside a procedural macro it does nothing (the compiler owns the spans).
+pub fn forget_token_spans() {
+    if !proc_macro_is_running() {
+        proc_macro2::extra::invalidate_current_thread_spans();
+    }
+}
+
+/// proc-macro2 panics when asked to invalidate spans inside a macro.
+fn proc_macro_is_running() -> bool {
+    extern crate proc_macro;
+    proc_macro::is_available()
+}
