@@ -517,3 +517,9 @@ fn malformed_input_is_an_error_never_a_panic() {
         }
     }
 }
+
+#[test]
+fn invalid_graph_name_is_reported_at_the_name() {
+    let text = edit("name = \"g\"", "name = \"my-graph\"");
+    assert_toml_error(&text, "my-graph", &["not a valid graph name"]);
+}

@@ -42,6 +42,8 @@ pub struct GraphBuilder {
     /// Span given to the next op or declaration (see [`GraphBuilder::at`]).
     span: Span,
     auto_names: usize,
+    /// Where the graph's name was written, for errors about it.
+    name_span: Span,
 }
 
 impl GraphBuilder {
@@ -60,7 +62,14 @@ impl GraphBuilder {
             names: HashMap::new(),
             span: Span::None,
             auto_names: 0,
+            name_span: Span::None,
         }
+    }
+
+    /// Records where the graph's name was written (front ends call this).
+    pub fn name_span(&mut self, span: Span) -> &mut Self {
+        self.name_span = span;
+        self
     }
 
     pub fn doc(&mut self, doc: impl Into<String>) -> &mut Self {
@@ -480,7 +489,7 @@ impl GraphBuilder {
     /// Checks the whole graph and returns it.
     pub fn build(self) -> Result<Graph, Diagnostics> {
         let mut errors = Vec::new();
-        if let Err(e) = self.check_name(&self.graph.name, "graph", Span::None) {
+        if let Err(e) = self.check_name(&self.graph.name, "graph", self.name_span) {
             errors.push(e);
         }
         let g = self.graph;

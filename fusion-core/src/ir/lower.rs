@@ -41,6 +41,7 @@ pub fn lower(decl: &GraphDecl) -> Result<Graph, Diagnostics> {
         state: vec![State::Pending; decl.bindings.len()],
         errors: Vec::new(),
     };
+    l.b.name_span(decl.name.span);
     if let Some(doc) = &decl.doc {
         l.b.doc(doc.clone());
     }
