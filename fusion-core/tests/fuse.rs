@@ -374,6 +374,8 @@ fn swiglu_ffn_is_three_kernels() {
             plan.kernels[2].operand(Role::Residual { step: 1 }),
             Some(tensor(&plan, "x"))
         );
+        assert_eq!(plan.kernel_symbol(0), "swiglu_ffn_k0_gemm");
+        assert_eq!(plan.kernel_symbol(2), "swiglu_ffn_k2_gemm_bias_residual");
     }
 }
 
