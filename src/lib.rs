@@ -6,10 +6,12 @@
 //! | [`tensor`] | typed views of device memory that kernels take |
 //! | [`device`] | which compiled kernel variant runs on a GPU |
 //! | [`error`] | every way a call can be refused |
+//! | [`cli`] | the `fusion` command line |
 //!
 //! The compiler itself (parsing, planning, code generation) is
 //! [`fusion_core`], re-exported as [`core`].
 
+pub mod cli;
 pub mod device;
 pub mod error;
 pub mod tensor;

@@ -1,2 +1,5 @@
-//! The `fusion` command line.
-fn main() {}
+//! The `fusion` command line; [`fusion::cli`] holds what it does.
+
+fn main() -> std::process::ExitCode {
+    fusion::cli::main()
+}

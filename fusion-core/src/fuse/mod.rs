@@ -1,1 +1,31 @@
-//! The fusion matcher: splits a graph into fused kernels.
+//! Fusion: splits a graph into kernels.
+//!
+//! [`plan()`] walks the graph in topological order, grows a chain from each
+//! matmul (a norm prologue before it, elementwise epilogue steps after it),
+//! settles ops that two chains want by priority, and makes every op left
+//! over a standalone kernel. The result is a [`Plan`]: what each kernel
+//! computes and reads, in launch order. Choosing tile configs and rendering
+//! CUDA come after, from the plan alone.
+//!
+//! | module | holds |
+//! | --- | --- |
+//! | [`plan`](mod@plan) | the types: [`Plan`], [`FusedKernel`], [`Composition`], operand [`Role`]s |
+//! | [`pattern`] | the nine [`NamedPattern`]s and how any composition is named |
+//! | `matcher` | the matching rules and their priorities |
+//! | `validate` | [`Plan::validate`], the invariants every plan holds |
+//! | `report` | `impl Display for Plan`: the plan as a terminal table |
+//! | [`dot`] | the plan as a Graphviz digraph |
+
+pub mod dot;
+mod matcher;
+pub mod pattern;
+pub mod plan;
+mod report;
+mod validate;
+
+pub use matcher::{MAX_EPILOGUE_STEPS, plan};
+pub use pattern::NamedPattern;
+pub use plan::{
+    Activation, Composition, CrossingTensor, EpilogueStep, FusedKernel, GemmComposition, Norm, NormKind,
+    Operand, Plan, Role,
+};

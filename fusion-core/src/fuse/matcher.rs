@@ -1,0 +1,330 @@
+//! The matcher: grows a candidate chain from every matmul, settles the ops
+//! two candidates both want by priority, turns what is left into standalone
+//! kernels, and orders the kernels by their data dependencies.
+//!
+//! Only linear chains fuse: an op joins a chain when it is the only use of
+//! the chain's current tensor (a tensor read twice, or returned to the
+//! caller, must be written to memory, so it ends the chain). Under that rule
+//! chains are paths through the graph that can only *merge* (at a binary op
+//! whose operands are both chain tensors), never branch, so the kernel
+//! dependency graph has no cycles.
+
+use super::plan::{Composition, EpilogueStep, FusedKernel, GemmComposition, Norm, Operand, Plan, Role};
+use crate::ir::{Graph, OpId, OpKind, TensorId};
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+/// Most epilogue steps one GEMM takes. Each step holds its operand tile in
+/// registers next to the accumulator; past four the register pressure costs
+/// more than the memory round trip it saves.
+pub const MAX_EPILOGUE_STEPS: usize = 4;
+
+/// Splits `graph` into fused kernels. Every op lands in exactly one kernel.
+pub fn plan(graph: Graph) -> Plan {
+    let chains = select_chains(&graph, candidate_chains(&graph));
+    let mut owned = vec![false; graph.ops.len()];
+    let mut kernels = Vec::new();
+    for chain in &chains {
+        for op in chain.ops() {
+            owned[op.0] = true;
+        }
+        kernels.push(chain.kernel(&graph));
+    }
+    for op in graph.op_ids().filter(|op| !owned[op.0]) {
+        kernels.push(standalone_kernel(&graph, op));
+    }
+    let kernels = order_by_dependencies(&graph, kernels);
+    let plan = Plan { graph, kernels };
+    debug_assert_eq!(plan.validate(), Ok(()));
+    plan
+}
+
+/// A matmul with the norm before it and the elementwise ops after it that it
+/// could absorb.
+#[derive(Clone, Debug)]
+struct Chain {
+    prologue: Option<OpId>,
+    matmul: OpId,
+    /// In dataflow order; each reads the previous one's output.
+    epilogue: Vec<OpId>,
+}
+
+impl Chain {
+    fn ops(&self) -> impl Iterator<Item = OpId> + '_ {
+        self.prologue
+            .into_iter()
+            .chain([self.matmul])
+            .chain(self.epilogue.iter().copied())
+    }
+
+    fn op_count(&self) -> usize {
+        self.ops().count()
+    }
+
+    fn composition(&self, graph: &Graph) -> GemmComposition {
+        let OpKind::MatMul { b_layout } = graph.op(self.matmul).kind else {
+            unreachable!("a chain starts at a matmul")
+        };
+        GemmComposition {
+            prologue: self.prologue.and_then(|op| Norm::of_op(&graph.op(op).kind)),
+            b_layout,
+            epilogue: self
+                .epilogue
+                .iter()
+                .map(|&op| EpilogueStep::of_op(&graph.op(op).kind).expect("epilogue ops are elementwise"))
+                .collect(),
+        }
+    }
+
+    /// Which of two candidates for the same op wins: more ops fused (fewer
+    /// round trips through memory), then a named pattern (it has tuned
+    /// configs and a vendor baseline), then the earlier matmul (so the
+    /// choice is deterministic).
+    ///
+    /// In a SwiGLU FFN, `silu(x @ w_gate^T) * (x @ w_up^T)`, the mul is
+    /// wanted by the gate chain (matmul, silu, mul) and the up chain
+    /// (matmul, mul). The gate chain is longer and takes it: a plain `gemm`
+    /// writes the up projection, then `gemm_silu_mul` reads it as its mul
+    /// operand. The other split (`gemm_silu`, then `gemm_mul`) would move the
+    /// same bytes, one `[M, F]` tensor between kernels, but needs two
+    /// epilogue kinds where ours needs one plus a plain GEMM. Fusing both
+    /// GEMMs into one kernel needs a dual-GEMM mainloop (both read the same
+    /// `A`), a different composition.
+    fn priority(&self, graph: &Graph) -> (usize, bool, Reverse<OpId>) {
+        (
+            self.op_count(),
+            self.composition(graph).pattern().is_some(),
+            Reverse(self.matmul),
+        )
+    }
+
+    fn kernel(&self, graph: &Graph) -> FusedKernel {
+        let composition = self.composition(graph);
+        let matmul = graph.op(self.matmul);
+        let mut operands = Vec::new();
+        let a = match self.prologue {
+            Some(norm) => graph.op(norm).inputs[0],
+            None => matmul.inputs[0],
+        };
+        operands.push(Operand {
+            role: Role::A,
+            tensor: a,
+        });
+        operands.push(Operand {
+            role: Role::B,
+            tensor: matmul.inputs[1],
+        });
+        if let Some(norm) = self.prologue {
+            operands.extend(norm_params(graph, norm));
+        }
+        let mut current = matmul.output;
+        for (step, &op) in self.epilogue.iter().enumerate() {
+            let kind = composition.epilogue[step];
+            if let Some(role) = kind.operand_role(step) {
+                operands.push(Operand {
+                    role,
+                    tensor: other_operand(graph, op, current),
+                });
+            }
+            current = graph.op(op).output;
+        }
+        FusedKernel {
+            name: composition.name(),
+            composition: Composition::Gemm(composition),
+            ops: self.ops().collect(),
+            operands,
+            output: current,
+        }
+    }
+}
+
+/// One chain per matmul, as long as the linear-chain rule and the epilogue
+/// cap allow, before any conflicts are settled.
+fn candidate_chains(graph: &Graph) -> Vec<Chain> {
+    graph
+        .op_ids()
+        .filter(|&op| matches!(graph.op(op).kind, OpKind::MatMul { .. }))
+        .map(|matmul| Chain {
+            prologue: norm_prologue(graph, matmul),
+            matmul,
+            epilogue: epilogue_ops(graph, matmul),
+        })
+        .collect()
+}
+
+/// The norm that computes the matmul's `A`, when the matmul is that norm's
+/// only use.
+fn norm_prologue(graph: &Graph, matmul: OpId) -> Option<OpId> {
+    let a = graph.op(matmul).inputs[0];
+    let producer = graph.producer(a)?;
+    let is_norm = Norm::of_op(&graph.op(producer).kind).is_some();
+    // One use, and it is this matmul's A: so not its B, not a graph output.
+    (is_norm && graph.use_count(a) == 1).then_some(producer)
+}
+
+/// The elementwise ops that follow the matmul one after another, each the
+/// only use of the tensor before it.
+fn epilogue_ops(graph: &Graph, matmul: OpId) -> Vec<OpId> {
+    let mut ops = Vec::new();
+    let mut current = graph.op(matmul).output;
+    while ops.len() < MAX_EPILOGUE_STEPS && graph.use_count(current) == 1 {
+        // The one use may be the graph output itself, with no op reading it.
+        let Some(&next) = graph.uses(current).first() else {
+            break;
+        };
+        if !fits_epilogue(graph, next, current) {
+            break;
+        }
+        ops.push(next);
+        current = graph.op(next).output;
+    }
+    ops
+}
+
+/// Whether `op`, which reads the chain tensor `chain`, can be applied to the
+/// accumulator tile: a unary activation, a bias add of the chain tensor, or
+/// an add or mul of the chain tensor with another tensor of its shape.
+fn fits_epilogue(graph: &Graph, op: OpId, chain: TensorId) -> bool {
+    let op = graph.op(op);
+    let shape = |t: TensorId| &graph.tensor(t).shape;
+    match op.kind {
+        OpKind::Gelu(_) | OpKind::Silu | OpKind::Relu => true,
+        OpKind::BiasAdd => op.inputs[0] == chain && shape(op.inputs[1]).len() == 1,
+        OpKind::Add | OpKind::Mul => {
+            let other = if op.inputs[0] == chain {
+                op.inputs[1]
+            } else {
+                op.inputs[0]
+            };
+            other != chain && shape(other) == shape(chain)
+        }
+        OpKind::MatMul { .. } | OpKind::LayerNorm { .. } | OpKind::RmsNorm { .. } => false,
+    }
+}
+
+/// The operand of a binary elementwise op that is not the chain tensor.
+fn other_operand(graph: &Graph, op: OpId, chain: TensorId) -> TensorId {
+    let inputs = &graph.op(op).inputs;
+    if inputs[0] == chain { inputs[1] } else { inputs[0] }
+}
+
+/// Settles conflicts: repeatedly commits the highest-priority candidate,
+/// after cutting every candidate's epilogue before the first op already
+/// committed. Chains only merge, so the ops after a contested one are the
+/// winner's too, and the loser keeps a (shorter) contiguous chain.
+///
+/// Priorities are recomputed after each commit, so a candidate that lost
+/// ops competes with what it has left, not with what it wanted.
+fn select_chains(graph: &Graph, mut pending: Vec<Chain>) -> Vec<Chain> {
+    let mut taken = vec![false; graph.ops.len()];
+    let mut chosen = Vec::with_capacity(pending.len());
+    while !pending.is_empty() {
+        for chain in &mut pending {
+            if let Some(cut) = chain.epilogue.iter().position(|op| taken[op.0]) {
+                chain.epilogue.truncate(cut);
+            }
+        }
+        let best = (0..pending.len())
+            .max_by_key(|&i| pending[i].priority(graph))
+            .expect("pending is not empty");
+        let chain = pending.swap_remove(best);
+        for op in chain.ops() {
+            assert!(!taken[op.0], "op {} was fused into two kernels", op.0);
+            taken[op.0] = true;
+        }
+        chosen.push(chain);
+    }
+    chosen
+}
+
+/// `gamma` (and `beta`) of a norm op, with their roles.
+fn norm_params(graph: &Graph, norm: OpId) -> Vec<Operand> {
+    let inputs = &graph.op(norm).inputs;
+    let mut params = vec![Operand {
+        role: Role::Gamma,
+        tensor: inputs[1],
+    }];
+    if let Some(&beta) = inputs.get(2) {
+        params.push(Operand {
+            role: Role::Beta,
+            tensor: beta,
+        });
+    }
+    params
+}
+
+/// A kernel for one op that no GEMM absorbed.
+fn standalone_kernel(graph: &Graph, id: OpId) -> FusedKernel {
+    let op = graph.op(id);
+    let x = Operand {
+        role: Role::X,
+        tensor: op.inputs[0],
+    };
+    let (composition, operands) = if let Some(norm) = Norm::of_op(&op.kind) {
+        let mut operands = vec![x];
+        operands.extend(norm_params(graph, id));
+        (Composition::Norm(norm), operands)
+    } else if let Some(step) = EpilogueStep::of_op(&op.kind) {
+        let mut operands = vec![x];
+        if let Some(role) = step.operand_role(0) {
+            operands.push(Operand {
+                role,
+                tensor: op.inputs[1],
+            });
+        }
+        (Composition::Elementwise(step), operands)
+    } else {
+        unreachable!("every matmul starts a chain, so none is left standalone")
+    };
+    FusedKernel {
+        name: composition.name(),
+        composition,
+        ops: vec![id],
+        operands,
+        output: op.output,
+    }
+}
+
+/// Topologically sorts kernels by the tensors they pass each other. Among
+/// kernels that are ready at once, the one whose first op comes first in the
+/// graph goes first, so the plan reads in the order the graph was written.
+fn order_by_dependencies(graph: &Graph, kernels: Vec<FusedKernel>) -> Vec<FusedKernel> {
+    let writer_of = |t: TensorId| kernels.iter().position(|k| k.output == t);
+    let mut waiting_on = vec![0usize; kernels.len()];
+    let mut readers: Vec<Vec<usize>> = vec![Vec::new(); kernels.len()];
+    for (i, kernel) in kernels.iter().enumerate() {
+        let mut writers: Vec<usize> = kernel.inputs().filter_map(writer_of).collect();
+        writers.sort_unstable();
+        writers.dedup();
+        waiting_on[i] = writers.len();
+        for w in writers {
+            readers[w].push(i);
+        }
+    }
+    let first_op = |i: usize| kernels[i].ops[0];
+    let mut ready: BinaryHeap<Reverse<(OpId, usize)>> = (0..kernels.len())
+        .filter(|&i| waiting_on[i] == 0)
+        .map(|i| Reverse((first_op(i), i)))
+        .collect();
+    let mut order = Vec::with_capacity(kernels.len());
+    while let Some(Reverse((_, i))) = ready.pop() {
+        order.push(i);
+        for &r in &readers[i] {
+            waiting_on[r] -= 1;
+            if waiting_on[r] == 0 {
+                ready.push(Reverse((first_op(r), r)));
+            }
+        }
+    }
+    assert_eq!(
+        order.len(),
+        kernels.len(),
+        "the kernels of graph `{}` depend on each other in a cycle; the linear-chain rule should make that impossible",
+        graph.name
+    );
+    let mut slots: Vec<Option<FusedKernel>> = kernels.into_iter().map(Some).collect();
+    order
+        .into_iter()
+        .map(|i| slots[i].take().expect("each kernel is placed once"))
+        .collect()
+}

@@ -1,0 +1,155 @@
+//! The nine named patterns of the original design, as names for particular
+//! GEMM compositions, and the one function that names any composition.
+//!
+//! A pattern is not a template: `gemm_bias_gelu` is the composition
+//! "no prologue, epilogue [bias, gelu]", and any other composition is named
+//! the same way from its parts (`gemm_silu_mul`, `layernorm_gemm_bias_gelu`).
+
+use super::plan::{Activation, EpilogueStep, GemmComposition, NormKind};
+use crate::ir::GeluApprox;
+use std::fmt;
+
+/// The nine compositions that had their own kernels in the original design
+/// (and so names users know, cuBLASLt epilogue equivalents, tuned configs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum NamedPattern {
+    GemmBiasGelu,
+    GemmBiasSilu,
+    GemmBiasRelu,
+    GemmBias,
+    GemmBiasResidual,
+    GemmGelu,
+    GemmSilu,
+    LayerNormGemm,
+    RmsNormGemm,
+}
+
+const GELU: EpilogueStep = EpilogueStep::Activation(Activation::Gelu(GeluApprox::Tanh));
+const SILU: EpilogueStep = EpilogueStep::Activation(Activation::Silu);
+const RELU: EpilogueStep = EpilogueStep::Activation(Activation::Relu);
+
+impl NamedPattern {
+    pub const ALL: [NamedPattern; 9] = [
+        NamedPattern::GemmBiasGelu,
+        NamedPattern::GemmBiasSilu,
+        NamedPattern::GemmBiasRelu,
+        NamedPattern::GemmBias,
+        NamedPattern::GemmBiasResidual,
+        NamedPattern::GemmGelu,
+        NamedPattern::GemmSilu,
+        NamedPattern::LayerNormGemm,
+        NamedPattern::RmsNormGemm,
+    ];
+
+    /// The composition the pattern names: its prologue and epilogue steps
+    /// (any `B` layout and any norm epsilon).
+    pub fn parts(self) -> (Option<NormKind>, &'static [EpilogueStep]) {
+        use EpilogueStep::{Bias, Residual};
+        match self {
+            NamedPattern::GemmBiasGelu => (None, &[Bias, GELU]),
+            NamedPattern::GemmBiasSilu => (None, &[Bias, SILU]),
+            NamedPattern::GemmBiasRelu => (None, &[Bias, RELU]),
+            NamedPattern::GemmBias => (None, &[Bias]),
+            NamedPattern::GemmBiasResidual => (None, &[Bias, Residual]),
+            NamedPattern::GemmGelu => (None, &[GELU]),
+            NamedPattern::GemmSilu => (None, &[SILU]),
+            NamedPattern::LayerNormGemm => (Some(NormKind::LayerNorm), &[]),
+            NamedPattern::RmsNormGemm => (Some(NormKind::RmsNorm), &[]),
+        }
+    }
+
+    /// The pattern a composition is, if it is one of the nine.
+    pub fn of(composition: &GemmComposition) -> Option<NamedPattern> {
+        let prologue = composition.prologue.map(|p| p.kind);
+        NamedPattern::ALL
+            .into_iter()
+            .find(|p| p.parts() == (prologue, composition.epilogue.as_slice()))
+    }
+
+    /// `gemm_bias_gelu`: the composed name of its parts.
+    pub fn name(self) -> String {
+        let (prologue, epilogue) = self.parts();
+        composed_name(prologue, epilogue)
+    }
+}
+
+impl fmt::Display for NamedPattern {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.name())
+    }
+}
+
+/// `[<norm>_]gemm[_<step>]*`: the name of a GEMM composition from its parts.
+pub fn composed_name(prologue: Option<NormKind>, epilogue: &[EpilogueStep]) -> String {
+    let mut name = String::new();
+    if let Some(norm) = prologue {
+        name.push_str(norm.name());
+        name.push('_');
+    }
+    name.push_str("gemm");
+    for step in epilogue {
+        name.push('_');
+        name.push_str(step.name());
+    }
+    name
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fuse::plan::Norm;
+    use crate::ir::WeightLayout;
+
+    #[test]
+    fn the_nine_names_are_distinct_and_each_names_its_own_composition() {
+        let names: Vec<String> = NamedPattern::ALL.iter().map(|p| p.name()).collect();
+        assert_eq!(
+            names,
+            [
+                "gemm_bias_gelu",
+                "gemm_bias_silu",
+                "gemm_bias_relu",
+                "gemm_bias",
+                "gemm_bias_residual",
+                "gemm_gelu",
+                "gemm_silu",
+                "layernorm_gemm",
+                "rmsnorm_gemm"
+            ]
+        );
+        for pattern in NamedPattern::ALL {
+            let (prologue, epilogue) = pattern.parts();
+            let composition = GemmComposition {
+                prologue: prologue.map(|kind| Norm { kind, eps: 1e-5 }),
+                b_layout: WeightLayout::NK,
+                epilogue: epilogue.to_vec(),
+            };
+            assert_eq!(NamedPattern::of(&composition), Some(pattern));
+            assert_eq!(composition.name(), pattern.name());
+        }
+    }
+
+    #[test]
+    fn other_compositions_are_composed_names_and_not_patterns() {
+        let composition = GemmComposition {
+            prologue: Some(Norm {
+                kind: NormKind::LayerNorm,
+                eps: 1e-5,
+            }),
+            b_layout: WeightLayout::KN,
+            epilogue: vec![
+                EpilogueStep::Bias,
+                EpilogueStep::Activation(Activation::Gelu(GeluApprox::Erf)),
+            ],
+        };
+        assert_eq!(composition.name(), "layernorm_gemm_bias_gelu_erf");
+        assert_eq!(NamedPattern::of(&composition), None);
+        let plain = GemmComposition {
+            prologue: None,
+            b_layout: WeightLayout::KN,
+            epilogue: vec![],
+        };
+        assert_eq!(plain.name(), "gemm");
+        assert_eq!(plain.pattern(), None);
+    }
+}

@@ -1,0 +1,328 @@
+//! The result of fusion: a [`Plan`] of [`FusedKernel`]s, each a composition
+//! of parts a code generator instantiates (norm prologue × GEMM mainloop ×
+//! epilogue chain), with every operand tensor tagged by the role it plays.
+//!
+//! These types describe *what* each kernel computes, not how: tile shapes and
+//! the target architecture are chosen later, per kernel.
+
+use super::pattern::{self, NamedPattern};
+use crate::ir::{GeluApprox, Graph, OpId, OpKind, TensorId, WeightLayout};
+use std::fmt;
+
+/// A graph split into kernels: every op of `graph` is in exactly one kernel,
+/// and a kernel comes after every kernel that computes one of its inputs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Plan {
+    pub graph: Graph,
+    /// In an order that respects data dependencies: launch them in turn.
+    pub kernels: Vec<FusedKernel>,
+}
+
+/// One kernel: a connected chain of ops, read through `operands`, written to
+/// `output`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FusedKernel {
+    /// The composition's name (`gemm_bias_gelu`, `gemm_silu_mul`, `add`).
+    /// Not unique within a plan: see [`Plan::kernel_symbol`].
+    pub name: String,
+    pub composition: Composition,
+    /// The ops it computes, in dataflow order (which is also topological
+    /// order): the prologue norm, the matmul, then each epilogue op.
+    pub ops: Vec<OpId>,
+    /// Tensors the kernel reads from memory, in the order the kernel takes
+    /// them (see [`Role`]). A tensor read in two roles appears twice.
+    pub operands: Vec<Operand>,
+    /// The one tensor it writes: the output of its last op.
+    pub output: TensorId,
+}
+
+/// What a kernel computes.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Composition {
+    /// A GEMM with an optional norm prologue and an epilogue chain.
+    /// Operands: `A`, `B`, then `gamma` (and `beta`) of the prologue, then
+    /// one operand for each epilogue step that reads one, in step order.
+    Gemm(GemmComposition),
+    /// A standalone LayerNorm or RMSNorm. Operands: `x`, `gamma` (, `beta`).
+    Norm(Norm),
+    /// A standalone elementwise op, expressed as one epilogue step applied
+    /// to `x` (so it reuses the epilogue's functors). Operands: `x`, then the
+    /// step's operand if it reads one (`bias`, `residual` for the other
+    /// addend of an add, `mul` for the other factor of a mul).
+    Elementwise(EpilogueStep),
+}
+
+/// Norm prologue × GEMM mainloop × epilogue chain.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GemmComposition {
+    /// Normalises each row of `A` before it enters the mainloop.
+    pub prologue: Option<Norm>,
+    /// How the mainloop reads `B`.
+    pub b_layout: WeightLayout,
+    /// Applied in order to the accumulator tile before it is stored.
+    pub epilogue: Vec<EpilogueStep>,
+}
+
+/// A row normalisation and its epsilon.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Norm {
+    pub kind: NormKind,
+    pub eps: f64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum NormKind {
+    /// Reads `gamma` and `beta`.
+    LayerNorm,
+    /// Reads `gamma` only.
+    RmsNorm,
+}
+
+/// One elementwise step applied to the accumulator (or, standalone, to `x`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EpilogueStep {
+    /// Adds a `[N]` row to every row: reads a [`Role::Bias`] operand.
+    Bias,
+    Activation(Activation),
+    /// Adds a tensor of the accumulator's shape: reads a [`Role::Residual`].
+    Residual,
+    /// Multiplies by a tensor of the accumulator's shape: reads a
+    /// [`Role::MulOperand`].
+    Mul,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Activation {
+    Gelu(GeluApprox),
+    Silu,
+    Relu,
+}
+
+/// A tensor a kernel reads, and what for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Operand {
+    pub role: Role,
+    pub tensor: TensorId,
+}
+
+/// What an operand is to its kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// The GEMM's left operand `[M, K]`; with a prologue, before the norm.
+    A,
+    /// The GEMM's right operand, read in the composition's `b_layout`.
+    B,
+    /// A norm's scale `[K]` (prologue or standalone norm).
+    Gamma,
+    /// A LayerNorm's shift `[K]`.
+    Beta,
+    /// The input of a standalone norm or elementwise kernel.
+    X,
+    /// The `[N]` row of the epilogue step at index `step`.
+    Bias { step: usize },
+    /// The tensor the epilogue step at index `step` adds.
+    Residual { step: usize },
+    /// The tensor the epilogue step at index `step` multiplies by.
+    MulOperand { step: usize },
+}
+
+impl Role {
+    /// A short name for reports: `A`, `gamma`, `residual`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::A => "A",
+            Role::B => "B",
+            Role::Gamma => "gamma",
+            Role::Beta => "beta",
+            Role::X => "x",
+            Role::Bias { .. } => "bias",
+            Role::Residual { .. } => "residual",
+            Role::MulOperand { .. } => "mul",
+        }
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl NormKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            NormKind::LayerNorm => "layernorm",
+            NormKind::RmsNorm => "rmsnorm",
+        }
+    }
+}
+
+impl Norm {
+    /// The norm an op computes, if it is one.
+    pub fn of_op(kind: &OpKind) -> Option<Norm> {
+        match *kind {
+            OpKind::LayerNorm { eps } => Some(Norm {
+                kind: NormKind::LayerNorm,
+                eps,
+            }),
+            OpKind::RmsNorm { eps } => Some(Norm {
+                kind: NormKind::RmsNorm,
+                eps,
+            }),
+            _ => None,
+        }
+    }
+}
+
+impl Activation {
+    /// The op's name in graph declarations: `gelu`, `gelu_erf`, `silu`, `relu`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Activation::Gelu(GeluApprox::Tanh) => "gelu",
+            Activation::Gelu(GeluApprox::Erf) => "gelu_erf",
+            Activation::Silu => "silu",
+            Activation::Relu => "relu",
+        }
+    }
+}
+
+impl EpilogueStep {
+    /// The step an elementwise op becomes (`None` for matmuls and norms).
+    pub fn of_op(kind: &OpKind) -> Option<EpilogueStep> {
+        Some(match *kind {
+            OpKind::BiasAdd => EpilogueStep::Bias,
+            OpKind::Add => EpilogueStep::Residual,
+            OpKind::Mul => EpilogueStep::Mul,
+            OpKind::Gelu(approx) => EpilogueStep::Activation(Activation::Gelu(approx)),
+            OpKind::Silu => EpilogueStep::Activation(Activation::Silu),
+            OpKind::Relu => EpilogueStep::Activation(Activation::Relu),
+            OpKind::MatMul { .. } | OpKind::LayerNorm { .. } | OpKind::RmsNorm { .. } => return None,
+        })
+    }
+
+    /// The word it adds to a composed name: `bias`, `gelu`, `residual`, `mul`.
+    pub fn name(self) -> &'static str {
+        match self {
+            EpilogueStep::Bias => "bias",
+            EpilogueStep::Activation(a) => a.name(),
+            EpilogueStep::Residual => "residual",
+            EpilogueStep::Mul => "mul",
+        }
+    }
+
+    /// The role of the operand the step at `step` reads, if it reads one.
+    pub fn operand_role(self, step: usize) -> Option<Role> {
+        match self {
+            EpilogueStep::Bias => Some(Role::Bias { step }),
+            EpilogueStep::Residual => Some(Role::Residual { step }),
+            EpilogueStep::Mul => Some(Role::MulOperand { step }),
+            EpilogueStep::Activation(_) => None,
+        }
+    }
+}
+
+impl GemmComposition {
+    /// The composed name: `[layernorm_|rmsnorm_]gemm[_step]*`, e.g.
+    /// `layernorm_gemm_bias_gelu`. For the nine named patterns it is the
+    /// pattern's name.
+    pub fn name(&self) -> String {
+        pattern::composed_name(self.prologue.map(|p| p.kind), &self.epilogue)
+    }
+
+    /// The named pattern this composition is, if it is one of the nine.
+    pub fn pattern(&self) -> Option<NamedPattern> {
+        NamedPattern::of(self)
+    }
+}
+
+impl Composition {
+    /// The kernel's name: the GEMM's composed name, or the standalone op's
+    /// name as written in graph declarations (`layernorm`, `bias_add`, `add`).
+    pub fn name(&self) -> String {
+        match self {
+            Composition::Gemm(gemm) => gemm.name(),
+            Composition::Norm(norm) => norm.kind.name().to_string(),
+            Composition::Elementwise(step) => match step {
+                EpilogueStep::Bias => "bias_add".to_string(),
+                EpilogueStep::Residual => "add".to_string(),
+                EpilogueStep::Mul => "mul".to_string(),
+                EpilogueStep::Activation(a) => a.name().to_string(),
+            },
+        }
+    }
+}
+
+impl FusedKernel {
+    /// The tensors it reads, in operand order (repeats included).
+    pub fn inputs(&self) -> impl Iterator<Item = TensorId> + '_ {
+        self.operands.iter().map(|o| o.tensor)
+    }
+
+    /// The tensor read in `role`, if the kernel has that role.
+    pub fn operand(&self, role: Role) -> Option<TensorId> {
+        self.operands.iter().find(|o| o.role == role).map(|o| o.tensor)
+    }
+
+    /// The named pattern it is, if it is a GEMM composition among the nine.
+    pub fn pattern(&self) -> Option<NamedPattern> {
+        match &self.composition {
+            Composition::Gemm(gemm) => gemm.pattern(),
+            _ => None,
+        }
+    }
+}
+
+/// A tensor written by one kernel and read by later ones: it lives in
+/// memory between launches.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CrossingTensor {
+    pub tensor: TensorId,
+    /// Index of the kernel that writes it.
+    pub producer: usize,
+    /// Indices of the kernels that read it, ascending, each once.
+    pub consumers: Vec<usize>,
+    /// Also returned to the caller (otherwise a temporary the run time allocates).
+    pub is_graph_output: bool,
+}
+
+impl Plan {
+    /// Index of the kernel that computes `op`.
+    pub fn kernel_of_op(&self, op: OpId) -> Option<usize> {
+        self.kernels.iter().position(|k| k.ops.contains(&op))
+    }
+
+    /// Index of the kernel that writes `t` (`None` for inputs and weights).
+    pub fn producer_kernel(&self, t: TensorId) -> Option<usize> {
+        self.kernels.iter().position(|k| k.output == t)
+    }
+
+    /// Tensors that cross kernel boundaries, ordered by producing kernel.
+    pub fn crossing_tensors(&self) -> Vec<CrossingTensor> {
+        self.kernels
+            .iter()
+            .enumerate()
+            .filter_map(|(producer, kernel)| {
+                let mut consumers: Vec<usize> = self
+                    .kernels
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, k)| k.inputs().any(|t| t == kernel.output))
+                    .map(|(i, _)| i)
+                    .collect();
+                consumers.dedup();
+                (!consumers.is_empty()).then(|| CrossingTensor {
+                    tensor: kernel.output,
+                    producer,
+                    consumers,
+                    is_graph_output: self.graph.outputs.contains(&kernel.output),
+                })
+            })
+            .collect()
+    }
+
+    /// A name for kernel `index` that is unique within the plan and a valid
+    /// C identifier: `<graph>_k<index>_<composition>`.
+    pub fn kernel_symbol(&self, index: usize) -> String {
+        format!("{}_k{index}_{}", self.graph.name, self.kernels[index].name)
+    }
+}

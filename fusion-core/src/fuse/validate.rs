@@ -1,0 +1,136 @@
+//! [`Plan::validate`]: the invariants every plan must hold, checked from the
+//! plan alone, so a bug in the matcher shows up as a sentence, not as a
+//! wrong kernel.
+
+use super::plan::{Composition, EpilogueStep, FusedKernel, Norm, Plan, Role};
+use crate::ir::{Graph, OpKind, TensorId};
+
+impl Plan {
+    /// Checks that every op is in exactly one kernel, that each kernel is a
+    /// linear chain whose intermediates nothing else reads, that its
+    /// composition and operands describe its ops, and that each kernel comes
+    /// after the kernels that compute its inputs. The error says which rule
+    /// broke, naming the kernel.
+    pub fn validate(&self) -> Result<(), String> {
+        let graph = &self.graph;
+        let mut owner: Vec<Option<usize>> = vec![None; graph.ops.len()];
+        for (i, kernel) in self.kernels.iter().enumerate() {
+            if kernel.ops.is_empty() {
+                return Err(format!("kernel {i} (`{}`) has no ops", kernel.name));
+            }
+            for op in &kernel.ops {
+                if let Some(first) = owner[op.0].replace(i) {
+                    return Err(format!(
+                        "op {} ({}) is in kernel {first} and kernel {i}",
+                        op.0,
+                        graph.op(*op).kind.name()
+                    ));
+                }
+            }
+        }
+        if let Some(op) = owner.iter().position(Option::is_none) {
+            return Err(format!(
+                "op {op} ({} → `{}`) is in no kernel",
+                graph.ops[op].kind.name(),
+                graph.tensor(graph.ops[op].output).name
+            ));
+        }
+        for (i, kernel) in self.kernels.iter().enumerate() {
+            check_kernel(graph, kernel).map_err(|e| format!("kernel {i} (`{}`): {e}", kernel.name))?;
+            for t in kernel.inputs() {
+                if let Some(producer) = graph.producer(t) {
+                    let writer = owner[producer.0].expect("every op has an owner");
+                    if writer >= i {
+                        return Err(format!(
+                            "kernel {i} (`{}`) reads `{}`, which kernel {writer} writes: kernels are out of dependency order",
+                            kernel.name,
+                            graph.tensor(t).name
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The rules one kernel must hold on its own.
+fn check_kernel(graph: &Graph, kernel: &FusedKernel) -> Result<(), String> {
+    let last = *kernel.ops.last().expect("checked non-empty");
+    if kernel.output != graph.op(last).output {
+        return Err("its output is not its last op's output".to_string());
+    }
+    if kernel.name != kernel.composition.name() {
+        return Err(format!(
+            "its name is not its composition's (`{}`)",
+            kernel.composition.name()
+        ));
+    }
+    // Linear chain: each op's output is read once, by the next op.
+    for pair in kernel.ops.windows(2) {
+        let t = graph.op(pair[0]).output;
+        if graph.use_count(t) != 1 || !graph.op(pair[1]).inputs.contains(&t) {
+            return Err(format!(
+                "`{}` is fused away but is read elsewhere or is a graph output",
+                graph.tensor(t).name
+            ));
+        }
+    }
+    // The operands are exactly the tensors its ops read from outside it.
+    let inside: Vec<TensorId> = kernel.ops.iter().map(|&op| graph.op(op).output).collect();
+    let mut external: Vec<TensorId> = kernel
+        .ops
+        .iter()
+        .flat_map(|&op| graph.op(op).inputs.iter().copied())
+        .filter(|t| !inside.contains(t))
+        .collect();
+    let mut operands: Vec<TensorId> = kernel.inputs().collect();
+    external.sort_unstable();
+    operands.sort_unstable();
+    if external != operands {
+        return Err("its operands are not the tensors its ops read from other kernels".to_string());
+    }
+    let kinds: Vec<&OpKind> = kernel.ops.iter().map(|&op| &graph.op(op).kind).collect();
+    match &kernel.composition {
+        Composition::Gemm(gemm) => {
+            let prologue = usize::from(gemm.prologue.is_some());
+            if kinds.len() != prologue + 1 + gemm.epilogue.len() {
+                return Err("its op count does not match its composition".to_string());
+            }
+            if gemm.epilogue.len() > super::matcher::MAX_EPILOGUE_STEPS {
+                return Err(format!("its epilogue has {} steps", gemm.epilogue.len()));
+            }
+            if prologue == 1 && gemm.prologue != Norm::of_op(kinds[0]) {
+                return Err("its prologue is not the norm it holds".to_string());
+            }
+            if !matches!(kinds[prologue], OpKind::MatMul { b_layout } if *b_layout == gemm.b_layout) {
+                return Err("its mainloop op is not a matmul with its B layout".to_string());
+            }
+            let steps: Vec<Option<EpilogueStep>> = kinds[prologue + 1..]
+                .iter()
+                .map(|k| EpilogueStep::of_op(k))
+                .collect();
+            if steps
+                .iter()
+                .zip(&gemm.epilogue)
+                .any(|(op, step)| *op != Some(*step))
+            {
+                return Err("its epilogue steps are not the ops it holds".to_string());
+            }
+            if kernel.operand(Role::A).is_none() || kernel.operand(Role::B).is_none() {
+                return Err("it lacks an A or B operand".to_string());
+            }
+        }
+        Composition::Norm(norm) => {
+            if kinds.len() != 1 || Norm::of_op(kinds[0]) != Some(*norm) {
+                return Err("a standalone norm kernel must hold exactly its norm op".to_string());
+            }
+        }
+        Composition::Elementwise(step) => {
+            if kinds.len() != 1 || EpilogueStep::of_op(kinds[0]) != Some(*step) {
+                return Err("a standalone elementwise kernel must hold exactly its op".to_string());
+            }
+        }
+    }
+    Ok(())
+}

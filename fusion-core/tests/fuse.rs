@@ -1,0 +1,558 @@
+//! The fusion matcher on small graphs built with `GraphBuilder`: named
+//! patterns, composed chains, the linear-chain rule, conflicts between
+//! chains, standalone kernels, kernel order and the Graphviz output.
+
+use fusion_core::fuse::{
+    self, Composition, EpilogueStep, MAX_EPILOGUE_STEPS, NamedPattern, NormKind, Plan, Role, dot,
+};
+use fusion_core::ir::{DType, Extent, Graph, GraphBuilder, TensorId, WeightLayout};
+
+/// Plans a graph and checks the plan's invariants.
+fn plan_of(graph: Graph) -> Plan {
+    let plan = fuse::plan(graph);
+    plan.validate()
+        .unwrap_or_else(|e| panic!("invalid plan: {e}\n{plan}"));
+    plan
+}
+
+fn names(plan: &Plan) -> Vec<&str> {
+    plan.kernels.iter().map(|k| k.name.as_str()).collect()
+}
+
+fn tensor(plan: &Plan, name: &str) -> TensorId {
+    plan.graph
+        .tensor_by_name(name)
+        .unwrap_or_else(|| panic!("no tensor `{name}`"))
+}
+
+/// A graph builder with `M` dynamic and `D` = 64, and an `[M, D]` input `x`.
+struct Fixture {
+    b: GraphBuilder,
+    m: Extent,
+    d: Extent,
+    x: TensorId,
+    count: usize,
+}
+
+impl Fixture {
+    fn new(name: &str) -> Fixture {
+        let mut b = GraphBuilder::new(name);
+        let m = b.dynamic_dim("M").unwrap();
+        let d = b.static_dim("D", 64).unwrap();
+        let x = b.input("x", DType::F16, &[m, d]).unwrap();
+        Fixture { b, m, d, x, count: 0 }
+    }
+
+    fn fresh(&mut self, prefix: &str) -> String {
+        self.count += 1;
+        format!("{prefix}{}", self.count)
+    }
+
+    /// A `[D, D]` weight, read transposed.
+    fn linear(&mut self, a: TensorId) -> TensorId {
+        let name = self.fresh("w");
+        let w = self.b.weight(&name, DType::F16, &[self.d, self.d]).unwrap();
+        self.b.matmul(a, w, WeightLayout::NK).unwrap()
+    }
+
+    fn row(&mut self, prefix: &str) -> TensorId {
+        let name = self.fresh(prefix);
+        self.b.weight(&name, DType::F16, &[self.d]).unwrap()
+    }
+
+    fn activation_input(&mut self, prefix: &str) -> TensorId {
+        let name = self.fresh(prefix);
+        self.b.input(&name, DType::F16, &[self.m, self.d]).unwrap()
+    }
+
+    fn bias(&mut self, t: TensorId) -> TensorId {
+        let bias = self.row("b");
+        self.b.bias_add(t, bias).unwrap()
+    }
+
+    fn layernorm(&mut self, t: TensorId) -> TensorId {
+        let (gamma, beta) = (self.row("gamma"), self.row("beta"));
+        self.b.layernorm(t, gamma, beta, 1e-5).unwrap()
+    }
+
+    fn rmsnorm(&mut self, t: TensorId) -> TensorId {
+        let gamma = self.row("gamma");
+        self.b.rmsnorm(t, gamma, 1e-6).unwrap()
+    }
+
+    /// Applies an epilogue step by its name in composed kernel names.
+    fn step(&mut self, t: TensorId, step: &str) -> TensorId {
+        match step {
+            "bias" => self.bias(t),
+            "gelu" => self.b.gelu(t).unwrap(),
+            "gelu_erf" => self.b.gelu_erf(t).unwrap(),
+            "silu" => self.b.silu(t).unwrap(),
+            "relu" => self.b.relu(t).unwrap(),
+            "residual" => {
+                let r = self.activation_input("r");
+                self.b.add(t, r).unwrap()
+            }
+            "mul" => {
+                let u = self.activation_input("u");
+                self.b.mul(u, t).unwrap()
+            }
+            _ => panic!("unknown step `{step}`"),
+        }
+    }
+
+    fn build(mut self, outputs: &[(&str, TensorId)]) -> Graph {
+        for (name, t) in outputs {
+            self.b.output(name, *t).unwrap();
+        }
+        self.b.build().unwrap()
+    }
+}
+
+/// `[norm ->] x @ w^T -> steps...`, the output named `y`.
+fn chain_graph(prologue: Option<&str>, steps: &[&str]) -> Graph {
+    let mut f = Fixture::new("chain");
+    let a = match prologue {
+        None => f.x,
+        Some("layernorm") => f.layernorm(f.x),
+        Some("rmsnorm") => f.rmsnorm(f.x),
+        Some(other) => panic!("unknown norm `{other}`"),
+    };
+    let mut t = f.linear(a);
+    for step in steps {
+        t = f.step(t, step);
+    }
+    f.build(&[("y", t)])
+}
+
+#[test]
+fn each_named_pattern_plans_to_one_kernel_with_its_name() {
+    let cases: [(&str, Option<&str>, &[&str]); 9] = [
+        ("gemm_bias_gelu", None, &["bias", "gelu"]),
+        ("gemm_bias_silu", None, &["bias", "silu"]),
+        ("gemm_bias_relu", None, &["bias", "relu"]),
+        ("gemm_bias", None, &["bias"]),
+        ("gemm_bias_residual", None, &["bias", "residual"]),
+        ("gemm_gelu", None, &["gelu"]),
+        ("gemm_silu", None, &["silu"]),
+        ("layernorm_gemm", Some("layernorm"), &[]),
+        ("rmsnorm_gemm", Some("rmsnorm"), &[]),
+    ];
+    let mut seen = Vec::new();
+    for (name, prologue, steps) in cases {
+        let plan = plan_of(chain_graph(prologue, steps));
+        assert_eq!(names(&plan), [name], "{plan}");
+        let kernel = &plan.kernels[0];
+        let pattern = kernel
+            .pattern()
+            .unwrap_or_else(|| panic!("`{name}` is not a named pattern"));
+        assert_eq!(pattern.name(), name);
+        assert_eq!(kernel.ops.len(), plan.graph.ops.len());
+        assert_eq!(kernel.output, tensor(&plan, "y"));
+        seen.push(pattern);
+    }
+    assert_eq!(seen, NamedPattern::ALL);
+}
+
+#[test]
+fn other_chains_get_composed_names() {
+    let cases: [(&str, Option<&str>, &[&str]); 6] = [
+        ("gemm", None, &[]),
+        ("gemm_residual", None, &["residual"]),
+        ("gemm_bias_gelu_erf", None, &["bias", "gelu_erf"]),
+        ("gemm_silu_mul", None, &["silu", "mul"]),
+        ("layernorm_gemm_bias_gelu", Some("layernorm"), &["bias", "gelu"]),
+        (
+            "rmsnorm_gemm_relu_residual",
+            Some("rmsnorm"),
+            &["relu", "residual"],
+        ),
+    ];
+    for (name, prologue, steps) in cases {
+        let plan = plan_of(chain_graph(prologue, steps));
+        assert_eq!(names(&plan), [name], "{plan}");
+        assert_eq!(plan.kernels[0].pattern(), None, "`{name}` is not one of the nine");
+    }
+}
+
+#[test]
+fn operands_come_in_kernel_order_with_their_roles() {
+    let plan = plan_of(chain_graph(
+        Some("layernorm"),
+        &["bias", "gelu", "residual", "mul"],
+    ));
+    assert_eq!(names(&plan), ["layernorm_gemm_bias_gelu_residual_mul"]);
+    let kernel = &plan.kernels[0];
+    let roles: Vec<Role> = kernel.operands.iter().map(|o| o.role).collect();
+    assert_eq!(
+        roles,
+        [
+            Role::A,
+            Role::B,
+            Role::Gamma,
+            Role::Beta,
+            Role::Bias { step: 0 },
+            Role::Residual { step: 2 },
+            Role::MulOperand { step: 3 }
+        ]
+    );
+    let tensors: Vec<&str> = kernel
+        .inputs()
+        .map(|t| plan.graph.tensor(t).name.as_str())
+        .collect();
+    assert_eq!(tensors, ["x", "w3", "gamma1", "beta2", "b4", "r5", "u6"]);
+    let Composition::Gemm(gemm) = &kernel.composition else {
+        panic!("not a GEMM: {kernel:?}")
+    };
+    assert_eq!(gemm.b_layout, WeightLayout::NK);
+    assert_eq!(
+        gemm.prologue.map(|p| (p.kind, p.eps)),
+        Some((NormKind::LayerNorm, 1e-5))
+    );
+}
+
+#[test]
+fn the_epilogue_stops_at_the_cap() {
+    let steps = ["bias", "relu", "residual", "gelu", "silu"];
+    assert_eq!(steps.len(), MAX_EPILOGUE_STEPS + 1);
+    let plan = plan_of(chain_graph(None, &steps));
+    assert_eq!(names(&plan), ["gemm_bias_relu_residual_gelu", "silu"]);
+}
+
+#[test]
+fn an_intermediate_with_a_second_consumer_is_not_fused_away() {
+    let mut f = Fixture::new("fan_out");
+    let h = f.linear(f.x);
+    f.b.name(h, "h").unwrap();
+    let y1 = f.b.gelu(h).unwrap();
+    let y2 = f.b.relu(h).unwrap();
+    let plan = plan_of(f.build(&[("y1", y1), ("y2", y2)]));
+    assert_eq!(names(&plan), ["gemm", "gelu", "relu"]);
+    assert_eq!(plan.kernels[0].output, tensor(&plan, "h"));
+}
+
+#[test]
+fn a_tensor_read_twice_by_one_op_ends_the_chain() {
+    let mut f = Fixture::new("square");
+    let h = f.linear(f.x);
+    let y = f.b.mul(h, h).unwrap();
+    let plan = plan_of(f.build(&[("y", y)]));
+    assert_eq!(names(&plan), ["gemm", "mul"]);
+}
+
+#[test]
+fn a_chain_intermediate_that_is_a_graph_output_ends_the_chain() {
+    let mut f = Fixture::new("two_outputs");
+    let h = f.linear(f.x);
+    let h = f.bias(h);
+    let y = f.b.gelu(h).unwrap();
+    let plan = plan_of(f.build(&[("h", h), ("y", y)]));
+    assert_eq!(names(&plan), ["gemm_bias", "gelu"]);
+    assert_eq!(plan.kernels[0].output, tensor(&plan, "h"));
+    let crossing = plan.crossing_tensors();
+    assert_eq!(crossing.len(), 1);
+    assert!(crossing[0].is_graph_output);
+}
+
+#[test]
+fn a_contested_add_goes_to_one_gemm_only() {
+    // y = (x @ w1^T) + (x @ w2^T): the add could be either GEMM's residual.
+    // Equal op counts, neither named: the earlier matmul wins.
+    let mut f = Fixture::new("two_branches");
+    let a = f.linear(f.x);
+    f.b.name(a, "a").unwrap();
+    let c = f.linear(f.x);
+    f.b.name(c, "c").unwrap();
+    let y = f.b.add(a, c).unwrap();
+    let plan = plan_of(f.build(&[("y", y)]));
+    assert_eq!(names(&plan), ["gemm", "gemm_residual"]);
+    assert_eq!(plan.kernels[0].output, tensor(&plan, "c"));
+    let winner = &plan.kernels[1];
+    assert_eq!(winner.operand(Role::A), Some(tensor(&plan, "x")));
+    assert_eq!(
+        winner.operand(Role::Residual { step: 0 }),
+        Some(tensor(&plan, "c"))
+    );
+}
+
+#[test]
+fn a_contested_add_goes_to_the_longer_chain() {
+    // The second GEMM has a bias: three ops against two.
+    let mut f = Fixture::new("longer_wins");
+    let a = f.linear(f.x);
+    f.b.name(a, "a").unwrap();
+    let c = f.linear(f.x);
+    let c = f.bias(c);
+    let y = f.b.add(a, c).unwrap();
+    let plan = plan_of(f.build(&[("y", y)]));
+    assert_eq!(names(&plan), ["gemm", "gemm_bias_residual"]);
+    assert_eq!(
+        plan.kernels[1].operand(Role::Residual { step: 1 }),
+        Some(tensor(&plan, "a"))
+    );
+}
+
+#[test]
+fn a_contested_add_goes_to_a_named_pattern_over_a_composed_one() {
+    // gelu(x @ w1^T) + (x @ w2^T + b): both chains hold three ops;
+    // gemm_bias_residual is named, gemm_gelu_residual is not.
+    let mut f = Fixture::new("named_wins");
+    let a = f.linear(f.x);
+    let a = f.b.gelu(a).unwrap();
+    f.b.name(a, "a").unwrap();
+    let c = f.linear(f.x);
+    let c = f.bias(c);
+    let y = f.b.add(a, c).unwrap();
+    let plan = plan_of(f.build(&[("y", y)]));
+    assert_eq!(names(&plan), ["gemm_gelu", "gemm_bias_residual"]);
+}
+
+#[test]
+fn three_chains_merging_put_every_op_in_one_kernel() {
+    let mut f = Fixture::new("three_way");
+    let a = f.linear(f.x);
+    let c = f.linear(f.x);
+    let e = f.linear(f.x);
+    let s = f.b.add(a, c).unwrap();
+    let y = f.b.add(s, e).unwrap();
+    let plan = plan_of(f.build(&[("y", y)]));
+    assert_eq!(plan.kernels.len(), 3);
+    assert_eq!(plan.kernels.iter().map(|k| k.ops.len()).sum::<usize>(), 5);
+    assert_eq!(plan.kernels.last().unwrap().name, "gemm_residual_residual");
+}
+
+/// gate = silu(x @ w_gate^T); h = gate * (x @ w_up^T); y = h @ w_down^T [+ b_down] + x.
+fn swiglu(with_bias: bool, up_first: bool) -> Graph {
+    let mut b = GraphBuilder::new("swiglu_ffn");
+    let m = b.dynamic_dim("M").unwrap();
+    let d = b.static_dim("D", 4096).unwrap();
+    let f = b.static_dim("F", 11008).unwrap();
+    let x = b.input("x", DType::F16, &[m, d]).unwrap();
+    let w_gate = b.weight("w_gate", DType::F16, &[f, d]).unwrap();
+    let w_up = b.weight("w_up", DType::F16, &[f, d]).unwrap();
+    let w_down = b.weight("w_down", DType::F16, &[d, f]).unwrap();
+    let b_down = with_bias.then(|| b.weight("b_down", DType::F16, &[d]).unwrap());
+    let (gate, up) = if up_first {
+        let up = b.matmul(x, w_up, WeightLayout::NK).unwrap();
+        let gate = b.matmul(x, w_gate, WeightLayout::NK).unwrap();
+        (gate, up)
+    } else {
+        let gate = b.matmul(x, w_gate, WeightLayout::NK).unwrap();
+        let up = b.matmul(x, w_up, WeightLayout::NK).unwrap();
+        (gate, up)
+    };
+    b.name(up, "up").unwrap();
+    let gate = b.silu(gate).unwrap();
+    b.name(gate, "gate").unwrap();
+    let h = b.mul(gate, up).unwrap();
+    b.name(h, "h").unwrap();
+    let mut y = b.matmul(h, w_down, WeightLayout::NK).unwrap();
+    if let Some(b_down) = b_down {
+        y = b.bias_add(y, b_down).unwrap();
+    }
+    let y = b.add(y, x).unwrap();
+    b.output("y", y).unwrap();
+    b.build().unwrap()
+}
+
+#[test]
+fn swiglu_ffn_is_three_kernels() {
+    for up_first in [false, true] {
+        let plan = plan_of(swiglu(true, up_first));
+        assert_eq!(plan.graph.ops.len(), 7);
+        // The mul is wanted by the gate chain (matmul, silu, mul) and the up
+        // chain (matmul, mul): the longer gate chain takes it.
+        assert_eq!(
+            names(&plan),
+            ["gemm", "gemm_silu_mul", "gemm_bias_residual"],
+            "{plan}"
+        );
+        let up = tensor(&plan, "up");
+        assert_eq!(plan.kernels[0].output, up);
+        assert_eq!(plan.kernels[1].operand(Role::MulOperand { step: 1 }), Some(up));
+        assert_eq!(plan.kernels[1].output, tensor(&plan, "h"));
+        assert_eq!(
+            plan.kernels[2].operand(Role::Residual { step: 1 }),
+            Some(tensor(&plan, "x"))
+        );
+        assert_eq!(plan.kernel_symbol(0), "swiglu_ffn_k0_gemm");
+        assert_eq!(plan.kernel_symbol(2), "swiglu_ffn_k2_gemm_bias_residual");
+    }
+}
+
+#[test]
+fn llama_ffn_without_bias_ends_in_gemm_residual() {
+    let plan = plan_of(swiglu(false, false));
+    assert_eq!(plan.graph.ops.len(), 6);
+    assert_eq!(names(&plan), ["gemm", "gemm_silu_mul", "gemm_residual"]);
+    let crossing: Vec<&str> = plan
+        .crossing_tensors()
+        .iter()
+        .map(|c| plan.graph.tensor(c.tensor).name.as_str())
+        .collect();
+    assert_eq!(crossing, ["up", "h"]);
+}
+
+fn gpt2_mlp() -> Graph {
+    let mut b = GraphBuilder::new("gpt2_mlp");
+    let m = b.dynamic_dim("M").unwrap();
+    let d = b.static_dim("D", 768).unwrap();
+    let f = b.static_dim("F", 3072).unwrap();
+    let x = b.input("x", DType::F16, &[m, d]).unwrap();
+    let ln_g = b.weight("ln_g", DType::F16, &[d]).unwrap();
+    let ln_b = b.weight("ln_b", DType::F16, &[d]).unwrap();
+    let w_fc = b.weight("w_fc", DType::F16, &[f, d]).unwrap();
+    let b_fc = b.weight("b_fc", DType::F16, &[f]).unwrap();
+    let w_proj = b.weight("w_proj", DType::F16, &[d, f]).unwrap();
+    let b_proj = b.weight("b_proj", DType::F16, &[d]).unwrap();
+    let normed = b.layernorm(x, ln_g, ln_b, 1e-5).unwrap();
+    let h = b.matmul(normed, w_fc, WeightLayout::NK).unwrap();
+    let h = b.bias_add(h, b_fc).unwrap();
+    let h = b.gelu(h).unwrap();
+    b.name(h, "h").unwrap();
+    let y = b.matmul(h, w_proj, WeightLayout::NK).unwrap();
+    let y = b.bias_add(y, b_proj).unwrap();
+    let y = b.add(y, x).unwrap();
+    b.output("y", y).unwrap();
+    b.build().unwrap()
+}
+
+#[test]
+fn gpt2_mlp_is_two_kernels() {
+    let plan = plan_of(gpt2_mlp());
+    assert_eq!(plan.graph.ops.len(), 7);
+    assert_eq!(names(&plan), ["layernorm_gemm_bias_gelu", "gemm_bias_residual"]);
+    assert_eq!(plan.kernels[0].output, tensor(&plan, "h"));
+    assert_eq!(plan.kernels[0].operand(Role::A), Some(tensor(&plan, "x")));
+}
+
+#[test]
+fn ops_without_a_matmul_are_standalone_kernels() {
+    let mut f = Fixture::new("no_matmul");
+    let z = f.activation_input("z");
+    let s = f.b.add(f.x, z).unwrap();
+    let y = f.b.relu(s).unwrap();
+    let plan = plan_of(f.build(&[("y", y)]));
+    assert_eq!(names(&plan), ["add", "relu"]);
+    assert_eq!(
+        plan.kernels[0].composition,
+        Composition::Elementwise(EpilogueStep::Residual)
+    );
+    let roles: Vec<Role> = plan.kernels[0].operands.iter().map(|o| o.role).collect();
+    assert_eq!(roles, [Role::X, Role::Residual { step: 0 }]);
+    assert_eq!(plan.kernels[1].operands.len(), 1);
+}
+
+#[test]
+fn a_norm_that_feeds_two_matmuls_stays_standalone() {
+    let mut f = Fixture::new("shared_norm");
+    let n = f.layernorm(f.x);
+    f.b.name(n, "n").unwrap();
+    let a = f.linear(n);
+    let c = f.linear(n);
+    let y = f.b.add(a, c).unwrap();
+    let plan = plan_of(f.build(&[("y", y)]));
+    assert_eq!(names(&plan), ["layernorm", "gemm", "gemm_residual"]);
+    assert!(matches!(plan.kernels[0].composition, Composition::Norm(_)));
+    let roles: Vec<Role> = plan.kernels[0].operands.iter().map(|o| o.role).collect();
+    assert_eq!(roles, [Role::X, Role::Gamma, Role::Beta]);
+    assert_eq!(plan.kernels[1].operand(Role::A), Some(tensor(&plan, "n")));
+}
+
+#[test]
+fn a_norm_that_is_a_graph_output_is_not_a_prologue() {
+    let mut f = Fixture::new("norm_out");
+    let n = f.rmsnorm(f.x);
+    let y = f.linear(n);
+    let plan = plan_of(f.build(&[("n", n), ("y", y)]));
+    assert_eq!(names(&plan), ["rmsnorm", "gemm"]);
+}
+
+#[test]
+fn the_residual_may_be_the_gemm_input_itself() {
+    let mut f = Fixture::new("self_residual");
+    let h = f.linear(f.x);
+    let y = f.b.add(f.x, h).unwrap();
+    let plan = plan_of(f.build(&[("y", y)]));
+    assert_eq!(names(&plan), ["gemm_residual"]);
+    let x = tensor(&plan, "x");
+    assert_eq!(plan.kernels[0].operand(Role::A), Some(x));
+    assert_eq!(plan.kernels[0].operand(Role::Residual { step: 0 }), Some(x));
+}
+
+#[test]
+fn validate_rejects_an_op_in_two_kernels() {
+    let mut plan = plan_of(gpt2_mlp());
+    let stolen = plan.kernels[0].ops[0];
+    plan.kernels[1].ops.insert(0, stolen);
+    let error = plan.validate().unwrap_err();
+    assert!(error.contains("kernel 0 and kernel 1"), "{error}");
+}
+
+#[test]
+fn validate_rejects_an_op_in_no_kernel() {
+    let mut plan = plan_of(swiglu(true, false));
+    plan.kernels.remove(0);
+    let error = plan.validate().unwrap_err();
+    assert!(error.contains("is in no kernel"), "{error}");
+}
+
+#[test]
+fn validate_rejects_kernels_out_of_dependency_order() {
+    let mut plan = plan_of(gpt2_mlp());
+    plan.kernels.swap(0, 1);
+    let error = plan.validate().unwrap_err();
+    assert!(error.contains("out of dependency order"), "{error}");
+}
+
+#[test]
+fn validate_rejects_operands_that_do_not_match_the_ops() {
+    let mut plan = plan_of(gpt2_mlp());
+    plan.kernels[1].operands.pop();
+    let error = plan.validate().unwrap_err();
+    assert!(error.contains("operands"), "{error}");
+}
+
+#[test]
+fn dot_has_a_cluster_per_kernel_and_every_op_inside_one() {
+    for graph in [swiglu(true, false), gpt2_mlp()] {
+        let plan = plan_of(graph);
+        let text = dot::write(&plan);
+        assert!(
+            text.starts_with(&format!("digraph \"{}\" {{", plan.graph.name)),
+            "{text}"
+        );
+        assert!(text.trim_end().ends_with('}'));
+        assert_eq!(
+            text.matches("subgraph cluster_").count(),
+            plan.kernels.len(),
+            "{text}"
+        );
+        for (i, kernel) in plan.kernels.iter().enumerate() {
+            assert!(
+                text.contains(&format!("label=\"#{i} {}\"", kernel.name)),
+                "{text}"
+            );
+        }
+        for op in plan.graph.op_ids() {
+            assert_eq!(
+                text.matches(&format!("  op{} [label=", op.0)).count(),
+                1,
+                "{text}"
+            );
+        }
+        // Braces balance: one per cluster, one for the digraph.
+        assert_eq!(text.matches('{').count(), text.matches('}').count());
+    }
+}
+
+#[test]
+fn dot_draws_fused_intermediates_as_edges_between_ops() {
+    let plan = plan_of(gpt2_mlp());
+    let text = dot::write(&plan);
+    // layernorm (op 0) feeds the matmul (op 1) inside kernel 0.
+    assert!(text.contains("op0 -> op1 [label=\"%1\"]"), "{text}");
+    // `h` crosses kernels: a tensor node written by gelu (op 3), read by op 4.
+    let h = tensor(&plan, "h").0;
+    assert!(text.contains(&format!("op3 -> t{h};")), "{text}");
+    assert!(text.contains(&format!("t{h} -> op4;")), "{text}");
+}

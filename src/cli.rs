@@ -1,0 +1,244 @@
+//! The `fusion` command line: its arguments and what each subcommand does.
+//!
+//! `src/bin/fusion.rs` only calls [`main`]; the work is in functions that
+//! take their inputs and an output stream, so tests drive them directly.
+
+use clap::{Args, Parser, Subcommand};
+use fusion_core::fuse;
+use fusion_core::ir::Graph;
+use std::fmt;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+/// Fused transformer GPU kernels, compiled at build time from dataflow graphs.
+#[derive(Debug, Parser)]
+#[command(name = "fusion", version)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Splits a graph into fused kernels and prints the plan.
+    Plan(PlanArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct PlanArgs {
+    /// The graph, a TOML file such as `graphs/swiglu_ffn.toml`.
+    #[arg(value_name = "GRAPH.toml")]
+    pub graph: PathBuf,
+    /// Also write the plan as a Graphviz digraph to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub dot: Option<PathBuf>,
+}
+
+/// Why a command failed.
+#[derive(Debug, PartialEq, Eq)]
+pub enum CliError {
+    /// A sentence, shown as `error: …`.
+    Message(String),
+    /// Diagnostics already rendered against their file
+    /// (`path:line:col: error: …`), shown as they are.
+    Rendered(String),
+    /// Standard output was closed early (`fusion plan g.toml | head`): the
+    /// reader has what it wanted, so there is nothing to report.
+    OutputClosed,
+}
+
+impl fmt::Display for CliError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CliError::Message(message) => write!(f, "error: {message}"),
+            CliError::Rendered(text) => f.write_str(text),
+            CliError::OutputClosed => f.write_str("standard output was closed"),
+        }
+    }
+}
+
+impl CliError {
+    /// Wraps an error from the front end, which renders syntax and graph
+    /// errors against the file but reports an unreadable file as a bare
+    /// sentence.
+    fn from_front_end(text: String) -> CliError {
+        let first_line = text.lines().next().unwrap_or_default();
+        if first_line.starts_with("error:") || first_line.contains(": error: ") {
+            CliError::Rendered(text)
+        } else {
+            CliError::Message(text)
+        }
+    }
+
+    fn from_stdout(error: io::Error) -> CliError {
+        match error.kind() {
+            io::ErrorKind::BrokenPipe => CliError::OutputClosed,
+            _ => CliError::Message(format!("cannot write to standard output: {error}")),
+        }
+    }
+}
+
+/// Parses the arguments, runs the command, and reports a failure on stderr
+/// with exit status 1.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let stdout = io::stdout();
+    match run(&cli, &mut stdout.lock()) {
+        Ok(()) | Err(CliError::OutputClosed) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("{error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs a parsed command, writing what it reports to `out`.
+pub fn run(cli: &Cli, out: &mut dyn Write) -> Result<(), CliError> {
+    match &cli.command {
+        Command::Plan(args) => {
+            let graph = fusion_core::load_toml_graph(&args.graph).map_err(CliError::from_front_end)?;
+            plan_graph(graph, args.dot.as_deref(), out)
+        }
+    }
+}
+
+/// `fusion plan` on a loaded graph: prints the plan and, given a path,
+/// writes it there as Graphviz.
+pub fn plan_graph(graph: Graph, dot: Option<&Path>, out: &mut dyn Write) -> Result<(), CliError> {
+    let plan = fuse::plan(graph);
+    write!(out, "{plan}").map_err(CliError::from_stdout)?;
+    if let Some(path) = dot {
+        std::fs::write(path, fuse::dot::write(&plan)).map_err(|e| {
+            CliError::Message(format!("cannot write the Graphviz file {}: {e}", path.display()))
+        })?;
+        writeln!(
+            out,
+            "\nwrote the plan as Graphviz to {} (render it with `dot -Tsvg {} -o plan.svg`)",
+            path.display(),
+            path.display()
+        )
+        .map_err(CliError::from_stdout)?;
+    }
+    out.flush().map_err(CliError::from_stdout)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+    use fusion_core::ir::{DType, GraphBuilder, WeightLayout};
+    use std::ffi::OsStr;
+
+    fn ffn() -> Graph {
+        let mut b = GraphBuilder::new("ffn");
+        let m = b.dynamic_dim("M").unwrap();
+        let d = b.static_dim("D", 64).unwrap();
+        let x = b.input("x", DType::F16, &[m, d]).unwrap();
+        let w = b.weight("w", DType::F16, &[d, d]).unwrap();
+        let bias = b.weight("bias", DType::F16, &[d]).unwrap();
+        let h = b.matmul(x, w, WeightLayout::NK).unwrap();
+        let h = b.bias_add(h, bias).unwrap();
+        let y = b.gelu(h).unwrap();
+        b.output("y", y).unwrap();
+        b.build().unwrap()
+    }
+
+    /// A path under the system temp dir, unique to this process and test.
+    fn scratch(name: &str) -> PathBuf {
+        std::env::temp_dir().join(format!("fusion-cli-{}-{name}", std::process::id()))
+    }
+
+    #[test]
+    fn the_argument_definitions_are_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn plan_takes_a_graph_and_an_optional_dot_file() {
+        let cli = Cli::try_parse_from(["fusion", "plan", "g.toml", "--dot", "out.dot"]).unwrap();
+        let Command::Plan(args) = cli.command;
+        assert_eq!(args.graph, Path::new("g.toml"));
+        assert_eq!(args.dot.as_deref(), Some(Path::new("out.dot")));
+        let cli = Cli::try_parse_from(["fusion", "plan", "g.toml"]).unwrap();
+        let Command::Plan(args) = cli.command;
+        assert_eq!(args.dot, None);
+        assert!(Cli::try_parse_from(["fusion", "plan"]).is_err());
+    }
+
+    #[test]
+    fn plan_prints_the_plan() {
+        let mut out = Vec::new();
+        plan_graph(ffn(), None, &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.starts_with("graph `ffn`: 3 ops → 1 kernel\n"), "{text}");
+        assert!(text.contains("#0  gemm_bias_gelu  (named pattern)"), "{text}");
+        assert!(!text.contains("Graphviz"), "{text}");
+    }
+
+    #[test]
+    fn plan_with_dot_writes_the_file_and_says_where() {
+        let path = scratch("plan.dot");
+        let mut out = Vec::new();
+        plan_graph(ffn(), Some(&path), &mut out).unwrap();
+        let written = std::fs::read_to_string(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        assert!(written.starts_with("digraph \"ffn\" {"), "{written}");
+        assert_eq!(written.matches("subgraph cluster_").count(), 1);
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            text.contains(&format!("wrote the plan as Graphviz to {}", path.display())),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn an_unwritable_dot_file_is_an_error_that_names_it() {
+        let path = scratch("no-such-dir").join("plan.dot");
+        let error = plan_graph(ffn(), Some(&path), &mut Vec::new()).unwrap_err();
+        let text = error.to_string();
+        assert!(
+            text.starts_with("error: cannot write the Graphviz file "),
+            "{text}"
+        );
+        assert!(text.contains(&path.display().to_string()), "{text}");
+    }
+
+    #[test]
+    fn a_missing_graph_file_is_an_error_that_names_it() {
+        let path = scratch("missing.toml");
+        let cli = Cli::try_parse_from([OsStr::new("fusion"), OsStr::new("plan"), path.as_os_str()]).unwrap();
+        let error = run(&cli, &mut Vec::new()).unwrap_err();
+        let text = error.to_string();
+        assert!(text.starts_with("error: cannot read "), "{text}");
+        assert!(text.contains("missing.toml"), "{text}");
+    }
+
+    #[test]
+    fn rendered_diagnostics_are_shown_as_they_are() {
+        let rendered = "g.toml:2:5: error: dim `M` is 0\n  |\n2 | M = 0".to_string();
+        let error = CliError::from_front_end(rendered.clone());
+        assert_eq!(error, CliError::Rendered(rendered.clone()));
+        assert_eq!(error.to_string(), rendered);
+    }
+
+    /// Standard output of `fusion plan g.toml | head -1` after `head` exits.
+    struct ClosedPipe;
+
+    impl Write for ClosedPipe {
+        fn write(&mut self, _: &[u8]) -> io::Result<usize> {
+            Err(io::Error::from(io::ErrorKind::BrokenPipe))
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_closed_stdout_is_not_reported_as_an_error() {
+        assert_eq!(
+            plan_graph(ffn(), None, &mut ClosedPipe),
+            Err(CliError::OutputClosed)
+        );
+    }
+}
