@@ -26,3 +26,73 @@ fn plan_without_a_graph_is_a_usage_error() {
     let stderr = String::from_utf8(output.stderr).unwrap();
     assert!(stderr.contains("GRAPH.toml"), "{stderr}");
 }
+
+fn graphs() -> Vec<std::path::PathBuf> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("graphs");
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "toml"))
+        .collect();
+    files.sort();
+    files
+}
+
+#[test]
+fn plan_works_for_every_shipped_graph() {
+    let files = graphs();
+    assert!(files.len() >= 12, "{files:?}");
+    for file in files {
+        let output = fusion().arg("plan").arg(&file).output().unwrap();
+        let stdout = String::from_utf8(output.stdout).unwrap();
+        assert!(
+            output.status.success(),
+            "{}: {}",
+            file.display(),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let name = file.file_stem().unwrap().to_str().unwrap();
+        assert!(stdout.starts_with(&format!("graph `{name}`")), "{stdout}");
+    }
+}
+
+#[test]
+fn plan_of_the_ffn_shows_three_kernels_and_writes_dot() {
+    let dot = std::env::temp_dir().join(format!("fusion-cli-{}-ffn.dot", std::process::id()));
+    let output = fusion()
+        .args(["plan", "graphs/swiglu_ffn.toml", "--dot"])
+        .arg(&dot)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    assert!(
+        stdout.starts_with("graph `swiglu_ffn`: 7 ops → 3 kernels"),
+        "{stdout}"
+    );
+    for pattern in ["gemm_silu_mul", "gemm_bias_residual"] {
+        assert!(stdout.contains(pattern), "{stdout}");
+    }
+    let text = std::fs::read_to_string(&dot).unwrap();
+    std::fs::remove_file(&dot).unwrap();
+    assert_eq!(text.matches("subgraph cluster_").count(), 3, "{text}");
+}
+
+#[test]
+fn a_bad_graph_is_reported_with_file_line_and_column() {
+    let path = std::env::temp_dir().join(format!("fusion-cli-{}-bad.toml", std::process::id()));
+    std::fs::write(
+        &path,
+        "[graph]\nname = \"g\"\n[dims]\nM = \"dyn\"\n[inputs]\nx = \"f16[M, 8]\"\n[outputs]\ny = \"silux(x)\"\n",
+    )
+    .unwrap();
+    let output = fusion().arg("plan").arg(&path).output().unwrap();
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(
+        stderr.contains("-bad.toml:8:6: error: unknown op `silux`"),
+        "{stderr}"
+    );
+}
