@@ -7,7 +7,7 @@
 //! | [`syntax`] | parses a graph from TOML or from `fusion_graph!` tokens into one AST |
 //! | [`ir`] | resolves and checks it: a [`ir::Graph`] with shapes and dtypes |
 //! | [`fuse`] | splits the graph into fused kernels: a [`fuse::Plan`] |
-//! | [`reference`] | evaluates a graph on the CPU in f64: the oracle for GPU tests |
+//! | [`reference`](mod@reference) | evaluates a graph on the CPU in f64: the oracle for GPU tests |
 //!
 //! [`diagnostic`] holds the spans and error messages every stage shares.
 
