@@ -33,10 +33,10 @@ impl Step {
     }
 }
 
-/// Why a step failed, and how to run it again by itself.
+/// Why a step failed, and how to run it again by itself (when it is one command).
 struct StepFailure {
     reason: String,
-    rerun: String,
+    rerun: Option<String>,
 }
 
 /// State the steps share: the toolchain, found once.
@@ -51,7 +51,7 @@ impl Session<'_> {
         if self.toolchain.is_none() {
             let found = toolchain::bootstrap(self.workspace).map_err(|error| StepFailure {
                 reason: error.to_string(),
-                rerun: "cargo xtask toolchain".into(),
+                rerun: Some("cargo xtask toolchain".into()),
             })?;
             self.toolchain = Some(found);
         }
@@ -66,7 +66,9 @@ impl Session<'_> {
                 let nvcc = self.toolchain()?.nvcc.clone();
                 toolchain::smoke_compile(workspace, &nvcc).map_err(|error| StepFailure {
                     reason: error.to_string(),
-                    rerun: display_command(&toolchain::smoke_compile_command(workspace, &nvcc)),
+                    rerun: Some(display_command(&toolchain::smoke_compile_command(
+                        workspace, &nvcc,
+                    ))),
                 })
             }
             Action::Cargo(args) => {
@@ -97,7 +99,7 @@ impl Session<'_> {
                     "no graph files (*.toml) in {}",
                     self.workspace.display(&graphs_dir)
                 ),
-                rerun: "ls graphs".into(),
+                rerun: None,
             });
         }
         for graph in graphs {
@@ -116,11 +118,11 @@ fn run_to_success(command: &mut Command, rerun: String) -> std::result::Result<(
         Ok(status) if status.success() => Ok(()),
         Ok(status) => Err(StepFailure {
             reason: format!("`{rerun}` ended with {status}"),
-            rerun,
+            rerun: Some(rerun),
         }),
         Err(error) => Err(StepFailure {
             reason: error.to_string(),
-            rerun,
+            rerun: Some(rerun),
         }),
     }
 }
@@ -160,7 +162,7 @@ pub fn run(workspace: &Workspace, name: &str, steps: &[Step]) -> Result<()> {
         let took = step_started.elapsed();
         match result {
             Ok(()) => {
-                println!("==> {}: ok ({})", step.title, format_duration(took));
+                println!("==> ok ({})", format_duration(took));
                 outcomes.push(Outcome::Passed(took));
             }
             Err(failure) => {
@@ -174,7 +176,9 @@ pub fn run(workspace: &Workspace, name: &str, steps: &[Step]) -> Result<()> {
                     step.title,
                     failure.reason
                 );
-                eprintln!("re-run that step alone with: {}", failure.rerun);
+                if let Some(rerun) = failure.rerun {
+                    eprintln!("re-run that step alone with: {rerun}");
+                }
                 return Err(Error::Reported);
             }
         }
