@@ -15,7 +15,6 @@ fn demo_steps() -> Vec<Step> {
             Action::Cargo(vec![
                 "run",
                 "--release",
-                "--quiet",
                 "-p",
                 "fusion",
                 "--",
