@@ -1,2 +1,64 @@
-//! Project automation.
-fn main() {}
+//! Project automation, run as `cargo xtask <command>` (the cargo-xtask convention).
+//!
+//! It sets up the CUDA toolchain a build needs (nvcc and libclang, installed into
+//! `target/toolchain` when the machine has none), runs the demo a newcomer starts
+//! with, and runs the whole test suite exactly as CI does. It depends on `std`
+//! only, so it builds in a few seconds on a fresh machine.
+
+mod demo;
+mod error;
+mod process;
+mod steps;
+mod suite;
+mod toolchain;
+mod workspace;
+
+use error::Error;
+use std::process::ExitCode;
+use workspace::Workspace;
+
+const USAGE: &str = "\
+usage: cargo xtask <command>
+
+commands:
+  toolchain   find nvcc and libclang, or install them into target/toolchain
+  demo        set up the toolchain, then plan the SwiGLU FFN graph
+  test        the whole test suite, as CI runs it (no GPU needed)
+  help        print this message";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let command = match args.as_slice() {
+        [] => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        [command] => command.as_str(),
+        [command, extra, ..] => {
+            eprintln!("error: `{command}` takes no arguments, but got `{extra}`\n\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    let workspace = Workspace::locate();
+    let outcome = match command {
+        "toolchain" => toolchain::bootstrap(&workspace).map(|_| ()),
+        "demo" => demo::run(&workspace),
+        "test" => suite::run(&workspace),
+        "help" | "-h" | "--help" => {
+            println!("{USAGE}");
+            Ok(())
+        }
+        other => {
+            eprintln!("error: unknown command `{other}`\n\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Error::Reported) => ExitCode::FAILURE,
+        Err(Error::Message(message)) => {
+            eprintln!("error: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,35 @@
+//! `cargo xtask test`: the whole test suite, exactly what CI runs. Nothing
+//! in it needs a GPU.
+
+use crate::error::Result;
+use crate::steps::{self, Action, Step};
+use crate::workspace::Workspace;
+
+fn suite_steps() -> Vec<Step> {
+    vec![
+        // First, so that CI proves the bootstrap works on a fresh machine.
+        Step::new("toolchain: nvcc and libclang", Action::Bootstrap),
+        Step::new("nvcc compiles for sm_75, sm_80 and sm_90a", Action::SmokeCompile),
+        Step::new(
+            "cargo fmt --check",
+            Action::Cargo(vec!["fmt", "--all", "--", "--check"]),
+        ),
+        Step::new(
+            "cargo clippy",
+            Action::Cargo(vec![
+                "clippy",
+                "--workspace",
+                "--all-targets",
+                "--",
+                "-D",
+                "warnings",
+            ]),
+        ),
+        Step::new("cargo test", Action::Cargo(vec!["test", "--workspace"])),
+        Step::new("fusion plan on every graphs/*.toml", Action::PlanEveryGraph),
+    ]
+}
+
+pub fn run(workspace: &Workspace) -> Result<()> {
+    steps::run(workspace, "test", &suite_steps())
+}
