@@ -26,8 +26,8 @@ __global__ void elementwise_kernel(const T* x, T* y, EpilogueArgs args, int64_t 
     Vec8<T> out;
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
-      const float2 v = Numeric<T>::pair_to_float2(in.pairs[q]);
-      out.pairs[q] = Numeric<T>::float2_to_pair(Chain::template apply<T>(v, m, n + 2 * q, N, args));
+      const float2 v = Numeric<T>::pair_to_float2(in.pair(q));
+      out.set_pair(q, Numeric<T>::float2_to_pair(Chain::template apply<T>(v, m, n + 2 * q, N, args)));
     }
     store_vec8(y + first, out);
   }

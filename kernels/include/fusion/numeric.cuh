@@ -39,13 +39,19 @@ struct Numeric<__nv_bfloat16> {
   }
 };
 
-// A 16-byte vector of elements, viewed either as raw bits (for loads and
-// stores) or as four pairs (for packed conversion).
+// A 16-byte vector of eight elements, kept as raw bits (what loads, stores
+// and cp.async move) and read or written as four packed pairs.
 template <typename T>
-union Vec8 {
+struct Vec8 {
+  using Pair = typename Numeric<T>::Pair;
   uint4 bits;
-  typename Numeric<T>::Pair pairs[4];
-  T elems[8];
+
+  __device__ __forceinline__ Pair pair(int i) const {
+    Pair p;
+    memcpy(&p, reinterpret_cast<const char*>(&bits) + 4 * i, 4);
+    return p;
+  }
+  __device__ __forceinline__ void set_pair(int i, Pair p) { memcpy(reinterpret_cast<char*>(&bits) + 4 * i, &p, 4); }
 };
 
 // Two adjacent elements as raw bits; loads and stores of pairs need 4-byte
@@ -77,7 +83,7 @@ template <typename T>
 __device__ __forceinline__ void vec8_to_float(const Vec8<T>& v, float (&out)[8]) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const float2 f = Numeric<T>::pair_to_float2(v.pairs[i]);
+    const float2 f = Numeric<T>::pair_to_float2(v.pair(i));
     out[2 * i] = f.x;
     out[2 * i + 1] = f.y;
   }
@@ -87,7 +93,7 @@ template <typename T>
 __device__ __forceinline__ Vec8<T> float_to_vec8(const float (&in)[8]) {
   Vec8<T> v;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) v.pairs[i] = Numeric<T>::float2_to_pair(make_float2(in[2 * i], in[2 * i + 1]));
+  for (int i = 0; i < 4; ++i) v.set_pair(i, Numeric<T>::float2_to_pair(make_float2(in[2 * i], in[2 * i + 1])));
   return v;
 }
 

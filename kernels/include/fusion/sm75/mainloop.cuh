@@ -211,8 +211,7 @@ struct Mainloop {
           Vec8<T> out;
 #pragma unroll
           for (int q = 0; q < 4; ++q)
-            out.pairs[q] =
-                Numeric<T>::float2_to_pair(Epilogue::template apply<T>(in[q], m, n + 2 * q, p.n, p.epilogue));
+            out.set_pair(q, Numeric<T>::float2_to_pair(Epilogue::template apply<T>(in[q], m, n + 2 * q, p.n, p.epilogue)));
           store_vec8(p.c + m * p.n + n, out);
         }
       }
