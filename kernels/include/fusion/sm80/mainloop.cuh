@@ -36,10 +36,13 @@ struct TileConfig {
   static_assert(kStages >= 2, "the pipeline needs at least two stages");
 };
 
-// 8 warps of 64x64: 128 f32 accumulators per thread, one CTA per SM.
+// 8 warps of 64x64: 128 f32 accumulators per thread (ptxas, sm_90a: 227-236
+// registers, no spills), 96 KB of shared memory, one CTA per SM.
 using Tile128x256 = TileConfig<128, 256, 32, 64, 64, 4, 1>;
-// 8 warps of 64x32: for grids that a 128x256 tile would leave short of SMs.
-using Tile128x128 = TileConfig<128, 128, 32, 64, 32, 4, 1>;
+// 8 warps of 64x32, for grids that a 128x256 tile would leave short of SMs.
+// Two CTAs per SM: capped at 128 registers (ptxas, sm_90a: 128, no spills)
+// and 2 x 64 KB of shared memory.
+using Tile128x128 = TileConfig<128, 128, 32, 64, 32, 4, 2>;
 
 // Element offset of 16-byte chunk `chunk` of row `row` in a row-major
 // shared-memory tile with kCols 16-bit elements per row. The chunk index is
@@ -66,12 +69,15 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
 // the destination is zero-filled (src-size 0).
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-               "r"(valid ? 16 : 0));
+               "r"(valid ? 16 : 0)
+               : "memory");
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+// The "memory" clobbers keep the compiler from moving ordinary shared-memory
+// accesses (the norm prologue's in-place pass) across the copies and waits.
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
