@@ -9,7 +9,7 @@
 #                    compute_80 and compute_75 PTX; runs checks and --bench
 #   selftest_ptx80   compute_80 PTX only: sm80 + sm75 paths through the JIT
 #   selftest_ptx75   compute_75 PTX only: the sm75 path through the JIT
-# --ptx (or FUSION_SELFTEST_PTX=1) also runs the two PTX builds, with
+# --ptx (or FUSION_SELFTEST_PTX=1) also runs the two PTX builds
 # after the main one (their --bench is dropped); the loaded-kernel report
 # at the top of their output shows ptx=80 or 75 and sass=<the GPU>.
 # Environment: NVCC (default: nvcc on PATH, else /usr/local/cuda/bin/nvcc),
