@@ -1,0 +1,137 @@
+// The epilogue chain: what a fused GEMM does to its f32 accumulators between
+// the last multiply-add and the single store of C.
+//
+// A step is a struct with a `name`, a host-side `args_valid` (does the kernel
+// have the pointers this step reads?) and a device-side `apply` that maps one
+// pair of adjacent accumulator columns (m, n) and (m, n + 1) to new values.
+// Pairs, because the mma.sync C fragment hands each thread two consecutive
+// columns, and a pair of 16-bit elements is one aligned 4-byte load or store.
+// `EpilogueChain<Steps...>` applies its steps in order; adding an activation
+// means adding one step struct here and one line in the code generator's op
+// table. The standalone elementwise kernels reuse the same steps.
+#pragma once
+
+#include <stdint.h>
+
+#include "numeric.cuh"
+
+namespace fusion {
+
+// The tensors an epilogue may read. All are row-major and contiguous; the
+// [M, N] tensors have the same shape as C. Unused pointers may be null.
+struct EpilogueArgs {
+  const void* bias;        // [N]
+  const void* residual;    // [M, N], added
+  const void* multiplier;  // [M, N], multiplied
+};
+
+namespace detail {
+template <typename F>
+__device__ __forceinline__ float2 map_pair(float2 v, F f) {
+  return make_float2(f(v.x), f(v.y));
+}
+}  // namespace detail
+
+// x + bias[n]
+struct Bias {
+  static constexpr const char* name = "bias";
+  static bool args_valid(const EpilogueArgs& a) { return a.bias != nullptr; }
+  template <typename T>
+  static __device__ __forceinline__ float2 apply(float2 v, int64_t, int64_t n, int64_t, const EpilogueArgs& a) {
+    const float2 b = load_pair(static_cast<const T*>(a.bias) + n);
+    return make_float2(v.x + b.x, v.y + b.y);
+  }
+};
+
+// GELU, tanh approximation (PyTorch's approximate="tanh").
+struct Gelu {
+  static constexpr const char* name = "gelu";
+  static bool args_valid(const EpilogueArgs&) { return true; }
+  template <typename T>
+  static __device__ __forceinline__ float2 apply(float2 v, int64_t, int64_t, int64_t, const EpilogueArgs&) {
+    return detail::map_pair(v, [](float x) {
+      const float inner = 0.7978845608f * (x + 0.044715f * x * x * x);
+      return 0.5f * x * (1.0f + tanhf(inner));
+    });
+  }
+};
+
+// GELU, exact form with erf (PyTorch's default).
+struct GeluErf {
+  static constexpr const char* name = "gelu_erf";
+  static bool args_valid(const EpilogueArgs&) { return true; }
+  template <typename T>
+  static __device__ __forceinline__ float2 apply(float2 v, int64_t, int64_t, int64_t, const EpilogueArgs&) {
+    return detail::map_pair(v, [](float x) { return 0.5f * x * (1.0f + erff(x * 0.7071067812f)); });
+  }
+};
+
+// SiLU (swish): x * sigmoid(x). For very negative x, exp overflows to inf and
+// the quotient is -0, the correct limit.
+struct Silu {
+  static constexpr const char* name = "silu";
+  static bool args_valid(const EpilogueArgs&) { return true; }
+  template <typename T>
+  static __device__ __forceinline__ float2 apply(float2 v, int64_t, int64_t, int64_t, const EpilogueArgs&) {
+    return detail::map_pair(v, [](float x) { return x / (1.0f + __expf(-x)); });
+  }
+};
+
+struct Relu {
+  static constexpr const char* name = "relu";
+  static bool args_valid(const EpilogueArgs&) { return true; }
+  template <typename T>
+  static __device__ __forceinline__ float2 apply(float2 v, int64_t, int64_t, int64_t, const EpilogueArgs&) {
+    return detail::map_pair(v, [](float x) { return fmaxf(x, 0.0f); });
+  }
+};
+
+// x + residual[m, n]
+struct Residual {
+  static constexpr const char* name = "residual";
+  static bool args_valid(const EpilogueArgs& a) { return a.residual != nullptr; }
+  template <typename T>
+  static __device__ __forceinline__ float2 apply(float2 v, int64_t m, int64_t n, int64_t ld,
+                                                 const EpilogueArgs& a) {
+    const float2 r = load_pair(static_cast<const T*>(a.residual) + m * ld + n);
+    return make_float2(v.x + r.x, v.y + r.y);
+  }
+};
+
+// x * multiplier[m, n] (SwiGLU's gate times up projection).
+struct Mul {
+  static constexpr const char* name = "mul";
+  static bool args_valid(const EpilogueArgs& a) { return a.multiplier != nullptr; }
+  template <typename T>
+  static __device__ __forceinline__ float2 apply(float2 v, int64_t m, int64_t n, int64_t ld, const EpilogueArgs& a) {
+    const float2 p = load_pair(static_cast<const T*>(a.multiplier) + m * ld + n);
+    return make_float2(v.x * p.x, v.y * p.y);
+  }
+};
+
+// Applies Steps... in order. With no steps it is the plain store of C.
+template <typename... Steps>
+struct EpilogueChain {
+  static_assert(sizeof...(Steps) <= 4, "an epilogue chain has at most 4 steps");
+
+  static bool args_valid(const EpilogueArgs& a) { return (true && ... && Steps::args_valid(a)); }
+
+  // Values of C at (m, n) and (m, n + 1) given the accumulators there; `ld` is
+  // N, the row stride of C and of the [M, N] operands.
+  template <typename T>
+  static __device__ __forceinline__ float2 apply(float2 acc, int64_t m, int64_t n, int64_t ld,
+                                                 const EpilogueArgs& a) {
+    ((acc = Steps::template apply<T>(acc, m, n, ld, a)), ...);
+    return acc;
+  }
+
+  // Applies the chain and stores the pair if it lies inside C. N is a multiple
+  // of 8 and n is even, so a pair is either wholly inside or wholly outside.
+  template <typename T>
+  static __device__ __forceinline__ void store_pair_checked(T* c, float2 acc, int64_t m, int64_t n, int64_t M,
+                                                            int64_t N, const EpilogueArgs& a) {
+    if (m < M && n < N) store_pair(c + m * N + n, apply<T>(acc, m, n, N, a));
+  }
+};
+
+}  // namespace fusion

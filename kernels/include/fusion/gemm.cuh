@@ -1,0 +1,113 @@
+// The fused GEMM kernel template and its host launcher.
+//
+//   C = Epilogue(Prologue(A) @ B)
+//
+// `fused_gemm_kernel<Mainloop, Prologue, Epilogue>` picks the CTA's output
+// tile (grouped order, below), runs the norm prologue's row statistics if
+// there is one, and hands over to the mainloop, which owns the K loop and,
+// because the accumulator layout is its own, the final store through the
+// epilogue chain. `FusedGemm<...>::launch` checks the problem and launches.
+// A rendered kernel unit is a typedef of FusedGemm plus a plain-C entry
+// point around `launch` (see kernels/selftest/selftest.cu for the model).
+#pragma once
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include <atomic>
+
+#include "epilogue.cuh"
+#include "numeric.cuh"
+#include "problem.cuh"
+#include "prologue.cuh"
+
+namespace fusion {
+
+// Output tiles consecutive in launch order share B columns and A rows: they
+// walk down a group of kGroupRows tile rows before moving one tile column
+// right, so the ~hundred CTAs resident at once touch a compact block of C and
+// re-read A and B from L2 rather than from device memory.
+constexpr int kGroupRows = 8;
+
+__device__ __forceinline__ TileCoord grouped_tile_order(int64_t block, int64_t tiles_m, int64_t tiles_n, int bm,
+                                                        int bn) {
+  const int64_t tiles_per_group = int64_t(kGroupRows) * tiles_n;
+  const int64_t group = block / tiles_per_group;
+  const int64_t first_m = group * kGroupRows;
+  const int64_t rows_in_group = tiles_m - first_m < kGroupRows ? tiles_m - first_m : kGroupRows;
+  const int64_t in_group = block % tiles_per_group;
+  const int64_t tile_m = first_m + in_group % rows_in_group;
+  const int64_t tile_n = in_group / rows_in_group;
+  return {tile_m * bm, tile_n * bn};
+}
+
+template <typename Mainloop, typename Prologue, typename Epilogue>
+__global__ void __launch_bounds__(Mainloop::kThreads, Mainloop::kMinBlocksPerSm)
+    fused_gemm_kernel(const GemmArgs<typename Mainloop::Element> args) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  __shared__ RowStats row_stats[Prologue::kEnabled ? Mainloop::BM : 1];
+  const int64_t tiles_m = (args.m + Mainloop::BM - 1) / Mainloop::BM;
+  const int64_t tiles_n = (args.n + Mainloop::BN - 1) / Mainloop::BN;
+  const TileCoord tile = grouped_tile_order(blockIdx.x, tiles_m, tiles_n, Mainloop::BM, Mainloop::BN);
+  if constexpr (Prologue::kEnabled) {
+    Prologue::template compute_row_stats<typename Mainloop::Element, Mainloop::BM, Mainloop::kThreads>(
+        args.a, tile.m0, args.m, args.k, args.norm, row_stats);
+    __syncthreads();
+  }
+  Mainloop::template operator_body<Prologue, Epilogue>(args, tile, smem, row_stats);
+}
+
+template <typename Mainloop, typename Prologue, typename Epilogue>
+struct FusedGemm {
+  using Element = typename Mainloop::Element;
+
+  // Kernel-level checks of everything the kernel relies on. Returns
+  // cudaErrorInvalidValue when N or K is not a multiple of 8, K is 0, a
+  // pointer the composition reads is null or not 16-byte aligned.
+  static cudaError_t check(const GemmArgs<Element>& p) {
+    if (p.m < 0 || p.n < 0 || p.k <= 0) return cudaErrorInvalidValue;
+    if (p.n % kVecElems != 0 || p.k % kVecElems != 0) return cudaErrorInvalidValue;
+    if (p.a == nullptr || p.b == nullptr || p.c == nullptr) return cudaErrorInvalidValue;
+    if (!is_aligned16(p.a) || !is_aligned16(p.b) || !is_aligned16(p.c)) return cudaErrorInvalidValue;
+    if (!Epilogue::args_valid(p.epilogue) || !Prologue::args_valid(p.norm)) return cudaErrorInvalidValue;
+    const void* extra[] = {p.epilogue.bias, p.epilogue.residual, p.epilogue.multiplier};
+    for (const void* ptr : extra)
+      if (ptr != nullptr && !is_aligned16(ptr)) return cudaErrorInvalidValue;
+    const int64_t tiles = ((p.m + Mainloop::BM - 1) / Mainloop::BM) * ((p.n + Mainloop::BN - 1) / Mainloop::BN);
+    if (tiles > int64_t(INT32_MAX)) return cudaErrorInvalidValue;
+    return cudaSuccess;
+  }
+
+  static dim3 grid(const GemmArgs<Element>& p) {
+    const int64_t tiles = ((p.m + Mainloop::BM - 1) / Mainloop::BM) * ((p.n + Mainloop::BN - 1) / Mainloop::BN);
+    return dim3(unsigned(tiles));
+  }
+
+  // Raises the kernel's dynamic shared-memory limit once per device (the
+  // attribute belongs to the device's context).
+  static cudaError_t configure() {
+    static std::atomic<uint64_t> configured_devices{0};
+    int device = 0;
+    cudaError_t err = cudaGetDevice(&device);
+    if (err != cudaSuccess) return err;
+    const uint64_t bit = device < 64 ? uint64_t(1) << device : 0;
+    if (bit != 0 && (configured_devices.load(std::memory_order_acquire) & bit)) return cudaSuccess;
+    err = cudaFuncSetAttribute(fused_gemm_kernel<Mainloop, Prologue, Epilogue>,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize, int(Mainloop::kSmemBytes));
+    if (err == cudaSuccess) configured_devices.fetch_or(bit, std::memory_order_acq_rel);
+    return err;
+  }
+
+  static cudaError_t launch(const GemmArgs<Element>& p, cudaStream_t stream) {
+    cudaError_t err = check(p);
+    if (err != cudaSuccess) return err;
+    if (p.m == 0 || p.n == 0) return cudaSuccess;
+    err = configure();
+    if (err != cudaSuccess) return err;
+    fused_gemm_kernel<Mainloop, Prologue, Epilogue>
+        <<<grid(p), Mainloop::kThreads, Mainloop::kSmemBytes, stream>>>(p);
+    return cudaGetLastError();
+  }
+};
+
+}  // namespace fusion

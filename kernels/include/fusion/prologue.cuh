@@ -1,0 +1,73 @@
+// The norm prologue of a fused GEMM: C = epilogue(norm(A) @ B) where norm is
+// LayerNorm or RMSNorm over A's rows, without norm(A) ever reaching device
+// memory.
+//
+// Design. At kernel start each CTA computes (mean, rstd) for its BM rows of A
+// into shared memory (one warp per row at a time, f32, 16-byte loads). Then,
+// whenever a BM x BK tile of A reaches shared memory, the threads that copied
+// it normalize their own 16-byte chunks in place, (x - mean) * rstd * gamma[k]
+// (+ beta[k]), before the barrier that precedes the tensor-core reads. Why
+// this and not the alternatives:
+//  - The mainloop is unchanged for kernels without a norm: the hook is one
+//    `if constexpr (Prologue::kEnabled)` on a type that is `NoPrologue`.
+//  - No weight preprocessing. Folding gamma into B (W' = diag(gamma) W, the
+//    FlashNorm approach) is cheaper per tile but needs a prepared copy of
+//    every weight, and for LayerNorm a mean correction that cancels badly.
+//  - Cost: each CTA re-reads its BM rows of A once for the statistics (from
+//    L2 after the first CTA of a tile row), plus one pass over each A tile in
+//    shared memory. The normalized values are rounded to the element type
+//    before the multiply, as an unfused norm kernel would store them.
+// Chunks past K (zero-filled by the predicated loads) stay zero: gamma and
+// beta are not read there. Rows past M get mean = rstd = 0; they feed only
+// output rows that are never stored.
+#pragma once
+
+#include "norm.cuh"
+#include "problem.cuh"
+
+namespace fusion {
+
+// The mainloop hook when the kernel has no norm: compiles to nothing.
+struct NoPrologue {
+  static constexpr bool kEnabled = false;
+  static constexpr const char* name = "";
+  static bool args_valid(const NormArgs&) { return true; }
+};
+
+template <NormKind kKind>
+struct NormPrologue {
+  static constexpr bool kEnabled = true;
+  static constexpr const char* name = kKind == NormKind::LayerNorm ? "layernorm" : "rmsnorm";
+  static bool args_valid(const NormArgs& a) { return norm_args_valid<kKind>(a); }
+
+  // Statistics of rows [m0, m0 + kRows) into `stats`; all threads of the CTA
+  // call this, and the caller synchronizes before the first use.
+  template <typename T, int kRows, int kThreads>
+  static __device__ __forceinline__ void compute_row_stats(const T* a, int64_t m0, int64_t M, int64_t K,
+                                                           const NormArgs& args, RowStats* stats) {
+    constexpr int kWarps = kThreads / 32;
+    for (int r = threadIdx.x / 32; r < kRows; r += kWarps) {
+      const int64_t m = m0 + r;
+      RowStats s{0.0f, 0.0f};
+      if (m < M) s = warp_row_stats<kKind>(a + m * K, K, args.eps);
+      if ((threadIdx.x & 31) == 0) stats[r] = s;
+    }
+  }
+
+  // Normalizes one 16-byte chunk of row `local_row` of the CTA's A tile,
+  // holding columns [k0, k0 + 8).
+  template <typename T>
+  static __device__ __forceinline__ void apply(Vec8<T>& chunk, int local_row, int64_t k0, int64_t K,
+                                               const NormArgs& args, const RowStats* stats) {
+    if (k0 >= K) return;
+    float x[8];
+    vec8_to_float(chunk, x);
+    normalize8<kKind, T>(x, stats[local_row], k0, args);
+    chunk = float_to_vec8<T>(x);
+  }
+};
+
+using LayerNormPrologue = NormPrologue<NormKind::LayerNorm>;
+using RmsNormPrologue = NormPrologue<NormKind::RmsNorm>;
+
+}  // namespace fusion

@@ -1,0 +1,300 @@
+// The sm80 mainloop (A100, RTX 30xx/40xx, L4; also runs on sm_90): tensor
+// cores through mma.sync.m16n8k16, fragments through ldmatrix, a multi-stage
+// cp.async pipeline and XOR-swizzled shared memory.
+//
+// A CTA computes a BM x BN tile of C with (BM/WM) x (BN/WN) warps, each owning
+// a WM x WN sub-tile held in registers as (WM/16) x (WN/8) m16n8 accumulator
+// fragments. K advances BK at a time through `Stages` shared-memory buffers:
+// while the tensor cores work on tile kt, the copies of tiles kt+1 ..
+// kt+Stages-1 are in flight. Loads are 16 bytes per thread and predicated:
+// chunks outside A or B are zero-filled, so any M works; N and K must be
+// multiples of 8 so that a 16-byte chunk is wholly inside or outside.
+#pragma once
+
+#include <stdint.h>
+
+#include "../numeric.cuh"
+#include "../problem.cuh"
+
+namespace fusion {
+namespace sm80 {
+
+// A CTA tile shape. The defaults below were chosen from the public
+// Ampere-class results (128x128 and 128x256 CTA tiles, 64x64 warp tiles, 3-4
+// stages reach cuBLAS on A100 and RTX 4090); the code generator's tuned
+// configs replace them per device.
+template <int BM_, int BN_, int BK_, int WM_, int WN_, int kStages_, int kMinBlocksPerSm_>
+struct TileConfig {
+  static constexpr int BM = BM_, BN = BN_, BK = BK_, WM = WM_, WN = WN_;
+  static constexpr int kStages = kStages_;
+  static constexpr int kMinBlocksPerSm = kMinBlocksPerSm_;
+  static constexpr int kWarpsM = BM / WM, kWarpsN = BN / WN;
+  static constexpr int kThreads = 32 * kWarpsM * kWarpsN;
+  static_assert(BM % WM == 0 && BN % WN == 0, "warp tiles must divide the CTA tile");
+  static_assert(WM % 16 == 0 && WN % 16 == 0, "warp tiles are made of m16 x n16 pairs of mma fragments");
+  static_assert(BK % 16 == 0, "BK is a multiple of the mma's k of 16");
+  static_assert(kStages >= 2, "the pipeline needs at least two stages");
+};
+
+// 8 warps of 64x64: 128 f32 accumulators per thread (ptxas, sm_90a: 227-236
+// registers, no spills), 96 KB of shared memory, one CTA per SM.
+using Tile128x256 = TileConfig<128, 256, 32, 64, 64, 4, 1>;
+// 8 warps of 64x32, for grids that a 128x256 tile would leave short of SMs.
+// Two CTAs per SM: capped at 128 registers (ptxas, sm_90a: 128, no spills)
+// and 2 x 64 KB of shared memory.
+using Tile128x128 = TileConfig<128, 128, 32, 64, 32, 4, 2>;
+
+// Element offset of 16-byte chunk `chunk` of row `row` in a row-major
+// shared-memory tile with kCols 16-bit elements per row. The chunk index is
+// XORed with a function of the row so that the 8 row addresses of one
+// ldmatrix 8x8 matrix (same logical chunk, 8 consecutive rows) land in 8
+// distinct 16-byte bank groups of a 128-byte line: conflict-free for rows of
+// 32, 64 or more elements, and for the row-wise cp.async writes.
+template <int kCols>
+struct Swizzle {
+  static constexpr int kChunks = kCols / 8;
+  static_assert(kChunks >= 2 && (kChunks & (kChunks - 1)) == 0, "rows of 16, 32, 64, ... elements");
+  static constexpr int kRowsPerLine = kChunks >= 8 ? 1 : 8 / kChunks;
+  static constexpr int kMask = (kChunks >= 8 ? 8 : kChunks) - 1;
+  static __device__ __forceinline__ int offset(int row, int chunk) {
+    return row * kCols + ((chunk ^ ((row / kRowsPerLine) & kMask)) << 3);
+  }
+};
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte global -> shared copy; when `valid` is false nothing is read and
+// the destination is zero-filled (src-size 0).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(valid ? 16 : 0)
+               : "memory");
+}
+// The "memory" clobbers keep the compiler from moving ordinary shared-memory
+// accesses (the norm prologue's in-place pass) across the copies and waits.
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+// c += a * b for one m16n8k16 fragment, f32 accumulators.
+template <typename T>
+__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]);
+
+template <>
+__device__ __forceinline__ void mma_16816<__half>(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+template <>
+__device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&c)[4], const uint32_t (&a)[4],
+                                                         const uint32_t (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+template <typename T, LayoutB kLayoutB, typename Tile>
+struct Mainloop {
+  using Element = T;
+  using Config = Tile;
+  static constexpr int BM = Tile::BM, BN = Tile::BN, BK = Tile::BK, WM = Tile::WM, WN = Tile::WN;
+  static constexpr int kStages = Tile::kStages, kThreads = Tile::kThreads;
+  static constexpr int kMinBlocksPerSm = Tile::kMinBlocksPerSm;
+  static constexpr int kFragsM = WM / 16, kFragsN = WN / 8;
+
+  // Shared-memory tiles per stage: A is [BM][BK]; B is [BK][BN] for KN and
+  // [BN][BK] for NK, i.e. always stored the way it lies in device memory.
+  static constexpr bool kBIsKN = kLayoutB == LayoutB::KN;
+  static constexpr int kBRows = kBIsKN ? BK : BN, kBCols = kBIsKN ? BN : BK;
+  using SwizzleA = Swizzle<BK>;
+  using SwizzleB = Swizzle<kBCols>;
+  static constexpr int kAStageElems = BM * BK, kBStageElems = BN * BK;
+  static constexpr int kAChunksPerThread = kAStageElems / 8 / kThreads;
+  static constexpr int kBChunksPerThread = kBStageElems / 8 / kThreads;
+  static_assert(kAStageElems / 8 % kThreads == 0 && kBStageElems / 8 % kThreads == 0,
+                "every thread copies the same number of 16-byte chunks per stage");
+  static constexpr size_t kSmemBytes = size_t(kStages) * (kAStageElems + kBStageElems) * sizeof(T);
+
+  struct Accumulators {
+    float c[kFragsM][kFragsN][4];
+  };
+
+  // Issues the copies of K tile `kt` into stage buffers (sa, sb).
+  static __device__ __forceinline__ void load_stage(const GemmArgs<T>& p, TileCoord tile, int kt, T* sa, T* sb) {
+    const int64_t k0 = int64_t(kt) * BK;
+#pragma unroll
+    for (int i = 0; i < kAChunksPerThread; ++i) {
+      const int chunk_id = threadIdx.x + i * kThreads;
+      const int row = chunk_id / SwizzleA::kChunks, chunk = chunk_id % SwizzleA::kChunks;
+      const int64_t m = tile.m0 + row, k = k0 + chunk * 8;
+      const bool valid = m < p.m && k < p.k;
+      cp_async16(sa + SwizzleA::offset(row, chunk), valid ? p.a + m * p.k + k : p.a, valid);
+    }
+#pragma unroll
+    for (int i = 0; i < kBChunksPerThread; ++i) {
+      const int chunk_id = threadIdx.x + i * kThreads;
+      const int row = chunk_id / SwizzleB::kChunks, chunk = chunk_id % SwizzleB::kChunks;
+      if constexpr (kBIsKN) {
+        const int64_t k = k0 + row, n = tile.n0 + chunk * 8;
+        const bool valid = k < p.k && n < p.n;
+        cp_async16(sb + SwizzleB::offset(row, chunk), valid ? p.b + k * p.n + n : p.b, valid);
+      } else {
+        const int64_t n = tile.n0 + row, k = k0 + chunk * 8;
+        const bool valid = n < p.n && k < p.k;
+        cp_async16(sb + SwizzleB::offset(row, chunk), valid ? p.b + n * p.k + k : p.b, valid);
+      }
+    }
+  }
+
+  // Normalizes, in place, the A chunks this thread copied for K tile `kt`.
+  // Only the copying thread touches a chunk, so waiting for its own cp.async
+  // groups is enough; the CTA barrier that follows publishes the result.
+  template <typename Prologue>
+  static __device__ __forceinline__ void normalize_stage(const GemmArgs<T>& p, int kt, T* sa,
+                                                         const RowStats* stats) {
+#pragma unroll
+    for (int i = 0; i < kAChunksPerThread; ++i) {
+      const int chunk_id = threadIdx.x + i * kThreads;
+      const int row = chunk_id / SwizzleA::kChunks, chunk = chunk_id % SwizzleA::kChunks;
+      T* ptr = sa + SwizzleA::offset(row, chunk);
+      Vec8<T> v;
+      v.bits = *reinterpret_cast<const uint4*>(ptr);
+      Prologue::template apply<T>(v, row, int64_t(kt) * BK + chunk * 8, p.k, p.norm, stats);
+      *reinterpret_cast<uint4*>(ptr) = v.bits;
+    }
+  }
+
+  // All BK/16 k-steps of one stage for this warp's WM x WN sub-tile.
+  static __device__ __forceinline__ void compute_stage(Accumulators& acc, const T* sa, const T* sb, int warp_m,
+                                                       int warp_n) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int ks = 0; ks < BK / 16; ++ks) {
+      uint32_t a[kFragsM][4];
+      uint32_t b[kFragsN][2];
+      // A, row-major 16x16 per fragment: lanes 0-15 address rows 0-15 of the
+      // low 8 columns, lanes 16-31 the same rows of the high 8 columns.
+#pragma unroll
+      for (int i = 0; i < kFragsM; ++i) {
+        const int row = warp_m * WM + i * 16 + (lane & 15);
+        ldmatrix_x4(a[i], sa + SwizzleA::offset(row, ks * 2 + (lane >> 4)));
+      }
+      // B, two n8 fragments per ldmatrix.x4; matrices in the order
+      // (n0-7,k0-7), (n0-7,k8-15), (n8-15,k0-7), (n8-15,k8-15).
+#pragma unroll
+      for (int j = 0; j < kFragsN; j += 2) {
+        uint32_t r[4];
+        if constexpr (kBIsKN) {
+          const int k_row = ks * 16 + (lane & 15);
+          ldmatrix_x4_trans(r, sb + SwizzleB::offset(k_row, (warp_n * WN + j * 8) / 8 + (lane >> 4)));
+        } else {
+          const int n_row = warp_n * WN + j * 8 + (lane & 7) + ((lane >> 4) << 3);
+          ldmatrix_x4(r, sb + SwizzleB::offset(n_row, ks * 2 + ((lane >> 3) & 1)));
+        }
+        b[j][0] = r[0];
+        b[j][1] = r[1];
+        b[j + 1][0] = r[2];
+        b[j + 1][1] = r[3];
+      }
+#pragma unroll
+      for (int i = 0; i < kFragsM; ++i) {
+#pragma unroll
+        for (int j = 0; j < kFragsN; ++j) mma_16816<T>(acc.c[i][j], a[i], b[j]);
+      }
+    }
+  }
+
+  // The whole K loop: acc = norm?(A tile rows) @ B tile columns.
+  template <typename Prologue>
+  static __device__ __forceinline__ void run(Accumulators& acc, const GemmArgs<T>& p, TileCoord tile,
+                                             unsigned char* smem, const RowStats* stats) {
+    T* smem_a = reinterpret_cast<T*>(smem);
+    T* smem_b = smem_a + kStages * kAStageElems;
+    const int warp = threadIdx.x / 32;
+    const int warp_m = warp / Tile::kWarpsN, warp_n = warp % Tile::kWarpsN;
+#pragma unroll
+    for (int i = 0; i < kFragsM; ++i)
+#pragma unroll
+      for (int j = 0; j < kFragsN; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc.c[i][j][e] = 0.0f;
+
+    const int k_tiles = int((p.k + BK - 1) / BK);
+    // Fill all but one stage. Every iteration commits a group, empty or not,
+    // so that "groups still pending" counts the same everywhere.
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < k_tiles) load_stage(p, tile, s, smem_a + s * kAStageElems, smem_b + s * kBStageElems);
+      cp_async_commit();
+    }
+    for (int kt = 0; kt < k_tiles; ++kt) {
+      const int stage = kt % kStages;
+      cp_async_wait<kStages - 2>();  // this thread's copies of tile kt have landed
+      if constexpr (Prologue::kEnabled) normalize_stage<Prologue>(p, kt, smem_a + stage * kAStageElems, stats);
+      __syncthreads();  // everyone's copies of tile kt visible; tile kt-1's buffer free
+      const int next = kt + kStages - 1;
+      if (next < k_tiles) {
+        const int next_stage = next % kStages;
+        load_stage(p, tile, next, smem_a + next_stage * kAStageElems, smem_b + next_stage * kBStageElems);
+      }
+      cp_async_commit();
+      compute_stage(acc, smem_a + stage * kAStageElems, smem_b + stage * kBStageElems, warp_m, warp_n);
+    }
+    cp_async_wait<0>();
+  }
+
+  // Applies the epilogue chain to the accumulators and stores C. In an m16n8
+  // fragment, lane l holds columns 2*(l%4), +1 of rows l/4 and l/4 + 8.
+  template <typename Epilogue>
+  static __device__ __forceinline__ void store(const Accumulators& acc, const GemmArgs<T>& p, TileCoord tile) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+    const int warp_m = warp / Tile::kWarpsN, warp_n = warp % Tile::kWarpsN;
+#pragma unroll
+    for (int i = 0; i < kFragsM; ++i) {
+      const int64_t m = tile.m0 + warp_m * WM + i * 16 + lane / 4;
+#pragma unroll
+      for (int j = 0; j < kFragsN; ++j) {
+        const int64_t n = tile.n0 + warp_n * WN + j * 8 + (lane % 4) * 2;
+        const float(&c)[4] = acc.c[i][j];
+        Epilogue::template store_pair_checked<T>(p.c, make_float2(c[0], c[1]), m, n, p.m, p.n, p.epilogue);
+        Epilogue::template store_pair_checked<T>(p.c, make_float2(c[2], c[3]), m + 8, n, p.m, p.n, p.epilogue);
+      }
+    }
+  }
+
+  // Entry point used by fused_gemm_kernel.
+  template <typename Prologue, typename Epilogue>
+  static __device__ __forceinline__ void operator_body(const GemmArgs<T>& p, TileCoord tile, unsigned char* smem,
+                                                       const RowStats* stats) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+    __trap();  // cp.async, ldmatrix and m16n8k16 need sm_80 or newer
+#else
+    Accumulators acc;
+    run<Prologue>(acc, p, tile, smem, stats);
+    store<Epilogue>(acc, p, tile);
+#endif
+  }
+};
+
+}  // namespace sm80
+}  // namespace fusion
