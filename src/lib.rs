@@ -11,6 +11,7 @@
 //! The compiler itself (parsing, planning, code generation) is
 //! [`fusion_core`], re-exported as [`core`].
 
+pub mod bench;
 pub mod cli;
 pub mod device;
 pub mod error;
@@ -19,6 +20,7 @@ pub mod tensor;
 pub use device::Arch;
 pub use error::{Error, Result};
 pub use fusion_core as core;
+pub use fusion_core::ir;
 pub use tensor::{Element, Shape, Tensor, TensorMut};
 
 /// Re-exported so that users and generated code name the same version.
