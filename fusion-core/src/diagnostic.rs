@@ -93,6 +93,8 @@ impl fmt::Display for Diagnostic {
     }
 }
 
+impl std::error::Error for Diagnostic {}
+
 /// Every problem a stage found, in the order found. Never empty.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Diagnostics(pub Vec<Diagnostic>);
