@@ -317,29 +317,56 @@ struct Mainloop {
     }
   }
 
-  // acc += the WM x WN x 16 product held in `f`. With kSerpentine the n
-  // index runs back and forth, so that the mma's on either side of a row
-  // change share their B operand registers.
-  template <bool kSerpentine>
+  // acc += the WM x WN x 16 product held in `f`. The n index runs back and
+  // forth, so that the mma's on either side of a row change share their B
+  // operand registers.
   static __device__ __forceinline__ void mma_fragments(Accumulators& acc, const Fragments& f) {
 #pragma unroll
     for (int i = 0; i < kFragsM; ++i) {
 #pragma unroll
       for (int jj = 0; jj < kFragsN; ++jj) {
-        const int j = (kSerpentine && i % 2 == 1) ? kFragsN - 1 - jj : jj;
+        const int j = i % 2 == 1 ? kFragsN - 1 - jj : jj;
         mma_16816<T>(acc.c[i][j], f.a[i], f.b[j]);
       }
     }
   }
 
-  // All BK/16 k-steps of one stage for this warp's WM x WN sub-tile.
+  // All BK/16 k-steps of one stage for this warp's WM x WN sub-tile
+  // (KLoop::PerStage). Kept as it was measured in v1, generic pointers and
+  // all: the 128-register configs sit at the cap, and a different address
+  // computation made ptxas spill in some of them.
   static __device__ __forceinline__ void compute_stage(Accumulators& acc, const T* sa, const T* sb, int warp_m,
                                                        int warp_n) {
+    const int lane = threadIdx.x & 31;
 #pragma unroll
-    for (int ks = 0; ks < kSteps; ++ks) {
-      Fragments f;
-      load_fragments(f, smem_addr(sa), smem_addr(sb), ks, warp_m, warp_n);
-      mma_fragments<false>(acc, f);
+    for (int ks = 0; ks < BK / 16; ++ks) {
+      uint32_t a[kFragsM][4];
+      uint32_t b[kFragsN][2];
+#pragma unroll
+      for (int i = 0; i < kFragsM; ++i) {
+        const int row = warp_m * WM + i * 16 + (lane & 15);
+        ldmatrix_x4(a[i], smem_addr(sa + SwizzleA::offset(row, ks * 2 + (lane >> 4))));
+      }
+#pragma unroll
+      for (int j = 0; j < kFragsN; j += 2) {
+        uint32_t r[4];
+        if constexpr (kBIsKN) {
+          const int k_row = ks * 16 + (lane & 15);
+          ldmatrix_x4_trans(r, smem_addr(sb + SwizzleB::offset(k_row, (warp_n * WN + j * 8) / 8 + (lane >> 4))));
+        } else {
+          const int n_row = warp_n * WN + j * 8 + (lane & 7) + ((lane >> 4) << 3);
+          ldmatrix_x4(r, smem_addr(sb + SwizzleB::offset(n_row, ks * 2 + ((lane >> 3) & 1))));
+        }
+        b[j][0] = r[0];
+        b[j][1] = r[1];
+        b[j + 1][0] = r[2];
+        b[j + 1][1] = r[3];
+      }
+#pragma unroll
+      for (int i = 0; i < kFragsM; ++i) {
+#pragma unroll
+        for (int j = 0; j < kFragsN; ++j) mma_16816<T>(acc.c[i][j], a[i], b[j]);
+      }
     }
   }
 
@@ -453,7 +480,7 @@ struct Mainloop {
           cp_async_commit();
           write_stage = write_stage + 1 == kStages ? 0 : write_stage + 1;
         }
-        mma_fragments<true>(acc, frag[ks % 2]);
+        mma_fragments(acc, frag[ks % 2]);
       }
     }
     cp_async_wait<0>();
