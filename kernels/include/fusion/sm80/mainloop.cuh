@@ -19,21 +19,38 @@
 namespace fusion {
 namespace sm80 {
 
+// How the K loop feeds the tensor cores.
+//  - PerStage: after each stage's barrier, every k16 step loads its A and B
+//    fragments and then issues its mma's; the first ldmatrix of a stage waits
+//    for the barrier and the first mma for that ldmatrix.
+//  - Pipelined: fragments are double-buffered in registers. The ldmatrix of
+//    k16 step s+1 is issued before the mma's of step s, and the stage barrier
+//    sits inside the last k16 step of a stage, before its mma's, so the
+//    tensor cores work through the barrier and the next stage's first loads.
+//    Costs 2 x (WM/16*4 + WN/8*2) fragment registers instead of 1 x.
+enum class KLoop { PerStage, Pipelined };
+
 // A CTA tile shape. The defaults below were chosen from the public
 // Ampere-class results (128x128 and 128x256 CTA tiles, 64x64 warp tiles, 3-4
 // stages reach cuBLAS on A100 and RTX 4090); the code generator's tuned
-// configs replace them per device.
-template <int BM_, int BN_, int BK_, int WM_, int WN_, int kStages_, int kMinBlocksPerSm_>
+// configs replace them per device. Shared memory is Stages * (BM + BN) * BK
+// * 2 bytes; configs above 99 KB run only where the device allows it (sm_80
+// and sm_90: up to 163 and 227 KB per CTA; sm_86/89: 99 KB).
+template <int BM_, int BN_, int BK_, int WM_, int WN_, int kStages_, int kMinBlocksPerSm_,
+          KLoop kKLoop_ = KLoop::PerStage>
 struct TileConfig {
   static constexpr int BM = BM_, BN = BN_, BK = BK_, WM = WM_, WN = WN_;
   static constexpr int kStages = kStages_;
   static constexpr int kMinBlocksPerSm = kMinBlocksPerSm_;
+  static constexpr KLoop kKLoop = kKLoop_;
   static constexpr int kWarpsM = BM / WM, kWarpsN = BN / WN;
   static constexpr int kThreads = 32 * kWarpsM * kWarpsN;
   static_assert(BM % WM == 0 && BN % WN == 0, "warp tiles must divide the CTA tile");
   static_assert(WM % 16 == 0 && WN % 16 == 0, "warp tiles are made of m16 x n16 pairs of mma fragments");
   static_assert(BK % 16 == 0, "BK is a multiple of the mma's k of 16");
   static_assert(kStages >= 2, "the pipeline needs at least two stages");
+  static_assert(kKLoop != KLoop::Pipelined || (BK / 16) % 2 == 0,
+                "the pipelined K loop alternates two fragment buffers over an even number of k16 steps per stage");
 };
 
 // 8 warps of 64x64: 128 f32 accumulators per thread (ptxas, sm_90a: 227-236
@@ -80,15 +97,16 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+// ldmatrix from a shared-memory byte address (see smem_addr).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
+               : "r"(addr));
 }
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
+               : "r"(addr));
 }
 
 // c += a * b for one m16n8k16 fragment, f32 accumulators.
@@ -166,6 +184,80 @@ struct Mainloop {
     }
   }
 
+  // The copies of the pipelined K loop, with the per-thread address work
+  // done once: each thread owns the same chunk column of rows row0, row0 +
+  // step, ... of each operand tile, so one 64-bit pointer per operand, which
+  // advances by a K tile, and a bit mask of in-bounds rows replace load_stage's
+  // per-chunk 64-bit index arithmetic (and the registers it holds); the
+  // row strides come from the kernel parameters, which need no registers.
+  struct Loader {
+    static constexpr int kAChunksPerRow = BK / 8;
+    static constexpr int kBChunksPerRow = kBCols / 8;
+    static constexpr int kARowStep = kThreads / kAChunksPerRow;
+    static constexpr int kBRowStep = kThreads / kBChunksPerRow;
+    static_assert(kThreads % kAChunksPerRow == 0 && kThreads % kBChunksPerRow == 0 && kARowStep % 8 == 0 &&
+                      kBRowStep % 8 == 0,
+                  "a thread's chunks must sit in one swizzle column, 8-row multiples apart");
+    const T* a;  // this thread's first A chunk of the next K tile
+    const T* b;  // the same for B
+    uint32_t a_rows_in, b_rows_in;       // bit i: chunk i's row (A: m; B NK: n) or column (B KN: n) is inside
+    int a_k, b_k;                        // K index of this thread's chunk (B KN: of its first row) in the next tile
+    uint32_t a_dst, b_dst;               // element offsets in a stage buffer
+
+    __device__ __forceinline__ Loader(const GemmArgs<T>& p, TileCoord tile) {
+      const int a_row = threadIdx.x / kAChunksPerRow, a_chunk = threadIdx.x % kAChunksPerRow;
+      const int b_row = threadIdx.x / kBChunksPerRow, b_chunk = threadIdx.x % kBChunksPerRow;
+      a = p.a + (tile.m0 + a_row) * p.k + a_chunk * 8;
+      a_k = a_chunk * 8;
+      a_dst = uint32_t(SwizzleA::offset(a_row, a_chunk));
+      a_rows_in = 0;
+#pragma unroll
+      for (int i = 0; i < kAChunksPerThread; ++i)
+        a_rows_in |= uint32_t(tile.m0 + a_row + i * kARowStep < p.m) << i;
+      b_dst = uint32_t(SwizzleB::offset(b_row, b_chunk));
+      b_rows_in = 0;
+      if constexpr (kBIsKN) {
+        const int64_t n = tile.n0 + b_chunk * 8;
+        b = p.b + int64_t(b_row) * p.n + n;
+        b_k = b_row;
+        b_rows_in = n < p.n ? ~0u : 0u;
+      } else {
+        b = p.b + (tile.n0 + b_row) * p.k + b_chunk * 8;
+        b_k = b_chunk * 8;
+#pragma unroll
+        for (int i = 0; i < kBChunksPerThread; ++i)
+          b_rows_in |= uint32_t(tile.n0 + b_row + i * kBRowStep < p.n) << i;
+      }
+    }
+
+    // Issues the copies of the next K tile into stage buffers (sa, sb) and
+    // moves on to the tile after it.
+    __device__ __forceinline__ void load(const GemmArgs<T>& p, T* sa, T* sb) {
+      const bool a_k_in = a_k < p.k;
+#pragma unroll
+      for (int i = 0; i < kAChunksPerThread; ++i) {
+        const bool valid = a_k_in && ((a_rows_in >> i) & 1u);
+        cp_async16(sa + a_dst + i * kARowStep * BK, valid ? a + int64_t(i * kARowStep) * p.k : p.a, valid);
+      }
+#pragma unroll
+      for (int i = 0; i < kBChunksPerThread; ++i) {
+        bool valid;
+        if constexpr (kBIsKN)
+          valid = b_rows_in != 0 && b_k + i * kBRowStep < p.k;
+        else
+          valid = b_k < p.k && ((b_rows_in >> i) & 1u);
+        cp_async16(sb + b_dst + i * kBRowStep * kBCols, valid ? b + int64_t(i * kBRowStep) * (kBIsKN ? p.n : p.k) : p.b, valid);
+      }
+      a += BK;
+      a_k += BK;
+      if constexpr (kBIsKN)
+        b += int64_t(BK) * p.n;
+      else
+        b += BK;
+      b_k += BK;
+    }
+  };
+
   // Normalizes, in place, the A chunks this thread copied for K tile `kt`.
   // Only the copying thread touches a chunk, so waiting for its own cp.async
   // groups is enough; the CTA barrier that follows publishes the result.
@@ -184,7 +276,65 @@ struct Mainloop {
     }
   }
 
-  // All BK/16 k-steps of one stage for this warp's WM x WN sub-tile.
+  // The A and B fragments of one k16 step for this warp's WM x WN sub-tile.
+  struct Fragments {
+    uint32_t a[kFragsM][4];
+    uint32_t b[kFragsN][2];
+  };
+  static constexpr int kSteps = BK / 16;
+
+  // Loads k16 step `ks` of the stage held in shared memory at byte
+  // addresses (sa, sb) into `f`. 32-bit shared addresses rather than generic
+  // pointers: half the registers per address, which the pipelined K loop
+  // needs to stay under 255 with two fragment buffers live.
+  static __device__ __forceinline__ void load_fragments(Fragments& f, uint32_t sa, uint32_t sb, int ks, int warp_m,
+                                                        int warp_n) {
+    const int lane = threadIdx.x & 31;
+    // A, row-major 16x16 per fragment: lanes 0-15 address rows 0-15 of the
+    // low 8 columns, lanes 16-31 the same rows of the high 8 columns.
+#pragma unroll
+    for (int i = 0; i < kFragsM; ++i) {
+      const int row = warp_m * WM + i * 16 + (lane & 15);
+      ldmatrix_x4(f.a[i], sa + uint32_t(SwizzleA::offset(row, ks * 2 + (lane >> 4)) * sizeof(T)));
+    }
+    // B, two n8 fragments per ldmatrix.x4; matrices in the order
+    // (n0-7,k0-7), (n0-7,k8-15), (n8-15,k0-7), (n8-15,k8-15).
+#pragma unroll
+    for (int j = 0; j < kFragsN; j += 2) {
+      uint32_t r[4];
+      if constexpr (kBIsKN) {
+        const int k_row = ks * 16 + (lane & 15);
+        ldmatrix_x4_trans(
+            r, sb + uint32_t(SwizzleB::offset(k_row, (warp_n * WN + j * 8) / 8 + (lane >> 4)) * sizeof(T)));
+      } else {
+        const int n_row = warp_n * WN + j * 8 + (lane & 7) + ((lane >> 4) << 3);
+        ldmatrix_x4(r, sb + uint32_t(SwizzleB::offset(n_row, ks * 2 + ((lane >> 3) & 1)) * sizeof(T)));
+      }
+      f.b[j][0] = r[0];
+      f.b[j][1] = r[1];
+      f.b[j + 1][0] = r[2];
+      f.b[j + 1][1] = r[3];
+    }
+  }
+
+  // acc += the WM x WN x 16 product held in `f`. The n index runs back and
+  // forth, so that the mma's on either side of a row change share their B
+  // operand registers.
+  static __device__ __forceinline__ void mma_fragments(Accumulators& acc, const Fragments& f) {
+#pragma unroll
+    for (int i = 0; i < kFragsM; ++i) {
+#pragma unroll
+      for (int jj = 0; jj < kFragsN; ++jj) {
+        const int j = i % 2 == 1 ? kFragsN - 1 - jj : jj;
+        mma_16816<T>(acc.c[i][j], f.a[i], f.b[j]);
+      }
+    }
+  }
+
+  // All BK/16 k-steps of one stage for this warp's WM x WN sub-tile
+  // (KLoop::PerStage). Kept as it was measured in v1, generic pointers and
+  // all: the 128-register configs sit at the cap, and a different address
+  // computation made ptxas spill in some of them.
   static __device__ __forceinline__ void compute_stage(Accumulators& acc, const T* sa, const T* sb, int warp_m,
                                                        int warp_n) {
     const int lane = threadIdx.x & 31;
@@ -192,24 +342,20 @@ struct Mainloop {
     for (int ks = 0; ks < BK / 16; ++ks) {
       uint32_t a[kFragsM][4];
       uint32_t b[kFragsN][2];
-      // A, row-major 16x16 per fragment: lanes 0-15 address rows 0-15 of the
-      // low 8 columns, lanes 16-31 the same rows of the high 8 columns.
 #pragma unroll
       for (int i = 0; i < kFragsM; ++i) {
         const int row = warp_m * WM + i * 16 + (lane & 15);
-        ldmatrix_x4(a[i], sa + SwizzleA::offset(row, ks * 2 + (lane >> 4)));
+        ldmatrix_x4(a[i], smem_addr(sa + SwizzleA::offset(row, ks * 2 + (lane >> 4))));
       }
-      // B, two n8 fragments per ldmatrix.x4; matrices in the order
-      // (n0-7,k0-7), (n0-7,k8-15), (n8-15,k0-7), (n8-15,k8-15).
 #pragma unroll
       for (int j = 0; j < kFragsN; j += 2) {
         uint32_t r[4];
         if constexpr (kBIsKN) {
           const int k_row = ks * 16 + (lane & 15);
-          ldmatrix_x4_trans(r, sb + SwizzleB::offset(k_row, (warp_n * WN + j * 8) / 8 + (lane >> 4)));
+          ldmatrix_x4_trans(r, smem_addr(sb + SwizzleB::offset(k_row, (warp_n * WN + j * 8) / 8 + (lane >> 4))));
         } else {
           const int n_row = warp_n * WN + j * 8 + (lane & 7) + ((lane >> 4) << 3);
-          ldmatrix_x4(r, sb + SwizzleB::offset(n_row, ks * 2 + ((lane >> 3) & 1)));
+          ldmatrix_x4(r, smem_addr(sb + SwizzleB::offset(n_row, ks * 2 + ((lane >> 3) & 1))));
         }
         b[j][0] = r[0];
         b[j][1] = r[1];
@@ -228,6 +374,15 @@ struct Mainloop {
   template <typename Prologue>
   static __device__ __forceinline__ void run(Accumulators& acc, const GemmArgs<T>& p, TileCoord tile,
                                              unsigned char* smem, const RowStats* stats) {
+    if constexpr (Tile::kKLoop == KLoop::Pipelined)
+      run_pipelined<Prologue>(acc, p, tile, smem, stats);
+    else
+      run_per_stage<Prologue>(acc, p, tile, smem, stats);
+  }
+
+  template <typename Prologue>
+  static __device__ __forceinline__ void run_per_stage(Accumulators& acc, const GemmArgs<T>& p, TileCoord tile,
+                                                       unsigned char* smem, const RowStats* stats) {
     T* smem_a = reinterpret_cast<T*>(smem);
     T* smem_b = smem_a + kStages * kAStageElems;
     const int warp = threadIdx.x / 32;
@@ -259,6 +414,74 @@ struct Mainloop {
       }
       cp_async_commit();
       compute_stage(acc, smem_a + stage * kAStageElems, smem_b + stage * kBStageElems, warp_m, warp_n);
+    }
+    cp_async_wait<0>();
+  }
+
+  // KLoop::Pipelined. Stage buffers rotate as in run_per_stage; what moves
+  // is where each step's ldmatrix and the barrier sit:
+  //
+  //   step s of tile kt:  [s == last: wait for tile kt+1, barrier]
+  //                       ldmatrix step s+1 (of tile kt+1 when s is last)
+  //                       [s == 0: issue the copies of tile kt+Stages-1]
+  //                       mma step s
+  //
+  // Every ldmatrix of tile kt-1 was issued before the barrier in the last
+  // step of tile kt-1, so the copies into its buffer at step 0 of tile kt are
+  // safe; a barrier orders the shared-memory reads before it.
+  template <typename Prologue>
+  static __device__ __forceinline__ void run_pipelined(Accumulators& acc, const GemmArgs<T>& p, TileCoord tile,
+                                                       unsigned char* smem, const RowStats* stats) {
+    T* smem_a = reinterpret_cast<T*>(smem);
+    T* smem_b = smem_a + kStages * kAStageElems;
+    const int warp = threadIdx.x / 32;
+    const int warp_m = warp / Tile::kWarpsN, warp_n = warp % Tile::kWarpsN;
+#pragma unroll
+    for (int i = 0; i < kFragsM; ++i)
+#pragma unroll
+      for (int j = 0; j < kFragsN; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc.c[i][j][e] = 0.0f;
+
+    const int k_tiles = int((p.k + BK - 1) / BK);
+    Loader loader(p, tile);
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < k_tiles) loader.load(p, smem_a + s * kAStageElems, smem_b + s * kBStageElems);
+      cp_async_commit();
+    }
+    cp_async_wait<kStages - 2>();
+    if constexpr (Prologue::kEnabled) normalize_stage<Prologue>(p, 0, smem_a, stats);
+    __syncthreads();
+
+    const uint32_t a_base = smem_addr(smem_a), b_base = smem_addr(smem_b);
+    constexpr uint32_t kAStageBytes = kAStageElems * sizeof(T), kBStageBytes = kBStageElems * sizeof(T);
+    Fragments frag[2];
+    load_fragments(frag[0], a_base, b_base, 0, warp_m, warp_n);
+    int read_stage = 0, write_stage = kStages - 1;
+    for (int kt = 0; kt < k_tiles; ++kt) {
+#pragma unroll
+      for (int ks = 0; ks < kSteps; ++ks) {
+        if (ks == kSteps - 1) {
+          cp_async_wait<kStages - 2>();  // this thread's copies of tile kt+1 have landed
+          read_stage = read_stage + 1 == kStages ? 0 : read_stage + 1;
+          if constexpr (Prologue::kEnabled) {
+            if (kt + 1 < k_tiles) normalize_stage<Prologue>(p, kt + 1, smem_a + read_stage * kAStageElems, stats);
+          }
+          __syncthreads();
+        }
+        // After the last tile this reads a stale buffer into registers that
+        // nothing uses; cheaper than a branch in the steady state.
+        load_fragments(frag[(ks + 1) % 2], a_base + read_stage * kAStageBytes, b_base + read_stage * kBStageBytes,
+                       (ks + 1) % kSteps, warp_m, warp_n);
+        if (ks == 0) {
+          if (kt + kStages - 1 < k_tiles)
+            loader.load(p, smem_a + write_stage * kAStageElems, smem_b + write_stage * kBStageElems);
+          cp_async_commit();
+          write_stage = write_stage + 1 == kStages ? 0 : write_stage + 1;
+        }
+        mma_fragments(acc, frag[ks % 2]);
+      }
     }
     cp_async_wait<0>();
   }

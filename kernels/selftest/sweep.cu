@@ -1,0 +1,505 @@
+// Mainloop sweep: candidate sm80 (mma.sync) mainloop variants and tile
+// configs, each checked for correctness and then timed against cuBLASLt's
+// GELU_BIAS epilogue on the same f16 inputs (B as [N, K], bias + GELU).
+//
+// One variant's kernel takes ptxas tens of seconds, so the program is built
+// from several translation units that compile in parallel (see sweep.sh):
+//   -DFUSION_SWEEP_VARIANT=i   only variant i's kernel and its launcher
+//   (no define)                the harness: checks, timing, the table
+// Every unit sees the same variant list below; the harness calls each
+// variant through explicit specializations that the variant units define.
+
+#include <cuda_runtime.h>
+
+#include "fusion/gemm.cuh"
+#include "fusion/sm80/mainloop.cuh"
+
+namespace sweep {
+
+using fusion::sm80::KLoop;
+using fusion::sm80::TileConfig;
+
+// The candidates. `name` says what differs from the v1 mainloop:
+//   tile BMxBNxBK / warp tile, stages, CTAs per SM, K loop.
+template <int I>
+struct Variant;
+
+#define FUSION_SWEEP_VARIANT_DEF(I, NAME, ...)   \
+  template <>                                    \
+  struct Variant<I> {                            \
+    using Tile = __VA_ARGS__;                    \
+    static constexpr const char* name = NAME;    \
+  };
+
+// The two configs in use today (v1).
+FUSION_SWEEP_VARIANT_DEF(0, "v1 128x256x32/64x64 s4", fusion::sm80::Tile128x256)
+FUSION_SWEEP_VARIANT_DEF(1, "v1 128x128x32/64x32 s4 2cta", fusion::sm80::Tile128x128)
+// (a) register double-buffered fragments, barrier inside the last k16 step.
+FUSION_SWEEP_VARIANT_DEF(2, "pipe 128x256x32/64x64 s4", TileConfig<128, 256, 32, 64, 64, 4, 1, KLoop::Pipelined>)
+// (b) BK = 64: half the barriers per FLOP; 144 KB (sm_80 / sm_90 only).
+FUSION_SWEEP_VARIANT_DEF(3, "pipe 128x256x64/64x64 s3", TileConfig<128, 256, 64, 64, 64, 3, 1, KLoop::Pipelined>)
+// (b) without (a), to separate the two effects.
+FUSION_SWEEP_VARIANT_DEF(4, "v1 128x256x64/64x64 s3", TileConfig<128, 256, 64, 64, 64, 3, 1>)
+// (b) one stage deeper: 192 KB (sm_90 only).
+FUSION_SWEEP_VARIANT_DEF(5, "pipe 128x256x64/64x64 s4", TileConfig<128, 256, 64, 64, 64, 4, 1, KLoop::Pipelined>)
+// (c)/(e) 256x128: 4x2 warps instead of 2x4; A is the wide operand.
+FUSION_SWEEP_VARIANT_DEF(6, "pipe 256x128x32/64x64 s4", TileConfig<256, 128, 32, 64, 64, 4, 1, KLoop::Pipelined>)
+// (d) 4 warps of 64x64, two CTAs per SM: one CTA's barrier wait is
+// covered by the other CTA's mma's. 2 x 96 KB (sm_90 only).
+FUSION_SWEEP_VARIANT_DEF(7, "pipe 128x128x64/64x64 s3 2cta", TileConfig<128, 128, 64, 64, 64, 3, 2, KLoop::Pipelined>)
+// (d) with BK = 32 and 4 stages: 64 KB per CTA, inside sm_86/89's 99 KB.
+FUSION_SWEEP_VARIANT_DEF(8, "pipe 128x128x32/64x64 s4 2cta", TileConfig<128, 128, 32, 64, 64, 4, 2, KLoop::Pipelined>)
+// (b) + (c): 256x128 with BK = 64, 144 KB.
+FUSION_SWEEP_VARIANT_DEF(9, "pipe 256x128x64/64x64 s3", TileConfig<256, 128, 64, 64, 64, 3, 1, KLoop::Pipelined>)
+// (f) small M: 64-row tiles double the CTA count at M = 128 (224 CTAs for
+// N = 14336), up to three CTAs of 4 warps per SM.
+FUSION_SWEEP_VARIANT_DEF(10, "pipe 64x128x32/32x64 s4 3cta", TileConfig<64, 128, 32, 32, 64, 4, 3, KLoop::Pipelined>)
+
+#undef FUSION_SWEEP_VARIANT_DEF
+constexpr int kVariantCount = 11;  // sweep.sh reads this line
+
+using Epilogue = fusion::EpilogueChain<fusion::Bias, fusion::Gelu>;
+template <int I>
+using MainloopOf = fusion::sm80::Mainloop<__half, fusion::LayoutB::NK, typename Variant<I>::Tile>;
+template <int I>
+using KernelOf = fusion::FusedGemm<MainloopOf<I>, fusion::NoPrologue, Epilogue>;
+
+struct VariantShape {
+  int bm, bn, bk, threads;
+  size_t smem_bytes;
+};
+
+// Defined in the variant units.
+template <int I>
+cudaError_t launch(const fusion::GemmArgs<__half>& p, cudaStream_t stream);
+template <int I>
+cudaError_t attributes(cudaFuncAttributes* attr, int* blocks_per_sm);
+
+template <int I>
+VariantShape shape_of() {
+  using M = MainloopOf<I>;
+  return {M::BM, M::BN, M::BK, M::kThreads, M::kSmemBytes};
+}
+
+}  // namespace sweep
+
+#if defined(FUSION_SWEEP_VARIANT)
+// ===========================================================================
+// One variant's kernel.
+// ===========================================================================
+namespace sweep {
+
+template <>
+cudaError_t launch<FUSION_SWEEP_VARIANT>(const fusion::GemmArgs<__half>& p, cudaStream_t stream) {
+  return KernelOf<FUSION_SWEEP_VARIANT>::launch(p, stream);
+}
+
+template <>
+cudaError_t attributes<FUSION_SWEEP_VARIANT>(cudaFuncAttributes* attr, int* blocks_per_sm) {
+  using M = MainloopOf<FUSION_SWEEP_VARIANT>;
+  const void* fn = reinterpret_cast<const void*>(&fusion::fused_gemm_kernel<M, fusion::NoPrologue, Epilogue>);
+  cudaError_t err = cudaFuncGetAttributes(attr, fn);
+  if (err != cudaSuccess) return err;
+  err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(M::kSmemBytes));
+  if (err != cudaSuccess) return err;
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, fn, M::kThreads, M::kSmemBytes);
+}
+
+}  // namespace sweep
+
+#else
+// ===========================================================================
+// The harness.
+// ===========================================================================
+#include <cublasLt.h>
+#include <cublas_v2.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace sweep {
+namespace {
+
+#define SWEEP_CHECK_CUDA(expr)                                                                       \
+  do {                                                                                              \
+    const cudaError_t err_ = (expr);                                                                \
+    if (err_ != cudaSuccess) {                                                                      \
+      std::fprintf(stderr, "CUDA error at %s:%d: %s returned %s (%s)\n", __FILE__, __LINE__, #expr, \
+                   cudaGetErrorName(err_), cudaGetErrorString(err_));                               \
+      std::exit(2);                                                                                 \
+    }                                                                                               \
+  } while (0)
+
+#define SWEEP_CHECK_CUBLAS(expr)                                                                          \
+  do {                                                                                                    \
+    const cublasStatus_t st_ = (expr);                                                                    \
+    if (st_ != CUBLAS_STATUS_SUCCESS) {                                                                   \
+      std::fprintf(stderr, "cuBLAS error at %s:%d: %s returned %d\n", __FILE__, __LINE__, #expr, int(st_)); \
+      std::exit(2);                                                                                       \
+    }                                                                                                     \
+  } while (0)
+
+struct Shape {
+  int64_t m, n, k;
+};
+
+std::string shape_str(Shape s) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%lld,%lld,%lld", (long long)s.m, (long long)s.n, (long long)s.k);
+  return buf;
+}
+
+// One variant as the harness sees it.
+struct Entry {
+  const char* name;
+  VariantShape shape;
+  cudaError_t (*launch)(const fusion::GemmArgs<__half>&, cudaStream_t);
+  cudaError_t (*attributes)(cudaFuncAttributes*, int*);
+  bool usable = true;  // fits the device and passed every check
+  std::string why_not;
+};
+
+template <int... Is>
+std::vector<Entry> make_entries(std::integer_sequence<int, Is...>) {
+  return {Entry{Variant<Is>::name, shape_of<Is>(), &launch<Is>, &attributes<Is>}...};
+}
+
+template <typename T>
+struct Buffer {
+  T* ptr = nullptr;
+  size_t count = 0;
+  Buffer() = default;
+  explicit Buffer(size_t n) : count(n) { SWEEP_CHECK_CUDA(cudaMalloc(&ptr, std::max<size_t>(n, 1) * sizeof(T))); }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  Buffer(Buffer&& o) noexcept : ptr(o.ptr), count(o.count) { o.ptr = nullptr; }
+  Buffer& operator=(Buffer&& o) noexcept {
+    std::swap(ptr, o.ptr);
+    std::swap(count, o.count);
+    return *this;
+  }
+  ~Buffer() {
+    if (ptr) cudaFree(ptr);
+  }
+};
+
+// U(-scale, scale) from a hash of (seed, index).
+__global__ void fill_random_kernel(__half* p, size_t n, uint64_t seed, float scale) {
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    uint64_t z = seed + 0x9e3779b97f4a7c15ull * (i + 1);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    p[i] = __float2half_rn(scale * (2.0f * float(z >> 40) * (1.0f / 16777216.0f) - 1.0f));
+  }
+}
+
+// ref[m, n] = gelu(acc[m, n] + bias[n]), f32, in place.
+__global__ void ref_bias_gelu_kernel(float* acc, const __half* bias, int64_t m, int64_t n) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < m * n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float x = acc[i] + __half2float(bias[i % n]);
+    acc[i] = 0.5f * x * (1.0f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x)));
+  }
+}
+
+__global__ void spin_kernel(uint64_t ns) {
+  uint64_t start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < ns);
+}
+
+struct Inputs {
+  Buffer<__half> a, b, bias, c;
+  Inputs(Shape s, uint64_t seed)
+      : a(size_t(s.m * s.k)), b(size_t(s.n * s.k)), bias(size_t(s.n)), c(size_t(s.m * s.n)) {
+    fill_random_kernel<<<1024, 256>>>(a.ptr, a.count, seed * 4 + 1, 1.0f);
+    fill_random_kernel<<<1024, 256>>>(b.ptr, b.count, seed * 4 + 2, 1.0f / std::sqrt(float(s.k)));
+    fill_random_kernel<<<1024, 256>>>(bias.ptr, bias.count, seed * 4 + 3, 1.0f);
+    SWEEP_CHECK_CUDA(cudaGetLastError());
+    SWEEP_CHECK_CUDA(cudaMemset(c.ptr, 0xff, c.count * sizeof(__half)));  // NaN
+  }
+  fusion::GemmArgs<__half> args(Shape s) const {
+    fusion::GemmArgs<__half> p{};
+    p.a = a.ptr;
+    p.b = b.ptr;
+    p.c = c.ptr;
+    p.m = s.m;
+    p.n = s.n;
+    p.k = s.k;
+    p.epilogue.bias = bias.ptr;
+    return p;
+  }
+};
+
+// gelu(A @ B^T + bias) in f32 through cuBLAS (f16 inputs, f32 accumulate and
+// output), then compared with `out` on the host: rel_err = |out - ref| / |ref|.
+struct Reference {
+  Buffer<float> ref;
+  Reference(cublasHandle_t blas, const Inputs& in, Shape s) : ref(size_t(s.m * s.n)) {
+    const float alpha = 1.0f, beta = 0.0f;
+    SWEEP_CHECK_CUBLAS(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, int(s.n), int(s.m), int(s.k), &alpha, in.b.ptr,
+                                    CUDA_R_16F, int(s.k), in.a.ptr, CUDA_R_16F, int(s.k), &beta, ref.ptr, CUDA_R_32F,
+                                    int(s.n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    ref_bias_gelu_kernel<<<1024, 256>>>(ref.ptr, in.bias.ptr, s.m, s.n);
+    SWEEP_CHECK_CUDA(cudaGetLastError());
+    SWEEP_CHECK_CUDA(cudaDeviceSynchronize());
+  }
+  // rel_err, or infinity when an element is not finite (unwritten: NaN).
+  double rel_err(const __half* out) const {
+    std::vector<__half> o(ref.count);
+    std::vector<float> r(ref.count);
+    SWEEP_CHECK_CUDA(cudaMemcpy(o.data(), out, o.size() * sizeof(__half), cudaMemcpyDeviceToHost));
+    SWEEP_CHECK_CUDA(cudaMemcpy(r.data(), ref.ptr, r.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    double d2 = 0.0, r2 = 0.0;
+    for (size_t i = 0; i < o.size(); ++i) {
+      const double x = __half2float(o[i]);
+      if (!std::isfinite(x)) return INFINITY;
+      d2 += (x - r[i]) * (x - r[i]);
+      r2 += double(r[i]) * r[i];
+    }
+    return std::sqrt(d2 / std::max(r2, 1e-30));
+  }
+};
+
+constexpr double kTolerance = 1e-2;
+
+// Checks every variant on each shape (fresh inputs per variant, output
+// poisoned); a variant that fails anywhere is not timed.
+void check_all(std::vector<Entry>& entries, cublasHandle_t blas, const std::vector<Shape>& shapes) {
+  uint64_t seed = 1000;
+  for (const Shape s : shapes) {
+    for (Entry& e : entries) {
+      if (!e.usable) continue;
+      Inputs in(s, ++seed);
+      const Reference ref(blas, in, s);
+      const cudaError_t err = e.launch(in.args(s), nullptr);
+      if (err != cudaSuccess) {
+        e.usable = false;
+        e.why_not = std::string("launch: ") + cudaGetErrorName(err);
+        cudaGetLastError();
+      } else {
+        const cudaError_t sync = cudaDeviceSynchronize();
+        if (sync != cudaSuccess) {
+          std::fprintf(stderr, "FATAL %s (%s): %s\n", e.name, shape_str(s).c_str(), cudaGetErrorString(sync));
+          std::exit(2);
+        }
+        const double rel = ref.rel_err(in.c.ptr);
+        const bool ok = rel < kTolerance;
+        std::printf("%s %-34s (%s) rel_err=%.3e\n", ok ? "PASS" : "FAIL", e.name, shape_str(s).c_str(), rel);
+        if (!ok) {
+          e.usable = false;
+          e.why_not = "wrong result at (" + shape_str(s) + ")";
+        }
+      }
+    }
+  }
+}
+
+template <typename Launch>
+double median_us(int reps, Launch&& launch) {
+  for (int i = 0; i < 3; ++i) launch(i % 4);
+  SWEEP_CHECK_CUDA(cudaDeviceSynchronize());
+  std::vector<cudaEvent_t> ev(size_t(2 * reps));
+  for (auto& e : ev) SWEEP_CHECK_CUDA(cudaEventCreate(&e));
+  spin_kernel<<<1, 1>>>(20ull * 1000 * 1000);  // the host queues the launches while the GPU spins
+  SWEEP_CHECK_CUDA(cudaGetLastError());
+  for (int i = 0; i < reps; ++i) {
+    SWEEP_CHECK_CUDA(cudaEventRecord(ev[size_t(2 * i)]));
+    launch(i % 4);  // 4 rotating input sets: none stays in L2 between runs
+    SWEEP_CHECK_CUDA(cudaEventRecord(ev[size_t(2 * i + 1)]));
+  }
+  SWEEP_CHECK_CUDA(cudaDeviceSynchronize());
+  std::vector<float> ms(size_t(reps), 0.0f);
+  for (int i = 0; i < reps; ++i) {
+    float* slot = ms.data() + i;
+    SWEEP_CHECK_CUDA(cudaEventElapsedTime(slot, ev[size_t(2 * i)], ev[size_t(2 * i + 1)]));
+  }
+  for (auto& e : ev) SWEEP_CHECK_CUDA(cudaEventDestroy(e));
+  std::sort(ms.begin(), ms.end());
+  return 1000.0 * ms[ms.size() / 2];
+}
+
+// cuBLASLt with the GELU_BIAS epilogue, row-major C = gelu(A @ W^T + bias)
+// computed as column-major C^T = W^T... (W as a K x N column-major matrix, op T).
+struct LtGeluBias {
+  cublasLtHandle_t handle = nullptr;
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t w = nullptr, a = nullptr, c = nullptr;
+  cublasLtMatmulHeuristicResult_t algo{};
+  void* workspace = nullptr;
+  size_t workspace_bytes = size_t(64) << 20;
+
+  LtGeluBias(Shape s, const void* any_bias) {
+    SWEEP_CHECK_CUBLAS(cublasLtCreate(&handle));
+    SWEEP_CHECK_CUDA(cudaMalloc(&workspace, workspace_bytes));
+    SWEEP_CHECK_CUBLAS(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t trans_w = CUBLAS_OP_T, trans_a = CUBLAS_OP_N;
+    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_GELU_BIAS;
+    SWEEP_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &trans_w, sizeof trans_w));
+    SWEEP_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &trans_a, sizeof trans_a));
+    SWEEP_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
+    SWEEP_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &any_bias, sizeof any_bias));
+    SWEEP_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&w, CUDA_R_16F, uint64_t(s.k), uint64_t(s.n), s.k));
+    SWEEP_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&a, CUDA_R_16F, uint64_t(s.k), uint64_t(s.m), s.k));
+    SWEEP_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&c, CUDA_R_16F, uint64_t(s.n), uint64_t(s.m), s.n));
+    cublasLtMatmulPreference_t pref = nullptr;
+    SWEEP_CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
+    SWEEP_CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                            &workspace_bytes, sizeof workspace_bytes));
+    int found = 0;
+    SWEEP_CHECK_CUBLAS(cublasLtMatmulAlgoGetHeuristic(handle, op, w, a, c, c, pref, 1, &algo, &found));
+    SWEEP_CHECK_CUBLAS(cublasLtMatmulPreferenceDestroy(pref));
+    if (found == 0) {
+      std::fprintf(stderr, "cuBLASLt found no algorithm for (%s)\n", shape_str(s).c_str());
+      std::exit(2);
+    }
+  }
+  ~LtGeluBias() {
+    cublasLtMatrixLayoutDestroy(w);
+    cublasLtMatrixLayoutDestroy(a);
+    cublasLtMatrixLayoutDestroy(c);
+    cublasLtMatmulDescDestroy(op);
+    cudaFree(workspace);
+    cublasLtDestroy(handle);
+  }
+  void run(const Inputs& in) {
+    const void* bias = in.bias.ptr;
+    SWEEP_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+    const float alpha = 1.0f, beta = 0.0f;
+    SWEEP_CHECK_CUBLAS(cublasLtMatmul(handle, op, &alpha, in.b.ptr, w, in.a.ptr, a, &beta, in.c.ptr, c, in.c.ptr, c,
+                                      &algo.algo, workspace, workspace_bytes, nullptr));
+  }
+};
+
+int run(int argc, char** argv) {
+  int reps = 50;
+  bool check = true;
+  std::string only;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg.rfind("--reps=", 0) == 0) reps = std::max(1, std::atoi(arg.c_str() + 7));
+    else if (arg == "--no-check") check = false;
+    else if (arg.rfind("--only=", 0) == 0) only = arg.substr(7);
+    else {
+      std::fprintf(stderr,
+                   "usage: %s [--reps=N] [--no-check] [--only=SUBSTRING]\n"
+                   "  --reps=N     timed runs per (variant, shape); the median is reported (default 50)\n"
+                   "  --no-check   time without the correctness checks\n"
+                   "  --only=S     only variants whose name contains S (the v1 128x256 always runs)\n",
+                   argv[0]);
+      return 2;
+    }
+  }
+  int device = 0;
+  SWEEP_CHECK_CUDA(cudaGetDevice(&device));
+  cudaDeviceProp prop{};
+  SWEEP_CHECK_CUDA(cudaGetDeviceProperties(&prop, device));
+  int clock_khz = 0;
+  cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, device);
+  std::printf("device: %s, sm_%d%d, %d SMs, %.0f MHz, smem/block opt-in %zu KB\n", prop.name, prop.major, prop.minor,
+              prop.multiProcessorCount, clock_khz / 1000.0, prop.sharedMemPerBlockOptin / 1024);
+
+  std::vector<Entry> entries = make_entries(std::make_integer_sequence<int, kVariantCount>{});
+  std::printf("%-3s %-34s %5s %7s %7s %8s %s\n", "#", "variant", "regs", "local", "smem KB", "CTAs/SM", "");
+  for (size_t i = 0; i < entries.size(); ++i) {
+    Entry& e = entries[i];
+    if (!only.empty() && i != 0 && std::string(e.name).find(only) == std::string::npos) {
+      e.usable = false;
+      e.why_not = "filtered out";
+      continue;
+    }
+    if (e.shape.smem_bytes > prop.sharedMemPerBlockOptin) {
+      e.usable = false;
+      e.why_not = "needs more shared memory than the device allows";
+    }
+    cudaFuncAttributes attr{};
+    int blocks = 0;
+    const cudaError_t err = e.usable ? e.attributes(&attr, &blocks) : cudaSuccess;
+    if (err != cudaSuccess) {
+      e.usable = false;
+      e.why_not = std::string("attributes: ") + cudaGetErrorName(err);
+      cudaGetLastError();
+    }
+    std::printf("%-3zu %-34s %5d %7zu %7zu %8d %s\n", i, e.name, attr.numRegs, attr.localSizeBytes,
+                e.shape.smem_bytes / 1024, blocks, e.usable ? "" : e.why_not.c_str());
+  }
+
+  cublasHandle_t blas = nullptr;
+  SWEEP_CHECK_CUBLAS(cublasCreate(&blas));
+  if (check) {
+    // Ragged in M, N and K (no dimension a multiple of any tile), then large.
+    check_all(entries, blas, {{1000, 3000, 1032}, {77, 136, 8}, {4096, 4096, 4096}});
+  }
+
+  const std::vector<Shape> shapes = {
+      {4096, 4096, 4096}, {8192, 8192, 8192}, {8192, 14336, 4096}, {512, 2048, 2048}, {128, 14336, 4096}};
+  // us[variant][shape]; the last row is cuBLASLt.
+  std::vector<std::vector<double>> us(entries.size() + 1, std::vector<double>(shapes.size(), NAN));
+  uint64_t seed = 7;
+  for (size_t si = 0; si < shapes.size(); ++si) {
+    const Shape s = shapes[si];
+    std::printf("timing (%s) ...\n", shape_str(s).c_str());
+    std::fflush(stdout);
+    std::vector<Inputs> sets;
+    for (int i = 0; i < 4; ++i) sets.emplace_back(s, ++seed);
+    SWEEP_CHECK_CUDA(cudaDeviceSynchronize());
+    for (size_t vi = 0; vi < entries.size(); ++vi) {
+      const Entry& e = entries[vi];
+      if (!e.usable) continue;
+      us[vi][si] = median_us(reps, [&](int i) { SWEEP_CHECK_CUDA(e.launch(sets[size_t(i)].args(s), nullptr)); });
+    }
+    LtGeluBias lt(s, sets[0].bias.ptr);
+    us[entries.size()][si] = median_us(reps, [&](int i) { lt.run(sets[size_t(i)]); });
+  }
+  SWEEP_CHECK_CUBLAS(cublasDestroy(blas));
+
+  // TF/s per cell, then its ratio to cuBLASLt (time_lt / time_ours).
+  std::printf("\nsweep: f16, B as [N,K], bias+GELU, median of %d, 4 rotating input sets\n", reps);
+  std::printf("TF/s (ratio to cuBLASLt GELU_BIAS)\n%-3s %-34s", "#", "variant");
+  for (const Shape s : shapes) std::printf(" %20s", shape_str(s).c_str());
+  std::printf("\n");
+  for (size_t vi = 0; vi <= entries.size(); ++vi) {
+    const bool is_lt = vi == entries.size();
+    if (!is_lt && !entries[vi].usable) {
+      std::printf("%-3zu %-34s  skipped: %s\n", vi, entries[vi].name, entries[vi].why_not.c_str());
+      continue;
+    }
+    std::printf("%-3s %-34s", is_lt ? "-" : std::to_string(vi).c_str(), is_lt ? "cuBLASLt GELU_BIAS" : entries[vi].name);
+    for (size_t si = 0; si < shapes.size(); ++si) {
+      const Shape s = shapes[si];
+      const double t = us[vi][si];
+      const double tflops = 2.0 * double(s.m) * double(s.n) * double(s.k) / t * 1e-6;
+      std::printf("   %6.1f (%5.3f) %4s", tflops, us[entries.size()][si] / t, "");
+    }
+    std::printf("\n");
+  }
+  std::printf("\nmicroseconds\n%-3s %-34s", "#", "variant");
+  for (const Shape s : shapes) std::printf(" %20s", shape_str(s).c_str());
+  std::printf("\n");
+  for (size_t vi = 0; vi <= entries.size(); ++vi) {
+    const bool is_lt = vi == entries.size();
+    if (!is_lt && !entries[vi].usable) continue;
+    std::printf("%-3s %-34s", is_lt ? "-" : std::to_string(vi).c_str(), is_lt ? "cuBLASLt GELU_BIAS" : entries[vi].name);
+    for (size_t si = 0; si < shapes.size(); ++si) std::printf(" %20.1f", us[vi][si]);
+    std::printf("\n");
+  }
+  bool all_ok = true;
+  for (const Entry& e : entries) all_ok = all_ok && (e.usable || e.why_not == "filtered out");
+  std::printf("%s\n", all_ok ? "all variants passed their checks" : "some variants were skipped (see above)");
+  return all_ok ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace sweep
+
+int main(int argc, char** argv) { return sweep::run(argc, argv); }
+#endif
