@@ -7,6 +7,7 @@
 //! | [`syntax`] | parses a graph from TOML or from `fusion_graph!` tokens into one AST |
 //! | [`ir`] | resolves and checks it: a [`ir::Graph`] with shapes and dtypes |
 //! | [`fuse`] | splits the graph into fused kernels: a [`fuse::Plan`] |
+//! | [`select`] | picks and checks a tile config per kernel and target arch |
 //! | [`reference`](mod@reference) | evaluates a graph on the CPU in f64: the oracle for GPU tests |
 //!
 //! [`diagnostic`] holds the spans and error messages every stage shares.
@@ -15,6 +16,7 @@ pub mod diagnostic;
 pub mod fuse;
 pub mod ir;
 pub mod reference;
+pub mod select;
 pub mod syntax;
 
 use diagnostic::SourceFile;
