@@ -9,9 +9,12 @@
 //! | [`fuse`] | splits the graph into fused kernels: a [`fuse::Plan`] |
 //! | [`select`] | picks and checks a tile config per kernel and target arch |
 //! | [`reference`](mod@reference) | evaluates a graph on the CPU in f64: the oracle for GPU tests |
+//! | [`build`] | compiles generated CUDA with nvcc (cached), archives it, runs bindgen (feature `build`) |
 //!
 //! [`diagnostic`] holds the spans and error messages every stage shares.
 
+#[cfg(feature = "build")]
+pub mod build;
 pub mod diagnostic;
 pub mod fuse;
 pub mod ir;

@@ -1,0 +1,362 @@
+//! Running nvcc on the units that are not in the cache, and archiving every
+//! unit's object into the static library.
+//!
+//! `cc` decides the compiler command (host compiler, `-fPIC`, `CXXFLAGS`,
+//! …), but each unit is compiled on its own: one source per nvcc call, no
+//! `--device-c` (cc adds it only when a build has more than one `.cu` file),
+//! and no device-link step (cc runs `--device-link` only from `compile()` on
+//! a build with `.cu` files). Each unit is a whole program on the device side,
+//! so its object is complete as nvcc writes it, which is what makes objects
+//! cacheable one by one. We run the command cc describes ourselves rather than
+//! through `compile_intermediates()` so that nvcc writes straight into the
+//! cache (for an atomic rename) and its error output lands in our error
+//! instead of on cargo's console.
+
+use super::cache::{CacheKey, HeaderTree, KeyHasher, Lookup, ObjectCache, write_if_changed};
+use super::nvcc::Env;
+use super::{BuildError, BuildLog, Cargo, CompileOptions, CudaSources, Unit};
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// Flags every unit is compiled with, after cc's own (`-O3`, `-fPIC` for the
+/// host compiler, …) and before [`CompileOptions::extra_nvcc_flags`].
+/// `-lineinfo` keeps source lines for profilers at no run-time cost; ptxas's
+/// spill warnings are the ones worth seeing in a build.
+pub const DEFAULT_NVCC_FLAGS: &[&str] = &[
+    "-std=c++17",
+    "--expt-relaxed-constexpr",
+    "-lineinfo",
+    "-Xptxas=-warn-spills",
+];
+
+/// The nvcc command line shared by every unit, as `cc` builds it.
+pub struct NvccCommand {
+    program: PathBuf,
+    args: Vec<OsString>,
+    envs: Vec<(OsString, OsString)>,
+    /// Everything besides the sources that decides what nvcc produces.
+    key_prefix: Vec<(String, Vec<u8>)>,
+}
+
+impl NvccCommand {
+    pub fn new(
+        nvcc: &Path,
+        version: &str,
+        opts: &CompileOptions,
+        env: &Env,
+    ) -> Result<NvccCommand, BuildError> {
+        // `cc` picks nvcc's host compiler (`-ccbin`, from `CXX`), wraps host
+        // flags in `-Xcompiler` and adds `CXXFLAGS`. It finds nvcc only through
+        // `NVCC` or `PATH` (`Build::compiler` names the host compiler when
+        // CUDA is on), so we take its arguments and run the nvcc we found.
+        let mut build = cc::Build::new();
+        build
+            .cuda(true)
+            .cudart("static")
+            .target(&opts.target)
+            .host(&opts.host)
+            .out_dir(&opts.out_dir)
+            // Kernels are always optimized: a debug build of the crate still
+            // wants fast kernels, and one object serves every profile.
+            .opt_level(3)
+            .debug(false)
+            .cargo_metadata(opts.cargo_metadata)
+            .cargo_warnings(false);
+        for flag in DEFAULT_NVCC_FLAGS {
+            build.flag(flag);
+        }
+        for flag in &opts.extra_nvcc_flags {
+            build.flag(flag);
+        }
+        let tool = build
+            .try_get_compiler()
+            .map_err(|e| BuildError::Config(format!("cc could not set up the nvcc command line: {e}")))?;
+        let args: Vec<OsString> = tool.args().to_vec();
+        let envs: Vec<(OsString, OsString)> = tool
+            .get_envs()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+
+        let mut key_prefix = vec![
+            ("nvcc --version".to_owned(), version.as_bytes().to_vec()),
+            ("target".to_owned(), opts.target.as_bytes().to_vec()),
+        ];
+        for arg in &args {
+            key_prefix.push(("arg".to_owned(), arg.as_encoded_bytes().to_vec()));
+        }
+        for (name, value) in &envs {
+            key_prefix.push((
+                format!("env {}", name.to_string_lossy()),
+                value.as_encoded_bytes().to_vec(),
+            ));
+        }
+        // nvcc reads these itself; they change the object as much as flags.
+        for name in ["NVCC_CCBIN", "NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS"] {
+            let value = env.get(name).unwrap_or_default();
+            key_prefix.push((format!("env {name}"), value.as_encoded_bytes().to_vec()));
+        }
+        Ok(NvccCommand {
+            program: nvcc.to_owned(),
+            args,
+            envs,
+            key_prefix,
+        })
+    }
+
+    /// The command that compiles `source` to `object`.
+    fn command(&self, unit: &Unit, source: &Path, object: &Path, include_dirs: &[&Path]) -> Command {
+        let mut cmd = Command::new(&self.program);
+        cmd.args(&self.args);
+        cmd.envs(self.envs.iter().map(|(k, v)| (k, v)));
+        for target in &unit.targets {
+            cmd.arg(target.gencode());
+        }
+        for dir in include_dirs {
+            cmd.arg("-I").arg(dir);
+        }
+        cmd.arg("-c").arg(source).arg("-o").arg(object);
+        cmd
+    }
+}
+
+/// The cache key of one unit: its source, the generated header, every file
+/// under the include root, the nvcc version, the full flag list and the
+/// targets. Include directories are not part of it, their contents are: one
+/// object then serves every profile and crate whose `OUT_DIR` differs.
+pub fn unit_key(unit: &Unit, sources: &CudaSources, headers: &HeaderTree, nvcc: &NvccCommand) -> CacheKey {
+    let mut hasher = KeyHasher::new("fusion-object-v1");
+    hasher.field("source", unit.source.as_bytes());
+    hasher.field("header name", sources.header.name.as_bytes());
+    hasher.field("header", sources.header.contents.as_bytes());
+    hasher.field("include tree", headers.digest.to_string().as_bytes());
+    for (label, value) in &nvcc.key_prefix {
+        hasher.field(label, value);
+    }
+    for target in &unit.targets {
+        hasher.field("gencode", target.gencode().as_bytes());
+    }
+    hasher.finish()
+}
+
+/// Every unit's object, in unit order, and where each came from.
+pub struct UnitsOutcome {
+    pub objects: Vec<(CacheKey, PathBuf)>,
+    pub compiled: usize,
+    pub cached: usize,
+}
+
+/// Writes every unit to `OUT_DIR/kernels/<name>.cu`, takes what it can from
+/// the cache and compiles the rest, at most `opts.jobs` at a time.
+pub fn compile_units(
+    sources: &CudaSources,
+    headers: &HeaderTree,
+    nvcc: &NvccCommand,
+    cache: &ObjectCache,
+    opts: &CompileOptions,
+    cargo: &Cargo,
+    log: &mut BuildLog,
+) -> Result<UnitsOutcome, BuildError> {
+    let kernels_dir = opts.out_dir.join("kernels");
+    let mut objects = Vec::with_capacity(sources.units.len());
+    let mut misses = Vec::new();
+    for (index, unit) in sources.units.iter().enumerate() {
+        let source_path = kernels_dir.join(format!("{}.cu", unit.name));
+        write_if_changed(&source_path, unit.source.as_bytes())?;
+        let key = unit_key(unit, sources, headers, nvcc);
+        let targets = unit
+            .targets
+            .iter()
+            .map(|t| t.name())
+            .collect::<Vec<_>>()
+            .join(",");
+        match cache.lookup(key) {
+            Lookup::Hit(path) => {
+                log.line(format!("unit {} [{targets}]: cached {key}", unit.name));
+                objects.push((key, Some(path)));
+                continue;
+            }
+            Lookup::Corrupt(reason) => {
+                cargo.warning(&format!(
+                    "discarded a damaged cached object ({reason}); recompiling `{}`",
+                    unit.name
+                ));
+                log.line(format!(
+                    "unit {}: cached object was damaged ({reason})",
+                    unit.name
+                ));
+            }
+            Lookup::Miss => {}
+        }
+        objects.push((key, None));
+        misses.push((index, source_path, key));
+    }
+
+    let include_dirs = [headers.root.as_path(), opts.out_dir.as_path()];
+    let next = AtomicUsize::new(0);
+    let results: Vec<Mutex<Option<Result<Compiled, BuildError>>>> =
+        misses.iter().map(|_| Mutex::new(None)).collect();
+    let workers = opts.jobs.max(1).min(misses.len());
+    std::thread::scope(|scope| {
+        for _ in 0..workers {
+            scope.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some((index, source_path, key)) = misses.get(i) else {
+                        break;
+                    };
+                    let unit = &sources.units[*index];
+                    let result = compile_one(unit, source_path, *key, nvcc, cache, &include_dirs);
+                    *results[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(result);
+                }
+            });
+        }
+    });
+
+    let mut errors = Vec::new();
+    for ((index, _, _), result) in misses.iter().zip(results) {
+        let unit = &sources.units[*index];
+        let result = result.into_inner().unwrap_or_else(|e| e.into_inner());
+        match result {
+            Some(Ok(compiled)) => {
+                log.line(format!(
+                    "unit {}: compiled in {:.2}s {}",
+                    unit.name,
+                    compiled.elapsed.as_secs_f64(),
+                    objects[*index].0
+                ));
+                if !compiled.stderr.trim().is_empty() {
+                    // nvcc succeeded, so what it printed are warnings (such as
+                    // ptxas's register spills): worth showing once.
+                    cargo.warning(&format!("nvcc on `{}`:\n{}", unit.name, compiled.stderr.trim()));
+                    log.line(compiled.stderr.trim().to_owned());
+                }
+                objects[*index].1 = Some(compiled.object);
+            }
+            Some(Err(e)) => errors.push(e),
+            None => errors.push(BuildError::Config(format!(
+                "unit `{}` was not compiled",
+                unit.name
+            ))),
+        }
+    }
+    match errors.len() {
+        0 => {}
+        1 => return Err(errors.remove(0)),
+        _ => return Err(BuildError::Several(errors)),
+    }
+    let compiled = misses.len();
+    let objects: Vec<(CacheKey, PathBuf)> = objects
+        .into_iter()
+        .map(|(key, path)| (key, path.expect("every unit has an object once no unit failed")))
+        .collect();
+    log.line(format!(
+        "{} kernel units: {compiled} compiled with nvcc, {} from the cache",
+        objects.len(),
+        objects.len() - compiled
+    ));
+    Ok(UnitsOutcome {
+        cached: objects.len() - compiled,
+        compiled,
+        objects,
+    })
+}
+
+struct Compiled {
+    object: PathBuf,
+    elapsed: Duration,
+    stderr: String,
+}
+
+fn compile_one(
+    unit: &Unit,
+    source_path: &Path,
+    key: CacheKey,
+    nvcc: &NvccCommand,
+    cache: &ObjectCache,
+    include_dirs: &[&Path],
+) -> Result<Compiled, BuildError> {
+    let started = Instant::now();
+    let temp = cache.temp_path(key);
+    let output = nvcc
+        .command(unit, source_path, &temp, include_dirs)
+        .output()
+        .map_err(|e| BuildError::Config(format!("could not run {}: {e}", nvcc.program.display())))?;
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    if !output.status.success() {
+        let _ = std::fs::remove_file(&temp);
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        return Err(BuildError::Nvcc {
+            unit: unit.name.clone(),
+            source_path: source_path.to_owned(),
+            status: output.status.to_string(),
+            stderr: format!("{}{}", stdout, stderr).trim().to_owned(),
+        });
+    }
+    let object = cache
+        .commit(&temp, key)
+        .map_err(|e| BuildError::Config(format!("unit `{}`: {e}", unit.name)))?;
+    Ok(Compiled {
+        object,
+        elapsed: started.elapsed(),
+        stderr,
+    })
+}
+
+/// Archives the objects into `OUT_DIR/lib<name>.a` with `cc` (objects only:
+/// no nvcc call, no device link). Skipped when the archive already holds
+/// exactly these objects, as recorded in `lib<name>.a.inputs`.
+pub fn archive(
+    objects: &[(CacheKey, PathBuf)],
+    opts: &CompileOptions,
+    log: &mut BuildLog,
+) -> Result<(), BuildError> {
+    let archive = opts.out_dir.join(format!("lib{}.a", opts.lib_name));
+    let stamp = opts.out_dir.join(format!("lib{}.a.inputs", opts.lib_name));
+    let mut hasher = KeyHasher::new("fusion-archive-v1");
+    hasher.field("target", opts.target.as_bytes());
+    for (key, _) in objects {
+        hasher.field("object", key.to_string().as_bytes());
+    }
+    let inputs = hasher.finish().to_string();
+    if archive.is_file() && std::fs::read_to_string(&stamp).is_ok_and(|s| s == inputs) {
+        log.line(format!("archive: {} unchanged", archive.display()));
+        return Ok(());
+    }
+    let started = Instant::now();
+    // Drop the stamp first: if archiving fails half way, the next run must
+    // not trust what is left.
+    let _ = std::fs::remove_file(&stamp);
+    if objects.is_empty() {
+        write_if_changed(&archive, b"!<arch>\n")?;
+    } else {
+        cc::Build::new()
+            .objects(objects.iter().map(|(_, path)| path))
+            .target(&opts.target)
+            .host(&opts.host)
+            .opt_level(3)
+            .out_dir(&opts.out_dir)
+            // We print the link lines ourselves: they are needed when this
+            // step is skipped too, and cc would look for the CUDA run time
+            // only where a system install keeps it.
+            .cargo_metadata(false)
+            .try_compile(&opts.lib_name)
+            .map_err(|e| {
+                BuildError::Config(format!(
+                    "cannot archive the kernel objects into {}: {e}",
+                    archive.display()
+                ))
+            })?;
+    }
+    super::cache::write_atomically(&stamp, inputs.as_bytes())?;
+    log.line(format!(
+        "archive: {} objects into {} in {:.2}s",
+        objects.len(),
+        archive.display(),
+        started.elapsed().as_secs_f64()
+    ));
+    Ok(())
+}

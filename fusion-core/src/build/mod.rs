@@ -1,0 +1,564 @@
+//! The compile half of the build driver: generated CUDA translation units in,
+//! a linked static library and Rust FFI declarations out.
+//!
+//! A build script hands [`compile`] the sources the code generator rendered
+//! ([`CudaSources`]). For each unit, nvcc runs through `cc` unless an object
+//! with the same content hash is already in the object cache; the objects are
+//! archived into `lib<name>.a`, cargo is told how to link it with the static
+//! CUDA run time, and bindgen turns the generated C header into `fusion_ffi.rs`.
+//!
+//! This module does not render anything and does not know about graphs: the
+//! code generator decides what the units contain and prints its own
+//! `rerun-if-changed` lines for graphs and templates.
+//!
+//! Environment (all optional):
+//!
+//! | variable | effect |
+//! | --- | --- |
+//! | `NVCC`, `CUDA_HOME`, `CUDA_PATH`, `PATH` | where nvcc is found, in that order (see [`nvcc`]) |
+//! | `LIBCLANG_PATH` | the directory holding `libclang.so`, for bindgen |
+//! | `FUSION_CACHE_DIR` | the object cache; default `<target dir>/fusion-cache` |
+//! | `DOCS_RS`, `FUSION_SKIP_NVCC=1` | compile nothing, link nothing, still write the bindings ([`BuildMode::NvccSkipped`]) |
+//! | `NVCC_CCBIN`, `NVCC_PREPEND_FLAGS`, `NVCC_APPEND_FLAGS` | read by nvcc itself, so part of the cache key |
+//!
+//! A project-local toolchain (`cargo xtask toolchain`) is described by
+//! `<target dir>/toolchain/env`, lines of `KEY=VALUE`; its `NVCC`,
+//! `CUDA_HOME` and `LIBCLANG_PATH` are used when the environment names none.
+
+mod bindings;
+mod cache;
+mod compile;
+pub mod nvcc;
+
+use std::fmt;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+pub use compile::DEFAULT_NVCC_FLAGS;
+
+/// Everything the code generator produced for one library.
+#[derive(Clone, Debug)]
+pub struct CudaSources {
+    /// One translation unit per fused kernel.
+    pub units: Vec<Unit>,
+    /// The C header declaring every launcher (`fusion_kernels.h`). It must
+    /// include nothing but `<stdint.h>` and headers under `headers_dir`:
+    /// bindgen may run on a libclang without clang's own headers.
+    pub header: GeneratedFile,
+    /// The include root of the hand-written CUDA building blocks
+    /// (`kernels/include`). Every file under it is part of every cache key.
+    pub headers_dir: PathBuf,
+}
+
+/// One generated CUDA translation unit.
+#[derive(Clone, Debug)]
+pub struct Unit {
+    /// The file stem: `OUT_DIR/kernels/<name>.cu`. Letters, digits, `_` and
+    /// `-`; unique within a [`CudaSources`].
+    pub name: String,
+    /// CUDA C++ source text.
+    pub source: String,
+    /// The architectures to compile it for; at least one.
+    pub targets: Vec<Target>,
+}
+
+/// A generated file other than a translation unit.
+#[derive(Clone, Debug)]
+pub struct GeneratedFile {
+    /// File name, written into `OUT_DIR` (which is on nvcc's include path).
+    pub name: String,
+    pub contents: String,
+}
+
+/// A GPU architecture a unit is compiled for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Target {
+    /// Turing: SASS for sm_75 plus PTX, so later GPUs can JIT it.
+    Sm75,
+    /// Ampere and Ada: SASS for sm_80 plus PTX.
+    Sm80,
+    /// Hopper with its arch-specific features (wgmma, TMA): SASS only, as
+    /// sm_90a code runs on nothing else.
+    Sm90a,
+}
+
+impl Target {
+    /// nvcc's `-gencode` flag for this architecture.
+    pub fn gencode(self) -> &'static str {
+        match self {
+            Target::Sm75 => "-gencode=arch=compute_75,code=[sm_75,compute_75]",
+            Target::Sm80 => "-gencode=arch=compute_80,code=[sm_80,compute_80]",
+            Target::Sm90a => "-gencode=arch=compute_90a,code=sm_90a",
+        }
+    }
+
+    /// Short name, as in `sm_90a`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Target::Sm75 => "sm_75",
+            Target::Sm80 => "sm_80",
+            Target::Sm90a => "sm_90a",
+        }
+    }
+}
+
+impl fmt::Display for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// How [`compile`] runs. [`CompileOptions::from_build_script_env`] fills it
+/// from what cargo gives a build script; tests build it with
+/// [`CompileOptions::new`].
+#[derive(Clone, Debug)]
+pub struct CompileOptions {
+    /// Where sources, the archive, the bindings and the log are written: the
+    /// build script's `OUT_DIR`.
+    pub out_dir: PathBuf,
+    /// The library is `lib<lib_name>.a`.
+    pub lib_name: String,
+    /// The object cache. `None`: `FUSION_CACHE_DIR`, else
+    /// `<target dir>/fusion-cache`, else `<out_dir>/cache`.
+    pub cache_dir: Option<PathBuf>,
+    /// How many nvcc processes may run at once (cargo's `NUM_JOBS`).
+    pub jobs: usize,
+    /// Rust target and host triples, for `cc` (host compiler flags, `ar`).
+    pub target: String,
+    pub host: String,
+    /// Compile and link nothing; only write the bindings.
+    pub skip_nvcc: bool,
+    /// Print `cargo:` lines (link flags, rerun triggers, warnings). Off when
+    /// not running inside a build script.
+    pub cargo_metadata: bool,
+    /// Flags appended after [`DEFAULT_NVCC_FLAGS`]; part of the cache key.
+    pub extra_nvcc_flags: Vec<String>,
+}
+
+impl CompileOptions {
+    /// Options for a caller outside a build script: everything explicit, no
+    /// `cargo:` output, the host triple from `rustc -vV`.
+    pub fn new(out_dir: impl Into<PathBuf>) -> CompileOptions {
+        let host = host_triple();
+        CompileOptions {
+            out_dir: out_dir.into(),
+            lib_name: "fusion_kernels".to_owned(),
+            cache_dir: None,
+            jobs: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            target: host.clone(),
+            host,
+            skip_nvcc: false,
+            cargo_metadata: false,
+            extra_nvcc_flags: Vec::new(),
+        }
+    }
+
+    /// Options for a build script: `OUT_DIR`, `NUM_JOBS`, `TARGET`, `HOST`
+    /// from cargo; skips nvcc when `DOCS_RS` is set or `FUSION_SKIP_NVCC=1`.
+    pub fn from_build_script_env() -> Result<CompileOptions, BuildError> {
+        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+        let out_dir = var("OUT_DIR").ok_or_else(|| {
+            BuildError::Config("OUT_DIR is not set: call this from a build script".to_owned())
+        })?;
+        let mut options = CompileOptions::new(out_dir);
+        if let Some(jobs) = var("NUM_JOBS").and_then(|j| j.parse::<usize>().ok()) {
+            options.jobs = jobs.max(1);
+        }
+        if let Some(target) = var("TARGET") {
+            options.target = target;
+        }
+        if let Some(host) = var("HOST") {
+            options.host = host;
+        }
+        options.skip_nvcc = var("DOCS_RS").is_some() || var("FUSION_SKIP_NVCC").as_deref() == Some("1");
+        options.cargo_metadata = true;
+        Ok(options)
+    }
+}
+
+/// Whether kernels were compiled and linked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BuildMode {
+    /// Every unit was compiled (or taken from the cache) and archived, and
+    /// cargo was told to link the archive and the static CUDA run time.
+    Linked,
+    /// `DOCS_RS` or `FUSION_SKIP_NVCC=1`: nvcc did not run and nothing is
+    /// linked. The bindings still declare every launcher, so the code
+    /// generator must emit wrappers that return an error instead of calling
+    /// them (a call would fail to link).
+    NvccSkipped,
+}
+
+/// What [`compile`] produced.
+#[derive(Clone, Debug)]
+pub struct CompiledLibrary {
+    pub mode: BuildMode,
+    /// bindgen's output for the generated header: `OUT_DIR/fusion_ffi.rs`.
+    pub ffi_rs: PathBuf,
+    /// The archive's name (`-l static=<lib_name>`) and directory.
+    pub lib_name: String,
+    pub lib_dir: PathBuf,
+    /// Units that went through nvcc in this call.
+    pub units_compiled: usize,
+    /// Units whose object came from the cache.
+    pub units_cached: usize,
+    /// Whether bindgen ran (false: the bindings came from the cache).
+    pub bindings_generated: bool,
+    /// Per-unit timings and cache decisions: `OUT_DIR/fusion-build.log`.
+    pub log: PathBuf,
+}
+
+/// Why the kernels could not be built. Every message says what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error(
+        "nvcc was not found (searched: {}): run `cargo xtask toolchain` to install CUDA 13.0's nvcc into target/toolchain, or set NVCC",
+        searched.join("; ")
+    )]
+    NvccNotFound { searched: Vec<String> },
+    #[error(
+        "libclang, which bindgen needs to read {header}, could not be loaded: {reason}. Set LIBCLANG_PATH to the directory that holds libclang.so, or run `cargo xtask toolchain` to install one into target/toolchain."
+    )]
+    LibclangNotFound { header: PathBuf, reason: String },
+    #[error("nvcc failed on {} (unit `{unit}`, {status}):\n{stderr}", source_path.display())]
+    Nvcc {
+        unit: String,
+        source_path: PathBuf,
+        status: String,
+        stderr: String,
+    },
+    #[error("{} kernel units failed to compile:\n\n{}", .0.len(), join_errors(.0))]
+    Several(Vec<BuildError>),
+    #[error("bindgen could not translate {}: {reason}", header.display())]
+    Bindgen { header: PathBuf, reason: String },
+    #[error("{action} {}: {source}", path.display())]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Config(String),
+}
+
+fn join_errors(errors: &[BuildError]) -> String {
+    errors
+        .iter()
+        .map(|e| e.to_string())
+        .collect::<Vec<_>>()
+        .join("\n\n")
+}
+
+impl BuildError {
+    fn io<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> BuildError + 'a {
+        move |source| BuildError::Io {
+            action,
+            path: path.to_owned(),
+            source,
+        }
+    }
+}
+
+/// Environment variables whose value changes what [`compile`] does.
+const WATCHED_ENV: &[&str] = &[
+    "NVCC",
+    "CUDA_HOME",
+    "CUDA_PATH",
+    "LIBCLANG_PATH",
+    "FUSION_CACHE_DIR",
+    "FUSION_SKIP_NVCC",
+    "DOCS_RS",
+    "NVCC_CCBIN",
+    "NVCC_PREPEND_FLAGS",
+    "NVCC_APPEND_FLAGS",
+];
+
+/// Compiles `sources` into `lib<opts.lib_name>.a` plus `fusion_ffi.rs`, taking
+/// unchanged units from the object cache, and (in a build script) prints the
+/// cargo lines that link it.
+///
+/// Call it from the build script's main thread: when the libclang location
+/// comes from the toolchain file, it is exported as `LIBCLANG_PATH` for
+/// bindgen, which reads nothing else.
+pub fn compile(sources: &CudaSources, opts: &CompileOptions) -> Result<CompiledLibrary, BuildError> {
+    let cargo = Cargo {
+        enabled: opts.cargo_metadata,
+    };
+    for name in WATCHED_ENV {
+        cargo.line(&format!("rerun-if-env-changed={name}"));
+    }
+    check_units(sources)?;
+
+    std::fs::create_dir_all(&opts.out_dir).map_err(BuildError::io("cannot create", &opts.out_dir))?;
+    let env = nvcc::Env::from_process();
+    let target_dir = nvcc::find_target_dir(&opts.out_dir, env.get("CARGO_TARGET_DIR").as_deref());
+    let toolchain = nvcc::ToolchainFile::load(target_dir.as_deref())?;
+    if let Some(path) = &toolchain.path {
+        cargo.line(&format!("rerun-if-changed={}", path.display()));
+    }
+    if sources.headers_dir.exists() {
+        cargo.line(&format!("rerun-if-changed={}", sources.headers_dir.display()));
+    }
+    let cache_dir = opts
+        .cache_dir
+        .clone()
+        .or_else(|| env.get("FUSION_CACHE_DIR").map(PathBuf::from))
+        .or_else(|| target_dir.as_ref().map(|t| t.join("fusion-cache")))
+        .unwrap_or_else(|| opts.out_dir.join("cache"));
+    let cache = cache::ObjectCache::open(&cache_dir)?;
+    let mut log = BuildLog::default();
+    log.line(format!("cache: {}", cache_dir.display()));
+
+    let header_path = opts.out_dir.join(&sources.header.name);
+    cache::write_if_changed(&header_path, sources.header.contents.as_bytes())?;
+    let headers = cache::HeaderTree::read(&sources.headers_dir)?;
+    log.line(format!(
+        "include tree: {} files under {} ({})",
+        headers.files.len(),
+        headers.root.display(),
+        headers.digest
+    ));
+
+    let (mode, units_compiled, units_cached) = if opts.skip_nvcc {
+        log.line("nvcc: skipped (DOCS_RS or FUSION_SKIP_NVCC=1); nothing is linked".to_owned());
+        (BuildMode::NvccSkipped, 0, 0)
+    } else {
+        let nvcc =
+            nvcc::find_nvcc(&env, &toolchain).map_err(|searched| BuildError::NvccNotFound { searched })?;
+        let version = nvcc::nvcc_version(&nvcc)?;
+        log.line(format!(
+            "nvcc: {} ({})",
+            nvcc.display(),
+            version.lines().last().unwrap_or("")
+        ));
+        let compiler = compile::NvccCommand::new(&nvcc, &version, opts, &env)?;
+        let outcome = compile::compile_units(sources, &headers, &compiler, &cache, opts, &cargo, &mut log)?;
+        compile::archive(&outcome.objects, opts, &mut log)?;
+        let cuda_lib = nvcc::cuda_lib_dir(&nvcc, &opts.target)?;
+        cargo.line(&format!("rustc-link-search=native={}", opts.out_dir.display()));
+        cargo.line(&format!("rustc-link-lib=static={}", opts.lib_name));
+        cargo.line(&format!("rustc-link-search=native={}", cuda_lib.display()));
+        // cudart_static needs the C++ run time (nvcc's host code), and dl, rt
+        // and pthread (it loads the driver with dlopen); glibc 2.34+ folds the
+        // last three into libc, where naming them is harmless.
+        for lib in ["static=cudart_static", "stdc++", "dl", "rt", "pthread"] {
+            cargo.line(&format!("rustc-link-lib={lib}"));
+        }
+        (BuildMode::Linked, outcome.compiled, outcome.cached)
+    };
+
+    let started = Instant::now();
+    let libclang_dir = env
+        .get("LIBCLANG_PATH")
+        .or_else(|| toolchain.get("LIBCLANG_PATH").map(Into::into));
+    let ffi_rs = opts.out_dir.join("fusion_ffi.rs");
+    let bindings_generated = bindings::write_bindings(&bindings::BindingsRequest {
+        header_path: &header_path,
+        header: &sources.header,
+        headers: &headers,
+        cache: &cache,
+        libclang_dir: libclang_dir.as_deref().map(Path::new),
+        libclang_from_env: env.get("LIBCLANG_PATH").is_some(),
+        target: &opts.target,
+        output: &ffi_rs,
+    })?;
+    log.line(format!(
+        "bindings: {} ({:.2}s)",
+        if bindings_generated {
+            "generated by bindgen"
+        } else {
+            "cached"
+        },
+        started.elapsed().as_secs_f64()
+    ));
+
+    let log_path = opts.out_dir.join("fusion-build.log");
+    log.write(&log_path)?;
+    Ok(CompiledLibrary {
+        mode,
+        ffi_rs,
+        lib_name: opts.lib_name.clone(),
+        lib_dir: opts.out_dir.clone(),
+        units_compiled,
+        units_cached,
+        bindings_generated,
+        log: log_path,
+    })
+}
+
+/// Rejects unit lists that would overwrite each other's files or produce an
+/// empty fat binary.
+fn check_units(sources: &CudaSources) -> Result<(), BuildError> {
+    let mut seen = std::collections::HashSet::new();
+    for unit in &sources.units {
+        let valid_name = !unit.name.is_empty()
+            && unit
+                .name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+        if !valid_name {
+            return Err(BuildError::Config(format!(
+                "kernel unit name `{}` is not a valid file stem: use letters, digits, `_` and `-`",
+                unit.name
+            )));
+        }
+        if !seen.insert(unit.name.as_str()) {
+            return Err(BuildError::Config(format!(
+                "two kernel units are named `{}`: names must be unique",
+                unit.name
+            )));
+        }
+        if unit.targets.is_empty() {
+            return Err(BuildError::Config(format!(
+                "kernel unit `{}` has no target architecture",
+                unit.name
+            )));
+        }
+    }
+    let header = &sources.header.name;
+    if header.is_empty() || header.contains(['/', '\\']) {
+        return Err(BuildError::Config(format!(
+            "generated header name `{header}` must be a plain file name"
+        )));
+    }
+    Ok(())
+}
+
+/// Prints `cargo:` lines when running inside a build script.
+#[derive(Clone, Copy)]
+struct Cargo {
+    enabled: bool,
+}
+
+impl Cargo {
+    fn line(&self, line: &str) {
+        if self.enabled {
+            println!("cargo:{line}");
+        }
+    }
+
+    /// A warning cargo shows the user; one line each, as cargo requires.
+    fn warning(&self, message: &str) {
+        for line in message.lines() {
+            self.line(&format!("warning=fusion: {line}"));
+        }
+    }
+}
+
+/// `OUT_DIR/fusion-build.log`: what each run compiled, took from the cache,
+/// and how long it took. Progress goes here rather than to `cargo:warning`.
+#[derive(Default)]
+struct BuildLog {
+    lines: Vec<String>,
+}
+
+impl BuildLog {
+    fn line(&mut self, line: String) {
+        self.lines.push(line);
+    }
+
+    fn write(&self, path: &Path) -> Result<(), BuildError> {
+        let mut file = std::fs::File::create(path).map_err(BuildError::io("cannot write", path))?;
+        for line in &self.lines {
+            writeln!(file, "{line}").map_err(BuildError::io("cannot write", path))?;
+        }
+        Ok(())
+    }
+}
+
+/// The triple `rustc` builds for by default, for callers outside a build
+/// script (where cargo gives `TARGET` and `HOST`).
+fn host_triple() -> String {
+    let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
+    std::process::Command::new(rustc)
+        .arg("-vV")
+        .output()
+        .ok()
+        .and_then(|out| {
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .find_map(|l| l.strip_prefix("host: ").map(str::to_owned))
+        })
+        .unwrap_or_else(|| format!("{}-unknown-linux-gnu", std::env::consts::ARCH))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sources(units: Vec<Unit>, header: &str) -> CudaSources {
+        CudaSources {
+            units,
+            header: GeneratedFile {
+                name: header.to_owned(),
+                contents: String::new(),
+            },
+            headers_dir: PathBuf::from("include"),
+        }
+    }
+
+    fn unit(name: &str, targets: &[Target]) -> Unit {
+        Unit {
+            name: name.to_owned(),
+            source: String::new(),
+            targets: targets.to_vec(),
+        }
+    }
+
+    #[test]
+    fn gencode_flags_keep_ptx_only_where_it_can_run_elsewhere() {
+        assert_eq!(
+            Target::Sm75.gencode(),
+            "-gencode=arch=compute_75,code=[sm_75,compute_75]"
+        );
+        assert_eq!(
+            Target::Sm80.gencode(),
+            "-gencode=arch=compute_80,code=[sm_80,compute_80]"
+        );
+        assert_eq!(Target::Sm90a.gencode(), "-gencode=arch=compute_90a,code=sm_90a");
+        assert_eq!(Target::Sm90a.to_string(), "sm_90a");
+    }
+
+    #[test]
+    fn unit_lists_that_would_clash_are_rejected() {
+        let ok = sources(
+            vec![unit("gemm_bias_gelu-0", &[Target::Sm80])],
+            "fusion_kernels.h",
+        );
+        assert!(check_units(&ok).is_ok());
+        let cases = [
+            (
+                sources(vec![unit("../evil", &[Target::Sm80])], "h.h"),
+                "not a valid file stem",
+            ),
+            (
+                sources(vec![unit("", &[Target::Sm80])], "h.h"),
+                "not a valid file stem",
+            ),
+            (
+                sources(
+                    vec![unit("a", &[Target::Sm80]), unit("a", &[Target::Sm75])],
+                    "h.h",
+                ),
+                "names must be unique",
+            ),
+            (sources(vec![unit("a", &[])], "h.h"), "no target architecture"),
+            (sources(vec![], "include/h.h"), "plain file name"),
+        ];
+        for (bad, expected) in cases {
+            let message = check_units(&bad).unwrap_err().to_string();
+            assert!(message.contains(expected), "expected `{expected}` in: {message}");
+        }
+    }
+
+    #[test]
+    fn options_default_to_the_host_and_print_nothing() {
+        let options = CompileOptions::new("out");
+        assert!(options.jobs >= 1);
+        assert_eq!(options.target, options.host);
+        assert!(options.target.contains('-'), "{}", options.target);
+        assert!(!options.cargo_metadata && !options.skip_nvcc);
+        assert_eq!(options.lib_name, "fusion_kernels");
+    }
+}

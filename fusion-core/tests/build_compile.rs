@@ -1,0 +1,220 @@
+//! End to end through the real nvcc: compile a tiny generated unit for
+//! sm_75, sm_80 and sm_90a, archive it, run bindgen, then build again and
+//! check that nothing reached nvcc or libclang the second time.
+//!
+//! nvcc is required: `cargo xtask test` installs it and exports `NVCC` and
+//! `LIBCLANG_PATH`; locally, set `NVCC` or run `cargo xtask toolchain`. No GPU
+//! is needed. Everything runs in one test because a build may export
+//! `LIBCLANG_PATH` (from the toolchain file), which is only sound while no
+//! other thread reads the environment.
+
+#![cfg(feature = "build")]
+
+use fusion_core::build::{
+    BuildError, BuildMode, CompileOptions, CompiledLibrary, CudaSources, GeneratedFile, Target, Unit, compile,
+};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+const HEADER: &str = r#"/* Generated launchers: the C ABI between the kernels and Rust. */
+#ifndef FUSION_KERNELS_H
+#define FUSION_KERNELS_H
+#include <stdint.h>
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct fusion_probe_params {
+    int32_t* out;
+    int32_t value;
+    uint64_t len;
+} fusion_probe_params;
+
+/* Fills out[0..len) with value + index. Returns a cudaError_t. */
+int fusion_probe(const fusion_probe_params* params, void* stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
+"#;
+
+const PROBE_CUH: &str = r#"#pragma once
+#include <stdint.h>
+namespace fusion {
+__device__ __forceinline__ int32_t probe_value(int32_t base, uint64_t i) {
+    return base + static_cast<int32_t>(i);
+}
+}  // namespace fusion
+"#;
+
+const UNIT: &str = r#"#include "fusion_kernels.h"
+#include <fusion/probe.cuh>
+
+__global__ void fusion_probe_kernel(int32_t* out, int32_t value, uint64_t len) {
+    uint64_t i = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x;
+    if (i < len) out[i] = fusion::probe_value(value, i);
+}
+
+extern "C" int fusion_probe(const fusion_probe_params* params, void* stream) {
+    if (params == nullptr) return static_cast<int>(cudaErrorInvalidValue);
+    if (params->len == 0) return 0;
+    unsigned blocks = static_cast<unsigned>((params->len + 255) / 256);
+    fusion_probe_kernel<<<blocks, 256, 0, static_cast<cudaStream_t>(stream)>>>(
+        params->out, params->value, params->len);
+    return static_cast<int>(cudaGetLastError());
+}
+"#;
+
+struct Workspace {
+    root: PathBuf,
+}
+
+impl Workspace {
+    fn new() -> Workspace {
+        let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("fusion-build-compile");
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(root.join("include/fusion")).unwrap();
+        std::fs::write(root.join("include/fusion/probe.cuh"), PROBE_CUH).unwrap();
+        Workspace { root }
+    }
+
+    fn sources(&self, source: &str, targets: &[Target]) -> CudaSources {
+        CudaSources {
+            units: vec![Unit {
+                name: "probe".to_owned(),
+                source: source.to_owned(),
+                targets: targets.to_vec(),
+            }],
+            header: GeneratedFile {
+                name: "fusion_kernels.h".to_owned(),
+                contents: HEADER.to_owned(),
+            },
+            headers_dir: self.root.join("include"),
+        }
+    }
+
+    fn options(&self, out: &str) -> CompileOptions {
+        let mut options = CompileOptions::new(self.root.join(out));
+        // A private cache, so the first build below is always cold.
+        options.cache_dir = Some(self.root.join("cache"));
+        options
+    }
+}
+
+fn build(sources: &CudaSources, options: &CompileOptions) -> (CompiledLibrary, f64) {
+    let started = Instant::now();
+    match compile(sources, options) {
+        Ok(lib) => (lib, started.elapsed().as_secs_f64()),
+        Err(e @ BuildError::NvccNotFound { .. }) => {
+            panic!("this test compiles CUDA and needs nvcc; `cargo xtask test` provides it.\n{e}")
+        }
+        Err(e) => panic!("build failed: {e}"),
+    }
+}
+
+#[test]
+fn compiles_archives_binds_and_then_serves_everything_from_the_cache() {
+    let ws = Workspace::new();
+    let all = [Target::Sm75, Target::Sm80, Target::Sm90a];
+    let sources = ws.sources(UNIT, &all);
+
+    // Cold: one nvcc call for three architectures, bindgen once.
+    let options = ws.options("out-debug");
+    let (cold, cold_s) = build(&sources, &options);
+    assert_eq!(cold.mode, BuildMode::Linked);
+    assert_eq!((cold.units_compiled, cold.units_cached), (1, 0));
+    assert!(cold.bindings_generated);
+    let archive = cold.lib_dir.join("libfusion_kernels.a");
+    let archive_bytes = std::fs::read(&archive).unwrap();
+    assert!(
+        archive_bytes.starts_with(b"!<arch>\n"),
+        "{} is not an ar archive",
+        archive.display()
+    );
+    assert!(
+        archive_bytes
+            .windows(b"fusion_probe".len())
+            .any(|w| w == b"fusion_probe"),
+        "the archive does not define fusion_probe"
+    );
+    assert_eq!(
+        std::fs::read_to_string(options.out_dir.join("kernels/probe.cu")).unwrap(),
+        UNIT,
+        "the unit is written out so nvcc's errors point at a real file"
+    );
+
+    let ffi = std::fs::read_to_string(&cold.ffi_rs).unwrap();
+    assert!(ffi.contains("pub struct fusion_probe_params"), "{ffi}");
+    assert!(ffi.contains("pub fn fusion_probe("), "{ffi}");
+    assert!(
+        ffi.contains("Debug") && ffi.contains("Default") && ffi.contains("Copy"),
+        "{ffi}"
+    );
+    assert!(ffi.contains("pub len: u64"), "{ffi}");
+    assert!(
+        !ffi.contains("fusion_probe_kernel"),
+        "only the C header is bound: {ffi}"
+    );
+
+    // Warm, same OUT_DIR: no nvcc, no libclang, no re-archiving.
+    let (warm, warm_s) = build(&sources, &options);
+    assert_eq!((warm.units_compiled, warm.units_cached), (0, 1));
+    assert!(!warm.bindings_generated);
+    let log = std::fs::read_to_string(&warm.log).unwrap();
+    assert!(log.contains("unit probe [sm_75,sm_80,sm_90a]: cached"), "{log}");
+    assert!(log.contains("archive:") && log.contains("unchanged"), "{log}");
+    assert_eq!(std::fs::read(&archive).unwrap(), archive_bytes);
+
+    // Another profile or crate (a different OUT_DIR) shares the cache.
+    let (other, _) = build(&sources, &ws.options("out-release"));
+    assert_eq!((other.units_compiled, other.units_cached), (0, 1));
+    assert!(!other.bindings_generated);
+    eprintln!("probe for sm_75+sm_80+sm_90a: cold build {cold_s:.2}s, warm build {warm_s:.3}s");
+
+    // One changed byte in a kernel header: recompiled.
+    std::fs::write(
+        ws.root.join("include/fusion/probe.cuh"),
+        PROBE_CUH.replace("base + ", "base +  "),
+    )
+    .unwrap();
+    let sources = ws.sources(UNIT, &all);
+    let (edited, _) = build(&sources, &options);
+    assert_eq!((edited.units_compiled, edited.units_cached), (1, 0));
+
+    // A damaged cached object is noticed and rebuilt.
+    let cached: Vec<PathBuf> = std::fs::read_dir(ws.root.join("cache"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "o"))
+        .collect();
+    assert_eq!(cached.len(), 2, "one object per distinct key: {cached:?}");
+    for object in &cached {
+        let bytes = std::fs::read(object).unwrap();
+        std::fs::write(object, &bytes[..bytes.len() / 3]).unwrap();
+    }
+    let (rebuilt, _) = build(&sources, &options);
+    assert_eq!((rebuilt.units_compiled, rebuilt.units_cached), (1, 0));
+    let log = std::fs::read_to_string(&rebuilt.log).unwrap();
+    assert!(log.contains("damaged"), "{log}");
+
+    // DOCS_RS / FUSION_SKIP_NVCC: no nvcc, no archive, still the bindings.
+    let mut skip = ws.options("out-docs");
+    skip.skip_nvcc = true;
+    skip.cache_dir = Some(ws.root.join("docs-cache"));
+    let (docs, _) = build(&sources, &skip);
+    assert_eq!(docs.mode, BuildMode::NvccSkipped);
+    assert_eq!((docs.units_compiled, docs.units_cached), (0, 0));
+    assert!(docs.bindings_generated);
+    assert!(!skip.out_dir.join("libfusion_kernels.a").exists());
+    assert_eq!(std::fs::read_to_string(&docs.ffi_rs).unwrap(), ffi);
+
+    // nvcc's errors come back with the generated file's path.
+    let broken = ws.sources(&UNIT.replace("if (i < len)", "if (i < len"), &[Target::Sm80]);
+    let err = compile(&broken, &ws.options("out-broken")).unwrap_err();
+    let message = err.to_string();
+    let source = ws.root.join("out-broken/kernels/probe.cu");
+    assert!(matches!(err, BuildError::Nvcc { .. }), "{message}");
+    assert!(message.contains(&source.display().to_string()), "{message}");
+    assert!(message.contains("error"), "nvcc's own message is kept: {message}");
+}
