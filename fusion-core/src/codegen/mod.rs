@@ -22,7 +22,7 @@
 pub mod templates;
 pub mod wrappers;
 
-use crate::fuse::{Activation, Composition, EpilogueStep, GemmComposition, NormKind, Plan};
+use crate::fuse::{Activation, Composition, EpilogueStep, NormKind, Plan};
 use crate::ir::{DType, GeluApprox, WeightLayout};
 use crate::select::{self, Arch, KernelConfig, KernelKind, Mainloop, SelectError, TileConfig};
 use indexmap::IndexMap;
@@ -182,7 +182,9 @@ pub enum CodegenError {
     Select(#[from] SelectError),
     #[error("graph `{graph}`: {message}")]
     Unsupported { graph: String, message: String },
-    #[error("`{0}` is not a valid library name: use lowercase letters, digits and `_`, starting with a letter")]
+    #[error(
+        "`{0}` is not a valid library name: use lowercase letters, digits and `_`, starting with a letter"
+    )]
     LibName(String),
     #[error("rendering {template}: {message}")]
     Template { template: String, message: String },
@@ -192,7 +194,9 @@ pub enum CodegenError {
 /// skipped on sm75, which has no bf16 tensor cores) into one library.
 pub fn render(lib_name: &str, archs: &[Arch], graphs: &[GraphSpec]) -> Result<KernelLibrary, CodegenError> {
     let valid_name = lib_name.starts_with(|c: char| c.is_ascii_lowercase())
-        && lib_name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+        && lib_name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
     if !valid_name {
         return Err(CodegenError::LibName(lib_name.to_owned()));
     }
@@ -242,7 +246,14 @@ pub fn render(lib_name: &str, archs: &[Arch], graphs: &[GraphSpec]) -> Result<Ke
     let mut symbols: IndexMap<KernelKey, String> = IndexMap::new();
     for (key, pending) in distinct {
         let symbol = symbol_for(lib_name, &key, &pending.composition, &pending.archs);
-        let unit = render_unit(&registry, &symbol, &key, &pending.composition, &pending.archs, &pending.used_by)?;
+        let unit = render_unit(
+            &registry,
+            &symbol,
+            &key,
+            &pending.composition,
+            &pending.archs,
+            &pending.used_by,
+        )?;
         symbols.insert(key, symbol);
         units.push(unit);
     }
@@ -306,7 +317,11 @@ fn check_dtypes(spec: &GraphSpec) -> Result<(), CodegenError> {
     if spec.dtypes.is_empty() {
         return Err(unsupported("no dtype to compile it for".into()));
     }
-    if let Some(d) = spec.dtypes.iter().find(|d| !matches!(d, DType::F16 | DType::BF16)) {
+    if let Some(d) = spec
+        .dtypes
+        .iter()
+        .find(|d| !matches!(d, DType::F16 | DType::BF16))
+    {
         return Err(unsupported(format!(
             "kernels are compiled for f16 and bf16 only, not {d}"
         )));
@@ -325,7 +340,10 @@ fn kernel_key(composition: &Composition, dtype: DType, arch: Arch) -> Result<Ker
             mainloop: arch.mainloop(),
             config: select::select(arch, &KernelKind::of(gemm, dtype))?,
         },
-        Composition::Norm(norm) => KernelKey::Norm { kind: norm.kind, dtype },
+        Composition::Norm(norm) => KernelKey::Norm {
+            kind: norm.kind,
+            dtype,
+        },
         Composition::Elementwise(step) => KernelKey::Elementwise { step: *step, dtype },
     })
 }
@@ -370,10 +388,9 @@ fn describe_key(key: &KernelKey) -> String {
             format!("{name} ({layout}), {dtype}")
         }
         KernelKey::Norm { kind, dtype } => format!("{}, {dtype}", kind.name()),
-        KernelKey::Elementwise { step, dtype } => format!(
-            "{}, {dtype}",
-            Composition::Elementwise(*step).name()
-        ),
+        KernelKey::Elementwise { step, dtype } => {
+            format!("{}, {dtype}", Composition::Elementwise(*step).name())
+        }
     }
 }
 
@@ -467,14 +484,6 @@ fn render_template(
             template: format!("kernels/{template}.hbs"),
             message: e.to_string(),
         })
-}
-
-/// The GEMM composition of a planned kernel, if it is one.
-pub fn gemm_of(composition: &Composition) -> Option<&GemmComposition> {
-    match composition {
-        Composition::Gemm(g) => Some(g),
-        _ => None,
-    }
 }
 
 #[cfg(test)]

@@ -14,23 +14,62 @@ use std::path::Path;
 pub const TEMPLATES: [(&str, &str); 5] = [
     ("gemm.cu", include_str!("../../../kernels/gemm.cu.hbs")),
     ("norm.cu", include_str!("../../../kernels/norm.cu.hbs")),
-    ("elementwise.cu", include_str!("../../../kernels/elementwise.cu.hbs")),
-    ("error_string.cu", include_str!("../../../kernels/error_string.cu.hbs")),
-    ("fusion_kernels.h", include_str!("../../../kernels/fusion_kernels.h.hbs")),
+    (
+        "elementwise.cu",
+        include_str!("../../../kernels/elementwise.cu.hbs"),
+    ),
+    (
+        "error_string.cu",
+        include_str!("../../../kernels/error_string.cu.hbs"),
+    ),
+    (
+        "fusion_kernels.h",
+        include_str!("../../../kernels/fusion_kernels.h.hbs"),
+    ),
 ];
 
 /// Every file of `kernels/include`, by path relative to it.
 pub const HEADERS: [(&str, &str); 10] = [
-    ("fusion/abi.h", include_str!("../../../kernels/include/fusion/abi.h")),
-    ("fusion/elementwise.cuh", include_str!("../../../kernels/include/fusion/elementwise.cuh")),
-    ("fusion/epilogue.cuh", include_str!("../../../kernels/include/fusion/epilogue.cuh")),
-    ("fusion/gemm.cuh", include_str!("../../../kernels/include/fusion/gemm.cuh")),
-    ("fusion/norm.cuh", include_str!("../../../kernels/include/fusion/norm.cuh")),
-    ("fusion/numeric.cuh", include_str!("../../../kernels/include/fusion/numeric.cuh")),
-    ("fusion/problem.cuh", include_str!("../../../kernels/include/fusion/problem.cuh")),
-    ("fusion/prologue.cuh", include_str!("../../../kernels/include/fusion/prologue.cuh")),
-    ("fusion/sm75/mainloop.cuh", include_str!("../../../kernels/include/fusion/sm75/mainloop.cuh")),
-    ("fusion/sm80/mainloop.cuh", include_str!("../../../kernels/include/fusion/sm80/mainloop.cuh")),
+    (
+        "fusion/abi.h",
+        include_str!("../../../kernels/include/fusion/abi.h"),
+    ),
+    (
+        "fusion/elementwise.cuh",
+        include_str!("../../../kernels/include/fusion/elementwise.cuh"),
+    ),
+    (
+        "fusion/epilogue.cuh",
+        include_str!("../../../kernels/include/fusion/epilogue.cuh"),
+    ),
+    (
+        "fusion/gemm.cuh",
+        include_str!("../../../kernels/include/fusion/gemm.cuh"),
+    ),
+    (
+        "fusion/norm.cuh",
+        include_str!("../../../kernels/include/fusion/norm.cuh"),
+    ),
+    (
+        "fusion/numeric.cuh",
+        include_str!("../../../kernels/include/fusion/numeric.cuh"),
+    ),
+    (
+        "fusion/problem.cuh",
+        include_str!("../../../kernels/include/fusion/problem.cuh"),
+    ),
+    (
+        "fusion/prologue.cuh",
+        include_str!("../../../kernels/include/fusion/prologue.cuh"),
+    ),
+    (
+        "fusion/sm75/mainloop.cuh",
+        include_str!("../../../kernels/include/fusion/sm75/mainloop.cuh"),
+    ),
+    (
+        "fusion/sm80/mainloop.cuh",
+        include_str!("../../../kernels/include/fusion/sm80/mainloop.cuh"),
+    ),
 ];
 
 /// The templates, in strict mode (a missing field is an error, not an empty

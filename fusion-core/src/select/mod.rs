@@ -170,7 +170,13 @@ impl TileConfig {
 
     /// Shared memory a block uses, mirroring the mainloops' `kSmemBytes`
     /// plus the norm prologue's row statistics (two floats per row).
-    pub fn smem_bytes(&self, mainloop: Mainloop, dtype: DType, layout: WeightLayout, prologue: bool) -> usize {
+    pub fn smem_bytes(
+        &self,
+        mainloop: Mainloop,
+        dtype: DType,
+        layout: WeightLayout,
+        prologue: bool,
+    ) -> usize {
         let (bm, bn, bk) = (self.bm as usize, self.bn as usize, self.bk as usize);
         let elem = dtype.size_bytes();
         let dynamic = match mainloop {
@@ -211,7 +217,15 @@ impl TileConfig {
     pub fn check(&self, arch: Arch, kernel: &KernelKind) -> Result<(), String> {
         let c = self;
         let budget = arch.budget();
-        let nonzero = [c.bm, c.bn, c.bk, c.warp_m, c.warp_n, c.stages, c.min_blocks_per_sm];
+        let nonzero = [
+            c.bm,
+            c.bn,
+            c.bk,
+            c.warp_m,
+            c.warp_n,
+            c.stages,
+            c.min_blocks_per_sm,
+        ];
         if nonzero.contains(&0) {
             return Err(format!("{}: every field must be positive", c.summary()));
         }
@@ -338,7 +352,10 @@ impl KernelConfig {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ConfigSource {
     /// `kernels/tuned/sm80.json`, entry `gemm_bias_gelu.f16`.
-    Tuned { file: String, entry: String },
+    Tuned {
+        file: String,
+        entry: String,
+    },
     Heuristic,
 }
 
@@ -410,7 +427,10 @@ pub fn select_with(table: &TunedTable, arch: Arch, kernel: &KernelKind) -> Resul
     if let Some(small) = config.small_m {
         small.check(arch, kernel).map_err(|r| fail("small_m", r))?;
         if config.small_m_max.is_none() {
-            return Err(fail("small_m", "`small_m` needs `small_m_max`, the largest M it serves".into()));
+            return Err(fail(
+                "small_m",
+                "`small_m` needs `small_m_max`, the largest M it serves".into(),
+            ));
         }
     }
     Ok(config)

@@ -51,7 +51,12 @@ impl TunedTable {
         let arch = Arch::ALL
             .into_iter()
             .find(|a| a.name() == parsed.arch)
-            .ok_or_else(|| fail(format!("unknown arch `{}`: expected sm75, sm80 or sm90", parsed.arch)))?;
+            .ok_or_else(|| {
+                fail(format!(
+                    "unknown arch `{}`: expected sm75, sm80 or sm90",
+                    parsed.arch
+                ))
+            })?;
         Ok(TunedTable {
             file: file.to_owned(),
             arch,
@@ -70,9 +75,13 @@ impl TunedTable {
 
     /// The most specific entry for a composition and dtype, and its key.
     pub fn lookup(&self, composition: &str, dtype: DType) -> Option<(&str, &KernelConfig)> {
-        [format!("{composition}.{dtype}"), composition.to_owned(), "default".to_owned()]
-            .into_iter()
-            .find_map(|key| self.configs.get_key_value(&key))
-            .map(|(k, v)| (k.as_str(), v))
+        [
+            format!("{composition}.{dtype}"),
+            composition.to_owned(),
+            "default".to_owned(),
+        ]
+        .into_iter()
+        .find_map(|key| self.configs.get_key_value(&key))
+        .map(|(k, v)| (k.as_str(), v))
     }
 }
