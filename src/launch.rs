@@ -292,7 +292,7 @@ fn declared_shape(graph: &GraphDecl, decl: &TensorDecl) -> String {
 }
 
 fn check_aligned(decl: &TensorDecl, ptr: u64, bytes: usize) -> Result<()> {
-    if bytes > 0 && ptr % 16 != 0 {
+    if bytes > 0 && !ptr.is_multiple_of(16) {
         return Err(Error::Misaligned {
             tensor: decl.name.to_owned(),
             address: ptr,

@@ -302,6 +302,7 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
         let fn_ident = format_ident!("{}", name);
         quote! {
             #[doc = #doc]
+            #[allow(clippy::too_many_arguments, reason = "one argument per graph tensor")]
             pub fn #fn_ident #generics(#params) -> fusion::Result<()> {
                 #module::run #turbofish(&mut fusion::launch::Workspace::new(), #args)
             }
@@ -325,6 +326,7 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
 
             /// Checks every argument, then launches the plan's kernels in order
             /// on `stream`. Returns once they are enqueued.
+            #[allow(clippy::too_many_arguments, reason = "one argument per graph tensor")]
             pub fn run #generics(&mut self, #params) -> fusion::Result<()> {
                 #module::run #turbofish(&mut self.workspace, #args)
             }

@@ -229,13 +229,13 @@ impl TileConfig {
         if nonzero.contains(&0) {
             return Err(format!("{}: every field must be positive", c.summary()));
         }
-        if c.bm % c.warp_m != 0 || c.bn % c.warp_n != 0 {
+        if !c.bm.is_multiple_of(c.warp_m) || !c.bn.is_multiple_of(c.warp_n) {
             return Err(format!(
                 "warp tile {}x{} does not divide the block tile {}x{}",
                 c.warp_m, c.warp_n, c.bm, c.bn
             ));
         }
-        if c.warp_m % 16 != 0 || c.warp_n % 16 != 0 || c.bk % 16 != 0 {
+        if !c.warp_m.is_multiple_of(16) || !c.warp_n.is_multiple_of(16) || !c.bk.is_multiple_of(16) {
             return Err(format!(
                 "warp tile {}x{} and bk = {} must be multiples of 16 (the tensor-core tile)",
                 c.warp_m, c.warp_n, c.bk
@@ -250,7 +250,7 @@ impl TileConfig {
         }
         let chunks_a = c.bm * c.bk / 8;
         let chunks_b = c.bn * c.bk / 8;
-        if chunks_a % threads != 0 || chunks_b % threads != 0 {
+        if !chunks_a.is_multiple_of(threads) || !chunks_b.is_multiple_of(threads) {
             return Err(format!(
                 "{threads} threads cannot split a {}x{} A tile and a {}x{} B tile into equal shares of 16-byte chunks",
                 c.bm, c.bk, c.bk, c.bn
