@@ -6,15 +6,23 @@
 //! | [`tensor`] | typed views of device memory that kernels take |
 //! | [`device`] | which compiled kernel variant runs on a GPU |
 //! | [`error`] | every way a call can be refused |
+//! | [`kernels`] | the built-in kernels compiled from `graphs/` |
+//! | [`bench`] | `fusion bench`: fused kernels against cuBLASLt |
 //! | [`cli`] | the `fusion` command line |
 //!
 //! The compiler itself (parsing, planning, code generation) is
 //! [`fusion_core`], re-exported as [`core`].
 
+// Generated wrappers name this crate `fusion::`, also from inside it.
+extern crate self as fusion;
+
 pub mod bench;
 pub mod cli;
 pub mod device;
 pub mod error;
+pub mod kernels;
+#[doc(hidden)]
+pub mod launch;
 pub mod tensor;
 
 pub use device::Arch;

@@ -7,6 +7,8 @@
 //! | [`syntax`] | parses a graph from TOML or from `fusion_graph!` tokens into one AST |
 //! | [`ir`] | resolves and checks it: a [`ir::Graph`] with shapes and dtypes |
 //! | [`fuse`] | splits the graph into fused kernels: a [`fuse::Plan`] |
+//! | [`codegen`] | renders CUDA units, the C header and typed Rust wrappers |
+//! | [`select`] | picks and checks a tile config per kernel and target arch |
 //! | [`reference`](mod@reference) | evaluates a graph on the CPU in f64: the oracle for GPU tests |
 //! | [`build`] | compiles generated CUDA with nvcc (cached), archives it, runs bindgen (feature `build`) |
 //!
@@ -14,10 +16,12 @@
 
 #[cfg(feature = "build")]
 pub mod build;
+pub mod codegen;
 pub mod diagnostic;
 pub mod fuse;
 pub mod ir;
 pub mod reference;
+pub mod select;
 pub mod syntax;
 
 use diagnostic::SourceFile;

@@ -26,6 +26,7 @@
 //! `CUDA_HOME` and `LIBCLANG_PATH` are used when the environment names none.
 
 mod bindings;
+mod builder;
 mod cache;
 mod compile;
 pub mod nvcc;
@@ -35,6 +36,7 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+pub use builder::Builder;
 pub use compile::DEFAULT_NVCC_FLAGS;
 
 /// Everything the code generator produced for one library.

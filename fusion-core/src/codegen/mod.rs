@@ -1,0 +1,490 @@
+//! Code generation: CUDA translation units, the C header that declares their
+//! launchers, and the typed Rust wrappers that call them.
+//!
+//! [`render`] takes planned graphs and produces a [`KernelLibrary`]: one unit
+//! per distinct kernel, where a kernel is a composition (norm prologue ×
+//! mainloop × epilogue chain) with a `B` layout, a dtype, a mainloop and its
+//! tile configs. Kernels that agree on all of these share one unit and one
+//! launcher symbol, whichever graphs and kernel positions use them (the
+//! `gemm_bias_residual` of three graphs is compiled once), and targets whose
+//! configs agree (sm80 and sm90 with the same tiles) share one unit compiled
+//! for both. Symbols start with the library name, so two crates' libraries
+//! link side by side.
+//!
+//! The templates (`kernels/*.hbs`, see [`templates`]) only pick C++ types and
+//! copy parameters; what a kernel computes lives in the headers under
+//! `kernels/include/fusion`. [`wrappers`] turns the same library description
+//! into Rust.
+//!
+//! Not here: choosing configs ([`crate::select`]) and running nvcc
+//! (`crate::build`).
+
+pub mod templates;
+pub mod wrappers;
+
+use crate::fuse::{Activation, Composition, EpilogueStep, NormKind, Plan};
+use crate::ir::{DType, GeluApprox, WeightLayout};
+use crate::select::{self, Arch, KernelConfig, KernelKind, Mainloop, SelectError, TileConfig};
+use indexmap::IndexMap;
+use serde_json::json;
+
+/// The C++ type of each epilogue step: a new activation is one line here and
+/// one functor in `epilogue.cuh`.
+pub fn step_type(step: EpilogueStep) -> &'static str {
+    match step {
+        EpilogueStep::Bias => "fusion::Bias",
+        EpilogueStep::Residual => "fusion::Residual",
+        EpilogueStep::Mul => "fusion::Mul",
+        EpilogueStep::Activation(Activation::Gelu(GeluApprox::Tanh)) => "fusion::Gelu",
+        EpilogueStep::Activation(Activation::Gelu(GeluApprox::Erf)) => "fusion::GeluErf",
+        EpilogueStep::Activation(Activation::Silu) => "fusion::Silu",
+        EpilogueStep::Activation(Activation::Relu) => "fusion::Relu",
+    }
+}
+
+fn element_type(dtype: DType) -> &'static str {
+    match dtype {
+        DType::F16 => "__half",
+        DType::BF16 => "__nv_bfloat16",
+        DType::F32 => "float",
+    }
+}
+
+fn norm_type(kind: NormKind) -> &'static str {
+    match kind {
+        NormKind::LayerNorm => "LayerNorm",
+        NormKind::RmsNorm => "RmsNorm",
+    }
+}
+
+fn layout_name(layout: WeightLayout) -> &'static str {
+    match layout {
+        WeightLayout::KN => "KN",
+        WeightLayout::NK => "NK",
+    }
+}
+
+fn tile_type(mainloop: Mainloop, c: &TileConfig) -> String {
+    match mainloop {
+        Mainloop::Sm80 => format!(
+            "fusion::sm80::TileConfig<{}, {}, {}, {}, {}, {}, {}>",
+            c.bm, c.bn, c.bk, c.warp_m, c.warp_n, c.stages, c.min_blocks_per_sm
+        ),
+        Mainloop::Sm75 => format!(
+            "fusion::sm75::TileConfig<{}, {}, {}, {}, {}, {}>",
+            c.bm, c.bn, c.bk, c.warp_m, c.warp_n, c.min_blocks_per_sm
+        ),
+    }
+}
+
+/// One graph to compile, and the element types to compile it for.
+#[derive(Clone, Debug)]
+pub struct GraphSpec {
+    pub plan: Plan,
+    /// Each one re-types the whole graph; every kernel gets a variant per dtype.
+    pub dtypes: Vec<DType>,
+    /// Where the graph was declared (`graphs/gemm_bias.toml`), for comments.
+    pub origin: String,
+}
+
+/// What one distinct kernel is: everything its unit's source depends on.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum KernelKey {
+    Gemm {
+        prologue: Option<NormKind>,
+        layout: WeightLayout,
+        steps: Vec<EpilogueStep>,
+        dtype: DType,
+        mainloop: Mainloop,
+        config: KernelConfig,
+    },
+    Norm {
+        kind: NormKind,
+        dtype: DType,
+    },
+    Elementwise {
+        step: EpilogueStep,
+        dtype: DType,
+    },
+}
+
+/// Which C params struct a launcher takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ParamsKind {
+    Gemm,
+    Norm,
+    Elementwise,
+}
+
+impl ParamsKind {
+    /// The struct's C name, as in `abi.h`.
+    pub fn c_name(self) -> &'static str {
+        match self {
+            ParamsKind::Gemm => "fusion_gemm_params",
+            ParamsKind::Norm => "fusion_norm_params",
+            ParamsKind::Elementwise => "fusion_elementwise_params",
+        }
+    }
+}
+
+/// One rendered translation unit and its launcher.
+#[derive(Clone, Debug)]
+pub struct RenderedUnit {
+    /// The launcher's `extern "C"` name, also the unit's file stem.
+    pub symbol: String,
+    pub key: KernelKey,
+    pub params: ParamsKind,
+    /// The architectures it is compiled for, ascending.
+    pub archs: Vec<Arch>,
+    pub source: String,
+}
+
+/// The launcher each (dtype, arch) of one planned kernel calls.
+#[derive(Clone, Debug, Default)]
+pub struct KernelVariants {
+    pub variants: Vec<(DType, Arch, String)>,
+}
+
+impl KernelVariants {
+    pub fn symbol(&self, dtype: DType, arch: Arch) -> Option<&str> {
+        self.variants
+            .iter()
+            .find(|(d, a, _)| *d == dtype && *a == arch)
+            .map(|(_, _, s)| s.as_str())
+    }
+}
+
+/// One compiled graph: its plan and, per kernel of the plan, its launchers.
+#[derive(Clone, Debug)]
+pub struct GraphLaunchers {
+    pub spec: GraphSpec,
+    pub kernels: Vec<KernelVariants>,
+}
+
+/// Everything rendered for one library.
+#[derive(Clone, Debug)]
+pub struct KernelLibrary {
+    pub lib_name: String,
+    pub archs: Vec<Arch>,
+    /// Kernel units, then the unit with `<lib>_error_string`.
+    pub units: Vec<RenderedUnit>,
+    /// `<lib>_error_string`'s unit: `(file stem, source)`.
+    pub error_unit: (String, String),
+    /// `<lib>.h` and its contents.
+    pub header: (String, String),
+    pub graphs: Vec<GraphLaunchers>,
+}
+
+/// Why code could not be generated.
+#[derive(Debug, thiserror::Error)]
+pub enum CodegenError {
+    #[error(transparent)]
+    Select(#[from] SelectError),
+    #[error("graph `{graph}`: {message}")]
+    Unsupported { graph: String, message: String },
+    #[error(
+        "`{0}` is not a valid library name: use lowercase letters, digits and `_`, starting with a letter"
+    )]
+    LibName(String),
+    #[error("rendering {template}: {message}")]
+    Template { template: String, message: String },
+}
+
+/// Renders every kernel of `graphs` for every arch in `archs` (bf16 is
+/// skipped on sm75, which has no bf16 tensor cores) into one library.
+pub fn render(lib_name: &str, archs: &[Arch], graphs: &[GraphSpec]) -> Result<KernelLibrary, CodegenError> {
+    let valid_name = lib_name.starts_with(|c: char| c.is_ascii_lowercase())
+        && lib_name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if !valid_name {
+        return Err(CodegenError::LibName(lib_name.to_owned()));
+    }
+    let mut archs = archs.to_vec();
+    archs.sort();
+    archs.dedup();
+
+    // Distinct kernels, in first-use order, with the archs and the users of each.
+    struct Pending {
+        archs: Vec<Arch>,
+        composition: String,
+        used_by: Vec<String>,
+    }
+    let mut distinct: IndexMap<KernelKey, Pending> = IndexMap::new();
+    // Per graph, per kernel: (dtype, arch, key).
+    let mut uses: Vec<Vec<Vec<(DType, Arch, KernelKey)>>> = Vec::new();
+    for spec in graphs {
+        check_dtypes(spec)?;
+        let mut graph_uses = Vec::new();
+        for (index, kernel) in spec.plan.kernels.iter().enumerate() {
+            let mut kernel_uses = Vec::new();
+            for &dtype in &spec.dtypes {
+                for &arch in archs.iter().filter(|a| a.supports(dtype)) {
+                    let key = kernel_key(&kernel.composition, dtype, arch)?;
+                    let entry = distinct.entry(key.clone()).or_insert_with(|| Pending {
+                        archs: Vec::new(),
+                        composition: kernel.composition.name(),
+                        used_by: Vec::new(),
+                    });
+                    if !entry.archs.contains(&arch) {
+                        entry.archs.push(arch);
+                    }
+                    let user = format!("{}#{index}", spec.plan.graph.name);
+                    if !entry.used_by.contains(&user) {
+                        entry.used_by.push(user);
+                    }
+                    kernel_uses.push((dtype, arch, key));
+                }
+            }
+            graph_uses.push(kernel_uses);
+        }
+        uses.push(graph_uses);
+    }
+
+    let registry = templates::registry();
+    let mut units = Vec::new();
+    let mut symbols: IndexMap<KernelKey, String> = IndexMap::new();
+    for (key, pending) in distinct {
+        let symbol = symbol_for(lib_name, &key, &pending.composition, &pending.archs);
+        let unit = render_unit(
+            &registry,
+            &symbol,
+            &key,
+            &pending.composition,
+            &pending.archs,
+            &pending.used_by,
+        )?;
+        symbols.insert(key, symbol);
+        units.push(unit);
+    }
+
+    let graphs = graphs
+        .iter()
+        .zip(uses)
+        .map(|(spec, graph_uses)| GraphLaunchers {
+            spec: spec.clone(),
+            kernels: graph_uses
+                .into_iter()
+                .map(|kernel_uses| KernelVariants {
+                    variants: kernel_uses
+                        .into_iter()
+                        .map(|(dtype, arch, key)| (dtype, arch, symbols[&key].clone()))
+                        .collect(),
+                })
+                .collect(),
+        })
+        .collect();
+
+    let error_unit = (
+        format!("{lib_name}_error_string"),
+        render_template(&registry, "error_string.cu", &json!({ "lib_name": lib_name }))?,
+    );
+    let launchers: Vec<_> = units
+        .iter()
+        .map(|u| {
+            json!({
+                "symbol": u.symbol,
+                "params": u.params.c_name(),
+                "doc": format!("{}, built for {}", describe_key(&u.key), arch_list(&u.archs)),
+            })
+        })
+        .collect();
+    let header_context = json!({
+        "lib_name": lib_name,
+        "guard": format!("{}_H", lib_name.to_ascii_uppercase()),
+        "launchers": launchers,
+    });
+    let header = (
+        format!("{lib_name}.h"),
+        render_template(&registry, "fusion_kernels.h", &header_context)?,
+    );
+    Ok(KernelLibrary {
+        lib_name: lib_name.to_owned(),
+        archs,
+        units,
+        error_unit,
+        header,
+        graphs,
+    })
+}
+
+/// Kernels take f16 or bf16 only.
+fn check_dtypes(spec: &GraphSpec) -> Result<(), CodegenError> {
+    let unsupported = |message: String| CodegenError::Unsupported {
+        graph: spec.plan.graph.name.clone(),
+        message,
+    };
+    if spec.dtypes.is_empty() {
+        return Err(unsupported("no dtype to compile it for".into()));
+    }
+    if let Some(d) = spec
+        .dtypes
+        .iter()
+        .find(|d| !matches!(d, DType::F16 | DType::BF16))
+    {
+        return Err(unsupported(format!(
+            "kernels are compiled for f16 and bf16 only, not {d}"
+        )));
+    }
+    Ok(())
+}
+
+/// The distinct kernel a planned kernel becomes for one dtype and arch.
+fn kernel_key(composition: &Composition, dtype: DType, arch: Arch) -> Result<KernelKey, CodegenError> {
+    Ok(match composition {
+        Composition::Gemm(gemm) => KernelKey::Gemm {
+            prologue: gemm.prologue.map(|p| p.kind),
+            layout: gemm.b_layout,
+            steps: gemm.epilogue.clone(),
+            dtype,
+            mainloop: arch.mainloop(),
+            config: select::select(arch, &KernelKind::of(gemm, dtype))?,
+        },
+        Composition::Norm(norm) => KernelKey::Norm {
+            kind: norm.kind,
+            dtype,
+        },
+        Composition::Elementwise(step) => KernelKey::Elementwise { step: *step, dtype },
+    })
+}
+
+/// `<lib>_<composition>_<layout>_<dtype>_<archs>` for GEMMs (the archs keep
+/// two configs of one composition apart), `<lib>_<op>_<dtype>` otherwise.
+fn symbol_for(lib_name: &str, key: &KernelKey, composition: &str, archs: &[Arch]) -> String {
+    match key {
+        KernelKey::Gemm { layout, dtype, .. } => {
+            let archs: Vec<&str> = archs.iter().map(|a| a.name()).collect();
+            format!(
+                "{lib_name}_{composition}_{}_{dtype}_{}",
+                layout_name(*layout).to_ascii_lowercase(),
+                archs.join("_")
+            )
+        }
+        KernelKey::Norm { dtype, .. } | KernelKey::Elementwise { dtype, .. } => {
+            format!("{lib_name}_{composition}_{dtype}")
+        }
+    }
+}
+
+fn arch_list(archs: &[Arch]) -> String {
+    archs.iter().map(|a| a.name()).collect::<Vec<_>>().join(", ")
+}
+
+/// A one-line description for comments: `gemm_bias_gelu (B [N, K]), f16`.
+fn describe_key(key: &KernelKey) -> String {
+    match key {
+        KernelKey::Gemm {
+            prologue,
+            layout,
+            steps,
+            dtype,
+            ..
+        } => {
+            let name = crate::fuse::pattern::composed_name(*prologue, steps);
+            let layout = match layout {
+                WeightLayout::KN => "B [K, N]",
+                WeightLayout::NK => "B [N, K]",
+            };
+            format!("{name} ({layout}), {dtype}")
+        }
+        KernelKey::Norm { kind, dtype } => format!("{}, {dtype}", kind.name()),
+        KernelKey::Elementwise { step, dtype } => {
+            format!("{}, {dtype}", Composition::Elementwise(*step).name())
+        }
+    }
+}
+
+fn render_unit(
+    registry: &handlebars::Handlebars<'_>,
+    symbol: &str,
+    key: &KernelKey,
+    composition: &str,
+    archs: &[Arch],
+    used_by: &[String],
+) -> Result<RenderedUnit, CodegenError> {
+    let common = |dtype: DType| {
+        json!({
+            "symbol": symbol,
+            "composition": composition,
+            "dtype": dtype.name(),
+            "element": element_type(dtype),
+            "archs": arch_list(archs),
+            "used_by": used_by.join(", "),
+        })
+    };
+    let (template, params, context) = match key {
+        KernelKey::Gemm {
+            prologue,
+            layout,
+            steps,
+            dtype,
+            mainloop,
+            config,
+        } => {
+            let mut context = common(*dtype);
+            let (mainloop_type, header) = match mainloop {
+                Mainloop::Sm80 => ("fusion::sm80::Mainloop", "fusion/sm80/mainloop.cuh"),
+                Mainloop::Sm75 => ("fusion::sm75::Mainloop", "fusion/sm75/mainloop.cuh"),
+            };
+            let prologue = match prologue {
+                None => "fusion::NoPrologue".to_owned(),
+                Some(kind) => format!("fusion::NormPrologue<fusion::NormKind::{}>", norm_type(*kind)),
+            };
+            let small = config.small().map(|(tile, max_m)| {
+                json!({ "tile": tile_type(*mainloop, &tile), "tile_doc": tile.summary(), "max_m": max_m })
+            });
+            let extra = json!({
+                "mainloop": mainloop_type,
+                "mainloop_header": header,
+                "layout": layout_name(*layout),
+                "layout_doc": match layout { WeightLayout::KN => "[K, N]", WeightLayout::NK => "[N, K]" },
+                "prologue": prologue,
+                "steps": steps.iter().map(|s| step_type(*s)).collect::<Vec<_>>().join(", "),
+                "large_tile": tile_type(*mainloop, &config.large),
+                "large_tile_doc": config.large.summary(),
+                "small": small.unwrap_or(serde_json::Value::Bool(false)),
+            });
+            merge(&mut context, extra);
+            ("gemm.cu", ParamsKind::Gemm, context)
+        }
+        KernelKey::Norm { kind, dtype } => {
+            let mut context = common(*dtype);
+            merge(&mut context, json!({ "kind": norm_type(*kind) }));
+            ("norm.cu", ParamsKind::Norm, context)
+        }
+        KernelKey::Elementwise { step, dtype } => {
+            let mut context = common(*dtype);
+            merge(&mut context, json!({ "step": step_type(*step) }));
+            ("elementwise.cu", ParamsKind::Elementwise, context)
+        }
+    };
+    Ok(RenderedUnit {
+        symbol: symbol.to_owned(),
+        key: key.clone(),
+        params,
+        archs: archs.to_vec(),
+        source: render_template(registry, template, &context)?,
+    })
+}
+
+fn merge(into: &mut serde_json::Value, from: serde_json::Value) {
+    if let (Some(into), serde_json::Value::Object(from)) = (into.as_object_mut(), from) {
+        into.extend(from);
+    }
+}
+
+fn render_template(
+    registry: &handlebars::Handlebars<'_>,
+    template: &str,
+    context: &serde_json::Value,
+) -> Result<String, CodegenError> {
+    registry
+        .render(template, context)
+        .map_err(|e| CodegenError::Template {
+            template: format!("kernels/{template}.hbs"),
+            message: e.to_string(),
+        })
+}
+
+#[cfg(test)]
+mod tests;

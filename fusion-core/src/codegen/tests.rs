@@ -1,0 +1,201 @@
+use super::*;
+use crate::fuse::NamedPattern;
+use std::path::Path;
+
+fn spec(file: &str, dtypes: &[DType]) -> GraphSpec {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../graphs").join(file);
+    let graph = crate::load_toml_graph(&path).unwrap_or_else(|e| panic!("{e}"));
+    GraphSpec {
+        plan: crate::fuse::plan(graph),
+        dtypes: dtypes.to_vec(),
+        origin: format!("graphs/{file}"),
+    }
+}
+
+const F16: &[DType] = &[DType::F16];
+
+#[test]
+fn ffn_renders_three_kernels() {
+    let lib = render("fusion_kernels", &[Arch::Sm80], &[spec("swiglu_ffn.toml", F16)]).unwrap();
+    assert_eq!(lib.units.len(), 3);
+    let symbols: Vec<&str> = lib.units.iter().map(|u| u.symbol.as_str()).collect();
+    assert_eq!(
+        symbols,
+        [
+            "fusion_kernels_gemm_nk_f16_sm80",
+            "fusion_kernels_gemm_silu_mul_nk_f16_sm80",
+            "fusion_kernels_gemm_bias_residual_nk_f16_sm80",
+        ]
+    );
+    let silu_mul = &lib.units[1].source;
+    assert!(
+        silu_mul.contains("fusion::EpilogueChain<fusion::Silu, fusion::Mul>"),
+        "{silu_mul}"
+    );
+    assert!(
+        silu_mul.contains(
+            "extern \"C\" int fusion_kernels_gemm_silu_mul_nk_f16_sm80(const fusion_gemm_params* p"
+        )
+    );
+    assert!(silu_mul.contains("fusion::sm80::TileConfig<128, 256, 32, 64, 64, 4, 1>"));
+    assert!(silu_mul.contains("if (p->m <= 256) return int(launch<Kernel<SmallTile>>(p, s));"));
+    // The header declares each launcher and the error string.
+    let (name, header) = &lib.header;
+    assert_eq!(name, "fusion_kernels.h");
+    for symbol in symbols {
+        assert!(header.contains(&format!(
+            "int {symbol}(const fusion_gemm_params* p, void* stream);"
+        )));
+    }
+    assert!(header.contains("const char* fusion_kernels_error_string(int code);"));
+    assert!(lib.error_unit.1.contains("fusion_kernels_error_string(int code)"));
+}
+
+#[test]
+fn identical_kernels_share_a_unit() {
+    // gemm_bias_residual appears in gemm_bias_residual, swiglu_ffn and gpt2_mlp.
+    let specs = [
+        spec("gemm_bias_residual.toml", F16),
+        spec("swiglu_ffn.toml", F16),
+        spec("gpt2_mlp.toml", F16),
+    ];
+    let lib = render("fusion_kernels", &[Arch::Sm80, Arch::Sm90], &specs).unwrap();
+    let residual: Vec<_> = lib
+        .units
+        .iter()
+        .filter(|u| u.symbol.contains("_gemm_bias_residual_"))
+        .collect();
+    assert_eq!(residual.len(), 1);
+    assert_eq!(residual[0].archs, [Arch::Sm80, Arch::Sm90]);
+    assert!(
+        residual[0]
+            .source
+            .contains("Used by: gemm_bias_residual#0, swiglu_ffn#2, gpt2_mlp#1")
+    );
+    let symbol = &residual[0].symbol;
+    for graph in &lib.graphs {
+        let last = graph.kernels.last().unwrap();
+        assert_eq!(last.symbol(DType::F16, Arch::Sm90), Some(symbol.as_str()));
+    }
+    // Symbols are unique.
+    let mut symbols: Vec<_> = lib.units.iter().map(|u| &u.symbol).collect();
+    symbols.sort();
+    symbols.dedup();
+    assert_eq!(symbols.len(), lib.units.len());
+}
+
+#[test]
+fn every_named_pattern_renders_its_chain() {
+    for pattern in NamedPattern::ALL {
+        let file = format!("{}.toml", pattern.name());
+        let lib = render("fusion_kernels", &[Arch::Sm80], &[spec(&file, F16)]).unwrap();
+        assert_eq!(lib.units.len(), 1, "{file}");
+        let (prologue, steps) = pattern.parts();
+        let chain: Vec<&str> = steps.iter().map(|s| step_type(*s)).collect();
+        let source = &lib.units[0].source;
+        assert!(
+            source.contains(&format!("fusion::EpilogueChain<{}>", chain.join(", "))),
+            "{file}:\n{source}"
+        );
+        let expected_prologue = match prologue {
+            None => "fusion::NoPrologue".to_owned(),
+            Some(kind) => format!("fusion::NormPrologue<fusion::NormKind::{}>", norm_type(kind)),
+        };
+        assert!(source.contains(&expected_prologue), "{file}:\n{source}");
+    }
+}
+
+#[test]
+fn dtypes_and_archs_multiply_variants() {
+    let lib = render(
+        "my_kernels",
+        &[Arch::Sm75, Arch::Sm80, Arch::Sm90],
+        &[spec("gemm_bias_gelu.toml", &[DType::F16, DType::BF16])],
+    )
+    .unwrap();
+    let symbols: Vec<&str> = lib.units.iter().map(|u| u.symbol.as_str()).collect();
+    // sm75 has no bf16; sm80 and sm90 share their configs, so one unit each dtype.
+    assert_eq!(
+        symbols,
+        [
+            "my_kernels_gemm_bias_gelu_nk_f16_sm75",
+            "my_kernels_gemm_bias_gelu_nk_f16_sm80_sm90",
+            "my_kernels_gemm_bias_gelu_nk_bf16_sm80_sm90",
+        ]
+    );
+    assert!(
+        lib.units[0]
+            .source
+            .contains("fusion::sm75::Mainloop<Element, fusion::LayoutB::NK, Tile>")
+    );
+    assert!(!lib.units[0].source.contains("SmallTile"));
+    assert!(lib.units[2].source.contains("using Element = __nv_bfloat16;"));
+    let kernel = &lib.graphs[0].kernels[0];
+    assert_eq!(kernel.symbol(DType::BF16, Arch::Sm75), None);
+    assert_eq!(kernel.variants.len(), 5);
+}
+
+#[test]
+fn wrappers_parse_and_name_the_graph() {
+    let lib = render(
+        "fusion_kernels",
+        &[Arch::Sm80],
+        &[
+            spec("swiglu_ffn.toml", &[DType::F16, DType::BF16]),
+            spec("gemm_bias_gelu.toml", F16),
+        ],
+    )
+    .unwrap();
+    let rust = wrappers::generate(&lib, true, "/out/fusion_ffi.rs");
+    assert!(rust.contains("pub struct SwigluFfn"));
+    assert!(rust.contains("pub fn run<T: fusion::Element>("));
+    // One kernel, one dtype: a free function over concrete f16.
+    assert!(rust.contains("pub fn gemm_bias_gelu("));
+    assert!(rust.contains("x: &fusion::Tensor<'_, fusion::half::f16>"));
+    assert!(!rust.contains("pub fn swiglu_ffn"));
+    // The plan is in the docs.
+    assert!(rust.contains("graph `swiglu_ffn`: 7 ops"));
+    // Without nvcc no launcher is named.
+    let skipped = wrappers::generate(&lib, false, "/out/fusion_ffi.rs");
+    assert!(!skipped.contains("ffi::fusion_kernels_gemm_"));
+    assert!(skipped.contains("this build skipped nvcc"));
+}
+
+#[test]
+fn bad_inputs_are_errors() {
+    let err = render("Bad-Name", &[Arch::Sm80], &[]).unwrap_err().to_string();
+    assert!(err.contains("not a valid library name"), "{err}");
+    let err = render("k", &[Arch::Sm80], &[spec("gemm_bias.toml", &[DType::F32])])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("f16 and bf16 only, not f32"), "{err}");
+}
+
+#[test]
+fn embedded_headers_match_the_include_tree() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../kernels/include");
+    let mut on_disk = Vec::new();
+    let mut stack = vec![root.clone()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                on_disk.push(
+                    path.strip_prefix(&root)
+                        .unwrap()
+                        .to_string_lossy()
+                        .replace('\\', "/"),
+                );
+            }
+        }
+    }
+    on_disk.sort();
+    let mut embedded: Vec<String> = templates::HEADERS.iter().map(|(p, _)| p.to_string()).collect();
+    embedded.sort();
+    assert_eq!(
+        embedded, on_disk,
+        "add new headers to codegen::templates::HEADERS"
+    );
+}

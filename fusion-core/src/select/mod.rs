@@ -1,0 +1,445 @@
+//! Tile-config selection: which [`TileConfig`] each fused GEMM is rendered
+//! with, per target architecture.
+//!
+//! The pre-tuned table for the architecture (`kernels/tuned/<arch>.json`,
+//! embedded in this crate so a build needs no GPU) is consulted first, by
+//! composition name and dtype, then by composition name, then its `default`
+//! entry; an architecture whose table has no matching entry gets the
+//! heuristic choice. Whatever the source, a config is checked against the
+//! architecture's budgets (shared memory per block, threads per block,
+//! registers) before anything is rendered: a tuned entry that does not fit is
+//! a build error naming the file and the entry, never an nvcc failure or a
+//! launch that fails at run time.
+//!
+//! M is only known at run time, so a kernel gets one config for every M plus,
+//! optionally, a second one its launcher picks for small M.
+//!
+//! Not here: measuring configs (the CLI's `tune` writes the JSON this reads).
+
+mod tuned;
+
+pub use tuned::TunedTable;
+
+use crate::fuse::GemmComposition;
+use crate::ir::{DType, WeightLayout};
+use std::fmt;
+
+/// A kernel variant: the GPU generation whose budgets a config must fit and
+/// whose mainloop it is rendered with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Arch {
+    /// Turing: the WMMA mainloop, f16 only.
+    Sm75,
+    /// Ampere and Ada: the mma.sync mainloop; also runs on sm_86 and sm_89.
+    Sm80,
+    /// Hopper, built as sm_90a. Runs the sm80 mainloop (with its own config)
+    /// until a wgmma mainloop exists.
+    Sm90,
+}
+
+/// The mainloop template a kernel is instantiated with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Mainloop {
+    /// `fusion::sm75::Mainloop`: WMMA, register-staged double buffering.
+    Sm75,
+    /// `fusion::sm80::Mainloop`: mma.sync, cp.async multi-stage pipeline.
+    Sm80,
+}
+
+/// What one block of a kernel may use on an architecture.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Budget {
+    /// Shared memory one block may use, static and dynamic together.
+    pub smem_per_block: usize,
+    pub max_threads_per_block: u32,
+    pub registers_per_sm: u32,
+    pub max_registers_per_thread: u32,
+}
+
+impl Arch {
+    pub const ALL: [Arch; 3] = [Arch::Sm75, Arch::Sm80, Arch::Sm90];
+
+    /// `sm80`: the cargo feature and the tuned file's stem.
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Sm75 => "sm75",
+            Arch::Sm80 => "sm80",
+            Arch::Sm90 => "sm90",
+        }
+    }
+
+    pub fn mainloop(self) -> Mainloop {
+        match self {
+            Arch::Sm75 => Mainloop::Sm75,
+            Arch::Sm80 | Arch::Sm90 => Mainloop::Sm80,
+        }
+    }
+
+    /// Turing tensor cores have no bf16.
+    pub fn supports(self, dtype: DType) -> bool {
+        match self {
+            Arch::Sm75 => dtype == DType::F16,
+            Arch::Sm80 | Arch::Sm90 => matches!(dtype, DType::F16 | DType::BF16),
+        }
+    }
+
+    /// The CUDA programming guide's per-block limits. The `sm80` variant also
+    /// runs on sm_86 and sm_89, whose blocks get 99 KB rather than A100's
+    /// 163 KB, so 99 KB is its budget.
+    pub fn budget(self) -> Budget {
+        let smem_per_block = match self {
+            Arch::Sm75 => 64 * 1024,
+            Arch::Sm80 => 99 * 1024,
+            Arch::Sm90 => 227 * 1024,
+        };
+        Budget {
+            smem_per_block,
+            max_threads_per_block: 1024,
+            registers_per_sm: 64 * 1024,
+            max_registers_per_thread: 255,
+        }
+    }
+}
+
+impl fmt::Display for Arch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The parameters of the mainloops' `TileConfig` templates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TileConfig {
+    /// Rows and columns of C one block computes, and the K step.
+    pub bm: u32,
+    pub bn: u32,
+    pub bk: u32,
+    /// Rows and columns of C one warp computes.
+    pub warp_m: u32,
+    pub warp_n: u32,
+    /// Shared-memory pipeline depth (the sm75 mainloop is fixed at 2).
+    pub stages: u32,
+    /// `__launch_bounds__`' second argument: caps registers so this many
+    /// blocks fit on one SM.
+    pub min_blocks_per_sm: u32,
+}
+
+/// Registers a thread needs besides its f32 accumulators: addresses, A/B
+/// fragments, loop indices. ptxas puts the 128x128 tile (64 accumulators,
+/// two blocks per SM) at exactly 128 registers without spills on sm_90a, and
+/// the 128x256 tile (128 accumulators) at 227-236.
+const REGISTERS_BESIDES_ACCUMULATORS: u32 = 64;
+
+impl TileConfig {
+    /// 8 warps of 64x64, 96 KB: the fastest config at large M on an H200.
+    pub const TILE_128X256: TileConfig = TileConfig {
+        bm: 128,
+        bn: 256,
+        bk: 32,
+        warp_m: 64,
+        warp_n: 64,
+        stages: 4,
+        min_blocks_per_sm: 1,
+    };
+    /// 8 warps of 64x32, 64 KB, two blocks per SM: better when a 128x256
+    /// tiling leaves SMs idle (M = 128 and 512 measured).
+    pub const TILE_128X128: TileConfig = TileConfig {
+        bm: 128,
+        bn: 128,
+        bk: 32,
+        warp_m: 64,
+        warp_n: 32,
+        stages: 4,
+        min_blocks_per_sm: 2,
+    };
+    /// The sm75 mainloop's double-buffered 128x128 tile (40 KB).
+    pub const SM75_128X128: TileConfig = TileConfig {
+        bm: 128,
+        bn: 128,
+        bk: 32,
+        warp_m: 64,
+        warp_n: 32,
+        stages: 2,
+        min_blocks_per_sm: 1,
+    };
+
+    pub fn threads(&self) -> u32 {
+        32 * (self.bm / self.warp_m.max(1)) * (self.bn / self.warp_n.max(1))
+    }
+
+    /// Shared memory a block uses, mirroring the mainloops' `kSmemBytes`
+    /// plus the norm prologue's row statistics (two floats per row).
+    pub fn smem_bytes(
+        &self,
+        mainloop: Mainloop,
+        dtype: DType,
+        layout: WeightLayout,
+        prologue: bool,
+    ) -> usize {
+        let (bm, bn, bk) = (self.bm as usize, self.bn as usize, self.bk as usize);
+        let elem = dtype.size_bytes();
+        let dynamic = match mainloop {
+            Mainloop::Sm80 => self.stages as usize * (bm * bk + bn * bk) * elem,
+            Mainloop::Sm75 => {
+                // Rows padded by 8 elements; B stored as it lies in memory.
+                let pad = 8;
+                let (b_rows, b_cols) = match layout {
+                    WeightLayout::KN => (bk, bn),
+                    WeightLayout::NK => (bn, bk),
+                };
+                let pipeline = 2 * (bm * (bk + pad) + b_rows * (b_cols + pad)) * elem;
+                let warps = (self.threads() / 32) as usize;
+                let epilogue = warps * 16 * (self.warp_n as usize + 4) * 4;
+                pipeline.max(epilogue)
+            }
+        };
+        let row_stats = if prologue { bm * 8 } else { 0 };
+        dynamic + row_stats
+    }
+
+    /// Estimated registers per thread (see [`REGISTERS_BESIDES_ACCUMULATORS`]).
+    pub fn registers_estimate(&self) -> u32 {
+        self.warp_m * self.warp_n / 32 + REGISTERS_BESIDES_ACCUMULATORS
+    }
+
+    /// `128x256x32 (warp 64x64, 4 stages, 1 block/SM)`.
+    pub fn summary(&self) -> String {
+        format!(
+            "{}x{}x{} (warp {}x{}, {} stages, {} block(s)/SM)",
+            self.bm, self.bn, self.bk, self.warp_m, self.warp_n, self.stages, self.min_blocks_per_sm
+        )
+    }
+
+    /// Checks the config against what the mainloop's templates accept and
+    /// the architecture's budgets, for a kernel of this shape. The error is
+    /// a sentence saying what is wrong and the limit.
+    pub fn check(&self, arch: Arch, kernel: &KernelKind) -> Result<(), String> {
+        let c = self;
+        let budget = arch.budget();
+        let nonzero = [
+            c.bm,
+            c.bn,
+            c.bk,
+            c.warp_m,
+            c.warp_n,
+            c.stages,
+            c.min_blocks_per_sm,
+        ];
+        if nonzero.contains(&0) {
+            return Err(format!("{}: every field must be positive", c.summary()));
+        }
+        if !c.bm.is_multiple_of(c.warp_m) || !c.bn.is_multiple_of(c.warp_n) {
+            return Err(format!(
+                "warp tile {}x{} does not divide the block tile {}x{}",
+                c.warp_m, c.warp_n, c.bm, c.bn
+            ));
+        }
+        if !c.warp_m.is_multiple_of(16) || !c.warp_n.is_multiple_of(16) || !c.bk.is_multiple_of(16) {
+            return Err(format!(
+                "warp tile {}x{} and bk = {} must be multiples of 16 (the tensor-core tile)",
+                c.warp_m, c.warp_n, c.bk
+            ));
+        }
+        let threads = c.threads();
+        if threads > budget.max_threads_per_block {
+            return Err(format!(
+                "{threads} threads per block; at most {} are allowed",
+                budget.max_threads_per_block
+            ));
+        }
+        let chunks_a = c.bm * c.bk / 8;
+        let chunks_b = c.bn * c.bk / 8;
+        if !chunks_a.is_multiple_of(threads) || !chunks_b.is_multiple_of(threads) {
+            return Err(format!(
+                "{threads} threads cannot split a {}x{} A tile and a {}x{} B tile into equal shares of 16-byte chunks",
+                c.bm, c.bk, c.bk, c.bn
+            ));
+        }
+        match arch.mainloop() {
+            Mainloop::Sm75 if c.stages != 2 => {
+                return Err(format!(
+                    "stages = {}: the sm75 mainloop is double-buffered, stages must be 2",
+                    c.stages
+                ));
+            }
+            Mainloop::Sm80 => {
+                // Swizzled shared-memory rows hold a power of two of 16-byte chunks.
+                let b_cols = match kernel.layout {
+                    WeightLayout::KN => c.bn,
+                    WeightLayout::NK => c.bk,
+                };
+                for (what, cols) in [("bk", c.bk), ("the B tile's row", b_cols)] {
+                    let chunks = cols / 8;
+                    if chunks < 2 || !chunks.is_power_of_two() {
+                        return Err(format!(
+                            "{what} of {cols} elements: the sm80 mainloop's swizzle needs rows of 16, 32, 64, ... elements"
+                        ));
+                    }
+                }
+            }
+            Mainloop::Sm75 => {}
+        }
+        let smem = c.smem_bytes(arch.mainloop(), kernel.dtype, kernel.layout, kernel.prologue);
+        if smem > budget.smem_per_block {
+            return Err(format!(
+                "{} needs {smem} bytes of shared memory per block; {arch} allows {}",
+                c.summary(),
+                budget.smem_per_block
+            ));
+        }
+        let registers = c.registers_estimate();
+        let register_cap = budget
+            .max_registers_per_thread
+            .min(budget.registers_per_sm / (threads * c.min_blocks_per_sm));
+        if registers > register_cap {
+            return Err(format!(
+                "{} needs about {registers} registers per thread ({} accumulators); {} threads x {} block(s)/SM leave {register_cap}",
+                c.summary(),
+                c.warp_m * c.warp_n / 32,
+                threads,
+                c.min_blocks_per_sm
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// What a config is chosen for: the parts of a GEMM kernel that change
+/// its resource use.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct KernelKind {
+    /// The composition's name (`gemm_bias_gelu`): the tuned table's key.
+    pub name: String,
+    pub dtype: DType,
+    pub layout: WeightLayout,
+    /// Has a norm prologue (which keeps row statistics in shared memory).
+    pub prologue: bool,
+}
+
+impl KernelKind {
+    pub fn of(composition: &GemmComposition, dtype: DType) -> KernelKind {
+        KernelKind {
+            name: composition.name(),
+            dtype,
+            layout: composition.b_layout,
+            prologue: composition.prologue.is_some(),
+        }
+    }
+}
+
+/// The config(s) one kernel is rendered with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct KernelConfig {
+    /// Used for every M (above `small_m_max`, when there is a small config).
+    pub large: TileConfig,
+    /// Used when `m <= small_m_max`.
+    #[serde(default)]
+    pub small_m: Option<TileConfig>,
+    #[serde(default)]
+    pub small_m_max: Option<u32>,
+}
+
+impl KernelConfig {
+    /// The small-M config and its threshold, when both are present.
+    pub fn small(&self) -> Option<(TileConfig, u32)> {
+        Some((self.small_m?, self.small_m_max?))
+    }
+}
+
+/// Where a config came from, for reports and errors.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ConfigSource {
+    /// `kernels/tuned/sm80.json`, entry `gemm_bias_gelu.f16`.
+    Tuned {
+        file: String,
+        entry: String,
+    },
+    Heuristic,
+}
+
+impl fmt::Display for ConfigSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConfigSource::Tuned { file, entry } => write!(f, "{file}, entry `{entry}`"),
+            ConfigSource::Heuristic => f.write_str("the heuristic"),
+        }
+    }
+}
+
+/// Why no config could be chosen.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SelectError {
+    /// A tuned table is not valid JSON of the expected form.
+    #[error("{file}: {reason}")]
+    Table { file: String, reason: String },
+    /// A config does not fit the architecture or the mainloop.
+    #[error("tile config from {origin} for `{kernel}` ({which}) does not fit {arch}: {reason}")]
+    Invalid {
+        origin: ConfigSource,
+        kernel: String,
+        arch: Arch,
+        /// `large` or `small_m`.
+        which: &'static str,
+        reason: String,
+    },
+}
+
+/// The choice made when no tuned entry applies: the configs the self-test
+/// benchmark measured best.
+pub fn heuristic(arch: Arch) -> KernelConfig {
+    match arch {
+        Arch::Sm75 => KernelConfig {
+            large: TileConfig::SM75_128X128,
+            small_m: None,
+            small_m_max: None,
+        },
+        Arch::Sm80 | Arch::Sm90 => KernelConfig {
+            large: TileConfig::TILE_128X256,
+            small_m: Some(TileConfig::TILE_128X128),
+            small_m_max: Some(256),
+        },
+    }
+}
+
+/// The checked config for a kernel on `arch`: from `table` when it has an
+/// entry, else [`heuristic`].
+pub fn select_with(table: &TunedTable, arch: Arch, kernel: &KernelKind) -> Result<KernelConfig, SelectError> {
+    let (config, source) = match table.lookup(&kernel.name, kernel.dtype) {
+        Some((entry, config)) => (
+            *config,
+            ConfigSource::Tuned {
+                file: table.file.clone(),
+                entry: entry.to_owned(),
+            },
+        ),
+        None => (heuristic(arch), ConfigSource::Heuristic),
+    };
+    let fail = |which, reason| SelectError::Invalid {
+        origin: source.clone(),
+        kernel: kernel.name.clone(),
+        arch,
+        which,
+        reason,
+    };
+    config.large.check(arch, kernel).map_err(|r| fail("large", r))?;
+    if let Some(small) = config.small_m {
+        small.check(arch, kernel).map_err(|r| fail("small_m", r))?;
+        if config.small_m_max.is_none() {
+            return Err(fail(
+                "small_m",
+                "`small_m` needs `small_m_max`, the largest M it serves".into(),
+            ));
+        }
+    }
+    Ok(config)
+}
+
+/// [`select_with`] the table shipped for `arch`.
+pub fn select(arch: Arch, kernel: &KernelKind) -> Result<KernelConfig, SelectError> {
+    select_with(&TunedTable::shipped(arch)?, arch, kernel)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,87 @@
+//! The pre-tuned tables, `kernels/tuned/<arch>.json`:
+//!
+//! ```json
+//! { "arch": "sm80", "note": "...",
+//!   "configs": {
+//!     "default": { "large": { "bm": 128, ... }, "small_m": { ... }, "small_m_max": 256 },
+//!     "gemm_bias_gelu.bf16": { "large": { ... } } } }
+//! ```
+//!
+//! Keys are `<composition>.<dtype>`, `<composition>` or `default`, tried in
+//! that order. The shipped tables are embedded so that a crate built outside
+//! this workspace gets them too.
+
+use super::{Arch, KernelConfig, SelectError};
+use crate::ir::DType;
+use indexmap::IndexMap;
+
+/// One parsed tuned table.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TunedTable {
+    /// Where it came from, for error messages (`kernels/tuned/sm80.json`).
+    pub file: String,
+    pub arch: Arch,
+    pub configs: IndexMap<String, KernelConfig>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TableFile {
+    arch: String,
+    #[serde(default)]
+    #[allow(dead_code, reason = "documentation for people reading the file")]
+    note: Option<String>,
+    configs: IndexMap<String, KernelConfig>,
+}
+
+const SHIPPED: [(Arch, &str); 3] = [
+    (Arch::Sm75, include_str!("../../../kernels/tuned/sm75.json")),
+    (Arch::Sm80, include_str!("../../../kernels/tuned/sm80.json")),
+    (Arch::Sm90, include_str!("../../../kernels/tuned/sm90.json")),
+];
+
+impl TunedTable {
+    /// Parses a table; `file` names it in errors.
+    pub fn parse(file: &str, text: &str) -> Result<TunedTable, SelectError> {
+        let fail = |reason: String| SelectError::Table {
+            file: file.to_owned(),
+            reason,
+        };
+        let parsed: TableFile = serde_json::from_str(text).map_err(|e| fail(e.to_string()))?;
+        let arch = Arch::ALL
+            .into_iter()
+            .find(|a| a.name() == parsed.arch)
+            .ok_or_else(|| {
+                fail(format!(
+                    "unknown arch `{}`: expected sm75, sm80 or sm90",
+                    parsed.arch
+                ))
+            })?;
+        Ok(TunedTable {
+            file: file.to_owned(),
+            arch,
+            configs: parsed.configs,
+        })
+    }
+
+    /// The table that ships with this version of fusion for `arch`.
+    pub fn shipped(arch: Arch) -> Result<TunedTable, SelectError> {
+        let (_, text) = SHIPPED
+            .iter()
+            .find(|(a, _)| *a == arch)
+            .expect("every arch has a shipped table");
+        TunedTable::parse(&format!("kernels/tuned/{}.json", arch.name()), text)
+    }
+
+    /// The most specific entry for a composition and dtype, and its key.
+    pub fn lookup(&self, composition: &str, dtype: DType) -> Option<(&str, &KernelConfig)> {
+        [
+            format!("{composition}.{dtype}"),
+            composition.to_owned(),
+            "default".to_owned(),
+        ]
+        .into_iter()
+        .find_map(|key| self.configs.get_key_value(&key))
+        .map(|(k, v)| (k.as_str(), v))
+    }
+}

@@ -1,0 +1,57 @@
+/* The C ABI between generated launchers and their callers (the Rust
+ * wrappers, through bindgen). Plain C, only <stdint.h>: bindgen may run on a
+ * libclang without clang's own headers.
+ *
+ * Every launcher is `int <symbol>(const <params>* p, void* stream)` and
+ * returns a cudaError_t as int (0 is success). The stream is `void*` so the
+ * bindings do not declare a CUstream type of their own. One params struct
+ * serves every composition of a kind; pointers a composition does not read
+ * are null. Every pointer is a device address, 16-byte aligned. */
+#ifndef FUSION_ABI_H
+#define FUSION_ABI_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* C = epilogue(prologue(A) @ B). */
+typedef struct fusion_gemm_params {
+  const void* a;          /* [m, k] */
+  const void* b;          /* [k, n] or [n, k], as the launcher's layout says */
+  void* c;                /* [m, n] */
+  const void* bias;       /* [n], the bias step */
+  const void* residual;   /* [m, n], the residual step */
+  const void* multiplier; /* [m, n], the mul step */
+  const void* gamma;      /* [k], the norm prologue's scale */
+  const void* beta;       /* [k], LayerNorm's shift */
+  int64_t m, n, k;
+  float eps; /* the norm prologue's epsilon */
+} fusion_gemm_params;
+
+/* y = norm(x) over rows of length k. */
+typedef struct fusion_norm_params {
+  const void* x;     /* [m, k] */
+  void* y;           /* [m, k] */
+  const void* gamma; /* [k] */
+  const void* beta;  /* [k], LayerNorm only */
+  int64_t m, k;
+  float eps;
+} fusion_norm_params;
+
+/* y = step(x) elementwise. */
+typedef struct fusion_elementwise_params {
+  const void* x;          /* [m, n] */
+  void* y;                /* [m, n] */
+  const void* bias;       /* [n], bias add */
+  const void* residual;   /* [m, n], the other addend of add */
+  const void* multiplier; /* [m, n], the other factor of mul */
+  int64_t m, n;
+} fusion_elementwise_params;
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FUSION_ABI_H */
