@@ -81,6 +81,16 @@ pub enum Error {
         code: i32,
         message: String,
     },
+    /// `fusion bench`: our output and the vendor baseline's disagree on the
+    /// same inputs, so timing them would compare different functions.
+    #[error(
+        "bench: `{kernel}` at {shape} differs from the vendor baseline by {relative:e} (relative); not timing a wrong result"
+    )]
+    BenchDisagreement {
+        kernel: String,
+        shape: String,
+        relative: f64,
+    },
     /// The CUDA driver refused something (allocation, copy, query).
     #[error("CUDA driver: {0}")]
     Driver(#[from] cudarc::driver::DriverError),

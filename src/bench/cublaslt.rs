@@ -20,6 +20,7 @@ pub enum LtEpilogue {
     Bias,
     ReluBias,
     GeluBias,
+    Gelu,
 }
 
 impl LtEpilogue {
@@ -29,6 +30,7 @@ impl LtEpilogue {
             LtEpilogue::Bias => "cuBLASLt BIAS",
             LtEpilogue::ReluBias => "cuBLASLt RELU_BIAS",
             LtEpilogue::GeluBias => "cuBLASLt GELU_BIAS",
+            LtEpilogue::Gelu => "cuBLASLt GELU",
         }
     }
 
@@ -39,6 +41,7 @@ impl LtEpilogue {
             LtEpilogue::Bias => CUBLASLT_EPILOGUE_BIAS,
             LtEpilogue::ReluBias => CUBLASLT_EPILOGUE_RELU_BIAS,
             LtEpilogue::GeluBias => CUBLASLT_EPILOGUE_GELU_BIAS,
+            LtEpilogue::Gelu => CUBLASLT_EPILOGUE_GELU,
         }
     }
 }
@@ -149,13 +152,15 @@ impl LtGemm {
     }
 
     /// Queues the product on `stream`. `bias` is required exactly when the
-    /// epilogue has one.
+    /// epilogue has one; `residual`, when given, is added through cuBLASLt's
+    /// `beta·C` term (C = residual, beta = 1), fused like the bias.
     pub fn run<T>(
         &mut self,
         stream: &Arc<CudaStream>,
         x: &CudaSlice<T>,
         w: &CudaSlice<T>,
         bias: Option<&CudaSlice<T>>,
+        residual: Option<&CudaSlice<T>>,
         y: &mut CudaSlice<T>,
     ) -> Result<()> {
         if let Some(bias) = bias {
@@ -170,7 +175,8 @@ impl LtGemm {
                 .map_err(lt)?;
             }
         }
-        let (alpha, beta) = (1.0f32, 0.0f32);
+        let (alpha, beta) = (1.0f32, if residual.is_some() { 1.0f32 } else { 0.0 });
+        let residual = residual.map(|r| r.device_ptr(stream));
         let (x_ptr, _gx) = x.device_ptr(stream);
         let (w_ptr, _gw) = w.device_ptr(stream);
         let (y_ptr, _gy) = y.device_ptr_mut(stream);
@@ -186,7 +192,7 @@ impl LtGemm {
                 self.layouts[0],
                 x_ptr as *const c_void,
                 self.layouts[1],
-                y_ptr as *const c_void,
+                residual.as_ref().map_or(y_ptr, |r| r.0) as *const c_void,
                 self.layouts[2],
                 y_ptr as *mut c_void,
                 self.layouts[2],

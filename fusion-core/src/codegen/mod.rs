@@ -67,8 +67,19 @@ fn layout_name(layout: WeightLayout) -> &'static str {
 fn tile_type(mainloop: Mainloop, c: &TileConfig) -> String {
     match mainloop {
         Mainloop::Sm80 => format!(
-            "fusion::sm80::TileConfig<{}, {}, {}, {}, {}, {}, {}>",
-            c.bm, c.bn, c.bk, c.warp_m, c.warp_n, c.stages, c.min_blocks_per_sm
+            "fusion::sm80::TileConfig<{}, {}, {}, {}, {}, {}, {}{}>",
+            c.bm,
+            c.bn,
+            c.bk,
+            c.warp_m,
+            c.warp_n,
+            c.stages,
+            c.min_blocks_per_sm,
+            if c.pipelined {
+                ", fusion::sm80::KLoop::Pipelined"
+            } else {
+                ""
+            }
         ),
         Mainloop::Sm75 => format!(
             "fusion::sm75::TileConfig<{}, {}, {}, {}, {}, {}>",

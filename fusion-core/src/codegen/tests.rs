@@ -37,8 +37,12 @@ fn ffn_renders_three_kernels() {
             "extern \"C\" int fusion_kernels_gemm_silu_mul_nk_f16_sm80(const fusion_gemm_params* p"
         )
     );
-    assert!(silu_mul.contains("fusion::sm80::TileConfig<128, 256, 32, 64, 64, 4, 1>"));
-    assert!(silu_mul.contains("if (p->m <= 256) return int(launch<Kernel<SmallTile>>(p, s));"));
+    assert!(
+        silu_mul
+            .contains("fusion::sm80::TileConfig<128, 128, 32, 64, 64, 4, 2, fusion::sm80::KLoop::Pipelined>"),
+        "{silu_mul}"
+    );
+    assert!(silu_mul.contains("if (p->m <= 512) return int(launch<Kernel<SmallTile>>(p, s));"));
     // The header declares each launcher and the error string.
     let (name, header) = &lib.header;
     assert_eq!(name, "fusion_kernels.h");
@@ -65,17 +69,18 @@ fn identical_kernels_share_a_unit() {
         .iter()
         .filter(|u| u.symbol.contains("_gemm_bias_residual_"))
         .collect();
-    assert_eq!(residual.len(), 1);
-    assert_eq!(residual[0].archs, [Arch::Sm80, Arch::Sm90]);
-    assert!(
-        residual[0]
-            .source
-            .contains("Used by: gemm_bias_residual#0, swiglu_ffn#2, gpt2_mlp#1")
-    );
-    let symbol = &residual[0].symbol;
-    for graph in &lib.graphs {
-        let last = graph.kernels.last().unwrap();
-        assert_eq!(last.symbol(DType::F16, Arch::Sm90), Some(symbol.as_str()));
+    // One unit per arch (their tuned tiles differ), each shared by all three.
+    assert_eq!(residual.len(), 2);
+    for (unit, arch) in residual.iter().zip([Arch::Sm80, Arch::Sm90]) {
+        assert_eq!(unit.archs, [arch]);
+        assert!(
+            unit.source
+                .contains("Used by: gemm_bias_residual#0, swiglu_ffn#2, gpt2_mlp#1")
+        );
+        for graph in &lib.graphs {
+            let last = graph.kernels.last().unwrap();
+            assert_eq!(last.symbol(DType::F16, arch), Some(unit.symbol.as_str()));
+        }
     }
     // Symbols are unique.
     let mut symbols: Vec<_> = lib.units.iter().map(|u| &u.symbol).collect();
@@ -114,13 +119,15 @@ fn dtypes_and_archs_multiply_variants() {
     )
     .unwrap();
     let symbols: Vec<&str> = lib.units.iter().map(|u| u.symbol.as_str()).collect();
-    // sm75 has no bf16; sm80 and sm90 share their configs, so one unit each dtype.
+    // sm75 has no bf16; sm80 and sm90 have tiles of their own.
     assert_eq!(
         symbols,
         [
             "my_kernels_gemm_bias_gelu_nk_f16_sm75",
-            "my_kernels_gemm_bias_gelu_nk_f16_sm80_sm90",
-            "my_kernels_gemm_bias_gelu_nk_bf16_sm80_sm90",
+            "my_kernels_gemm_bias_gelu_nk_f16_sm80",
+            "my_kernels_gemm_bias_gelu_nk_f16_sm90",
+            "my_kernels_gemm_bias_gelu_nk_bf16_sm80",
+            "my_kernels_gemm_bias_gelu_nk_bf16_sm90",
         ]
     );
     assert!(
@@ -129,7 +136,7 @@ fn dtypes_and_archs_multiply_variants() {
             .contains("fusion::sm75::Mainloop<Element, fusion::LayoutB::NK, Tile>")
     );
     assert!(!lib.units[0].source.contains("SmallTile"));
-    assert!(lib.units[2].source.contains("using Element = __nv_bfloat16;"));
+    assert!(lib.units[3].source.contains("using Element = __nv_bfloat16;"));
     let kernel = &lib.graphs[0].kernels[0];
     assert_eq!(kernel.symbol(DType::BF16, Arch::Sm75), None);
     assert_eq!(kernel.variants.len(), 5);

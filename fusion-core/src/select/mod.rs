@@ -123,6 +123,11 @@ pub struct TileConfig {
     /// `__launch_bounds__`' second argument: caps registers so this many
     /// blocks fit on one SM.
     pub min_blocks_per_sm: u32,
+    /// The sm80 mainloop's pipelined K loop (A/B fragments double-buffered
+    /// in registers, the stage barrier inside the last k16 step): 1.4-1.6x
+    /// the per-stage loop on an H200 (BENCHMARKS.md, sweep of 2026-11-29).
+    #[serde(default)]
+    pub pipelined: bool,
 }
 
 /// Registers a thread needs besides its f32 accumulators: addresses, A/B
@@ -141,6 +146,7 @@ impl TileConfig {
         warp_n: 64,
         stages: 4,
         min_blocks_per_sm: 1,
+        pipelined: false,
     };
     /// 8 warps of 64x32, 64 KB, two blocks per SM: better when a 128x256
     /// tiling leaves SMs idle (M = 128 and 512 measured).
@@ -152,6 +158,7 @@ impl TileConfig {
         warp_n: 32,
         stages: 4,
         min_blocks_per_sm: 2,
+        pipelined: false,
     };
     /// The sm75 mainloop's double-buffered 128x128 tile (40 KB).
     pub const SM75_128X128: TileConfig = TileConfig {
@@ -162,6 +169,7 @@ impl TileConfig {
         warp_n: 32,
         stages: 2,
         min_blocks_per_sm: 1,
+        pipelined: false,
     };
 
     pub fn threads(&self) -> u32 {

@@ -35,8 +35,25 @@ fn shipped_tables_parse_and_fit_their_arch() {
 fn defaults_are_the_measured_tiles() {
     let k = kernel("gemm_bias_gelu", DType::F16, false);
     let sm80 = select(Arch::Sm80, &k).unwrap();
-    assert_eq!(sm80.large, TileConfig::TILE_128X256);
-    assert_eq!(sm80.small(), Some((TileConfig::TILE_128X128, 256)));
+    let pipelined = |bm, bn, bk, warp_m, warp_n, stages, min_blocks_per_sm| TileConfig {
+        bm,
+        bn,
+        bk,
+        warp_m,
+        warp_n,
+        stages,
+        min_blocks_per_sm,
+        pipelined: true,
+    };
+    let small = pipelined(64, 128, 32, 32, 64, 4, 3);
+    assert_eq!(sm80.large, pipelined(128, 128, 32, 64, 64, 4, 2));
+    assert_eq!(sm80.small(), Some((small, 512)));
+    let sm90 = select(Arch::Sm90, &k).unwrap();
+    assert_eq!(sm90.large, pipelined(128, 256, 64, 64, 64, 3, 1));
+    assert_eq!(sm90.small(), Some((small, 512)));
+    // Norm prologues keep the per-stage loop, which does not spill with them.
+    let norm = select(Arch::Sm80, &kernel("rmsnorm_gemm", DType::F16, true)).unwrap();
+    assert_eq!(norm.large, TileConfig::TILE_128X128);
     assert_eq!(select(Arch::Sm75, &k).unwrap().large, TileConfig::SM75_128X128);
     assert_eq!(select(Arch::Sm75, &k).unwrap().small(), None);
 }

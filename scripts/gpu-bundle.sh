@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Builds everything the GPU checks need into one folder that can be copied to
+# a machine with an NVIDIA GPU and no Rust toolchain:
+#
+#   scripts/gpu-bundle.sh DIR      # here: release test binaries + fusion CLI
+#   DIR/gpu-suite.sh [OUT]         # there: tests per variant, sanitizers, bench
+#
+# Binaries are stripped; logs go to OUT (default DIR/logs).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+dir=${1:?usage: scripts/gpu-bundle.sh DIR}
+mkdir -p "$dir"
+features=${FUSION_FEATURES:-sm75,sm80,sm90}
+if [[ -f target/toolchain/env ]]; then
+  set -a; source <(grep -E '^(NVCC|LIBCLANG_PATH|CUDA_HOME)=' target/toolchain/env); set +a
+fi
+json=$(cargo test --release --features "$features" --tests --no-run --message-format=json 2>/dev/null)
+cargo build --release --features "$features" --bin fusion
+for name in gpu gpu_errors; do
+  exe=$(echo "$json" | python3 -c "
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get('reason') == 'compiler-artifact' and m['target']['name'] == '$name' and m.get('executable'):
+        print(m['executable'])")
+  cp "$exe" "$dir/$name"
+done
+cp target/release/fusion "$dir/fusion"
+cp -r graphs "$dir/"
+cp scripts/gpu-suite.sh "$dir/"
+strip "$dir/gpu" "$dir/gpu_errors" "$dir/fusion"
+du -sh "$dir"

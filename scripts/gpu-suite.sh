@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Runs the GPU checks from a bundle made by scripts/gpu-bundle.sh:
+#   gpu-suite.sh [OUT] [steps...]   steps: tests ptx errors sanitize bench (default: all)
+# Each step logs to OUT/<step>*.log; a summary of pass/fail counts is printed.
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+out=${1:-$here/logs}; shift || true
+steps=${*:-tests ptx errors sanitize bench}
+mkdir -p "$out"
+cd "$here"
+export FUSION_GRAPHS_DIR=$here/graphs
+export FUSION_TEST_SEED=${FUSION_TEST_SEED:-$(date +%s)}
+echo "seed $FUSION_TEST_SEED"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader | tee "$out/gpu.txt"
+status=0
+run() { local log=$1; shift; echo "== $*"; "$@" >"$out/$log" 2>&1; local rc=$?; tail -3 "$out/$log"; [[ $rc -eq 0 ]] || { echo "FAILED ($rc): see $log"; status=1; }; }
+for step in $steps; do
+  case $step in
+    tests) run gpu-sm90.log ./gpu --ignored --test-threads 8 ;;
+    ptx)
+      FUSION_FORCE_ARCH=sm80 FUSION_TEST_SIZE=quick run gpu-sm80-ptx.log ./gpu --ignored --test-threads 8
+      FUSION_FORCE_ARCH=sm75 FUSION_TEST_SIZE=quick run gpu-sm75-ptx.log ./gpu --ignored --test-threads 8 ;;
+    errors) run gpu-errors.log ./gpu_errors --ignored ;;
+    sanitize)
+      for tool in memcheck racecheck; do
+        FUSION_TEST_SIZE=quick run "sanitize-$tool.log" compute-sanitizer --tool "$tool" --error-exitcode 3 \
+          ./gpu --ignored --test-threads 1 gemm_bias_gelu layernorm_gemm swiglu_ffn silu rmsnorm
+      done ;;
+    bench) run bench.log ./fusion bench --json "$out/bench.json" ;;
+  esac
+done
+exit $status

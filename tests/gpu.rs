@@ -1,0 +1,143 @@
+//! GPU correctness of the built-in kernel library: every shipped graph
+//! through its generated wrapper, f16 and bf16, at ragged and benchmark
+//! shapes, against the CPU reference with fresh random inputs and outputs
+//! poisoned with NaN before each launch; and the run-time checks that refuse
+//! bad arguments before anything is launched.
+//!
+//! Run on a machine with a GPU: `cargo test --release --test gpu -- --ignored`
+//! (see tests/support for the environment variables).
+
+mod support;
+
+use fusion::half::{bf16, f16};
+use fusion::kernels;
+use support::{check, gemm_shapes, stream, token_counts};
+
+/// One test per single-GEMM pattern graph, over every (M, N, K) and both
+/// element types; `$call` launches the wrapper with `r` (inputs then
+/// weights) and `w` (outputs).
+macro_rules! pattern_test {
+    ($test:ident, $graph:literal, |$s:ident, $r:ident, $w:ident| $call:expr) => {
+        #[test]
+        #[ignore = "needs a CUDA GPU"]
+        fn $test() {
+            let stream = stream();
+            let $s = &stream;
+            for (m, n, k) in gemm_shapes() {
+                let dims = [("M", m), ("N", n), ("K", k)];
+                check::<f16>($s, $graph, &dims, |$r, $w| $call);
+                check::<bf16>($s, $graph, &dims, |$r, $w| $call);
+            }
+        }
+    };
+}
+
+pattern_test!(gemm_bias_gelu, "gemm_bias_gelu", |s, r, w| {
+    kernels::gemm_bias_gelu(s, &r[0], &r[1], &r[2], &mut w[0])
+});
+pattern_test!(gemm_bias_silu, "gemm_bias_silu", |s, r, w| {
+    kernels::gemm_bias_silu(s, &r[0], &r[1], &r[2], &mut w[0])
+});
+pattern_test!(gemm_bias_relu, "gemm_bias_relu", |s, r, w| {
+    kernels::gemm_bias_relu(s, &r[0], &r[1], &r[2], &mut w[0])
+});
+pattern_test!(gemm_bias, "gemm_bias", |s, r, w| kernels::gemm_bias(
+    s, &r[0], &r[1], &r[2], &mut w[0]
+));
+pattern_test!(gemm_bias_residual, "gemm_bias_residual", |s, r, w| {
+    kernels::gemm_bias_residual(s, &r[0], &r[1], &r[2], &r[3], &mut w[0])
+});
+pattern_test!(gemm_gelu, "gemm_gelu", |s, r, w| kernels::gemm_gelu(
+    s, &r[0], &r[1], &mut w[0]
+));
+pattern_test!(gemm_silu, "gemm_silu", |s, r, w| kernels::gemm_silu(
+    s, &r[0], &r[1], &mut w[0]
+));
+pattern_test!(layernorm_gemm, "layernorm_gemm", |s, r, w| {
+    kernels::layernorm_gemm(s, &r[0], &r[1], &r[2], &r[3], &mut w[0])
+});
+pattern_test!(rmsnorm_gemm, "rmsnorm_gemm", |s, r, w| kernels::rmsnorm_gemm(
+    s, &r[0], &r[1], &r[2], &mut w[0]
+));
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn swiglu_ffn() {
+    let s = stream();
+    // One struct for every size: its workspace grows and is reused.
+    let mut ffn16 = kernels::SwigluFfn::new();
+    let mut ffn_bf = kernels::SwigluFfn::new();
+    for m in token_counts(8192) {
+        check::<f16>(&s, "swiglu_ffn", &[("M", m)], |r, w| {
+            ffn16.run(&s, &r[0], &r[1], &r[2], &r[3], &r[4], &mut w[0])
+        });
+        check::<bf16>(&s, "swiglu_ffn", &[("M", m)], |r, w| {
+            ffn_bf.run(&s, &r[0], &r[1], &r[2], &r[3], &r[4], &mut w[0])
+        });
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn llama_ffn() {
+    let s = stream();
+    let mut ffn = kernels::LlamaFfn::new();
+    let mut ffn_bf = kernels::LlamaFfn::new();
+    for m in token_counts(8192) {
+        check::<f16>(&s, "llama_ffn", &[("M", m)], |r, w| {
+            ffn.run(&s, &r[0], &r[1], &r[2], &r[3], &mut w[0])
+        });
+        check::<bf16>(&s, "llama_ffn", &[("M", m)], |r, w| {
+            ffn_bf.run(&s, &r[0], &r[1], &r[2], &r[3], &mut w[0])
+        });
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpt2_mlp() {
+    let s = stream();
+    let mut mlp = kernels::Gpt2Mlp::new();
+    let mut mlp_bf = kernels::Gpt2Mlp::new();
+    for m in token_counts(4096) {
+        check::<f16>(&s, "gpt2_mlp", &[("M", m)], |r, w| {
+            mlp.run(&s, &r[0], &r[1], &r[2], &r[3], &r[4], &r[5], &r[6], &mut w[0])
+        });
+        check::<bf16>(&s, "gpt2_mlp", &[("M", m)], |r, w| {
+            mlp_bf.run(&s, &r[0], &r[1], &r[2], &r[3], &r[4], &r[5], &r[6], &mut w[0])
+        });
+    }
+}
+
+/// The standalone (unfused) kernels: every ragged shape, both element types.
+macro_rules! standalone_test {
+    ($test:ident, $graph:literal, $cols:literal, |$s:ident, $r:ident, $w:ident| $call:expr) => {
+        #[test]
+        #[ignore = "needs a CUDA GPU"]
+        fn $test() {
+            let stream = stream();
+            let $s = &stream;
+            let mut shapes: Vec<(usize, usize)> = [1, 77, 1000]
+                .into_iter()
+                .flat_map(|m| [8, 136, 3000].into_iter().map(move |n| (m, n)))
+                .collect();
+            shapes.push((4096, 4096));
+            for (m, n) in shapes {
+                let dims = [("M", m), ($cols, n)];
+                check::<f16>($s, $graph, &dims, |$r, $w| $call);
+                check::<bf16>($s, $graph, &dims, |$r, $w| $call);
+            }
+        }
+    };
+}
+
+standalone_test!(silu, "silu", "N", |s, r, w| kernels::silu(s, &r[0], &mut w[0]));
+standalone_test!(mul, "mul", "N", |s, r, w| kernels::mul(
+    s, &r[0], &r[1], &mut w[0]
+));
+standalone_test!(layernorm, "layernorm", "K", |s, r, w| kernels::layernorm(
+    s, &r[0], &r[1], &r[2], &mut w[0]
+));
+standalone_test!(rmsnorm, "rmsnorm", "K", |s, r, w| kernels::rmsnorm(
+    s, &r[0], &r[1], &mut w[0]
+));

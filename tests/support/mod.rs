@@ -1,0 +1,295 @@
+//! What the GPU tests share: device set-up, random inputs shared with the
+//! CPU reference, poisoned outputs, and the comparison.
+//!
+//! Environment:
+//! - `FUSION_TEST_SEED`: replay a run (the seed is printed by every test);
+//! - `FUSION_TEST_SIZE=quick`: ragged shapes and one mid-size shape only
+//!   (for sanitizer runs and the PTX variants); default `full` adds the
+//!   benchmark shapes;
+//! - `FUSION_FORCE_ARCH`: run another compiled variant (see `fusion::device`);
+//! - `FUSION_GRAPHS_DIR`: where `graphs/*.toml` are, when the test binary
+//!   runs away from its checkout.
+
+#![allow(dead_code)]
+
+use fusion::core::ir::{DType, Graph};
+use fusion::core::reference::{self, Bindings, HostTensor};
+use fusion::cudarc::driver::{CudaContext, CudaSlice, CudaStream};
+use fusion::half::{bf16, f16};
+use fusion::{Element, Tensor, TensorMut};
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Largest relative error a f16/bf16 result may have against the f64 reference.
+pub const TOLERANCE: f64 = 1e-2;
+
+/// Rows of a large output compared against the reference (the reference is
+/// row-local, so a sample of rows is checked exactly).
+const SAMPLED_ROWS: usize = 48;
+
+/// An element type the tests run: how host values become device values.
+pub trait TestElement: Element + Default + fusion::cudarc::driver::ValidAsZeroBits {
+    const NAN: Self;
+    fn encode(t: &HostTensor) -> Vec<Self>;
+    fn decode(shape: &[usize], values: &[Self]) -> HostTensor;
+}
+
+impl TestElement for f16 {
+    const NAN: f16 = f16::NAN;
+    fn encode(t: &HostTensor) -> Vec<f16> {
+        t.to_f16()
+    }
+    fn decode(shape: &[usize], values: &[f16]) -> HostTensor {
+        HostTensor::from_f16(shape, values).expect("shape matches")
+    }
+}
+
+impl TestElement for bf16 {
+    const NAN: bf16 = bf16::NAN;
+    fn encode(t: &HostTensor) -> Vec<bf16> {
+        t.to_bf16()
+    }
+    fn decode(shape: &[usize], values: &[bf16]) -> HostTensor {
+        HostTensor::from_bf16(shape, values).expect("shape matches")
+    }
+}
+
+pub fn quick() -> bool {
+    std::env::var("FUSION_TEST_SIZE").is_ok_and(|v| v == "quick")
+}
+
+/// The variant forced for this run, if any.
+pub fn forced_arch() -> Option<String> {
+    std::env::var("FUSION_FORCE_ARCH").ok().filter(|v| !v.is_empty())
+}
+
+static SEED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+static DRAWS: AtomicU64 = AtomicU64::new(0);
+
+/// A generator for one case: the run's seed (printed once) plus a counter.
+pub fn rng() -> StdRng {
+    let seed = *SEED.get_or_init(|| {
+        let seed = std::env::var("FUSION_TEST_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(1, |d| d.as_nanos() as u64)
+            });
+        eprintln!("GPU tests: FUSION_TEST_SEED={seed}");
+        seed
+    });
+    StdRng::seed_from_u64(
+        seed ^ DRAWS
+            .fetch_add(1, Ordering::Relaxed)
+            .wrapping_mul(0x9E37_79B9_7F4A_7C15),
+    )
+}
+
+pub fn stream() -> Arc<CudaStream> {
+    let ctx = CudaContext::new(0).expect("a CUDA device");
+    ctx.new_stream().expect("a stream")
+}
+
+/// A shipped graph, re-typed to the element type under test.
+pub fn graph(name: &str, dtype: DType) -> Graph {
+    // A bundle copied to a GPU machine has no checkout there: it says where
+    // the graphs are.
+    let dir = std::env::var_os("FUSION_GRAPHS_DIR").map_or_else(
+        || Path::new(env!("CARGO_MANIFEST_DIR")).join("graphs"),
+        Into::into,
+    );
+    let path = dir.join(format!("{name}.toml"));
+    let mut graph = fusion::core::load_toml_graph(&path).unwrap_or_else(|e| panic!("{e}"));
+    for t in &mut graph.tensors {
+        t.dtype = dtype;
+    }
+    graph
+}
+
+fn shape_of(t: &HostTensor) -> fusion::Shape {
+    match t.shape[..] {
+        [n] => fusion::Shape::Vector(n),
+        [r, c] => fusion::Shape::Matrix(r, c),
+        _ => panic!("tensors have rank 1 or 2"),
+    }
+}
+
+/// One graph at one size, on the device: inputs uploaded, outputs poisoned.
+pub struct Case<T: TestElement> {
+    pub graph: Graph,
+    pub host: Bindings,
+    pub reads: Vec<(String, CudaSlice<T>, fusion::Shape)>,
+    pub writes: Vec<(String, CudaSlice<T>, fusion::Shape, Vec<usize>)>,
+    pub label: String,
+}
+
+impl<T: TestElement> Case<T> {
+    pub fn new(stream: &Arc<CudaStream>, name: &str, dims: &[(&str, usize)]) -> Case<T> {
+        let graph = graph(name, T::DTYPE);
+        let host = reference::random_bindings(&graph, dims, &mut rng()).unwrap_or_else(|e| panic!("{e}"));
+        let reads = graph
+            .inputs
+            .iter()
+            .chain(&graph.weights)
+            .map(|&t| {
+                let name = graph.tensor(t).name.clone();
+                let value = &host[&name];
+                let buf = stream.clone_htod(&T::encode(value)).expect("upload");
+                (name, buf, shape_of(value))
+            })
+            .collect();
+        // Output shapes: the reference's, from one row (cheap), scaled to M.
+        let m = dims.iter().find(|d| d.0 == "M").map_or(1, |d| d.1);
+        let probe =
+            reference::evaluate_rows(&graph, &host, if m > 0 { &[0] } else { &[] }).expect("reference");
+        let writes = graph
+            .outputs
+            .iter()
+            .map(|&t| {
+                let name = graph.tensor(t).name.clone();
+                let cols = probe[&name].shape[1];
+                let poison = vec![T::NAN; m * cols];
+                let buf = if poison.is_empty() {
+                    stream.alloc_zeros::<T>(0).expect("alloc")
+                } else {
+                    stream.clone_htod(&poison).expect("upload")
+                };
+                (name, buf, fusion::Shape::Matrix(m, cols), vec![m, cols])
+            })
+            .collect();
+        let label = format!(
+            "{name} {} {}",
+            T::DTYPE,
+            dims.iter()
+                .map(|(d, v)| format!("{d}={v}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
+        Case {
+            graph,
+            host,
+            reads,
+            writes,
+            label,
+        }
+    }
+
+    /// Calls `launch` with views of the inputs (in declaration order: inputs,
+    /// then weights) and the outputs.
+    pub fn launch(
+        &mut self,
+        launch: impl FnOnce(&[Tensor<'_, T>], &mut [TensorMut<'_, T>]) -> fusion::Result<()>,
+    ) -> fusion::Result<()> {
+        let reads: Vec<Tensor<'_, T>> = self
+            .reads
+            .iter()
+            .map(|(_, buf, shape)| Tensor::new(buf, *shape).expect("view"))
+            .collect();
+        let mut writes: Vec<TensorMut<'_, T>> = self
+            .writes
+            .iter_mut()
+            .map(|(_, buf, shape, _)| TensorMut::new(buf, *shape).expect("view"))
+            .collect();
+        launch(&reads, &mut writes)
+    }
+
+    /// Downloads every output and compares it with the CPU reference (all
+    /// rows of a small output, a sample of a large one). Returns the worst
+    /// relative error.
+    pub fn verify(&self, stream: &Arc<CudaStream>) -> f64 {
+        stream.synchronize().expect("kernels finished");
+        let m = self.writes.first().map_or(0, |w| w.3[0]);
+        let rows: Vec<usize> = if m <= SAMPLED_ROWS * 2 {
+            (0..m).collect()
+        } else {
+            let mut rng = rng();
+            let mut rows: Vec<usize> = (0..SAMPLED_ROWS - 2)
+                .map(|_| rand::Rng::random_range(&mut rng, 0..m))
+                .chain([0, m - 1])
+                .collect();
+            rows.sort_unstable();
+            rows.dedup();
+            rows
+        };
+        let want = reference::evaluate_rows(&self.graph, &self.host, &rows).expect("reference");
+        let mut worst = 0.0f64;
+        for (name, buf, _, shape) in &self.writes {
+            let values = stream.clone_dtoh(buf).expect("download");
+            let got = T::decode(shape, &values).select_rows(&rows).expect("rows");
+            let err = reference::relative_error(&got, &want[name]);
+            assert!(
+                err < TOLERANCE,
+                "{}: output `{name}` relative error {err:e} (NaN or unwritten elements count as infinite) over rows {rows:?}",
+                self.label
+            );
+            worst = worst.max(err);
+        }
+        worst
+    }
+}
+
+/// Whether this run's variant can run element type `T` (sm75 has no bf16).
+pub fn variant_supports<T: Element>() -> bool {
+    !(T::DTYPE == DType::BF16 && forced_arch().as_deref() == Some("sm75"))
+}
+
+/// Runs one graph at one size for one element type: fresh inputs, poisoned
+/// outputs, the wrapper, the comparison. On a variant without this element
+/// type the wrapper must refuse with `UnsupportedDType`.
+pub fn check<T: TestElement>(
+    stream: &Arc<CudaStream>,
+    name: &str,
+    dims: &[(&str, usize)],
+    launch: impl FnOnce(&[Tensor<'_, T>], &mut [TensorMut<'_, T>]) -> fusion::Result<()>,
+) {
+    let mut case = Case::<T>::new(stream, name, dims);
+    let result = case.launch(launch);
+    if !variant_supports::<T>() {
+        assert!(
+            matches!(result, Err(fusion::Error::UnsupportedDType { .. })),
+            "{}: expected UnsupportedDType, got {result:?}",
+            case.label
+        );
+        return;
+    }
+    result.unwrap_or_else(|e| panic!("{}: {e}", case.label));
+    let err = case.verify(stream);
+    eprintln!("ok  {:<48} rel_err {err:.2e}", case.label);
+}
+
+/// (M, N, K) for the single-GEMM patterns.
+pub fn gemm_shapes() -> Vec<(usize, usize, usize)> {
+    let mut shapes = Vec::new();
+    for m in [1, 77, 1000] {
+        for n in [8, 136, 3000] {
+            for k in [8, 136, 3000] {
+                shapes.push((m, n, k));
+            }
+        }
+    }
+    shapes.push((512, 2048, 2048));
+    if !quick() {
+        shapes.extend([
+            (4096, 4096, 4096),
+            (8192, 8192, 8192),
+            (8192, 14336, 4096),
+            (8192, 4096, 14336),
+            (128, 14336, 4096),
+        ]);
+    }
+    shapes
+}
+
+/// Token counts for the whole-block graphs.
+pub fn token_counts(large: usize) -> Vec<usize> {
+    let mut m = vec![1, 77, 128, 1000];
+    if !quick() {
+        m.push(large);
+    }
+    m
+}
