@@ -3,8 +3,11 @@
 # mainloop variant is checked, then timed against cuBLASLt GELU_BIAS on the
 # benchmark shapes, and a table is printed last.
 #
-#   kernels/selftest/sweep.sh [--reps=N] [--no-check] [--only=SUBSTRING]
+#   kernels/selftest/sweep.sh [--set=1|2] [--reps=N] [--no-check] [--only=SUBSTRING]
 #
+# --set=2 builds the second variant list (sweep.cu, FUSION_SWEEP_SET): set 1's
+# best config with its store, GELU, tile order and prefetch varied. Each set
+# builds into its own directory; the other options go to the program.
 # Each variant is its own translation unit, compiled for sm_90a in parallel
 # (one nvcc per variant), then linked with the harness. ptxas's resource
 # report per variant (registers, spills) is printed before the run.
@@ -14,14 +17,25 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 
+set_id=1
+args=()
+for a in "$@"; do
+  case "$a" in
+    --set=*) set_id=${a#--set=} ;;
+    *) args+=("$a") ;;
+  esac
+done
+[[ "$set_id" == 1 || "$set_id" == 2 ]] || { echo "--set is 1 or 2"; exit 2; }
+
 NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
-build=${FUSION_SELFTEST_BUILD:-target/kernels-selftest}/sweep
+build=${FUSION_SELFTEST_BUILD:-target/kernels-selftest}/sweep$([[ $set_id == 1 ]] || echo "-set$set_id")
 arch=${FUSION_SWEEP_ARCH:-90a}
 mkdir -p "$build"
 src=kernels/selftest/sweep.cu
-count=$(sed -n 's/^constexpr int kVariantCount = \([0-9]*\);.*/\1/p' "$src")
-[[ -n "$count" ]] || { echo "cannot read kVariantCount from $src"; exit 1; }
-flags=(-O3 -std=c++17 -lineinfo -I kernels/include -gencode "arch=compute_$arch,code=sm_$arch")
+count=$(sed -n "s/^constexpr int kVariantCount = \([0-9]*\);.*(set $set_id)\$/\1/p" "$src")
+[[ -n "$count" ]] || { echo "cannot read set $set_id's kVariantCount from $src"; exit 1; }
+flags=(-O3 -std=c++17 -lineinfo -I kernels/include -gencode "arch=compute_$arch,code=sm_$arch"
+  -DFUSION_SWEEP_SET="$set_id")
 "$NVCC" --version | tail -1
 
 echo "== building $count variants + harness for sm_$arch (logs in $build/*.log)"
@@ -55,5 +69,5 @@ for ((i = 0; i < count; i++)); do
   echo "  variant $i: $regs registers | $spills"
 done
 
-echo "== sweep $*"
-"$build/sweep" "$@"
+echo "== sweep --set=$set_id ${args[*]}"
+"$build/sweep" "${args[@]}"

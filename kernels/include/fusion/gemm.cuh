@@ -27,14 +27,25 @@ namespace fusion {
 // walk down a group of kGroupRows tile rows before moving one tile column
 // right, so the ~hundred CTAs resident at once touch a compact block of C and
 // re-read A and B from L2 rather than from device memory.
+// A mainloop may choose its own group height with a `kGroupRows` member.
 constexpr int kGroupRows = 8;
 
+template <typename Mainloop, typename = void>
+struct GroupRowsOf {
+  static constexpr int value = kGroupRows;
+};
+template <typename Mainloop>
+struct GroupRowsOf<Mainloop, decltype(void(Mainloop::kGroupRows))> {
+  static constexpr int value = Mainloop::kGroupRows;
+};
+
+template <int kRows = kGroupRows>
 __device__ __forceinline__ TileCoord grouped_tile_order(int64_t block, int64_t tiles_m, int64_t tiles_n, int bm,
                                                         int bn) {
-  const int64_t tiles_per_group = int64_t(kGroupRows) * tiles_n;
+  const int64_t tiles_per_group = int64_t(kRows) * tiles_n;
   const int64_t group = block / tiles_per_group;
-  const int64_t first_m = group * kGroupRows;
-  const int64_t rows_in_group = tiles_m - first_m < kGroupRows ? tiles_m - first_m : kGroupRows;
+  const int64_t first_m = group * kRows;
+  const int64_t rows_in_group = tiles_m - first_m < kRows ? tiles_m - first_m : kRows;
   const int64_t in_group = block % tiles_per_group;
   const int64_t tile_m = first_m + in_group % rows_in_group;
   const int64_t tile_n = in_group / rows_in_group;
@@ -48,7 +59,8 @@ __global__ void __launch_bounds__(Mainloop::kThreads, Mainloop::kMinBlocksPerSm)
   __shared__ RowStats row_stats[Prologue::kEnabled ? Mainloop::BM : 1];
   const int64_t tiles_m = (args.m + Mainloop::BM - 1) / Mainloop::BM;
   const int64_t tiles_n = (args.n + Mainloop::BN - 1) / Mainloop::BN;
-  const TileCoord tile = grouped_tile_order(blockIdx.x, tiles_m, tiles_n, Mainloop::BM, Mainloop::BN);
+  const TileCoord tile =
+      grouped_tile_order<GroupRowsOf<Mainloop>::value>(blockIdx.x, tiles_m, tiles_n, Mainloop::BM, Mainloop::BN);
   if constexpr (Prologue::kEnabled) {
     Prologue::template compute_row_stats<typename Mainloop::Element, Mainloop::BM, Mainloop::kThreads>(
         args.a, tile.m0, args.m, args.k, args.norm, row_stats);

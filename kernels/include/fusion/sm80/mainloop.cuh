@@ -30,19 +30,41 @@ namespace sm80 {
 //    Costs 2 x (WM/16*4 + WN/8*2) fragment registers instead of 1 x.
 enum class KLoop { PerStage, Pipelined };
 
+// How the accumulators reach C.
+//  - Direct: each thread applies the epilogue chain to a pair of columns and
+//    stores those 4 bytes, fragment by fragment. The chain's loads (bias[n])
+//    come after earlier stores to C that might alias them, so every pair
+//    reloads its operands, and each warp store writes 8 rows x 16 bytes.
+//  - Staged: after the K loop the chain runs on every fragment in registers
+//    (no global store in between, so its loads are issued together and
+//    reused across rows); the results go to the now idle pipeline buffers
+//    (rows padded by 16 bytes: conflict-free fragment writes), and C is
+//    written from there with 16-byte stores, a warp covering whole rows.
+enum class Store { Direct, Staged };
+
 // A CTA tile shape. The defaults below were chosen from the public
 // Ampere-class results (128x128 and 128x256 CTA tiles, 64x64 warp tiles, 3-4
 // stages reach cuBLAS on A100 and RTX 4090); the code generator's tuned
 // configs replace them per device. Shared memory is Stages * (BM + BN) * BK
 // * 2 bytes; configs above 99 KB run only where the device allows it (sm_80
 // and sm_90: up to 163 and 227 KB per CTA; sm_86/89: 99 KB).
+//
+// The knobs after KLoop are tuning candidates with defaults that keep the
+// measured v1/v2 behaviour: kStore (above); kGroupRows, the tile rows per
+// group of the grouped launch order (gemm.cuh); kL2PrefetchBytes, 0 or the
+// L2 prefetch size (64, 128 or 256) that the pipelined loop's cp.async
+// requests with each global read.
 template <int BM_, int BN_, int BK_, int WM_, int WN_, int kStages_, int kMinBlocksPerSm_,
-          KLoop kKLoop_ = KLoop::PerStage>
+          KLoop kKLoop_ = KLoop::PerStage, Store kStore_ = Store::Direct, int kGroupRows_ = 8,
+          int kL2PrefetchBytes_ = 0>
 struct TileConfig {
   static constexpr int BM = BM_, BN = BN_, BK = BK_, WM = WM_, WN = WN_;
   static constexpr int kStages = kStages_;
   static constexpr int kMinBlocksPerSm = kMinBlocksPerSm_;
   static constexpr KLoop kKLoop = kKLoop_;
+  static constexpr Store kStore = kStore_;
+  static constexpr int kGroupRows = kGroupRows_;
+  static constexpr int kL2PrefetchBytes = kL2PrefetchBytes_;
   static constexpr int kWarpsM = BM / WM, kWarpsN = BN / WN;
   static constexpr int kThreads = 32 * kWarpsM * kWarpsN;
   static_assert(BM % WM == 0 && BN % WN == 0, "warp tiles must divide the CTA tile");
@@ -51,6 +73,10 @@ struct TileConfig {
   static_assert(kStages >= 2, "the pipeline needs at least two stages");
   static_assert(kKLoop != KLoop::Pipelined || (BK / 16) % 2 == 0,
                 "the pipelined K loop alternates two fragment buffers over an even number of k16 steps per stage");
+  static_assert(kGroupRows >= 1, "a tile group has at least one tile row");
+  static_assert(kL2PrefetchBytes == 0 || kL2PrefetchBytes == 64 || kL2PrefetchBytes == 128 ||
+                    kL2PrefetchBytes == 256,
+                "cp.async prefetches 64, 128 or 256 bytes into L2");
 };
 
 // 8 warps of 64x64: 128 f32 accumulators per thread (ptxas, sm_90a: 227-236
@@ -88,6 +114,25 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool vali
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
                "r"(valid ? 16 : 0)
                : "memory");
+}
+// The same with an L2 prefetch hint: the copy also pulls the kPrefetchBytes
+// aligned block around the source into L2 (0: no hint, as cp_async16).
+template <int kPrefetchBytes>
+__device__ __forceinline__ void cp_async16_prefetch(void* dst, const void* src, bool valid) {
+  if constexpr (kPrefetchBytes == 64)
+    asm volatile("cp.async.cg.shared.global.L2::64B [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+                 "r"(valid ? 16 : 0)
+                 : "memory");
+  else if constexpr (kPrefetchBytes == 128)
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+                 "r"(valid ? 16 : 0)
+                 : "memory");
+  else if constexpr (kPrefetchBytes == 256)
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+                 "r"(valid ? 16 : 0)
+                 : "memory");
+  else
+    cp_async16(dst, src, valid);
 }
 // The "memory" clobbers keep the compiler from moving ordinary shared-memory
 // accesses (the norm prologue's in-place pass) across the copies and waits.
@@ -138,6 +183,7 @@ struct Mainloop {
   static constexpr int BM = Tile::BM, BN = Tile::BN, BK = Tile::BK, WM = Tile::WM, WN = Tile::WN;
   static constexpr int kStages = Tile::kStages, kThreads = Tile::kThreads;
   static constexpr int kMinBlocksPerSm = Tile::kMinBlocksPerSm;
+  static constexpr int kGroupRows = Tile::kGroupRows;  // read by fused_gemm_kernel
   static constexpr int kFragsM = WM / 16, kFragsN = WN / 8;
 
   // Shared-memory tiles per stage: A is [BM][BK]; B is [BK][BN] for KN and
@@ -237,7 +283,8 @@ struct Mainloop {
 #pragma unroll
       for (int i = 0; i < kAChunksPerThread; ++i) {
         const bool valid = a_k_in && ((a_rows_in >> i) & 1u);
-        cp_async16(sa + a_dst + i * kARowStep * BK, valid ? a + int64_t(i * kARowStep) * p.k : p.a, valid);
+        cp_async16_prefetch<Tile::kL2PrefetchBytes>(sa + a_dst + i * kARowStep * BK,
+                                                    valid ? a + int64_t(i * kARowStep) * p.k : p.a, valid);
       }
 #pragma unroll
       for (int i = 0; i < kBChunksPerThread; ++i) {
@@ -246,7 +293,9 @@ struct Mainloop {
           valid = b_rows_in != 0 && b_k + i * kBRowStep < p.k;
         else
           valid = b_k < p.k && ((b_rows_in >> i) & 1u);
-        cp_async16(sb + b_dst + i * kBRowStep * kBCols, valid ? b + int64_t(i * kBRowStep) * (kBIsKN ? p.n : p.k) : p.b, valid);
+        cp_async16_prefetch<Tile::kL2PrefetchBytes>(
+            sb + b_dst + i * kBRowStep * kBCols, valid ? b + int64_t(i * kBRowStep) * (kBIsKN ? p.n : p.k) : p.b,
+            valid);
       }
       a += BK;
       a_k += BK;
@@ -505,6 +554,101 @@ struct Mainloop {
     }
   }
 
+  // Store::Staged. The C tile passes through shared memory as T, BM rows of
+  // BN + 8 elements: with the 16-byte pad, the 8 rows of a fragment store
+  // start 4 banks apart, so a warp's 4-byte writes hit 32 distinct banks.
+  static constexpr int kStagedRowElems = BN + 8;
+  static constexpr size_t kStagedBytes = size_t(BM) * kStagedRowElems * sizeof(T);
+  static_assert(Tile::kStore != Store::Staged || kStagedBytes <= kSmemBytes,
+                "the staged C tile must fit in the pipeline's shared memory");
+
+  template <typename Epilogue>
+  static __device__ __forceinline__ void store_staged(Accumulators& acc, const GemmArgs<T>& p, TileCoord tile,
+                                                      unsigned char* smem) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+    const int warp_m = warp / Tile::kWarpsN, warp_n = warp % Tile::kWarpsN;
+    T* staged = reinterpret_cast<T*>(smem);
+    // The chain, in registers. Rows and columns outside C are clamped to the
+    // last ones inside: the chain reads only valid memory and runs without
+    // branches, so an operand of column n (bias) is loaded once for all of
+    // the thread's rows; values computed for clamped pairs are never stored.
+    const int64_t m_last = p.m - 1, n_last = p.n - 2;
+#pragma unroll
+    for (int i = 0; i < kFragsM; ++i) {
+      const int64_t m = tile.m0 + warp_m * WM + i * 16 + lane / 4;
+      const int64_t m_lo = m < m_last ? m : m_last, m_hi = m + 8 < m_last ? m + 8 : m_last;
+#pragma unroll
+      for (int j = 0; j < kFragsN; ++j) {
+        const int64_t n_raw = tile.n0 + warp_n * WN + j * 8 + (lane % 4) * 2;
+        const int64_t n = n_raw < n_last ? n_raw : n_last;
+        float(&c)[4] = acc.c[i][j];
+        const float2 lo = Epilogue::template apply<T>(make_float2(c[0], c[1]), m_lo, n, p.n, p.epilogue);
+        const float2 hi = Epilogue::template apply<T>(make_float2(c[2], c[3]), m_hi, n, p.n, p.epilogue);
+        c[0] = lo.x;
+        c[1] = lo.y;
+        c[2] = hi.x;
+        c[3] = hi.y;
+      }
+    }
+    // Every warp's last ldmatrix of the K loop (which reads a stale stage
+    // after the last tile) is done before the stage buffers are overwritten.
+    __syncthreads();
+    const uint32_t staged_base = smem_addr(staged);
+#pragma unroll
+    for (int i = 0; i < kFragsM; ++i) {
+      const int row = warp_m * WM + i * 16 + lane / 4;
+#pragma unroll
+      for (int j = 0; j < kFragsN; ++j) {
+        const int col = warp_n * WN + j * 8 + (lane % 4) * 2;
+        const float(&c)[4] = acc.c[i][j];
+        st_shared_pair(staged_base + uint32_t((row * kStagedRowElems + col) * sizeof(T)), c[0], c[1]);
+        st_shared_pair(staged_base + uint32_t(((row + 8) * kStagedRowElems + col) * sizeof(T)), c[2], c[3]);
+      }
+    }
+    __syncthreads();
+    // C from shared memory: thread t always copies 16-byte chunk t % (BN/8)
+    // of rows t / (BN/8), + kRowsPerPass, ...
+    constexpr int kChunksPerRow = BN / 8;
+    constexpr int kRowsPerPass = kThreads / kChunksPerRow;
+    static_assert(kThreads % kChunksPerRow == 0 && BM % kRowsPerPass == 0,
+                  "the CTA's threads cover whole rows of the staged tile");
+    const int chunk = threadIdx.x % kChunksPerRow, row0 = threadIdx.x / kChunksPerRow;
+    const int64_t n = tile.n0 + chunk * 8;
+    if (n >= p.n) return;
+    T* out = p.c + (tile.m0 + row0) * p.n + n;
+    const int64_t rows_left = p.m - tile.m0 - row0;
+#pragma unroll
+    for (int r = 0; r < BM / kRowsPerPass; ++r) {
+      if (r * kRowsPerPass < rows_left) {
+        const uint4 v = ld_shared_vec(
+            staged_base + uint32_t(((row0 + r * kRowsPerPass) * kStagedRowElems + chunk * 8) * sizeof(T)));
+        st_global_vec(out + int64_t(r * kRowsPerPass) * p.n, v);
+      }
+    }
+  }
+
+  // Shared-memory accesses by 32-bit address, as the fragment loads.
+  static __device__ __forceinline__ void st_shared_pair(uint32_t addr, float x, float y) {
+    const typename Numeric<T>::Pair v = Numeric<T>::float2_to_pair(make_float2(x, y));
+    uint32_t bits;
+    memcpy(&bits, &v, 4);
+    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(bits) : "memory");
+  }
+  // One 16-byte store. Spelled out because a uint4 assignment built from
+  // an asm's four outputs was split into four 4-byte stores (nvcc 13.0).
+  static __device__ __forceinline__ void st_global_vec(T* ptr, uint4 v) {
+    asm volatile("st.global.v4.b32 [%0], {%1,%2,%3,%4};\n" ::"l"(ptr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                 : "memory");
+  }
+  static __device__ __forceinline__ uint4 ld_shared_vec(uint32_t addr) {
+    uint4 v;
+    asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(addr)
+                 : "memory");
+    return v;
+  }
+
   // Entry point used by fused_gemm_kernel.
   template <typename Prologue, typename Epilogue>
   static __device__ __forceinline__ void operator_body(const GemmArgs<T>& p, TileCoord tile, unsigned char* smem,
@@ -514,7 +658,10 @@ struct Mainloop {
 #else
     Accumulators acc;
     run<Prologue>(acc, p, tile, smem, stats);
-    store<Epilogue>(acc, p, tile);
+    if constexpr (Tile::kStore == Store::Staged)
+      store_staged<Epilogue>(acc, p, tile, smem);
+    else
+      store<Epilogue>(acc, p, tile);
 #endif
   }
 };
