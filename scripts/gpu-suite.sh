@@ -16,10 +16,10 @@ status=0
 run() { local log=$1; shift; echo "== $*"; "$@" >"$out/$log" 2>&1; local rc=$?; tail -3 "$out/$log"; [[ $rc -eq 0 ]] || { echo "FAILED ($rc): see $log"; status=1; }; }
 for step in $steps; do
   case $step in
-    tests) run gpu-sm90.log ./gpu --ignored --test-threads 8 ;;
+    tests) run gpu-sm90.log ./gpu --ignored --test-threads 8 --nocapture ;;
     ptx)
-      FUSION_FORCE_ARCH=sm80 FUSION_TEST_SIZE=quick run gpu-sm80-ptx.log ./gpu --ignored --test-threads 8
-      FUSION_FORCE_ARCH=sm75 FUSION_TEST_SIZE=quick run gpu-sm75-ptx.log ./gpu --ignored --test-threads 8 ;;
+      FUSION_FORCE_ARCH=sm80 FUSION_TEST_SIZE=quick run gpu-sm80-ptx.log ./gpu --ignored --test-threads 8 --nocapture
+      FUSION_FORCE_ARCH=sm75 FUSION_TEST_SIZE=quick run gpu-sm75-ptx.log ./gpu --ignored --test-threads 8 --nocapture ;;
     errors) run gpu-errors.log ./gpu_errors --ignored ;;
     sanitize)
       for tool in memcheck racecheck; do

@@ -373,7 +373,7 @@ pub fn bench_pattern<T: BenchElement>(
         match pattern {
             Pattern::GemmBiasSilu | Pattern::GemmSilu => {
                 lt.run(stream, x.get(i), w.get(i), bias, None, scratch.get_mut(i))?;
-                let t = mat(scratch.get(i), m, n)?;
+                let t = Tensor::from_view(scratch.get(i).slice(..m * n), [m, n])?;
                 kernels::silu(stream, &t, &mut TensorMut::new(base.get_mut(i), [m, n])?)
             }
             Pattern::LayernormGemm | Pattern::RmsnormGemm => {

@@ -66,21 +66,25 @@ fn layout_name(layout: WeightLayout) -> &'static str {
 
 fn tile_type(mainloop: Mainloop, c: &TileConfig) -> String {
     match mainloop {
-        Mainloop::Sm80 => format!(
-            "fusion::sm80::TileConfig<{}, {}, {}, {}, {}, {}, {}{}>",
-            c.bm,
-            c.bn,
-            c.bk,
-            c.warp_m,
-            c.warp_n,
-            c.stages,
-            c.min_blocks_per_sm,
-            if c.pipelined {
-                ", fusion::sm80::KLoop::Pipelined"
-            } else {
-                ""
+        Mainloop::Sm80 => {
+            // Optional trailing parameters are positional: name the K loop
+            // whenever a later one is given.
+            let mut extra = String::new();
+            if c.pipelined || c.staged_store {
+                extra += if c.pipelined {
+                    ", fusion::sm80::KLoop::Pipelined"
+                } else {
+                    ", fusion::sm80::KLoop::PerStage"
+                };
             }
-        ),
+            if c.staged_store {
+                extra += ", fusion::sm80::Store::Staged";
+            }
+            format!(
+                "fusion::sm80::TileConfig<{}, {}, {}, {}, {}, {}, {}{extra}>",
+                c.bm, c.bn, c.bk, c.warp_m, c.warp_n, c.stages, c.min_blocks_per_sm
+            )
+        }
         Mainloop::Sm75 => format!(
             "fusion::sm75::TileConfig<{}, {}, {}, {}, {}, {}>",
             c.bm, c.bn, c.bk, c.warp_m, c.warp_n, c.min_blocks_per_sm

@@ -128,6 +128,11 @@ pub struct TileConfig {
     /// the per-stage loop on an H200 (BENCHMARKS.md, sweep of 2026-11-29).
     #[serde(default)]
     pub pipelined: bool,
+    /// The sm80 mainloop's staged store: the epilogue runs on every fragment
+    /// first, then C leaves through shared memory in 16-byte stores (+4-5%
+    /// on the 128x256x64 tile, sweep set 2).
+    #[serde(default)]
+    pub staged_store: bool,
 }
 
 /// Registers a thread needs besides its f32 accumulators: addresses, A/B
@@ -147,6 +152,7 @@ impl TileConfig {
         stages: 4,
         min_blocks_per_sm: 1,
         pipelined: false,
+        staged_store: false,
     };
     /// 8 warps of 64x32, 64 KB, two blocks per SM: better when a 128x256
     /// tiling leaves SMs idle (M = 128 and 512 measured).
@@ -159,6 +165,7 @@ impl TileConfig {
         stages: 4,
         min_blocks_per_sm: 2,
         pipelined: false,
+        staged_store: false,
     };
     /// The sm75 mainloop's double-buffered 128x128 tile (40 KB).
     pub const SM75_128X128: TileConfig = TileConfig {
@@ -170,6 +177,7 @@ impl TileConfig {
         stages: 2,
         min_blocks_per_sm: 1,
         pipelined: false,
+        staged_store: false,
     };
 
     pub fn threads(&self) -> u32 {

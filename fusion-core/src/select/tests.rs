@@ -44,12 +44,17 @@ fn defaults_are_the_measured_tiles() {
         stages,
         min_blocks_per_sm,
         pipelined: true,
+        staged_store: false,
     };
     let small = pipelined(64, 128, 32, 32, 64, 4, 3);
     assert_eq!(sm80.large, pipelined(128, 128, 32, 64, 64, 4, 2));
     assert_eq!(sm80.small(), Some((small, 512)));
     let sm90 = select(Arch::Sm90, &k).unwrap();
-    assert_eq!(sm90.large, pipelined(128, 256, 64, 64, 64, 3, 1));
+    let staged = TileConfig {
+        staged_store: true,
+        ..pipelined(128, 256, 64, 64, 64, 3, 1)
+    };
+    assert_eq!(sm90.large, staged);
     assert_eq!(sm90.small(), Some((small, 512)));
     // Norm prologues keep the per-stage loop, which does not spill with them.
     let norm = select(Arch::Sm80, &kernel("rmsnorm_gemm", DType::F16, true)).unwrap();
