@@ -22,10 +22,12 @@ for step in $steps; do
       FUSION_FORCE_ARCH=sm75 FUSION_TEST_SIZE=quick run gpu-sm75-ptx.log ./gpu --ignored --test-threads 8 --nocapture ;;
     errors) run gpu-errors.log ./gpu_errors --ignored ;;
     sanitize)
-      for tool in memcheck racecheck; do
-        FUSION_TEST_SIZE=quick run "sanitize-$tool.log" compute-sanitizer --tool "$tool" --error-exitcode 3 \
-          ./gpu --ignored --test-threads 1 gemm_bias_gelu layernorm_gemm swiglu_ffn silu rmsnorm
-      done ;;
+      FUSION_TEST_SIZE=tiny run sanitize-memcheck.log compute-sanitizer --tool memcheck --error-exitcode 3 \
+        ./gpu --ignored --test-threads 1 --nocapture
+      FUSION_TEST_SIZE=tiny run sanitize-racecheck.log compute-sanitizer --tool racecheck --error-exitcode 3 \
+        ./gpu --ignored --test-threads 1 --nocapture gemm_bias_gelu gemm_bias_residual layernorm_gemm rmsnorm_gemm silu layernorm
+      FUSION_FORCE_ARCH=sm80 FUSION_TEST_SIZE=tiny run sanitize-memcheck-sm80.log compute-sanitizer --tool memcheck \
+        --error-exitcode 3 ./gpu --ignored --test-threads 1 --nocapture gemm_bias_gelu layernorm_gemm gemm_bias_residual ;;
     bench) run bench.log ./fusion bench --json "$out/bench.json" ;;
   esac
 done

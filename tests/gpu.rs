@@ -121,7 +121,11 @@ macro_rules! standalone_test {
                 .into_iter()
                 .flat_map(|m| [8, 136, 3000].into_iter().map(move |n| (m, n)))
                 .collect();
-            shapes.push((4096, 4096));
+            if support::tiny() {
+                shapes.retain(|&(m, n)| m < 1000 && n < 3000);
+            } else {
+                shapes.push((4096, 4096));
+            }
             for (m, n) in shapes {
                 let dims = [("M", m), ($cols, n)];
                 check::<f16>($s, $graph, &dims, |$r, $w| $call);

@@ -4,8 +4,8 @@
 //! Environment:
 //! - `FUSION_TEST_SEED`: replay a run (the seed is printed by every test);
 //! - `FUSION_TEST_SIZE=quick`: ragged shapes and one mid-size shape only
-//!   (for sanitizer runs and the PTX variants); default `full` adds the
-//!   benchmark shapes;
+//!   (for the PTX variants); `tiny`: M in {1, 77}, N and K in {8, 136} (for
+//!   the sanitizers); default `full` adds the benchmark shapes;
 //! - `FUSION_FORCE_ARCH`: run another compiled variant (see `fusion::device`);
 //! - `FUSION_GRAPHS_DIR`: where `graphs/*.toml` are, when the test binary
 //!   runs away from its checkout.
@@ -58,7 +58,13 @@ impl TestElement for bf16 {
 }
 
 pub fn quick() -> bool {
-    std::env::var("FUSION_TEST_SIZE").is_ok_and(|v| v == "quick")
+    std::env::var("FUSION_TEST_SIZE").is_ok_and(|v| v == "quick" || v == "tiny")
+}
+
+/// Ragged shapes only, smallest first: for the sanitizers, which slow
+/// kernels down by orders of magnitude.
+pub fn tiny() -> bool {
+    std::env::var("FUSION_TEST_SIZE").is_ok_and(|v| v == "tiny")
 }
 
 /// The variant forced for this run, if any.
@@ -265,12 +271,20 @@ pub fn check<T: TestElement>(
 /// (M, N, K) for the single-GEMM patterns.
 pub fn gemm_shapes() -> Vec<(usize, usize, usize)> {
     let mut shapes = Vec::new();
-    for m in [1, 77, 1000] {
-        for n in [8, 136, 3000] {
-            for k in [8, 136, 3000] {
+    let (ms, nks): (&[usize], &[usize]) = if tiny() {
+        (&[1, 77], &[8, 136])
+    } else {
+        (&[1, 77, 1000], &[8, 136, 3000])
+    };
+    for &m in ms {
+        for &n in nks {
+            for &k in nks {
                 shapes.push((m, n, k));
             }
         }
+    }
+    if tiny() {
+        return shapes;
     }
     shapes.push((512, 2048, 2048));
     if !quick() {
@@ -287,6 +301,9 @@ pub fn gemm_shapes() -> Vec<(usize, usize, usize)> {
 
 /// Token counts for the whole-block graphs.
 pub fn token_counts(large: usize) -> Vec<usize> {
+    if tiny() {
+        return vec![1, 77];
+    }
     let mut m = vec![1, 77, 128, 1000];
     if !quick() {
         m.push(large);
