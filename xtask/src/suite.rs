@@ -20,12 +20,19 @@ fn suite_steps() -> Vec<Step> {
                 "clippy",
                 "--workspace",
                 "--all-targets",
+                // Every kernel variant: each template compiled for sm_75,
+                // sm_80 and sm_90a (shared with the test step's build through
+                // the kernel cache).
+                "--all-features",
                 "--",
                 "-D",
                 "warnings",
             ]),
         ),
-        Step::new("cargo test", Action::Cargo(vec!["test", "--workspace"])),
+        Step::new(
+            "cargo test (every kernel variant: sm75, sm80, sm90)",
+            Action::Cargo(vec!["test", "--workspace", "--all-features"]),
+        ),
         Step::new("fusion plan on every graphs/*.toml", Action::PlanEveryGraph),
     ]
 }
