@@ -89,9 +89,13 @@ fn every_shipped_graph_parses_and_lowers() {
             "gemm_gelu",
             "gemm_silu",
             "gpt2_mlp",
+            "layernorm",
             "layernorm_gemm",
             "llama_ffn",
+            "mul",
+            "rmsnorm",
             "rmsnorm_gemm",
+            "silu",
             "swiglu_ffn",
         ]
     );
