@@ -185,8 +185,7 @@ pub fn bench(args: &BenchArgs, out: &mut dyn Write) -> Result<(), CliError> {
     };
 
     let gpu = |e: crate::Error| CliError::Message(e.to_string());
-    let ctx =
-        cudarc::driver::CudaContext::new(0).map_err(|e| CliError::Message(format!("no CUDA device: {e}")))?;
+    let ctx = crate::testing::open_gpu(0).map_err(CliError::Message)?;
     let stream = ctx.new_stream().map_err(|e| gpu(e.into()))?;
     let (major, minor) = ctx.compute_capability().map_err(|e| gpu(e.into()))?;
     let arch = crate::device::arch_for(&stream).map_err(gpu)?;

@@ -9,6 +9,7 @@
 //! | [`kernels`] | the built-in kernels compiled from `graphs/` |
 //! | [`bench`] | `fusion bench`: fused kernels against cuBLASLt |
 //! | [`cli`] | the `fusion` command line |
+//! | [`testing`] | checking kernels on a GPU against the CPU reference |
 //!
 //! The compiler itself (parsing, planning, code generation) is
 //! [`fusion_core`], re-exported as [`core`].
@@ -24,6 +25,7 @@ pub mod kernels;
 #[doc(hidden)]
 pub mod launch;
 pub mod tensor;
+pub mod testing;
 
 pub use device::Arch;
 pub use error::{Error, Result};

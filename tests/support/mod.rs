@@ -14,8 +14,8 @@
 
 use fusion::core::ir::{DType, Graph};
 use fusion::core::reference::{self, Bindings, HostTensor};
-use fusion::cudarc::driver::{CudaContext, CudaSlice, CudaStream};
-use fusion::half::{bf16, f16};
+use fusion::cudarc::driver::{CudaSlice, CudaStream};
+use fusion::testing;
 use fusion::{Element, Tensor, TensorMut};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
@@ -23,39 +23,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Largest relative error a f16/bf16 result may have against the f64 reference.
-pub const TOLERANCE: f64 = 1e-2;
-
-/// Rows of a large output compared against the reference (the reference is
-/// row-local, so a sample of rows is checked exactly).
-const SAMPLED_ROWS: usize = 48;
-
-/// An element type the tests run: how host values become device values.
-pub trait TestElement: Element + Default + fusion::cudarc::driver::ValidAsZeroBits {
-    const NAN: Self;
-    fn encode(t: &HostTensor) -> Vec<Self>;
-    fn decode(shape: &[usize], values: &[Self]) -> HostTensor;
-}
-
-impl TestElement for f16 {
-    const NAN: f16 = f16::NAN;
-    fn encode(t: &HostTensor) -> Vec<f16> {
-        t.to_f16()
-    }
-    fn decode(shape: &[usize], values: &[f16]) -> HostTensor {
-        HostTensor::from_f16(shape, values).expect("shape matches")
-    }
-}
-
-impl TestElement for bf16 {
-    const NAN: bf16 = bf16::NAN;
-    fn encode(t: &HostTensor) -> Vec<bf16> {
-        t.to_bf16()
-    }
-    fn decode(shape: &[usize], values: &[bf16]) -> HostTensor {
-        HostTensor::from_bf16(shape, values).expect("shape matches")
-    }
-}
+/// The element types the tests run; see `fusion::testing`.
+pub use fusion::testing::HostElement as TestElement;
 
 pub fn quick() -> bool {
     std::env::var("FUSION_TEST_SIZE").is_ok_and(|v| v == "quick" || v == "tiny")
@@ -97,7 +66,7 @@ pub fn rng() -> StdRng {
 }
 
 pub fn stream() -> Arc<CudaStream> {
-    let ctx = CudaContext::new(0).expect("a CUDA device");
+    let ctx = testing::open_gpu(0).unwrap_or_else(|e| panic!("{e}"));
     ctx.new_stream().expect("a stream")
 }
 
@@ -110,19 +79,11 @@ pub fn graph(name: &str, dtype: DType) -> Graph {
         Into::into,
     );
     let path = dir.join(format!("{name}.toml"));
-    let mut graph = fusion::core::load_toml_graph(&path).unwrap_or_else(|e| panic!("{e}"));
-    for t in &mut graph.tensors {
-        t.dtype = dtype;
-    }
-    graph
+    testing::load_graph_as(&path, dtype).unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn shape_of(t: &HostTensor) -> fusion::Shape {
-    match t.shape[..] {
-        [n] => fusion::Shape::Vector(n),
-        [r, c] => fusion::Shape::Matrix(r, c),
-        _ => panic!("tensors have rank 1 or 2"),
-    }
+    testing::shape_of(t).expect("tensors have rank 1 or 2")
 }
 
 /// One graph at one size, on the device: inputs uploaded, outputs poisoned.
@@ -210,26 +171,17 @@ impl<T: TestElement> Case<T> {
     pub fn verify(&self, stream: &Arc<CudaStream>) -> f64 {
         stream.synchronize().expect("kernels finished");
         let m = self.writes.first().map_or(0, |w| w.3[0]);
-        let rows: Vec<usize> = if m <= SAMPLED_ROWS * 2 {
-            (0..m).collect()
-        } else {
-            let mut rng = rng();
-            let mut rows: Vec<usize> = (0..SAMPLED_ROWS - 2)
-                .map(|_| rand::Rng::random_range(&mut rng, 0..m))
-                .chain([0, m - 1])
-                .collect();
-            rows.sort_unstable();
-            rows.dedup();
-            rows
-        };
+        let rows = testing::rows_to_check(m, &mut rng());
         let want = reference::evaluate_rows(&self.graph, &self.host, &rows).expect("reference");
         let mut worst = 0.0f64;
         for (name, buf, _, shape) in &self.writes {
             let values = stream.clone_dtoh(buf).expect("download");
-            let got = T::decode(shape, &values).select_rows(&rows).expect("rows");
+            let got = T::decode(shape, &values)
+                .and_then(|t| t.select_rows(&rows))
+                .expect("shape matches");
             let err = reference::relative_error(&got, &want[name]);
             assert!(
-                err < TOLERANCE,
+                err < testing::TOLERANCE,
                 "{}: output `{name}` relative error {err:e} (NaN or unwritten elements count as infinite) over rows {rows:?}",
                 self.label
             );

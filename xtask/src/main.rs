@@ -8,6 +8,7 @@
 mod demo;
 mod error;
 mod process;
+mod resources;
 mod steps;
 mod suite;
 mod toolchain;
@@ -22,7 +23,8 @@ usage: cargo xtask <command>
 
 commands:
   toolchain   find nvcc and libclang, or install them into target/toolchain
-  demo        set up the toolchain, then plan the SwiGLU FFN graph
+  demo        set up the toolchain, plan and build the SwiGLU FFN; run and benchmark it
+              on a GPU, or show its kernels' registers, shared memory and spills
   test        the whole test suite, as CI runs it (no GPU needed)
   help        print this message";
 

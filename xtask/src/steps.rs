@@ -20,6 +20,8 @@ pub enum Action {
     Cargo(Vec<&'static str>),
     /// `fusion plan` on every `graphs/*.toml`; each must succeed.
     PlanEveryGraph,
+    /// Work done by xtask itself, given the toolchain.
+    Function(fn(&Workspace, &Toolchain) -> Result<()>),
 }
 
 pub struct Step {
@@ -77,6 +79,14 @@ impl Session<'_> {
                 run_to_success(&mut command, format!("cargo {}", args.join(" ")))
             }
             Action::PlanEveryGraph => self.plan_every_graph(),
+            Action::Function(function) => {
+                let workspace = self.workspace;
+                let toolchain = self.toolchain()?;
+                function(workspace, toolchain).map_err(|error| StepFailure {
+                    reason: error.to_string(),
+                    rerun: None,
+                })
+            }
         }
     }
 
