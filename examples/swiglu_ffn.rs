@@ -14,7 +14,6 @@ use fusion::testing::{self, HostElement, TOLERANCE};
 use fusion::{Tensor, TensorMut};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
-use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -66,7 +65,7 @@ fn tokens_from_args() -> Result<usize, String> {
 /// then times it. Returns whether it agreed.
 fn check_and_time<T: HostElement>(stream: &Arc<CudaStream>, m: usize) -> Result<bool, String> {
     let dtype = T::DTYPE;
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("graphs/swiglu_ffn.toml");
+    let path = fusion::testing::graphs_dir().join("swiglu_ffn.toml");
     let graph = testing::load_graph_as(&path, dtype)?;
     let seed = 0x5EED ^ m as u64;
     let host = reference::random_bindings(&graph, &[("M", m)], &mut StdRng::seed_from_u64(seed))

@@ -64,6 +64,16 @@ impl HostElement for bf16 {
 
 /// The graph in the TOML file at `path` with every tensor re-typed to
 /// `dtype` (the shipped graphs are written in f16).
+/// Where the shipped `graphs/*.toml` are: `FUSION_GRAPHS_DIR` when a binary
+/// runs away from its checkout (a bundle copied to a GPU machine), else the
+/// checkout's `graphs/`.
+pub fn graphs_dir() -> std::path::PathBuf {
+    std::env::var_os("FUSION_GRAPHS_DIR").map_or_else(
+        || Path::new(env!("CARGO_MANIFEST_DIR")).join("graphs"),
+        Into::into,
+    )
+}
+
 pub fn load_graph_as(path: &Path, dtype: DType) -> Result<Graph, String> {
     let mut graph = fusion_core::load_toml_graph(path)?;
     for tensor in &mut graph.tensors {

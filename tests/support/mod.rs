@@ -19,7 +19,6 @@ use fusion::testing;
 use fusion::{Element, Tensor, TensorMut};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
-use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -72,13 +71,7 @@ pub fn stream() -> Arc<CudaStream> {
 
 /// A shipped graph, re-typed to the element type under test.
 pub fn graph(name: &str, dtype: DType) -> Graph {
-    // A bundle copied to a GPU machine has no checkout there: it says where
-    // the graphs are.
-    let dir = std::env::var_os("FUSION_GRAPHS_DIR").map_or_else(
-        || Path::new(env!("CARGO_MANIFEST_DIR")).join("graphs"),
-        Into::into,
-    );
-    let path = dir.join(format!("{name}.toml"));
+    let path = testing::graphs_dir().join(format!("{name}.toml"));
     testing::load_graph_as(&path, dtype).unwrap_or_else(|e| panic!("{e}"))
 }
 
