@@ -204,6 +204,7 @@ impl Builder {
             plan,
             dtypes,
             origin: path.display().to_string(),
+            fingerprint: None,
         })
     }
 }

@@ -363,6 +363,7 @@ pub fn compile(sources: &CudaSources, opts: &CompileOptions) -> Result<CompiledL
         libclang_dir: libclang_dir.as_deref().map(Path::new),
         libclang_from_env: env.get("LIBCLANG_PATH").is_some(),
         target: &opts.target,
+        lib_name: &opts.lib_name,
         output: &ffi_rs,
     })?;
     log.line(format!(
