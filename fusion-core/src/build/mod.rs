@@ -30,13 +30,14 @@ mod builder;
 mod cache;
 mod compile;
 pub mod nvcc;
+mod sources;
 
 use std::fmt;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-pub use builder::Builder;
+pub use builder::{BuiltLibrary, Builder, MACRO_GRAPHS_DIR};
 pub use compile::DEFAULT_NVCC_FLAGS;
 
 /// Everything the code generator produced for one library.
