@@ -38,6 +38,7 @@
 use super::{
     BuildError, BuildMode, CompileOptions, CompiledLibrary, CudaSources, GeneratedFile, Target, Unit, compile,
 };
+use crate::codegen::wrappers::MACRO_GRAPHS_DIR;
 use crate::codegen::{self, GraphSpec, templates};
 use crate::ir::DType;
 use crate::select::Arch;
@@ -54,8 +55,6 @@ pub struct Builder {
     lib_name: Option<String>,
 }
 
-/// The directory under `OUT_DIR` that holds one wrapper file per macro graph.
-pub const MACRO_GRAPHS_DIR: &str = "fusion_graphs";
 
 impl Default for Builder {
     fn default() -> Self {
@@ -174,6 +173,7 @@ impl Builder {
                     dtypes,
                     origin: graph.origin,
                     fingerprint: Some(graph.fingerprint),
+                    declaration: graph.declaration,
                 });
             }
         }
@@ -303,6 +303,7 @@ impl Builder {
             dtypes,
             origin,
             fingerprint: None,
+            declaration: String::new(),
         })
     }
 }

@@ -16,6 +16,8 @@ pub struct MacroGraph {
     pub graph: Graph,
     /// [`crate::syntax::graph_fingerprint`] of the invocation's tokens.
     pub fingerprint: u64,
+    /// The invocation's tokens as text.
+    pub declaration: String,
     /// `src/model.rs:12`: where the invocation is, for generated comments.
     pub origin: String,
 }
@@ -33,11 +35,13 @@ pub fn read_macro_graphs(path: &Path) -> Result<Vec<MacroGraph>, BuildError> {
     let mut errors = Vec::new();
     for (line, tokens) in invocations {
         let fingerprint = crate::syntax::graph_fingerprint(&tokens);
+        let declaration = tokens.to_string();
         let checked = crate::syntax::parse_tokens(tokens).and_then(|decl| crate::ir::lower(&decl));
         match checked {
             Ok(graph) => graphs.push(MacroGraph {
                 graph,
                 fingerprint,
+                declaration,
                 origin: format!("{}:{line}", path.display()),
             }),
             Err(e) => errors.push(render(&source, &e)),

@@ -105,6 +105,9 @@ pub struct GraphSpec {
     /// weights in `new` and go to a file of their own, which the macro
     /// includes (see [`wrappers::generate_macro_graph`]).
     pub fingerprint: Option<u64>,
+    /// A macro graph's declaration as written (its tokens as text), for
+    /// the generated `DECLARATION` and `graph()`. Empty for TOML graphs.
+    pub declaration: String,
 }
 
 /// What one distinct kernel is: everything its unit's source depends on.

@@ -10,6 +10,7 @@ fn spec(file: &str, dtypes: &[DType]) -> GraphSpec {
         dtypes: dtypes.to_vec(),
         origin: format!("graphs/{file}"),
         fingerprint: None,
+        declaration: String::new(),
     }
 }
 

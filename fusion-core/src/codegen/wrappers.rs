@@ -19,6 +19,10 @@ use crate::select::Arch;
 use proc_macro2::{Ident, Span, TokenStream};
 use quote::{format_ident, quote};
 
+/// The directory under `OUT_DIR` that holds one wrapper file per
+/// `fusion_graph!` graph, `<graph>.rs`; the macro includes it from there.
+pub const MACRO_GRAPHS_DIR: &str = "fusion_graphs";
+
 /// Rust source for the wrappers. `linked` is false when nvcc did not run:
 /// every wrapper then returns an error instead of naming a launcher that
 /// was never compiled. `ffi_rs` is the path of bindgen's output, included
@@ -73,6 +77,11 @@ fn unparse(tokens: TokenStream) -> String {
     let file: syn::File =
         syn::parse2(tokens).unwrap_or_else(|e| panic!("generated wrappers do not parse: {e}"));
     prettyplease::unparse(&file)
+}
+
+/// The name of a graph's generated struct: `swiglu_ffn` → `SwigluFfn`.
+pub fn struct_name(graph: &str) -> String {
+    camel_case(graph)
 }
 
 fn camel_case(name: &str) -> String {
@@ -397,6 +406,7 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
             inputs: graph.inputs.iter().map(|&t| arg_ident(graph, t)).collect(),
             weights: weight_args,
             outputs: write_args,
+            declaration: spec.declaration.clone(),
         };
         return quote!(#bound #module_items);
     }
@@ -437,6 +447,7 @@ struct BoundGraph {
     inputs: Vec<Ident>,
     weights: Vec<Ident>,
     outputs: Vec<Ident>,
+    declaration: String,
 }
 
 impl quote::ToTokens for BoundGraph {
@@ -450,6 +461,7 @@ impl quote::ToTokens for BoundGraph {
             inputs,
             weights,
             outputs,
+            declaration,
         } = self;
         let weights_ident = format_ident!("{struct_ident}Weights");
         let (params, args, turbofish) = if *generic {
@@ -486,6 +498,22 @@ impl quote::ToTokens for BoundGraph {
                     let #weights_ident { #(#weights),* } = &weights;
                     #module::check_weights #turbofish(stream, #(#weights),*)?;
                     Ok(Self { weights, workspace: fusion::launch::Workspace::new() })
+                }
+
+                /// The `fusion_graph!` declaration this struct was generated
+                /// from, as tokens printed back to text.
+                pub const DECLARATION: &'static str = #declaration;
+
+                /// The graph, parsed and checked again from [`Self::DECLARATION`]:
+                /// for the CPU reference ([`fusion::core::reference`]) and for
+                /// drawing test data with its shapes.
+                pub fn graph() -> fusion::core::ir::Graph {
+                    let tokens = Self::DECLARATION
+                        .parse()
+                        .expect("the declaration was tokenized when the build script read it");
+                    fusion::core::syntax::parse_tokens(tokens)
+                        .and_then(|decl| fusion::core::ir::lower(&decl))
+                        .expect("the build script checked this graph")
                 }
 
                 /// The bound weights.
