@@ -359,7 +359,7 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
     let weight_decls: Vec<Ident> = graph.weights.iter().map(|&t| tensor_const(t)).collect();
 
     let module_items = quote! {
-        #[allow(unreachable_code, unused_variables, dead_code, clippy::all)]
+        #[allow(unreachable_code, unused_variables, unused_mut, dead_code, clippy::all)]
         mod #module {
             use super::ffi;
 
