@@ -2,7 +2,10 @@
 //! fused kernels (for the GPU generations named by the cargo features).
 
 fn main() {
-    if let Err(e) = fusion_core::build::Builder::new().sources("src/model.rs").compile() {
+    if let Err(e) = fusion_core::build::Builder::new()
+        .sources("src/model.rs")
+        .compile()
+    {
         eprintln!("error: {e}");
         std::process::exit(1);
     }

@@ -45,7 +45,9 @@ fn main() -> Result<(), Error> {
             w_down: w.tensor("w_down")?,
         },
     )?;
-    check_and_time("SwigluFfn", &stream, &graph, &host, &w, |x, y| ffn.run(&stream, x, y))?;
+    check_and_time("SwigluFfn", &stream, &graph, &host, &w, |x, y| {
+        ffn.run(&stream, x, y)
+    })?;
 
     let graph = Gpt2Mlp::graph();
     let host = reference::random_bindings(&graph, &[("M", TOKENS)], &mut rng)?;
@@ -61,7 +63,9 @@ fn main() -> Result<(), Error> {
             b_proj: w.tensor("b_proj")?,
         },
     )?;
-    check_and_time("Gpt2Mlp", &stream, &graph, &host, &w, |x, y| mlp.run(&stream, x, y))?;
+    check_and_time("Gpt2Mlp", &stream, &graph, &host, &w, |x, y| {
+        mlp.run(&stream, x, y)
+    })?;
     Ok(())
 }
 
@@ -107,11 +111,10 @@ fn check_and_time(
     let x = device.tensor("x")?;
     let cols = x.shape().cols();
     let mut y_buffer = stream.alloc_zeros::<f16>(TOKENS * cols)?;
-    let mut y = TensorMut::new(&mut y_buffer, [TOKENS, cols])?;
-    call(&x, &mut y)?;
+    call(&x, &mut TensorMut::new(&mut y_buffer, [TOKENS, cols])?)?;
     stream.synchronize()?;
-    drop(y);
-    let got = HostTensor::from_f16(&[TOKENS, cols], &stream.clone_dtoh(&y_buffer)?)?.select_rows(&CHECKED_ROWS)?;
+    let got =
+        HostTensor::from_f16(&[TOKENS, cols], &stream.clone_dtoh(&y_buffer)?)?.select_rows(&CHECKED_ROWS)?;
     let want = &reference::evaluate_rows(graph, host, &CHECKED_ROWS)?["y"];
     let error = reference::relative_error(&got, want);
     let verdict = if error < 2e-2 { "ok" } else { "MISMATCH" };

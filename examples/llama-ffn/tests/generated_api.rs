@@ -9,7 +9,11 @@ fn the_generated_structs_carry_their_declarations() {
     assert_eq!(ffn.name, "SwigluFfn");
     let names: Vec<&str> = ffn.weights.iter().map(|&t| ffn.tensor(t).name.as_str()).collect();
     assert_eq!(names, ["w_gate", "w_up", "w_down"]);
-    assert!(SwigluFfn::DECLARATION.contains("14336"), "{}", SwigluFfn::DECLARATION);
+    assert!(
+        SwigluFfn::DECLARATION.contains("14336"),
+        "{}",
+        SwigluFfn::DECLARATION
+    );
 
     let mlp = Gpt2Mlp::graph();
     assert_eq!(mlp.weights.len(), 6);

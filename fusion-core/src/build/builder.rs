@@ -55,7 +55,6 @@ pub struct Builder {
     lib_name: Option<String>,
 }
 
-
 impl Default for Builder {
     fn default() -> Self {
         Builder::new()
@@ -125,7 +124,13 @@ impl Builder {
         let package = std::env::var("CARGO_PKG_NAME").unwrap_or_else(|_| "fusion".to_owned());
         let mut name: String = package
             .chars()
-            .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '_' })
+            .map(|c| {
+                if c.is_ascii_alphanumeric() {
+                    c.to_ascii_lowercase()
+                } else {
+                    '_'
+                }
+            })
             .collect();
         if !name.starts_with(|c: char| c.is_ascii_lowercase()) {
             name.insert_str(0, "lib_");
@@ -230,7 +235,10 @@ impl Builder {
                 continue;
             }
             let file = graphs_dir.join(format!("{}.rs", launchers.spec.plan.graph.name));
-            write_if_changed(&file, &codegen::wrappers::generate_macro_graph(&library, index, linked, &ffi))?;
+            write_if_changed(
+                &file,
+                &codegen::wrappers::generate_macro_graph(&library, index, linked, &ffi),
+            )?;
             macro_graphs.push(file);
         }
         let entries = std::fs::read_dir(&graphs_dir).map_err(BuildError::io("cannot read", &graphs_dir))?;

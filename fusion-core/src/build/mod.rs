@@ -37,8 +37,8 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-pub use builder::{BuiltLibrary, Builder};
 pub use crate::codegen::wrappers::MACRO_GRAPHS_DIR;
+pub use builder::{Builder, BuiltLibrary};
 pub use compile::DEFAULT_NVCC_FLAGS;
 
 /// Everything the code generator produced for one library.

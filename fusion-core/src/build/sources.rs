@@ -26,7 +26,10 @@ pub struct MacroGraph {
 pub fn read_macro_graphs(path: &Path) -> Result<Vec<MacroGraph>, BuildError> {
     let source = SourceFile::read(path).map_err(|d| BuildError::Config(d.message))?;
     let file = syn::parse_file(&source.text).map_err(|e| {
-        let d = Diagnostic::new(Span::Tokens(e.span()), format!("cannot parse this Rust file: {e}"));
+        let d = Diagnostic::new(
+            Span::Tokens(e.span()),
+            format!("cannot parse this Rust file: {e}"),
+        );
         BuildError::Config(source.render(&d))
     })?;
     let mut invocations = Vec::new();
