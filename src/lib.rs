@@ -31,6 +31,9 @@ pub use device::Arch;
 pub use error::{Error, Result};
 pub use fusion_core as core;
 pub use fusion_core::ir;
+/// Declares a graph in Rust source; its kernels are compiled by the crate's
+/// build script (`fusion_core::build::Builder::sources`).
+pub use fusion_macros::fusion_graph;
 pub use tensor::{Element, Shape, Tensor, TensorMut};
 
 /// Re-exported so that users and generated code name the same version.

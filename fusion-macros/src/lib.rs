@@ -1,38 +1,48 @@
-//! `fusion_graph!`: declares a graph in Rust source.
+//! `fusion_graph!`: declares a graph in Rust source and exposes its fused
+//! kernels as a typed struct.
 //!
-//! The macro is a thin caller of `fusion_core`: it parses its input with
-//! [`fusion_core::syntax::parse_tokens`] (the same grammar the TOML front end
-//! uses) and checks it with [`fusion_core::ir::lower`], so a mistake in the
-//! graph is a compile error at the offending token. It does no heavy work of
-//! its own: editors expand macros constantly.
+//! The macro is one half of a pair, as in cxx: the crate's build script
+//! (`fusion_core::build::Builder::sources`) reads the same invocation from
+//! the source file, plans it, compiles its kernels with nvcc and writes the
+//! typed wrappers to `OUT_DIR/fusion_graphs/<graph>.rs`. The macro parses
+//! its input with [`fusion_core::syntax::parse_tokens`] and checks it with
+//! [`fusion_core::ir::lower`] (so a mistake is a compile error at the
+//! offending token), then includes that file. Both halves hash the tokens
+//! with [`fusion_core::syntax::graph_fingerprint`]; the expansion checks the
+//! generated file's hash at compile time, so a graph edited without the
+//! build script seeing it is an error that says so, not a confusing type
+//! error from stale code.
 //!
-//! For now it expands to a module named after the graph that records the
-//! declaration; the typed wrappers that the build script generates will be
-//! included from there.
+//! The macro does no planning, rendering or compiling, and touches the file
+//! system only to ask whether one file exists: editors expand macros
+//! constantly.
 //!
 //! ```ignore
-//! fusion_graph! {
+//! fusion::fusion_graph! {
 //!     /// A linear layer with GELU.
-//!     pub graph mlp {
+//!     pub graph Mlp {
 //!         dims { M: dyn, D: 768 }
 //!         input x: f16[M, D];
 //!         weight w: f16[D, D], b: f16[D];
 //!         output y = gelu(x @ w^T + b);
 //!     }
 //! }
-//! assert_eq!(mlp::NAME, "mlp");
+//! // build.rs: fusion_core::build::Builder::new().sources("src/model.rs").compile()
+//! let mut mlp = Mlp::new(&stream, MlpWeights { w, b })?;
+//! mlp.run(&stream, &x, &mut y)?;
 //! ```
 
+use fusion_core::codegen::wrappers::{MACRO_GRAPHS_DIR, struct_name};
 use fusion_core::diagnostic::{Diagnostics, Span};
 use proc_macro::TokenStream;
-use quote::{quote, quote_spanned};
+use quote::{format_ident, quote, quote_spanned};
 
-/// Declares a graph; see the crate documentation for the syntax.
+/// Declares a graph; see the crate documentation.
 #[proc_macro]
 pub fn fusion_graph(input: TokenStream) -> TokenStream {
     let tokens = proc_macro2::TokenStream::from(input);
-    let declaration = tokens.to_string();
-    let decl = match fusion_core::syntax::parse_tokens(tokens) {
+    let fingerprint = fusion_core::syntax::graph_fingerprint(&tokens);
+    let decl = match fusion_core::syntax::parse_tokens(tokens.clone()) {
         Ok(decl) => decl,
         Err(errors) => return compile_errors(&errors),
     };
@@ -43,20 +53,66 @@ pub fn fusion_graph(input: TokenStream) -> TokenStream {
         Span::Tokens(span) => span,
         _ => proc_macro2::Span::call_site(),
     };
-    // Lowering accepted the name, so it is a plain identifier.
-    let module = proc_macro2::Ident::new(&decl.name.name, name_span);
     let name = &decl.name.name;
-    let doc = decl.doc.iter();
+    let visibility = visibility(&tokens);
+
+    // The one file-system access: has the build script written this graph?
+    // Asking before `include!` turns a missing file into a message that
+    // says why, instead of include!'s "couldn't read".
+    let generated = format!("{MACRO_GRAPHS_DIR}/{name}.rs");
+    let missing = match std::env::var_os("OUT_DIR") {
+        None => Some(format!(
+            "graph `{name}` has no generated kernels: this crate has no build script, or it has not run. \
+             Add a build.rs that compiles the file declaring this graph: \
+             `fusion_core::build::Builder::new().sources(\"src/<file>.rs\").compile().unwrap();` \
+             (with fusion-core in [build-dependencies])"
+        )),
+        Some(dir) if !std::path::Path::new(&dir).join(&generated).is_file() => Some(format!(
+            "graph `{name}` has no generated kernels: build.rs does not list the file that declares it. \
+             Add `.sources(\"src/<file>.rs\")` for that file to the fusion_core::build::Builder in build.rs \
+             (it also prints the `cargo:rerun-if-changed` line, so later edits rebuild the kernels)"
+        )),
+        Some(_) => None,
+    };
+    if let Some(message) = missing {
+        return quote_spanned!(name_span=> ::core::compile_error! { #message }).into();
+    }
+
+    let stale = format!(
+        "graph `{name}` was edited after build.rs generated its kernels, so they are for another version of it. \
+         build.rs regenerates them when a file it lists changes: make sure the Builder in build.rs calls \
+         `.sources(...)` on the file that declares this graph (that prints `cargo:rerun-if-changed` for it), \
+         and that no other listed file declares a graph of the same name; then build again"
+    );
+    let module = format_ident!("__fusion_graph_{}", name, span = name_span);
+    let struct_ident = format_ident!("{}", struct_name(name), span = name_span);
+    let weights_ident = format_ident!("{}Weights", struct_ident);
+    let path = format!("/{generated}");
     quote! {
-        #(#[doc = #doc])*
-        pub mod #module {
-            /// The graph's name.
-            pub const NAME: &str = #name;
-            /// The declaration as written, for the build script and for messages.
-            pub const DECLARATION: &str = #declaration;
+        #[doc(hidden)]
+        #[allow(non_snake_case)]
+        mod #module {
+            include!(concat!(env!("OUT_DIR"), #path));
+            const _: () = ::core::assert!(FINGERPRINT == #fingerprint, #stale);
         }
+        #visibility use #module::#struct_ident;
+        #visibility use #module::#weights_ident;
     }
     .into()
+}
+
+/// The visibility written before `graph` (after any doc attributes).
+fn visibility(tokens: &proc_macro2::TokenStream) -> proc_macro2::TokenStream {
+    let parser = |input: syn::parse::ParseStream| {
+        input.call(syn::Attribute::parse_outer)?;
+        let vis: syn::Visibility = input.parse()?;
+        input.parse::<proc_macro2::TokenStream>()?;
+        Ok(vis)
+    };
+    match syn::parse::Parser::parse2(parser, tokens.clone()) {
+        Ok(vis) => quote!(#vis),
+        Err(_) => quote!(),
+    }
 }
 
 /// One `compile_error!` per diagnostic, at its span where it has one.

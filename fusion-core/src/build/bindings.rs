@@ -23,12 +23,14 @@ pub struct BindingsRequest<'a> {
     /// Whether `libclang_dir` came from `LIBCLANG_PATH` itself.
     pub libclang_from_env: bool,
     pub target: &'a str,
+    /// The library's name, the prefix of its launcher symbols.
+    pub lib_name: &'a str,
     pub output: &'a Path,
 }
 
 /// Bumped whenever the bindgen options below change, so cached bindings made
 /// with other options are not reused.
-const BINDGEN_OPTIONS_VERSION: &str = "bindgen 0.72; fusion options v1";
+const BINDGEN_OPTIONS_VERSION: &str = "bindgen 0.72; fusion options v2";
 
 /// Writes the bindings to `request.output`. Returns whether bindgen ran
 /// (false: they came from the cache).
@@ -36,6 +38,7 @@ pub fn write_bindings(request: &BindingsRequest<'_>) -> Result<bool, BuildError>
     let mut hasher = KeyHasher::new("fusion-bindings-v1");
     hasher.field("options", BINDGEN_OPTIONS_VERSION.as_bytes());
     hasher.field("target", request.target.as_bytes());
+    hasher.field("lib name", request.lib_name.as_bytes());
     hasher.field("header", request.header.contents.as_bytes());
     hasher.field("include tree", request.headers.digest.to_string().as_bytes());
     let cached_name = format!("bindings-{}.rs", hasher.finish());
@@ -54,7 +57,9 @@ pub fn write_bindings(request: &BindingsRequest<'_>) -> Result<bool, BuildError>
     let bindings = bindgen::Builder::default()
         .header(header)
         .clang_arg(format!("-I{}", request.headers.root.display()))
-        .allowlist_function("fusion_.*")
+        // The shared ABI types are `fusion_*`; the launchers carry the
+        // library's name, which a user crate picks.
+        .allowlist_function(format!("fusion_.*|{}_.*", request.lib_name))
         .allowlist_type("fusion_.*")
         .allowlist_var("(fusion|FUSION)_.*")
         .derive_debug(true)

@@ -12,6 +12,22 @@
 //!
 //! and in the crate: `include!(concat!(env!("OUT_DIR"), "/fusion_kernels.rs"));`.
 //!
+//! A crate that declares its graphs with `fusion_graph!` lists the files that
+//! hold them instead:
+//!
+//! ```no_run
+//! // build.rs
+//! fusion_core::build::Builder::new()
+//!     .sources("src/model.rs")
+//!     .compile()
+//!     .unwrap_or_else(|e| panic!("{e}"));
+//! ```
+//!
+//! Each invocation's wrappers go to `OUT_DIR/fusion_graphs/<graph>.rs`, with
+//! the fingerprint of its tokens; the macro includes that file and checks
+//! the fingerprint, so an edit the build script has not seen is a clear
+//! compile error.
+//!
 //! The pipeline: collect the graph files → parse and lower (errors rendered
 //! with `file:line:col`) → plan → select tile configs → render units and the
 //! header → [`compile`](super::compile) → wrappers. Templates and CUDA
@@ -19,7 +35,10 @@
 //! the headers are written to `OUT_DIR/include` and compiled from there, so a
 //! crate outside this repository builds the same way as the root crate.
 
-use super::{BuildError, BuildMode, CompileOptions, CudaSources, GeneratedFile, Target, Unit, compile};
+use super::{
+    BuildError, BuildMode, CompileOptions, CompiledLibrary, CudaSources, GeneratedFile, Target, Unit, compile,
+};
+use crate::codegen::wrappers::MACRO_GRAPHS_DIR;
 use crate::codegen::{self, GraphSpec, templates};
 use crate::ir::DType;
 use crate::select::Arch;
@@ -30,9 +49,10 @@ use std::path::{Path, PathBuf};
 pub struct Builder {
     graphs_dirs: Vec<PathBuf>,
     graph_files: Vec<PathBuf>,
+    rust_sources: Vec<PathBuf>,
     dtypes: Option<Vec<DType>>,
     archs: Option<Vec<Arch>>,
-    lib_name: String,
+    lib_name: Option<String>,
 }
 
 impl Default for Builder {
@@ -46,9 +66,10 @@ impl Builder {
         Builder {
             graphs_dirs: Vec::new(),
             graph_files: Vec::new(),
+            rust_sources: Vec::new(),
             dtypes: None,
             archs: None,
-            lib_name: "fusion_kernels".to_owned(),
+            lib_name: None,
         }
     }
 
@@ -61,6 +82,15 @@ impl Builder {
     /// Compiles one graph file.
     pub fn graph_file(mut self, path: impl Into<PathBuf>) -> Builder {
         self.graph_files.push(path.into());
+        self
+    }
+
+    /// Compiles every `fusion_graph!` invocation in a Rust source file (at
+    /// item level, also inside inline modules and function bodies). Call it
+    /// once per file that declares graphs: the macro refuses to expand a
+    /// graph whose file the build script did not read.
+    pub fn sources(mut self, path: impl Into<PathBuf>) -> Builder {
+        self.rust_sources.push(path.into());
         self
     }
 
@@ -79,10 +109,33 @@ impl Builder {
     }
 
     /// The library's name: `lib<name>.a`, `<name>.h`, `<name>.rs`, and the
-    /// prefix of every launcher symbol. Default `fusion_kernels`.
+    /// prefix of every launcher symbol. Default: `<package>_kernels` for the
+    /// package whose build script runs (`fusion_kernels` for fusion itself),
+    /// so the libraries of several crates link side by side.
     pub fn lib_name(mut self, name: &str) -> Builder {
-        self.lib_name = name.to_owned();
+        self.lib_name = Some(name.to_owned());
         self
+    }
+
+    fn resolved_lib_name(&self) -> String {
+        if let Some(name) = &self.lib_name {
+            return name.clone();
+        }
+        let package = std::env::var("CARGO_PKG_NAME").unwrap_or_else(|_| "fusion".to_owned());
+        let mut name: String = package
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() {
+                    c.to_ascii_lowercase()
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        if !name.starts_with(|c: char| c.is_ascii_lowercase()) {
+            name.insert_str(0, "lib_");
+        }
+        format!("{name}_kernels")
     }
 
     /// Runs the whole pipeline inside a build script.
@@ -93,8 +146,14 @@ impl Builder {
 
     /// Runs the pipeline with explicit options (tests, tools); returns the
     /// path of the generated wrappers.
-    pub fn compile_with(self, mut options: CompileOptions) -> Result<PathBuf, BuildError> {
-        options.lib_name = self.lib_name.clone();
+    pub fn compile_with(self, options: CompileOptions) -> Result<PathBuf, BuildError> {
+        self.build_with(options).map(|built| built.wrappers)
+    }
+
+    /// Runs the pipeline with explicit options and says what it did.
+    pub fn build_with(self, mut options: CompileOptions) -> Result<BuiltLibrary, BuildError> {
+        let lib_name = self.resolved_lib_name();
+        options.lib_name = lib_name.clone();
         let cargo = options.cargo_metadata;
         let files = self.collect(cargo)?;
         let archs = self.archs.clone().unwrap_or_else(archs_from_features);
@@ -104,12 +163,34 @@ impl Builder {
                     .to_owned(),
             ));
         }
-        let specs = files
+        let mut specs = files
             .iter()
             .map(|path| self.graph_spec(path))
             .collect::<Result<Vec<_>, _>>()?;
+        for path in &self.rust_sources {
+            if cargo {
+                println!("cargo:rerun-if-changed={}", path.display());
+            }
+            for graph in super::sources::read_macro_graphs(path)? {
+                let dtypes = self.dtypes_for(&graph.graph, &graph.origin)?;
+                specs.push(GraphSpec {
+                    plan: crate::fuse::plan(graph.graph),
+                    dtypes,
+                    origin: graph.origin,
+                    fingerprint: Some(graph.fingerprint),
+                    declaration: graph.declaration,
+                });
+            }
+        }
+        check_unique_names(&specs)?;
+        if specs.is_empty() {
+            return Err(BuildError::Config(
+                "no graphs to compile: the graph directories, graph files and sources given to the Builder declare none"
+                    .to_owned(),
+            ));
+        }
         let library =
-            codegen::render(&self.lib_name, &archs, &specs).map_err(|e| BuildError::Config(e.to_string()))?;
+            codegen::render(&lib_name, &archs, &specs).map_err(|e| BuildError::Config(e.to_string()))?;
 
         let include_dir = options.out_dir.join("include");
         templates::write_headers(&include_dir)
@@ -137,13 +218,57 @@ impl Builder {
             headers_dir: include_dir,
         };
         let compiled = compile(&sources, &options)?;
+        let linked = compiled.mode == BuildMode::Linked;
         let ffi = compiled.ffi_rs.to_string_lossy().into_owned();
-        let wrappers = codegen::wrappers::generate(&library, compiled.mode == BuildMode::Linked, &ffi);
-        let path = options.out_dir.join(format!("{}.rs", self.lib_name));
-        if std::fs::read_to_string(&path).ok().as_deref() != Some(wrappers.as_str()) {
-            std::fs::write(&path, wrappers).map_err(BuildError::io("cannot write", &path))?;
+        let wrappers = codegen::wrappers::generate(&library, linked, &ffi);
+        let path = options.out_dir.join(format!("{lib_name}.rs"));
+        write_if_changed(&path, &wrappers)?;
+
+        // One file per macro graph; files of graphs no longer declared go,
+        // so a graph moved to a file this build does not read is reported
+        // by the macro instead of linking against launchers that are gone.
+        let graphs_dir = options.out_dir.join(MACRO_GRAPHS_DIR);
+        std::fs::create_dir_all(&graphs_dir).map_err(BuildError::io("cannot create", &graphs_dir))?;
+        let mut macro_graphs = Vec::new();
+        for (index, launchers) in library.graphs.iter().enumerate() {
+            if launchers.spec.fingerprint.is_none() {
+                continue;
+            }
+            let file = graphs_dir.join(format!("{}.rs", launchers.spec.plan.graph.name));
+            write_if_changed(
+                &file,
+                &codegen::wrappers::generate_macro_graph(&library, index, linked, &ffi),
+            )?;
+            macro_graphs.push(file);
         }
-        Ok(path)
+        let entries = std::fs::read_dir(&graphs_dir).map_err(BuildError::io("cannot read", &graphs_dir))?;
+        for entry in entries.flatten() {
+            let stale = entry.path();
+            if stale.extension().is_some_and(|e| e == "rs") && !macro_graphs.contains(&stale) {
+                std::fs::remove_file(&stale).map_err(BuildError::io("cannot remove", &stale))?;
+            }
+        }
+        Ok(BuiltLibrary {
+            wrappers: path,
+            macro_graphs,
+            compiled,
+        })
+    }
+
+    /// The dtypes to compile a graph for: [`Builder::dtypes`], else the one
+    /// it declares.
+    fn dtypes_for(&self, graph: &crate::ir::Graph, origin: &str) -> Result<Vec<DType>, BuildError> {
+        let mut declared: Vec<DType> = graph.tensors.iter().map(|t| t.dtype).collect();
+        declared.sort_by_key(|d| d.name());
+        declared.dedup();
+        match &self.dtypes {
+            Some(dtypes) => Ok(dtypes.clone()),
+            None if declared.len() == 1 => Ok(declared),
+            None => Err(BuildError::Config(format!(
+                "{origin}: graph `{}` mixes dtypes; kernels take one element type (or call Builder::dtypes to re-type it)",
+                graph.name
+            ))),
+        }
     }
 
     /// The graph files, sorted and deduplicated; prints the rerun lines.
@@ -174,38 +299,54 @@ impl Builder {
                 println!("cargo:rerun-if-changed={}", file.display());
             }
         }
-        if files.is_empty() {
-            return Err(BuildError::Config("no graph files to compile".to_owned()));
-        }
         Ok(files)
     }
 
     fn graph_spec(&self, path: &Path) -> Result<GraphSpec, BuildError> {
         let graph = crate::load_toml_graph(path).map_err(BuildError::Config)?;
-        let declared: Vec<DType> = {
-            let mut d: Vec<DType> = graph.tensors.iter().map(|t| t.dtype).collect();
-            d.sort_by_key(|d| d.name());
-            d.dedup();
-            d
-        };
-        let dtypes = match &self.dtypes {
-            Some(dtypes) => dtypes.clone(),
-            None if declared.len() == 1 => declared,
-            None => {
-                return Err(BuildError::Config(format!(
-                    "{}: graph `{}` mixes dtypes; kernels take one element type (or call Builder::dtypes to re-type it)",
-                    path.display(),
-                    graph.name
-                )));
-            }
-        };
-        let plan = crate::fuse::plan(graph);
+        let origin = path.display().to_string();
+        let dtypes = self.dtypes_for(&graph, &origin)?;
         Ok(GraphSpec {
-            plan,
+            plan: crate::fuse::plan(graph),
             dtypes,
-            origin: path.display().to_string(),
+            origin,
+            fingerprint: None,
+            declaration: String::new(),
         })
     }
+}
+
+/// What [`Builder::build_with`] produced.
+#[derive(Clone, Debug)]
+pub struct BuiltLibrary {
+    /// `OUT_DIR/<lib_name>.rs`: the wrappers of the TOML graphs.
+    pub wrappers: PathBuf,
+    /// `OUT_DIR/fusion_graphs/<graph>.rs`, one per `fusion_graph!` graph.
+    pub macro_graphs: Vec<PathBuf>,
+    /// What nvcc compiled and what came from the cache.
+    pub compiled: CompiledLibrary,
+}
+
+/// Two graphs of one library may not share a name: their wrappers (and a
+/// macro graph's file) are named after it.
+fn check_unique_names(specs: &[GraphSpec]) -> Result<(), BuildError> {
+    for (i, spec) in specs.iter().enumerate() {
+        let name = &spec.plan.graph.name;
+        if let Some(first) = specs[..i].iter().find(|s| &s.plan.graph.name == name) {
+            return Err(BuildError::Config(format!(
+                "graph `{name}` is declared twice, in {} and in {}; rename one of them",
+                first.origin, spec.origin
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn write_if_changed(path: &Path, text: &str) -> Result<(), BuildError> {
+    if std::fs::read_to_string(path).ok().as_deref() != Some(text) {
+        std::fs::write(path, text).map_err(BuildError::io("cannot write", path))?;
+    }
+    Ok(())
 }
 
 /// sm90 builds as sm_90a.

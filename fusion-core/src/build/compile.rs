@@ -123,15 +123,15 @@ impl NvccCommand {
     }
 }
 
-/// The cache key of one unit: its source, the generated header, every file
-/// under the include root, the nvcc version, the full flag list and the
+/// The cache key of one unit: its source, every file under the include root, the nvcc version, the full flag list and the
 /// targets. Include directories are not part of it, their contents are: one
 /// object then serves every profile and crate whose `OUT_DIR` differs.
-pub fn unit_key(unit: &Unit, sources: &CudaSources, headers: &HeaderTree, nvcc: &NvccCommand) -> CacheKey {
+pub fn unit_key(unit: &Unit, headers: &HeaderTree, nvcc: &NvccCommand) -> CacheKey {
     let mut hasher = KeyHasher::new("fusion-object-v1");
     hasher.field("source", unit.source.as_bytes());
-    hasher.field("header name", sources.header.name.as_bytes());
-    hasher.field("header", sources.header.contents.as_bytes());
+    // Not the generated header: it lists every launcher, and no unit
+    // includes it, so keying on it would recompile every kernel whenever
+    // any graph is added or changed.
     hasher.field("include tree", headers.digest.to_string().as_bytes());
     for (label, value) in &nvcc.key_prefix {
         hasher.field(label, value);
@@ -166,7 +166,7 @@ pub fn compile_units(
     for (index, unit) in sources.units.iter().enumerate() {
         let source_path = kernels_dir.join(format!("{}.cu", unit.name));
         write_if_changed(&source_path, unit.source.as_bytes())?;
-        let key = unit_key(unit, sources, headers, nvcc);
+        let key = unit_key(unit, headers, nvcc);
         let targets = unit
             .targets
             .iter()

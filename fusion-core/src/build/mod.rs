@@ -30,13 +30,15 @@ mod builder;
 mod cache;
 mod compile;
 pub mod nvcc;
+mod sources;
 
 use std::fmt;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-pub use builder::Builder;
+pub use crate::codegen::wrappers::MACRO_GRAPHS_DIR;
+pub use builder::{Builder, BuiltLibrary};
 pub use compile::DEFAULT_NVCC_FLAGS;
 
 /// Everything the code generator produced for one library.
@@ -363,6 +365,7 @@ pub fn compile(sources: &CudaSources, opts: &CompileOptions) -> Result<CompiledL
         libclang_dir: libclang_dir.as_deref().map(Path::new),
         libclang_from_env: env.get("LIBCLANG_PATH").is_some(),
         target: &opts.target,
+        lib_name: &opts.lib_name,
         output: &ffi_rs,
     })?;
     log.line(format!(

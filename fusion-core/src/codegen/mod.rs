@@ -100,6 +100,14 @@ pub struct GraphSpec {
     pub dtypes: Vec<DType>,
     /// Where the graph was declared (`graphs/gemm_bias.toml`), for comments.
     pub origin: String,
+    /// Set for a graph declared with `fusion_graph!`: the hash of its tokens
+    /// ([`crate::syntax::graph_fingerprint`]). Its wrappers then bind the
+    /// weights in `new` and go to a file of their own, which the macro
+    /// includes (see [`wrappers::generate_macro_graph`]).
+    pub fingerprint: Option<u64>,
+    /// A macro graph's declaration as written (its tokens as text), for
+    /// the generated `DECLARATION` and `graph()`. Empty for TOML graphs.
+    pub declaration: String,
 }
 
 /// What one distinct kernel is: everything its unit's source depends on.

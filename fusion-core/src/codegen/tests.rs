@@ -9,6 +9,8 @@ fn spec(file: &str, dtypes: &[DType]) -> GraphSpec {
         plan: crate::fuse::plan(graph),
         dtypes: dtypes.to_vec(),
         origin: format!("graphs/{file}"),
+        fingerprint: None,
+        declaration: String::new(),
     }
 }
 

@@ -12,9 +12,11 @@
 //! Nothing here resolves names or checks shapes: that is [`crate::ir::lower`].
 
 pub mod ast;
+mod fingerprint;
 mod grammar;
 mod toml_reader;
 
+pub use fingerprint::graph_fingerprint;
 pub use grammar::parse_tokens;
 pub use toml_reader::parse_toml;
 

@@ -1,0 +1,9 @@
+fusion_macros::fusion_graph! {
+    graph g {
+        dims { M: dyn, D: 64 }
+        input x: f16[M, D], r: bf16[M, D];
+        output y = x + r;
+    }
+}
+
+fn main() {}
