@@ -5,9 +5,19 @@
 use fusion_core::ir::DType;
 
 fn main() {
+    // Asking for bf16 in a build with no arch that has it (sm75 alone) is a
+    // build error, so a Turing-only build compiles f16 alone.
+    let has_bf16_arch = ["CARGO_FEATURE_SM80", "CARGO_FEATURE_SM90"]
+        .iter()
+        .any(|feature| std::env::var_os(feature).is_some());
+    let dtypes: &[DType] = if has_bf16_arch {
+        &[DType::F16, DType::BF16]
+    } else {
+        &[DType::F16]
+    };
     let result = fusion_core::build::Builder::new()
         .graphs_dir("graphs")
-        .dtypes(&[DType::F16, DType::BF16])
+        .dtypes(dtypes)
         .lib_name("fusion_kernels")
         .compile();
     if let Err(e) = result {

@@ -16,7 +16,7 @@ if [[ -f target/toolchain/env ]]; then
 fi
 json=$(cargo test --release --features "$features" --tests --no-run --message-format=json 2>/dev/null)
 cargo build --release --features "$features" --bin fusion
-for name in gpu gpu_errors; do
+for name in gpu gpu_errors gpu_property gpu_stress; do
   exe=$(echo "$json" | python3 -c "
 import json, sys
 for line in sys.stdin:
@@ -28,5 +28,5 @@ done
 cp target/release/fusion "$dir/fusion"
 cp -r graphs "$dir/"
 cp scripts/gpu-suite.sh "$dir/"
-strip "$dir/gpu" "$dir/gpu_errors" "$dir/fusion"
+strip "$dir/gpu" "$dir/gpu_errors" "$dir/gpu_property" "$dir/gpu_stress" "$dir/fusion"
 du -sh "$dir"

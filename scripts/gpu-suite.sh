@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Runs the GPU checks from a bundle made by scripts/gpu-bundle.sh:
-#   gpu-suite.sh [OUT] [steps...]   steps: tests ptx errors sanitize bench (default: all)
+#   gpu-suite.sh [OUT] [steps...]
+#   steps: tests ptx errors property stress sanitize bench (default: all)
+#   (sanitize-quick: the sanitizers on the native variant only)
 # Each step logs to OUT/<step>*.log; a summary of pass/fail counts is printed.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=${1:-$here/logs}; shift || true
-steps=${*:-tests ptx errors sanitize bench}
+steps=${*:-tests ptx errors property stress sanitize bench}
 mkdir -p "$out"
 cd "$here"
 export FUSION_GRAPHS_DIR=$here/graphs
@@ -13,22 +15,61 @@ export FUSION_TEST_SEED=${FUSION_TEST_SEED:-$(date +%s)}
 echo "seed $FUSION_TEST_SEED"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader | tee "$out/gpu.txt"
 status=0
-run() { local log=$1; shift; echo "== $*"; "$@" >"$out/$log" 2>&1; local rc=$?; tail -3 "$out/$log"; [[ $rc -eq 0 ]] || { echo "FAILED ($rc): see $log"; status=1; }; }
+run() {
+  local log=$1; shift
+  echo "== $*"
+  local started=$SECONDS
+  "$@" >"$out/$log" 2>&1; local rc=$?
+  tail -3 "$out/$log"
+  echo "   ($((SECONDS - started))s)"
+  [[ $rc -eq 0 ]] || { echo "FAILED ($rc): see $log"; status=1; }
+}
+
+# Sanitizer test subsets (tests/gpu.rs, --exact names) at FUSION_TEST_SIZE=tiny:
+# every kernel kind (plain GEMM epilogues, the [K, N] layout, norm
+# prologues, residual, standalone norm and elementwise) without repeating
+# what only differs in an activation functor. racecheck is the slowest.
+memcheck_tests="gemm_bias_gelu gemm_silu gemm_bias_residual layernorm_gemm rmsnorm_gemm silu mul layernorm rmsnorm"
+racecheck_tests="gemm_bias_gelu gemm_silu layernorm_gemm silu layernorm"
+initcheck_tests="gemm_bias_gelu gemm_silu layernorm_gemm rmsnorm_gemm mul rmsnorm"
+synccheck_tests="gemm_bias_gelu gemm_silu layernorm_gemm layernorm"
+
+# sanitize ARCH TOOL TESTS...: one compute-sanitizer run of the chosen tests
+# on one variant (sm80 and sm75 run as PTX on newer GPUs).
+sanitize() {
+  local arch=$1 tool=$2; shift 2
+  FUSION_FORCE_ARCH=$arch FUSION_TEST_SIZE=tiny run "sanitize-$tool-$arch.log" \
+    compute-sanitizer --tool "$tool" --error-exitcode 3 --print-limit 20 \
+    ./gpu --ignored --exact --test-threads 1 --nocapture "$@"
+}
+
 for step in $steps; do
   case $step in
     tests) run gpu-sm90.log ./gpu --ignored --test-threads 8 --nocapture ;;
     ptx)
       FUSION_FORCE_ARCH=sm80 FUSION_TEST_SIZE=quick run gpu-sm80-ptx.log ./gpu --ignored --test-threads 8 --nocapture
       FUSION_FORCE_ARCH=sm75 FUSION_TEST_SIZE=quick run gpu-sm75-ptx.log ./gpu --ignored --test-threads 8 --nocapture ;;
-    errors) run gpu-errors.log ./gpu_errors --ignored ;;
-    sanitize)
-      FUSION_TEST_SIZE=tiny run sanitize-memcheck.log compute-sanitizer --tool memcheck --error-exitcode 3 \
-        ./gpu --ignored --test-threads 1 --nocapture
-      FUSION_TEST_SIZE=tiny run sanitize-racecheck.log compute-sanitizer --tool racecheck --error-exitcode 3 \
-        ./gpu --ignored --test-threads 1 --nocapture gemm_bias_gelu gemm_bias_residual layernorm_gemm rmsnorm_gemm silu layernorm
-      FUSION_FORCE_ARCH=sm80 FUSION_TEST_SIZE=tiny run sanitize-memcheck-sm80.log compute-sanitizer --tool memcheck \
-        --error-exitcode 3 ./gpu --ignored --test-threads 1 --nocapture gemm_bias_gelu layernorm_gemm gemm_bias_residual ;;
+    errors)
+      run gpu-errors.log ./gpu_errors --ignored
+      # A forced variant that does not exist: the wrapper refuses with ForcedArch.
+      FUSION_FORCE_ARCH=sm61 run gpu-errors-forced.log ./gpu_errors --ignored --exact \
+        a_forced_variant_that_cannot_run_is_refused_by_the_wrapper ;;
+    property)
+      run gpu-property.log ./gpu_property --ignored --nocapture
+      FUSION_FORCE_ARCH=sm80 FUSION_PROPERTY_CASES=100 run gpu-property-sm80.log ./gpu_property --ignored --nocapture ;;
+    stress) run gpu-stress.log ./gpu_stress --ignored --test-threads 1 --nocapture ;;
+    sanitize|sanitize-quick)
+      archs="sm90 sm80 sm75"
+      [[ $step == sanitize-quick ]] && archs=sm90
+      for arch in $archs; do
+        # shellcheck disable=SC2086 # the lists are meant to split
+        sanitize "$arch" memcheck $memcheck_tests
+        sanitize "$arch" racecheck $racecheck_tests
+        sanitize "$arch" initcheck $initcheck_tests
+        sanitize "$arch" synccheck $synccheck_tests
+      done ;;
     bench) run bench.log ./fusion bench --json "$out/bench.json" ;;
+    *) echo "unknown step $step"; status=1 ;;
   esac
 done
 exit $status

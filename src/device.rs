@@ -149,5 +149,38 @@ mod tests {
             let e = choose(8, 0, Some("sm90")).unwrap_err().to_string();
             assert!(e.contains("does not run on compute capability 8.0"), "{e}");
         }
+        // A variant this build left out.
+        if let Some(missing) = Arch::ALL.into_iter().find(|a| !a.is_compiled()) {
+            let e = choose(9, 0, Some(missing.name())).unwrap_err();
+            assert!(matches!(e, Error::ForcedArch { .. }), "{e}");
+            assert!(e.to_string().contains("this build has"), "{e}");
+        }
+        // An empty value means "not forced".
+        if !Arch::compiled().is_empty() {
+            assert!(choose(9, 0, Some("")).is_ok());
+        }
+    }
+
+    #[test]
+    fn a_device_older_than_every_variant_is_refused_with_the_fix() {
+        // Volta (7.0) is older than the oldest variant (sm75).
+        let e = choose(7, 0, None).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::UnsupportedDevice {
+                    major: 7,
+                    minor: 0,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        let message = e.to_string();
+        assert!(message.contains("compute capability 7.0"), "{message}");
+        assert!(message.contains("rebuild with the cargo feature"), "{message}");
+        // Forcing a variant does not make it run there.
+        let forced = choose(7, 0, Some("sm75")).unwrap_err();
+        assert!(matches!(forced, Error::ForcedArch { .. }), "{forced}");
     }
 }

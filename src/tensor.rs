@@ -4,6 +4,18 @@
 //! shape; constructing one checks that the buffer holds exactly that many
 //! elements. Wrappers then check shapes against the graph, alignment and
 //! context before anything is launched.
+//!
+//! # Threads
+//!
+//! [`Tensor`] and [`TensorMut`] are `Send` and `Sync` (checked by
+//! `tests/send_sync.rs`). A view is a device address, a length and borrows
+//! of its allocation's stream and events, all of which cudarc makes safe to
+//! use from any thread. The borrow rules do the rest: a [`TensorMut`]
+//! mutably borrows its allocation, so no other view of that memory exists
+//! while it does, and a shared `&TensorMut` can only report its shape
+//! (wrappers take `&mut TensorMut` to write). Reading one [`Tensor`] from
+//! several threads on several streams at once is allowed, as reading one
+//! buffer from several streams is in CUDA.
 
 use crate::error::{Error, Result};
 use cudarc::driver::{

@@ -145,3 +145,118 @@ fn a_wrong_buffer_length_is_refused_when_the_view_is_made() {
         "{err}"
     );
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn an_output_aliasing_an_input_is_refused() {
+    use fusion::cudarc::driver::DevicePtr;
+    use std::mem::ManuallyDrop;
+    let s = stream();
+    let (m, n, k) = (4, 16, 16);
+    // One allocation holding x [m, k]; y [m, n] is a second handle on the
+    // same memory. The second handle is never dropped (ManuallyDrop, then
+    // leak), so the memory is freed once, by `x`; and the wrapper refuses
+    // before launching, so nothing writes through it.
+    let x = filled(&s, m * k, 0.5);
+    let address = {
+        let (ptr, _guard) = x.device_ptr(&s);
+        ptr
+    };
+    // SAFETY: `address` is a live allocation of m * k halves (= m * n).
+    let mut y = ManuallyDrop::new(unsafe { s.upgrade_device_ptr::<f16>(address, m * n) });
+    let (w, b) = (filled(&s, n * k, 0.25), filled(&s, n, 1.0));
+    let err = kernels::gemm_bias(
+        &s,
+        &Tensor::new(&x, [m, k]).unwrap(),
+        &Tensor::new(&w, [n, k]).unwrap(),
+        &Tensor::new(&b, [n]).unwrap(),
+        &mut TensorMut::new(&mut y, [m, n]).unwrap(),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(&err, Error::Aliasing { output, input } if output == "y" && input == "x"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("use separate buffers"), "{err}");
+    // Partial overlap: y starts halfway into w.
+    let w_address = {
+        let (ptr, _guard) = w.device_ptr(&s);
+        ptr
+    };
+    let halfway = w_address + (n * k / 2 * size_of::<f16>()) as u64;
+    // SAFETY: the first m * n halves after `halfway` lie inside w
+    // (n * k / 2 = 128 >= m * n = 64).
+    let mut y2 = ManuallyDrop::new(unsafe { s.upgrade_device_ptr::<f16>(halfway, m * n) });
+    let err = kernels::gemm_bias(
+        &s,
+        &Tensor::new(&x, [m, k]).unwrap(),
+        &Tensor::new(&w, [n, k]).unwrap(),
+        &Tensor::new(&b, [n]).unwrap(),
+        &mut TensorMut::new(&mut y2, [m, n]).unwrap(),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(&err, Error::Aliasing { input, .. } if input == "w"),
+        "{err}"
+    );
+    // Nothing was written: x and w still hold their values.
+    assert!(s.clone_dtoh(&x).unwrap().iter().all(|v| v.to_f32() == 0.5));
+    assert!(s.clone_dtoh(&w).unwrap().iter().all(|v| v.to_f32() == 0.25));
+    ManuallyDrop::into_inner(y).leak();
+    ManuallyDrop::into_inner(y2).leak();
+}
+
+/// Run by the GPU suite with `FUSION_FORCE_ARCH` naming a variant that
+/// cannot run (see scripts/gpu-suite.sh, step `errors`); without it there
+/// is nothing to check. The choice itself is tested on the CPU
+/// (`fusion::device` tests).
+#[test]
+#[ignore = "needs a CUDA GPU and FUSION_FORCE_ARCH set to an unusable variant"]
+fn a_forced_variant_that_cannot_run_is_refused_by_the_wrapper() {
+    let Some(forced) = support::forced_arch() else {
+        eprintln!("FUSION_FORCE_ARCH is not set: nothing to check");
+        return;
+    };
+    let s = stream();
+    let err = gemm_bias(&s, 4, 8, 16).unwrap_err();
+    assert!(
+        matches!(err, Error::ForcedArch { ref value, .. } if *value == forced),
+        "{err}"
+    );
+    assert!(
+        err.to_string()
+            .starts_with(&format!("FUSION_FORCE_ARCH={forced}: ")),
+        "{err}"
+    );
+}
+
+/// Needs two GPUs: a primary context is per device, so every stream and
+/// allocation on one GPU shares one context, and a mismatch cannot be made
+/// there.
+#[test]
+#[ignore = "needs two CUDA GPUs"]
+fn a_tensor_from_another_device_is_refused() {
+    use fusion::cudarc::driver::CudaContext;
+    let devices = CudaContext::device_count().expect("the driver");
+    if devices < 2 {
+        eprintln!("{devices} GPU: a second context needs a second device; nothing to check");
+        return;
+    }
+    let s0 = stream();
+    let s1 = CudaContext::new(1).unwrap().new_stream().unwrap();
+    let x1 = filled(&s1, 4 * 16, 0.5);
+    let (w, b) = (filled(&s0, 8 * 16, 0.25), filled(&s0, 8, 1.0));
+    let mut y = filled(&s0, 4 * 8, -7.0);
+    let err = kernels::gemm_bias(
+        &s0,
+        &Tensor::new(&x1, [4, 16]).unwrap(),
+        &Tensor::new(&w, [8, 16]).unwrap(),
+        &Tensor::new(&b, [8]).unwrap(),
+        &mut TensorMut::new(&mut y, [4, 8]).unwrap(),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(&err, Error::WrongContext { tensor } if tensor == "x"),
+        "{err}"
+    );
+}

@@ -6,7 +6,8 @@
 //! `LIBCLANG_PATH`; locally, set `NVCC` or run `cargo xtask toolchain`. No GPU
 //! is needed. Everything runs in one test because a build may export
 //! `LIBCLANG_PATH` (from the toolchain file), which is only sound while no
-//! other thread reads the environment.
+//! other thread reads the environment (the two builds that run at once run
+//! after the first ones, when the variable is already set).
 
 #![cfg(feature = "build")]
 
@@ -209,6 +210,8 @@ fn compiles_archives_binds_and_then_serves_everything_from_the_cache() {
     assert!(!skip.out_dir.join("libfusion_kernels.a").exists());
     assert_eq!(std::fs::read_to_string(&docs.ffi_rs).unwrap(), ffi);
 
+    two_builds_at_once_share_one_cache(&ws);
+
     // nvcc's errors come back with the generated file's path.
     let broken = ws.sources(&UNIT.replace("if (i < len)", "if (i < len"), &[Target::Sm80]);
     let err = compile(&broken, &ws.options("out-broken")).unwrap_err();
@@ -217,4 +220,87 @@ fn compiles_archives_binds_and_then_serves_everything_from_the_cache() {
     assert!(matches!(err, BuildError::Nvcc { .. }), "{message}");
     assert!(message.contains(&source.display().to_string()), "{message}");
     assert!(message.contains("error"), "nvcc's own message is kept: {message}");
+}
+
+/// Whether `bytes` are a whole ELF64 object: the section header table the
+/// header points at ends inside the file (the assembler writes it last).
+fn is_whole_elf64(bytes: &[u8]) -> bool {
+    if bytes.len() < 64 || bytes[..4] != *b"\x7fELF" || bytes[4] != 2 || bytes[5] != 1 {
+        return false;
+    }
+    let table = u64::from_le_bytes(bytes[0x28..0x30].try_into().unwrap());
+    let entry = u64::from(u16::from_le_bytes([bytes[0x3a], bytes[0x3b]]));
+    let count = u64::from(u16::from_le_bytes([bytes[0x3c], bytes[0x3d]]));
+    count > 0 && table + entry * count <= bytes.len() as u64
+}
+
+/// Two crates building at once against one cold cache, with an interrupted
+/// build's leftover in it: both succeed, a reader watching the cache never
+/// sees a partial object, and no temp file is left.
+fn two_builds_at_once_share_one_cache(ws: &Workspace) {
+    let cache = ws.root.join("shared-cache");
+    std::fs::create_dir_all(&cache).unwrap();
+    // A process that no longer exists (above any pid_max) left half a file.
+    let leftover = cache.join(format!(".{}.o.4294967295.0.tmp", "ab".repeat(32)));
+    std::fs::write(&leftover, b"\x7fELF half").unwrap();
+    let sources = ws.sources(UNIT, &[Target::Sm80]);
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let (results, partial_reads) = std::thread::scope(|scope| {
+        let watcher = scope.spawn(|| {
+            let mut partial = Vec::new();
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                for entry in std::fs::read_dir(&cache).unwrap().flatten() {
+                    let path = entry.path();
+                    let name = entry.file_name().to_string_lossy().into_owned();
+                    if name.starts_with('.') || !name.ends_with(".o") {
+                        continue;
+                    }
+                    if let Ok(bytes) = std::fs::read(&path)
+                        && !is_whole_elf64(&bytes)
+                    {
+                        partial.push(format!("{name}: {} bytes", bytes.len()));
+                    }
+                }
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+            partial
+        });
+        let builds: Vec<_> = (0..2)
+            .map(|i| {
+                let sources = &sources;
+                let cache = &cache;
+                scope.spawn(move || {
+                    let mut options = ws.options(&format!("out-crate-{i}"));
+                    options.cache_dir = Some(cache.clone());
+                    options.jobs = 1;
+                    compile(sources, &options)
+                })
+            })
+            .collect();
+        let results: Vec<_> = builds.into_iter().map(|b| b.join().unwrap()).collect();
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        (results, watcher.join().unwrap())
+    });
+    for (i, result) in results.into_iter().enumerate() {
+        let lib = result.unwrap_or_else(|e| panic!("build {i} failed: {e}"));
+        assert_eq!(lib.units_compiled + lib.units_cached, 1, "build {i}");
+        let archive = std::fs::read(lib.lib_dir.join("libfusion_kernels.a")).unwrap();
+        assert!(archive.starts_with(b"!<arch>\n"), "build {i}");
+    }
+    assert!(
+        partial_reads.is_empty(),
+        "partial objects seen: {partial_reads:?}"
+    );
+    let names: Vec<String> = std::fs::read_dir(&cache)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(!leftover.exists(), "the interrupted build's temp file is cleaned");
+    assert!(
+        names.iter().all(|n| !n.ends_with(".tmp")),
+        "temp files left: {names:?}"
+    );
+    let objects: Vec<&String> = names.iter().filter(|n| n.ends_with(".o")).collect();
+    assert_eq!(objects.len(), 1, "one object for the one key: {names:?}");
+    assert!(is_whole_elf64(&std::fs::read(cache.join(objects[0])).unwrap()));
 }

@@ -527,3 +527,29 @@ fn invalid_graph_name_is_reported_at_the_name() {
     let text = edit("name = \"g\"", "name = \"my-graph\"");
     assert_toml_error(&text, "my-graph", &["not a valid graph name"]);
 }
+
+// ---- the rest of the bad-input catalogue (docs/errors.md) -------------------
+
+#[test]
+fn a_graph_with_no_outputs_is_an_error_at_the_table() {
+    let text = edit("[outputs]\ny = \"gelu(x @ w^T + b)\"\n", "[outputs]\n");
+    let rendered = toml_error(&text);
+    assert!(rendered.starts_with("g.toml:"), "{rendered}");
+    assert!(rendered.contains("no outputs"), "{rendered}");
+    // The same graph through the macro front end.
+    let tokens = TokenStream::from_str("graph g { dims { M: dyn } input x: f16[M, 8]; }").unwrap();
+    let decl = parse_tokens(tokens).unwrap();
+    let errors = ir::lower(&decl).unwrap_err();
+    assert!(errors.to_string().contains("no outputs"), "{errors}");
+}
+
+#[test]
+fn dims_past_two_to_the_31_are_reported_at_the_value() {
+    let text = edit("K = 64", "K = 2147483648");
+    assert_toml_error(&text, "2147483648", &["too large", "2^31 - 1"]);
+    let text = edit("x = \"f16[M, K]\"", "x = \"f16[M, 4294967296]\"");
+    assert_toml_error(&text, "4294967296", &["too large"]);
+    // The largest allowed size is accepted.
+    let text = edit("K = 64", "K = 2147483647");
+    graph_from_source(&SourceFile::new("g.toml", &text)).unwrap();
+}

@@ -133,8 +133,11 @@ pub struct ObjectCache {
 }
 
 impl ObjectCache {
+    /// Opens (creating it if needed) a cache directory, and removes what
+    /// interrupted builds left there (see [`remove_abandoned_temps`]).
     pub fn open(dir: &Path) -> Result<ObjectCache, BuildError> {
         std::fs::create_dir_all(dir).map_err(BuildError::io("cannot create the cache directory", dir))?;
+        remove_abandoned_temps(dir);
         Ok(ObjectCache { dir: dir.to_owned() })
     }
 
@@ -197,6 +200,45 @@ fn temp_sibling(path: &Path) -> PathBuf {
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
     let name = path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default();
     path.with_file_name(format!(".{name}.{}.{n}.tmp", std::process::id()))
+}
+
+/// A temp file older than this is abandoned whoever wrote it: no nvcc run
+/// takes a day.
+const ABANDONED_AFTER: std::time::Duration = std::time::Duration::from_secs(24 * 60 * 60);
+
+/// Removes the temp files (`.<name>.<pid>.<n>.tmp`) of builds that were
+/// interrupted (killed, out of disk) before their rename: those whose
+/// process is gone (where `/proc` says so) or that are older than a day.
+/// A running build's temp files are left alone, since another build may be
+/// about to rename them. Lookups never read temp files, so this only saves
+/// space. Returns how many were removed.
+pub fn remove_abandoned_temps(dir: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let proc_fs = Path::new("/proc/self").exists();
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        let Some(inner) = name.strip_prefix('.').and_then(|n| n.strip_suffix(".tmp")) else {
+            continue;
+        };
+        // `<name>.<pid>.<n>`: the pid is the second field from the end.
+        let pid = inner.rsplit('.').nth(1).and_then(|p| p.parse::<u32>().ok());
+        let Some(pid) = pid else { continue };
+        let writer_gone = proc_fs && !Path::new("/proc").join(pid.to_string()).exists();
+        let too_old = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > ABANDONED_AFTER);
+        if (writer_gone || too_old) && std::fs::remove_file(entry.path()).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
 }
 
 /// Writes `contents` to `path` by writing a sibling and renaming it.
@@ -431,6 +473,36 @@ mod tests {
         std::fs::write(&temp, b"garbage").unwrap();
         assert!(cache.commit(&temp, k).is_err());
         assert!(!temp.exists() && !path.exists());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn an_interrupted_build_leaves_a_temp_file_that_is_ignored_then_removed() {
+        let dir = temp_dir("interrupted");
+        let k = key("unit");
+        let object = format!("{k}.o");
+        // A build killed between nvcc's write and the rename: a process that
+        // no longer exists (above any pid_max) left half an object.
+        let abandoned = dir.join(format!(".{object}.4294967295.0.tmp"));
+        std::fs::write(&abandoned, &tiny_elf(4)[..100]).unwrap();
+        // A build still running (this process) has one in flight.
+        let in_flight = dir.join(format!(".{object}.{}.7.tmp", std::process::id()));
+        std::fs::write(&in_flight, tiny_elf(4)).unwrap();
+        // Something else that looks nothing like ours.
+        std::fs::write(dir.join(".notes.tmp"), b"").unwrap();
+
+        let cache = ObjectCache::open(&dir).unwrap();
+        assert_eq!(cache.lookup(k), Lookup::Miss, "temp files are never hits");
+        if Path::new("/proc/self").exists() {
+            assert!(!abandoned.exists(), "the dead build's temp file is removed");
+        }
+        assert!(in_flight.exists(), "a live build's temp file is kept");
+        assert!(dir.join(".notes.tmp").exists());
+        // The build that follows works as if nothing had happened.
+        let temp = cache.temp_path(k);
+        std::fs::write(&temp, tiny_elf(2)).unwrap();
+        let path = cache.commit(&temp, k).unwrap();
+        assert_eq!(cache.lookup(k), Lookup::Hit(path));
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -214,7 +214,9 @@ pub enum CodegenError {
 }
 
 /// Renders every kernel of `graphs` for every arch in `archs` (bf16 is
-/// skipped on sm75, which has no bf16 tensor cores) into one library.
+/// skipped on sm75, which has no bf16 tensor cores) into one library. A
+/// dtype that no arch in `archs` supports (bf16 when only sm75 is built) is
+/// an error naming the graph's file: its wrappers could only ever refuse.
 pub fn render(lib_name: &str, archs: &[Arch], graphs: &[GraphSpec]) -> Result<KernelLibrary, CodegenError> {
     let valid_name = lib_name.starts_with(|c: char| c.is_ascii_lowercase())
         && lib_name
@@ -237,7 +239,7 @@ pub fn render(lib_name: &str, archs: &[Arch], graphs: &[GraphSpec]) -> Result<Ke
     // Per graph, per kernel: (dtype, arch, key).
     let mut uses: Vec<Vec<Vec<(DType, Arch, KernelKey)>>> = Vec::new();
     for spec in graphs {
-        check_dtypes(spec)?;
+        check_dtypes(spec, &archs)?;
         let mut graph_uses = Vec::new();
         for (index, kernel) in spec.plan.kernels.iter().enumerate() {
             let mut kernel_uses = Vec::new();
@@ -332,7 +334,7 @@ pub fn render(lib_name: &str, archs: &[Arch], graphs: &[GraphSpec]) -> Result<Ke
 }
 
 /// Kernels take f16 or bf16 only.
-fn check_dtypes(spec: &GraphSpec) -> Result<(), CodegenError> {
+fn check_dtypes(spec: &GraphSpec, archs: &[Arch]) -> Result<(), CodegenError> {
     let unsupported = |message: String| CodegenError::Unsupported {
         graph: spec.plan.graph.name.clone(),
         message,
@@ -347,6 +349,18 @@ fn check_dtypes(spec: &GraphSpec) -> Result<(), CodegenError> {
     {
         return Err(unsupported(format!(
             "kernels are compiled for f16 and bf16 only, not {d}"
+        )));
+    }
+    if let Some(d) = spec
+        .dtypes
+        .iter()
+        .find(|&&d| !archs.is_empty() && !archs.iter().any(|a| a.supports(d)))
+    {
+        let names: Vec<&str> = archs.iter().map(|a| a.name()).collect();
+        return Err(unsupported(format!(
+            "{}: {d} has no kernel on {} (Turing tensor cores have no {d}); build for sm80 or sm90 as well, or compile this graph for f16",
+            spec.origin,
+            names.join(", ")
         )));
     }
     Ok(())

@@ -145,6 +145,33 @@ fn dtypes_and_archs_multiply_variants() {
 }
 
 #[test]
+fn bf16_for_sm75_alone_is_a_build_error_naming_the_file() {
+    let only_turing = render(
+        "fusion_kernels",
+        &[Arch::Sm75],
+        &[spec("gemm_bias_gelu.toml", &[DType::BF16])],
+    );
+    let message = match only_turing {
+        Err(e @ CodegenError::Unsupported { .. }) => e.to_string(),
+        other => panic!("expected an Unsupported error, got {other:?}"),
+    };
+    for needle in [
+        "graphs/gemm_bias_gelu.toml",
+        "bf16 has no kernel on sm75",
+        "sm80 or sm90",
+    ] {
+        assert!(message.contains(needle), "`{needle}` missing from: {message}");
+    }
+    // With another arch in the build, sm75 just gets the f16 variant.
+    render(
+        "fusion_kernels",
+        &[Arch::Sm75, Arch::Sm80],
+        &[spec("gemm_bias_gelu.toml", &[DType::F16, DType::BF16])],
+    )
+    .unwrap();
+}
+
+#[test]
 fn wrappers_parse_and_name_the_graph() {
     let lib = render(
         "fusion_kernels",

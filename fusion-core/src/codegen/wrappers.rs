@@ -133,6 +133,16 @@ fn arch_tokens(a: Arch) -> TokenStream {
     }
 }
 
+/// What every graph struct says about threads.
+const THREADS_DOC: &str = "\n# Threads\n\n\
+The struct is `Send` and `Sync`: it owns nothing but device buffers. `run` \
+takes `&mut self` because every call reuses the same workspace for the \
+intermediates, so the compiler already keeps two threads from running one \
+struct at once; to run a graph from several threads at the same time, give \
+each thread its own struct (or share one behind a `Mutex`). Calls from one \
+thread on different streams are ordered by the buffers' CUDA events, which \
+make the second stream wait for the first one's use of the workspace.";
+
 /// The rustdoc of a graph's items: its declaration and its plan.
 fn graph_doc(spec: &super::GraphSpec) -> String {
     let graph = &spec.plan.graph;
@@ -412,6 +422,7 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
     }
     quote! {
         #[doc = #doc]
+        #[doc = #THREADS_DOC]
         #[derive(Debug, Default)]
         pub struct #struct_ident {
             workspace: fusion::launch::Workspace,
@@ -481,6 +492,7 @@ impl quote::ToTokens for BoundGraph {
             }
 
             #[doc = #doc]
+            #[doc = #THREADS_DOC]
             #[derive(Debug)]
             pub struct #struct_ident #params {
                 weights: #weights_ident #args,

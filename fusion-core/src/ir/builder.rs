@@ -494,8 +494,9 @@ impl GraphBuilder {
         }
         let g = self.graph;
         if g.outputs.is_empty() {
+            // At the graph's name: there is no missing output to point at.
             errors.push(Diagnostic::new(
-                Span::None,
+                self.name_span,
                 format!("graph `{}` has no outputs: declare at least one", g.name),
             ));
         }

@@ -1,0 +1,80 @@
+//! Build failures that need neither nvcc nor libclang: an output directory
+//! that cannot be created or written. Each is one `BuildError` naming the
+//! path and the reason, before any compiler runs.
+
+#![cfg(feature = "build")]
+
+use fusion_core::build::{BuildError, CompileOptions, CudaSources, GeneratedFile, compile};
+use std::path::{Path, PathBuf};
+
+fn root(tag: &str) -> PathBuf {
+    let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("fusion-build-errors-{tag}"));
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(root.join("include")).unwrap();
+    root
+}
+
+fn sources(root: &Path) -> CudaSources {
+    CudaSources {
+        units: Vec::new(),
+        header: GeneratedFile {
+            name: "fusion_kernels.h".to_owned(),
+            contents: "#include <stdint.h>\n".to_owned(),
+        },
+        headers_dir: root.join("include"),
+    }
+}
+
+fn options(root: &Path, out_dir: PathBuf) -> CompileOptions {
+    let mut options = CompileOptions::new(out_dir);
+    options.cache_dir = Some(root.join("cache"));
+    options.skip_nvcc = true;
+    options
+}
+
+#[test]
+fn an_out_dir_that_cannot_be_created_is_one_clear_error() {
+    let root = root("create");
+    // A regular file where a directory should be.
+    std::fs::write(root.join("not-a-dir"), b"").unwrap();
+    let out_dir = root.join("not-a-dir/out");
+    let err = compile(&sources(&root), &options(&root, out_dir.clone())).unwrap_err();
+    let message = err.to_string();
+    assert!(matches!(err, BuildError::Io { .. }), "{message}");
+    assert!(message.starts_with("cannot create "), "{message}");
+    assert!(message.contains(&out_dir.display().to_string()), "{message}");
+}
+
+#[test]
+fn an_out_dir_that_cannot_be_written_is_one_clear_error() {
+    use std::os::unix::fs::PermissionsExt;
+    let root = root("write");
+    let out_dir = root.join("read-only");
+    std::fs::create_dir_all(&out_dir).unwrap();
+    std::fs::set_permissions(&out_dir, std::fs::Permissions::from_mode(0o555)).unwrap();
+    // Permissions do not bind a superuser: then there is nothing to test.
+    if std::fs::write(out_dir.join("probe"), b"").is_ok() {
+        eprintln!("running as a user who can write anywhere; skipped");
+        return;
+    }
+    let err = compile(&sources(&root), &options(&root, out_dir.clone())).unwrap_err();
+    let message = err.to_string();
+    std::fs::set_permissions(&out_dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    assert!(matches!(err, BuildError::Io { .. }), "{message}");
+    assert!(message.starts_with("cannot write "), "{message}");
+    assert!(message.contains(&out_dir.display().to_string()), "{message}");
+    assert!(message.contains("ermission denied"), "{message}");
+}
+
+#[test]
+fn a_cache_dir_that_cannot_be_created_is_one_clear_error() {
+    let root = root("cache");
+    std::fs::write(root.join("file"), b"").unwrap();
+    let mut options = options(&root, root.join("out"));
+    options.cache_dir = Some(root.join("file/cache"));
+    let message = compile(&sources(&root), &options).unwrap_err().to_string();
+    assert!(
+        message.starts_with("cannot create the cache directory "),
+        "{message}"
+    );
+}

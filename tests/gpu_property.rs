@@ -1,0 +1,199 @@
+//! A property test on the GPU: random (pattern, dtype, layout, M, N, K)
+//! cases through the generated wrappers against the CPU reference, with
+//! fresh random inputs and NaN-poisoned outputs each time.
+//!
+//! M is drawn up to 2000 (with M = 0 and M = 1 among them), N and K are
+//! multiples of 8 up to 3000; the layout is the pattern's (`gemm_silu` and
+//! `gemm_bias_silu` read their weight as [K, N], the rest as [N, K]). Every
+//! case runs, failures are collected, and the test fails listing them with
+//! the seed to replay: `FUSION_TEST_SEED=<seed> ./gpu_property --ignored`.
+//! `FUSION_PROPERTY_CASES` changes the number of cases (default 300).
+
+mod support;
+
+use fusion::half::{bf16, f16};
+use fusion::kernels;
+use fusion::{Tensor, TensorMut};
+use rand::Rng;
+use support::{TestElement, check, rng, stream};
+
+/// How a pattern's dims are named.
+#[derive(Clone, Copy, Debug)]
+enum Dims {
+    /// M, N, K: one GEMM.
+    Gemm,
+    /// M and the row length under this name: a row-wise kernel.
+    Rows(&'static str),
+}
+
+const PATTERNS: &[(&str, Dims)] = &[
+    ("gemm_bias_gelu", Dims::Gemm),
+    ("gemm_bias_silu", Dims::Gemm),
+    ("gemm_bias_relu", Dims::Gemm),
+    ("gemm_bias", Dims::Gemm),
+    ("gemm_bias_residual", Dims::Gemm),
+    ("gemm_gelu", Dims::Gemm),
+    ("gemm_silu", Dims::Gemm),
+    ("layernorm_gemm", Dims::Gemm),
+    ("rmsnorm_gemm", Dims::Gemm),
+    ("silu", Dims::Rows("N")),
+    ("mul", Dims::Rows("N")),
+    ("layernorm", Dims::Rows("K")),
+    ("rmsnorm", Dims::Rows("K")),
+];
+
+/// The weight layout of a pattern, for the report.
+fn layout(pattern: &str) -> &'static str {
+    if matches!(pattern, "gemm_silu" | "gemm_bias_silu") {
+        "KN"
+    } else {
+        "NK"
+    }
+}
+
+/// Calls a pattern's wrapper: `r` holds inputs then weights, `w` the output.
+fn launch<T: TestElement>(
+    s: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
+    pattern: &str,
+    r: &[Tensor<'_, T>],
+    w: &mut [TensorMut<'_, T>],
+) -> fusion::Result<()> {
+    match pattern {
+        "gemm_bias_gelu" => kernels::gemm_bias_gelu(s, &r[0], &r[1], &r[2], &mut w[0]),
+        "gemm_bias_silu" => kernels::gemm_bias_silu(s, &r[0], &r[1], &r[2], &mut w[0]),
+        "gemm_bias_relu" => kernels::gemm_bias_relu(s, &r[0], &r[1], &r[2], &mut w[0]),
+        "gemm_bias" => kernels::gemm_bias(s, &r[0], &r[1], &r[2], &mut w[0]),
+        "gemm_bias_residual" => kernels::gemm_bias_residual(s, &r[0], &r[1], &r[2], &r[3], &mut w[0]),
+        "gemm_gelu" => kernels::gemm_gelu(s, &r[0], &r[1], &mut w[0]),
+        "gemm_silu" => kernels::gemm_silu(s, &r[0], &r[1], &mut w[0]),
+        "layernorm_gemm" => kernels::layernorm_gemm(s, &r[0], &r[1], &r[2], &r[3], &mut w[0]),
+        "rmsnorm_gemm" => kernels::rmsnorm_gemm(s, &r[0], &r[1], &r[2], &mut w[0]),
+        "silu" => kernels::silu(s, &r[0], &mut w[0]),
+        "mul" => kernels::mul(s, &r[0], &r[1], &mut w[0]),
+        "layernorm" => kernels::layernorm(s, &r[0], &r[1], &r[2], &mut w[0]),
+        "rmsnorm" => kernels::rmsnorm(s, &r[0], &r[1], &mut w[0]),
+        other => panic!("no wrapper for pattern `{other}`"),
+    }
+}
+
+/// One drawn case.
+#[derive(Debug)]
+struct Draw {
+    pattern: &'static str,
+    dims: Dims,
+    bf16: bool,
+    m: usize,
+    n: usize,
+    k: usize,
+}
+
+impl Draw {
+    fn dims(&self) -> Vec<(&'static str, usize)> {
+        match self.dims {
+            Dims::Gemm => vec![("M", self.m), ("N", self.n), ("K", self.k)],
+            Dims::Rows(cols) => vec![("M", self.m), (cols, self.n)],
+        }
+    }
+
+    fn label(&self, index: usize) -> String {
+        let dims: Vec<String> = self.dims().iter().map(|(d, v)| format!("{d}={v}")).collect();
+        format!(
+            "case {index}: {} {} {} {}",
+            self.pattern,
+            if self.bf16 { "bf16" } else { "f16" },
+            layout(self.pattern),
+            dims.join(" ")
+        )
+    }
+}
+
+/// Draws the case list up front, so a replay draws the same cases whatever
+/// the cases themselves consume.
+fn draw_cases(count: usize) -> Vec<Draw> {
+    let mut rng = rng();
+    let multiple_of_8 = |rng: &mut rand::rngs::StdRng| 8 * rng.random_range(1..=375usize);
+    (0..count)
+        .map(|i| {
+            let (pattern, dims) = PATTERNS[rng.random_range(0..PATTERNS.len())];
+            // A few exact edge cases at fixed positions, the rest spread out.
+            let m = match i % 50 {
+                0 => 0,
+                1 => 1,
+                _ => rng.random_range(2..=2000),
+            };
+            Draw {
+                pattern,
+                dims,
+                bf16: rng.random_bool(0.5),
+                m,
+                n: multiple_of_8(&mut rng),
+                k: multiple_of_8(&mut rng),
+            }
+        })
+        .collect()
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn random_cases_match_the_reference() {
+    let count = std::env::var("FUSION_PROPERTY_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(300);
+    let s = stream();
+    let cases = draw_cases(count);
+    let mut failures = Vec::new();
+    for (index, case) in cases.iter().enumerate() {
+        let label = case.label(index);
+        let dims = case.dims();
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            if case.bf16 {
+                check::<bf16>(&s, case.pattern, &dims, |r, w| launch(&s, case.pattern, r, w));
+            } else {
+                check::<f16>(&s, case.pattern, &dims, |r, w| launch(&s, case.pattern, r, w));
+            }
+        }));
+        if let Err(panic) = outcome {
+            let message = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            eprintln!("FAIL {label}: {message}");
+            failures.push(format!("{label}: {message}"));
+        }
+    }
+    eprintln!(
+        "property: {} cases, {} failures (replay with the FUSION_TEST_SEED printed above)",
+        cases.len(),
+        failures.len()
+    );
+    assert!(
+        failures.is_empty(),
+        "{} failures:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn the_case_list_covers_every_pattern_both_dtypes_and_the_edges() {
+    // Runs without a GPU: the drawing itself.
+    let cases = draw_cases(300);
+    for (pattern, _) in PATTERNS {
+        assert!(
+            cases.iter().any(|c| c.pattern == *pattern),
+            "{pattern} never drawn"
+        );
+    }
+    assert!(cases.iter().any(|c| c.bf16) && cases.iter().any(|c| !c.bf16));
+    assert!(cases.iter().filter(|c| c.m == 0).count() >= 3);
+    assert!(cases.iter().filter(|c| c.m == 1).count() >= 3);
+    assert!(cases.iter().all(|c| c.m <= 2000 && c.n % 8 == 0 && c.k % 8 == 0));
+    assert!(
+        cases
+            .iter()
+            .all(|c| (8..=3000).contains(&c.n) && (8..=3000).contains(&c.k))
+    );
+    assert!(cases.iter().any(|c| layout(c.pattern) == "KN"));
+}
