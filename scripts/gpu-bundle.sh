@@ -5,7 +5,9 @@
 #   scripts/gpu-bundle.sh DIR      # here: release test binaries + fusion CLI
 #   DIR/gpu-suite.sh [OUT]         # there: tests per variant, sanitizers, bench
 #
-# Binaries are stripped; logs go to OUT (default DIR/logs).
+# Binaries are stripped; logs go to OUT (default DIR/logs). The folder is
+# large (every binary carries the whole kernel library): `tar cJf` packs it
+# to about a quarter for copying.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${1:?usage: scripts/gpu-bundle.sh DIR}
@@ -15,7 +17,8 @@ if [[ -f target/toolchain/env ]]; then
   set -a; source <(grep -E '^(NVCC|LIBCLANG_PATH|CUDA_HOME)=' target/toolchain/env); set +a
 fi
 json=$(cargo test --release --features "$features" --tests --no-run --message-format=json 2>/dev/null)
-cargo build --release --features "$features" --bin fusion
+cargo build --release --features "$features" --bin fusion --example swiglu_ffn
+cargo build --release -p llama-ffn
 for name in gpu gpu_errors gpu_property gpu_stress; do
   exe=$(echo "$json" | python3 -c "
 import json, sys
@@ -26,7 +29,10 @@ for line in sys.stdin:
   cp "$exe" "$dir/$name"
 done
 cp target/release/fusion "$dir/fusion"
+cp target/release/examples/swiglu_ffn "$dir/swiglu_ffn"
+cp target/release/llama-ffn "$dir/llama-ffn"
 cp -r graphs "$dir/"
 cp scripts/gpu-suite.sh "$dir/"
-strip "$dir/gpu" "$dir/gpu_errors" "$dir/gpu_property" "$dir/gpu_stress" "$dir/fusion"
+strip "$dir/gpu" "$dir/gpu_errors" "$dir/gpu_property" "$dir/gpu_stress" "$dir/fusion" \
+  "$dir/swiglu_ffn" "$dir/llama-ffn"
 du -sh "$dir"
