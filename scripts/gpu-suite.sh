@@ -52,8 +52,9 @@ for step in $steps; do
     errors)
       # The other-context case needs a second GPU.
       gpus=$(nvidia-smi -L | grep -c '^GPU')
-      if [[ $gpus -ge 2 ]]; then run gpu-errors.log ./gpu_errors --ignored
-      else run gpu-errors.log ./gpu_errors --ignored --skip a_tensor_from_another_device_is_refused; fi
+      skip=(--skip a_forced_variant_that_cannot_run_is_refused_by_the_wrapper)
+      [[ $gpus -ge 2 ]] || skip+=(--skip a_tensor_from_another_device_is_refused)
+      run gpu-errors.log ./gpu_errors --ignored "${skip[@]}"
       # A forced variant that does not exist: the wrapper refuses with ForcedArch.
       FUSION_FORCE_ARCH=sm61 run gpu-errors-forced.log ./gpu_errors --ignored --exact \
         a_forced_variant_that_cannot_run_is_refused_by_the_wrapper ;;

@@ -206,17 +206,15 @@ fn an_output_aliasing_an_input_is_refused() {
     ManuallyDrop::into_inner(y2).leak();
 }
 
-/// Run by the GPU suite with `FUSION_FORCE_ARCH` naming a variant that
-/// cannot run (see scripts/gpu-suite.sh, step `errors`); without it there
-/// is nothing to check. The choice itself is tested on the CPU
+/// Run by the GPU suite on its own with `FUSION_FORCE_ARCH` naming a variant
+/// that cannot run (see scripts/gpu-suite.sh, step `errors`); without it the
+/// test fails, since it would check nothing. The choice itself is tested on the CPU
 /// (`fusion::device` tests).
 #[test]
 #[ignore = "needs a CUDA GPU and FUSION_FORCE_ARCH set to an unusable variant"]
 fn a_forced_variant_that_cannot_run_is_refused_by_the_wrapper() {
-    let Some(forced) = support::forced_arch() else {
-        eprintln!("FUSION_FORCE_ARCH is not set: nothing to check");
-        return;
-    };
+    let forced = support::forced_arch()
+        .expect("run with FUSION_FORCE_ARCH set to a variant that cannot run here (the GPU suite uses sm61)");
     let s = stream();
     let err = gemm_bias(&s, 4, 8, 16).unwrap_err();
     assert!(
@@ -238,7 +236,10 @@ fn a_forced_variant_that_cannot_run_is_refused_by_the_wrapper() {
 fn a_tensor_from_another_device_is_refused() {
     use fusion::cudarc::driver::CudaContext;
     let devices = CudaContext::device_count().expect("the driver");
-    assert!(devices >= 2, "this test needs two GPUs, found {devices}: run it on a machine with two");
+    assert!(
+        devices >= 2,
+        "this test needs two GPUs, found {devices}: run it on a machine with two"
+    );
     let s0 = stream();
     let s1 = CudaContext::new(1).unwrap().new_stream().unwrap();
     let x1 = filled(&s1, 4 * 16, 0.5);
