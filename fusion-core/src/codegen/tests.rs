@@ -235,3 +235,50 @@ fn embedded_headers_match_the_include_tree() {
         "add new headers to codegen::templates::HEADERS"
     );
 }
+
+/// Changing one dim of one graph re-renders that graph's wrappers only: the
+/// CUDA units do not depend on static dims (sizes are launch arguments), so
+/// every unit is byte-identical and the build's object cache serves them all
+/// (no nvcc run), while the other graph's generated file is unchanged.
+#[test]
+fn a_dim_change_touches_only_its_graphs_wrappers() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../graphs/gpt2_mlp.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let edited = text.replace("F = 3072", "F = 2048");
+    assert_ne!(text, edited, "gpt2_mlp.toml declares F = 3072");
+    let gpt2 = |text: &str| {
+        let source = crate::diagnostic::SourceFile::new("gpt2_mlp.toml", text);
+        GraphSpec {
+            plan: crate::fuse::plan(crate::graph_from_source(&source).unwrap()),
+            dtypes: F16.to_vec(),
+            origin: "graphs/gpt2_mlp.toml".into(),
+            fingerprint: None,
+            declaration: String::new(),
+        }
+    };
+    let before = render("lib", &[Arch::Sm90], &[spec("swiglu_ffn.toml", F16), gpt2(&text)]).unwrap();
+    let after = render(
+        "lib",
+        &[Arch::Sm90],
+        &[spec("swiglu_ffn.toml", F16), gpt2(&edited)],
+    )
+    .unwrap();
+    let units = |lib: &KernelLibrary| -> Vec<(String, String)> {
+        lib.units
+            .iter()
+            .map(|u| (u.symbol.clone(), u.source.clone()))
+            .collect()
+    };
+    assert_eq!(units(&before), units(&after));
+    let file = |lib: &KernelLibrary, i| wrappers::generate_macro_graph(lib, i, true, "ffi.rs");
+    assert_eq!(
+        file(&before, 0),
+        file(&after, 0),
+        "swiglu_ffn's file is unchanged"
+    );
+    assert_ne!(
+        file(&before, 1),
+        file(&after, 1),
+        "gpt2_mlp's file follows its new dim"
+    );
+}
