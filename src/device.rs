@@ -10,65 +10,25 @@ use crate::error::{Error, Result};
 use cudarc::driver::CudaStream;
 use std::sync::Mutex;
 
-/// A kernel variant: the GPU generation its mainloop was written for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Arch {
-    /// Turing: WMMA, f16 only.
-    Sm75,
-    /// Ampere and Ada: mma.sync, cp.async pipeline, f16 and bf16.
-    Sm80,
-    /// Hopper (built as sm_90a).
-    Sm90,
+/// A kernel variant: the GPU generation its mainloop was written for (the
+/// compiler's own type; what runs where is `Arch::runs_on`).
+pub use fusion_core::select::Arch;
+
+/// Variants compiled into this build, by cargo feature.
+pub fn compiled() -> Vec<Arch> {
+    Arch::ALL.into_iter().filter(|&a| is_compiled(a)).collect()
 }
 
-impl Arch {
-    pub const ALL: [Arch; 3] = [Arch::Sm75, Arch::Sm80, Arch::Sm90];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Arch::Sm75 => "sm75",
-            Arch::Sm80 => "sm80",
-            Arch::Sm90 => "sm90",
-        }
-    }
-
-    /// Variants compiled into this build, by cargo feature.
-    pub fn compiled() -> Vec<Arch> {
-        Arch::ALL.into_iter().filter(|a| a.is_compiled()).collect()
-    }
-
-    pub fn is_compiled(self) -> bool {
-        match self {
-            Arch::Sm75 => cfg!(feature = "sm75"),
-            Arch::Sm80 => cfg!(feature = "sm80"),
-            Arch::Sm90 => cfg!(feature = "sm90"),
-        }
-    }
-
-    /// Whether this variant's code runs on a device of compute capability
-    /// `major.minor`. sm_90a machine code runs on 9.0 alone; the sm80 and
-    /// sm75 variants also carry PTX, which the driver compiles for any newer
-    /// device.
-    pub fn runs_on(self, major: i32, minor: i32) -> bool {
-        match self {
-            Arch::Sm90 => (major, minor) == (9, 0),
-            Arch::Sm80 => major >= 8,
-            Arch::Sm75 => (major, minor) >= (7, 5),
-        }
-    }
-
-    /// The best compiled variant for a compute capability.
-    pub fn best_for(major: i32, minor: i32, compiled: &[Arch]) -> Option<Arch> {
-        compiled.iter().copied().filter(|a| a.runs_on(major, minor)).max()
-    }
-
-    fn parse(value: &str) -> Option<Arch> {
-        Arch::ALL.into_iter().find(|a| a.name() == value)
+pub fn is_compiled(arch: Arch) -> bool {
+    match arch {
+        Arch::Sm75 => cfg!(feature = "sm75"),
+        Arch::Sm80 => cfg!(feature = "sm80"),
+        Arch::Sm90 => cfg!(feature = "sm90"),
     }
 }
 
 fn compiled_list() -> String {
-    let names: Vec<&str> = Arch::compiled().iter().map(|a| a.name()).collect();
+    let names: Vec<&str> = compiled().iter().map(|a| a.name()).collect();
     if names.is_empty() {
         "no variants".into()
     } else {
@@ -98,11 +58,11 @@ pub fn arch_for(stream: &CudaStream) -> Result<Arch> {
 
 /// The variant for a compute capability, honouring a forced choice.
 pub fn choose(major: i32, minor: i32, forced: Option<&str>) -> Result<Arch> {
-    let compiled = Arch::compiled();
+    let compiled = compiled();
     if let Some(value) = forced.filter(|v| !v.is_empty()) {
         let reason = match Arch::parse(value) {
             None => "expected sm75, sm80 or sm90".to_string(),
-            Some(a) if !a.is_compiled() => format!("this build has {}", compiled_list()),
+            Some(a) if !is_compiled(a) => format!("this build has {}", compiled_list()),
             Some(a) if !a.runs_on(major, minor) => {
                 format!(
                     "{} code does not run on compute capability {major}.{minor}",
@@ -145,18 +105,18 @@ mod tests {
             choose(9, 0, Some("sm60")),
             Err(Error::ForcedArch { .. })
         ));
-        if Arch::Sm90.is_compiled() {
+        if is_compiled(Arch::Sm90) {
             let e = choose(8, 0, Some("sm90")).unwrap_err().to_string();
             assert!(e.contains("does not run on compute capability 8.0"), "{e}");
         }
         // A variant this build left out.
-        if let Some(missing) = Arch::ALL.into_iter().find(|a| !a.is_compiled()) {
+        if let Some(missing) = Arch::ALL.into_iter().find(|&a| !is_compiled(a)) {
             let e = choose(9, 0, Some(missing.name())).unwrap_err();
             assert!(matches!(e, Error::ForcedArch { .. }), "{e}");
             assert!(e.to_string().contains("this build has"), "{e}");
         }
         // An empty value means "not forced".
-        if !Arch::compiled().is_empty() {
+        if !compiled().is_empty() {
             assert!(choose(9, 0, Some("")).is_ok());
         }
     }

@@ -75,6 +75,32 @@ impl Arch {
         }
     }
 
+    /// Whether this variant's code runs on a device of compute capability
+    /// `major.minor`. sm_90a machine code runs on 9.0 alone; the sm80 and
+    /// sm75 variants also carry PTX, which the driver compiles for any newer
+    /// device.
+    pub fn runs_on(self, major: i32, minor: i32) -> bool {
+        match self {
+            Arch::Sm90 => (major, minor) == (9, 0),
+            Arch::Sm80 => major >= 8,
+            Arch::Sm75 => (major, minor) >= (7, 5),
+        }
+    }
+
+    /// The best of `available` for a compute capability.
+    pub fn best_for(major: i32, minor: i32, available: &[Arch]) -> Option<Arch> {
+        available
+            .iter()
+            .copied()
+            .filter(|a| a.runs_on(major, minor))
+            .max()
+    }
+
+    /// The arch named `sm75`, `sm80` or `sm90`.
+    pub fn parse(name: &str) -> Option<Arch> {
+        Arch::ALL.into_iter().find(|a| a.name() == name)
+    }
+
     /// Turing tensor cores have no bf16.
     pub fn supports(self, dtype: DType) -> bool {
         match self {
