@@ -570,27 +570,11 @@ impl Grammar<'_> {
         input.parse::<Token![=]>()?;
         let (value, value_span) = if input.peek(syn::LitFloat) {
             let literal: syn::LitFloat = input.parse()?;
-            if !literal.suffix().is_empty() {
-                return Err(syn::Error::new(
-                    literal.span(),
-                    format!(
-                        "write the number without a type suffix: `{}`",
-                        literal.base10_digits()
-                    ),
-                ));
-            }
+            no_suffix(literal.suffix(), literal.base10_digits(), literal.span())?;
             (literal.base10_parse::<f64>()?, literal.span())
         } else if input.peek(syn::LitInt) {
             let literal: syn::LitInt = input.parse()?;
-            if !literal.suffix().is_empty() {
-                return Err(syn::Error::new(
-                    literal.span(),
-                    format!(
-                        "write the number without a type suffix: `{}`",
-                        literal.base10_digits()
-                    ),
-                ));
-            }
+            no_suffix(literal.suffix(), literal.base10_digits(), literal.span())?;
             (literal.base10_parse::<f64>()?, literal.span())
         } else {
             return Err(error_at(
@@ -685,6 +669,17 @@ fn doc_comment(attrs: &[syn::Attribute]) -> syn::Result<Option<String>> {
     }
     let doc = lines.join("\n").trim().to_string();
     Ok((!doc.is_empty()).then_some(doc))
+}
+
+/// Keyword arguments are plain numbers: `1e-5`, not `1e-5f32`.
+fn no_suffix(suffix: &str, digits: &str, span: proc_macro2::Span) -> syn::Result<()> {
+    if suffix.is_empty() {
+        return Ok(());
+    }
+    Err(syn::Error::new(
+        span,
+        format!("write the number without a type suffix: `{digits}`"),
+    ))
 }
 
 #[cfg(test)]
