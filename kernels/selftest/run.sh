@@ -30,7 +30,7 @@ common=(-O3 -std=c++17 -lineinfo -I kernels/include kernels/selftest/selftest.cu
 "$NVCC" --version | tail -2
 
 echo "== building (logs in $build/*.log)"
-"$NVCC" "${common[@]}" -Xptxas -v --threads 0 \
+"$NVCC" "${common[@]}" -DFUSION_SELFTEST_SM90=1 -Xptxas -v --threads 0 \
   -gencode arch=compute_90a,code=sm_90a \
   -gencode arch=compute_80,code=compute_80 \
   -gencode arch=compute_75,code=compute_75 \
@@ -60,7 +60,7 @@ awk '
   /Compiling entry function/ { match($0, /'"'"'[^'"'"']+'"'"'/); name = substr($0, RSTART + 1, RLENGTH - 2) }
   /bytes stack frame/ { frame = $0; sub(/^.*info    : /, "", frame) }
   /Used [0-9]+ registers/ { used = $0; sub(/^.*Used /, "", used); print used " | " frame " | " name }
-' "$build/selftest.log" | grep fused_gemm_kernel |
+' "$build/selftest.log" | grep -E "fused_gemm_kernel|persistent_gemm_kernel" |
   while IFS='|' read -r used frame name; do
     pretty=$(echo "$name" | tr -d ' ' | $demangle | sed -e 's/fusion:://g' -e 's/(fusion::GemmArgs.*$//' -e 's/(GemmArgs.*$//')
     printf '%s|%s| %s\n' "$used" "$frame" "$pretty"

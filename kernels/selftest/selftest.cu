@@ -11,6 +11,9 @@
 // contain them:
 //   FUSION_SELFTEST_SM80=1/0   sm80 (mma.sync) compositions, and the benchmark
 //   FUSION_SELFTEST_SM75=1/0   sm75 (WMMA) compositions
+//   FUSION_SELFTEST_SM90=1/0   sm90 (wgmma + TMA) compositions, and the
+//                              benchmark on that mainloop; needs an sm_90a
+//                              build (default 0)
 
 #include <cublasLt.h>
 #include <cublas_v2.h>
@@ -32,6 +35,12 @@
 #include "fusion/norm.cuh"
 #include "fusion/sm75/mainloop.cuh"
 #include "fusion/sm80/mainloop.cuh"
+#ifndef FUSION_SELFTEST_SM90
+#define FUSION_SELFTEST_SM90 0
+#endif
+#if FUSION_SELFTEST_SM90
+#include "fusion/sm90/mainloop.cuh"
+#endif
 
 #ifndef FUSION_SELFTEST_SM80
 #define FUSION_SELFTEST_SM80 1
@@ -526,8 +535,9 @@ void check_family(Totals& totals, const Options& opt, const char* arch, bool all
       const std::string key = std::string(arch) + " " + Numeric<T>::name + " " + layout_name(kLayout) + " " + \
                               tile_name<typename MainloopFor<T, kLayout>::Config>() + " " + #NAME + " " +      \
                               shape_str(s);                                                                    \
-      if (matches(opt, key))                                                                                   \
-        check_fused_gemm<MainloopFor<T, kLayout>, PROLOGUE, __VA_ARGS__, kLayout>(totals, arch, #NAME, s, rng);   \
+      if constexpr (!PROLOGUE::kEnabled || !OwnsKernel<MainloopFor<T, kLayout>>::value)                        \
+        if (matches(opt, key))                                                                                 \
+          check_fused_gemm<MainloopFor<T, kLayout>, PROLOGUE, __VA_ARGS__, kLayout>(totals, arch, #NAME, s, rng); \
     }                                                                                                          \
   }
   FUSION_FOR_EACH_COMPOSITION(FUSION_CHECK_COMPOSITION)
@@ -550,6 +560,42 @@ void check_sm80(Totals& totals, const Options& opt, Rng& rng) {
   check_family<Sm80Small, __nv_bfloat16, LayoutB::NK>(totals, opt, "sm80", !opt.quick, rng);
   check_family<Sm80Small, __nv_bfloat16, LayoutB::KN>(totals, opt, "sm80", !opt.quick, rng);
 }
+
+#if FUSION_SELFTEST_SM90
+template <typename T, LayoutB L>
+using Sm90Large = sm90::Mainloop<T, L, sm90::TileConfig<128, 256, 4>>;
+template <typename T, LayoutB L>
+using Sm90Small = sm90::Mainloop<T, L, sm90::TileConfig<128, 128, 6>>;
+
+// The norm compositions are skipped: they run on the sm80 mainloop.
+void check_sm90(Totals& totals, const Options& opt, Rng& rng) {
+  cudaDeviceProp prop{};
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  if (prop.major != 9 || prop.minor != 0) {
+    expect(totals, "sm90 mainloop", false, "this build checks sm_90a kernels and needs a compute capability 9.0 GPU");
+    return;
+  }
+  check_family<Sm90Large, __half, LayoutB::NK>(totals, opt, "sm90", true, rng);
+  check_family<Sm90Large, __half, LayoutB::KN>(totals, opt, "sm90", true, rng);
+  check_family<Sm90Large, __nv_bfloat16, LayoutB::NK>(totals, opt, "sm90", true, rng);
+  check_family<Sm90Large, __nv_bfloat16, LayoutB::KN>(totals, opt, "sm90", true, rng);
+  check_family<Sm90Small, __half, LayoutB::NK>(totals, opt, "sm90", !opt.quick, rng);
+  check_family<Sm90Small, __half, LayoutB::KN>(totals, opt, "sm90", !opt.quick, rng);
+  check_family<Sm90Small, __nv_bfloat16, LayoutB::NK>(totals, opt, "sm90", !opt.quick, rng);
+  check_family<Sm90Small, __nv_bfloat16, LayoutB::KN>(totals, opt, "sm90", !opt.quick, rng);
+}
+template <typename T, LayoutB L>
+using BenchLarge = Sm90Large<T, L>;
+template <typename T, LayoutB L>
+using BenchSmall = Sm90Small<T, L>;
+constexpr const char* kBenchArch = "sm90";
+#else
+template <typename T, LayoutB L>
+using BenchLarge = Sm80Large<T, L>;
+template <typename T, LayoutB L>
+using BenchSmall = Sm80Small<T, L>;
+constexpr const char* kBenchArch = "sm80";
+#endif
 
 // The hand-written rendered units, called through their C ABI, including the
 // argument checks they must reject.
@@ -938,9 +984,9 @@ void bench(const Options& opt, int sm_count) {
       using Epilogue = decltype(epilogue_tag);
       return [&, use_small](int i) {
         if (use_small)
-          launch_ours<Sm80Small<__half, LayoutB::NK>, Epilogue>(sets[size_t(i)], s);
+          launch_ours<BenchSmall<__half, LayoutB::NK>, Epilogue>(sets[size_t(i)], s);
         else
-          launch_ours<Sm80Large<__half, LayoutB::NK>, Epilogue>(sets[size_t(i)], s);
+          launch_ours<BenchLarge<__half, LayoutB::NK>, Epilogue>(sets[size_t(i)], s);
       };
     };
 
@@ -974,10 +1020,10 @@ void bench(const Options& opt, int sm_count) {
     // Both tile configs on the headline composition, to keep the heuristic honest.
     {
       const double large_us = median_us(reps, [&](int i) {
-        launch_ours<Sm80Large<__half, LayoutB::NK>, EpilogueChain<Bias, Gelu>>(sets[size_t(i)], s);
+        launch_ours<BenchLarge<__half, LayoutB::NK>, EpilogueChain<Bias, Gelu>>(sets[size_t(i)], s);
       });
       const double small_us = median_us(reps, [&](int i) {
-        launch_ours<Sm80Small<__half, LayoutB::NK>, EpilogueChain<Bias, Gelu>>(sets[size_t(i)], s);
+        launch_ours<BenchSmall<__half, LayoutB::NK>, EpilogueChain<Bias, Gelu>>(sets[size_t(i)], s);
       });
       rows.push_back({shape_str(s), "bias_gelu 128x256 vs 128x128 (base)", "128x256", large_us, small_us, flops});
     }
@@ -996,7 +1042,8 @@ void bench(const Options& opt, int sm_count) {
   }
   CHECK_CUBLAS(cublasDestroy(blas));
 
-  std::printf("\nbenchmark (f16, B as [N,K], f32 accumulate; median of %d runs, 4 rotating input sets)\n", reps);
+  std::printf("\nbenchmark (%s mainloop, f16, B as [N,K], f32 accumulate; median of %d runs, 4 rotating input sets)\n",
+              kBenchArch, reps);
   std::printf("%-22s %-38s %-8s %10s %10s %7s %9s %9s\n", "shape (M,N,K)", "composition vs baseline", "tile",
               "ours us", "base us", "ratio", "ours TF/s", "base TF/s");
   for (const BenchRow& r : rows)
@@ -1057,6 +1104,9 @@ int main(int argc, char** argv) {
 #if FUSION_SELFTEST_SM80
     check_rendered_units(totals, opt, rng);
     check_sm80(totals, opt, rng);
+#endif
+#if FUSION_SELFTEST_SM90
+    check_sm90(totals, opt, rng);
 #endif
 #if FUSION_SELFTEST_SM75
     check_sm75(totals, opt, rng);

@@ -52,6 +52,18 @@ __device__ __forceinline__ TileCoord grouped_tile_order(int64_t block, int64_t t
   return {tile_m * bm, tile_n * bn};
 }
 
+// A mainloop with a kernel of its own (sm90's persistent, warp-specialized
+// one) says so with `kOwnsKernel`; FusedGemm then checks the problem and
+// hands the launch to `Mainloop::launch<Prologue, Epilogue>`.
+template <typename Mainloop, typename = void>
+struct OwnsKernel {
+  static constexpr bool value = false;
+};
+template <typename Mainloop>
+struct OwnsKernel<Mainloop, decltype(void(Mainloop::kOwnsKernel))> {
+  static constexpr bool value = Mainloop::kOwnsKernel;
+};
+
 template <typename Mainloop, typename Prologue, typename Epilogue>
 __global__ void __launch_bounds__(Mainloop::kThreads, Mainloop::kMinBlocksPerSm)
     fused_gemm_kernel(const GemmArgs<typename Mainloop::Element> args) {
@@ -114,11 +126,15 @@ struct FusedGemm {
     cudaError_t err = check(p);
     if (err != cudaSuccess) return err;
     if (p.m == 0 || p.n == 0) return cudaSuccess;
-    err = configure();
-    if (err != cudaSuccess) return err;
-    fused_gemm_kernel<Mainloop, Prologue, Epilogue>
-        <<<grid(p), Mainloop::kThreads, Mainloop::kSmemBytes, stream>>>(p);
-    return cudaGetLastError();
+    if constexpr (OwnsKernel<Mainloop>::value) {
+      return Mainloop::template launch<Prologue, Epilogue>(p, stream);
+    } else {
+      err = configure();
+      if (err != cudaSuccess) return err;
+      fused_gemm_kernel<Mainloop, Prologue, Epilogue>
+          <<<grid(p), Mainloop::kThreads, Mainloop::kSmemBytes, stream>>>(p);
+      return cudaGetLastError();
+    }
   }
 };
 

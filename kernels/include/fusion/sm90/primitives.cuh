@@ -1,0 +1,193 @@
+// The Hopper (sm_90a) instructions the sm90 mainloop is built from, each
+// wrapped once: mbarriers, TMA tile loads, wgmma and its shared-memory
+// descriptors, and setmaxnreg. Only code compiled for sm_90a may call them;
+// the mainloop guards its kernel body with FUSION_SM90_ENABLED.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include <type_traits>
+
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FUSION_SM90_ENABLED 1
+#else
+#define FUSION_SM90_ENABLED 0
+#endif
+
+namespace fusion {
+namespace sm90 {
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// ---------------------------------------------------------------------------
+// mbarriers: a full barrier per stage completes when the stage's TMA bytes
+// have landed; an empty barrier completes when every consumer warp is done
+// reading the stage. Waits are on the phase parity.
+// ---------------------------------------------------------------------------
+__device__ __forceinline__ void mbarrier_init(uint64_t* bar, uint32_t arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(arrivals) : "memory");
+}
+
+// Makes initialised barriers visible to the async proxy (TMA) and other threads.
+__device__ __forceinline__ void fence_barrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
+
+__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n"
+      "}\n" ::"r"(smem_u32(bar)),
+      "r"(parity)
+      : "memory");
+}
+
+// ---------------------------------------------------------------------------
+// TMA: one 2D box of a tensor map into shared memory, counted on `bar`.
+// Coordinates are elements, innermost dimension first; parts of the box
+// outside the tensor are filled with zeros (and still counted).
+// ---------------------------------------------------------------------------
+__device__ __forceinline__ void tma_load_2d(void* dst, const void* tensor_map, uint64_t* bar, int32_t c0,
+                                            int32_t c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];" ::"r"(
+          smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(tensor_map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1)
+      : "memory");
+}
+
+__device__ __forceinline__ void prefetch_tensor_map(const void* tensor_map) {
+  asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(tensor_map)) : "memory");
+}
+
+// ---------------------------------------------------------------------------
+// Register reallocation between warp groups (the kernel must be launched
+// with a register cap: __launch_bounds__(threads, 1)).
+// ---------------------------------------------------------------------------
+template <int kRegisters>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegisters));
+}
+template <int kRegisters>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kRegisters));
+}
+
+// A barrier among the `threads` threads (whole warps) that use `id`; id 0 is
+// __syncthreads's.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+// ---------------------------------------------------------------------------
+// wgmma shared-memory descriptors for tiles TMA wrote with 128-byte swizzle:
+// rows of 64 16-bit elements (128 bytes), 8-row groups 1024 bytes apart
+// (stride byte offset). For K-major operands one k16 step is 32 bytes along
+// the row and the leading byte offset is unused; for MN-major ones (B stored
+// [K, N]) a k16 step is 16 rows, and the leading byte offset is the distance
+// between 64-column blocks of N. Tiles must start 1024-byte aligned.
+// ---------------------------------------------------------------------------
+__device__ __forceinline__ uint64_t smem_descriptor(const void* tile, uint32_t leading_bytes, uint32_t stride_bytes) {
+  uint64_t d = 0;
+  d |= uint64_t((smem_u32(tile) & 0x3FFFF) >> 4);
+  d |= uint64_t((leading_bytes >> 4) & 0x3FFF) << 16;
+  d |= uint64_t((stride_bytes >> 4) & 0x3FFF) << 32;
+  d |= uint64_t(1) << 62;  // 128-byte swizzle
+  return d;
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory");
+}
+
+// Keeps the compiler from moving accumulator reads or writes across a wgmma
+// fence, commit or wait: the registers belong to the tensor cores until the
+// wait that covers them.
+template <int kCount>
+__device__ __forceinline__ void fence_registers(float (&acc)[kCount]) {
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) asm volatile("" : "+f"(acc[i])::"memory");
+}
+
+// The accumulator operands of one wgmma, eight at a time.
+#define FUSION_ACC8(i)                                                                                       \
+  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), \
+      "+f"(d[i + 7])
+#define FUSION_ACC64 \
+  FUSION_ACC8(0), FUSION_ACC8(8), FUSION_ACC8(16), FUSION_ACC8(24), FUSION_ACC8(32), FUSION_ACC8(40), FUSION_ACC8(48), \
+      FUSION_ACC8(56)
+#define FUSION_ACC128                                                                                            \
+  FUSION_ACC64, FUSION_ACC8(64), FUSION_ACC8(72), FUSION_ACC8(80), FUSION_ACC8(88), FUSION_ACC8(96), FUSION_ACC8(104), \
+      FUSION_ACC8(112), FUSION_ACC8(120)
+#define FUSION_REGS64                                                                                   \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, " \
+  "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, " \
+  "%42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define FUSION_REGS128                                                                                         \
+  FUSION_REGS64                                                                                                \
+  ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, " \
+  "%85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, "   \
+  "%105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, "       \
+  "%122, %123, %124, %125, %126, %127"
+
+// d (+)= A @ B for one m64 x N x k16 step, A and B from shared memory, f32
+// accumulators; `accumulate` 0 overwrites d. kTransB: B is MN-major.
+#define FUSION_WGMMA_SS(N, TYPE, REGS, ACC, DA, DB, P, TB)                                                 \
+  asm volatile(                                                                                              \
+      "{\n.reg .pred acc;\nsetp.ne.b32 acc, %" #P ", 0;\n"                                                   \
+      "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TYPE "." TYPE " {" REGS "}, %" #DA ", %" #DB         \
+      ", acc, 1, 1, 0, %" #TB ";\n}\n"                                                                       \
+      : ACC                                                                                                  \
+      : "l"(a), "l"(b), "r"(accumulate), "n"(kTransB))
+
+template <typename T, int N, int kTransB>
+struct Wgmma;
+
+template <typename T, int kTransB>
+struct Wgmma<T, 256, kTransB> {
+  static __device__ __forceinline__ void mma(float (&d)[128], uint64_t a, uint64_t b, int accumulate) {
+    if constexpr (std::is_same_v<T, __half>)
+      FUSION_WGMMA_SS(256, "f16", FUSION_REGS128, FUSION_ACC128, 128, 129, 130, 131);
+    else
+      FUSION_WGMMA_SS(256, "bf16", FUSION_REGS128, FUSION_ACC128, 128, 129, 130, 131);
+  }
+};
+
+template <typename T, int kTransB>
+struct Wgmma<T, 128, kTransB> {
+  static __device__ __forceinline__ void mma(float (&d)[64], uint64_t a, uint64_t b, int accumulate) {
+    if constexpr (std::is_same_v<T, __half>)
+      FUSION_WGMMA_SS(128, "f16", FUSION_REGS64, FUSION_ACC64, 64, 65, 66, 67);
+    else
+      FUSION_WGMMA_SS(128, "bf16", FUSION_REGS64, FUSION_ACC64, 64, 65, 66, 67);
+  }
+};
+
+#undef FUSION_WGMMA_SS
+#undef FUSION_REGS128
+#undef FUSION_REGS64
+#undef FUSION_ACC128
+#undef FUSION_ACC64
+#undef FUSION_ACC8
+
+}  // namespace sm90
+}  // namespace fusion
