@@ -286,20 +286,30 @@ fn short_name(demangled: &str) -> String {
 
 /// The block tile (M x N x K) of a kernel whose template arguments include a
 /// tile type: "TileConfig<128, 256, 64, 64, 64, 3, …>" gives "128x256x64".
+/// The sm90 mainloop's "sm90::TileConfig<128, 256, 4, …>" names M, N and
+/// the stages; its K step is always 64.
 fn tile_of(demangled: &str) -> Option<String> {
-    let start = ["TileConfig<", "Tile<"]
-        .iter()
-        .find_map(|opening| Some(demangled.find(opening)? + opening.len()))?;
-    let dims: Vec<&str> = demangled[start..]
+    const SM90_TILE: &str = "sm90::TileConfig<";
+    let (start, given, fixed_k) = match demangled.find(SM90_TILE) {
+        Some(at) => (at + SM90_TILE.len(), 2, Some("64")),
+        None => {
+            let start = ["TileConfig<", "Tile<"]
+                .iter()
+                .find_map(|opening| Some(demangled.find(opening)? + opening.len()))?;
+            (start, 3, None)
+        }
+    };
+    let mut dims: Vec<&str> = demangled[start..]
         .split([',', '>'])
         .map(str::trim)
-        .take(3)
+        .take(given)
         .collect();
-    (dims.len() == 3
+    let numeric = dims.len() == given
         && dims
             .iter()
-            .all(|d| !d.is_empty() && d.chars().all(|c| c.is_ascii_digit())))
-    .then(|| dims.join("x"))
+            .all(|d| !d.is_empty() && d.chars().all(|c| c.is_ascii_digit()));
+    dims.extend(fixed_k);
+    numeric.then(|| dims.join("x"))
 }
 
 /// Compiles every unit of `graph` with ptxas reporting (several at once)
@@ -508,6 +518,14 @@ ptxas info    : Compile time = 120.000 ms
                  fusion::NoPrologue>(fusion::GemmArgs<__half>)"
             ),
             "fused_gemm_kernel 64x128x32"
+        );
+        assert_eq!(
+            short_name(
+                "void fusion::sm90::persistent_gemm_kernel<fusion::sm90::Mainloop<__half, (fusion::LayoutB)1, \
+                 fusion::sm90::TileConfig<128, 256, 4, (fusion::sm90::Schedule)0, 8> >, \
+                 fusion::EpilogueChain<fusion::Bias> >(CUtensorMap_st, CUtensorMap_st, fusion::GemmArgs<__half>)"
+            ),
+            "persistent_gemm_kernel 128x256x64"
         );
         assert_eq!(short_name("fusion::rmsnorm_kernel(float*)"), "rmsnorm_kernel");
         assert_eq!(short_name("_Z3fooPf"), "_Z3fooPf");

@@ -7,8 +7,9 @@
 //! tile configs. Kernels that agree on all of these share one unit and one
 //! launcher symbol, whichever graphs and kernel positions use them (the
 //! `gemm_bias_residual` of three graphs is compiled once), and targets whose
-//! configs agree (sm80 and sm90 with the same tiles) share one unit compiled
-//! for both. Symbols start with the library name, so two crates' libraries
+//! mainloop and configs agree (a norm composition on sm80 and sm90 with the
+//! same sm80 tiles) share one unit compiled for both; the mainloop is part of
+//! the key, so an sm80 and an sm90 mainloop never share a unit. Symbols start with the library name, so two crates' libraries
 //! link side by side.
 //!
 //! The templates (`kernels/*.hbs`, see [`templates`]) only pick C++ types and
@@ -24,7 +25,7 @@ pub mod wrappers;
 
 use crate::fuse::{Activation, Composition, EpilogueStep, NormKind, Plan};
 use crate::ir::{DType, GeluApprox, WeightLayout};
-use crate::select::{self, Arch, KernelConfig, KernelKind, Mainloop, SelectError, TileConfig};
+use crate::select::{self, Arch, KernelConfig, KernelKind, Mainloop, Schedule, SelectError, TileConfig};
 use indexmap::IndexMap;
 use serde_json::json;
 
@@ -89,6 +90,17 @@ fn tile_type(mainloop: Mainloop, c: &TileConfig) -> String {
             "fusion::sm75::TileConfig<{}, {}, {}, {}, {}, {}>",
             c.bm, c.bn, c.bk, c.warp_m, c.warp_n, c.min_blocks_per_sm
         ),
+        // BK is fixed at 64 by the template.
+        Mainloop::Sm90 => {
+            let schedule = match c.sm90_schedule() {
+                Schedule::Cooperative => "Cooperative",
+                Schedule::PingPong => "PingPong",
+            };
+            format!(
+                "fusion::sm90::TileConfig<{}, {}, {}, fusion::sm90::Schedule::{schedule}>",
+                c.bm, c.bn, c.stages
+            )
+        }
     }
 }
 
@@ -369,14 +381,17 @@ fn check_dtypes(spec: &GraphSpec, archs: &[Arch]) -> Result<(), CodegenError> {
 /// The distinct kernel a planned kernel becomes for one dtype and arch.
 fn kernel_key(composition: &Composition, dtype: DType, arch: Arch) -> Result<KernelKey, CodegenError> {
     Ok(match composition {
-        Composition::Gemm(gemm) => KernelKey::Gemm {
-            prologue: gemm.prologue.map(|p| p.kind),
-            layout: gemm.b_layout,
-            steps: gemm.epilogue.clone(),
-            dtype,
-            mainloop: arch.mainloop(),
-            config: select::select(arch, &KernelKind::of(gemm, dtype))?,
-        },
+        Composition::Gemm(gemm) => {
+            let kind = KernelKind::of(gemm, dtype);
+            KernelKey::Gemm {
+                prologue: gemm.prologue.map(|p| p.kind),
+                layout: gemm.b_layout,
+                steps: gemm.epilogue.clone(),
+                dtype,
+                mainloop: arch.mainloop_for(&kind),
+                config: select::select(arch, &kind)?,
+            }
+        }
         Composition::Norm(norm) => KernelKey::Norm {
             kind: norm.kind,
             dtype,
@@ -462,13 +477,14 @@ fn render_unit(
             let (mainloop_type, header) = match mainloop {
                 Mainloop::Sm80 => ("fusion::sm80::Mainloop", "fusion/sm80/mainloop.cuh"),
                 Mainloop::Sm75 => ("fusion::sm75::Mainloop", "fusion/sm75/mainloop.cuh"),
+                Mainloop::Sm90 => ("fusion::sm90::Mainloop", "fusion/sm90/mainloop.cuh"),
             };
             let prologue = match prologue {
                 None => "fusion::NoPrologue".to_owned(),
                 Some(kind) => format!("fusion::NormPrologue<fusion::NormKind::{}>", norm_type(*kind)),
             };
             let small = config.small().map(|(tile, max_m)| {
-                json!({ "tile": tile_type(*mainloop, &tile), "tile_doc": tile.summary(), "max_m": max_m })
+                json!({ "tile": tile_type(*mainloop, &tile), "tile_doc": tile.summary(*mainloop), "max_m": max_m })
             });
             let extra = json!({
                 "mainloop": mainloop_type,
@@ -478,7 +494,7 @@ fn render_unit(
                 "prologue": prologue,
                 "steps": steps.iter().map(|s| step_type(*s)).collect::<Vec<_>>().join(", "),
                 "large_tile": tile_type(*mainloop, &config.large),
-                "large_tile_doc": config.large.summary(),
+                "large_tile_doc": config.large.summary(*mainloop),
                 "small": small.unwrap_or(serde_json::Value::Bool(false)),
             });
             merge(&mut context, extra);

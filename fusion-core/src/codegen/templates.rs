@@ -29,7 +29,7 @@ pub const TEMPLATES: [(&str, &str); 5] = [
 ];
 
 /// Every file of `kernels/include`, by path relative to it.
-pub const HEADERS: [(&str, &str); 10] = [
+pub const HEADERS: [(&str, &str); 12] = [
     (
         "fusion/abi.h",
         include_str!("../../../kernels/include/fusion/abi.h"),
@@ -69,6 +69,14 @@ pub const HEADERS: [(&str, &str); 10] = [
     (
         "fusion/sm80/mainloop.cuh",
         include_str!("../../../kernels/include/fusion/sm80/mainloop.cuh"),
+    ),
+    (
+        "fusion/sm90/mainloop.cuh",
+        include_str!("../../../kernels/include/fusion/sm90/mainloop.cuh"),
+    ),
+    (
+        "fusion/sm90/primitives.cuh",
+        include_str!("../../../kernels/include/fusion/sm90/primitives.cuh"),
     ),
 ];
 

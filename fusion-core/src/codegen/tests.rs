@@ -71,7 +71,7 @@ fn identical_kernels_share_a_unit() {
         .iter()
         .filter(|u| u.symbol.contains("_gemm_bias_residual_"))
         .collect();
-    // One unit per arch (their tuned tiles differ), each shared by all three.
+    // One unit per arch (sm90 runs its own mainloop), each shared by all three.
     assert_eq!(residual.len(), 2);
     for (unit, arch) in residual.iter().zip([Arch::Sm80, Arch::Sm90]) {
         assert_eq!(unit.archs, [arch]);
@@ -142,6 +142,71 @@ fn dtypes_and_archs_multiply_variants() {
     let kernel = &lib.graphs[0].kernels[0];
     assert_eq!(kernel.symbol(DType::BF16, Arch::Sm75), None);
     assert_eq!(kernel.variants.len(), 5);
+}
+
+#[test]
+fn sm90_units_use_the_sm90_mainloop_except_with_a_norm_prologue() {
+    let lib = render(
+        "k",
+        &[Arch::Sm80, Arch::Sm90],
+        &[spec("gemm_bias_gelu.toml", F16), spec("layernorm_gemm.toml", F16)],
+    )
+    .unwrap();
+    let unit = |symbol: &str| {
+        lib.units
+            .iter()
+            .find(|u| u.symbol == symbol)
+            .unwrap_or_else(|| panic!("no unit {symbol}"))
+    };
+    let sm90 = unit("k_gemm_bias_gelu_nk_f16_sm90");
+    assert!(matches!(
+        sm90.key,
+        KernelKey::Gemm {
+            mainloop: Mainloop::Sm90,
+            ..
+        }
+    ));
+    for needle in [
+        "#include \"fusion/sm90/mainloop.cuh\"",
+        "fusion::FusedGemm<fusion::sm90::Mainloop<Element, fusion::LayoutB::NK, Tile>, fusion::NoPrologue,",
+        "using LargeTile = fusion::sm90::TileConfig<128, 256, 4, fusion::sm90::Schedule::Cooperative>;",
+        "// 128x256x64 (4 stages, cooperative, persistent)",
+        "using SmallTile = fusion::sm90::TileConfig<128, 128, 6, fusion::sm90::Schedule::Cooperative>;",
+        "if (p->m <= 512) return int(launch<Kernel<SmallTile>>(p, s));",
+    ] {
+        assert!(
+            sm90.source.contains(needle),
+            "`{needle}` missing from:\n{}",
+            sm90.source
+        );
+    }
+    assert!(!sm90.source.contains("sm80"), "{}", sm90.source);
+    // The sm80 unit of the same composition stays apart.
+    let sm80 = unit("k_gemm_bias_gelu_nk_f16_sm80");
+    assert!(sm80.source.contains("#include \"fusion/sm80/mainloop.cuh\""));
+    assert!(!sm80.source.contains("sm90"));
+    // A norm composition on sm90 keeps the sm80 mainloop with sm90.json's
+    // tiles for it.
+    let norm = lib
+        .units
+        .iter()
+        .find(|u| u.symbol.starts_with("k_layernorm_gemm_nk_f16") && u.archs.contains(&Arch::Sm90))
+        .unwrap();
+    assert!(matches!(
+        norm.key,
+        KernelKey::Gemm {
+            mainloop: Mainloop::Sm80,
+            ..
+        }
+    ));
+    assert!(norm.source.contains("#include \"fusion/sm80/mainloop.cuh\""));
+    assert!(
+        norm.source.contains(
+            "using LargeTile = fusion::sm80::TileConfig<128, 256, 64, 64, 64, 3, 1, fusion::sm80::KLoop::Pipelined, fusion::sm80::Store::Staged>;"
+        ),
+        "{}",
+        norm.source
+    );
 }
 
 #[test]

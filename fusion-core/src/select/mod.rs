@@ -11,6 +11,13 @@
 //! a build error naming the file and the entry, never an nvcc failure or a
 //! launch that fails at run time.
 //!
+//! On sm90 the mainloop depends on the kernel ([`Arch::mainloop_for`]):
+//! compositions with a norm prologue keep the sm80 mainloop, everything else
+//! runs the sm90 one, and each config is checked against the mainloop it will
+//! be rendered with. A table's `default` entry serves the arch's own mainloop
+//! ([`Arch::default_mainloop`]); a kernel on another one (a norm composition
+//! on sm90) without an entry of its own gets that mainloop's heuristic.
+//!
 //! M is only known at run time, so a kernel gets one config for every M plus,
 //! optionally, a second one its launcher picks for small M.
 //!
@@ -32,8 +39,9 @@ pub enum Arch {
     Sm75,
     /// Ampere and Ada: the mma.sync mainloop; also runs on sm_86 and sm_89.
     Sm80,
-    /// Hopper, built as sm_90a. Runs the sm80 mainloop (with its own config)
-    /// until a wgmma mainloop exists.
+    /// Hopper, built as sm_90a: the wgmma + TMA mainloop, except for
+    /// compositions with a norm prologue, which keep the sm80 mainloop (see
+    /// [`Arch::mainloop_for`]).
     Sm90,
 }
 
@@ -44,6 +52,43 @@ pub enum Mainloop {
     Sm75,
     /// `fusion::sm80::Mainloop`: mma.sync, cp.async multi-stage pipeline.
     Sm80,
+    /// `fusion::sm90::Mainloop`: persistent and warp-specialized, TMA loads
+    /// into a ring of stages, wgmma from shared memory; no norm prologue.
+    Sm90,
+}
+
+impl Mainloop {
+    /// `sm80`, for messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mainloop::Sm75 => "sm75",
+            Mainloop::Sm80 => "sm80",
+            Mainloop::Sm90 => "sm90",
+        }
+    }
+}
+
+/// How the sm90 mainloop's consumer warp groups share the work: its
+/// `fusion::sm90::Schedule`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Schedule {
+    /// `BM / 64` consumers split every tile by rows, 64 rows each.
+    #[default]
+    Cooperative,
+    /// Two consumers take alternate whole tiles, so one's epilogue overlaps
+    /// the other's K loop.
+    PingPong,
+}
+
+impl Schedule {
+    /// `cooperative`, as the tuned tables spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Schedule::Cooperative => "cooperative",
+            Schedule::PingPong => "pingpong",
+        }
+    }
 }
 
 /// What one block of a kernel may use on an architecture.
@@ -68,10 +113,23 @@ impl Arch {
         }
     }
 
-    pub fn mainloop(self) -> Mainloop {
+    /// The mainloop written for this arch: what kernels without a norm
+    /// prologue run, and what a tuned table's `default` entry is for.
+    pub fn default_mainloop(self) -> Mainloop {
         match self {
             Arch::Sm75 => Mainloop::Sm75,
-            Arch::Sm80 | Arch::Sm90 => Mainloop::Sm80,
+            Arch::Sm80 => Mainloop::Sm80,
+            Arch::Sm90 => Mainloop::Sm90,
+        }
+    }
+
+    /// The mainloop a kernel is rendered with on this arch. The sm90
+    /// mainloop has no norm prologue, so on sm90 those compositions keep the
+    /// sm80 mainloop (and the sm80-style entries of `sm90.json`).
+    pub fn mainloop_for(self, kernel: &KernelKind) -> Mainloop {
+        match self.default_mainloop() {
+            Mainloop::Sm90 if kernel.prologue => Mainloop::Sm80,
+            mainloop => mainloop,
         }
     }
 
@@ -133,7 +191,11 @@ impl fmt::Display for Arch {
     }
 }
 
-/// The parameters of the mainloops' `TileConfig` templates.
+/// The parameters of the mainloops' `TileConfig` templates. One struct
+/// serves every mainloop; which fields apply depends on it (see
+/// [`TileConfig::check`]): the sm90 mainloop takes `bm`, `bn`, `bk` (always
+/// 64), `stages` and `schedule`, and fixes the warp layout itself, so its
+/// entries leave out `warp_m`, `warp_n` and `min_blocks_per_sm`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct TileConfig {
@@ -141,13 +203,18 @@ pub struct TileConfig {
     pub bm: u32,
     pub bn: u32,
     pub bk: u32,
-    /// Rows and columns of C one warp computes.
+    /// Rows and columns of C one warp computes (sm75 and sm80; 0 when left
+    /// out, which only the sm90 mainloop accepts).
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub warp_m: u32,
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub warp_n: u32,
     /// Shared-memory pipeline depth (the sm75 mainloop is fixed at 2).
     pub stages: u32,
     /// `__launch_bounds__`' second argument: caps registers so this many
-    /// blocks fit on one SM.
+    /// blocks fit on one SM (sm75 and sm80; the sm90 mainloop is persistent,
+    /// one block per SM).
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub min_blocks_per_sm: u32,
     /// The sm80 mainloop's pipelined K loop (A/B fragments double-buffered
     /// in registers, the stage barrier inside the last k16 step): 1.4-1.6x
@@ -159,6 +226,14 @@ pub struct TileConfig {
     /// on the 128x256x64 tile, sweep set 2).
     #[serde(default)]
     pub staged_store: bool,
+    /// The sm90 mainloop's schedule; absent means cooperative. Other
+    /// mainloops reject it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<Schedule>,
+}
+
+fn is_zero(value: &u32) -> bool {
+    *value == 0
 }
 
 /// Registers a thread needs besides its f32 accumulators: addresses, A/B
@@ -166,6 +241,14 @@ pub struct TileConfig {
 /// two blocks per SM) at exactly 128 registers without spills on sm_90a, and
 /// the 128x256 tile (128 accumulators) at 227-236.
 const REGISTERS_BESIDES_ACCUMULATORS: u32 = 64;
+
+/// The sm90 mainloop's K step: one 128-byte swizzled row of 16-bit elements.
+const SM90_BK: u32 = 64;
+
+/// f32 accumulators one sm90 consumer thread may hold: consumers run with
+/// 232 registers (`setmaxnreg`), which leaves room for 128 besides addresses
+/// and the epilogue's values.
+const SM90_MAX_ACCUMULATORS: u32 = 128;
 
 impl TileConfig {
     /// 8 warps of 64x64, 96 KB: the fastest config at large M on an H200.
@@ -179,6 +262,7 @@ impl TileConfig {
         min_blocks_per_sm: 1,
         pipelined: false,
         staged_store: false,
+        schedule: None,
     };
     /// 8 warps of 64x32, 64 KB, two blocks per SM: better when a 128x256
     /// tiling leaves SMs idle (M = 128 and 512 measured).
@@ -192,6 +276,7 @@ impl TileConfig {
         min_blocks_per_sm: 2,
         pipelined: false,
         staged_store: false,
+        schedule: None,
     };
     /// The sm75 mainloop's double-buffered 128x128 tile (40 KB).
     pub const SM75_128X128: TileConfig = TileConfig {
@@ -204,10 +289,50 @@ impl TileConfig {
         min_blocks_per_sm: 1,
         pipelined: false,
         staged_store: false,
+        schedule: None,
+    };
+    /// The sm90 mainloop's 128x256 tile: two cooperative consumer warp
+    /// groups, 4 stages (211 KB).
+    pub const SM90_128X256: TileConfig = TileConfig {
+        bm: 128,
+        bn: 256,
+        bk: SM90_BK,
+        warp_m: 0,
+        warp_n: 0,
+        stages: 4,
+        min_blocks_per_sm: 0,
+        pipelined: false,
+        staged_store: false,
+        schedule: Some(Schedule::Cooperative),
+    };
+    /// The sm90 mainloop's 128x128 tile, 6 stages (211 KB): twice the tiles
+    /// of [`TileConfig::SM90_128X256`] to spread over the SMs at small M.
+    pub const SM90_128X128: TileConfig = TileConfig {
+        bm: 128,
+        bn: 128,
+        stages: 6,
+        ..TileConfig::SM90_128X256
     };
 
-    pub fn threads(&self) -> u32 {
-        32 * (self.bm / self.warp_m.max(1)) * (self.bn / self.warp_n.max(1))
+    /// The sm90 schedule, cooperative when the config names none.
+    pub fn sm90_schedule(&self) -> Schedule {
+        self.schedule.unwrap_or_default()
+    }
+
+    /// Threads per block, as the mainloop's `kThreads`: one warp per warp
+    /// tile for sm75 and sm80; for sm90 a producer warp group plus one
+    /// consumer warp group per 64 rows (cooperative) or two consumers
+    /// (ping-pong).
+    pub fn threads(&self, mainloop: Mainloop) -> u32 {
+        match mainloop {
+            Mainloop::Sm75 | Mainloop::Sm80 => {
+                32 * (self.bm / self.warp_m.max(1)) * (self.bn / self.warp_n.max(1))
+            }
+            Mainloop::Sm90 => match self.sm90_schedule() {
+                Schedule::Cooperative => 128 * (1 + self.bm / 64),
+                Schedule::PingPong => 3 * 128,
+            },
+        }
     }
 
     /// Shared memory a block uses, mirroring the mainloops' `kSmemBytes`
@@ -231,45 +356,112 @@ impl TileConfig {
                     WeightLayout::NK => (bn, bk),
                 };
                 let pipeline = 2 * (bm * (bk + pad) + b_rows * (b_cols + pad)) * elem;
-                let warps = (self.threads() / 32) as usize;
+                let warps = (self.threads(mainloop) / 32) as usize;
                 let epilogue = warps * 16 * (self.warp_n as usize + 4) * 4;
                 pipeline.max(epilogue)
+            }
+            Mainloop::Sm90 => {
+                let stages = self.stages as usize;
+                // 1024 bytes to align the stages for the 128-byte swizzle.
+                let alignment = 1024;
+                let pipeline = stages * (bm + bn) * bk * elem;
+                // The epilogue stages 64 columns at a time, rows padded by 8
+                // elements; ping-pong's two consumers each stage a whole tile.
+                let staged_rows = match self.sm90_schedule() {
+                    Schedule::Cooperative => bm,
+                    Schedule::PingPong => 2 * bm,
+                };
+                let staging = staged_rows * (64 + 8) * elem;
+                // A "full" and an "empty" mbarrier of 8 bytes per stage.
+                let barriers = 16 * stages;
+                alignment + pipeline + staging + barriers
             }
         };
         let row_stats = if prologue { bm * 8 } else { 0 };
         dynamic + row_stats
     }
 
-    /// Estimated registers per thread (see [`REGISTERS_BESIDES_ACCUMULATORS`]).
+    /// Estimated registers per thread for the sm75 and sm80 mainloops (see
+    /// [`REGISTERS_BESIDES_ACCUMULATORS`]); the sm90 mainloop fixes its own.
     pub fn registers_estimate(&self) -> u32 {
         self.warp_m * self.warp_n / 32 + REGISTERS_BESIDES_ACCUMULATORS
     }
 
-    /// `128x256x32 (warp 64x64, 4 stages, 1 block/SM)`.
-    pub fn summary(&self) -> String {
-        format!(
-            "{}x{}x{} (warp {}x{}, {} stages, {} block(s)/SM)",
-            self.bm, self.bn, self.bk, self.warp_m, self.warp_n, self.stages, self.min_blocks_per_sm
-        )
+    /// f32 accumulators one sm90 consumer thread holds: a 64-row share of
+    /// the tile (cooperative) or a whole tile (ping-pong) over 128 threads.
+    pub fn sm90_accumulators(&self) -> u32 {
+        match self.sm90_schedule() {
+            Schedule::Cooperative => 64 * self.bn / 128,
+            Schedule::PingPong => self.bm * self.bn / 128,
+        }
     }
 
-    /// Checks the config against what the mainloop's templates accept and
-    /// the architecture's budgets, for a kernel of this shape. The error is
-    /// a sentence saying what is wrong and the limit.
+    /// `128x256x32 (warp 64x64, 4 stages, 1 block(s)/SM)` for the sm75 and
+    /// sm80 mainloops; `128x256x64 (4 stages, cooperative, persistent)` for
+    /// sm90's.
+    pub fn summary(&self, mainloop: Mainloop) -> String {
+        match mainloop {
+            Mainloop::Sm75 | Mainloop::Sm80 => format!(
+                "{}x{}x{} (warp {}x{}, {} stages, {} block(s)/SM)",
+                self.bm, self.bn, self.bk, self.warp_m, self.warp_n, self.stages, self.min_blocks_per_sm
+            ),
+            Mainloop::Sm90 => format!(
+                "{}x{}x{} ({} stages, {}, persistent)",
+                self.bm,
+                self.bn,
+                self.bk,
+                self.stages,
+                self.sm90_schedule().name()
+            ),
+        }
+    }
+
+    /// Checks the config against what the mainloop it is rendered with
+    /// ([`Arch::mainloop_for`]) accepts and the architecture's budgets, for
+    /// a kernel of this shape. The error is a sentence saying what is wrong
+    /// and the limit.
     pub fn check(&self, arch: Arch, kernel: &KernelKind) -> Result<(), String> {
+        let mainloop = arch.mainloop_for(kernel);
+        let checked = match mainloop {
+            Mainloop::Sm90 => self.check_sm90(arch, kernel),
+            Mainloop::Sm75 | Mainloop::Sm80 => self.check_warp_tiled(arch, mainloop, kernel),
+        };
+        checked.map_err(|reason| {
+            if arch == Arch::Sm90 && mainloop == Mainloop::Sm80 {
+                format!(
+                    "{reason} (on sm90 a composition with a norm prologue runs the sm80 mainloop, so its config must be an sm80 one)"
+                )
+            } else {
+                reason
+            }
+        })
+    }
+
+    /// The sm75 and sm80 mainloops: warp tiles, a thread count from them and
+    /// an estimate of the registers they need.
+    fn check_warp_tiled(&self, arch: Arch, mainloop: Mainloop, kernel: &KernelKind) -> Result<(), String> {
         let c = self;
         let budget = arch.budget();
-        let nonzero = [
-            c.bm,
-            c.bn,
-            c.bk,
-            c.warp_m,
-            c.warp_n,
-            c.stages,
-            c.min_blocks_per_sm,
+        if let Some(schedule) = c.schedule {
+            return Err(format!(
+                "`schedule` ({}) is an option of the sm90 mainloop; the {} mainloop has none, leave it out",
+                schedule.name(),
+                mainloop.name()
+            ));
+        }
+        let required = [
+            ("warp_m", c.warp_m),
+            ("warp_n", c.warp_n),
+            ("min_blocks_per_sm", c.min_blocks_per_sm),
         ];
-        if nonzero.contains(&0) {
-            return Err(format!("{}: every field must be positive", c.summary()));
+        if let Some((field, _)) = required.iter().find(|(_, value)| *value == 0) {
+            return Err(format!(
+                "`{field}` is missing or 0: the {} mainloop needs `warp_m`, `warp_n` and `min_blocks_per_sm`",
+                mainloop.name()
+            ));
+        }
+        if [c.bm, c.bn, c.bk, c.stages].contains(&0) {
+            return Err(format!("{}: every field must be positive", c.summary(mainloop)));
         }
         if !c.bm.is_multiple_of(c.warp_m) || !c.bn.is_multiple_of(c.warp_n) {
             return Err(format!(
@@ -283,7 +475,7 @@ impl TileConfig {
                 c.warp_m, c.warp_n, c.bk
             ));
         }
-        let threads = c.threads();
+        let threads = c.threads(mainloop);
         if threads > budget.max_threads_per_block {
             return Err(format!(
                 "{threads} threads per block; at most {} are allowed",
@@ -298,7 +490,7 @@ impl TileConfig {
                 c.bm, c.bk, c.bk, c.bn
             ));
         }
-        match arch.mainloop() {
+        match mainloop {
             Mainloop::Sm75 if c.stages != 2 => {
                 return Err(format!(
                     "stages = {}: the sm75 mainloop is double-buffered, stages must be 2",
@@ -320,13 +512,13 @@ impl TileConfig {
                     }
                 }
             }
-            Mainloop::Sm75 => {}
+            Mainloop::Sm75 | Mainloop::Sm90 => {}
         }
-        let smem = c.smem_bytes(arch.mainloop(), kernel.dtype, kernel.layout, kernel.prologue);
+        let smem = c.smem_bytes(mainloop, kernel.dtype, kernel.layout, kernel.prologue);
         if smem > budget.smem_per_block {
             return Err(format!(
                 "{} needs {smem} bytes of shared memory per block; {arch} allows {}",
-                c.summary(),
+                c.summary(mainloop),
                 budget.smem_per_block
             ));
         }
@@ -337,10 +529,80 @@ impl TileConfig {
         if registers > register_cap {
             return Err(format!(
                 "{} needs about {registers} registers per thread ({} accumulators); {} threads x {} block(s)/SM leave {register_cap}",
-                c.summary(),
+                c.summary(mainloop),
                 c.warp_m * c.warp_n / 32,
                 threads,
                 c.min_blocks_per_sm
+            ));
+        }
+        Ok(())
+    }
+
+    /// The sm90 mainloop: the template's static_asserts, its accumulators
+    /// and its shared memory. Registers are fixed by the kernel (producer 40,
+    /// consumers 232), so there is no estimate to check.
+    fn check_sm90(&self, arch: Arch, kernel: &KernelKind) -> Result<(), String> {
+        let c = self;
+        let budget = arch.budget();
+        if kernel.prologue {
+            return Err("the sm90 mainloop has no norm prologue".into());
+        }
+        let sm80_only = [
+            ("warp_m", c.warp_m != 0),
+            ("warp_n", c.warp_n != 0),
+            ("min_blocks_per_sm", c.min_blocks_per_sm != 0),
+            ("pipelined", c.pipelined),
+            ("staged_store", c.staged_store),
+        ];
+        if let Some((field, _)) = sm80_only.iter().find(|(_, set)| *set) {
+            return Err(format!(
+                "`{field}` does not apply to the sm90 mainloop, which fixes its warp groups and runs one block per SM; leave it out"
+            ));
+        }
+        if c.bk != SM90_BK {
+            return Err(format!(
+                "bk = {}: the sm90 mainloop's K step is fixed at {SM90_BK} (one 128-byte swizzled row)",
+                c.bk
+            ));
+        }
+        if !matches!(c.bm, 64 | 128) {
+            return Err(format!(
+                "bm = {}: the sm90 mainloop takes 64 or 128 (one or two consumer warp groups of 64 rows)",
+                c.bm
+            ));
+        }
+        if !matches!(c.bn, 128 | 256) {
+            return Err(format!(
+                "bn = {}: the sm90 mainloop takes 128 or 256 (the wgmma widths it instantiates)",
+                c.bn
+            ));
+        }
+        if c.stages < 2 {
+            return Err(format!(
+                "stages = {}: the sm90 mainloop's pipeline needs at least 2",
+                c.stages
+            ));
+        }
+        let schedule = c.sm90_schedule();
+        if schedule == Schedule::PingPong && c.bm != 128 {
+            return Err(format!(
+                "bm = {}: the ping-pong schedule needs bm = 128 (two consumer warp groups, each taking whole tiles)",
+                c.bm
+            ));
+        }
+        let accumulators = c.sm90_accumulators();
+        if accumulators > SM90_MAX_ACCUMULATORS {
+            return Err(format!(
+                "{} needs {accumulators} f32 accumulators per consumer thread; the sm90 mainloop's consumers hold at most {SM90_MAX_ACCUMULATORS}",
+                c.summary(Mainloop::Sm90)
+            ));
+        }
+        let smem = c.smem_bytes(Mainloop::Sm90, kernel.dtype, kernel.layout, false);
+        if smem > budget.smem_per_block {
+            return Err(format!(
+                "{} needs {smem} bytes of shared memory per block; {arch} allows {}",
+                c.summary(Mainloop::Sm90),
+                budget.smem_per_block
             ));
         }
         Ok(())
@@ -428,27 +690,38 @@ pub enum SelectError {
     },
 }
 
-/// The choice made when no tuned entry applies: the configs the self-test
-/// benchmark measured best.
-pub fn heuristic(arch: Arch) -> KernelConfig {
-    match arch {
-        Arch::Sm75 => KernelConfig {
+/// The choice made when no tuned entry applies, per mainloop: the configs
+/// the self-test benchmark measured best for sm75 and sm80, and the shipped
+/// sm90 table's default for sm90.
+pub fn heuristic(mainloop: Mainloop) -> KernelConfig {
+    match mainloop {
+        Mainloop::Sm75 => KernelConfig {
             large: TileConfig::SM75_128X128,
             small_m: None,
             small_m_max: None,
         },
-        Arch::Sm80 | Arch::Sm90 => KernelConfig {
+        Mainloop::Sm80 => KernelConfig {
             large: TileConfig::TILE_128X256,
             small_m: Some(TileConfig::TILE_128X128),
             small_m_max: Some(256),
+        },
+        Mainloop::Sm90 => KernelConfig {
+            large: TileConfig::SM90_128X256,
+            small_m: Some(TileConfig::SM90_128X128),
+            small_m_max: Some(512),
         },
     }
 }
 
 /// The checked config for a kernel on `arch`: from `table` when it has an
-/// entry, else [`heuristic`].
+/// entry for the kernel's mainloop, else [`heuristic`].
 pub fn select_with(table: &TunedTable, arch: Arch, kernel: &KernelKind) -> Result<KernelConfig, SelectError> {
-    let (config, source) = match table.lookup(&kernel.name, kernel.dtype) {
+    let mainloop = arch.mainloop_for(kernel);
+    // `default` is written for the arch's own mainloop.
+    let entry = table
+        .lookup(&kernel.name, kernel.dtype)
+        .filter(|(key, _)| *key != "default" || mainloop == arch.default_mainloop());
+    let (config, source) = match entry {
         Some((entry, config)) => (
             *config,
             ConfigSource::Tuned {
@@ -456,7 +729,7 @@ pub fn select_with(table: &TunedTable, arch: Arch, kernel: &KernelKind) -> Resul
                 entry: entry.to_owned(),
             },
         ),
-        None => (heuristic(arch), ConfigSource::Heuristic),
+        None => (heuristic(mainloop), ConfigSource::Heuristic),
     };
     let fail = |which, reason| SelectError::Invalid {
         origin: source.clone(),

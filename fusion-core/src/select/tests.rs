@@ -14,15 +14,25 @@ fn shipped_tables_parse_and_fit_their_arch() {
     for arch in Arch::ALL {
         let table = TunedTable::shipped(arch).unwrap();
         assert_eq!(table.arch, arch);
-        for dtype in [DType::F16, DType::BF16]
-            .into_iter()
-            .filter(|d| arch.supports(*d))
-        {
-            for layout in [WeightLayout::NK, WeightLayout::KN] {
-                for prologue in [false, true] {
+        // Every entry, with the prologue its name implies, and a norm and a
+        // plain composition that fall back to `default` or the heuristic.
+        let mut names: Vec<String> = table
+            .configs
+            .keys()
+            .map(|k| k.replace("default", "gemm"))
+            .collect();
+        names.extend(["rmsnorm_gemm_bias_silu".to_owned(), "gemm_bias_silu".to_owned()]);
+        for name in &names {
+            let (name, dtypes) = match name.split_once('.') {
+                Some((name, dtype)) => (name, vec![dtype.parse::<DType>().unwrap()]),
+                None => (name.as_str(), vec![DType::F16, DType::BF16]),
+            };
+            let prologue = name.starts_with("layernorm_") || name.starts_with("rmsnorm_");
+            for &dtype in dtypes.iter().filter(|d| arch.supports(**d)) {
+                for layout in [WeightLayout::NK, WeightLayout::KN] {
                     let k = KernelKind {
                         layout,
-                        ..kernel("layernorm_gemm_bias_gelu", dtype, prologue)
+                        ..kernel(name, dtype, prologue)
                     };
                     select(arch, &k).unwrap_or_else(|e| panic!("{e}"));
                 }
@@ -45,20 +55,42 @@ fn defaults_are_the_measured_tiles() {
         min_blocks_per_sm,
         pipelined: true,
         staged_store: false,
+        schedule: None,
     };
     let small = pipelined(64, 128, 32, 32, 64, 4, 3);
     assert_eq!(sm80.large, pipelined(128, 128, 32, 64, 64, 4, 2));
     assert_eq!(sm80.small(), Some((small, 512)));
+    // sm90: the sm90 mainloop's 128x256 and 128x128 cooperative tiles.
     let sm90 = select(Arch::Sm90, &k).unwrap();
+    let sm90_tile = |bm, bn, stages| TileConfig {
+        bm,
+        bn,
+        bk: 64,
+        warp_m: 0,
+        warp_n: 0,
+        stages,
+        min_blocks_per_sm: 0,
+        pipelined: false,
+        staged_store: false,
+        schedule: Some(Schedule::Cooperative),
+    };
+    assert_eq!(sm90.large, sm90_tile(128, 256, 4));
+    assert_eq!(sm90.small(), Some((sm90_tile(128, 128, 6), 512)));
+    assert_eq!(sm90, heuristic(Mainloop::Sm90));
+    // gemm_bias_residual has no override of its own any more.
+    let residual = select(Arch::Sm90, &kernel("gemm_bias_residual", DType::BF16, false)).unwrap();
+    assert_eq!(residual, sm90);
+    // Norm prologues keep the per-stage loop, which does not spill with them.
+    let norm = select(Arch::Sm80, &kernel("rmsnorm_gemm", DType::F16, true)).unwrap();
+    assert_eq!(norm.large, TileConfig::TILE_128X128);
+    // On sm90 they keep sm90.json's sm80-style entries.
+    let norm = select(Arch::Sm90, &kernel("layernorm_gemm_bias_gelu", DType::F16, true)).unwrap();
     let staged = TileConfig {
         staged_store: true,
         ..pipelined(128, 256, 64, 64, 64, 3, 1)
     };
-    assert_eq!(sm90.large, staged);
-    assert_eq!(sm90.small(), Some((small, 512)));
-    // Norm prologues keep the per-stage loop, which does not spill with them.
-    let norm = select(Arch::Sm80, &kernel("rmsnorm_gemm", DType::F16, true)).unwrap();
-    assert_eq!(norm.large, TileConfig::TILE_128X128);
+    assert_eq!(norm.large, staged);
+    assert_eq!(norm.small().map(|(_, max_m)| max_m), Some(512));
     assert_eq!(select(Arch::Sm75, &k).unwrap().large, TileConfig::SM75_128X128);
     assert_eq!(select(Arch::Sm75, &k).unwrap().small(), None);
 }
@@ -100,14 +132,19 @@ fn oversized_tuned_entry_is_rejected_with_file_and_entry() {
         err.contains("131072 bytes of shared memory per block; sm80 allows 101376"),
         "{err}"
     );
-    // It fits sm90's 227 KB, but 16 warps of 64x64 tiles exceed the register file.
-    let err = select_with(&table, Arch::Sm90, &kernel("gemm_bias_gelu", DType::F16, false))
+    // On sm90 a norm composition runs the sm80 mainloop: the config fits
+    // sm90's 227 KB, but 16 warps of 64x64 tiles exceed the register file.
+    let err = select_with(&table, Arch::Sm90, &kernel("gemm_bias_gelu", DType::F16, true))
         .unwrap_err()
         .to_string();
     assert!(err.contains("registers per thread"), "{err}");
+    assert!(
+        err.contains("a composition with a norm prologue runs the sm80 mainloop"),
+        "{err}"
+    );
     // Another composition falls through to the heuristic.
     let other = select_with(&table, Arch::Sm80, &kernel("gemm_bias", DType::F16, false)).unwrap();
-    assert_eq!(other, heuristic(Arch::Sm80));
+    assert_eq!(other, heuristic(Mainloop::Sm80));
 }
 
 #[test]
@@ -167,4 +204,176 @@ fn mainloop_constraints_are_checked() {
         ..TileConfig::TILE_128X128
     };
     assert!(bk48.check(Arch::Sm80, &k).is_err());
+}
+
+#[test]
+fn sm90_smem_mirrors_its_mainloop() {
+    // 1024 + 4 x (128 + 256) x 64 x 2 + 128 x 144 + 16 x 4, as
+    // sm90/mainloop.cuh's kSmemBytes.
+    let large = TileConfig::SM90_128X256;
+    let smem = |c: TileConfig| c.smem_bytes(Mainloop::Sm90, DType::BF16, WeightLayout::KN, false);
+    assert_eq!(smem(large), 1024 + 196_608 + 18_432 + 64);
+    assert_eq!(smem(large), 216_128);
+    assert_eq!(smem(TileConfig::SM90_128X128), 1024 + 6 * 256 * 128 + 18_432 + 96);
+    // Ping-pong stages two whole tiles for its epilogues.
+    let pingpong = TileConfig {
+        bn: 128,
+        schedule: Some(Schedule::PingPong),
+        ..large
+    };
+    assert_eq!(smem(pingpong), 1024 + 4 * 256 * 128 + 2 * 128 * 144 + 64);
+    assert_eq!(large.threads(Mainloop::Sm90), 384);
+    assert_eq!(TileConfig { bm: 64, ..large }.threads(Mainloop::Sm90), 256);
+    assert_eq!(pingpong.threads(Mainloop::Sm90), 384);
+    assert_eq!(large.sm90_accumulators(), 128);
+    assert_eq!(pingpong.sm90_accumulators(), 128);
+    assert_eq!(
+        large.summary(Mainloop::Sm90),
+        "128x256x64 (4 stages, cooperative, persistent)"
+    );
+}
+
+#[test]
+fn sm90_config_too_big_for_shared_memory_is_rejected() {
+    let json = r#"{ "arch": "sm90", "configs": {
+        "gemm_bias.f16": { "large": { "bm": 128, "bn": 256, "bk": 64, "stages": 5 } } } }"#;
+    let table = TunedTable::parse("kernels/tuned/sm90.json", json).unwrap();
+    let err = select_with(&table, Arch::Sm90, &kernel("gemm_bias", DType::F16, false))
+        .unwrap_err()
+        .to_string();
+    // 1024 + 5 x 384 x 128 + 18432 + 80 = 265296.
+    for needle in [
+        "kernels/tuned/sm90.json, entry `gemm_bias.f16`",
+        "(large)",
+        "128x256x64 (5 stages, cooperative, persistent) needs 265296 bytes of shared memory per block; sm90 allows 232448",
+    ] {
+        assert!(err.contains(needle), "`{needle}` missing from: {err}");
+    }
+}
+
+#[test]
+fn sm90_mainloop_constraints_are_checked() {
+    let k = kernel("gemm", DType::F16, false);
+    let base = TileConfig::SM90_128X256;
+    assert_eq!(base.check(Arch::Sm90, &k), Ok(()));
+    assert_eq!(
+        TileConfig {
+            bm: 64,
+            stages: 2,
+            ..base
+        }
+        .check(Arch::Sm90, &k),
+        Ok(())
+    );
+    let reject = |c: TileConfig, needle: &str| {
+        let err = c.check(Arch::Sm90, &k).unwrap_err();
+        assert!(err.contains(needle), "`{needle}` missing from: {err}");
+    };
+    reject(
+        TileConfig { bk: 32, ..base },
+        "bk = 32: the sm90 mainloop's K step is fixed at 64",
+    );
+    reject(
+        TileConfig { bm: 256, ..base },
+        "bm = 256: the sm90 mainloop takes 64 or 128",
+    );
+    reject(
+        TileConfig { bn: 192, ..base },
+        "bn = 192: the sm90 mainloop takes 128 or 256",
+    );
+    reject(
+        TileConfig { stages: 1, ..base },
+        "stages = 1: the sm90 mainloop's pipeline needs at least 2",
+    );
+    reject(
+        TileConfig {
+            bm: 64,
+            bn: 128,
+            schedule: Some(Schedule::PingPong),
+            ..base
+        },
+        "bm = 64: the ping-pong schedule needs bm = 128",
+    );
+    // A whole 128x256 tile per consumer is 256 accumulators a thread.
+    reject(
+        TileConfig {
+            schedule: Some(Schedule::PingPong),
+            ..base
+        },
+        "needs 256 f32 accumulators per consumer thread",
+    );
+    reject(
+        TileConfig { warp_m: 64, ..base },
+        "`warp_m` does not apply to the sm90 mainloop",
+    );
+    reject(
+        TileConfig {
+            staged_store: true,
+            ..base
+        },
+        "`staged_store` does not apply to the sm90 mainloop",
+    );
+    // Ping-pong with bm = 128 and bn = 128 fits.
+    let pingpong = TileConfig {
+        bn: 128,
+        schedule: Some(Schedule::PingPong),
+        ..base
+    };
+    assert_eq!(pingpong.check(Arch::Sm90, &k), Ok(()));
+}
+
+#[test]
+fn schedule_is_parsed_and_rejected_outside_sm90() {
+    let entry = |arch: &str, schedule: &str| {
+        format!(
+            r#"{{ "arch": "{arch}", "configs": {{ "default": {{ "large": {{
+                "bm": 128, "bn": 128, "bk": 64, "warp_m": 64, "warp_n": 32, "stages": 4,
+                "min_blocks_per_sm": 1, "schedule": "{schedule}" }} }} }} }}"#
+        )
+    };
+    let table = TunedTable::parse("kernels/tuned/sm80.json", &entry("sm80", "pingpong")).unwrap();
+    assert_eq!(table.configs["default"].large.schedule, Some(Schedule::PingPong));
+    let err = select_with(&table, Arch::Sm80, &kernel("gemm", DType::F16, false))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("`schedule` (pingpong) is an option of the sm90 mainloop; the sm80 mainloop has none"),
+        "{err}"
+    );
+    // An unknown schedule is a parse error naming the file.
+    let err = TunedTable::parse("x.json", &entry("sm90", "roundrobin"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.starts_with("x.json: unknown variant `roundrobin`"), "{err}");
+    // sm80 entries still need their warp tile.
+    let json = r#"{ "arch": "sm80", "configs": { "default": { "large": {
+        "bm": 128, "bn": 128, "bk": 32, "warp_n": 32, "stages": 4, "min_blocks_per_sm": 1 } } } }"#;
+    let table = TunedTable::parse("kernels/tuned/sm80.json", json).unwrap();
+    let err = select_with(&table, Arch::Sm80, &kernel("gemm", DType::F16, false))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("`warp_m` is missing or 0"), "{err}");
+}
+
+#[test]
+fn norm_compositions_on_sm90_get_the_sm80_mainloop() {
+    let norm = kernel("rmsnorm_gemm_bias_gelu", DType::BF16, true);
+    let plain = kernel("gemm_bias_gelu", DType::BF16, false);
+    assert_eq!(Arch::Sm90.mainloop_for(&norm), Mainloop::Sm80);
+    assert_eq!(Arch::Sm90.mainloop_for(&plain), Mainloop::Sm90);
+    assert_eq!(Arch::Sm80.mainloop_for(&plain), Mainloop::Sm80);
+    assert_eq!(Arch::Sm75.mainloop_for(&norm), Mainloop::Sm75);
+    // With no entry of its own it skips sm90.json's `default` (an sm90
+    // mainloop config) for the sm80 heuristic.
+    assert_eq!(select(Arch::Sm90, &norm).unwrap(), heuristic(Mainloop::Sm80));
+    // An sm90 mainloop config given to a norm composition is refused.
+    let err = TileConfig::SM90_128X256.check(Arch::Sm90, &norm).unwrap_err();
+    assert!(
+        err.contains("`schedule` (cooperative) is an option of the sm90 mainloop"),
+        "{err}"
+    );
+    assert!(
+        err.contains("a composition with a norm prologue runs the sm80 mainloop"),
+        "{err}"
+    );
 }

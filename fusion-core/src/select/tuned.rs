@@ -8,8 +8,13 @@
 //! ```
 //!
 //! Keys are `<composition>.<dtype>`, `<composition>` or `default`, tried in
-//! that order. The shipped tables are embedded so that a crate built outside
-//! this workspace gets them too.
+//! that order; `default` only serves kernels on the arch's own mainloop (on
+//! sm90, not the norm compositions, which run the sm80 mainloop). An sm90
+//! entry for the sm90 mainloop names `bm`, `bn`, `bk` (64), `stages` and
+//! optionally `"schedule": "cooperative" | "pingpong"`.
+//!
+//! The shipped tables are embedded so that a crate built outside this
+//! workspace gets them too.
 
 use super::{Arch, KernelConfig, SelectError};
 use crate::ir::DType;
