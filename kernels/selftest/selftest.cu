@@ -563,9 +563,17 @@ void check_sm80(Totals& totals, const Options& opt, Rng& rng) {
 
 #if FUSION_SELFTEST_SM90
 template <typename T, LayoutB L>
-using Sm90Large = sm90::Mainloop<T, L, sm90::TileConfig<128, 256, 4>>;
+using Sm90Large = sm90::Mainloop<T, L, sm90::TileConfig<128, 256, 3>>;
 template <typename T, LayoutB L>
 using Sm90Small = sm90::Mainloop<T, L, sm90::TileConfig<128, 128, 6>>;
+template <typename T, LayoutB L>
+using Sm90PingPong = sm90::Mainloop<T, L, sm90::TileConfig<128, 128, 5, sm90::Schedule::PingPong>>;
+template <typename T, LayoutB L>
+using Sm90Narrow = sm90::Mainloop<T, L, sm90::TileConfig<64, 128, 8>>;
+template <typename T, LayoutB L>
+using Sm90Cluster = sm90::Mainloop<T, L, sm90::TileConfig<128, 256, 3, sm90::Schedule::Cooperative, 2>>;
+template <typename T, LayoutB L>
+using Sm90PingPongCluster = sm90::Mainloop<T, L, sm90::TileConfig<128, 128, 5, sm90::Schedule::PingPong, 2>>;
 
 // The norm compositions are skipped: they run on the sm80 mainloop.
 void check_sm90(Totals& totals, const Options& opt, Rng& rng) {
@@ -583,6 +591,16 @@ void check_sm90(Totals& totals, const Options& opt, Rng& rng) {
   check_family<Sm90Small, __half, LayoutB::KN>(totals, opt, "sm90", !opt.quick, rng);
   check_family<Sm90Small, __nv_bfloat16, LayoutB::NK>(totals, opt, "sm90", !opt.quick, rng);
   check_family<Sm90Small, __nv_bfloat16, LayoutB::KN>(totals, opt, "sm90", !opt.quick, rng);
+  check_family<Sm90PingPong, __half, LayoutB::NK>(totals, opt, "sm90pp", true, rng);
+  check_family<Sm90PingPong, __half, LayoutB::KN>(totals, opt, "sm90pp", true, rng);
+  check_family<Sm90PingPong, __nv_bfloat16, LayoutB::NK>(totals, opt, "sm90pp", true, rng);
+  check_family<Sm90PingPong, __nv_bfloat16, LayoutB::KN>(totals, opt, "sm90pp", true, rng);
+  check_family<Sm90Narrow, __half, LayoutB::NK>(totals, opt, "sm90", !opt.quick, rng);
+  check_family<Sm90Narrow, __nv_bfloat16, LayoutB::KN>(totals, opt, "sm90", !opt.quick, rng);
+  check_family<Sm90Cluster, __half, LayoutB::NK>(totals, opt, "sm90c2", true, rng);
+  check_family<Sm90Cluster, __nv_bfloat16, LayoutB::KN>(totals, opt, "sm90c2", true, rng);
+  check_family<Sm90PingPongCluster, __half, LayoutB::KN>(totals, opt, "sm90ppc2", true, rng);
+  check_family<Sm90PingPongCluster, __nv_bfloat16, LayoutB::NK>(totals, opt, "sm90ppc2", true, rng);
 }
 template <typename T, LayoutB L>
 using BenchLarge = Sm90Large<T, L>;
@@ -948,9 +966,41 @@ struct BenchRow {
   double flops;
 };
 
+// Tile configs the benchmark times side by side on gemm_bias_gelu and on
+// the plain GEMM.
+struct BenchVariant {
+  const char* name;
+  void (*gelu)(const BenchSet&, Shape);
+  void (*plain)(const BenchSet&, Shape);
+};
+
+template <typename Mainloop>
+BenchVariant variant(const char* name) {
+  return {name, launch_ours<Mainloop, EpilogueChain<Bias, Gelu>>, launch_ours<Mainloop, EpilogueChain<>>};
+}
+
+#if FUSION_SELFTEST_SM90
+template <int BM, int BN, int kStages, sm90::Schedule kSchedule, int kClusterM = 1>
+using Sm90Variant = sm90::Mainloop<__half, LayoutB::NK, sm90::TileConfig<BM, BN, kStages, kSchedule, kClusterM>>;
+constexpr sm90::Schedule kCoop = sm90::Schedule::Cooperative, kPingPong = sm90::Schedule::PingPong;
+
+std::vector<BenchVariant> bench_variants() {
+  return {variant<Sm90Variant<128, 256, 3, kCoop>>("co128x256s3"),
+          variant<Sm90Variant<128, 256, 3, kCoop, 2>>("co128x256s3c2"),
+          variant<Sm90Variant<128, 128, 5, kPingPong, 2>>("pp128x128s5c2"),
+          variant<Sm90Variant<128, 128, 5, kPingPong>>("pp128x128s5"),
+          variant<Sm90Variant<128, 128, 6, kCoop>>("co128x128s6"),
+          variant<Sm90Variant<64, 128, 8, kCoop>>("co64x128s8")};
+}
+#else
+std::vector<BenchVariant> bench_variants() {
+  return {variant<Sm80Large<__half, LayoutB::NK>>("128x256"), variant<Sm80Small<__half, LayoutB::NK>>("128x128")};
+}
+#endif
+
 void bench(const Options& opt, int sm_count) {
   std::vector<Shape> shapes = {{512, 2048, 2048}, {4096, 4096, 4096}, {8192, 8192, 8192}, {8192, 14336, 4096},
-                               {128, 14336, 4096}};
+                               {8192, 4096, 14336}, {128, 14336, 4096}};
   if (opt.quick) shapes = {{512, 2048, 2048}, {4096, 4096, 4096}};
   const int reps = opt.quick ? 20 : 50;
   LtGemm lt;
@@ -997,6 +1047,7 @@ void bench(const Options& opt, int sm_count) {
     const Case cases[] = {{"bias_gelu vs cuBLASLt GELU_BIAS", CUBLASLT_EPILOGUE_GELU_BIAS},
                           {"bias_relu vs cuBLASLt RELU_BIAS", CUBLASLT_EPILOGUE_RELU_BIAS},
                           {"bias vs cuBLASLt BIAS", CUBLASLT_EPILOGUE_BIAS}};
+    double lt_gelu_us = 0.0;
     for (const Case& c : cases) {
       LtGemm::Plan plan = lt.plan(s, c.lt_epilogue, sets[0].bias.ptr);
       std::function<void(int)> ours;
@@ -1014,18 +1065,14 @@ void bench(const Options& opt, int sm_count) {
                   rel_diff(ours_out.ptr, sets[0].c.ptr, ours_out.count));
       const double ours_us = median_us(reps, ours);
       const double lt_us = median_us(reps, [&](int i) { lt.run(plan, sets[size_t(i)], c.lt_epilogue); });
+      if (c.lt_epilogue == CUBLASLT_EPILOGUE_GELU_BIAS) lt_gelu_us = lt_us;
       rows.push_back({shape_str(s), c.what, cfg, ours_us, lt_us, flops});
       LtGemm::destroy(plan);
     }
-    // Both tile configs on the headline composition, to keep the heuristic honest.
-    {
-      const double large_us = median_us(reps, [&](int i) {
-        launch_ours<BenchLarge<__half, LayoutB::NK>, EpilogueChain<Bias, Gelu>>(sets[size_t(i)], s);
-      });
-      const double small_us = median_us(reps, [&](int i) {
-        launch_ours<BenchSmall<__half, LayoutB::NK>, EpilogueChain<Bias, Gelu>>(sets[size_t(i)], s);
-      });
-      rows.push_back({shape_str(s), "bias_gelu 128x256 vs 128x128 (base)", "128x256", large_us, small_us, flops});
+    // Every tile config on the headline composition, to keep the heuristic honest.
+    for (const BenchVariant& v : bench_variants()) {
+      const double us = median_us(reps, [&](int i) { v.gelu(sets[size_t(i)], s); });
+      rows.push_back({shape_str(s), std::string("bias_gelu ") + v.name + " vs LtGELU", v.name, us, lt_gelu_us, flops});
     }
     // Plain GEMM against cublasGemmEx.
     {
@@ -1038,6 +1085,10 @@ void bench(const Options& opt, int sm_count) {
                                   int(s.n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
       });
       rows.push_back({shape_str(s), "gemm vs cublasGemmEx", cfg, ours_us, blas_us, flops});
+      for (const BenchVariant& v : bench_variants()) {
+        const double us = median_us(reps, [&](int i) { v.plain(sets[size_t(i)], s); });
+        rows.push_back({shape_str(s), std::string("gemm ") + v.name + " vs cublas", v.name, us, blas_us, flops});
+      }
     }
   }
   CHECK_CUBLAS(cublasDestroy(blas));

@@ -169,9 +169,9 @@ fn sm90_units_use_the_sm90_mainloop_except_with_a_norm_prologue() {
     for needle in [
         "#include \"fusion/sm90/mainloop.cuh\"",
         "fusion::FusedGemm<fusion::sm90::Mainloop<Element, fusion::LayoutB::NK, Tile>, fusion::NoPrologue,",
-        "using LargeTile = fusion::sm90::TileConfig<128, 256, 4, fusion::sm90::Schedule::Cooperative>;",
-        "// 128x256x64 (4 stages, cooperative, persistent)",
-        "using SmallTile = fusion::sm90::TileConfig<128, 128, 6, fusion::sm90::Schedule::Cooperative>;",
+        "using LargeTile = fusion::sm90::TileConfig<128, 256, 3, fusion::sm90::Schedule::Cooperative>;",
+        "// 128x256x64 (3 stages, cooperative, persistent)",
+        "using SmallTile = fusion::sm90::TileConfig<64, 128, 8, fusion::sm90::Schedule::Cooperative>;",
         "if (p->m <= 512) return int(launch<Kernel<SmallTile>>(p, s));",
     ] {
         assert!(

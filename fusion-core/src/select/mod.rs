@@ -292,25 +292,26 @@ impl TileConfig {
         schedule: None,
     };
     /// The sm90 mainloop's 128x256 tile: two cooperative consumer warp
-    /// groups, 4 stages (211 KB).
+    /// groups, 3 stages (209 KB with the epilogue's staging tile).
     pub const SM90_128X256: TileConfig = TileConfig {
         bm: 128,
         bn: 256,
         bk: SM90_BK,
         warp_m: 0,
         warp_n: 0,
-        stages: 4,
+        stages: 3,
         min_blocks_per_sm: 0,
         pipelined: false,
         staged_store: false,
         schedule: Some(Schedule::Cooperative),
     };
-    /// The sm90 mainloop's 128x128 tile, 6 stages (211 KB): twice the tiles
-    /// of [`TileConfig::SM90_128X256`] to spread over the SMs at small M.
-    pub const SM90_128X128: TileConfig = TileConfig {
-        bm: 128,
+    /// The sm90 mainloop's 64x128 tile, one consumer warp group, 8 stages
+    /// (209 KB): four times the tiles of [`TileConfig::SM90_128X256`], to
+    /// fill the SMs at small M.
+    pub const SM90_64X128: TileConfig = TileConfig {
+        bm: 64,
         bn: 128,
-        stages: 6,
+        stages: 8,
         ..TileConfig::SM90_128X256
     };
 
@@ -365,15 +366,16 @@ impl TileConfig {
                 // 1024 bytes to align the stages for the 128-byte swizzle.
                 let alignment = 1024;
                 let pipeline = stages * (bm + bn) * bk * elem;
-                // The epilogue stages 64 columns at a time, rows padded by 8
-                // elements; ping-pong's two consumers each stage a whole tile.
+                // The epilogue stages the whole tile for its TMA stores;
+                // ping-pong's two consumers each stage a tile of their own.
                 let staged_rows = match self.sm90_schedule() {
                     Schedule::Cooperative => bm,
                     Schedule::PingPong => 2 * bm,
                 };
-                let staging = staged_rows * (64 + 8) * elem;
-                // A "full" and an "empty" mbarrier of 8 bytes per stage.
-                let barriers = 16 * stages;
+                let staging = staged_rows * bn * elem;
+                // A "full" and an "empty" mbarrier of 8 bytes per stage, and
+                // the two ping-pong order barriers.
+                let barriers = 16 * stages + 16;
                 alignment + pipeline + staging + barriers
             }
         };
@@ -707,7 +709,7 @@ pub fn heuristic(mainloop: Mainloop) -> KernelConfig {
         },
         Mainloop::Sm90 => KernelConfig {
             large: TileConfig::SM90_128X256,
-            small_m: Some(TileConfig::SM90_128X128),
+            small_m: Some(TileConfig::SM90_64X128),
             small_m_max: Some(512),
         },
     }

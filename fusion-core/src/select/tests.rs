@@ -60,7 +60,7 @@ fn defaults_are_the_measured_tiles() {
     let small = pipelined(64, 128, 32, 32, 64, 4, 3);
     assert_eq!(sm80.large, pipelined(128, 128, 32, 64, 64, 4, 2));
     assert_eq!(sm80.small(), Some((small, 512)));
-    // sm90: the sm90 mainloop's 128x256 and 128x128 cooperative tiles.
+    // sm90: the sm90 mainloop's 128x256 and 64x128 cooperative tiles.
     let sm90 = select(Arch::Sm90, &k).unwrap();
     let sm90_tile = |bm, bn, stages| TileConfig {
         bm,
@@ -74,8 +74,8 @@ fn defaults_are_the_measured_tiles() {
         staged_store: false,
         schedule: Some(Schedule::Cooperative),
     };
-    assert_eq!(sm90.large, sm90_tile(128, 256, 4));
-    assert_eq!(sm90.small(), Some((sm90_tile(128, 128, 6), 512)));
+    assert_eq!(sm90.large, sm90_tile(128, 256, 3));
+    assert_eq!(sm90.small(), Some((sm90_tile(64, 128, 8), 512)));
     assert_eq!(sm90, heuristic(Mainloop::Sm90));
     // gemm_bias_residual has no override of its own any more.
     let residual = select(Arch::Sm90, &kernel("gemm_bias_residual", DType::BF16, false)).unwrap();
@@ -208,20 +208,22 @@ fn mainloop_constraints_are_checked() {
 
 #[test]
 fn sm90_smem_mirrors_its_mainloop() {
-    // 1024 + 4 x (128 + 256) x 64 x 2 + 128 x 144 + 16 x 4, as
-    // sm90/mainloop.cuh's kSmemBytes.
+    // 1024 + 3 x (128 + 256) x 64 x 2 + 128 x 256 x 2 + 16 x 3 + 16, as
+    // sm90/mainloop.cuh's kSmemBytes: alignment, stages, the epilogue's
+    // staging tile and the barriers.
     let large = TileConfig::SM90_128X256;
     let smem = |c: TileConfig| c.smem_bytes(Mainloop::Sm90, DType::BF16, WeightLayout::KN, false);
-    assert_eq!(smem(large), 1024 + 196_608 + 18_432 + 64);
-    assert_eq!(smem(large), 216_128);
-    assert_eq!(smem(TileConfig::SM90_128X128), 1024 + 6 * 256 * 128 + 18_432 + 96);
+    assert_eq!(smem(large), 1024 + 147_456 + 65_536 + 64);
+    assert_eq!(smem(large), 214_080);
+    assert_eq!(smem(TileConfig::SM90_64X128), 1024 + 8 * 192 * 128 + 16_384 + 144);
     // Ping-pong stages two whole tiles for its epilogues.
     let pingpong = TileConfig {
         bn: 128,
+        stages: 5,
         schedule: Some(Schedule::PingPong),
         ..large
     };
-    assert_eq!(smem(pingpong), 1024 + 4 * 256 * 128 + 2 * 128 * 144 + 64);
+    assert_eq!(smem(pingpong), 1024 + 5 * 256 * 128 + 2 * 128 * 128 * 2 + 96);
     assert_eq!(large.threads(Mainloop::Sm90), 384);
     assert_eq!(TileConfig { bm: 64, ..large }.threads(Mainloop::Sm90), 256);
     assert_eq!(pingpong.threads(Mainloop::Sm90), 384);
@@ -229,23 +231,23 @@ fn sm90_smem_mirrors_its_mainloop() {
     assert_eq!(pingpong.sm90_accumulators(), 128);
     assert_eq!(
         large.summary(Mainloop::Sm90),
-        "128x256x64 (4 stages, cooperative, persistent)"
+        "128x256x64 (3 stages, cooperative, persistent)"
     );
 }
 
 #[test]
 fn sm90_config_too_big_for_shared_memory_is_rejected() {
     let json = r#"{ "arch": "sm90", "configs": {
-        "gemm_bias.f16": { "large": { "bm": 128, "bn": 256, "bk": 64, "stages": 5 } } } }"#;
+        "gemm_bias.f16": { "large": { "bm": 128, "bn": 256, "bk": 64, "stages": 4 } } } }"#;
     let table = TunedTable::parse("kernels/tuned/sm90.json", json).unwrap();
     let err = select_with(&table, Arch::Sm90, &kernel("gemm_bias", DType::F16, false))
         .unwrap_err()
         .to_string();
-    // 1024 + 5 x 384 x 128 + 18432 + 80 = 265296.
+    // 1024 + 4 x 384 x 128 + 128 x 256 x 2 + 80 = 263248.
     for needle in [
         "kernels/tuned/sm90.json, entry `gemm_bias.f16`",
         "(large)",
-        "128x256x64 (5 stages, cooperative, persistent) needs 265296 bytes of shared memory per block; sm90 allows 232448",
+        "128x256x64 (4 stages, cooperative, persistent) needs 263248 bytes of shared memory per block; sm90 allows 232448",
     ] {
         assert!(err.contains(needle), "`{needle}` missing from: {err}");
     }

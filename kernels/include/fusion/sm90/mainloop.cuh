@@ -12,9 +12,9 @@
 //    BK/16 wgmma m64nBNk16 straight from shared memory, keeps one stage's
 //    wgmmas in flight and frees the stage before it.
 // After the K loop each consumer runs the epilogue chain on its accumulators
-// in registers, writes the results to a padded staging buffer 64 columns at
-// a time and stores C with 16-byte coalesced stores, while the producer
-// already loads the next tile's stages.
+// in registers, writes the results into a 128-byte swizzled staging tile and
+// stores C from there with TMA, while the producer already loads the next
+// tile's stages.
 //
 // B [N, K] (nn.Linear) is K-major like A; B [K, N] is MN-major, loaded as
 // 64-column boxes and read by wgmma with its transpose bit. TMA zero-fills
@@ -47,20 +47,30 @@ enum class Schedule { Cooperative, PingPong };
 
 // A CTA tile: BM rows by BN columns, K in steps of 64, kStages
 // shared-memory stages. Shared memory is 1024 (alignment) + kStages *
-// (BM + BN) * 128 bytes for the pipeline, (rows staged at once) * 144 bytes
-// of epilogue staging (BM for Cooperative, 2 * BM for PingPong) and
-// 16 * kStages bytes of barriers.
-template <int BM_, int BN_, int kStages_, Schedule kSchedule_ = Schedule::Cooperative, int kGroupRows_ = 8>
+// (BM + BN) * 128 bytes for the pipeline, BM * BN * 2 bytes of epilogue
+// staging (twice that for PingPong: one tile per consumer) and
+// 16 * kStages + 16 bytes of barriers; at most 227 KB.
+//
+// kClusterM = 2 launches CTAs in clusters of two that own vertically
+// adjacent tiles: they share each B tile, each loading half of it and
+// multicasting it to both, which halves the B traffic from L2.
+template <int BM_, int BN_, int kStages_, Schedule kSchedule_ = Schedule::Cooperative, int kClusterM_ = 1,
+          int kGroupRows_ = 8>
 struct TileConfig {
   static constexpr int BM = BM_, BN = BN_, BK = 64;
   static constexpr int kStages = kStages_;
   static constexpr Schedule kSchedule = kSchedule_;
+  static constexpr int kClusterM = kClusterM_;
   static constexpr int kGroupRows = kGroupRows_;
+  static_assert(kClusterM == 1 || kClusterM == 2, "clusters of one or two CTAs along M");
   // What the selftest prints as the warp tile: one consumer's share.
-  static constexpr int WM = 64, WN = BN;
-  static_assert(BM == 64 || BM == 128, "one or two consumer warp groups of 64 rows");
+  static constexpr int WM = kSchedule == Schedule::PingPong ? BM : 64, WN = BN;
+  static_assert(BM == 64 || BM == 128, "BM is one or two wgmma row blocks of 64");
   static_assert(BN == 128 || BN == 256, "wgmma is instantiated for n = 128 and 256");
   static_assert(kStages >= 2, "the pipeline needs at least two stages");
+  static_assert(kSchedule == Schedule::Cooperative || BM == 128,
+                "ping-pong consumers hold a 128 x BN tile each; BN = 128 keeps that at 128 registers");
+  static_assert(WM * BN / 128 <= 128, "a consumer thread holds at most 128 accumulators");
 };
 
 template <typename T, LayoutB kLayout, typename Config_>
@@ -70,7 +80,12 @@ struct Mainloop {
   static constexpr int BM = Config::BM, BN = Config::BN, BK = Config::BK;
   static constexpr int kStages = Config::kStages;
   static constexpr int kGroupRows = Config::kGroupRows;
-  static constexpr int kConsumers = BM / 64;
+  static constexpr int kClusterM = Config::kClusterM;
+  static constexpr bool kPingPong = Config::kSchedule == Schedule::PingPong;
+  static constexpr int kConsumers = kPingPong ? 2 : BM / 64;
+  // Rows of a tile one consumer computes, as kMmaM wgmma row blocks of 64.
+  static constexpr int kRows = Config::WM;
+  static constexpr int kMmaM = kRows / 64;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kMinBlocksPerSm = 1;
   static constexpr int kProducerRegisters = 40;
@@ -81,23 +96,31 @@ struct Mainloop {
   static constexpr int kABytes = BM * BK * 2;
   static constexpr int kBBytes = BN * BK * 2;
   static constexpr int kStageBytes = kABytes + kBBytes;
-  // Epilogue staging: 64 columns per pass, rows padded by 16 bytes so that
-  // fragment writes and row reads are free of bank conflicts.
-  static constexpr int kChunkCols = 64;
-  static constexpr int kStagingPitch = kChunkCols + 8;
-  static constexpr int kStagingBytes = kConsumers * 64 * kStagingPitch * 2;
-  static constexpr int kBarrierBytes = 2 * kStages * 8;
+  // Epilogue staging: each consumer's whole share of C, as 64 x 64 boxes of
+  // 128-byte rows with the TMA's 128-byte swizzle (16-byte chunk c of row r
+  // sits at c ^ (r % 8)), which also keeps the fragment writes free of bank
+  // conflicts.
+  static constexpr int kBoxBytes = 64 * 64 * 2;
+  static constexpr int kStagingBytes = kConsumers * kRows * BN * 2;
+  // full[kStages], empty[kStages] and the ping-pong order barriers.
+  static constexpr int kBarrierBytes = 2 * kStages * 8 + 2 * 8;
   // 1024 bytes of slack to align the stages for the 128-byte swizzle.
   static constexpr int kSmemBytes = 1024 + kStages * kStageBytes + kStagingBytes + kBarrierBytes;
+  static_assert(kSmemBytes <= 227 * 1024, "the tile needs more shared memory than an sm_90 block may have");
+  // Consumer warps that read each stage and arrive on its empty barrier, in
+  // every CTA of the cluster (a stage is refilled in all of them at once).
+  static constexpr int kReadersPerStage = (kPingPong ? 4 : 4 * kConsumers) * kClusterM;
+  static constexpr int kBRowsPerCta = BN / kClusterM;  // B rows (NK) each CTA of a cluster loads
   static constexpr int kTransB = kLayout == LayoutB::KN ? 1 : 0;
-  static constexpr int kAccumulators = BN / 2;
+  static constexpr int kAccumulators = BN / 2;  // per wgmma row block
 
   struct Smem {
     unsigned char* a;  // [kStages][BM][64]
     unsigned char* b;  // [kStages][BN][64] (NK) or [kStages][BN/64][64][64] (KN)
-    T* staging;        // [kConsumers][64][kStagingPitch]
+    unsigned char* staging;  // [kConsumers][kRows / 64][BN / 64] boxes of kBoxBytes
     uint64_t* full;    // [kStages]
     uint64_t* empty;   // [kStages]
+    uint64_t* order;   // [2]: consumer c may start its next K loop once order[c] completes
   };
 
   static __device__ __forceinline__ Smem carve(unsigned char* raw) {
@@ -106,135 +129,242 @@ struct Mainloop {
     Smem s;
     s.a = aligned;
     s.b = aligned + kStages * kABytes;
-    s.staging = reinterpret_cast<T*>(aligned + kStages * kStageBytes);
+    s.staging = aligned + kStages * kStageBytes;
     s.full = reinterpret_cast<uint64_t*>(aligned + kStages * kStageBytes + kStagingBytes);
     s.empty = s.full + kStages;
+    s.order = s.empty + kStages;
     return s;
   }
 
-  // The producer: one thread keeps every stage loaded, across tiles.
-  static __device__ __forceinline__ void produce(const Smem& s, const CUtensorMap* map_a, const CUtensorMap* map_b,
-                                                 const GemmArgs<T>& args) {
-    const int64_t tiles_m = (args.m + BM - 1) / BM, tiles_n = (args.n + BN - 1) / BN;
-    const int64_t tiles = tiles_m * tiles_n;
-    const int k_blocks = int((args.k + BK - 1) / BK);
+  // A position in the ring of stages.
+  struct RingPosition {
     int stage = 0;
     uint32_t phase = 0;
-    for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
-      const TileCoord tile = grouped_tile_order<kGroupRows>(t, tiles_m, tiles_n, BM, BN);
-      for (int kb = 0; kb < k_blocks; ++kb) {
-        mbarrier_wait(&s.empty[stage], phase ^ 1);
-        mbarrier_arrive_expect_tx(&s.full[stage], kStageBytes);
-        const int32_t k0 = kb * BK;
-        tma_load_2d(s.a + stage * kABytes, map_a, &s.full[stage], k0, int32_t(tile.m0));
-        unsigned char* b = s.b + stage * kBBytes;
-        if constexpr (kLayout == LayoutB::NK) {
-          tma_load_2d(b, map_b, &s.full[stage], k0, int32_t(tile.n0));
-        } else {
-#pragma unroll
-          for (int j = 0; j < BN / 64; ++j)
-            tma_load_2d(b + j * 64 * BK * 2, map_b, &s.full[stage], int32_t(tile.n0) + 64 * j, k0);
-        }
-        if (++stage == kStages) {
-          stage = 0;
-          phase ^= 1;
-        }
-      }
-    }
-  }
-
-  // One consumer warp group's K loop over one tile.
-  static __device__ __forceinline__ void mma_tile(const Smem& s, int consumer, int k_blocks, int& stage,
-                                                  uint32_t& phase, float (&acc)[kAccumulators]) {
-    const int lane = threadIdx.x % 32;
-    int previous = -1;
-    for (int kb = 0; kb < k_blocks; ++kb) {
-      mbarrier_wait(&s.full[stage], phase);
-      const unsigned char* a = s.a + stage * kABytes + consumer * 64 * 128;
-      const unsigned char* b = s.b + stage * kBBytes;
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < BK / 16; ++kk) {
-        const uint64_t da = smem_descriptor(a + kk * 32, 16, 1024);
-        const uint64_t db = kLayout == LayoutB::NK ? smem_descriptor(b + kk * 32, 16, 1024)
-                                                   : smem_descriptor(b + kk * 16 * 128, 64 * BK * 2, 1024);
-        Wgmma<T, BN, kTransB>::mma(acc, da, db, (kb > 0 || kk > 0) ? 1 : 0);
-      }
-      wgmma_commit();
-      // The stage before this one is now read: hand it back.
-      wgmma_wait<1>();
-      if (previous >= 0 && lane == 0) mbarrier_arrive(&s.empty[previous]);
-      previous = stage;
+    __device__ __forceinline__ void advance() {
       if (++stage == kStages) {
         stage = 0;
         phase ^= 1;
       }
     }
-    wgmma_wait<0>();
-    fence_registers(acc);
-    if (previous >= 0 && lane == 0) mbarrier_arrive(&s.empty[previous]);
+    __device__ __forceinline__ void skip(int steps) {
+      const int next = stage + steps;
+      phase ^= uint32_t(next / kStages) & 1;
+      stage = next % kStages;
+    }
+  };
+
+  // The work units of the launch and this CTA's share of them. A unit is
+  // kClusterM vertically adjacent tiles, one per CTA of a cluster; clusters
+  // walk the units in grouped order (gemm.cuh), each every num_clusters-th.
+  struct TileWalk {
+    int64_t units_m, tiles_n, units;
+    int64_t first, stride;
+    int rank;
+    __device__ __forceinline__ explicit TileWalk(const GemmArgs<T>& args) {
+      const int64_t tiles_m = (args.m + BM - 1) / BM;
+      units_m = (tiles_m + kClusterM - 1) / kClusterM;
+      tiles_n = (args.n + BN - 1) / BN;
+      units = units_m * tiles_n;
+      first = blockIdx.x / kClusterM;
+      stride = gridDim.x / kClusterM;
+      rank = kClusterM > 1 ? int(cluster_rank()) : 0;
+    }
+    __device__ __forceinline__ TileCoord tile(int64_t unit) const {
+      TileCoord c = grouped_tile_order<kGroupRows>(unit, units_m, tiles_n, kClusterM * BM, BN);
+      c.m0 += int64_t(rank) * BM;
+      return c;
+    }
+  };
+
+  // The producer: one thread keeps every stage loaded, across tiles.
+  static __device__ __forceinline__ void produce(const Smem& s, const CUtensorMap* map_a, const CUtensorMap* map_b,
+                                                 const GemmArgs<T>& args) {
+    const TileWalk walk(args);
+    const int k_blocks = int((args.k + BK - 1) / BK);
+    RingPosition ring;
+    for (int64_t u = walk.first; u < walk.units; u += walk.stride) {
+      const TileCoord tile = walk.tile(u);
+      for (int kb = 0; kb < k_blocks; ++kb) {
+        mbarrier_wait(&s.empty[ring.stage], ring.phase ^ 1);
+        uint64_t* full = &s.full[ring.stage];
+        // Counts this CTA's A and the whole B tile, whichever CTA loads it.
+        mbarrier_arrive_expect_tx(full, kStageBytes);
+        const int32_t k0 = kb * BK;
+        tma_load_2d(s.a + ring.stage * kABytes, map_a, full, k0, int32_t(tile.m0));
+        unsigned char* b = s.b + ring.stage * kBBytes;
+        if constexpr (kClusterM == 1) {
+          if constexpr (kLayout == LayoutB::NK) {
+            tma_load_2d(b, map_b, full, k0, int32_t(tile.n0));
+          } else {
+#pragma unroll
+            for (int j = 0; j < BN / 64; ++j)
+              tma_load_2d(b + j * 64 * BK * 2, map_b, full, int32_t(tile.n0) + 64 * j, k0);
+          }
+        } else {
+          // This CTA's part of B, to both CTAs of the cluster.
+          const uint16_t both = (1u << kClusterM) - 1;
+          if constexpr (kLayout == LayoutB::NK) {
+            tma_load_2d_multicast(b + walk.rank * kBRowsPerCta * 128, map_b, full, k0,
+                                  int32_t(tile.n0) + walk.rank * kBRowsPerCta, both);
+          } else {
+            constexpr int kBoxes = BN / 64 / kClusterM;
+#pragma unroll
+            for (int i = 0; i < kBoxes; ++i) {
+              const int j = walk.rank * kBoxes + i;
+              tma_load_2d_multicast(b + j * 64 * BK * 2, map_b, full, int32_t(tile.n0) + 64 * j, k0, both);
+            }
+          }
+        }
+        ring.advance();
+      }
+    }
   }
 
-  // Epilogue chain on the accumulators, then C through the staging buffer.
+  // One consumer warp group's K loop over one tile.
+  //
+  // Ping-pong consumers run their K loops in turn: a consumer waits on a
+  // stage's full barrier by parity, which cannot tell its own fill from one
+  // two laps earlier, so it must not wait on stages of its next tile before
+  // the other consumer has waited on every stage before them.
+  static __device__ __forceinline__ void mma_tile(const Smem& s, int consumer, int k_blocks, RingPosition& ring,
+                                                  float (&acc)[kMmaM][kAccumulators]) {
+    const int lane = threadIdx.x % 32;
+    const int row0 = kPingPong ? 0 : consumer * 64;
+    int previous = -1;
+    for (int kb = 0; kb < k_blocks; ++kb) {
+      mbarrier_wait(&s.full[ring.stage], ring.phase);
+      const unsigned char* a = s.a + ring.stage * kABytes + row0 * 128;
+      const unsigned char* b = s.b + ring.stage * kBBytes;
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < BK / 16; ++kk) {
+        const uint64_t db = kLayout == LayoutB::NK ? smem_descriptor(b + kk * 32, 16, 1024)
+                                                   : smem_descriptor(b + kk * 16 * 128, 64 * BK * 2, 1024);
+#pragma unroll
+        for (int mi = 0; mi < kMmaM; ++mi) {
+          const uint64_t da = smem_descriptor(a + mi * 64 * 128 + kk * 32, 16, 1024);
+          Wgmma<T, BN, kTransB>::mma(acc[mi], da, db, (kb > 0 || kk > 0) ? 1 : 0);
+        }
+      }
+      wgmma_commit();
+      // The stage before this one is now read: hand it back.
+      wgmma_wait<1>();
+      if (previous >= 0 && lane == 0) release(s, previous);
+      previous = ring.stage;
+      ring.advance();
+    }
+    if (kPingPong && threadIdx.x % 128 == 0) mbarrier_arrive(&s.order[1 - consumer]);
+    wgmma_wait<0>();
+#pragma unroll
+    for (int mi = 0; mi < kMmaM; ++mi) fence_registers(acc[mi]);
+    if (previous >= 0 && lane == 0) release(s, previous);
+  }
+
+  // Hands a stage back to the producers of every CTA in the cluster.
+  static __device__ __forceinline__ void release(const Smem& s, int stage) {
+    if constexpr (kClusterM == 1) {
+      mbarrier_arrive(&s.empty[stage]);
+    } else {
+#pragma unroll
+      for (int rank = 0; rank < kClusterM; ++rank) mbarrier_arrive_cluster(&s.empty[stage], rank);
+    }
+  }
+
+  // Epilogue chain on the accumulators, then C through the staging tile and
+  // TMA stores. The chain runs on every accumulator first and the staging
+  // writes come after, so the chain's loads (bias, residual, multiplier) are
+  // not held up behind stores the compiler cannot prove they do not alias.
   template <typename Epilogue>
   static __device__ __forceinline__ void store_tile(const Smem& s, int consumer, TileCoord tile,
-                                                    const float (&acc)[kAccumulators], const GemmArgs<T>& args) {
+                                                    float (&acc)[kMmaM][kAccumulators], const CUtensorMap* map_c,
+                                                    const GemmArgs<T>& args) {
     const int thread = threadIdx.x % 128;
     const int warp = thread / 32, lane = thread % 32;
-    const int row_in_tile = warp * 16 + lane / 4;  // and row_in_tile + 8
-    const int64_t m_base = tile.m0 + consumer * 64;
-    T* staging = s.staging + consumer * 64 * kStagingPitch;
+    const int row_in_block = warp * 16 + lane / 4;  // and row_in_block + 8
+    const int64_t m_base = tile.m0 + (kPingPong ? 0 : consumer * 64);
+    // Rows and columns of this consumer's part of the tile that lie inside C.
+    const int rows = int(args.m - m_base < kRows ? args.m - m_base : kRows);
+    const int cols = int(args.n - tile.n0 < BN ? args.n - tile.n0 : BN);
 #pragma unroll
-    for (int chunk = 0; chunk < BN / kChunkCols; ++chunk) {
+    for (int mi = 0; mi < kMmaM; ++mi) {
 #pragma unroll
-      for (int j = 0; j < kChunkCols / 8; ++j) {
-        const int frag = chunk * (kChunkCols / 8) + j;
-        const int col = j * 8 + 2 * (lane % 4);
-        const int64_t n = tile.n0 + chunk * kChunkCols + col;
+      for (int frag = 0; frag < BN / 8; ++frag) {
+        const int n = frag * 8 + 2 * (lane % 4);
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-          const int r = row_in_tile + 8 * half;
-          const int64_t m = m_base + r;
-          float2 v = make_float2(acc[4 * frag + 2 * half], acc[4 * frag + 2 * half + 1]);
-          if (m < args.m && n < args.n) v = Epilogue::template apply<T>(v, m, n, args.n, args.epilogue);
-          *reinterpret_cast<typename Numeric<T>::Pair*>(staging + r * kStagingPitch + col) =
-              Numeric<T>::float2_to_pair(v);
+          const int r = mi * 64 + row_in_block + 8 * half;
+          float& x = acc[mi][4 * frag + 2 * half];
+          float& y = acc[mi][4 * frag + 2 * half + 1];
+          if (r < rows && n < cols) {
+            const float2 v = Epilogue::template apply<T>(make_float2(x, y), m_base + r, tile.n0 + n, args.n,
+                                                         args.epilogue);
+            x = v.x;
+            y = v.y;
+          }
         }
       }
-      named_barrier_sync(1 + consumer, 128);
-      constexpr int kVecsPerRow = kChunkCols / kVecElems;
+    }
+    unsigned char* staging = s.staging + consumer * (kRows * BN * 2);
+    // The previous tile's stores must have read the staging tile.
+    if (thread == 0) bulk_wait_read();
+    named_barrier_sync(1 + consumer, 128);
 #pragma unroll
-      for (int i = 0; i < 64 * kVecsPerRow / 128; ++i) {
-        const int idx = i * 128 + thread;
-        const int r = idx / kVecsPerRow, v = idx % kVecsPerRow;
-        const int64_t m = m_base + r;
-        const int64_t n = tile.n0 + chunk * kChunkCols + v * kVecElems;
-        if (m < args.m && n < args.n) {
-          const uint4 bits = *reinterpret_cast<const uint4*>(staging + r * kStagingPitch + v * kVecElems);
-          *reinterpret_cast<uint4*>(args.c + m * args.n + n) = bits;
+    for (int mi = 0; mi < kMmaM; ++mi) {
+#pragma unroll
+      for (int frag = 0; frag < BN / 8; ++frag) {
+        unsigned char* box = staging + (mi * (BN / 64) + frag / 8) * kBoxBytes;
+        const int chunk = frag % 8;
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int r = row_in_block + 8 * half;
+          const float2 v = make_float2(acc[mi][4 * frag + 2 * half], acc[mi][4 * frag + 2 * half + 1]);
+          const int offset = r * 128 + ((chunk ^ (r % 8)) << 4) + (lane % 4) * 4;
+          *reinterpret_cast<typename Numeric<T>::Pair*>(box + offset) = Numeric<T>::float2_to_pair(v);
         }
       }
-      named_barrier_sync(1 + consumer, 128);
+    }
+    fence_proxy_async();
+    named_barrier_sync(1 + consumer, 128);
+    if (thread == 0) {
+#pragma unroll
+      for (int mi = 0; mi < kMmaM; ++mi)
+#pragma unroll
+        for (int nb = 0; nb < BN / 64; ++nb)
+          tma_store_2d(map_c, staging + (mi * (BN / 64) + nb) * kBoxBytes, int32_t(tile.n0) + 64 * nb,
+                       int32_t(m_base) + 64 * mi);
+      bulk_commit();
     }
   }
 
   template <typename Epilogue>
-  static __device__ __forceinline__ void consume(const Smem& s, int consumer, const GemmArgs<T>& args) {
-    const int64_t tiles_m = (args.m + BM - 1) / BM, tiles_n = (args.n + BN - 1) / BN;
-    const int64_t tiles = tiles_m * tiles_n;
+  static __device__ __forceinline__ void consume(const Smem& s, int consumer, const CUtensorMap* map_c,
+                                                 const GemmArgs<T>& args) {
+    const TileWalk walk(args);
     const int k_blocks = int((args.k + BK - 1) / BK);
-    int stage = 0;
-    uint32_t phase = 0;
-    float acc[kAccumulators];
-    for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
-      const TileCoord tile = grouped_tile_order<kGroupRows>(t, tiles_m, tiles_n, BM, BN);
-      mma_tile(s, consumer, k_blocks, stage, phase, acc);
-      store_tile<Epilogue>(s, consumer, tile, acc, args);
+    // Cooperative consumers take every unit of this CTA; ping-pong ones take
+    // every other, skipping the other consumer's stages in the ring.
+    const int64_t stride = kPingPong ? 2 * walk.stride : walk.stride;
+    RingPosition ring;
+    if (kPingPong && consumer == 1) ring.skip(k_blocks);
+    float acc[kMmaM][kAccumulators];
+    uint32_t turn = 0;  // K loops this consumer has run
+    for (int64_t u = walk.first + (kPingPong ? consumer * walk.stride : 0); u < walk.units; u += stride) {
+      const TileCoord tile = walk.tile(u);
+      // Consumer 0's first K loop goes first; every other waits for the
+      // other consumer's previous one (see mma_tile).
+      if (kPingPong && (consumer == 1 || turn > 0))
+        mbarrier_wait(&s.order[consumer], consumer == 1 ? (turn & 1) : ((turn - 1) & 1));
+      ++turn;
+      mma_tile(s, consumer, k_blocks, ring, acc);
+      store_tile<Epilogue>(s, consumer, tile, acc, map_c, args);
+      if (kPingPong) ring.skip(k_blocks);
     }
+    // Shared memory must outlive the last stores' reads of it.
+    if (threadIdx.x % 128 == 0) bulk_wait_read();
   }
 
-  // Host side: the tensor maps of A and B for one launch.
-  static cudaError_t encode_maps(const GemmArgs<T>& p, CUtensorMap* map_a, CUtensorMap* map_b);
+  // Host side: the tensor maps of A, B and C for one launch.
+  static cudaError_t encode_maps(const GemmArgs<T>& p, CUtensorMap* map_a, CUtensorMap* map_b, CUtensorMap* map_c);
   template <typename Prologue, typename Epilogue>
   static cudaError_t launch(const GemmArgs<T>& p, cudaStream_t stream);
 };
@@ -242,7 +372,7 @@ struct Mainloop {
 template <typename ML, typename Epilogue>
 __global__ void __launch_bounds__(ML::kThreads, 1)
     persistent_gemm_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
-                           const GemmArgs<typename ML::Element> args) {
+                           const __grid_constant__ CUtensorMap map_c, const GemmArgs<typename ML::Element> args) {
 #if FUSION_SM90_ENABLED
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const typename ML::Smem s = ML::carve(smem_raw);
@@ -250,20 +380,30 @@ __global__ void __launch_bounds__(ML::kThreads, 1)
   if (threadIdx.x == 0) {
     prefetch_tensor_map(&map_a);
     prefetch_tensor_map(&map_b);
+    prefetch_tensor_map(&map_c);
     for (int i = 0; i < ML::kStages; ++i) {
       mbarrier_init(&s.full[i], 1);
-      mbarrier_init(&s.empty[i], ML::kConsumers * 4);  // one arrival per consumer warp
+      mbarrier_init(&s.empty[i], ML::kReadersPerStage);
     }
+    mbarrier_init(&s.order[0], 1);
+    mbarrier_init(&s.order[1], 1);
     fence_barrier_init();
   }
-  __syncthreads();
+  // The cluster's other CTA multicasts into this one's stages and arrives on
+  // its barriers: both must be initialised first.
+  if constexpr (ML::kClusterM > 1)
+    cluster_sync();
+  else
+    __syncthreads();
   if (group == 0) {
     setmaxnreg_dec<ML::kProducerRegisters>();
     if (threadIdx.x == 0) ML::produce(s, &map_a, &map_b, args);
   } else {
     setmaxnreg_inc<ML::kConsumerRegisters>();
-    ML::template consume<Epilogue>(s, group - 1, args);
+    ML::template consume<Epilogue>(s, group - 1, &map_c, args);
   }
+  // ... and may still arrive on this CTA's barriers until it is done.
+  if constexpr (ML::kClusterM > 1) cluster_sync();
 #endif
 }
 
@@ -319,12 +459,14 @@ inline int sm_count() {
 }  // namespace detail
 
 template <typename T, LayoutB kLayout, typename Config>
-cudaError_t Mainloop<T, kLayout, Config>::encode_maps(const GemmArgs<T>& p, CUtensorMap* map_a,
-                                                      CUtensorMap* map_b) {
+cudaError_t Mainloop<T, kLayout, Config>::encode_maps(const GemmArgs<T>& p, CUtensorMap* map_a, CUtensorMap* map_b,
+                                                      CUtensorMap* map_c) {
   cudaError_t err = detail::encode_matrix(map_a, p.a, p.m, p.k, BM);
   if (err != cudaSuccess) return err;
+  err = detail::encode_matrix(map_c, p.c, p.m, p.n, 64);
+  if (err != cudaSuccess) return err;
   if constexpr (kLayout == LayoutB::NK)
-    return detail::encode_matrix(map_b, p.b, p.n, p.k, BN);
+    return detail::encode_matrix(map_b, p.b, p.n, p.k, kBRowsPerCta);
   else
     return detail::encode_matrix(map_b, p.b, p.k, p.n, BK);
 }
@@ -345,13 +487,44 @@ cudaError_t Mainloop<T, kLayout, Config>::launch(const GemmArgs<T>& p, cudaStrea
     if (err != cudaSuccess) return err;
     configured_devices.fetch_or(bit, std::memory_order_acq_rel);
   }
-  CUtensorMap map_a, map_b;
-  err = encode_maps(p, &map_a, &map_b);
+  CUtensorMap map_a, map_b, map_c;
+  err = encode_maps(p, &map_a, &map_b, &map_c);
   if (err != cudaSuccess) return err;
-  const int64_t tiles = ((p.m + BM - 1) / BM) * ((p.n + BN - 1) / BN);
-  const int64_t sms = detail::sm_count();
-  const unsigned grid = unsigned(tiles < sms ? tiles : sms);
-  persistent_gemm_kernel<Self, Epilogue><<<grid, kThreads, kSmemBytes, stream>>>(map_a, map_b, p);
+  // One CTA per SM (one cluster per pair of SMs that can hold one at
+  // once), or per unit of work if there are fewer.
+  const int64_t units = ((p.m + BM * kClusterM - 1) / (BM * kClusterM)) * ((p.n + BN - 1) / BN);
+  if constexpr (kClusterM == 1) {
+    const int64_t ctas = detail::sm_count();
+    const unsigned grid = unsigned(units < ctas ? units : ctas);
+    persistent_gemm_kernel<Self, Epilogue><<<grid, kThreads, kSmemBytes, stream>>>(map_a, map_b, map_c, p);
+  } else {
+    cudaLaunchConfig_t config{};
+    config.blockDim = dim3(kThreads);
+    config.dynamicSmemBytes = kSmemBytes;
+    config.stream = stream;
+    cudaLaunchAttribute cluster{};
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = kClusterM;
+    cluster.val.clusterDim.y = 1;
+    cluster.val.clusterDim.z = 1;
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+    // Clusters must fit inside a GPC, so fewer than SMs / kClusterM may be
+    // resident at once; a persistent grid larger than that would run its
+    // last clusters after the others finish.
+    static std::atomic<int> resident_by_device[64];
+    int resident = device < 64 ? resident_by_device[device].load(std::memory_order_relaxed) : 0;
+    if (resident <= 0) {
+      config.gridDim = dim3(unsigned(detail::sm_count()));
+      err = cudaOccupancyMaxActiveClusters(&resident, persistent_gemm_kernel<Self, Epilogue>, &config);
+      if (err != cudaSuccess) return err;
+      if (resident <= 0) return cudaErrorInvalidConfiguration;
+      if (device < 64) resident_by_device[device].store(resident, std::memory_order_relaxed);
+    }
+    config.gridDim = dim3(unsigned((units < resident ? units : resident) * kClusterM));
+    err = cudaLaunchKernelEx(&config, persistent_gemm_kernel<Self, Epilogue>, map_a, map_b, map_c, p);
+    if (err != cudaSuccess) return err;
+  }
   return cudaGetLastError();
 }
 
