@@ -604,8 +604,9 @@ void check_sm90(Totals& totals, const Options& opt, Rng& rng) {
 }
 template <typename T, LayoutB L>
 using BenchLarge = Sm90Large<T, L>;
+// The tuned small-M tile of kernels/tuned/sm90.json.
 template <typename T, LayoutB L>
-using BenchSmall = Sm90Small<T, L>;
+using BenchSmall = Sm90Narrow<T, L>;
 constexpr const char* kBenchArch = "sm90";
 #else
 template <typename T, LayoutB L>
@@ -984,6 +985,33 @@ template <int BM, int BN, int kStages, sm90::Schedule kSchedule, int kClusterM =
 using Sm90Variant = sm90::Mainloop<__half, LayoutB::NK, sm90::TileConfig<BM, BN, kStages, kSchedule, kClusterM>>;
 constexpr sm90::Schedule kCoop = sm90::Schedule::Cooperative, kPingPong = sm90::Schedule::PingPong;
 
+// How many clusters of the 2-CTA variants can be resident at once (a
+// persistent grid uses that many); called after the benchmark launched them.
+template <typename Mainloop>
+void report_resident_clusters(const char* name) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(132);
+  config.blockDim = dim3(Mainloop::kThreads);
+  config.dynamicSmemBytes = Mainloop::kSmemBytes;
+  cudaLaunchAttribute cluster{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = 2;
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  int resident = 0;
+  CHECK_CUDA(cudaOccupancyMaxActiveClusters(
+      &resident, sm90::persistent_gemm_kernel<Mainloop, EpilogueChain<Bias, Gelu>>, &config));
+  std::printf("%s: %d clusters of 2 resident at once (%d smem bytes per CTA)\n", name, resident,
+              Mainloop::kSmemBytes);
+}
+
+void report_cluster_occupancy() {
+  report_resident_clusters<Sm90Variant<128, 256, 3, kCoop, 2>>("co128x256s3c2");
+  report_resident_clusters<Sm90Variant<128, 128, 5, kPingPong, 2>>("pp128x128s5c2");
+}
+
 std::vector<BenchVariant> bench_variants() {
   return {variant<Sm90Variant<128, 256, 3, kCoop>>("co128x256s3"),
           variant<Sm90Variant<128, 256, 3, kCoop, 2>>("co128x256s3c2"),
@@ -993,6 +1021,7 @@ std::vector<BenchVariant> bench_variants() {
           variant<Sm90Variant<64, 128, 8, kCoop>>("co64x128s8")};
 }
 #else
+void report_cluster_occupancy() {}
 std::vector<BenchVariant> bench_variants() {
   return {variant<Sm80Large<__half, LayoutB::NK>>("128x256"), variant<Sm80Small<__half, LayoutB::NK>>("128x128")};
 }
@@ -1029,7 +1058,8 @@ void bench(const Options& opt, int sm_count) {
     // unless it leaves SMs idle.
     const int64_t large_tiles = ((s.m + 127) / 128) * ((s.n + 255) / 256);
     const bool use_small = large_tiles < sm_count;
-    const std::string cfg = use_small ? "128x128" : "128x256";
+    const std::string cfg = use_small ? tile_name<typename BenchSmall<__half, LayoutB::NK>::Config>()
+                                      : tile_name<typename BenchLarge<__half, LayoutB::NK>::Config>();
     auto ours_with = [&](auto epilogue_tag) {
       using Epilogue = decltype(epilogue_tag);
       return [&, use_small](int i) {
@@ -1102,6 +1132,7 @@ void bench(const Options& opt, int sm_count) {
                 r.ours_cfg.c_str(), r.ours_us, r.base_us, r.base_us / r.ours_us, r.flops / r.ours_us * 1e-6,
                 r.flops / r.base_us * 1e-6);
   std::printf("ratio = baseline time / ours (> 1: ours faster)\n");
+  report_cluster_occupancy();
 }
 #endif  // FUSION_SELFTEST_SM80
 

@@ -2,15 +2,17 @@
 // warp-specialized GEMM on wgmma and TMA.
 //
 // One CTA per SM walks output tiles in grouped order (gemm.cuh). Its threads
-// form 1 + BM/64 warp groups:
-//  - the producer (warp group 0, one elected thread, 40 registers) issues TMA
-//    loads of A and B tiles (BK = 64, 128-byte swizzle) into a ring of
-//    kStages shared-memory stages, each guarded by a "full" and an "empty"
-//    mbarrier, and runs ahead across tile boundaries;
-//  - each consumer (warp groups 1.., 232 registers) owns 64 rows of the
-//    tile and a 64 x BN f32 accumulator in registers; per stage it issues
-//    BK/16 wgmma m64nBNk16 straight from shared memory, keeps one stage's
-//    wgmmas in flight and frees the stage before it.
+// form a producer warp group and one or two consumer warp groups, and
+// setmaxnreg moves registers from the first (40) to the others (232):
+//  - the producer (one elected thread) issues TMA loads of A and B tiles
+//    (BK = 64, 128-byte swizzle) into a ring of kStages shared-memory
+//    stages, each guarded by a "full" and an "empty" mbarrier, and runs
+//    ahead across tile boundaries;
+//  - the consumers hold f32 accumulators in registers and per stage issue
+//    wgmma m64nBNk16 straight from shared memory, keeping one stage's wgmmas
+//    in flight and freeing the stage before it. Cooperative consumers split
+//    each tile by rows (64 each); ping-pong ones take alternate tiles, so
+//    that one's epilogue overlaps the other's K loop (see Schedule).
 // After the K loop each consumer runs the epilogue chain on its accumulators
 // in registers, writes the results into a 128-byte swizzled staging tile and
 // stores C from there with TMA, while the producer already loads the next
@@ -18,8 +20,12 @@
 //
 // B [N, K] (nn.Linear) is K-major like A; B [K, N] is MN-major, loaded as
 // 64-column boxes and read by wgmma with its transpose bit. TMA zero-fills
-// everything outside A and B, so any M works and N and K need only be
-// multiples of 8 (TMA's 16-byte stride rule).
+// everything outside A and B and drops what falls outside C, so any M works
+// and N and K need only be multiples of 8 (TMA's 16-byte stride rule).
+//
+// Clusters of two CTAs sharing B through TMA multicast (kClusterM = 2) are
+// correct, but on an H200 they measured a little slower than one CTA per
+// tile (BENCHMARKS.md), so no tuned config uses them yet.
 #pragma once
 
 #include <cuda.h>
@@ -53,7 +59,8 @@ enum class Schedule { Cooperative, PingPong };
 //
 // kClusterM = 2 launches CTAs in clusters of two that own vertically
 // adjacent tiles: they share each B tile, each loading half of it and
-// multicasting it to both, which halves the B traffic from L2.
+// multicasting it to both, which halves the B traffic from L2. A stage is
+// then refilled only when the consumers of both CTAs have released it.
 template <int BM_, int BN_, int kStages_, Schedule kSchedule_ = Schedule::Cooperative, int kClusterM_ = 1,
           int kGroupRows_ = 8>
 struct TileConfig {

@@ -47,13 +47,16 @@ __device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
 }
 
 // Arrives on the barrier at the same shared-memory offset as `bar` in the
-// cluster's CTA `rank` (which may be this one).
+// cluster's CTA `rank` (which may be this one). The default release.cta
+// semantics: what the arrival publishes are wgmma reads that wgmma.wait has
+// already completed; a cluster-scope release made every consumer warp pay
+// for a cluster-wide fence per stage.
 __device__ __forceinline__ void mbarrier_arrive_cluster(uint64_t* bar, uint32_t rank) {
   asm volatile(
       "{\n"
       ".reg .b32 remote;\n"
       "mapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n"
+      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n"
       "}\n" ::"r"(smem_u32(bar)),
       "r"(rank)
       : "memory");
