@@ -14,11 +14,12 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// A snapshot of the environment variables discovery reads, so tests can
-/// supply their own.
-#[derive(Clone, Debug, Default)]
+/// A snapshot of what discovery reads from the machine: the environment
+/// variables and the system CUDA's nvcc, so tests can supply their own.
+#[derive(Clone, Debug)]
 pub struct Env {
     vars: BTreeMap<String, OsString>,
+    system_nvcc: PathBuf,
 }
 
 impl Env {
@@ -47,6 +48,18 @@ impl Env {
     pub fn from_pairs<K: Into<String>, V: Into<OsString>>(pairs: impl IntoIterator<Item = (K, V)>) -> Env {
         Env {
             vars: pairs.into_iter().map(|(k, v)| (k.into(), v.into())).collect(),
+            system_nvcc: PathBuf::from(Env::SYSTEM_NVCC),
+        }
+    }
+
+    /// Where a system-wide CUDA install keeps nvcc.
+    pub const SYSTEM_NVCC: &'static str = "/usr/local/cuda/bin/nvcc";
+
+    /// The same variables with the system nvcc looked for at `path` instead.
+    pub fn with_system_nvcc(self, path: impl Into<PathBuf>) -> Env {
+        Env {
+            system_nvcc: path.into(),
+            ..self
         }
     }
 
@@ -159,11 +172,10 @@ pub fn find_nvcc(env: &Env, toolchain: &ToolchainFile) -> Result<PathBuf, Vec<St
         }
         None => searched.push("PATH (unset)".to_owned()),
     }
-    let system = PathBuf::from("/usr/local/cuda/bin/nvcc");
-    if is_executable(&system) {
-        return Ok(system);
+    if is_executable(&env.system_nvcc) {
+        return Ok(env.system_nvcc.clone());
     }
-    searched.push(system.display().to_string());
+    searched.push(env.system_nvcc.display().to_string());
     match &toolchain.path {
         Some(file) => {
             let candidates = [
@@ -329,9 +341,6 @@ mod tests {
 
     #[test]
     fn toolchain_file_is_the_last_resort() {
-        if Path::new("/usr/local/cuda/bin/nvcc").exists() {
-            return; // a system CUDA comes first; the order is tested above
-        }
         let t = TempTree::new("order-toolchain");
         let nvcc = t.exe("toolchain/cuda/bin/nvcc");
         let file = ToolchainFile::parse(
@@ -342,13 +351,21 @@ mod tests {
             t.0.join("toolchain/env"),
         );
         assert_eq!(file.get("LIBCLANG_PATH"), Some("/opt/clang"));
-        let env = Env::from_pairs([("PATH", t.0.join("nothing-here").into_os_string())]);
-        assert_eq!(find_nvcc(&env, &file), Ok(nvcc));
+        let env = Env::from_pairs([("PATH", t.0.join("nothing-here").into_os_string())])
+            .with_system_nvcc(t.0.join("system/bin/nvcc"));
+        assert_eq!(find_nvcc(&env, &file), Ok(nvcc.clone()));
         let home_only = ToolchainFile::parse(
             &format!("CUDA_HOME={}\n", t.0.join("toolchain/cuda").display()),
             t.0.join("toolchain/env"),
         );
         assert!(find_nvcc(&env, &home_only).is_ok());
+        // A system CUDA comes before the toolchain file, after PATH.
+        let system = t.exe("system/bin/nvcc");
+        assert_eq!(find_nvcc(&env, &file), Ok(system));
+        let on_path = t.exe("path/nvcc");
+        let with_path = Env::from_pairs([("PATH", t.0.join("path").into_os_string())])
+            .with_system_nvcc(t.0.join("system/bin/nvcc"));
+        assert_eq!(find_nvcc(&with_path, &file), Ok(on_path));
     }
 
     #[test]
@@ -366,14 +383,12 @@ mod tests {
 
     #[test]
     fn missing_nvcc_error_lists_every_place_and_the_fix() {
-        if Path::new("/usr/local/cuda/bin/nvcc").exists() {
-            return;
-        }
         let t = TempTree::new("missing");
         let env = Env::from_pairs([
             ("CUDA_HOME", t.0.join("home").into_os_string()),
             ("PATH", t.0.join("path").into_os_string()),
-        ]);
+        ])
+        .with_system_nvcc(t.0.join("system/bin/nvcc"));
         let searched = find_nvcc(&env, &no_toolchain()).unwrap_err();
         let message = BuildError::NvccNotFound { searched }.to_string();
         for needle in [
@@ -381,7 +396,7 @@ mod tests {
             "CUDA_HOME: ",
             "CUDA_PATH (unset)",
             "PATH",
-            "/usr/local/cuda/bin/nvcc",
+            "system/bin/nvcc",
             "target/toolchain/env",
             "run `cargo xtask toolchain` to install CUDA 13.0's nvcc into target/toolchain, or set NVCC",
         ] {
