@@ -201,6 +201,15 @@ struct Mainloop {
 
   struct Accumulators {
     float c[kFragsM][kFragsN][4];
+
+    __device__ __forceinline__ void zero() {
+#pragma unroll
+      for (int i = 0; i < kFragsM; ++i)
+#pragma unroll
+        for (int j = 0; j < kFragsN; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) c[i][j][e] = 0.0f;
+    }
   };
 
   // Issues the copies of K tile `kt` into stage buffers (sa, sb).
@@ -423,6 +432,7 @@ struct Mainloop {
   template <typename Prologue>
   static __device__ __forceinline__ void run(Accumulators& acc, const GemmArgs<T>& p, TileCoord tile,
                                              unsigned char* smem, const RowStats* stats) {
+    acc.zero();
     if constexpr (Tile::kKLoop == KLoop::Pipelined)
       run_pipelined<Prologue>(acc, p, tile, smem, stats);
     else
@@ -436,13 +446,6 @@ struct Mainloop {
     T* smem_b = smem_a + kStages * kAStageElems;
     const int warp = threadIdx.x / 32;
     const int warp_m = warp / Tile::kWarpsN, warp_n = warp % Tile::kWarpsN;
-#pragma unroll
-    for (int i = 0; i < kFragsM; ++i)
-#pragma unroll
-      for (int j = 0; j < kFragsN; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc.c[i][j][e] = 0.0f;
-
     const int k_tiles = int((p.k + BK - 1) / BK);
     // Fill all but one stage. Every iteration commits a group, empty or not,
     // so that "groups still pending" counts the same everywhere.
@@ -485,13 +488,6 @@ struct Mainloop {
     T* smem_b = smem_a + kStages * kAStageElems;
     const int warp = threadIdx.x / 32;
     const int warp_m = warp / Tile::kWarpsN, warp_n = warp % Tile::kWarpsN;
-#pragma unroll
-    for (int i = 0; i < kFragsM; ++i)
-#pragma unroll
-      for (int j = 0; j < kFragsN; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc.c[i][j][e] = 0.0f;
-
     const int k_tiles = int((p.k + BK - 1) / BK);
     Loader loader(p, tile);
 #pragma unroll
