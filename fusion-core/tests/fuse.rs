@@ -393,6 +393,12 @@ fn llama_ffn_without_bias_ends_in_gemm_residual() {
 }
 
 fn gpt2_mlp() -> Graph {
+    gpt2_mlp_with_proj(WeightLayout::NK)
+}
+
+/// GPT-2's MLP block with the output projection's weight stored as `proj`
+/// says: [N, K] like nn.Linear, or [K, N].
+fn gpt2_mlp_with_proj(proj: WeightLayout) -> Graph {
     let mut b = GraphBuilder::new("gpt2_mlp");
     let m = b.dynamic_dim("M").unwrap();
     let d = b.static_dim("D", 768).unwrap();
@@ -402,14 +408,18 @@ fn gpt2_mlp() -> Graph {
     let ln_b = b.weight("ln_b", DType::F16, &[d]).unwrap();
     let w_fc = b.weight("w_fc", DType::F16, &[f, d]).unwrap();
     let b_fc = b.weight("b_fc", DType::F16, &[f]).unwrap();
-    let w_proj = b.weight("w_proj", DType::F16, &[d, f]).unwrap();
+    let proj_shape = match proj {
+        WeightLayout::NK => [d, f],
+        WeightLayout::KN => [f, d],
+    };
+    let w_proj = b.weight("w_proj", DType::F16, &proj_shape).unwrap();
     let b_proj = b.weight("b_proj", DType::F16, &[d]).unwrap();
     let normed = b.layernorm(x, ln_g, ln_b, 1e-5).unwrap();
     let h = b.matmul(normed, w_fc, WeightLayout::NK).unwrap();
     let h = b.bias_add(h, b_fc).unwrap();
     let h = b.gelu(h).unwrap();
     b.name(h, "h").unwrap();
-    let y = b.matmul(h, w_proj, WeightLayout::NK).unwrap();
+    let y = b.matmul(h, w_proj, proj).unwrap();
     let y = b.bias_add(y, b_proj).unwrap();
     let y = b.add(y, x).unwrap();
     b.output("y", y).unwrap();
@@ -555,4 +565,33 @@ fn dot_draws_fused_intermediates_as_edges_between_ops() {
     let h = tensor(&plan, "h").0;
     assert!(text.contains(&format!("op3 -> t{h};")), "{text}");
     assert!(text.contains(&format!("t{h} -> op4;")), "{text}");
+}
+
+#[test]
+fn report_of_a_gpt2_mlp() {
+    let text = plan_of(gpt2_mlp_with_proj(WeightLayout::KN)).to_string();
+    let expected = "\
+graph `gpt2_mlp`: 7 ops → 2 kernels
+
+#0  layernorm_gemm_bias_gelu  (composed GEMM)
+    ops    layernorm → %1, matmul → %2, bias_add → %3, gelu → h
+    A      x     f16[M, 768]
+    B      w_fc  f16[3072, 768], read transposed
+    gamma  ln_g  f16[768]
+    beta   ln_b  f16[768]
+    bias   b_fc  f16[3072]
+    out    h     f16[M, 3072]
+
+#1  gemm_bias_residual  (named pattern)
+    ops       matmul → %5, bias_add → %6, add → y
+    A         h       f16[M, 3072]
+    B         w_proj  f16[3072, 768]
+    bias      b_proj  f16[768]
+    residual  x       f16[M, 768]
+    out       y       f16[M, 768]
+
+between kernels (written to memory, read back):
+  h  f16[M, 3072]  #0 → #1
+";
+    assert_eq!(text, expected, "\n{text}");
 }
