@@ -106,6 +106,23 @@ fn error_at(input: ParseStream, message: impl std::fmt::Display) -> syn::Error {
     syn::Error::new(input.span(), message)
 }
 
+/// After one dim of a comma-separated list: false at the list's end, true
+/// after the `,` that separates it from the next; any other token is an
+/// error.
+fn dim_list_continues(body: ParseStream) -> syn::Result<bool> {
+    if body.is_empty() {
+        return Ok(false);
+    }
+    if !body.peek(Token![,]) {
+        return Err(error_at(
+            body,
+            format!("expected `,` between dims, found {}", found(body)),
+        ));
+    }
+    body.parse::<Token![,]>()?;
+    Ok(true)
+}
+
 /// The next token, quoted, for messages: "`-`", "the end of the input".
 fn found(input: ParseStream) -> String {
     match input.cursor().token_tree() {
@@ -278,16 +295,9 @@ impl Grammar<'_> {
                 size,
                 size_span,
             });
-            if body.is_empty() {
+            if !dim_list_continues(&body)? {
                 break;
             }
-            if !body.peek(Token![,]) {
-                return Err(error_at(
-                    &body,
-                    format!("expected `,` between dims, found {}", found(&body)),
-                ));
-            }
-            body.parse::<Token![,]>()?;
         }
         // A `;` after the block is harmless; accept it.
         if input.peek(Token![;]) {
@@ -379,16 +389,9 @@ impl Grammar<'_> {
                     ),
                 ));
             }
-            if body.is_empty() {
+            if !dim_list_continues(&body)? {
                 break;
             }
-            if !body.peek(Token![,]) {
-                return Err(error_at(
-                    &body,
-                    format!("expected `,` between dims, found {}", found(&body)),
-                ));
-            }
-            body.parse::<Token![,]>()?;
         }
         if dims.is_empty() {
             return Err(syn::Error::new(
