@@ -988,9 +988,9 @@ constexpr sm90::Schedule kCoop = sm90::Schedule::Cooperative, kPingPong = sm90::
 // How many clusters of the 2-CTA variants can be resident at once (a
 // persistent grid uses that many); called after the benchmark launched them.
 template <typename Mainloop>
-void report_resident_clusters(const char* name) {
+void report_resident_clusters(const char* name, int sm_count) {
   cudaLaunchConfig_t config{};
-  config.gridDim = dim3(132);
+  config.gridDim = dim3(unsigned(sm_count));
   config.blockDim = dim3(Mainloop::kThreads);
   config.dynamicSmemBytes = Mainloop::kSmemBytes;
   cudaLaunchAttribute cluster{};
@@ -1007,9 +1007,9 @@ void report_resident_clusters(const char* name) {
               Mainloop::kSmemBytes);
 }
 
-void report_cluster_occupancy() {
-  report_resident_clusters<Sm90Variant<128, 256, 3, kCoop, 2>>("co128x256s3c2");
-  report_resident_clusters<Sm90Variant<128, 128, 5, kPingPong, 2>>("pp128x128s5c2");
+void report_cluster_occupancy(int sm_count) {
+  report_resident_clusters<Sm90Variant<128, 256, 3, kCoop, 2>>("co128x256s3c2", sm_count);
+  report_resident_clusters<Sm90Variant<128, 128, 5, kPingPong, 2>>("pp128x128s5c2", sm_count);
 }
 
 std::vector<BenchVariant> bench_variants() {
@@ -1021,7 +1021,7 @@ std::vector<BenchVariant> bench_variants() {
           variant<Sm90Variant<64, 128, 8, kCoop>>("co64x128s8")};
 }
 #else
-void report_cluster_occupancy() {}
+void report_cluster_occupancy(int) {}
 std::vector<BenchVariant> bench_variants() {
   return {variant<Sm80Large<__half, LayoutB::NK>>("128x256"), variant<Sm80Small<__half, LayoutB::NK>>("128x128")};
 }
@@ -1132,7 +1132,7 @@ void bench(const Options& opt, int sm_count) {
                 r.ours_cfg.c_str(), r.ours_us, r.base_us, r.base_us / r.ours_us, r.flops / r.ours_us * 1e-6,
                 r.flops / r.base_us * 1e-6);
   std::printf("ratio = baseline time / ours (> 1: ours faster)\n");
-  report_cluster_occupancy();
+  report_cluster_occupancy(sm_count);
 }
 #endif  // FUSION_SELFTEST_SM80
 

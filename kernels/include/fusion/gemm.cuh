@@ -81,6 +81,38 @@ __global__ void __launch_bounds__(Mainloop::kThreads, Mainloop::kMinBlocksPerSm)
   Mainloop::template operator_body<Prologue, Epilogue>(args, tile, smem, row_stats);
 }
 
+namespace detail {
+
+// The first positive result of `compute()` for a device, kept in `cache`
+// (devices 0-63; others compute every time). A failure, a result of 0 or
+// less, is returned and not kept, so the next call tries again.
+template <typename Compute>
+int once_per_device(std::atomic<int> (&cache)[64], int device, Compute&& compute) {
+  const bool cacheable = device >= 0 && device < 64;
+  if (cacheable) {
+    const int kept = cache[device].load(std::memory_order_acquire);
+    if (kept > 0) return kept;
+  }
+  const int value = compute();
+  if (value > 0 && cacheable) cache[device].store(value, std::memory_order_release);
+  return value;
+}
+
+// Raises `kernel`'s dynamic shared-memory limit to `bytes` on `device`, once
+// per device for the kernel that owns `cache` (the attribute belongs to the
+// device's context).
+template <typename Kernel>
+cudaError_t raise_smem_limit(std::atomic<int> (&cache)[64], int device, Kernel* kernel, int bytes) {
+  cudaError_t err = cudaSuccess;
+  once_per_device(cache, device, [&] {
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    return err == cudaSuccess ? 1 : 0;
+  });
+  return err;
+}
+
+}  // namespace detail
+
 template <typename Mainloop, typename Prologue, typename Epilogue>
 struct FusedGemm {
   using Element = typename Mainloop::Element;
@@ -107,19 +139,14 @@ struct FusedGemm {
     return dim3(unsigned(tiles));
   }
 
-  // Raises the kernel's dynamic shared-memory limit once per device (the
-  // attribute belongs to the device's context).
+  // Raises the kernel's dynamic shared-memory limit once per device.
   static cudaError_t configure() {
-    static std::atomic<uint64_t> configured_devices{0};
+    static std::atomic<int> configured[64];
     int device = 0;
-    cudaError_t err = cudaGetDevice(&device);
+    const cudaError_t err = cudaGetDevice(&device);
     if (err != cudaSuccess) return err;
-    const uint64_t bit = device < 64 ? uint64_t(1) << device : 0;
-    if (bit != 0 && (configured_devices.load(std::memory_order_acquire) & bit)) return cudaSuccess;
-    err = cudaFuncSetAttribute(fused_gemm_kernel<Mainloop, Prologue, Epilogue>,
-                               cudaFuncAttributeMaxDynamicSharedMemorySize, int(Mainloop::kSmemBytes));
-    if (err == cudaSuccess) configured_devices.fetch_or(bit, std::memory_order_acq_rel);
-    return err;
+    return detail::raise_smem_limit(configured, device, fused_gemm_kernel<Mainloop, Prologue, Epilogue>,
+                                    int(Mainloop::kSmemBytes));
   }
 
   static cudaError_t launch(const GemmArgs<Element>& p, cudaStream_t stream) {

@@ -448,19 +448,14 @@ cudaError_t encode_matrix(CUtensorMap* map, const T* base, int64_t rows, int64_t
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-// SMs of the current device, read once per device.
-inline int sm_count() {
+// SMs of `device`, read once per device (1 if the query fails).
+inline int sm_count(int device) {
   static std::atomic<int> counts[64];
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return 1;
-  if (device < 64) {
-    const int cached = counts[device].load(std::memory_order_relaxed);
-    if (cached > 0) return cached;
-  }
-  int sms = 0;
-  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms <= 0) sms = 1;
-  if (device < 64) counts[device].store(sms, std::memory_order_relaxed);
-  return sms;
+  const int sms = fusion::detail::once_per_device(counts, device, [device] {
+    int n = 0;
+    return cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) == cudaSuccess ? n : 0;
+  });
+  return sms > 0 ? sms : 1;
 }
 
 }  // namespace detail
@@ -483,17 +478,12 @@ template <typename Prologue, typename Epilogue>
 cudaError_t Mainloop<T, kLayout, Config>::launch(const GemmArgs<T>& p, cudaStream_t stream) {
   static_assert(!Prologue::kEnabled, "the sm90 mainloop has no norm prologue; those compositions use sm80's");
   using Self = Mainloop<T, kLayout, Config>;
-  static std::atomic<uint64_t> configured_devices{0};
+  static std::atomic<int> configured[64];
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
-  const uint64_t bit = device < 64 ? uint64_t(1) << device : 0;
-  if (bit == 0 || !(configured_devices.load(std::memory_order_acquire) & bit)) {
-    err = cudaFuncSetAttribute(persistent_gemm_kernel<Self, Epilogue>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               kSmemBytes);
-    if (err != cudaSuccess) return err;
-    configured_devices.fetch_or(bit, std::memory_order_acq_rel);
-  }
+  err = fusion::detail::raise_smem_limit(configured, device, persistent_gemm_kernel<Self, Epilogue>, kSmemBytes);
+  if (err != cudaSuccess) return err;
   CUtensorMap map_a, map_b, map_c;
   err = encode_maps(p, &map_a, &map_b, &map_c);
   if (err != cudaSuccess) return err;
@@ -501,7 +491,7 @@ cudaError_t Mainloop<T, kLayout, Config>::launch(const GemmArgs<T>& p, cudaStrea
   // once), or per unit of work if there are fewer.
   const int64_t units = ((p.m + BM * kClusterM - 1) / (BM * kClusterM)) * ((p.n + BN - 1) / BN);
   if constexpr (kClusterM == 1) {
-    const int64_t ctas = detail::sm_count();
+    const int64_t ctas = detail::sm_count(device);
     const unsigned grid = unsigned(units < ctas ? units : ctas);
     persistent_gemm_kernel<Self, Epilogue><<<grid, kThreads, kSmemBytes, stream>>>(map_a, map_b, map_c, p);
   } else {
@@ -520,14 +510,14 @@ cudaError_t Mainloop<T, kLayout, Config>::launch(const GemmArgs<T>& p, cudaStrea
     // resident at once; a persistent grid larger than that would run its
     // last clusters after the others finish.
     static std::atomic<int> resident_by_device[64];
-    int resident = device < 64 ? resident_by_device[device].load(std::memory_order_relaxed) : 0;
-    if (resident <= 0) {
-      config.gridDim = dim3(unsigned(detail::sm_count()));
-      err = cudaOccupancyMaxActiveClusters(&resident, persistent_gemm_kernel<Self, Epilogue>, &config);
-      if (err != cudaSuccess) return err;
-      if (resident <= 0) return cudaErrorInvalidConfiguration;
-      if (device < 64) resident_by_device[device].store(resident, std::memory_order_relaxed);
-    }
+    const int resident = fusion::detail::once_per_device(resident_by_device, device, [&] {
+      int clusters = 0;
+      config.gridDim = dim3(unsigned(detail::sm_count(device)));
+      err = cudaOccupancyMaxActiveClusters(&clusters, persistent_gemm_kernel<Self, Epilogue>, &config);
+      return err == cudaSuccess ? clusters : 0;
+    });
+    if (err != cudaSuccess) return err;
+    if (resident <= 0) return cudaErrorInvalidConfiguration;
     config.gridDim = dim3(unsigned((units < resident ? units : resident) * kClusterM));
     err = cudaLaunchKernelEx(&config, persistent_gemm_kernel<Self, Epilogue>, map_a, map_b, map_c, p);
     if (err != cudaSuccess) return err;
