@@ -41,6 +41,7 @@
 #if FUSION_SELFTEST_SM90
 #include "fusion/sm90/mainloop.cuh"
 #endif
+#include "harness.cuh"
 
 #ifndef FUSION_SELFTEST_SM80
 #define FUSION_SELFTEST_SM80 1
@@ -121,25 +122,11 @@ int fusion_layernorm_gemm_bias_gelu_sm80(const fusion_layernorm_gemm_bias_gelu_p
 namespace {
 
 using namespace fusion;
-
-#define CHECK_CUDA(expr)                                                                                \
-  do {                                                                                                  \
-    const cudaError_t err_ = (expr);                                                                    \
-    if (err_ != cudaSuccess) {                                                                          \
-      std::fprintf(stderr, "CUDA error at %s:%d: %s returned %s (%s)\n", __FILE__, __LINE__, #expr,     \
-                   cudaGetErrorName(err_), cudaGetErrorString(err_));                                   \
-      std::exit(2);                                                                                     \
-    }                                                                                                   \
-  } while (0)
-
-#define CHECK_CUBLAS(expr)                                                                               \
-  do {                                                                                                   \
-    const cublasStatus_t st_ = (expr);                                                                   \
-    if (st_ != CUBLAS_STATUS_SUCCESS) {                                                                  \
-      std::fprintf(stderr, "cuBLAS error at %s:%d: %s returned %d\n", __FILE__, __LINE__, #expr, int(st_)); \
-      std::exit(2);                                                                                      \
-    }                                                                                                    \
-  } while (0)
+using harness::DeviceBuffer;
+using harness::LtGemm;
+using harness::Shape;
+using harness::fill_random_kernel;
+using harness::median_us;
 
 struct Options {
   bool quick = false;
@@ -166,26 +153,6 @@ struct Rng {
     return z ^ (z >> 31);
   }
   float uniform(float lo, float hi) { return lo + (hi - lo) * float(next() >> 40) * (1.0f / 16777216.0f); }
-};
-
-template <typename T>
-struct DeviceBuffer {
-  T* ptr = nullptr;
-  size_t count = 0;
-  DeviceBuffer() = default;
-  explicit DeviceBuffer(size_t n) : count(n) { CHECK_CUDA(cudaMalloc(&ptr, std::max<size_t>(n, 1) * sizeof(T))); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr(o.ptr), count(o.count) { o.ptr = nullptr; }
-  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
-    std::swap(ptr, o.ptr);
-    std::swap(count, o.count);
-    return *this;
-  }
-  ~DeviceBuffer() {
-    if (ptr) cudaFree(ptr);
-  }
-  void poison() { CHECK_CUDA(cudaMemset(ptr, 0xff, count * sizeof(T))); }  // 0xffff: NaN in f16 and bf16
 };
 
 // Fresh random host values converted to T and uploaded.
@@ -394,15 +361,8 @@ void expect(Totals& totals, const std::string& name, bool ok, const std::string&
   }
 }
 
-struct Shape {
-  int64_t m, n, k;
-};
-
-std::string shape_str(Shape s) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "(%lld,%lld,%lld)", (long long)s.m, (long long)s.n, (long long)s.k);
-  return buf;
-}
+// "(M,N,K)", as check names and the benchmark table print shapes.
+std::string shape_label(Shape s) { return "(" + harness::shape_str(s) + ")"; }
 
 // The inputs of one GEMM check, fresh random values per check: activations
 // ~U(-1, 1) (plus a per-row offset for norm kernels, so the mean matters),
@@ -482,7 +442,7 @@ void check_fused_gemm(Totals& totals, const char* arch, const char* composition,
   GemmInputs<T> in(rng, s, epi, norm);
   const GemmArgs<T> p = in.args(s);
   const std::string name = std::string(arch) + " " + Numeric<T>::name + " " + layout_name(kLayout) + " " +
-                           tile_name<typename Mainloop::Config>() + " " + composition + " " + shape_str(s);
+                           tile_name<typename Mainloop::Config>() + " " + composition + " " + shape_label(s);
   const cudaError_t err = FusedGemm<Mainloop, Prologue, Epilogue>::launch(p, nullptr);
   if (err != cudaSuccess) {
     expect(totals, name, false, std::string("launch returned ") + cudaGetErrorName(err));
@@ -534,7 +494,7 @@ void check_family(Totals& totals, const Options& opt, const char* arch, bool all
     for (const Shape& s : check_shapes(opt, !opt.quick || std::strcmp(#NAME, "gemm_bias_gelu") == 0)) {        \
       const std::string key = std::string(arch) + " " + Numeric<T>::name + " " + layout_name(kLayout) + " " + \
                               tile_name<typename MainloopFor<T, kLayout>::Config>() + " " + #NAME + " " +      \
-                              shape_str(s);                                                                    \
+                              shape_label(s);                                                                    \
       if constexpr (!PROLOGUE::kEnabled || !OwnsKernel<MainloopFor<T, kLayout>>::value)                        \
         if (matches(opt, key))                                                                                 \
           check_fused_gemm<MainloopFor<T, kLayout>, PROLOGUE, __VA_ARGS__, kLayout>(totals, arch, #NAME, s, rng); \
@@ -625,7 +585,7 @@ void check_rendered_units(Totals& totals, const Options& opt, Rng& rng) {
     GemmInputs<__half> in(rng, s, epi, RefNorm::None);
     fusion_gemm_bias_gelu_params p{in.a.ptr, in.b.ptr, in.bias.ptr, in.c.ptr, s.m, s.n, s.k};
     const int rc = fusion_gemm_bias_gelu_sm80(&p, nullptr);
-    const std::string name = "rendered fusion_gemm_bias_gelu_sm80 " + shape_str(s);
+    const std::string name = "rendered fusion_gemm_bias_gelu_sm80 " + shape_label(s);
     if (rc != 0) {
       expect(totals, name, false, std::string("returned ") + cudaGetErrorName(cudaError_t(rc)));
     } else {
@@ -638,7 +598,7 @@ void check_rendered_units(Totals& totals, const Options& opt, Rng& rng) {
     fusion_layernorm_gemm_bias_gelu_params q{ln.a.ptr, ln.gamma.ptr, ln.beta.ptr, ln.b.ptr, ln.bias.ptr,
                                              ln.c.ptr,  s.m,         s.n,        s.k,      1e-5f};
     const int rc2 = fusion_layernorm_gemm_bias_gelu_sm80(&q, nullptr);
-    const std::string name2 = "rendered fusion_layernorm_gemm_bias_gelu_sm80 " + shape_str(s);
+    const std::string name2 = "rendered fusion_layernorm_gemm_bias_gelu_sm80 " + shape_label(s);
     if (rc2 != 0) {
       expect(totals, name2, false, std::string("returned ") + cudaGetErrorName(cudaError_t(rc2)));
     } else {
@@ -816,121 +776,8 @@ void report_kernels() {
 // ===========================================================================
 #if FUSION_SELFTEST_SM80
 
-// Device-side fill for benchmark inputs (too large to draw on the host
-// quickly): a hash of (seed, index) mapped to U(-scale, scale).
-template <typename T>
-__global__ void fill_random_kernel(T* p, size_t n, uint64_t seed, float scale) {
-  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    uint64_t z = seed + 0x9e3779b97f4a7c15ull * (i + 1);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
-    const float u = float(z >> 40) * (1.0f / 16777216.0f);
-    p[i] = Numeric<T>::from_float(scale * (2.0f * u - 1.0f));
-  }
-}
-
-// Keeps the GPU busy while the host queues the timed launches, so host-side
-// launch overhead never shows up between a start and a stop event.
-__global__ void spin_kernel(uint64_t ns) {
-  uint64_t start, now;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-  do {
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-  } while (now - start < ns);
-}
-
 struct BenchSet {
   DeviceBuffer<__half> a, b, bias, c;
-};
-
-template <typename Launch>
-double median_us(int reps, Launch&& launch) {
-  for (int i = 0; i < 3; ++i) launch(i % 4);  // warm-up: module load, JIT, heuristics, clocks
-  CHECK_CUDA(cudaDeviceSynchronize());
-  std::vector<cudaEvent_t> ev(size_t(2 * reps));
-  for (auto& e : ev) CHECK_CUDA(cudaEventCreate(&e));
-  spin_kernel<<<1, 1>>>(20ull * 1000 * 1000);
-  CHECK_CUDA(cudaGetLastError());
-  for (int i = 0; i < reps; ++i) {
-    CHECK_CUDA(cudaEventRecord(ev[size_t(2 * i)]));
-    launch(i % 4);  // rotate 4 input sets so L2 holds none of them between runs
-    CHECK_CUDA(cudaEventRecord(ev[size_t(2 * i + 1)]));
-  }
-  CHECK_CUDA(cudaDeviceSynchronize());
-  std::vector<float> ms(static_cast<size_t>(reps));
-  for (int i = 0; i < reps; ++i) {
-    float* slot = ms.data() + i;
-    CHECK_CUDA(cudaEventElapsedTime(slot, ev[size_t(2 * i)], ev[size_t(2 * i + 1)]));
-  }
-  for (auto& e : ev) CHECK_CUDA(cudaEventDestroy(e));
-  std::sort(ms.begin(), ms.end());
-  return 1000.0 * ms[ms.size() / 2];
-}
-
-struct LtGemm {
-  cublasLtHandle_t handle = nullptr;
-  void* workspace = nullptr;
-  size_t workspace_bytes = size_t(64) << 20;
-  LtGemm() {
-    CHECK_CUBLAS(cublasLtCreate(&handle));
-    CHECK_CUDA(cudaMalloc(&workspace, workspace_bytes));
-  }
-  ~LtGemm() {
-    cudaFree(workspace);
-    cublasLtDestroy(handle);
-  }
-
-  // C[M,N] = epilogue(A[M,K] @ W[N,K]^T + bias), row-major, as column-major
-  // C^T[N,M] = W^T... i.e. op(W) = T with W seen as a K x N column-major matrix.
-  struct Plan {
-    cublasLtMatmulDesc_t op = nullptr;
-    cublasLtMatrixLayout_t w = nullptr, a = nullptr, c = nullptr;
-    cublasLtMatmulHeuristicResult_t algo{};
-  };
-
-  Plan plan(Shape s, cublasLtEpilogue_t epilogue, const void* any_bias) {
-    Plan p;
-    CHECK_CUBLAS(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    const cublasOperation_t trans_w = CUBLAS_OP_T, trans_a = CUBLAS_OP_N;
-    CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &trans_w, sizeof trans_w));
-    CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &trans_a, sizeof trans_a));
-    CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
-    if (epilogue != CUBLASLT_EPILOGUE_DEFAULT)
-      CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &any_bias, sizeof any_bias));
-    CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&p.w, CUDA_R_16F, uint64_t(s.k), uint64_t(s.n), s.k));
-    CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16F, uint64_t(s.k), uint64_t(s.m), s.k));
-    CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&p.c, CUDA_R_16F, uint64_t(s.n), uint64_t(s.m), s.n));
-    cublasLtMatmulPreference_t pref = nullptr;
-    CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
-    CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                      &workspace_bytes, sizeof workspace_bytes));
-    int found = 0;
-    CHECK_CUBLAS(cublasLtMatmulAlgoGetHeuristic(handle, p.op, p.w, p.a, p.c, p.c, pref, 1, &p.algo, &found));
-    CHECK_CUBLAS(cublasLtMatmulPreferenceDestroy(pref));
-    if (found == 0) {
-      std::fprintf(stderr, "cuBLASLt found no algorithm for %s\n", shape_str(s).c_str());
-      std::exit(2);
-    }
-    return p;
-  }
-
-  void run(Plan& p, const BenchSet& set, cublasLtEpilogue_t epilogue) {
-    if (epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
-      const void* bias = set.bias.ptr;
-      CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
-    }
-    const float alpha = 1.0f, beta = 0.0f;
-    CHECK_CUBLAS(cublasLtMatmul(handle, p.op, &alpha, set.b.ptr, p.w, set.a.ptr, p.a, &beta, set.c.ptr, p.c,
-                                set.c.ptr, p.c, &p.algo.algo, workspace, workspace_bytes, nullptr));
-  }
-
-  static void destroy(Plan& p) {
-    cublasLtMatrixLayoutDestroy(p.w);
-    cublasLtMatrixLayoutDestroy(p.a);
-    cublasLtMatrixLayoutDestroy(p.c);
-    cublasLtMatmulDescDestroy(p.op);
-  }
 };
 
 template <typename Mainloop, typename Epilogue>
@@ -1038,7 +885,7 @@ void bench(const Options& opt, int sm_count) {
   std::vector<BenchRow> rows;
   uint64_t seed = opt.seed * 1000003ull;
   for (const Shape s : shapes) {
-    std::printf("bench %s ...\n", shape_str(s).c_str());
+    std::printf("bench %s ...\n", shape_label(s).c_str());
     std::fflush(stdout);
     std::vector<BenchSet> sets(4);
     for (BenchSet& set : sets) {
@@ -1089,20 +936,23 @@ void bench(const Options& opt, int sm_count) {
       CHECK_CUDA(cudaDeviceSynchronize());
       DeviceBuffer<__half> ours_out(sets[0].c.count);
       CHECK_CUDA(cudaMemcpy(ours_out.ptr, sets[0].c.ptr, ours_out.count * sizeof(__half), cudaMemcpyDeviceToDevice));
-      lt.run(plan, sets[0], c.lt_epilogue);
+      lt.run(plan, sets[0].a.ptr, sets[0].b.ptr, sets[0].bias.ptr, sets[0].c.ptr);
       CHECK_CUDA(cudaDeviceSynchronize());
       std::printf("  %-34s ours (%s) vs cuBLASLt output rel diff %.2e\n", c.what, cfg.c_str(),
                   rel_diff(ours_out.ptr, sets[0].c.ptr, ours_out.count));
       const double ours_us = median_us(reps, ours);
-      const double lt_us = median_us(reps, [&](int i) { lt.run(plan, sets[size_t(i)], c.lt_epilogue); });
+      const double lt_us = median_us(reps, [&](int i) {
+        const BenchSet& set = sets[size_t(i)];
+        lt.run(plan, set.a.ptr, set.b.ptr, set.bias.ptr, set.c.ptr);
+      });
       if (c.lt_epilogue == CUBLASLT_EPILOGUE_GELU_BIAS) lt_gelu_us = lt_us;
-      rows.push_back({shape_str(s), c.what, cfg, ours_us, lt_us, flops});
+      rows.push_back({shape_label(s), c.what, cfg, ours_us, lt_us, flops});
       LtGemm::destroy(plan);
     }
     // Every tile config on the headline composition, to keep the heuristic honest.
     for (const BenchVariant& v : bench_variants()) {
       const double us = median_us(reps, [&](int i) { v.gelu(sets[size_t(i)], s); });
-      rows.push_back({shape_str(s), std::string("bias_gelu ") + v.name + " vs LtGELU", v.name, us, lt_gelu_us, flops});
+      rows.push_back({shape_label(s), std::string("bias_gelu ") + v.name + " vs LtGELU", v.name, us, lt_gelu_us, flops});
     }
     // Plain GEMM against cublasGemmEx.
     {
@@ -1114,10 +964,10 @@ void bench(const Options& opt, int sm_count) {
                                   CUDA_R_16F, int(s.k), set.a.ptr, CUDA_R_16F, int(s.k), &beta, set.c.ptr, CUDA_R_16F,
                                   int(s.n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
       });
-      rows.push_back({shape_str(s), "gemm vs cublasGemmEx", cfg, ours_us, blas_us, flops});
+      rows.push_back({shape_label(s), "gemm vs cublasGemmEx", cfg, ours_us, blas_us, flops});
       for (const BenchVariant& v : bench_variants()) {
         const double us = median_us(reps, [&](int i) { v.plain(sets[size_t(i)], s); });
-        rows.push_back({shape_str(s), std::string("gemm ") + v.name + " vs cublas", v.name, us, blas_us, flops});
+        rows.push_back({shape_label(s), std::string("gemm ") + v.name + " vs cublas", v.name, us, blas_us, flops});
       }
     }
   }

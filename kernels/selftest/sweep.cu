@@ -220,6 +220,8 @@ cudaError_t attributes<FUSION_SWEEP_VARIANT>(cudaFuncAttributes* attr, int* bloc
 #include <cublasLt.h>
 #include <cublas_v2.h>
 
+#include "harness.cuh"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -233,34 +235,12 @@ cudaError_t attributes<FUSION_SWEEP_VARIANT>(cudaFuncAttributes* attr, int* bloc
 namespace sweep {
 namespace {
 
-#define SWEEP_CHECK_CUDA(expr)                                                                       \
-  do {                                                                                              \
-    const cudaError_t err_ = (expr);                                                                \
-    if (err_ != cudaSuccess) {                                                                      \
-      std::fprintf(stderr, "CUDA error at %s:%d: %s returned %s (%s)\n", __FILE__, __LINE__, #expr, \
-                   cudaGetErrorName(err_), cudaGetErrorString(err_));                               \
-      std::exit(2);                                                                                 \
-    }                                                                                               \
-  } while (0)
-
-#define SWEEP_CHECK_CUBLAS(expr)                                                                          \
-  do {                                                                                                    \
-    const cublasStatus_t st_ = (expr);                                                                    \
-    if (st_ != CUBLAS_STATUS_SUCCESS) {                                                                   \
-      std::fprintf(stderr, "cuBLAS error at %s:%d: %s returned %d\n", __FILE__, __LINE__, #expr, int(st_)); \
-      std::exit(2);                                                                                       \
-    }                                                                                                     \
-  } while (0)
-
-struct Shape {
-  int64_t m, n, k;
-};
-
-std::string shape_str(Shape s) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%lld,%lld,%lld", (long long)s.m, (long long)s.n, (long long)s.k);
-  return buf;
-}
+using harness::DeviceBuffer;
+using harness::LtGemm;
+using harness::Shape;
+using harness::fill_random_kernel;
+using harness::median_us;
+using harness::shape_str;
 
 // One variant as the harness sees it.
 struct Entry {
@@ -277,35 +257,7 @@ std::vector<Entry> make_entries(std::integer_sequence<int, Is...>) {
   return {Entry{Variant<Is>::name, shape_of<Is>(), &launch<Is>, &attributes<Is>}...};
 }
 
-template <typename T>
-struct Buffer {
-  T* ptr = nullptr;
-  size_t count = 0;
-  Buffer() = default;
-  explicit Buffer(size_t n) : count(n) { SWEEP_CHECK_CUDA(cudaMalloc(&ptr, std::max<size_t>(n, 1) * sizeof(T))); }
-  Buffer(const Buffer&) = delete;
-  Buffer& operator=(const Buffer&) = delete;
-  Buffer(Buffer&& o) noexcept : ptr(o.ptr), count(o.count) { o.ptr = nullptr; }
-  Buffer& operator=(Buffer&& o) noexcept {
-    std::swap(ptr, o.ptr);
-    std::swap(count, o.count);
-    return *this;
-  }
-  ~Buffer() {
-    if (ptr) cudaFree(ptr);
-  }
-};
 
-// U(-scale, scale) from a hash of (seed, index).
-__global__ void fill_random_kernel(__half* p, size_t n, uint64_t seed, float scale) {
-  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    uint64_t z = seed + 0x9e3779b97f4a7c15ull * (i + 1);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
-    p[i] = __float2half_rn(scale * (2.0f * float(z >> 40) * (1.0f / 16777216.0f) - 1.0f));
-  }
-}
 
 // ref[m, n] = gelu(acc[m, n] + bias[n]) (with_gelu) or acc[m, n] + bias[n],
 // f32, in place.
@@ -316,23 +268,16 @@ __global__ void ref_bias_kernel(float* acc, const __half* bias, int64_t m, int64
   }
 }
 
-__global__ void spin_kernel(uint64_t ns) {
-  uint64_t start, now;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-  do {
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-  } while (now - start < ns);
-}
 
 struct Inputs {
-  Buffer<__half> a, b, bias, c;
+  DeviceBuffer<__half> a, b, bias, c;
   Inputs(Shape s, uint64_t seed)
       : a(size_t(s.m * s.k)), b(size_t(s.n * s.k)), bias(size_t(s.n)), c(size_t(s.m * s.n)) {
     fill_random_kernel<<<1024, 256>>>(a.ptr, a.count, seed * 4 + 1, 1.0f);
     fill_random_kernel<<<1024, 256>>>(b.ptr, b.count, seed * 4 + 2, 1.0f / std::sqrt(float(s.k)));
     fill_random_kernel<<<1024, 256>>>(bias.ptr, bias.count, seed * 4 + 3, 1.0f);
-    SWEEP_CHECK_CUDA(cudaGetLastError());
-    SWEEP_CHECK_CUDA(cudaMemset(c.ptr, 0xff, c.count * sizeof(__half)));  // NaN
+    CHECK_CUDA(cudaGetLastError());
+    c.poison();
   }
   fusion::GemmArgs<__half> args(Shape s) const {
     fusion::GemmArgs<__half> p{};
@@ -351,24 +296,24 @@ struct Inputs {
 // inputs, f32 accumulate and output), then compared with `out` on the host:
 // rel_err = |out - ref| / |ref|.
 struct Reference {
-  Buffer<float> ref;
+  DeviceBuffer<float> ref;
   Reference(cublasHandle_t blas, const Inputs& in, Shape s, Ref kind) : ref(size_t(s.m * s.n)) {
     const float alpha = 1.0f, beta = 0.0f;
-    SWEEP_CHECK_CUBLAS(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, int(s.n), int(s.m), int(s.k), &alpha, in.b.ptr,
+    CHECK_CUBLAS(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, int(s.n), int(s.m), int(s.k), &alpha, in.b.ptr,
                                     CUDA_R_16F, int(s.k), in.a.ptr, CUDA_R_16F, int(s.k), &beta, ref.ptr, CUDA_R_32F,
                                     int(s.n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     if (kind != Ref::None) {
       ref_bias_kernel<<<1024, 256>>>(ref.ptr, in.bias.ptr, s.m, s.n, kind == Ref::BiasGelu);
-      SWEEP_CHECK_CUDA(cudaGetLastError());
+      CHECK_CUDA(cudaGetLastError());
     }
-    SWEEP_CHECK_CUDA(cudaDeviceSynchronize());
+    CHECK_CUDA(cudaDeviceSynchronize());
   }
   // rel_err, or infinity when an element is not finite (unwritten: NaN).
   double rel_err(const __half* out) const {
     std::vector<__half> o(ref.count);
     std::vector<float> r(ref.count);
-    SWEEP_CHECK_CUDA(cudaMemcpy(o.data(), out, o.size() * sizeof(__half), cudaMemcpyDeviceToHost));
-    SWEEP_CHECK_CUDA(cudaMemcpy(r.data(), ref.ptr, r.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    CHECK_CUDA(cudaMemcpy(o.data(), out, o.size() * sizeof(__half), cudaMemcpyDeviceToHost));
+    CHECK_CUDA(cudaMemcpy(r.data(), ref.ptr, r.size() * sizeof(float), cudaMemcpyDeviceToHost));
     double d2 = 0.0, r2 = 0.0;
     for (size_t i = 0; i < o.size(); ++i) {
       const double x = __half2float(o[i]);
@@ -414,81 +359,7 @@ void check_all(std::vector<Entry>& entries, cublasHandle_t blas, const std::vect
   }
 }
 
-template <typename Launch>
-double median_us(int reps, Launch&& launch) {
-  for (int i = 0; i < 3; ++i) launch(i % 4);
-  SWEEP_CHECK_CUDA(cudaDeviceSynchronize());
-  std::vector<cudaEvent_t> ev(size_t(2 * reps));
-  for (auto& e : ev) SWEEP_CHECK_CUDA(cudaEventCreate(&e));
-  spin_kernel<<<1, 1>>>(20ull * 1000 * 1000);  // the host queues the launches while the GPU spins
-  SWEEP_CHECK_CUDA(cudaGetLastError());
-  for (int i = 0; i < reps; ++i) {
-    SWEEP_CHECK_CUDA(cudaEventRecord(ev[size_t(2 * i)]));
-    launch(i % 4);  // 4 rotating input sets: none stays in L2 between runs
-    SWEEP_CHECK_CUDA(cudaEventRecord(ev[size_t(2 * i + 1)]));
-  }
-  SWEEP_CHECK_CUDA(cudaDeviceSynchronize());
-  std::vector<float> ms(size_t(reps), 0.0f);
-  for (int i = 0; i < reps; ++i) {
-    float* slot = ms.data() + i;
-    SWEEP_CHECK_CUDA(cudaEventElapsedTime(slot, ev[size_t(2 * i)], ev[size_t(2 * i + 1)]));
-  }
-  for (auto& e : ev) SWEEP_CHECK_CUDA(cudaEventDestroy(e));
-  std::sort(ms.begin(), ms.end());
-  return 1000.0 * ms[ms.size() / 2];
-}
 
-// cuBLASLt with the GELU_BIAS epilogue, row-major C = gelu(A @ W^T + bias)
-// computed as column-major C^T = W^T... (W as a K x N column-major matrix, op T).
-struct LtGeluBias {
-  cublasLtHandle_t handle = nullptr;
-  cublasLtMatmulDesc_t op = nullptr;
-  cublasLtMatrixLayout_t w = nullptr, a = nullptr, c = nullptr;
-  cublasLtMatmulHeuristicResult_t algo{};
-  void* workspace = nullptr;
-  size_t workspace_bytes = size_t(64) << 20;
-
-  LtGeluBias(Shape s, const void* any_bias) {
-    SWEEP_CHECK_CUBLAS(cublasLtCreate(&handle));
-    SWEEP_CHECK_CUDA(cudaMalloc(&workspace, workspace_bytes));
-    SWEEP_CHECK_CUBLAS(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    const cublasOperation_t trans_w = CUBLAS_OP_T, trans_a = CUBLAS_OP_N;
-    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_GELU_BIAS;
-    SWEEP_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &trans_w, sizeof trans_w));
-    SWEEP_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &trans_a, sizeof trans_a));
-    SWEEP_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
-    SWEEP_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &any_bias, sizeof any_bias));
-    SWEEP_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&w, CUDA_R_16F, uint64_t(s.k), uint64_t(s.n), s.k));
-    SWEEP_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&a, CUDA_R_16F, uint64_t(s.k), uint64_t(s.m), s.k));
-    SWEEP_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&c, CUDA_R_16F, uint64_t(s.n), uint64_t(s.m), s.n));
-    cublasLtMatmulPreference_t pref = nullptr;
-    SWEEP_CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
-    SWEEP_CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                            &workspace_bytes, sizeof workspace_bytes));
-    int found = 0;
-    SWEEP_CHECK_CUBLAS(cublasLtMatmulAlgoGetHeuristic(handle, op, w, a, c, c, pref, 1, &algo, &found));
-    SWEEP_CHECK_CUBLAS(cublasLtMatmulPreferenceDestroy(pref));
-    if (found == 0) {
-      std::fprintf(stderr, "cuBLASLt found no algorithm for (%s)\n", shape_str(s).c_str());
-      std::exit(2);
-    }
-  }
-  ~LtGeluBias() {
-    cublasLtMatrixLayoutDestroy(w);
-    cublasLtMatrixLayoutDestroy(a);
-    cublasLtMatrixLayoutDestroy(c);
-    cublasLtMatmulDescDestroy(op);
-    cudaFree(workspace);
-    cublasLtDestroy(handle);
-  }
-  void run(const Inputs& in) {
-    const void* bias = in.bias.ptr;
-    SWEEP_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
-    const float alpha = 1.0f, beta = 0.0f;
-    SWEEP_CHECK_CUBLAS(cublasLtMatmul(handle, op, &alpha, in.b.ptr, w, in.a.ptr, a, &beta, in.c.ptr, c, in.c.ptr, c,
-                                      &algo.algo, workspace, workspace_bytes, nullptr));
-  }
-};
 
 int run(int argc, char** argv) {
   int reps = 50;
@@ -510,9 +381,9 @@ int run(int argc, char** argv) {
     }
   }
   int device = 0;
-  SWEEP_CHECK_CUDA(cudaGetDevice(&device));
+  CHECK_CUDA(cudaGetDevice(&device));
   cudaDeviceProp prop{};
-  SWEEP_CHECK_CUDA(cudaGetDeviceProperties(&prop, device));
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, device));
   int clock_khz = 0;
   cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, device);
   std::printf("device: %s, sm_%d%d, %d SMs, %.0f MHz, smem/block opt-in %zu KB\n", prop.name, prop.major, prop.minor,
@@ -544,7 +415,7 @@ int run(int argc, char** argv) {
   }
 
   cublasHandle_t blas = nullptr;
-  SWEEP_CHECK_CUBLAS(cublasCreate(&blas));
+  CHECK_CUBLAS(cublasCreate(&blas));
   if (check) {
     // Ragged in M, N and K (no dimension a multiple of any tile), then large.
     check_all(entries, blas, {{1000, 3000, 1032}, {77, 136, 8}, {4096, 4096, 4096}});
@@ -561,16 +432,21 @@ int run(int argc, char** argv) {
     std::fflush(stdout);
     std::vector<Inputs> sets;
     for (int i = 0; i < 4; ++i) sets.emplace_back(s, ++seed);
-    SWEEP_CHECK_CUDA(cudaDeviceSynchronize());
+    CHECK_CUDA(cudaDeviceSynchronize());
     for (size_t vi = 0; vi < entries.size(); ++vi) {
       const Entry& e = entries[vi];
       if (!e.usable) continue;
-      us[vi][si] = median_us(reps, [&](int i) { SWEEP_CHECK_CUDA(e.launch(sets[size_t(i)].args(s), nullptr)); });
+      us[vi][si] = median_us(reps, [&](int i) { CHECK_CUDA(e.launch(sets[size_t(i)].args(s), nullptr)); });
     }
-    LtGeluBias lt(s, sets[0].bias.ptr);
-    us[entries.size()][si] = median_us(reps, [&](int i) { lt.run(sets[size_t(i)]); });
+    LtGemm lt;
+    LtGemm::Plan plan = lt.plan(s, CUBLASLT_EPILOGUE_GELU_BIAS, sets[0].bias.ptr);
+    us[entries.size()][si] = median_us(reps, [&](int i) {
+      const Inputs& in = sets[size_t(i)];
+      lt.run(plan, in.a.ptr, in.b.ptr, in.bias.ptr, in.c.ptr);
+    });
+    LtGemm::destroy(plan);
   }
-  SWEEP_CHECK_CUBLAS(cublasDestroy(blas));
+  CHECK_CUBLAS(cublasDestroy(blas));
 
   // TF/s per cell, then its ratio to cuBLASLt (time_lt / time_ours).
   std::printf("\nsweep (set %d): f16, B as [N,K], bias+GELU unless named, median of %d, 4 rotating input sets\n",

@@ -1,0 +1,193 @@
+// What the kernel self-test (selftest.cu) and the mainloop sweep (sweep.cu)
+// share: error checks, device buffers, shapes, random device fills, event
+// timing with a head start, and cuBLASLt as the f16 baseline.
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "fusion/numeric.cuh"
+
+#define CHECK_CUDA(expr)                                                                                \
+  do {                                                                                                  \
+    const cudaError_t err_ = (expr);                                                                    \
+    if (err_ != cudaSuccess) {                                                                          \
+      std::fprintf(stderr, "CUDA error at %s:%d: %s returned %s (%s)\n", __FILE__, __LINE__, #expr,     \
+                   cudaGetErrorName(err_), cudaGetErrorString(err_));                                   \
+      std::exit(2);                                                                                     \
+    }                                                                                                   \
+  } while (0)
+
+#define CHECK_CUBLAS(expr)                                                                               \
+  do {                                                                                                   \
+    const cublasStatus_t st_ = (expr);                                                                   \
+    if (st_ != CUBLAS_STATUS_SUCCESS) {                                                                  \
+      std::fprintf(stderr, "cuBLAS error at %s:%d: %s returned %d\n", __FILE__, __LINE__, #expr, int(st_)); \
+      std::exit(2);                                                                                      \
+    }                                                                                                    \
+  } while (0)
+
+namespace harness {
+
+template <typename T>
+struct DeviceBuffer {
+  T* ptr = nullptr;
+  size_t count = 0;
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t n) : count(n) { CHECK_CUDA(cudaMalloc(&ptr, std::max<size_t>(n, 1) * sizeof(T))); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr(o.ptr), count(o.count) { o.ptr = nullptr; }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    std::swap(ptr, o.ptr);
+    std::swap(count, o.count);
+    return *this;
+  }
+  ~DeviceBuffer() {
+    if (ptr) cudaFree(ptr);
+  }
+  void poison() { CHECK_CUDA(cudaMemset(ptr, 0xff, count * sizeof(T))); }  // 0xffff: NaN in f16 and bf16
+};
+
+struct Shape {
+  int64_t m, n, k;
+};
+
+// "M,N,K".
+inline std::string shape_str(Shape s) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%lld,%lld,%lld", (long long)s.m, (long long)s.n, (long long)s.k);
+  return buf;
+}
+
+// Device-side fill for inputs too large to draw on the host quickly: a hash
+// of (seed, index) mapped to U(-scale, scale).
+template <typename T>
+__global__ void fill_random_kernel(T* p, size_t n, uint64_t seed, float scale) {
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    uint64_t z = seed + 0x9e3779b97f4a7c15ull * (i + 1);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    const float u = float(z >> 40) * (1.0f / 16777216.0f);
+    p[i] = fusion::Numeric<T>::from_float(scale * (2.0f * u - 1.0f));
+  }
+}
+
+// Keeps the GPU busy while the host queues the timed launches, so host-side
+// launch overhead never shows up between a start and a stop event.
+static __global__ void spin_kernel(uint64_t ns) {
+  uint64_t start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < ns);
+}
+
+// Median time of `launch(i % 4)` in microseconds over `reps` runs, each
+// between two events, after 3 warm-up calls (module load, JIT, heuristics,
+// clocks); the 4 rotating input sets keep any one out of L2 between runs.
+template <typename Launch>
+double median_us(int reps, Launch&& launch) {
+  for (int i = 0; i < 3; ++i) launch(i % 4);
+  CHECK_CUDA(cudaDeviceSynchronize());
+  std::vector<cudaEvent_t> ev(size_t(2 * reps));
+  for (auto& e : ev) CHECK_CUDA(cudaEventCreate(&e));
+  spin_kernel<<<1, 1>>>(20ull * 1000 * 1000);
+  CHECK_CUDA(cudaGetLastError());
+  for (int i = 0; i < reps; ++i) {
+    CHECK_CUDA(cudaEventRecord(ev[size_t(2 * i)]));
+    launch(i % 4);
+    CHECK_CUDA(cudaEventRecord(ev[size_t(2 * i + 1)]));
+  }
+  CHECK_CUDA(cudaDeviceSynchronize());
+  std::vector<float> ms(static_cast<size_t>(reps));
+  for (int i = 0; i < reps; ++i) {
+    float* slot = ms.data() + i;
+    CHECK_CUDA(cudaEventElapsedTime(slot, ev[size_t(2 * i)], ev[size_t(2 * i + 1)]));
+  }
+  for (auto& e : ev) CHECK_CUDA(cudaEventDestroy(e));
+  std::sort(ms.begin(), ms.end());
+  return 1000.0 * ms[ms.size() / 2];
+}
+
+// cuBLASLt on f16: C[M,N] = epilogue(A[M,K] @ W[N,K]^T + bias), row-major,
+// computed as column-major C^T = op(W) A^T with W seen as a K x N
+// column-major matrix and op = T. A plan per (shape, epilogue).
+struct LtGemm {
+  cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;
+  size_t workspace_bytes = size_t(64) << 20;
+  LtGemm() {
+    CHECK_CUBLAS(cublasLtCreate(&handle));
+    CHECK_CUDA(cudaMalloc(&workspace, workspace_bytes));
+  }
+  ~LtGemm() {
+    cudaFree(workspace);
+    cublasLtDestroy(handle);
+  }
+  LtGemm(const LtGemm&) = delete;
+  LtGemm& operator=(const LtGemm&) = delete;
+
+  struct Plan {
+    cublasLtMatmulDesc_t op = nullptr;
+    cublasLtMatrixLayout_t w = nullptr, a = nullptr, c = nullptr;
+    cublasLtMatmulHeuristicResult_t algo{};
+    cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  };
+
+  // `any_bias`: a valid bias pointer for the heuristic; run() sets the real one.
+  Plan plan(Shape s, cublasLtEpilogue_t epilogue, const void* any_bias) {
+    Plan p;
+    p.epilogue = epilogue;
+    CHECK_CUBLAS(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t trans_w = CUBLAS_OP_T, trans_a = CUBLAS_OP_N;
+    CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &trans_w, sizeof trans_w));
+    CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &trans_a, sizeof trans_a));
+    CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
+    if (epilogue != CUBLASLT_EPILOGUE_DEFAULT)
+      CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &any_bias, sizeof any_bias));
+    CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&p.w, CUDA_R_16F, uint64_t(s.k), uint64_t(s.n), s.k));
+    CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16F, uint64_t(s.k), uint64_t(s.m), s.k));
+    CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&p.c, CUDA_R_16F, uint64_t(s.n), uint64_t(s.m), s.n));
+    cublasLtMatmulPreference_t pref = nullptr;
+    CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
+    CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                      &workspace_bytes, sizeof workspace_bytes));
+    int found = 0;
+    CHECK_CUBLAS(cublasLtMatmulAlgoGetHeuristic(handle, p.op, p.w, p.a, p.c, p.c, pref, 1, &p.algo, &found));
+    CHECK_CUBLAS(cublasLtMatmulPreferenceDestroy(pref));
+    if (found == 0) {
+      std::fprintf(stderr, "cuBLASLt found no algorithm for (%s)\n", shape_str(s).c_str());
+      std::exit(2);
+    }
+    return p;
+  }
+
+  void run(Plan& p, const __half* a, const __half* w, const __half* bias, __half* c) {
+    if (p.epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
+      const void* b = bias;
+      CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &b, sizeof b));
+    }
+    const float alpha = 1.0f, beta = 0.0f;
+    CHECK_CUBLAS(cublasLtMatmul(handle, p.op, &alpha, w, p.w, a, p.a, &beta, c, p.c, c, p.c, &p.algo.algo,
+                                workspace, workspace_bytes, nullptr));
+  }
+
+  static void destroy(Plan& p) {
+    cublasLtMatrixLayoutDestroy(p.w);
+    cublasLtMatrixLayoutDestroy(p.a);
+    cublasLtMatrixLayoutDestroy(p.c);
+    cublasLtMatmulDescDestroy(p.op);
+  }
+};
+
+}  // namespace harness
