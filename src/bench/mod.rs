@@ -5,8 +5,9 @@
 //! (GELU_BIAS, RELU_BIAS, BIAS, GELU; a residual add rides on cuBLASLt's
 //! `beta·C` term), else cuBLASLt followed by the standalone elementwise and
 //! norm kernels of the same library. Both sides read the same random inputs,
-//! rotate over four input sets so that L2 does not flatter either, and are
-//! timed with CUDA events (warm-up, then the median). Before timing, the two
+//! rotate over four copies of them each so that L2 does not flatter either,
+//! and are timed with CUDA events, alternating call by call (warm-up, then
+//! the median). Before timing, the two
 //! outputs are compared: a fast wrong kernel is reported, not timed.
 
 pub mod cublaslt;
@@ -20,10 +21,11 @@ use cublaslt::{LtEpilogue, LtGemm};
 use cudarc::driver::{CudaSlice, CudaStream};
 use serde::Serialize;
 use std::sync::Arc;
-use timing::{Timing, TimingPlan, time_calls};
+use timing::{Timing, TimingPlan, time_interleaved};
 
-/// Input sets rotated between calls.
-const SETS: usize = 4;
+/// Input sets rotated between calls: even for ours, odd for the baseline
+/// (`timing::time_interleaved`), four each.
+const SETS: usize = 8;
 
 /// The shapes of `fusion bench` when none are given: (M, N, K).
 pub const DEFAULT_SHAPES: [(usize, usize, usize); 6] = [
@@ -413,8 +415,15 @@ pub fn bench_pattern<T: BenchElement>(
             relative: agree,
         });
     }
-    let t_ours = time_calls(stream, plan, || head_start(stream, head), |i| ours(&mut c, i))?;
-    let t_base = time_calls(stream, plan, || head_start(stream, head), |i| baseline(&mut c, i))?;
+    // Both closures borrow the case mutably (their outputs), one at a time.
+    let c = std::cell::RefCell::new(c);
+    let (t_ours, t_base) = time_interleaved(
+        stream,
+        plan,
+        || head_start(stream, head),
+        |i| ours(&mut c.borrow_mut(), i),
+        |i| baseline(&mut c.borrow_mut(), i),
+    )?;
     Ok(Row::new(
         pattern.name(),
         format!("{m},{n},{k}"),
@@ -500,16 +509,11 @@ pub fn bench_ffn<T: BenchElement>(
             relative: agree,
         });
     }
-    let t_ours = time_calls(
+    let (t_ours, t_base) = time_interleaved(
         stream,
         plan,
         || head_start(stream, head),
         |i| ours(&mut ours_y, i),
-    )?;
-    let t_base = time_calls(
-        stream,
-        plan,
-        || head_start(stream, head),
         |i| baseline(&mut base_y, i),
     )?;
     Ok(Row::new(

@@ -1,6 +1,7 @@
 //! Timing on the device: CUDA events around each call, warm-up first, the
-//! median of many calls, and input sets rotated between calls so that no
-//! contender is timed out of a warm L2 cache.
+//! median of many calls, the two contenders alternating call by call, and
+//! input sets rotated between calls so that no contender is timed out of a
+//! warm L2 cache.
 
 use crate::error::Result;
 use cudarc::driver::{CudaStream, sys::CUevent_flags};
@@ -28,36 +29,74 @@ pub struct Timing {
 }
 
 /// Times `call(i)` for i = 0, 1, 2, …; the caller rotates its input sets by
-/// `i`. The timed calls are queued back to back behind `head_start` (a few
-/// milliseconds of device work), so the host has queued them all before the
-/// device reaches them and the events between calls measure device time
-/// alone, not launch overhead.
+/// `i`.
 pub fn time_calls(
     stream: &Arc<CudaStream>,
     plan: TimingPlan,
-    mut head_start: impl FnMut() -> Result<()>,
+    head_start: impl FnMut() -> Result<()>,
     mut call: impl FnMut(usize) -> Result<()>,
 ) -> Result<Timing> {
-    for i in 0..plan.warmup {
-        call(i)?;
+    let [timing] = time_rounds(stream, plan, head_start, [&mut call])?;
+    Ok(timing)
+}
+
+/// Times two contenders call by call, alternating: ours, baseline, ours, …
+///
+/// Interleaving gives both the same clocks: on an H200 the long shapes ran
+/// ±5-10% apart from one block of calls to the next (power and clock
+/// drift), which made a ratio of two separately timed blocks move by as
+/// much. `ours(i)` gets the even indices and `baseline(i)` the odd ones, so
+/// with an even number of rotated input sets each contender reads its own
+/// sets, each last touched that many calls earlier, and neither finds the
+/// inputs the other just read in L2.
+pub fn time_interleaved(
+    stream: &Arc<CudaStream>,
+    plan: TimingPlan,
+    head_start: impl FnMut() -> Result<()>,
+    mut ours: impl FnMut(usize) -> Result<()>,
+    mut baseline: impl FnMut(usize) -> Result<()>,
+) -> Result<(Timing, Timing)> {
+    let [ours, base] = time_rounds(stream, plan, head_start, [&mut ours, &mut baseline])?;
+    Ok((ours, base))
+}
+
+/// Runs `plan.warmup` untimed and `plan.runs` timed rounds of one call per
+/// contender; contender j's call in round r gets index N r + j. The timed
+/// calls are queued back to back behind `head_start` (a few milliseconds of
+/// device work), so the host has queued them all before the device reaches
+/// them and the events between calls measure device time alone, not launch
+/// overhead.
+fn time_rounds<const N: usize>(
+    stream: &Arc<CudaStream>,
+    plan: TimingPlan,
+    mut head_start: impl FnMut() -> Result<()>,
+    mut contenders: [&mut dyn FnMut(usize) -> Result<()>; N],
+) -> Result<[Timing; N]> {
+    for round in 0..plan.warmup {
+        for (j, call) in contenders.iter_mut().enumerate() {
+            call(N * round + j)?;
+        }
     }
     stream.synchronize()?;
     let ctx = stream.context();
-    let events = (0..=plan.runs)
+    let events = (0..=N * plan.runs)
         .map(|_| ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)))
         .collect::<Result<Vec<_>, _>>()?;
     head_start()?;
-    for (i, event) in events[..plan.runs].iter().enumerate() {
-        event.record(stream)?;
-        call(plan.warmup + i)?;
+    for round in 0..plan.runs {
+        for (j, call) in contenders.iter_mut().enumerate() {
+            events[N * round + j].record(stream)?;
+            call(N * (plan.warmup + round) + j)?;
+        }
     }
-    events[plan.runs].record(stream)?;
-    events[plan.runs].synchronize()?;
-    let mut samples = events
-        .windows(2)
-        .map(|w| Ok(f64::from(w[0].elapsed_ms(&w[1])?) * 1e3))
-        .collect::<Result<Vec<f64>>>()?;
-    Ok(summarise(&mut samples))
+    let last = &events[N * plan.runs];
+    last.record(stream)?;
+    last.synchronize()?;
+    let mut samples: [Vec<f64>; N] = std::array::from_fn(|_| Vec::with_capacity(plan.runs));
+    for (i, w) in events.windows(2).enumerate() {
+        samples[i % N].push(f64::from(w[0].elapsed_ms(&w[1])?) * 1e3);
+    }
+    Ok(samples.map(|mut s| summarise(&mut s)))
 }
 
 fn summarise(samples: &mut [f64]) -> Timing {
