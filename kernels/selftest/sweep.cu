@@ -32,6 +32,7 @@ using fusion::sm80::TileConfig;
 // accurate sequence. No cancellation for negative x (unlike 1 + tanh).
 // For x -> -inf the exponential is inf and the quotient -0.
 struct GeluSigmoid {
+  static constexpr bool kReadsTile = false;
   static constexpr const char* name = "gelu_sigmoid";
   static bool args_valid(const fusion::EpilogueArgs&) { return true; }
   template <typename T>
@@ -50,6 +51,7 @@ struct GeluSigmoid {
 // GELU through the hardware tanh (tanh.approx.f32, one instruction; about
 // 2^-11 relative error in tanh, so ~1e-3 absolute near x = -3 after 1 + tanh).
 struct GeluTanhApprox {
+  static constexpr bool kReadsTile = false;
   static constexpr const char* name = "gelu_tanh_approx";
   static bool args_valid(const fusion::EpilogueArgs&) { return true; }
   template <typename T>

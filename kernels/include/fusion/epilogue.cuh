@@ -2,8 +2,10 @@
 // the last multiply-add and the single store of C.
 //
 // A step is a struct with a `name`, a host-side `args_valid` (does the kernel
-// have the pointers this step reads?) and a device-side `apply` that maps one
-// pair of adjacent accumulator columns (m, n) and (m, n + 1) to new values.
+// have the pointers this step reads?), `kReadsTile` (does it read an [M, N]
+// tensor, one value per element, rather than nothing or one per column?) and
+// a device-side `apply` that maps one pair of adjacent accumulator columns
+// (m, n) and (m, n + 1) to new values.
 // Pairs, because the mma.sync C fragment hands each thread two consecutive
 // columns, and a pair of 16-bit elements is one aligned 4-byte load or store.
 // `EpilogueChain<Steps...>` applies its steps in order; adding an activation
@@ -34,6 +36,7 @@ __device__ __forceinline__ float2 map_pair(float2 v, F f) {
 
 // x + bias[n]
 struct Bias {
+  static constexpr bool kReadsTile = false;
   static constexpr const char* name = "bias";
   static bool args_valid(const EpilogueArgs& a) { return a.bias != nullptr; }
   template <typename T>
@@ -52,6 +55,7 @@ struct Bias {
 // overlap its tensor-core work, those ops made GELU cost ~9% over a bias-only
 // epilogue at (8192, 14336, 4096) on an H200 (BENCHMARKS.md).
 struct Gelu {
+  static constexpr bool kReadsTile = false;
   static constexpr const char* name = "gelu";
   static bool args_valid(const EpilogueArgs&) { return true; }
   template <typename T>
@@ -67,6 +71,7 @@ struct Gelu {
 
 // GELU, exact form with erf (PyTorch's default).
 struct GeluErf {
+  static constexpr bool kReadsTile = false;
   static constexpr const char* name = "gelu_erf";
   static bool args_valid(const EpilogueArgs&) { return true; }
   template <typename T>
@@ -78,6 +83,7 @@ struct GeluErf {
 // SiLU (swish): x * sigmoid(x), written as 0.5 x (1 + tanh(x / 2)) so that
 // it costs one special-function op (see Gelu) instead of exp and a divide.
 struct Silu {
+  static constexpr bool kReadsTile = false;
   static constexpr const char* name = "silu";
   static bool args_valid(const EpilogueArgs&) { return true; }
   template <typename T>
@@ -90,6 +96,7 @@ struct Silu {
 };
 
 struct Relu {
+  static constexpr bool kReadsTile = false;
   static constexpr const char* name = "relu";
   static bool args_valid(const EpilogueArgs&) { return true; }
   template <typename T>
@@ -100,6 +107,7 @@ struct Relu {
 
 // x + residual[m, n]
 struct Residual {
+  static constexpr bool kReadsTile = true;
   static constexpr const char* name = "residual";
   static bool args_valid(const EpilogueArgs& a) { return a.residual != nullptr; }
   template <typename T>
@@ -112,6 +120,7 @@ struct Residual {
 
 // x * multiplier[m, n] (SwiGLU's gate times up projection).
 struct Mul {
+  static constexpr bool kReadsTile = true;
   static constexpr const char* name = "mul";
   static bool args_valid(const EpilogueArgs& a) { return a.multiplier != nullptr; }
   template <typename T>
@@ -127,6 +136,7 @@ struct EpilogueChain {
   static_assert(sizeof...(Steps) <= 4, "an epilogue chain has at most 4 steps");
 
   static bool args_valid(const EpilogueArgs& a) { return (true && ... && Steps::args_valid(a)); }
+  static constexpr bool kReadsTile = (false || ... || Steps::kReadsTile);
 
   // Values of C at (m, n) and (m, n + 1) given the accumulators there; `ld` is
   // N, the row stride of C and of the [M, N] operands.

@@ -277,6 +277,43 @@ struct Mainloop {
     }
   }
 
+  // The epilogue chain on every accumulator of this consumer's part of the
+  // tile. kChecked skips the pairs whose loads would fall outside their
+  // tensors: columns past N, and for a chain that reads an [M, N] tensor
+  // (residual, multiplier) also rows past M. Rows past M need no check
+  // otherwise: the TMA store drops them. A chain of activations and bias
+  // on a tile with every column inside C runs unchecked, so nothing is
+  // predicated and the compiler issues the bias loads together, once per
+  // column pair. With a check on every pair (rows too), the H200 measured
+  // bias + GELU at 4096^3 ~11 us over the bare GEMM (BENCHMARKS.md): each
+  // bias load was issued twice, under each row's predicate, a few at a time
+  // between the GELU math. Chains that read [M, N] tensors keep the checked
+  // form: unpredicated, their loads are all hoisted together and spill.
+  template <typename Epilogue, bool kChecked>
+  static __device__ __forceinline__ void apply_chain(float (&acc)[kMmaM][kAccumulators], int64_t m_base, int64_t n0,
+                                                     int rows, int cols, const GemmArgs<T>& args) {
+    const int thread = threadIdx.x % 128;
+    const int row_in_block = (thread / 32) * 16 + (thread % 32) / 4;  // and row_in_block + 8
+#pragma unroll
+    for (int mi = 0; mi < kMmaM; ++mi) {
+#pragma unroll
+      for (int frag = 0; frag < BN / 8; ++frag) {
+        const int n = frag * 8 + 2 * (thread % 4);
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int r = mi * 64 + row_in_block + 8 * half;
+          float& x = acc[mi][4 * frag + 2 * half];
+          float& y = acc[mi][4 * frag + 2 * half + 1];
+          if (!kChecked || (n < cols && (!Epilogue::kReadsTile || r < rows))) {
+            const float2 v = Epilogue::template apply<T>(make_float2(x, y), m_base + r, n0 + n, args.n, args.epilogue);
+            x = v.x;
+            y = v.y;
+          }
+        }
+      }
+    }
+  }
+
   // Epilogue chain on the accumulators, then C through the staging tile and
   // TMA stores. The chain runs on every accumulator first and the staging
   // writes come after, so the chain's loads (bias, residual, multiplier) are
@@ -292,25 +329,10 @@ struct Mainloop {
     // Rows and columns of this consumer's part of the tile that lie inside C.
     const int rows = int(args.m - m_base < kRows ? args.m - m_base : kRows);
     const int cols = int(args.n - tile.n0 < BN ? args.n - tile.n0 : BN);
-#pragma unroll
-    for (int mi = 0; mi < kMmaM; ++mi) {
-#pragma unroll
-      for (int frag = 0; frag < BN / 8; ++frag) {
-        const int n = frag * 8 + 2 * (lane % 4);
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int r = mi * 64 + row_in_block + 8 * half;
-          float& x = acc[mi][4 * frag + 2 * half];
-          float& y = acc[mi][4 * frag + 2 * half + 1];
-          if (r < rows && n < cols) {
-            const float2 v = Epilogue::template apply<T>(make_float2(x, y), m_base + r, tile.n0 + n, args.n,
-                                                         args.epilogue);
-            x = v.x;
-            y = v.y;
-          }
-        }
-      }
-    }
+    if (!Epilogue::kReadsTile && cols == BN)
+      apply_chain<Epilogue, false>(acc, m_base, tile.n0, rows, cols, args);
+    else
+      apply_chain<Epilogue, true>(acc, m_base, tile.n0, rows, cols, args);
     unsigned char* staging = s.staging + consumer * (kRows * BN * 2);
     // The previous tile's stores must have read the staging tile.
     if (thread == 0) bulk_wait_read();
