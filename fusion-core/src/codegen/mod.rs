@@ -484,7 +484,15 @@ fn render_unit(
                 Some(kind) => format!("fusion::NormPrologue<fusion::NormKind::{}>", norm_type(*kind)),
             };
             let small = config.small().map(|(tile, max_m)| {
-                json!({ "tile": tile_type(*mainloop, &tile), "tile_doc": tile.summary(*mainloop), "max_m": max_m })
+                let alt = config.small_m_alt.map(
+                    |alt| json!({ "tile": tile_type(*mainloop, &alt), "tile_doc": alt.summary(*mainloop) }),
+                );
+                json!({
+                    "tile": tile_type(*mainloop, &tile),
+                    "tile_doc": tile.summary(*mainloop),
+                    "max_m": max_m,
+                    "alt": alt.unwrap_or(serde_json::Value::Bool(false)),
+                })
             });
             let extra = json!({
                 "mainloop": mainloop_type,

@@ -45,6 +45,8 @@ fn ffn_renders_three_kernels() {
         "{silu_mul}"
     );
     assert!(silu_mul.contains("if (p->m <= 512) return int(launch<Kernel<SmallTile>>(p, s));"));
+    // sm80's tables have no second small-M tile.
+    assert!(!silu_mul.contains("SmallAltTile"), "{silu_mul}");
     // The header declares each launcher and the error string.
     let (name, header) = &lib.header;
     assert_eq!(name, "fusion_kernels.h");
@@ -172,7 +174,8 @@ fn sm90_units_use_the_sm90_mainloop_except_with_a_norm_prologue() {
         "using LargeTile = fusion::sm90::TileConfig<128, 256, 3, fusion::sm90::Schedule::Cooperative>;",
         "// 128x256x64 (3 stages, cooperative, persistent)",
         "using SmallTile = fusion::sm90::TileConfig<64, 128, 8, fusion::sm90::Schedule::Cooperative>;",
-        "if (p->m <= 512) return int(launch<Kernel<SmallTile>>(p, s));",
+        "using SmallAltTile = fusion::sm90::TileConfig<128, 128, 6, fusion::sm90::Schedule::Cooperative>;",
+        "if (p->m <= 512 && fusion::fewer_waves<SmallAltTile, SmallTile>(p->m, p->n))\n    return int(launch<Kernel<SmallAltTile>>(p, s));\n  if (p->m <= 512) return int(launch<Kernel<SmallTile>>(p, s));",
     ] {
         assert!(
             sm90.source.contains(needle),

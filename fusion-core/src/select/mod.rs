@@ -314,6 +314,15 @@ impl TileConfig {
         stages: 8,
         ..TileConfig::SM90_128X256
     };
+    /// The sm90 mainloop's cooperative 128x128 tile, 6 stages (197 KB): half
+    /// the tiles of [`TileConfig::SM90_64X128`] at small M, each of them
+    /// faster per flop.
+    pub const SM90_128X128: TileConfig = TileConfig {
+        bm: 128,
+        bn: 128,
+        stages: 6,
+        ..TileConfig::SM90_128X256
+    };
 
     /// The sm90 schedule, cooperative when the config names none.
     pub fn sm90_schedule(&self) -> Schedule {
@@ -645,6 +654,13 @@ pub struct KernelConfig {
     pub small_m: Option<TileConfig>,
     #[serde(default)]
     pub small_m_max: Option<u32>,
+    /// A second tile for `m <= small_m_max`, with more rows than `small_m`.
+    /// At launch the kernel runs whichever of the two needs fewer waves of
+    /// tile area on the device's SMs (`fusion::fewer_waves` in gemm.cuh),
+    /// the larger tile on a tie: at m = 128 the 128-row tile when N gives
+    /// it enough tiles to fill the SMs, the 64-row one when it does not.
+    #[serde(default)]
+    pub small_m_alt: Option<TileConfig>,
 }
 
 impl KernelConfig {
@@ -686,7 +702,7 @@ pub enum SelectError {
         origin: ConfigSource,
         kernel: String,
         arch: Arch,
-        /// `large` or `small_m`.
+        /// `large`, `small_m` or `small_m_alt`.
         which: &'static str,
         reason: String,
     },
@@ -701,16 +717,19 @@ pub fn heuristic(mainloop: Mainloop) -> KernelConfig {
             large: TileConfig::SM75_128X128,
             small_m: None,
             small_m_max: None,
+            small_m_alt: None,
         },
         Mainloop::Sm80 => KernelConfig {
             large: TileConfig::TILE_128X256,
             small_m: Some(TileConfig::TILE_128X128),
             small_m_max: Some(256),
+            small_m_alt: None,
         },
         Mainloop::Sm90 => KernelConfig {
             large: TileConfig::SM90_128X256,
             small_m: Some(TileConfig::SM90_64X128),
             small_m_max: Some(512),
+            small_m_alt: Some(TileConfig::SM90_128X128),
         },
     }
 }
@@ -747,6 +766,15 @@ pub fn select_with(table: &TunedTable, arch: Arch, kernel: &KernelKind) -> Resul
             return Err(fail(
                 "small_m",
                 "`small_m` needs `small_m_max`, the largest M it serves".into(),
+            ));
+        }
+    }
+    if let Some(alt) = config.small_m_alt {
+        alt.check(arch, kernel).map_err(|r| fail("small_m_alt", r))?;
+        if config.small_m.is_none() {
+            return Err(fail(
+                "small_m_alt",
+                "`small_m_alt` is the alternative to a `small_m`, which this entry lacks".into(),
             ));
         }
     }

@@ -76,6 +76,7 @@ fn defaults_are_the_measured_tiles() {
     };
     assert_eq!(sm90.large, sm90_tile(128, 256, 3));
     assert_eq!(sm90.small(), Some((sm90_tile(64, 128, 8), 512)));
+    assert_eq!(sm90.small_m_alt, Some(sm90_tile(128, 128, 6)));
     assert_eq!(sm90, heuristic(Mainloop::Sm90));
     // gemm_bias_residual has no override of its own any more.
     let residual = select(Arch::Sm90, &kernel("gemm_bias_residual", DType::BF16, false)).unwrap();
@@ -377,5 +378,37 @@ fn norm_compositions_on_sm90_get_the_sm80_mainloop() {
     assert!(
         err.contains("a composition with a norm prologue runs the sm80 mainloop"),
         "{err}"
+    );
+}
+
+#[test]
+fn small_m_alt_is_checked_and_needs_small_m() {
+    let k = kernel("gemm_bias", DType::F16, false);
+    let table = |entry: &str| {
+        let json = format!(r#"{{ "arch": "sm90", "configs": {{ "gemm_bias": {entry} }} }}"#);
+        TunedTable::parse("kernels/tuned/sm90.json", &json).unwrap()
+    };
+    let large = r#""large": { "bm": 128, "bn": 256, "bk": 64, "stages": 3 }"#;
+    let alone = table(&format!(
+        r#"{{ {large}, "small_m_alt": {{ "bm": 128, "bn": 128, "bk": 64, "stages": 6 }} }}"#
+    ));
+    let err = select_with(&alone, Arch::Sm90, &k).unwrap_err().to_string();
+    assert!(err.contains("(small_m_alt)"), "{err}");
+    assert!(err.contains("lacks"), "{err}");
+    let too_big = table(&format!(
+        r#"{{ {large}, "small_m": {{ "bm": 64, "bn": 128, "bk": 64, "stages": 8 }}, "small_m_max": 512,
+              "small_m_alt": {{ "bm": 128, "bn": 128, "bk": 64, "stages": 8 }} }}"#
+    ));
+    let err = select_with(&too_big, Arch::Sm90, &k).unwrap_err().to_string();
+    assert!(err.contains("(small_m_alt)"), "{err}");
+    assert!(err.contains("bytes of shared memory per block"), "{err}");
+    let fine = table(&format!(
+        r#"{{ {large}, "small_m": {{ "bm": 64, "bn": 128, "bk": 64, "stages": 8 }}, "small_m_max": 512,
+              "small_m_alt": {{ "bm": 128, "bn": 128, "bk": 64, "stages": 6 }} }}"#
+    ));
+    let config = select_with(&fine, Arch::Sm90, &k).unwrap();
+    assert_eq!(
+        config.small_m_alt.map(|t| (t.bm, t.bn, t.stages)),
+        Some((128, 128, 6))
     );
 }

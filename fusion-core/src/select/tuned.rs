@@ -11,7 +11,9 @@
 //! that order; `default` only serves kernels on the arch's own mainloop (on
 //! sm90, not the norm compositions, which run the sm80 mainloop). An sm90
 //! entry for the sm90 mainloop names `bm`, `bn`, `bk` (64), `stages` and
-//! optionally `"schedule": "cooperative" | "pingpong"`.
+//! optionally `"schedule": "cooperative" | "pingpong"`. An entry may add
+//! `small_m_alt`, a second tile for `m <= small_m_max` that the kernel runs
+//! instead of `small_m` when it needs fewer waves on the device's SMs.
 //!
 //! The shipped tables are embedded so that a crate built outside this
 //! workspace gets them too.

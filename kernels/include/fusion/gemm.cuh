@@ -111,7 +111,38 @@ cudaError_t raise_smem_limit(std::atomic<int> (&cache)[64], int device, Kernel* 
   return err;
 }
 
+// SMs of `device`, read once per device (1 if the query fails).
+inline int sm_count(int device) {
+  static std::atomic<int> counts[64];
+  const int sms = once_per_device(counts, device, [device] {
+    int n = 0;
+    return cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) == cudaSuccess ? n : 0;
+  });
+  return sms > 0 ? sms : 1;
+}
+
+// Waves of tile area an m x n output needs with BM x BN tiles on `sms`
+// SMs, one tile per SM at a time: ceil(tiles / sms) * BM * BN.
+inline int64_t wave_area(int64_t m, int64_t n, int bm, int bn, int sms) {
+  const int64_t tiles = ((m + bm - 1) / bm) * ((n + bn - 1) / bn);
+  return (tiles + sms - 1) / sms * bm * bn;
+}
+
 }  // namespace detail
+
+// Whether tile config A (with more rows) should run an m x n output rather
+// than B, on the current device: A when it needs no more waves of tile
+// area (a tie goes to A, whose larger tiles read fewer bytes per flop).
+// At m = 128 on 132 SMs: for n = 14336 the 128x128 tile (112 tiles, one
+// wave) rather than 64x128 (224 tiles, two waves of half the area); for
+// n = 4096 the 64x128 tile (64 tiles) rather than 128x128 (32 tiles, one
+// wave of twice the area).
+template <typename TileA, typename TileB>
+bool fewer_waves(int64_t m, int64_t n) {
+  int device = 0;
+  const int sms = cudaGetDevice(&device) == cudaSuccess ? detail::sm_count(device) : 1;
+  return detail::wave_area(m, n, TileA::BM, TileA::BN, sms) <= detail::wave_area(m, n, TileB::BM, TileB::BN, sms);
+}
 
 template <typename Mainloop, typename Prologue, typename Epilogue>
 struct FusedGemm {

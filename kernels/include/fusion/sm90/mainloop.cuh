@@ -470,16 +470,6 @@ cudaError_t encode_matrix(CUtensorMap* map, const T* base, int64_t rows, int64_t
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-// SMs of `device`, read once per device (1 if the query fails).
-inline int sm_count(int device) {
-  static std::atomic<int> counts[64];
-  const int sms = fusion::detail::once_per_device(counts, device, [device] {
-    int n = 0;
-    return cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) == cudaSuccess ? n : 0;
-  });
-  return sms > 0 ? sms : 1;
-}
-
 }  // namespace detail
 
 template <typename T, LayoutB kLayout, typename Config>
@@ -513,7 +503,7 @@ cudaError_t Mainloop<T, kLayout, Config>::launch(const GemmArgs<T>& p, cudaStrea
   // once), or per unit of work if there are fewer.
   const int64_t units = ((p.m + BM * kClusterM - 1) / (BM * kClusterM)) * ((p.n + BN - 1) / BN);
   if constexpr (kClusterM == 1) {
-    const int64_t ctas = detail::sm_count(device);
+    const int64_t ctas = fusion::detail::sm_count(device);
     const unsigned grid = unsigned(units < ctas ? units : ctas);
     persistent_gemm_kernel<Self, Epilogue><<<grid, kThreads, kSmemBytes, stream>>>(map_a, map_b, map_c, p);
   } else {
@@ -534,7 +524,7 @@ cudaError_t Mainloop<T, kLayout, Config>::launch(const GemmArgs<T>& p, cudaStrea
     static std::atomic<int> resident_by_device[64];
     const int resident = fusion::detail::once_per_device(resident_by_device, device, [&] {
       int clusters = 0;
-      config.gridDim = dim3(unsigned(detail::sm_count(device)));
+      config.gridDim = dim3(unsigned(fusion::detail::sm_count(device)));
       err = cudaOccupancyMaxActiveClusters(&clusters, persistent_gemm_kernel<Self, Epilogue>, &config);
       return err == cudaSuccess ? clusters : 0;
     });
