@@ -901,8 +901,9 @@ void bench(const Options& opt, int sm_count) {
     }
     CHECK_CUDA(cudaDeviceSynchronize());
     const double flops = 2.0 * double(s.m) * double(s.n) * double(s.k);
-    // The tile the code generator's heuristic would pick: the large tile
-    // unless it leaves SMs idle.
+    // A stand-in for the tuned table's choice: the large tile unless it
+    // leaves SMs idle (the table chooses by M and, on sm90, by waves; the
+    // variant rows below time every tile).
     const int64_t large_tiles = ((s.m + 127) / 128) * ((s.n + 255) / 256);
     const bool use_small = large_tiles < sm_count;
     const std::string cfg = use_small ? tile_name<typename BenchSmall<__half, LayoutB::NK>::Config>()
