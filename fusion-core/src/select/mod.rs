@@ -385,7 +385,9 @@ impl TileConfig {
                 // A "full" and an "empty" mbarrier of 8 bytes per stage, and
                 // the two ping-pong order barriers.
                 let barriers = 16 * stages + 16;
-                alignment + pipeline + staging + barriers
+                // The CTA's stream-K pieces.
+                let stream_k = 96;
+                alignment + pipeline + staging + barriers + stream_k
             }
         };
         let row_stats = if prologue { bm * 8 } else { 0 };

@@ -1,7 +1,9 @@
 // The sm90 mainloop (H100, H200; built as sm_90a): a persistent,
 // warp-specialized GEMM on wgmma and TMA.
 //
-// One CTA per SM walks output tiles in grouped order (gemm.cuh). Its threads
+// One CTA per SM walks output tiles in grouped order (gemm.cuh); with fewer
+// tiles than SMs, several CTAs may share a tile's k-blocks (split-K, see
+// StreamK) and the last of them sums their partial tiles. A CTA's threads
 // form a producer warp group and one or two consumer warp groups, and
 // setmaxnreg moves registers from the first (40) to the others (232):
 //  - the producer (one elected thread) issues TMA loads of A and B tiles
@@ -34,6 +36,9 @@
 #include <stdint.h>
 
 #include <atomic>
+#include <map>
+#include <mutex>
+#include <utility>
 
 #include "../epilogue.cuh"
 #include "../gemm.cuh"
@@ -55,7 +60,8 @@ enum class Schedule { Cooperative, PingPong };
 // shared-memory stages. Shared memory is 1024 (alignment) + kStages *
 // (BM + BN) * 128 bytes for the pipeline, BM * BN * 2 bytes of epilogue
 // staging (twice that for PingPong: one tile per consumer) and
-// 16 * kStages + 16 bytes of barriers; at most 227 KB.
+// 16 * kStages + 16 bytes of barriers and 96 of stream-K bookkeeping; at most
+// 227 KB.
 //
 // kClusterM = 2 launches CTAs in clusters of two that own vertically
 // adjacent tiles: they share each B tile, each loading half of it and
@@ -111,8 +117,12 @@ struct Mainloop {
   static constexpr int kStagingBytes = kConsumers * kRows * BN * 2;
   // full[kStages], empty[kStages] and the ping-pong order barriers.
   static constexpr int kBarrierBytes = 2 * kStages * 8 + 2 * 8;
+  // This CTA's stream-K pieces (at most 3, see plan_stream_k) and their
+  // count, written by thread 0 at the start.
+  static constexpr int kMaxStreamKPieces = 4;
+  static constexpr int kStreamKBytes = 96;
   // 1024 bytes of slack to align the stages for the 128-byte swizzle.
-  static constexpr int kSmemBytes = 1024 + kStages * kStageBytes + kStagingBytes + kBarrierBytes;
+  static constexpr int kSmemBytes = 1024 + kStages * kStageBytes + kStagingBytes + kBarrierBytes + kStreamKBytes;
   static_assert(kSmemBytes <= 227 * 1024, "the tile needs more shared memory than an sm_90 block may have");
   // Consumer warps that read each stage and arrive on its empty barrier, in
   // every CTA of the cluster (a stage is refilled in all of them at once).
@@ -121,6 +131,18 @@ struct Mainloop {
   static constexpr int kTransB = kLayout == LayoutB::KN ? 1 : 0;
   static constexpr int kAccumulators = BN / 2;  // per wgmma row block
 
+  // Stream-K pieces (see StreamK).
+  enum class Piece { Whole, Partial, Finish };
+
+  // One piece of a CTA's work: k-blocks [k_begin, k_begin + k_count) of
+  // unit `unit`; for a Finish piece, `first` is the lowest CTA holding
+  // k-blocks of the same tile.
+  struct WorkPiece {
+    int unit, k_begin, k_count;
+    Piece piece;
+    int first;
+  };
+
   struct Smem {
     unsigned char* a;  // [kStages][BM][64]
     unsigned char* b;  // [kStages][BN][64] (NK) or [kStages][BN/64][64][64] (KN)
@@ -128,6 +150,8 @@ struct Mainloop {
     uint64_t* full;    // [kStages]
     uint64_t* empty;   // [kStages]
     uint64_t* order;   // [2]: consumer c may start its next K loop once order[c] completes
+    WorkPiece* pieces;  // [kMaxStreamKPieces]: listed ones from 0, the Finish one last
+    int* piece_count;   // [3]: listed pieces, whole tiles, 1 if there is a Finish piece
   };
 
   static __device__ __forceinline__ Smem carve(unsigned char* raw) {
@@ -140,6 +164,8 @@ struct Mainloop {
     s.full = reinterpret_cast<uint64_t*>(aligned + kStages * kStageBytes + kStagingBytes);
     s.empty = s.full + kStages;
     s.order = s.empty + kStages;
+    s.piece_count = reinterpret_cast<int*>(s.order + 2);
+    s.pieces = reinterpret_cast<WorkPiece*>(s.piece_count + 4);
     return s;
   }
 
@@ -163,17 +189,18 @@ struct Mainloop {
   // The work units of the launch and this CTA's share of them. A unit is
   // kClusterM vertically adjacent tiles, one per CTA of a cluster; clusters
   // walk the units in grouped order (gemm.cuh), each every num_clusters-th.
+  // Counts are 32-bit: FusedGemm::check refuses more than INT32_MAX tiles.
   struct TileWalk {
-    int64_t units_m, tiles_n, units;
-    int64_t first, stride;
+    int units_m, tiles_n, units;
+    int first, stride;
     int rank;
     __device__ __forceinline__ explicit TileWalk(const GemmArgs<T>& args) {
       const int64_t tiles_m = (args.m + BM - 1) / BM;
-      units_m = (tiles_m + kClusterM - 1) / kClusterM;
-      tiles_n = (args.n + BN - 1) / BN;
+      units_m = int((tiles_m + kClusterM - 1) / kClusterM);
+      tiles_n = int((args.n + BN - 1) / BN);
       units = units_m * tiles_n;
-      first = blockIdx.x / kClusterM;
-      stride = gridDim.x / kClusterM;
+      first = int(blockIdx.x) / kClusterM;
+      stride = int(gridDim.x) / kClusterM;
       rank = kClusterM > 1 ? int(cluster_rank()) : 0;
     }
     __device__ __forceinline__ TileCoord tile(int64_t unit) const {
@@ -183,15 +210,141 @@ struct Mainloop {
     }
   };
 
+  // Stream-K (cooperative schedule, one CTA per cluster; plan_stream_k
+  // decides when): tiles [dp_tiles, tiles) in grouped order are split by
+  // k-blocks, evenly over the grid. CTA b takes k-blocks
+  // [b U / grid, (b + 1) U / grid) of those tiles laid end to end. A tile
+  // it covers only in part is either
+  //  - a Partial piece (the range ends inside the tile): its f32
+  //    accumulators go to the CTA's slot of `partials` and its flag is
+  //    raised; every CTA has at most one, and runs it first, or
+  //  - a Finish piece (the range starts inside the tile and reaches its
+  //    end): it waits for the flags of the lower CTAs that hold the tile's
+  //    earlier k-blocks, adds their partials, lowers the flags again and
+  //    runs the epilogue.
+  // Finish pieces wait only on lower CTAs, which were dispatched no later
+  // and run their Partial piece before anything that waits, so the grid
+  // (at most one CTA per SM, all resident) always makes progress. Flags are
+  // 0 at rest: each launch raises and lowers the ones it uses. Today only
+  // split-K uses this (dp_tiles 0, fewer tiles than SMs).
+  struct StreamK {
+    int dp_tiles = 0;  // tiles [0, dp_tiles) run whole: CTA b takes b, b + grid, ...
+    int units = 0;     // k-blocks of tiles [dp_tiles, tiles); 0: no stream-K (units * grid < 2^31)
+    float* partials = nullptr;  // [grid][kConsumers][kMmaM * kAccumulators][128 threads]
+    uint32_t* flags = nullptr;  // [grid][kConsumers]
+  };
+
+  static_assert(kMaxStreamKPieces * sizeof(WorkPiece) + 16 <= kStreamKBytes,
+                "the stream-K piece list outgrew its bytes");
+
+  // Thread 0 writes this CTA's stream-K pieces to shared memory before the
+  // first barrier, in the order they run: the Partial one, the tiles its
+  // range covers whole, and last the Finish one, after the whole tiles
+  // (stream-K's and data-parallel ones), so that the lower CTAs it waits on
+  // have had all that time to publish. (Run right after the Partial piece,
+  // a Finish piece waited for up to a tile's k-blocks on an H200.) The
+  // producer and the consumers read the list from there, which keeps the
+  // bookkeeping out of the registers (the producer runs in 40, the
+  // consumers hold 128 accumulators). 32-bit: plan_stream_k keeps
+  // units * grid below 2^31.
+  static __device__ __forceinline__ void plan_pieces(const Smem& s, const TileWalk& walk, int kb,
+                                                    const StreamK& sk) {
+    int count = 0;
+    WorkPiece finish{0, 0, 0, Piece::Whole, -1};
+    if (sk.units > 0) {
+      const int grid = int(gridDim.x);
+      const int begin = int(blockIdx.x) * sk.units / grid, end = (int(blockIdx.x) + 1) * sk.units / grid;
+      if (begin < end && end % kb != 0) {
+        const int tile = end / kb, from = begin > tile * kb ? begin : tile * kb;
+        s.pieces[count++] = {sk.dp_tiles + tile, from - tile * kb, end - from, Piece::Partial, 0};
+      }
+      for (int tile = begin / kb; begin < end && (tile + 1) * kb <= end; ++tile) {
+        if (begin <= tile * kb) {
+          s.pieces[count++] = {sk.dp_tiles + tile, 0, kb, Piece::Whole, 0};
+        } else {
+          // The CTA holding k-block tile * kb: the largest c with
+          // c U / grid <= tile * kb.
+          const int first = ((tile * kb + 1) * grid - 1) / sk.units;
+          finish = {sk.dp_tiles + tile, begin - tile * kb, (tile + 1) * kb - begin, Piece::Finish, first};
+        }
+      }
+    }
+    const int whole = sk.units > 0 ? sk.dp_tiles : walk.units;
+    s.piece_count[0] = count;
+    s.piece_count[1] = whole > walk.first ? (whole - walk.first + walk.stride - 1) / walk.stride : 0;
+    s.piece_count[2] = finish.piece == Piece::Finish ? 1 : 0;
+    s.pieces[kMaxStreamKPieces - 1] = finish;
+  }
+
+  // Piece i of this CTA's work, false past the last: the listed stream-K
+  // pieces, its whole tiles, then the Finish piece if there is one. A
+  // function of i alone, so that only i stays in registers.
+  static __device__ __forceinline__ bool piece(const Smem& s, const TileWalk& walk, int kb, int i, WorkPiece& w) {
+    const int listed = s.piece_count[0], whole = s.piece_count[1];
+    if (i < listed) {
+      w = s.pieces[i];
+      return true;
+    }
+    if (i < listed + whole) {
+      w = {walk.first + (i - listed) * walk.stride, 0, kb, Piece::Whole, 0};
+      return true;
+    }
+    if (i == listed + whole && s.piece_count[2] != 0) {
+      w = s.pieces[kMaxStreamKPieces - 1];
+      return true;
+    }
+    return false;
+  }
+
+  // Stores a Partial piece's accumulators to this CTA's slot and raises its
+  // flag (per consumer warp group).
+  static __device__ __forceinline__ void publish(const StreamK& sk, int consumer,
+                                                 const float (&acc)[kMmaM][kAccumulators]) {
+    const int thread = threadIdx.x % 128;
+    const int64_t slot = int64_t(blockIdx.x) * kConsumers + consumer;
+    float* out = sk.partials + slot * (kMmaM * kAccumulators * 128) + thread;
+#pragma unroll
+    for (int mi = 0; mi < kMmaM; ++mi)
+#pragma unroll
+      for (int j = 0; j < kAccumulators; ++j) __stcg(out + (mi * kAccumulators + j) * 128, acc[mi][j]);
+    named_barrier_sync(1 + consumer, 128);
+    if (thread == 0) {
+      __threadfence();
+      flag_store_release(&sk.flags[slot], 1);
+    }
+  }
+
+  // Adds the partials of CTAs [first, blockIdx.x) to a Finish piece's
+  // accumulators, lowering their flags.
+  static __device__ __forceinline__ void gather(const StreamK& sk, int consumer, int first,
+                                                float (&acc)[kMmaM][kAccumulators]) {
+    const int thread = threadIdx.x % 128;
+    for (int cta = first; cta < int(blockIdx.x); ++cta) {
+      const int64_t slot = int64_t(cta) * kConsumers + consumer;
+      if (thread == 0) {
+        while (flag_load_acquire(&sk.flags[slot]) != 1) __nanosleep(64);
+        sk.flags[slot] = 0;
+        __threadfence();
+      }
+      named_barrier_sync(1 + consumer, 128);
+      const float* in = sk.partials + slot * (kMmaM * kAccumulators * 128) + thread;
+#pragma unroll
+      for (int mi = 0; mi < kMmaM; ++mi)
+#pragma unroll
+        for (int j = 0; j < kAccumulators; ++j) acc[mi][j] += __ldcg(in + (mi * kAccumulators + j) * 128);
+    }
+  }
+
   // The producer: one thread keeps every stage loaded, across tiles.
   static __device__ __forceinline__ void produce(const Smem& s, const CUtensorMap* map_a, const CUtensorMap* map_b,
-                                                 const GemmArgs<T>& args) {
+                                                 const GemmArgs<T>& args, const StreamK& sk) {
     const TileWalk walk(args);
     const int k_blocks = int((args.k + BK - 1) / BK);
     RingPosition ring;
-    for (int64_t u = walk.first; u < walk.units; u += walk.stride) {
-      const TileCoord tile = walk.tile(u);
-      for (int kb = 0; kb < k_blocks; ++kb) {
+    WorkPiece w;
+    for (int i = 0; piece(s, walk, k_blocks, i, w); ++i) {
+      const TileCoord tile = walk.tile(w.unit);
+      for (int kb = w.k_begin; kb < w.k_begin + w.k_count; ++kb) {
         mbarrier_wait(&s.empty[ring.stage], ring.phase ^ 1);
         uint64_t* full = &s.full[ring.stage];
         // Counts this CTA's A and the whole B tile, whichever CTA loads it.
@@ -367,26 +520,36 @@ struct Mainloop {
 
   template <typename Epilogue>
   static __device__ __forceinline__ void consume(const Smem& s, int consumer, const CUtensorMap* map_c,
-                                                 const GemmArgs<T>& args) {
+                                                 const GemmArgs<T>& args, const StreamK& sk) {
     const TileWalk walk(args);
     const int k_blocks = int((args.k + BK - 1) / BK);
-    // Cooperative consumers take every unit of this CTA; ping-pong ones take
-    // every other, skipping the other consumer's stages in the ring.
-    const int64_t stride = kPingPong ? 2 * walk.stride : walk.stride;
     RingPosition ring;
-    if (kPingPong && consumer == 1) ring.skip(k_blocks);
     float acc[kMmaM][kAccumulators];
-    uint32_t turn = 0;  // K loops this consumer has run
-    for (int64_t u = walk.first + (kPingPong ? consumer * walk.stride : 0); u < walk.units; u += stride) {
-      const TileCoord tile = walk.tile(u);
-      // Consumer 0's first K loop goes first; every other waits for the
-      // other consumer's previous one (see mma_tile).
-      if (kPingPong && (consumer == 1 || turn > 0))
-        mbarrier_wait(&s.order[consumer], consumer == 1 ? (turn & 1) : ((turn - 1) & 1));
-      ++turn;
-      mma_tile(s, consumer, k_blocks, ring, acc);
-      store_tile<Epilogue>(s, consumer, tile, acc, map_c, args);
-      if (kPingPong) ring.skip(k_blocks);
+    if constexpr (kPingPong) {
+      // Each consumer takes every other unit of this CTA, skipping the other
+      // consumer's stages in the ring (no stream-K).
+      if (consumer == 1) ring.skip(k_blocks);
+      uint32_t turn = 0;  // K loops this consumer has run
+      for (int64_t u = walk.first + consumer * walk.stride; u < walk.units; u += 2 * walk.stride) {
+        // Consumer 0's first K loop goes first; every other waits for the
+        // other consumer's previous one (see mma_tile).
+        if (consumer == 1 || turn > 0) mbarrier_wait(&s.order[consumer], consumer == 1 ? (turn & 1) : ((turn - 1) & 1));
+        ++turn;
+        mma_tile(s, consumer, k_blocks, ring, acc);
+        store_tile<Epilogue>(s, consumer, walk.tile(u), acc, map_c, args);
+        ring.skip(k_blocks);
+      }
+    } else {
+      WorkPiece w;
+      for (int i = 0; piece(s, walk, k_blocks, i, w); ++i) {
+        mma_tile(s, consumer, w.k_count, ring, acc);
+        if (w.piece == Piece::Partial) {
+          publish(sk, consumer, acc);
+          continue;
+        }
+        if (w.piece == Piece::Finish) gather(sk, consumer, w.first, acc);
+        store_tile<Epilogue>(s, consumer, walk.tile(w.unit), acc, map_c, args);
+      }
     }
     // Shared memory must outlive the last stores' reads of it.
     if (threadIdx.x % 128 == 0) bulk_wait_read();
@@ -394,6 +557,10 @@ struct Mainloop {
 
   // Host side: the tensor maps of A, B and C for one launch.
   static cudaError_t encode_maps(const GemmArgs<T>& p, CUtensorMap* map_a, CUtensorMap* map_b, CUtensorMap* map_c);
+  // The stream-K split for `tiles` tiles of `k_blocks` k-blocks on `sms`
+  // CTAs (StreamK::units 0: every tile whole).
+  // CTAs (StreamK::units 0: every tile whole) and the grid it needs.
+  static StreamK plan_stream_k(int64_t tiles, int64_t k_blocks, int64_t sms, int64_t* grid);
   template <typename Prologue, typename Epilogue>
   static cudaError_t launch(const GemmArgs<T>& p, cudaStream_t stream);
 };
@@ -401,7 +568,8 @@ struct Mainloop {
 template <typename ML, typename Epilogue>
 __global__ void __launch_bounds__(ML::kThreads, 1)
     persistent_gemm_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
-                           const __grid_constant__ CUtensorMap map_c, const GemmArgs<typename ML::Element> args) {
+                           const __grid_constant__ CUtensorMap map_c, const GemmArgs<typename ML::Element> args,
+                           const typename ML::StreamK stream_k) {
 #if FUSION_SM90_ENABLED
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const typename ML::Smem s = ML::carve(smem_raw);
@@ -417,6 +585,7 @@ __global__ void __launch_bounds__(ML::kThreads, 1)
     mbarrier_init(&s.order[0], 1);
     mbarrier_init(&s.order[1], 1);
     fence_barrier_init();
+    ML::plan_pieces(s, typename ML::TileWalk(args), int((args.k + ML::BK - 1) / ML::BK), stream_k);
   }
   // The cluster's other CTA multicasts into this one's stages and arrives on
   // its barriers: both must be initialised first.
@@ -426,10 +595,10 @@ __global__ void __launch_bounds__(ML::kThreads, 1)
     __syncthreads();
   if (group == 0) {
     setmaxnreg_dec<ML::kProducerRegisters>();
-    if (threadIdx.x == 0) ML::produce(s, &map_a, &map_b, args);
+    if (threadIdx.x == 0) ML::produce(s, &map_a, &map_b, args, stream_k);
   } else {
     setmaxnreg_inc<ML::kConsumerRegisters>();
-    ML::template consume<Epilogue>(s, group - 1, &map_c, args);
+    ML::template consume<Epilogue>(s, group - 1, &map_c, args, stream_k);
   }
   // ... and may still arrive on this CTA's barriers until it is done.
   if constexpr (ML::kClusterM > 1) cluster_sync();
@@ -470,7 +639,87 @@ cudaError_t encode_matrix(CUtensorMap* map, const T* base, int64_t rows, int64_t
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
+// Stream-K scratch of one (device, stream): the flags (zeroed when
+// allocated; each launch leaves the ones it uses at 0) and the partial
+// tiles. Launches on one stream run one after another and share it; other
+// streams get their own. Allocated stream-ordered, grown on demand and kept
+// for the life of the process. Returns null pointers (no stream-K for this
+// launch) when the stream is being captured into a graph and has no scratch
+// yet: an allocation made during capture would belong to the graph.
+constexpr size_t kStreamKFlagBytes = 4096;
+inline cudaError_t stream_k_scratch(int device, cudaStream_t stream, size_t partial_bytes, uint32_t** flags,
+                                    float** partials) {
+  struct Scratch {
+    void* base = nullptr;
+    size_t bytes = 0;
+  };
+  static std::mutex mutex;
+  static std::map<std::pair<int, cudaStream_t>, Scratch> by_stream;
+  const std::lock_guard<std::mutex> lock(mutex);
+  Scratch& scratch = by_stream[{device, stream}];
+  const size_t bytes = kStreamKFlagBytes + partial_bytes;
+  if (scratch.bytes < bytes) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    cudaError_t err = cudaStreamIsCapturing(stream, &capture);
+    if (err != cudaSuccess) return err;
+    if (capture != cudaStreamCaptureStatusNone) {
+      *flags = nullptr;
+      *partials = nullptr;
+      return cudaSuccess;
+    }
+    if (scratch.base != nullptr) {
+      err = cudaFreeAsync(scratch.base, stream);
+      if (err != cudaSuccess) return err;
+      scratch = Scratch{};
+    }
+    void* base = nullptr;
+    err = cudaMallocAsync(&base, bytes, stream);
+    if (err != cudaSuccess) return err;
+    err = cudaMemsetAsync(base, 0, kStreamKFlagBytes, stream);
+    if (err != cudaSuccess) return err;
+    scratch = Scratch{base, bytes};
+  }
+  *flags = static_cast<uint32_t*>(scratch.base);
+  *partials = reinterpret_cast<float*>(static_cast<unsigned char*>(scratch.base) + kStreamKFlagBytes);
+  return cudaSuccess;
+}
+
 }  // namespace detail
+
+// When a launch has fewer tiles than SMs, split-K: each tile over
+// s = SMs / tiles CTAs (grid = tiles * s), whose equal shares of its
+// k-blocks run side by side, when that cuts the busiest CTA's k-blocks by
+// more than a fixup costs (publishing or gathering a partial tile, counted
+// as kFixupBlocks k-blocks) and leaves each CTA at least kMinBlocks. At
+// (128, 4096, 14336) with 64x128 tiles (64 tiles of 224 k-blocks on 132
+// SMs) every CTA runs half a tile.
+//
+// The same machinery can split the last wave of a larger launch (stream-K
+// proper: the last full wave and the remainder over all SMs), and
+// plan_pieces orders pieces for it, but on an H200 that measured slower,
+// not faster: 0.93 of cuBLASLt at 4096^3 against 0.99 without, 0.72 at
+// (8192, 4096, 14336) against 1.00 (BENCHMARKS.md), for a cause not yet
+// found. So launches with at least as many tiles as SMs run every tile
+// whole.
+template <typename T, LayoutB kLayout, typename Config>
+typename Mainloop<T, kLayout, Config>::StreamK Mainloop<T, kLayout, Config>::plan_stream_k(int64_t tiles,
+                                                                                           int64_t k_blocks,
+                                                                                           int64_t sms,
+                                                                                           int64_t* grid) {
+  constexpr int64_t kFixupBlocks = 2, kMinBlocks = 4;
+  StreamK sk;
+  *grid = tiles < sms ? tiles : sms;
+  if (kPingPong || kClusterM > 1 || sms * kConsumers * 4 > int64_t(detail::kStreamKFlagBytes)) return sk;
+  if (tiles >= sms) return sk;
+  const int64_t ctas = tiles * (sms / tiles);
+  const int64_t per_cta = (tiles * k_blocks + ctas - 1) / ctas;
+  if (ctas == tiles || per_cta < kMinBlocks || per_cta + kFixupBlocks >= k_blocks ||
+      (tiles * k_blocks + 1) * ctas >= INT32_MAX)
+    return sk;
+  sk.units = int(tiles * k_blocks);
+  *grid = ctas;
+  return sk;
+}
 
 template <typename T, LayoutB kLayout, typename Config>
 cudaError_t Mainloop<T, kLayout, Config>::encode_maps(const GemmArgs<T>& p, CUtensorMap* map_a, CUtensorMap* map_b,
@@ -502,10 +751,27 @@ cudaError_t Mainloop<T, kLayout, Config>::launch(const GemmArgs<T>& p, cudaStrea
   // One CTA per SM (one cluster per pair of SMs that can hold one at
   // once), or per unit of work if there are fewer.
   const int64_t units = ((p.m + BM * kClusterM - 1) / (BM * kClusterM)) * ((p.n + BN - 1) / BN);
+  StreamK sk;
   if constexpr (kClusterM == 1) {
     const int64_t ctas = fusion::detail::sm_count(device);
-    const unsigned grid = unsigned(units < ctas ? units : ctas);
-    persistent_gemm_kernel<Self, Epilogue><<<grid, kThreads, kSmemBytes, stream>>>(map_a, map_b, map_c, p);
+    int64_t grid = units < ctas ? units : ctas, split_grid = grid;
+    sk = plan_stream_k(units, (p.k + BK - 1) / BK, ctas, &split_grid);
+    if (sk.units > 0) {
+      // Without scratch (an allocation that failed, a stream being
+      // captured) every tile runs whole; the failed call's error is this
+      // launch's to clear.
+      if (detail::stream_k_scratch(device, stream, size_t(ctas) * BM * BN * sizeof(float), &sk.flags,
+                                   &sk.partials) != cudaSuccess) {
+        (void)cudaGetLastError();
+        sk = StreamK{};
+      } else if (sk.flags == nullptr) {
+        sk = StreamK{};
+      } else {
+        grid = split_grid;
+      }
+    }
+    persistent_gemm_kernel<Self, Epilogue>
+        <<<unsigned(grid), kThreads, kSmemBytes, stream>>>(map_a, map_b, map_c, p, sk);
   } else {
     cudaLaunchConfig_t config{};
     config.blockDim = dim3(kThreads);
@@ -531,7 +797,7 @@ cudaError_t Mainloop<T, kLayout, Config>::launch(const GemmArgs<T>& p, cudaStrea
     if (err != cudaSuccess) return err;
     if (resident <= 0) return cudaErrorInvalidConfiguration;
     config.gridDim = dim3(unsigned((units < resident ? units : resident) * kClusterM));
-    err = cudaLaunchKernelEx(&config, persistent_gemm_kernel<Self, Epilogue>, map_a, map_b, map_c, p);
+    err = cudaLaunchKernelEx(&config, persistent_gemm_kernel<Self, Epilogue>, map_a, map_b, map_c, p, sk);
     if (err != cudaSuccess) return err;
   }
   return cudaGetLastError();

@@ -147,6 +147,18 @@ __device__ __forceinline__ void setmaxnreg_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kRegisters));
 }
 
+// Flags in global memory that one CTA raises for another (stream-K): the
+// release orders everything the raising CTA made visible before it (after a
+// barrier and a gpu-scope fence), the acquire everything after it.
+__device__ __forceinline__ void flag_store_release(uint32_t* flag, uint32_t value) {
+  asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(flag), "r"(value) : "memory");
+}
+__device__ __forceinline__ uint32_t flag_load_acquire(const uint32_t* flag) {
+  uint32_t value;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(value) : "l"(flag) : "memory");
+  return value;
+}
+
 // A barrier among the `threads` threads (whole warps) that use `id`; id 0 is
 // __syncthreads's.
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
