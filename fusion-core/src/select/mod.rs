@@ -762,22 +762,27 @@ pub fn select_with(table: &TunedTable, arch: Arch, kernel: &KernelKind) -> Resul
         reason,
     };
     config.large.check(arch, kernel).map_err(|r| fail("large", r))?;
-    if let Some(small) = config.small_m {
-        small.check(arch, kernel).map_err(|r| fail("small_m", r))?;
-        if config.small_m_max.is_none() {
-            return Err(fail(
-                "small_m",
-                "`small_m` needs `small_m_max`, the largest M it serves".into(),
-            ));
-        }
-    }
-    if let Some(alt) = config.small_m_alt {
-        alt.check(arch, kernel).map_err(|r| fail("small_m_alt", r))?;
-        if config.small_m.is_none() {
-            return Err(fail(
-                "small_m_alt",
-                "`small_m_alt` is the alternative to a `small_m`, which this entry lacks".into(),
-            ));
+    // The optional tiles: each fits the arch and comes with what it needs.
+    let optional = [
+        (
+            config.small_m,
+            "small_m",
+            config.small_m_max.is_some(),
+            "`small_m` needs `small_m_max`, the largest M it serves",
+        ),
+        (
+            config.small_m_alt,
+            "small_m_alt",
+            config.small_m.is_some(),
+            "`small_m_alt` is the alternative to a `small_m`, which this entry lacks",
+        ),
+    ];
+    for (tile, which, complete, missing) in optional {
+        if let Some(tile) = tile {
+            tile.check(arch, kernel).map_err(|r| fail(which, r))?;
+            if !complete {
+                return Err(fail(which, missing.into()));
+            }
         }
     }
     Ok(config)

@@ -415,3 +415,16 @@ fn small_m_alt_is_checked_and_needs_small_m() {
         Some((128, 128, 6))
     );
 }
+
+#[test]
+fn small_m_needs_its_threshold() {
+    let json = r#"{ "arch": "sm90", "configs": { "gemm_bias": {
+        "large": { "bm": 128, "bn": 256, "bk": 64, "stages": 3 },
+        "small_m": { "bm": 64, "bn": 128, "bk": 64, "stages": 8 } } } }"#;
+    let table = TunedTable::parse("kernels/tuned/sm90.json", json).unwrap();
+    let err = select_with(&table, Arch::Sm90, &kernel("gemm_bias", DType::F16, false))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("(small_m)"), "{err}");
+    assert!(err.contains("the largest M it serves"), "{err}");
+}
