@@ -644,8 +644,9 @@ cudaError_t encode_matrix(CUtensorMap* map, const T* base, int64_t rows, int64_t
 // tiles. Launches on one stream run one after another and share it; other
 // streams get their own. Allocated stream-ordered, grown on demand and kept
 // for the life of the process. Returns null pointers (no stream-K for this
-// launch) when the stream is being captured into a graph and has no scratch
-// yet: an allocation made during capture would belong to the graph.
+// launch) while the stream is being captured into a graph: the graph could
+// be replayed on another stream, or twice at once, beside launches on this
+// one, and they would share the scratch.
 constexpr size_t kStreamKFlagBytes = 4096;
 inline cudaError_t stream_k_scratch(int device, cudaStream_t stream, size_t partial_bytes, uint32_t** flags,
                                     float** partials) {
@@ -655,18 +656,18 @@ inline cudaError_t stream_k_scratch(int device, cudaStream_t stream, size_t part
   };
   static std::mutex mutex;
   static std::map<std::pair<int, cudaStream_t>, Scratch> by_stream;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  cudaError_t err = cudaStreamIsCapturing(stream, &capture);
+  if (err != cudaSuccess) return err;
+  if (capture != cudaStreamCaptureStatusNone) {
+    *flags = nullptr;
+    *partials = nullptr;
+    return cudaSuccess;
+  }
   const std::lock_guard<std::mutex> lock(mutex);
   Scratch& scratch = by_stream[{device, stream}];
   const size_t bytes = kStreamKFlagBytes + partial_bytes;
   if (scratch.bytes < bytes) {
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    cudaError_t err = cudaStreamIsCapturing(stream, &capture);
-    if (err != cudaSuccess) return err;
-    if (capture != cudaStreamCaptureStatusNone) {
-      *flags = nullptr;
-      *partials = nullptr;
-      return cudaSuccess;
-    }
     if (scratch.base != nullptr) {
       err = cudaFreeAsync(scratch.base, stream);
       if (err != cudaSuccess) return err;
