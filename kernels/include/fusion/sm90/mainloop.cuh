@@ -117,8 +117,10 @@ struct Mainloop {
   static constexpr int kStagingBytes = kConsumers * kRows * BN * 2;
   // full[kStages], empty[kStages] and the ping-pong order barriers.
   static constexpr int kBarrierBytes = 2 * kStages * 8 + 2 * 8;
-  // This CTA's stream-K pieces (at most 3, see plan_stream_k) and their
-  // count, written by thread 0 at the start.
+  // This CTA's stream-K pieces and their counts, written by thread 0 at the
+  // start. Split-K gives a CTA one piece; a stream-K split whose CTA shares
+  // are under two tiles would give at most three (a Partial, a whole tile,
+  // a Finish): plan_stream_k must keep any split it allows within that.
   static constexpr int kMaxStreamKPieces = 4;
   static constexpr int kStreamKBytes = 96;
   // 1024 bytes of slack to align the stages for the 128-byte swizzle.
@@ -222,9 +224,11 @@ struct Mainloop {
   //    end): it waits for the flags of the lower CTAs that hold the tile's
   //    earlier k-blocks, adds their partials, lowers the flags again and
   //    runs the epilogue.
-  // Finish pieces wait only on lower CTAs, which were dispatched no later
-  // and run their Partial piece before anything that waits, so the grid
-  // (at most one CTA per SM, all resident) always makes progress. Flags are
+  // Finish pieces wait only on lower CTAs, which run their Partial piece
+  // before anything that waits, so the grid always makes progress as long
+  // as CTAs are dispatched in index order (what CUDA does in practice and
+  // stream-K implementations rely on; the programming model does not
+  // promise it). Flags are
   // 0 at rest: each launch raises and lowers the ones it uses. Today only
   // split-K uses this (dp_tiles 0, fewer tiles than SMs).
   struct StreamK {
@@ -558,8 +562,7 @@ struct Mainloop {
   // Host side: the tensor maps of A, B and C for one launch.
   static cudaError_t encode_maps(const GemmArgs<T>& p, CUtensorMap* map_a, CUtensorMap* map_b, CUtensorMap* map_c);
   // The stream-K split for `tiles` tiles of `k_blocks` k-blocks on `sms`
-  // CTAs (StreamK::units 0: every tile whole).
-  // CTAs (StreamK::units 0: every tile whole) and the grid it needs.
+  // SMs (StreamK::units 0: every tile whole) and the grid it needs.
   static StreamK plan_stream_k(int64_t tiles, int64_t k_blocks, int64_t sms, int64_t* grid);
   template <typename Prologue, typename Epilogue>
   static cudaError_t launch(const GemmArgs<T>& p, cudaStream_t stream);
@@ -642,30 +645,40 @@ cudaError_t encode_matrix(CUtensorMap* map, const T* base, int64_t rows, int64_t
 // Stream-K scratch of one (device, stream): the flags (zeroed when
 // allocated; each launch leaves the ones it uses at 0) and the partial
 // tiles. Launches on one stream run one after another and share it; other
-// streams get their own. Allocated stream-ordered, grown on demand and kept
-// for the life of the process. Returns null pointers (no stream-K for this
+// streams get their own. Streams are told apart by cudaStreamGetId, unique
+// for the life of the program (also for each thread's per-thread default
+// stream, and for a new stream that reuses a destroyed one's handle).
+// Allocated stream-ordered, grown on demand and kept for the life of the
+// process (sms * BM * BN * 4 bytes per stream that ever split: 17 MB for
+// 128x256 tiles on 132 SMs).
+//
+// `lock` comes back held: the caller queues its kernel before releasing
+// it, so that another thread growing the same stream's scratch queues the
+// free after that kernel. The pointers stay null (no stream-K for this
 // launch) while the stream is being captured into a graph: the graph could
 // be replayed on another stream, or twice at once, beside launches on this
 // one, and they would share the scratch.
 constexpr size_t kStreamKFlagBytes = 4096;
-inline cudaError_t stream_k_scratch(int device, cudaStream_t stream, size_t partial_bytes, uint32_t** flags,
-                                    float** partials) {
+struct StreamKScratch {
+  std::unique_lock<std::mutex> lock;
+  uint32_t* flags = nullptr;
+  float* partials = nullptr;
+};
+inline cudaError_t stream_k_scratch(int device, cudaStream_t stream, size_t partial_bytes, StreamKScratch* out) {
   struct Scratch {
     void* base = nullptr;
     size_t bytes = 0;
   };
   static std::mutex mutex;
-  static std::map<std::pair<int, cudaStream_t>, Scratch> by_stream;
+  static std::map<std::pair<int, unsigned long long>, Scratch> by_stream;
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   cudaError_t err = cudaStreamIsCapturing(stream, &capture);
+  if (err != cudaSuccess || capture != cudaStreamCaptureStatusNone) return err;
+  unsigned long long id = 0;
+  err = cudaStreamGetId(stream, &id);
   if (err != cudaSuccess) return err;
-  if (capture != cudaStreamCaptureStatusNone) {
-    *flags = nullptr;
-    *partials = nullptr;
-    return cudaSuccess;
-  }
-  const std::lock_guard<std::mutex> lock(mutex);
-  Scratch& scratch = by_stream[{device, stream}];
+  std::unique_lock<std::mutex> lock(mutex);
+  Scratch& scratch = by_stream[{device, id}];
   const size_t bytes = kStreamKFlagBytes + partial_bytes;
   if (scratch.bytes < bytes) {
     if (scratch.base != nullptr) {
@@ -677,11 +690,15 @@ inline cudaError_t stream_k_scratch(int device, cudaStream_t stream, size_t part
     err = cudaMallocAsync(&base, bytes, stream);
     if (err != cudaSuccess) return err;
     err = cudaMemsetAsync(base, 0, kStreamKFlagBytes, stream);
-    if (err != cudaSuccess) return err;
+    if (err != cudaSuccess) {
+      (void)cudaFreeAsync(base, stream);
+      return err;
+    }
     scratch = Scratch{base, bytes};
   }
-  *flags = static_cast<uint32_t*>(scratch.base);
-  *partials = reinterpret_cast<float*>(static_cast<unsigned char*>(scratch.base) + kStreamKFlagBytes);
+  out->flags = static_cast<uint32_t*>(scratch.base);
+  out->partials = reinterpret_cast<float*>(static_cast<unsigned char*>(scratch.base) + kStreamKFlagBytes);
+  out->lock = std::move(lock);
   return cudaSuccess;
 }
 
@@ -757,19 +774,22 @@ cudaError_t Mainloop<T, kLayout, Config>::launch(const GemmArgs<T>& p, cudaStrea
     const int64_t ctas = fusion::detail::sm_count(device);
     int64_t grid = units < ctas ? units : ctas, split_grid = grid;
     sk = plan_stream_k(units, (p.k + BK - 1) / BK, ctas, &split_grid);
-    if (sk.units > 0) {
-      // Without scratch (an allocation that failed, a stream being
-      // captured) every tile runs whole; the failed call's error is this
-      // launch's to clear.
-      if (detail::stream_k_scratch(device, stream, size_t(ctas) * BM * BN * sizeof(float), &sk.flags,
-                                   &sk.partials) != cudaSuccess) {
+    // Held until the kernel is queued (see stream_k_scratch).
+    detail::StreamKScratch scratch;
+    // Without scratch (a stream being captured, a failed allocation) every
+    // tile runs whole. A failure's error is cleared only when no earlier
+    // one was pending, so that this launch never swallows the caller's.
+    if (sk.units > 0 && cudaPeekAtLastError() == cudaSuccess) {
+      if (detail::stream_k_scratch(device, stream, size_t(ctas) * BM * BN * sizeof(float), &scratch) !=
+          cudaSuccess)
         (void)cudaGetLastError();
-        sk = StreamK{};
-      } else if (sk.flags == nullptr) {
-        sk = StreamK{};
-      } else {
-        grid = split_grid;
-      }
+    }
+    if (scratch.flags != nullptr) {
+      sk.flags = scratch.flags;
+      sk.partials = scratch.partials;
+      grid = split_grid;
+    } else {
+      sk = StreamK{};
     }
     persistent_gemm_kernel<Self, Epilogue>
         <<<unsigned(grid), kThreads, kSmemBytes, stream>>>(map_a, map_b, map_c, p, sk);
