@@ -32,6 +32,7 @@ macro_rules! pattern_test {
     };
 }
 
+pattern_test!(gemm, "gemm", |s, r, w| kernels::gemm(s, &r[0], &r[1], &mut w[0]));
 pattern_test!(gemm_bias_gelu, "gemm_bias_gelu", |s, r, w| {
     kernels::gemm_bias_gelu(s, &r[0], &r[1], &r[2], &mut w[0])
 });

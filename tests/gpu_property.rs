@@ -27,6 +27,7 @@ enum Dims {
 }
 
 const PATTERNS: &[(&str, Dims)] = &[
+    ("gemm", Dims::Gemm),
     ("gemm_bias_gelu", Dims::Gemm),
     ("gemm_bias_silu", Dims::Gemm),
     ("gemm_bias_relu", Dims::Gemm),
@@ -59,6 +60,7 @@ fn launch<T: TestElement>(
     w: &mut [TensorMut<'_, T>],
 ) -> fusion::Result<()> {
     match pattern {
+        "gemm" => kernels::gemm(s, &r[0], &r[1], &mut w[0]),
         "gemm_bias_gelu" => kernels::gemm_bias_gelu(s, &r[0], &r[1], &r[2], &mut w[0]),
         "gemm_bias_silu" => kernels::gemm_bias_silu(s, &r[0], &r[1], &r[2], &mut w[0]),
         "gemm_bias_relu" => kernels::gemm_bias_relu(s, &r[0], &r[1], &r[2], &mut w[0]),

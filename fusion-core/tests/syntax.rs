@@ -81,6 +81,7 @@ fn every_shipped_graph_parses_and_lowers() {
     assert_eq!(
         names,
         [
+            "gemm",
             "gemm_bias",
             "gemm_bias_gelu",
             "gemm_bias_relu",

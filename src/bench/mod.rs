@@ -43,6 +43,8 @@ pub const DEFAULT_FFN_TOKENS: [usize; 2] = [128, 8192];
 /// A single-GEMM pattern of the built-in library.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Pattern {
+    /// The bare GEMM: the mainloop alone, against cuBLASLt without an epilogue.
+    Gemm,
     GemmBiasGelu,
     GemmBiasRelu,
     GemmBias,
@@ -55,7 +57,8 @@ pub enum Pattern {
 }
 
 impl Pattern {
-    pub const ALL: [Pattern; 9] = [
+    pub const ALL: [Pattern; 10] = [
+        Pattern::Gemm,
         Pattern::GemmBiasGelu,
         Pattern::GemmBiasRelu,
         Pattern::GemmBias,
@@ -69,6 +72,7 @@ impl Pattern {
 
     pub fn name(self) -> &'static str {
         match self {
+            Pattern::Gemm => "gemm",
             Pattern::GemmBiasGelu => "gemm_bias_gelu",
             Pattern::GemmBiasRelu => "gemm_bias_relu",
             Pattern::GemmBias => "gemm_bias",
@@ -92,6 +96,7 @@ impl Pattern {
     /// The cuBLASLt epilogue of the baseline, and the unfused step after it.
     fn baseline(self) -> (LtEpilogue, &'static str) {
         match self {
+            Pattern::Gemm => (LtEpilogue::None, ""),
             Pattern::GemmBiasGelu => (LtEpilogue::GeluBias, ""),
             Pattern::GemmBiasRelu => (LtEpilogue::ReluBias, ""),
             Pattern::GemmBias => (LtEpilogue::Bias, ""),
@@ -348,6 +353,7 @@ pub fn bench_pattern<T: BenchElement>(
         let (g, be) = (vec_of(c.gamma.get(i), k)?, vec_of(c.beta.get(i), k)?);
         let mut y = TensorMut::new(c.ours.get_mut(i), [m, n])?;
         match pattern {
+            Pattern::Gemm => kernels::gemm(stream, &x, &w, &mut y),
             Pattern::GemmBiasGelu => kernels::gemm_bias_gelu(stream, &x, &w, &b, &mut y),
             Pattern::GemmBiasRelu => kernels::gemm_bias_relu(stream, &x, &w, &b, &mut y),
             Pattern::GemmBias => kernels::gemm_bias(stream, &x, &w, &b, &mut y),
