@@ -1,9 +1,11 @@
 // The sm90 mainloop (H100, H200; built as sm_90a): a persistent,
 // warp-specialized GEMM on wgmma and TMA.
 //
-// One CTA per SM walks output tiles in grouped order (gemm.cuh); with fewer
-// tiles than SMs, several CTAs may share a tile's k-blocks (split-K, see
-// StreamK) and the last of them sums their partial tiles. A CTA's threads
+// One CTA per SM walks output tiles in grouped order (gemm.cuh). Where the
+// tiles do not fill the SMs evenly, several CTAs may share a tile's k-blocks
+// (split-K with fewer tiles than SMs, stream-K over the last wave
+// otherwise; see StreamK and plan_stream_k) and the last of them sums their
+// partial tiles. A CTA's threads
 // form a producer warp group and one or two consumer warp groups, and
 // setmaxnreg moves registers from the first (40) to the others (232):
 //  - the producer (one elected thread) issues TMA loads of A and B tiles
@@ -36,6 +38,8 @@
 #include <stdint.h>
 
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -213,28 +217,31 @@ struct Mainloop {
   };
 
   // Stream-K (cooperative schedule, one CTA per cluster; plan_stream_k
-  // decides when): tiles [dp_tiles, tiles) in grouped order are split by
-  // k-blocks, evenly over the grid. CTA b takes k-blocks
-  // [b U / grid, (b + 1) U / grid) of those tiles laid end to end. A tile
-  // it covers only in part is either
+  // decides when): tiles [0, dp_tiles) run whole, the same number on every
+  // CTA; tiles [dp_tiles, tiles) in grouped order are split by k-blocks,
+  // evenly over the grid. CTA b takes k-blocks [b U / grid, (b + 1) U / grid)
+  // of those tiles laid end to end, after its whole tiles. A tile it covers
+  // only in part is either
   //  - a Partial piece (the range ends inside the tile): its f32
   //    accumulators go to the CTA's slot of `partials` and its flag is
-  //    raised; every CTA has at most one, and runs it first, or
+  //    raised; every CTA has at most one, and runs it before its other
+  //    stream-K pieces, or
   //  - a Finish piece (the range starts inside the tile and reaches its
   //    end): it waits for the flags of the lower CTAs that hold the tile's
   //    earlier k-blocks, adds their partials, lowers the flags again and
   //    runs the epilogue.
   // Finish pieces wait only on lower CTAs, which run their Partial piece
-  // before anything that waits, so the grid always makes progress as long
+  // before anything that waits, and every CTA of the grid is resident at
+  // once (one per SM), so the grid always makes progress as long
   // as CTAs are dispatched in index order (what CUDA does in practice and
   // stream-K implementations rely on; the programming model does not
   // promise it). Flags are
-  // 0 at rest: each launch raises and lowers the ones it uses. Today only
-  // split-K uses this (dp_tiles 0, fewer tiles than SMs).
+  // 0 at rest: each launch raises and lowers the ones it uses. With fewer
+  // tiles than SMs this is split-K (dp_tiles 0, every tile split alike).
   struct StreamK {
     int dp_tiles = 0;  // tiles [0, dp_tiles) run whole: CTA b takes b, b + grid, ...
     int units = 0;     // k-blocks of tiles [dp_tiles, tiles); 0: no stream-K (units * grid < 2^31)
-    float* partials = nullptr;  // [grid][kConsumers][kMmaM * kAccumulators][128 threads]
+    float* partials = nullptr;  // [grid][kConsumers][kMmaM * kAccumulators / 4][128 threads] float4s
     uint32_t* flags = nullptr;  // [grid][kConsumers]
   };
 
@@ -242,11 +249,11 @@ struct Mainloop {
                 "the stream-K piece list outgrew its bytes");
 
   // Thread 0 writes this CTA's stream-K pieces to shared memory before the
-  // first barrier, in the order they run: the Partial one, the tiles its
-  // range covers whole, and last the Finish one, after the whole tiles
-  // (stream-K's and data-parallel ones), so that the lower CTAs it waits on
-  // have had all that time to publish. (Run right after the Partial piece,
-  // a Finish piece waited for up to a tile's k-blocks on an H200.) The
+  // first barrier, in the order they run (after the data-parallel tiles,
+  // see piece): the Partial one, the tiles its range covers whole, and last
+  // the Finish one, so that the lower CTAs it waits on have had all that
+  // time to publish. (Run right after the Partial piece, a Finish piece
+  // waited for up to a tile's k-blocks on an H200.) The
   // producer and the consumers read the list from there, which keeps the
   // bookkeeping out of the registers (the producer runs in 40, the
   // consumers hold 128 accumulators). 32-bit: plan_stream_k keeps
@@ -280,25 +287,35 @@ struct Mainloop {
     s.pieces[kMaxStreamKPieces - 1] = finish;
   }
 
-  // Piece i of this CTA's work, false past the last: the listed stream-K
-  // pieces, its whole tiles, then the Finish piece if there is one. A
-  // function of i alone, so that only i stays in registers.
+  // Piece i of this CTA's work, false past the last: its whole
+  // data-parallel tiles, then the listed stream-K pieces, then the Finish
+  // piece if there is one. The data-parallel tiles come first so that every
+  // CTA runs its waves in step with the others (each wave reads the same
+  // k-slices of A and B at about the same time, which L2 serves once), and
+  // the stream-K pieces, which differ in length, only after the last wave.
+  // A function of i alone, so that only i stays in registers.
   static __device__ __forceinline__ bool piece(const Smem& s, const TileWalk& walk, int kb, int i, WorkPiece& w) {
-    const int listed = s.piece_count[0], whole = s.piece_count[1];
-    if (i < listed) {
-      w = s.pieces[i];
+    const int whole = s.piece_count[1], listed = s.piece_count[0];
+    if (i < whole) {
+      w = {walk.first + i * walk.stride, 0, kb, Piece::Whole, 0};
       return true;
     }
-    if (i < listed + whole) {
-      w = {walk.first + (i - listed) * walk.stride, 0, kb, Piece::Whole, 0};
+    if (i < whole + listed) {
+      w = s.pieces[i - whole];
       return true;
     }
-    if (i == listed + whole && s.piece_count[2] != 0) {
+    if (i == whole + listed && s.piece_count[2] != 0) {
       w = s.pieces[kMaxStreamKPieces - 1];
       return true;
     }
     return false;
   }
+
+  // A slot of `partials` holds one consumer's accumulators as float4s,
+  // [kMmaM * kAccumulators / 4][128 threads], so that each warp reads and
+  // writes 512 contiguous bytes per instruction.
+  static constexpr int kPartialVectors = kMmaM * kAccumulators / 4;
+  static_assert(kAccumulators % 4 == 0, "partials move as float4s");
 
   // Stores a Partial piece's accumulators to this CTA's slot and raises its
   // flag (per consumer warp group).
@@ -306,11 +323,13 @@ struct Mainloop {
                                                  const float (&acc)[kMmaM][kAccumulators]) {
     const int thread = threadIdx.x % 128;
     const int64_t slot = int64_t(blockIdx.x) * kConsumers + consumer;
-    float* out = sk.partials + slot * (kMmaM * kAccumulators * 128) + thread;
+    float4* out = reinterpret_cast<float4*>(sk.partials) + slot * (kPartialVectors * 128) + thread;
 #pragma unroll
     for (int mi = 0; mi < kMmaM; ++mi)
 #pragma unroll
-      for (int j = 0; j < kAccumulators; ++j) __stcg(out + (mi * kAccumulators + j) * 128, acc[mi][j]);
+      for (int j = 0; j < kAccumulators; j += 4)
+        __stcg(out + (mi * kAccumulators + j) / 4 * 128,
+               make_float4(acc[mi][j], acc[mi][j + 1], acc[mi][j + 2], acc[mi][j + 3]));
     named_barrier_sync(1 + consumer, 128);
     if (thread == 0) {
       __threadfence();
@@ -331,11 +350,17 @@ struct Mainloop {
         __threadfence();
       }
       named_barrier_sync(1 + consumer, 128);
-      const float* in = sk.partials + slot * (kMmaM * kAccumulators * 128) + thread;
+      const float4* in = reinterpret_cast<const float4*>(sk.partials) + slot * (kPartialVectors * 128) + thread;
 #pragma unroll
       for (int mi = 0; mi < kMmaM; ++mi)
 #pragma unroll
-        for (int j = 0; j < kAccumulators; ++j) acc[mi][j] += __ldcg(in + (mi * kAccumulators + j) * 128);
+        for (int j = 0; j < kAccumulators; j += 4) {
+          const float4 v = __ldcg(in + (mi * kAccumulators + j) / 4 * 128);
+          acc[mi][j] += v.x;
+          acc[mi][j + 1] += v.y;
+          acc[mi][j + 2] += v.z;
+          acc[mi][j + 3] += v.w;
+        }
     }
   }
 
@@ -549,10 +574,10 @@ struct Mainloop {
         mma_tile(s, consumer, w.k_count, ring, acc);
         if (w.piece == Piece::Partial) {
           publish(sk, consumer, acc);
-          continue;
+        } else {
+          if (w.piece == Piece::Finish) gather(sk, consumer, w.first, acc);
+          store_tile<Epilogue>(s, consumer, walk.tile(w.unit), acc, map_c, args);
         }
-        if (w.piece == Piece::Finish) gather(sk, consumer, w.first, acc);
-        store_tile<Epilogue>(s, consumer, walk.tile(w.unit), acc, map_c, args);
       }
     }
     // Shared memory must outlive the last stores' reads of it.
@@ -642,6 +667,16 @@ cudaError_t encode_matrix(CUtensorMap* map, const T* base, int64_t rows, int64_t
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
+// False when FUSION_STREAM_K=0 is set: every tile then runs whole on one
+// CTA, and no scratch is allocated. Read once per process.
+inline bool stream_k_allowed() {
+  static const bool allowed = [] {
+    const char* value = std::getenv("FUSION_STREAM_K");
+    return value == nullptr || std::strcmp(value, "0") != 0;
+  }();
+  return allowed;
+}
+
 // Stream-K scratch of one (device, stream): the flags (zeroed when
 // allocated; each launch leaves the ones it uses at 0) and the partial
 // tiles. Launches on one stream run one after another and share it; other
@@ -704,37 +739,55 @@ inline cudaError_t stream_k_scratch(int device, cudaStream_t stream, size_t part
 
 }  // namespace detail
 
-// When a launch has fewer tiles than SMs, split-K: each tile over
-// s = SMs / tiles CTAs (grid = tiles * s), whose equal shares of its
-// k-blocks run side by side, when that cuts the busiest CTA's k-blocks by
-// more than a fixup costs (publishing or gathering a partial tile, counted
-// as kFixupBlocks k-blocks) and leaves each CTA at least kMinBlocks. At
-// (128, 4096, 14336) with 64x128 tiles (64 tiles of 224 k-blocks on 132
-// SMs) every CTA runs half a tile.
-//
-// The same machinery can split the last wave of a larger launch (stream-K
-// proper: the last full wave and the remainder over all SMs), and
-// plan_pieces orders pieces for it, but on an H200 that measured slower,
-// not faster: 0.93 of cuBLASLt at 4096^3 against 0.99 without, 0.72 at
-// (8192, 4096, 14336) against 1.00 (BENCHMARKS.md), for a cause not yet
-// found. So launches with at least as many tiles as SMs run every tile
-// whole.
+// How a launch's k-blocks are spread over the SMs (s: SMs, t: tiles).
+//  - t < s: split-K. Each tile goes to s / t CTAs (grid t * (s / t)),
+//    whose equal shares of its k-blocks run side by side. At
+//    (128, 4096, 14336) with 64x128 tiles (64 tiles of 224 k-blocks on 132
+//    SMs) every CTA runs half a tile.
+//  - t >= s, t not a multiple of s: stream-K for the last wave. Every CTA
+//    runs t / s tiles whole, then an equal share of the k-blocks of the
+//    remaining t % s tiles, which would otherwise leave s - t % s SMs idle
+//    for a whole tile. When the remainder is under half a wave, the last
+//    full wave joins it, so that a tile is shared by at most three CTAs
+//    and no CTA's share is a sliver (each partial a finisher gathers costs
+//    as much as a few k-blocks).
+// Either is used only when it cuts the busiest CTA's k-blocks by more than
+// its fixups cost (publishing and gathering partial tiles, counted as
+// kFixupBlocks k-blocks each) and leaves each CTA at least kMinBlocks. On an
+// H200 at 4096^3 (64 k-blocks of ~0.68 us per 128x256 tile), publishing a
+// partial tile took ~3.7 us and gathering one added ~2.2 us to the
+// finishing CTA's epilogue (kernels/selftest --trace, with scalar moves;
+// BENCHMARKS.md), about 9 k-blocks for the pair. There the remainder's
+// share, 57 k-blocks against 64, gains less than that: stream-K measured
+// 0.967-0.969 of cuBLASLt against 0.975 without, and is refused. At 8192^3
+// and (8192, 14336, 4096) it gained 1-2%, at (8192, 4096, 14336) nothing
+// measurable.
+// FUSION_STREAM_K=0 in the environment turns both off.
 template <typename T, LayoutB kLayout, typename Config>
 typename Mainloop<T, kLayout, Config>::StreamK Mainloop<T, kLayout, Config>::plan_stream_k(int64_t tiles,
                                                                                            int64_t k_blocks,
                                                                                            int64_t sms,
                                                                                            int64_t* grid) {
-  constexpr int64_t kFixupBlocks = 2, kMinBlocks = 4;
+  constexpr int64_t kFixupBlocks = 4, kMinBlocks = 4;
   StreamK sk;
   *grid = tiles < sms ? tiles : sms;
   if (kPingPong || kClusterM > 1 || sms * kConsumers * 4 > int64_t(detail::kStreamKFlagBytes)) return sk;
-  if (tiles >= sms) return sk;
-  const int64_t ctas = tiles * (sms / tiles);
-  const int64_t per_cta = (tiles * k_blocks + ctas - 1) / ctas;
-  if (ctas == tiles || per_cta < kMinBlocks || per_cta + kFixupBlocks >= k_blocks ||
-      (tiles * k_blocks + 1) * ctas >= INT32_MAX)
+  if (!detail::stream_k_allowed() || tiles <= 0 || sms <= 0) return sk;
+  int64_t split_tiles = tiles, ctas = tiles * (sms / tiles);
+  if (tiles >= sms) {
+    split_tiles = tiles % sms;
+    if (split_tiles == 0) return sk;
+    if (2 * split_tiles < sms) split_tiles += sms;
+    ctas = sms;
+  }
+  if (ctas == split_tiles) return sk;
+  const int64_t per_cta = (split_tiles * k_blocks + ctas - 1) / ctas;
+  const int64_t whole = (split_tiles + ctas - 1) / ctas * k_blocks;  // the busiest CTA's k-blocks without it
+  if (per_cta < kMinBlocks || per_cta + 2 * kFixupBlocks >= whole ||
+      (split_tiles * k_blocks + 1) * ctas >= INT32_MAX)
     return sk;
-  sk.units = int(tiles * k_blocks);
+  sk.dp_tiles = int(tiles - split_tiles);
+  sk.units = int(split_tiles * k_blocks);
   *grid = ctas;
   return sk;
 }
