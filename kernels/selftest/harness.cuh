@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -92,31 +93,53 @@ static __global__ void spin_kernel(uint64_t ns) {
   } while (now - start < ns);
 }
 
-// Median time of `launch(i % 4)` in microseconds over `reps` runs, each
-// between two events, after 3 warm-up calls (module load, JIT, heuristics,
-// clocks); the 4 rotating input sets keep any one out of L2 between runs.
-template <typename Launch>
-double median_us(int reps, Launch&& launch) {
-  for (int i = 0; i < 3; ++i) launch(i % 4);
+// Median times in microseconds of `reps` timed rounds of calls, after 3
+// warm-up rounds: each round calls every contender once, in order, contender
+// j of n in round r on input set (n r + j) % 4, each call between two
+// events. With two contenders each reads its own two of the 4 rotating input
+// sets, and both see the same clocks: on an H200 the long shapes drift
+// 5-10% from one block of calls to the next, which moved a ratio of two
+// separately timed blocks as much.
+inline std::vector<double> median_rounds_us(int reps, const std::vector<std::function<void(int)>>& contenders) {
+  const int n = int(contenders.size());
+  for (int r = 0; r < 3; ++r)
+    for (int j = 0; j < n; ++j) contenders[size_t(j)]((n * r + j) % 4);
   CHECK_CUDA(cudaDeviceSynchronize());
-  std::vector<cudaEvent_t> ev(size_t(2 * reps));
+  std::vector<cudaEvent_t> ev(size_t(reps * n + 1));
   for (auto& e : ev) CHECK_CUDA(cudaEventCreate(&e));
   spin_kernel<<<1, 1>>>(20ull * 1000 * 1000);
   CHECK_CUDA(cudaGetLastError());
-  for (int i = 0; i < reps; ++i) {
-    CHECK_CUDA(cudaEventRecord(ev[size_t(2 * i)]));
-    launch(i % 4);
-    CHECK_CUDA(cudaEventRecord(ev[size_t(2 * i + 1)]));
-  }
+  CHECK_CUDA(cudaEventRecord(ev[0]));
+  for (int r = 0; r < reps; ++r)
+    for (int j = 0; j < n; ++j) {
+      contenders[size_t(j)]((n * r + j) % 4);
+      CHECK_CUDA(cudaEventRecord(ev[size_t(n * r + j + 1)]));
+    }
   CHECK_CUDA(cudaDeviceSynchronize());
-  std::vector<float> ms(static_cast<size_t>(reps));
-  for (int i = 0; i < reps; ++i) {
-    float* slot = ms.data() + i;
-    CHECK_CUDA(cudaEventElapsedTime(slot, ev[size_t(2 * i)], ev[size_t(2 * i + 1)]));
+  std::vector<double> medians;
+  for (int j = 0; j < n; ++j) {
+    std::vector<float> ms(static_cast<size_t>(reps));
+    for (int r = 0; r < reps; ++r) {
+      float* slot = ms.data() + r;
+      CHECK_CUDA(cudaEventElapsedTime(slot, ev[size_t(n * r + j)], ev[size_t(n * r + j + 1)]));
+    }
+    std::sort(ms.begin(), ms.end());
+    medians.push_back(1000.0 * ms[ms.size() / 2]);
   }
   for (auto& e : ev) CHECK_CUDA(cudaEventDestroy(e));
-  std::sort(ms.begin(), ms.end());
-  return 1000.0 * ms[ms.size() / 2];
+  return medians;
+}
+
+// Median time of `launch(i % 4)` alone.
+inline double median_us(int reps, const std::function<void(int)>& launch) {
+  return median_rounds_us(reps, {launch})[0];
+}
+
+// Median times of two contenders, alternating call by call.
+inline std::pair<double, double> median_pair_us(int reps, const std::function<void(int)>& a,
+                                                const std::function<void(int)>& b) {
+  const std::vector<double> m = median_rounds_us(reps, {a, b});
+  return {m[0], m[1]};
 }
 
 // cuBLASLt on f16: C[M,N] = epilogue(A[M,K] @ W[N,K]^T + bias), row-major,

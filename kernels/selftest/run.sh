@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the kernel self-test and runs it.
 #
-#   kernels/selftest/run.sh [--ptx] [selftest args: --quick --bench --filter=S --seed=N --no-check]
+#   kernels/selftest/run.sh [--ptx] [selftest args: --quick --bench --trace --filter=S --seed=N --no-check]
 #
 # Three executables, because on an sm_90 GPU the sm_80/sm_75 *machine code*
 # never runs; the older paths run there only as PTX that the driver compiles:
@@ -10,7 +10,9 @@
 #   selftest_ptx80   compute_80 PTX only: sm80 + sm75 paths through the JIT
 #   selftest_ptx75   compute_75 PTX only: the sm75 path through the JIT
 # --ptx (or FUSION_SELFTEST_PTX=1) also runs the two PTX builds
-# after the main one (their --bench is dropped); the loaded-kernel report
+# after the main one (their --bench is dropped); --trace builds the main
+# executable with the sm90 mainloop's timeline stamps (-DFUSION_SM90_TRACE,
+# which a library build never sets); the loaded-kernel report
 # at the top of their output shows ptx=80 or 75 and sass=<the GPU>.
 # Environment: NVCC (default: nvcc on PATH, else /usr/local/cuda/bin/nvcc),
 # FUSION_SELFTEST_BUILD (build directory, default target/kernels-selftest).
@@ -19,8 +21,10 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 
 run_ptx=${FUSION_SELFTEST_PTX:-0}
 args=()
+trace=()
 for a in "$@"; do
   if [[ "$a" == "--ptx" ]]; then run_ptx=1; else args+=("$a"); fi
+  if [[ "$a" == "--trace" ]]; then trace=(-DFUSION_SM90_TRACE); fi
 done
 
 NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
@@ -30,7 +34,7 @@ common=(-O3 -std=c++17 -lineinfo -I kernels/include kernels/selftest/selftest.cu
 "$NVCC" --version | tail -2
 
 echo "== building (logs in $build/*.log)"
-"$NVCC" "${common[@]}" -DFUSION_SELFTEST_SM90=1 -Xptxas -v --threads 0 \
+"$NVCC" "${common[@]}" "${trace[@]}" -DFUSION_SELFTEST_SM90=1 -Xptxas -v --threads 0 \
   -gencode arch=compute_90a,code=sm_90a \
   -gencode arch=compute_80,code=compute_80 \
   -gencode arch=compute_75,code=compute_75 \

@@ -126,12 +126,13 @@ using harness::DeviceBuffer;
 using harness::LtGemm;
 using harness::Shape;
 using harness::fill_random_kernel;
-using harness::median_us;
+using harness::median_pair_us;
 
 struct Options {
   bool quick = false;
   bool bench = false;
   bool check = true;
+  bool trace = false;
   uint64_t seed = 0x5eed;
   std::string filter;
 };
@@ -828,8 +829,9 @@ BenchVariant variant(const char* name) {
 }
 
 #if FUSION_SELFTEST_SM90
-template <int BM, int BN, int kStages, sm90::Schedule kSchedule, int kClusterM = 1>
-using Sm90Variant = sm90::Mainloop<__half, LayoutB::NK, sm90::TileConfig<BM, BN, kStages, kSchedule, kClusterM>>;
+template <int BM, int BN, int kStages, sm90::Schedule kSchedule, int kClusterM = 1, int kGroupRows = 8>
+using Sm90Variant =
+    sm90::Mainloop<__half, LayoutB::NK, sm90::TileConfig<BM, BN, kStages, kSchedule, kClusterM, kGroupRows>>;
 constexpr sm90::Schedule kCoop = sm90::Schedule::Cooperative, kPingPong = sm90::Schedule::PingPong;
 
 // How many clusters of the 2-CTA variants can be resident at once (a
@@ -925,7 +927,6 @@ void bench(const Options& opt, int sm_count) {
     const Case cases[] = {{"bias_gelu vs cuBLASLt GELU_BIAS", CUBLASLT_EPILOGUE_GELU_BIAS},
                           {"bias_relu vs cuBLASLt RELU_BIAS", CUBLASLT_EPILOGUE_RELU_BIAS},
                           {"bias vs cuBLASLt BIAS", CUBLASLT_EPILOGUE_BIAS}};
-    double lt_gelu_us = 0.0;
     for (const Case& c : cases) {
       LtGemm::Plan plan = lt.plan(s, c.lt_epilogue, sets[0].bias.ptr);
       std::function<void(int)> ours;
@@ -941,40 +942,43 @@ void bench(const Options& opt, int sm_count) {
       CHECK_CUDA(cudaDeviceSynchronize());
       std::printf("  %-34s ours (%s) vs cuBLASLt output rel diff %.2e\n", c.what, cfg.c_str(),
                   rel_diff(ours_out.ptr, sets[0].c.ptr, ours_out.count));
-      const double ours_us = median_us(reps, ours);
-      const double lt_us = median_us(reps, [&](int i) {
+      const auto lt_run = [&](int i) {
         const BenchSet& set = sets[size_t(i)];
         lt.run(plan, set.a.ptr, set.b.ptr, set.bias.ptr, set.c.ptr);
-      });
-      if (c.lt_epilogue == CUBLASLT_EPILOGUE_GELU_BIAS) lt_gelu_us = lt_us;
+      };
+      const auto [ours_us, lt_us] = median_pair_us(reps, ours, lt_run);
       rows.push_back({shape_label(s), c.what, cfg, ours_us, lt_us, flops});
+      // Every tile config on the headline composition, to keep the
+      // heuristic honest, each timed beside cuBLASLt again.
+      if (c.lt_epilogue == CUBLASLT_EPILOGUE_GELU_BIAS) {
+        for (const BenchVariant& v : bench_variants()) {
+          const auto [us, base_us] = median_pair_us(reps, [&](int i) { v.gelu(sets[size_t(i)], s); }, lt_run);
+          rows.push_back(
+              {shape_label(s), std::string("bias_gelu ") + v.name + " vs LtGELU", v.name, us, base_us, flops});
+        }
+      }
       LtGemm::destroy(plan);
-    }
-    // Every tile config on the headline composition, to keep the heuristic honest.
-    for (const BenchVariant& v : bench_variants()) {
-      const double us = median_us(reps, [&](int i) { v.gelu(sets[size_t(i)], s); });
-      rows.push_back({shape_label(s), std::string("bias_gelu ") + v.name + " vs LtGELU", v.name, us, lt_gelu_us, flops});
     }
     // Plain GEMM against cublasGemmEx.
     {
-      const double ours_us = median_us(reps, ours_with(EpilogueChain<>{}));
       const float alpha = 1.0f, beta = 0.0f;
-      const double blas_us = median_us(reps, [&](int i) {
+      const auto blas_run = [&](int i) {
         const BenchSet& set = sets[size_t(i)];
         CHECK_CUBLAS(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, int(s.n), int(s.m), int(s.k), &alpha, set.b.ptr,
                                   CUDA_R_16F, int(s.k), set.a.ptr, CUDA_R_16F, int(s.k), &beta, set.c.ptr, CUDA_R_16F,
                                   int(s.n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-      });
+      };
+      const auto [ours_us, blas_us] = median_pair_us(reps, ours_with(EpilogueChain<>{}), blas_run);
       rows.push_back({shape_label(s), "gemm vs cublasGemmEx", cfg, ours_us, blas_us, flops});
       for (const BenchVariant& v : bench_variants()) {
-        const double us = median_us(reps, [&](int i) { v.plain(sets[size_t(i)], s); });
-        rows.push_back({shape_label(s), std::string("gemm ") + v.name + " vs cublas", v.name, us, blas_us, flops});
+        const auto [us, base_us] = median_pair_us(reps, [&](int i) { v.plain(sets[size_t(i)], s); }, blas_run);
+        rows.push_back({shape_label(s), std::string("gemm ") + v.name + " vs cublas", v.name, us, base_us, flops});
       }
     }
   }
   CHECK_CUBLAS(cublasDestroy(blas));
 
-  std::printf("\nbenchmark (%s mainloop, f16, B as [N,K], f32 accumulate; median of %d runs, 4 rotating input sets)\n",
+  std::printf("\nbenchmark (%s mainloop, f16, B as [N,K], f32 accumulate; median of %d runs, each alternating call by call with its baseline; 4 rotating input sets)\n",
               kBenchArch, reps);
   std::printf("%-22s %-38s %-8s %10s %10s %7s %9s %9s\n", "shape (M,N,K)", "composition vs baseline", "tile",
               "ours us", "base us", "ratio", "ours TF/s", "base TF/s");
@@ -986,6 +990,96 @@ void bench(const Options& opt, int sm_count) {
   report_cluster_occupancy(sm_count);
 }
 #endif  // FUSION_SELFTEST_SM80
+
+#ifdef FUSION_SM90_TRACE
+// --trace (built with -DFUSION_SM90_TRACE): one launch of the large sm90
+// tile with bias + GELU per shape, after warm-up, with the mainloop's
+// per-CTA %globaltimer stamps (sm90/mainloop.cuh), summarised across CTAs
+// in microseconds from the earliest CTA start.
+template <typename Epilogue>
+void trace_one(const char* what, const BenchSet& set, Shape s) {
+  constexpr int kSlots = sm90::trace::kSlots, kPer = sm90::trace::kPerPiece;
+  using ML = Sm90Large<__half, LayoutB::NK>;
+  for (int i = 0; i < 5; ++i) launch_ours<ML, Epilogue>(set, s);
+  const int ctas = 1024;
+  DeviceBuffer<uint64_t> stamps(size_t(ctas) * kSlots);
+  CHECK_CUDA(cudaMemset(stamps.ptr, 0, stamps.count * sizeof(uint64_t)));
+  CHECK_CUDA(cudaMemcpyToSymbol(sm90::trace::buffer, &stamps.ptr, sizeof(uint64_t*)));
+  cudaEvent_t e0, e1;
+  CHECK_CUDA(cudaEventCreate(&e0));
+  CHECK_CUDA(cudaEventCreate(&e1));
+  CHECK_CUDA(cudaEventRecord(e0));
+  launch_ours<ML, Epilogue>(set, s);
+  CHECK_CUDA(cudaEventRecord(e1));
+  CHECK_CUDA(cudaDeviceSynchronize());
+  float ms = 0.0f;
+  CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+  uint64_t* none = nullptr;
+  CHECK_CUDA(cudaMemcpyToSymbol(sm90::trace::buffer, &none, sizeof(uint64_t*)));
+  std::vector<uint64_t> h(stamps.count);
+  CHECK_CUDA(cudaMemcpy(h.data(), stamps.ptr, h.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaEventDestroy(e0));
+  CHECK_CUDA(cudaEventDestroy(e1));
+  int used = 0;
+  while (used < ctas && h[size_t(used) * kSlots] != 0) ++used;
+  uint64_t t0 = UINT64_MAX;
+  for (int b = 0; b < used; ++b) t0 = std::min(t0, h[size_t(b) * kSlots]);
+  auto summary = [&](const std::string& label, std::vector<double> v) {
+    if (v.empty()) return;
+    std::sort(v.begin(), v.end());
+    std::printf("  %-30s n=%4zu min %8.2f  median %8.2f  max %8.2f\n", label.c_str(), v.size(), v.front(),
+                v[v.size() / 2], v.back());
+  };
+  std::printf("trace %s %s: %d CTAs, event time %.1f us\n", what, shape_label(s).c_str(), used, 1000.0 * ms);
+  auto at = [&](int b, int slot) { return h[size_t(b) * kSlots + size_t(slot)]; };
+  std::vector<double> starts, ends;
+  for (int b = 0; b < used; ++b) {
+    starts.push_back(double(at(b, 0) - t0) * 1e-3);
+    uint64_t last = 0;
+    for (int slot = 1; slot < kSlots; ++slot) last = std::max(last, at(b, slot));
+    ends.push_back(double(last - t0) * 1e-3);
+  }
+  summary("CTA start", starts);
+  const char* phases[] = {"K loop", "chain", "staging", "store issue"};
+  for (int piece = 0; 1 + kPer * (piece + 1) <= kSlots; ++piece) {
+    const int base = 1 + kPer * piece;
+    std::vector<double> begin, dur[4];
+    for (int b = 0; b < used; ++b) {
+      if (at(b, base) == 0 || at(b, base + 4) == 0) continue;
+      begin.push_back(double(at(b, base) - t0) * 1e-3);
+      // A Partial piece stamps only its K loop and its end (publish).
+      const bool stored = at(b, base + 2) != 0;
+      dur[0].push_back(double(at(b, base + 1) - at(b, base)) * 1e-3);
+      if (stored) {
+        dur[1].push_back(double(at(b, base + 2) - at(b, base + 1)) * 1e-3);
+        dur[2].push_back(double(at(b, base + 3) - at(b, base + 2)) * 1e-3);
+        dur[3].push_back(double(at(b, base + 4) - at(b, base + 3)) * 1e-3);
+      } else {
+        dur[3].push_back(double(at(b, base + 4) - at(b, base + 1)) * 1e-3);
+      }
+    }
+    if (begin.empty()) break;
+    summary("piece " + std::to_string(piece) + " start", begin);
+    for (int ph = 0; ph < 4; ++ph) summary("piece " + std::to_string(piece) + " " + phases[ph], dur[ph]);
+  }
+  summary("CTA end", ends);
+}
+
+void trace_timelines() {
+  for (const Shape s : std::vector<Shape>{{4096, 4096, 4096}, {8192, 4096, 14336}}) {
+    BenchSet set;
+    set.a = DeviceBuffer<__half>(size_t(s.m * s.k));
+    set.b = DeviceBuffer<__half>(size_t(s.n * s.k));
+    set.bias = DeviceBuffer<__half>(size_t(s.n));
+    set.c = DeviceBuffer<__half>(size_t(s.m * s.n));
+    fill_random_kernel<<<1024, 256>>>(set.a.ptr, set.a.count, 11, 1.0f);
+    fill_random_kernel<<<1024, 256>>>(set.b.ptr, set.b.count, 12, 1.0f / std::sqrt(float(s.k)));
+    fill_random_kernel<<<1024, 256>>>(set.bias.ptr, set.bias.count, 13, 1.0f);
+    trace_one<EpilogueChain<Bias, Gelu>>("bias+gelu", set, s);
+    trace_one<EpilogueChain<>>("bare", set, s);
+  }
+}
+#endif
 
 void print_device(int& sm_count) {
   int device = 0, driver = 0, runtime = 0;
@@ -1014,14 +1108,16 @@ int main(int argc, char** argv) {
     if (arg == "--quick") opt.quick = true;
     else if (arg == "--bench") opt.bench = true;
     else if (arg == "--no-check") opt.check = false;
+    else if (arg == "--trace") opt.trace = true;
     else if (arg.rfind("--filter=", 0) == 0) opt.filter = arg.substr(9);
     else if (arg.rfind("--seed=", 0) == 0) opt.seed = std::strtoull(arg.c_str() + 7, nullptr, 0);
     else {
       std::fprintf(stderr,
-                   "usage: %s [--quick] [--bench] [--no-check] [--filter=SUBSTRING] [--seed=N]\n"
+                   "usage: %s [--quick] [--bench] [--no-check] [--trace] [--filter=SUBSTRING] [--seed=N]\n"
                    "  --quick      a short run: fewer compositions at 4096^3, two benchmark shapes\n"
                    "  --bench      time against cuBLASLt fused epilogues and cuBLAS (sm80 builds)\n"
                    "  --no-check   skip the correctness checks\n"
+                   "  --trace      per-CTA timelines of the large sm90 tile (built with -DFUSION_SM90_TRACE)\n"
                    "  --filter=S   run only checks whose name contains S\n",
                    argv[0]);
       return 2;
@@ -1050,6 +1146,9 @@ int main(int argc, char** argv) {
                 totals.failed, kTolerance);
     for (const std::string& f : totals.failures) std::printf("  failed: %s\n", f.c_str());
   }
+#ifdef FUSION_SM90_TRACE
+  if (opt.trace) trace_timelines();
+#endif
 #if FUSION_SELFTEST_SM80
   if (opt.bench) bench(opt, sm_count);
 #else

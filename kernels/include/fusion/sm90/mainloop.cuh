@@ -53,6 +53,27 @@
 namespace fusion {
 namespace sm90 {
 
+#ifdef FUSION_SM90_TRACE
+// Development only (kernels/selftest --trace): %globaltimer stamps, kSlots
+// per CTA. Slot 0: the kernel starts; for piece i, slots 1 + 5i to 5 + 5i:
+// consumer 0 starts its K loop, ends it, ends the epilogue chain, has
+// written the staging tile, ends the epilogue.
+namespace trace {
+constexpr int kSlots = 128, kPerPiece = 5;
+__device__ uint64_t* buffer = nullptr;
+__device__ __forceinline__ void stamp(int slot) {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  if (buffer != nullptr && slot < kSlots) buffer[int64_t(blockIdx.x) * kSlots + slot] = t;
+}
+}  // namespace trace
+#define FUSION_SM90_STAMP(piece, phase) ::fusion::sm90::trace::stamp(1 + 5 * (piece) + (phase))
+#define FUSION_SM90_STAMP_START() ::fusion::sm90::trace::stamp(0)
+#else
+#define FUSION_SM90_STAMP(piece, phase) ((void)0)
+#define FUSION_SM90_STAMP_START() ((void)0)
+#endif
+
 // How the consumer warp groups share the work.
 //  - Cooperative: BM/64 consumers split every tile by rows, 64 each.
 //  - PingPong: two consumers take alternate tiles, each a whole BM x BN
@@ -503,7 +524,7 @@ struct Mainloop {
   template <typename Epilogue>
   static __device__ __forceinline__ void store_tile(const Smem& s, int consumer, TileCoord tile,
                                                     float (&acc)[kMmaM][kAccumulators], const CUtensorMap* map_c,
-                                                    const GemmArgs<T>& args) {
+                                                    const GemmArgs<T>& args, [[maybe_unused]] int trace_piece = 0) {
     const int thread = threadIdx.x % 128;
     const int warp = thread / 32, lane = thread % 32;
     const int row_in_block = warp * 16 + lane / 4;  // and row_in_block + 8
@@ -515,6 +536,8 @@ struct Mainloop {
       apply_chain<Epilogue, false>(acc, m_base, tile.n0, rows, cols, args);
     else
       apply_chain<Epilogue, true>(acc, m_base, tile.n0, rows, cols, args);
+    [[maybe_unused]] const bool tracer = consumer == 0 && thread == 0;
+    if (tracer) FUSION_SM90_STAMP(trace_piece, 2);
     unsigned char* staging = s.staging + consumer * (kRows * BN * 2);
     // The previous tile's stores must have read the staging tile.
     if (thread == 0) bulk_wait_read();
@@ -536,6 +559,7 @@ struct Mainloop {
     }
     fence_proxy_async();
     named_barrier_sync(1 + consumer, 128);
+    if (tracer) FUSION_SM90_STAMP(trace_piece, 3);
     if (thread == 0) {
 #pragma unroll
       for (int mi = 0; mi < kMmaM; ++mi)
@@ -570,14 +594,18 @@ struct Mainloop {
       }
     } else {
       WorkPiece w;
+      [[maybe_unused]] const bool tracer = consumer == 0 && threadIdx.x % 128 == 0;
       for (int i = 0; piece(s, walk, k_blocks, i, w); ++i) {
+        if (tracer) FUSION_SM90_STAMP(i, 0);
         mma_tile(s, consumer, w.k_count, ring, acc);
+        if (tracer) FUSION_SM90_STAMP(i, 1);
         if (w.piece == Piece::Partial) {
           publish(sk, consumer, acc);
         } else {
           if (w.piece == Piece::Finish) gather(sk, consumer, w.first, acc);
-          store_tile<Epilogue>(s, consumer, walk.tile(w.unit), acc, map_c, args);
+          store_tile<Epilogue>(s, consumer, walk.tile(w.unit), acc, map_c, args, i);
         }
+        if (tracer) FUSION_SM90_STAMP(i, 4);
       }
     }
     // Shared memory must outlive the last stores' reads of it.
@@ -603,6 +631,7 @@ __global__ void __launch_bounds__(ML::kThreads, 1)
   const typename ML::Smem s = ML::carve(smem_raw);
   const int group = threadIdx.x / 128;
   if (threadIdx.x == 0) {
+    FUSION_SM90_STAMP_START();
     prefetch_tensor_map(&map_a);
     prefetch_tensor_map(&map_b);
     prefetch_tensor_map(&map_c);
