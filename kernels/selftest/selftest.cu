@@ -781,6 +781,22 @@ struct BenchSet {
   DeviceBuffer<__half> a, b, bias, c;
 };
 
+// One input set for shape s: A ~U(-1, 1), B scaled by 1/sqrt(K), bias
+// ~U(-1, 1), C poisoned; `seed` advances by one per tensor.
+BenchSet random_bench_set(Shape s, uint64_t& seed) {
+  BenchSet set;
+  set.a = DeviceBuffer<__half>(size_t(s.m * s.k));
+  set.b = DeviceBuffer<__half>(size_t(s.n * s.k));
+  set.bias = DeviceBuffer<__half>(size_t(s.n));
+  set.c = DeviceBuffer<__half>(size_t(s.m * s.n));
+  fill_random_kernel<<<1024, 256>>>(set.a.ptr, set.a.count, ++seed, 1.0f);
+  fill_random_kernel<<<1024, 256>>>(set.b.ptr, set.b.count, ++seed, 1.0f / std::sqrt(float(s.k)));
+  fill_random_kernel<<<1024, 256>>>(set.bias.ptr, set.bias.count, ++seed, 1.0f);
+  CHECK_CUDA(cudaGetLastError());
+  set.c.poison();
+  return set;
+}
+
 template <typename Mainloop, typename Epilogue>
 void launch_ours(const BenchSet& set, Shape s) {
   GemmArgs<__half> p{};
@@ -829,9 +845,8 @@ BenchVariant variant(const char* name) {
 }
 
 #if FUSION_SELFTEST_SM90
-template <int BM, int BN, int kStages, sm90::Schedule kSchedule, int kClusterM = 1, int kGroupRows = 8>
-using Sm90Variant =
-    sm90::Mainloop<__half, LayoutB::NK, sm90::TileConfig<BM, BN, kStages, kSchedule, kClusterM, kGroupRows>>;
+template <int BM, int BN, int kStages, sm90::Schedule kSchedule, int kClusterM = 1>
+using Sm90Variant = sm90::Mainloop<__half, LayoutB::NK, sm90::TileConfig<BM, BN, kStages, kSchedule, kClusterM>>;
 constexpr sm90::Schedule kCoop = sm90::Schedule::Cooperative, kPingPong = sm90::Schedule::PingPong;
 
 // How many clusters of the 2-CTA variants can be resident at once (a
@@ -889,18 +904,8 @@ void bench(const Options& opt, int sm_count) {
   for (const Shape s : shapes) {
     std::printf("bench %s ...\n", shape_label(s).c_str());
     std::fflush(stdout);
-    std::vector<BenchSet> sets(4);
-    for (BenchSet& set : sets) {
-      set.a = DeviceBuffer<__half>(size_t(s.m * s.k));
-      set.b = DeviceBuffer<__half>(size_t(s.n * s.k));
-      set.bias = DeviceBuffer<__half>(size_t(s.n));
-      set.c = DeviceBuffer<__half>(size_t(s.m * s.n));
-      fill_random_kernel<<<1024, 256>>>(set.a.ptr, set.a.count, ++seed, 1.0f);
-      fill_random_kernel<<<1024, 256>>>(set.b.ptr, set.b.count, ++seed, 1.0f / std::sqrt(float(s.k)));
-      fill_random_kernel<<<1024, 256>>>(set.bias.ptr, set.bias.count, ++seed, 1.0f);
-      CHECK_CUDA(cudaGetLastError());
-      set.c.poison();
-    }
+    std::vector<BenchSet> sets;
+    for (int i = 0; i < 4; ++i) sets.push_back(random_bench_set(s, seed));
     CHECK_CUDA(cudaDeviceSynchronize());
     const double flops = 2.0 * double(s.m) * double(s.n) * double(s.k);
     // A stand-in for the tuned table's choice: the large tile unless it
@@ -1066,15 +1071,9 @@ void trace_one(const char* what, const BenchSet& set, Shape s) {
 }
 
 void trace_timelines() {
+  uint64_t seed = 10;
   for (const Shape s : std::vector<Shape>{{4096, 4096, 4096}, {8192, 4096, 14336}}) {
-    BenchSet set;
-    set.a = DeviceBuffer<__half>(size_t(s.m * s.k));
-    set.b = DeviceBuffer<__half>(size_t(s.n * s.k));
-    set.bias = DeviceBuffer<__half>(size_t(s.n));
-    set.c = DeviceBuffer<__half>(size_t(s.m * s.n));
-    fill_random_kernel<<<1024, 256>>>(set.a.ptr, set.a.count, 11, 1.0f);
-    fill_random_kernel<<<1024, 256>>>(set.b.ptr, set.b.count, 12, 1.0f / std::sqrt(float(s.k)));
-    fill_random_kernel<<<1024, 256>>>(set.bias.ptr, set.bias.count, 13, 1.0f);
+    const BenchSet set = random_bench_set(s, seed);
     trace_one<EpilogueChain<Bias, Gelu>>("bias+gelu", set, s);
     trace_one<EpilogueChain<>>("bare", set, s);
   }

@@ -384,31 +384,28 @@ fn norm_compositions_on_sm90_get_the_sm80_mainloop() {
     );
 }
 
+/// An sm90 table whose only entry, `gemm_bias`, is `entry` (JSON).
+fn sm90_gemm_bias_table(entry: &str) -> TunedTable {
+    let json = format!(r#"{{ "arch": "sm90", "configs": {{ "gemm_bias": {entry} }} }}"#);
+    TunedTable::parse("kernels/tuned/sm90.json", &json).unwrap()
+}
+
 #[test]
 fn small_m_alt_is_checked_and_needs_small_m() {
     let k = kernel("gemm_bias", DType::F16, false);
-    let table = |entry: &str| {
-        let json = format!(r#"{{ "arch": "sm90", "configs": {{ "gemm_bias": {entry} }} }}"#);
-        TunedTable::parse("kernels/tuned/sm90.json", &json).unwrap()
-    };
     let large = r#""large": { "bm": 128, "bn": 256, "bk": 64, "stages": 3 }"#;
-    let alone = table(&format!(
-        r#"{{ {large}, "small_m_alt": {{ "bm": 128, "bn": 128, "bk": 64, "stages": 6 }} }}"#
-    ));
+    let small = r#""small_m": { "bm": 64, "bn": 128, "bk": 64, "stages": 8 }, "small_m_max": 512"#;
+    let alt =
+        |stages: u32| format!(r#""small_m_alt": {{ "bm": 128, "bn": 128, "bk": 64, "stages": {stages} }}"#);
+    let alone = sm90_gemm_bias_table(&format!("{{ {large}, {} }}", alt(6)));
     let err = select_with(&alone, Arch::Sm90, &k).unwrap_err().to_string();
     assert!(err.contains("(small_m_alt)"), "{err}");
     assert!(err.contains("lacks"), "{err}");
-    let too_big = table(&format!(
-        r#"{{ {large}, "small_m": {{ "bm": 64, "bn": 128, "bk": 64, "stages": 8 }}, "small_m_max": 512,
-              "small_m_alt": {{ "bm": 128, "bn": 128, "bk": 64, "stages": 8 }} }}"#
-    ));
+    let too_big = sm90_gemm_bias_table(&format!("{{ {large}, {small}, {} }}", alt(8)));
     let err = select_with(&too_big, Arch::Sm90, &k).unwrap_err().to_string();
     assert!(err.contains("(small_m_alt)"), "{err}");
     assert!(err.contains("bytes of shared memory per block"), "{err}");
-    let fine = table(&format!(
-        r#"{{ {large}, "small_m": {{ "bm": 64, "bn": 128, "bk": 64, "stages": 8 }}, "small_m_max": 512,
-              "small_m_alt": {{ "bm": 128, "bn": 128, "bk": 64, "stages": 6 }} }}"#
-    ));
+    let fine = sm90_gemm_bias_table(&format!("{{ {large}, {small}, {} }}", alt(6)));
     let config = select_with(&fine, Arch::Sm90, &k).unwrap();
     assert_eq!(
         config.small_m_alt.map(|t| (t.bm, t.bn, t.stages)),
@@ -418,10 +415,10 @@ fn small_m_alt_is_checked_and_needs_small_m() {
 
 #[test]
 fn small_m_needs_its_threshold() {
-    let json = r#"{ "arch": "sm90", "configs": { "gemm_bias": {
-        "large": { "bm": 128, "bn": 256, "bk": 64, "stages": 3 },
-        "small_m": { "bm": 64, "bn": 128, "bk": 64, "stages": 8 } } } }"#;
-    let table = TunedTable::parse("kernels/tuned/sm90.json", json).unwrap();
+    let table = sm90_gemm_bias_table(
+        r#"{ "large": { "bm": 128, "bn": 256, "bk": 64, "stages": 3 },
+             "small_m": { "bm": 64, "bn": 128, "bk": 64, "stages": 8 } }"#,
+    );
     let err = select_with(&table, Arch::Sm90, &kernel("gemm_bias", DType::F16, false))
         .unwrap_err()
         .to_string();

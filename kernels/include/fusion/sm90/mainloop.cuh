@@ -615,7 +615,8 @@ struct Mainloop {
   // Host side: the tensor maps of A, B and C for one launch.
   static cudaError_t encode_maps(const GemmArgs<T>& p, CUtensorMap* map_a, CUtensorMap* map_b, CUtensorMap* map_c);
   // The stream-K split for `tiles` tiles of `k_blocks` k-blocks on `sms`
-  // SMs (StreamK::units 0: every tile whole) and the grid it needs.
+  // SMs (StreamK::units 0: every tile whole) and, when it splits, the grid
+  // it needs in *grid (left alone otherwise).
   static StreamK plan_stream_k(int64_t tiles, int64_t k_blocks, int64_t sms, int64_t* grid);
   template <typename Prologue, typename Epilogue>
   static cudaError_t launch(const GemmArgs<T>& p, cudaStream_t stream);
@@ -799,7 +800,6 @@ typename Mainloop<T, kLayout, Config>::StreamK Mainloop<T, kLayout, Config>::pla
                                                                                            int64_t* grid) {
   constexpr int64_t kFixupBlocks = 4, kMinBlocks = 4;
   StreamK sk;
-  *grid = tiles < sms ? tiles : sms;
   if (kPingPong || kClusterM > 1 || sms * kConsumers * 4 > int64_t(detail::kStreamKFlagBytes)) return sk;
   if (!detail::stream_k_allowed() || tiles <= 0 || sms <= 0) return sk;
   int64_t split_tiles = tiles, ctas = tiles * (sms / tiles);
