@@ -999,8 +999,9 @@ void bench(const Options& opt, int sm_count) {
 #ifdef FUSION_SM90_TRACE
 // --trace (built with -DFUSION_SM90_TRACE): one launch of the large sm90
 // tile with bias + GELU per shape, after warm-up, with the mainloop's
-// per-CTA %globaltimer stamps (sm90/mainloop.cuh), summarised across CTAs
-// in microseconds from the earliest CTA start.
+// per-CTA %globaltimer stamps and cycle counters (sm90/mainloop.cuh),
+// summarised across CTAs in microseconds from the earliest CTA start (and
+// in SM cycles for the counters).
 template <typename Epilogue>
 void trace_one(const char* what, const BenchSet& set, Shape s) {
   constexpr int kSlots = sm90::trace::kSlots, kPer = sm90::trace::kPerPiece;
@@ -1041,12 +1042,12 @@ void trace_one(const char* what, const BenchSet& set, Shape s) {
   for (int b = 0; b < used; ++b) {
     starts.push_back(double(at(b, 0) - t0) * 1e-3);
     uint64_t last = 0;
-    for (int slot = 1; slot < kSlots; ++slot) last = std::max(last, at(b, slot));
+    for (int slot = 1; slot < sm90::trace::kCounters; ++slot) last = std::max(last, at(b, slot));
     ends.push_back(double(last - t0) * 1e-3);
   }
   summary("CTA start", starts);
   const char* phases[] = {"K loop", "chain", "staging", "store issue"};
-  for (int piece = 0; 1 + kPer * (piece + 1) <= kSlots; ++piece) {
+  for (int piece = 0; 1 + kPer * (piece + 1) <= sm90::trace::kCounters; ++piece) {
     const int base = 1 + kPer * piece;
     std::vector<double> begin, dur[4];
     for (int b = 0; b < used; ++b) {
@@ -1066,6 +1067,25 @@ void trace_one(const char* what, const BenchSet& set, Shape s) {
     if (begin.empty()) break;
     summary("piece " + std::to_string(piece) + " start", begin);
     for (int ph = 0; ph < 4; ++ph) summary("piece " + std::to_string(piece) + " " + phases[ph], dur[ph]);
+    // The same K loop in thousands of SM cycles (a 128x256x64 k-block
+    // takes 1024 at the tensor cores' peak), the SM clock (those cycles
+    // over its %globaltimer duration) and the barrier waits inside it.
+    if (piece >= sm90::trace::kCountedPieces) continue;
+    using sm90::trace::Counter;
+    auto counter = [&](int b, Counter c) { return double(at(b, sm90::trace::counter_slot(c, piece))); };
+    std::vector<double> loop_cycles, clock_ghz, full_wait, empty_wait;
+    for (int b = 0; b < used; ++b) {
+      if (at(b, base) == 0 || at(b, base + 1) == 0) continue;
+      loop_cycles.push_back(counter(b, Counter::KLoop) * 1e-3);
+      clock_ghz.push_back(counter(b, Counter::KLoop) / double(at(b, base + 1) - at(b, base)));
+      full_wait.push_back(counter(b, Counter::FullWait) * 1e-3);
+      empty_wait.push_back(counter(b, Counter::EmptyWait) * 1e-3);
+    }
+    const std::string label = "piece " + std::to_string(piece);
+    summary(label + " K loop kcycles", loop_cycles);
+    summary(label + " SM clock GHz", clock_ghz);
+    summary(label + " full waits kcycles", full_wait);
+    summary(label + " empty waits kcycles", empty_wait);
   }
   summary("CTA end", ends);
 }

@@ -54,22 +54,54 @@ namespace fusion {
 namespace sm90 {
 
 #ifdef FUSION_SM90_TRACE
-// Development only (kernels/selftest --trace): %globaltimer stamps, kSlots
-// per CTA. Slot 0: the kernel starts; for piece i, slots 1 + 5i to 5 + 5i:
-// consumer 0 starts its K loop, ends it, ends the epilogue chain, has
-// written the staging tile, ends the epilogue.
+// Development only (kernels/selftest --trace): kSlots values per CTA.
+//  - %globaltimer stamps in slots [0, kCounters): slot 0, the kernel
+//    starts; for piece i, slots 1 + 5i to 5 + 5i: consumer 0 starts its
+//    K loop, ends it, ends the epilogue chain, has written the staging
+//    tile, ends the epilogue.
+//  - SM-cycle counters of pieces i < kCountedPieces, from slot kCounters:
+//    Counter::KLoop (consumer 0's K loop), Counter::FullWait (consumer 0
+//    waiting on full barriers) and Counter::EmptyWait (the producer
+//    waiting on empty barriers), each kCountedPieces slots.
 namespace trace {
-constexpr int kSlots = 128, kPerPiece = 5;
+constexpr int kPerPiece = 5, kCounters = 96, kCountedPieces = 16;
+enum class Counter { KLoop, FullWait, EmptyWait };
+constexpr int kSlots = kCounters + 3 * kCountedPieces;
 __device__ uint64_t* buffer = nullptr;
+__device__ __forceinline__ void put(int slot, uint64_t value) {
+  if (buffer != nullptr) buffer[int64_t(blockIdx.x) * kSlots + slot] = value;
+}
 __device__ __forceinline__ void stamp(int slot) {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  if (buffer != nullptr && slot < kSlots) buffer[int64_t(blockIdx.x) * kSlots + slot] = t;
+  if (slot < kCounters) put(slot, t);
 }
+__host__ __device__ constexpr int counter_slot(Counter c, int piece) {
+  return kCounters + int(c) * kCountedPieces + piece;
+}
+__device__ __forceinline__ void count(Counter c, int piece, uint64_t cycles) {
+  if (piece < kCountedPieces) put(counter_slot(c, piece), cycles);
+}
+// SM cycles between start() and stop(), summed.
+struct Timer {
+  uint64_t total = 0, started = 0;
+  __device__ __forceinline__ void start() { started = clock64(); }
+  __device__ __forceinline__ void stop() { total += clock64() - started; }
+};
 }  // namespace trace
 #define FUSION_SM90_STAMP(piece, phase) ::fusion::sm90::trace::stamp(1 + 5 * (piece) + (phase))
 #define FUSION_SM90_STAMP_START() ::fusion::sm90::trace::stamp(0)
 #else
+// Without FUSION_SM90_TRACE the counters compile to nothing.
+namespace trace {
+enum class Counter { KLoop, FullWait, EmptyWait };
+__device__ __forceinline__ void count(Counter, int, uint64_t) {}
+struct Timer {
+  static constexpr uint64_t total = 0;
+  __device__ __forceinline__ void start() {}
+  __device__ __forceinline__ void stop() {}
+};
+}  // namespace trace
 #define FUSION_SM90_STAMP(piece, phase) ((void)0)
 #define FUSION_SM90_STAMP_START() ((void)0)
 #endif
@@ -394,8 +426,11 @@ struct Mainloop {
     WorkPiece w;
     for (int i = 0; piece(s, walk, k_blocks, i, w); ++i) {
       const TileCoord tile = walk.tile(w.unit);
+      trace::Timer waited;
       for (int kb = w.k_begin; kb < w.k_begin + w.k_count; ++kb) {
+        waited.start();
         mbarrier_wait(&s.empty[ring.stage], ring.phase ^ 1);
+        waited.stop();
         uint64_t* full = &s.full[ring.stage];
         // Counts this CTA's A and the whole B tile, whichever CTA loads it.
         mbarrier_arrive_expect_tx(full, kStageBytes);
@@ -427,6 +462,7 @@ struct Mainloop {
         }
         ring.advance();
       }
+      trace::count(trace::Counter::EmptyWait, i, waited.total);
     }
   }
 
@@ -437,12 +473,17 @@ struct Mainloop {
   // two laps earlier, so it must not wait on stages of its next tile before
   // the other consumer has waited on every stage before them.
   static __device__ __forceinline__ void mma_tile(const Smem& s, int consumer, int k_blocks, RingPosition& ring,
-                                                  float (&acc)[kMmaM][kAccumulators]) {
+                                                  float (&acc)[kMmaM][kAccumulators],
+                                                  int trace_piece = 0) {
     const int lane = threadIdx.x % 32;
     const int row0 = kPingPong ? 0 : consumer * 64;
     int previous = -1;
+    trace::Timer loop, waited;  // the K loop, and its waits on full barriers
+    loop.start();
     for (int kb = 0; kb < k_blocks; ++kb) {
+      waited.start();
       mbarrier_wait(&s.full[ring.stage], ring.phase);
+      waited.stop();
       const unsigned char* a = s.a + ring.stage * kABytes + row0 * 128;
       const unsigned char* b = s.b + ring.stage * kBBytes;
       wgmma_fence();
@@ -467,6 +508,11 @@ struct Mainloop {
     wgmma_wait<0>();
 #pragma unroll
     for (int mi = 0; mi < kMmaM; ++mi) fence_registers(acc[mi]);
+    loop.stop();
+    if (consumer == 0 && threadIdx.x % 128 == 0) {
+      trace::count(trace::Counter::FullWait, trace_piece, waited.total);
+      trace::count(trace::Counter::KLoop, trace_piece, loop.total);
+    }
     if (previous >= 0 && lane == 0) release(s, previous);
   }
 
@@ -597,7 +643,7 @@ struct Mainloop {
       [[maybe_unused]] const bool tracer = consumer == 0 && threadIdx.x % 128 == 0;
       for (int i = 0; piece(s, walk, k_blocks, i, w); ++i) {
         if (tracer) FUSION_SM90_STAMP(i, 0);
-        mma_tile(s, consumer, w.k_count, ring, acc);
+        mma_tile(s, consumer, w.k_count, ring, acc, i);
         if (tracer) FUSION_SM90_STAMP(i, 1);
         if (w.piece == Piece::Partial) {
           publish(sk, consumer, acc);
