@@ -53,6 +53,11 @@
 namespace fusion {
 namespace sm90 {
 
+namespace trace {
+// The cycle counters of a piece (see below).
+enum class Counter { KLoop, FullWait, EmptyWait };
+}  // namespace trace
+
 #ifdef FUSION_SM90_TRACE
 // Development only (kernels/selftest --trace): kSlots values per CTA.
 //  - %globaltimer stamps in slots [0, kCounters): slot 0, the kernel
@@ -65,7 +70,6 @@ namespace sm90 {
 //    waiting on empty barriers), each kCountedPieces slots.
 namespace trace {
 constexpr int kPerPiece = 5, kCounters = 96, kCountedPieces = 16;
-enum class Counter { KLoop, FullWait, EmptyWait };
 constexpr int kSlots = kCounters + 3 * kCountedPieces;
 __device__ uint64_t* buffer = nullptr;
 __device__ __forceinline__ void put(int slot, uint64_t value) {
@@ -94,7 +98,6 @@ struct Timer {
 #else
 // Without FUSION_SM90_TRACE the counters compile to nothing.
 namespace trace {
-enum class Counter { KLoop, FullWait, EmptyWait };
 __device__ __forceinline__ void count(Counter, int, uint64_t) {}
 struct Timer {
   static constexpr uint64_t total = 0;
