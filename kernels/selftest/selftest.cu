@@ -1142,6 +1142,12 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+#ifndef FUSION_SM90_TRACE
+  if (opt.trace) {
+    std::fprintf(stderr, "--trace needs a build with -DFUSION_SM90_TRACE (kernels/selftest/run.sh --trace)\n");
+    return 2;
+  }
+#endif
   const auto start = std::chrono::steady_clock::now();
   int sm_count = 0;
   print_device(sm_count);

@@ -93,7 +93,8 @@ struct Timer {
   __device__ __forceinline__ void stop() { total += clock64() - started; }
 };
 }  // namespace trace
-#define FUSION_SM90_STAMP(piece, phase) ::fusion::sm90::trace::stamp(1 + 5 * (piece) + (phase))
+#define FUSION_SM90_STAMP(piece, phase) \
+  ::fusion::sm90::trace::stamp(1 + ::fusion::sm90::trace::kPerPiece * (piece) + (phase))
 #define FUSION_SM90_STAMP_START() ::fusion::sm90::trace::stamp(0)
 #else
 // Without FUSION_SM90_TRACE the counters compile to nothing.
