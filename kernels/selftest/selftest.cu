@@ -997,15 +997,14 @@ void bench(const Options& opt, int sm_count) {
 #endif  // FUSION_SELFTEST_SM80
 
 #ifdef FUSION_SM90_TRACE
-// --trace (built with -DFUSION_SM90_TRACE): one launch of the large sm90
-// tile with bias + GELU per shape, after warm-up, with the mainloop's
+// --trace (built with -DFUSION_SM90_TRACE): one launch of mainloop ML with
+// Epilogue per shape, after warm-up, with the mainloop's
 // per-CTA %globaltimer stamps and cycle counters (sm90/mainloop.cuh),
 // summarised across CTAs in microseconds from the earliest CTA start (and
 // in SM cycles for the counters).
-template <typename Epilogue>
+template <typename ML, typename Epilogue>
 void trace_one(const char* what, const BenchSet& set, Shape s) {
   constexpr int kSlots = sm90::trace::kSlots, kPer = sm90::trace::kPerPiece;
-  using ML = Sm90Large<__half, LayoutB::NK>;
   for (int i = 0; i < 5; ++i) launch_ours<ML, Epilogue>(set, s);
   const int ctas = 1024;
   DeviceBuffer<uint64_t> stamps(size_t(ctas) * kSlots);
@@ -1094,8 +1093,10 @@ void trace_timelines() {
   uint64_t seed = 10;
   for (const Shape s : std::vector<Shape>{{4096, 4096, 4096}, {8192, 4096, 14336}}) {
     const BenchSet set = random_bench_set(s, seed);
-    trace_one<EpilogueChain<Bias, Gelu>>("bias+gelu", set, s);
-    trace_one<EpilogueChain<>>("bare", set, s);
+    trace_one<Sm90Large<__half, LayoutB::NK>, EpilogueChain<Bias, Gelu>>("bias+gelu", set, s);
+    trace_one<Sm90Large<__half, LayoutB::NK>, EpilogueChain<>>("bare", set, s);
+    // The 2-CTA cluster: does sharing B cost K-loop cycles or clock?
+    trace_one<Sm90Cluster<__half, LayoutB::NK>, EpilogueChain<Bias, Gelu>>("bias+gelu, 2-CTA cluster", set, s);
   }
 }
 #endif
