@@ -135,7 +135,18 @@ struct Options {
   bool trace = false;
   uint64_t seed = 0x5eed;
   std::string filter;
+  std::vector<Shape> shapes;  // --shape: the benchmark's shapes instead of its own
 };
+
+// "M,N,K" with three positive integers, or false.
+bool parse_shape(const std::string& text, Shape& shape) {
+  long long m = 0, n = 0, k = 0;
+  char tail = 0;
+  if (std::sscanf(text.c_str(), "%lld,%lld,%lld%c", &m, &n, &k, &tail) != 3 || m <= 0 || n <= 0 || k <= 0)
+    return false;
+  shape = {int64_t(m), int64_t(n), int64_t(k)};
+  return true;
+}
 
 struct Totals {
   int passed = 0;
@@ -895,6 +906,7 @@ void bench(const Options& opt, int sm_count) {
   std::vector<Shape> shapes = {{512, 2048, 2048}, {4096, 4096, 4096}, {8192, 8192, 8192}, {8192, 14336, 4096},
                                {8192, 4096, 14336}, {128, 14336, 4096}};
   if (opt.quick) shapes = {{512, 2048, 2048}, {4096, 4096, 4096}};
+  if (!opt.shapes.empty()) shapes = opt.shapes;
   const int reps = opt.quick ? 20 : 50;
   LtGemm lt;
   cublasHandle_t blas = nullptr;
@@ -1131,14 +1143,18 @@ int main(int argc, char** argv) {
     else if (arg == "--trace") opt.trace = true;
     else if (arg.rfind("--filter=", 0) == 0) opt.filter = arg.substr(9);
     else if (arg.rfind("--seed=", 0) == 0) opt.seed = std::strtoull(arg.c_str() + 7, nullptr, 0);
+    else if (Shape shape{}; arg.rfind("--shape=", 0) == 0 && parse_shape(arg.substr(8), shape))
+      opt.shapes.push_back(shape);
     else {
       std::fprintf(stderr,
                    "usage: %s [--quick] [--bench] [--no-check] [--trace] [--filter=SUBSTRING] [--seed=N]\n"
+                   "          [--shape=M,N,K ...]\n"
                    "  --quick      a short run: fewer compositions at 4096^3, two benchmark shapes\n"
                    "  --bench      time against cuBLASLt fused epilogues and cuBLAS (sm80 builds)\n"
                    "  --no-check   skip the correctness checks\n"
                    "  --trace      per-CTA timelines of the large sm90 tile (built with -DFUSION_SM90_TRACE)\n"
-                   "  --filter=S   run only checks whose name contains S\n",
+                   "  --filter=S   run only checks whose name contains S\n"
+                   "  --shape=M,N,K  benchmark this shape (repeat for several) instead of the built-in ones\n",
                    argv[0]);
       return 2;
     }
