@@ -233,9 +233,10 @@ pub fn gemm_shapes() -> Vec<(usize, usize, usize)> {
     }
     // 512 x 2048: the small-M tiles. 2100 x 3000 on the sm90 128x256 tile:
     // 204 tiles, so on 132 SMs the last 72 are shared out by stream-K.
-    // 4100 x 3000 x 1000 (128x256) and 500 x 8200 x 1000 (a small-M tile):
-    // three and four whole waves on 132 SMs with ragged M, N and K, so the
-    // sm90 waves that walk K backwards meet a partial first k-block.
+    // 4100 x 3000 x 1000: 396 tiles of 128x256, three whole waves on 132
+    // SMs; 500 x 8200 x 1000: 260 tiles of the small-M 128x128 tile, two
+    // waves. Ragged M, N and K, so the sm90 waves that walk K backwards
+    // start on a partial k-block.
     shapes.extend([
         (512, 2048, 2048),
         (2100, 3000, 3000),

@@ -377,9 +377,9 @@ struct Mainloop {
   // two waves share tile rows) still there. At 4096^3 on an H200 this cut
   // the DRAM reads of gemm_bias_gelu from 185 to 126 MB (ncu) and gained
   // ~1% (BENCHMARKS.md). Stream-K pieces keep the forward order: reversed,
-  // they read more from DRAM (1425 -> 1552 MB at (8192, 4096, 14336)). So
-  // does ping-pong, whose consumers take alternate tiles, not waves (not
-  // measured). The consumers do not care: they accumulate whatever each
+  // they read more from DRAM (1425 -> 1552 MB at (8192, 4096, 14336)).
+  // Ping-pong keeps it too (not measured): its consumers take alternate
+  // tiles, not waves. The consumers do not care: they accumulate whatever each
   // stage holds. A tile's sum order thus depends on its wave, so on the SM
   // count: results stay deterministic on one GPU model, and may differ in
   // the last bits between models (as stream-K's already did).
