@@ -507,8 +507,7 @@ void check_family(Totals& totals, const Options& opt, const char* arch, bool all
       const std::string key = std::string(arch) + " " + Numeric<T>::name + " " + layout_name(kLayout) + " " + \
                               tile_name<typename MainloopFor<T, kLayout>::Config>() + " " + #NAME + " " +      \
                               shape_label(s);                                                                    \
-      if constexpr (!PROLOGUE::kEnabled || !OwnsKernel<MainloopFor<T, kLayout>>::value)                        \
-        if (matches(opt, key))                                                                                 \
+      if (matches(opt, key))                                                                                   \
           check_fused_gemm<MainloopFor<T, kLayout>, PROLOGUE, __VA_ARGS__, kLayout>(totals, arch, #NAME, s, rng); \
     }                                                                                                          \
   }
@@ -547,7 +546,7 @@ using Sm90Cluster = sm90::Mainloop<T, L, sm90::TileConfig<128, 256, 3, sm90::Sch
 template <typename T, LayoutB L>
 using Sm90PingPongCluster = sm90::Mainloop<T, L, sm90::TileConfig<128, 128, 5, sm90::Schedule::PingPong, 2>>;
 
-// The norm compositions are skipped: they run on the sm80 mainloop.
+// Every composition, the norm ones included (the sm90 norm prologue).
 void check_sm90(Totals& totals, const Options& opt, Rng& rng) {
   cudaDeviceProp prop{};
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
@@ -790,6 +789,7 @@ void report_kernels() {
 
 struct BenchSet {
   DeviceBuffer<__half> a, b, bias, c;
+  DeviceBuffer<__half> gamma, beta, normed;  // the norm rows: [K], [K], and norm(A) for the baseline
 };
 
 // One input set for shape s: A ~U(-1, 1), B scaled by 1/sqrt(K), bias
@@ -800,6 +800,11 @@ BenchSet random_bench_set(Shape s, uint64_t& seed) {
   set.b = DeviceBuffer<__half>(size_t(s.n * s.k));
   set.bias = DeviceBuffer<__half>(size_t(s.n));
   set.c = DeviceBuffer<__half>(size_t(s.m * s.n));
+  set.gamma = DeviceBuffer<__half>(size_t(s.k));
+  set.beta = DeviceBuffer<__half>(size_t(s.k));
+  set.normed = DeviceBuffer<__half>(size_t(s.m * s.k));
+  fill_random_kernel<<<1024, 256>>>(set.gamma.ptr, set.gamma.count, ++seed, 1.0f);
+  fill_random_kernel<<<1024, 256>>>(set.beta.ptr, set.beta.count, ++seed, 1.0f);
   fill_random_kernel<<<1024, 256>>>(set.a.ptr, set.a.count, ++seed, 1.0f);
   fill_random_kernel<<<1024, 256>>>(set.b.ptr, set.b.count, ++seed, 1.0f / std::sqrt(float(s.k)));
   fill_random_kernel<<<1024, 256>>>(set.bias.ptr, set.bias.count, ++seed, 1.0f);
@@ -808,7 +813,7 @@ BenchSet random_bench_set(Shape s, uint64_t& seed) {
   return set;
 }
 
-template <typename Mainloop, typename Epilogue>
+template <typename Mainloop, typename Epilogue, typename Prologue = NoPrologue>
 void launch_ours(const BenchSet& set, Shape s) {
   GemmArgs<__half> p{};
   p.a = set.a.ptr;
@@ -818,7 +823,8 @@ void launch_ours(const BenchSet& set, Shape s) {
   p.n = s.n;
   p.k = s.k;
   p.epilogue.bias = set.bias.ptr;
-  CHECK_CUDA((FusedGemm<Mainloop, NoPrologue, Epilogue>::launch(p, nullptr)));
+  p.norm = NormArgs{set.gamma.ptr, set.beta.ptr, 1e-5f};
+  CHECK_CUDA((FusedGemm<Mainloop, Prologue, Epilogue>::launch(p, nullptr)));
 }
 
 // Relative difference between two f16 outputs on the device.
@@ -877,7 +883,7 @@ void report_resident_clusters(const char* name, int sm_count) {
   config.numAttrs = 1;
   int resident = 0;
   CHECK_CUDA(cudaOccupancyMaxActiveClusters(
-      &resident, sm90::persistent_gemm_kernel<Mainloop, EpilogueChain<Bias, Gelu>>, &config));
+      &resident, sm90::persistent_gemm_kernel<Mainloop, NoPrologue, EpilogueChain<Bias, Gelu>>, &config));
   std::printf("%s: %d clusters of 2 resident at once (%d smem bytes per CTA)\n", name, resident,
               Mainloop::kSmemBytes);
 }
@@ -991,6 +997,29 @@ void bench(const Options& opt, int sm_count) {
         const auto [us, base_us] = median_pair_us(reps, [&](int i) { v.plain(sets[size_t(i)], s); }, blas_run);
         rows.push_back({shape_label(s), std::string("gemm ") + v.name + " vs cublas", v.name, us, base_us, flops});
       }
+      // The norm GEMMs against the norm kernel into a scratch tensor, then
+      // cublasGemmEx on it.
+      const auto norm_case = [&](auto prologue_tag, const char* what) {
+        using Prologue = decltype(prologue_tag);
+        const auto base = [&](int i) {
+          const BenchSet& set = sets[size_t(i)];
+          const NormArgs args{set.gamma.ptr, set.beta.ptr, 1e-5f};
+          CHECK_CUDA((launch_norm_rows<Prologue::kKind, __half>(set.a.ptr, set.normed.ptr, args, s.m, s.k, nullptr)));
+          CHECK_CUBLAS(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, int(s.n), int(s.m), int(s.k), &alpha, set.b.ptr,
+                                    CUDA_R_16F, int(s.k), set.normed.ptr, CUDA_R_16F, int(s.k), &beta, set.c.ptr,
+                                    CUDA_R_16F, int(s.n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        };
+        const auto ours = [&](int i) {
+          if (use_small)
+            launch_ours<BenchSmall<__half, LayoutB::NK>, EpilogueChain<>, Prologue>(sets[size_t(i)], s);
+          else
+            launch_ours<BenchLarge<__half, LayoutB::NK>, EpilogueChain<>, Prologue>(sets[size_t(i)], s);
+        };
+        const auto [ours_us, base_us] = median_pair_us(reps, ours, base);
+        rows.push_back({shape_label(s), what, cfg, ours_us, base_us, flops});
+      };
+      norm_case(LayerNormPrologue{}, "layernorm_gemm vs norm + cublas");
+      norm_case(RmsNormPrologue{}, "rmsnorm_gemm vs norm + cublas");
     }
   }
   CHECK_CUBLAS(cublasDestroy(blas));

@@ -1,8 +1,9 @@
 // Row normalization: LayerNorm and RMSNorm over the last dimension of a
 // row-major [M, K] tensor. Two users: the standalone `norm_rows_kernel` for
 // norms the planner leaves unfused, and the GEMM norm prologue
-// (prologue.cuh), which shares `warp_row_stats` and `normalize8` so the two
-// paths compute the same function.
+// (prologue.cuh; on sm90 its statistics come from `row_stats_kernel`), which
+// shares `warp_row_stats` and `normalize8` so the paths compute the same
+// function.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -63,20 +64,36 @@ __device__ __forceinline__ RowStats warp_row_stats(const T* row, int64_t K, floa
   }
 }
 
+// gamma and (LayerNorm) beta of eight consecutive columns, as floats.
+struct NormColumns {
+  float gamma[8], beta[8];
+};
+
+template <NormKind kKind, typename T>
+__device__ __forceinline__ NormColumns load_norm_columns(int64_t k0, const NormArgs& args) {
+  NormColumns c;
+  vec8_to_float(load_vec8(static_cast<const T*>(args.gamma) + k0), c.gamma);
+  if constexpr (kKind == NormKind::LayerNorm) vec8_to_float(load_vec8(static_cast<const T*>(args.beta) + k0), c.beta);
+  return c;
+}
+
+// Normalizes eight consecutive elements of a row in place, given their
+// columns' gamma and beta.
+template <NormKind kKind>
+__device__ __forceinline__ void normalize8(float (&x)[8], RowStats s, const NormColumns& c) {
+  if constexpr (kKind == NormKind::LayerNorm) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) x[i] = (x[i] - s.mean) * s.rstd * c.gamma[i] + c.beta[i];
+  } else {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) x[i] = x[i] * s.rstd * c.gamma[i];
+  }
+}
+
 // Normalizes eight consecutive elements x[k0 .. k0+8) of a row in place.
 template <NormKind kKind, typename T>
 __device__ __forceinline__ void normalize8(float (&x)[8], RowStats s, int64_t k0, const NormArgs& args) {
-  float g[8];
-  vec8_to_float(load_vec8(static_cast<const T*>(args.gamma) + k0), g);
-  if constexpr (kKind == NormKind::LayerNorm) {
-    float b[8];
-    vec8_to_float(load_vec8(static_cast<const T*>(args.beta) + k0), b);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) x[i] = (x[i] - s.mean) * s.rstd * g[i] + b[i];
-  } else {
-#pragma unroll
-    for (int i = 0; i < 8; ++i) x[i] = x[i] * s.rstd * g[i];
-  }
+  normalize8<kKind>(x, s, load_norm_columns<kKind, T>(k0, args));
 }
 
 template <NormKind kKind>
@@ -106,6 +123,42 @@ __global__ void norm_rows_kernel(const T* __restrict__ x, T* __restrict__ y, Nor
   }
 }
 
+// The statistics of every row into `stats` ([M]); one warp per row,
+// grid-stride over rows. The sm90 norm prologue's first pass.
+template <NormKind kKind, typename T>
+__global__ void row_stats_kernel(const T* __restrict__ x, RowStats* __restrict__ stats, float eps, int64_t M,
+                                 int64_t K) {
+  const int warps_per_block = blockDim.x / 32;
+  for (int64_t row = int64_t(blockIdx.x) * warps_per_block + threadIdx.x / 32; row < M;
+       row += int64_t(gridDim.x) * warps_per_block) {
+    const RowStats s = warp_row_stats<kKind>(x + row * K, K, eps);
+    if ((threadIdx.x & 31) == 0) stats[row] = s;
+  }
+}
+
+// Blocks of 256 threads (8 rows at a time) for a one-warp-per-row kernel
+// over M rows: enough to fill the device 16 times over, no more.
+inline cudaError_t rows_grid(int64_t M, int64_t* blocks) {
+  constexpr int kRowsPerBlock = 256 / 32;
+  int device = 0, sms = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (err != cudaSuccess) return err;
+  const int64_t needed = (M + kRowsPerBlock - 1) / kRowsPerBlock;
+  *blocks = needed < int64_t(sms) * 16 ? needed : int64_t(sms) * 16;
+  return cudaSuccess;
+}
+
+template <NormKind kKind, typename T>
+cudaError_t launch_row_stats(const T* x, RowStats* stats, float eps, int64_t M, int64_t K, cudaStream_t stream) {
+  if (M <= 0) return cudaSuccess;
+  int64_t blocks = 0;
+  const cudaError_t err = rows_grid(M, &blocks);
+  if (err != cudaSuccess) return err;
+  row_stats_kernel<kKind, T><<<unsigned(blocks), 256, 0, stream>>>(x, stats, eps, M, K);
+  return cudaGetLastError();
+}
+
 // Host launcher: cudaErrorInvalidValue for K not a positive multiple of 8,
 // null or misaligned pointers, or a missing gamma/beta.
 template <NormKind kKind, typename T>
@@ -114,15 +167,10 @@ cudaError_t launch_norm_rows(const T* x, T* y, const NormArgs& args, int64_t M, 
   if (x == nullptr || y == nullptr || !is_aligned16(x) || !is_aligned16(y)) return cudaErrorInvalidValue;
   if (!norm_args_valid<kKind>(args)) return cudaErrorInvalidValue;
   if (M == 0) return cudaSuccess;
-  constexpr int kThreads = 256;
-  constexpr int kRowsPerBlock = kThreads / 32;
-  int device = 0, sms = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  int64_t blocks = 0;
+  const cudaError_t err = rows_grid(M, &blocks);
   if (err != cudaSuccess) return err;
-  const int64_t blocks_needed = (M + kRowsPerBlock - 1) / kRowsPerBlock;
-  const int64_t blocks = blocks_needed < int64_t(sms) * 16 ? blocks_needed : int64_t(sms) * 16;
-  norm_rows_kernel<kKind, T><<<unsigned(blocks), kThreads, 0, stream>>>(x, y, args, M, K);
+  norm_rows_kernel<kKind, T><<<unsigned(blocks), 256, 0, stream>>>(x, y, args, M, K);
   return cudaGetLastError();
 }
 

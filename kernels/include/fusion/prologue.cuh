@@ -20,6 +20,13 @@
 // Chunks past K (zero-filled by the predicated loads) stay zero: gamma and
 // beta are not read there. Rows past M get mean = rstd = 0; they feed only
 // output rows that are never stored.
+//
+// The sm90 mainloop is persistent: a CTA walks many tiles, and recomputing
+// each tile's statistics would read its BM rows of A once per tile column.
+// So its launcher runs a first pass (`launch_row_stats`) that writes every
+// row's statistics to a buffer of the stream's memory pool, and its
+// consumers normalize their rows of each A stage in shared memory before
+// they issue the stage's wgmmas (sm90/mainloop.cuh, normalize_stage).
 #pragma once
 
 #include "norm.cuh"
@@ -34,11 +41,20 @@ struct NoPrologue {
   static bool args_valid(const NormArgs&) { return true; }
 };
 
-template <NormKind kKind>
+template <NormKind kKind_>
 struct NormPrologue {
+  static constexpr NormKind kKind = kKind_;
   static constexpr bool kEnabled = true;
   static constexpr const char* name = kKind == NormKind::LayerNorm ? "layernorm" : "rmsnorm";
   static bool args_valid(const NormArgs& a) { return norm_args_valid<kKind>(a); }
+
+  // Statistics of all M rows into stats[M] on `stream` (the sm90 mainloop's
+  // first pass; its CTAs walk many tiles and read them from there).
+  template <typename T>
+  static cudaError_t launch_row_stats(const T* a, RowStats* stats, int64_t M, int64_t K, const NormArgs& args,
+                                      cudaStream_t stream) {
+    return fusion::launch_row_stats<kKind, T>(a, stats, args.eps, M, K, stream);
+  }
 
   // Statistics of rows [m0, m0 + kRows) into `stats`; all threads of the CTA
   // call this, and the caller synchronizes before the first use.
@@ -52,6 +68,22 @@ struct NormPrologue {
       if (m < M) s = warp_row_stats<kKind>(a + m * K, K, args.eps);
       if ((threadIdx.x & 31) == 0) stats[r] = s;
     }
+  }
+
+  // The same for a chunk whose columns' gamma and beta are already loaded
+  // (load_norm_columns): the sm90 mainloop loads them once for the chunks of
+  // several rows, before it waits for the stage.
+  template <typename T>
+  static __device__ __forceinline__ void apply(Vec8<T>& chunk, RowStats stats, const NormColumns& columns) {
+    float x[8];
+    vec8_to_float(chunk, x);
+    normalize8<kKind>(x, stats, columns);
+    chunk = float_to_vec8<T>(x);
+  }
+
+  template <typename T>
+  static __device__ __forceinline__ NormColumns columns(int64_t k0, const NormArgs& args) {
+    return load_norm_columns<kKind, T>(k0, args);
   }
 
   // Normalizes one 16-byte chunk of row `local_row` of the CTA's A tile,

@@ -18,6 +18,10 @@
 //    in flight and freeing the stage before it. Cooperative consumers split
 //    each tile by rows (64 each); ping-pong ones take alternate tiles, so
 //    that one's epilogue overlaps the other's K loop (see Schedule).
+// With a norm prologue (LayerNorm, RMSNorm), the launcher first computes
+// every row's statistics into a pool buffer, and the consumers normalize
+// their rows of each A stage in shared memory before its wgmmas
+// (normalize_stage).
 // After the K loop each consumer runs the epilogue chain on its accumulators
 // in registers, writes the results into a 128-byte swizzled staging tile and
 // stores C from there with TMA, while the producer already loads the next
@@ -491,24 +495,96 @@ struct Mainloop {
     }
   }
 
+  // The norm prologue's view of one tile for one consumer thread: the
+  // statistics of the A rows it normalizes (see normalize_stage) and the
+  // k-block of stage j, k_first + k_step * j (the producer may walk a tile
+  // backwards).
+  static constexpr int kNormRows = kRows / 16;  // rows per thread: one 16-byte column of every 16th row
+  struct NormTile {
+    RowStats rows[kNormRows];
+    int k_first = 0, k_step = 1;
+  };
+
+  // Thread t of a consumer normalizes 16-byte chunk t % 8 of its rows
+  // t / 8 + 16 j: one column chunk, so gamma and beta are loaded once per
+  // stage for all its rows, and the 8 threads of a row read and write
+  // 8 different bank groups.
+  static __device__ __forceinline__ NormTile norm_tile(const RowStats* stats, int64_t m_base, int64_t M, int k_begin,
+                                                       int k_count, bool backwards) {
+    NormTile t;
+    const int thread = threadIdx.x % 128;
+#pragma unroll
+    for (int j = 0; j < kNormRows; ++j) {
+      const int64_t m = m_base + thread / 8 + 16 * j;
+      t.rows[j] = (stats != nullptr && m < M) ? stats[m] : RowStats{0.0f, 0.0f};
+    }
+    t.k_first = backwards ? k_begin + k_count - 1 : k_begin;
+    t.k_step = backwards ? -1 : 1;
+    return t;
+  }
+
+  // Waits for a stage (wait_full) and normalizes this consumer's rows of A
+  // in it in place, 16 bytes at a time (the 128-byte swizzle keeps each
+  // chunk whole: chunk c of row r sits at c ^ (r % 8)); the chunk's gamma
+  // and beta are loaded before the wait. Then makes the writes visible to
+  // the wgmmas (the async proxy) of the whole warp group. Chunks past K,
+  // which TMA zero-filled, stay zero; rows past M get mean = rstd = 0 and
+  // feed only rows of C that are never stored.
+  template <typename Prologue, typename WaitFull>
+  static __device__ __forceinline__ void normalize_stage(const Smem& s, int stage, int consumer, int kb,
+                                                         const NormTile& norm, const GemmArgs<T>& args,
+                                                         WaitFull wait_full) {
+    const int thread = threadIdx.x % 128;
+    const int chunk = thread % 8;
+    const int64_t k0 = int64_t(kb) * BK + chunk * 8;
+    const bool inside = k0 < args.k;
+    NormColumns columns{};
+    if (inside) columns = Prologue::template columns<T>(k0, args.norm);
+    wait_full();
+    if (inside) {
+#pragma unroll
+      for (int j = 0; j < kNormRows; ++j) {
+        const int row = (kPingPong ? 0 : consumer * 64) + thread / 8 + 16 * j;
+        uint4* p = reinterpret_cast<uint4*>(s.a + stage * kABytes + row * 128 + ((chunk ^ (row % 8)) << 4));
+        Vec8<T> v;
+        v.bits = *p;
+        Prologue::template apply<T>(v, norm.rows[j], columns);
+        *p = v.bits;
+      }
+    }
+    fence_proxy_async();
+    named_barrier_sync(1 + consumer, 128);
+  }
+
   // One consumer warp group's K loop over one tile.
   //
   // Ping-pong consumers run their K loops in turn: a consumer waits on a
   // stage's full barrier by parity, which cannot tell its own fill from one
   // two laps earlier, so it must not wait on stages of its next tile before
   // the other consumer has waited on every stage before them.
+  //
+  // With a norm prologue, each stage's A rows of this consumer are
+  // normalized in place first (normalize_stage); `norm` says which k-block
+  // the tile's first stage holds and in which direction they go.
+  template <typename Prologue = NoPrologue>
   static __device__ __forceinline__ void mma_tile(const Smem& s, int consumer, int k_blocks, RingPosition& ring,
-                                                  float (&acc)[kMmaM][kAccumulators],
-                                                  int trace_piece = 0) {
+                                                  float (&acc)[kMmaM][kAccumulators], int trace_piece = 0,
+                                                  const NormTile& norm = {}, const GemmArgs<T>* args = nullptr) {
     const int lane = threadIdx.x % 32;
     const int row0 = kPingPong ? 0 : consumer * 64;
     int previous = -1;
     trace::Timer loop, waited;  // the K loop, and its waits on full barriers
     loop.start();
     for (int kb = 0; kb < k_blocks; ++kb) {
-      waited.start();
-      mbarrier_wait(&s.full[ring.stage], ring.phase);
-      waited.stop();
+      const auto wait_full = [&] {
+        waited.start();
+        mbarrier_wait(&s.full[ring.stage], ring.phase);
+        waited.stop();
+      };
+      if constexpr (Prologue::kEnabled)
+        normalize_stage<Prologue>(s, ring.stage, consumer, norm.k_first + norm.k_step * kb, norm, *args, wait_full);
+      else
+        wait_full();
       const unsigned char* a = s.a + ring.stage * kABytes + row0 * 128;
       const unsigned char* b = s.b + ring.stage * kBBytes;
       wgmma_fence();
@@ -642,9 +718,10 @@ struct Mainloop {
     }
   }
 
-  template <typename Epilogue>
+  template <typename Prologue, typename Epilogue>
   static __device__ __forceinline__ void consume(const Smem& s, int consumer, const CUtensorMap* map_c,
-                                                 const GemmArgs<T>& args, const StreamK& sk) {
+                                                 const GemmArgs<T>& args, const StreamK& sk,
+                                                 const RowStats* row_stats) {
     const TileWalk walk(args);
     const int k_blocks = int((args.k + BK - 1) / BK);
     RingPosition ring;
@@ -659,7 +736,9 @@ struct Mainloop {
         // other consumer's previous one (see mma_tile).
         if (consumer == 1 || turn > 0) mbarrier_wait(&s.order[consumer], consumer == 1 ? (turn & 1) : ((turn - 1) & 1));
         ++turn;
-        mma_tile(s, consumer, k_blocks, ring, acc);
+        NormTile norm;
+        if constexpr (Prologue::kEnabled) norm = norm_tile(row_stats, walk.tile(u).m0, args.m, 0, k_blocks, false);
+        mma_tile<Prologue>(s, consumer, k_blocks, ring, acc, 0, norm, &args);
         store_tile<Epilogue>(s, consumer, walk.tile(u), acc, map_c, args);
         ring.skip(k_blocks);
       }
@@ -668,7 +747,11 @@ struct Mainloop {
       [[maybe_unused]] const bool tracer = consumer == 0 && threadIdx.x % 128 == 0;
       for (int i = 0; piece(s, walk, k_blocks, i, w); ++i) {
         if (tracer) FUSION_SM90_STAMP(i, 0);
-        mma_tile(s, consumer, w.k_count, ring, acc, i);
+        NormTile norm;
+        if constexpr (Prologue::kEnabled)
+          norm = norm_tile(row_stats, walk.tile(w.unit).m0 + consumer * 64, args.m, w.k_begin, w.k_count,
+                           walks_backwards(s, i));
+        mma_tile<Prologue>(s, consumer, w.k_count, ring, acc, i, norm, &args);
         if (tracer) FUSION_SM90_STAMP(i, 1);
         if (w.piece == Piece::Partial) {
           publish(sk, consumer, acc);
@@ -691,13 +774,16 @@ struct Mainloop {
   static StreamK plan_stream_k(int64_t tiles, int64_t k_blocks, int64_t sms, int64_t* grid);
   template <typename Prologue, typename Epilogue>
   static cudaError_t launch(const GemmArgs<T>& p, cudaStream_t stream);
+  template <typename Prologue, typename Epilogue>
+  static cudaError_t launch_gemm(const GemmArgs<T>& p, const RowStats* row_stats, cudaStream_t stream);
 };
 
-template <typename ML, typename Epilogue>
+// row_stats: the norm prologue's [M] row statistics (null without one).
+template <typename ML, typename Prologue, typename Epilogue>
 __global__ void __launch_bounds__(ML::kThreads, 1)
     persistent_gemm_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                            const __grid_constant__ CUtensorMap map_c, const GemmArgs<typename ML::Element> args,
-                           const typename ML::StreamK stream_k) {
+                           const typename ML::StreamK stream_k, const RowStats* row_stats) {
 #if FUSION_SM90_ENABLED
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const typename ML::Smem s = ML::carve(smem_raw);
@@ -727,7 +813,7 @@ __global__ void __launch_bounds__(ML::kThreads, 1)
     if (threadIdx.x == 0) ML::produce(s, &map_a, &map_b, args, stream_k);
   } else {
     setmaxnreg_inc<ML::kConsumerRegisters>();
-    ML::template consume<Epilogue>(s, group - 1, &map_c, args, stream_k);
+    ML::template consume<Prologue, Epilogue>(s, group - 1, &map_c, args, stream_k, row_stats);
   }
   // ... and may still arrive on this CTA's barriers until it is done.
   if constexpr (ML::kClusterM > 1) cluster_sync();
@@ -905,16 +991,38 @@ cudaError_t Mainloop<T, kLayout, Config>::encode_maps(const GemmArgs<T>& p, CUte
     return detail::encode_matrix(map_b, p.b, p.k, p.n, BK);
 }
 
+// With a norm prologue: first the statistics of A's rows, into a buffer of
+// the stream's memory pool that lives from the first pass to the end of the
+// GEMM (freed stream-ordered right after it, so that launches on other
+// streams, and graph replays, each have their own), then the GEMM, which
+// normalizes each stage of A in shared memory (normalize_stage).
 template <typename T, LayoutB kLayout, typename Config>
 template <typename Prologue, typename Epilogue>
 cudaError_t Mainloop<T, kLayout, Config>::launch(const GemmArgs<T>& p, cudaStream_t stream) {
-  static_assert(!Prologue::kEnabled, "the sm90 mainloop has no norm prologue; those compositions use sm80's");
+  if constexpr (!Prologue::kEnabled) {
+    return launch_gemm<Prologue, Epilogue>(p, nullptr, stream);
+  } else {
+    void* stats = nullptr;
+    cudaError_t err = cudaMallocAsync(&stats, size_t(p.m) * sizeof(RowStats), stream);
+    if (err != cudaSuccess) return err;
+    RowStats* row_stats = static_cast<RowStats*>(stats);
+    err = Prologue::launch_row_stats(p.a, row_stats, p.m, p.k, p.norm, stream);
+    if (err == cudaSuccess) err = launch_gemm<Prologue, Epilogue>(p, row_stats, stream);
+    const cudaError_t freed = cudaFreeAsync(stats, stream);
+    return err != cudaSuccess ? err : freed;
+  }
+}
+
+template <typename T, LayoutB kLayout, typename Config>
+template <typename Prologue, typename Epilogue>
+cudaError_t Mainloop<T, kLayout, Config>::launch_gemm(const GemmArgs<T>& p, const RowStats* row_stats,
+                                                      cudaStream_t stream) {
   using Self = Mainloop<T, kLayout, Config>;
   static std::atomic<int> configured[64];
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
-  err = fusion::detail::raise_smem_limit(configured, device, persistent_gemm_kernel<Self, Epilogue>, kSmemBytes);
+  err = fusion::detail::raise_smem_limit(configured, device, persistent_gemm_kernel<Self, Prologue, Epilogue>, kSmemBytes);
   if (err != cudaSuccess) return err;
   CUtensorMap map_a, map_b, map_c;
   err = encode_maps(p, &map_a, &map_b, &map_c);
@@ -944,8 +1052,8 @@ cudaError_t Mainloop<T, kLayout, Config>::launch(const GemmArgs<T>& p, cudaStrea
     } else {
       sk = StreamK{};
     }
-    persistent_gemm_kernel<Self, Epilogue>
-        <<<unsigned(grid), kThreads, kSmemBytes, stream>>>(map_a, map_b, map_c, p, sk);
+    persistent_gemm_kernel<Self, Prologue, Epilogue>
+        <<<unsigned(grid), kThreads, kSmemBytes, stream>>>(map_a, map_b, map_c, p, sk, row_stats);
   } else {
     cudaLaunchConfig_t config{};
     config.blockDim = dim3(kThreads);
@@ -965,13 +1073,14 @@ cudaError_t Mainloop<T, kLayout, Config>::launch(const GemmArgs<T>& p, cudaStrea
     const int resident = fusion::detail::once_per_device(resident_by_device, device, [&] {
       int clusters = 0;
       config.gridDim = dim3(unsigned(fusion::detail::sm_count(device)));
-      err = cudaOccupancyMaxActiveClusters(&clusters, persistent_gemm_kernel<Self, Epilogue>, &config);
+      err = cudaOccupancyMaxActiveClusters(&clusters, persistent_gemm_kernel<Self, Prologue, Epilogue>, &config);
       return err == cudaSuccess ? clusters : 0;
     });
     if (err != cudaSuccess) return err;
     if (resident <= 0) return cudaErrorInvalidConfiguration;
     config.gridDim = dim3(unsigned((units < resident ? units : resident) * kClusterM));
-    err = cudaLaunchKernelEx(&config, persistent_gemm_kernel<Self, Epilogue>, map_a, map_b, map_c, p, sk);
+    err = cudaLaunchKernelEx(&config, persistent_gemm_kernel<Self, Prologue, Epilogue>, map_a, map_b, map_c, p, sk,
+                             row_stats);
     if (err != cudaSuccess) return err;
   }
   return cudaGetLastError();
