@@ -388,7 +388,7 @@ fn kernel_key(composition: &Composition, dtype: DType, arch: Arch) -> Result<Ker
                 layout: gemm.b_layout,
                 steps: gemm.epilogue.clone(),
                 dtype,
-                mainloop: arch.mainloop_for(&kind),
+                mainloop: arch.mainloop(),
                 config: select::select(arch, &kind)?,
             }
         }

@@ -147,7 +147,7 @@ fn dtypes_and_archs_multiply_variants() {
 }
 
 #[test]
-fn sm90_units_use_the_sm90_mainloop_except_with_a_norm_prologue() {
+fn sm90_units_use_the_sm90_mainloop_norm_compositions_too() {
     let lib = render(
         "k",
         &[Arch::Sm80, Arch::Sm90],
@@ -188,8 +188,8 @@ fn sm90_units_use_the_sm90_mainloop_except_with_a_norm_prologue() {
     let sm80 = unit("k_gemm_bias_gelu_nk_f16_sm80");
     assert!(sm80.source.contains("#include \"fusion/sm80/mainloop.cuh\""));
     assert!(!sm80.source.contains("sm90"));
-    // A norm composition on sm90 keeps the sm80 mainloop with sm90.json's
-    // tiles for it.
+    // A norm composition on sm90 runs the sm90 mainloop too, with
+    // sm90.json's default tiles.
     let norm = lib
         .units
         .iter()
@@ -198,18 +198,21 @@ fn sm90_units_use_the_sm90_mainloop_except_with_a_norm_prologue() {
     assert!(matches!(
         norm.key,
         KernelKey::Gemm {
-            mainloop: Mainloop::Sm80,
+            mainloop: Mainloop::Sm90,
             ..
         }
     ));
-    assert!(norm.source.contains("#include \"fusion/sm80/mainloop.cuh\""));
-    assert!(
-        norm.source.contains(
-            "using LargeTile = fusion::sm80::TileConfig<128, 256, 64, 64, 64, 3, 1, fusion::sm80::KLoop::Pipelined, fusion::sm80::Store::Staged>;"
-        ),
-        "{}",
-        norm.source
-    );
+    for needle in [
+        "#include \"fusion/sm90/mainloop.cuh\"",
+        "fusion::FusedGemm<fusion::sm90::Mainloop<Element, fusion::LayoutB::NK, Tile>, fusion::NormPrologue<fusion::NormKind::LayerNorm>,",
+        "using LargeTile = fusion::sm90::TileConfig<128, 256, 3, fusion::sm90::Schedule::Cooperative>;",
+    ] {
+        assert!(
+            norm.source.contains(needle),
+            "`{needle}` missing from:\n{}",
+            norm.source
+        );
+    }
 }
 
 #[test]

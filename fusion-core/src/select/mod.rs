@@ -11,12 +11,8 @@
 //! a build error naming the file and the entry, never an nvcc failure or a
 //! launch that fails at run time.
 //!
-//! On sm90 the mainloop depends on the kernel ([`Arch::mainloop_for`]):
-//! compositions with a norm prologue keep the sm80 mainloop, everything else
-//! runs the sm90 one, and each config is checked against the mainloop it will
-//! be rendered with. A table's `default` entry serves the arch's own mainloop
-//! ([`Arch::default_mainloop`]); a kernel on another one (a norm composition
-//! on sm90) without an entry of its own gets that mainloop's heuristic.
+//! Every kernel of an arch runs that arch's mainloop ([`Arch::mainloop`]),
+//! norm compositions included, and each config is checked against it.
 //!
 //! M is only known at run time, so a kernel gets one config for every M plus,
 //! optionally, a second one its launcher picks for small M.
@@ -39,9 +35,7 @@ pub enum Arch {
     Sm75,
     /// Ampere and Ada: the mma.sync mainloop; also runs on sm_86 and sm_89.
     Sm80,
-    /// Hopper, built as sm_90a: the wgmma + TMA mainloop, except for
-    /// compositions with a norm prologue, which keep the sm80 mainloop (see
-    /// [`Arch::mainloop_for`]).
+    /// Hopper, built as sm_90a: the wgmma + TMA mainloop.
     Sm90,
 }
 
@@ -53,7 +47,8 @@ pub enum Mainloop {
     /// `fusion::sm80::Mainloop`: mma.sync, cp.async multi-stage pipeline.
     Sm80,
     /// `fusion::sm90::Mainloop`: persistent and warp-specialized, TMA loads
-    /// into a ring of stages, wgmma from shared memory; no norm prologue.
+    /// into a ring of stages, wgmma from shared memory; a norm prologue
+    /// normalizes each stage of A in place.
     Sm90,
 }
 
@@ -113,23 +108,12 @@ impl Arch {
         }
     }
 
-    /// The mainloop written for this arch: what kernels without a norm
-    /// prologue run, and what a tuned table's `default` entry is for.
-    pub fn default_mainloop(self) -> Mainloop {
+    /// The mainloop written for this arch, which all its kernels run.
+    pub fn mainloop(self) -> Mainloop {
         match self {
             Arch::Sm75 => Mainloop::Sm75,
             Arch::Sm80 => Mainloop::Sm80,
             Arch::Sm90 => Mainloop::Sm90,
-        }
-    }
-
-    /// The mainloop a kernel is rendered with on this arch. The sm90
-    /// mainloop has no norm prologue, so on sm90 those compositions keep the
-    /// sm80 mainloop (and the sm80-style entries of `sm90.json`).
-    pub fn mainloop_for(self, kernel: &KernelKind) -> Mainloop {
-        match self.default_mainloop() {
-            Mainloop::Sm90 if kernel.prologue => Mainloop::Sm80,
-            mainloop => mainloop,
         }
     }
 
@@ -346,7 +330,8 @@ impl TileConfig {
     }
 
     /// Shared memory a block uses, mirroring the mainloops' `kSmemBytes`
-    /// plus the norm prologue's row statistics (two floats per row).
+    /// plus, on sm75 and sm80, the norm prologue's row statistics (two
+    /// floats per row).
     pub fn smem_bytes(
         &self,
         mainloop: Mainloop,
@@ -390,7 +375,13 @@ impl TileConfig {
                 alignment + pipeline + staging + barriers + stream_k
             }
         };
-        let row_stats = if prologue { bm * 8 } else { 0 };
+        // The sm75 and sm80 kernels keep their tile's row statistics in
+        // shared memory; sm90's read them from the first pass's buffer.
+        let row_stats = if prologue && mainloop != Mainloop::Sm90 {
+            bm * 8
+        } else {
+            0
+        };
         dynamic + row_stats
     }
 
@@ -429,25 +420,14 @@ impl TileConfig {
         }
     }
 
-    /// Checks the config against what the mainloop it is rendered with
-    /// ([`Arch::mainloop_for`]) accepts and the architecture's budgets, for
-    /// a kernel of this shape. The error is a sentence saying what is wrong
-    /// and the limit.
+    /// Checks the config against what the arch's mainloop accepts and the
+    /// architecture's budgets, for a kernel of this shape. The error is a
+    /// sentence saying what is wrong and the limit.
     pub fn check(&self, arch: Arch, kernel: &KernelKind) -> Result<(), String> {
-        let mainloop = arch.mainloop_for(kernel);
-        let checked = match mainloop {
+        match arch.mainloop() {
             Mainloop::Sm90 => self.check_sm90(arch, kernel),
-            Mainloop::Sm75 | Mainloop::Sm80 => self.check_warp_tiled(arch, mainloop, kernel),
-        };
-        checked.map_err(|reason| {
-            if arch == Arch::Sm90 && mainloop == Mainloop::Sm80 {
-                format!(
-                    "{reason} (on sm90 a composition with a norm prologue runs the sm80 mainloop, so its config must be an sm80 one)"
-                )
-            } else {
-                reason
-            }
-        })
+            mainloop @ (Mainloop::Sm75 | Mainloop::Sm80) => self.check_warp_tiled(arch, mainloop, kernel),
+        }
     }
 
     /// The sm75 and sm80 mainloops: warp tiles, a thread count from them and
@@ -557,9 +537,6 @@ impl TileConfig {
     fn check_sm90(&self, arch: Arch, kernel: &KernelKind) -> Result<(), String> {
         let c = self;
         let budget = arch.budget();
-        if kernel.prologue {
-            return Err("the sm90 mainloop has no norm prologue".into());
-        }
         let sm80_only = [
             ("warp_m", c.warp_m != 0),
             ("warp_n", c.warp_n != 0),
@@ -630,7 +607,8 @@ pub struct KernelKind {
     pub name: String,
     pub dtype: DType,
     pub layout: WeightLayout,
-    /// Has a norm prologue (which keeps row statistics in shared memory).
+    /// Has a norm prologue (which on sm75 and sm80 keeps row statistics in
+    /// shared memory).
     pub prologue: bool,
 }
 
@@ -737,14 +715,9 @@ pub fn heuristic(mainloop: Mainloop) -> KernelConfig {
 }
 
 /// The checked config for a kernel on `arch`: from `table` when it has an
-/// entry for the kernel's mainloop, else [`heuristic`].
+/// entry for the kernel, else [`heuristic`].
 pub fn select_with(table: &TunedTable, arch: Arch, kernel: &KernelKind) -> Result<KernelConfig, SelectError> {
-    let mainloop = arch.mainloop_for(kernel);
-    // `default` is written for the arch's own mainloop.
-    let entry = table
-        .lookup(&kernel.name, kernel.dtype)
-        .filter(|(key, _)| *key != "default" || mainloop == arch.default_mainloop());
-    let (config, source) = match entry {
+    let (config, source) = match table.lookup(&kernel.name, kernel.dtype) {
         Some((entry, config)) => (
             *config,
             ConfigSource::Tuned {
@@ -752,7 +725,7 @@ pub fn select_with(table: &TunedTable, arch: Arch, kernel: &KernelKind) -> Resul
                 entry: entry.to_owned(),
             },
         ),
-        None => (heuristic(mainloop), ConfigSource::Heuristic),
+        None => (heuristic(arch.mainloop()), ConfigSource::Heuristic),
     };
     let fail = |which, reason| SelectError::Invalid {
         origin: source.clone(),

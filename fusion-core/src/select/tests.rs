@@ -84,14 +84,9 @@ fn defaults_are_the_measured_tiles() {
     // Norm prologues keep the per-stage loop, which does not spill with them.
     let norm = select(Arch::Sm80, &kernel("rmsnorm_gemm", DType::F16, true)).unwrap();
     assert_eq!(norm.large, TileConfig::TILE_128X128);
-    // On sm90 they keep sm90.json's sm80-style entries.
+    // On sm90 they get the default tiles.
     let norm = select(Arch::Sm90, &kernel("layernorm_gemm_bias_gelu", DType::F16, true)).unwrap();
-    let staged = TileConfig {
-        staged_store: true,
-        ..pipelined(128, 256, 64, 64, 64, 3, 1)
-    };
-    assert_eq!(norm.large, staged);
-    assert_eq!(norm.small().map(|(_, max_m)| max_m), Some(512));
+    assert_eq!(norm, sm90);
     assert_eq!(select(Arch::Sm75, &k).unwrap().large, TileConfig::SM75_128X128);
     assert_eq!(select(Arch::Sm75, &k).unwrap().small(), None);
 }
@@ -131,16 +126,6 @@ fn oversized_tuned_entry_is_rejected_with_file_and_entry() {
     );
     assert!(
         err.contains("131072 bytes of shared memory per block; sm80 allows 101376"),
-        "{err}"
-    );
-    // On sm90 a norm composition runs the sm80 mainloop: the config fits
-    // sm90's 227 KB, but 16 warps of 64x64 tiles exceed the register file.
-    let err = select_with(&table, Arch::Sm90, &kernel("gemm_bias_gelu", DType::F16, true))
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("registers per thread"), "{err}");
-    assert!(
-        err.contains("a composition with a norm prologue runs the sm80 mainloop"),
         "{err}"
     );
     // Another composition falls through to the heuristic.
@@ -362,26 +347,33 @@ fn schedule_is_parsed_and_rejected_outside_sm90() {
 }
 
 #[test]
-fn norm_compositions_on_sm90_get_the_sm80_mainloop() {
+fn norm_compositions_on_sm90_get_the_sm90_mainloop() {
     let norm = kernel("rmsnorm_gemm_bias_gelu", DType::BF16, true);
+    assert_eq!(Arch::Sm90.mainloop(), Mainloop::Sm90);
+    // sm90.json's `default`, like any other composition.
     let plain = kernel("gemm_bias_gelu", DType::BF16, false);
-    assert_eq!(Arch::Sm90.mainloop_for(&norm), Mainloop::Sm80);
-    assert_eq!(Arch::Sm90.mainloop_for(&plain), Mainloop::Sm90);
-    assert_eq!(Arch::Sm80.mainloop_for(&plain), Mainloop::Sm80);
-    assert_eq!(Arch::Sm75.mainloop_for(&norm), Mainloop::Sm75);
-    // With no entry of its own it skips sm90.json's `default` (an sm90
-    // mainloop config) for the sm80 heuristic.
-    assert_eq!(select(Arch::Sm90, &norm).unwrap(), heuristic(Mainloop::Sm80));
-    // An sm90 mainloop config given to a norm composition is refused.
-    let err = TileConfig::SM90_128X256.check(Arch::Sm90, &norm).unwrap_err();
-    assert!(
-        err.contains("`schedule` (cooperative) is an option of the sm90 mainloop"),
-        "{err}"
+    assert_eq!(
+        select(Arch::Sm90, &norm).unwrap(),
+        select(Arch::Sm90, &plain).unwrap()
     );
-    assert!(
-        err.contains("a composition with a norm prologue runs the sm80 mainloop"),
-        "{err}"
+    // Its row statistics take no shared memory on sm90 (they come from the
+    // first pass), unlike on sm80.
+    let c = TileConfig::SM90_128X256;
+    assert_eq!(
+        c.smem_bytes(Mainloop::Sm90, DType::BF16, WeightLayout::NK, true),
+        c.smem_bytes(Mainloop::Sm90, DType::BF16, WeightLayout::NK, false)
     );
+    let c = heuristic(Mainloop::Sm80).large;
+    assert_eq!(
+        c.smem_bytes(Mainloop::Sm80, DType::BF16, WeightLayout::NK, true),
+        c.smem_bytes(Mainloop::Sm80, DType::BF16, WeightLayout::NK, false) + c.bm as usize * 8
+    );
+    // An sm80 config given to a norm composition on sm90 is refused.
+    let err = heuristic(Mainloop::Sm80)
+        .large
+        .check(Arch::Sm90, &norm)
+        .unwrap_err();
+    assert!(err.contains("does not apply to the sm90 mainloop"), "{err}");
 }
 
 /// An sm90 table whose only entry, `gemm_bias`, is `entry` (JSON).
