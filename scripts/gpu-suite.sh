@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Runs the GPU checks from a bundle made by scripts/gpu-bundle.sh:
 #   gpu-suite.sh [OUT] [steps...]
-#   steps: tests ptx errors examples property stress sanitize bench (default: all)
+#   steps: tests ptx errors graphs examples property stress sanitize bench (default: all)
 #   (sanitize-quick: the sanitizers on the native variant only)
 # Each step logs to OUT/<step>*.log; a summary of pass/fail counts is printed.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=${1:-$here/logs}; shift || true
-steps=${*:-tests ptx errors examples property stress sanitize bench}
+steps=${*:-tests ptx errors graphs examples property stress sanitize bench}
 mkdir -p "$out"
 cd "$here"
 export FUSION_GRAPHS_DIR=$here/graphs
@@ -58,6 +58,7 @@ for step in $steps; do
       # A forced variant that does not exist: the wrapper refuses with ForcedArch.
       FUSION_FORCE_ARCH=sm61 run gpu-errors-forced.log ./gpu_errors --ignored --exact \
         a_forced_variant_that_cannot_run_is_refused_by_the_wrapper ;;
+    graphs) run gpu-graphs.log ./gpu_graphs --ignored --nocapture ;;
     examples)
       run example-swiglu-ffn.log ./swiglu_ffn 512
       run example-llama-ffn.log ./llama-ffn ;;

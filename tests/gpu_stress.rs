@@ -20,17 +20,6 @@ const CALLS: usize = 1000;
 /// Calls after which a thread checks its output (and the last one).
 const CHECK_EVERY: usize = 250;
 
-/// Writes NaN over every output of `case`, so a check after the next call
-/// only passes if that call wrote the whole output.
-fn poison<T: TestElement>(s: &Arc<CudaStream>, case: &mut Case<T>) {
-    for (_, buf, shape, _) in &mut case.writes {
-        let nan = vec![T::NAN; shape.len()];
-        if !nan.is_empty() {
-            s.memcpy_htod(&nan, buf).expect("upload");
-        }
-    }
-}
-
 /// Each thread: its own stream, inputs and outputs; `CALLS` calls of
 /// `launch`, checked against the reference every `CHECK_EVERY` calls.
 fn hammer<T: TestElement>(
@@ -49,7 +38,7 @@ fn hammer<T: TestElement>(
                     for call in 1..=CALLS {
                         let check = call % CHECK_EVERY == 0 || call == CALLS;
                         if check {
-                            poison(&s, &mut case);
+                            case.poison(&s);
                         }
                         launch(&s, &mut case).unwrap_or_else(|e| panic!("thread {thread}, call {call}: {e}"));
                         if check {
