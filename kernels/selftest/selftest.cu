@@ -1017,6 +1017,25 @@ void bench(const Options& opt, int sm_count) {
         };
         const auto [ours_us, base_us] = median_pair_us(reps, ours, base);
         rows.push_back({shape_label(s), what, cfg, ours_us, base_us, flops});
+        // The alternative to fusing: the norm kernel, then our GEMM on its output.
+        const auto unfused = [&](int i) {
+          const BenchSet& set = sets[size_t(i)];
+          const NormArgs args{set.gamma.ptr, set.beta.ptr, 1e-5f};
+          CHECK_CUDA((launch_norm_rows<Prologue::kKind, __half>(set.a.ptr, set.normed.ptr, args, s.m, s.k, nullptr)));
+          GemmArgs<__half> p{};
+          p.a = set.normed.ptr;
+          p.b = set.b.ptr;
+          p.c = set.c.ptr;
+          p.m = s.m;
+          p.n = s.n;
+          p.k = s.k;
+          if (use_small)
+            CHECK_CUDA((FusedGemm<BenchSmall<__half, LayoutB::NK>, NoPrologue, EpilogueChain<>>::launch(p, nullptr)));
+          else
+            CHECK_CUDA((FusedGemm<BenchLarge<__half, LayoutB::NK>, NoPrologue, EpilogueChain<>>::launch(p, nullptr)));
+        };
+        const auto [unfused_us, base2_us] = median_pair_us(reps, unfused, base);
+        rows.push_back({shape_label(s), std::string(what) + " (norm kernel + ours)", cfg, unfused_us, base2_us, flops});
       };
       norm_case(LayerNormPrologue{}, "layernorm_gemm vs norm + cublas");
       norm_case(RmsNormPrologue{}, "rmsnorm_gemm vs norm + cublas");

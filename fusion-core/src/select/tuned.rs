@@ -8,9 +8,7 @@
 //! ```
 //!
 //! Keys are `<composition>.<dtype>`, `<composition>` or `default`, tried in
-//! that order; `default` only serves kernels on the arch's own mainloop (on
-//! sm90, not the norm compositions, which run the sm80 mainloop). An sm90
-//! entry for the sm90 mainloop names `bm`, `bn`, `bk` (64), `stages` and
+//! that order. An sm90 entry names `bm`, `bn`, `bk` (64), `stages` and
 //! optionally `"schedule": "cooperative" | "pingpong"`. An entry may add
 //! `small_m_alt`, a second tile for `m <= small_m_max` that the kernel runs
 //! instead of `small_m` when it needs fewer waves on the device's SMs.

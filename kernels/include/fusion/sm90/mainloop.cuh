@@ -529,7 +529,8 @@ struct Mainloop {
   // and beta are loaded before the wait. Then makes the writes visible to
   // the wgmmas (the async proxy) of the whole warp group. Chunks past K,
   // which TMA zero-filled, stay zero; rows past M get mean = rstd = 0 and
-  // feed only rows of C that are never stored.
+  // feed only rows of C that are never stored. (Skipping those rows measured
+  // slower on full tiles: BENCHMARKS.md v9.)
   template <typename Prologue, typename WaitFull>
   static __device__ __forceinline__ void normalize_stage(const Smem& s, int stage, int consumer, int kb,
                                                          const NormTile& norm, const GemmArgs<T>& args,
@@ -991,11 +992,12 @@ cudaError_t Mainloop<T, kLayout, Config>::encode_maps(const GemmArgs<T>& p, CUte
     return detail::encode_matrix(map_b, p.b, p.k, p.n, BK);
 }
 
-// With a norm prologue: first the statistics of A's rows, into a buffer of
-// the stream's memory pool that lives from the first pass to the end of the
-// GEMM (freed stream-ordered right after it, so that launches on other
-// streams, and graph replays, each have their own), then the GEMM, which
-// normalizes each stage of A in shared memory (normalize_stage).
+// With a norm prologue: first the statistics of A's rows, into a buffer
+// from the device's current memory pool, allocated and freed on the stream
+// around the two kernels (so launches on other streams each have their
+// own, and a captured launch becomes a graph allocation, whose replays run
+// one after another), then the GEMM, which normalizes each stage of A in
+// shared memory (normalize_stage).
 template <typename T, LayoutB kLayout, typename Config>
 template <typename Prologue, typename Epilogue>
 cudaError_t Mainloop<T, kLayout, Config>::launch(const GemmArgs<T>& p, cudaStream_t stream) {
