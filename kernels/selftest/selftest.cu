@@ -813,10 +813,12 @@ BenchSet random_bench_set(Shape s, uint64_t& seed) {
   return set;
 }
 
+// Our kernel on one input set with `a` as A (the set's own A, or the norm
+// kernel's output for the unfused norm rows).
 template <typename Mainloop, typename Epilogue, typename Prologue = NoPrologue>
-void launch_ours(const BenchSet& set, Shape s) {
+void launch_ours_on(const BenchSet& set, Shape s, const __half* a) {
   GemmArgs<__half> p{};
-  p.a = set.a.ptr;
+  p.a = a;
   p.b = set.b.ptr;
   p.c = set.c.ptr;
   p.m = s.m;
@@ -825,6 +827,11 @@ void launch_ours(const BenchSet& set, Shape s) {
   p.epilogue.bias = set.bias.ptr;
   p.norm = NormArgs{set.gamma.ptr, set.beta.ptr, 1e-5f};
   CHECK_CUDA((FusedGemm<Mainloop, Prologue, Epilogue>::launch(p, nullptr)));
+}
+
+template <typename Mainloop, typename Epilogue, typename Prologue = NoPrologue>
+void launch_ours(const BenchSet& set, Shape s) {
+  launch_ours_on<Mainloop, Epilogue, Prologue>(set, s, set.a.ptr);
 }
 
 // Relative difference between two f16 outputs on the device.
@@ -1001,10 +1008,14 @@ void bench(const Options& opt, int sm_count) {
       // cublasGemmEx on it.
       const auto norm_case = [&](auto prologue_tag, const char* what) {
         using Prologue = decltype(prologue_tag);
-        const auto base = [&](int i) {
-          const BenchSet& set = sets[size_t(i)];
+        // norm(A) of a set into its `normed`.
+        const auto norm_kernel = [&](const BenchSet& set) {
           const NormArgs args{set.gamma.ptr, set.beta.ptr, 1e-5f};
           CHECK_CUDA((launch_norm_rows<Prologue::kKind, __half>(set.a.ptr, set.normed.ptr, args, s.m, s.k, nullptr)));
+        };
+        const auto base = [&](int i) {
+          const BenchSet& set = sets[size_t(i)];
+          norm_kernel(set);
           CHECK_CUBLAS(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, int(s.n), int(s.m), int(s.k), &alpha, set.b.ptr,
                                     CUDA_R_16F, int(s.k), set.normed.ptr, CUDA_R_16F, int(s.k), &beta, set.c.ptr,
                                     CUDA_R_16F, int(s.n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
@@ -1020,19 +1031,11 @@ void bench(const Options& opt, int sm_count) {
         // The alternative to fusing: the norm kernel, then our GEMM on its output.
         const auto unfused = [&](int i) {
           const BenchSet& set = sets[size_t(i)];
-          const NormArgs args{set.gamma.ptr, set.beta.ptr, 1e-5f};
-          CHECK_CUDA((launch_norm_rows<Prologue::kKind, __half>(set.a.ptr, set.normed.ptr, args, s.m, s.k, nullptr)));
-          GemmArgs<__half> p{};
-          p.a = set.normed.ptr;
-          p.b = set.b.ptr;
-          p.c = set.c.ptr;
-          p.m = s.m;
-          p.n = s.n;
-          p.k = s.k;
+          norm_kernel(set);
           if (use_small)
-            CHECK_CUDA((FusedGemm<BenchSmall<__half, LayoutB::NK>, NoPrologue, EpilogueChain<>>::launch(p, nullptr)));
+            launch_ours_on<BenchSmall<__half, LayoutB::NK>, EpilogueChain<>>(set, s, set.normed.ptr);
           else
-            CHECK_CUDA((FusedGemm<BenchLarge<__half, LayoutB::NK>, NoPrologue, EpilogueChain<>>::launch(p, nullptr)));
+            launch_ours_on<BenchLarge<__half, LayoutB::NK>, EpilogueChain<>>(set, s, set.normed.ptr);
         };
         const auto [unfused_us, base2_us] = median_pair_us(reps, unfused, base);
         rows.push_back({shape_label(s), std::string(what) + " (norm kernel + ours)", cfg, unfused_us, base2_us, flops});

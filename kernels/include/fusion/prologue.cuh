@@ -91,11 +91,7 @@ struct NormPrologue {
   template <typename T>
   static __device__ __forceinline__ void apply(Vec8<T>& chunk, int local_row, int64_t k0, int64_t K,
                                                const NormArgs& args, const RowStats* stats) {
-    if (k0 >= K) return;
-    float x[8];
-    vec8_to_float(chunk, x);
-    normalize8<kKind, T>(x, stats[local_row], k0, args);
-    chunk = float_to_vec8<T>(x);
+    if (k0 < K) apply<T>(chunk, stats[local_row], columns<T>(k0, args));
   }
 };
 
