@@ -573,6 +573,9 @@ struct Mainloop {
                                                   const NormTile& norm = {}, const GemmArgs<T>* args = nullptr) {
     const int lane = threadIdx.x % 32;
     const int row0 = kPingPong ? 0 : consumer * 64;
+    const uint64_t a_desc = smem_descriptor(s.a + row0 * 128, 16, 1024);
+    const uint64_t b_desc = kLayout == LayoutB::NK ? smem_descriptor(s.b, 16, 1024)
+                                                   : smem_descriptor(s.b, 64 * BK * 2, 1024);
     int previous = -1;
     trace::Timer loop, waited;  // the K loop, and its waits on full barriers
     loop.start();
@@ -586,16 +589,20 @@ struct Mainloop {
         normalize_stage<Prologue>(s, ring.stage, consumer, norm.k_first + norm.k_step * kb, norm, *args, wait_full);
       else
         wait_full();
-      const unsigned char* a = s.a + ring.stage * kABytes + row0 * 128;
-      const unsigned char* b = s.b + ring.stage * kBBytes;
+      // Descriptors by addition: the first stage's plus the offset in
+      // 16-byte units (the address field never carries, as shared memory
+      // ends below 256 KB). Rebuilding them from addresses cost ~45 more
+      // instructions per k-block and warp, which on the power-limited H200
+      // cost clock (BENCHMARKS.md v10).
+      const uint64_t a_stage = a_desc + uint64_t(ring.stage) * (kABytes >> 4);
+      const uint64_t b_stage = b_desc + uint64_t(ring.stage) * (kBBytes >> 4);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < BK / 16; ++kk) {
-        const uint64_t db = kLayout == LayoutB::NK ? smem_descriptor(b + kk * 32, 16, 1024)
-                                                   : smem_descriptor(b + kk * 16 * 128, 64 * BK * 2, 1024);
+        const uint64_t db = b_stage + uint64_t(kk) * (kLayout == LayoutB::NK ? 32 >> 4 : (16 * 128) >> 4);
 #pragma unroll
         for (int mi = 0; mi < kMmaM; ++mi) {
-          const uint64_t da = smem_descriptor(a + mi * 64 * 128 + kk * 32, 16, 1024);
+          const uint64_t da = a_stage + uint64_t((mi * 64 * 128 + kk * 32) >> 4);
           Wgmma<T, BN, kTransB>::mma(acc[mi], da, db, (kb > 0 || kk > 0) ? 1 : 0);
         }
       }
@@ -814,7 +821,10 @@ __global__ void __launch_bounds__(ML::kThreads, 1)
     if (threadIdx.x == 0) ML::produce(s, &map_a, &map_b, args, stream_k);
   } else {
     setmaxnreg_inc<ML::kConsumerRegisters>();
-    ML::template consume<Prologue, Epilogue>(s, group - 1, &map_c, args, stream_k, row_stats);
+    // The same in every lane, said so (a shuffle from lane 0) that what
+    // derives from it can live in uniform registers.
+    const int consumer = __shfl_sync(0xffffffffu, group - 1, 0);
+    ML::template consume<Prologue, Epilogue>(s, consumer, &map_c, args, stream_k, row_stats);
   }
   // ... and may still arrive on this CTA's barriers until it is done.
   if constexpr (ML::kClusterM > 1) cluster_sync();
