@@ -543,6 +543,9 @@ template <typename T, LayoutB L>
 using Sm90Narrow = sm90::Mainloop<T, L, sm90::TileConfig<64, 128, 8>>;
 template <typename T, LayoutB L>
 using Sm90Cluster = sm90::Mainloop<T, L, sm90::TileConfig<128, 256, 3, sm90::Schedule::Cooperative, 2>>;
+// Four stages leave room for half the staging tile only (kStagingParts 2).
+template <typename T, LayoutB L>
+using Sm90FourStagesCluster = sm90::Mainloop<T, L, sm90::TileConfig<128, 256, 4, sm90::Schedule::Cooperative, 2>>;
 template <typename T, LayoutB L>
 using Sm90PingPongCluster = sm90::Mainloop<T, L, sm90::TileConfig<128, 128, 5, sm90::Schedule::PingPong, 2>>;
 
@@ -568,6 +571,7 @@ void check_sm90(Totals& totals, const Options& opt, Rng& rng) {
   check_family<Sm90PingPong, __nv_bfloat16, LayoutB::KN>(totals, opt, "sm90pp", true, rng);
   check_family<Sm90Narrow, __half, LayoutB::NK>(totals, opt, "sm90", !opt.quick, rng);
   check_family<Sm90Narrow, __nv_bfloat16, LayoutB::KN>(totals, opt, "sm90", !opt.quick, rng);
+  check_family<Sm90FourStagesCluster, __half, LayoutB::KN>(totals, opt, "sm90s4c2", true, rng);
   check_family<Sm90Cluster, __half, LayoutB::NK>(totals, opt, "sm90c2", true, rng);
   check_family<Sm90Cluster, __nv_bfloat16, LayoutB::KN>(totals, opt, "sm90c2", true, rng);
   check_family<Sm90PingPongCluster, __half, LayoutB::KN>(totals, opt, "sm90ppc2", true, rng);
@@ -901,7 +905,9 @@ void report_cluster_occupancy(int sm_count) {
 }
 
 std::vector<BenchVariant> bench_variants() {
-  return {variant<Sm90Variant<128, 256, 3, kCoop>>("co128x256s3"),
+  return {variant<Sm90Variant<128, 256, 4, kCoop>>("co128x256s4"),
+          variant<Sm90Variant<128, 256, 3, kCoop>>("co128x256s3"),
+          variant<Sm90Variant<128, 256, 4, kCoop, 2>>("co128x256s4c2"),
           variant<Sm90Variant<128, 256, 3, kCoop, 2>>("co128x256s3c2"),
           variant<Sm90Variant<128, 128, 5, kPingPong, 2>>("pp128x128s5c2"),
           variant<Sm90Variant<128, 128, 5, kPingPong>>("pp128x128s5"),

@@ -23,9 +23,9 @@
 // their rows of each A stage in shared memory before its wgmmas
 // (normalize_stage).
 // After the K loop each consumer runs the epilogue chain on its accumulators
-// in registers, writes the results into a 128-byte swizzled staging tile and
-// stores C from there with TMA, while the producer already loads the next
-// tile's stages.
+// in registers, writes the results into a 128-byte swizzled staging tile
+// (stmatrix, 16 bytes per lane) and stores C from there with TMA, while the
+// producer already loads the next tile's stages.
 //
 // B [N, K] (nn.Linear) is K-major like A; B [K, N] is MN-major, loaded as
 // 64-column boxes and read by wgmma with its transpose bit. TMA zero-fills
@@ -125,9 +125,9 @@ enum class Schedule { Cooperative, PingPong };
 // A CTA tile: BM rows by BN columns, K in steps of 64, kStages
 // shared-memory stages. Shared memory is 1024 (alignment) + kStages *
 // (BM + BN) * 128 bytes for the pipeline, BM * BN * 2 bytes of epilogue
-// staging (twice that for PingPong: one tile per consumer) and
-// 16 * kStages + 16 bytes of barriers and 96 of stream-K bookkeeping; at most
-// 227 KB.
+// staging (twice that for PingPong: one tile per consumer; half of it when
+// the whole does not fit, see kStagingParts) and 16 * kStages + 16 bytes of
+// barriers and 96 of stream-K bookkeeping; at most 227 KB.
 //
 // kClusterM = 2 launches CTAs in clusters of two that own vertically
 // adjacent tiles: they share each B tile, each loading half of it and
@@ -175,12 +175,6 @@ struct Mainloop {
   static constexpr int kABytes = BM * BK * 2;
   static constexpr int kBBytes = BN * BK * 2;
   static constexpr int kStageBytes = kABytes + kBBytes;
-  // Epilogue staging: each consumer's whole share of C, as 64 x 64 boxes of
-  // 128-byte rows with the TMA's 128-byte swizzle (16-byte chunk c of row r
-  // sits at c ^ (r % 8)), which also keeps the fragment writes free of bank
-  // conflicts.
-  static constexpr int kBoxBytes = 64 * 64 * 2;
-  static constexpr int kStagingBytes = kConsumers * kRows * BN * 2;
   // full[kStages], empty[kStages] and the ping-pong order barriers.
   static constexpr int kBarrierBytes = 2 * kStages * 8 + 2 * 8;
   // This CTA's stream-K pieces and their counts, written by thread 0 at the
@@ -189,9 +183,21 @@ struct Mainloop {
   // a Finish): plan_stream_k must keep any split it allows within that.
   static constexpr int kMaxStreamKPieces = 4;
   static constexpr int kStreamKBytes = 96;
+  // Epilogue staging: each consumer's share of C, as 64 x 64 boxes of
+  // 128-byte rows with the TMA's 128-byte swizzle (16-byte chunk c of row r
+  // sits at c ^ (r % 8)), which also keeps the fragment writes free of bank
+  // conflicts. The whole share when it fits beside the stages; else half of
+  // its columns at a time (kStagingParts = 2: the second half waits until
+  // the first half's stores have read the staging tile).
+  static constexpr int kBoxBytes = 64 * 64 * 2;
+  static constexpr int kSmemLimit = 227 * 1024;
   // 1024 bytes of slack to align the stages for the 128-byte swizzle.
-  static constexpr int kSmemBytes = 1024 + kStages * kStageBytes + kStagingBytes + kBarrierBytes + kStreamKBytes;
-  static_assert(kSmemBytes <= 227 * 1024, "the tile needs more shared memory than an sm_90 block may have");
+  static constexpr int kSmemWithoutStaging = 1024 + kStages * kStageBytes + kBarrierBytes + kStreamKBytes;
+  static constexpr int kStagingParts = kSmemWithoutStaging + kConsumers * kRows * BN * 2 <= kSmemLimit ? 1 : 2;
+  static constexpr int kStagingCols = BN / kStagingParts;
+  static constexpr int kStagingBytes = kConsumers * kRows * kStagingCols * 2;
+  static constexpr int kSmemBytes = kSmemWithoutStaging + kStagingBytes;
+  static_assert(kSmemBytes <= kSmemLimit, "the tile needs more shared memory than an sm_90 block may have");
   // Consumer warps that read each stage and arrive on its empty barrier, in
   // every CTA of the cluster (a stage is refilled in all of them at once).
   static constexpr int kReadersPerStage = (kPingPong ? 4 : 4 * kConsumers) * kClusterM;
@@ -214,7 +220,7 @@ struct Mainloop {
   struct Smem {
     unsigned char* a;  // [kStages][BM][64]
     unsigned char* b;  // [kStages][BN][64] (NK) or [kStages][BN/64][64][64] (KN)
-    unsigned char* staging;  // [kConsumers][kRows / 64][BN / 64] boxes of kBoxBytes
+    unsigned char* staging;  // [kConsumers][kRows / 64][kStagingCols / 64] boxes of kBoxBytes
     uint64_t* full;    // [kStages]
     uint64_t* empty;   // [kStages]
     uint64_t* order;   // [2]: consumer c may start its next K loop once order[c] completes
@@ -682,7 +688,6 @@ struct Mainloop {
                                                     const GemmArgs<T>& args, [[maybe_unused]] int trace_piece = 0) {
     const int thread = threadIdx.x % 128;
     const int warp = thread / 32, lane = thread % 32;
-    const int row_in_block = warp * 16 + lane / 4;  // and row_in_block + 8
     const int64_t m_base = tile.m0 + (kPingPong ? 0 : consumer * 64);
     // Rows and columns of this consumer's part of the tile that lie inside C.
     const int rows = int(args.m - m_base < kRows ? args.m - m_base : kRows);
@@ -693,36 +698,47 @@ struct Mainloop {
       apply_chain<Epilogue, true>(acc, m_base, tile.n0, rows, cols, args);
     [[maybe_unused]] const bool tracer = consumer == 0 && thread == 0;
     if (tracer) FUSION_SM90_STAMP(trace_piece, 2);
-    unsigned char* staging = s.staging + consumer * (kRows * BN * 2);
-    // The previous tile's stores must have read the staging tile.
-    if (thread == 0) bulk_wait_read();
-    named_barrier_sync(1 + consumer, 128);
+    unsigned char* staging = s.staging + consumer * (kRows * kStagingCols * 2);
+    constexpr int kBoxesPerRow = kStagingCols / 64, kPartFrags = kStagingCols / 8;
+    // One stmatrix per two 8-column fragments: matrix j is fragment
+    // frag + j / 2, rows 8 (j % 2) on of the warp's 16; lane t addresses
+    // row t % 8 of matrix t / 8, whose 16 bytes are one swizzled chunk.
+    const int j = lane / 8;
+    const int r = warp * 16 + 8 * (j % 2) + lane % 8;
 #pragma unroll
-    for (int mi = 0; mi < kMmaM; ++mi) {
+    for (int part = 0; part < kStagingParts; ++part) {
+      // The previous stores (the previous tile's, or this tile's previous
+      // part) must have read the staging tile.
+      if (thread == 0) bulk_wait_read();
+      named_barrier_sync(1 + consumer, 128);
 #pragma unroll
-      for (int frag = 0; frag < BN / 8; ++frag) {
-        unsigned char* box = staging + (mi * (BN / 64) + frag / 8) * kBoxBytes;
-        const int chunk = frag % 8;
+      for (int mi = 0; mi < kMmaM; ++mi) {
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int r = row_in_block + 8 * half;
-          const float2 v = make_float2(acc[mi][4 * frag + 2 * half], acc[mi][4 * frag + 2 * half + 1]);
-          const int offset = r * 128 + ((chunk ^ (r % 8)) << 4) + (lane % 4) * 4;
-          *reinterpret_cast<typename Numeric<T>::Pair*>(box + offset) = Numeric<T>::float2_to_pair(v);
+        for (int frag = 0; frag < kPartFrags; frag += 2) {
+          uint32_t packed[4];
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            const int a = 4 * (part * kPartFrags + frag + q / 2) + 2 * (q % 2);
+            const typename Numeric<T>::Pair p = Numeric<T>::float2_to_pair(make_float2(acc[mi][a], acc[mi][a + 1]));
+            packed[q] = *reinterpret_cast<const uint32_t*>(&p);
+          }
+          const int f = frag + j / 2;
+          unsigned char* box = staging + (mi * kBoxesPerRow + f / 8) * kBoxBytes;
+          stmatrix_x4(box + r * 128 + (((f % 8) ^ (r % 8)) << 4), packed[0], packed[1], packed[2], packed[3]);
         }
       }
-    }
-    fence_proxy_async();
-    named_barrier_sync(1 + consumer, 128);
-    if (tracer) FUSION_SM90_STAMP(trace_piece, 3);
-    if (thread == 0) {
+      fence_proxy_async();
+      named_barrier_sync(1 + consumer, 128);
+      if (tracer && part == kStagingParts - 1) FUSION_SM90_STAMP(trace_piece, 3);
+      if (thread == 0) {
 #pragma unroll
-      for (int mi = 0; mi < kMmaM; ++mi)
+        for (int mi = 0; mi < kMmaM; ++mi)
 #pragma unroll
-        for (int nb = 0; nb < BN / 64; ++nb)
-          tma_store_2d(map_c, staging + (mi * (BN / 64) + nb) * kBoxBytes, int32_t(tile.n0) + 64 * nb,
-                       int32_t(m_base) + 64 * mi);
-      bulk_commit();
+          for (int nb = 0; nb < kBoxesPerRow; ++nb)
+            tma_store_2d(map_c, staging + (mi * kBoxesPerRow + nb) * kBoxBytes,
+                         int32_t(tile.n0) + part * kStagingCols + 64 * nb, int32_t(m_base) + 64 * mi);
+        bulk_commit();
+      }
     }
   }
 

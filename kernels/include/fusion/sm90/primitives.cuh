@@ -182,6 +182,18 @@ __device__ __forceinline__ uint64_t smem_descriptor(const void* tile, uint32_t l
   return d;
 }
 
+// ---------------------------------------------------------------------------
+// stmatrix: four 8x8 matrices of 16-bit elements from a warp's registers
+// into shared memory. Register i of lane t holds row t / 4, columns
+// 2 (t % 4) and 2 (t % 4) + 1 of matrix i (the mma accumulator layout);
+// lane t gives the address of row t % 8 of matrix t / 8 (16 bytes).
+// ---------------------------------------------------------------------------
+__device__ __forceinline__ void stmatrix_x4(void* row, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(smem_u32(row)), "r"(r0),
+               "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
+}
+
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 template <int kPending>
