@@ -534,7 +534,7 @@ void check_sm80(Totals& totals, const Options& opt, Rng& rng) {
 
 #if FUSION_SELFTEST_SM90
 template <typename T, LayoutB L>
-using Sm90Large = sm90::Mainloop<T, L, sm90::TileConfig<128, 256, 3>>;
+using Sm90Large = sm90::Mainloop<T, L, sm90::TileConfig<128, 256, 4>>;
 template <typename T, LayoutB L>
 using Sm90Small = sm90::Mainloop<T, L, sm90::TileConfig<128, 128, 6>>;
 template <typename T, LayoutB L>

@@ -171,8 +171,8 @@ fn sm90_units_use_the_sm90_mainloop_norm_compositions_too() {
     for needle in [
         "#include \"fusion/sm90/mainloop.cuh\"",
         "fusion::FusedGemm<fusion::sm90::Mainloop<Element, fusion::LayoutB::NK, Tile>, fusion::NoPrologue,",
-        "using LargeTile = fusion::sm90::TileConfig<128, 256, 3, fusion::sm90::Schedule::Cooperative>;",
-        "// 128x256x64 (3 stages, cooperative, persistent)",
+        "using LargeTile = fusion::sm90::TileConfig<128, 256, 4, fusion::sm90::Schedule::Cooperative>;",
+        "// 128x256x64 (4 stages, cooperative, persistent)",
         "using SmallTile = fusion::sm90::TileConfig<64, 128, 8, fusion::sm90::Schedule::Cooperative>;",
         "using SmallAltTile = fusion::sm90::TileConfig<128, 128, 6, fusion::sm90::Schedule::Cooperative>;",
         "if (p->m <= 512 && fusion::fewer_waves<SmallAltTile, SmallTile>(p->m, p->n))\n    return int(launch<Kernel<SmallAltTile>>(p, s));\n  if (p->m <= 512) return int(launch<Kernel<SmallTile>>(p, s));",
@@ -205,7 +205,7 @@ fn sm90_units_use_the_sm90_mainloop_norm_compositions_too() {
     for needle in [
         "#include \"fusion/sm90/mainloop.cuh\"",
         "fusion::FusedGemm<fusion::sm90::Mainloop<Element, fusion::LayoutB::NK, Tile>, fusion::NormPrologue<fusion::NormKind::LayerNorm>,",
-        "using LargeTile = fusion::sm90::TileConfig<128, 256, 3, fusion::sm90::Schedule::Cooperative>;",
+        "using LargeTile = fusion::sm90::TileConfig<128, 256, 4, fusion::sm90::Schedule::Cooperative>;",
     ] {
         assert!(
             norm.source.contains(needle),

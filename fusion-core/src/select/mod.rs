@@ -276,14 +276,15 @@ impl TileConfig {
         schedule: None,
     };
     /// The sm90 mainloop's 128x256 tile: two cooperative consumer warp
-    /// groups, 3 stages (209 KB with the epilogue's staging tile).
+    /// groups, 4 stages (225 KB, with half the tile's staging for the
+    /// epilogue's TMA stores).
     pub const SM90_128X256: TileConfig = TileConfig {
         bm: 128,
         bn: 256,
         bk: SM90_BK,
         warp_m: 0,
         warp_n: 0,
-        stages: 3,
+        stages: 4,
         min_blocks_per_sm: 0,
         pipelined: false,
         staged_store: false,
@@ -360,19 +361,23 @@ impl TileConfig {
                 // 1024 bytes to align the stages for the 128-byte swizzle.
                 let alignment = 1024;
                 let pipeline = stages * (bm + bn) * bk * elem;
-                // The epilogue stages the whole tile for its TMA stores;
-                // ping-pong's two consumers each stage a tile of their own.
-                let staged_rows = match self.sm90_schedule() {
-                    Schedule::Cooperative => bm,
-                    Schedule::PingPong => 2 * bm,
-                };
-                let staging = staged_rows * bn * elem;
                 // A "full" and an "empty" mbarrier of 8 bytes per stage, and
                 // the two ping-pong order barriers.
                 let barriers = 16 * stages + 16;
                 // The CTA's stream-K pieces.
                 let stream_k = 96;
-                alignment + pipeline + staging + barriers + stream_k
+                let without_staging = alignment + pipeline + barriers + stream_k;
+                // The epilogue stages the whole tile for its TMA stores
+                // (ping-pong's two consumers a tile each), or half its
+                // columns at a time where the whole would not fit
+                // (kStagingParts).
+                let staged_rows = match self.sm90_schedule() {
+                    Schedule::Cooperative => bm,
+                    Schedule::PingPong => 2 * bm,
+                };
+                let whole = staged_rows * bn * elem;
+                let fits = without_staging + whole <= Arch::Sm90.budget().smem_per_block;
+                without_staging + if fits { whole } else { whole / 2 }
             }
         };
         // The sm75 and sm80 kernels keep their tile's row statistics in
