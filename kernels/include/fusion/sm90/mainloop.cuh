@@ -501,6 +501,10 @@ struct Mainloop {
     }
   }
 
+  // The first row of a consumer's share of its tile: cooperative consumers
+  // split a tile by rows, ping-pong ones take whole tiles.
+  static __device__ __forceinline__ int share_row0(int consumer) { return kPingPong ? 0 : consumer * 64; }
+
   // The norm prologue's view of one tile for one consumer thread: the
   // statistics of the A rows it normalizes (see normalize_stage) and the
   // k-block of stage j, k_first + k_step * j (the producer may walk a tile
@@ -551,7 +555,7 @@ struct Mainloop {
     if (inside) {
 #pragma unroll
       for (int j = 0; j < kNormRows; ++j) {
-        const int row = (kPingPong ? 0 : consumer * 64) + thread / 8 + 16 * j;
+        const int row = share_row0(consumer) + thread / 8 + 16 * j;
         uint4* p = reinterpret_cast<uint4*>(s.a + stage * kABytes + row * 128 + ((chunk ^ (row % 8)) << 4));
         Vec8<T> v;
         v.bits = *p;
@@ -578,7 +582,7 @@ struct Mainloop {
                                                   float (&acc)[kMmaM][kAccumulators], int trace_piece = 0,
                                                   const NormTile& norm = {}, const GemmArgs<T>* args = nullptr) {
     const int lane = threadIdx.x % 32;
-    const int row0 = kPingPong ? 0 : consumer * 64;
+    const int row0 = share_row0(consumer);
     const uint64_t a_desc = smem_descriptor(s.a + row0 * 128, 16, 1024);
     const uint64_t b_desc = kLayout == LayoutB::NK ? smem_descriptor(s.b, 16, 1024)
                                                    : smem_descriptor(s.b, 64 * BK * 2, 1024);
@@ -688,7 +692,7 @@ struct Mainloop {
                                                     const GemmArgs<T>& args, [[maybe_unused]] int trace_piece = 0) {
     const int thread = threadIdx.x % 128;
     const int warp = thread / 32, lane = thread % 32;
-    const int64_t m_base = tile.m0 + (kPingPong ? 0 : consumer * 64);
+    const int64_t m_base = tile.m0 + share_row0(consumer);
     // Rows and columns of this consumer's part of the tile that lie inside C.
     const int rows = int(args.m - m_base < kRows ? args.m - m_base : kRows);
     const int cols = int(args.n - tile.n0 < BN ? args.n - tile.n0 : BN);
@@ -761,7 +765,8 @@ struct Mainloop {
         if (consumer == 1 || turn > 0) mbarrier_wait(&s.order[consumer], consumer == 1 ? (turn & 1) : ((turn - 1) & 1));
         ++turn;
         NormTile norm;
-        if constexpr (Prologue::kEnabled) norm = norm_tile(row_stats, walk.tile(u).m0, args.m, 0, k_blocks, false);
+        if constexpr (Prologue::kEnabled)
+          norm = norm_tile(row_stats, walk.tile(u).m0 + share_row0(consumer), args.m, 0, k_blocks, false);
         mma_tile<Prologue>(s, consumer, k_blocks, ring, acc, 0, norm, &args);
         store_tile<Epilogue>(s, consumer, walk.tile(u), acc, map_c, args);
         ring.skip(k_blocks);
@@ -773,7 +778,7 @@ struct Mainloop {
         if (tracer) FUSION_SM90_STAMP(i, 0);
         NormTile norm;
         if constexpr (Prologue::kEnabled)
-          norm = norm_tile(row_stats, walk.tile(w.unit).m0 + consumer * 64, args.m, w.k_begin, w.k_count,
+          norm = norm_tile(row_stats, walk.tile(w.unit).m0 + share_row0(consumer), args.m, w.k_begin, w.k_count,
                            walks_backwards(s, i));
         mma_tile<Prologue>(s, consumer, w.k_count, ring, acc, i, norm, &args);
         if (tracer) FUSION_SM90_STAMP(i, 1);
