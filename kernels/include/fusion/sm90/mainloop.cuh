@@ -1,12 +1,13 @@
 // The sm90 mainloop (H100, H200; built as sm_90a): a persistent,
 // warp-specialized GEMM on wgmma and TMA.
 //
-// One CTA per SM walks output tiles in grouped order (gemm.cuh), every
-// other wave through K backwards (walks_backwards). Where the
+// At most one CTA per SM walks output tiles in grouped order (gemm.cuh),
+// every other wave through K backwards (walks_backwards). Where the
 // tiles do not fill the SMs evenly, several CTAs may share a tile's k-blocks
 // (split-K with fewer tiles than SMs, stream-K over the last wave
 // otherwise; see StreamK and plan_stream_k) and the last of them sums their
-// partial tiles. A CTA's threads
+// partial tiles; where that does not pay, the grid shrinks to the fewest
+// CTAs that need no more waves (balanced_grid). A CTA's threads
 // form a producer warp group and one or two consumer warp groups, and
 // setmaxnreg moves registers from the first (40) to the others (232):
 //  - the producer (one elected thread) issues TMA loads of A and B tiles
@@ -795,6 +796,18 @@ struct Mainloop {
     if (threadIdx.x % 128 == 0) bulk_wait_read();
   }
 
+  // The grid of a launch that runs every unit whole: one CTA per unit up to
+  // one per SM, and past that the fewest CTAs that need no more rounds of
+  // units than one per SM would (at 4096^3, 512 tiles of 128x256: 128 CTAs
+  // of 4 tiles each, not 132 of which 16 idle through the last). The
+  // launch takes as many rounds either way; with fewer SMs busy it ran
+  // ~0.5-1 us faster on an H200 at 4096^3 (BENCHMARKS.md v11).
+  static int64_t balanced_grid(int64_t units, int64_t sms) {
+    if (units <= sms) return units;
+    const int64_t rounds = (units + sms - 1) / sms;
+    return (units + rounds - 1) / rounds;
+  }
+
   // Host side: the tensor maps of A, B and C for one launch.
   static cudaError_t encode_maps(const GemmArgs<T>& p, CUtensorMap* map_a, CUtensorMap* map_b, CUtensorMap* map_c);
   // The stream-K split for `tiles` tiles of `k_blocks` k-blocks on `sms`
@@ -1060,8 +1073,8 @@ cudaError_t Mainloop<T, kLayout, Config>::launch_gemm(const GemmArgs<T>& p, cons
   CUtensorMap map_a, map_b, map_c;
   err = encode_maps(p, &map_a, &map_b, &map_c);
   if (err != cudaSuccess) return err;
-  // One CTA per SM (one cluster per pair of SMs that can hold one at
-  // once), or per unit of work if there are fewer.
+  // At most one CTA per SM (one cluster per pair of SMs that can hold one
+  // at once) and per unit of work; without stream-K, balanced_grid.
   const int64_t units = ((p.m + BM * kClusterM - 1) / (BM * kClusterM)) * ((p.n + BN - 1) / BN);
   StreamK sk;
   if constexpr (kClusterM == 1) {
@@ -1084,6 +1097,7 @@ cudaError_t Mainloop<T, kLayout, Config>::launch_gemm(const GemmArgs<T>& p, cons
       grid = split_grid;
     } else {
       sk = StreamK{};
+      grid = balanced_grid(units, ctas);
     }
     persistent_gemm_kernel<Self, Prologue, Epilogue>
         <<<unsigned(grid), kThreads, kSmemBytes, stream>>>(map_a, map_b, map_c, p, sk, row_stats);
