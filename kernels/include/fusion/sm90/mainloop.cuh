@@ -603,8 +603,8 @@ struct Mainloop {
       // Descriptors by addition: the first stage's plus the offset in
       // 16-byte units (the address field never carries, as shared memory
       // ends below 256 KB). Rebuilding them from addresses cost ~45 more
-      // instructions per k-block and warp, which on the power-limited H200
-      // cost clock (BENCHMARKS.md v10).
+      // instructions per k-block and warp, and ~1% at 4096^3 on an H200
+      // (BENCHMARKS.md v10).
       const uint64_t a_stage = a_desc + uint64_t(ring.stage) * (kABytes >> 4);
       const uint64_t b_stage = b_desc + uint64_t(ring.stage) * (kBBytes >> 4);
       wgmma_fence();
@@ -801,7 +801,7 @@ struct Mainloop {
   // units than one per SM would (at 4096^3, 512 tiles of 128x256: 128 CTAs
   // of 4 tiles each, not 132 of which 16 idle through the last). The
   // launch takes as many rounds either way; with fewer SMs busy it ran
-  // ~0.5-1 us faster on an H200 at 4096^3 (BENCHMARKS.md v11).
+  // ~1 us faster on an H200 at 4096^3 (BENCHMARKS.md v11).
   static int64_t balanced_grid(int64_t units, int64_t sms) {
     if (units <= sms) return units;
     const int64_t rounds = (units + sms - 1) / sms;
@@ -1079,7 +1079,7 @@ cudaError_t Mainloop<T, kLayout, Config>::launch_gemm(const GemmArgs<T>& p, cons
   StreamK sk;
   if constexpr (kClusterM == 1) {
     const int64_t ctas = fusion::detail::sm_count(device);
-    int64_t grid = units < ctas ? units : ctas, split_grid = grid;
+    int64_t grid = balanced_grid(units, ctas), split_grid = grid;
     sk = plan_stream_k(units, (p.k + BK - 1) / BK, ctas, &split_grid);
     // Held until the kernel is queued (see stream_k_scratch).
     detail::StreamKScratch scratch;
@@ -1097,7 +1097,6 @@ cudaError_t Mainloop<T, kLayout, Config>::launch_gemm(const GemmArgs<T>& p, cons
       grid = split_grid;
     } else {
       sk = StreamK{};
-      grid = balanced_grid(units, ctas);
     }
     persistent_gemm_kernel<Self, Prologue, Epilogue>
         <<<unsigned(grid), kThreads, kSmemBytes, stream>>>(map_a, map_b, map_c, p, sk, row_stats);
