@@ -32,8 +32,8 @@
 //! mlp.run(&stream, &x, &mut y)?;
 //! ```
 
-use fusion_core::codegen::wrappers::{MACRO_GRAPHS_DIR, struct_name};
 use fusion_core::diagnostic::{Diagnostics, Span};
+use fusion_core::generated::{MACRO_GRAPHS_DIR, struct_name};
 use proc_macro::TokenStream;
 use quote::{format_ident, quote, quote_spanned};
 
