@@ -15,7 +15,9 @@
 //!
 //! The macro does no planning, rendering or compiling, and touches the file
 //! system only to ask whether one file exists: editors expand macros
-//! constantly.
+//! constantly. It does not even link that work: it depends on fusion-core
+//! without features, which is the parser, the IR and the shared names in
+//! [`fusion_core::generated`] (`tests/dependencies.rs` keeps it so).
 //!
 //! ```ignore
 //! fusion::fusion_graph! {
