@@ -12,15 +12,27 @@
 //! | [`reference`](mod@reference) | evaluates a graph on the CPU in f64: the oracle for GPU tests |
 //! | [`build`] | compiles generated CUDA with nvcc (cached), archives it, runs bindgen (feature `build`) |
 //!
-//! [`diagnostic`] holds the spans and error messages every stage shares.
+//! [`diagnostic`] holds the spans and error messages every stage shares;
+//! [`generated`] the names the build script writes and `fusion_graph!`
+//! expands to.
+//!
+//! `syntax`, `ir`, `diagnostic` and `generated` are always present: they
+//! are what the `fusion_graph!` macro links. `fuse`, `select`, `codegen` and
+//! `reference` need the feature `compiler`, and `build` the feature `build`
+//! (which includes `compiler`); both are on by default.
 
 #[cfg(feature = "build")]
 pub mod build;
+#[cfg(feature = "compiler")]
 pub mod codegen;
 pub mod diagnostic;
+#[cfg(feature = "compiler")]
 pub mod fuse;
+pub mod generated;
 pub mod ir;
+#[cfg(feature = "compiler")]
 pub mod reference;
+#[cfg(feature = "compiler")]
 pub mod select;
 pub mod syntax;
 

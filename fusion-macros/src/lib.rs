@@ -15,7 +15,9 @@
 //!
 //! The macro does no planning, rendering or compiling, and touches the file
 //! system only to ask whether one file exists: editors expand macros
-//! constantly.
+//! constantly. It does not even link that work: it depends on fusion-core
+//! without features, which is the parser, the IR and the shared names in
+//! [`fusion_core::generated`] (`tests/dependencies.rs` keeps it so).
 //!
 //! ```ignore
 //! fusion::fusion_graph! {
@@ -32,8 +34,8 @@
 //! mlp.run(&stream, &x, &mut y)?;
 //! ```
 
-use fusion_core::codegen::wrappers::{MACRO_GRAPHS_DIR, struct_name};
 use fusion_core::diagnostic::{Diagnostics, Span};
+use fusion_core::generated::{MACRO_GRAPHS_DIR, struct_name};
 use proc_macro::TokenStream;
 use quote::{format_ident, quote, quote_spanned};
 

@@ -30,6 +30,20 @@ fn suite_steps() -> Vec<Step> {
             ]),
         ),
         Step::new(
+            // The rest of the suite turns every feature on, so this is the
+            // one build of fusion-core as fusion-macros links it.
+            "cargo clippy fusion-core without features (the parser and IR fusion-macros links)",
+            Action::Cargo(vec![
+                "clippy",
+                "-p",
+                "fusion-core",
+                "--no-default-features",
+                "--",
+                "-D",
+                "warnings",
+            ]),
+        ),
+        Step::new(
             "cargo test (every kernel variant: sm75, sm80, sm90)",
             Action::Cargo(vec!["test", "--workspace", "--all-features"]),
         ),

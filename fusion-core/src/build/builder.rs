@@ -38,8 +38,8 @@
 use super::{
     BuildError, BuildMode, CompileOptions, CompiledLibrary, CudaSources, GeneratedFile, Target, Unit, compile,
 };
-use crate::codegen::wrappers::MACRO_GRAPHS_DIR;
 use crate::codegen::{self, GraphSpec, templates};
+use crate::generated::MACRO_GRAPHS_DIR;
 use crate::ir::DType;
 use crate::select::Arch;
 use std::path::{Path, PathBuf};

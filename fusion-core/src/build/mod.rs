@@ -37,7 +37,7 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-pub use crate::codegen::wrappers::MACRO_GRAPHS_DIR;
+pub use crate::generated::MACRO_GRAPHS_DIR;
 pub use builder::{Builder, BuiltLibrary};
 pub use compile::DEFAULT_NVCC_FLAGS;
 

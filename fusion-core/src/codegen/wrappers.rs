@@ -14,14 +14,11 @@
 
 use super::{GraphLaunchers, KernelLibrary, ParamsKind};
 use crate::fuse::{Composition, Role};
+use crate::generated::struct_name;
 use crate::ir::{DType, Extent, Graph, TensorId};
 use crate::select::Arch;
 use proc_macro2::{Ident, Span, TokenStream};
 use quote::{format_ident, quote};
-
-/// The directory under `OUT_DIR` that holds one wrapper file per
-/// `fusion_graph!` graph, `<graph>.rs`; the macro includes it from there.
-pub const MACRO_GRAPHS_DIR: &str = "fusion_graphs";
 
 /// Rust source for the wrappers. `linked` is false when nvcc did not run:
 /// every wrapper then returns an error instead of naming a launcher that
@@ -77,24 +74,6 @@ fn unparse(tokens: TokenStream) -> String {
     let file: syn::File =
         syn::parse2(tokens).unwrap_or_else(|e| panic!("generated wrappers do not parse: {e}"));
     prettyplease::unparse(&file)
-}
-
-/// The name of a graph's generated struct: `swiglu_ffn` → `SwigluFfn`.
-pub fn struct_name(graph: &str) -> String {
-    camel_case(graph)
-}
-
-fn camel_case(name: &str) -> String {
-    name.split('_')
-        .filter(|s| !s.is_empty())
-        .map(|s| {
-            let mut chars = s.chars();
-            chars
-                .next()
-                .map(|c| c.to_ascii_uppercase().to_string() + chars.as_str())
-                .unwrap_or_default()
-        })
-        .collect()
 }
 
 fn tensor_const(t: TensorId) -> Ident {
@@ -180,7 +159,7 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
     let graph = &plan.graph;
     let name = &graph.name;
     let doc = graph_doc(spec);
-    let struct_ident = format_ident!("{}", camel_case(name));
+    let struct_ident = format_ident!("{}", struct_name(name));
     let module = format_ident!("__{}", name);
     let generic = spec.dtypes.len() > 1;
     let (generics, elem) = if generic {
