@@ -9,6 +9,7 @@
 //! | [`fuse`] | splits the graph into fused kernels: a [`fuse::Plan`] |
 //! | [`codegen`] | renders CUDA units, the C header and typed Rust wrappers |
 //! | [`select`] | picks and checks a tile config per kernel and target arch |
+//! | [`target`] | one module per GPU generation: gencode, devices, budgets, dtypes, mainloop, checks, tuned table |
 //! | [`reference`](mod@reference) | evaluates a graph on the CPU in f64: the oracle for GPU tests |
 //! | [`build`] | compiles generated CUDA with nvcc (cached), archives it, runs bindgen (feature `build`) |
 //!
@@ -23,6 +24,7 @@ pub mod ir;
 pub mod reference;
 pub mod select;
 pub mod syntax;
+pub mod target;
 
 use diagnostic::SourceFile;
 use std::path::Path;
