@@ -87,6 +87,8 @@ impl Workspace {
                 name: "probe".to_owned(),
                 source: source.to_owned(),
                 archs: archs.to_vec(),
+                used_by: vec!["probe_graph#0".to_owned()],
+                tiles: Vec::new(),
             }],
             header: GeneratedFile {
                 name: "fusion_kernels.h".to_owned(),
@@ -145,6 +147,17 @@ fn compiles_archives_binds_and_then_serves_everything_from_the_cache() {
         UNIT,
         "the unit is written out so nvcc's errors point at a real file"
     );
+    // The manifest next to it says what the unit is, for tools.
+    let manifest = std::fs::read_to_string(options.out_dir.join("kernels/units.json")).unwrap();
+    for expected in [
+        r#""file": "probe.cu""#,
+        r#""used_by": [
+        "probe_graph#0"
+      ]"#,
+        r#""sass_gencode": "-gencode=arch=compute_90a,code=sm_90a""#,
+    ] {
+        assert!(manifest.contains(expected), "expected {expected} in {manifest}");
+    }
 
     let ffi = std::fs::read_to_string(&cold.ffi_rs).unwrap();
     assert!(ffi.contains("pub struct fusion_probe_params"), "{ffi}");

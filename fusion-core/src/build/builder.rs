@@ -39,7 +39,7 @@ use super::{
     BuildError, BuildMode, CompileOptions, CompiledLibrary, CudaSources, GeneratedFile, Unit, compile,
 };
 use crate::codegen::wrappers::MACRO_GRAPHS_DIR;
-use crate::codegen::{self, GraphSpec, templates};
+use crate::codegen::{self, GraphSpec, KernelKey, templates};
 use crate::ir::DType;
 use crate::select::Arch;
 use std::path::{Path, PathBuf};
@@ -202,12 +202,16 @@ impl Builder {
                 name: u.symbol.clone(),
                 source: u.source.clone(),
                 archs: u.archs.clone(),
+                used_by: u.used_by.clone(),
+                tiles: tiles_of(&u.key),
             })
             .collect();
         units.push(Unit {
             name: library.error_unit.0.clone(),
             source: library.error_unit.1.clone(),
             archs: vec![archs[0]],
+            used_by: Vec::new(),
+            tiles: Vec::new(),
         });
         let sources = CudaSources {
             units,
@@ -347,4 +351,20 @@ fn write_if_changed(path: &Path, text: &str) -> Result<(), BuildError> {
         std::fs::write(path, text).map_err(BuildError::io("cannot write", path))?;
     }
     Ok(())
+}
+
+/// A GEMM unit's tile configs, `large: 128x256x64 (...)` and the small-M
+/// ones, for the manifest.
+fn tiles_of(key: &KernelKey) -> Vec<String> {
+    let KernelKey::Gemm { mainloop, config, .. } = key else {
+        return Vec::new();
+    };
+    [
+        ("large", Some(config.large)),
+        ("small_m", config.small_m),
+        ("small_m_alt", config.small_m_alt),
+    ]
+    .into_iter()
+    .filter_map(|(which, tile)| Some(format!("{which}: {}", tile?.summary(*mainloop))))
+    .collect()
 }

@@ -149,8 +149,9 @@ pub struct UnitsOutcome {
     pub cached: usize,
 }
 
-/// Writes every unit to `OUT_DIR/kernels/<name>.cu`, takes what it can from
-/// the cache and compiles the rest, at most `opts.jobs` at a time.
+/// Writes every unit to `OUT_DIR/kernels/<name>.cu` and the manifest to
+/// `OUT_DIR/kernels/units.json`, takes what it can from the cache and
+/// compiles the rest, at most `opts.jobs` at a time.
 pub fn compile_units(
     sources: &CudaSources,
     headers: &HeaderTree,
@@ -189,6 +190,7 @@ pub fn compile_units(
         objects.push((key, None));
         misses.push((index, source_path, key));
     }
+    super::manifest::write(&kernels_dir, &sources.units)?;
 
     let include_dirs = [headers.root.as_path(), opts.out_dir.as_path()];
     let next = AtomicUsize::new(0);

@@ -29,6 +29,7 @@ mod bindings;
 mod builder;
 mod cache;
 mod compile;
+mod manifest;
 pub mod nvcc;
 mod sources;
 
@@ -40,6 +41,7 @@ use std::time::Instant;
 pub use crate::codegen::wrappers::MACRO_GRAPHS_DIR;
 pub use builder::{Builder, BuiltLibrary};
 pub use compile::DEFAULT_NVCC_FLAGS;
+pub use manifest::MANIFEST_FILE;
 
 /// Everything the code generator produced for one library.
 #[derive(Clone, Debug)]
@@ -66,6 +68,13 @@ pub struct Unit {
     /// The generations to compile it for, oldest first; at least one. Each
     /// adds its [`Target::gencode`](crate::target::Target::gencode).
     pub archs: Vec<Arch>,
+    /// What the code generator says the unit serves (`swiglu_ffn#0`: a
+    /// graph's kernel and its index in the plan), for the manifest.
+    pub used_by: Vec<String>,
+    /// The tile configs its kernels are instantiated with, as summaries
+    /// (`large: 128x256x64 (4 stages, cooperative, persistent)`), for the
+    /// manifest; empty for units without a GEMM.
+    pub tiles: Vec<String>,
 }
 
 /// A generated file other than a translation unit.
@@ -471,6 +480,8 @@ mod tests {
             name: name.to_owned(),
             source: String::new(),
             archs: archs.to_vec(),
+            used_by: Vec::new(),
+            tiles: Vec::new(),
         }
     }
 

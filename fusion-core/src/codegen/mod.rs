@@ -137,6 +137,9 @@ pub struct RenderedUnit {
     pub params: ParamsKind,
     /// The architectures it is compiled for, ascending.
     pub archs: Vec<Arch>,
+    /// The graph kernels it serves, `swiglu_ffn#0` (the kernel's index in
+    /// the graph's plan).
+    pub used_by: Vec<String>,
     pub source: String,
 }
 
@@ -487,6 +490,7 @@ fn render_unit(
         key: key.clone(),
         params,
         archs: archs.to_vec(),
+        used_by: used_by.to_vec(),
         source: render_template(registry, template, &context)?,
     })
 }
