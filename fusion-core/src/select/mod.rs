@@ -43,13 +43,9 @@ pub enum Mainloop {
 }
 
 impl Mainloop {
-    /// `sm80`, for messages.
+    /// `sm80`: its generation's name, for messages.
     pub fn name(self) -> &'static str {
-        match self {
-            Mainloop::Sm75 => "sm75",
-            Mainloop::Sm80 => "sm80",
-            Mainloop::Sm90 => "sm90",
-        }
+        Arch::of_mainloop(self).name()
     }
 }
 

@@ -1,6 +1,7 @@
 //! The GPU generations fusion compiles for, one module each: everything the
-//! build, the code generator, config selection, the run time and xtask need
-//! to know about a generation lives in its [`Target`].
+//! build, the code generator, config selection and the run time need to know
+//! about a generation lives in its [`Target`] (and xtask reads the part it
+//! needs from the manifest the build writes, `OUT_DIR/kernels/units.json`).
 //!
 //! A [`Target`] says what a generation is called (`sm80`: the cargo feature
 //! and the tuned table's stem), how nvcc compiles for it, which devices run
@@ -12,9 +13,10 @@
 //! Adding a generation (say `sm100`) takes:
 //! - a module `sm100.rs` here with its `TARGET`, a variant `Arch::Sm100`
 //!   (declared after the generations it is newer than: [`Arch::best_for`]
-//!   prefers the last one that runs) and its line in [`Arch::target`];
-//! - a `Mainloop::Sm100` with its arms in `TileConfig::threads` and
-//!   `TileConfig::smem_bytes` (select), until the CUDA side reports those
+//!   prefers the last one that runs), listed in [`Arch::ALL`] and mapped to
+//!   its `TARGET` in [`Arch::target`];
+//! - a `Mainloop::Sm100` with its arms in `TileConfig::threads`,
+//!   `smem_bytes` and `summary` (select), until the CUDA side reports those
 //!   sizes itself;
 //! - its header folder, `kernels/include/fusion/sm100/`, with the
 //!   `fusion::sm100::Mainloop` and `TileConfig` templates;
