@@ -100,7 +100,7 @@ fn every_named_pattern_renders_its_chain() {
         let lib = render("fusion_kernels", &[Arch::Sm80], &[spec(&file, F16)]).unwrap();
         assert_eq!(lib.units.len(), 1, "{file}");
         let (prologue, steps) = pattern.parts();
-        let chain: Vec<&str> = steps.iter().map(|s| step_type(*s)).collect();
+        let chain: Vec<&str> = steps.iter().map(|s| s.cuda_type()).collect();
         let source = &lib.units[0].source;
         assert!(
             source.contains(&format!("fusion::EpilogueChain<{}>", chain.join(", "))),

@@ -9,8 +9,9 @@
 // Pairs, because the mma.sync C fragment hands each thread two consecutive
 // columns, and a pair of 16-bit elements is one aligned 4-byte load or store.
 // `EpilogueChain<Steps...>` applies its steps in order; adding an activation
-// means adding one step struct here and one line in the code generator's op
-// table. The standalone elementwise kernels reuse the same steps.
+// means adding one step struct here and one row in the compiler's op table
+// (fusion-core/src/ir/ops.rs), which names the struct and gives the CPU
+// reference's formula. The standalone elementwise kernels reuse the same steps.
 #pragma once
 
 #include <stdint.h>
