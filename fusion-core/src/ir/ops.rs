@@ -184,6 +184,8 @@ pub const GELU: OpDef = activation("gelu", "fusion::Gelu", gelu_tanh);
 pub const GELU_ERF: OpDef = activation("gelu_erf", "fusion::GeluErf", gelu_erf);
 pub const SILU: OpDef = activation("silu", "fusion::Silu", silu);
 pub const RELU: OpDef = activation("relu", "fusion::Relu", relu);
+pub const SIGMOID: OpDef = activation("sigmoid", "fusion::Sigmoid", sigmoid);
+pub const GELU_QUICK: OpDef = activation("gelu_quick", "fusion::GeluQuick", gelu_quick);
 
 /// A row normalisation's row.
 const fn norm(name: &'static str, arity: usize, keywords: &'static [Keyword], form: OpForm) -> OpDef {
@@ -205,7 +207,18 @@ pub const RMSNORM: OpDef = norm("rmsnorm", 2, RMSNORM_KEYWORDS, OpForm::RmsNorm)
 
 /// Every op, in the order error notes list them.
 pub const OPS: &[&OpDef] = &[
-    &MATMUL, &ADD, &MUL, &BIAS_ADD, &GELU, &GELU_ERF, &SILU, &RELU, &LAYERNORM, &RMSNORM,
+    &MATMUL,
+    &ADD,
+    &MUL,
+    &BIAS_ADD,
+    &GELU,
+    &GELU_ERF,
+    &SILU,
+    &RELU,
+    &SIGMOID,
+    &GELU_QUICK,
+    &LAYERNORM,
+    &RMSNORM,
 ];
 
 /// The op written `name` in graph declarations.
@@ -313,6 +326,19 @@ pub fn silu(x: f64) -> f64 {
     x / (1.0 + (-x).exp())
 }
 
+/// The logistic sigmoid: `1/(1 + e^(−x))`. As in PyTorch, NaN stays NaN,
+/// +∞ gives 1 and −∞ gives 0.
+pub fn sigmoid(x: f64) -> f64 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// CLIP's "quick GELU": `x·sigmoid(1.702·x)`, written `x/(1 + e^(−1.702·x))`
+/// like SiLU. As PyTorch's `x * torch.sigmoid(1.702 * x)`: NaN stays NaN,
+/// +∞ gives +∞ and −∞ gives NaN (−∞ · 0).
+pub fn gelu_quick(x: f64) -> f64 {
+    x / (1.0 + (-1.702 * x).exp())
+}
+
 /// ReLU: max(x, 0), passing NaN through (`f64::max` would turn it into 0 and
 /// hide it from the comparison).
 pub fn relu(x: f64) -> f64 {
@@ -356,7 +382,10 @@ mod tests {
     #[test]
     fn activations_are_found_by_name_and_only_activations() {
         let names: Vec<&str> = Activation::all().map(Activation::name).collect();
-        assert_eq!(names, ["gelu", "gelu_erf", "silu", "relu"]);
+        assert_eq!(
+            names,
+            ["gelu", "gelu_erf", "silu", "relu", "sigmoid", "gelu_quick"]
+        );
         assert_eq!(Activation::named("silu"), Some(Activation::SILU));
         assert_eq!(Activation::named("add"), None);
         assert_eq!(Activation::named("softplus"), None);
@@ -384,6 +413,40 @@ mod tests {
             let erf_form = 0.5 * x * (1.0 + libm::erf(x / std::f64::consts::SQRT_2));
             assert!((gelu_erf(x) - erf_form).abs() < 1e-15, "gelu_erf({x})");
         }
+    }
+
+    #[test]
+    fn sigmoid_and_gelu_quick_equal_their_tanh_forms() {
+        // σ(x) = 0.5 + 0.5·tanh(x/2): the form the CUDA steps compute.
+        for i in -80..=80 {
+            let x = i as f64 / 8.0;
+            let tanh_sigmoid = |z: f64| 0.5 + 0.5 * (0.5 * z).tanh();
+            assert!((sigmoid(x) - tanh_sigmoid(x)).abs() < 1e-15, "sigmoid({x})");
+            let quick = x * tanh_sigmoid(1.702 * x);
+            assert!((gelu_quick(x) - quick).abs() < 1e-14, "gelu_quick({x})");
+        }
+        // By hand: σ(0) = 1/2; σ(2) = 1/(1 + e^−2) = 1/1.1353352832 = 0.8807970780;
+        // gelu_quick(1) = σ(1.702) = 1/(1 + e^−1.702) = 1/1.1823185221 = 0.8457957659.
+        assert_eq!(sigmoid(0.0), 0.5);
+        assert!((sigmoid(2.0) - 0.8807970780).abs() < 1e-10);
+        assert!((sigmoid(-2.0) - (1.0 - 0.8807970780)).abs() < 1e-10);
+        assert!((gelu_quick(1.0) - 0.8457957659).abs() < 1e-10);
+        assert_eq!(gelu_quick(0.0), 0.0);
+    }
+
+    #[test]
+    fn sigmoid_and_gelu_quick_treat_nan_and_infinities_as_pytorch_does() {
+        assert!(sigmoid(f64::NAN).is_nan());
+        assert_eq!(sigmoid(f64::INFINITY), 1.0);
+        assert_eq!(sigmoid(f64::NEG_INFINITY), 0.0);
+        // Far out, where e^−x overflows: the limits, not NaN.
+        assert_eq!(sigmoid(-1000.0), 0.0);
+        assert_eq!(sigmoid(1000.0), 1.0);
+        assert!(gelu_quick(f64::NAN).is_nan());
+        assert_eq!(gelu_quick(f64::INFINITY), f64::INFINITY);
+        assert!(gelu_quick(f64::NEG_INFINITY).is_nan());
+        assert_eq!(gelu_quick(-1000.0), 0.0);
+        assert_eq!(gelu_quick(1000.0), 1000.0);
     }
 
     #[test]

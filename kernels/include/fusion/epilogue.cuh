@@ -93,6 +93,26 @@ struct Relu : Activation<Relu> {
   static __device__ __forceinline__ float f(float x) { return fmaxf(x, 0.0f); }
 };
 
+// The logistic sigmoid, 1 / (1 + e^-x), written 0.5 + 0.5 tanh(x / 2) so that
+// it costs one special-function op (see Gelu). tanh.approx gives +-1 at
+// +-inf and NaN for NaN, so sigmoid(+inf) = 1, sigmoid(-inf) = 0 and NaN
+// stays NaN, as in PyTorch.
+struct Sigmoid : Activation<Sigmoid> {
+  static constexpr const char* name = "sigmoid";
+  static __device__ __forceinline__ float f(float x) { return fmaf(0.5f, tanh_approx(0.5f * x), 0.5f); }
+};
+
+// CLIP's "quick GELU", x * sigmoid(1.702 x), written 0.5 x (1 + tanh(0.851 x))
+// like Silu: one special-function op. At -inf it is -inf * 0 = NaN, as in
+// PyTorch's x * torch.sigmoid(1.702 * x).
+struct GeluQuick : Activation<GeluQuick> {
+  static constexpr const char* name = "gelu_quick";
+  static __device__ __forceinline__ float f(float x) {
+    const float half_x = 0.5f * x;
+    return fmaf(half_x, tanh_approx(0.851f * x), half_x);
+  }
+};
+
 // x + residual[m, n]
 struct Residual {
   static constexpr bool kReadsTile = true;
