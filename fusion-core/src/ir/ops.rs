@@ -380,6 +380,25 @@ mod tests {
     }
 
     #[test]
+    fn the_readme_lists_every_op() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md");
+        let readme = std::fs::read_to_string(path).unwrap();
+        // From its heading to the next one.
+        let start = readme
+            .find("### Expressions")
+            .expect("README has an Expressions section");
+        let section = &readme[start..];
+        let section = &section[..section[1..].find("\n#").map_or(section.len(), |end| end + 1)];
+        for op in OPS {
+            assert!(
+                section.contains(&format!("`{}(", op.name)),
+                "README.md's Expressions table does not list `{}`",
+                op.name
+            );
+        }
+    }
+
+    #[test]
     fn activations_are_found_by_name_and_only_activations() {
         let names: Vec<&str> = Activation::all().map(Activation::name).collect();
         assert_eq!(
