@@ -54,6 +54,12 @@ pattern_test!(gemm_gelu, "gemm_gelu", |s, r, w| kernels::gemm_gelu(
 pattern_test!(gemm_silu, "gemm_silu", |s, r, w| kernels::gemm_silu(
     s, &r[0], &r[1], &mut w[0]
 ));
+pattern_test!(gemm_bias_sigmoid, "gemm_bias_sigmoid", |s, r, w| {
+    kernels::gemm_bias_sigmoid(s, &r[0], &r[1], &r[2], &mut w[0])
+});
+pattern_test!(gemm_gelu_quick, "gemm_gelu_quick", |s, r, w| {
+    kernels::gemm_gelu_quick(s, &r[0], &r[1], &mut w[0])
+});
 pattern_test!(layernorm_gemm, "layernorm_gemm", |s, r, w| {
     kernels::layernorm_gemm(s, &r[0], &r[1], &r[2], &r[3], &mut w[0])
 });
@@ -137,6 +143,12 @@ macro_rules! standalone_test {
 }
 
 standalone_test!(silu, "silu", "N", |s, r, w| kernels::silu(s, &r[0], &mut w[0]));
+standalone_test!(sigmoid, "sigmoid", "N", |s, r, w| kernels::sigmoid(
+    s, &r[0], &mut w[0]
+));
+standalone_test!(gelu_quick, "gelu_quick", "N", |s, r, w| kernels::gelu_quick(
+    s, &r[0], &mut w[0]
+));
 standalone_test!(mul, "mul", "N", |s, r, w| kernels::mul(
     s, &r[0], &r[1], &mut w[0]
 ));
@@ -146,3 +158,48 @@ standalone_test!(layernorm, "layernorm", "K", |s, r, w| kernels::layernorm(
 standalone_test!(rmsnorm, "rmsnorm", "K", |s, r, w| kernels::rmsnorm(
     s, &r[0], &r[1], &mut w[0]
 ));
+
+/// NaN and the infinities through the standalone sigmoid and quick GELU:
+/// what PyTorch gives (sigmoid(+inf) = 1, sigmoid(-inf) = 0,
+/// gelu_quick(+inf) = +inf, gelu_quick(-inf) = NaN, NaN stays NaN), and
+/// finite values within f16 rounding of the CPU reference's formula.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn sigmoid_and_gelu_quick_keep_nan_and_infinities() {
+    use fusion::core::ir::Activation;
+    use fusion::{Tensor, TensorMut};
+    let s = stream();
+    let x = [
+        f64::NAN,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        0.0,
+        1.0,
+        -1.0,
+        12.0,
+        -12.0,
+    ];
+    let input = s.clone_htod(&x.map(f16::from_f64).to_vec()).expect("upload");
+    for name in ["sigmoid", "gelu_quick"] {
+        let mut output = s.clone_htod(&vec![f16::ZERO; 8]).expect("upload");
+        let x_view = Tensor::new(&input, [1, 8]).expect("view");
+        let mut y_view = TensorMut::new(&mut output, [1, 8]).expect("view");
+        let launched = match name {
+            "sigmoid" => kernels::sigmoid(&s, &x_view, &mut y_view),
+            _ => kernels::gelu_quick(&s, &x_view, &mut y_view),
+        };
+        launched.unwrap_or_else(|e| panic!("{name}: {e}"));
+        let got = s.clone_dtoh(&output).expect("download");
+        let formula = Activation::named(name).expect("in the op table").formula();
+        for (&x, got) in x.iter().zip(got) {
+            let (got, want) = (got.to_f64(), formula(x));
+            let agrees = if want.is_nan() || want.is_infinite() {
+                got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan())
+            } else {
+                (got - want).abs() <= 2e-3 * want.abs().max(1.0)
+            };
+            assert!(agrees, "{name}({x}): got {got}, want {want}");
+        }
+        eprintln!("ok  {name}: NaN, +-inf and six finite values");
+    }
+}

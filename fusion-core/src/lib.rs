@@ -5,7 +5,7 @@
 //! | module | what it does |
 //! | --- | --- |
 //! | [`syntax`] | parses a graph from TOML or from `fusion_graph!` tokens into one AST |
-//! | [`ir`] | resolves and checks it: a [`ir::Graph`] with shapes and dtypes |
+//! | [`ir`] | resolves and checks it: a [`ir::Graph`] with shapes and dtypes; the op table ([`ir::ops`]) every later stage reads |
 //! | [`fuse`] | splits the graph into fused kernels: a [`fuse::Plan`] |
 //! | [`codegen`] | renders CUDA units, the C header and typed Rust wrappers |
 //! | [`select`] | picks and checks a tile config per kernel and target arch |

@@ -12,7 +12,8 @@
 //! the key, so an sm80 and an sm90 mainloop never share a unit. Symbols start with the library name, so two crates' libraries
 //! link side by side.
 //!
-//! The templates (`kernels/*.hbs`, see [`templates`]) only pick C++ types and
+//! The templates (`kernels/*.hbs`, see [`templates`]) only pick C++ types
+//! (an epilogue step's is its row's in the op table, [`crate::ir::ops`]) and
 //! copy parameters; what a kernel computes lives in the headers under
 //! `kernels/include/fusion`. [`wrappers`] turns the same library description
 //! into Rust.
@@ -23,25 +24,11 @@
 pub mod templates;
 pub mod wrappers;
 
-use crate::fuse::{Activation, Composition, EpilogueStep, NormKind, Plan};
-use crate::ir::{DType, GeluApprox, WeightLayout};
+use crate::fuse::{Composition, EpilogueStep, NormKind, Plan};
+use crate::ir::{DType, WeightLayout};
 use crate::select::{self, Arch, KernelConfig, KernelKind, Mainloop, SelectError, TileConfig};
 use indexmap::IndexMap;
 use serde_json::json;
-
-/// The C++ type of each epilogue step: a new activation is one line here and
-/// one functor in `epilogue.cuh`.
-pub fn step_type(step: EpilogueStep) -> &'static str {
-    match step {
-        EpilogueStep::Bias => "fusion::Bias",
-        EpilogueStep::Residual => "fusion::Residual",
-        EpilogueStep::Mul => "fusion::Mul",
-        EpilogueStep::Activation(Activation::Gelu(GeluApprox::Tanh)) => "fusion::Gelu",
-        EpilogueStep::Activation(Activation::Gelu(GeluApprox::Erf)) => "fusion::GeluErf",
-        EpilogueStep::Activation(Activation::Silu) => "fusion::Silu",
-        EpilogueStep::Activation(Activation::Relu) => "fusion::Relu",
-    }
-}
 
 fn element_type(dtype: DType) -> &'static str {
     match dtype {
@@ -466,7 +453,7 @@ fn render_unit(
                 "layout": layout_name(*layout),
                 "layout_doc": match layout { WeightLayout::KN => "[K, N]", WeightLayout::NK => "[N, K]" },
                 "prologue": prologue,
-                "steps": steps.iter().map(|s| step_type(*s)).collect::<Vec<_>>().join(", "),
+                "steps": steps.iter().map(|s| s.cuda_type()).collect::<Vec<_>>().join(", "),
                 "large_tile": tile_type(*mainloop, &config.large),
                 "large_tile_doc": config.large.summary(*mainloop),
                 "small": small.unwrap_or(serde_json::Value::Bool(false)),
@@ -481,7 +468,7 @@ fn render_unit(
         }
         KernelKey::Elementwise { step, dtype } => {
             let mut context = common(*dtype);
-            merge(&mut context, json!({ "step": step_type(*step) }));
+            merge(&mut context, json!({ "step": step.cuda_type() }));
             ("elementwise.cu", ParamsKind::Elementwise, context)
         }
     };
