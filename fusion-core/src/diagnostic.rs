@@ -95,6 +95,9 @@ impl fmt::Display for Diagnostic {
 
 impl std::error::Error for Diagnostic {}
 
+/// How many diagnostics [`Diagnostics::render`] shows.
+pub const MAX_RENDERED: usize = 50;
+
 /// Every problem a stage found, in the order found. Never empty.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Diagnostics(pub Vec<Diagnostic>);
@@ -104,13 +107,25 @@ impl Diagnostics {
         self.0.iter()
     }
 
-    /// Renders every diagnostic against the file it came from.
+    /// Renders the diagnostics against the file they came from: the first
+    /// [`MAX_RENDERED`], then a line counting the rest. (Locating one is a
+    /// pass over the file, and a generated file can hold an error per line.)
     pub fn render(&self, source: &SourceFile) -> String {
-        self.0
+        let mut lines: Vec<String> = self
+            .0
             .iter()
+            .take(MAX_RENDERED)
             .map(|d| source.render(d))
-            .collect::<Vec<_>>()
-            .join("\n")
+            .collect();
+        if self.0.len() > MAX_RENDERED {
+            let more = self.0.len() - MAX_RENDERED;
+            lines.push(format!(
+                "{}: error: {more} more error{} not shown",
+                source.path.display(),
+                if more == 1 { "" } else { "s" }
+            ));
+        }
+        lines.join("\n")
     }
 }
 
@@ -141,6 +156,11 @@ pub struct LineCol {
     pub column: usize,
 }
 
+/// The largest graph file [`SourceFile::read`] accepts: hundreds of times a
+/// real graph (a few hundred bytes to a few KiB), small enough that the
+/// front end's passes over it take well under a second.
+pub const MAX_SOURCE_BYTES: u64 = 1024 * 1024;
+
 /// A graph's source text and the path it was read from.
 #[derive(Clone, Debug)]
 pub struct SourceFile {
@@ -156,11 +176,34 @@ impl SourceFile {
         }
     }
 
-    /// Reads a file; the error names the path.
+    /// Reads a file of at most [`MAX_SOURCE_BYTES`]; the error names the
+    /// path. It stops reading past the limit, so a file that never ends
+    /// (`/dev/zero`) is refused rather than read until memory runs out.
     pub fn read(path: &Path) -> Result<SourceFile, Diagnostic> {
-        std::fs::read_to_string(path)
-            .map(|text| SourceFile::new(path, text))
-            .map_err(|e| Diagnostic::new(Span::None, format!("cannot read {}: {e}", path.display())))
+        use std::io::Read;
+        let cannot_read =
+            |e: std::io::Error| Diagnostic::new(Span::None, format!("cannot read {}: {e}", path.display()));
+        let mut bytes = Vec::new();
+        std::fs::File::open(path)
+            .and_then(|file| file.take(MAX_SOURCE_BYTES + 1).read_to_end(&mut bytes))
+            .map_err(cannot_read)?;
+        if bytes.len() as u64 > MAX_SOURCE_BYTES {
+            return Err(Diagnostic::new(
+                Span::None,
+                format!(
+                    "cannot read {}: it is larger than {} KiB, the most a graph file may be",
+                    path.display(),
+                    MAX_SOURCE_BYTES / 1024
+                ),
+            ));
+        }
+        let text = String::from_utf8(bytes).map_err(|_| {
+            cannot_read(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "stream did not contain valid UTF-8",
+            ))
+        })?;
+        Ok(SourceFile::new(path, text))
     }
 
     /// Line and column of a byte offset (clamped to the text).

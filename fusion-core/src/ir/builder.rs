@@ -501,13 +501,14 @@ impl GraphBuilder {
             ));
         }
         // Walk back from the outputs: whatever is not reached is dead.
+        let index = g.index();
         let mut live = vec![false; g.tensors.len()];
         let mut stack: Vec<TensorId> = g.outputs.clone();
         while let Some(t) = stack.pop() {
             if std::mem::replace(&mut live[t.0], true) {
                 continue;
             }
-            if let Some(op) = g.producer(t) {
+            if let Some(op) = index.producer(t) {
                 stack.extend(g.op(op).inputs.iter().copied());
             }
         }
