@@ -15,6 +15,18 @@ pub enum Error {
         expected: usize,
         actual: usize,
     },
+    /// A size computed from shapes (an element count, a byte count, the
+    /// address one past a buffer, a dim passed to a kernel) does not fit the
+    /// integer type it must be held in: no buffer can be that large.
+    #[error("{what} overflows {limit}: no device buffer can be that large; check the shape")]
+    SizeOverflow { what: String, limit: &'static str },
+    /// Buffers of one element type were passed where another was planned.
+    #[error("{what} was planned for {expected} but is given {actual} buffers")]
+    ElementType {
+        what: String,
+        expected: String,
+        actual: String,
+    },
     /// A tensor's shape disagrees with the graph's declaration.
     #[error("`{tensor}` has shape {actual} but the graph declares {expected}")]
     Shape {

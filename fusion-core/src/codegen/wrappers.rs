@@ -315,8 +315,8 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
                 let a_decl = tensor_const(kernel.operand(Role::A).unwrap_or(kernel.output));
                 let eps = gemm.prologue.map_or(0.0, |p| p.eps) as f32;
                 quote! {
-                    let (m, k) = __call.matrix(&#a_decl);
-                    let n = __call.matrix(&#out_decl).1;
+                    let (m, k) = __call.matrix(&#a_decl)?;
+                    let n = __call.matrix(&#out_decl)?.1;
                     let params = ffi::fusion_gemm_params {
                         a: #a, b: #b, c: #out as *mut core::ffi::c_void,
                         bias: #bias, residual: #residual, multiplier: #multiplier,
@@ -328,7 +328,7 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
                 let (x, gamma, beta) = (ptr(Role::X), ptr(Role::Gamma), ptr(Role::Beta));
                 let eps = norm.eps as f32;
                 quote! {
-                    let (m, k) = __call.matrix(&#out_decl);
+                    let (m, k) = __call.matrix(&#out_decl)?;
                     let params = ffi::fusion_norm_params {
                         x: #x, y: #out as *mut core::ffi::c_void, gamma: #gamma, beta: #beta, m, k, eps: #eps,
                     };
@@ -337,7 +337,7 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
             Composition::Elementwise(_) => {
                 let x = ptr(Role::X);
                 quote! {
-                    let (m, n) = __call.matrix(&#out_decl);
+                    let (m, n) = __call.matrix(&#out_decl)?;
                     let params = ffi::fusion_elementwise_params {
                         x: #x, y: #out as *mut core::ffi::c_void,
                         bias: #bias, residual: #residual, multiplier: #multiplier, m, n,
