@@ -54,6 +54,11 @@ pub enum Error {
         dim: String,
         value: usize,
     },
+    /// A matmul's reduced dim (K) is 0 while its output has elements.
+    #[error(
+        "`{tensor}` has rows of length 0 ({dim} = 0): a matmul sums over them, and the kernels need at least one element; pass {dim} ≥ 8"
+    )]
+    EmptyReduction { tensor: String, dim: String },
     /// A device pointer is not 16-byte aligned.
     #[error(
         "`{tensor}` starts at {address:#x}, which is not 16-byte aligned; pass a buffer from a fresh allocation or a view starting at a multiple of 8 elements"

@@ -161,6 +161,23 @@ impl<'s> Call<'s> {
         Ok((as_i64(rows, "row count")?, as_i64(Some(cols), "row length")?))
     }
 
+    /// `(rows, cols)` of a tensor whose rows a kernel reduces over (a GEMM's
+    /// `A`, whose row length is K), as [`Call::matrix`];
+    /// [`Error::EmptyReduction`] when it has rows but they are empty.
+    pub fn reduced_matrix(&self, decl: &TensorDecl) -> Result<(i64, i64)> {
+        let (rows, cols) = self.matrix(decl)?;
+        if rows > 0 && cols == 0 {
+            return Err(Error::EmptyReduction {
+                tensor: decl.name.to_owned(),
+                dim: decl
+                    .shape
+                    .last()
+                    .map_or_else(String::new, |&d| dim_name(self.graph, d)),
+            });
+        }
+        Ok((rows, cols))
+    }
+
     /// Device buffers for the intermediates, in the order given, from
     /// `workspace` (grown if they do not fit).
     pub fn intermediates<T: Element>(

@@ -310,3 +310,14 @@ fn the_cublaslt_baseline_checks_its_buffers() {
     let err = lt.run(&s, &xb, &wb, Some(&bb), None, &mut yb).unwrap_err();
     assert!(matches!(err, Error::ElementType { .. }), "{err}");
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn k_of_zero_is_a_named_error_not_a_launch_failure() {
+    let s = stream();
+    let err = gemm_bias(&s, 4, 8, 0).unwrap_err();
+    assert!(
+        matches!(&err, Error::EmptyReduction { tensor, dim } if tensor == "x" && dim == "K"),
+        "{err}"
+    );
+}

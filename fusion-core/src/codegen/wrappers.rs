@@ -315,7 +315,7 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
                 let a_decl = tensor_const(kernel.operand(Role::A).unwrap_or(kernel.output));
                 let eps = gemm.prologue.map_or(0.0, |p| p.eps) as f32;
                 quote! {
-                    let (m, k) = __call.matrix(&#a_decl)?;
+                    let (m, k) = __call.reduced_matrix(&#a_decl)?;
                     let n = __call.matrix(&#out_decl)?.1;
                     let params = ffi::fusion_gemm_params {
                         a: #a, b: #b, c: #out as *mut core::ffi::c_void,

@@ -57,7 +57,45 @@ pub fn lower(decl: &GraphDecl) -> Result<Graph, Diagnostics> {
     if !l.errors.is_empty() {
         return Err(Diagnostics(l.errors));
     }
-    l.b.build()
+    let graph = l.b.build()?;
+    check_static_row_lengths(&graph)?;
+    Ok(graph)
+}
+
+/// Kernels read and write rows 16 bytes (8 halves) at a time, so every call
+/// refuses a tensor whose row length is not a multiple of 8. A static row
+/// length can be checked now, once, at the first tensor that has it.
+fn check_static_row_lengths(graph: &Graph) -> Result<(), Diagnostics> {
+    let mut reported = Vec::new();
+    let mut errors = Vec::new();
+    for t in &graph.tensors {
+        let Some(&Extent::Static(n)) = t.shape.last() else {
+            continue;
+        };
+        if n % 8 == 0 || reported.contains(&n) {
+            continue;
+        }
+        reported.push(n);
+        let named = graph
+            .dims
+            .iter()
+            .find(|d| d.size == Some(n))
+            .map(|d| d.name.as_str());
+        let what = named.map_or(n.to_string(), |name| format!("{name} = {n}"));
+        errors.push(Diagnostic::new(
+            t.span,
+            format!(
+                "`{}` has rows of {what}, not a multiple of 8: fused kernels read rows 16 bytes (8 halves) at a \
+                 time, so every call would be refused; pad it to a multiple of 8",
+                t.name
+            ),
+        ));
+    }
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(Diagnostics(errors))
+    }
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -448,6 +486,22 @@ impl<'a> Lowering<'a> {
                 return Err(self.report(Diagnostic::new(
                     kw.name.span,
                     format!("`{name}` has no argument `{}`: {allowed}", kw.name.name),
+                )));
+            }
+            // The kernels take eps as an f32: outside its normal range it
+            // would become infinity, a subnormal or 0, not what was written.
+            // (Programmatic graphs may use any positive eps: the CPU
+            // reference computes in f64.)
+            let f32_normal = f64::from(f32::MIN_POSITIVE)..=f64::from(f32::MAX);
+            if kw.name.name == "eps" && kw.value > 0.0 && !f32_normal.contains(&kw.value) {
+                return Err(self.report(Diagnostic::new(
+                    kw.span,
+                    format!(
+                        "eps = {:e} is outside f32's normal range ({:e} to {:e}): the kernels compute in f32",
+                        kw.value,
+                        f32::MIN_POSITIVE,
+                        f32::MAX
+                    ),
                 )));
             }
         }
