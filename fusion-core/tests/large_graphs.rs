@@ -176,3 +176,28 @@ fn thousands_of_errors_render_the_first_few_and_a_count() {
         &error[error.len() - 100..]
     );
 }
+
+/// Rendering and the wrappers are linear too (20,000 kernels took 3.4 times
+/// as long as 5,000 in a debug build); a few thousand keep the test quick.
+#[test]
+fn the_wrappers_of_thousands_of_kernels_render() {
+    const KERNELS: usize = 2_000;
+    use fusion_core::codegen::{self, GraphSpec};
+    use fusion_core::ir::DType;
+    use fusion_core::select::Arch;
+    let outputs: String = (0..KERNELS)
+        .map(|i| format!("y{i} = \"relu(x @ w)\"\n"))
+        .collect();
+    let graph = graph_from_source(&source(&format!("[outputs]\n{outputs}"))).unwrap();
+    let spec = GraphSpec {
+        plan: fuse::plan(graph),
+        dtypes: vec![DType::F16],
+        origin: "g.toml".to_string(),
+        fingerprint: None,
+        declaration: String::new(),
+    };
+    let library = codegen::render("k", &[Arch::Sm80], &[spec]).unwrap();
+    assert_eq!(library.units.len(), 1, "one distinct kernel");
+    let rust = codegen::wrappers::generate(&library, true, "/out/ffi.rs");
+    assert_eq!(rust.matches("__call.launched(").count(), KERNELS);
+}
