@@ -258,14 +258,15 @@ impl SourceFile {
                     } else {
                         1
                     };
+                    let (shown, column, width) = excerpt(text, start.column, width);
                     let gutter = start.line.to_string().len();
                     out.push_str(&format!(
                         "\n{:gutter$} |\n{} | {}\n{:gutter$} | {}{}",
                         "",
                         start.line,
-                        text,
+                        shown,
                         "",
-                        " ".repeat(start.column - 1),
+                        " ".repeat(column - 1),
                         "^".repeat(width),
                     ));
                 }
@@ -286,6 +287,37 @@ impl SourceFile {
         }
         out
     }
+}
+
+/// Characters of a source line shown under an error: a generated file can
+/// put a 200 KB expression on one line.
+const MAX_SHOWN_CHARS: usize = 120;
+
+/// The part of `line` to show for an underline at `column` (1-based, in
+/// characters) `width` wide: the whole line when it is short, else a window
+/// around the column with `…` where it was cut. Returns the text and the
+/// underline's column and width within it.
+fn excerpt(line: &str, column: usize, width: usize) -> (String, usize, usize) {
+    let chars = line.chars().count();
+    if chars <= MAX_SHOWN_CHARS {
+        return (line.to_string(), column, width);
+    }
+    let first = column
+        .saturating_sub(1 + MAX_SHOWN_CHARS / 4)
+        .min(chars - MAX_SHOWN_CHARS);
+    let mut shown: String = line.chars().skip(first).take(MAX_SHOWN_CHARS).collect();
+    let mut column = column - first;
+    if first > 0 {
+        shown.insert(0, '…');
+        column += 1;
+    }
+    if first + MAX_SHOWN_CHARS < chars {
+        shown.push('…');
+    }
+    let width = width
+        .min(MAX_SHOWN_CHARS + 1 - (column - 1).min(MAX_SHOWN_CHARS))
+        .max(1);
+    (shown, column, width)
 }
 
 #[cfg(test)]
@@ -312,5 +344,30 @@ mod tests {
         );
         assert!(text.contains("2 | M = 0"), "{text}");
         assert!(text.contains("    ^"), "{text}");
+    }
+
+    #[test]
+    fn a_long_line_is_shown_around_the_error() {
+        let line = format!("y = \"{}q{}\"", "x + ".repeat(1000), " + x".repeat(1000));
+        let f = SourceFile::new("g.toml", format!("[outputs]\n{line}\n"));
+        let at = f.text.find('q').unwrap();
+        let text = f.render(&Diagnostic::new(Span::source(at, at + 1), "`q` is not defined"));
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(
+            lines[0].starts_with("g.toml:2:4006: error: `q` is not defined"),
+            "{text}"
+        );
+        let (shown, marks) = (lines[2], lines[3]);
+        assert!(
+            shown.starts_with("2 | …+ x") && shown.ends_with(" x …"),
+            "{shown}"
+        );
+        assert_eq!(shown.chars().count(), "2 | ".len() + MAX_SHOWN_CHARS + 2);
+        // The caret is under the `q` (the marks line is all one-byte chars).
+        let caret = marks.find('^').unwrap();
+        assert_eq!(shown.chars().nth(caret), Some('q'), "{text}");
+        // A short line is shown whole, as before.
+        let (whole, column, width) = excerpt("y = x", 5, 1);
+        assert_eq!((whole.as_str(), column, width), ("y = x", 5, 1));
     }
 }
