@@ -144,21 +144,17 @@ fn ten_thousand_compute_entries_in_reverse_order_plan() {
 }
 
 #[test]
-fn a_cycle_ten_thousand_entries_long_is_reported_once_with_its_path() {
+fn a_cycle_ten_thousand_entries_long_is_reported_once_with_its_ends() {
     let source = compute_chain(10_000, "c0 + x");
     let decl = parse_toml(&source).unwrap();
     let errors = ir::lower(&decl).unwrap_err();
     assert_eq!(errors.0.len(), 1, "{errors}");
     let message = &errors.0[0].message;
-    assert!(
-        message.starts_with("cycle: c0 → c1 → c2 → "),
-        "{}",
-        &message[..40]
-    );
-    assert!(
-        message.ends_with(" → c9999 → c0"),
-        "{}",
-        &message[message.len() - 40..]
+    // 10,001 names: the first and last 8 are shown.
+    assert_eq!(
+        message,
+        "cycle: c0 → c1 → c2 → c3 → c4 → c5 → c6 → c7 → … (9985 more) … → \
+         c9993 → c9994 → c9995 → c9996 → c9997 → c9998 → c9999 → c0"
     );
 }
 

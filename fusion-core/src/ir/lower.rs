@@ -318,7 +318,7 @@ impl<'a> Lowering<'a> {
                             .map(|&(p, _)| self.decl.bindings[p].name.name.as_str())
                             .collect();
                         names.push(&id.name);
-                        let message = format!("cycle: {}", names.join(" → "));
+                        let message = format!("cycle: {}", cycle_path(&names));
                         self.report(Diagnostic::new(id.span, message));
                         self.state[i] = State::Failed;
                     }
@@ -534,6 +534,21 @@ impl<'a> Lowering<'a> {
         };
         r.map_err(|e| self.report(e))
     }
+}
+
+/// `a → b → a`; a cycle through more than 16 bindings shows its first and
+/// last 8, with how many are left out between.
+fn cycle_path(names: &[&str]) -> String {
+    const SHOWN: usize = 8;
+    if names.len() <= 2 * SHOWN {
+        return names.join(" → ");
+    }
+    format!(
+        "{} → … ({} more) … → {}",
+        names[..SHOWN].join(" → "),
+        names.len() - 2 * SHOWN,
+        names[names.len() - SHOWN..].join(" → ")
+    )
 }
 
 /// What to lower for a matmul's right operand: the tensor under `^T`, read
