@@ -79,6 +79,11 @@ fn a_flat_sum_of_twenty_thousand_terms_plans() {
         "{}",
         &report[..100]
     );
+    // So does its Graphviz drawing (`fusion plan --dot`): one edge per read.
+    // 20,000 kernels of one op each, each reading two tensors and writing one.
+    let graph = graph_from_source(&with_output(&format!("({terms}) @ w"))).unwrap();
+    let dot = fuse::dot::write(&fuse::plan(graph));
+    assert_eq!(dot.matches(" -> ").count(), 3 * 20_000);
     // The macro's tokens go through the same loops.
     let decl =
         parse_tokens(TokenStream::from_str(&format!("graph g {{ output y = {terms}; }}")).unwrap()).unwrap();
