@@ -266,6 +266,9 @@ fn wrappers_parse_and_name_the_graph() {
     let skipped = wrappers::generate(&lib, false, "/out/fusion_ffi.rs");
     assert!(!skipped.contains("ffi::fusion_kernels_gemm_"));
     assert!(skipped.contains("this build skipped nvcc"));
+    // With no launcher to name, the match's type comes from the binding
+    // (without it the skipped build did not compile: E0282).
+    assert!(skipped.contains("let __launcher_0: fusion::launch::Launcher<ffi::fusion_gemm_params> = match"));
 }
 
 #[test]

@@ -253,7 +253,7 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
                 quote!((#d, #a) => ffi::#symbol as fusion::launch::Launcher<ffi::#params_ty>,)
             });
         quote! {
-            let #var = match (__dtype, __arch) {
+            let #var: fusion::launch::Launcher<ffi::#params_ty> = match (__dtype, __arch) {
                 #(#arms)*
                 _ => return Err(fusion::launch::not_compiled(#name, __dtype, __arch, #compiled)),
             };
