@@ -258,3 +258,66 @@ fn a_tensor_from_another_device_is_refused() {
         "{err}"
     );
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_shape_whose_element_count_overflows_matches_no_buffer() {
+    let s = stream();
+    let x = filled(&s, 8, 0.5);
+    // (2^61 + 1) · 8 wraps to 8 in unchecked arithmetic.
+    let err = Tensor::new(&x, [(1usize << 61) + 1, 8]).unwrap_err();
+    assert!(matches!(err, Error::SizeOverflow { .. }), "{err}");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn the_cublaslt_baseline_checks_its_buffers() {
+    use fusion::bench::cublaslt::{LtEpilogue, LtGemm};
+    use fusion::ir::{DType, WeightLayout};
+    let s = stream();
+    let (m, n, k) = (16, 8, 32);
+    let mut lt = LtGemm::new(&s, DType::F16, WeightLayout::NK, (m, n, k), LtEpilogue::Bias).unwrap();
+    let (x, w, b) = (
+        filled(&s, m * k, 0.5),
+        filled(&s, n * k, 0.25),
+        filled(&s, n, 1.0),
+    );
+    let mut y = filled(&s, m * n, -7.0);
+    lt.run(&s, &x, &w, Some(&b), None, &mut y).unwrap();
+    let short = filled(&s, m * k - 1, 0.5);
+    let err = lt.run(&s, &short, &w, Some(&b), None, &mut y).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::BufferLength {
+                expected: 512,
+                actual: 511,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let mut small_y = filled(&s, m * n / 2, 0.0);
+    let err = lt.run(&s, &x, &w, Some(&b), None, &mut small_y).unwrap_err();
+    assert!(matches!(err, Error::BufferLength { .. }), "{err}");
+    let err = lt.run(&s, &x, &w, None, None, &mut y).unwrap_err();
+    assert!(
+        matches!(err, Error::Shape { .. }),
+        "a bias epilogue without a bias: {err}"
+    );
+    let as_bf16 = |n: usize| s.clone_htod(&vec![fusion::half::bf16::ZERO; n]).unwrap();
+    let (xb, wb, bb, mut yb) = (as_bf16(m * k), as_bf16(n * k), as_bf16(n), as_bf16(m * n));
+    let err = lt.run(&s, &xb, &wb, Some(&bb), None, &mut yb).unwrap_err();
+    assert!(matches!(err, Error::ElementType { .. }), "{err}");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn k_of_zero_is_a_named_error_not_a_launch_failure() {
+    let s = stream();
+    let err = gemm_bias(&s, 4, 8, 0).unwrap_err();
+    assert!(
+        matches!(&err, Error::EmptyReduction { tensor, dim } if tensor == "x" && dim == "K"),
+        "{err}"
+    );
+}
