@@ -143,11 +143,18 @@ impl fmt::Display for Role {
 }
 
 impl NormKind {
-    pub fn name(self) -> &'static str {
+    /// The norm op's row in the op table.
+    pub fn def(self) -> &'static OpDef {
         match self {
-            NormKind::LayerNorm => "layernorm",
-            NormKind::RmsNorm => "rmsnorm",
+            NormKind::LayerNorm => &ops::LAYERNORM,
+            NormKind::RmsNorm => &ops::RMSNORM,
         }
+    }
+
+    /// As written in graph declarations, and as a prologue in composed
+    /// names (`layernorm_gemm`).
+    pub fn name(self) -> &'static str {
+        self.def().name
     }
 }
 
