@@ -36,7 +36,13 @@ struct CollectiveEpilogue {
   static constexpr int kBoxBytes = 64 * 64 * 2;
   static constexpr int kStagingParts = kStagingParts_;
   static constexpr int kStagingCols = BN / kStagingParts;
-  static constexpr int kStagingBytes = kConsumers * kRows * kStagingCols * 2;
+  // [kConsumers][kRows / 64][kStagingCols / 64] boxes of kBoxBytes, each
+  // consumer's at a 1024-byte aligned address for the swizzle (the kernel's
+  // SharedStorage places it right after the ring's stages).
+  struct Staging {
+    unsigned char boxes[kConsumers][kRows * kStagingCols * 2];
+  };
+  static_assert(kRows * kStagingCols * 2 % 1024 == 0, "every consumer's boxes start 1024-byte aligned");
 
   // The epilogue chain on every accumulator of this consumer's part of the
   // tile. kChecked skips the pairs whose loads would fall outside their
@@ -80,7 +86,7 @@ struct CollectiveEpilogue {
   // writes come after, so the chain's loads (bias, residual, multiplier) are
   // not held up behind stores the compiler cannot prove they do not alias.
   template <typename Epilogue>
-  static __device__ __forceinline__ void store_tile(unsigned char* all_staging, int consumer, TileCoord tile,
+  static __device__ __forceinline__ void store_tile(Staging& shared, int consumer, TileCoord tile,
                                                     float (&acc)[kMmaM][kAccumulators], const CUtensorMap* map_c,
                                                     const GemmArgs<T>& args, [[maybe_unused]] int trace_piece = 0) {
     const int thread = threadIdx.x % 128;
@@ -95,7 +101,7 @@ struct CollectiveEpilogue {
       apply_chain<Epilogue, true>(acc, m_base, tile.n0, rows, cols, args);
     [[maybe_unused]] const bool tracer = consumer == 0 && thread == 0;
     if (tracer) FUSION_SM90_STAMP(trace_piece, 2);
-    unsigned char* staging = all_staging + consumer * (kRows * kStagingCols * 2);
+    unsigned char* staging = shared.boxes[consumer];
     constexpr int kBoxesPerRow = kStagingCols / 64, kPartFrags = kStagingCols / 8;
     // One stmatrix per two 8-column fragments: matrix j is fragment
     // frag + j / 2, rows 8 (j % 2) on of the warp's 16; lane t addresses

@@ -52,21 +52,26 @@ struct CollectiveMainloop {
   static constexpr int kABytes = BM * BK * 2;
   static constexpr int kBBytes = BN * BK * 2;
   static constexpr int kStageBytes = kABytes + kBBytes;
-  // full[kStages], empty[kStages] and the ping-pong order barriers.
-  static constexpr int kBarrierBytes = 2 * kStages * 8 + 2 * 8;
   // Consumer warps that read each stage and arrive on its empty barrier, in
   // every CTA of the cluster (a stage is refilled in all of them at once).
   static constexpr int kReadersPerStage = (kPingPong ? 4 : 4 * kConsumers) * kClusterM;
   static constexpr int kBRowsPerCta = BN / kClusterM;  // B rows (NK) each CTA of a cluster loads
   static constexpr int kTransB = kLayout == LayoutB::KN ? 1 : 0;
 
-  // The ring in shared memory.
-  struct Stages {
-    unsigned char* a;  // [kStages][BM][64]
-    unsigned char* b;  // [kStages][BN][64] (NK) or [kStages][BN/64][64][64] (KN)
-    uint64_t* full;    // [kStages]
-    uint64_t* empty;   // [kStages]
-    uint64_t* order;   // [2]: consumer c may start its next K loop once order[c] completes
+  // The ring in shared memory: its stages, which the kernel places at a
+  // 1024-byte aligned address (the 128-byte swizzle repeats every 8 rows of
+  // 128 bytes, and TMA and wgmma agree on it only from such a boundary), and
+  // their barriers. Two structs, as the kernel's SharedStorage keeps the
+  // epilogue's staging tile, also swizzled, between them.
+  struct StageTiles {
+    unsigned char a[kStages][kABytes];  // each [BM][64]
+    unsigned char b[kStages][kBBytes];  // each [BN][64] (NK) or [BN/64][64][64] (KN)
+  };
+  static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0, "every stage starts 1024-byte aligned");
+  struct Barriers {
+    uint64_t full[kStages];
+    uint64_t empty[kStages];
+    uint64_t order[2];  // consumer c may start its next K loop once order[c] completes
   };
 
   // A position in the ring of stages.
@@ -90,20 +95,21 @@ struct CollectiveMainloop {
   // + k_count), the last first when `backwards`, into the next stages of
   // the ring, each once the consumers have released it. `rank` is this
   // CTA's in its cluster; `waited` sums the waits on empty barriers.
-  static __device__ __forceinline__ void load_tile(const Stages& s, RingPosition& ring, const CUtensorMap* map_a,
-                                                   const CUtensorMap* map_b, TileCoord tile, int rank, int k_begin,
-                                                   int k_count, bool backwards, trace::Timer& waited) {
+  static __device__ __forceinline__ void load_tile(StageTiles& tiles, Barriers& barriers, RingPosition& ring,
+                                                   const CUtensorMap* map_a, const CUtensorMap* map_b, TileCoord tile,
+                                                   int rank, int k_begin, int k_count, bool backwards,
+                                                   trace::Timer& waited) {
     for (int j = 0; j < k_count; ++j) {
       const int kb = backwards ? k_begin + k_count - 1 - j : k_begin + j;
       waited.start();
-      mbarrier_wait(&s.empty[ring.stage], ring.phase ^ 1);
+      mbarrier_wait(&barriers.empty[ring.stage], ring.phase ^ 1);
       waited.stop();
-      uint64_t* full = &s.full[ring.stage];
+      uint64_t* full = &barriers.full[ring.stage];
       // Counts this CTA's A and the whole B tile, whichever CTA loads it.
       mbarrier_arrive_expect_tx(full, kStageBytes);
       const int32_t k0 = kb * BK;
-      tma_load_2d(s.a + ring.stage * kABytes, map_a, full, k0, int32_t(tile.m0));
-      unsigned char* b = s.b + ring.stage * kBBytes;
+      tma_load_2d(tiles.a[ring.stage], map_a, full, k0, int32_t(tile.m0));
+      unsigned char* b = tiles.b[ring.stage];
       if constexpr (kClusterM == 1) {
         if constexpr (kLayout == LayoutB::NK) {
           tma_load_2d(b, map_b, full, k0, int32_t(tile.n0));
@@ -168,7 +174,7 @@ struct CollectiveMainloop {
   // feed only rows of C that are never stored. (Skipping those rows measured
   // slower on full tiles: BENCHMARKS.md v9.)
   template <typename Prologue, typename WaitFull>
-  static __device__ __forceinline__ void normalize_stage(const Stages& s, int stage, int consumer, int kb,
+  static __device__ __forceinline__ void normalize_stage(StageTiles& tiles, int stage, int consumer, int kb,
                                                          const NormTile& norm, const GemmArgs<T>& args,
                                                          WaitFull wait_full) {
     const int thread = threadIdx.x % 128;
@@ -182,7 +188,7 @@ struct CollectiveMainloop {
 #pragma unroll
       for (int j = 0; j < kNormRows; ++j) {
         const int row = Config::share_row0(consumer) + thread / 8 + 16 * j;
-        uint4* p = reinterpret_cast<uint4*>(s.a + stage * kABytes + row * 128 + ((chunk ^ (row % 8)) << 4));
+        uint4* p = reinterpret_cast<uint4*>(&tiles.a[stage][row * 128 + ((chunk ^ (row % 8)) << 4)]);
         Vec8<T> v;
         v.bits = *p;
         Prologue::template apply<T>(v, norm.rows[j], columns);
@@ -204,25 +210,26 @@ struct CollectiveMainloop {
   // normalized in place first (normalize_stage); `norm` says which k-block
   // the tile's first stage holds and in which direction they go.
   template <typename Prologue = NoPrologue>
-  static __device__ __forceinline__ void mma_tile(const Stages& s, int consumer, int k_blocks, RingPosition& ring,
-                                                  float (&acc)[kMmaM][kAccumulators], int trace_piece = 0,
-                                                  const NormTile& norm = {}, const GemmArgs<T>* args = nullptr) {
+  static __device__ __forceinline__ void mma_tile(StageTiles& tiles, Barriers& barriers, int consumer, int k_blocks,
+                                                  RingPosition& ring, float (&acc)[kMmaM][kAccumulators],
+                                                  int trace_piece = 0, const NormTile& norm = {},
+                                                  const GemmArgs<T>* args = nullptr) {
     const int lane = threadIdx.x % 32;
     const int row0 = Config::share_row0(consumer);
-    const uint64_t a_desc = smem_descriptor(s.a + row0 * 128, 16, 1024);
-    const uint64_t b_desc = kLayout == LayoutB::NK ? smem_descriptor(s.b, 16, 1024)
-                                                   : smem_descriptor(s.b, 64 * BK * 2, 1024);
+    const uint64_t a_desc = smem_descriptor(&tiles.a[0][row0 * 128], 16, 1024);
+    const uint64_t b_desc = kLayout == LayoutB::NK ? smem_descriptor(tiles.b[0], 16, 1024)
+                                                   : smem_descriptor(tiles.b[0], 64 * BK * 2, 1024);
     int previous = -1;
     trace::Timer loop, waited;  // the K loop, and its waits on full barriers
     loop.start();
     for (int kb = 0; kb < k_blocks; ++kb) {
       const auto wait_full = [&] {
         waited.start();
-        mbarrier_wait(&s.full[ring.stage], ring.phase);
+        mbarrier_wait(&barriers.full[ring.stage], ring.phase);
         waited.stop();
       };
       if constexpr (Prologue::kEnabled)
-        normalize_stage<Prologue>(s, ring.stage, consumer, norm.k_first + norm.k_step * kb, norm, *args, wait_full);
+        normalize_stage<Prologue>(tiles, ring.stage, consumer, norm.k_first + norm.k_step * kb, norm, *args, wait_full);
       else
         wait_full();
       // Descriptors by addition: the first stage's plus the offset in
@@ -245,11 +252,11 @@ struct CollectiveMainloop {
       wgmma_commit();
       // The stage before this one is now read: hand it back.
       wgmma_wait<1>();
-      if (previous >= 0 && lane == 0) release(s, previous);
+      if (previous >= 0 && lane == 0) release(barriers, previous);
       previous = ring.stage;
       ring.advance();
     }
-    if (kPingPong && threadIdx.x % 128 == 0) mbarrier_arrive(&s.order[1 - consumer]);
+    if (kPingPong && threadIdx.x % 128 == 0) mbarrier_arrive(&barriers.order[1 - consumer]);
     wgmma_wait<0>();
 #pragma unroll
     for (int mi = 0; mi < kMmaM; ++mi) fence_registers(acc[mi]);
@@ -258,16 +265,16 @@ struct CollectiveMainloop {
       trace::count(trace::Counter::FullWait, trace_piece, waited.total);
       trace::count(trace::Counter::KLoop, trace_piece, loop.total);
     }
-    if (previous >= 0 && lane == 0) release(s, previous);
+    if (previous >= 0 && lane == 0) release(barriers, previous);
   }
 
   // Hands a stage back to the producers of every CTA in the cluster.
-  static __device__ __forceinline__ void release(const Stages& s, int stage) {
+  static __device__ __forceinline__ void release(Barriers& barriers, int stage) {
     if constexpr (kClusterM == 1) {
-      mbarrier_arrive(&s.empty[stage]);
+      mbarrier_arrive(&barriers.empty[stage]);
     } else {
 #pragma unroll
-      for (int rank = 0; rank < kClusterM; ++rank) mbarrier_arrive_cluster(&s.empty[stage], rank);
+      for (int rank = 0; rank < kClusterM; ++rank) mbarrier_arrive_cluster(&barriers.empty[stage], rank);
     }
   }
 };

@@ -70,19 +70,29 @@ struct Mainloop {
   // gemm.cuh's FusedGemm hands the launch to this mainloop.
   static constexpr bool kOwnsKernel = true;
 
-  // Shared memory: the ring's stages, the epilogue's staging tile, the
-  // ring's barriers and the scheduler's piece list. The staging tile holds
-  // each consumer's whole share of C when that fits beside the rest; else
-  // half of its columns at a time (kStagingParts = 2).
-  static constexpr int kSmemLimit = 227 * 1024;
-  // 1024 bytes of slack to align the stages for the 128-byte swizzle.
-  static constexpr int kSmemWithoutStaging =
-      1024 + kStages * Loop::kStageBytes + Loop::kBarrierBytes + int(sizeof(typename Scheduler::Plan));
-  static constexpr int kStagingParts = kSmemWithoutStaging + kConsumers * kRows * BN * 2 <= kSmemLimit ? 1 : 2;
+  // A CTA's dynamic shared memory, whose sizeof is what the launch asks
+  // for: the ring's stages, the epilogue's staging tile (kStagingParts 1:
+  // each consumer's whole share of C; 2: half of its columns at a time),
+  // the ring's barriers and the scheduler's piece list, laid out from the
+  // first 1024-byte aligned address of the buffer (see carve), which
+  // dynamic shared memory is not promised to start at; hence the slack.
+  template <int kStagingParts_>
+  struct SharedStorageWith {
+    struct Layout {
+      typename Loop::StageTiles stages;
+      typename CollectiveEpilogue<T, Config, kStagingParts_>::Staging staging;
+      typename Loop::Barriers barriers;
+      typename Scheduler::Plan plan;
+    } layout;
+    unsigned char alignment_slack[1024];
+  };
+  // The whole staging tile where it fits beside the rest, else half of it.
+  static constexpr int kStagingParts = sizeof(SharedStorageWith<1>) <= kSmemPerBlock ? 1 : 2;
   using TileStore = CollectiveEpilogue<T, Config, kStagingParts>;
-  static constexpr int kStagingBytes = TileStore::kStagingBytes;
-  static constexpr int kSmemBytes = kSmemWithoutStaging + kStagingBytes;
-  static_assert(kSmemBytes <= kSmemLimit, "the tile needs more shared memory than an sm_90 block may have");
+  using SharedStorage = SharedStorageWith<kStagingParts>;
+  using SharedLayout = typename SharedStorage::Layout;
+  static constexpr int kSmemBytes = int(sizeof(SharedStorage));
+  static_assert(kSmemBytes <= kSmemPerBlock, "the tile needs more shared memory than an sm_90 block may have");
 
   using StreamK = typename Scheduler::StreamK;
   using TileWalk = typename Scheduler::TileWalk;
@@ -91,44 +101,31 @@ struct Mainloop {
   using RingPosition = typename Loop::RingPosition;
   using NormTile = typename Loop::NormTile;
 
-  struct Smem {
-    typename Loop::Stages ring;
-    unsigned char* staging;  // [kConsumers][kRows / 64][kStagingCols / 64] boxes of kBoxBytes
-    typename Scheduler::Plan* plan;
-  };
-
-  static __device__ __forceinline__ Smem carve(unsigned char* raw) {
+  // The layout at the first 1024-byte aligned address of the buffer.
+  static __device__ __forceinline__ SharedLayout& carve(unsigned char* raw) {
     const uint32_t base = smem_u32(raw);
-    unsigned char* aligned = raw + ((1024 - (base & 1023)) & 1023);
-    Smem s;
-    s.ring.a = aligned;
-    s.ring.b = aligned + kStages * Loop::kABytes;
-    s.staging = aligned + kStages * Loop::kStageBytes;
-    s.ring.full = reinterpret_cast<uint64_t*>(aligned + kStages * Loop::kStageBytes + kStagingBytes);
-    s.ring.empty = s.ring.full + kStages;
-    s.ring.order = s.ring.empty + kStages;
-    s.plan = reinterpret_cast<typename Scheduler::Plan*>(s.ring.order + 2);
-    return s;
+    return *reinterpret_cast<SharedLayout*>(raw + ((1024 - (base & 1023)) & 1023));
   }
 
   // The producer: one thread keeps every stage loaded, across tiles.
-  static __device__ __forceinline__ void produce(const Smem& s, const CUtensorMap* map_a, const CUtensorMap* map_b,
+  static __device__ __forceinline__ void produce(SharedLayout& s, const CUtensorMap* map_a, const CUtensorMap* map_b,
                                                  const GemmArgs<T>& args) {
     const TileWalk walk(args);
     const int k_blocks = int((args.k + BK - 1) / BK);
     RingPosition ring;
     WorkPiece w;
-    for (int i = 0; Scheduler::piece(*s.plan, walk, k_blocks, i, w); ++i) {
+    for (int i = 0; Scheduler::piece(s.plan, walk, k_blocks, i, w); ++i) {
       const TileCoord tile = walk.tile(w.unit);
       trace::Timer waited;
-      const bool backwards = Scheduler::walks_backwards(*s.plan, i);
-      Loop::load_tile(s.ring, ring, map_a, map_b, tile, walk.rank, w.k_begin, w.k_count, backwards, waited);
+      const bool backwards = Scheduler::walks_backwards(s.plan, i);
+      Loop::load_tile(s.stages, s.barriers, ring, map_a, map_b, tile, walk.rank, w.k_begin, w.k_count, backwards,
+                      waited);
       trace::count(trace::Counter::EmptyWait, i, waited.total);
     }
   }
 
   template <typename Prologue, typename Epilogue>
-  static __device__ __forceinline__ void consume(const Smem& s, int consumer, const CUtensorMap* map_c,
+  static __device__ __forceinline__ void consume(SharedLayout& s, int consumer, const CUtensorMap* map_c,
                                                  const GemmArgs<T>& args, const StreamK& sk,
                                                  const RowStats* row_stats) {
     const TileWalk walk(args);
@@ -144,26 +141,26 @@ struct Mainloop {
         // Consumer 0's first K loop goes first; every other waits for the
         // other consumer's previous one (see mma_tile).
         if (consumer == 1 || turn > 0)
-          mbarrier_wait(&s.ring.order[consumer], consumer == 1 ? (turn & 1) : ((turn - 1) & 1));
+          mbarrier_wait(&s.barriers.order[consumer], consumer == 1 ? (turn & 1) : ((turn - 1) & 1));
         ++turn;
         NormTile norm;
         if constexpr (Prologue::kEnabled)
           norm =
               Loop::norm_tile(row_stats, walk.tile(u).m0 + Config::share_row0(consumer), args.m, 0, k_blocks, false);
-        Loop::template mma_tile<Prologue>(s.ring, consumer, k_blocks, ring, acc, 0, norm, &args);
+        Loop::template mma_tile<Prologue>(s.stages, s.barriers, consumer, k_blocks, ring, acc, 0, norm, &args);
         TileStore::template store_tile<Epilogue>(s.staging, consumer, walk.tile(u), acc, map_c, args);
         ring.skip(k_blocks);
       }
     } else {
       WorkPiece w;
       [[maybe_unused]] const bool tracer = consumer == 0 && threadIdx.x % 128 == 0;
-      for (int i = 0; Scheduler::piece(*s.plan, walk, k_blocks, i, w); ++i) {
+      for (int i = 0; Scheduler::piece(s.plan, walk, k_blocks, i, w); ++i) {
         if (tracer) FUSION_SM90_STAMP(i, 0);
         NormTile norm;
         if constexpr (Prologue::kEnabled)
           norm = Loop::norm_tile(row_stats, walk.tile(w.unit).m0 + Config::share_row0(consumer), args.m, w.k_begin,
-                                 w.k_count, Scheduler::walks_backwards(*s.plan, i));
-        Loop::template mma_tile<Prologue>(s.ring, consumer, w.k_count, ring, acc, i, norm, &args);
+                                 w.k_count, Scheduler::walks_backwards(s.plan, i));
+        Loop::template mma_tile<Prologue>(s.stages, s.barriers, consumer, w.k_count, ring, acc, i, norm, &args);
         if (tracer) FUSION_SM90_STAMP(i, 1);
         if (w.piece == Piece::Partial) {
           Scheduler::publish(sk, consumer, acc);
@@ -194,7 +191,7 @@ __global__ void __launch_bounds__(ML::kThreads, 1)
                            const typename ML::StreamK stream_k, const RowStats* row_stats) {
 #if FUSION_SM90_ENABLED
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  const typename ML::Smem s = ML::carve(smem_raw);
+  typename ML::SharedLayout& s = ML::carve(smem_raw);
   const int group = threadIdx.x / 128;
   if (threadIdx.x == 0) {
     FUSION_SM90_STAMP_START();
@@ -202,13 +199,13 @@ __global__ void __launch_bounds__(ML::kThreads, 1)
     prefetch_tensor_map(&map_b);
     prefetch_tensor_map(&map_c);
     for (int i = 0; i < ML::kStages; ++i) {
-      mbarrier_init(&s.ring.full[i], 1);
-      mbarrier_init(&s.ring.empty[i], ML::Loop::kReadersPerStage);
+      mbarrier_init(&s.barriers.full[i], 1);
+      mbarrier_init(&s.barriers.empty[i], ML::Loop::kReadersPerStage);
     }
-    mbarrier_init(&s.ring.order[0], 1);
-    mbarrier_init(&s.ring.order[1], 1);
+    mbarrier_init(&s.barriers.order[0], 1);
+    mbarrier_init(&s.barriers.order[1], 1);
     fence_barrier_init();
-    ML::Scheduler::plan_pieces(*s.plan, typename ML::TileWalk(args), int((args.k + ML::BK - 1) / ML::BK), stream_k);
+    ML::Scheduler::plan_pieces(s.plan, typename ML::TileWalk(args), int((args.k + ML::BK - 1) / ML::BK), stream_k);
   }
   // The cluster's other CTA multicasts into this one's stages and arrives on
   // its barriers: both must be initialised first.

@@ -14,13 +14,16 @@ namespace sm90 {
 //    epilogue runs while the other's wgmmas keep the tensor cores busy.
 enum class Schedule { Cooperative, PingPong };
 
+// Dynamic shared memory an sm_90 block may have.
+constexpr int kSmemPerBlock = 227 * 1024;
+
 // A CTA tile: BM rows by BN columns, K in steps of 64, kStages
 // shared-memory stages. Shared memory is 1024 (alignment) + kStages *
 // (BM + BN) * 128 bytes for the pipeline, BM * BN * 2 bytes of epilogue
 // staging (twice that for PingPong: one tile per consumer; half of it when
 // the whole does not fit) and 16 * kStages + 16 bytes of barriers and 96 of
-// stream-K bookkeeping; at most 227 KB (Mainloop::kSmemBytes and
-// kStagingParts in mainloop.cuh).
+// stream-K bookkeeping; at most kSmemPerBlock (Mainloop::SharedStorage in
+// mainloop.cuh).
 //
 // kClusterM = 2 launches CTAs in clusters of two that own vertically
 // adjacent tiles: they share each B tile, each loading half of it and

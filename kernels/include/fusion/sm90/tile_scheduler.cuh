@@ -70,10 +70,9 @@ struct TileScheduler {
   static constexpr int kMaxStreamKPieces = 4;
   // The list lives in shared memory (see plan_pieces).
   struct Plan {
-    int piece_count[4];                     // [3]: listed pieces, whole tiles, 1 if there is a Finish piece
-    WorkPiece pieces[kMaxStreamKPieces];    // listed ones from 0, the Finish one last
+    int piece_count[4];                   // 3 used: listed pieces, whole tiles, 1 if there is a Finish piece
+    WorkPiece pieces[kMaxStreamKPieces];  // listed ones from 0, the Finish one last
   };
-  static_assert(sizeof(Plan) == 96, "the stream-K piece list outgrew its bytes");
 
   // The work units of the launch and this CTA's share of them. A unit is
   // kClusterM vertically adjacent tiles, one per CTA of a cluster; clusters
