@@ -9,7 +9,10 @@
 //! architecture's budgets (shared memory per block, threads per block,
 //! registers) before anything is rendered: a tuned entry that does not fit is
 //! a build error naming the file and the entry, never an nvcc failure or a
-//! launch that fails at run time.
+//! launch that fails at run time. The sm90 mainloop's shared memory is the
+//! exception: its `sizeof(SharedStorage)` is checked by nvcc, against a
+//! `static_assert` that codegen renders into the unit with the same message
+//! (see [`crate::codegen`]), so that the size has one source.
 //!
 //! Every kernel of an arch runs that arch's mainloop ([`Arch::mainloop`]),
 //! norm compositions included, and each config is checked against it.
@@ -430,7 +433,7 @@ impl TileConfig {
     /// sentence saying what is wrong and the limit.
     pub fn check(&self, arch: Arch, kernel: &KernelKind) -> Result<(), String> {
         match arch.mainloop() {
-            Mainloop::Sm90 => self.check_sm90(arch, kernel),
+            Mainloop::Sm90 => self.check_sm90(),
             mainloop @ (Mainloop::Sm75 | Mainloop::Sm80) => self.check_warp_tiled(arch, mainloop, kernel),
         }
     }
@@ -536,12 +539,13 @@ impl TileConfig {
         Ok(())
     }
 
-    /// The sm90 mainloop: the template's static_asserts, its accumulators
-    /// and its shared memory. Registers are fixed by the kernel (producer 40,
-    /// consumers 232), so there is no estimate to check.
-    fn check_sm90(&self, arch: Arch, kernel: &KernelKind) -> Result<(), String> {
+    /// The sm90 mainloop: the template's static_asserts and its
+    /// accumulators. Registers are fixed by the kernel (producer 40,
+    /// consumers 232), so there is no estimate to check; shared memory is
+    /// checked by nvcc, against the `static_assert` codegen renders into the
+    /// unit for each config.
+    fn check_sm90(&self) -> Result<(), String> {
         let c = self;
-        let budget = arch.budget();
         let sm80_only = [
             ("warp_m", c.warp_m != 0),
             ("warp_n", c.warp_n != 0),
@@ -590,14 +594,6 @@ impl TileConfig {
             return Err(format!(
                 "{} needs {accumulators} f32 accumulators per consumer thread; the sm90 mainloop's consumers hold at most {SM90_MAX_ACCUMULATORS}",
                 c.summary(Mainloop::Sm90)
-            ));
-        }
-        let smem = c.smem_bytes(Mainloop::Sm90, kernel.dtype, kernel.layout, false);
-        if smem > budget.smem_per_block {
-            return Err(format!(
-                "{} needs {smem} bytes of shared memory per block; {arch} allows {}",
-                c.summary(Mainloop::Sm90),
-                budget.smem_per_block
             ));
         }
         Ok(())
@@ -656,7 +652,7 @@ impl KernelConfig {
 }
 
 /// Where a config came from, for reports and errors.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum ConfigSource {
     /// `kernels/tuned/sm80.json`, entry `gemm_bias_gelu.f16`.
     Tuned {
@@ -722,6 +718,16 @@ pub fn heuristic(mainloop: Mainloop) -> KernelConfig {
 /// The checked config for a kernel on `arch`: from `table` when it has an
 /// entry for the kernel, else [`heuristic`].
 pub fn select_with(table: &TunedTable, arch: Arch, kernel: &KernelKind) -> Result<KernelConfig, SelectError> {
+    select_sourced(table, arch, kernel).map(|(config, _)| config)
+}
+
+/// [`select_with`], and where the config came from (for the checks codegen
+/// renders into the unit).
+pub fn select_sourced(
+    table: &TunedTable,
+    arch: Arch,
+    kernel: &KernelKind,
+) -> Result<(KernelConfig, ConfigSource), SelectError> {
     let (config, source) = match table.lookup(&kernel.name, kernel.dtype) {
         Some((entry, config)) => (
             *config,
@@ -763,7 +769,7 @@ pub fn select_with(table: &TunedTable, arch: Arch, kernel: &KernelKind) -> Resul
             }
         }
     }
-    Ok(config)
+    Ok((config, source))
 }
 
 /// [`select_with`] the table shipped for `arch`.

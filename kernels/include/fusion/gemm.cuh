@@ -147,6 +147,10 @@ bool fewer_waves(int64_t m, int64_t n) {
 template <typename Mainloop, typename Prologue, typename Epilogue>
 struct FusedGemm {
   using Element = typename Mainloop::Element;
+  // What a launch asks for per block: dynamic shared memory and threads
+  // (which the generated units report through their `_resources` functions).
+  static constexpr size_t kSmemBytes = size_t(Mainloop::kSmemBytes);
+  static constexpr int kThreads = Mainloop::kThreads;
 
   // Kernel-level checks of everything the kernel relies on. Returns
   // cudaErrorInvalidValue when N or K is not a multiple of 8, K is 0, a

@@ -43,7 +43,7 @@ struct CollectiveMainloop {
   static constexpr int BM = Config::BM, BN = Config::BN, BK = Config::BK;
   static constexpr int kStages = Config::kStages;
   static constexpr int kClusterM = Config::kClusterM;
-  static constexpr bool kPingPong = Config::kSchedule == Schedule::PingPong;
+  static constexpr bool kPingPong = Config::kPingPong;
   static constexpr int kConsumers = Config::kConsumers;
   static constexpr int kRows = Config::WM;
   static constexpr int kMmaM = Config::kMmaM;

@@ -58,12 +58,7 @@ struct Mainloop {
   static constexpr int kStages = Config::kStages;
   static constexpr int kGroupRows = Config::kGroupRows;
   static constexpr int kClusterM = Config::kClusterM;
-  static constexpr bool kPingPong = Config::kSchedule == Schedule::PingPong;
-  static constexpr int kConsumers = Config::kConsumers;
-  static constexpr int kRows = Config::WM;
-  static constexpr int kMmaM = Config::kMmaM;
-  static constexpr int kAccumulators = Config::kAccumulators;
-  static constexpr int kThreads = 128 * (1 + kConsumers);
+  static constexpr int kThreads = 128 * (1 + Config::kConsumers);
   static constexpr int kMinBlocksPerSm = 1;
   static constexpr int kProducerRegisters = 40;
   static constexpr int kConsumerRegisters = 232;
@@ -131,8 +126,8 @@ struct Mainloop {
     const TileWalk walk(args);
     const int k_blocks = int((args.k + BK - 1) / BK);
     RingPosition ring;
-    float acc[kMmaM][kAccumulators];
-    if constexpr (kPingPong) {
+    float acc[Config::kMmaM][Config::kAccumulators];
+    if constexpr (Config::kPingPong) {
       // Each consumer takes every other unit of this CTA, skipping the other
       // consumer's stages in the ring (no stream-K).
       if (consumer == 1) ring.skip(k_blocks);

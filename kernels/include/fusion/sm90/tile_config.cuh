@@ -46,14 +46,15 @@ struct TileConfig {
   static_assert(kSchedule == Schedule::Cooperative || BM == 128,
                 "ping-pong consumers hold a 128 x BN tile each; BN = 128 keeps that at 128 registers");
   static_assert(WM * BN / 128 <= 128, "a consumer thread holds at most 128 accumulators");
+  static constexpr bool kPingPong = kSchedule == Schedule::PingPong;
   // The consumer warp groups, and the rows of a tile each computes as kMmaM
   // wgmma row blocks of 64.
-  static constexpr int kConsumers = kSchedule == Schedule::PingPong ? 2 : BM / 64;
+  static constexpr int kConsumers = kPingPong ? 2 : BM / 64;
   static constexpr int kMmaM = WM / 64;
   // The first row of a consumer's share of its tile: cooperative consumers
   // split a tile by rows, ping-pong ones take whole tiles.
   static __host__ __device__ constexpr int share_row0(int consumer) {
-    return kSchedule == Schedule::PingPong ? 0 : consumer * 64;
+    return kPingPong ? 0 : consumer * 64;
   }
   // f32 accumulators per wgmma row block and consumer thread.
   static constexpr int kAccumulators = BN / 2;

@@ -46,7 +46,7 @@ struct TileScheduler {
   static constexpr int BM = Config::BM, BN = Config::BN;
   static constexpr int kClusterM = Config::kClusterM;
   static constexpr int kGroupRows = Config::kGroupRows;
-  static constexpr bool kPingPong = Config::kSchedule == Schedule::PingPong;
+  static constexpr bool kPingPong = Config::kPingPong;
   static constexpr int kConsumers = Config::kConsumers;
   static constexpr int kMmaM = Config::kMmaM;
   static constexpr int kAccumulators = Config::kAccumulators;
