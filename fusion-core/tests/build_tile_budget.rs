@@ -1,6 +1,6 @@
-//! A tuned sm90 tile config whose shared memory does not fit is refused by
-//! the build, through the real nvcc: the sm90 mainloop sizes its shared
-//! memory as `sizeof(SharedStorage)`, and codegen renders a `static_assert`
+//! A tuned tile config whose shared memory does not fit is refused by the
+//! build, through the real nvcc: the mainloops size their shared memory
+//! (sm90: `sizeof(SharedStorage)`), and codegen renders a `static_assert`
 //! per tile config into the unit whose message names the tuned table's file
 //! and entry.
 //!
@@ -40,28 +40,23 @@ fn gemm_bias_gelu_f16() -> GraphSpec {
     }
 }
 
-/// 128x256 tiles with 5 stages: 1024 + 5 x 48 KB of stages + 32 KB of
-/// staging + barriers, over the 227 KB an sm_90 block may have.
-const OVER_BUDGET: &str = r#"{ "arch": "sm90", "configs": {
-    "gemm_bias_gelu.f16": { "large": { "bm": 128, "bn": 256, "bk": 64, "stages": 5 } } } }"#;
-
-#[test]
-fn an_sm90_entry_over_the_shared_memory_budget_fails_the_build_naming_the_entry() {
-    let root = fresh_dir("fusion-build-tile-budget");
-    let table = TunedTable::parse("tuned/over-budget-sm90.json", OVER_BUDGET).unwrap();
+/// Renders graphs/gemm_bias_gelu.toml for `arch` with `json` as its tuned
+/// table (file name `file`), compiles the one unit with nvcc and returns
+/// nvcc's errors.
+fn nvcc_errors(arch: Arch, target: Target, file: &str, json: &str) -> String {
+    let root = fresh_dir(&format!("fusion-build-tile-budget-{arch}"));
+    let table = TunedTable::parse(file, json).unwrap();
     let library =
-        codegen::render_with_tables("fusion_kernels", &[Arch::Sm90], &[gemm_bias_gelu_f16()], &[table])
-            .unwrap();
+        codegen::render_with_tables("fusion_kernels", &[arch], &[gemm_bias_gelu_f16()], &[table]).unwrap();
     assert_eq!(library.units.len(), 1);
     let unit = &library.units[0];
-
     let include_dir = root.join("include");
     templates::write_headers(&include_dir).unwrap();
     let sources = CudaSources {
         units: vec![Unit {
             name: unit.symbol.clone(),
             source: unit.source.clone(),
-            targets: vec![Target::Sm90a],
+            targets: vec![target],
         }],
         header: GeneratedFile {
             name: library.header.0.clone(),
@@ -72,21 +67,45 @@ fn an_sm90_entry_over_the_shared_memory_budget_fails_the_build_naming_the_entry(
     let mut options = CompileOptions::new(root.join("out"));
     options.cache_dir = Some(root.join("cache"));
     match compile(&sources, &options) {
-        Err(BuildError::Nvcc { stderr, .. }) => {
-            let needle = "tile config from tuned/over-budget-sm90.json, entry 'gemm_bias_gelu.f16' for \
-                          'gemm_bias_gelu' (large) does not fit sm90: 128x256x64 (5 stages, cooperative, \
-                          persistent) needs more shared memory per block than sm90 allows";
-            assert!(
-                stderr.contains(needle),
-                "`{needle}` missing from nvcc's errors:\n{stderr}"
-            );
-        }
+        Err(BuildError::Nvcc { stderr, .. }) => stderr,
         Err(e @ BuildError::NvccNotFound { .. }) => {
             panic!("this test compiles CUDA and needs nvcc; `cargo xtask test` provides it.\n{e}")
         }
         Err(e) => panic!("expected nvcc to refuse the unit, got: {e}"),
         Ok(_) => panic!("the over-budget tile config compiled"),
     }
+}
+
+#[test]
+fn an_sm90_entry_over_the_shared_memory_budget_fails_the_build_naming_the_entry() {
+    // 128x256 tiles with 5 stages: 1024 + 5 x 48 KB of stages + 32 KB of
+    // staging + barriers, over the 227 KB an sm_90 block may have.
+    let json = r#"{ "arch": "sm90", "configs": {
+        "gemm_bias_gelu.f16": { "large": { "bm": 128, "bn": 256, "bk": 64, "stages": 5 } } } }"#;
+    let errors = nvcc_errors(Arch::Sm90, Target::Sm90a, "tuned/over-budget-sm90.json", json);
+    let needle = "tile config from tuned/over-budget-sm90.json, entry 'gemm_bias_gelu.f16' for \
+                  'gemm_bias_gelu' (large) does not fit sm90: 128x256x64 (5 stages, cooperative, \
+                  persistent) needs more shared memory per block than sm90 allows";
+    assert!(
+        errors.contains(needle),
+        "`{needle}` missing from nvcc's errors:\n{errors}"
+    );
+}
+
+#[test]
+fn an_sm80_entry_over_the_shared_memory_budget_fails_the_build_naming_the_entry() {
+    // 5 x (128 x 32 + 256 x 32) x 2 = 120 KB, over the 99 KB of sm_86/89.
+    let json = r#"{ "arch": "sm80", "configs": {
+        "gemm_bias_gelu.f16": { "large": { "bm": 128, "bn": 256, "bk": 32, "warp_m": 64, "warp_n": 64,
+                                           "stages": 5, "min_blocks_per_sm": 1 } } } }"#;
+    let errors = nvcc_errors(Arch::Sm80, Target::Sm80, "tuned/over-budget-sm80.json", json);
+    let needle = "tile config from tuned/over-budget-sm80.json, entry 'gemm_bias_gelu.f16' for \
+                  'gemm_bias_gelu' (large) does not fit sm80: 128x256x32 (warp 64x64, 5 stages, \
+                  1 block(s)/SM) needs more shared memory per block than sm80 allows";
+    assert!(
+        errors.contains(needle),
+        "`{needle}` missing from nvcc's errors:\n{errors}"
+    );
 }
 
 /// A host program that prints what `<symbol>_resources` reports, one line

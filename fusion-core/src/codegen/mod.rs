@@ -528,11 +528,12 @@ fn render_unit(
                 })
             });
             // Per tile config: the alias the template declares, its name in
-            // the tuned tables and, where the mainloop sizes its shared memory
-            // itself (sm90), the message of the check that it fits.
+            // the tuned tables and the message of the check that its shared
+            // memory fits the mainloop's limit.
             let smem_limit = match mainloop {
-                Mainloop::Sm90 => Some("fusion::sm90::kSmemPerBlock"),
-                Mainloop::Sm75 | Mainloop::Sm80 => None,
+                Mainloop::Sm90 => "fusion::sm90::kSmemPerBlock",
+                Mainloop::Sm80 => "fusion::sm80::kSmemPerBlock",
+                Mainloop::Sm75 => "fusion::sm75::kSmemPerBlock",
             };
             let tiles: Vec<_> = [
                 ("LargeTile", "large", Some(config.large)),
@@ -550,15 +551,12 @@ fn render_unit(
                     arch_list(archs),
                 )
                 .replace('`', "'");
-                Some(json!({
-                    "alias": alias,
-                    "which": which,
-                    "smem_check": smem_limit.map(|limit| json!({ "limit": limit, "message": c_string(&message) })),
-                }))
+                Some(json!({ "alias": alias, "which": which, "smem_message": c_string(&message) }))
             })
             .collect();
             let extra = json!({
                 "tiles": tiles,
+                "smem_limit": smem_limit,
                 "mainloop": mainloop_type,
                 "mainloop_header": header,
                 "layout": layout_name(*layout),

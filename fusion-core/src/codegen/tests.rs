@@ -216,7 +216,7 @@ fn sm90_units_use_the_sm90_mainloop_norm_compositions_too() {
 }
 
 #[test]
-fn gemm_units_report_their_tiles_resources_and_sm90_checks_its_shared_memory() {
+fn gemm_units_report_their_tiles_resources_and_check_their_shared_memory() {
     let lib = render(
         "k",
         &[Arch::Sm80, Arch::Sm90],
@@ -244,28 +244,31 @@ fn gemm_units_report_their_tiles_resources_and_sm90_checks_its_shared_memory() {
         ),
     ] {
         let check = format!(
-            "static_assert(Kernel<{alias}>::kSmemBytes <= fusion::sm90::kSmemPerBlock,\n              \"tile config from kernels/tuned/sm90.json, entry 'default' for 'gemm_bias_gelu' ({which}) does not fit sm90: {summary} needs more shared memory per block than sm90 allows\");"
-        );
-        assert!(
-            sm90.source.contains(&check),
-            "`{check}` missing from:\n{}",
-            sm90.source
+            "static_assert(Kernel<{alias}>::kBlockSmemBytes <= fusion::sm90::kSmemPerBlock,\n              \"tile config from kernels/tuned/sm90.json, entry 'default' for 'gemm_bias_gelu' ({which}) does not fit sm90: {summary} needs more shared memory per block than sm90 allows\");"
         );
         let resources = format!(
             "{{\"{which}\", uint32_t(Kernel<{alias}>::kSmemBytes), uint32_t(Kernel<{alias}>::kThreads)}},"
         );
-        assert!(
-            sm90.source.contains(&resources),
-            "`{resources}` missing from:\n{}",
-            sm90.source
-        );
+        for needle in [check, resources] {
+            assert!(
+                sm90.source.contains(&needle),
+                "`{needle}` missing from:\n{}",
+                sm90.source
+            );
+        }
     }
     assert!(sm90.source.contains(
         "extern \"C\" int k_gemm_bias_gelu_nk_f16_sm90_resources(fusion_tile_resources* out, int capacity) {"
     ));
-    // sm80 sizes its shared memory in select; its unit reports resources only.
+    // sm80 checks against its own limit; sm80.json's default has no small_m_alt.
     let sm80 = unit("k_gemm_bias_gelu_nk_f16_sm80");
-    assert!(!sm80.source.contains("static_assert"), "{}", sm80.source);
+    assert!(
+        sm80.source
+            .contains("static_assert(Kernel<SmallTile>::kBlockSmemBytes <= fusion::sm80::kSmemPerBlock,"),
+        "{}",
+        sm80.source
+    );
+    assert!(!sm80.source.contains("SmallAltTile"), "{}", sm80.source);
     assert!(
         sm80.source
             .contains("{\"large\", uint32_t(Kernel<LargeTile>::kSmemBytes)")

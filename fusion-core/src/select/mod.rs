@@ -9,10 +9,10 @@
 //! architecture's budgets (shared memory per block, threads per block,
 //! registers) before anything is rendered: a tuned entry that does not fit is
 //! a build error naming the file and the entry, never an nvcc failure or a
-//! launch that fails at run time. The sm90 mainloop's shared memory is the
-//! exception: its `sizeof(SharedStorage)` is checked by nvcc, against a
-//! `static_assert` that codegen renders into the unit with the same message
-//! (see [`crate::codegen`]), so that the size has one source.
+//! launch that fails at run time. Shared memory is the exception: the
+//! kernel's own size (sm90: `sizeof(SharedStorage)`) is checked by nvcc,
+//! against a `static_assert` that codegen renders into the unit with the
+//! same message (see [`crate::codegen`]), so that the size has one source.
 //!
 //! Every kernel of an arch runs that arch's mainloop ([`Arch::mainloop`]),
 //! norm compositions included, and each config is checked against it.
@@ -514,14 +514,6 @@ impl TileConfig {
                 }
             }
             Mainloop::Sm75 | Mainloop::Sm90 => {}
-        }
-        let smem = c.smem_bytes(mainloop, kernel.dtype, kernel.layout, kernel.prologue);
-        if smem > budget.smem_per_block {
-            return Err(format!(
-                "{} needs {smem} bytes of shared memory per block; {arch} allows {}",
-                c.summary(mainloop),
-                budget.smem_per_block
-            ));
         }
         let registers = c.registers_estimate();
         let register_cap = budget

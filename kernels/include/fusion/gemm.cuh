@@ -151,6 +151,11 @@ struct FusedGemm {
   // (which the generated units report through their `_resources` functions).
   static constexpr size_t kSmemBytes = size_t(Mainloop::kSmemBytes);
   static constexpr int kThreads = Mainloop::kThreads;
+  // All the shared memory a block uses: the dynamic part and, where
+  // fused_gemm_kernel runs the mainloop, its static row statistics (which
+  // the generated units check against the mainloop's kSmemPerBlock).
+  static constexpr size_t kBlockSmemBytes =
+      kSmemBytes + (OwnsKernel<Mainloop>::value ? 0 : sizeof(RowStats) * (Prologue::kEnabled ? Mainloop::BM : 1));
 
   // Kernel-level checks of everything the kernel relies on. Returns
   // cudaErrorInvalidValue when N or K is not a multiple of 8, K is 0, a

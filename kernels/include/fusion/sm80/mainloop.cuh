@@ -93,6 +93,10 @@ using Tile128x256 = TileConfig<128, 256, 32, 64, 64, 4, 1>;
 // and 2 x 64 KB of shared memory.
 using Tile128x128 = TileConfig<128, 128, 32, 64, 32, 4, 2>;
 
+// Shared memory a block may have on every GPU the sm80 variant runs on:
+// 99 KB on sm_86 and sm_89 (sm_80 allows 163 KB).
+constexpr int kSmemPerBlock = 99 * 1024;
+
 template <typename T, LayoutB kLayoutB, typename Tile>
 struct Mainloop {
   using Element = T;
