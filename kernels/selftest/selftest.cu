@@ -1068,7 +1068,7 @@ void bench(const Options& opt, int sm_count) {
 #ifdef FUSION_SM90_TRACE
 // --trace (built with -DFUSION_SM90_TRACE): one launch of mainloop ML with
 // Epilogue per shape, after warm-up, with the mainloop's
-// per-CTA %globaltimer stamps and cycle counters (sm90/mainloop.cuh),
+// per-CTA %globaltimer stamps and cycle counters (sm90/trace.cuh),
 // summarised across CTAs in microseconds from the earliest CTA start (and
 // in SM cycles for the counters).
 template <typename ML, typename Epilogue>

@@ -26,7 +26,9 @@ pub mod wrappers;
 
 use crate::fuse::{Composition, EpilogueStep, NormKind, Plan};
 use crate::ir::{DType, WeightLayout};
-use crate::select::{self, Arch, KernelConfig, KernelKind, Mainloop, SelectError, TileConfig};
+use crate::select::{
+    self, Arch, ConfigSource, KernelConfig, KernelKind, Mainloop, SelectError, TileConfig, TunedTable,
+};
 use indexmap::IndexMap;
 use serde_json::json;
 
@@ -85,6 +87,9 @@ pub enum KernelKey {
         dtype: DType,
         mainloop: Mainloop,
         config: KernelConfig,
+        /// The tuned table entry (or the heuristic) `config` came from, which
+        /// the unit's resource checks name.
+        origin: ConfigSource,
     },
     Norm {
         kind: NormKind,
@@ -186,6 +191,17 @@ pub enum CodegenError {
 /// dtype that no arch in `archs` supports (bf16 when only sm75 is built) is
 /// an error naming the graph's file: its wrappers could only ever refuse.
 pub fn render(lib_name: &str, archs: &[Arch], graphs: &[GraphSpec]) -> Result<KernelLibrary, CodegenError> {
+    render_with_tables(lib_name, archs, graphs, &[])
+}
+
+/// [`render`], with `tables` in place of the shipped tuned table of their
+/// arch (the shipped one for the others).
+pub fn render_with_tables(
+    lib_name: &str,
+    archs: &[Arch],
+    graphs: &[GraphSpec],
+    tables: &[TunedTable],
+) -> Result<KernelLibrary, CodegenError> {
     let valid_name = lib_name.starts_with(|c: char| c.is_ascii_lowercase())
         && lib_name
             .chars()
@@ -196,6 +212,13 @@ pub fn render(lib_name: &str, archs: &[Arch], graphs: &[GraphSpec]) -> Result<Ke
     let mut archs = archs.to_vec();
     archs.sort();
     archs.dedup();
+    let tables = archs
+        .iter()
+        .map(|&arch| match tables.iter().find(|t| t.arch == arch) {
+            Some(table) => Ok(table.clone()),
+            None => TunedTable::shipped(arch),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
 
     // Distinct kernels, in first-use order, with the archs and the users of each.
     struct Pending {
@@ -212,8 +235,8 @@ pub fn render(lib_name: &str, archs: &[Arch], graphs: &[GraphSpec]) -> Result<Ke
         for (index, kernel) in spec.plan.kernels.iter().enumerate() {
             let mut kernel_uses = Vec::new();
             for &dtype in &spec.dtypes {
-                for &arch in archs.iter().filter(|a| a.supports(dtype)) {
-                    let key = kernel_key(&kernel.composition, dtype, arch)?;
+                for (&arch, table) in archs.iter().zip(&tables).filter(|(a, _)| a.supports(dtype)) {
+                    let key = kernel_key(&kernel.composition, dtype, arch, table)?;
                     let entry = distinct.entry(key.clone()).or_insert_with(|| Pending {
                         archs: Vec::new(),
                         composition: kernel.composition.name(),
@@ -281,6 +304,7 @@ pub fn render(lib_name: &str, archs: &[Arch], graphs: &[GraphSpec]) -> Result<Ke
             json!({
                 "symbol": u.symbol,
                 "params": u.params.c_name(),
+                "resources": u.params == ParamsKind::Gemm,
                 "doc": format!("{}, built for {}", describe_key(&u.key), arch_list(&u.archs)),
             })
         })
@@ -338,17 +362,24 @@ fn check_dtypes(spec: &GraphSpec, archs: &[Arch]) -> Result<(), CodegenError> {
 }
 
 /// The distinct kernel a planned kernel becomes for one dtype and arch.
-fn kernel_key(composition: &Composition, dtype: DType, arch: Arch) -> Result<KernelKey, CodegenError> {
+fn kernel_key(
+    composition: &Composition,
+    dtype: DType,
+    arch: Arch,
+    table: &TunedTable,
+) -> Result<KernelKey, CodegenError> {
     Ok(match composition {
         Composition::Gemm(gemm) => {
             let kind = KernelKind::of(gemm, dtype);
+            let (config, origin) = select::select_sourced(table, arch, &kind)?;
             KernelKey::Gemm {
                 prologue: gemm.prologue.map(|p| p.kind),
                 layout: gemm.b_layout,
                 steps: gemm.epilogue.clone(),
                 dtype,
                 mainloop: arch.mainloop(),
-                config: select::select(arch, &kind)?,
+                config,
+                origin,
             }
         }
         Composition::Norm(norm) => KernelKey::Norm {
@@ -431,6 +462,7 @@ fn render_unit(
             dtype,
             mainloop,
             config,
+            origin,
         } => {
             let mut context = common(*dtype);
             let target = Arch::of_mainloop(*mainloop).target();
@@ -450,7 +482,36 @@ fn render_unit(
                     "alt": alt.unwrap_or(serde_json::Value::Bool(false)),
                 })
             });
+            // Per tile config: the alias the template declares, its name in
+            // the tuned tables and the message of the check that its shared
+            // memory fits the mainloop's limit.
+            let smem_limit = match mainloop {
+                Mainloop::Sm90 => "fusion::sm90::kSmemPerBlock",
+                Mainloop::Sm80 => "fusion::sm80::kSmemPerBlock",
+                Mainloop::Sm75 => "fusion::sm75::kSmemPerBlock",
+            };
+            let tiles: Vec<_> = [
+                ("LargeTile", "large", Some(config.large)),
+                ("SmallTile", "small_m", config.small().map(|(tile, _)| tile)),
+                ("SmallAltTile", "small_m_alt", config.small().and(config.small_m_alt)),
+            ]
+            .into_iter()
+            .filter_map(|(alias, which, tile)| {
+                let tile = tile?;
+                // In quotes rather than backticks, which nvcc prints as `?`.
+                let message = format!(
+                    "tile config from {origin} for `{composition}` ({which}) does not fit {}: {} needs more shared memory per block than {} allows",
+                    arch_list(archs),
+                    tile.summary(*mainloop),
+                    arch_list(archs),
+                )
+                .replace('`', "'");
+                Some(json!({ "alias": alias, "which": which, "smem_message": c_string(&message) }))
+            })
+            .collect();
             let extra = json!({
+                "tiles": tiles,
+                "smem_limit": smem_limit,
                 "mainloop": mainloop_type,
                 "mainloop_header": header,
                 "layout": layout_name(*layout),
@@ -483,6 +544,24 @@ fn render_unit(
         used_by: used_by.to_vec(),
         source: render_template(registry, template, &context)?,
     })
+}
+
+/// `text` as the inside of a C string literal.
+fn c_string(text: &str) -> String {
+    let mut out = String::new();
+    for byte in text.bytes() {
+        match byte {
+            b'"' | b'\\' => {
+                out.push('\\');
+                out.push(byte as char);
+            }
+            b' '..=b'~' => out.push(byte as char),
+            // A hex escape runs on over hex digits: end the literal after it
+            // (adjacent literals concatenate).
+            _ => out.push_str(&format!("\\x{byte:02x}\"\"")),
+        }
+    }
+    out
 }
 
 fn merge(into: &mut serde_json::Value, from: serde_json::Value) {

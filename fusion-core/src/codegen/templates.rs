@@ -29,7 +29,7 @@ pub const TEMPLATES: [(&str, &str); 5] = [
 ];
 
 /// Every file of `kernels/include`, by path relative to it.
-pub const HEADERS: [(&str, &str); 12] = [
+pub const HEADERS: [(&str, &str); 21] = [
     (
         "fusion/abi.h",
         include_str!("../../../kernels/include/fusion/abi.h"),
@@ -67,8 +67,24 @@ pub const HEADERS: [(&str, &str); 12] = [
         include_str!("../../../kernels/include/fusion/sm75/mainloop.cuh"),
     ),
     (
+        "fusion/sm80/collective_epilogue.cuh",
+        include_str!("../../../kernels/include/fusion/sm80/collective_epilogue.cuh"),
+    ),
+    (
         "fusion/sm80/mainloop.cuh",
         include_str!("../../../kernels/include/fusion/sm80/mainloop.cuh"),
+    ),
+    (
+        "fusion/sm80/primitives.cuh",
+        include_str!("../../../kernels/include/fusion/sm80/primitives.cuh"),
+    ),
+    (
+        "fusion/sm90/collective_epilogue.cuh",
+        include_str!("../../../kernels/include/fusion/sm90/collective_epilogue.cuh"),
+    ),
+    (
+        "fusion/sm90/collective_mainloop.cuh",
+        include_str!("../../../kernels/include/fusion/sm90/collective_mainloop.cuh"),
     ),
     (
         "fusion/sm90/mainloop.cuh",
@@ -77,6 +93,26 @@ pub const HEADERS: [(&str, &str); 12] = [
     (
         "fusion/sm90/primitives.cuh",
         include_str!("../../../kernels/include/fusion/sm90/primitives.cuh"),
+    ),
+    (
+        "fusion/sm90/stream_k_scratch.cuh",
+        include_str!("../../../kernels/include/fusion/sm90/stream_k_scratch.cuh"),
+    ),
+    (
+        "fusion/sm90/tensor_map.cuh",
+        include_str!("../../../kernels/include/fusion/sm90/tensor_map.cuh"),
+    ),
+    (
+        "fusion/sm90/tile_config.cuh",
+        include_str!("../../../kernels/include/fusion/sm90/tile_config.cuh"),
+    ),
+    (
+        "fusion/sm90/tile_scheduler.cuh",
+        include_str!("../../../kernels/include/fusion/sm90/tile_scheduler.cuh"),
+    ),
+    (
+        "fusion/sm90/trace.cuh",
+        include_str!("../../../kernels/include/fusion/sm90/trace.cuh"),
     ),
 ];
 

@@ -216,6 +216,82 @@ fn sm90_units_use_the_sm90_mainloop_norm_compositions_too() {
 }
 
 #[test]
+fn gemm_units_report_their_tiles_resources_and_check_their_shared_memory() {
+    let lib = render(
+        "k",
+        &[Arch::Sm80, Arch::Sm90],
+        &[spec("gemm_bias_gelu.toml", F16)],
+    )
+    .unwrap();
+    let unit = |symbol: &str| lib.units.iter().find(|u| u.symbol == symbol).unwrap();
+    let sm90 = unit("k_gemm_bias_gelu_nk_f16_sm90");
+    // One check per tile config, each naming the table entry it came from.
+    for (alias, which, summary) in [
+        (
+            "LargeTile",
+            "large",
+            "128x256x64 (4 stages, cooperative, persistent)",
+        ),
+        (
+            "SmallTile",
+            "small_m",
+            "64x128x64 (8 stages, cooperative, persistent)",
+        ),
+        (
+            "SmallAltTile",
+            "small_m_alt",
+            "128x128x64 (6 stages, cooperative, persistent)",
+        ),
+    ] {
+        let check = format!(
+            "static_assert(Kernel<{alias}>::kBlockSmemBytes <= fusion::sm90::kSmemPerBlock,\n              \"tile config from kernels/tuned/sm90.json, entry 'default' for 'gemm_bias_gelu' ({which}) does not fit sm90: {summary} needs more shared memory per block than sm90 allows\");"
+        );
+        let resources = format!(
+            "{{\"{which}\", uint32_t(Kernel<{alias}>::kSmemBytes), uint32_t(Kernel<{alias}>::kThreads)}},"
+        );
+        for needle in [check, resources] {
+            assert!(
+                sm90.source.contains(&needle),
+                "`{needle}` missing from:\n{}",
+                sm90.source
+            );
+        }
+    }
+    assert!(sm90.source.contains(
+        "extern \"C\" int k_gemm_bias_gelu_nk_f16_sm90_resources(fusion_tile_resources* out, int capacity) {"
+    ));
+    // sm80 checks against its own limit; sm80.json's default has no small_m_alt.
+    let sm80 = unit("k_gemm_bias_gelu_nk_f16_sm80");
+    assert!(
+        sm80.source
+            .contains("static_assert(Kernel<SmallTile>::kBlockSmemBytes <= fusion::sm80::kSmemPerBlock,"),
+        "{}",
+        sm80.source
+    );
+    assert!(!sm80.source.contains("SmallAltTile"), "{}", sm80.source);
+    assert!(
+        sm80.source
+            .contains("{\"large\", uint32_t(Kernel<LargeTile>::kSmemBytes)")
+    );
+    let (_, header) = &lib.header;
+    for symbol in ["k_gemm_bias_gelu_nk_f16_sm80", "k_gemm_bias_gelu_nk_f16_sm90"] {
+        let declaration = format!("int {symbol}_resources(fusion_tile_resources* out, int capacity);");
+        assert!(
+            header.contains(&declaration),
+            "`{declaration}` missing from:\n{header}"
+        );
+    }
+}
+
+#[test]
+fn tile_check_messages_are_c_string_literals() {
+    assert_eq!(c_string("entry `a.f16` (large)"), "entry `a.f16` (large)");
+    assert_eq!(c_string(r#"dir\"x".json"#), r#"dir\\\"x\".json"#);
+    // Outside printable ASCII, each byte is a hex escape ending its literal.
+    assert_eq!(c_string("é1"), r#"\xc3""\xa9""1"#);
+}
+
+#[test]
 fn bf16_for_sm75_alone_is_a_build_error_naming_the_file() {
     let only_turing = render(
         "fusion_kernels",

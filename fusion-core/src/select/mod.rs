@@ -8,8 +8,11 @@
 //! naming the file. The config is checked against the architecture's mainloop
 //! and budgets (shared memory per block, threads per block, registers) before
 //! anything is rendered: a tuned entry that does not fit is a build error
-//! naming the file and the entry, never an nvcc failure or a launch that
-//! fails at run time.
+//! naming the file and the entry, never a launch that fails at run time.
+//! Shared memory is checked by nvcc instead: the kernel's own size (sm90:
+//! `sizeof(SharedStorage)`) against a `static_assert` that codegen renders
+//! into the unit, its message naming the file and the entry (see
+//! [`crate::codegen`]), so that the size has one source.
 //!
 //! Every kernel of an arch runs that arch's mainloop ([`Arch::mainloop`]),
 //! norm compositions included, and each config is checked by that arch's
@@ -376,7 +379,7 @@ impl KernelConfig {
 
 /// The tuned entry a config came from, for errors:
 /// `kernels/tuned/sm80.json`, entry `gemm_bias_gelu.f16`.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ConfigSource {
     pub file: String,
     pub entry: String,
@@ -419,6 +422,16 @@ pub enum SelectError {
 /// The checked config for a kernel on `arch`: `table`'s entry for it (see
 /// [`TunedTable::lookup`]).
 pub fn select_with(table: &TunedTable, arch: Arch, kernel: &KernelKind) -> Result<KernelConfig, SelectError> {
+    select_sourced(table, arch, kernel).map(|(config, _)| config)
+}
+
+/// [`select_with`], and the entry the config came from (for the checks
+/// codegen renders into the unit).
+pub fn select_sourced(
+    table: &TunedTable,
+    arch: Arch,
+    kernel: &KernelKind,
+) -> Result<(KernelConfig, ConfigSource), SelectError> {
     let (entry, config) = table
         .lookup(&kernel.name, kernel.dtype)
         .ok_or_else(|| SelectError::NoEntry {
@@ -463,7 +476,7 @@ pub fn select_with(table: &TunedTable, arch: Arch, kernel: &KernelKind) -> Resul
             }
         }
     }
-    Ok(config)
+    Ok((config, source))
 }
 
 /// [`select_with`] the table shipped for `arch`.

@@ -65,14 +65,6 @@ pub(super) fn check(
         ));
     }
     mainloop_rules(c, kernel)?;
-    let smem = c.smem_bytes(mainloop, kernel.dtype, kernel.layout, kernel.prologue);
-    if smem > budget.smem_per_block {
-        return Err(format!(
-            "{} needs {smem} bytes of shared memory per block; {arch} allows {}",
-            c.summary(mainloop),
-            budget.smem_per_block
-        ));
-    }
     let registers = c.registers_estimate();
     let register_cap = budget
         .max_registers_per_thread

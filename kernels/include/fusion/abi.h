@@ -6,7 +6,10 @@
  * returns a cudaError_t as int (0 is success). The stream is `void*` so the
  * bindings do not declare a CUstream type of their own. One params struct
  * serves every composition of a kind; pointers a composition does not read
- * are null. Every pointer is a device address, 16-byte aligned. */
+ * are null. Every pointer is a device address, 16-byte aligned.
+ *
+ * A GEMM launcher also has `int <symbol>_resources(fusion_tile_resources*
+ * out, int capacity)`, which says what its tile configs ask for per block. */
 #ifndef FUSION_ABI_H
 #define FUSION_ABI_H
 
@@ -49,6 +52,15 @@ typedef struct fusion_elementwise_params {
   const void* multiplier; /* [m, n], the other factor of mul */
   int64_t m, n;
 } fusion_elementwise_params;
+
+/* What one tile config of a GEMM launcher asks for per block at launch;
+ * `tile` names the config as the tuned tables do: "large", "small_m" or
+ * "small_m_alt". */
+typedef struct fusion_tile_resources {
+  const char* tile;
+  uint32_t smem_bytes; /* dynamic shared memory */
+  uint32_t threads;
+} fusion_tile_resources;
 
 #ifdef __cplusplus
 }

@@ -147,6 +147,15 @@ bool fewer_waves(int64_t m, int64_t n) {
 template <typename Mainloop, typename Prologue, typename Epilogue>
 struct FusedGemm {
   using Element = typename Mainloop::Element;
+  // What a launch asks for per block: dynamic shared memory and threads
+  // (which the generated units report through their `_resources` functions).
+  static constexpr size_t kSmemBytes = size_t(Mainloop::kSmemBytes);
+  static constexpr int kThreads = Mainloop::kThreads;
+  // All the shared memory a block uses: the dynamic part and, where
+  // fused_gemm_kernel runs the mainloop, its static row statistics (which
+  // the generated units check against the mainloop's kSmemPerBlock).
+  static constexpr size_t kBlockSmemBytes =
+      kSmemBytes + (OwnsKernel<Mainloop>::value ? 0 : sizeof(RowStats) * (Prologue::kEnabled ? Mainloop::BM : 1));
 
   // Kernel-level checks of everything the kernel relies on. Returns
   // cudaErrorInvalidValue when N or K is not a multiple of 8, K is 0, a

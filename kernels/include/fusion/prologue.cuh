@@ -26,7 +26,7 @@
 // So its launcher runs a first pass (`launch_row_stats`) that writes every
 // row's statistics to a buffer of the stream's memory pool, and its
 // consumers normalize their rows of each A stage in shared memory before
-// they issue the stage's wgmmas (sm90/mainloop.cuh, normalize_stage).
+// they issue the stage's wgmmas (sm90/collective_mainloop.cuh, normalize_stage).
 #pragma once
 
 #include "norm.cuh"

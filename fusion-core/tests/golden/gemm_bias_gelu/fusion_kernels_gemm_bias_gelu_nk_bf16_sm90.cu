@@ -19,6 +19,12 @@ using LargeTile = fusion::sm90::TileConfig<128, 256, 4, fusion::sm90::Schedule::
 using SmallTile = fusion::sm90::TileConfig<64, 128, 8, fusion::sm90::Schedule::Cooperative>;
 // 128x128x64 (6 stages, cooperative, persistent), for m <= 512 when it needs fewer waves
 using SmallAltTile = fusion::sm90::TileConfig<128, 128, 6, fusion::sm90::Schedule::Cooperative>;
+static_assert(Kernel<LargeTile>::kBlockSmemBytes <= fusion::sm90::kSmemPerBlock,
+              "tile config from kernels/tuned/sm90.json, entry 'default' for 'gemm_bias_gelu' (large) does not fit sm90: 128x256x64 (4 stages, cooperative, persistent) needs more shared memory per block than sm90 allows");
+static_assert(Kernel<SmallTile>::kBlockSmemBytes <= fusion::sm90::kSmemPerBlock,
+              "tile config from kernels/tuned/sm90.json, entry 'default' for 'gemm_bias_gelu' (small_m) does not fit sm90: 64x128x64 (8 stages, cooperative, persistent) needs more shared memory per block than sm90 allows");
+static_assert(Kernel<SmallAltTile>::kBlockSmemBytes <= fusion::sm90::kSmemPerBlock,
+              "tile config from kernels/tuned/sm90.json, entry 'default' for 'gemm_bias_gelu' (small_m_alt) does not fit sm90: 128x128x64 (6 stages, cooperative, persistent) needs more shared memory per block than sm90 allows");
 
 template <typename K>
 cudaError_t launch(const fusion_gemm_params* p, cudaStream_t stream) {
@@ -47,4 +53,17 @@ extern "C" int fusion_kernels_gemm_bias_gelu_nk_bf16_sm90(const fusion_gemm_para
     return int(launch<Kernel<SmallAltTile>>(p, s));
   if (p->m <= 512) return int(launch<Kernel<SmallTile>>(p, s));
   return int(launch<Kernel<LargeTile>>(p, s));
+}
+
+// What each tile config asks for per block at launch, large first; returns
+// how many there are and writes at most `capacity` of them.
+extern "C" int fusion_kernels_gemm_bias_gelu_nk_bf16_sm90_resources(fusion_tile_resources* out, int capacity) {
+  const fusion_tile_resources tiles[] = {
+      {"large", uint32_t(Kernel<LargeTile>::kSmemBytes), uint32_t(Kernel<LargeTile>::kThreads)},
+      {"small_m", uint32_t(Kernel<SmallTile>::kSmemBytes), uint32_t(Kernel<SmallTile>::kThreads)},
+      {"small_m_alt", uint32_t(Kernel<SmallAltTile>::kSmemBytes), uint32_t(Kernel<SmallAltTile>::kThreads)},
+  };
+  const int count = int(sizeof(tiles) / sizeof(tiles[0]));
+  for (int i = 0; i < count && i < capacity; ++i) out[i] = tiles[i];
+  return count;
 }

@@ -15,6 +15,8 @@ using Kernel = fusion::FusedGemm<fusion::sm80::Mainloop<Element, fusion::LayoutB
                                  fusion::EpilogueChain<>>;
 // 128x128x32 (warp 64x32, 4 stages, 2 block(s)/SM)
 using LargeTile = fusion::sm80::TileConfig<128, 128, 32, 64, 32, 4, 2>;
+static_assert(Kernel<LargeTile>::kBlockSmemBytes <= fusion::sm80::kSmemPerBlock,
+              "tile config from kernels/tuned/sm80.json, entry 'layernorm_gemm' for 'layernorm_gemm' (large) does not fit sm80: 128x128x32 (warp 64x32, 4 stages, 2 block(s)/SM) needs more shared memory per block than sm80 allows");
 
 template <typename K>
 cudaError_t launch(const fusion_gemm_params* p, cudaStream_t stream) {
@@ -40,4 +42,15 @@ extern "C" int fusion_kernels_layernorm_gemm_nk_bf16_sm80(const fusion_gemm_para
   if (p == nullptr) return int(cudaErrorInvalidValue);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   return int(launch<Kernel<LargeTile>>(p, s));
+}
+
+// What each tile config asks for per block at launch, large first; returns
+// how many there are and writes at most `capacity` of them.
+extern "C" int fusion_kernels_layernorm_gemm_nk_bf16_sm80_resources(fusion_tile_resources* out, int capacity) {
+  const fusion_tile_resources tiles[] = {
+      {"large", uint32_t(Kernel<LargeTile>::kSmemBytes), uint32_t(Kernel<LargeTile>::kThreads)},
+  };
+  const int count = int(sizeof(tiles) / sizeof(tiles[0]));
+  for (int i = 0; i < count && i < capacity; ++i) out[i] = tiles[i];
+  return count;
 }

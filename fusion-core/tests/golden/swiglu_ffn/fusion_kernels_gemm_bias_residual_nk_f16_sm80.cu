@@ -17,6 +17,10 @@ using Kernel = fusion::FusedGemm<fusion::sm80::Mainloop<Element, fusion::LayoutB
 using LargeTile = fusion::sm80::TileConfig<128, 128, 32, 64, 64, 4, 2, fusion::sm80::KLoop::Pipelined>;
 // 64x128x32 (warp 32x64, 4 stages, 3 block(s)/SM), for m <= 512
 using SmallTile = fusion::sm80::TileConfig<64, 128, 32, 32, 64, 4, 3, fusion::sm80::KLoop::Pipelined>;
+static_assert(Kernel<LargeTile>::kBlockSmemBytes <= fusion::sm80::kSmemPerBlock,
+              "tile config from kernels/tuned/sm80.json, entry 'default' for 'gemm_bias_residual' (large) does not fit sm80: 128x128x32 (warp 64x64, 4 stages, 2 block(s)/SM) needs more shared memory per block than sm80 allows");
+static_assert(Kernel<SmallTile>::kBlockSmemBytes <= fusion::sm80::kSmemPerBlock,
+              "tile config from kernels/tuned/sm80.json, entry 'default' for 'gemm_bias_residual' (small_m) does not fit sm80: 64x128x32 (warp 32x64, 4 stages, 3 block(s)/SM) needs more shared memory per block than sm80 allows");
 
 template <typename K>
 cudaError_t launch(const fusion_gemm_params* p, cudaStream_t stream) {
@@ -43,4 +47,16 @@ extern "C" int fusion_kernels_gemm_bias_residual_nk_f16_sm80(const fusion_gemm_p
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (p->m <= 512) return int(launch<Kernel<SmallTile>>(p, s));
   return int(launch<Kernel<LargeTile>>(p, s));
+}
+
+// What each tile config asks for per block at launch, large first; returns
+// how many there are and writes at most `capacity` of them.
+extern "C" int fusion_kernels_gemm_bias_residual_nk_f16_sm80_resources(fusion_tile_resources* out, int capacity) {
+  const fusion_tile_resources tiles[] = {
+      {"large", uint32_t(Kernel<LargeTile>::kSmemBytes), uint32_t(Kernel<LargeTile>::kThreads)},
+      {"small_m", uint32_t(Kernel<SmallTile>::kSmemBytes), uint32_t(Kernel<SmallTile>::kThreads)},
+  };
+  const int count = int(sizeof(tiles) / sizeof(tiles[0]));
+  for (int i = 0; i < count && i < capacity; ++i) out[i] = tiles[i];
+  return count;
 }

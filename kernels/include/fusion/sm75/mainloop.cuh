@@ -36,6 +36,9 @@ struct TileConfig {
 // shared memory, inside Turing's 64 KB.
 using Tile128x128 = TileConfig<128, 128, 32, 64, 32, 1>;
 
+// Shared memory a Turing block may have.
+constexpr int kSmemPerBlock = 64 * 1024;
+
 template <typename T, LayoutB kLayoutB, typename Tile>
 struct Mainloop {
   static_assert(std::is_same<T, __half>::value,

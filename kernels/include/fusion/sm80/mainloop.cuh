@@ -9,12 +9,18 @@
 // kt+Stages-1 are in flight. Loads are 16 bytes per thread and predicated:
 // chunks outside A or B are zero-filled, so any M works; N and K must be
 // multiples of 8 so that a 16-byte chunk is wholly inside or outside.
+//
+// Its instructions (swizzle, cp.async, ldmatrix, mma) are in primitives.cuh;
+// what happens to the accumulators after the K loop, in
+// collective_epilogue.cuh.
 #pragma once
 
 #include <stdint.h>
 
 #include "../numeric.cuh"
 #include "../problem.cuh"
+#include "collective_epilogue.cuh"
+#include "primitives.cuh"
 
 namespace fusion {
 namespace sm80 {
@@ -87,94 +93,9 @@ using Tile128x256 = TileConfig<128, 256, 32, 64, 64, 4, 1>;
 // and 2 x 64 KB of shared memory.
 using Tile128x128 = TileConfig<128, 128, 32, 64, 32, 4, 2>;
 
-// Element offset of 16-byte chunk `chunk` of row `row` in a row-major
-// shared-memory tile with kCols 16-bit elements per row. The chunk index is
-// XORed with a function of the row so that the 8 row addresses of one
-// ldmatrix 8x8 matrix (same logical chunk, 8 consecutive rows) land in 8
-// distinct 16-byte bank groups of a 128-byte line: conflict-free for rows of
-// 32, 64 or more elements, and for the row-wise cp.async writes.
-template <int kCols>
-struct Swizzle {
-  static constexpr int kChunks = kCols / 8;
-  static_assert(kChunks >= 2 && (kChunks & (kChunks - 1)) == 0, "rows of 16, 32, 64, ... elements");
-  static constexpr int kRowsPerLine = kChunks >= 8 ? 1 : 8 / kChunks;
-  static constexpr int kMask = (kChunks >= 8 ? 8 : kChunks) - 1;
-  static __device__ __forceinline__ int offset(int row, int chunk) {
-    return row * kCols + ((chunk ^ ((row / kRowsPerLine) & kMask)) << 3);
-  }
-};
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16-byte global -> shared copy; when `valid` is false nothing is read and
-// the destination is zero-filled (src-size 0).
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-               "r"(valid ? 16 : 0)
-               : "memory");
-}
-// The same with an L2 prefetch hint: the copy also pulls the kPrefetchBytes
-// aligned block around the source into L2 (0: no hint, as cp_async16).
-template <int kPrefetchBytes>
-__device__ __forceinline__ void cp_async16_prefetch(void* dst, const void* src, bool valid) {
-  if constexpr (kPrefetchBytes == 64)
-    asm volatile("cp.async.cg.shared.global.L2::64B [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-                 "r"(valid ? 16 : 0)
-                 : "memory");
-  else if constexpr (kPrefetchBytes == 128)
-    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-                 "r"(valid ? 16 : 0)
-                 : "memory");
-  else if constexpr (kPrefetchBytes == 256)
-    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-                 "r"(valid ? 16 : 0)
-                 : "memory");
-  else
-    cp_async16(dst, src, valid);
-}
-// The "memory" clobbers keep the compiler from moving ordinary shared-memory
-// accesses (the norm prologue's in-place pass) across the copies and waits.
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
-
-// ldmatrix from a shared-memory byte address (see smem_addr).
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-// c += a * b for one m16n8k16 fragment, f32 accumulators.
-template <typename T>
-__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]);
-
-template <>
-__device__ __forceinline__ void mma_16816<__half>(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-template <>
-__device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&c)[4], const uint32_t (&a)[4],
-                                                         const uint32_t (&b)[2]) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
+// Shared memory a block may have on every GPU the sm80 variant runs on:
+// 99 KB on sm_86 and sm_89 (sm_80 allows 163 KB).
+constexpr int kSmemPerBlock = 99 * 1024;
 
 template <typename T, LayoutB kLayoutB, typename Tile>
 struct Mainloop {
@@ -530,120 +451,9 @@ struct Mainloop {
     }
     cp_async_wait<0>();
   }
-
-  // Applies the epilogue chain to the accumulators and stores C. In an m16n8
-  // fragment, lane l holds columns 2*(l%4), +1 of rows l/4 and l/4 + 8.
-  template <typename Epilogue>
-  static __device__ __forceinline__ void store(const Accumulators& acc, const GemmArgs<T>& p, TileCoord tile) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
-    const int warp_m = warp / Tile::kWarpsN, warp_n = warp % Tile::kWarpsN;
-#pragma unroll
-    for (int i = 0; i < kFragsM; ++i) {
-      const int64_t m = tile.m0 + warp_m * WM + i * 16 + lane / 4;
-#pragma unroll
-      for (int j = 0; j < kFragsN; ++j) {
-        const int64_t n = tile.n0 + warp_n * WN + j * 8 + (lane % 4) * 2;
-        const float(&c)[4] = acc.c[i][j];
-        Epilogue::template store_pair_checked<T>(p.c, make_float2(c[0], c[1]), m, n, p.m, p.n, p.epilogue);
-        Epilogue::template store_pair_checked<T>(p.c, make_float2(c[2], c[3]), m + 8, n, p.m, p.n, p.epilogue);
-      }
-    }
-  }
-
-  // Store::Staged. The C tile passes through shared memory as T, BM rows of
-  // BN + 8 elements: with the 16-byte pad, the 8 rows of a fragment store
-  // start 4 banks apart, so a warp's 4-byte writes hit 32 distinct banks.
-  static constexpr int kStagedRowElems = BN + 8;
-  static constexpr size_t kStagedBytes = size_t(BM) * kStagedRowElems * sizeof(T);
-  static_assert(Tile::kStore != Store::Staged || kStagedBytes <= kSmemBytes,
+  using TileStore = CollectiveEpilogue<T, Tile>;
+  static_assert(Tile::kStore != Store::Staged || TileStore::kStagedBytes <= kSmemBytes,
                 "the staged C tile must fit in the pipeline's shared memory");
-
-  template <typename Epilogue>
-  static __device__ __forceinline__ void store_staged(Accumulators& acc, const GemmArgs<T>& p, TileCoord tile,
-                                                      unsigned char* smem) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
-    const int warp_m = warp / Tile::kWarpsN, warp_n = warp % Tile::kWarpsN;
-    T* staged = reinterpret_cast<T*>(smem);
-    // The chain, in registers. Rows and columns outside C are clamped to the
-    // last ones inside: the chain reads only valid memory and runs without
-    // branches, so an operand of column n (bias) is loaded once for all of
-    // the thread's rows; values computed for clamped pairs are never stored.
-    const int64_t m_last = p.m - 1, n_last = p.n - 2;
-#pragma unroll
-    for (int i = 0; i < kFragsM; ++i) {
-      const int64_t m = tile.m0 + warp_m * WM + i * 16 + lane / 4;
-      const int64_t m_lo = m < m_last ? m : m_last, m_hi = m + 8 < m_last ? m + 8 : m_last;
-#pragma unroll
-      for (int j = 0; j < kFragsN; ++j) {
-        const int64_t n_raw = tile.n0 + warp_n * WN + j * 8 + (lane % 4) * 2;
-        const int64_t n = n_raw < n_last ? n_raw : n_last;
-        float(&c)[4] = acc.c[i][j];
-        const float2 lo = Epilogue::template apply<T>(make_float2(c[0], c[1]), m_lo, n, p.n, p.epilogue);
-        const float2 hi = Epilogue::template apply<T>(make_float2(c[2], c[3]), m_hi, n, p.n, p.epilogue);
-        c[0] = lo.x;
-        c[1] = lo.y;
-        c[2] = hi.x;
-        c[3] = hi.y;
-      }
-    }
-    // Every warp's last ldmatrix of the K loop (which reads a stale stage
-    // after the last tile) is done before the stage buffers are overwritten.
-    __syncthreads();
-    const uint32_t staged_base = smem_addr(staged);
-#pragma unroll
-    for (int i = 0; i < kFragsM; ++i) {
-      const int row = warp_m * WM + i * 16 + lane / 4;
-#pragma unroll
-      for (int j = 0; j < kFragsN; ++j) {
-        const int col = warp_n * WN + j * 8 + (lane % 4) * 2;
-        const float(&c)[4] = acc.c[i][j];
-        st_shared_pair(staged_base + uint32_t((row * kStagedRowElems + col) * sizeof(T)), c[0], c[1]);
-        st_shared_pair(staged_base + uint32_t(((row + 8) * kStagedRowElems + col) * sizeof(T)), c[2], c[3]);
-      }
-    }
-    __syncthreads();
-    // C from shared memory: thread t always copies 16-byte chunk t % (BN/8)
-    // of rows t / (BN/8), + kRowsPerPass, ...
-    constexpr int kChunksPerRow = BN / 8;
-    constexpr int kRowsPerPass = kThreads / kChunksPerRow;
-    static_assert(kThreads % kChunksPerRow == 0 && BM % kRowsPerPass == 0,
-                  "the CTA's threads cover whole rows of the staged tile");
-    const int chunk = threadIdx.x % kChunksPerRow, row0 = threadIdx.x / kChunksPerRow;
-    const int64_t n = tile.n0 + chunk * 8;
-    if (n >= p.n) return;
-    T* out = p.c + (tile.m0 + row0) * p.n + n;
-    const int64_t rows_left = p.m - tile.m0 - row0;
-#pragma unroll
-    for (int r = 0; r < BM / kRowsPerPass; ++r) {
-      if (r * kRowsPerPass < rows_left) {
-        const uint4 v = ld_shared_vec(
-            staged_base + uint32_t(((row0 + r * kRowsPerPass) * kStagedRowElems + chunk * 8) * sizeof(T)));
-        st_global_vec(out + int64_t(r * kRowsPerPass) * p.n, v);
-      }
-    }
-  }
-
-  // Shared-memory accesses by 32-bit address, as the fragment loads.
-  static __device__ __forceinline__ void st_shared_pair(uint32_t addr, float x, float y) {
-    const typename Numeric<T>::Pair v = Numeric<T>::float2_to_pair(make_float2(x, y));
-    uint32_t bits;
-    memcpy(&bits, &v, 4);
-    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(bits) : "memory");
-  }
-  // One 16-byte store. Spelled out because a uint4 assignment built from
-  // an asm's four outputs was split into four 4-byte stores (nvcc 13.0).
-  static __device__ __forceinline__ void st_global_vec(T* ptr, uint4 v) {
-    asm volatile("st.global.v4.b32 [%0], {%1,%2,%3,%4};\n" ::"l"(ptr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
-                 : "memory");
-  }
-  static __device__ __forceinline__ uint4 ld_shared_vec(uint32_t addr) {
-    uint4 v;
-    asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "r"(addr)
-                 : "memory");
-    return v;
-  }
 
   // Entry point used by fused_gemm_kernel.
   template <typename Prologue, typename Epilogue>
@@ -655,9 +465,9 @@ struct Mainloop {
     Accumulators acc;
     run<Prologue>(acc, p, tile, smem, stats);
     if constexpr (Tile::kStore == Store::Staged)
-      store_staged<Epilogue>(acc, p, tile, smem);
+      TileStore::template store_staged<Epilogue>(acc, p, tile, smem);
     else
-      store<Epilogue>(acc, p, tile);
+      TileStore::template store<Epilogue>(acc, p, tile);
 #endif
   }
 };

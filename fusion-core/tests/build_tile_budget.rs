@@ -1,0 +1,185 @@
+//! A tuned tile config whose shared memory does not fit is refused by the
+//! build, through the real nvcc: the mainloops size their shared memory
+//! (sm90: `sizeof(SharedStorage)`), and codegen renders a `static_assert`
+//! per tile config into the unit whose message names the tuned table's file
+//! and entry.
+//!
+//! The same unit's `<symbol>_resources` function reports each tile
+//! config's shared memory and threads as the kernel computes them; a host
+//! program built from the unit shows they are what `select` derives.
+//!
+//! nvcc is required: `cargo xtask test` installs it and exports `NVCC`;
+//! locally, set `NVCC` or run `cargo xtask toolchain`. No GPU is needed.
+
+#![cfg(feature = "build")]
+
+use fusion_core::build::nvcc::{Env, ToolchainFile, cuda_lib_dir, find_nvcc};
+use fusion_core::build::{BuildError, CompileOptions, CudaSources, GeneratedFile, Unit, compile};
+use fusion_core::codegen::{self, GraphSpec, KernelKey, templates};
+use fusion_core::ir::{DType, WeightLayout};
+use fusion_core::select::{Arch, Mainloop, TunedTable};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn fresh_dir(name: &str) -> PathBuf {
+    let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(&root).unwrap();
+    root
+}
+
+fn gemm_bias_gelu_f16() -> GraphSpec {
+    let graph_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../graphs/gemm_bias_gelu.toml");
+    let graph = fusion_core::load_toml_graph(&graph_path).unwrap();
+    GraphSpec {
+        plan: fusion_core::fuse::plan(graph),
+        dtypes: vec![DType::F16],
+        origin: "graphs/gemm_bias_gelu.toml".to_owned(),
+        fingerprint: None,
+        declaration: String::new(),
+    }
+}
+
+/// Renders graphs/gemm_bias_gelu.toml for `arch` with `json` as its tuned
+/// table (file name `file`), compiles the one unit with nvcc and returns
+/// nvcc's errors.
+fn nvcc_errors(arch: Arch, file: &str, json: &str) -> String {
+    let root = fresh_dir(&format!("fusion-build-tile-budget-{arch}"));
+    let table = TunedTable::parse(file, json).unwrap();
+    let library =
+        codegen::render_with_tables("fusion_kernels", &[arch], &[gemm_bias_gelu_f16()], &[table]).unwrap();
+    assert_eq!(library.units.len(), 1);
+    let unit = &library.units[0];
+    let include_dir = root.join("include");
+    templates::write_headers(&include_dir).unwrap();
+    let sources = CudaSources {
+        units: vec![Unit {
+            name: unit.symbol.clone(),
+            source: unit.source.clone(),
+            archs: vec![arch],
+            used_by: Vec::new(),
+            tiles: Vec::new(),
+        }],
+        header: GeneratedFile {
+            name: library.header.0.clone(),
+            contents: library.header.1.clone(),
+        },
+        headers_dir: include_dir,
+    };
+    let mut options = CompileOptions::new(root.join("out"));
+    options.cache_dir = Some(root.join("cache"));
+    match compile(&sources, &options) {
+        Err(BuildError::Nvcc { stderr, .. }) => stderr,
+        Err(e @ BuildError::NvccNotFound { .. }) => {
+            panic!("this test compiles CUDA and needs nvcc; `cargo xtask test` provides it.\n{e}")
+        }
+        Err(e) => panic!("expected nvcc to refuse the unit, got: {e}"),
+        Ok(_) => panic!("the over-budget tile config compiled"),
+    }
+}
+
+#[test]
+fn an_sm90_entry_over_the_shared_memory_budget_fails_the_build_naming_the_entry() {
+    // 128x256 tiles with 5 stages: 1024 + 5 x 48 KB of stages + 32 KB of
+    // staging + barriers, over the 227 KB an sm_90 block may have.
+    let json = r#"{ "arch": "sm90", "configs": {
+        "gemm_bias_gelu.f16": { "large": { "bm": 128, "bn": 256, "bk": 64, "stages": 5 } } } }"#;
+    let errors = nvcc_errors(Arch::Sm90, "tuned/over-budget-sm90.json", json);
+    let needle = "tile config from tuned/over-budget-sm90.json, entry 'gemm_bias_gelu.f16' for \
+                  'gemm_bias_gelu' (large) does not fit sm90: 128x256x64 (5 stages, cooperative, \
+                  persistent) needs more shared memory per block than sm90 allows";
+    assert!(
+        errors.contains(needle),
+        "`{needle}` missing from nvcc's errors:\n{errors}"
+    );
+}
+
+#[test]
+fn an_sm80_entry_over_the_shared_memory_budget_fails_the_build_naming_the_entry() {
+    // 5 x (128 x 32 + 256 x 32) x 2 = 120 KB, over the 99 KB of sm_86/89.
+    let json = r#"{ "arch": "sm80", "configs": {
+        "gemm_bias_gelu.f16": { "large": { "bm": 128, "bn": 256, "bk": 32, "warp_m": 64, "warp_n": 64,
+                                           "stages": 5, "min_blocks_per_sm": 1 } } } }"#;
+    let errors = nvcc_errors(Arch::Sm80, "tuned/over-budget-sm80.json", json);
+    let needle = "tile config from tuned/over-budget-sm80.json, entry 'gemm_bias_gelu.f16' for \
+                  'gemm_bias_gelu' (large) does not fit sm80: 128x256x32 (warp 64x64, 5 stages, \
+                  1 block(s)/SM) needs more shared memory per block than sm80 allows";
+    assert!(
+        errors.contains(needle),
+        "`{needle}` missing from nvcc's errors:\n{errors}"
+    );
+}
+
+/// A host program that prints what `<symbol>_resources` reports, one line
+/// per tile config: `<tile> <smem_bytes> <threads>`.
+const PRINT_RESOURCES: &str = r#"
+#include <stdio.h>
+int main() {
+  fusion_tile_resources tiles[4];
+  const int count = SYMBOL_resources(tiles, 4);
+  for (int i = 0; i < count && i < 4; ++i) printf("%s %u %u\n", tiles[i].tile, tiles[i].smem_bytes, tiles[i].threads);
+  return 0;
+}
+"#;
+
+#[test]
+fn an_sm90_unit_reports_the_resources_select_derives() {
+    let root = fresh_dir("fusion-build-tile-resources");
+    let library = codegen::render("fusion_kernels", &[Arch::Sm90], &[gemm_bias_gelu_f16()]).unwrap();
+    let unit = &library.units[0];
+    let KernelKey::Gemm { config, .. } = &unit.key else {
+        panic!("not a GEMM unit: {}", unit.symbol)
+    };
+    let include_dir = root.join("include");
+    templates::write_headers(&include_dir).unwrap();
+    let source = root.join("resources.cu");
+    let main = PRINT_RESOURCES.replace("SYMBOL", &unit.symbol);
+    std::fs::write(&source, format!("{}\n{main}", unit.source)).unwrap();
+    let target_dir = Path::new(env!("CARGO_TARGET_TMPDIR")).parent();
+    let toolchain = ToolchainFile::load(target_dir).unwrap_or_default();
+    let nvcc = find_nvcc(&Env::from_process(), &toolchain)
+        .unwrap_or_else(|searched| panic!("this test needs nvcc; searched: {searched:?}"));
+    let lib_dir = cuda_lib_dir(&nvcc, std::env::consts::ARCH).unwrap();
+    let program = root.join("resources");
+    let built = Command::new(&nvcc)
+        .args([
+            "-std=c++17",
+            "--expt-relaxed-constexpr",
+            "-gencode=arch=compute_90a,code=sm_90a",
+            "-I",
+        ])
+        .arg(&include_dir)
+        .arg("-L")
+        .arg(&lib_dir)
+        .arg(&source)
+        .arg("-o")
+        .arg(&program)
+        .output()
+        .unwrap();
+    assert!(
+        built.status.success(),
+        "{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    // Asks nothing of a GPU: the function only reads constants.
+    let ran = Command::new(&program).output().unwrap();
+    assert!(ran.status.success(), "{}", String::from_utf8_lossy(&ran.stderr));
+    let printed = String::from_utf8(ran.stdout).unwrap();
+
+    let tiles = [
+        ("large", Some(config.large)),
+        ("small_m", config.small_m),
+        ("small_m_alt", config.small_m_alt),
+    ];
+    let expected: String = tiles
+        .iter()
+        .filter_map(|(which, tile)| {
+            let tile = (*tile)?;
+            let smem = tile.smem_bytes(Mainloop::Sm90, DType::F16, WeightLayout::NK, false);
+            Some(format!("{which} {smem} {}\n", tile.threads(Mainloop::Sm90)))
+        })
+        .collect();
+    assert_eq!(printed, expected);
+    // The shipped 128x256 tile with 4 stages: half its staging tile fits.
+    assert!(printed.starts_with("large 230576 384\n"), "{printed}");
+}

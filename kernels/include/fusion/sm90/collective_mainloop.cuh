@@ -1,0 +1,283 @@
+// The sm90 collective mainloop: a ring of kStages shared-memory stages that
+// one producer thread fills with TMA loads of A and B tiles (BK = 64,
+// 128-byte swizzle) and the consumer warp groups multiply with wgmma
+// straight from shared memory, each stage guarded by a "full" and an
+// "empty" mbarrier; with a norm prologue, the consumers first normalize
+// their rows of each A stage in place (normalize_stage).
+//
+// The producer runs ahead across tile boundaries; the consumers hold f32
+// accumulators in registers and per stage issue wgmma m64nBNk16, keeping
+// one stage's wgmmas in flight and freeing the stage before it.
+// Cooperative consumers split each tile by rows (64 each); ping-pong ones
+// take alternate tiles, so that one's epilogue overlaps the other's K loop
+// (see Schedule).
+//
+// B [N, K] (nn.Linear) is K-major like A; B [K, N] is MN-major, loaded as
+// 64-column boxes and read by wgmma with its transpose bit. TMA zero-fills
+// everything outside A and B, so any M works and N and K need only be
+// multiples of 8 (TMA's 16-byte stride rule).
+//
+// With kClusterM = 2 the CTAs of a cluster share each B tile: each loads
+// half of it and multicasts it to both, and a stage is refilled only when
+// the consumers of both CTAs have released it.
+//
+// Which tiles and k-blocks come next is the scheduler's (tile_scheduler.cuh);
+// what happens to the accumulators, the epilogue's (collective_epilogue.cuh).
+#pragma once
+
+#include <cuda.h>
+#include <stdint.h>
+
+#include "../numeric.cuh"
+#include "../problem.cuh"
+#include "../prologue.cuh"
+#include "primitives.cuh"
+#include "tile_config.cuh"
+#include "trace.cuh"
+
+namespace fusion {
+namespace sm90 {
+
+template <typename T, LayoutB kLayout, typename Config>
+struct CollectiveMainloop {
+  static constexpr int BM = Config::BM, BN = Config::BN, BK = Config::BK;
+  static constexpr int kStages = Config::kStages;
+  static constexpr int kClusterM = Config::kClusterM;
+  static constexpr bool kPingPong = Config::kPingPong;
+  static constexpr int kConsumers = Config::kConsumers;
+  static constexpr int kRows = Config::WM;
+  static constexpr int kMmaM = Config::kMmaM;
+  static constexpr int kAccumulators = Config::kAccumulators;
+
+  static constexpr int kABytes = BM * BK * 2;
+  static constexpr int kBBytes = BN * BK * 2;
+  static constexpr int kStageBytes = kABytes + kBBytes;
+  // Consumer warps that read each stage and arrive on its empty barrier, in
+  // every CTA of the cluster (a stage is refilled in all of them at once).
+  static constexpr int kReadersPerStage = (kPingPong ? 4 : 4 * kConsumers) * kClusterM;
+  static constexpr int kBRowsPerCta = BN / kClusterM;  // B rows (NK) each CTA of a cluster loads
+  static constexpr int kTransB = kLayout == LayoutB::KN ? 1 : 0;
+
+  // The ring in shared memory: its stages, which the kernel places at a
+  // 1024-byte aligned address (the 128-byte swizzle repeats every 8 rows of
+  // 128 bytes, and TMA and wgmma agree on it only from such a boundary), and
+  // their barriers. Two structs, as the kernel's SharedStorage keeps the
+  // epilogue's staging tile, also swizzled, between them.
+  struct StageTiles {
+    unsigned char a[kStages][kABytes];  // each [BM][64]
+    unsigned char b[kStages][kBBytes];  // each [BN][64] (NK) or [BN/64][64][64] (KN)
+  };
+  static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0, "every stage starts 1024-byte aligned");
+  struct Barriers {
+    uint64_t full[kStages];
+    uint64_t empty[kStages];
+    uint64_t order[2];  // consumer c may start its next K loop once order[c] completes
+  };
+
+  // A position in the ring of stages.
+  struct RingPosition {
+    int stage = 0;
+    uint32_t phase = 0;
+    __device__ __forceinline__ void advance() {
+      if (++stage == kStages) {
+        stage = 0;
+        phase ^= 1;
+      }
+    }
+    __device__ __forceinline__ void skip(int steps) {
+      const int next = stage + steps;
+      phase ^= uint32_t(next / kStages) & 1;
+      stage = next % kStages;
+    }
+  };
+
+  // The producer's part for one tile: loads its k-blocks [k_begin, k_begin
+  // + k_count), the last first when `backwards`, into the next stages of
+  // the ring, each once the consumers have released it. `rank` is this
+  // CTA's in its cluster; `waited` sums the waits on empty barriers.
+  static __device__ __forceinline__ void load_tile(StageTiles& tiles, Barriers& barriers, RingPosition& ring,
+                                                   const CUtensorMap* map_a, const CUtensorMap* map_b, TileCoord tile,
+                                                   int rank, int k_begin, int k_count, bool backwards,
+                                                   trace::Timer& waited) {
+    for (int j = 0; j < k_count; ++j) {
+      const int kb = backwards ? k_begin + k_count - 1 - j : k_begin + j;
+      waited.start();
+      mbarrier_wait(&barriers.empty[ring.stage], ring.phase ^ 1);
+      waited.stop();
+      uint64_t* full = &barriers.full[ring.stage];
+      // Counts this CTA's A and the whole B tile, whichever CTA loads it.
+      mbarrier_arrive_expect_tx(full, kStageBytes);
+      const int32_t k0 = kb * BK;
+      tma_load_2d(tiles.a[ring.stage], map_a, full, k0, int32_t(tile.m0));
+      unsigned char* b = tiles.b[ring.stage];
+      if constexpr (kClusterM == 1) {
+        if constexpr (kLayout == LayoutB::NK) {
+          tma_load_2d(b, map_b, full, k0, int32_t(tile.n0));
+        } else {
+#pragma unroll
+          for (int j = 0; j < BN / 64; ++j)
+            tma_load_2d(b + j * 64 * BK * 2, map_b, full, int32_t(tile.n0) + 64 * j, k0);
+        }
+      } else {
+        // This CTA's part of B, to both CTAs of the cluster.
+        const uint16_t both = (1u << kClusterM) - 1;
+        if constexpr (kLayout == LayoutB::NK) {
+          tma_load_2d_multicast(b + rank * kBRowsPerCta * 128, map_b, full, k0,
+                                int32_t(tile.n0) + rank * kBRowsPerCta, both);
+        } else {
+          constexpr int kBoxes = BN / 64 / kClusterM;
+#pragma unroll
+          for (int i = 0; i < kBoxes; ++i) {
+            const int j = rank * kBoxes + i;
+            tma_load_2d_multicast(b + j * 64 * BK * 2, map_b, full, int32_t(tile.n0) + 64 * j, k0, both);
+          }
+        }
+      }
+      ring.advance();
+    }
+  }
+
+  // The norm prologue's view of one tile for one consumer thread: the
+  // statistics of the A rows it normalizes (see normalize_stage) and the
+  // k-block of stage j, k_first + k_step * j (the producer may walk a tile
+  // backwards).
+  static constexpr int kNormRows = kRows / 16;  // rows per thread: one 16-byte column of every 16th row
+  struct NormTile {
+    RowStats rows[kNormRows];
+    int k_first = 0, k_step = 1;
+  };
+
+  // Thread t of a consumer normalizes 16-byte chunk t % 8 of its rows
+  // t / 8 + 16 j: one column chunk, so gamma and beta are loaded once per
+  // stage for all its rows, and the 8 threads of a row read and write
+  // 8 different bank groups.
+  static __device__ __forceinline__ NormTile norm_tile(const RowStats* stats, int64_t m_base, int64_t M, int k_begin,
+                                                       int k_count, bool backwards) {
+    NormTile t;
+    const int thread = threadIdx.x % 128;
+#pragma unroll
+    for (int j = 0; j < kNormRows; ++j) {
+      const int64_t m = m_base + thread / 8 + 16 * j;
+      t.rows[j] = (stats != nullptr && m < M) ? stats[m] : RowStats{0.0f, 0.0f};
+    }
+    t.k_first = backwards ? k_begin + k_count - 1 : k_begin;
+    t.k_step = backwards ? -1 : 1;
+    return t;
+  }
+
+  // Waits for a stage (wait_full) and normalizes this consumer's rows of A
+  // in it in place, 16 bytes at a time (the 128-byte swizzle keeps each
+  // chunk whole: chunk c of row r sits at c ^ (r % 8)); the chunk's gamma
+  // and beta are loaded before the wait. Then makes the writes visible to
+  // the wgmmas (the async proxy) of the whole warp group. Chunks past K,
+  // which TMA zero-filled, stay zero; rows past M get mean = rstd = 0 and
+  // feed only rows of C that are never stored. (Skipping those rows measured
+  // slower on full tiles: BENCHMARKS.md v9.)
+  template <typename Prologue, typename WaitFull>
+  static __device__ __forceinline__ void normalize_stage(StageTiles& tiles, int stage, int consumer, int kb,
+                                                         const NormTile& norm, const GemmArgs<T>& args,
+                                                         WaitFull wait_full) {
+    const int thread = threadIdx.x % 128;
+    const int chunk = thread % 8;
+    const int64_t k0 = int64_t(kb) * BK + chunk * 8;
+    const bool inside = k0 < args.k;
+    NormColumns columns{};
+    if (inside) columns = Prologue::template columns<T>(k0, args.norm);
+    wait_full();
+    if (inside) {
+#pragma unroll
+      for (int j = 0; j < kNormRows; ++j) {
+        const int row = Config::share_row0(consumer) + thread / 8 + 16 * j;
+        uint4* p = reinterpret_cast<uint4*>(&tiles.a[stage][row * 128 + ((chunk ^ (row % 8)) << 4)]);
+        Vec8<T> v;
+        v.bits = *p;
+        Prologue::template apply<T>(v, norm.rows[j], columns);
+        *p = v.bits;
+      }
+    }
+    fence_proxy_async();
+    named_barrier_sync(1 + consumer, 128);
+  }
+
+  // One consumer warp group's K loop over one tile.
+  //
+  // Ping-pong consumers run their K loops in turn: a consumer waits on a
+  // stage's full barrier by parity, which cannot tell its own fill from one
+  // two laps earlier, so it must not wait on stages of its next tile before
+  // the other consumer has waited on every stage before them.
+  //
+  // With a norm prologue, each stage's A rows of this consumer are
+  // normalized in place first (normalize_stage); `norm` says which k-block
+  // the tile's first stage holds and in which direction they go.
+  template <typename Prologue = NoPrologue>
+  static __device__ __forceinline__ void mma_tile(StageTiles& tiles, Barriers& barriers, int consumer, int k_blocks,
+                                                  RingPosition& ring, float (&acc)[kMmaM][kAccumulators],
+                                                  int trace_piece = 0, const NormTile& norm = {},
+                                                  const GemmArgs<T>* args = nullptr) {
+    const int lane = threadIdx.x % 32;
+    const int row0 = Config::share_row0(consumer);
+    const uint64_t a_desc = smem_descriptor(&tiles.a[0][row0 * 128], 16, 1024);
+    const uint64_t b_desc = kLayout == LayoutB::NK ? smem_descriptor(tiles.b[0], 16, 1024)
+                                                   : smem_descriptor(tiles.b[0], 64 * BK * 2, 1024);
+    int previous = -1;
+    trace::Timer loop, waited;  // the K loop, and its waits on full barriers
+    loop.start();
+    for (int kb = 0; kb < k_blocks; ++kb) {
+      const auto wait_full = [&] {
+        waited.start();
+        mbarrier_wait(&barriers.full[ring.stage], ring.phase);
+        waited.stop();
+      };
+      if constexpr (Prologue::kEnabled)
+        normalize_stage<Prologue>(tiles, ring.stage, consumer, norm.k_first + norm.k_step * kb, norm, *args, wait_full);
+      else
+        wait_full();
+      // Descriptors by addition: the first stage's plus the offset in
+      // 16-byte units (the address field never carries, as shared memory
+      // ends below 256 KB). Rebuilding them from addresses cost ~45 more
+      // instructions per k-block and warp, and ~1% at 4096^3 on an H200
+      // (BENCHMARKS.md v10).
+      const uint64_t a_stage = a_desc + uint64_t(ring.stage) * (kABytes >> 4);
+      const uint64_t b_stage = b_desc + uint64_t(ring.stage) * (kBBytes >> 4);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < BK / 16; ++kk) {
+        const uint64_t db = b_stage + uint64_t(kk) * (kLayout == LayoutB::NK ? 32 >> 4 : (16 * 128) >> 4);
+#pragma unroll
+        for (int mi = 0; mi < kMmaM; ++mi) {
+          const uint64_t da = a_stage + uint64_t((mi * 64 * 128 + kk * 32) >> 4);
+          Wgmma<T, BN, kTransB>::mma(acc[mi], da, db, (kb > 0 || kk > 0) ? 1 : 0);
+        }
+      }
+      wgmma_commit();
+      // The stage before this one is now read: hand it back.
+      wgmma_wait<1>();
+      if (previous >= 0 && lane == 0) release(barriers, previous);
+      previous = ring.stage;
+      ring.advance();
+    }
+    if (kPingPong && threadIdx.x % 128 == 0) mbarrier_arrive(&barriers.order[1 - consumer]);
+    wgmma_wait<0>();
+#pragma unroll
+    for (int mi = 0; mi < kMmaM; ++mi) fence_registers(acc[mi]);
+    loop.stop();
+    if (consumer == 0 && threadIdx.x % 128 == 0) {
+      trace::count(trace::Counter::FullWait, trace_piece, waited.total);
+      trace::count(trace::Counter::KLoop, trace_piece, loop.total);
+    }
+    if (previous >= 0 && lane == 0) release(barriers, previous);
+  }
+
+  // Hands a stage back to the producers of every CTA in the cluster.
+  static __device__ __forceinline__ void release(Barriers& barriers, int stage) {
+    if constexpr (kClusterM == 1) {
+      mbarrier_arrive(&barriers.empty[stage]);
+    } else {
+#pragma unroll
+      for (int rank = 0; rank < kClusterM; ++rank) mbarrier_arrive_cluster(&barriers.empty[stage], rank);
+    }
+  }
+};
+
+}  // namespace sm90
+}  // namespace fusion

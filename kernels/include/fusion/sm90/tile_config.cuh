@@ -1,0 +1,64 @@
+// The sm90 kernel's compile-time shape: the consumer schedule and the tile
+// config (tile size, stages, cluster, grouping) that every part of the
+// kernel (tile_scheduler.cuh, collective_mainloop.cuh,
+// collective_epilogue.cuh, mainloop.cuh) is instantiated with.
+#pragma once
+
+namespace fusion {
+namespace sm90 {
+
+// How the consumer warp groups share the work.
+//  - Cooperative: BM/64 consumers split every tile by rows, 64 each.
+//  - PingPong: two consumers take alternate tiles, each a whole BM x BN
+//    tile; the ring hands them their tiles' stages in turn, so one's
+//    epilogue runs while the other's wgmmas keep the tensor cores busy.
+enum class Schedule { Cooperative, PingPong };
+
+// Dynamic shared memory an sm_90 block may have.
+constexpr int kSmemPerBlock = 227 * 1024;
+
+// A CTA tile: BM rows by BN columns, K in steps of 64, kStages
+// shared-memory stages. Shared memory is 1024 (alignment) + kStages *
+// (BM + BN) * 128 bytes for the pipeline, BM * BN * 2 bytes of epilogue
+// staging (twice that for PingPong: one tile per consumer; half of it when
+// the whole does not fit) and 16 * kStages + 16 bytes of barriers and 96 of
+// stream-K bookkeeping; at most kSmemPerBlock (Mainloop::SharedStorage in
+// mainloop.cuh).
+//
+// kClusterM = 2 launches CTAs in clusters of two that own vertically
+// adjacent tiles: they share each B tile, each loading half of it and
+// multicasting it to both, which halves the B traffic from L2. A stage is
+// then refilled only when the consumers of both CTAs have released it.
+template <int BM_, int BN_, int kStages_, Schedule kSchedule_ = Schedule::Cooperative, int kClusterM_ = 1,
+          int kGroupRows_ = 8>
+struct TileConfig {
+  static constexpr int BM = BM_, BN = BN_, BK = 64;
+  static constexpr int kStages = kStages_;
+  static constexpr Schedule kSchedule = kSchedule_;
+  static constexpr int kClusterM = kClusterM_;
+  static constexpr int kGroupRows = kGroupRows_;
+  static_assert(kClusterM == 1 || kClusterM == 2, "clusters of one or two CTAs along M");
+  // What the selftest prints as the warp tile: one consumer's share.
+  static constexpr int WM = kSchedule == Schedule::PingPong ? BM : 64, WN = BN;
+  static_assert(BM == 64 || BM == 128, "BM is one or two wgmma row blocks of 64");
+  static_assert(BN == 128 || BN == 256, "wgmma is instantiated for n = 128 and 256");
+  static_assert(kStages >= 2, "the pipeline needs at least two stages");
+  static_assert(kSchedule == Schedule::Cooperative || BM == 128,
+                "ping-pong consumers hold a 128 x BN tile each; BN = 128 keeps that at 128 registers");
+  static_assert(WM * BN / 128 <= 128, "a consumer thread holds at most 128 accumulators");
+  static constexpr bool kPingPong = kSchedule == Schedule::PingPong;
+  // The consumer warp groups, and the rows of a tile each computes as kMmaM
+  // wgmma row blocks of 64.
+  static constexpr int kConsumers = kPingPong ? 2 : BM / 64;
+  static constexpr int kMmaM = WM / 64;
+  // The first row of a consumer's share of its tile: cooperative consumers
+  // split a tile by rows, ping-pong ones take whole tiles.
+  static __host__ __device__ constexpr int share_row0(int consumer) {
+    return kPingPong ? 0 : consumer * 64;
+  }
+  // f32 accumulators per wgmma row block and consumer thread.
+  static constexpr int kAccumulators = BN / 2;
+};
+
+}  // namespace sm90
+}  // namespace fusion
