@@ -101,7 +101,8 @@ struct Relu {
   static bool args_valid(const EpilogueArgs&) { return true; }
   template <typename T>
   static __device__ __forceinline__ float2 apply(float2 v, int64_t, int64_t, int64_t, const EpilogueArgs&) {
-    return detail::map_pair(v, [](float x) { return fmaxf(x, 0.0f); });
+    // Not fmaxf, which returns 0 for NaN: PyTorch's relu(NaN) is NaN.
+    return detail::map_pair(v, [](float x) { return x < 0.0f ? 0.0f : x; });
   }
 };
 
