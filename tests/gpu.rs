@@ -1,8 +1,9 @@
 //! GPU correctness of the built-in kernel library: every shipped graph
 //! through its generated wrapper, f16 and bf16, at ragged and benchmark
 //! shapes, against the CPU reference with fresh random inputs and outputs
-//! poisoned with NaN before each launch; and the run-time checks that refuse
-//! bad arguments before anything is launched.
+//! poisoned with NaN before each launch; each activation step alone at its
+//! hardest inputs (its expectations checked on the CPU); and the run-time
+//! checks that refuse bad arguments before anything is launched.
 //!
 //! Run on a machine with a GPU: `cargo test --release --test gpu -- --ignored`
 //! (see tests/support for the environment variables).
@@ -177,7 +178,15 @@ fn activation_alone<T: TestElement>(
     launch: impl FnOnce(&[Tensor<'_, T>], &mut [TensorMut<'_, T>]) -> fusion::Result<()>,
 ) {
     let graph = support::graph(graph, T::DTYPE);
-    let x = testing::activation_inputs(T::DTYPE, ACT_ROWS, ACT_COLS);
+    let (host, z, want) = activation_case(&graph);
+    check_activation(s, graph, host, &z, &want, launch);
+}
+
+/// The inputs and weights of an [`activation_alone`] case on `graph`, the
+/// activation's input and the reference output.
+fn activation_case(graph: &fusion::ir::Graph) -> (Bindings, HostTensor, HostTensor) {
+    let dtype = graph.tensors[0].dtype;
+    let x = testing::activation_inputs(dtype, ACT_ROWS, ACT_COLS);
     let mut identity = HostTensor::zeros(&[ACT_COLS, ACT_COLS]);
     for i in 0..ACT_COLS {
         identity.data[i * ACT_COLS + i] = 1.0;
@@ -196,8 +205,39 @@ fn activation_alone<T: TestElement>(
         .into_iter()
         .map(|(name, t)| (name.to_string(), t))
         .collect();
-    let want = reference::evaluate(&graph, &host).expect("reference")["y"].clone();
-    check_activation(s, graph, host, &z, &want, launch);
+    let want = reference::evaluate(graph, &host).expect("reference")["y"].clone();
+    (host, z, want)
+}
+
+/// On the CPU: the activation cases expect PyTorch's values at NaN and
+/// ±Inf, and the reference rounded to the element type passes their bound
+/// (so the GPU tests fail only on the kernel's own error).
+#[test]
+fn activation_cases_expect_pytorchs_special_values() {
+    use fusion::ir::DType;
+    for (name, at_minus_infinity) in [
+        ("gemm_bias_gelu", f64::NAN),
+        ("gemm_bias_gelu_erf", f64::NAN),
+        ("gemm_bias_silu", f64::NAN),
+        ("gemm_bias_relu", 0.0),
+    ] {
+        for dtype in [DType::F16, DType::BF16] {
+            let (_, z, want) = activation_case(&support::graph(name, dtype));
+            for row in want.data.chunks(ACT_COLS) {
+                let [nan, plus, minus] = row[ACT_COLS - 3..] else {
+                    unreachable!()
+                };
+                assert!(nan.is_nan(), "{name}: act(NaN) = {nan}");
+                assert_eq!(plus, f64::INFINITY, "{name}: act(+Inf)");
+                assert!(
+                    minus == at_minus_infinity || (minus.is_nan() && at_minus_infinity.is_nan()),
+                    "{name}: act(-Inf) = {minus}"
+                );
+            }
+            testing::compare_activation(&want.rounded_to(dtype), &want, &z, dtype, &[])
+                .unwrap_or_else(|e| panic!("{name} {dtype}: {e}"));
+        }
+    }
 }
 
 /// The standalone SiLU kernel on [`testing::activation_inputs`] with NaN,
