@@ -166,18 +166,26 @@ pub fn relative_l2_limit(dtype: DType) -> f64 {
     }
 }
 
-/// The per-element bound is `ELEMENT_BOUND · u · (|want| + rms(row))`.
-/// The output's own rounding is at most u·|want|. What else reaches an
-/// element (the f32 accumulation, up to √K·2⁻²⁴ ≈ 2⁻¹⁷ of the row's scale
-/// at K = 16384; intermediates rounded to the dtype and summed over K
-/// again, each of standard deviation ~u/√3 of the row's rms) is a sum of
-/// many independent roundings, so it scales with the row's rms, not with
-/// the element, which may be near zero. Measured over 16M outputs each of
-/// gemm_bias_gelu and a SwiGLU block with f32-accumulating GEMMs on an
+/// The per-element bound is `ELEMENT_BOUND · u · (|want| + scale)`, where
+/// the scale is the row's rms, but at least [`ROW_SCALE_FLOOR`] of the
+/// whole output's. The output's own rounding is at most u·|want|. What else
+/// reaches an element (the f32 accumulation, up to √K·2⁻²⁴ ≈ 2⁻¹⁷ of the
+/// row's scale at K = 16384; intermediates rounded to the dtype and summed
+/// over K again, each of standard deviation ~u/√3 of the row's rms) is a
+/// sum of many independent roundings, so it scales with the row's rms, not
+/// with the element, which may be near zero. Measured over 16M outputs each
+/// of gemm_bias_gelu and a SwiGLU block with f32-accumulating GEMMs on an
 /// H200 (f16 and bf16), the largest error was 0.83·u·(|want| + rms); 2
 /// leaves 2.4x of room, and still fails an output off by a fraction of the
 /// row's scale (a wrong column, a wrong tile) or rounded to a coarser type.
 pub const ELEMENT_BOUND: f64 = 2.0;
+
+/// The smallest row scale, as a fraction of the whole output's rms. A row
+/// that ReLU clipped to nearly all zeros has a tiny rms, but its values
+/// before the activation, and so their accumulation error, are of the
+/// whole output's scale: at 1/16, the bound there is 2u/16 (2⁻¹⁴ for f16)
+/// of that scale, 8x the f32 accumulation's 2⁻¹⁷ at K = 16384.
+pub const ROW_SCALE_FLOOR: f64 = 1.0 / 16.0;
 
 /// Where a GPU output and the reference disagree beyond the bounds.
 #[derive(Debug, Clone, PartialEq)]
@@ -193,15 +201,17 @@ impl std::error::Error for Mismatch {}
 
 /// Compares a `dtype` output with the f64 reference, row by row (`rows[i]`
 /// names row `i` in messages; pass `&[]` to number them from 0). Passes when
-/// every element is within [`ELEMENT_BOUND`]`·u·(|want| + rms(row))` and
+/// every element is within [`ELEMENT_BOUND`]`·u·(|want| + scale)` (the
+/// scale: the row's rms, at least [`ROW_SCALE_FLOOR`] of the output's) and
 /// the relative L2 error of the finite elements is below
 /// [`relative_l2_limit`]. A NaN passes only where the reference is NaN, an
 /// infinity only where the reference is the same infinity; an unwritten
 /// (NaN-poisoned) element therefore fails. Returns the relative L2 error.
 pub fn compare(got: &HostTensor, want: &HostTensor, dtype: DType, rows: &[usize]) -> Result<f64, Mismatch> {
     let bound_scale = ELEMENT_BOUND * unit_roundoff(dtype);
+    let least_scale = ROW_SCALE_FLOOR * rms(&want.data);
     compare_elements(got, want, dtype, rows, |want, row_rms, _| {
-        bound_scale * (want.abs() + row_rms)
+        bound_scale * (want.abs() + row_rms.max(least_scale))
     })
 }
 
@@ -271,6 +281,15 @@ pub fn activation_inputs(dtype: DType, rows: usize, cols: usize) -> HostTensor {
     .rounded_to(dtype)
 }
 
+/// The root mean square of the finite values (0 when there are none).
+fn rms(values: &[f64]) -> f64 {
+    let (sum, count) = values
+        .iter()
+        .filter(|v| v.is_finite())
+        .fold((0.0, 0usize), |(sum, count), v| (sum + v * v, count + 1));
+    (sum / count.max(1) as f64).sqrt()
+}
+
 /// The comparison's frame: shapes, special values, the relative L2 limit;
 /// `bound(want, row_rms, index)` is the largest error allowed at one finite
 /// element (`index` into the data).
@@ -292,8 +311,7 @@ fn compare_elements(
     let (mut diff_sq, mut want_sq) = (0.0, 0.0);
     let (mut outside, mut worst): (usize, Option<(f64, String)>) = (0, None);
     for (i, (got_row, want_row)) in got.data.chunks(cols).zip(want.data.chunks(cols)).enumerate() {
-        let finite: Vec<f64> = want_row.iter().copied().filter(|v| v.is_finite()).collect();
-        let row_rms = (finite.iter().map(|v| v * v).sum::<f64>() / finite.len().max(1) as f64).sqrt();
+        let row_rms = rms(want_row);
         for (j, (&g, &w)) in got_row.iter().zip(want_row).enumerate() {
             let at = || format!("row {}, column {j}", row_name(i));
             if !(g.is_finite() && w.is_finite()) {
@@ -436,6 +454,21 @@ mod tests {
         let mut got = want.rounded_to(DType::F16);
         let (first, second) = got.data.split_at_mut(128 * 64);
         second[..64 * 64].copy_from_slice(&first[..64 * 64]);
+        assert!(compare(&got, &want, DType::F16, &[]).is_err());
+    }
+
+    #[test]
+    fn a_row_clipped_to_zeros_is_judged_at_the_outputs_scale() {
+        // ReLU left one small value in the last row; the GEMM's f32
+        // accumulation error (1e-6 of a pre-activation scale near 1) is far
+        // above u times that row's rms, but not above the floor.
+        let mut want = reference_like(8, 8, 7).rounded_to(DType::F16);
+        want.data[56..].copy_from_slice(&[0.0, 0.0, 0.0, 2.0f64.powi(-12), 0.0, 0.0, 0.0, 0.0]);
+        let mut got = want.clone();
+        got.data[59] += 1e-6;
+        compare(&got, &want, DType::F16, &[]).unwrap();
+        // A value there of the output's scale is still an error.
+        got.data[59] = 0.1;
         assert!(compare(&got, &want, DType::F16, &[]).is_err());
     }
 
