@@ -733,7 +733,14 @@ mod tests {
 
     #[test]
     fn concurrent_writers_never_expose_a_partial_file() {
-        use std::sync::atomic::AtomicUsize;
+        use std::sync::atomic::{AtomicBool, AtomicUsize};
+        /// Tells the writers to stop when the reader returns or panics.
+        struct Stop<'a>(&'a AtomicBool);
+        impl Drop for Stop<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::Relaxed);
+            }
+        }
         let dir = temp_dir("race");
         let cache = ObjectCache::open(&dir).unwrap();
         let k = key("raced");
@@ -742,17 +749,13 @@ mod tests {
         // committed objects, so reads happen while renames do.
         const READS: usize = 50;
         let whole_reads = AtomicUsize::new(0);
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let reader_done = AtomicBool::new(false);
         std::thread::scope(|scope| {
             for thread in 0..4u8 {
-                let (cache, whole_reads) = (&cache, &whole_reads);
+                let (cache, reader_done) = (&cache, &reader_done);
                 scope.spawn(move || {
                     let mut round = 0u8;
-                    while round < 20 || whole_reads.load(Ordering::Relaxed) < READS {
-                        assert!(
-                            std::time::Instant::now() < deadline,
-                            "the reader never read {READS} objects"
-                        );
+                    while round < 20 || !reader_done.load(Ordering::Relaxed) {
                         let temp = cache.temp_path(k);
                         std::fs::write(&temp, tagged_elf(SECTIONS, thread * 64 + round % 64)).unwrap();
                         cache.commit(&temp, k).unwrap();
@@ -761,6 +764,8 @@ mod tests {
                 });
             }
             scope.spawn(|| {
+                let _stop = Stop(&reader_done);
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
                 while whole_reads.load(Ordering::Relaxed) < READS {
                     assert!(
                         std::time::Instant::now() < deadline,
