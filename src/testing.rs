@@ -219,10 +219,11 @@ pub fn compare(got: &HostTensor, want: &HostTensor, dtype: DType, rows: &[usize]
 /// function at input x, as a multiple of |x|, before the output's rounding.
 /// The steps use the hardware's `tanh.approx.f32` (GELU, SiLU) or `erff`;
 /// PTX documents tanh.approx's relative error as 2⁻¹¹, but measured over
-/// 16M points of [-10, 10] on an H200 (sm90, and the sm80/sm75 PTX variants
-/// run on the same unit) its largest absolute error is 8.0e-6 (2⁻¹⁶·⁹), and
-/// the steps' largest error is 4.0e-6·|x| (GELU, SiLU) and 4.9e-7 (erf GELU).
-/// 2⁻¹⁴ (6.1e-5) leaves 15x of room. The documented 2⁻¹¹ would not do: it
+/// 16M points of [-10, 10] on an H200 (code for sm_90) its largest absolute
+/// error is 8.0e-6 (2⁻¹⁶·⁹), and the steps' largest error is 4.0e-6·|x|
+/// (GELU, SiLU) and 4.9e-7 (erf GELU). 2⁻¹⁴ (6.1e-5) leaves 15x of room; a
+/// GPU whose tanh.approx is much worse fails the activation tests, which is
+/// worth knowing. The documented 2⁻¹¹ would not do: it
 /// allows 2.4e-4·|x|, more than tanh- and erf-GELU ever differ (4.7e-4 at
 /// |x| = 2.7), so such a bound could not tell the two formulas apart.
 pub const ACTIVATION_APPROX: f64 = 1.0 / 16384.0;
