@@ -1,23 +1,25 @@
 //! Compiles the shipped graphs (`graphs/*.toml`) into the crate's built-in
-//! kernel library, `fusion::kernels`: every graph for f16 and bf16 (sm75
-//! gets f16 only), for the architectures named by the cargo features.
+//! kernel library, `fusion::kernels`: every graph for f16 and bf16 (bf16 only
+//! where an enabled generation has it: sm75 has not), for the generations
+//! named by the cargo features (`fusion_core::target` lists them).
 
 use fusion_core::ir::DType;
+use fusion_core::target::Arch;
 
 fn main() {
-    // Asking for bf16 in a build with no arch that has it (sm75 alone) is a
-    // build error, so a Turing-only build compiles f16 alone.
-    let has_bf16_arch = ["CARGO_FEATURE_SM80", "CARGO_FEATURE_SM90"]
-        .iter()
-        .any(|feature| std::env::var_os(feature).is_some());
-    let dtypes: &[DType] = if has_bf16_arch {
-        &[DType::F16, DType::BF16]
-    } else {
-        &[DType::F16]
-    };
+    let archs = Arch::from_cargo_features();
+    // The run time's `fusion::device` picks among these.
+    let names: Vec<&str> = archs.iter().map(|a| a.name()).collect();
+    println!("cargo:rustc-env=FUSION_COMPILED_ARCHS={}", names.join(","));
+    // Asking for a dtype that no enabled arch has is a build error, so a
+    // Turing-only build compiles f16 alone.
+    let dtypes: Vec<DType> = [DType::F16, DType::BF16]
+        .into_iter()
+        .filter(|&dtype| dtype == DType::F16 || archs.iter().any(|a| a.supports(dtype)))
+        .collect();
     let result = fusion_core::build::Builder::new()
         .graphs_dir("graphs")
-        .dtypes(dtypes)
+        .dtypes(&dtypes)
         .lib_name("fusion_kernels")
         .compile();
     if let Err(e) = result {

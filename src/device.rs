@@ -1,10 +1,11 @@
 //! Which compiled kernel variant runs on a device.
 //!
 //! A build carries one variant per enabled cargo feature (`sm75`, `sm80`,
-//! `sm90`). The device's compute capability is read once per device and the
-//! best variant that runs there is used; `FUSION_FORCE_ARCH` overrides the
-//! choice (tests use it to run the sm75 and sm80 variants, as PTX, on newer
-//! GPUs).
+//! `sm90`: one per generation in `fusion_core::target`; the build script
+//! passes the enabled ones in `FUSION_COMPILED_ARCHS`). The device's compute
+//! capability is read once per device and the best variant that runs there
+//! is used; `FUSION_FORCE_ARCH` overrides the choice (tests use it to run the
+//! sm75 and sm80 variants, as PTX, on newer GPUs).
 
 use crate::error::{Error, Result};
 use cudarc::driver::CudaStream;
@@ -14,17 +15,17 @@ use std::sync::Mutex;
 /// compiler's own type; what runs where is `Arch::runs_on`).
 pub use fusion_core::select::Arch;
 
+/// The names of the generations whose cargo feature this build enabled,
+/// comma-separated, as the build script found them.
+const COMPILED_ARCHS: &str = env!("FUSION_COMPILED_ARCHS");
+
 /// Variants compiled into this build, by cargo feature.
 pub fn compiled() -> Vec<Arch> {
     Arch::ALL.into_iter().filter(|&a| is_compiled(a)).collect()
 }
 
 pub fn is_compiled(arch: Arch) -> bool {
-    match arch {
-        Arch::Sm75 => cfg!(feature = "sm75"),
-        Arch::Sm80 => cfg!(feature = "sm80"),
-        Arch::Sm90 => cfg!(feature = "sm90"),
-    }
+    COMPILED_ARCHS.split(',').any(|name| name == arch.name())
 }
 
 fn compiled_list() -> String {
@@ -61,7 +62,7 @@ pub fn choose(major: i32, minor: i32, forced: Option<&str>) -> Result<Arch> {
     let compiled = compiled();
     if let Some(value) = forced.filter(|v| !v.is_empty()) {
         let reason = match Arch::parse(value) {
-            None => "expected sm75, sm80 or sm90".to_string(),
+            None => format!("expected {}", Arch::names_listed()),
             Some(a) if !is_compiled(a) => format!("this build has {}", compiled_list()),
             Some(a) if !a.runs_on(major, minor) => {
                 format!(
@@ -97,6 +98,15 @@ mod tests {
         assert_eq!(Arch::best_for(8, 6, &[Arch::Sm75]), Some(Arch::Sm75));
         assert_eq!(Arch::best_for(7, 0, &all), None);
         assert_eq!(Arch::best_for(8, 0, &[Arch::Sm90]), None);
+    }
+
+    #[test]
+    fn compiled_variants_are_the_enabled_features() {
+        // A spot check of what the build script passed: the default build
+        // has sm80 and sm90, `--features sm75` adds sm75.
+        assert_eq!(is_compiled(Arch::Sm75), cfg!(feature = "sm75"));
+        assert_eq!(is_compiled(Arch::Sm80), cfg!(feature = "sm80"));
+        assert_eq!(is_compiled(Arch::Sm90), cfg!(feature = "sm90"));
     }
 
     #[test]

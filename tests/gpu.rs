@@ -61,6 +61,12 @@ pattern_test!(gemm_gelu, "gemm_gelu", |s, r, w| kernels::gemm_gelu(
 pattern_test!(gemm_silu, "gemm_silu", |s, r, w| kernels::gemm_silu(
     s, &r[0], &r[1], &mut w[0]
 ));
+pattern_test!(gemm_bias_sigmoid, "gemm_bias_sigmoid", |s, r, w| {
+    kernels::gemm_bias_sigmoid(s, &r[0], &r[1], &r[2], &mut w[0])
+});
+pattern_test!(gemm_gelu_quick, "gemm_gelu_quick", |s, r, w| {
+    kernels::gemm_gelu_quick(s, &r[0], &r[1], &mut w[0])
+});
 pattern_test!(layernorm_gemm, "layernorm_gemm", |s, r, w| {
     kernels::layernorm_gemm(s, &r[0], &r[1], &r[2], &r[3], &mut w[0])
 });
@@ -144,6 +150,12 @@ macro_rules! standalone_test {
 }
 
 standalone_test!(silu, "silu", "N", |s, r, w| kernels::silu(s, &r[0], &mut w[0]));
+standalone_test!(sigmoid, "sigmoid", "N", |s, r, w| kernels::sigmoid(
+    s, &r[0], &mut w[0]
+));
+standalone_test!(gelu_quick, "gelu_quick", "N", |s, r, w| kernels::gelu_quick(
+    s, &r[0], &mut w[0]
+));
 standalone_test!(mul, "mul", "N", |s, r, w| kernels::mul(
     s, &r[0], &r[1], &mut w[0]
 ));
@@ -170,8 +182,8 @@ const SPECIAL_BIAS: [f64; 3] = [f64::NAN, f64::INFINITY, f64::NEG_INFINITY];
 /// output, and compares element by element with the activation's own bound
 /// (`testing::compare_activation`), tight enough to tell tanh-GELU from
 /// erf-GELU. The expected values at NaN and ±Inf are PyTorch's on CUDA:
-/// NaN stays NaN (relu included), act(+Inf) = +Inf, act(-Inf) = NaN for
-/// GELU and SiLU (−∞·0) and 0 for ReLU.
+/// NaN stays NaN (relu included), act(+Inf) = +Inf (sigmoid: 1),
+/// act(-Inf) = NaN for GELU and SiLU (−∞·0), 0 for ReLU and sigmoid.
 fn activation_alone<T: TestElement>(
     s: &Arc<CudaStream>,
     graph: &str,
@@ -215,11 +227,12 @@ fn activation_case(graph: &fusion::ir::Graph) -> (Bindings, HostTensor, HostTens
 #[test]
 fn activation_cases_expect_pytorchs_special_values() {
     use fusion::ir::DType;
-    for (name, at_minus_infinity) in [
-        ("gemm_bias_gelu", f64::NAN),
-        ("gemm_bias_gelu_erf", f64::NAN),
-        ("gemm_bias_silu", f64::NAN),
-        ("gemm_bias_relu", 0.0),
+    for (name, at_plus_infinity, at_minus_infinity) in [
+        ("gemm_bias_gelu", f64::INFINITY, f64::NAN),
+        ("gemm_bias_gelu_erf", f64::INFINITY, f64::NAN),
+        ("gemm_bias_silu", f64::INFINITY, f64::NAN),
+        ("gemm_bias_relu", f64::INFINITY, 0.0),
+        ("gemm_bias_sigmoid", 1.0, 0.0),
     ] {
         for dtype in [DType::F16, DType::BF16] {
             let (_, z, want) = activation_case(&support::graph(name, dtype));
@@ -228,7 +241,7 @@ fn activation_cases_expect_pytorchs_special_values() {
                     unreachable!()
                 };
                 assert!(nan.is_nan(), "{name}: act(NaN) = {nan}");
-                assert_eq!(plus, f64::INFINITY, "{name}: act(+Inf)");
+                assert_eq!(plus, at_plus_infinity, "{name}: act(+Inf)");
                 assert!(
                     minus == at_minus_infinity || (minus.is_nan() && at_minus_infinity.is_nan()),
                     "{name}: act(-Inf) = {minus}"
@@ -240,18 +253,21 @@ fn activation_cases_expect_pytorchs_special_values() {
     }
 }
 
-/// The standalone SiLU kernel on [`testing::activation_inputs`] with NaN,
-/// +Inf and -Inf in the last row's first three columns.
-fn silu_alone<T: TestElement>(s: &Arc<CudaStream>) {
-    let graph = support::graph("silu", T::DTYPE);
+/// A standalone activation kernel (`y = act(x)`) on
+/// [`testing::activation_inputs`] with NaN, +Inf and -Inf in the last row's
+/// first three columns.
+fn standalone_activation<T: TestElement>(
+    s: &Arc<CudaStream>,
+    graph: &str,
+    launch: impl FnOnce(&[Tensor<'_, T>], &mut [TensorMut<'_, T>]) -> fusion::Result<()>,
+) {
+    let graph = support::graph(graph, T::DTYPE);
     let mut x = testing::activation_inputs(T::DTYPE, ACT_ROWS, ACT_COLS);
     let last_row = (ACT_ROWS - 1) * ACT_COLS;
     x.data[last_row..last_row + SPECIAL_BIAS.len()].copy_from_slice(&SPECIAL_BIAS);
     let host: Bindings = [("x".to_string(), x.clone())].into_iter().collect();
     let want = reference::evaluate(&graph, &host).expect("reference")["y"].clone();
-    check_activation::<T>(s, graph, host, &x, &want, |r, w| {
-        kernels::silu(s, &r[0], &mut w[0])
-    });
+    check_activation(s, graph, host, &x, &want, launch);
 }
 
 /// Launches one activation case and compares it (see [`activation_alone`]).
@@ -315,10 +331,73 @@ activation_test!(
 );
 activation_test!(relu_alone_at_its_hardest_inputs, "gemm_bias_relu", gemm_bias_relu);
 
+activation_test!(
+    sigmoid_alone_at_its_hardest_inputs,
+    "gemm_bias_sigmoid",
+    gemm_bias_sigmoid
+);
+
+macro_rules! standalone_activation_test {
+    ($test:ident, $graph:literal, $wrapper:ident) => {
+        #[test]
+        #[ignore = "needs a CUDA GPU"]
+        fn $test() {
+            let s = stream();
+            standalone_activation::<f16>(&s, $graph, |r, w| kernels::$wrapper(&s, &r[0], &mut w[0]));
+            standalone_activation::<bf16>(&s, $graph, |r, w| kernels::$wrapper(&s, &r[0], &mut w[0]));
+        }
+    };
+}
+
+standalone_activation_test!(standalone_silu_at_its_hardest_inputs, "silu", silu);
+standalone_activation_test!(standalone_sigmoid_at_its_hardest_inputs, "sigmoid", sigmoid);
+standalone_activation_test!(
+    standalone_gelu_quick_at_its_hardest_inputs,
+    "gelu_quick",
+    gelu_quick
+);
+
+/// NaN and the infinities through the standalone sigmoid and quick GELU:
+/// what PyTorch gives (sigmoid(+inf) = 1, sigmoid(-inf) = 0,
+/// gelu_quick(+inf) = +inf, gelu_quick(-inf) = NaN, NaN stays NaN), and
+/// finite values within f16 rounding of the CPU reference's formula.
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn standalone_silu_at_its_hardest_inputs() {
+fn sigmoid_and_gelu_quick_keep_nan_and_infinities() {
+    use fusion::core::ir::Activation;
+    use fusion::{Tensor, TensorMut};
     let s = stream();
-    silu_alone::<f16>(&s);
-    silu_alone::<bf16>(&s);
+    let x = [
+        f64::NAN,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        0.0,
+        1.0,
+        -1.0,
+        12.0,
+        -12.0,
+    ];
+    let input = s.clone_htod(&x.map(f16::from_f64).to_vec()).expect("upload");
+    for name in ["sigmoid", "gelu_quick"] {
+        let mut output = s.clone_htod(&vec![f16::ZERO; 8]).expect("upload");
+        let x_view = Tensor::new(&input, [1, 8]).expect("view");
+        let mut y_view = TensorMut::new(&mut output, [1, 8]).expect("view");
+        let launched = match name {
+            "sigmoid" => kernels::sigmoid(&s, &x_view, &mut y_view),
+            _ => kernels::gelu_quick(&s, &x_view, &mut y_view),
+        };
+        launched.unwrap_or_else(|e| panic!("{name}: {e}"));
+        let got = s.clone_dtoh(&output).expect("download");
+        let formula = Activation::named(name).expect("in the op table").formula();
+        for (&x, got) in x.iter().zip(got) {
+            let (got, want) = (got.to_f64(), formula(x));
+            let agrees = if want.is_nan() || want.is_infinite() {
+                got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan())
+            } else {
+                (got - want).abs() <= 2e-3 * want.abs().max(1.0)
+            };
+            assert!(agrees, "{name}({x}): got {got}, want {want}");
+        }
+        eprintln!("ok  {name}: NaN, +-inf and six finite values");
+    }
 }

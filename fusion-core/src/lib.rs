@@ -5,10 +5,11 @@
 //! | module | what it does |
 //! | --- | --- |
 //! | [`syntax`] | parses a graph from TOML or from `fusion_graph!` tokens into one AST |
-//! | [`ir`] | resolves and checks it: a [`ir::Graph`] with shapes and dtypes |
+//! | [`ir`] | resolves and checks it: a [`ir::Graph`] with shapes and dtypes; the op table ([`ir::ops`]) every later stage reads |
 //! | [`fuse`] | splits the graph into fused kernels: a [`fuse::Plan`] |
 //! | [`codegen`] | renders CUDA units, the C header and typed Rust wrappers |
 //! | [`select`] | picks and checks a tile config per kernel and target arch |
+//! | [`target`] | one module per GPU generation: gencode, devices, budgets, dtypes, mainloop, checks, tuned table |
 //! | [`reference`](mod@reference) | evaluates a graph on the CPU in f64: the oracle for GPU tests |
 //! | [`build`] | compiles generated CUDA with nvcc (cached), archives it, runs bindgen (feature `build`) |
 //!
@@ -17,8 +18,8 @@
 //! expands to.
 //!
 //! `syntax`, `ir`, `diagnostic` and `generated` are always present: they
-//! are what the `fusion_graph!` macro links. `fuse`, `select`, `codegen` and
-//! `reference` need the feature `compiler`, and `build` the feature `build`
+//! are what the `fusion_graph!` macro links. `fuse`, `select`, `target`,
+//! `codegen` and `reference` need the feature `compiler`, and `build` the feature `build`
 //! (which includes `compiler`); both are on by default.
 
 #[cfg(feature = "build")]
@@ -35,6 +36,8 @@ pub mod reference;
 #[cfg(feature = "compiler")]
 pub mod select;
 pub mod syntax;
+#[cfg(feature = "compiler")]
+pub mod target;
 
 use diagnostic::SourceFile;
 use std::path::Path;

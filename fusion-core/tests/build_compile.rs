@@ -12,8 +12,9 @@
 #![cfg(feature = "build")]
 
 use fusion_core::build::{
-    BuildError, BuildMode, CompileOptions, CompiledLibrary, CudaSources, GeneratedFile, Target, Unit, compile,
+    BuildError, BuildMode, CompileOptions, CompiledLibrary, CudaSources, GeneratedFile, Unit, compile,
 };
+use fusion_core::target::Arch;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -80,12 +81,14 @@ impl Workspace {
         Workspace { root }
     }
 
-    fn sources(&self, source: &str, targets: &[Target]) -> CudaSources {
+    fn sources(&self, source: &str, archs: &[Arch]) -> CudaSources {
         CudaSources {
             units: vec![Unit {
                 name: "probe".to_owned(),
                 source: source.to_owned(),
-                targets: targets.to_vec(),
+                archs: archs.to_vec(),
+                used_by: vec!["probe_graph#0".to_owned()],
+                tiles: Vec::new(),
             }],
             header: GeneratedFile {
                 name: "fusion_kernels.h".to_owned(),
@@ -117,7 +120,7 @@ fn build(sources: &CudaSources, options: &CompileOptions) -> (CompiledLibrary, f
 #[test]
 fn compiles_archives_binds_and_then_serves_everything_from_the_cache() {
     let ws = Workspace::new();
-    let all = [Target::Sm75, Target::Sm80, Target::Sm90a];
+    let all = [Arch::Sm75, Arch::Sm80, Arch::Sm90];
     let sources = ws.sources(UNIT, &all);
 
     // Cold: one nvcc call for three architectures, bindgen once.
@@ -144,6 +147,17 @@ fn compiles_archives_binds_and_then_serves_everything_from_the_cache() {
         UNIT,
         "the unit is written out so nvcc's errors point at a real file"
     );
+    // The manifest next to it says what the unit is, for tools.
+    let manifest = std::fs::read_to_string(options.out_dir.join("kernels/units.json")).unwrap();
+    for expected in [
+        r#""file": "probe.cu""#,
+        r#""used_by": [
+        "probe_graph#0"
+      ]"#,
+        r#""sass_gencode": "-gencode=arch=compute_90a,code=sm_90a""#,
+    ] {
+        assert!(manifest.contains(expected), "expected {expected} in {manifest}");
+    }
 
     let ffi = std::fs::read_to_string(&cold.ffi_rs).unwrap();
     assert!(ffi.contains("pub struct fusion_probe_params"), "{ffi}");
@@ -163,7 +177,7 @@ fn compiles_archives_binds_and_then_serves_everything_from_the_cache() {
     assert_eq!((warm.units_compiled, warm.units_cached), (0, 1));
     assert!(!warm.bindings_generated);
     let log = std::fs::read_to_string(&warm.log).unwrap();
-    assert!(log.contains("unit probe [sm_75,sm_80,sm_90a]: cached"), "{log}");
+    assert!(log.contains("unit probe [sm75,sm80,sm90]: cached"), "{log}");
     assert!(log.contains("archive:") && log.contains("unchanged"), "{log}");
     assert_eq!(std::fs::read(&archive).unwrap(), archive_bytes);
 
@@ -213,7 +227,7 @@ fn compiles_archives_binds_and_then_serves_everything_from_the_cache() {
     two_builds_at_once_share_one_cache(&ws);
 
     // nvcc's errors come back with the generated file's path.
-    let broken = ws.sources(&UNIT.replace("if (i < len)", "if (i < len"), &[Target::Sm80]);
+    let broken = ws.sources(&UNIT.replace("if (i < len)", "if (i < len"), &[Arch::Sm80]);
     let err = compile(&broken, &ws.options("out-broken")).unwrap_err();
     let message = err.to_string();
     let source = ws.root.join("out-broken/kernels/probe.cu");
@@ -245,7 +259,7 @@ fn two_builds_at_once_share_one_cache(ws: &Workspace) {
     // a file.
     let leftover = cache.join(format!(".{}.o.w1-2-3.0.tmp", "ab".repeat(32)));
     std::fs::write(&leftover, b"\x7fELF half").unwrap();
-    let sources = ws.sources(UNIT, &[Target::Sm80]);
+    let sources = ws.sources(UNIT, &[Arch::Sm80]);
     let done = std::sync::atomic::AtomicBool::new(false);
     let (results, partial_reads) = std::thread::scope(|scope| {
         let watcher = scope.spawn(|| {

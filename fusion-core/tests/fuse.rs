@@ -5,7 +5,7 @@
 use fusion_core::fuse::{
     self, Composition, EpilogueStep, MAX_EPILOGUE_STEPS, NamedPattern, NormKind, Plan, Role, dot,
 };
-use fusion_core::ir::{DType, Extent, Graph, GraphBuilder, TensorId, WeightLayout};
+use fusion_core::ir::{Activation, DType, Extent, Graph, GraphBuilder, TensorId, WeightLayout};
 
 /// Plans a graph and checks the plan's invariants.
 fn plan_of(graph: Graph) -> Plan {
@@ -96,7 +96,10 @@ impl Fixture {
                 let u = self.activation_input("u");
                 self.b.mul(u, t).unwrap()
             }
-            _ => panic!("unknown step `{step}`"),
+            other => {
+                let activation = Activation::named(other).unwrap_or_else(|| panic!("unknown step `{step}`"));
+                self.b.activation(activation, t).unwrap()
+            }
         }
     }
 
@@ -171,6 +174,38 @@ fn other_chains_get_composed_names() {
         let plan = plan_of(chain_graph(prologue, steps));
         assert_eq!(names(&plan), [name], "{plan}");
         assert_eq!(plan.kernels[0].pattern(), None, "`{name}` is not one of the nine");
+    }
+}
+
+#[test]
+fn sigmoid_and_gelu_quick_fuse_into_gemm_epilogues_and_stand_alone() {
+    let cases: [(&str, Option<&str>, &[&str]); 4] = [
+        ("gemm_bias_sigmoid", None, &["bias", "sigmoid"]),
+        ("gemm_gelu_quick", None, &["gelu_quick"]),
+        (
+            "layernorm_gemm_bias_gelu_quick",
+            Some("layernorm"),
+            &["bias", "gelu_quick"],
+        ),
+        ("gemm_sigmoid_mul", None, &["sigmoid", "mul"]),
+    ];
+    for (name, prologue, steps) in cases {
+        let plan = plan_of(chain_graph(prologue, steps));
+        assert_eq!(names(&plan), [name], "{plan}");
+        let kernel = &plan.kernels[0];
+        assert_eq!(kernel.ops.len(), plan.graph.ops.len(), "{plan}");
+        assert_eq!(kernel.pattern(), None, "`{name}` is not one of the nine");
+    }
+    // With no matmul to join, each is a standalone elementwise kernel.
+    for op in ["sigmoid", "gelu_quick"] {
+        let mut f = Fixture::new("alone");
+        let y = f.step(f.x, op);
+        let plan = plan_of(f.build(&[("y", y)]));
+        assert_eq!(names(&plan), [op], "{plan}");
+        assert_eq!(
+            plan.kernels[0].composition,
+            Composition::Elementwise(EpilogueStep::Activation(Activation::named(op).unwrap()))
+        );
     }
 }
 

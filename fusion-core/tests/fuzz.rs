@@ -189,6 +189,8 @@ const TOKENS: &[&str] = &[
     "gelu",
     "silu",
     "relu",
+    "sigmoid",
+    "gelu_quick",
     "layernorm",
     "rmsnorm",
     "mul",

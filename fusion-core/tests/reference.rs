@@ -1,7 +1,7 @@
 //! The CPU reference against values worked out by hand, and its error
 //! handling. Every expected number below is derived in the comment above it.
 
-use fusion_core::ir::{DType, Extent, Graph, GraphBuilder, TensorId, WeightLayout};
+use fusion_core::ir::{Activation, DType, Extent, Graph, GraphBuilder, TensorId, WeightLayout};
 use fusion_core::reference::{
     Bindings, HostTensor, ReferenceError, erf, evaluate, evaluate_all, evaluate_rows, gelu_erf, gelu_tanh,
     max_abs_error, random_bindings, relative_error, silu,
@@ -170,6 +170,29 @@ fn silu_and_relu_known_values() {
     let graph = unary_graph(4, |b, x| b.relu(x).unwrap());
     let got = eval_unary(&graph, tensor(&[1, 4], &[-2.0, 0.0, 0.25, 7.0]));
     assert_eq!(got, vec![0.0, 0.0, 0.25, 7.0]);
+}
+
+#[test]
+fn sigmoid_and_gelu_quick_known_values_and_limits() {
+    // sigmoid(2) = 1/(1 + e^−2) = 1/1.1353352832 = 0.8807970780, and
+    // sigmoid(−x) = 1 − sigmoid(x). PyTorch: sigmoid(±∞) = 1, 0; NaN stays NaN.
+    let sigmoid = Activation::named("sigmoid").unwrap();
+    let graph = unary_graph(6, |b, x| b.activation(sigmoid, x).unwrap());
+    let x = [0.0, 2.0, -2.0, f64::INFINITY, f64::NEG_INFINITY, f64::NAN];
+    let got = eval_unary(&graph, tensor(&[1, 6], &x));
+    assert_close(&got[..5], &[0.5, 0.8807970780, 0.1192029220, 1.0, 0.0], 1e-10);
+    assert!(got[5].is_nan());
+
+    // gelu_quick(x) = x·sigmoid(1.702·x): gelu_quick(1) = 1/(1 + e^−1.702)
+    // = 1/1.1823185221 = 0.8457957659; gelu_quick(−1) = gelu_quick(1) − 1.
+    // PyTorch's x * sigmoid(1.702 * x) at −∞ is −∞ · 0 = NaN.
+    let quick = Activation::named("gelu_quick").unwrap();
+    let graph = unary_graph(5, |b, x| b.activation(quick, x).unwrap());
+    let x = [1.0, -1.0, 0.0, f64::INFINITY, f64::NEG_INFINITY];
+    let got = eval_unary(&graph, tensor(&[1, 5], &x));
+    assert_close(&got[..3], &[0.8457957659, -0.1542042341, 0.0], 1e-10);
+    assert_eq!(got[3], f64::INFINITY);
+    assert!(got[4].is_nan());
 }
 
 #[test]

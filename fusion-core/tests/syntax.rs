@@ -49,6 +49,56 @@ fn toml_and_macro_front_ends_agree_on_swiglu() {
 }
 
 #[test]
+fn sigmoid_and_gelu_quick_parse_alike_from_toml_and_macro() {
+    let toml = r#"[graph]
+name = "heads"
+
+[dims]
+M = "dyn"
+N = 64
+
+[inputs]
+x = "f16[M, N]"
+
+[weights]
+w = "f16[N, N]"
+b = "f16[N]"
+
+[outputs]
+y = "gelu_quick(sigmoid(x @ w^T + b))"
+"#;
+    let from_toml = parse_toml(&SourceFile::new("heads.toml", toml)).unwrap();
+    let from_tokens = parse_tokens(quote! {
+        graph heads {
+            dims { M: dyn, N: 64 }
+            input x: f16[M, N];
+            weight w: f16[N, N], b: f16[N];
+            output y = gelu_quick(sigmoid(x @ w^T + b));
+        }
+    })
+    .unwrap();
+    assert_eq!(from_toml, from_tokens);
+    let graph = ir::lower(&from_tokens).unwrap();
+    let ops: Vec<&str> = graph.ops.iter().map(|op| op.kind.name()).collect();
+    assert_eq!(ops, ["matmul", "bias_add", "sigmoid", "gelu_quick"]);
+    assert!(
+        matches!(graph.ops[2].kind, ir::OpKind::Activation(a) if a == ir::Activation::named("sigmoid").unwrap())
+    );
+    // Both take one argument and no keywords, from the same table.
+    assert_toml_error(
+        &edit("gelu(x @ w^T + b)", "sigmoid(x @ w^T, b)"),
+        "sigmoid(",
+        &["`sigmoid` takes 1 argument, got 2"],
+    );
+    assert_macro_error(
+        "gelu(x @ w^T + b)",
+        "gelu_quick(x @ w^T + b, eps = 1e-5)",
+        "5:40",
+        &["`gelu_quick` has no argument `eps`: it takes none"],
+    );
+}
+
+#[test]
 fn swiglu_lowers_to_seven_ops() {
     let graph = fusion_core::load_toml_graph(&graphs_dir().join("swiglu_ffn.toml")).unwrap();
     assert_eq!(graph.ops.len(), 7, "{graph:#?}");
@@ -81,14 +131,17 @@ fn every_shipped_graph_parses_and_lowers() {
     assert_eq!(
         names,
         [
+            "gelu_quick",
             "gemm",
             "gemm_bias",
             "gemm_bias_gelu",
             "gemm_bias_gelu_erf",
             "gemm_bias_relu",
             "gemm_bias_residual",
+            "gemm_bias_sigmoid",
             "gemm_bias_silu",
             "gemm_gelu",
+            "gemm_gelu_quick",
             "gemm_silu",
             "gpt2_mlp",
             "layernorm",
@@ -97,6 +150,7 @@ fn every_shipped_graph_parses_and_lowers() {
             "mul",
             "rmsnorm",
             "rmsnorm_gemm",
+            "sigmoid",
             "silu",
             "swiglu_ffn",
         ]

@@ -3,7 +3,8 @@
 //! It sets up the CUDA toolchain a build needs (nvcc and libclang, installed into
 //! `target/toolchain` when the machine has none), runs the demo a newcomer starts
 //! with, and runs the whole test suite exactly as CI does. It depends on `std`
-//! only, so it builds in a few seconds on a fresh machine.
+//! and `serde_json` (to read the build's unit manifest) only, so it builds in
+//! a few seconds on a fresh machine.
 
 mod demo;
 mod error;

@@ -36,9 +36,9 @@
 //! crate outside this repository builds the same way as the root crate.
 
 use super::{
-    BuildError, BuildMode, CompileOptions, CompiledLibrary, CudaSources, GeneratedFile, Target, Unit, compile,
+    BuildError, BuildMode, CompileOptions, CompiledLibrary, CudaSources, GeneratedFile, Unit, compile,
 };
-use crate::codegen::{self, GraphSpec, templates};
+use crate::codegen::{self, GraphSpec, KernelKey, templates};
 use crate::generated::MACRO_GRAPHS_DIR;
 use crate::ir::DType;
 use crate::select::Arch;
@@ -156,12 +156,12 @@ impl Builder {
         options.lib_name = lib_name.clone();
         let cargo = options.cargo_metadata;
         let files = self.collect(cargo)?;
-        let archs = self.archs.clone().unwrap_or_else(archs_from_features);
+        let archs = self.archs.clone().unwrap_or_else(Arch::from_cargo_features);
         if archs.is_empty() {
-            return Err(BuildError::Config(
-                "no GPU architecture to compile for: enable a cargo feature sm75, sm80 or sm90, or call Builder::archs"
-                    .to_owned(),
-            ));
+            return Err(BuildError::Config(format!(
+                "no GPU architecture to compile for: enable a cargo feature {}, or call Builder::archs",
+                Arch::names_listed()
+            )));
         }
         let mut specs = files
             .iter()
@@ -201,13 +201,17 @@ impl Builder {
             .map(|u| Unit {
                 name: u.symbol.clone(),
                 source: u.source.clone(),
-                targets: u.archs.iter().map(|a| target_of(*a)).collect(),
+                archs: u.archs.clone(),
+                used_by: u.used_by.clone(),
+                tiles: tiles_of(&u.key),
             })
             .collect();
         units.push(Unit {
             name: library.error_unit.0.clone(),
             source: library.error_unit.1.clone(),
-            targets: vec![target_of(archs[0])],
+            archs: vec![archs[0]],
+            used_by: Vec::new(),
+            tiles: Vec::new(),
         });
         let sources = CudaSources {
             units,
@@ -349,19 +353,18 @@ fn write_if_changed(path: &Path, text: &str) -> Result<(), BuildError> {
     Ok(())
 }
 
-/// sm90 builds as sm_90a.
-fn target_of(arch: Arch) -> Target {
-    match arch {
-        Arch::Sm75 => Target::Sm75,
-        Arch::Sm80 => Target::Sm80,
-        Arch::Sm90 => Target::Sm90a,
-    }
-}
-
-/// `CARGO_FEATURE_SM75` etc. of the crate whose build script runs.
-fn archs_from_features() -> Vec<Arch> {
-    Arch::ALL
-        .into_iter()
-        .filter(|a| std::env::var_os(format!("CARGO_FEATURE_{}", a.name().to_ascii_uppercase())).is_some())
-        .collect()
+/// A GEMM unit's tile configs, `large: 128x256x64 (...)` and the small-M
+/// ones, for the manifest.
+fn tiles_of(key: &KernelKey) -> Vec<String> {
+    let KernelKey::Gemm { mainloop, config, .. } = key else {
+        return Vec::new();
+    };
+    [
+        ("large", Some(config.large)),
+        ("small_m", config.small_m),
+        ("small_m_alt", config.small_m_alt),
+    ]
+    .into_iter()
+    .filter_map(|(which, tile)| Some(format!("{which}: {}", tile?.summary(*mainloop))))
+    .collect()
 }

@@ -112,8 +112,8 @@ impl NvccCommand {
         let mut cmd = Command::new(&self.program);
         cmd.args(&self.args);
         cmd.envs(self.envs.iter().map(|(k, v)| (k, v)));
-        for target in &unit.targets {
-            cmd.arg(target.gencode());
+        for arch in &unit.archs {
+            cmd.arg(arch.target().gencode);
         }
         for dir in include_dirs {
             cmd.arg("-I").arg(dir);
@@ -136,8 +136,8 @@ pub fn unit_key(unit: &Unit, headers: &HeaderTree, nvcc: &NvccCommand) -> CacheK
     for (label, value) in &nvcc.key_prefix {
         hasher.field(label, value);
     }
-    for target in &unit.targets {
-        hasher.field("gencode", target.gencode().as_bytes());
+    for arch in &unit.archs {
+        hasher.field("gencode", arch.target().gencode.as_bytes());
     }
     hasher.finish()
 }
@@ -149,8 +149,9 @@ pub struct UnitsOutcome {
     pub cached: usize,
 }
 
-/// Writes every unit to `OUT_DIR/kernels/<name>.cu`, takes what it can from
-/// the cache and compiles the rest, at most `opts.jobs` at a time.
+/// Writes every unit to `OUT_DIR/kernels/<name>.cu` and the manifest to
+/// `OUT_DIR/kernels/units.json`, takes what it can from the cache and
+/// compiles the rest, at most `opts.jobs` at a time.
 pub fn compile_units(
     sources: &CudaSources,
     headers: &HeaderTree,
@@ -167,12 +168,7 @@ pub fn compile_units(
         let source_path = kernels_dir.join(format!("{}.cu", unit.name));
         write_if_changed(&source_path, unit.source.as_bytes())?;
         let key = unit_key(unit, headers, nvcc);
-        let targets = unit
-            .targets
-            .iter()
-            .map(|t| t.name())
-            .collect::<Vec<_>>()
-            .join(",");
+        let targets = unit.archs.iter().map(|a| a.name()).collect::<Vec<_>>().join(",");
         match cache.lookup(key) {
             Lookup::Hit(path) => {
                 log.line(format!("unit {} [{targets}]: cached {key}", unit.name));
@@ -194,6 +190,7 @@ pub fn compile_units(
         objects.push((key, None));
         misses.push((index, source_path, key));
     }
+    super::manifest::write(&kernels_dir, &sources.units)?;
 
     let include_dirs = [headers.root.as_path(), opts.out_dir.as_path()];
     let next = AtomicUsize::new(0);

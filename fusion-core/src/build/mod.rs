@@ -29,10 +29,11 @@ mod bindings;
 mod builder;
 mod cache;
 mod compile;
+mod manifest;
 pub mod nvcc;
 mod sources;
 
-use std::fmt;
+use crate::target::Arch;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -40,6 +41,7 @@ use std::time::Instant;
 pub use crate::generated::MACRO_GRAPHS_DIR;
 pub use builder::{Builder, BuiltLibrary};
 pub use compile::DEFAULT_NVCC_FLAGS;
+pub use manifest::MANIFEST_FILE;
 
 /// Everything the code generator produced for one library.
 #[derive(Clone, Debug)]
@@ -63,8 +65,16 @@ pub struct Unit {
     pub name: String,
     /// CUDA C++ source text.
     pub source: String,
-    /// The architectures to compile it for; at least one.
-    pub targets: Vec<Target>,
+    /// The generations to compile it for, oldest first; at least one. Each
+    /// adds its [`Target::gencode`](crate::target::Target::gencode).
+    pub archs: Vec<Arch>,
+    /// What the code generator says the unit serves (`swiglu_ffn#0`: a
+    /// graph's kernel and its index in the plan), for the manifest.
+    pub used_by: Vec<String>,
+    /// The tile configs its kernels are instantiated with, as summaries
+    /// (`large: 128x256x64 (4 stages, cooperative, persistent)`), for the
+    /// manifest; empty for units without a GEMM.
+    pub tiles: Vec<String>,
 }
 
 /// A generated file other than a translation unit.
@@ -73,44 +83,6 @@ pub struct GeneratedFile {
     /// File name, written into `OUT_DIR` (which is on nvcc's include path).
     pub name: String,
     pub contents: String,
-}
-
-/// A GPU architecture a unit is compiled for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Target {
-    /// Turing: SASS for sm_75 plus PTX, so later GPUs can JIT it.
-    Sm75,
-    /// Ampere and Ada: SASS for sm_80 plus PTX.
-    Sm80,
-    /// Hopper with its arch-specific features (wgmma, TMA): SASS only, as
-    /// sm_90a code runs on nothing else.
-    Sm90a,
-}
-
-impl Target {
-    /// nvcc's `-gencode` flag for this architecture.
-    pub fn gencode(self) -> &'static str {
-        match self {
-            Target::Sm75 => "-gencode=arch=compute_75,code=[sm_75,compute_75]",
-            Target::Sm80 => "-gencode=arch=compute_80,code=[sm_80,compute_80]",
-            Target::Sm90a => "-gencode=arch=compute_90a,code=sm_90a",
-        }
-    }
-
-    /// Short name, as in `sm_90a`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Target::Sm75 => "sm_75",
-            Target::Sm80 => "sm_80",
-            Target::Sm90a => "sm_90a",
-        }
-    }
-}
-
-impl fmt::Display for Target {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
 }
 
 /// How [`compile`] runs. [`CompileOptions::from_build_script_env`] fills it
@@ -414,7 +386,7 @@ fn check_units(sources: &CudaSources) -> Result<(), BuildError> {
                 unit.name
             )));
         }
-        if unit.targets.is_empty() {
+        if unit.archs.is_empty() {
             return Err(BuildError::Config(format!(
                 "kernel unit `{}` has no target architecture",
                 unit.name
@@ -503,49 +475,31 @@ mod tests {
         }
     }
 
-    fn unit(name: &str, targets: &[Target]) -> Unit {
+    fn unit(name: &str, archs: &[Arch]) -> Unit {
         Unit {
             name: name.to_owned(),
             source: String::new(),
-            targets: targets.to_vec(),
+            archs: archs.to_vec(),
+            used_by: Vec::new(),
+            tiles: Vec::new(),
         }
     }
 
     #[test]
-    fn gencode_flags_keep_ptx_only_where_it_can_run_elsewhere() {
-        assert_eq!(
-            Target::Sm75.gencode(),
-            "-gencode=arch=compute_75,code=[sm_75,compute_75]"
-        );
-        assert_eq!(
-            Target::Sm80.gencode(),
-            "-gencode=arch=compute_80,code=[sm_80,compute_80]"
-        );
-        assert_eq!(Target::Sm90a.gencode(), "-gencode=arch=compute_90a,code=sm_90a");
-        assert_eq!(Target::Sm90a.to_string(), "sm_90a");
-    }
-
-    #[test]
     fn unit_lists_that_would_clash_are_rejected() {
-        let ok = sources(
-            vec![unit("gemm_bias_gelu-0", &[Target::Sm80])],
-            "fusion_kernels.h",
-        );
+        let ok = sources(vec![unit("gemm_bias_gelu-0", &[Arch::Sm80])], "fusion_kernels.h");
         assert!(check_units(&ok).is_ok());
         let cases = [
             (
-                sources(vec![unit("../evil", &[Target::Sm80])], "h.h"),
+                sources(vec![unit("../evil", &[Arch::Sm80])], "h.h"),
                 "not a valid file stem",
             ),
             (
-                sources(vec![unit("", &[Target::Sm80])], "h.h"),
+                sources(vec![unit("", &[Arch::Sm80])], "h.h"),
                 "not a valid file stem",
             ),
             (
-                sources(
-                    vec![unit("a", &[Target::Sm80]), unit("a", &[Target::Sm75])],
-                    "h.h",
-                ),
+                sources(vec![unit("a", &[Arch::Sm80]), unit("a", &[Arch::Sm75])], "h.h"),
                 "names must be unique",
             ),
             (sources(vec![unit("a", &[])], "h.h"), "no target architecture"),

@@ -12,7 +12,8 @@
 //! the key, so an sm80 and an sm90 mainloop never share a unit. Symbols start with the library name, so two crates' libraries
 //! link side by side.
 //!
-//! The templates (`kernels/*.hbs`, see [`templates`]) only pick C++ types and
+//! The templates (`kernels/*.hbs`, see [`templates`]) only pick C++ types
+//! (an epilogue step's is its row's in the op table, [`crate::ir::ops`]) and
 //! copy parameters; what a kernel computes lives in the headers under
 //! `kernels/include/fusion`. [`wrappers`] turns the same library description
 //! into Rust.
@@ -23,25 +24,11 @@
 pub mod templates;
 pub mod wrappers;
 
-use crate::fuse::{Activation, Composition, EpilogueStep, NormKind, Plan};
-use crate::ir::{DType, GeluApprox, WeightLayout};
-use crate::select::{self, Arch, KernelConfig, KernelKind, Mainloop, Schedule, SelectError, TileConfig};
+use crate::fuse::{Composition, EpilogueStep, NormKind, Plan};
+use crate::ir::{DType, WeightLayout};
+use crate::select::{self, Arch, KernelConfig, KernelKind, Mainloop, SelectError, TileConfig};
 use indexmap::IndexMap;
 use serde_json::json;
-
-/// The C++ type of each epilogue step: a new activation is one line here and
-/// one functor in `epilogue.cuh`.
-pub fn step_type(step: EpilogueStep) -> &'static str {
-    match step {
-        EpilogueStep::Bias => "fusion::Bias",
-        EpilogueStep::Residual => "fusion::Residual",
-        EpilogueStep::Mul => "fusion::Mul",
-        EpilogueStep::Activation(Activation::Gelu(GeluApprox::Tanh)) => "fusion::Gelu",
-        EpilogueStep::Activation(Activation::Gelu(GeluApprox::Erf)) => "fusion::GeluErf",
-        EpilogueStep::Activation(Activation::Silu) => "fusion::Silu",
-        EpilogueStep::Activation(Activation::Relu) => "fusion::Relu",
-    }
-}
 
 fn element_type(dtype: DType) -> &'static str {
     match dtype {
@@ -65,43 +52,9 @@ fn layout_name(layout: WeightLayout) -> &'static str {
     }
 }
 
+/// A tile config as the C++ type of `mainloop`'s generation.
 fn tile_type(mainloop: Mainloop, c: &TileConfig) -> String {
-    match mainloop {
-        Mainloop::Sm80 => {
-            // Optional trailing parameters are positional: name the K loop
-            // whenever a later one is given.
-            let mut extra = String::new();
-            if c.pipelined || c.staged_store {
-                extra += if c.pipelined {
-                    ", fusion::sm80::KLoop::Pipelined"
-                } else {
-                    ", fusion::sm80::KLoop::PerStage"
-                };
-            }
-            if c.staged_store {
-                extra += ", fusion::sm80::Store::Staged";
-            }
-            format!(
-                "fusion::sm80::TileConfig<{}, {}, {}, {}, {}, {}, {}{extra}>",
-                c.bm, c.bn, c.bk, c.warp_m, c.warp_n, c.stages, c.min_blocks_per_sm
-            )
-        }
-        Mainloop::Sm75 => format!(
-            "fusion::sm75::TileConfig<{}, {}, {}, {}, {}, {}>",
-            c.bm, c.bn, c.bk, c.warp_m, c.warp_n, c.min_blocks_per_sm
-        ),
-        // BK is fixed at 64 by the template.
-        Mainloop::Sm90 => {
-            let schedule = match c.sm90_schedule() {
-                Schedule::Cooperative => "Cooperative",
-                Schedule::PingPong => "PingPong",
-            };
-            format!(
-                "fusion::sm90::TileConfig<{}, {}, {}, fusion::sm90::Schedule::{schedule}>",
-                c.bm, c.bn, c.stages
-            )
-        }
-    }
+    (Arch::of_mainloop(mainloop).target().tile_type)(c)
 }
 
 /// One graph to compile, and the element types to compile it for.
@@ -171,6 +124,9 @@ pub struct RenderedUnit {
     pub params: ParamsKind,
     /// The architectures it is compiled for, ascending.
     pub archs: Vec<Arch>,
+    /// The graph kernels it serves, `swiglu_ffn#0` (the kernel's index in
+    /// the graph's plan).
+    pub used_by: Vec<String>,
     pub source: String,
 }
 
@@ -474,11 +430,8 @@ fn render_unit(
             config,
         } => {
             let mut context = common(*dtype);
-            let (mainloop_type, header) = match mainloop {
-                Mainloop::Sm80 => ("fusion::sm80::Mainloop", "fusion/sm80/mainloop.cuh"),
-                Mainloop::Sm75 => ("fusion::sm75::Mainloop", "fusion/sm75/mainloop.cuh"),
-                Mainloop::Sm90 => ("fusion::sm90::Mainloop", "fusion/sm90/mainloop.cuh"),
-            };
+            let target = Arch::of_mainloop(*mainloop).target();
+            let (mainloop_type, header) = (target.mainloop_type, target.mainloop_header);
             let prologue = match prologue {
                 None => "fusion::NoPrologue".to_owned(),
                 Some(kind) => format!("fusion::NormPrologue<fusion::NormKind::{}>", norm_type(*kind)),
@@ -500,7 +453,7 @@ fn render_unit(
                 "layout": layout_name(*layout),
                 "layout_doc": match layout { WeightLayout::KN => "[K, N]", WeightLayout::NK => "[N, K]" },
                 "prologue": prologue,
-                "steps": steps.iter().map(|s| step_type(*s)).collect::<Vec<_>>().join(", "),
+                "steps": steps.iter().map(|s| s.cuda_type()).collect::<Vec<_>>().join(", "),
                 "large_tile": tile_type(*mainloop, &config.large),
                 "large_tile_doc": config.large.summary(*mainloop),
                 "small": small.unwrap_or(serde_json::Value::Bool(false)),
@@ -515,7 +468,7 @@ fn render_unit(
         }
         KernelKey::Elementwise { step, dtype } => {
             let mut context = common(*dtype);
-            merge(&mut context, json!({ "step": step_type(*step) }));
+            merge(&mut context, json!({ "step": step.cuda_type() }));
             ("elementwise.cu", ParamsKind::Elementwise, context)
         }
     };
@@ -524,6 +477,7 @@ fn render_unit(
         key: key.clone(),
         params,
         archs: archs.to_vec(),
+        used_by: used_by.to_vec(),
         source: render_template(registry, template, &context)?,
     })
 }

@@ -100,7 +100,7 @@ fn every_named_pattern_renders_its_chain() {
         let lib = render("fusion_kernels", &[Arch::Sm80], &[spec(&file, F16)]).unwrap();
         assert_eq!(lib.units.len(), 1, "{file}");
         let (prologue, steps) = pattern.parts();
-        let chain: Vec<&str> = steps.iter().map(|s| step_type(*s)).collect();
+        let chain: Vec<&str> = steps.iter().map(|s| s.cuda_type()).collect();
         let source = &lib.units[0].source;
         assert!(
             source.contains(&format!("fusion::EpilogueChain<{}>", chain.join(", "))),
@@ -352,4 +352,60 @@ fn a_dim_change_touches_only_its_graphs_wrappers() {
         file(&after, 1),
         "gpt2_mlp's file follows its new dim"
     );
+}
+
+#[test]
+fn every_step_of_the_op_table_is_a_struct_of_epilogue_cuh() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../kernels/include/fusion/epilogue.cuh");
+    let header = std::fs::read_to_string(&path).unwrap();
+    for op in crate::ir::ops::OPS {
+        let Some(step) = op.step() else { continue };
+        let name = step
+            .cuda_type
+            .strip_prefix("fusion::")
+            .expect("steps live in namespace fusion");
+        // `struct Bias {` or, for an activation, `struct Gelu : Activation<Gelu> {`.
+        let start = [format!("struct {name} {{"), format!("struct {name} : ")]
+            .iter()
+            .find_map(|declaration| header.find(declaration.as_str()))
+            .unwrap_or_else(|| panic!("epilogue.cuh has no `struct {name}` for `{}`", op.name));
+        let body = &header[start..start + header[start..].find("};").unwrap()];
+        assert!(
+            body.contains(&format!("name = \"{}\";", step.word)),
+            "`struct {name}` should be named \"{}\":\n{body}",
+            step.word
+        );
+    }
+}
+
+#[test]
+fn sigmoid_and_gelu_quick_render_their_steps() {
+    let specs = [
+        "gemm_bias_sigmoid.toml",
+        "gemm_gelu_quick.toml",
+        "sigmoid.toml",
+        "gelu_quick.toml",
+    ]
+    .map(|file| spec(file, F16));
+    let lib = render("fusion_kernels", &[Arch::Sm80, Arch::Sm90], &specs).unwrap();
+    let expected = [
+        (
+            "fusion_kernels_gemm_bias_sigmoid_nk_f16_sm80",
+            "fusion::Bias, fusion::Sigmoid",
+        ),
+        (
+            "fusion_kernels_gemm_bias_sigmoid_nk_f16_sm90",
+            "fusion::Bias, fusion::Sigmoid",
+        ),
+        ("fusion_kernels_gemm_gelu_quick_nk_f16_sm80", "fusion::GeluQuick"),
+        ("fusion_kernels_gemm_gelu_quick_nk_f16_sm90", "fusion::GeluQuick"),
+        ("fusion_kernels_sigmoid_f16", "fusion::Sigmoid"),
+        ("fusion_kernels_gelu_quick_f16", "fusion::GeluQuick"),
+    ];
+    let symbols: Vec<&str> = lib.units.iter().map(|u| u.symbol.as_str()).collect();
+    assert_eq!(symbols, expected.map(|(symbol, _)| symbol));
+    for (unit, (_, chain)) in lib.units.iter().zip(expected) {
+        let chain = format!("fusion::EpilogueChain<{chain}>");
+        assert!(unit.source.contains(&chain), "{}: no `{chain}`", unit.symbol);
+    }
 }

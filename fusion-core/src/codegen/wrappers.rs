@@ -104,12 +104,11 @@ fn element_tokens(d: DType) -> TokenStream {
     }
 }
 
+/// `fusion::Arch::Sm80`: the run time re-exports this very enum, so the
+/// variant's name (its derived `Debug`) is the path's last segment.
 fn arch_tokens(a: Arch) -> TokenStream {
-    match a {
-        Arch::Sm75 => quote!(fusion::Arch::Sm75),
-        Arch::Sm80 => quote!(fusion::Arch::Sm80),
-        Arch::Sm90 => quote!(fusion::Arch::Sm90),
-    }
+    let variant = format_ident!("{a:?}");
+    quote!(fusion::Arch::#variant)
 }
 
 /// What every graph struct says about threads.

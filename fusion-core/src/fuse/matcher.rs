@@ -188,7 +188,7 @@ fn fits_epilogue(graph: &Graph, op: OpId, chain: TensorId) -> bool {
     let op = graph.op(op);
     let shape = |t: TensorId| &graph.tensor(t).shape;
     match op.kind {
-        OpKind::Gelu(_) | OpKind::Silu | OpKind::Relu => true,
+        OpKind::Activation(_) => true,
         OpKind::BiasAdd => op.inputs[0] == chain && shape(op.inputs[1]).len() == 1,
         OpKind::Add | OpKind::Mul => {
             let other = if op.inputs[0] == chain {

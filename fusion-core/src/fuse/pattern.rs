@@ -6,7 +6,6 @@
 //! the same way from its parts (`gemm_silu_mul`, `layernorm_gemm_bias_gelu`).
 
 use super::plan::{Activation, EpilogueStep, GemmComposition, NormKind};
-use crate::ir::GeluApprox;
 use std::fmt;
 
 /// The nine compositions that had their own kernels in the original design
@@ -24,9 +23,9 @@ pub enum NamedPattern {
     RmsNormGemm,
 }
 
-const GELU: EpilogueStep = EpilogueStep::Activation(Activation::Gelu(GeluApprox::Tanh));
-const SILU: EpilogueStep = EpilogueStep::Activation(Activation::Silu);
-const RELU: EpilogueStep = EpilogueStep::Activation(Activation::Relu);
+const GELU: EpilogueStep = EpilogueStep::Activation(Activation::GELU);
+const SILU: EpilogueStep = EpilogueStep::Activation(Activation::SILU);
+const RELU: EpilogueStep = EpilogueStep::Activation(Activation::RELU);
 
 impl NamedPattern {
     pub const ALL: [NamedPattern; 9] = [
@@ -137,10 +136,7 @@ mod tests {
                 eps: 1e-5,
             }),
             b_layout: WeightLayout::KN,
-            epilogue: vec![
-                EpilogueStep::Bias,
-                EpilogueStep::Activation(Activation::Gelu(GeluApprox::Erf)),
-            ],
+            epilogue: vec![EpilogueStep::Bias, EpilogueStep::Activation(Activation::GELU_ERF)],
         };
         assert_eq!(composition.name(), "layernorm_gemm_bias_gelu_erf");
         assert_eq!(NamedPattern::of(&composition), None);

@@ -6,7 +6,8 @@
 //! the target architecture are chosen later, per kernel.
 
 use super::pattern::{self, NamedPattern};
-use crate::ir::{GeluApprox, Graph, OpId, OpKind, TensorId, WeightLayout};
+pub use crate::ir::Activation;
+use crate::ir::{Graph, OpDef, OpId, OpKind, TensorId, WeightLayout, ops};
 use std::fmt;
 
 /// A graph split into kernels: every op of `graph` is in exactly one kernel,
@@ -91,13 +92,6 @@ pub enum EpilogueStep {
     Mul,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Activation {
-    Gelu(GeluApprox),
-    Silu,
-    Relu,
-}
-
 /// A tensor a kernel reads, and what for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Operand {
@@ -174,18 +168,6 @@ impl Norm {
     }
 }
 
-impl Activation {
-    /// The op's name in graph declarations: `gelu`, `gelu_erf`, `silu`, `relu`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Activation::Gelu(GeluApprox::Tanh) => "gelu",
-            Activation::Gelu(GeluApprox::Erf) => "gelu_erf",
-            Activation::Silu => "silu",
-            Activation::Relu => "relu",
-        }
-    }
-}
-
 impl EpilogueStep {
     /// The step an elementwise op becomes (`None` for matmuls and norms).
     pub fn of_op(kind: &OpKind) -> Option<EpilogueStep> {
@@ -193,21 +175,33 @@ impl EpilogueStep {
             OpKind::BiasAdd => EpilogueStep::Bias,
             OpKind::Add => EpilogueStep::Residual,
             OpKind::Mul => EpilogueStep::Mul,
-            OpKind::Gelu(approx) => EpilogueStep::Activation(Activation::Gelu(approx)),
-            OpKind::Silu => EpilogueStep::Activation(Activation::Silu),
-            OpKind::Relu => EpilogueStep::Activation(Activation::Relu),
+            OpKind::Activation(activation) => EpilogueStep::Activation(activation),
             OpKind::MatMul { .. } | OpKind::LayerNorm { .. } | OpKind::RmsNorm { .. } => return None,
         })
     }
 
+    /// The op table's row of the op it is: `bias_add` for [`EpilogueStep::Bias`].
+    pub fn def(self) -> &'static OpDef {
+        match self {
+            EpilogueStep::Bias => &ops::BIAS_ADD,
+            EpilogueStep::Activation(activation) => activation.def(),
+            EpilogueStep::Residual => &ops::ADD,
+            EpilogueStep::Mul => &ops::MUL,
+        }
+    }
+
+    fn step_def(self) -> &'static ops::StepDef {
+        self.def().step().expect("the row of an epilogue step is a step")
+    }
+
     /// The word it adds to a composed name: `bias`, `gelu`, `residual`, `mul`.
     pub fn name(self) -> &'static str {
-        match self {
-            EpilogueStep::Bias => "bias",
-            EpilogueStep::Activation(a) => a.name(),
-            EpilogueStep::Residual => "residual",
-            EpilogueStep::Mul => "mul",
-        }
+        self.step_def().word
+    }
+
+    /// Its step type in `kernels/include/fusion/epilogue.cuh`: `fusion::Bias`.
+    pub fn cuda_type(self) -> &'static str {
+        self.step_def().cuda_type
     }
 
     /// The role of the operand the step at `step` reads, if it reads one.
@@ -242,12 +236,7 @@ impl Composition {
         match self {
             Composition::Gemm(gemm) => gemm.name(),
             Composition::Norm(norm) => norm.kind.name().to_string(),
-            Composition::Elementwise(step) => match step {
-                EpilogueStep::Bias => "bias_add".to_string(),
-                EpilogueStep::Residual => "add".to_string(),
-                EpilogueStep::Mul => "mul".to_string(),
-                EpilogueStep::Activation(a) => a.name().to_string(),
-            },
+            Composition::Elementwise(step) => step.def().name.to_string(),
         }
     }
 }

@@ -316,13 +316,14 @@ impl GraphBuilder {
         b_layout: WeightLayout,
     ) -> Result<TensorId, Diagnostic> {
         let span = self.take_span();
-        let dtype = self.same_dtype("matmul", &[a, b], span)?;
+        let op = ops::MATMUL.name;
+        let dtype = self.same_dtype(op, &[a, b], span)?;
         let (sa, sb) = (self.shape(a).to_vec(), self.shape(b).to_vec());
         if sa.len() != 2 || sb.len() != 2 {
             let bad = if sa.len() != 2 { a } else { b };
             return Err(self.error(
                 span,
-                format!("matmul needs two matrices; {} is not", self.describe(bad)),
+                format!("{op} needs two matrices; {} is not", self.describe(bad)),
             ));
         }
         let (k_b, n) = match b_layout {
@@ -337,7 +338,7 @@ impl GraphBuilder {
             return Err(self.error(
                 span,
                 format!(
-                    "shape mismatch in matmul: {} has {} columns but {} has {} {how}",
+                    "shape mismatch in {op}: {} has {} columns but {} has {} {how}",
                     self.describe(a),
                     self.graph.shape_string(&sa[1..]),
                     self.describe(b),
@@ -406,32 +407,39 @@ impl GraphBuilder {
         Ok(self.push_op(kind, vec![x], shape, dtype, span))
     }
 
+    /// An activation, any row of the op table that is one
+    /// ([`Activation::named`] finds it by name).
+    pub fn activation(&mut self, activation: Activation, x: TensorId) -> Result<TensorId, Diagnostic> {
+        self.unary(OpKind::Activation(activation), x)
+    }
+
     /// GELU, tanh approximation.
     pub fn gelu(&mut self, x: TensorId) -> Result<TensorId, Diagnostic> {
-        self.unary(OpKind::Gelu(GeluApprox::Tanh), x)
+        self.activation(Activation::GELU, x)
     }
 
     /// GELU, exact (erf) form.
     pub fn gelu_erf(&mut self, x: TensorId) -> Result<TensorId, Diagnostic> {
-        self.unary(OpKind::Gelu(GeluApprox::Erf), x)
+        self.activation(Activation::GELU_ERF, x)
     }
 
     pub fn silu(&mut self, x: TensorId) -> Result<TensorId, Diagnostic> {
-        self.unary(OpKind::Silu, x)
+        self.activation(Activation::SILU, x)
     }
 
     pub fn relu(&mut self, x: TensorId) -> Result<TensorId, Diagnostic> {
-        self.unary(OpKind::Relu, x)
+        self.activation(Activation::RELU, x)
     }
 
     fn check_norm(
         &self,
-        op: &str,
+        norm: &OpDef,
         x: TensorId,
         params: &[TensorId],
         eps: f64,
         span: Span,
     ) -> Result<DType, Diagnostic> {
+        let op = norm.name;
         let mut all = vec![x];
         all.extend_from_slice(params);
         let dtype = self.same_dtype(op, &all, span)?;
@@ -452,8 +460,12 @@ impl GraphBuilder {
                 ));
             }
         }
-        if !(eps > 0.0 && eps.is_finite()) {
-            return Err(self.error(span, format!("{op}: eps must be a positive number, not {eps}")));
+        let keyword = &norm.keywords[0];
+        if !(keyword.accepts)(eps) {
+            return Err(self.error(
+                span,
+                format!("{op}: {} must be {}, not {eps}", keyword.name, keyword.allowed),
+            ));
         }
         Ok(dtype)
     }
@@ -467,7 +479,7 @@ impl GraphBuilder {
         eps: f64,
     ) -> Result<TensorId, Diagnostic> {
         let span = self.take_span();
-        let dtype = self.check_norm("layernorm", x, &[gamma, beta], eps, span)?;
+        let dtype = self.check_norm(&ops::LAYERNORM, x, &[gamma, beta], eps, span)?;
         let shape = self.shape(x).to_vec();
         Ok(self.push_op(
             OpKind::LayerNorm { eps },
@@ -481,7 +493,7 @@ impl GraphBuilder {
     /// RMSNorm over each row, with scale `gamma`.
     pub fn rmsnorm(&mut self, x: TensorId, gamma: TensorId, eps: f64) -> Result<TensorId, Diagnostic> {
         let span = self.take_span();
-        let dtype = self.check_norm("rmsnorm", x, &[gamma], eps, span)?;
+        let dtype = self.check_norm(&ops::RMSNORM, x, &[gamma], eps, span)?;
         let shape = self.shape(x).to_vec();
         Ok(self.push_op(OpKind::RmsNorm { eps }, vec![x, gamma], shape, dtype, span))
     }

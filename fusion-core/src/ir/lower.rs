@@ -6,29 +6,11 @@
 //! are collected, not thrown one at a time: one bad binding does not hide the
 //! next.
 
+use super::ops::{self, OpForm, StepKind};
 use super::*;
 use crate::diagnostic::{Diagnostic, Diagnostics};
 use crate::syntax::ast::{BinOp, Binding, Call, DimExpr, DimSize, Expr, GraphDecl, Ident, TypeExpr};
 use std::collections::HashMap;
-
-/// Default epsilons, as in PyTorch's LayerNorm and Llama's RMSNorm.
-pub const LAYERNORM_EPS: f64 = 1e-5;
-pub const RMSNORM_EPS: f64 = 1e-6;
-
-/// Ops callable by name in an expression: name, positional arity, keyword
-/// arguments.
-const FUNCTIONS: &[(&str, usize, &[&str])] = &[
-    ("matmul", 2, &[]),
-    ("add", 2, &[]),
-    ("mul", 2, &[]),
-    ("bias_add", 2, &[]),
-    ("gelu", 1, &[]),
-    ("gelu_erf", 1, &[]),
-    ("silu", 1, &[]),
-    ("relu", 1, &[]),
-    ("layernorm", 3, &["eps"]),
-    ("rmsnorm", 2, &["eps"]),
-];
 
 /// Turns a declaration into a checked graph.
 pub fn lower(decl: &GraphDecl) -> Result<Graph, Diagnostics> {
@@ -313,13 +295,14 @@ impl<'a> Lowering<'a> {
 
     fn lower_call(&mut self, call: &'a Call, path: &[usize]) -> Result<TensorId, Reported> {
         let name = call.func.name.as_str();
-        let Some(&(_, arity, kwargs)) = FUNCTIONS.iter().find(|f| f.0 == name) else {
-            let known: Vec<&str> = FUNCTIONS.iter().map(|f| f.0).collect();
+        let Some(op) = ops::op_named(name) else {
+            let known: Vec<&str> = ops::OPS.iter().map(|op| op.name).collect();
             return Err(self.report(
                 Diagnostic::new(call.func.span, format!("unknown op `{name}`"))
                     .with_note(format!("known ops: {}", known.join(", "))),
             ));
         };
+        let arity = op.arity;
         if call.args.len() != arity {
             let plural = if arity == 1 { "" } else { "s" };
             return Err(self.report(Diagnostic::new(
@@ -327,22 +310,24 @@ impl<'a> Lowering<'a> {
                 format!("`{name}` takes {arity} argument{plural}, got {}", call.args.len()),
             )));
         }
-        let mut eps = None;
+        // Each keyword's value, in the row's order; defaults where left out.
+        let mut keywords: Vec<f64> = op.keywords.iter().map(|k| k.default).collect();
         for kw in &call.kwargs {
-            if !kwargs.contains(&kw.name.name.as_str()) {
-                let allowed = if kwargs.is_empty() {
+            let Some(slot) = op.keywords.iter().position(|k| k.name == kw.name.name) else {
+                let allowed = if op.keywords.is_empty() {
                     "it takes none".to_string()
                 } else {
-                    format!("it takes {}", kwargs.join(", "))
+                    let names: Vec<&str> = op.keywords.iter().map(|k| k.name).collect();
+                    format!("it takes {}", names.join(", "))
                 };
                 return Err(self.report(Diagnostic::new(
                     kw.name.span,
                     format!("`{name}` has no argument `{}`: {allowed}", kw.name.name),
                 )));
-            }
-            eps = Some(kw.value);
+            };
+            keywords[slot] = kw.value;
         }
-        if name == "matmul" {
+        if let OpForm::MatMul = op.form {
             return self.lower_matmul(&call.args[0], &call.args[1], call.span, path);
         }
         let mut args = Vec::with_capacity(arity);
@@ -350,19 +335,19 @@ impl<'a> Lowering<'a> {
             args.push(self.lower_expr(a, path)?);
         }
         self.b.at(call.span);
-        let r = match name {
-            "add" => self.b.add(args[0], args[1]),
-            "mul" => self.b.mul(args[0], args[1]),
-            "bias_add" => self.b.bias_add(args[0], args[1]),
-            "gelu" => self.b.gelu(args[0]),
-            "gelu_erf" => self.b.gelu_erf(args[0]),
-            "silu" => self.b.silu(args[0]),
-            "relu" => self.b.relu(args[0]),
-            "layernorm" => self
-                .b
-                .layernorm(args[0], args[1], args[2], eps.unwrap_or(LAYERNORM_EPS)),
-            "rmsnorm" => self.b.rmsnorm(args[0], args[1], eps.unwrap_or(RMSNORM_EPS)),
-            _ => unreachable!("every name in FUNCTIONS is handled"),
+        let r = match &op.form {
+            OpForm::MatMul => unreachable!("lowered above, where `^T` is allowed"),
+            OpForm::LayerNorm => self.b.layernorm(args[0], args[1], args[2], keywords[0]),
+            OpForm::RmsNorm => self.b.rmsnorm(args[0], args[1], keywords[0]),
+            OpForm::Step(step) => match step.kind {
+                StepKind::Bias => self.b.bias_add(args[0], args[1]),
+                StepKind::Residual => self.b.add(args[0], args[1]),
+                StepKind::Mul => self.b.mul(args[0], args[1]),
+                StepKind::Activation => {
+                    let activation = Activation::of(op).expect("an activation step is an activation");
+                    self.b.activation(activation, args[0])
+                }
+            },
         };
         r.map_err(|e| self.report(e))
     }

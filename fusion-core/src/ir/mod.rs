@@ -4,13 +4,16 @@
 //! a parsed declaration with [`lower`]; both go through the builder, so shape
 //! and dtype inference and every validity check live in one place. A built
 //! graph is valid: single definition, acyclic, shapes and dtypes agree, every
-//! declared tensor is used and every op contributes to an output.
+//! declared tensor is used and every op contributes to an output. What each
+//! op is called, takes and computes is its row in the op table, [`ops`].
 
 mod builder;
 mod lower;
+pub mod ops;
 
 pub use builder::GraphBuilder;
 pub use lower::lower;
+pub use ops::{Activation, OpDef};
 
 use crate::diagnostic::Span;
 use std::fmt;
@@ -122,16 +125,8 @@ pub enum WeightLayout {
     NK,
 }
 
-/// Which formula a GELU uses.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum GeluApprox {
-    /// `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`, as GPT-2 and cuBLASLt use.
-    Tanh,
-    /// `0.5·x·(1 + erf(x/√2))`, the exact form.
-    Erf,
-}
-
-/// What an op computes. Operand order is fixed per kind (see each variant).
+/// What an op computes: a row of the op table ([`ops::OPS`]) with its
+/// parameters. Operand order is fixed per kind (see each variant).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum OpKind {
     /// `[a, b]`: a `[M, K]` times b (`[K, N]` or `[N, K]`) → `[M, N]`.
@@ -142,12 +137,8 @@ pub enum OpKind {
     Add,
     /// `[a, b]`: elementwise product of equal shapes.
     Mul,
-    /// `[x]`.
-    Gelu(GeluApprox),
-    /// `[x]`: x·sigmoid(x).
-    Silu,
-    /// `[x]`: max(x, 0).
-    Relu,
+    /// `[x]`: the activation's formula of each value (see [`ops`]).
+    Activation(Activation),
     /// `[x, gamma, beta]`: per row, (x − mean)/√(var + eps)·gamma + beta.
     LayerNorm { eps: f64 },
     /// `[x, gamma]`: per row, x/√(mean(x²) + eps)·gamma.
@@ -155,29 +146,28 @@ pub enum OpKind {
 }
 
 impl OpKind {
+    /// The op's row in the op table.
+    pub fn def(&self) -> &'static OpDef {
+        match self {
+            OpKind::MatMul { .. } => &ops::MATMUL,
+            OpKind::BiasAdd => &ops::BIAS_ADD,
+            OpKind::Add => &ops::ADD,
+            OpKind::Mul => &ops::MUL,
+            OpKind::Activation(activation) => activation.def(),
+            OpKind::LayerNorm { .. } => &ops::LAYERNORM,
+            OpKind::RmsNorm { .. } => &ops::RMSNORM,
+        }
+    }
+
     /// The op's name as written in graph declarations.
     pub fn name(&self) -> &'static str {
-        match self {
-            OpKind::MatMul { .. } => "matmul",
-            OpKind::BiasAdd => "bias_add",
-            OpKind::Add => "add",
-            OpKind::Mul => "mul",
-            OpKind::Gelu(GeluApprox::Tanh) => "gelu",
-            OpKind::Gelu(GeluApprox::Erf) => "gelu_erf",
-            OpKind::Silu => "silu",
-            OpKind::Relu => "relu",
-            OpKind::LayerNorm { .. } => "layernorm",
-            OpKind::RmsNorm { .. } => "rmsnorm",
-        }
+        self.def().name
     }
 
     /// Computes each output element from the same element of its inputs
     /// (a bias add broadcasts along rows, which is still per element).
     pub fn is_elementwise(&self) -> bool {
-        !matches!(
-            self,
-            OpKind::MatMul { .. } | OpKind::LayerNorm { .. } | OpKind::RmsNorm { .. }
-        )
+        self.def().step().is_some()
     }
 }
 

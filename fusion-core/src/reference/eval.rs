@@ -4,7 +4,8 @@
 use super::kernels;
 use super::tensor::HostTensor;
 use super::{Bindings, Outputs, ReferenceError};
-use crate::ir::{DimId, Extent, GeluApprox, Graph, OpKind, TensorId, TensorKind, WeightLayout};
+use crate::ir::ops::Formula;
+use crate::ir::{DimId, Extent, Graph, OpKind, TensorId, TensorKind, WeightLayout};
 use rand::Rng;
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -309,13 +310,19 @@ fn collect_outputs(graph: &Graph, mut values: Vec<Option<Cow<'_, HostTensor>>>) 
         .collect()
 }
 
-/// One op on operands whose shapes the graph has already checked.
+/// One op on operands whose shapes the graph has already checked: the
+/// op table's formula for elementwise ops, a routine of its own otherwise.
 fn apply(kind: OpKind, operands: &[&HostTensor]) -> HostTensor {
     let x = operands[0];
     let same_shape = |data: Vec<f64>| HostTensor {
         shape: x.shape.clone(),
         data,
     };
+    match kind.def().reference {
+        Formula::Unary(f) => return same_shape(kernels::map_unary(&x.data, f)),
+        Formula::Binary(f) => return same_shape(kernels::map_binary(&x.data, &operands[1].data, f)),
+        Formula::Routine => {}
+    }
     match kind {
         OpKind::MatMul { b_layout } => {
             let b = operands[1];
@@ -330,12 +337,6 @@ fn apply(kind: OpKind, operands: &[&HostTensor]) -> HostTensor {
             }
         }
         OpKind::BiasAdd => same_shape(kernels::bias_add(&x.data, &operands[1].data)),
-        OpKind::Add => same_shape(kernels::map_binary(&x.data, &operands[1].data, |p, q| p + q)),
-        OpKind::Mul => same_shape(kernels::map_binary(&x.data, &operands[1].data, |p, q| p * q)),
-        OpKind::Gelu(GeluApprox::Tanh) => same_shape(kernels::map_unary(&x.data, kernels::gelu_tanh)),
-        OpKind::Gelu(GeluApprox::Erf) => same_shape(kernels::map_unary(&x.data, kernels::gelu_erf)),
-        OpKind::Silu => same_shape(kernels::map_unary(&x.data, kernels::silu)),
-        OpKind::Relu => same_shape(kernels::map_unary(&x.data, kernels::relu)),
         OpKind::LayerNorm { eps } => same_shape(kernels::layernorm(
             &x.data,
             &operands[1].data,
@@ -343,5 +344,8 @@ fn apply(kind: OpKind, operands: &[&HostTensor]) -> HostTensor {
             eps,
         )),
         OpKind::RmsNorm { eps } => same_shape(kernels::rmsnorm(&x.data, &operands[1].data, eps)),
+        OpKind::Add | OpKind::Mul | OpKind::Activation(_) => {
+            unreachable!("`{}` has a formula in the op table", kind.name())
+        }
     }
 }

@@ -1,5 +1,7 @@
-//! Each op of the IR in f64 over row-major slices. The formulas are the
-//! ones in [`OpKind`](crate::ir::OpKind)'s documentation; where a formula is
+//! The ops of the IR that need a routine of their own, in f64 over row-major
+//! slices: the matmul, the bias add's broadcast and the norms, with the
+//! formulas of [`OpKind`](crate::ir::OpKind)'s documentation; and the maps
+//! that apply the op table's elementwise formulas. Where a formula is
 //! rewritten to avoid cancellation, the comment gives the identity.
 
 use crate::ir::WeightLayout;
@@ -220,34 +222,6 @@ pub fn erf(x: f64) -> f64 {
     libm::erf(x)
 }
 
-/// GELU, exact form: `0.5·x·(1 + erf(x/√2))`.
-pub fn gelu_erf(x: f64) -> f64 {
-    // 1 + erf(z) = erfc(−z); erfc keeps full precision where 1 + erf(z)
-    // cancels (large negative x).
-    0.5 * x * libm::erfc(-x / std::f64::consts::SQRT_2)
-}
-
-/// GELU, tanh approximation: `0.5·x·(1 + tanh(u))` with
-/// `u = √(2/π)·(x + 0.044715·x³)`.
-pub fn gelu_tanh(x: f64) -> f64 {
-    // 1 + tanh(u) = 2/(1 + e^(−2u)), so 0.5·x·(1 + tanh(u)) = x/(1 + e^(−2u)),
-    // which does not cancel for large negative x.
-    let sqrt_2_over_pi = (2.0 / std::f64::consts::PI).sqrt();
-    let u = sqrt_2_over_pi * (x + 0.044715 * x * x * x);
-    x / (1.0 + (-2.0 * u).exp())
-}
-
-/// SiLU: `x/(1 + e^(−x))`.
-pub fn silu(x: f64) -> f64 {
-    x / (1.0 + (-x).exp())
-}
-
-/// ReLU: max(x, 0), passing NaN through (`f64::max` would turn it into 0 and
-/// hide it from the comparison).
-pub(super) fn relu(x: f64) -> f64 {
-    if x < 0.0 { 0.0 } else { x }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -294,24 +268,5 @@ mod tests {
     fn empty_matmul_is_empty_or_zero() {
         assert!(matmul(&[], 0, 3, &[0.0; 6], 2, WeightLayout::KN).is_empty());
         assert_eq!(matmul(&[], 2, 0, &[], 3, WeightLayout::NK), vec![0.0; 6]);
-    }
-
-    #[test]
-    fn rewritten_gelus_equal_their_definitions() {
-        let c = (2.0 / std::f64::consts::PI).sqrt();
-        for i in -40..=40 {
-            let x = i as f64 / 8.0;
-            let tanh_form = 0.5 * x * (1.0 + (c * (x + 0.044715 * x * x * x)).tanh());
-            assert!((gelu_tanh(x) - tanh_form).abs() < 1e-15, "gelu_tanh({x})");
-            let erf_form = 0.5 * x * (1.0 + erf(x / std::f64::consts::SQRT_2));
-            assert!((gelu_erf(x) - erf_form).abs() < 1e-15, "gelu_erf({x})");
-        }
-    }
-
-    #[test]
-    fn relu_keeps_nan() {
-        assert!(relu(f64::NAN).is_nan());
-        assert_eq!(relu(-2.0), 0.0);
-        assert_eq!(relu(3.5), 3.5);
     }
 }

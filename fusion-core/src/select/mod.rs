@@ -2,17 +2,18 @@
 //! with, per target architecture.
 //!
 //! The pre-tuned table for the architecture (`kernels/tuned/<arch>.json`,
-//! embedded in this crate so a build needs no GPU) is consulted first, by
-//! composition name and dtype, then by composition name, then its `default`
-//! entry; an architecture whose table has no matching entry gets the
-//! heuristic choice. Whatever the source, a config is checked against the
-//! architecture's budgets (shared memory per block, threads per block,
-//! registers) before anything is rendered: a tuned entry that does not fit is
-//! a build error naming the file and the entry, never an nvcc failure or a
-//! launch that fails at run time.
+//! embedded in this crate so a build needs no GPU) is the only source: its
+//! entry for the composition name and dtype, else for the composition name,
+//! else its `default` entry. A table with none of these is a build error
+//! naming the file. The config is checked against the architecture's mainloop
+//! and budgets (shared memory per block, threads per block, registers) before
+//! anything is rendered: a tuned entry that does not fit is a build error
+//! naming the file and the entry, never an nvcc failure or a launch that
+//! fails at run time.
 //!
 //! Every kernel of an arch runs that arch's mainloop ([`Arch::mainloop`]),
-//! norm compositions included, and each config is checked against it.
+//! norm compositions included, and each config is checked by that arch's
+//! [`Target::check`](crate::target::Target::check).
 //!
 //! M is only known at run time, so a kernel gets one config for every M plus,
 //! optionally, a second one its launcher picks for small M.
@@ -21,23 +22,12 @@
 
 mod tuned;
 
+pub use crate::target::{Arch, Budget};
 pub use tuned::TunedTable;
 
 use crate::fuse::GemmComposition;
 use crate::ir::{DType, WeightLayout};
 use std::fmt;
-
-/// A kernel variant: the GPU generation whose budgets a config must fit and
-/// whose mainloop it is rendered with.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Arch {
-    /// Turing: the WMMA mainloop, f16 only.
-    Sm75,
-    /// Ampere and Ada: the mma.sync mainloop; also runs on sm_86 and sm_89.
-    Sm80,
-    /// Hopper, built as sm_90a: the wgmma + TMA mainloop.
-    Sm90,
-}
 
 /// The mainloop template a kernel is instantiated with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -53,13 +43,9 @@ pub enum Mainloop {
 }
 
 impl Mainloop {
-    /// `sm80`, for messages.
+    /// `sm80`: its generation's name, for messages.
     pub fn name(self) -> &'static str {
-        match self {
-            Mainloop::Sm75 => "sm75",
-            Mainloop::Sm80 => "sm80",
-            Mainloop::Sm90 => "sm90",
-        }
+        Arch::of_mainloop(self).name()
     }
 }
 
@@ -83,95 +69,6 @@ impl Schedule {
             Schedule::Cooperative => "cooperative",
             Schedule::PingPong => "pingpong",
         }
-    }
-}
-
-/// What one block of a kernel may use on an architecture.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Budget {
-    /// Shared memory one block may use, static and dynamic together.
-    pub smem_per_block: usize,
-    pub max_threads_per_block: u32,
-    pub registers_per_sm: u32,
-    pub max_registers_per_thread: u32,
-}
-
-impl Arch {
-    pub const ALL: [Arch; 3] = [Arch::Sm75, Arch::Sm80, Arch::Sm90];
-
-    /// `sm80`: the cargo feature and the tuned file's stem.
-    pub fn name(self) -> &'static str {
-        match self {
-            Arch::Sm75 => "sm75",
-            Arch::Sm80 => "sm80",
-            Arch::Sm90 => "sm90",
-        }
-    }
-
-    /// The mainloop written for this arch, which all its kernels run.
-    pub fn mainloop(self) -> Mainloop {
-        match self {
-            Arch::Sm75 => Mainloop::Sm75,
-            Arch::Sm80 => Mainloop::Sm80,
-            Arch::Sm90 => Mainloop::Sm90,
-        }
-    }
-
-    /// Whether this variant's code runs on a device of compute capability
-    /// `major.minor`. sm_90a machine code runs on 9.0 alone; the sm80 and
-    /// sm75 variants also carry PTX, which the driver compiles for any newer
-    /// device.
-    pub fn runs_on(self, major: i32, minor: i32) -> bool {
-        match self {
-            Arch::Sm90 => (major, minor) == (9, 0),
-            Arch::Sm80 => major >= 8,
-            Arch::Sm75 => (major, minor) >= (7, 5),
-        }
-    }
-
-    /// The best of `available` for a compute capability.
-    pub fn best_for(major: i32, minor: i32, available: &[Arch]) -> Option<Arch> {
-        available
-            .iter()
-            .copied()
-            .filter(|a| a.runs_on(major, minor))
-            .max()
-    }
-
-    /// The arch named `sm75`, `sm80` or `sm90`.
-    pub fn parse(name: &str) -> Option<Arch> {
-        Arch::ALL.into_iter().find(|a| a.name() == name)
-    }
-
-    /// Turing tensor cores have no bf16.
-    pub fn supports(self, dtype: DType) -> bool {
-        match self {
-            Arch::Sm75 => dtype == DType::F16,
-            Arch::Sm80 | Arch::Sm90 => matches!(dtype, DType::F16 | DType::BF16),
-        }
-    }
-
-    /// The CUDA programming guide's per-block limits. The `sm80` variant also
-    /// runs on sm_86 and sm_89, whose blocks get 99 KB rather than A100's
-    /// 163 KB, so 99 KB is its budget.
-    pub fn budget(self) -> Budget {
-        let smem_per_block = match self {
-            Arch::Sm75 => 64 * 1024,
-            Arch::Sm80 => 99 * 1024,
-            Arch::Sm90 => 227 * 1024,
-        };
-        Budget {
-            smem_per_block,
-            max_threads_per_block: 1024,
-            registers_per_sm: 64 * 1024,
-            max_registers_per_thread: 255,
-        }
-    }
-}
-
-impl fmt::Display for Arch {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
     }
 }
 
@@ -226,14 +123,6 @@ fn is_zero(value: &u32) -> bool {
 /// the 128x256 tile (128 accumulators) at 227-236.
 const REGISTERS_BESIDES_ACCUMULATORS: u32 = 64;
 
-/// The sm90 mainloop's K step: one 128-byte swizzled row of 16-bit elements.
-const SM90_BK: u32 = 64;
-
-/// f32 accumulators one sm90 consumer thread may hold: consumers run with
-/// 232 registers (`setmaxnreg`), which leaves room for 128 besides addresses
-/// and the epilogue's values.
-const SM90_MAX_ACCUMULATORS: u32 = 128;
-
 impl TileConfig {
     /// 8 warps of 64x64, 96 KB: the fastest config at large M on an H200.
     pub const TILE_128X256: TileConfig = TileConfig {
@@ -281,7 +170,7 @@ impl TileConfig {
     pub const SM90_128X256: TileConfig = TileConfig {
         bm: 128,
         bn: 256,
-        bk: SM90_BK,
+        bk: crate::target::SM90_BK,
         warp_m: 0,
         warp_n: 0,
         stages: 4,
@@ -426,181 +315,11 @@ impl TileConfig {
     }
 
     /// Checks the config against what the arch's mainloop accepts and the
-    /// architecture's budgets, for a kernel of this shape. The error is a
+    /// architecture's budgets, for a kernel of this shape (the arch's
+    /// [`Target::check`](crate::target::Target::check)). The error is a
     /// sentence saying what is wrong and the limit.
     pub fn check(&self, arch: Arch, kernel: &KernelKind) -> Result<(), String> {
-        match arch.mainloop() {
-            Mainloop::Sm90 => self.check_sm90(arch, kernel),
-            mainloop @ (Mainloop::Sm75 | Mainloop::Sm80) => self.check_warp_tiled(arch, mainloop, kernel),
-        }
-    }
-
-    /// The sm75 and sm80 mainloops: warp tiles, a thread count from them and
-    /// an estimate of the registers they need.
-    fn check_warp_tiled(&self, arch: Arch, mainloop: Mainloop, kernel: &KernelKind) -> Result<(), String> {
-        let c = self;
-        let budget = arch.budget();
-        if let Some(schedule) = c.schedule {
-            return Err(format!(
-                "`schedule` ({}) is an option of the sm90 mainloop; the {} mainloop has none, leave it out",
-                schedule.name(),
-                mainloop.name()
-            ));
-        }
-        let required = [
-            ("warp_m", c.warp_m),
-            ("warp_n", c.warp_n),
-            ("min_blocks_per_sm", c.min_blocks_per_sm),
-        ];
-        if let Some((field, _)) = required.iter().find(|(_, value)| *value == 0) {
-            return Err(format!(
-                "`{field}` is missing or 0: the {} mainloop needs `warp_m`, `warp_n` and `min_blocks_per_sm`",
-                mainloop.name()
-            ));
-        }
-        if [c.bm, c.bn, c.bk, c.stages].contains(&0) {
-            return Err(format!("{}: every field must be positive", c.summary(mainloop)));
-        }
-        if !c.bm.is_multiple_of(c.warp_m) || !c.bn.is_multiple_of(c.warp_n) {
-            return Err(format!(
-                "warp tile {}x{} does not divide the block tile {}x{}",
-                c.warp_m, c.warp_n, c.bm, c.bn
-            ));
-        }
-        if !c.warp_m.is_multiple_of(16) || !c.warp_n.is_multiple_of(16) || !c.bk.is_multiple_of(16) {
-            return Err(format!(
-                "warp tile {}x{} and bk = {} must be multiples of 16 (the tensor-core tile)",
-                c.warp_m, c.warp_n, c.bk
-            ));
-        }
-        let threads = c.threads(mainloop);
-        if threads > budget.max_threads_per_block {
-            return Err(format!(
-                "{threads} threads per block; at most {} are allowed",
-                budget.max_threads_per_block
-            ));
-        }
-        let chunks_a = c.bm * c.bk / 8;
-        let chunks_b = c.bn * c.bk / 8;
-        if !chunks_a.is_multiple_of(threads) || !chunks_b.is_multiple_of(threads) {
-            return Err(format!(
-                "{threads} threads cannot split a {}x{} A tile and a {}x{} B tile into equal shares of 16-byte chunks",
-                c.bm, c.bk, c.bk, c.bn
-            ));
-        }
-        match mainloop {
-            Mainloop::Sm75 if c.stages != 2 => {
-                return Err(format!(
-                    "stages = {}: the sm75 mainloop is double-buffered, stages must be 2",
-                    c.stages
-                ));
-            }
-            Mainloop::Sm80 => {
-                // Swizzled shared-memory rows hold a power of two of 16-byte chunks.
-                let b_cols = match kernel.layout {
-                    WeightLayout::KN => c.bn,
-                    WeightLayout::NK => c.bk,
-                };
-                for (what, cols) in [("bk", c.bk), ("the B tile's row", b_cols)] {
-                    let chunks = cols / 8;
-                    if chunks < 2 || !chunks.is_power_of_two() {
-                        return Err(format!(
-                            "{what} of {cols} elements: the sm80 mainloop's swizzle needs rows of 16, 32, 64, ... elements"
-                        ));
-                    }
-                }
-            }
-            Mainloop::Sm75 | Mainloop::Sm90 => {}
-        }
-        let smem = c.smem_bytes(mainloop, kernel.dtype, kernel.layout, kernel.prologue);
-        if smem > budget.smem_per_block {
-            return Err(format!(
-                "{} needs {smem} bytes of shared memory per block; {arch} allows {}",
-                c.summary(mainloop),
-                budget.smem_per_block
-            ));
-        }
-        let registers = c.registers_estimate();
-        let register_cap = budget
-            .max_registers_per_thread
-            .min(budget.registers_per_sm / (threads * c.min_blocks_per_sm));
-        if registers > register_cap {
-            return Err(format!(
-                "{} needs about {registers} registers per thread ({} accumulators); {} threads x {} block(s)/SM leave {register_cap}",
-                c.summary(mainloop),
-                c.warp_m * c.warp_n / 32,
-                threads,
-                c.min_blocks_per_sm
-            ));
-        }
-        Ok(())
-    }
-
-    /// The sm90 mainloop: the template's static_asserts, its accumulators
-    /// and its shared memory. Registers are fixed by the kernel (producer 40,
-    /// consumers 232), so there is no estimate to check.
-    fn check_sm90(&self, arch: Arch, kernel: &KernelKind) -> Result<(), String> {
-        let c = self;
-        let budget = arch.budget();
-        let sm80_only = [
-            ("warp_m", c.warp_m != 0),
-            ("warp_n", c.warp_n != 0),
-            ("min_blocks_per_sm", c.min_blocks_per_sm != 0),
-            ("pipelined", c.pipelined),
-            ("staged_store", c.staged_store),
-        ];
-        if let Some((field, _)) = sm80_only.iter().find(|(_, set)| *set) {
-            return Err(format!(
-                "`{field}` does not apply to the sm90 mainloop, which fixes its warp groups and runs one block per SM; leave it out"
-            ));
-        }
-        if c.bk != SM90_BK {
-            return Err(format!(
-                "bk = {}: the sm90 mainloop's K step is fixed at {SM90_BK} (one 128-byte swizzled row)",
-                c.bk
-            ));
-        }
-        if !matches!(c.bm, 64 | 128) {
-            return Err(format!(
-                "bm = {}: the sm90 mainloop takes 64 or 128 (one or two consumer warp groups of 64 rows)",
-                c.bm
-            ));
-        }
-        if !matches!(c.bn, 128 | 256) {
-            return Err(format!(
-                "bn = {}: the sm90 mainloop takes 128 or 256 (the wgmma widths it instantiates)",
-                c.bn
-            ));
-        }
-        if c.stages < 2 {
-            return Err(format!(
-                "stages = {}: the sm90 mainloop's pipeline needs at least 2",
-                c.stages
-            ));
-        }
-        let schedule = c.sm90_schedule();
-        if schedule == Schedule::PingPong && c.bm != 128 {
-            return Err(format!(
-                "bm = {}: the ping-pong schedule needs bm = 128 (two consumer warp groups, each taking whole tiles)",
-                c.bm
-            ));
-        }
-        let accumulators = c.sm90_accumulators();
-        if accumulators > SM90_MAX_ACCUMULATORS {
-            return Err(format!(
-                "{} needs {accumulators} f32 accumulators per consumer thread; the sm90 mainloop's consumers hold at most {SM90_MAX_ACCUMULATORS}",
-                c.summary(Mainloop::Sm90)
-            ));
-        }
-        let smem = c.smem_bytes(Mainloop::Sm90, kernel.dtype, kernel.layout, false);
-        if smem > budget.smem_per_block {
-            return Err(format!(
-                "{} needs {smem} bytes of shared memory per block; {arch} allows {}",
-                c.summary(Mainloop::Sm90),
-                budget.smem_per_block
-            ));
-        }
-        Ok(())
+        (arch.target().check)(self, kernel)
     }
 }
 
@@ -655,23 +374,17 @@ impl KernelConfig {
     }
 }
 
-/// Where a config came from, for reports and errors.
+/// The tuned entry a config came from, for errors:
+/// `kernels/tuned/sm80.json`, entry `gemm_bias_gelu.f16`.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ConfigSource {
-    /// `kernels/tuned/sm80.json`, entry `gemm_bias_gelu.f16`.
-    Tuned {
-        file: String,
-        entry: String,
-    },
-    Heuristic,
+pub struct ConfigSource {
+    pub file: String,
+    pub entry: String,
 }
 
 impl fmt::Display for ConfigSource {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ConfigSource::Tuned { file, entry } => write!(f, "{file}, entry `{entry}`"),
-            ConfigSource::Heuristic => f.write_str("the heuristic"),
-        }
+        write!(f, "{}, entry `{}`", self.file, self.entry)
     }
 }
 
@@ -681,6 +394,16 @@ pub enum SelectError {
     /// A tuned table is not valid JSON of the expected form.
     #[error("{file}: {reason}")]
     Table { file: String, reason: String },
+    /// The table has no entry for the kernel and no `default`.
+    #[error(
+        "{file} has no entry `{kernel}.{dtype}`, `{kernel}` or `default` for a kernel of {arch}: add one"
+    )]
+    NoEntry {
+        file: String,
+        kernel: String,
+        dtype: DType,
+        arch: Arch,
+    },
     /// A config does not fit the architecture or the mainloop.
     #[error("tile config from {origin} for `{kernel}` ({which}) does not fit {arch}: {reason}")]
     Invalid {
@@ -693,44 +416,21 @@ pub enum SelectError {
     },
 }
 
-/// The choice made when no tuned entry applies, per mainloop: the configs
-/// the self-test benchmark measured best for sm75 and sm80, and the shipped
-/// sm90 table's default for sm90.
-pub fn heuristic(mainloop: Mainloop) -> KernelConfig {
-    match mainloop {
-        Mainloop::Sm75 => KernelConfig {
-            large: TileConfig::SM75_128X128,
-            small_m: None,
-            small_m_max: None,
-            small_m_alt: None,
-        },
-        Mainloop::Sm80 => KernelConfig {
-            large: TileConfig::TILE_128X256,
-            small_m: Some(TileConfig::TILE_128X128),
-            small_m_max: Some(256),
-            small_m_alt: None,
-        },
-        Mainloop::Sm90 => KernelConfig {
-            large: TileConfig::SM90_128X256,
-            small_m: Some(TileConfig::SM90_64X128),
-            small_m_max: Some(512),
-            small_m_alt: Some(TileConfig::SM90_128X128),
-        },
-    }
-}
-
-/// The checked config for a kernel on `arch`: from `table` when it has an
-/// entry for the kernel, else [`heuristic`].
+/// The checked config for a kernel on `arch`: `table`'s entry for it (see
+/// [`TunedTable::lookup`]).
 pub fn select_with(table: &TunedTable, arch: Arch, kernel: &KernelKind) -> Result<KernelConfig, SelectError> {
-    let (config, source) = match table.lookup(&kernel.name, kernel.dtype) {
-        Some((entry, config)) => (
-            *config,
-            ConfigSource::Tuned {
-                file: table.file.clone(),
-                entry: entry.to_owned(),
-            },
-        ),
-        None => (heuristic(arch.mainloop()), ConfigSource::Heuristic),
+    let (entry, config) = table
+        .lookup(&kernel.name, kernel.dtype)
+        .ok_or_else(|| SelectError::NoEntry {
+            file: table.file.clone(),
+            kernel: kernel.name.clone(),
+            dtype: kernel.dtype,
+            arch,
+        })?;
+    let config = *config;
+    let source = ConfigSource {
+        file: table.file.clone(),
+        entry: entry.to_owned(),
     };
     let fail = |which, reason| SelectError::Invalid {
         origin: source.clone(),

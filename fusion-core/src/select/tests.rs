@@ -15,7 +15,7 @@ fn shipped_tables_parse_and_fit_their_arch() {
         let table = TunedTable::shipped(arch).unwrap();
         assert_eq!(table.arch, arch);
         // Every entry, with the prologue its name implies, and a norm and a
-        // plain composition that fall back to `default` or the heuristic.
+        // plain composition that fall back to `default`.
         let mut names: Vec<String> = table
             .configs
             .keys()
@@ -77,7 +77,7 @@ fn defaults_are_the_measured_tiles() {
     assert_eq!(sm90.large, sm90_tile(128, 256, 4));
     assert_eq!(sm90.small(), Some((sm90_tile(64, 128, 8), 512)));
     assert_eq!(sm90.small_m_alt, Some(sm90_tile(128, 128, 6)));
-    assert_eq!(sm90, heuristic(Mainloop::Sm90));
+    assert_eq!(sm90, TunedTable::shipped(Arch::Sm90).unwrap().configs["default"]);
     // gemm_bias_residual has no override of its own any more.
     let residual = select(Arch::Sm90, &kernel("gemm_bias_residual", DType::BF16, false)).unwrap();
     assert_eq!(residual, sm90);
@@ -128,9 +128,13 @@ fn oversized_tuned_entry_is_rejected_with_file_and_entry() {
         err.contains("131072 bytes of shared memory per block; sm80 allows 101376"),
         "{err}"
     );
-    // Another composition falls through to the heuristic.
-    let other = select_with(&table, Arch::Sm80, &kernel("gemm_bias", DType::F16, false)).unwrap();
-    assert_eq!(other, heuristic(Mainloop::Sm80));
+    // Another composition has no entry, and the table no `default`.
+    let err = select_with(&table, Arch::Sm80, &kernel("gemm_bias", DType::F16, false)).unwrap_err();
+    assert!(matches!(err, SelectError::NoEntry { .. }), "{err}");
+    assert_eq!(
+        err.to_string(),
+        "kernels/tuned/sm80.json has no entry `gemm_bias.f16`, `gemm_bias` or `default` for a kernel of sm80: add one"
+    );
 }
 
 #[test]
@@ -369,16 +373,13 @@ fn norm_compositions_on_sm90_get_the_sm90_mainloop() {
         c.smem_bytes(Mainloop::Sm90, DType::BF16, WeightLayout::NK, true),
         c.smem_bytes(Mainloop::Sm90, DType::BF16, WeightLayout::NK, false)
     );
-    let c = heuristic(Mainloop::Sm80).large;
+    let c = TileConfig::TILE_128X256;
     assert_eq!(
         c.smem_bytes(Mainloop::Sm80, DType::BF16, WeightLayout::NK, true),
         c.smem_bytes(Mainloop::Sm80, DType::BF16, WeightLayout::NK, false) + c.bm as usize * 8
     );
     // An sm80 config given to a norm composition on sm90 is refused.
-    let err = heuristic(Mainloop::Sm80)
-        .large
-        .check(Arch::Sm90, &norm)
-        .unwrap_err();
+    let err = TileConfig::TILE_128X256.check(Arch::Sm90, &norm).unwrap_err();
     assert!(err.contains("does not apply to the sm90 mainloop"), "{err}");
 }
 

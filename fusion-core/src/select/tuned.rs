@@ -13,8 +13,10 @@
 //! `small_m_alt`, a second tile for `m <= small_m_max` that the kernel runs
 //! instead of `small_m` when it needs fewer waves on the device's SMs.
 //!
-//! The shipped tables are embedded so that a crate built outside this
-//! workspace gets them too.
+//! The shipped tables are embedded (by each generation's module in
+//! [`crate::target`]) so that a crate built outside this workspace gets them
+//! too. Every table needs a `default` entry or one for each composition it
+//! is asked for: there is no other fallback.
 
 use super::{Arch, KernelConfig, SelectError};
 use crate::ir::DType;
@@ -39,12 +41,6 @@ struct TableFile {
     configs: IndexMap<String, KernelConfig>,
 }
 
-const SHIPPED: [(Arch, &str); 3] = [
-    (Arch::Sm75, include_str!("../../../kernels/tuned/sm75.json")),
-    (Arch::Sm80, include_str!("../../../kernels/tuned/sm80.json")),
-    (Arch::Sm90, include_str!("../../../kernels/tuned/sm90.json")),
-];
-
 impl TunedTable {
     /// Parses a table; `file` names it in errors.
     pub fn parse(file: &str, text: &str) -> Result<TunedTable, SelectError> {
@@ -53,15 +49,13 @@ impl TunedTable {
             reason,
         };
         let parsed: TableFile = serde_json::from_str(text).map_err(|e| fail(e.to_string()))?;
-        let arch = Arch::ALL
-            .into_iter()
-            .find(|a| a.name() == parsed.arch)
-            .ok_or_else(|| {
-                fail(format!(
-                    "unknown arch `{}`: expected sm75, sm80 or sm90",
-                    parsed.arch
-                ))
-            })?;
+        let arch = Arch::parse(&parsed.arch).ok_or_else(|| {
+            fail(format!(
+                "unknown arch `{}`: expected {}",
+                parsed.arch,
+                Arch::names_listed()
+            ))
+        })?;
         Ok(TunedTable {
             file: file.to_owned(),
             arch,
@@ -71,11 +65,13 @@ impl TunedTable {
 
     /// The table that ships with this version of fusion for `arch`.
     pub fn shipped(arch: Arch) -> Result<TunedTable, SelectError> {
-        let (_, text) = SHIPPED
-            .iter()
-            .find(|(a, _)| *a == arch)
-            .expect("every arch has a shipped table");
-        TunedTable::parse(&format!("kernels/tuned/{}.json", arch.name()), text)
+        TunedTable::parse(&TunedTable::shipped_file(arch), arch.target().tuned_json)
+    }
+
+    /// `kernels/tuned/sm80.json`: where the table shipped for `arch` lives in
+    /// the workspace.
+    pub fn shipped_file(arch: Arch) -> String {
+        format!("kernels/tuned/{}.json", arch.name())
     }
 
     /// The most specific entry for a composition and dtype, and its key.

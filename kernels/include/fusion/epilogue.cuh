@@ -6,11 +6,14 @@
 // tensor, one value per element, rather than nothing or one per column?) and
 // a device-side `apply` that maps one pair of adjacent accumulator columns
 // (m, n) and (m, n + 1) to new values.
+// An activation derives these from `Activation<Self>` and gives only its
+// `name` and `f`, the function of one value.
 // Pairs, because the mma.sync C fragment hands each thread two consecutive
 // columns, and a pair of 16-bit elements is one aligned 4-byte load or store.
 // `EpilogueChain<Steps...>` applies its steps in order; adding an activation
-// means adding one step struct here and one line in the code generator's op
-// table. The standalone elementwise kernels reuse the same steps.
+// means adding one step struct here and one row in the compiler's op table
+// (fusion-core/src/ir/ops.rs), which names the struct and gives the CPU
+// reference's formula. The standalone elementwise kernels reuse the same steps.
 #pragma once
 
 #include <stdint.h>
@@ -27,12 +30,17 @@ struct EpilogueArgs {
   const void* multiplier;  // [M, N], multiplied
 };
 
-namespace detail {
-template <typename F>
-__device__ __forceinline__ float2 map_pair(float2 v, F f) {
-  return make_float2(f(v.x), f(v.y));
-}
-}  // namespace detail
+// What every activation step shares: it is a function `Derived::f` of each
+// accumulator alone, reads no operand, and so accepts any arguments.
+template <typename Derived>
+struct Activation {
+  static constexpr bool kReadsTile = false;
+  static bool args_valid(const EpilogueArgs&) { return true; }
+  template <typename T>
+  static __device__ __forceinline__ float2 apply(float2 v, int64_t, int64_t, int64_t, const EpilogueArgs&) {
+    return make_float2(Derived::f(v.x), Derived::f(v.y));
+  }
+};
 
 // x + bias[n]
 struct Bias {
@@ -54,55 +62,55 @@ struct Bias {
 // and the reciprocal), and on the sm90 mainloop, whose epilogue does not
 // overlap its tensor-core work, those ops made GELU cost ~9% over a bias-only
 // epilogue at (8192, 14336, 4096) on an H200 (BENCHMARKS.md).
-struct Gelu {
-  static constexpr bool kReadsTile = false;
+struct Gelu : Activation<Gelu> {
   static constexpr const char* name = "gelu";
-  static bool args_valid(const EpilogueArgs&) { return true; }
-  template <typename T>
-  static __device__ __forceinline__ float2 apply(float2 v, int64_t, int64_t, int64_t, const EpilogueArgs&) {
-    return detail::map_pair(v, [](float x) {
-      // sqrt(2/pi), and the same times 0.044715.
-      const float u = x * fmaf(0.035677408f, x * x, 0.7978845608f);
-      const float half_x = 0.5f * x;
-      return fmaf(half_x, tanh_approx(u), half_x);
-    });
+  static __device__ __forceinline__ float f(float x) {
+    // sqrt(2/pi), and the same times 0.044715.
+    const float u = x * fmaf(0.035677408f, x * x, 0.7978845608f);
+    const float half_x = 0.5f * x;
+    return fmaf(half_x, tanh_approx(u), half_x);
   }
 };
 
 // GELU, exact form with erf (PyTorch's default).
-struct GeluErf {
-  static constexpr bool kReadsTile = false;
+struct GeluErf : Activation<GeluErf> {
   static constexpr const char* name = "gelu_erf";
-  static bool args_valid(const EpilogueArgs&) { return true; }
-  template <typename T>
-  static __device__ __forceinline__ float2 apply(float2 v, int64_t, int64_t, int64_t, const EpilogueArgs&) {
-    return detail::map_pair(v, [](float x) { return 0.5f * x * (1.0f + erff(x * 0.7071067812f)); });
-  }
+  static __device__ __forceinline__ float f(float x) { return 0.5f * x * (1.0f + erff(x * 0.7071067812f)); }
 };
 
 // SiLU (swish): x * sigmoid(x), written as 0.5 x (1 + tanh(x / 2)) so that
 // it costs one special-function op (see Gelu) instead of exp and a divide.
-struct Silu {
-  static constexpr bool kReadsTile = false;
+struct Silu : Activation<Silu> {
   static constexpr const char* name = "silu";
-  static bool args_valid(const EpilogueArgs&) { return true; }
-  template <typename T>
-  static __device__ __forceinline__ float2 apply(float2 v, int64_t, int64_t, int64_t, const EpilogueArgs&) {
-    return detail::map_pair(v, [](float x) {
-      const float half_x = 0.5f * x;
-      return fmaf(half_x, tanh_approx(half_x), half_x);
-    });
+  static __device__ __forceinline__ float f(float x) {
+    const float half_x = 0.5f * x;
+    return fmaf(half_x, tanh_approx(half_x), half_x);
   }
 };
 
-struct Relu {
-  static constexpr bool kReadsTile = false;
+struct Relu : Activation<Relu> {
   static constexpr const char* name = "relu";
-  static bool args_valid(const EpilogueArgs&) { return true; }
-  template <typename T>
-  static __device__ __forceinline__ float2 apply(float2 v, int64_t, int64_t, int64_t, const EpilogueArgs&) {
-    // Not fmaxf, which returns 0 for NaN: PyTorch's relu(NaN) is NaN.
-    return detail::map_pair(v, [](float x) { return x < 0.0f ? 0.0f : x; });
+  // Not fmaxf, which returns 0 for NaN: PyTorch's relu(NaN) is NaN.
+  static __device__ __forceinline__ float f(float x) { return x < 0.0f ? 0.0f : x; }
+};
+
+// The logistic sigmoid, 1 / (1 + e^-x), written 0.5 + 0.5 tanh(x / 2) so that
+// it costs one special-function op (see Gelu). tanh.approx gives +-1 at
+// +-inf and NaN for NaN, so sigmoid(+inf) = 1, sigmoid(-inf) = 0 and NaN
+// stays NaN, as in PyTorch.
+struct Sigmoid : Activation<Sigmoid> {
+  static constexpr const char* name = "sigmoid";
+  static __device__ __forceinline__ float f(float x) { return fmaf(0.5f, tanh_approx(0.5f * x), 0.5f); }
+};
+
+// CLIP's "quick GELU", x * sigmoid(1.702 x), written 0.5 x (1 + tanh(0.851 x))
+// like Silu: one special-function op. At -inf it is -inf * 0 = NaN, as in
+// PyTorch's x * torch.sigmoid(1.702 * x).
+struct GeluQuick : Activation<GeluQuick> {
+  static constexpr const char* name = "gelu_quick";
+  static __device__ __forceinline__ float f(float x) {
+    const float half_x = 0.5f * x;
+    return fmaf(half_x, tanh_approx(0.851f * x), half_x);
   }
 };
 

@@ -1,0 +1,221 @@
+//! The GPU generations fusion compiles for, one module each: everything the
+//! build, the code generator, config selection and the run time need to know
+//! about a generation lives in its [`Target`] (and xtask reads the part it
+//! needs from the manifest the build writes, `OUT_DIR/kernels/units.json`).
+//!
+//! A [`Target`] says what a generation is called (`sm80`: the cargo feature
+//! and the tuned table's stem), how nvcc compiles for it, which devices run
+//! its code, what one block may use there, which element types its tensor
+//! cores take, how a tile config is checked and spelled in C++ for its
+//! mainloop, which header that mainloop is in, and its pre-tuned table.
+//! [`Arch`] names a generation; its methods read the generation's [`Target`].
+//!
+//! Adding a generation (say `sm100`) takes:
+//! - a module `sm100.rs` here with its `TARGET`, a variant `Arch::Sm100`
+//!   (declared after the generations it is newer than: [`Arch::best_for`]
+//!   prefers the last one that runs), listed in [`Arch::ALL`] and mapped to
+//!   its `TARGET` in [`Arch::target`];
+//! - a `Mainloop::Sm100` with its arms in `TileConfig::threads`,
+//!   `smem_bytes` and `summary` (select), until the CUDA side reports those
+//!   sizes itself;
+//! - its header folder, `kernels/include/fusion/sm100/`, with the
+//!   `fusion::sm100::Mainloop` and `TileConfig` templates;
+//! - its tuned table, `kernels/tuned/sm100.json`, with a `default` entry
+//!   (a table without a usable entry is a build error);
+//! - its cargo feature, `sm100 = []`, in the root `Cargo.toml`.
+//!
+//! The root build script and the run time's variant choice read the feature
+//! list from this table (the tests check that every generation has its
+//! feature, its header folder and its table).
+
+mod sm75;
+mod sm80;
+mod sm90;
+mod warp_tiled;
+
+pub(crate) use sm90::BK as SM90_BK;
+
+use crate::ir::DType;
+use crate::select::{KernelKind, Mainloop, TileConfig};
+use std::fmt;
+
+/// A GPU generation a kernel variant is built for. Declared oldest first:
+/// where several run on a device, the newest is preferred.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Arch {
+    /// Turing: the WMMA mainloop, f16 only.
+    Sm75,
+    /// Ampere and Ada: the mma.sync mainloop; also runs on sm_86 and sm_89.
+    Sm80,
+    /// Hopper, built as sm_90a: the wgmma + TMA mainloop.
+    Sm90,
+}
+
+/// Everything about one GPU generation. Each generation's module defines one.
+#[derive(Debug)]
+pub struct Target {
+    pub arch: Arch,
+    /// `sm80`: the cargo feature, the tuned table's stem, the suffix of its
+    /// units' names.
+    pub name: &'static str,
+    /// nvcc's `-gencode` flag for the library: machine code, plus PTX where
+    /// that PTX can run on later devices.
+    pub gencode: &'static str,
+    /// nvcc's `-gencode` flag for machine code alone, so ptxas runs once (the
+    /// resource report's).
+    pub sass_gencode: &'static str,
+    /// Which compute capabilities run this generation's code.
+    pub runs_on: RunsOn,
+    pub budget: Budget,
+    /// The element types its tensor cores take.
+    pub dtypes: &'static [DType],
+    /// The mainloop every kernel of this generation runs.
+    pub mainloop: Mainloop,
+    /// Its C++ template (`fusion::sm80::Mainloop`) and the header declaring
+    /// it, relative to `kernels/include`.
+    pub mainloop_type: &'static str,
+    pub mainloop_header: &'static str,
+    /// A tile config as the mainloop's `TileConfig` template arguments.
+    pub tile_type: fn(&TileConfig) -> String,
+    /// Whether a config fits the mainloop and the budgets for a kernel of
+    /// this kind; the error is a sentence saying what is wrong and the limit.
+    pub check: fn(&TileConfig, &KernelKind) -> Result<(), String>,
+    /// The pre-tuned table, `kernels/tuned/<name>.json`, embedded so that a
+    /// crate built outside this workspace gets it too.
+    pub tuned_json: &'static str,
+}
+
+/// The compute capabilities (`major.minor`) that run a generation's code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunsOn {
+    /// Arch-specific machine code (sm_90a) runs on that capability alone.
+    Exactly(i32, i32),
+    /// Machine code plus PTX, which the driver compiles for any newer device.
+    AtLeast(i32, i32),
+}
+
+impl RunsOn {
+    pub fn includes(self, major: i32, minor: i32) -> bool {
+        match self {
+            RunsOn::Exactly(ma, mi) => (major, minor) == (ma, mi),
+            RunsOn::AtLeast(ma, mi) => (major, minor) >= (ma, mi),
+        }
+    }
+}
+
+/// What one block of a kernel may use on a generation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Budget {
+    /// Shared memory one block may use, static and dynamic together.
+    pub smem_per_block: usize,
+    pub max_threads_per_block: u32,
+    pub registers_per_sm: u32,
+    pub max_registers_per_thread: u32,
+}
+
+impl Budget {
+    /// The CUDA programming guide's per-block limits other than shared
+    /// memory, which are the same on every generation fusion builds for.
+    const fn with_smem(smem_per_block: usize) -> Budget {
+        Budget {
+            smem_per_block,
+            max_threads_per_block: 1024,
+            registers_per_sm: 64 * 1024,
+            max_registers_per_thread: 255,
+        }
+    }
+}
+
+impl Arch {
+    pub const ALL: [Arch; 3] = [Arch::Sm75, Arch::Sm80, Arch::Sm90];
+
+    /// The generation's facts.
+    pub fn target(self) -> &'static Target {
+        match self {
+            Arch::Sm75 => &sm75::TARGET,
+            Arch::Sm80 => &sm80::TARGET,
+            Arch::Sm90 => &sm90::TARGET,
+        }
+    }
+
+    /// `sm80`: the cargo feature and the tuned file's stem.
+    pub fn name(self) -> &'static str {
+        self.target().name
+    }
+
+    /// The arch named `sm75`, `sm80` or `sm90`.
+    pub fn parse(name: &str) -> Option<Arch> {
+        Arch::ALL.into_iter().find(|a| a.name() == name)
+    }
+
+    /// `sm75, sm80 or sm90`, for messages that list what is accepted.
+    pub fn names_listed() -> String {
+        let names: Vec<&str> = Arch::ALL.iter().map(|a| a.name()).collect();
+        match names.split_last() {
+            Some((last, [])) => (*last).to_owned(),
+            Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+            None => String::new(),
+        }
+    }
+
+    /// The mainloop written for this arch, which all its kernels run.
+    pub fn mainloop(self) -> Mainloop {
+        self.target().mainloop
+    }
+
+    /// Whether this variant's code runs on a device of compute capability
+    /// `major.minor`.
+    pub fn runs_on(self, major: i32, minor: i32) -> bool {
+        self.target().runs_on.includes(major, minor)
+    }
+
+    /// The best of `available` for a compute capability: the newest that
+    /// runs there.
+    pub fn best_for(major: i32, minor: i32, available: &[Arch]) -> Option<Arch> {
+        available
+            .iter()
+            .copied()
+            .filter(|a| a.runs_on(major, minor))
+            .max()
+    }
+
+    /// Whether its tensor cores take `dtype`.
+    pub fn supports(self, dtype: DType) -> bool {
+        self.target().dtypes.contains(&dtype)
+    }
+
+    pub fn budget(self) -> Budget {
+        self.target().budget
+    }
+
+    /// The generation whose kernels run `mainloop`.
+    pub fn of_mainloop(mainloop: Mainloop) -> Arch {
+        Arch::ALL
+            .into_iter()
+            .find(|a| a.mainloop() == mainloop)
+            .expect("every mainloop belongs to a generation")
+    }
+
+    /// The generations whose cargo feature (`CARGO_FEATURE_SM80`, ...) is on
+    /// for the crate whose build script runs.
+    pub fn from_cargo_features() -> Vec<Arch> {
+        Arch::ALL
+            .into_iter()
+            .filter(|a| std::env::var_os(a.cargo_feature_env()).is_some())
+            .collect()
+    }
+
+    /// `CARGO_FEATURE_SM80`: how cargo tells a build script the feature is on.
+    pub fn cargo_feature_env(self) -> String {
+        format!("CARGO_FEATURE_{}", self.name().to_ascii_uppercase())
+    }
+}
+
+impl fmt::Display for Arch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,43 @@
+//! Turing (sm_75): the WMMA mainloop (`kernels/include/fusion/sm75/`), f16
+//! only, double-buffered through registers.
+
+use super::{Arch, Budget, RunsOn, Target, warp_tiled};
+use crate::ir::DType;
+use crate::select::{KernelKind, Mainloop, TileConfig};
+
+pub(super) static TARGET: Target = Target {
+    arch: Arch::Sm75,
+    name: "sm75",
+    // PTX too, so later GPUs can JIT it.
+    gencode: "-gencode=arch=compute_75,code=[sm_75,compute_75]",
+    sass_gencode: "-gencode=arch=compute_75,code=sm_75",
+    runs_on: RunsOn::AtLeast(7, 5),
+    budget: Budget::with_smem(64 * 1024),
+    // Turing tensor cores have no bf16.
+    dtypes: &[DType::F16],
+    mainloop: Mainloop::Sm75,
+    mainloop_type: "fusion::sm75::Mainloop",
+    mainloop_header: "fusion/sm75/mainloop.cuh",
+    tile_type,
+    check,
+    tuned_json: include_str!("../../../kernels/tuned/sm75.json"),
+};
+
+fn tile_type(c: &TileConfig) -> String {
+    format!(
+        "fusion::sm75::TileConfig<{}, {}, {}, {}, {}, {}>",
+        c.bm, c.bn, c.bk, c.warp_m, c.warp_n, c.min_blocks_per_sm
+    )
+}
+
+fn check(c: &TileConfig, kernel: &KernelKind) -> Result<(), String> {
+    warp_tiled::check(c, Arch::Sm75, kernel, |c, _| {
+        if c.stages != 2 {
+            return Err(format!(
+                "stages = {}: the sm75 mainloop is double-buffered, stages must be 2",
+                c.stages
+            ));
+        }
+        Ok(())
+    })
+}

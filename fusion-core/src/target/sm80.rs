@@ -1,0 +1,64 @@
+//! Ampere and Ada (sm_80, also run on sm_86 and sm_89): the mma.sync
+//! mainloop with a cp.async multi-stage pipeline (`kernels/include/fusion/sm80/`).
+
+use super::{Arch, Budget, RunsOn, Target, warp_tiled};
+use crate::ir::{DType, WeightLayout};
+use crate::select::{KernelKind, Mainloop, TileConfig};
+
+pub(super) static TARGET: Target = Target {
+    arch: Arch::Sm80,
+    name: "sm80",
+    // PTX too, so later GPUs (sm_100 and on) can JIT it.
+    gencode: "-gencode=arch=compute_80,code=[sm_80,compute_80]",
+    sass_gencode: "-gencode=arch=compute_80,code=sm_80",
+    runs_on: RunsOn::AtLeast(8, 0),
+    // The variant also runs on sm_86 and sm_89, whose blocks get 99 KB
+    // rather than A100's 163 KB, so 99 KB is its budget.
+    budget: Budget::with_smem(99 * 1024),
+    dtypes: &[DType::F16, DType::BF16],
+    mainloop: Mainloop::Sm80,
+    mainloop_type: "fusion::sm80::Mainloop",
+    mainloop_header: "fusion/sm80/mainloop.cuh",
+    tile_type,
+    check,
+    tuned_json: include_str!("../../../kernels/tuned/sm80.json"),
+};
+
+fn tile_type(c: &TileConfig) -> String {
+    // Optional trailing parameters are positional: name the K loop
+    // whenever a later one is given.
+    let mut extra = String::new();
+    if c.pipelined || c.staged_store {
+        extra += if c.pipelined {
+            ", fusion::sm80::KLoop::Pipelined"
+        } else {
+            ", fusion::sm80::KLoop::PerStage"
+        };
+    }
+    if c.staged_store {
+        extra += ", fusion::sm80::Store::Staged";
+    }
+    format!(
+        "fusion::sm80::TileConfig<{}, {}, {}, {}, {}, {}, {}{extra}>",
+        c.bm, c.bn, c.bk, c.warp_m, c.warp_n, c.stages, c.min_blocks_per_sm
+    )
+}
+
+fn check(c: &TileConfig, kernel: &KernelKind) -> Result<(), String> {
+    warp_tiled::check(c, Arch::Sm80, kernel, |c, kernel| {
+        // Swizzled shared-memory rows hold a power of two of 16-byte chunks.
+        let b_cols = match kernel.layout {
+            WeightLayout::KN => c.bn,
+            WeightLayout::NK => c.bk,
+        };
+        for (what, cols) in [("bk", c.bk), ("the B tile's row", b_cols)] {
+            let chunks = cols / 8;
+            if chunks < 2 || !chunks.is_power_of_two() {
+                return Err(format!(
+                    "{what} of {cols} elements: the sm80 mainloop's swizzle needs rows of 16, 32, 64, ... elements"
+                ));
+            }
+        }
+        Ok(())
+    })
+}
