@@ -15,6 +15,18 @@ pub enum Error {
         expected: usize,
         actual: usize,
     },
+    /// A size computed from shapes (an element count, a byte count, the
+    /// address one past a buffer, a dim passed to a kernel) does not fit the
+    /// integer type it must be held in: no buffer can be that large.
+    #[error("{what} overflows {limit}: no device buffer can be that large; check the shape")]
+    SizeOverflow { what: String, limit: &'static str },
+    /// Buffers of one element type were passed where another was planned.
+    #[error("{what} was planned for {expected} but is given {actual} buffers")]
+    ElementType {
+        what: String,
+        expected: String,
+        actual: String,
+    },
     /// A tensor's shape disagrees with the graph's declaration.
     #[error("`{tensor}` has shape {actual} but the graph declares {expected}")]
     Shape {
@@ -42,6 +54,11 @@ pub enum Error {
         dim: String,
         value: usize,
     },
+    /// A matmul's reduced dim (K) is 0 while its output has elements.
+    #[error(
+        "`{tensor}` has rows of length 0 ({dim} = 0): a matmul sums over them, and the kernels need at least one element; pass {dim} ≥ 8"
+    )]
+    EmptyReduction { tensor: String, dim: String },
     /// A device pointer is not 16-byte aligned.
     #[error(
         "`{tensor}` starts at {address:#x}, which is not 16-byte aligned; pass a buffer from a fresh allocation or a view starting at a multiple of 8 elements"

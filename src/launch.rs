@@ -68,8 +68,9 @@ pub struct Call<'s> {
     graph: &'static GraphDecl,
     stream: &'s Arc<CudaStream>,
     dims: Vec<Option<Bound>>,
-    reads: Vec<(&'static str, u64, usize)>,
-    writes: Vec<(&'static str, u64, usize)>,
+    /// Each checked tensor's name and device bytes.
+    reads: Vec<(&'static str, DeviceRange)>,
+    writes: Vec<(&'static str, DeviceRange)>,
     empty_output: bool,
     guards: Vec<SyncOnDrop<'s>>,
 }
@@ -93,9 +94,9 @@ impl<'s> Call<'s> {
         self.check_context(decl, tensor.stream())?;
         let (ptr, guard) = tensor.device_ptr(self.stream);
         self.guards.push(guard);
-        let bytes = tensor.shape().len() * size_of::<T>();
-        check_aligned(decl, ptr, bytes)?;
-        self.reads.push((decl.name, ptr, bytes));
+        let range = DeviceRange::new(decl, ptr, tensor.shape().bytes::<T>()?)?;
+        check_aligned(decl, range)?;
+        self.reads.push((decl.name, range));
         Ok(ptr)
     }
 
@@ -110,18 +111,16 @@ impl<'s> Call<'s> {
         self.check_context(decl, tensor.stream())?;
         let (ptr, guard) = tensor.device_ptr_mut(self.stream);
         self.guards.push(guard);
-        let bytes = shape.len() * size_of::<T>();
-        check_aligned(decl, ptr, bytes)?;
-        self.writes.push((decl.name, ptr, bytes));
+        let range = DeviceRange::new(decl, ptr, shape.bytes::<T>()?)?;
+        check_aligned(decl, range)?;
+        self.writes.push((decl.name, range));
         self.empty_output |= shape.is_empty();
         Ok(ptr)
     }
 
     /// No output overlaps an input or another output.
     pub fn check_aliasing(&self) -> Result<()> {
-        let overlap = |a: &(&str, u64, usize), b: &(&str, u64, usize)| {
-            a.2 > 0 && b.2 > 0 && a.1 < b.1 + b.2 as u64 && b.1 < a.1 + a.2 as u64
-        };
+        let overlap = |a: &(&str, DeviceRange), b: &(&str, DeviceRange)| a.1.overlaps(b.1);
         for (i, write) in self.writes.iter().enumerate() {
             let others = self.reads.iter().chain(&self.writes[..i]);
             if let Some(other) = others.into_iter().find(|other| overlap(write, other)) {
@@ -140,18 +139,43 @@ impl<'s> Call<'s> {
     }
 
     /// `(rows, cols)` of a declared tensor once its dims are bound; a vector
-    /// is one row.
-    pub fn matrix(&self, decl: &TensorDecl) -> (i64, i64) {
+    /// is one row. [`Error::SizeOverflow`] when either does not fit the
+    /// `int64_t` the kernels take.
+    pub fn matrix(&self, decl: &TensorDecl) -> Result<(i64, i64)> {
         let extent = |d: &Dim| match *d {
             Dim::Static(n) => n,
             Dim::Dynamic(i) => self.dims[i].map_or(0, |b| b.value),
         };
         let extents: Vec<usize> = decl.shape.iter().map(extent).collect();
-        match extents.as_slice() {
-            [n] => (1, *n as i64),
-            [rows @ .., cols] => (rows.iter().product::<usize>() as i64, *cols as i64),
-            [] => (1, 1),
+        let (rows, cols) = match extents.as_slice() {
+            [rows @ .., cols] => (rows.iter().try_fold(1usize, |p, &r| p.checked_mul(r)), *cols),
+            [] => (Some(1), 1),
+        };
+        let as_i64 = |n: Option<usize>, what: &str| {
+            n.and_then(|n| i64::try_from(n).ok())
+                .ok_or_else(|| Error::SizeOverflow {
+                    what: format!("the {what} of `{}`", decl.name),
+                    limit: "i64",
+                })
+        };
+        Ok((as_i64(rows, "row count")?, as_i64(Some(cols), "row length")?))
+    }
+
+    /// `(rows, cols)` of a tensor whose rows a kernel reduces over (a GEMM's
+    /// `A`, whose row length is K), as [`Call::matrix`];
+    /// [`Error::EmptyReduction`] when it has rows but they are empty.
+    pub fn reduced_matrix(&self, decl: &TensorDecl) -> Result<(i64, i64)> {
+        let (rows, cols) = self.matrix(decl)?;
+        if rows > 0 && cols == 0 {
+            return Err(Error::EmptyReduction {
+                tensor: decl.name.to_owned(),
+                dim: decl
+                    .shape
+                    .last()
+                    .map_or_else(String::new, |&d| dim_name(self.graph, d)),
+            });
         }
+        Ok((rows, cols))
     }
 
     /// Device buffers for the intermediates, in the order given, from
@@ -164,10 +188,11 @@ impl<'s> Call<'s> {
         let sizes: Vec<usize> = decls
             .iter()
             .map(|d| {
-                let (rows, cols) = self.matrix(d);
-                (rows * cols) as usize * size_of::<T>()
+                let (rows, cols) = self.matrix(d)?;
+                // Both fit an i64, so both fit a usize.
+                Shape::Matrix(rows as usize, cols as usize).bytes::<T>()
             })
-            .collect();
+            .collect::<Result<_>>()?;
         let ctx = self.stream.context().cu_ctx();
         for (i, &bytes) in sizes.iter().enumerate() {
             let fits = workspace
@@ -291,14 +316,45 @@ fn declared_shape(graph: &GraphDecl, decl: &TensorDecl) -> String {
     format!("[{}]", dims.join(", "))
 }
 
-fn check_aligned(decl: &TensorDecl, ptr: u64, bytes: usize) -> Result<()> {
-    if bytes > 0 && !ptr.is_multiple_of(16) {
+fn check_aligned(decl: &TensorDecl, range: DeviceRange) -> Result<()> {
+    if !range.is_empty() && !range.start.is_multiple_of(16) {
         return Err(Error::Misaligned {
             tensor: decl.name.to_owned(),
-            address: ptr,
+            address: range.start,
         });
     }
     Ok(())
+}
+
+/// The device bytes `start..end` of one tensor.
+#[derive(Clone, Copy, Debug)]
+struct DeviceRange {
+    start: u64,
+    end: u64,
+}
+
+impl DeviceRange {
+    /// `bytes` from `start`; [`Error::SizeOverflow`] when the end is past
+    /// the last address.
+    fn new(decl: &TensorDecl, start: u64, bytes: usize) -> Result<DeviceRange> {
+        let end = u64::try_from(bytes)
+            .ok()
+            .and_then(|bytes| start.checked_add(bytes))
+            .ok_or_else(|| Error::SizeOverflow {
+                what: format!("the end address of `{}` ({start:#x} + {bytes} bytes)", decl.name),
+                limit: "u64",
+            })?;
+        Ok(DeviceRange { start, end })
+    }
+
+    fn is_empty(self) -> bool {
+        self.start == self.end
+    }
+
+    /// Whether the two share a byte (empty ranges share none).
+    fn overlaps(self, other: DeviceRange) -> bool {
+        !self.is_empty() && !other.is_empty() && self.start < other.end && other.start < self.end
+    }
 }
 
 /// The error for a (dtype, arch) with no compiled launcher. `compiled`
@@ -308,5 +364,46 @@ pub fn not_compiled(graph: &str, dtype: DType, arch: Arch, compiled: &str) -> Er
         kernel: graph.to_owned(),
         dtype: format!("{dtype} on {}", arch.name()),
         compiled: compiled.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const X: TensorDecl = TensorDecl {
+        name: "x",
+        shape: &[],
+    };
+
+    #[test]
+    fn a_range_past_the_last_address_is_an_error_not_a_wrapped_end() {
+        let e = DeviceRange::new(&X, u64::MAX - 15, 16).unwrap_err();
+        assert!(matches!(e, Error::SizeOverflow { limit: "u64", .. }), "{e}");
+        assert!(
+            e.to_string()
+                .starts_with("the end address of `x` (0xfffffffffffffff0 + 16 bytes) overflows u64"),
+            "{e}"
+        );
+        let last = DeviceRange::new(&X, u64::MAX - 15, 15).unwrap();
+        assert_eq!(last.end, u64::MAX);
+    }
+
+    #[test]
+    fn ranges_overlap_when_they_share_a_byte() {
+        let range = |start, bytes| DeviceRange::new(&X, start, bytes).unwrap();
+        assert!(range(0, 32).overlaps(range(16, 32)));
+        assert!(range(16, 32).overlaps(range(0, 32)));
+        assert!(!range(0, 16).overlaps(range(16, 16)), "adjacent");
+        assert!(!range(0, 0).overlaps(range(0, 16)), "empty");
+        // Near the top of the address space, where `start + len` used to wrap.
+        assert!(range(u64::MAX - 32, 32).overlaps(range(u64::MAX - 16, 16)));
+    }
+
+    #[test]
+    fn alignment_is_checked_only_for_non_empty_tensors() {
+        assert!(check_aligned(&X, DeviceRange::new(&X, 8, 0).unwrap()).is_ok());
+        let e = check_aligned(&X, DeviceRange::new(&X, 8, 16).unwrap()).unwrap_err();
+        assert!(matches!(e, Error::Misaligned { address: 8, .. }), "{e}");
     }
 }

@@ -49,15 +49,31 @@ pub enum Shape {
 }
 
 impl Shape {
-    pub fn len(self) -> usize {
+    /// The number of elements; [`Error::SizeOverflow`] when rows × cols does
+    /// not fit a `usize` (then no buffer can match the shape).
+    pub fn len(self) -> Result<usize> {
         match self {
-            Shape::Vector(n) => n,
-            Shape::Matrix(r, c) => r * c,
+            Shape::Vector(n) => Ok(n),
+            Shape::Matrix(r, c) => r.checked_mul(c).ok_or_else(|| Error::SizeOverflow {
+                what: format!("the element count of shape {self}"),
+                limit: "usize",
+            }),
         }
     }
 
+    /// The size in bytes of the shape's elements of type `T`.
+    pub fn bytes<T>(self) -> Result<usize> {
+        self.len()?
+            .checked_mul(size_of::<T>())
+            .ok_or_else(|| Error::SizeOverflow {
+                what: format!("the byte count of shape {self}"),
+                limit: "usize",
+            })
+    }
+
+    /// Whether the shape has no elements (some axis is 0).
     pub fn is_empty(self) -> bool {
-        self.len() == 0
+        self.rows() == 0 || self.cols() == 0
     }
 
     /// Rows of a matrix; 1 for a vector.
@@ -97,11 +113,13 @@ impl fmt::Display for Shape {
     }
 }
 
-fn check_len(shape: Shape, actual: usize) -> Result<()> {
-    if shape.len() != actual {
+/// A buffer of `actual` elements holds exactly `shape`.
+pub(crate) fn check_len(shape: Shape, actual: usize) -> Result<()> {
+    let expected = shape.len()?;
+    if expected != actual {
         return Err(Error::BufferLength {
             shape: shape.to_string(),
-            expected: shape.len(),
+            expected,
             actual,
         });
     }
@@ -186,11 +204,35 @@ mod tests {
 
     #[test]
     fn shapes_count_and_print() {
-        assert_eq!(Shape::from([3, 4]).len(), 12);
+        assert_eq!(Shape::from([3, 4]).len().unwrap(), 12);
+        assert_eq!(Shape::from([3, 4]).bytes::<half::f16>().unwrap(), 24);
+        assert!(Shape::from([0, 4]).is_empty() && Shape::from([0]).is_empty());
+        assert!(!Shape::from([1, 1]).is_empty());
         assert_eq!(Shape::from([5]).cols(), 5);
         assert_eq!(Shape::from([5]).rows(), 1);
         assert_eq!(Shape::from([3, 4]).to_string(), "[3, 4]");
         let e = check_len(Shape::from([3, 4]), 10).unwrap_err().to_string();
         assert_eq!(e, "shape [3, 4] needs 12 elements but the buffer holds 10");
+    }
+
+    #[test]
+    fn a_shape_whose_size_overflows_is_an_error_not_a_wrapped_count() {
+        // 2^61 + 1 rows of 8: the product wraps to 8 in unchecked arithmetic.
+        let shape = Shape::from([(1usize << 61) + 1, 8]);
+        let e = shape.len().unwrap_err();
+        assert!(matches!(e, Error::SizeOverflow { .. }), "{e}");
+        assert_eq!(
+            e.to_string(),
+            "the element count of shape [2305843009213693953, 8] overflows usize: no device buffer can be that large; check the shape"
+        );
+        // So no buffer, not even one of 8 elements, matches it.
+        assert!(matches!(check_len(shape, 8), Err(Error::SizeOverflow { .. })));
+        // Elements fit but bytes do not.
+        let e = Shape::from([1usize << 62]).bytes::<f32>().unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("the byte count of shape [4611686018427387904]"),
+            "{e}"
+        );
     }
 }

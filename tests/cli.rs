@@ -96,3 +96,87 @@ fn a_bad_graph_is_reported_with_file_line_and_column() {
         "{stderr}"
     );
 }
+
+/// Writes `text` to a scratch file and runs `fusion plan` on it: exit code,
+/// stdout, stderr.
+fn plan_text(name: &str, text: &str) -> (Option<i32>, String, String) {
+    let path = std::env::temp_dir().join(format!("fusion-cli-{}-{name}.toml", std::process::id()));
+    std::fs::write(&path, text).unwrap();
+    let output = fusion().arg("plan").arg(&path).output().unwrap();
+    std::fs::remove_file(&path).unwrap();
+    let text = |bytes: Vec<u8>| String::from_utf8(bytes).unwrap();
+    (output.status.code(), text(output.stdout), text(output.stderr))
+}
+
+const HEADER: &str = "[graph]\nname = \"g\"\n[dims]\nM = \"dyn\"\nD = 64\n[inputs]\nx = \"f16[M, D]\"\n";
+
+#[test]
+fn deep_and_long_graphs_plan_or_fail_with_a_located_error_never_a_crash() {
+    let nest = |open: &str, close: &str, depth: usize| {
+        format!(
+            "{HEADER}[outputs]\ny = \"{}x{}\"\n",
+            open.repeat(depth),
+            close.repeat(depth)
+        )
+    };
+    // At the `(` one past the limit of 64.
+    for (name, text, column) in [
+        ("parens", nest("(", ")", 5_000), 6 + 64),
+        ("calls", nest("relu(", ")", 10_000), 6 + 64 * 5 + 4),
+    ] {
+        let (code, _, stderr) = plan_text(name, &text);
+        assert_eq!(code, Some(1), "{name}: {stderr}");
+        let expected = format!(".toml:9:{column}: error: brackets nest more than 64 deep");
+        assert!(
+            stderr.contains(&expected),
+            "{name}: {}",
+            &stderr[..stderr.len().min(300)]
+        );
+    }
+    let sum = format!("{HEADER}[outputs]\ny = \"{}\"\n", vec!["x"; 20_000].join(" + "));
+    let outputs: String = (0..20_000).map(|i| format!("y{i} = \"relu(x)\"\n")).collect();
+    let mut compute: String = (0..9_999)
+        .map(|i| format!("c{i} = \"relu(c{})\"\n", i + 1))
+        .collect();
+    compute.push_str("c9999 = \"relu(x)\"\n");
+    for (name, text, first_line) in [
+        ("sum", sum, "graph `g`: 19999 ops → 19999 kernels"),
+        (
+            "outputs",
+            format!("{HEADER}[outputs]\n{outputs}"),
+            "graph `g`: 20000 ops → 20000 kernels",
+        ),
+        (
+            "compute",
+            format!("{HEADER}[compute]\n{compute}[outputs]\ny = \"relu(c0)\"\n"),
+            "graph `g`: 10001 ops → 10001 kernels",
+        ),
+    ] {
+        let (code, stdout, stderr) = plan_text(name, &text);
+        assert_eq!(code, Some(0), "{name}: {stderr}");
+        assert!(
+            stdout.starts_with(first_line),
+            "{name}: {}",
+            &stdout[..stdout.len().min(200)]
+        );
+    }
+}
+
+#[test]
+fn a_graph_file_past_the_size_limit_is_refused_without_reading_it_all() {
+    let padding = "#".repeat(1024 * 1024);
+    let (code, _, stderr) = plan_text("huge", &format!("{HEADER}{padding}\n"));
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.starts_with("error: cannot read "), "{stderr}");
+    assert!(
+        stderr.contains("it is larger than 1024 KiB, the most a graph file may be"),
+        "{stderr}"
+    );
+    // A file that never ends: read up to the limit, not until memory runs out.
+    if std::path::Path::new("/dev/zero").exists() {
+        let output = fusion().args(["plan", "/dev/zero"]).output().unwrap();
+        assert_eq!(output.status.code(), Some(1));
+        let stderr = String::from_utf8(output.stderr).unwrap();
+        assert!(stderr.contains("larger than 1024 KiB"), "{stderr}");
+    }
+}

@@ -61,10 +61,11 @@ fn m_of_zero_is_a_no_op() {
 /// sized to match) and y [4, 8], which must be refused: its error, once
 /// checked that nothing was launched (y's poison is intact).
 fn refused_gemm_bias(s: &Arc<CudaStream>, x: Shape, w: Shape, b: Shape) -> Error {
+    let len = |shape: Shape| shape.len().expect("a test shape fits a usize");
     let (xb, wb, bb) = (
-        filled(s, x.len(), 0.5),
-        filled(s, w.len(), 0.25),
-        filled(s, b.len(), 1.0),
+        filled(s, len(x), 0.5),
+        filled(s, len(w), 0.25),
+        filled(s, len(b), 1.0),
     );
     let mut y = filled(s, 4 * 8, -7.0);
     let err = kernels::gemm_bias(
@@ -294,6 +295,69 @@ fn a_tensor_from_another_device_is_refused() {
     .unwrap_err();
     assert!(
         matches!(&err, Error::WrongContext { tensor } if tensor == "x"),
+        "{err}"
+    );
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_shape_whose_element_count_overflows_matches_no_buffer() {
+    let s = stream();
+    let x = filled(&s, 8, 0.5);
+    // (2^61 + 1) · 8 wraps to 8 in unchecked arithmetic.
+    let err = Tensor::new(&x, [(1usize << 61) + 1, 8]).unwrap_err();
+    assert!(matches!(err, Error::SizeOverflow { .. }), "{err}");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn the_cublaslt_baseline_checks_its_buffers() {
+    use fusion::bench::cublaslt::{LtEpilogue, LtGemm};
+    use fusion::ir::{DType, WeightLayout};
+    let s = stream();
+    let (m, n, k) = (16, 8, 32);
+    let mut lt = LtGemm::new(&s, DType::F16, WeightLayout::NK, (m, n, k), LtEpilogue::Bias).unwrap();
+    let (x, w, b) = (
+        filled(&s, m * k, 0.5),
+        filled(&s, n * k, 0.25),
+        filled(&s, n, 1.0),
+    );
+    let mut y = filled(&s, m * n, -7.0);
+    lt.run(&s, &x, &w, Some(&b), None, &mut y).unwrap();
+    let short = filled(&s, m * k - 1, 0.5);
+    let err = lt.run(&s, &short, &w, Some(&b), None, &mut y).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::BufferLength {
+                expected: 512,
+                actual: 511,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let mut small_y = filled(&s, m * n / 2, 0.0);
+    let err = lt.run(&s, &x, &w, Some(&b), None, &mut small_y).unwrap_err();
+    assert!(matches!(err, Error::BufferLength { .. }), "{err}");
+    let err = lt.run(&s, &x, &w, None, None, &mut y).unwrap_err();
+    assert!(
+        matches!(err, Error::Shape { .. }),
+        "a bias epilogue without a bias: {err}"
+    );
+    let as_bf16 = |n: usize| s.clone_htod(&vec![fusion::half::bf16::ZERO; n]).unwrap();
+    let (xb, wb, bb, mut yb) = (as_bf16(m * k), as_bf16(n * k), as_bf16(n), as_bf16(m * n));
+    let err = lt.run(&s, &xb, &wb, Some(&bb), None, &mut yb).unwrap_err();
+    assert!(matches!(err, Error::ElementType { .. }), "{err}");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn k_of_zero_is_a_named_error_not_a_launch_failure() {
+    let s = stream();
+    let err = gemm_bias(&s, 4, 8, 0).unwrap_err();
+    assert!(
+        matches!(&err, Error::EmptyReduction { tensor, dim } if tensor == "x" && dim == "K"),
         "{err}"
     );
 }

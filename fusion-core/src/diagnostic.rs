@@ -95,6 +95,9 @@ impl fmt::Display for Diagnostic {
 
 impl std::error::Error for Diagnostic {}
 
+/// How many diagnostics [`Diagnostics::render`] shows.
+pub const MAX_RENDERED: usize = 50;
+
 /// Every problem a stage found, in the order found. Never empty.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Diagnostics(pub Vec<Diagnostic>);
@@ -104,13 +107,25 @@ impl Diagnostics {
         self.0.iter()
     }
 
-    /// Renders every diagnostic against the file it came from.
+    /// Renders the diagnostics against the file they came from: the first
+    /// [`MAX_RENDERED`], then a line counting the rest. (Locating one is a
+    /// pass over the file, and a generated file can hold an error per line.)
     pub fn render(&self, source: &SourceFile) -> String {
-        self.0
+        let mut lines: Vec<String> = self
+            .0
             .iter()
+            .take(MAX_RENDERED)
             .map(|d| source.render(d))
-            .collect::<Vec<_>>()
-            .join("\n")
+            .collect();
+        if self.0.len() > MAX_RENDERED {
+            let more = self.0.len() - MAX_RENDERED;
+            lines.push(format!(
+                "{}: error: {more} more error{} not shown",
+                source.path.display(),
+                if more == 1 { "" } else { "s" }
+            ));
+        }
+        lines.join("\n")
     }
 }
 
@@ -141,6 +156,11 @@ pub struct LineCol {
     pub column: usize,
 }
 
+/// The largest graph file [`SourceFile::read`] accepts: hundreds of times a
+/// real graph (a few hundred bytes to a few KiB), small enough that the
+/// front end's passes over it take well under a second.
+pub const MAX_SOURCE_BYTES: u64 = 1024 * 1024;
+
 /// A graph's source text and the path it was read from.
 #[derive(Clone, Debug)]
 pub struct SourceFile {
@@ -156,11 +176,34 @@ impl SourceFile {
         }
     }
 
-    /// Reads a file; the error names the path.
+    /// Reads a file of at most [`MAX_SOURCE_BYTES`]; the error names the
+    /// path. It stops reading past the limit, so a file that never ends
+    /// (`/dev/zero`) is refused rather than read until memory runs out.
     pub fn read(path: &Path) -> Result<SourceFile, Diagnostic> {
-        std::fs::read_to_string(path)
-            .map(|text| SourceFile::new(path, text))
-            .map_err(|e| Diagnostic::new(Span::None, format!("cannot read {}: {e}", path.display())))
+        use std::io::Read;
+        let cannot_read =
+            |e: std::io::Error| Diagnostic::new(Span::None, format!("cannot read {}: {e}", path.display()));
+        let mut bytes = Vec::new();
+        std::fs::File::open(path)
+            .and_then(|file| file.take(MAX_SOURCE_BYTES + 1).read_to_end(&mut bytes))
+            .map_err(cannot_read)?;
+        if bytes.len() as u64 > MAX_SOURCE_BYTES {
+            return Err(Diagnostic::new(
+                Span::None,
+                format!(
+                    "cannot read {}: it is larger than {} KiB, the most a graph file may be",
+                    path.display(),
+                    MAX_SOURCE_BYTES / 1024
+                ),
+            ));
+        }
+        let text = String::from_utf8(bytes).map_err(|_| {
+            cannot_read(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "stream did not contain valid UTF-8",
+            ))
+        })?;
+        Ok(SourceFile::new(path, text))
     }
 
     /// Line and column of a byte offset (clamped to the text).
@@ -215,14 +258,15 @@ impl SourceFile {
                     } else {
                         1
                     };
+                    let (shown, column, width) = excerpt(text, start.column, width);
                     let gutter = start.line.to_string().len();
                     out.push_str(&format!(
                         "\n{:gutter$} |\n{} | {}\n{:gutter$} | {}{}",
                         "",
                         start.line,
-                        text,
+                        shown,
                         "",
-                        " ".repeat(start.column - 1),
+                        " ".repeat(column - 1),
                         "^".repeat(width),
                     ));
                 }
@@ -243,6 +287,37 @@ impl SourceFile {
         }
         out
     }
+}
+
+/// Characters of a source line shown under an error: a generated file can
+/// put a 200 KB expression on one line.
+const MAX_SHOWN_CHARS: usize = 120;
+
+/// The part of `line` to show for an underline at `column` (1-based, in
+/// characters) `width` wide: the whole line when it is short, else a window
+/// around the column with `…` where it was cut. Returns the text and the
+/// underline's column and width within it.
+fn excerpt(line: &str, column: usize, width: usize) -> (String, usize, usize) {
+    let chars = line.chars().count();
+    if chars <= MAX_SHOWN_CHARS {
+        return (line.to_string(), column, width);
+    }
+    let first = column
+        .saturating_sub(1 + MAX_SHOWN_CHARS / 4)
+        .min(chars - MAX_SHOWN_CHARS);
+    let mut shown: String = line.chars().skip(first).take(MAX_SHOWN_CHARS).collect();
+    let mut column = column - first;
+    if first > 0 {
+        shown.insert(0, '…');
+        column += 1;
+    }
+    if first + MAX_SHOWN_CHARS < chars {
+        shown.push('…');
+    }
+    let width = width
+        .min(MAX_SHOWN_CHARS + 1 - (column - 1).min(MAX_SHOWN_CHARS))
+        .max(1);
+    (shown, column, width)
 }
 
 #[cfg(test)]
@@ -269,5 +344,30 @@ mod tests {
         );
         assert!(text.contains("2 | M = 0"), "{text}");
         assert!(text.contains("    ^"), "{text}");
+    }
+
+    #[test]
+    fn a_long_line_is_shown_around_the_error() {
+        let line = format!("y = \"{}q{}\"", "x + ".repeat(1000), " + x".repeat(1000));
+        let f = SourceFile::new("g.toml", format!("[outputs]\n{line}\n"));
+        let at = f.text.find('q').unwrap();
+        let text = f.render(&Diagnostic::new(Span::source(at, at + 1), "`q` is not defined"));
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(
+            lines[0].starts_with("g.toml:2:4006: error: `q` is not defined"),
+            "{text}"
+        );
+        let (shown, marks) = (lines[2], lines[3]);
+        assert!(
+            shown.starts_with("2 | …+ x") && shown.ends_with(" x …"),
+            "{shown}"
+        );
+        assert_eq!(shown.chars().count(), "2 | ".len() + MAX_SHOWN_CHARS + 2);
+        // The caret is under the `q` (the marks line is all one-byte chars).
+        let caret = marks.find('^').unwrap();
+        assert_eq!(shown.chars().nth(caret), Some('q'), "{text}");
+        // A short line is shown whole, as before.
+        let (whole, column, width) = excerpt("y = x", 5, 1);
+        assert_eq!((whole.as_str(), column, width), ("y = x", 5, 1));
     }
 }

@@ -7,7 +7,8 @@
 //! column the user can go to) and renders without panicking.
 //!
 //! Inputs are arbitrary strings, random soups of the grammar's own tokens,
-//! and random edits of valid graphs (the shipped ones and the corpus).
+//! random edits of valid graphs (the shipped ones and the corpus), and
+//! expressions nested or chained thousands deep.
 //!
 //! - `cargo test -p fusion-core --test fuzz` (CI): replays every file of
 //!   `tests/fuzz-corpus/` and runs a few hundred generated cases of each
@@ -254,6 +255,37 @@ fn soup() -> impl Strategy<Value = String> {
     })
 }
 
+/// Deep and long inputs, past what 48 tokens can reach: a fragment repeated
+/// up to thousands of times, something in the middle, and a fragment
+/// repeated after it (`((((x))))`, `relu(relu(x))`, `x + x + … x`, `w^T^T…`,
+/// and unbalanced mixes of them).
+fn deep_and_long() -> impl Strategy<Value = String> {
+    const REPEATED: &[&str] = &[
+        "(",
+        ")",
+        "relu(",
+        "layernorm(",
+        "[",
+        "{",
+        "x + ",
+        "x * ",
+        "x @ ",
+        "^T",
+        "(x @ v) * ",
+        ", ",
+        "+",
+    ];
+    let fragment = || prop::sample::select(REPEATED);
+    (
+        fragment(),
+        0..3000usize,
+        prop::sample::select(TOKENS),
+        fragment(),
+        0..3000usize,
+    )
+        .prop_map(|(before, n, middle, after, m)| format!("{}{middle}{}", before.repeat(n), after.repeat(m)))
+}
+
 /// One edit of a text, at a fraction of its length.
 #[derive(Clone, Debug)]
 enum Edit {
@@ -479,10 +511,12 @@ fn run_expressions(budget: &Budget) -> u64 {
     let arbitrary = fuzz("expr/arbitrary", budget, "\\PC{0,40}", |s| check_expr(&s));
     let soups = fuzz("expr/soup", budget, soup(), |s| check_expr(&s));
     let edits = fuzz("expr/mutated", budget, mutated(expr_seeds()), |s| check_expr(&s));
-    arbitrary + soups + edits
+    let deep = fuzz("expr/deep", budget, deep_and_long(), |s| check_expr(&s));
+    arbitrary + soups + edits + deep
 }
 
-/// A time budget is split evenly between the three input kinds.
+/// A time budget is split evenly between the input kinds (the expression
+/// runs have one more, so they take a little longer).
 fn per_kind(mut budget: Budget) -> Budget {
     budget.time = budget.time.map(|t| t / 3);
     budget
@@ -515,7 +549,7 @@ fn corpus_replays_without_panics_and_with_located_errors() {
 #[test]
 fn a_short_fuzz_run_of_each_kind() {
     assert!(run_toml(&Budget::quick(300)) >= 900);
-    assert!(run_expressions(&Budget::quick(300)) >= 900);
+    assert!(run_expressions(&Budget::quick(300)) >= 1200);
 }
 
 #[test]

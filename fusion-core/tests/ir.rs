@@ -144,6 +144,18 @@ fn names_are_checked_and_defined_once() {
             .message
             .contains("reserved word")
     );
+    // A parameter named like a prelude variant would be read as a pattern.
+    for name in ["None", "Some", "Ok", "Err", "stream"] {
+        let message = b.input(name, DType::F16, &[m, d]).unwrap_err().message;
+        assert!(message.contains("reserved word"), "{name}: {message}");
+    }
+    // Generated wrappers declare their own names with this prefix.
+    assert_eq!(
+        b.input("__call", DType::F16, &[m, d]).unwrap_err().message,
+        "`__call` cannot name a tensor: names starting with `__` are kept for the code fusion generates"
+    );
+    let message = b.static_dim("__D", 8).unwrap_err().message;
+    assert!(message.contains("cannot name a dim"), "{message}");
 }
 
 #[test]

@@ -605,7 +605,46 @@ fn dims_past_two_to_the_31_are_reported_at_the_value() {
     assert_toml_error(&text, "2147483648", &["too large", "2^31 - 1"]);
     let text = edit("x = \"f16[M, K]\"", "x = \"f16[M, 4294967296]\"");
     assert_toml_error(&text, "4294967296", &["too large"]);
-    // The largest allowed size is accepted.
-    let text = edit("K = 64", "K = 2147483647");
+    // The largest allowed size is accepted (as a row count: a row length
+    // must also be a multiple of 8).
+    let text = edit("M = \"dyn\"", "M = 2147483647");
     graph_from_source(&SourceFile::new("g.toml", &text)).unwrap();
+}
+
+#[test]
+fn a_static_row_length_not_a_multiple_of_8_is_refused_at_the_first_tensor_with_it() {
+    // K = 60: x's rows; reported once, at x, though w has rows of K too.
+    let text = edit("K = 64", "K = 60");
+    assert_toml_error(
+        &text,
+        "x = ",
+        &[
+            "`x` has rows of K = 60, not a multiple of 8",
+            "pad it to a multiple of 8",
+        ],
+    );
+    assert_eq!(toml_error(&text).matches("error:").count(), 1);
+    // N = 12 is a weight's first dim: the output's rows (the matmul's) and b's.
+    let text = edit("N = 32", "N = 12");
+    let rendered = toml_error(&text);
+    assert!(rendered.contains("`b` has rows of N = 12"), "{rendered}");
+    // A dynamic K is checked on every call instead.
+    graph_from_source(&SourceFile::new("g.toml", edit("K = 64", "K = \"dyn\""))).unwrap();
+}
+
+#[test]
+fn eps_outside_f32s_normal_range_is_refused_at_the_argument() {
+    for eps in ["1e300", "1e-60"] {
+        let text = edit(
+            "gelu(x @ w^T + b)",
+            &format!("rmsnorm(x @ w^T + b, b, eps = {eps})"),
+        );
+        assert_toml_error(
+            &text,
+            "eps = 1",
+            &["is outside f32's normal range (1.1754944e-38 to 3.4028235e38): the kernels compute in f32"],
+        );
+    }
+    let text = edit("gelu(x @ w^T + b)", "rmsnorm(x @ w^T + b, b, eps = 1e-30)");
+    graph_from_source(&SourceFile::new("g.toml", text)).unwrap();
 }

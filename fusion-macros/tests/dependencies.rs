@@ -13,7 +13,6 @@ const COMPILER_ONLY: &[&str] = &[
     "serde_json",
     "prettyplease",
     "half",
-    "libm",
     "cc",
     "bindgen",
 ];

@@ -7,6 +7,7 @@
 
 use crate::error::{Error, Result};
 use crate::ir::{DType, WeightLayout};
+use crate::tensor::{Element, Shape, check_len};
 use cudarc::cublaslt::{result, sys};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use std::ffi::c_void;
@@ -60,6 +61,11 @@ fn lt(e: cudarc::cublaslt::result::CublasError) -> Error {
 
 /// One planned `y[M, N] = epilogue(x[M, K] · w + bias)` in row-major terms.
 pub struct LtGemm {
+    /// The element type and `(m, n, k)` it was planned for: [`LtGemm::run`]
+    /// checks its buffers against them, since cuBLASLt reads and writes
+    /// through raw pointers whatever their lengths.
+    dtype: DType,
+    dims: (usize, usize, usize),
     handle: sys::cublasLtHandle_t,
     desc: sys::cublasLtMatmulDesc_t,
     layouts: [sys::cublasLtMatrixLayout_t; 3],
@@ -88,6 +94,16 @@ impl LtGemm {
             DType::BF16 => sys::cudaDataType_t::CUDA_R_16BF,
             DType::F32 => sys::cudaDataType_t::CUDA_R_32F,
         };
+        let planned = (m, n, k);
+        // cuBLASLt takes dims as u64 and leading dimensions as i64, and
+        // `run` checks buffer lengths against these products.
+        let fits = |a: usize, b: usize| a.checked_mul(b).is_some() && i64::try_from(a.max(b)).is_ok();
+        if !(fits(m, k) && fits(k, n) && fits(m, n)) {
+            return Err(Error::SizeOverflow {
+                what: format!("the cuBLASLt GEMM M={m}, N={n}, K={k}"),
+                limit: "i64",
+            });
+        }
         let (m, n, k) = (m as u64, n as u64, k as u64);
         let handle = result::create_handle().map_err(lt)?;
         let desc = result::create_matmul_desc(
@@ -104,6 +120,9 @@ impl LtGemm {
             result::create_matrix_layout(data, k, m, k as i64).map_err(lt)?,
             result::create_matrix_layout(data, n, m, n as i64).map_err(lt)?,
         ];
+        // SAFETY: `desc` was just created and is destroyed only by `Drop`;
+        // each call below passes a pointer to a live local of exactly
+        // `size` bytes, the attribute's type, which cuBLASLt copies.
         let set = |attr: sys::cublasLtMatmulDescAttributes_t, value: *const c_void, size: usize| unsafe {
             result::set_matmul_desc_attribute(desc, attr, value, size).map_err(lt)
         };
@@ -123,6 +142,9 @@ impl LtGemm {
         let workspace_size = 32usize << 20;
         let workspace = stream.alloc_zeros::<u8>(workspace_size)?;
         let pref = result::create_matmul_pref().map_err(lt)?;
+        // SAFETY: `pref`, `handle`, `desc` and the layouts were created above
+        // and are live; the attribute is a `usize` read from a live local;
+        // `pref` is destroyed once, after its last use.
         let algo = unsafe {
             result::set_matmul_pref_attribute(
                 pref,
@@ -138,6 +160,8 @@ impl LtGemm {
             heuristic.map_err(lt)?.algo
         };
         Ok(LtGemm {
+            dtype,
+            dims: planned,
             handle,
             desc,
             layouts,
@@ -154,7 +178,13 @@ impl LtGemm {
     /// Queues the product on `stream`. `bias` is required exactly when the
     /// epilogue has one; `residual`, when given, is added through cuBLASLt's
     /// `beta·C` term (C = residual, beta = 1), fused like the bias.
-    pub fn run<T>(
+    ///
+    /// The buffers must be of the planned element type and hold exactly
+    /// `x` `[M, K]`, `w` `K·N`, `bias` `[N]`, `residual` and `y` `[M, N]`:
+    /// otherwise [`Error::ElementType`], [`Error::BufferLength`] or
+    /// [`Error::Shape`] (a bias given or missing against the epilogue), and
+    /// nothing is queued.
+    pub fn run<T: Element>(
         &mut self,
         stream: &Arc<CudaStream>,
         x: &CudaSlice<T>,
@@ -163,8 +193,11 @@ impl LtGemm {
         residual: Option<&CudaSlice<T>>,
         y: &mut CudaSlice<T>,
     ) -> Result<()> {
+        self.check_buffers(x, w, bias, residual, y)?;
         if let Some(bias) = bias {
             let (ptr, _guard) = bias.device_ptr(stream);
+            // SAFETY: `desc` is live; the attribute is a device address (u64)
+            // read from a live local. The bias holds N elements (checked).
             unsafe {
                 result::set_matmul_desc_attribute(
                     self.desc,
@@ -182,6 +215,12 @@ impl LtGemm {
         let (y_ptr, _gy) = y.device_ptr_mut(stream);
         let workspace_len = self.workspace.len();
         let (ws_ptr, _gws) = self.workspace.device_ptr_mut(stream);
+        // SAFETY: handle, descriptor, layouts and algorithm are live and were
+        // planned for this element type and (M, N, K); `check_buffers` made
+        // sure every buffer is of that type and exactly that long, and the
+        // guards keep them ordered on `stream` until the call is queued. The
+        // workspace is ours and `workspace_len` long; alpha and beta are
+        // live f32 locals, as CUBLAS_COMPUTE_32F with f32 scale reads them.
         unsafe {
             result::matmul(
                 self.handle,
@@ -206,9 +245,57 @@ impl LtGemm {
     }
 }
 
+impl LtGemm {
+    /// What [`LtGemm::run`] promises cuBLASLt: the planned element type, and
+    /// buffers exactly as long as the planned shapes.
+    fn check_buffers<T: Element>(
+        &self,
+        x: &CudaSlice<T>,
+        w: &CudaSlice<T>,
+        bias: Option<&CudaSlice<T>>,
+        residual: Option<&CudaSlice<T>>,
+        y: &CudaSlice<T>,
+    ) -> Result<()> {
+        if T::DTYPE != self.dtype {
+            return Err(Error::ElementType {
+                what: "this cublasLtMatmul".to_owned(),
+                expected: self.dtype.to_string(),
+                actual: T::DTYPE.to_string(),
+            });
+        }
+        let has_bias = matches!(
+            self.epilogue,
+            LtEpilogue::Bias | LtEpilogue::ReluBias | LtEpilogue::GeluBias
+        );
+        if bias.is_some() != has_bias {
+            return Err(Error::Shape {
+                tensor: "bias".to_owned(),
+                expected: if has_bias { "[N]" } else { "no bias" }.to_owned(),
+                actual: if bias.is_some() { "a bias" } else { "none" }.to_owned(),
+            });
+        }
+        let (m, n, k) = self.dims;
+        let checks = [
+            (Some(x.len()), Shape::Matrix(m, k)),
+            (Some(w.len()), Shape::Matrix(k, n)),
+            (bias.map(|b| b.len()), Shape::Vector(n)),
+            (residual.map(|r| r.len()), Shape::Matrix(m, n)),
+            (Some(y.len()), Shape::Matrix(m, n)),
+        ];
+        for (len, shape) in checks {
+            if let Some(len) = len {
+                check_len(shape, len)?;
+            }
+        }
+        Ok(())
+    }
+}
+
 impl Drop for LtGemm {
     fn drop(&mut self) {
         // Destruction failures leave nothing to recover; the handle goes last.
+        // SAFETY: each object was created in `new`, is destroyed once, here,
+        // and nothing uses it after `self` is dropped.
         unsafe {
             for layout in self.layouts {
                 let _ = result::destroy_matrix_layout(layout);

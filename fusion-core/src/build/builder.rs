@@ -39,9 +39,10 @@ use super::{
     BuildError, BuildMode, CompileOptions, CompiledLibrary, CudaSources, GeneratedFile, Unit, compile,
 };
 use crate::codegen::{self, GraphSpec, KernelKey, templates};
-use crate::generated::MACRO_GRAPHS_DIR;
+use crate::generated::{MACRO_GRAPHS_DIR, struct_name};
 use crate::ir::DType;
 use crate::select::Arch;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 /// Configures and runs the build of one kernel library.
@@ -331,16 +332,31 @@ pub struct BuiltLibrary {
     pub compiled: CompiledLibrary,
 }
 
-/// Two graphs of one library may not share a name: their wrappers (and a
-/// macro graph's file) are named after it.
+/// Two graphs of one library may not share a name, nor a Rust type name:
+/// their wrappers (and a macro graph's file) are named after it, and
+/// `gemm__bias`, `gemm_bias` and `GemmBias` all become the struct `GemmBias`
+/// (a `fusion_graph!` graph `g` also defines `GWeights`).
 fn check_unique_names(specs: &[GraphSpec]) -> Result<(), BuildError> {
-    for (i, spec) in specs.iter().enumerate() {
-        let name = &spec.plan.graph.name;
-        if let Some(first) = specs[..i].iter().find(|s| &s.plan.graph.name == name) {
+    let mut names: HashMap<&str, &GraphSpec> = HashMap::new();
+    let mut types: HashMap<String, &GraphSpec> = HashMap::new();
+    for spec in specs {
+        let name = spec.plan.graph.name.as_str();
+        if let Some(first) = names.insert(name, spec) {
             return Err(BuildError::Config(format!(
                 "graph `{name}` is declared twice, in {} and in {}; rename one of them",
                 first.origin, spec.origin
             )));
+        }
+        let struct_name = struct_name(name);
+        let weights = spec.fingerprint.map(|_| format!("{struct_name}Weights"));
+        for type_name in std::iter::once(struct_name).chain(weights) {
+            if let Some(first) = types.get(&type_name) {
+                return Err(BuildError::Config(format!(
+                    "graphs `{}` (in {}) and `{name}` (in {}) would both define the Rust type `{type_name}`; rename one of them",
+                    first.plan.graph.name, first.origin, spec.origin
+                )));
+            }
+            types.insert(type_name, spec);
         }
     }
     Ok(())
@@ -367,4 +383,53 @@ fn tiles_of(key: &KernelKey) -> Vec<String> {
     .into_iter()
     .filter_map(|(which, tile)| Some(format!("{which}: {}", tile?.summary(*mainloop))))
     .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::GraphBuilder;
+
+    /// A one-op graph named `name`, from a TOML file or (`macro_graph`) a
+    /// `fusion_graph!`.
+    fn spec(name: &str, macro_graph: bool) -> GraphSpec {
+        let mut b = GraphBuilder::new(name);
+        let n = b.static_dim("N", 64).unwrap();
+        let x = b.input("x", DType::F16, &[n, n]).unwrap();
+        let y = b.relu(x).unwrap();
+        b.output("y", y).unwrap();
+        GraphSpec {
+            plan: crate::fuse::plan(b.build().unwrap()),
+            dtypes: vec![DType::F16],
+            origin: format!("graphs/{name}.toml"),
+            fingerprint: macro_graph.then_some(0),
+            declaration: String::new(),
+        }
+    }
+
+    fn names_error(specs: &[GraphSpec]) -> String {
+        match check_unique_names(specs) {
+            Err(BuildError::Config(message)) => message,
+            other => panic!("expected a config error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn graphs_that_would_define_one_rust_type_are_refused_naming_both_files() {
+        assert!(check_unique_names(&[spec("gemm_bias", false), spec("gemm_bias_gelu", true)]).is_ok());
+        assert_eq!(
+            names_error(&[spec("gemm_bias", false), spec("gemm__bias", false)]),
+            "graphs `gemm_bias` (in graphs/gemm_bias.toml) and `gemm__bias` (in graphs/gemm__bias.toml) \
+             would both define the Rust type `GemmBias`; rename one of them"
+        );
+        assert!(names_error(&[spec("GemmBias", false), spec("gemm_bias", false)]).contains("`GemmBias`"));
+        // A macro graph also defines `<Struct>Weights`.
+        let message = names_error(&[spec("mlp", true), spec("mlp_weights", false)]);
+        assert!(
+            message.contains("would both define the Rust type `MlpWeights`"),
+            "{message}"
+        );
+        let message = names_error(&[spec("mlp", false), spec("mlp", true)]);
+        assert!(message.starts_with("graph `mlp` is declared twice"), "{message}");
+    }
 }

@@ -222,8 +222,11 @@ pub fn render(lib_name: &str, archs: &[Arch], graphs: &[GraphSpec]) -> Result<Ke
                     if !entry.archs.contains(&arch) {
                         entry.archs.push(arch);
                     }
+                    // One kernel's users arrive together (its dtypes and
+                    // archs), so comparing with the last keeps each once
+                    // without searching the list.
                     let user = format!("{}#{index}", spec.plan.graph.name);
-                    if !entry.used_by.contains(&user) {
+                    if entry.used_by.last() != Some(&user) {
                         entry.used_by.push(user);
                     }
                     kernel_uses.push((dtype, arch, key));

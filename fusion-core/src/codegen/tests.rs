@@ -266,6 +266,9 @@ fn wrappers_parse_and_name_the_graph() {
     let skipped = wrappers::generate(&lib, false, "/out/fusion_ffi.rs");
     assert!(!skipped.contains("ffi::fusion_kernels_gemm_"));
     assert!(skipped.contains("this build skipped nvcc"));
+    // With no launcher to name, the match's type comes from the binding
+    // (without it the skipped build did not compile: E0282).
+    assert!(skipped.contains("let __launcher_0: fusion::launch::Launcher<ffi::fusion_gemm_params> = match"));
 }
 
 #[test]
@@ -407,5 +410,151 @@ fn sigmoid_and_gelu_quick_render_their_steps() {
     for (unit, (_, chain)) in lib.units.iter().zip(expected) {
         let chain = format!("fusion::EpilogueChain<{chain}>");
         assert!(unit.source.contains(&chain), "{}: no `{chain}`", unit.symbol);
+    }
+}
+
+/// Tensors named like the locals and statics the wrappers used to declare
+/// beside them (`workspace`, `call`, `dtype`, `arch`, `ptr_0`, `GRAPH`, …).
+const CLASHING_NAMES: &str = r#"
+[graph]
+name = "clashing_names"
+
+[dims]
+M = "dyn"
+D = 64
+
+[inputs]
+workspace = "f16[M, D]"
+call = "f16[M, D]"
+TENSOR_0 = "f16[M, D]"
+
+[weights]
+dtype = "f16[D, D]"
+arch = "f16[D]"
+GRAPH = "f16[D]"
+m = "f16[D]"
+ptr_0 = "f16[D, D]"
+weights = "f16[D, D]"
+
+[compute]
+params = "workspace @ dtype^T + arch"
+
+[outputs]
+code = "layernorm(params + call, GRAPH, m) @ ptr_0^T"
+launcher_0 = "relu(TENSOR_0 @ weights^T)"
+"#;
+
+/// The identifiers a pattern binds.
+fn bound_names(pat: &syn::Pat, into: &mut Vec<String>) {
+    match pat {
+        syn::Pat::Ident(p) => into.push(p.ident.to_string()),
+        syn::Pat::Type(p) => bound_names(&p.pat, into),
+        syn::Pat::Reference(p) => bound_names(&p.pat, into),
+        syn::Pat::Slice(p) => p.elems.iter().for_each(|e| bound_names(e, into)),
+        syn::Pat::Tuple(p) => p.elems.iter().for_each(|e| bound_names(e, into)),
+        syn::Pat::Struct(p) => p.fields.iter().for_each(|f| bound_names(&f.pat, into)),
+        _ => {}
+    }
+}
+
+/// For every function in `items` (modules and impls included): its
+/// parameters are distinct, no `let` of its body rebinds one, and none is
+/// named like a static or const of its module.
+fn check_no_shadowing(items: &[syn::Item], context: &str) {
+    let module_values: Vec<String> = items
+        .iter()
+        .filter_map(|item| match item {
+            syn::Item::Static(s) => Some(s.ident.to_string()),
+            syn::Item::Const(c) => Some(c.ident.to_string()),
+            _ => None,
+        })
+        .collect();
+    let mut functions: Vec<(&syn::Signature, &syn::Block)> = Vec::new();
+    for item in items {
+        match item {
+            syn::Item::Fn(f) => functions.push((&f.sig, &f.block)),
+            syn::Item::Impl(i) => functions.extend(i.items.iter().filter_map(|item| match item {
+                syn::ImplItem::Fn(f) => Some((&f.sig, &f.block)),
+                _ => None,
+            })),
+            syn::Item::Mod(m) => check_no_shadowing(&m.content.as_ref().expect("inline module").1, context),
+            _ => {}
+        }
+    }
+    for (sig, block) in functions {
+        let mut params = Vec::new();
+        for input in &sig.inputs {
+            if let syn::FnArg::Typed(arg) = input {
+                bound_names(&arg.pat, &mut params);
+            }
+        }
+        let mut sorted = params.clone();
+        sorted.sort();
+        sorted.dedup();
+        assert_eq!(
+            sorted.len(),
+            params.len(),
+            "{context}: `{}` repeats a parameter: {params:?}",
+            sig.ident
+        );
+        let mut lets = Vec::new();
+        for stmt in &block.stmts {
+            if let syn::Stmt::Local(local) = stmt {
+                bound_names(&local.pat, &mut lets);
+            }
+        }
+        for name in &params {
+            assert!(
+                !lets.contains(name),
+                "{context}: `{}` rebinds its parameter `{name}`",
+                sig.ident
+            );
+            assert!(
+                !module_values.contains(name),
+                "{context}: `{}`'s parameter `{name}` is a static",
+                sig.ident
+            );
+        }
+    }
+}
+
+#[test]
+fn wrappers_declare_no_name_a_tensor_can_take() {
+    let source = crate::diagnostic::SourceFile::new("graphs/clashing_names.toml", CLASHING_NAMES);
+    let graph = crate::graph_from_source(&source).unwrap_or_else(|e| panic!("{e}"));
+    assert!(graph.ops.len() >= 5, "{graph:?}");
+    let toml_spec = GraphSpec {
+        plan: crate::fuse::plan(graph.clone()),
+        dtypes: vec![DType::F16, DType::BF16],
+        origin: "graphs/clashing_names.toml".to_string(),
+        fingerprint: None,
+        declaration: String::new(),
+    };
+    let macro_spec = GraphSpec {
+        fingerprint: Some(1),
+        ..toml_spec.clone()
+    };
+    let plan_text = toml_spec.plan.to_string();
+    assert!(
+        plan_text.contains("between kernels"),
+        "an intermediate in the workspace: {plan_text}"
+    );
+    for (linked, spec) in [(true, toml_spec.clone()), (false, toml_spec), (true, macro_spec)] {
+        let macro_graph = spec.fingerprint.is_some();
+        let lib = render("fusion_kernels", &[Arch::Sm80], &[spec]).unwrap();
+        let rust = if macro_graph {
+            wrappers::generate_macro_graph(&lib, 0, linked, "/out/fusion_ffi.rs")
+        } else {
+            wrappers::generate(&lib, linked, "/out/fusion_ffi.rs")
+        };
+        let file: syn::File = syn::parse_str(&rust).unwrap();
+        check_no_shadowing(
+            &file.items,
+            &format!("macro graph {macro_graph}, linked {linked}"),
+        );
+        assert!(
+            rust.contains("workspace: &fusion::Tensor"),
+            "the tensor is a parameter"
+        );
     }
 }

@@ -11,6 +11,12 @@
 //!
 //! The code expects the bindgen output of the library's header in a sibling
 //! module `ffi` (see [`generate`]).
+//!
+//! Tensor names become parameters, so every other name the generated code
+//! declares where they are read (the function's other parameters and locals,
+//! the module's statics) starts with `__`, which the front end refuses in a
+//! user's name; `stream`, `self` and keywords are reserved words there. (A
+//! launch block's `m`, `n`, `k`, `params` and `code` shadow nothing it reads.)
 
 use super::{GraphLaunchers, KernelLibrary, ParamsKind};
 use crate::fuse::{Composition, Role};
@@ -77,11 +83,11 @@ fn unparse(tokens: TokenStream) -> String {
 }
 
 fn tensor_const(t: TensorId) -> Ident {
-    format_ident!("TENSOR_{}", t.0)
+    format_ident!("__TENSOR_{}", t.0)
 }
 
 fn pointer_var(t: TensorId) -> Ident {
-    format_ident!("ptr_{}", t.0)
+    format_ident!("__ptr_{}", t.0)
 }
 
 fn arg_ident(graph: &Graph, t: TensorId) -> Ident {
@@ -212,7 +218,7 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
     // Which launcher each kernel calls, per (dtype, arch).
     let compiled = compiled_summary(launchers, linked);
     let dispatch = launchers.kernels.iter().enumerate().map(|(index, variants)| {
-        let var = format_ident!("launcher_{index}");
+        let var = format_ident!("__launcher_{index}");
         let params_kind = params_kind(&plan.kernels[index].composition);
         let params_ty = format_ident!("{}", params_kind.c_name());
         let arms = variants
@@ -225,20 +231,20 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
                 quote!((#d, #a) => ffi::#symbol as fusion::launch::Launcher<ffi::#params_ty>,)
             });
         quote! {
-            let #var = match (dtype, arch) {
+            let #var: fusion::launch::Launcher<ffi::#params_ty> = match (__dtype, __arch) {
                 #(#arms)*
-                _ => return Err(fusion::launch::not_compiled(#name, dtype, arch, #compiled)),
+                _ => return Err(fusion::launch::not_compiled(#name, __dtype, __arch, #compiled)),
             };
         }
     });
 
     let input_checks = reads.iter().map(|&t| {
         let (decl, ptr, arg) = (tensor_const(t), pointer_var(t), arg_ident(graph, t));
-        quote!(let #ptr = call.input(&#decl, #arg)?;)
+        quote!(let #ptr = __call.input(&#decl, #arg)?;)
     });
     let output_checks = graph.outputs.iter().map(|&t| {
         let (decl, ptr, arg) = (tensor_const(t), pointer_var(t), arg_ident(graph, t));
-        quote!(let #ptr = call.output(&#decl, #arg)?;)
+        quote!(let #ptr = __call.output(&#decl, #arg)?;)
     });
     let temporaries: Vec<TensorId> = plan
         .crossing_tensors()
@@ -252,14 +258,14 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
         let decls = temporaries.iter().map(|&t| tensor_const(t));
         let ptrs = temporaries.iter().map(|&t| pointer_var(t));
         quote! {
-            let [#(#ptrs),*] = call.intermediates::<#elem>(workspace, &[#(&#decls),*])?[..] else {
+            let [#(#ptrs),*] = __call.intermediates::<#elem>(__workspace, &[#(&#decls),*])?[..] else {
                 unreachable!("one buffer per intermediate")
             };
         }
     };
     let error_string = format_ident!("{}_error_string", library.lib_name);
     let launches = plan.kernels.iter().enumerate().map(|(index, kernel)| {
-        let var = format_ident!("launcher_{index}");
+        let var = format_ident!("__launcher_{index}");
         let label = format!("kernel #{index} ({})", kernel.name);
         let ptr = |role: Role| match kernel.operand(role) {
             Some(t) => {
@@ -287,8 +293,8 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
                 let a_decl = tensor_const(kernel.operand(Role::A).unwrap_or(kernel.output));
                 let eps = gemm.prologue.map_or(0.0, |p| p.eps) as f32;
                 quote! {
-                    let (m, k) = call.matrix(&#a_decl);
-                    let n = call.matrix(&#out_decl).1;
+                    let (m, k) = __call.reduced_matrix(&#a_decl)?;
+                    let n = __call.matrix(&#out_decl)?.1;
                     let params = ffi::fusion_gemm_params {
                         a: #a, b: #b, c: #out as *mut core::ffi::c_void,
                         bias: #bias, residual: #residual, multiplier: #multiplier,
@@ -300,7 +306,7 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
                 let (x, gamma, beta) = (ptr(Role::X), ptr(Role::Gamma), ptr(Role::Beta));
                 let eps = norm.eps as f32;
                 quote! {
-                    let (m, k) = call.matrix(&#out_decl);
+                    let (m, k) = __call.matrix(&#out_decl)?;
                     let params = ffi::fusion_norm_params {
                         x: #x, y: #out as *mut core::ffi::c_void, gamma: #gamma, beta: #beta, m, k, eps: #eps,
                     };
@@ -309,7 +315,7 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
             Composition::Elementwise(_) => {
                 let x = ptr(Role::X);
                 quote! {
-                    let (m, n) = call.matrix(&#out_decl);
+                    let (m, n) = __call.matrix(&#out_decl)?;
                     let params = ffi::fusion_elementwise_params {
                         x: #x, y: #out as *mut core::ffi::c_void,
                         bias: #bias, residual: #residual, multiplier: #multiplier, m, n,
@@ -320,11 +326,11 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
         quote! {
             {
                 #params
-                // SAFETY: every pointer was checked by `call` (shape, context,
+                // SAFETY: every pointer was checked by `__call` (shape, context,
                 // alignment, no output aliasing an input) and stays borrowed
-                // until `call` is dropped; the launcher only enqueues work.
-                let code = unsafe { #var(&params, call.stream_ptr()) };
-                call.launched(#label, code, ffi::#error_string)?;
+                // until `__call` is dropped; the launcher only enqueues work.
+                let code = unsafe { #var(&params, __call.stream_ptr()) };
+                __call.launched(#label, code, ffi::#error_string)?;
             }
         }
     });
@@ -351,21 +357,21 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
         mod #module {
             use super::ffi;
 
-            static GRAPH: fusion::launch::GraphDecl = fusion::launch::GraphDecl {
+            static __GRAPH: fusion::launch::GraphDecl = fusion::launch::GraphDecl {
                 name: #name,
                 dims: #dims_decl,
             };
             #(#tensor_decls)*
 
-            pub(super) fn run #generics(workspace: &mut fusion::launch::Workspace, #params) -> fusion::Result<()> {
-                let dtype = <#elem as fusion::Element>::DTYPE;
-                let arch = fusion::device::arch_for(stream)?;
+            pub(super) fn run #generics(__workspace: &mut fusion::launch::Workspace, #params) -> fusion::Result<()> {
+                let __dtype = <#elem as fusion::Element>::DTYPE;
+                let __arch = fusion::device::arch_for(stream)?;
                 #(#dispatch)*
-                let mut call = fusion::launch::Call::new(&GRAPH, stream);
+                let mut __call = fusion::launch::Call::new(&__GRAPH, stream);
                 #(#input_checks)*
                 #(#output_checks)*
-                call.check_aliasing()?;
-                if call.is_empty() {
+                __call.check_aliasing()?;
+                if __call.is_empty() {
                     return Ok(());
                 }
                 #workspace
@@ -378,8 +384,8 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
                 stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
                 #(#weight_args: &fusion::Tensor<'_, #elem>,)*
             ) -> fusion::Result<()> {
-                let mut call = fusion::launch::Call::new(&GRAPH, stream);
-                #(call.input(&#weight_decls, #weight_args)?;)*
+                let mut __call = fusion::launch::Call::new(&__GRAPH, stream);
+                #(__call.input(&#weight_decls, #weight_args)?;)*
                 Ok(())
             }
         }
@@ -485,8 +491,7 @@ impl quote::ToTokens for BoundGraph {
                     stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
                     weights: #weights_ident #args,
                 ) -> fusion::Result<Self> {
-                    let #weights_ident { #(#weights),* } = &weights;
-                    #module::check_weights #turbofish(stream, #(#weights),*)?;
+                    #module::check_weights #turbofish(stream, #(&weights.#weights),*)?;
                     Ok(Self { weights, workspace: fusion::launch::Workspace::new() })
                 }
 

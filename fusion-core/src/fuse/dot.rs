@@ -68,10 +68,11 @@ pub fn write(plan: &Plan) -> String {
         line("  }".to_string());
     }
 
+    let index = graph.index();
     for kernel in &plan.kernels {
         for &op in &kernel.ops {
             for &t in &graph.op(op).inputs {
-                match graph.producer(t).filter(|p| kernel.ops.contains(p)) {
+                match index.producer(t).filter(|p| kernel.ops.contains(p)) {
                     // Fused away: the value stays in registers inside the kernel.
                     Some(producer) => line(format!(
                         "  {} -> {} [label={}];",

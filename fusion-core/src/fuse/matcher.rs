@@ -10,7 +10,7 @@
 //! dependency graph has no cycles.
 
 use super::plan::{Composition, EpilogueStep, FusedKernel, GemmComposition, Norm, Operand, Plan, Role};
-use crate::ir::{Graph, OpId, OpKind, TensorId};
+use crate::ir::{Graph, OpId, OpKind, TensorId, TensorIndex};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
@@ -141,35 +141,36 @@ impl Chain {
 /// One chain per matmul, as long as the linear-chain rule and the epilogue
 /// cap allow, before any conflicts are settled.
 fn candidate_chains(graph: &Graph) -> Vec<Chain> {
+    let index = graph.index();
     graph
         .op_ids()
         .filter(|&op| matches!(graph.op(op).kind, OpKind::MatMul { .. }))
         .map(|matmul| Chain {
-            prologue: norm_prologue(graph, matmul),
+            prologue: norm_prologue(graph, &index, matmul),
             matmul,
-            epilogue: epilogue_ops(graph, matmul),
+            epilogue: epilogue_ops(graph, &index, matmul),
         })
         .collect()
 }
 
 /// The norm that computes the matmul's `A`, when the matmul is that norm's
 /// only use.
-fn norm_prologue(graph: &Graph, matmul: OpId) -> Option<OpId> {
+fn norm_prologue(graph: &Graph, index: &TensorIndex, matmul: OpId) -> Option<OpId> {
     let a = graph.op(matmul).inputs[0];
-    let producer = graph.producer(a)?;
+    let producer = index.producer(a)?;
     let is_norm = Norm::of_op(&graph.op(producer).kind).is_some();
     // One use, and it is this matmul's A: so not its B, not a graph output.
-    (is_norm && graph.use_count(a) == 1).then_some(producer)
+    (is_norm && index.use_count(a) == 1).then_some(producer)
 }
 
 /// The elementwise ops that follow the matmul one after another, each the
 /// only use of the tensor before it.
-fn epilogue_ops(graph: &Graph, matmul: OpId) -> Vec<OpId> {
+fn epilogue_ops(graph: &Graph, index: &TensorIndex, matmul: OpId) -> Vec<OpId> {
     let mut ops = Vec::new();
     let mut current = graph.op(matmul).output;
-    while ops.len() < MAX_EPILOGUE_STEPS && graph.use_count(current) == 1 {
+    while ops.len() < MAX_EPILOGUE_STEPS && index.use_count(current) == 1 {
         // The one use may be the graph output itself, with no op reading it.
-        let Some(&next) = graph.uses(current).first() else {
+        let Some(&next) = index.uses(current).first() else {
             break;
         };
         if !fits_epilogue(graph, next, current) {
@@ -209,30 +210,36 @@ fn other_operand(graph: &Graph, op: OpId, chain: TensorId) -> TensorId {
 }
 
 /// Settles conflicts: repeatedly commits the highest-priority candidate,
-/// after cutting every candidate's epilogue before the first op already
-/// committed. Chains only merge, so the ops after a contested one are the
-/// winner's too, and the loser keeps a (shorter) contiguous chain.
+/// after cutting its epilogue before the first op already committed. Chains
+/// only merge, so the ops after a contested one are the winner's too, and
+/// the loser keeps a (shorter) contiguous chain.
 ///
-/// Priorities are recomputed after each commit, so a candidate that lost
-/// ops competes with what it has left, not with what it wanted.
-fn select_chains(graph: &Graph, mut pending: Vec<Chain>) -> Vec<Chain> {
+/// A candidate competes with what it has left, not with what it wanted: a
+/// cut only lowers a priority (fewer ops), so candidates wait in a heap
+/// under the priority they had when pushed, and one found cut when it comes
+/// to the top goes back with its new priority. That commits the same chains
+/// as recomputing every priority after each commit, in n log n.
+fn select_chains(graph: &Graph, pending: Vec<Chain>) -> Vec<Chain> {
     let mut taken = vec![false; graph.ops.len()];
     let mut chosen = Vec::with_capacity(pending.len());
-    while !pending.is_empty() {
-        for chain in &mut pending {
-            if let Some(cut) = chain.epilogue.iter().position(|op| taken[op.0]) {
-                chain.epilogue.truncate(cut);
-            }
+    let mut slots: Vec<Chain> = pending;
+    let mut heap: BinaryHeap<_> = slots
+        .iter()
+        .enumerate()
+        .map(|(i, chain)| (chain.priority(graph), i))
+        .collect();
+    while let Some((_, i)) = heap.pop() {
+        let chain = &mut slots[i];
+        if let Some(cut) = chain.epilogue.iter().position(|op| taken[op.0]) {
+            chain.epilogue.truncate(cut);
+            heap.push((chain.priority(graph), i));
+            continue;
         }
-        let best = (0..pending.len())
-            .max_by_key(|&i| pending[i].priority(graph))
-            .expect("pending is not empty");
-        let chain = pending.swap_remove(best);
         for op in chain.ops() {
             assert!(!taken[op.0], "op {} was fused into two kernels", op.0);
             taken[op.0] = true;
         }
-        chosen.push(chain);
+        chosen.push(chain.clone());
     }
     chosen
 }
@@ -289,7 +296,11 @@ fn standalone_kernel(graph: &Graph, id: OpId) -> FusedKernel {
 /// kernels that are ready at once, the one whose first op comes first in the
 /// graph goes first, so the plan reads in the order the graph was written.
 fn order_by_dependencies(graph: &Graph, kernels: Vec<FusedKernel>) -> Vec<FusedKernel> {
-    let writer_of = |t: TensorId| kernels.iter().position(|k| k.output == t);
+    let mut writer = vec![None; graph.tensors.len()];
+    for (i, kernel) in kernels.iter().enumerate() {
+        writer[kernel.output.0] = Some(i);
+    }
+    let writer_of = |t: TensorId| writer[t.0];
     let mut waiting_on = vec![0usize; kernels.len()];
     let mut readers: Vec<Vec<usize>> = vec![Vec::new(); kernels.len()];
     for (i, kernel) in kernels.iter().enumerate() {

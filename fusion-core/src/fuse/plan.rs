@@ -143,11 +143,18 @@ impl fmt::Display for Role {
 }
 
 impl NormKind {
-    pub fn name(self) -> &'static str {
+    /// The norm op's row in the op table.
+    pub fn def(self) -> &'static OpDef {
         match self {
-            NormKind::LayerNorm => "layernorm",
-            NormKind::RmsNorm => "rmsnorm",
+            NormKind::LayerNorm => &ops::LAYERNORM,
+            NormKind::RmsNorm => &ops::RMSNORM,
         }
+    }
+
+    /// As written in graph declarations, and as a prologue in composed
+    /// names (`layernorm_gemm`).
+    pub fn name(self) -> &'static str {
+        self.def().name
     }
 }
 
@@ -287,24 +294,34 @@ impl Plan {
 
     /// Tensors that cross kernel boundaries, ordered by producing kernel.
     pub fn crossing_tensors(&self) -> Vec<CrossingTensor> {
+        let mut writer = vec![None; self.graph.tensors.len()];
+        for (i, kernel) in self.kernels.iter().enumerate() {
+            writer[kernel.output.0] = Some(i);
+        }
+        let mut consumers: Vec<Vec<usize>> = vec![Vec::new(); self.kernels.len()];
+        for (reader, kernel) in self.kernels.iter().enumerate() {
+            for t in kernel.inputs() {
+                if let Some(producer) = writer[t.0]
+                    && consumers[producer].last() != Some(&reader)
+                {
+                    consumers[producer].push(reader);
+                }
+            }
+        }
+        let mut is_graph_output = vec![false; self.graph.tensors.len()];
+        for &t in &self.graph.outputs {
+            is_graph_output[t.0] = true;
+        }
         self.kernels
             .iter()
+            .zip(consumers)
             .enumerate()
-            .filter_map(|(producer, kernel)| {
-                let mut consumers: Vec<usize> = self
-                    .kernels
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, k)| k.inputs().any(|t| t == kernel.output))
-                    .map(|(i, _)| i)
-                    .collect();
-                consumers.dedup();
-                (!consumers.is_empty()).then(|| CrossingTensor {
-                    tensor: kernel.output,
-                    producer,
-                    consumers,
-                    is_graph_output: self.graph.outputs.contains(&kernel.output),
-                })
+            .filter(|(_, (_, consumers))| !consumers.is_empty())
+            .map(|(producer, (kernel, consumers))| CrossingTensor {
+                tensor: kernel.output,
+                producer,
+                consumers,
+                is_graph_output: is_graph_output[kernel.output.0],
             })
             .collect()
     }

@@ -3,7 +3,7 @@
 //! wrong kernel.
 
 use super::plan::{Composition, EpilogueStep, FusedKernel, Norm, Plan, Role};
-use crate::ir::{Graph, OpKind, TensorId};
+use crate::ir::{Graph, OpKind, TensorId, TensorIndex};
 
 impl Plan {
     /// Checks that every op is in exactly one kernel, that each kernel is a
@@ -13,6 +13,7 @@ impl Plan {
     /// broke, naming the kernel.
     pub fn validate(&self) -> Result<(), String> {
         let graph = &self.graph;
+        let index = graph.index();
         let mut owner: Vec<Option<usize>> = vec![None; graph.ops.len()];
         for (i, kernel) in self.kernels.iter().enumerate() {
             if kernel.ops.is_empty() {
@@ -36,9 +37,10 @@ impl Plan {
             ));
         }
         for (i, kernel) in self.kernels.iter().enumerate() {
-            check_kernel(graph, kernel).map_err(|e| format!("kernel {i} (`{}`): {e}", kernel.name))?;
+            check_kernel(graph, &index, kernel)
+                .map_err(|e| format!("kernel {i} (`{}`): {e}", kernel.name))?;
             for t in kernel.inputs() {
-                if let Some(producer) = graph.producer(t) {
+                if let Some(producer) = index.producer(t) {
                     let writer = owner[producer.0].expect("every op has an owner");
                     if writer >= i {
                         return Err(format!(
@@ -55,7 +57,7 @@ impl Plan {
 }
 
 /// The rules one kernel must hold on its own.
-fn check_kernel(graph: &Graph, kernel: &FusedKernel) -> Result<(), String> {
+fn check_kernel(graph: &Graph, index: &TensorIndex, kernel: &FusedKernel) -> Result<(), String> {
     let last = *kernel.ops.last().expect("checked non-empty");
     if kernel.output != graph.op(last).output {
         return Err("its output is not its last op's output".to_string());
@@ -69,7 +71,7 @@ fn check_kernel(graph: &Graph, kernel: &FusedKernel) -> Result<(), String> {
     // Linear chain: each op's output is read once, by the next op.
     for pair in kernel.ops.windows(2) {
         let t = graph.op(pair[0]).output;
-        if graph.use_count(t) != 1 || !graph.op(pair[1]).inputs.contains(&t) {
+        if index.use_count(t) != 1 || !graph.op(pair[1]).inputs.contains(&t) {
             return Err(format!(
                 "`{}` is fused away but is read elsewhere or is a graph output",
                 graph.tensor(t).name

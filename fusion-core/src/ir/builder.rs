@@ -9,7 +9,9 @@ use std::collections::HashMap;
 pub const MAX_DIM: u64 = i32::MAX as u64;
 
 /// Words that cannot name a graph, dim or tensor: the names become Rust and C
-/// identifiers in generated code.
+/// identifiers in generated code. Besides keywords: `stream` (every wrapper's
+/// first parameter) and the prelude's `Some`, `None`, `Ok`, `Err` (a
+/// parameter by that name would be read as a pattern).
 const RESERVED: &[&str] = &[
     "as", "async", "await", "break", "const", "continue", "crate", "dyn", "else", "enum", "extern", "false",
     "fn", "for", "if", "impl", "in", "let", "loop", "match", "mod", "move", "mut", "pub", "ref", "return",
@@ -17,8 +19,13 @@ const RESERVED: &[&str] = &[
     "abstract", "become", "box", "do", "final", "macro", "override", "priv", "typeof", "unsized", "virtual",
     "yield", "try", "gen", "int", "float", "double", "char", "void", "long", "short", "signed", "unsigned",
     "auto", "register", "volatile", "sizeof", "switch", "case", "default", "goto", "union", "typedef",
-    "stream",
+    "stream", "Some", "None", "Ok", "Err",
 ];
+
+/// The prefix of the names generated wrappers declare beside a graph's
+/// tensor names (`__call`, `__ptr_0`, `__GRAPH`), refused in a user's names
+/// so the two can never collide.
+pub const GENERATED_PREFIX: &str = "__";
 
 /// Builds a [`Graph`] op by op, checking each op's operands as it is added.
 ///
@@ -105,6 +112,14 @@ impl GraphBuilder {
             return Err(self.error(
                 span,
                 format!("`{name}` is not a valid {what} name: use letters, digits and `_`, not starting with a digit"),
+            ));
+        }
+        if name.starts_with(GENERATED_PREFIX) {
+            return Err(self.error(
+                span,
+                format!(
+                    "`{name}` cannot name a {what}: names starting with `{GENERATED_PREFIX}` are kept for the code fusion generates"
+                ),
             ));
         }
         if RESERVED.contains(&name) {
@@ -513,13 +528,14 @@ impl GraphBuilder {
             ));
         }
         // Walk back from the outputs: whatever is not reached is dead.
+        let index = g.index();
         let mut live = vec![false; g.tensors.len()];
         let mut stack: Vec<TensorId> = g.outputs.clone();
         while let Some(t) = stack.pop() {
             if std::mem::replace(&mut live[t.0], true) {
                 continue;
             }
-            if let Some(op) = g.producer(t) {
+            if let Some(op) = index.producer(t) {
                 stack.extend(g.op(op).inputs.iter().copied());
             }
         }

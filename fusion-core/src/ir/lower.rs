@@ -30,26 +30,73 @@ pub fn lower(decl: &GraphDecl) -> Result<Graph, Diagnostics> {
     l.declare_dims();
     l.declare_tensors();
     l.index_bindings();
-    for i in 0..decl.bindings.len() {
-        // Failures are already recorded in `errors`.
-        let _ = l.resolve_binding(i, &[]);
+    for i in l.dependency_order() {
+        if l.state[i] == State::Pending {
+            // Failures are already recorded in `errors`.
+            let _ = l.lower_binding(i);
+        }
     }
     if !l.errors.is_empty() {
         return Err(Diagnostics(l.errors));
     }
-    l.b.build()
+    let graph = l.b.build()?;
+    check_static_row_lengths(&graph)?;
+    Ok(graph)
+}
+
+/// Kernels read and write rows 16 bytes (8 halves) at a time, so every call
+/// refuses a tensor whose row length is not a multiple of 8. A static row
+/// length can be checked now, once, at the first tensor that has it.
+fn check_static_row_lengths(graph: &Graph) -> Result<(), Diagnostics> {
+    let mut reported = Vec::new();
+    let mut errors = Vec::new();
+    for t in &graph.tensors {
+        let Some(&Extent::Static(n)) = t.shape.last() else {
+            continue;
+        };
+        if n % 8 == 0 || reported.contains(&n) {
+            continue;
+        }
+        reported.push(n);
+        let named = graph
+            .dims
+            .iter()
+            .find(|d| d.size == Some(n))
+            .map(|d| d.name.as_str());
+        let what = named.map_or(n.to_string(), |name| format!("{name} = {n}"));
+        errors.push(Diagnostic::new(
+            t.span,
+            format!(
+                "`{}` has rows of {what}, not a multiple of 8: fused kernels read rows 16 bytes (8 halves) at a \
+                 time, so every call would be refused; pad it to a multiple of 8",
+                t.name
+            ),
+        ));
+    }
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(Diagnostics(errors))
+    }
 }
 
 #[derive(Clone, Copy, PartialEq)]
 enum State {
     Pending,
-    Visiting,
     Done(TensorId),
     Failed,
 }
 
 /// An error already recorded.
 struct Reported;
+
+/// A step of lowering one expression without recursion: visit a node (push
+/// its steps), or apply it to the operands its children left on the value
+/// stack.
+enum Step<'a> {
+    Visit(&'a Expr),
+    Apply(&'a Expr),
+}
 
 struct Lowering<'a> {
     decl: &'a GraphDecl,
@@ -153,41 +200,120 @@ impl<'a> Lowering<'a> {
     }
 
     fn index_bindings(&mut self) {
+        // The first place each name is written: dims, then tensors, then
+        // bindings in order.
+        let mut first: HashMap<&'a str, Span> = HashMap::new();
+        for id in self
+            .decl
+            .dims
+            .iter()
+            .map(|d| &d.name)
+            .chain(self.decl.tensors.iter().map(|t| &t.name))
+        {
+            first.entry(id.name.as_str()).or_insert(id.span);
+        }
         for (i, binding) in self.decl.bindings.iter().enumerate() {
             let name = binding.name.name.as_str();
-            let earlier = self
-                .decl
-                .dims
-                .iter()
-                .map(|d| &d.name)
-                .chain(self.decl.tensors.iter().map(|t| &t.name))
-                .chain(self.decl.bindings[..i].iter().map(|b| &b.name))
-                .find(|id| id.name == name)
-                .cloned();
-            if let Some(first) = earlier {
+            if let Some(&first) = first.get(name) {
                 self.state[i] = State::Failed;
                 self.report(
                     Diagnostic::new(binding.name.span, format!("`{name}` is defined twice"))
-                        .with_label(first.span, "first defined"),
+                        .with_label(first, "first defined"),
                 );
             } else {
+                first.insert(name, binding.name.span);
                 self.bindings.insert(name, i);
             }
         }
     }
 
-    fn resolve_binding(&mut self, i: usize, path: &[usize]) -> Result<TensorId, Reported> {
-        match self.state[i] {
-            State::Done(t) => return Ok(t),
-            State::Failed => return Err(Reported),
-            State::Visiting => unreachable!("cycles are caught at the reference"),
-            State::Pending => {}
+    /// The bindings each binding's expression names, in the order they are
+    /// written. A binding that only renames another is an error of its own
+    /// (see [`Lowering::lower_binding`]), so it depends on nothing.
+    fn references(&self, binding: &'a Binding) -> Vec<(usize, &'a Ident)> {
+        let mut found = Vec::new();
+        if matches!(binding.expr, Expr::Name(_)) && !binding.is_output {
+            return found;
         }
-        self.state[i] = State::Visiting;
+        let mut pending = vec![&binding.expr];
+        while let Some(expr) = pending.pop() {
+            match expr {
+                Expr::Name(id) => {
+                    if let Some(&i) = self.bindings.get(id.name.as_str()) {
+                        found.push((i, id));
+                    }
+                }
+                Expr::Call(call) => pending.extend(call.args.iter().rev()),
+                Expr::Binary(bin) => {
+                    pending.push(&bin.rhs);
+                    pending.push(&bin.lhs);
+                }
+                Expr::Transpose { operand, .. } => pending.push(operand),
+            }
+        }
+        found
+    }
+
+    /// Every binding once, each after the bindings it names (a depth-first
+    /// walk with its own stack: `[compute]` entries may chain as long as the
+    /// file allows). A reference that closes a cycle is reported, with the
+    /// cycle's path, and fails the binding that makes it.
+    fn dependency_order(&mut self) -> Vec<usize> {
+        #[derive(Clone, Copy, PartialEq)]
+        enum Mark {
+            New,
+            OnPath,
+            Placed,
+        }
+        let count = self.decl.bindings.len();
+        let references: Vec<Vec<(usize, &'a Ident)>> =
+            self.decl.bindings.iter().map(|b| self.references(b)).collect();
+        let mut mark = vec![Mark::New; count];
+        let mut order = Vec::with_capacity(count);
+        // The path being walked: a binding and how many of its references
+        // have been followed.
+        let mut path: Vec<(usize, usize)> = Vec::new();
+        for root in 0..count {
+            if mark[root] != Mark::New {
+                continue;
+            }
+            mark[root] = Mark::OnPath;
+            path.push((root, 0));
+            while let Some(&mut (i, ref mut next)) = path.last_mut() {
+                let Some(&(j, id)) = references[i].get(*next) else {
+                    mark[i] = Mark::Placed;
+                    order.push(i);
+                    path.pop();
+                    continue;
+                };
+                *next += 1;
+                match mark[j] {
+                    Mark::Placed => {}
+                    Mark::New => {
+                        mark[j] = Mark::OnPath;
+                        path.push((j, 0));
+                    }
+                    Mark::OnPath => {
+                        let start = path.iter().position(|&(p, _)| p == j).unwrap_or(0);
+                        let mut names: Vec<&str> = path[start..]
+                            .iter()
+                            .map(|&(p, _)| self.decl.bindings[p].name.name.as_str())
+                            .collect();
+                        names.push(&id.name);
+                        let message = format!("cycle: {}", cycle_path(&names));
+                        self.report(Diagnostic::new(id.span, message));
+                        self.state[i] = State::Failed;
+                    }
+                }
+            }
+        }
+        order
+    }
+
+    /// Lowers binding `i`, whose references are all lowered (or failed).
+    fn lower_binding(&mut self, i: usize) -> Result<TensorId, Reported> {
         let binding: &'a Binding = &self.decl.bindings[i];
-        let mut path = path.to_vec();
-        path.push(i);
-        let result = self.lower_binding(binding, &path);
+        let result = self.lower_named(binding);
         self.state[i] = match result {
             Ok(t) => State::Done(t),
             Err(_) => State::Failed,
@@ -195,7 +321,7 @@ impl<'a> Lowering<'a> {
         result
     }
 
-    fn lower_binding(&mut self, binding: &'a Binding, path: &[usize]) -> Result<TensorId, Reported> {
+    fn lower_named(&mut self, binding: &'a Binding) -> Result<TensorId, Reported> {
         let name = &binding.name;
         if let Expr::Name(source) = &binding.expr
             && !binding.is_output
@@ -208,7 +334,7 @@ impl<'a> Lowering<'a> {
                 ),
             )));
         }
-        let t = self.lower_expr(&binding.expr, path)?;
+        let t = self.lower_expr(&binding.expr)?;
         self.b.at(name.span);
         let named = if binding.is_output {
             self.b.output(&name.name, t)
@@ -219,22 +345,17 @@ impl<'a> Lowering<'a> {
         Ok(t)
     }
 
-    fn lookup(&mut self, id: &Ident, path: &[usize]) -> Result<TensorId, Reported> {
+    fn lookup(&mut self, id: &Ident) -> Result<TensorId, Reported> {
         if let Some(&t) = self.tensors.get(id.name.as_str()) {
             return Ok(t);
         }
         if let Some(&i) = self.bindings.get(id.name.as_str()) {
-            if self.state[i] == State::Visiting {
-                let start = path.iter().position(|&p| p == i).unwrap_or(0);
-                let mut names: Vec<&str> = path[start..]
-                    .iter()
-                    .map(|&p| self.decl.bindings[p].name.name.as_str())
-                    .collect();
-                names.push(&id.name);
-                let message = format!("cycle: {}", names.join(" → "));
-                return Err(self.report(Diagnostic::new(id.span, message)));
-            }
-            return self.resolve_binding(i, path);
+            return match self.state[i] {
+                State::Done(t) => Ok(t),
+                // Reported where it failed; or, while still pending, the
+                // reference closes a cycle, reported by `dependency_order`.
+                State::Failed | State::Pending => Err(Reported),
+            };
         }
         let what = if self.dims.contains_key(id.name.as_str()) {
             format!("`{}` is a dim, not a tensor", id.name)
@@ -248,52 +369,80 @@ impl<'a> Lowering<'a> {
         self.b.tensor(t).shape.len()
     }
 
-    fn lower_expr(&mut self, expr: &'a Expr, path: &[usize]) -> Result<TensorId, Reported> {
-        match expr {
-            Expr::Name(id) => self.lookup(id, path),
-            Expr::Transpose { span, .. } => Err(self.report(Diagnostic::new(
-                *span,
-                "`^T` is only allowed on the right operand of `@` (or matmul's second argument)",
-            ))),
-            Expr::Binary(bin) => match bin.op {
-                BinOp::MatMul => self.lower_matmul(&bin.lhs, &bin.rhs, bin.span, path),
-                BinOp::Add => {
-                    let (a, b) = (self.lower_expr(&bin.lhs, path)?, self.lower_expr(&bin.rhs, path)?);
-                    self.b.at(bin.span);
-                    let r = match (self.rank(a), self.rank(b)) {
+    /// Lowers an expression, operands before the op, left to right, with
+    /// its own stacks (an operator chain is as deep as it is long). The
+    /// first error stops it.
+    fn lower_expr(&mut self, expr: &'a Expr) -> Result<TensorId, Reported> {
+        let mut steps = vec![Step::Visit(expr)];
+        let mut values: Vec<TensorId> = Vec::new();
+        while let Some(step) = steps.pop() {
+            match step {
+                Step::Visit(expr) => match expr {
+                    Expr::Name(id) => values.push(self.lookup(id)?),
+                    Expr::Transpose { span, .. } => {
+                        return Err(self.report(Diagnostic::new(
+                            *span,
+                            "`^T` is only allowed on the right operand of `@` (or matmul's second argument)",
+                        )));
+                    }
+                    Expr::Binary(bin) => {
+                        steps.push(Step::Apply(expr));
+                        steps.push(Step::Visit(matmul_operand(bin.op, &bin.rhs)));
+                        steps.push(Step::Visit(&bin.lhs));
+                    }
+                    Expr::Call(call) => {
+                        self.check_call(call)?;
+                        steps.push(Step::Apply(expr));
+                        for (index, arg) in call.args.iter().enumerate().rev() {
+                            let second_of_matmul = call.func.name == "matmul" && index == 1;
+                            steps.push(Step::Visit(if second_of_matmul {
+                                matmul_operand(BinOp::MatMul, arg)
+                            } else {
+                                arg
+                            }));
+                        }
+                    }
+                },
+                Step::Apply(expr) => {
+                    let arity = match expr {
+                        Expr::Call(call) => call.args.len(),
+                        _ => 2,
+                    };
+                    let operands = values.split_off(values.len() - arity);
+                    let t = self.apply(expr, &operands)?;
+                    values.push(t);
+                }
+            }
+        }
+        Ok(values.pop().expect("an expression leaves one value"))
+    }
+
+    /// Builds the op of a binary expression or a call whose operands are
+    /// lowered.
+    fn apply(&mut self, expr: &'a Expr, args: &[TensorId]) -> Result<TensorId, Reported> {
+        let r = match expr {
+            Expr::Binary(bin) => {
+                self.b.at(bin.span);
+                let (a, b) = (args[0], args[1]);
+                match bin.op {
+                    BinOp::MatMul => self.b.matmul(a, b, layout_of(&bin.rhs)),
+                    BinOp::Add => match (self.rank(a), self.rank(b)) {
                         (2, 1) => self.b.bias_add(a, b),
                         (1, 2) => self.b.bias_add(b, a),
                         _ => self.b.add(a, b),
-                    };
-                    r.map_err(|e| self.report(e))
+                    },
+                    BinOp::Mul => self.b.mul(a, b),
                 }
-                BinOp::Mul => {
-                    let (a, b) = (self.lower_expr(&bin.lhs, path)?, self.lower_expr(&bin.rhs, path)?);
-                    self.b.at(bin.span);
-                    self.b.mul(a, b).map_err(|e| self.report(e))
-                }
-            },
-            Expr::Call(call) => self.lower_call(call, path),
-        }
-    }
-
-    fn lower_matmul(
-        &mut self,
-        lhs: &'a Expr,
-        rhs: &'a Expr,
-        span: Span,
-        path: &[usize],
-    ) -> Result<TensorId, Reported> {
-        let a = self.lower_expr(lhs, path)?;
-        let (b, layout) = match rhs {
-            Expr::Transpose { operand, .. } => (self.lower_expr(operand, path)?, WeightLayout::NK),
-            other => (self.lower_expr(other, path)?, WeightLayout::KN),
+            }
+            Expr::Call(call) => return self.lower_call(call, args),
+            Expr::Name(_) | Expr::Transpose { .. } => unreachable!("only ops are applied"),
         };
-        self.b.at(span);
-        self.b.matmul(a, b, layout).map_err(|e| self.report(e))
+        r.map_err(|e| self.report(e))
     }
 
-    fn lower_call(&mut self, call: &'a Call, path: &[usize]) -> Result<TensorId, Reported> {
+    /// Checks a call's op name, argument count and keyword arguments,
+    /// before its arguments are lowered.
+    fn check_call(&mut self, call: &'a Call) -> Result<(), Reported> {
         let name = call.func.name.as_str();
         let Some(op) = ops::op_named(name) else {
             let known: Vec<&str> = ops::OPS.iter().map(|op| op.name).collect();
@@ -310,10 +459,8 @@ impl<'a> Lowering<'a> {
                 format!("`{name}` takes {arity} argument{plural}, got {}", call.args.len()),
             )));
         }
-        // Each keyword's value, in the row's order; defaults where left out.
-        let mut keywords: Vec<f64> = op.keywords.iter().map(|k| k.default).collect();
         for kw in &call.kwargs {
-            let Some(slot) = op.keywords.iter().position(|k| k.name == kw.name.name) else {
+            if !op.keywords.iter().any(|k| k.name == kw.name.name) {
                 let allowed = if op.keywords.is_empty() {
                     "it takes none".to_string()
                 } else {
@@ -324,19 +471,40 @@ impl<'a> Lowering<'a> {
                     kw.name.span,
                     format!("`{name}` has no argument `{}`: {allowed}", kw.name.name),
                 )));
-            };
-            keywords[slot] = kw.value;
+            }
+            // The kernels take eps as an f32: outside its normal range it
+            // would become infinity, a subnormal or 0, not what was written.
+            // (Programmatic graphs may use any positive eps: the CPU
+            // reference computes in f64.)
+            let f32_normal = f64::from(f32::MIN_POSITIVE)..=f64::from(f32::MAX);
+            if kw.name.name == "eps" && kw.value > 0.0 && !f32_normal.contains(&kw.value) {
+                return Err(self.report(Diagnostic::new(
+                    kw.span,
+                    format!(
+                        "eps = {:e} is outside f32's normal range ({:e} to {:e}): the kernels compute in f32",
+                        kw.value,
+                        f32::MIN_POSITIVE,
+                        f32::MAX
+                    ),
+                )));
+            }
         }
-        if let OpForm::MatMul = op.form {
-            return self.lower_matmul(&call.args[0], &call.args[1], call.span, path);
-        }
-        let mut args = Vec::with_capacity(arity);
-        for a in &call.args {
-            args.push(self.lower_expr(a, path)?);
+        Ok(())
+    }
+
+    /// The op of a checked call whose arguments are lowered.
+    fn lower_call(&mut self, call: &'a Call, args: &[TensorId]) -> Result<TensorId, Reported> {
+        let op = ops::op_named(&call.func.name).expect("check_call found the op");
+        // Each keyword's value, in the row's order; defaults where left out.
+        let mut keywords: Vec<f64> = op.keywords.iter().map(|k| k.default).collect();
+        for kw in &call.kwargs {
+            if let Some(slot) = op.keywords.iter().position(|k| k.name == kw.name.name) {
+                keywords[slot] = kw.value;
+            }
         }
         self.b.at(call.span);
         let r = match &op.form {
-            OpForm::MatMul => unreachable!("lowered above, where `^T` is allowed"),
+            OpForm::MatMul => self.b.matmul(args[0], args[1], layout_of(&call.args[1])),
             OpForm::LayerNorm => self.b.layernorm(args[0], args[1], args[2], keywords[0]),
             OpForm::RmsNorm => self.b.rmsnorm(args[0], args[1], keywords[0]),
             OpForm::Step(step) => match step.kind {
@@ -350,5 +518,37 @@ impl<'a> Lowering<'a> {
             },
         };
         r.map_err(|e| self.report(e))
+    }
+}
+
+/// `a → b → a`; a cycle through more than 16 bindings shows its first and
+/// last 8, with how many are left out between.
+fn cycle_path(names: &[&str]) -> String {
+    const SHOWN: usize = 8;
+    if names.len() <= 2 * SHOWN {
+        return names.join(" → ");
+    }
+    format!(
+        "{} → … ({} more) … → {}",
+        names[..SHOWN].join(" → "),
+        names.len() - 2 * SHOWN,
+        names[names.len() - SHOWN..].join(" → ")
+    )
+}
+
+/// What to lower for a matmul's right operand: the tensor under `^T`, read
+/// transposed (see [`layout_of`]). Other operators' operands are as written.
+fn matmul_operand(op: BinOp, rhs: &Expr) -> &Expr {
+    match (op, rhs) {
+        (BinOp::MatMul, Expr::Transpose { operand, .. }) => operand,
+        _ => rhs,
+    }
+}
+
+/// How a matmul reads its right operand: `w^T` transposed, `w` as it is.
+fn layout_of(rhs: &Expr) -> WeightLayout {
+    match rhs {
+        Expr::Transpose { .. } => WeightLayout::NK,
+        _ => WeightLayout::KN,
     }
 }

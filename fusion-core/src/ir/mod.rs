@@ -218,23 +218,41 @@ impl Graph {
     }
 
     /// The op that defines a tensor (`None` for inputs and weights).
+    ///
+    /// This, [`Graph::uses`] and [`Graph::use_count`] look at every op; a
+    /// pass that asks about many tensors builds a [`TensorIndex`] once.
     pub fn producer(&self, t: TensorId) -> Option<OpId> {
-        self.ops.iter().position(|op| op.output == t).map(OpId)
+        self.index().producer(t)
     }
 
     /// Every use of a tensor as an operand, once per use (an op that reads
     /// the same tensor twice appears twice).
     pub fn uses(&self, t: TensorId) -> Vec<OpId> {
-        self.ops
-            .iter()
-            .enumerate()
-            .flat_map(|(i, op)| op.inputs.iter().filter(move |&&x| x == t).map(move |_| OpId(i)))
-            .collect()
+        self.index().uses(t).to_vec()
     }
 
     /// Number of uses, counting a graph output as one more.
     pub fn use_count(&self, t: TensorId) -> usize {
-        self.uses(t).len() + usize::from(self.outputs.contains(&t))
+        self.index().use_count(t)
+    }
+
+    /// Who defines and who reads each tensor, in one pass over the ops.
+    pub fn index(&self) -> TensorIndex {
+        let mut index = TensorIndex {
+            producer: vec![None; self.tensors.len()],
+            uses: vec![Vec::new(); self.tensors.len()],
+            is_output: vec![false; self.tensors.len()],
+        };
+        for (i, op) in self.ops.iter().enumerate() {
+            index.producer[op.output.0] = Some(OpId(i));
+            for &t in &op.inputs {
+                index.uses[t.0].push(OpId(i));
+            }
+        }
+        for &t in &self.outputs {
+            index.is_output[t.0] = true;
+        }
+        index
     }
 
     /// `f16[M, 4096]`.
@@ -253,5 +271,32 @@ impl Graph {
             })
             .collect::<Vec<_>>()
             .join(", ")
+    }
+}
+
+/// The producer and the uses of every tensor of a [`Graph`], so that passes
+/// asking about each tensor take time linear in the graph, not quadratic.
+/// It describes the graph it was built from ([`Graph::index`]).
+#[derive(Clone, Debug)]
+pub struct TensorIndex {
+    producer: Vec<Option<OpId>>,
+    uses: Vec<Vec<OpId>>,
+    is_output: Vec<bool>,
+}
+
+impl TensorIndex {
+    /// The op that defines a tensor (`None` for inputs and weights).
+    pub fn producer(&self, t: TensorId) -> Option<OpId> {
+        self.producer[t.0]
+    }
+
+    /// Every use of a tensor as an operand, in op order, once per use.
+    pub fn uses(&self, t: TensorId) -> &[OpId] {
+        &self.uses[t.0]
+    }
+
+    /// Number of uses, counting a graph output as one more.
+    pub fn use_count(&self, t: TensorId) -> usize {
+        self.uses[t.0].len() + usize::from(self.is_output[t.0])
     }
 }

@@ -110,7 +110,34 @@ pub enum Expr {
     Transpose { operand: Box<Expr>, span: Span },
 }
 
+/// Drops the tree with a loop: an operator chain (`a + b + c …`) is as deep
+/// as it is long, and the derived drop would recurse once per operator.
+impl Drop for Expr {
+    fn drop(&mut self) {
+        let mut children = Vec::new();
+        self.take_children(&mut children);
+        while let Some(mut child) = children.pop() {
+            child.take_children(&mut children);
+        }
+    }
+}
+
 impl Expr {
+    /// Moves this node's sub-expressions into `into`, leaving placeholders
+    /// without children, so that dropping the node does not recurse.
+    fn take_children(&mut self, into: &mut Vec<Expr>) {
+        let leaf = || Expr::Name(Ident::new(String::new(), Span::None));
+        match self {
+            Expr::Name(_) => {}
+            Expr::Call(call) => into.append(&mut call.args),
+            Expr::Binary(binary) => {
+                into.push(std::mem::replace(&mut *binary.lhs, leaf()));
+                into.push(std::mem::replace(&mut *binary.rhs, leaf()));
+            }
+            Expr::Transpose { operand, .. } => into.push(std::mem::replace(&mut **operand, leaf())),
+        }
+    }
+
     /// The span of the whole expression.
     pub fn span(&self) -> Span {
         match self {

@@ -21,8 +21,21 @@ pub fn graph_fingerprint(tokens: &TokenStream) -> u64 {
 
 /// Identifiers and literals are followed by a
 /// space, joint punctuation is not, so `a+ b` and `a +b` read the same.
+///
+/// Groups are walked with a stack, not by recursion: the fingerprint is
+/// taken before the grammar refuses tokens nested too deep.
 fn normal_form(tokens: &TokenStream, out: &mut String) {
-    for token in tokens.clone() {
+    // Each open group: its remaining tokens and its closing delimiter.
+    let mut open_groups = vec![(tokens.clone().into_iter(), "")];
+    while let Some((tokens, close)) = open_groups.last_mut() {
+        let Some(token) = tokens.next() else {
+            out.push_str(close);
+            if open_groups.len() > 1 {
+                out.push(' ');
+            }
+            open_groups.pop();
+            continue;
+        };
         match token {
             TokenTree::Group(group) => {
                 let (open, close) = match group.delimiter() {
@@ -33,9 +46,7 @@ fn normal_form(tokens: &TokenStream, out: &mut String) {
                 };
                 out.push_str(open);
                 out.push(' ');
-                normal_form(&group.stream(), out);
-                out.push_str(close);
-                out.push(' ');
+                open_groups.push((group.stream().into_iter(), close));
             }
             TokenTree::Ident(ident) => {
                 out.push_str(&ident.to_string());
@@ -83,6 +94,15 @@ mod tests {
         let a = fingerprint("graph g { dims { M: dyn } output y = x @ w^T; }");
         let b = fingerprint("graph g {\n  // the rows\n  dims { M : dyn }\n  output y = x@w ^ T;\n}");
         assert_eq!(a, b);
+    }
+
+    #[test]
+    fn groups_are_written_the_same_however_deep() {
+        let mut text = String::new();
+        normal_form(&TokenStream::from_str("f(a, [b]) {}").unwrap(), &mut text);
+        assert_eq!(text, "f ( a , [ b ] ) { } ");
+        let deep = format!("{}x{}", "(".repeat(20_000), ")".repeat(20_000));
+        assert_ne!(fingerprint(&deep), fingerprint("(x)"));
     }
 
     #[test]

@@ -15,6 +15,11 @@
 //!
 //! Precedence follows Python's: `@` binds like `*`, tighter than `+`.
 //!
+//! Operator chains (`a + b + c …`, `w^T`) are read in loops, however long;
+//! parentheses and calls recurse, and tokens nest at most [`MAX_NESTING`]
+//! deep (checked before syn sees them), so no input can overflow the stack
+//! here or in the passes that walk the tree.
+//!
 //! Every parsing function takes a [`SpanMap`], which turns a token's span into
 //! the [`Span`] stored in the AST. The macro stores the token's own span; the
 //! TOML reader tokenizes a string from the file and moves each span to where
@@ -46,6 +51,33 @@ mod kw {
 /// reports "nothing left" at the call site), which the TOML reader maps to the
 /// end of the string.
 pub(crate) type SpanMap<'a> = &'a dyn Fn(proc_macro2::Span) -> Span;
+
+/// How deep brackets may nest in the tokens of a graph, an expression or a
+/// type (a graph's body is one level, each parenthesis or call one more).
+/// Real graphs nest a handful deep; the limit bounds the recursion in syn's
+/// token buffer, in this grammar and in every pass over the tree.
+pub const MAX_NESTING: usize = 64;
+
+/// The span of the first group nested deeper than [`MAX_NESTING`], found
+/// without recursion (the tokens have not been checked yet).
+fn check_nesting(tokens: &TokenStream) -> Result<(), proc_macro2::Span> {
+    let mut levels = vec![tokens.clone().into_iter()];
+    while let Some(level) = levels.last_mut() {
+        match level.next() {
+            None => {
+                levels.pop();
+            }
+            Some(TokenTree::Group(group)) => {
+                if levels.len() > MAX_NESTING {
+                    return Err(group.span());
+                }
+                levels.push(group.stream().into_iter());
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(())
+}
 
 /// Parses the body of a `fusion_graph!` invocation.
 ///
@@ -89,6 +121,15 @@ fn run<T>(
     map: SpanMap,
     parse: impl FnOnce(&Grammar, ParseStream) -> syn::Result<T>,
 ) -> Result<T, Diagnostics> {
+    check_nesting(&tokens).map_err(|span| {
+        Diagnostics(vec![Diagnostic::new(
+            map(span),
+            format!(
+                "brackets nest more than {MAX_NESTING} deep here: name an inner part \
+                 (`let` in `fusion_graph!`, `[compute]` in TOML) and use its name"
+            ),
+        )])
+    })?;
     let grammar = Grammar { map };
     let parser = |input: ParseStream| parse(&grammar, input);
     parser.parse2(tokens).map_err(|error| {

@@ -17,7 +17,7 @@ mod grammar;
 mod toml_reader;
 
 pub use fingerprint::graph_fingerprint;
-pub use grammar::parse_tokens;
+pub use grammar::{MAX_NESTING, parse_tokens};
 pub use toml_reader::parse_toml;
 
 /// Frees the text proc-macro2 keeps for every string it has tokenized on

@@ -108,40 +108,40 @@ pub fn layernorm_gemm<T: fusion::Element>(
 #[allow(unreachable_code, unused_variables, unused_mut, dead_code, clippy::all)]
 mod __layernorm_gemm {
     use super::ffi;
-    static GRAPH: fusion::launch::GraphDecl = fusion::launch::GraphDecl {
+    static __GRAPH: fusion::launch::GraphDecl = fusion::launch::GraphDecl {
         name: "layernorm_gemm",
         dims: &["M", "K", "N"],
     };
-    const TENSOR_0: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
+    const __TENSOR_0: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
         name: "x",
         shape: &[
             fusion::launch::Dim::Dynamic(0usize),
             fusion::launch::Dim::Dynamic(1usize),
         ],
     };
-    const TENSOR_1: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
+    const __TENSOR_1: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
         name: "g",
         shape: &[fusion::launch::Dim::Dynamic(1usize)],
     };
-    const TENSOR_2: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
+    const __TENSOR_2: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
         name: "b",
         shape: &[fusion::launch::Dim::Dynamic(1usize)],
     };
-    const TENSOR_3: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
+    const __TENSOR_3: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
         name: "w",
         shape: &[
             fusion::launch::Dim::Dynamic(2usize),
             fusion::launch::Dim::Dynamic(1usize),
         ],
     };
-    const TENSOR_4: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
+    const __TENSOR_4: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
         name: "%1",
         shape: &[
             fusion::launch::Dim::Dynamic(0usize),
             fusion::launch::Dim::Dynamic(1usize),
         ],
     };
-    const TENSOR_5: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
+    const __TENSOR_5: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
         name: "y",
         shape: &[
             fusion::launch::Dim::Dynamic(0usize),
@@ -149,7 +149,7 @@ mod __layernorm_gemm {
         ],
     };
     pub(super) fn run<T: fusion::Element>(
-        workspace: &mut fusion::launch::Workspace,
+        __workspace: &mut fusion::launch::Workspace,
         stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
         x: &fusion::Tensor<'_, T>,
         g: &fusion::Tensor<'_, T>,
@@ -157,9 +157,12 @@ mod __layernorm_gemm {
         w: &fusion::Tensor<'_, T>,
         y: &mut fusion::TensorMut<'_, T>,
     ) -> fusion::Result<()> {
-        let dtype = <T as fusion::Element>::DTYPE;
-        let arch = fusion::device::arch_for(stream)?;
-        let launcher_0 = match (dtype, arch) {
+        let __dtype = <T as fusion::Element>::DTYPE;
+        let __arch = fusion::device::arch_for(stream)?;
+        let __launcher_0: fusion::launch::Launcher<ffi::fusion_gemm_params> = match (
+            __dtype,
+            __arch,
+        ) {
             (fusion::core::ir::DType::F16, fusion::Arch::Sm80) => {
                 ffi::fusion_kernels_layernorm_gemm_nk_f16_sm80
                     as fusion::launch::Launcher<ffi::fusion_gemm_params>
@@ -180,46 +183,47 @@ mod __layernorm_gemm {
                 return Err(
                     fusion::launch::not_compiled(
                         "layernorm_gemm",
-                        dtype,
-                        arch,
+                        __dtype,
+                        __arch,
                         "f16 on sm80, sm90; bf16 on sm80, sm90",
                     ),
                 );
             }
         };
-        let mut call = fusion::launch::Call::new(&GRAPH, stream);
-        let ptr_0 = call.input(&TENSOR_0, x)?;
-        let ptr_1 = call.input(&TENSOR_1, g)?;
-        let ptr_2 = call.input(&TENSOR_2, b)?;
-        let ptr_3 = call.input(&TENSOR_3, w)?;
-        let ptr_5 = call.output(&TENSOR_5, y)?;
-        call.check_aliasing()?;
-        if call.is_empty() {
+        let mut __call = fusion::launch::Call::new(&__GRAPH, stream);
+        let __ptr_0 = __call.input(&__TENSOR_0, x)?;
+        let __ptr_1 = __call.input(&__TENSOR_1, g)?;
+        let __ptr_2 = __call.input(&__TENSOR_2, b)?;
+        let __ptr_3 = __call.input(&__TENSOR_3, w)?;
+        let __ptr_5 = __call.output(&__TENSOR_5, y)?;
+        __call.check_aliasing()?;
+        if __call.is_empty() {
             return Ok(());
         }
         {
-            let (m, k) = call.matrix(&TENSOR_0);
-            let n = call.matrix(&TENSOR_5).1;
+            let (m, k) = __call.reduced_matrix(&__TENSOR_0)?;
+            let n = __call.matrix(&__TENSOR_5)?.1;
             let params = ffi::fusion_gemm_params {
-                a: ptr_0 as *const core::ffi::c_void,
-                b: ptr_3 as *const core::ffi::c_void,
-                c: ptr_5 as *mut core::ffi::c_void,
+                a: __ptr_0 as *const core::ffi::c_void,
+                b: __ptr_3 as *const core::ffi::c_void,
+                c: __ptr_5 as *mut core::ffi::c_void,
                 bias: core::ptr::null(),
                 residual: core::ptr::null(),
                 multiplier: core::ptr::null(),
-                gamma: ptr_1 as *const core::ffi::c_void,
-                beta: ptr_2 as *const core::ffi::c_void,
+                gamma: __ptr_1 as *const core::ffi::c_void,
+                beta: __ptr_2 as *const core::ffi::c_void,
                 m,
                 n,
                 k,
                 eps: 0.00001f32,
             };
-            let code = unsafe { launcher_0(&params, call.stream_ptr()) };
-            call.launched(
-                "kernel #0 (layernorm_gemm)",
-                code,
-                ffi::fusion_kernels_error_string,
-            )?;
+            let code = unsafe { __launcher_0(&params, __call.stream_ptr()) };
+            __call
+                .launched(
+                    "kernel #0 (layernorm_gemm)",
+                    code,
+                    ffi::fusion_kernels_error_string,
+                )?;
         }
         Ok(())
     }
@@ -230,10 +234,10 @@ mod __layernorm_gemm {
         b: &fusion::Tensor<'_, T>,
         w: &fusion::Tensor<'_, T>,
     ) -> fusion::Result<()> {
-        let mut call = fusion::launch::Call::new(&GRAPH, stream);
-        call.input(&TENSOR_1, g)?;
-        call.input(&TENSOR_2, b)?;
-        call.input(&TENSOR_3, w)?;
+        let mut __call = fusion::launch::Call::new(&__GRAPH, stream);
+        __call.input(&__TENSOR_1, g)?;
+        __call.input(&__TENSOR_2, b)?;
+        __call.input(&__TENSOR_3, w)?;
         Ok(())
     }
 }

@@ -87,85 +87,85 @@ impl SwigluFfn {
 #[allow(unreachable_code, unused_variables, unused_mut, dead_code, clippy::all)]
 mod __swiglu_ffn {
     use super::ffi;
-    static GRAPH: fusion::launch::GraphDecl = fusion::launch::GraphDecl {
+    static __GRAPH: fusion::launch::GraphDecl = fusion::launch::GraphDecl {
         name: "swiglu_ffn",
         dims: &["M"],
     };
-    const TENSOR_0: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
+    const __TENSOR_0: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
         name: "x",
         shape: &[
             fusion::launch::Dim::Dynamic(0usize),
             fusion::launch::Dim::Static(4096usize),
         ],
     };
-    const TENSOR_1: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
+    const __TENSOR_1: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
         name: "w_gate",
         shape: &[
             fusion::launch::Dim::Static(14336usize),
             fusion::launch::Dim::Static(4096usize),
         ],
     };
-    const TENSOR_2: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
+    const __TENSOR_2: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
         name: "w_up",
         shape: &[
             fusion::launch::Dim::Static(14336usize),
             fusion::launch::Dim::Static(4096usize),
         ],
     };
-    const TENSOR_3: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
+    const __TENSOR_3: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
         name: "w_down",
         shape: &[
             fusion::launch::Dim::Static(4096usize),
             fusion::launch::Dim::Static(14336usize),
         ],
     };
-    const TENSOR_4: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
+    const __TENSOR_4: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
         name: "b_down",
         shape: &[fusion::launch::Dim::Static(4096usize)],
     };
-    const TENSOR_5: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
+    const __TENSOR_5: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
         name: "%1",
         shape: &[
             fusion::launch::Dim::Dynamic(0usize),
             fusion::launch::Dim::Static(14336usize),
         ],
     };
-    const TENSOR_6: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
+    const __TENSOR_6: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
         name: "gate",
         shape: &[
             fusion::launch::Dim::Dynamic(0usize),
             fusion::launch::Dim::Static(14336usize),
         ],
     };
-    const TENSOR_7: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
+    const __TENSOR_7: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
         name: "%3",
         shape: &[
             fusion::launch::Dim::Dynamic(0usize),
             fusion::launch::Dim::Static(14336usize),
         ],
     };
-    const TENSOR_8: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
+    const __TENSOR_8: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
         name: "h",
         shape: &[
             fusion::launch::Dim::Dynamic(0usize),
             fusion::launch::Dim::Static(14336usize),
         ],
     };
-    const TENSOR_9: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
+    const __TENSOR_9: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
         name: "%5",
         shape: &[
             fusion::launch::Dim::Dynamic(0usize),
             fusion::launch::Dim::Static(4096usize),
         ],
     };
-    const TENSOR_10: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
+    const __TENSOR_10: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
         name: "%6",
         shape: &[
             fusion::launch::Dim::Dynamic(0usize),
             fusion::launch::Dim::Static(4096usize),
         ],
     };
-    const TENSOR_11: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
+    const __TENSOR_11: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
         name: "y",
         shape: &[
             fusion::launch::Dim::Dynamic(0usize),
@@ -173,7 +173,7 @@ mod __swiglu_ffn {
         ],
     };
     pub(super) fn run<T: fusion::Element>(
-        workspace: &mut fusion::launch::Workspace,
+        __workspace: &mut fusion::launch::Workspace,
         stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
         x: &fusion::Tensor<'_, T>,
         w_gate: &fusion::Tensor<'_, T>,
@@ -182,9 +182,12 @@ mod __swiglu_ffn {
         b_down: &fusion::Tensor<'_, T>,
         y: &mut fusion::TensorMut<'_, T>,
     ) -> fusion::Result<()> {
-        let dtype = <T as fusion::Element>::DTYPE;
-        let arch = fusion::device::arch_for(stream)?;
-        let launcher_0 = match (dtype, arch) {
+        let __dtype = <T as fusion::Element>::DTYPE;
+        let __arch = fusion::device::arch_for(stream)?;
+        let __launcher_0: fusion::launch::Launcher<ffi::fusion_gemm_params> = match (
+            __dtype,
+            __arch,
+        ) {
             (fusion::core::ir::DType::F16, fusion::Arch::Sm80) => {
                 ffi::fusion_kernels_gemm_nk_f16_sm80
                     as fusion::launch::Launcher<ffi::fusion_gemm_params>
@@ -205,14 +208,17 @@ mod __swiglu_ffn {
                 return Err(
                     fusion::launch::not_compiled(
                         "swiglu_ffn",
-                        dtype,
-                        arch,
+                        __dtype,
+                        __arch,
                         "f16 on sm80, sm90; bf16 on sm80, sm90",
                     ),
                 );
             }
         };
-        let launcher_1 = match (dtype, arch) {
+        let __launcher_1: fusion::launch::Launcher<ffi::fusion_gemm_params> = match (
+            __dtype,
+            __arch,
+        ) {
             (fusion::core::ir::DType::F16, fusion::Arch::Sm80) => {
                 ffi::fusion_kernels_gemm_silu_mul_nk_f16_sm80
                     as fusion::launch::Launcher<ffi::fusion_gemm_params>
@@ -233,14 +239,17 @@ mod __swiglu_ffn {
                 return Err(
                     fusion::launch::not_compiled(
                         "swiglu_ffn",
-                        dtype,
-                        arch,
+                        __dtype,
+                        __arch,
                         "f16 on sm80, sm90; bf16 on sm80, sm90",
                     ),
                 );
             }
         };
-        let launcher_2 = match (dtype, arch) {
+        let __launcher_2: fusion::launch::Launcher<ffi::fusion_gemm_params> = match (
+            __dtype,
+            __arch,
+        ) {
             (fusion::core::ir::DType::F16, fusion::Arch::Sm80) => {
                 ffi::fusion_kernels_gemm_bias_residual_nk_f16_sm80
                     as fusion::launch::Launcher<ffi::fusion_gemm_params>
@@ -261,35 +270,35 @@ mod __swiglu_ffn {
                 return Err(
                     fusion::launch::not_compiled(
                         "swiglu_ffn",
-                        dtype,
-                        arch,
+                        __dtype,
+                        __arch,
                         "f16 on sm80, sm90; bf16 on sm80, sm90",
                     ),
                 );
             }
         };
-        let mut call = fusion::launch::Call::new(&GRAPH, stream);
-        let ptr_0 = call.input(&TENSOR_0, x)?;
-        let ptr_1 = call.input(&TENSOR_1, w_gate)?;
-        let ptr_2 = call.input(&TENSOR_2, w_up)?;
-        let ptr_3 = call.input(&TENSOR_3, w_down)?;
-        let ptr_4 = call.input(&TENSOR_4, b_down)?;
-        let ptr_11 = call.output(&TENSOR_11, y)?;
-        call.check_aliasing()?;
-        if call.is_empty() {
+        let mut __call = fusion::launch::Call::new(&__GRAPH, stream);
+        let __ptr_0 = __call.input(&__TENSOR_0, x)?;
+        let __ptr_1 = __call.input(&__TENSOR_1, w_gate)?;
+        let __ptr_2 = __call.input(&__TENSOR_2, w_up)?;
+        let __ptr_3 = __call.input(&__TENSOR_3, w_down)?;
+        let __ptr_4 = __call.input(&__TENSOR_4, b_down)?;
+        let __ptr_11 = __call.output(&__TENSOR_11, y)?;
+        __call.check_aliasing()?;
+        if __call.is_empty() {
             return Ok(());
         }
-        let [ptr_7, ptr_8] = call
-            .intermediates::<T>(workspace, &[&TENSOR_7, &TENSOR_8])?[..] else {
+        let [__ptr_7, __ptr_8] = __call
+            .intermediates::<T>(__workspace, &[&__TENSOR_7, &__TENSOR_8])?[..] else {
             unreachable!("one buffer per intermediate")
         };
         {
-            let (m, k) = call.matrix(&TENSOR_0);
-            let n = call.matrix(&TENSOR_7).1;
+            let (m, k) = __call.reduced_matrix(&__TENSOR_0)?;
+            let n = __call.matrix(&__TENSOR_7)?.1;
             let params = ffi::fusion_gemm_params {
-                a: ptr_0 as *const core::ffi::c_void,
-                b: ptr_2 as *const core::ffi::c_void,
-                c: ptr_7 as *mut core::ffi::c_void,
+                a: __ptr_0 as *const core::ffi::c_void,
+                b: __ptr_2 as *const core::ffi::c_void,
+                c: __ptr_7 as *mut core::ffi::c_void,
                 bias: core::ptr::null(),
                 residual: core::ptr::null(),
                 multiplier: core::ptr::null(),
@@ -300,19 +309,19 @@ mod __swiglu_ffn {
                 k,
                 eps: 0f32,
             };
-            let code = unsafe { launcher_0(&params, call.stream_ptr()) };
-            call.launched("kernel #0 (gemm)", code, ffi::fusion_kernels_error_string)?;
+            let code = unsafe { __launcher_0(&params, __call.stream_ptr()) };
+            __call.launched("kernel #0 (gemm)", code, ffi::fusion_kernels_error_string)?;
         }
         {
-            let (m, k) = call.matrix(&TENSOR_0);
-            let n = call.matrix(&TENSOR_8).1;
+            let (m, k) = __call.reduced_matrix(&__TENSOR_0)?;
+            let n = __call.matrix(&__TENSOR_8)?.1;
             let params = ffi::fusion_gemm_params {
-                a: ptr_0 as *const core::ffi::c_void,
-                b: ptr_1 as *const core::ffi::c_void,
-                c: ptr_8 as *mut core::ffi::c_void,
+                a: __ptr_0 as *const core::ffi::c_void,
+                b: __ptr_1 as *const core::ffi::c_void,
+                c: __ptr_8 as *mut core::ffi::c_void,
                 bias: core::ptr::null(),
                 residual: core::ptr::null(),
-                multiplier: ptr_7 as *const core::ffi::c_void,
+                multiplier: __ptr_7 as *const core::ffi::c_void,
                 gamma: core::ptr::null(),
                 beta: core::ptr::null(),
                 m,
@@ -320,22 +329,23 @@ mod __swiglu_ffn {
                 k,
                 eps: 0f32,
             };
-            let code = unsafe { launcher_1(&params, call.stream_ptr()) };
-            call.launched(
-                "kernel #1 (gemm_silu_mul)",
-                code,
-                ffi::fusion_kernels_error_string,
-            )?;
+            let code = unsafe { __launcher_1(&params, __call.stream_ptr()) };
+            __call
+                .launched(
+                    "kernel #1 (gemm_silu_mul)",
+                    code,
+                    ffi::fusion_kernels_error_string,
+                )?;
         }
         {
-            let (m, k) = call.matrix(&TENSOR_8);
-            let n = call.matrix(&TENSOR_11).1;
+            let (m, k) = __call.reduced_matrix(&__TENSOR_8)?;
+            let n = __call.matrix(&__TENSOR_11)?.1;
             let params = ffi::fusion_gemm_params {
-                a: ptr_8 as *const core::ffi::c_void,
-                b: ptr_3 as *const core::ffi::c_void,
-                c: ptr_11 as *mut core::ffi::c_void,
-                bias: ptr_4 as *const core::ffi::c_void,
-                residual: ptr_0 as *const core::ffi::c_void,
+                a: __ptr_8 as *const core::ffi::c_void,
+                b: __ptr_3 as *const core::ffi::c_void,
+                c: __ptr_11 as *mut core::ffi::c_void,
+                bias: __ptr_4 as *const core::ffi::c_void,
+                residual: __ptr_0 as *const core::ffi::c_void,
                 multiplier: core::ptr::null(),
                 gamma: core::ptr::null(),
                 beta: core::ptr::null(),
@@ -344,12 +354,13 @@ mod __swiglu_ffn {
                 k,
                 eps: 0f32,
             };
-            let code = unsafe { launcher_2(&params, call.stream_ptr()) };
-            call.launched(
-                "kernel #2 (gemm_bias_residual)",
-                code,
-                ffi::fusion_kernels_error_string,
-            )?;
+            let code = unsafe { __launcher_2(&params, __call.stream_ptr()) };
+            __call
+                .launched(
+                    "kernel #2 (gemm_bias_residual)",
+                    code,
+                    ffi::fusion_kernels_error_string,
+                )?;
         }
         Ok(())
     }
@@ -361,11 +372,11 @@ mod __swiglu_ffn {
         w_down: &fusion::Tensor<'_, T>,
         b_down: &fusion::Tensor<'_, T>,
     ) -> fusion::Result<()> {
-        let mut call = fusion::launch::Call::new(&GRAPH, stream);
-        call.input(&TENSOR_1, w_gate)?;
-        call.input(&TENSOR_2, w_up)?;
-        call.input(&TENSOR_3, w_down)?;
-        call.input(&TENSOR_4, b_down)?;
+        let mut __call = fusion::launch::Call::new(&__GRAPH, stream);
+        __call.input(&__TENSOR_1, w_gate)?;
+        __call.input(&__TENSOR_2, w_up)?;
+        __call.input(&__TENSOR_3, w_down)?;
+        __call.input(&__TENSOR_4, b_down)?;
         Ok(())
     }
 }
