@@ -302,60 +302,40 @@ fn check_activation<T: TestElement>(
     eprintln!("ok  {:<48} rel_err {err:.2e}", case.label);
 }
 
+/// One test per activation case, f16 then bf16: `gemm WRAPPER` runs
+/// [`activation_alone`] through a `gemm_bias_*` wrapper, `elementwise
+/// WRAPPER` runs [`standalone_activation`] through a standalone kernel.
 macro_rules! activation_test {
-    ($test:ident, $graph:literal, $wrapper:ident) => {
+    ($test:ident, $graph:literal, gemm $wrapper:ident) => {
+        activation_test!(@ $test, activation_alone, $graph, |s, r, w| {
+            kernels::$wrapper(s, &r[0], &r[1], &r[2], &mut w[0])
+        });
+    };
+    ($test:ident, $graph:literal, elementwise $wrapper:ident) => {
+        activation_test!(@ $test, standalone_activation, $graph, |s, r, w| {
+            kernels::$wrapper(s, &r[0], &mut w[0])
+        });
+    };
+    (@ $test:ident, $case:ident, $graph:literal, |$s:ident, $r:ident, $w:ident| $call:expr) => {
         #[test]
         #[ignore = "needs a CUDA GPU"]
         fn $test() {
-            let s = stream();
-            activation_alone::<f16>(&s, $graph, |r, w| {
-                kernels::$wrapper(&s, &r[0], &r[1], &r[2], &mut w[0])
-            });
-            activation_alone::<bf16>(&s, $graph, |r, w| {
-                kernels::$wrapper(&s, &r[0], &r[1], &r[2], &mut w[0])
-            });
+            let stream = stream();
+            let $s = &stream;
+            $case::<f16>($s, $graph, |$r, $w| $call);
+            $case::<bf16>($s, $graph, |$r, $w| $call);
         }
     };
 }
 
-activation_test!(gelu_alone_at_its_hardest_inputs, "gemm_bias_gelu", gemm_bias_gelu);
-activation_test!(
-    gelu_erf_alone_at_its_hardest_inputs,
-    "gemm_bias_gelu_erf",
-    gemm_bias_gelu_erf
-);
-activation_test!(
-    silu_step_alone_at_its_hardest_inputs,
-    "gemm_bias_silu",
-    gemm_bias_silu
-);
-activation_test!(relu_alone_at_its_hardest_inputs, "gemm_bias_relu", gemm_bias_relu);
-
-activation_test!(
-    sigmoid_alone_at_its_hardest_inputs,
-    "gemm_bias_sigmoid",
-    gemm_bias_sigmoid
-);
-
-macro_rules! standalone_activation_test {
-    ($test:ident, $graph:literal, $wrapper:ident) => {
-        #[test]
-        #[ignore = "needs a CUDA GPU"]
-        fn $test() {
-            let s = stream();
-            standalone_activation::<f16>(&s, $graph, |r, w| kernels::$wrapper(&s, &r[0], &mut w[0]));
-            standalone_activation::<bf16>(&s, $graph, |r, w| kernels::$wrapper(&s, &r[0], &mut w[0]));
-        }
-    };
-}
-
-standalone_activation_test!(standalone_silu_at_its_hardest_inputs, "silu", silu);
-standalone_activation_test!(standalone_sigmoid_at_its_hardest_inputs, "sigmoid", sigmoid);
-standalone_activation_test!(
-    standalone_gelu_quick_at_its_hardest_inputs,
-    "gelu_quick",
-    gelu_quick
-);
+activation_test!(gelu_alone_at_its_hardest_inputs, "gemm_bias_gelu", gemm gemm_bias_gelu);
+activation_test!(gelu_erf_alone_at_its_hardest_inputs, "gemm_bias_gelu_erf", gemm gemm_bias_gelu_erf);
+activation_test!(silu_step_alone_at_its_hardest_inputs, "gemm_bias_silu", gemm gemm_bias_silu);
+activation_test!(relu_alone_at_its_hardest_inputs, "gemm_bias_relu", gemm gemm_bias_relu);
+activation_test!(sigmoid_alone_at_its_hardest_inputs, "gemm_bias_sigmoid", gemm gemm_bias_sigmoid);
+activation_test!(standalone_silu_at_its_hardest_inputs, "silu", elementwise silu);
+activation_test!(standalone_sigmoid_at_its_hardest_inputs, "sigmoid", elementwise sigmoid);
+activation_test!(standalone_gelu_quick_at_its_hardest_inputs, "gelu_quick", elementwise gelu_quick);
 
 /// NaN and the infinities through the standalone sigmoid and quick GELU:
 /// what PyTorch gives (sigmoid(+inf) = 1, sigmoid(-inf) = 0,
