@@ -12,6 +12,8 @@ mkdir -p "$out"
 cd "$here"
 export FUSION_GRAPHS_DIR=$here/graphs
 export FUSION_TEST_SEED=${FUSION_TEST_SEED:-$(date +%s)}
+# The examples exit 0 without a GPU when run by hand; here that is a failure.
+export FUSION_REQUIRE_GPU=1
 echo "seed $FUSION_TEST_SEED"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader | tee "$out/gpu.txt"
 status=0
@@ -25,6 +27,21 @@ run() {
   [[ $rc -eq 0 ]] || { echo "FAILED ($rc): see $log"; status=1; }
 }
 
+# run_tests LOG EXPECTED CMD...: `run`, then fail unless the libtest
+# summaries in LOG add up to EXPECTED passed tests, or to at least one when
+# EXPECTED is `any`: a filter that matches nothing (a renamed test) passes
+# with "0 passed" and must not look like success.
+run_tests() {
+  local log=$1 expected=$2; shift 2
+  run "$log" "$@"
+  local passed
+  passed=$(grep -Eo 'test result: [a-zA-Z]+\. [0-9]+ passed' "$out/$log" | awk '{n += $4} END {print n + 0}')
+  if [[ $expected == any && $passed -eq 0 ]] || [[ $expected != any && $passed -ne $expected ]]; then
+    echo "FAILED: $log: $passed tests passed, expected ${expected/any/at least 1} (a test renamed or filtered out?)"
+    status=1
+  fi
+}
+
 # Sanitizer test subsets (tests/gpu.rs, --exact names) at FUSION_TEST_SIZE=tiny:
 # every kernel kind (plain GEMM epilogues, the [K, N] layout, norm
 # prologues, residual, standalone norm and elementwise) without repeating
@@ -35,37 +52,38 @@ initcheck_tests="gemm_bias_gelu gemm_silu layernorm_gemm rmsnorm_gemm mul rmsnor
 synccheck_tests="gemm_bias_gelu gemm_silu layernorm_gemm layernorm"
 
 # sanitize ARCH TOOL TESTS...: one compute-sanitizer run of the chosen tests
-# on one variant (sm80 and sm75 run as PTX on newer GPUs).
+# on one variant (sm80 and sm75 run as PTX on newer GPUs). Each name must
+# run: a renamed test fails the step.
 sanitize() {
   local arch=$1 tool=$2; shift 2
-  FUSION_FORCE_ARCH=$arch FUSION_TEST_SIZE=tiny run "sanitize-$tool-$arch.log" \
+  FUSION_FORCE_ARCH=$arch FUSION_TEST_SIZE=tiny run_tests "sanitize-$tool-$arch.log" $# \
     compute-sanitizer --tool "$tool" --error-exitcode 3 --print-limit 20 \
     ./gpu --ignored --exact --test-threads 1 --nocapture "$@"
 }
 
 for step in $steps; do
   case $step in
-    tests) run gpu-sm90.log ./gpu --ignored --test-threads 8 --nocapture ;;
+    tests) run_tests gpu-sm90.log any ./gpu --ignored --test-threads 8 --nocapture ;;
     ptx)
-      FUSION_FORCE_ARCH=sm80 FUSION_TEST_SIZE=quick run gpu-sm80-ptx.log ./gpu --ignored --test-threads 8 --nocapture
-      FUSION_FORCE_ARCH=sm75 FUSION_TEST_SIZE=quick run gpu-sm75-ptx.log ./gpu --ignored --test-threads 8 --nocapture ;;
+      FUSION_FORCE_ARCH=sm80 FUSION_TEST_SIZE=quick run_tests gpu-sm80-ptx.log any ./gpu --ignored --test-threads 8 --nocapture
+      FUSION_FORCE_ARCH=sm75 FUSION_TEST_SIZE=quick run_tests gpu-sm75-ptx.log any ./gpu --ignored --test-threads 8 --nocapture ;;
     errors)
       # The other-context case needs a second GPU.
       gpus=$(nvidia-smi -L | grep -c '^GPU')
       skip=(--skip a_forced_variant_that_cannot_run_is_refused_by_the_wrapper)
       [[ $gpus -ge 2 ]] || skip+=(--skip a_tensor_from_another_device_is_refused)
-      run gpu-errors.log ./gpu_errors --ignored "${skip[@]}"
+      run_tests gpu-errors.log any ./gpu_errors --ignored "${skip[@]}"
       # A forced variant that does not exist: the wrapper refuses with ForcedArch.
-      FUSION_FORCE_ARCH=sm61 run gpu-errors-forced.log ./gpu_errors --ignored --exact \
+      FUSION_FORCE_ARCH=sm61 run_tests gpu-errors-forced.log 1 ./gpu_errors --ignored --exact \
         a_forced_variant_that_cannot_run_is_refused_by_the_wrapper ;;
-    graphs) run gpu-graphs.log ./gpu_graphs --ignored --nocapture ;;
+    graphs) run_tests gpu-graphs.log any ./gpu_graphs --ignored --nocapture ;;
     examples)
       run example-swiglu-ffn.log ./swiglu_ffn 512
       run example-llama-ffn.log ./llama-ffn ;;
     property)
-      run gpu-property.log ./gpu_property --ignored --nocapture
-      FUSION_FORCE_ARCH=sm80 FUSION_PROPERTY_CASES=100 run gpu-property-sm80.log ./gpu_property --ignored --nocapture ;;
-    stress) run gpu-stress.log ./gpu_stress --ignored --test-threads 1 --nocapture ;;
+      run_tests gpu-property.log any ./gpu_property --ignored --nocapture
+      FUSION_FORCE_ARCH=sm80 FUSION_PROPERTY_CASES=100 run_tests gpu-property-sm80.log any ./gpu_property --ignored --nocapture ;;
+    stress) run_tests gpu-stress.log any ./gpu_stress --ignored --test-threads 1 --nocapture ;;
     sanitize|sanitize-quick)
       archs="sm90 sm80 sm75"
       [[ $step == sanitize-quick ]] && archs=sm90

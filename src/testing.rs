@@ -1,8 +1,10 @@
 //! Checking kernels on a GPU against the CPU reference: what the GPU tests
 //! and the examples share. Host values become device values of an element
 //! type, outputs are poisoned with NaN before a call so that an unwritten
-//! element fails the comparison, and large outputs are checked on a sample
-//! of rows (the reference is row-local, so sampled rows are checked exactly).
+//! element fails the comparison, large outputs are checked on rows chosen so
+//! that every 64-row band (so every tile) is compared (the reference is
+//! row-local, so chosen rows are checked exactly), and the comparison's
+//! bounds come from the element type's precision (see [`compare`]).
 
 use crate::tensor::{Element, Shape};
 use cudarc::driver::{CudaContext, ValidAsZeroBits};
@@ -13,11 +15,17 @@ use rand::Rng;
 use std::path::Path;
 use std::sync::Arc;
 
-/// Largest relative error a f16/bf16 result may have against the f64 reference.
-pub const TOLERANCE: f64 = 1e-2;
+/// Outputs with at most this many rows are compared whole.
+pub const ALL_ROWS_UP_TO: usize = 256;
 
-/// Rows of a large output compared against the reference.
-pub const SAMPLED_ROWS: usize = 48;
+/// Beyond [`ALL_ROWS_UP_TO`], one row is compared in every band of this many
+/// rows: no tile of any configuration is shorter, so every output tile is
+/// compared at least once.
+pub const ROW_BAND: usize = 64;
+
+/// Rows drawn at random on top of one per band, so repeated runs cover more
+/// rows within each tile.
+pub const EXTRA_RANDOM_ROWS: usize = 16;
 
 /// The context of GPU `ordinal`, or a sentence starting "no CUDA device: "
 /// saying why there is none. cudarc panics when the driver library is
@@ -91,20 +99,266 @@ pub fn shape_of(t: &HostTensor) -> Option<Shape> {
     }
 }
 
-/// The rows of an `m`-row output to compare: all of them when there are
-/// few, else [`SAMPLED_ROWS`] at most, always including the first and the
-/// last (where tile edges are), sorted and distinct.
+/// The rows of an `m`-row output to compare, sorted and distinct: all of
+/// them up to [`ALL_ROWS_UP_TO`]; beyond, a random row in every
+/// [`ROW_BAND`]-row band, the first and the last row (where tile edges are)
+/// and [`EXTRA_RANDOM_ROWS`] more anywhere.
 pub fn rows_to_check<R: Rng + ?Sized>(m: usize, rng: &mut R) -> Vec<usize> {
-    if m <= SAMPLED_ROWS * 2 {
+    if m <= ALL_ROWS_UP_TO {
         return (0..m).collect();
     }
-    let mut rows: Vec<usize> = (0..SAMPLED_ROWS - 2)
+    let one_per_band = (0..m)
+        .step_by(ROW_BAND)
+        .map(|start| rng.random_range(start..m.min(start + ROW_BAND)))
+        .collect::<Vec<_>>();
+    let mut rows: Vec<usize> = (0..EXTRA_RANDOM_ROWS)
         .map(|_| rng.random_range(0..m))
+        .chain(one_per_band)
         .chain([0, m - 1])
         .collect();
     rows.sort_unstable();
     rows.dedup();
     rows
+}
+
+/// The unit roundoff of `dtype`: half the distance from 1 to the next
+/// value, the largest relative error of one rounding to nearest.
+pub fn unit_roundoff(dtype: DType) -> f64 {
+    match dtype {
+        DType::F16 => 2f64.powi(-11),
+        DType::BF16 => 2f64.powi(-8),
+        DType::F32 => 2f64.powi(-24),
+    }
+}
+
+/// The distance between adjacent `dtype` values around magnitude `a`
+/// (subnormal spacing below the smallest normal).
+pub fn ulp(dtype: DType, a: f64) -> f64 {
+    // (explicit mantissa bits, exponent of the smallest normal)
+    let (mantissa, min_exponent) = match dtype {
+        DType::F16 => (10, -14),
+        DType::BF16 => (7, -126),
+        DType::F32 => (23, -126),
+    };
+    let exponent = if a > 0.0 {
+        a.log2().floor() as i32
+    } else {
+        min_exponent
+    };
+    2f64.powi(exponent.max(min_exponent) - mantissa)
+}
+
+/// Largest ‖got − want‖₂ / ‖want‖₂ over the finite elements of a `dtype`
+/// output. One rounding of each output is at most u relative (u the unit
+/// roundoff; about u/√3 on average, the error uniform within half an ulp);
+/// the f32 accumulation adds at most ~√K·2⁻²⁴ (2⁻¹⁷ at K = 16384); an
+/// intermediate rounded to the dtype enters the next GEMM as a sum of K
+/// independent errors, about u/√3 of the row's scale. Measured on an H200
+/// with f32-accumulating GEMMs (cuBLAS) and the shipped graphs' input
+/// distributions: 2.1e-4 for f16 gemm_bias_gelu at 4096³, 1.9e-4 for an f16
+/// SwiGLU block, 1.5e-3 to 1.7e-3 for bf16. The limits, about 2u, are about
+/// 5x that, and the f16 one is below the 1.7e-3 of a bf16-precision output.
+pub fn relative_l2_limit(dtype: DType) -> f64 {
+    match dtype {
+        DType::F16 => 1e-3,
+        DType::BF16 => 8e-3,
+        DType::F32 => 1e-5,
+    }
+}
+
+/// The per-element bound is `ELEMENT_BOUND · u · (|want| + scale)`, where
+/// the scale is the row's rms, but at least [`ROW_SCALE_FLOOR`] of the
+/// whole output's. The output's own rounding is at most u·|want|. What else
+/// reaches an element (the f32 accumulation, up to √K·2⁻²⁴ ≈ 2⁻¹⁷ of the
+/// row's scale at K = 16384; intermediates rounded to the dtype and summed
+/// over K again, each of standard deviation ~u/√3 of the row's rms) is a
+/// sum of many independent roundings, so it scales with the row's rms, not
+/// with the element, which may be near zero. Measured over 16M outputs each
+/// of gemm_bias_gelu and a SwiGLU block with f32-accumulating GEMMs on an
+/// H200 (f16 and bf16), the largest error was 0.83·u·(|want| + rms); 2
+/// leaves 2.4x of room, and still fails an output off by a fraction of the
+/// row's scale (a wrong column, a wrong tile) or rounded to a coarser type.
+pub const ELEMENT_BOUND: f64 = 2.0;
+
+/// The smallest row scale, as a fraction of the whole output's rms. A row
+/// that ReLU clipped to nearly all zeros has a tiny rms, but its values
+/// before the activation, and so their accumulation error, are of the
+/// whole output's scale: at 1/16, the bound there is 2u/16 (2⁻¹⁴ for f16)
+/// of that scale, 8x the f32 accumulation's 2⁻¹⁷ at K = 16384.
+pub const ROW_SCALE_FLOOR: f64 = 1.0 / 16.0;
+
+/// Where a GPU output and the reference disagree beyond the bounds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Mismatch(pub String);
+
+impl std::fmt::Display for Mismatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Mismatch {}
+
+/// Compares a `dtype` output with the f64 reference, row by row (`rows[i]`
+/// names row `i` in messages; pass `&[]` to number them from 0). Passes when
+/// every element is within [`ELEMENT_BOUND`]`·u·(|want| + scale)` (the
+/// scale: the row's rms, at least [`ROW_SCALE_FLOOR`] of the output's) and
+/// the relative L2 error of the finite elements is below
+/// [`relative_l2_limit`]. A NaN passes only where the reference is NaN, an
+/// infinity only where the reference is the same infinity; an unwritten
+/// (NaN-poisoned) element therefore fails. Returns the relative L2 error.
+pub fn compare(got: &HostTensor, want: &HostTensor, dtype: DType, rows: &[usize]) -> Result<f64, Mismatch> {
+    let bound_scale = ELEMENT_BOUND * unit_roundoff(dtype);
+    let least_scale = ROW_SCALE_FLOOR * rms(&want.data);
+    compare_elements(got, want, dtype, rows, |want, row_rms, _| {
+        bound_scale * (want.abs() + row_rms.max(least_scale))
+    })
+}
+
+/// How far an activation step computed in f32 may be from the exact
+/// function at input x, as a multiple of |x|, before the output's rounding.
+/// The steps use the hardware's `tanh.approx.f32` (GELU, SiLU) or `erff`;
+/// PTX documents tanh.approx's relative error as 2⁻¹¹, but measured over
+/// 16M points of [-10, 10] on an H200 (code for sm_90) its largest absolute
+/// error is 8.0e-6 (2⁻¹⁶·⁹), and the steps' largest error is 4.0e-6·|x|
+/// (GELU, SiLU) and 4.9e-7 (erf GELU). 2⁻¹⁴ (6.1e-5) leaves 15x of room; a
+/// GPU whose tanh.approx is much worse fails the activation tests, which is
+/// worth knowing. The documented 2⁻¹¹ would not do: it
+/// allows 2.4e-4·|x|, more than tanh- and erf-GELU ever differ (4.7e-4 at
+/// |x| = 2.7), so such a bound could not tell the two formulas apart.
+pub const ACTIVATION_APPROX: f64 = 1.0 / 16384.0;
+
+/// Compares an activation step's `dtype` output with the reference, given
+/// the step's inputs `x` (same shape): every finite element within
+/// [`ACTIVATION_APPROX`]`·|x|` plus half an ulp of the output, special
+/// values as in [`compare`]. Tight enough to fail an erf-GELU output judged
+/// as tanh-GELU, or the reverse, at [`activation_inputs`].
+pub fn compare_activation(
+    got: &HostTensor,
+    want: &HostTensor,
+    x: &HostTensor,
+    dtype: DType,
+    rows: &[usize],
+) -> Result<f64, Mismatch> {
+    if x.data.len() != want.data.len() {
+        return Err(Mismatch(format!(
+            "{} activation inputs for {} outputs",
+            x.data.len(),
+            want.data.len()
+        )));
+    }
+    compare_elements(got, want, dtype, rows, |want, _, index| {
+        // A finite result of an infinite input (relu(-inf) = 0) is exact.
+        let input = x.data[index];
+        let approx = if input.is_finite() {
+            ACTIVATION_APPROX * input.abs()
+        } else {
+            0.0
+        };
+        approx + 0.5 * ulp(dtype, want.abs() + approx)
+    })
+}
+
+/// `rows × cols` activation inputs, rounded to `dtype`: every other value
+/// spread evenly over [-6, 6], the rest over 2.2 ≤ |x| ≤ 3.2, where
+/// tanh- and erf-GELU differ most (more than 3.9e-4 between 2.4 and 3.0).
+pub fn activation_inputs(dtype: DType, rows: usize, cols: usize) -> HostTensor {
+    let n = rows * cols;
+    let data = (0..n)
+        .map(|i| {
+            let t = i as f64 / n.max(1) as f64;
+            if i % 2 == 0 {
+                -6.0 + 12.0 * t
+            } else {
+                let magnitude = 2.2 + (2.0 * t).fract();
+                if t < 0.5 { -magnitude } else { magnitude }
+            }
+        })
+        .collect();
+    HostTensor {
+        shape: vec![rows, cols],
+        data,
+    }
+    .rounded_to(dtype)
+}
+
+/// The root mean square of the finite values (0 when there are none).
+fn rms(values: &[f64]) -> f64 {
+    let (sum, count) = values
+        .iter()
+        .filter(|v| v.is_finite())
+        .fold((0.0, 0usize), |(sum, count), v| (sum + v * v, count + 1));
+    (sum / count.max(1) as f64).sqrt()
+}
+
+/// The comparison's frame: shapes, special values, the relative L2 limit;
+/// `bound(want, row_rms, index)` is the largest error allowed at one finite
+/// element (`index` into the data).
+fn compare_elements(
+    got: &HostTensor,
+    want: &HostTensor,
+    dtype: DType,
+    rows: &[usize],
+    bound: impl Fn(f64, f64, usize) -> f64,
+) -> Result<f64, Mismatch> {
+    if got.shape != want.shape || got.data.len() != want.data.len() {
+        return Err(Mismatch(format!(
+            "the output has shape {:?} but the reference {:?}",
+            got.shape, want.shape
+        )));
+    }
+    let cols = want.row_len().max(1);
+    let row_name = |i: usize| rows.get(i).copied().unwrap_or(i);
+    let (mut diff_sq, mut want_sq) = (0.0, 0.0);
+    let (mut outside, mut worst): (usize, Option<(f64, String)>) = (0, None);
+    for (i, (got_row, want_row)) in got.data.chunks(cols).zip(want.data.chunks(cols)).enumerate() {
+        let row_rms = rms(want_row);
+        for (j, (&g, &w)) in got_row.iter().zip(want_row).enumerate() {
+            let at = || format!("row {}, column {j}", row_name(i));
+            if !(g.is_finite() && w.is_finite()) {
+                if !((g.is_nan() && w.is_nan()) || g == w) {
+                    return Err(Mismatch(format!(
+                        "{}: got {g} where the reference is {w} (NaN is an unwritten element \
+                         or a lost value)",
+                        at()
+                    )));
+                }
+                continue;
+            }
+            let allowed = bound(w, row_rms, i * cols + j);
+            let err = (g - w).abs();
+            if err > allowed {
+                outside += 1;
+                let ratio = err / allowed;
+                if worst.as_ref().is_none_or(|(r, _)| ratio > *r) {
+                    let text = format!(
+                        "{}: got {g} want {w}, error {err:.3e} > bound {allowed:.3e}",
+                        at()
+                    );
+                    worst = Some((ratio, text));
+                }
+            }
+            diff_sq += (g - w) * (g - w);
+            want_sq += w * w;
+        }
+    }
+    let relative = if want_sq == 0.0 {
+        if diff_sq == 0.0 { 0.0 } else { f64::INFINITY }
+    } else {
+        (diff_sq / want_sq).sqrt()
+    };
+    if let Some((_, text)) = worst {
+        return Err(Mismatch(format!(
+            "{outside} element(s) outside the {dtype} bound, the worst at {text}; relative L2 error {relative:.3e}"
+        )));
+    }
+    let limit = relative_l2_limit(dtype);
+    if relative >= limit {
+        return Err(Mismatch(format!(
+            "relative L2 error {relative:.3e} is over the {dtype} limit {limit:e}"
+        )));
+    }
+    Ok(relative)
 }
 
 #[cfg(test)]
@@ -118,17 +372,162 @@ mod tests {
         let mut rng = StdRng::seed_from_u64(1);
         assert_eq!(rows_to_check(0, &mut rng), Vec::<usize>::new());
         assert_eq!(rows_to_check(5, &mut rng), vec![0, 1, 2, 3, 4]);
-        assert_eq!(rows_to_check(96, &mut rng).len(), 96);
+        assert_eq!(rows_to_check(ALL_ROWS_UP_TO, &mut rng).len(), ALL_ROWS_UP_TO);
     }
 
     #[test]
-    fn large_outputs_are_sampled_with_both_ends() {
+    fn large_outputs_are_checked_in_every_band_and_at_both_ends() {
         let mut rng = StdRng::seed_from_u64(2);
-        let rows = rows_to_check(100_000, &mut rng);
-        assert!(rows.len() <= SAMPLED_ROWS && rows.len() > 2);
-        assert_eq!(rows.first(), Some(&0));
-        assert_eq!(rows.last(), Some(&99_999));
-        assert!(rows.windows(2).all(|w| w[0] < w[1]));
+        for m in [ALL_ROWS_UP_TO + 1, 1000, 8192, 8192 + 17, 100_000] {
+            let rows = rows_to_check(m, &mut rng);
+            assert_eq!(rows.first(), Some(&0));
+            assert_eq!(rows.last(), Some(&(m - 1)));
+            assert!(rows.windows(2).all(|w| w[0] < w[1]));
+            let bands = m.div_ceil(ROW_BAND);
+            assert!(
+                rows.len() <= bands + EXTRA_RANDOM_ROWS + 2,
+                "{m}: {} rows",
+                rows.len()
+            );
+            for band in 0..bands {
+                assert!(
+                    rows.iter().any(|&r| r / ROW_BAND == band),
+                    "m = {m}: no row compared in rows {}..{}",
+                    band * ROW_BAND,
+                    (band + 1) * ROW_BAND
+                );
+            }
+        }
+    }
+
+    /// A GEMM-like reference: `rows × cols` values of varied magnitude.
+    fn reference_like(rows: usize, cols: usize, seed: u64) -> HostTensor {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let data = (0..rows * cols)
+            .map(|_| rng.random_range(-1.0..1.0f64) * rng.random_range(0.0..3.0f64))
+            .collect();
+        HostTensor::new(&[rows, cols], data).unwrap()
+    }
+
+    #[test]
+    fn correctly_rounded_outputs_pass() {
+        let want = reference_like(16, 3000, 3);
+        for dtype in [DType::F16, DType::BF16] {
+            let got = want.rounded_to(dtype);
+            let err = compare(&got, &want, dtype, &[]).unwrap_or_else(|e| panic!("{dtype}: {e}"));
+            assert!(
+                err > 0.0 && err < relative_l2_limit(dtype) / 2.0,
+                "{dtype}: {err:e}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_bf16_precision_output_fails_as_f16() {
+        let want = reference_like(16, 3000, 4);
+        let err = compare(&want.rounded_to(DType::BF16), &want, DType::F16, &[]).unwrap_err();
+        assert!(err.0.contains("f16"), "{err}");
+    }
+
+    #[test]
+    fn one_wrong_column_at_n_3000_fails() {
+        let want = reference_like(16, 3000, 5);
+        for dtype in [DType::F16, DType::BF16] {
+            // Column 1234 holds column 1235's values: an off-by-one store.
+            let mut got = want.rounded_to(dtype);
+            for row in got.data.chunks_mut(3000) {
+                row[1234] = row[1235];
+            }
+            let rows: Vec<usize> = (100..116).collect();
+            let err = compare(&got, &want, dtype, &rows).unwrap_err();
+            assert!(err.0.contains("column 1234"), "{dtype}: {err}");
+            assert!(
+                err.0.contains("row 1"),
+                "rows are named by the caller's numbers: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn one_wrong_tile_fails() {
+        // A 64-row tile written with another tile's values, in a 256-row output.
+        let want = reference_like(256, 64, 6);
+        let mut got = want.rounded_to(DType::F16);
+        let (first, second) = got.data.split_at_mut(128 * 64);
+        second[..64 * 64].copy_from_slice(&first[..64 * 64]);
+        assert!(compare(&got, &want, DType::F16, &[]).is_err());
+    }
+
+    #[test]
+    fn a_row_clipped_to_zeros_is_judged_at_the_outputs_scale() {
+        // ReLU left one small value in the last row; the GEMM's f32
+        // accumulation error (1e-6 of a pre-activation scale near 1) is far
+        // above u times that row's rms, but not above the floor.
+        let mut want = reference_like(8, 8, 7).rounded_to(DType::F16);
+        want.data[56..].copy_from_slice(&[0.0, 0.0, 0.0, 2.0f64.powi(-12), 0.0, 0.0, 0.0, 0.0]);
+        let mut got = want.clone();
+        got.data[59] += 1e-6;
+        compare(&got, &want, DType::F16, &[]).unwrap();
+        // A value there of the output's scale is still an error.
+        got.data[59] = 0.1;
+        assert!(compare(&got, &want, DType::F16, &[]).is_err());
+    }
+
+    #[test]
+    fn nan_and_infinity_pass_only_where_the_reference_has_them() {
+        let want = HostTensor::new(&[1, 4], vec![f64::NAN, f64::INFINITY, f64::NEG_INFINITY, 1.0]).unwrap();
+        assert!(compare(&want, &want, DType::F16, &[]).is_ok());
+        let with = |i: usize, v: f64| {
+            let mut t = want.clone();
+            t.data[i] = v;
+            t
+        };
+        // An unwritten (NaN-poisoned) element, a lost NaN, a wrong infinity.
+        assert!(compare(&with(3, f64::NAN), &want, DType::F16, &[]).is_err());
+        assert!(compare(&with(0, 0.0), &want, DType::F16, &[]).is_err());
+        assert!(compare(&with(1, f64::NEG_INFINITY), &want, DType::F16, &[]).is_err());
+        assert!(compare(&with(2, 65504.0), &want, DType::F16, &[]).is_err());
+        let err = compare(&with(3, f64::NAN), &want, DType::BF16, &[7]).unwrap_err();
+        assert!(err.0.starts_with("row 7, column 3: got NaN"), "{err}");
+    }
+
+    #[test]
+    fn ulps_follow_the_formats() {
+        assert_eq!(ulp(DType::F16, 1.0), 2f64.powi(-10));
+        assert_eq!(ulp(DType::F16, 1.9), 2f64.powi(-10));
+        assert_eq!(ulp(DType::F16, 0.0), 2f64.powi(-24));
+        assert_eq!(ulp(DType::BF16, 3.0), 2f64.powi(-6));
+        assert_eq!(ulp(DType::BF16, 0.0), 2f64.powi(-133));
+        for dtype in [DType::F16, DType::BF16] {
+            // Half an ulp is the unit roundoff at 1.
+            assert_eq!(ulp(dtype, 1.0) / 2.0, unit_roundoff(dtype));
+        }
+    }
+
+    #[test]
+    fn the_activation_bound_tells_tanh_gelu_from_erf_gelu() {
+        use fusion_core::reference::{gelu_erf, gelu_tanh};
+        for dtype in [DType::F16, DType::BF16] {
+            let x = activation_inputs(dtype, 64, 64);
+            let exact = |f: fn(f64) -> f64| HostTensor {
+                shape: x.shape.clone(),
+                data: x.data.iter().map(|&v| f(v)).collect(),
+            };
+            let (tanh, erf) = (exact(gelu_tanh), exact(gelu_erf));
+            // Each formula, correctly rounded, passes against itself...
+            compare_activation(&tanh.rounded_to(dtype), &tanh, &x, dtype, &[]).unwrap();
+            compare_activation(&erf.rounded_to(dtype), &erf, &x, dtype, &[]).unwrap();
+            // ...and so does one off by nearly the whole approximation allowance...
+            let mut approximate = tanh.clone();
+            for (v, &xv) in approximate.data.iter_mut().zip(&x.data) {
+                *v -= 0.9 * ACTIVATION_APPROX * xv.abs();
+            }
+            compare_activation(&approximate.rounded_to(dtype), &tanh, &x, dtype, &[]).unwrap();
+            // ...but neither passes as the other.
+            let err = compare_activation(&erf.rounded_to(dtype), &tanh, &x, dtype, &[]).unwrap_err();
+            assert!(err.0.contains("outside"), "{dtype}: {err}");
+            assert!(compare_activation(&tanh.rounded_to(dtype), &erf, &x, dtype, &[]).is_err());
+        }
     }
 
     #[test]

@@ -1,17 +1,21 @@
 //! GPU correctness of the built-in kernel library: every shipped graph
 //! through its generated wrapper, f16 and bf16, at ragged and benchmark
 //! shapes, against the CPU reference with fresh random inputs and outputs
-//! poisoned with NaN before each launch; and the run-time checks that refuse
-//! bad arguments before anything is launched.
+//! poisoned with NaN before each launch; each activation step alone at its
+//! hardest inputs (its expectations checked on the CPU); and the run-time
+//! checks that refuse bad arguments before anything is launched.
 //!
 //! Run on a machine with a GPU: `cargo test --release --test gpu -- --ignored`
 //! (see tests/support for the environment variables).
 
 mod support;
 
+use fusion::core::reference::{self, Bindings, HostTensor};
+use fusion::cudarc::driver::CudaStream;
 use fusion::half::{bf16, f16};
-use fusion::kernels;
-use support::{check, gemm_shapes, stream, token_counts};
+use fusion::{Tensor, TensorMut, kernels, testing};
+use std::sync::Arc;
+use support::{Case, TestElement, check, gemm_shapes, stream, token_counts};
 
 /// One test per single-GEMM pattern graph, over every (M, N, K) and both
 /// element types; `$call` launches the wrapper with `r` (inputs then
@@ -35,6 +39,9 @@ macro_rules! pattern_test {
 pattern_test!(gemm, "gemm", |s, r, w| kernels::gemm(s, &r[0], &r[1], &mut w[0]));
 pattern_test!(gemm_bias_gelu, "gemm_bias_gelu", |s, r, w| {
     kernels::gemm_bias_gelu(s, &r[0], &r[1], &r[2], &mut w[0])
+});
+pattern_test!(gemm_bias_gelu_erf, "gemm_bias_gelu_erf", |s, r, w| {
+    kernels::gemm_bias_gelu_erf(s, &r[0], &r[1], &r[2], &mut w[0])
 });
 pattern_test!(gemm_bias_silu, "gemm_bias_silu", |s, r, w| {
     kernels::gemm_bias_silu(s, &r[0], &r[1], &r[2], &mut w[0])
@@ -158,6 +165,177 @@ standalone_test!(layernorm, "layernorm", "K", |s, r, w| kernels::layernorm(
 standalone_test!(rmsnorm, "rmsnorm", "K", |s, r, w| kernels::rmsnorm(
     s, &r[0], &r[1], &mut w[0]
 ));
+
+// ---- each activation step alone, at its hardest inputs ---------------------
+
+/// Rows and columns of the activation cases; the GEMM's K equals N.
+const ACT_ROWS: usize = 64;
+const ACT_COLS: usize = 64;
+
+/// The values the last three columns' bias holds, so that the activation
+/// sees NaN, +Inf and -Inf there (x + bias, x finite).
+const SPECIAL_BIAS: [f64; 3] = [f64::NAN, f64::INFINITY, f64::NEG_INFINITY];
+
+/// Runs `graph` (`act(x @ w + b)` or `act(x @ w^T + b)`) with w the
+/// identity and b zero but for [`SPECIAL_BIAS`], so that the activation
+/// step alone maps `testing::activation_inputs` (and NaN, ±Inf) to the
+/// output, and compares element by element with the activation's own bound
+/// (`testing::compare_activation`), tight enough to tell tanh-GELU from
+/// erf-GELU. The expected values at NaN and ±Inf are PyTorch's on CUDA:
+/// NaN stays NaN (relu included), act(+Inf) = +Inf (sigmoid: 1),
+/// act(-Inf) = NaN for GELU and SiLU (−∞·0), 0 for ReLU and sigmoid.
+fn activation_alone<T: TestElement>(
+    s: &Arc<CudaStream>,
+    graph: &str,
+    launch: impl FnOnce(&[Tensor<'_, T>], &mut [TensorMut<'_, T>]) -> fusion::Result<()>,
+) {
+    let graph = support::graph(graph, T::DTYPE);
+    let (host, z, want) = activation_case(&graph);
+    check_activation(s, graph, host, &z, &want, launch);
+}
+
+/// The inputs and weights of an [`activation_alone`] case on `graph`, the
+/// activation's input and the reference output.
+fn activation_case(graph: &fusion::ir::Graph) -> (Bindings, HostTensor, HostTensor) {
+    let dtype = graph.tensors[0].dtype;
+    let x = testing::activation_inputs(dtype, ACT_ROWS, ACT_COLS);
+    let mut identity = HostTensor::zeros(&[ACT_COLS, ACT_COLS]);
+    for i in 0..ACT_COLS {
+        identity.data[i * ACT_COLS + i] = 1.0;
+    }
+    let mut bias = HostTensor::zeros(&[ACT_COLS]);
+    bias.data[ACT_COLS - SPECIAL_BIAS.len()..].copy_from_slice(&SPECIAL_BIAS);
+    // The activation's input, exactly: the f32 accumulation of x times the
+    // identity is x itself.
+    let mut z = x.clone();
+    for row in z.data.chunks_mut(ACT_COLS) {
+        for (v, b) in row.iter_mut().zip(&bias.data) {
+            *v += b;
+        }
+    }
+    let host: Bindings = [("x", x), ("w", identity), ("b", bias)]
+        .into_iter()
+        .map(|(name, t)| (name.to_string(), t))
+        .collect();
+    let want = reference::evaluate(graph, &host).expect("reference")["y"].clone();
+    (host, z, want)
+}
+
+/// On the CPU: the activation cases expect PyTorch's values at NaN and
+/// ±Inf, and the reference rounded to the element type passes their bound
+/// (so the GPU tests fail only on the kernel's own error).
+#[test]
+fn activation_cases_expect_pytorchs_special_values() {
+    use fusion::ir::DType;
+    for (name, at_plus_infinity, at_minus_infinity) in [
+        ("gemm_bias_gelu", f64::INFINITY, f64::NAN),
+        ("gemm_bias_gelu_erf", f64::INFINITY, f64::NAN),
+        ("gemm_bias_silu", f64::INFINITY, f64::NAN),
+        ("gemm_bias_relu", f64::INFINITY, 0.0),
+        ("gemm_bias_sigmoid", 1.0, 0.0),
+    ] {
+        for dtype in [DType::F16, DType::BF16] {
+            let (_, z, want) = activation_case(&support::graph(name, dtype));
+            for row in want.data.chunks(ACT_COLS) {
+                let [nan, plus, minus] = row[ACT_COLS - 3..] else {
+                    unreachable!()
+                };
+                assert!(nan.is_nan(), "{name}: act(NaN) = {nan}");
+                assert_eq!(plus, at_plus_infinity, "{name}: act(+Inf)");
+                assert!(
+                    minus == at_minus_infinity || (minus.is_nan() && at_minus_infinity.is_nan()),
+                    "{name}: act(-Inf) = {minus}"
+                );
+            }
+            testing::compare_activation(&want.rounded_to(dtype), &want, &z, dtype, &[])
+                .unwrap_or_else(|e| panic!("{name} {dtype}: {e}"));
+        }
+    }
+}
+
+/// A standalone activation kernel (`y = act(x)`) on
+/// [`testing::activation_inputs`] with NaN, +Inf and -Inf in the last row's
+/// first three columns.
+fn standalone_activation<T: TestElement>(
+    s: &Arc<CudaStream>,
+    graph: &str,
+    launch: impl FnOnce(&[Tensor<'_, T>], &mut [TensorMut<'_, T>]) -> fusion::Result<()>,
+) {
+    let graph = support::graph(graph, T::DTYPE);
+    let mut x = testing::activation_inputs(T::DTYPE, ACT_ROWS, ACT_COLS);
+    let last_row = (ACT_ROWS - 1) * ACT_COLS;
+    x.data[last_row..last_row + SPECIAL_BIAS.len()].copy_from_slice(&SPECIAL_BIAS);
+    let host: Bindings = [("x".to_string(), x.clone())].into_iter().collect();
+    let want = reference::evaluate(&graph, &host).expect("reference")["y"].clone();
+    check_activation(s, graph, host, &x, &want, launch);
+}
+
+/// Launches one activation case and compares it (see [`activation_alone`]).
+fn check_activation<T: TestElement>(
+    s: &Arc<CudaStream>,
+    graph: fusion::ir::Graph,
+    host: Bindings,
+    z: &HostTensor,
+    want: &HostTensor,
+    launch: impl FnOnce(&[Tensor<'_, T>], &mut [TensorMut<'_, T>]) -> fusion::Result<()>,
+) {
+    let dims = [("M", ACT_ROWS), ("N", ACT_COLS), ("K", ACT_COLS)];
+    let dims: Vec<_> = dims
+        .into_iter()
+        .filter(|(d, _)| graph.dim_by_name(d).is_some())
+        .collect();
+    let mut case = Case::<T>::from_bindings(s, graph, host, &dims);
+    let result = case.launch(launch);
+    if !support::variant_supports::<T>() {
+        assert!(
+            matches!(result, Err(fusion::Error::UnsupportedDType { .. })),
+            "{result:?}"
+        );
+        return;
+    }
+    result.unwrap_or_else(|e| panic!("{}: {e}", case.label));
+    s.synchronize().expect("kernels finished");
+    let (_, buf, _, shape) = &case.writes[0];
+    let got = T::decode(shape, &s.clone_dtoh(buf).expect("download")).expect("shape");
+    let err = testing::compare_activation(&got, want, z, T::DTYPE, &[])
+        .unwrap_or_else(|e| panic!("{}: {e}", case.label));
+    eprintln!("ok  {:<48} rel_err {err:.2e}", case.label);
+}
+
+/// One test per activation case, f16 then bf16: `gemm WRAPPER` runs
+/// [`activation_alone`] through a `gemm_bias_*` wrapper, `elementwise
+/// WRAPPER` runs [`standalone_activation`] through a standalone kernel.
+macro_rules! activation_test {
+    ($test:ident, $graph:literal, gemm $wrapper:ident) => {
+        activation_test!(@ $test, activation_alone, $graph, |s, r, w| {
+            kernels::$wrapper(s, &r[0], &r[1], &r[2], &mut w[0])
+        });
+    };
+    ($test:ident, $graph:literal, elementwise $wrapper:ident) => {
+        activation_test!(@ $test, standalone_activation, $graph, |s, r, w| {
+            kernels::$wrapper(s, &r[0], &mut w[0])
+        });
+    };
+    (@ $test:ident, $case:ident, $graph:literal, |$s:ident, $r:ident, $w:ident| $call:expr) => {
+        #[test]
+        #[ignore = "needs a CUDA GPU"]
+        fn $test() {
+            let stream = stream();
+            let $s = &stream;
+            $case::<f16>($s, $graph, |$r, $w| $call);
+            $case::<bf16>($s, $graph, |$r, $w| $call);
+        }
+    };
+}
+
+activation_test!(gelu_alone_at_its_hardest_inputs, "gemm_bias_gelu", gemm gemm_bias_gelu);
+activation_test!(gelu_erf_alone_at_its_hardest_inputs, "gemm_bias_gelu_erf", gemm gemm_bias_gelu_erf);
+activation_test!(silu_step_alone_at_its_hardest_inputs, "gemm_bias_silu", gemm gemm_bias_silu);
+activation_test!(relu_alone_at_its_hardest_inputs, "gemm_bias_relu", gemm gemm_bias_relu);
+activation_test!(sigmoid_alone_at_its_hardest_inputs, "gemm_bias_sigmoid", gemm gemm_bias_sigmoid);
+activation_test!(standalone_silu_at_its_hardest_inputs, "silu", elementwise silu);
+activation_test!(standalone_sigmoid_at_its_hardest_inputs, "sigmoid", elementwise sigmoid);
+activation_test!(standalone_gelu_quick_at_its_hardest_inputs, "gelu_quick", elementwise gelu_quick);
 
 /// NaN and the infinities through the standalone sigmoid and quick GELU:
 /// what PyTorch gives (sigmoid(+inf) = 1, sigmoid(-inf) = 0,

@@ -6,7 +6,7 @@ mod support;
 
 use fusion::cudarc::driver::{CudaSlice, CudaStream};
 use fusion::half::f16;
-use fusion::{Error, Tensor, TensorMut, kernels};
+use fusion::{Error, Shape, Tensor, TensorMut, kernels};
 use std::sync::Arc;
 use support::stream;
 
@@ -57,27 +57,67 @@ fn m_of_zero_is_a_no_op() {
     assert_eq!(gemm_bias(&s, 0, 8, 16).unwrap(), Vec::<f16>::new());
 }
 
+/// gemm_bias with x, w and b viewed with the given shapes (each buffer
+/// sized to match) and y [4, 8], which must be refused: its error, once
+/// checked that nothing was launched (y's poison is intact).
+fn refused_gemm_bias(s: &Arc<CudaStream>, x: Shape, w: Shape, b: Shape) -> Error {
+    let len = |shape: Shape| shape.len().expect("a test shape fits a usize");
+    let (xb, wb, bb) = (
+        filled(s, len(x), 0.5),
+        filled(s, len(w), 0.25),
+        filled(s, len(b), 1.0),
+    );
+    let mut y = filled(s, 4 * 8, -7.0);
+    let err = kernels::gemm_bias(
+        s,
+        &Tensor::new(&xb, x).unwrap(),
+        &Tensor::new(&wb, w).unwrap(),
+        &Tensor::new(&bb, b).unwrap(),
+        &mut TensorMut::new(&mut y, [4, 8]).unwrap(),
+    )
+    .unwrap_err();
+    assert!(s.clone_dtoh(&y).unwrap().iter().all(|v| v.to_f32() == -7.0));
+    err
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_shape_unlike_the_declaration_is_refused() {
+    let s = stream();
+    // w is declared [N, K]: a vector of its 128 values is the wrong rank.
+    let err = refused_gemm_bias(&s, Shape::Matrix(4, 16), Shape::Vector(128), Shape::Vector(8));
+    assert!(
+        matches!(&err, Error::Shape { tensor, expected, actual }
+            if tensor == "w" && expected == "[N, K]" && actual == "[128]"),
+        "{err}"
+    );
+    assert_eq!(
+        err.to_string(),
+        "`w` has shape [128] but the graph declares [N, K]"
+    );
+    // b is declared [N]: a [1, 8] matrix is refused too.
+    let err = refused_gemm_bias(
+        &s,
+        Shape::Matrix(4, 16),
+        Shape::Matrix(8, 16),
+        Shape::Matrix(1, 8),
+    );
+    assert!(
+        matches!(&err, Error::Shape { tensor, .. } if tensor == "b"),
+        "{err}"
+    );
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn shapes_must_agree_with_each_other() {
     let s = stream();
-    let (x, w, b) = (
-        filled(&s, 4 * 16, 0.5),
-        filled(&s, 8 * 24, 0.25),
-        filled(&s, 8, 1.0),
+    // K is 16 in x but 24 in w.
+    let err = refused_gemm_bias(&s, Shape::Matrix(4, 16), Shape::Matrix(8, 24), Shape::Vector(8));
+    assert!(
+        matches!(&err, Error::DimMismatch { dim, first_value: 16, second_value: 24, .. } if dim == "K"),
+        "{err}"
     );
-    let mut y = filled(&s, 4 * 8, -7.0);
-    let err = kernels::gemm_bias(
-        &s,
-        &Tensor::new(&x, [4, 16]).unwrap(),
-        &Tensor::new(&w, [8, 24]).unwrap(),
-        &Tensor::new(&b, [8]).unwrap(),
-        &mut TensorMut::new(&mut y, [4, 8]).unwrap(),
-    )
-    .unwrap_err();
-    assert!(matches!(err, Error::DimMismatch { .. }), "{err}");
-    // Nothing was launched: the poison is intact.
-    assert!(s.clone_dtoh(&y).unwrap().iter().all(|v| v.to_f32() == -7.0));
 }
 
 #[test]

@@ -248,14 +248,16 @@ fn is_whole_elf64(bytes: &[u8]) -> bool {
     count > 0 && table + entry * count <= bytes.len() as u64
 }
 
-/// Two crates building at once against one cold cache, with an interrupted
-/// build's leftover in it: both succeed, a reader watching the cache never
-/// sees a partial object, and no temp file is left.
+/// Two crates building at once against one cold cache, each with its own
+/// cache handle, with an interrupted build's leftover in it: both succeed
+/// and archive a whole object, a reader watching the cache never
+/// sees a partial object, and no temp or lock file is left.
 fn two_builds_at_once_share_one_cache(ws: &Workspace) {
     let cache = ws.root.join("shared-cache");
     std::fs::create_dir_all(&cache).unwrap();
-    // A process that no longer exists (above any pid_max) left half a file.
-    let leftover = cache.join(format!(".{}.o.4294967295.0.tmp", "ab".repeat(32)));
+    // A build that no longer runs (its writer lock file is gone) left half
+    // a file.
+    let leftover = cache.join(format!(".{}.o.w1-2-3.0.tmp", "ab".repeat(32)));
     std::fs::write(&leftover, b"\x7fELF half").unwrap();
     let sources = ws.sources(UNIT, &[Arch::Sm80]);
     let done = std::sync::atomic::AtomicBool::new(false);
@@ -295,11 +297,13 @@ fn two_builds_at_once_share_one_cache(ws: &Workspace) {
         done.store(true, std::sync::atomic::Ordering::Relaxed);
         (results, watcher.join().unwrap())
     });
+    let mut archives = Vec::new();
     for (i, result) in results.into_iter().enumerate() {
         let lib = result.unwrap_or_else(|e| panic!("build {i} failed: {e}"));
         assert_eq!(lib.units_compiled + lib.units_cached, 1, "build {i}");
         let archive = std::fs::read(lib.lib_dir.join("libfusion_kernels.a")).unwrap();
         assert!(archive.starts_with(b"!<arch>\n"), "build {i}");
+        archives.push(archive);
     }
     assert!(
         partial_reads.is_empty(),
@@ -311,10 +315,38 @@ fn two_builds_at_once_share_one_cache(ws: &Workspace) {
         .collect();
     assert!(!leftover.exists(), "the interrupted build's temp file is cleaned");
     assert!(
-        names.iter().all(|n| !n.ends_with(".tmp")),
-        "temp files left: {names:?}"
+        names
+            .iter()
+            .all(|n| !n.ends_with(".tmp") && !n.ends_with(".lock")),
+        "temp or lock files left: {names:?}"
     );
     let objects: Vec<&String> = names.iter().filter(|n| n.ends_with(".o")).collect();
     assert_eq!(objects.len(), 1, "one object for the one key: {names:?}");
     assert!(is_whole_elf64(&std::fs::read(cache.join(objects[0])).unwrap()));
+    // Each build archived one whole object.
+    for (i, archive) in archives.iter().enumerate() {
+        let members = archive_members(archive);
+        let elf: Vec<_> = members.iter().filter(|m| m.starts_with(b"\x7fELF")).collect();
+        assert_eq!(elf.len(), 1, "build {i}: {} members", members.len());
+        assert!(is_whole_elf64(elf[0]), "build {i} archived a partial object");
+    }
+}
+
+/// The members' contents of a `!<arch>` archive: each member is a 60-byte
+/// header (its size, in decimal, at bytes 48..58) then the data, padded to
+/// an even length.
+fn archive_members(archive: &[u8]) -> Vec<&[u8]> {
+    let mut members = Vec::new();
+    let mut at = 8;
+    while at + 60 <= archive.len() {
+        let size: usize = std::str::from_utf8(&archive[at + 48..at + 58])
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let data = at + 60;
+        members.push(&archive[data..(data + size).min(archive.len())]);
+        at = data + size + size % 2;
+    }
+    members
 }

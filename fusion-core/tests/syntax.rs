@@ -135,6 +135,7 @@ fn every_shipped_graph_parses_and_lowers() {
             "gemm",
             "gemm_bias",
             "gemm_bias_gelu",
+            "gemm_bias_gelu_erf",
             "gemm_bias_relu",
             "gemm_bias_residual",
             "gemm_bias_sigmoid",

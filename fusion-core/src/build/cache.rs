@@ -3,18 +3,27 @@
 //!
 //! An object lives at `<cache dir>/<key>.o`, where the key hashes everything
 //! that can change it (see `compile::unit_key`). The cache is shared by every
-//! profile and crate of a workspace, and by builds running at the same time,
-//! so files only ever appear by an atomic rename of a complete file written
-//! next to them; a reader sees the whole object or none. An object that is
-//! there but not a complete ELF file (a disk filled up, a crash before the
-//! rename of a copy made by hand) is treated as missing.
+//! profile and crate of a workspace, and by builds running at the same time
+//! (threads or processes, in any PID namespace), so files only ever appear by
+//! an atomic rename of a complete, fsynced file written next to them under a
+//! name unique to its writer; a reader sees the whole object or none. An
+//! object that is there but not a complete ELF file (a disk filled up, a
+//! crash before the rename of a copy made by hand) is treated as missing.
+//!
+//! No lock serializes builds: two builds that miss the same key both compile
+//! it and the second rename replaces the first with identical bytes. The one
+//! lock is each cache handle's advisory lock on its own `.writer-<id>.lock`
+//! file, held for the handle's life: a temp file whose writer's lock can be
+//! taken belongs to a build that is gone, whatever its pid was.
 
 use super::BuildError;
 use sha2::{Digest, Sha256};
 use std::fmt;
-use std::io::Read as _;
+use std::fs::{File, TryLockError};
+use std::io::{Read as _, Write as _};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 /// A SHA-256 cache key.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -130,15 +139,22 @@ pub enum Lookup {
 #[derive(Clone, Debug)]
 pub struct ObjectCache {
     pub dir: PathBuf,
+    /// This handle's lock, which marks its temp files as in use.
+    writer: Arc<WriterLock>,
 }
 
 impl ObjectCache {
-    /// Opens (creating it if needed) a cache directory, and removes what
-    /// interrupted builds left there (see [`remove_abandoned_temps`]).
+    /// Opens (creating it if needed) a cache directory, takes this handle's
+    /// writer lock, and removes what interrupted builds left there (see
+    /// [`remove_abandoned_temps`]).
     pub fn open(dir: &Path) -> Result<ObjectCache, BuildError> {
         std::fs::create_dir_all(dir).map_err(BuildError::io("cannot create the cache directory", dir))?;
+        let writer = Arc::new(WriterLock::take(dir)?);
         remove_abandoned_temps(dir);
-        Ok(ObjectCache { dir: dir.to_owned() })
+        Ok(ObjectCache {
+            dir: dir.to_owned(),
+            writer,
+        })
     }
 
     pub fn object_path(&self, key: CacheKey) -> PathBuf {
@@ -161,13 +177,21 @@ impl ObjectCache {
         }
     }
 
-    /// A fresh path in the cache directory for a compiler to write to;
-    /// [`ObjectCache::commit`] moves it into place.
+    /// A fresh path in the cache directory for a compiler to write to,
+    /// `.<key>.o.<writer id>.<n>.tmp`; [`ObjectCache::commit`] moves it into
+    /// place. It is kept from other builds' clean-up while this handle lives.
     pub fn temp_path(&self, key: CacheKey) -> PathBuf {
-        temp_sibling(&self.object_path(key))
+        self.temp_for(&format!("{key}.o"))
     }
 
-    /// Checks the object written at `temp` and renames it to the key's path.
+    /// `.<name>.<writer id>.<n>.tmp` in the cache directory.
+    fn temp_for(&self, name: &str) -> PathBuf {
+        let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+        self.dir.join(format!(".{name}.{}.{n}.tmp", self.writer.id))
+    }
+
+    /// Checks the object written at `temp`, flushes it to disk and renames
+    /// it to the key's path.
     pub fn commit(&self, temp: &Path, key: CacheKey) -> Result<PathBuf, BuildError> {
         if let Err(reason) = check_object(temp) {
             let _ = std::fs::remove_file(temp);
@@ -175,6 +199,12 @@ impl ObjectCache {
                 "nvcc reported success but its object is unusable ({reason})"
             )));
         }
+        // Durable before it is visible: after a crash the name holds the
+        // whole object or is absent, on file systems that may reorder a
+        // rename before the data it names.
+        File::open(temp)
+            .and_then(|f| f.sync_all())
+            .map_err(BuildError::io("cannot flush", temp))?;
         let path = self.object_path(key);
         std::fs::rename(temp, &path).map_err(BuildError::io("cannot move the object into", &path))?;
         Ok(path)
@@ -189,71 +219,192 @@ impl ObjectCache {
 
     /// Stores a small cached file atomically.
     pub fn write_file(&self, name: &str, contents: &[u8]) -> Result<(), BuildError> {
-        write_atomically(&self.dir.join(name), contents)
+        write_through(&self.temp_for(name), &self.dir.join(name), contents)
     }
 }
 
-/// `dir/.<name>.<pid>.<n>.tmp`: unique per process and call, in the same
-/// directory as `path` so the final rename stays on one file system.
-fn temp_sibling(path: &Path) -> PathBuf {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let name = path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default();
-    path.with_file_name(format!(".{name}.{}.{n}.tmp", std::process::id()))
+/// Numbers temp files, unique within the process.
+static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// Unique to this process among every process that may share a directory,
+/// in any PID namespace: the pid alone repeats across namespaces (and
+/// after reuse), the pid with the time of the first call does not.
+fn process_token() -> &'static str {
+    static TOKEN: OnceLock<String> = OnceLock::new();
+    TOKEN.get_or_init(|| {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        format!("{:x}-{nanos:x}", std::process::id())
+    })
+}
+
+/// A cache handle's `<dir>/.writer-<id>.lock`, exclusively locked for as
+/// long as the handle (and its clones) live; removed when dropped.
+#[derive(Debug)]
+struct WriterLock {
+    /// `w<process token>-<n>`: no dots, so it can sit inside a temp name.
+    id: String,
+    path: PathBuf,
+    _file: File,
+}
+
+impl WriterLock {
+    fn take(dir: &Path) -> Result<WriterLock, BuildError> {
+        loop {
+            let id = format!(
+                "w{}-{}",
+                process_token(),
+                TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)
+            );
+            let path = writer_lock_path(dir, &id);
+            let file =
+                File::create_new(&path).map_err(BuildError::io("cannot create the lock file", &path))?;
+            file.lock().map_err(BuildError::io("cannot lock", &path))?;
+            // Another build's clean-up may have found the file between its
+            // creation and the lock, taken it for a dead writer's and
+            // removed it; then this lock guards nothing: take another.
+            if same_file(&file, &path) {
+                return Ok(WriterLock {
+                    id,
+                    path,
+                    _file: file,
+                });
+            }
+        }
+    }
+}
+
+impl Drop for WriterLock {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+fn writer_lock_path(dir: &Path, id: &str) -> PathBuf {
+    dir.join(format!(".writer-{id}.lock"))
+}
+
+/// Whether `path` still names the file open as `file`.
+#[cfg(unix)]
+fn same_file(file: &File, path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    match (file.metadata(), std::fs::metadata(path)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    }
+}
+
+/// Elsewhere an open file cannot be removed, so the path is still it.
+#[cfg(not(unix))]
+fn same_file(_: &File, path: &Path) -> bool {
+    path.exists()
+}
+
+/// Whether the writer `id` of a cache directory is alive: its lock file
+/// exists and is locked. `None` when that cannot be told (the file system
+/// has no advisory locks).
+fn writer_alive(dir: &Path, id: &str) -> Option<bool> {
+    let Ok(file) = File::open(writer_lock_path(dir, id)) else {
+        return Some(false);
+    };
+    match file.try_lock() {
+        Ok(()) => Some(false),
+        Err(TryLockError::WouldBlock) => Some(true),
+        Err(TryLockError::Error(_)) => None,
+    }
 }
 
 /// A temp file older than this is abandoned whoever wrote it: no nvcc run
-/// takes a day.
+/// takes a day. Only used where a writer's lock cannot tell.
 const ABANDONED_AFTER: std::time::Duration = std::time::Duration::from_secs(24 * 60 * 60);
 
-/// Removes the temp files (`.<name>.<pid>.<n>.tmp`) of builds that were
-/// interrupted (killed, out of disk) before their rename: those whose
-/// process is gone (where `/proc` says so) or that are older than a day.
-/// A running build's temp files are left alone, since another build may be
-/// about to rename them. Lookups never read temp files, so this only saves
-/// space. Returns how many were removed.
+/// Removes the temp files (`.<name>.<writer id>.<n>.tmp`) of builds that
+/// were interrupted (killed, out of disk) before their rename, and their
+/// writer lock files: a temp file is abandoned when its writer's lock file
+/// is gone or not locked, which holds across PID namespaces and pid reuse.
+/// A temp file whose writer cannot be told (no advisory locks, or a name
+/// from another scheme) is removed once older than a day. Lookups never
+/// read temp files, so this only saves space. Returns how many temp files
+/// were removed.
 pub fn remove_abandoned_temps(dir: &Path) -> usize {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return 0;
     };
-    let proc_fs = Path::new("/proc/self").exists();
     let mut removed = 0;
+    let mut dead_writers = Vec::new();
     for entry in entries.flatten() {
         let name = entry.file_name();
         let name = name.to_string_lossy();
+        if let Some(id) = name
+            .strip_prefix(".writer-")
+            .and_then(|n| n.strip_suffix(".lock"))
+        {
+            if writer_alive(dir, id) == Some(false) {
+                dead_writers.push(entry.path());
+            }
+            continue;
+        }
         let Some(inner) = name.strip_prefix('.').and_then(|n| n.strip_suffix(".tmp")) else {
             continue;
         };
-        // `<name>.<pid>.<n>`: the pid is the second field from the end.
-        let pid = inner.rsplit('.').nth(1).and_then(|p| p.parse::<u32>().ok());
-        let Some(pid) = pid else { continue };
-        let writer_gone = proc_fs && !Path::new("/proc").join(pid.to_string()).exists();
-        let too_old = entry
-            .metadata()
-            .and_then(|m| m.modified())
-            .ok()
-            .and_then(|t| t.elapsed().ok())
-            .is_some_and(|age| age > ABANDONED_AFTER);
-        if (writer_gone || too_old) && std::fs::remove_file(entry.path()).is_ok() {
+        // `<name>.<writer id>.<n>`: the writer is the second field from the end.
+        let alive = inner
+            .rsplit('.')
+            .nth(1)
+            .filter(|id| id.starts_with('w'))
+            .and_then(|id| writer_alive(dir, id));
+        let abandoned = match alive {
+            Some(alive) => !alive,
+            None => entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age > ABANDONED_AFTER),
+        };
+        if abandoned && std::fs::remove_file(entry.path()).is_ok() {
             removed += 1;
         }
+    }
+    for lock in dead_writers {
+        let _ = std::fs::remove_file(lock);
     }
     removed
 }
 
-/// Writes `contents` to `path` by writing a sibling and renaming it.
+/// `dir/.<name>.<process token>.<n>.tmp`: unique per process and call, in
+/// the same directory as `path` so the final rename stays on one file
+/// system.
+fn temp_sibling(path: &Path) -> PathBuf {
+    let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+    let name = path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default();
+    path.with_file_name(format!(".{name}.{}.{n}.tmp", process_token()))
+}
+
+/// Writes `contents` to `path` by writing a sibling, flushing it to disk
+/// and renaming it.
 pub fn write_atomically(path: &Path, contents: &[u8]) -> Result<(), BuildError> {
-    let temp = temp_sibling(path);
-    std::fs::write(&temp, contents).map_err(|e| {
-        let _ = std::fs::remove_file(&temp);
-        BuildError::Io {
-            action: "cannot write",
-            path: temp.clone(),
-            source: e,
-        }
-    })?;
-    std::fs::rename(&temp, path).map_err(|e| {
-        let _ = std::fs::remove_file(&temp);
+    write_through(&temp_sibling(path), path, contents)
+}
+
+/// Writes `contents` to `temp`, flushes it to disk and renames it to `path`.
+fn write_through(temp: &Path, path: &Path, contents: &[u8]) -> Result<(), BuildError> {
+    File::create(temp)
+        .and_then(|mut f| {
+            f.write_all(contents)?;
+            f.sync_all()
+        })
+        .map_err(|e| {
+            let _ = std::fs::remove_file(temp);
+            BuildError::Io {
+                action: "cannot write",
+                path: temp.to_owned(),
+                source: e,
+            }
+        })?;
+    std::fs::rename(temp, path).map_err(|e| {
+        let _ = std::fs::remove_file(temp);
         BuildError::Io {
             action: "cannot write",
             path: path.to_owned(),
@@ -276,22 +427,20 @@ pub fn write_if_changed(path: &Path, contents: &[u8]) -> Result<(), BuildError> 
 
 /// Whether `path` is a complete ELF relocatable: the magic number, and a
 /// section header table that ends inside the file. Assemblers put that
-/// table last, so a truncated object fails the second check.
+/// table last, so a truncated object fails the second check. The length
+/// and the header come from one open file, so a rename over `path` between
+/// the two cannot pair one file's header with another's length.
 pub fn check_object(path: &Path) -> Result<(), String> {
-    let len = std::fs::metadata(path).map_err(|e| e.to_string())?.len();
+    let mut file = File::open(path).map_err(|e| e.to_string())?;
+    let len = file.metadata().map_err(|e| e.to_string())?.len();
     let mut header = [0u8; 64];
-    let read = std::fs::File::open(path)
-        .and_then(|mut f| {
-            let mut total = 0;
-            while total < header.len() {
-                match f.read(&mut header[total..])? {
-                    0 => break,
-                    n => total += n,
-                }
-            }
-            Ok(total)
-        })
-        .map_err(|e| e.to_string())?;
+    let mut read = 0;
+    while read < header.len() {
+        match file.read(&mut header[read..]).map_err(|e| e.to_string())? {
+            0 => break,
+            n => read += n,
+        }
+    }
     check_elf_header(&header[..read], len)
 }
 
@@ -476,33 +625,75 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// The names in `dir`, sorted.
+    fn names(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
     #[test]
     fn an_interrupted_build_leaves_a_temp_file_that_is_ignored_then_removed() {
         let dir = temp_dir("interrupted");
         let k = key("unit");
         let object = format!("{k}.o");
-        // A build killed between nvcc's write and the rename: a process that
-        // no longer exists (above any pid_max) left half an object.
-        let abandoned = dir.join(format!(".{object}.4294967295.0.tmp"));
+        // A build killed between nvcc's write and the rename left half an
+        // object, and its lock file, no longer locked by anyone.
+        let dead = "w1-2-3";
+        let abandoned = dir.join(format!(".{object}.{dead}.0.tmp"));
         std::fs::write(&abandoned, &tiny_elf(4)[..100]).unwrap();
-        // A build still running (this process) has one in flight.
-        let in_flight = dir.join(format!(".{object}.{}.7.tmp", std::process::id()));
+        std::fs::write(dir.join(format!(".writer-{dead}.lock")), b"").unwrap();
+        // One killed so early it left no lock file at all.
+        let unlocked = dir.join(format!(".{object}.w4-5-6.0.tmp"));
+        std::fs::write(&unlocked, b"\x7fELF").unwrap();
+        // A build still running (another handle, maybe another process or
+        // PID namespace) has one in flight.
+        let running = ObjectCache::open(&dir).unwrap();
+        let in_flight = running.temp_path(k);
         std::fs::write(&in_flight, tiny_elf(4)).unwrap();
-        // Something else that looks nothing like ours.
+        // A temp file of another naming scheme, and something else that
+        // looks nothing like ours: left alone (the first until a day old).
+        std::fs::write(dir.join(format!(".{object}.4242.0.tmp")), b"").unwrap();
         std::fs::write(dir.join(".notes.tmp"), b"").unwrap();
 
         let cache = ObjectCache::open(&dir).unwrap();
         assert_eq!(cache.lookup(k), Lookup::Miss, "temp files are never hits");
-        if Path::new("/proc/self").exists() {
-            assert!(!abandoned.exists(), "the dead build's temp file is removed");
-        }
+        assert!(!abandoned.exists(), "the dead build's temp file is removed");
+        assert!(
+            !dir.join(format!(".writer-{dead}.lock")).exists(),
+            "and its lock file"
+        );
+        assert!(!unlocked.exists(), "a temp file with no writer lock is removed");
         assert!(in_flight.exists(), "a live build's temp file is kept");
+        assert!(dir.join(format!(".{object}.4242.0.tmp")).exists());
         assert!(dir.join(".notes.tmp").exists());
-        // The build that follows works as if nothing had happened.
-        let temp = cache.temp_path(k);
-        std::fs::write(&temp, tiny_elf(2)).unwrap();
-        let path = cache.commit(&temp, k).unwrap();
+        // The running build finishes as if nothing had happened.
+        let path = running.commit(&in_flight, k).unwrap();
         assert_eq!(cache.lookup(k), Lookup::Hit(path));
+        // Dropping the handles removes their lock files.
+        drop((running, cache));
+        assert!(
+            names(&dir).iter().all(|n| !n.starts_with(".writer-")),
+            "{:?}",
+            names(&dir)
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_writer_lock_is_held_while_any_clone_of_its_handle_lives() {
+        let dir = temp_dir("writer-lock");
+        let cache = ObjectCache::open(&dir).unwrap();
+        let id = cache.writer.id.clone();
+        assert_eq!(writer_alive(&dir, &id), Some(true));
+        let clone = cache.clone();
+        drop(cache);
+        assert_eq!(writer_alive(&dir, &id), Some(true));
+        drop(clone);
+        assert_eq!(writer_alive(&dir, &id), Some(false));
         let _ = std::fs::remove_dir_all(&dir);
     }
 
@@ -525,31 +716,124 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// An object whose padding is all `tag`, so that a file mixing two
+    /// writers' bytes is told from either writer's whole file.
+    fn tagged_elf(sections: u16, tag: u8) -> Vec<u8> {
+        let mut bytes = tiny_elf(sections);
+        bytes[64..].fill(tag);
+        bytes
+    }
+
+    /// Whether `bytes` are one writer's whole [`tagged_elf`].
+    fn is_one_whole_object(bytes: &[u8], sections: u16) -> bool {
+        bytes.len() == 64 + 64 * usize::from(sections)
+            && bytes[..64] == tiny_elf(sections)[..64]
+            && bytes[64..].iter().all(|&b| b == bytes[64])
+    }
+
     #[test]
     fn concurrent_writers_never_expose_a_partial_file() {
+        use std::sync::atomic::{AtomicBool, AtomicUsize};
+        /// Tells the writers to stop when the reader returns or panics.
+        struct Stop<'a>(&'a AtomicBool);
+        impl Drop for Stop<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::Relaxed);
+            }
+        }
         let dir = temp_dir("race");
         let cache = ObjectCache::open(&dir).unwrap();
         let k = key("raced");
-        let big = tiny_elf(2000);
+        const SECTIONS: u16 = 2000;
+        // Writers keep committing until the reader has read this many
+        // committed objects, so reads happen while renames do.
+        const READS: usize = 50;
+        let whole_reads = AtomicUsize::new(0);
+        let reader_done = AtomicBool::new(false);
         std::thread::scope(|scope| {
-            for _ in 0..4 {
-                scope.spawn(|| {
-                    for _ in 0..20 {
+            for thread in 0..4u8 {
+                let (cache, reader_done) = (&cache, &reader_done);
+                scope.spawn(move || {
+                    let mut round = 0u8;
+                    while round < 20 || !reader_done.load(Ordering::Relaxed) {
                         let temp = cache.temp_path(k);
-                        std::fs::write(&temp, &big).unwrap();
+                        std::fs::write(&temp, tagged_elf(SECTIONS, thread * 64 + round % 64)).unwrap();
                         cache.commit(&temp, k).unwrap();
+                        round = round.wrapping_add(1);
                     }
                 });
             }
             scope.spawn(|| {
-                for _ in 0..200 {
+                let _stop = Stop(&reader_done);
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+                while whole_reads.load(Ordering::Relaxed) < READS {
+                    assert!(
+                        std::time::Instant::now() < deadline,
+                        "no committed object appeared"
+                    );
+                    // Missing before the first commit; never partial after.
                     if let Ok(bytes) = std::fs::read(cache.object_path(k)) {
-                        assert_eq!(bytes.len(), big.len());
+                        assert!(
+                            is_one_whole_object(&bytes, SECTIONS),
+                            "a partial or mixed object: {} bytes",
+                            bytes.len()
+                        );
+                        whole_reads.fetch_add(1, Ordering::Relaxed);
                     }
                 }
             });
         });
+        assert!(whole_reads.load(Ordering::Relaxed) >= READS);
         assert!(matches!(cache.lookup(k), Lookup::Hit(_)));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn two_builds_with_their_own_handles_share_a_directory_and_get_correct_objects() {
+        // Each thread is one build: its own handle (as each build process
+        // opens its own), the same units, compiled on a miss and committed.
+        let dir = temp_dir("two-builds");
+        let units: Vec<(CacheKey, Vec<u8>)> = (0..16u8)
+            .map(|i| (key(&format!("unit {i}")), tagged_elf(50 + u16::from(i), i)))
+            .collect();
+        let build = |units: &[(CacheKey, Vec<u8>)]| -> Vec<(CacheKey, PathBuf, bool)> {
+            let cache = ObjectCache::open(&dir).unwrap();
+            units
+                .iter()
+                .map(|(k, bytes)| match cache.lookup(*k) {
+                    Lookup::Hit(path) => (*k, path, false),
+                    Lookup::Miss | Lookup::Corrupt(_) => {
+                        let temp = cache.temp_path(*k);
+                        std::fs::write(&temp, bytes).unwrap();
+                        (*k, cache.commit(&temp, *k).unwrap(), true)
+                    }
+                })
+                .collect()
+        };
+        let (first, second) = std::thread::scope(|scope| {
+            let first = scope.spawn(|| build(&units));
+            let second = scope.spawn(|| build(&units));
+            (first.join().unwrap(), second.join().unwrap())
+        });
+        for (build, objects) in [("first", &first), ("second", &second)] {
+            assert_eq!(objects.len(), units.len(), "{build}");
+            for ((k, path, _), (want_key, want)) in objects.iter().zip(&units) {
+                assert_eq!(k, want_key);
+                assert_eq!(&std::fs::read(path).unwrap(), want, "{build} build: object {k}");
+            }
+        }
+        let compiled = first.iter().chain(&second).filter(|o| o.2).count();
+        assert!(
+            compiled >= units.len(),
+            "every unit compiled at least once: {compiled}"
+        );
+        // Nothing is left behind: no temp files, no lock files.
+        let left = names(&dir);
+        assert_eq!(left.len(), units.len(), "{left:?}");
+        assert!(
+            left.iter().all(|n| n.ends_with(".o") && !n.starts_with('.')),
+            "{left:?}"
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -90,7 +90,8 @@ struct Silu : Activation<Silu> {
 
 struct Relu : Activation<Relu> {
   static constexpr const char* name = "relu";
-  static __device__ __forceinline__ float f(float x) { return fmaxf(x, 0.0f); }
+  // Not fmaxf, which returns 0 for NaN: PyTorch's relu(NaN) is NaN.
+  static __device__ __forceinline__ float f(float x) { return x < 0.0f ? 0.0f : x; }
 };
 
 // The logistic sigmoid, 1 / (1 + e^-x), written 0.5 + 0.5 tanh(x / 2) so that
