@@ -206,80 +206,11 @@ impl TileConfig {
         self.schedule.unwrap_or_default()
     }
 
-    /// Threads per block, as the mainloop's `kThreads`: one warp per warp
-    /// tile for sm75 and sm80; for sm90 a producer warp group plus one
-    /// consumer warp group per 64 rows (cooperative) or two consumers
-    /// (ping-pong).
-    pub fn threads(&self, mainloop: Mainloop) -> u32 {
-        match mainloop {
-            Mainloop::Sm75 | Mainloop::Sm80 => {
-                32 * (self.bm / self.warp_m.max(1)) * (self.bn / self.warp_n.max(1))
-            }
-            Mainloop::Sm90 => match self.sm90_schedule() {
-                Schedule::Cooperative => 128 * (1 + self.bm / 64),
-                Schedule::PingPong => 3 * 128,
-            },
-        }
-    }
-
-    /// Shared memory a block uses, mirroring the mainloops' `kSmemBytes`
-    /// plus, on sm75 and sm80, the norm prologue's row statistics (two
-    /// floats per row).
-    pub fn smem_bytes(
-        &self,
-        mainloop: Mainloop,
-        dtype: DType,
-        layout: WeightLayout,
-        prologue: bool,
-    ) -> usize {
-        let (bm, bn, bk) = (self.bm as usize, self.bn as usize, self.bk as usize);
-        let elem = dtype.size_bytes();
-        let dynamic = match mainloop {
-            Mainloop::Sm80 => self.stages as usize * (bm * bk + bn * bk) * elem,
-            Mainloop::Sm75 => {
-                // Rows padded by 8 elements; B stored as it lies in memory.
-                let pad = 8;
-                let (b_rows, b_cols) = match layout {
-                    WeightLayout::KN => (bk, bn),
-                    WeightLayout::NK => (bn, bk),
-                };
-                let pipeline = 2 * (bm * (bk + pad) + b_rows * (b_cols + pad)) * elem;
-                let warps = (self.threads(mainloop) / 32) as usize;
-                let epilogue = warps * 16 * (self.warp_n as usize + 4) * 4;
-                pipeline.max(epilogue)
-            }
-            Mainloop::Sm90 => {
-                let stages = self.stages as usize;
-                // 1024 bytes to align the stages for the 128-byte swizzle.
-                let alignment = 1024;
-                let pipeline = stages * (bm + bn) * bk * elem;
-                // A "full" and an "empty" mbarrier of 8 bytes per stage, and
-                // the two ping-pong order barriers.
-                let barriers = 16 * stages + 16;
-                // The CTA's stream-K pieces.
-                let stream_k = 96;
-                let without_staging = alignment + pipeline + barriers + stream_k;
-                // The epilogue stages the whole tile for its TMA stores
-                // (ping-pong's two consumers a tile each), or half its
-                // columns at a time where the whole would not fit
-                // (kStagingParts).
-                let staged_rows = match self.sm90_schedule() {
-                    Schedule::Cooperative => bm,
-                    Schedule::PingPong => 2 * bm,
-                };
-                let whole = staged_rows * bn * elem;
-                let fits = without_staging + whole <= Arch::Sm90.budget().smem_per_block;
-                without_staging + if fits { whole } else { whole / 2 }
-            }
-        };
-        // The sm75 and sm80 kernels keep their tile's row statistics in
-        // shared memory; sm90's read them from the first pass's buffer.
-        let row_stats = if prologue && mainloop != Mainloop::Sm90 {
-            bm * 8
-        } else {
-            0
-        };
-        dynamic + row_stats
+    /// Threads per block of the sm75 and sm80 mainloops: one warp per warp
+    /// tile. (The sm90 mainloop fixes its warp groups; each unit reports its
+    /// kernels' threads through its `<symbol>_resources` function.)
+    pub fn warp_tiled_threads(&self) -> u32 {
+        32 * (self.bm / self.warp_m.max(1)) * (self.bn / self.warp_n.max(1))
     }
 
     /// Estimated registers per thread for the sm75 and sm80 mainloops (see

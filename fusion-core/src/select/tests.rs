@@ -92,26 +92,6 @@ fn defaults_are_the_measured_tiles() {
 }
 
 #[test]
-fn smem_mirrors_the_mainloops() {
-    // 4 stages x (128x32 + 256x32) x 2 bytes = 96 KB, as sm80/mainloop.cuh says.
-    let big = TileConfig::TILE_128X256;
-    assert_eq!(
-        big.smem_bytes(Mainloop::Sm80, DType::F16, WeightLayout::NK, false),
-        96 * 1024
-    );
-    assert_eq!(
-        big.smem_bytes(Mainloop::Sm80, DType::F16, WeightLayout::NK, true),
-        96 * 1024 + 1024
-    );
-    // sm75: 2 x (128x40 + 128x40) x 2 bytes = 40 KB, as sm75/mainloop.cuh says.
-    let sm75 = TileConfig::SM75_128X128;
-    assert_eq!(
-        sm75.smem_bytes(Mainloop::Sm75, DType::F16, WeightLayout::NK, false),
-        40 * 1024
-    );
-}
-
-#[test]
 fn oversized_tuned_entry_is_passed_on_with_file_and_entry() {
     // 5 x (128 x 32 + 256 x 32) x 2 = 122880 bytes, over sm80's 101376:
     // selection passes it on with its source, and nvcc refuses the unit
@@ -196,35 +176,14 @@ fn mainloop_constraints_are_checked() {
 }
 
 #[test]
-fn sm90_smem_mirrors_its_mainloop() {
-    // 1024 + 4 x (128 + 256) x 64 x 2 + 128 x 256 x 2 / 2 + 16 x 4 + 16 + 96,
-    // as sm90/mainloop.cuh's kSmemBytes: alignment, stages, the epilogue's
-    // staging (half the tile: the whole would not fit beside 4 stages), the
-    // barriers and the stream-K piece list.
+fn sm90_accumulators_and_summary() {
     let large = TileConfig::SM90_128X256;
-    let smem = |c: TileConfig| c.smem_bytes(Mainloop::Sm90, DType::BF16, WeightLayout::KN, false);
-    assert_eq!(smem(large), 1024 + 196_608 + 32_768 + 80 + 96);
-    assert_eq!(smem(large), 230_576);
-    // With 3 stages the whole tile is staged.
-    assert_eq!(
-        smem(TileConfig { stages: 3, ..large }),
-        1024 + 147_456 + 65_536 + 64 + 96
-    );
-    assert_eq!(
-        smem(TileConfig::SM90_64X128),
-        1024 + 8 * 192 * 128 + 16_384 + 144 + 96
-    );
-    // Ping-pong stages two whole tiles for its epilogues.
     let pingpong = TileConfig {
         bn: 128,
         stages: 5,
         schedule: Some(Schedule::PingPong),
         ..large
     };
-    assert_eq!(smem(pingpong), 1024 + 5 * 256 * 128 + 2 * 128 * 128 * 2 + 96 + 96);
-    assert_eq!(large.threads(Mainloop::Sm90), 384);
-    assert_eq!(TileConfig { bm: 64, ..large }.threads(Mainloop::Sm90), 256);
-    assert_eq!(pingpong.threads(Mainloop::Sm90), 384);
     assert_eq!(large.sm90_accumulators(), 128);
     assert_eq!(pingpong.sm90_accumulators(), 128);
     assert_eq!(
@@ -363,18 +322,6 @@ fn norm_compositions_on_sm90_get_the_sm90_mainloop() {
     assert_eq!(
         select(Arch::Sm90, &norm).unwrap(),
         select(Arch::Sm90, &plain).unwrap()
-    );
-    // Its row statistics take no shared memory on sm90 (they come from the
-    // first pass), unlike on sm80.
-    let c = TileConfig::SM90_128X256;
-    assert_eq!(
-        c.smem_bytes(Mainloop::Sm90, DType::BF16, WeightLayout::NK, true),
-        c.smem_bytes(Mainloop::Sm90, DType::BF16, WeightLayout::NK, false)
-    );
-    let c = TileConfig::TILE_128X256;
-    assert_eq!(
-        c.smem_bytes(Mainloop::Sm80, DType::BF16, WeightLayout::NK, true),
-        c.smem_bytes(Mainloop::Sm80, DType::BF16, WeightLayout::NK, false) + c.bm as usize * 8
     );
     // An sm80 config given to a norm composition on sm90 is refused.
     let err = TileConfig::TILE_128X256.check(Arch::Sm90, &norm).unwrap_err();

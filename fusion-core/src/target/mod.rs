@@ -15,11 +15,12 @@
 //!   (declared after the generations it is newer than: [`Arch::best_for`]
 //!   prefers the last one that runs), listed in [`Arch::ALL`] and mapped to
 //!   its `TARGET` in [`Arch::target`];
-//! - a `Mainloop::Sm100` with its arms in `TileConfig::threads`,
-//!   `smem_bytes` and `summary` (select), until the CUDA side reports those
-//!   sizes itself;
+//! - a `Mainloop::Sm100` with its arm in `TileConfig::summary` (select);
 //! - its header folder, `kernels/include/fusion/sm100/`, with the
-//!   `fusion::sm100::Mainloop` and `TileConfig` templates;
+//!   `fusion::sm100::Mainloop` and `TileConfig` templates and its
+//!   `kSmemPerBlock` (shared memory is sized and checked there alone: each
+//!   generated unit asserts its configs fit, and reports their sizes through
+//!   `<symbol>_resources`);
 //! - its tuned table, `kernels/tuned/sm100.json`, with a `default` entry
 //!   (a table without a usable entry is a build error);
 //! - its cargo feature, `sm100 = []`, in the root `Cargo.toml`.
@@ -106,24 +107,20 @@ impl RunsOn {
 /// What one block of a kernel may use on a generation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Budget {
-    /// Shared memory one block may use, static and dynamic together.
-    pub smem_per_block: usize,
     pub max_threads_per_block: u32,
     pub registers_per_sm: u32,
     pub max_registers_per_thread: u32,
 }
 
 impl Budget {
-    /// The CUDA programming guide's per-block limits other than shared
-    /// memory, which are the same on every generation fusion builds for.
-    const fn with_smem(smem_per_block: usize) -> Budget {
-        Budget {
-            smem_per_block,
-            max_threads_per_block: 1024,
-            registers_per_sm: 64 * 1024,
-            max_registers_per_thread: 255,
-        }
-    }
+    /// The CUDA programming guide's per-block limits, the same on every
+    /// generation fusion builds for. Shared memory is not here: each
+    /// mainloop header's `kSmemPerBlock` is the limit its units assert.
+    pub const CUDA: Budget = Budget {
+        max_threads_per_block: 1024,
+        registers_per_sm: 64 * 1024,
+        max_registers_per_thread: 255,
+    };
 }
 
 impl Arch {

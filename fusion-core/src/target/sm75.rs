@@ -12,7 +12,7 @@ pub(super) static TARGET: Target = Target {
     gencode: "-gencode=arch=compute_75,code=[sm_75,compute_75]",
     sass_gencode: "-gencode=arch=compute_75,code=sm_75",
     runs_on: RunsOn::AtLeast(7, 5),
-    budget: Budget::with_smem(64 * 1024),
+    budget: Budget::CUDA,
     // Turing tensor cores have no bf16.
     dtypes: &[DType::F16],
     mainloop: Mainloop::Sm75,

@@ -14,7 +14,7 @@ pub(super) static TARGET: Target = Target {
     runs_on: RunsOn::AtLeast(8, 0),
     // The variant also runs on sm_86 and sm_89, whose blocks get 99 KB
     // rather than A100's 163 KB, so 99 KB is its budget.
-    budget: Budget::with_smem(99 * 1024),
+    budget: Budget::CUDA,
     dtypes: &[DType::F16, DType::BF16],
     mainloop: Mainloop::Sm80,
     mainloop_type: "fusion::sm80::Mainloop",

@@ -13,7 +13,7 @@ pub(super) static TARGET: Target = Target {
     gencode: "-gencode=arch=compute_90a,code=sm_90a",
     sass_gencode: "-gencode=arch=compute_90a,code=sm_90a",
     runs_on: RunsOn::Exactly(9, 0),
-    budget: Budget::with_smem(227 * 1024),
+    budget: Budget::CUDA,
     dtypes: &[DType::F16, DType::BF16],
     mainloop: Mainloop::Sm90,
     mainloop_type: "fusion::sm90::Mainloop",

@@ -49,7 +49,7 @@ pub(super) fn check(
             c.warp_m, c.warp_n, c.bk
         ));
     }
-    let threads = c.threads(mainloop);
+    let threads = c.warp_tiled_threads();
     if threads > budget.max_threads_per_block {
         return Err(format!(
             "{threads} threads per block; at most {} are allowed",
