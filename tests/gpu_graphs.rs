@@ -1,9 +1,10 @@
 //! Calls captured into a CUDA graph and replayed, as inference servers run
 //! them: every launch a wrapper makes must be capturable, and a replay must
-//! compute what a direct call does. The sm90 norm prologue allocates its row
-//! statistics from the stream's memory pool (captured as the graph's own
-//! allocation), and the sm90 launcher leaves stream-K out while capturing
-//! (its scratch is shared by the stream's direct launches).
+//! compute what a direct call does. The sm90 norm prologue takes its row
+//! statistics from the workspace the free functions keep per stream, which
+//! is never grown during a capture, so each call runs once before it; the
+//! launches captured leave stream-K out (its flags and partials would be
+//! shared by the graph's replays and the stream's direct launches).
 //!
 //! Run on a machine with a GPU: `cargo test --release --test gpu_graphs --
 //! --ignored` (see tests/support for the environment).
@@ -29,6 +30,12 @@ fn captured_calls_replay_to_the_reference() {
     unsafe { s.context().disable_event_tracking() };
     let mut norm = Case::<f16>::new(&s, "layernorm_gemm", &DIMS);
     let mut gelu = Case::<f16>::new(&s, "gemm_bias_gelu", &DIMS);
+    // Sizes the stream's workspace, which a capture must not grow.
+    norm.launch(|r, w| kernels::layernorm_gemm(&s, &r[0], &r[1], &r[2], &r[3], &mut w[0]))
+        .expect("layernorm_gemm runs");
+    gelu.launch(|r, w| kernels::gemm_bias_gelu(&s, &r[0], &r[1], &r[2], &mut w[0]))
+        .expect("gemm_bias_gelu runs");
+    s.synchronize().expect("the first calls finish");
     s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
         .expect("capture begins");
     norm.launch(|r, w| kernels::layernorm_gemm(&s, &r[0], &r[1], &r[2], &r[3], &mut w[0]))

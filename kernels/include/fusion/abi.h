@@ -3,7 +3,15 @@
  * libclang without clang's own headers.
  *
  * Every launcher is `int <symbol>(const <params>* p, void* stream)` and
- * returns a cudaError_t as int (0 is success). The stream is `void*` so the
+ * returns a cudaError_t as int (0 is success). A GEMM launcher also has
+ * `int <symbol>_workspace_bytes(const fusion_gemm_params* p, void* stream,
+ * uint64_t* bytes)`: the device memory the same call needs as its workspace
+ * (stream-K partials and flags, a norm prologue's row statistics; 0 when
+ * none), for p's shape and flags on the current device. The caller owns
+ * that memory, zeroes it when it allocates it and passes it in
+ * `workspace`; launchers never allocate. A null or smaller workspace makes
+ * the launch do without stream-K, and a norm prologue's launch that lacks
+ * room for its row statistics returns cudaErrorInvalidValue. The stream is `void*` so the
  * bindings do not declare a CUstream type of their own. One params struct
  * serves every composition of a kind; pointers a composition does not read
  * are null. Every pointer is a device address, 16-byte aligned. */
@@ -27,8 +35,16 @@ typedef struct fusion_gemm_params {
   const void* gamma;      /* [k], the norm prologue's scale */
   const void* beta;       /* [k], LayerNorm's shift */
   int64_t m, n, k;
-  float eps; /* the norm prologue's epsilon */
+  float eps;                /* the norm prologue's epsilon */
+  uint32_t flags;           /* FUSION_GEMM_* bits */
+  void* workspace;          /* see <symbol>_workspace_bytes; null for none */
+  uint64_t workspace_bytes; /* the size of `workspace` */
 } fusion_gemm_params;
+
+/* fusion_gemm_params::flags: every tile runs whole on one CTA (no split-K
+ * or stream-K), e.g. for a launch captured into a graph that may replay
+ * beside other launches sharing its workspace. */
+#define FUSION_GEMM_NO_STREAM_K 1u
 
 /* y = norm(x) over rows of length k. */
 typedef struct fusion_norm_params {

@@ -6,7 +6,8 @@
 // tile (grouped order, below), runs the norm prologue's row statistics if
 // there is one, and hands over to the mainloop, which owns the K loop and,
 // because the accumulator layout is its own, the final store through the
-// epilogue chain. `FusedGemm<...>::launch` checks the problem and launches.
+// epilogue chain. `FusedGemm<...>::launch` checks the problem and launches
+// with the workspace its caller sized with `workspace_bytes` (workspace.cuh).
 // A rendered kernel unit is a typedef of FusedGemm plus a plain-C entry
 // point around `launch` (see kernels/selftest/selftest.cu for the model).
 #pragma once
@@ -20,6 +21,7 @@
 #include "numeric.cuh"
 #include "problem.cuh"
 #include "prologue.cuh"
+#include "workspace.cuh"
 
 namespace fusion {
 
@@ -54,7 +56,10 @@ __device__ __forceinline__ TileCoord grouped_tile_order(int64_t block, int64_t t
 
 // A mainloop with a kernel of its own (sm90's persistent, warp-specialized
 // one) says so with `kOwnsKernel`; FusedGemm then checks the problem and
-// hands the launch to `Mainloop::launch<Prologue, Epilogue>`.
+// hands the launch to `Mainloop::launch<Prologue, Epilogue>`, and the
+// workspace query to `Mainloop::workspace_layout<Prologue>`. The others
+// (sm80, sm75) need no workspace: their CTAs keep a norm prologue's row
+// statistics in shared memory.
 template <typename Mainloop, typename = void>
 struct OwnsKernel {
   static constexpr bool value = false;
@@ -180,13 +185,31 @@ struct FusedGemm {
                                     int(Mainloop::kSmemBytes));
   }
 
-  static cudaError_t launch(const GemmArgs<Element>& p, cudaStream_t stream) {
+  // The bytes of workspace `launch` would use for p with `flags` (abi.h's
+  // FUSION_GEMM_*) on the current device; 0 when it needs none.
+  static cudaError_t workspace_bytes(const GemmArgs<Element>& p, uint32_t flags, size_t* bytes) {
+    *bytes = 0;
+    if constexpr (OwnsKernel<Mainloop>::value) {
+      if (check(p) != cudaSuccess || p.m == 0 || p.n == 0) return cudaSuccess;
+      WorkspaceLayout layout;
+      const cudaError_t err = Mainloop::template workspace_layout<Prologue>(p, flags, &layout);
+      *bytes = layout.bytes;
+      return err;
+    } else {
+      (void)p;
+      (void)flags;
+      return cudaSuccess;
+    }
+  }
+
+  static cudaError_t launch(const GemmArgs<Element>& p, const Workspace& workspace, cudaStream_t stream) {
     cudaError_t err = check(p);
     if (err != cudaSuccess) return err;
     if (p.m == 0 || p.n == 0) return cudaSuccess;
     if constexpr (OwnsKernel<Mainloop>::value) {
-      return Mainloop::template launch<Prologue, Epilogue>(p, stream);
+      return Mainloop::template launch<Prologue, Epilogue>(p, workspace, stream);
     } else {
+      (void)workspace;
       err = configure();
       if (err != cudaSuccess) return err;
       fused_gemm_kernel<Mainloop, Prologue, Epilogue>
