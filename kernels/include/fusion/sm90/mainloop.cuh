@@ -31,8 +31,6 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include <atomic>
-
 #include "../epilogue.cuh"
 #include "../gemm.cuh"
 #include "../numeric.cuh"
@@ -338,9 +336,7 @@ template <typename Prologue, typename Epilogue>
 cudaError_t Mainloop<T, kLayout, Config>::launch_gemm(const GemmArgs<T>& p, const LaunchPlan& plan,
                                                       const RowStats* row_stats, int device, cudaStream_t stream) {
   using Self = Mainloop<T, kLayout, Config>;
-  static std::atomic<int> configured[64];
-  cudaError_t err =
-      fusion::detail::raise_smem_limit(configured, device, persistent_gemm_kernel<Self, Prologue, Epilogue>, kSmemBytes);
+  cudaError_t err = fusion::detail::raise_smem_limit(persistent_gemm_kernel<Self, Prologue, Epilogue>, kSmemBytes);
   if (err != cudaSuccess) return err;
   CUtensorMap map_a, map_b, map_c;
   err = encode_maps(p, &map_a, &map_b, &map_c);
@@ -364,13 +360,9 @@ cudaError_t Mainloop<T, kLayout, Config>::launch_gemm(const GemmArgs<T>& p, cons
     // Clusters must fit inside a GPC, so fewer than SMs / kClusterM may be
     // resident at once; a persistent grid larger than that would run its
     // last clusters after the others finish.
-    static std::atomic<int> resident_by_device[64];
-    const int resident = fusion::detail::once_per_device(resident_by_device, device, [&] {
-      int clusters = 0;
-      config.gridDim = dim3(unsigned(fusion::detail::sm_count(device)));
-      err = cudaOccupancyMaxActiveClusters(&clusters, persistent_gemm_kernel<Self, Prologue, Epilogue>, &config);
-      return err == cudaSuccess ? clusters : 0;
-    });
+    int resident = 0;
+    config.gridDim = dim3(unsigned(fusion::detail::sm_count(device)));
+    err = cudaOccupancyMaxActiveClusters(&resident, persistent_gemm_kernel<Self, Prologue, Epilogue>, &config);
     if (err != cudaSuccess) return err;
     if (resident <= 0) return cudaErrorInvalidConfiguration;
     config.gridDim = dim3(unsigned((plan.grid < resident ? plan.grid : resident) * kClusterM));
