@@ -98,19 +98,6 @@ impl Workspace {
     pub fn allocations(&self) -> usize {
         self.intermediates.allocations + self.scratch.allocations
     }
-
-    /// How many of its buffers were allocated on `stream` (each keeps the
-    /// stream alive).
-    fn buffers_on(&self, stream: &Arc<CudaStream>) -> usize {
-        let on = |b: &Buffers| {
-            b.slots
-                .iter()
-                .flatten()
-                .filter(|slice| Arc::ptr_eq(slice.stream(), stream))
-                .count()
-        };
-        on(&self.intermediates) + on(&self.scratch)
-    }
 }
 
 /// Device buffers in numbered slots, each grown to fit and then reused.
@@ -203,9 +190,17 @@ trait HoldsStream<S> {
     fn refs_to(&self, stream: &Arc<S>) -> usize;
 }
 
+/// Each buffer a workspace allocated on a stream keeps that stream alive.
 impl HoldsStream<CudaStream> for Workspace {
     fn refs_to(&self, stream: &Arc<CudaStream>) -> usize {
-        self.buffers_on(stream)
+        let on = |b: &Buffers| {
+            b.slots
+                .iter()
+                .flatten()
+                .filter(|slice| Arc::ptr_eq(slice.stream(), stream))
+                .count()
+        };
+        on(&self.intermediates) + on(&self.scratch)
     }
 }
 

@@ -163,6 +163,7 @@ struct FusedGemm {
   static cudaError_t workspace_bytes(const GemmArgs<Element>& p, uint32_t flags, size_t* bytes) {
     *bytes = 0;
     if constexpr (OwnsKernel<Mainloop>::value) {
+      // A call the launch refuses, or one with nothing to compute, needs none.
       if (check(p) != cudaSuccess || p.m == 0 || p.n == 0) return cudaSuccess;
       WorkspaceLayout layout;
       const cudaError_t err = Mainloop::template workspace_layout<Prologue>(p, flags, &layout);
