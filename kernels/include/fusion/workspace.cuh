@@ -20,6 +20,7 @@
 #include <stdint.h>
 
 #include "abi.h"  // FUSION_GEMM_NO_STREAM_K
+#include "numeric.cuh"
 
 namespace fusion {
 
@@ -27,8 +28,9 @@ namespace fusion {
 // (132 SMs x 2 consumers x 4 bytes is 1056); the scheduler refuses a split
 // whose flags would not fit.
 constexpr size_t kStreamKFlagBytes = 4096;
-// Each region starts on its own 256-byte boundary (the alignment of a CUDA
-// allocation), so float4 and 8-byte accesses in it are aligned.
+// Each region starts a multiple of 256 bytes from the workspace's start,
+// which must be 16-byte aligned (Workspace::holds), so that the partials'
+// float4 and the statistics' 8-byte accesses are aligned.
 constexpr size_t kWorkspaceAlign = 256;
 
 // Where each region of a workspace lies; `bytes` 0 means none is needed.
@@ -41,7 +43,7 @@ struct WorkspaceLayout {
 
   // The layout for `partial_bytes` of stream-K partials (0: no split) and
   // `row_stat_bytes` of row statistics (0: no norm prologue).
-  static WorkspaceLayout of(size_t partial_bytes, size_t row_stat_bytes) {
+  static constexpr WorkspaceLayout of(size_t partial_bytes, size_t row_stat_bytes) {
     WorkspaceLayout l;
     if (partial_bytes == 0 && row_stat_bytes == 0) return l;
     l.partials = kStreamKFlagBytes;
@@ -51,6 +53,18 @@ struct WorkspaceLayout {
   }
 };
 
+// What the layout promises, checked where it is written.
+static_assert(WorkspaceLayout::of(0, 0).bytes == 0, "a launch that needs nothing is given nothing");
+static_assert(WorkspaceLayout::of(0, 8).row_stats >= kStreamKFlagBytes &&
+                  WorkspaceLayout::of(8, 0).partials >= kStreamKFlagBytes,
+              "nothing overlaps the flags");
+static_assert(WorkspaceLayout::of(1000, 8).row_stats >= WorkspaceLayout::of(1000, 8).partials + 1000 &&
+                  WorkspaceLayout::of(1000, 8).bytes >= WorkspaceLayout::of(1000, 8).row_stats + 8,
+              "the regions are disjoint and inside the workspace");
+static_assert(WorkspaceLayout::of(1000, 8).partials % kWorkspaceAlign == 0 &&
+                  WorkspaceLayout::of(1000, 8).row_stats % kWorkspaceAlign == 0,
+              "every region is aligned");
+
 // What the caller gave one launch: the buffer (null when none), its size,
 // and the launch's FUSION_GEMM_* flags (abi.h).
 struct Workspace {
@@ -58,7 +72,9 @@ struct Workspace {
   size_t bytes = 0;
   uint32_t flags = 0;
 
-  bool holds(const WorkspaceLayout& layout) const { return layout.bytes == 0 || (base != nullptr && bytes >= layout.bytes); }
+  bool holds(const WorkspaceLayout& layout) const {
+    return layout.bytes == 0 || (base != nullptr && is_aligned16(base) && bytes >= layout.bytes);
+  }
   template <typename T>
   T* at(size_t offset) const {
     return reinterpret_cast<T*>(static_cast<unsigned char*>(base) + offset);
