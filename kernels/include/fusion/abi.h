@@ -3,18 +3,20 @@
  * libclang without clang's own headers.
  *
  * Every launcher is `int <symbol>(const <params>* p, void* stream)` and
- * returns a cudaError_t as int (0 is success). A GEMM launcher also has
- * `int <symbol>_workspace_bytes(const fusion_gemm_params* p, void* stream,
- * uint64_t* bytes)`: the device memory the same call needs as its workspace
- * (stream-K partials and flags, a norm prologue's row statistics; 0 when
- * none), for p's shape and flags on the current device. The caller owns
- * that memory, zeroes it when it allocates it and passes it in
- * `workspace`; launchers never allocate. A null or smaller workspace makes
- * the launch do without stream-K, and a norm prologue's launch that lacks
- * room for its row statistics returns cudaErrorInvalidValue. The stream is `void*` so the
+ * returns a cudaError_t as int (0 is success). The stream is `void*` so the
  * bindings do not declare a CUstream type of their own. One params struct
  * serves every composition of a kind; pointers a composition does not read
- * are null. Every pointer is a device address, 16-byte aligned. */
+ * are null. Every pointer is a device address, 16-byte aligned.
+ *
+ * A GEMM launcher also has `int <symbol>_workspace_bytes(const
+ * fusion_gemm_params* p, void* stream, uint64_t* bytes)`: the device memory
+ * the launch of the same params needs as its workspace (stream-K partials
+ * and flags, a norm prologue's row statistics; 0 when none) on the current
+ * device. The caller owns that memory, zeroes it when it allocates it and
+ * passes it in `workspace`; launchers never allocate. A null, smaller or
+ * misaligned workspace makes the launch do without stream-K, and a norm
+ * prologue's launch without room for its row statistics returns
+ * cudaErrorInvalidValue. */
 #ifndef FUSION_ABI_H
 #define FUSION_ABI_H
 
