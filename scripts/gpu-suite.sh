@@ -76,7 +76,9 @@ for step in $steps; do
       # A forced variant that does not exist: the wrapper refuses with ForcedArch.
       FUSION_FORCE_ARCH=sm61 run_tests gpu-errors-forced.log 1 ./gpu_errors --ignored --exact \
         a_forced_variant_that_cannot_run_is_refused_by_the_wrapper ;;
-    graphs) run_tests gpu-graphs.log any ./gpu_graphs --ignored --nocapture ;;
+    graphs)
+      run_tests gpu-graphs.log any ./gpu_graphs --ignored --nocapture
+      run_tests gpu-workspace.log any ./gpu_workspace --ignored --test-threads 1 --nocapture ;;
     examples)
       run example-swiglu-ffn.log ./swiglu_ffn 512
       run example-llama-ffn.log ./llama-ffn ;;

@@ -91,6 +91,12 @@ pub enum Error {
     /// `FUSION_FORCE_ARCH` names a variant that is not usable here.
     #[error("FUSION_FORCE_ARCH={value}: {reason}")]
     ForcedArch { value: String, reason: String },
+    /// A call needed a larger workspace while its stream was being captured
+    /// into a CUDA graph, where fusion never allocates.
+    #[error(
+        "the call needs a workspace of {bytes} bytes, more than it holds, while its stream is being captured into a CUDA graph, where fusion does not allocate; make the same call once (or a larger one, on the same stream or struct) before capturing"
+    )]
+    WorkspaceGrowsInCapture { bytes: usize },
     /// A kernel launch failed.
     #[error("kernel `{kernel}` failed: {message} (CUDA error {code})")]
     Launch {

@@ -1,22 +1,35 @@
-//! What generated wrappers call: argument checks, the intermediates'
-//! workspace, and launch-result handling. Not an API for users; it is public
-//! so that wrappers generated into another crate can reach it.
+//! What generated wrappers call: argument checks, the device memory a call
+//! needs beside its tensors (the [`Workspace`]), and launch-result handling.
+//! Not an API for users; it is public so that wrappers generated into
+//! another crate can reach it.
 //!
 //! A wrapper makes one [`Call`], hands it every tensor (each is checked as it
 //! arrives: shape against the declaration, dynamic dims against earlier
 //! tensors, row length a multiple of 8, same CUDA context as the stream,
 //! 16-byte alignment), checks aliasing, and only then launches anything.
+//!
+//! Rust owns every byte of device memory a launch uses: CUDA host code never
+//! allocates, locks or reads the environment. A GEMM launcher says how much
+//! scratch a call needs (`<symbol>_workspace_bytes`, see
+//! `kernels/include/fusion/abi.h`: stream-K partial tiles and flags, a norm
+//! prologue's row statistics) and takes it from the [`Workspace`] of the
+//! graph struct, or, for the free functions of one-kernel graphs, from the
+//! workspace this module keeps per stream ([`with_stream_workspace`]).
 
 use crate::device::Arch;
 use crate::error::{Error, Result};
 use crate::tensor::{Element, Shape, Tensor, TensorMut};
+use cudarc::driver::sys::CUstreamCaptureStatus;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtrMut, SyncOnDrop};
 use fusion_core::ir::DType;
 use std::ffi::{CStr, c_char, c_int, c_void};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock, TryLockError, Weak};
 
 /// A launcher's C signature, for a params struct `P`.
 pub type Launcher<P> = unsafe extern "C" fn(*const P, *mut c_void) -> c_int;
+
+/// A launcher's workspace query, `<symbol>_workspace_bytes` (abi.h).
+pub type WorkspaceBytes<P> = unsafe extern "C" fn(*const P, *mut c_void, *mut u64) -> c_int;
 
 /// The library's `<lib>_error_string`.
 pub type ErrorString = unsafe extern "C" fn(c_int) -> *const c_char;
@@ -43,17 +56,202 @@ pub struct TensorDecl {
     pub shape: &'static [Dim],
 }
 
-/// Device buffers for a graph's intermediates, grown on demand and reused
-/// across calls.
+/// The device memory a graph's calls keep between them: a buffer per
+/// intermediate tensor and one of scratch for the launchers, each grown on
+/// demand (zeroed when grown: stream-K's flags must start at 0, and kernels
+/// leave them at 0) and reused by every later call that fits. Dropping it
+/// frees them, ordered after the work that uses them.
+///
+/// Calls on different streams may share one workspace: cudarc's
+/// `CudaSlice::device_ptr_mut(stream)` makes the second stream wait for the
+/// events recorded after the first one's use, so the two never overlap.
+///
+/// A workspace is never grown while its stream is being captured into a
+/// CUDA graph ([`Error::WorkspaceGrowsInCapture`]): run the call once before
+/// capturing. The graph keeps the buffers' addresses, so the workspace must
+/// outlive it and not grow (no larger call on it) while the graph may still
+/// be replayed.
 #[derive(Debug, Default)]
 pub struct Workspace {
-    buffers: Vec<CudaSlice<u8>>,
+    intermediates: Buffers,
+    scratch: Buffers,
 }
 
 impl Workspace {
     pub fn new() -> Workspace {
         Workspace::default()
     }
+
+    /// The intermediates' buffers and the scratch, for a call to borrow
+    /// separately.
+    pub fn parts(&mut self) -> (&mut Buffers, &mut Buffers) {
+        (&mut self.intermediates, &mut self.scratch)
+    }
+
+    /// Bytes of scratch held now (0 until a call needed some).
+    pub fn scratch_bytes(&self) -> usize {
+        self.scratch.len(0)
+    }
+
+    /// Device buffers allocated since the workspace was made; an identical
+    /// second call allocates none.
+    pub fn allocations(&self) -> usize {
+        self.intermediates.allocations + self.scratch.allocations
+    }
+}
+
+/// Device buffers in numbered slots, each grown to fit and then reused.
+#[derive(Debug, Default)]
+pub struct Buffers {
+    slots: Vec<Option<CudaSlice<u8>>>,
+    allocations: usize,
+}
+
+impl Buffers {
+    fn len(&self, slot: usize) -> usize {
+        self.slots
+            .get(slot)
+            .and_then(Option::as_ref)
+            .map_or(0, |b| b.len())
+    }
+}
+
+/// Where workspace buffers come from: zeroed device memory on the call's
+/// stream, or host memory in unit tests.
+trait Allocator {
+    type Buffer;
+    /// Whether `buffer` holds `bytes` and can be used here.
+    fn fits(&self, buffer: &Self::Buffer, bytes: usize) -> bool;
+    /// Whether the stream is being captured into a graph.
+    fn capturing(&self) -> Result<bool>;
+    /// A new buffer of `bytes` bytes, all zero.
+    fn alloc_zeroed(&self, bytes: usize) -> Result<Self::Buffer>;
+}
+
+impl Allocator for Arc<CudaStream> {
+    type Buffer = CudaSlice<u8>;
+    fn fits(&self, buffer: &CudaSlice<u8>, bytes: usize) -> bool {
+        buffer.len() >= bytes && buffer.context().cu_ctx() == self.context().cu_ctx()
+    }
+    fn capturing(&self) -> Result<bool> {
+        Ok(self.capture_status()? != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+    }
+    fn alloc_zeroed(&self, bytes: usize) -> Result<CudaSlice<u8>> {
+        Ok(self.alloc_zeros::<u8>(bytes)?)
+    }
+}
+
+/// Makes slot i of `slots` hold `sizes[i]` bytes (0: leave it as it is):
+/// a buffer that fits is kept, contents and all; one that does not is
+/// replaced by a larger, zeroed one. Refuses to allocate while the stream
+/// is being captured. Returns how many buffers it allocated.
+fn fit<A: Allocator>(slots: &mut Vec<Option<A::Buffer>>, sizes: &[usize], alloc: &A) -> Result<usize> {
+    if slots.len() < sizes.len() {
+        slots.resize_with(sizes.len(), || None);
+    }
+    let mut allocated = 0;
+    for (slot, &bytes) in slots.iter_mut().zip(sizes) {
+        if bytes == 0 || slot.as_ref().is_some_and(|b| alloc.fits(b, bytes)) {
+            continue;
+        }
+        if alloc.capturing()? {
+            return Err(Error::WorkspaceGrowsInCapture { bytes });
+        }
+        // The old buffer is freed on its stream after the work that used it.
+        *slot = Some(alloc.alloc_zeroed(bytes)?);
+        allocated += 1;
+    }
+    Ok(allocated)
+}
+
+/// Reads `FUSION_STREAM_K` once: `0` turns split-K and stream-K off in every
+/// GEMM launch.
+fn stream_k_enabled() -> bool {
+    static ENABLED: OnceLock<bool> = OnceLock::new();
+    *ENABLED.get_or_init(|| stream_k_setting(std::env::var("FUSION_STREAM_K").ok().as_deref()))
+}
+
+fn stream_k_setting(value: Option<&str>) -> bool {
+    value != Some("0")
+}
+
+/// Workspaces kept per stream, for callers with no struct to keep one in.
+/// An entry lives while its stream can still be used: while some `Arc` of
+/// it exists beside those the workspace's own buffers hold (each device
+/// buffer keeps the stream it was allocated on). Dead entries are dropped,
+/// freeing their memory, at the next lookup.
+struct Registry<S, W> {
+    entries: Vec<(Weak<S>, Arc<Mutex<W>>)>,
+}
+
+/// What a registry needs of a workspace: how many references to `stream`
+/// it holds itself.
+trait HoldsStream<S> {
+    fn refs_to(&self, stream: &Arc<S>) -> usize;
+}
+
+/// Each buffer a workspace allocated on a stream keeps that stream alive.
+impl HoldsStream<CudaStream> for Workspace {
+    fn refs_to(&self, stream: &Arc<CudaStream>) -> usize {
+        let on = |b: &Buffers| {
+            b.slots
+                .iter()
+                .flatten()
+                .filter(|slice| Arc::ptr_eq(slice.stream(), stream))
+                .count()
+        };
+        on(&self.intermediates) + on(&self.scratch)
+    }
+}
+
+impl<S, W: Default + HoldsStream<S>> Registry<S, W> {
+    const fn new() -> Self {
+        Registry { entries: Vec::new() }
+    }
+
+    /// The workspace of `stream`, made on first use.
+    fn entry(&mut self, stream: &Arc<S>) -> Arc<Mutex<W>> {
+        self.entries
+            .retain(|(weak, workspace)| Self::live(weak, workspace));
+        let key = Arc::as_ptr(stream);
+        if let Some((_, workspace)) = self.entries.iter().find(|(weak, _)| weak.as_ptr() == key) {
+            return workspace.clone();
+        }
+        let workspace = Arc::new(Mutex::new(W::default()));
+        self.entries.push((Arc::downgrade(stream), workspace.clone()));
+        workspace
+    }
+
+    fn live(weak: &Weak<S>, workspace: &Mutex<W>) -> bool {
+        let Some(stream) = weak.upgrade() else {
+            return false;
+        };
+        let workspace = match workspace.try_lock() {
+            Ok(workspace) => workspace,
+            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            // A call is using it right now, with its stream.
+            Err(TryLockError::WouldBlock) => return true,
+        };
+        // `stream` itself is one of the strong references.
+        Arc::strong_count(&stream) - 1 > workspace.refs_to(&stream)
+    }
+}
+
+static STREAM_WORKSPACES: Mutex<Registry<CudaStream, Workspace>> = Mutex::new(Registry::new());
+
+/// Runs `f` with the workspace this module keeps for `stream` (one per
+/// `Arc<CudaStream>`: clones of one `Arc` share it). The free functions of
+/// one-kernel graphs (`kernels::gemm_bias_gelu(&stream, …)`) take their
+/// scratch from it, so a repeated call allocates nothing; it is freed once
+/// the stream is dropped, at the next call of any free function. Calls on
+/// one stream from several threads take turns.
+pub fn with_stream_workspace<R>(stream: &Arc<CudaStream>, f: impl FnOnce(&mut Workspace) -> R) -> R {
+    let workspace = STREAM_WORKSPACES
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .entry(stream);
+    let mut workspace = workspace.lock().unwrap_or_else(|e| e.into_inner());
+    f(&mut workspace)
 }
 
 /// Where one dynamic dim got its value.
@@ -179,10 +377,10 @@ impl<'s> Call<'s> {
     }
 
     /// Device buffers for the intermediates, in the order given, from
-    /// `workspace` (grown if they do not fit).
+    /// `buffers` (a [`Workspace::parts`], grown if they do not fit).
     pub fn intermediates<T: Element>(
         &mut self,
-        workspace: &'s mut Workspace,
+        buffers: &'s mut Buffers,
         decls: &[&'static TensorDecl],
     ) -> Result<Vec<u64>> {
         let sizes: Vec<usize> = decls
@@ -190,31 +388,59 @@ impl<'s> Call<'s> {
             .map(|d| {
                 let (rows, cols) = self.matrix(d)?;
                 // Both fit an i64, so both fit a usize.
-                Shape::Matrix(rows as usize, cols as usize).bytes::<T>()
+                Ok(Shape::Matrix(rows as usize, cols as usize).bytes::<T>()?.max(1))
             })
             .collect::<Result<_>>()?;
-        let ctx = self.stream.context().cu_ctx();
-        for (i, &bytes) in sizes.iter().enumerate() {
-            let fits = workspace
-                .buffers
-                .get(i)
-                .is_some_and(|b| b.len() >= bytes && b.context().cu_ctx() == ctx);
-            if !fits {
-                let buffer = self.stream.alloc_zeros::<u8>(bytes.max(1))?;
-                if i < workspace.buffers.len() {
-                    workspace.buffers[i] = buffer;
-                } else {
-                    workspace.buffers.push(buffer);
-                }
-            }
-        }
+        buffers.allocations += fit(&mut buffers.slots, &sizes, self.stream)?;
         let mut pointers = Vec::with_capacity(decls.len());
-        for buffer in workspace.buffers.iter_mut().take(decls.len()) {
+        for buffer in buffers.slots.iter_mut().take(decls.len()).flatten() {
             let (ptr, guard) = buffer.device_ptr_mut(self.stream);
             self.guards.push(guard);
             pointers.push(ptr);
         }
         Ok(pointers)
+    }
+
+    /// Whether this call's GEMMs may split tiles by stream-K: not when
+    /// `FUSION_STREAM_K=0`, nor while the stream is being captured into a
+    /// graph (the graph could be replayed on another stream, or twice at
+    /// once, beside launches that share its workspace's flags and partials).
+    pub fn stream_k_allowed(&self) -> Result<bool> {
+        Ok(stream_k_enabled() && !self.stream.capturing()?)
+    }
+
+    /// Asks a launcher how many bytes of workspace `params` need.
+    pub fn workspace_bytes<P>(
+        &self,
+        kernel: &str,
+        query: WorkspaceBytes<P>,
+        params: &P,
+        error_string: ErrorString,
+    ) -> Result<u64> {
+        let mut bytes = 0u64;
+        // SAFETY: the query reads `params` (which outlives it) and writes
+        // `bytes`; it enqueues nothing.
+        let code = unsafe { query(params, self.stream_ptr(), &mut bytes) };
+        self.launched(kernel, code, error_string)?;
+        Ok(bytes)
+    }
+
+    /// The launchers' scratch for this call: `bytes` (the most any of its
+    /// kernels asked for) from `scratch` (a [`Workspace::parts`], grown if
+    /// it does not fit), as the pointer and size to pass; null and 0 when
+    /// no kernel needs any.
+    pub fn scratch(&mut self, scratch: &'s mut Buffers, bytes: u64) -> Result<(*mut c_void, u64)> {
+        if bytes == 0 {
+            return Ok((std::ptr::null_mut(), 0));
+        }
+        scratch.allocations += fit(&mut scratch.slots, &[bytes as usize], self.stream)?;
+        let Some(buffer) = scratch.slots.first_mut().and_then(Option::as_mut) else {
+            unreachable!("fit leaves a buffer in the slot")
+        };
+        let len = buffer.len() as u64;
+        let (ptr, guard) = buffer.device_ptr_mut(self.stream);
+        self.guards.push(guard);
+        Ok((ptr as *mut c_void, len))
     }
 
     /// The stream as the launchers take it.
@@ -405,5 +631,156 @@ mod tests {
         assert!(check_aligned(&X, DeviceRange::new(&X, 8, 0).unwrap()).is_ok());
         let e = check_aligned(&X, DeviceRange::new(&X, 8, 16).unwrap()).unwrap_err();
         assert!(matches!(e, Error::Misaligned { address: 8, .. }), "{e}");
+    }
+
+    use std::cell::Cell;
+
+    /// Host memory standing in for device memory: counts allocations and
+    /// can pretend the stream is being captured.
+    #[derive(Default)]
+    struct HostAllocator {
+        capturing: bool,
+        allocated: Cell<usize>,
+    }
+
+    impl Allocator for HostAllocator {
+        type Buffer = Vec<u8>;
+        fn fits(&self, buffer: &Vec<u8>, bytes: usize) -> bool {
+            buffer.len() >= bytes
+        }
+        fn capturing(&self) -> Result<bool> {
+            Ok(self.capturing)
+        }
+        fn alloc_zeroed(&self, bytes: usize) -> Result<Vec<u8>> {
+            self.allocated.set(self.allocated.get() + 1);
+            Ok(vec![0; bytes])
+        }
+    }
+
+    #[test]
+    fn a_workspace_grows_to_fit_and_is_reused() {
+        let alloc = HostAllocator::default();
+        let mut slots = Vec::new();
+        assert_eq!(fit(&mut slots, &[64, 0], &alloc).unwrap(), 1);
+        assert_eq!(slots.len(), 2);
+        assert!(slots[1].is_none(), "0 bytes allocate nothing");
+        // The same sizes, and smaller ones, reuse what is there.
+        assert_eq!(fit(&mut slots, &[64, 0], &alloc).unwrap(), 0);
+        assert_eq!(fit(&mut slots, &[16], &alloc).unwrap(), 0);
+        assert_eq!(slots[0].as_ref().unwrap().len(), 64);
+        // A larger size replaces the buffer; other slots stay.
+        assert_eq!(fit(&mut slots, &[65, 8], &alloc).unwrap(), 2);
+        assert_eq!(slots[0].as_ref().unwrap().len(), 65);
+        assert_eq!(fit(&mut slots, &[65, 8], &alloc).unwrap(), 0);
+        assert_eq!(alloc.allocated.get(), 3);
+    }
+
+    #[test]
+    fn a_grown_buffer_is_zero_and_a_reused_one_keeps_its_contents() {
+        let alloc = HostAllocator::default();
+        let mut slots = Vec::new();
+        fit(&mut slots, &[32], &alloc).unwrap();
+        // What a kernel left behind is kept on reuse (stream-K's flags rely
+        // on launches leaving them at 0, not on zeroing per call) …
+        slots[0].as_mut().unwrap()[..4].copy_from_slice(&[7; 4]);
+        fit(&mut slots, &[32], &alloc).unwrap();
+        assert_eq!(slots[0].as_ref().unwrap()[..4], [7; 4]);
+        // … and a grown buffer starts at zero.
+        fit(&mut slots, &[4096], &alloc).unwrap();
+        assert!(slots[0].as_ref().unwrap().iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn a_workspace_is_never_grown_during_a_capture() {
+        let mut slots = Vec::new();
+        fit(&mut slots, &[128], &HostAllocator::default()).unwrap();
+        let capturing = HostAllocator {
+            capturing: true,
+            ..HostAllocator::default()
+        };
+        // What fits is used while capturing …
+        assert_eq!(fit(&mut slots, &[128], &capturing).unwrap(), 0);
+        // … what does not is refused with the error that says what to do.
+        let e = fit(&mut slots, &[129], &capturing).unwrap_err();
+        assert!(matches!(e, Error::WorkspaceGrowsInCapture { bytes: 129 }), "{e}");
+        assert!(e.to_string().contains("once"), "{e}");
+        assert_eq!(capturing.allocated.get(), 0);
+        assert_eq!(slots[0].as_ref().unwrap().len(), 128, "the old buffer is kept");
+    }
+
+    /// A workspace that holds `Arc`s of its stream, as device buffers do.
+    #[derive(Default)]
+    struct HoldingWorkspace(Vec<Arc<String>>);
+
+    impl HoldsStream<String> for HoldingWorkspace {
+        fn refs_to(&self, stream: &Arc<String>) -> usize {
+            self.0.iter().filter(|s| Arc::ptr_eq(s, stream)).count()
+        }
+    }
+
+    #[test]
+    fn the_registry_keeps_one_workspace_per_stream_and_frees_dead_ones() {
+        let mut registry = Registry::<String, HoldingWorkspace>::new();
+        let a = Arc::new("a".to_owned());
+        let b = Arc::new("b".to_owned());
+        let first = registry.entry(&a);
+        // Buffers allocated on a stream keep it alive.
+        first.lock().unwrap().0.push(a.clone());
+        first.lock().unwrap().0.push(a.clone());
+        assert!(
+            Arc::ptr_eq(&first, &registry.entry(&a)),
+            "one workspace per stream"
+        );
+        assert!(
+            Arc::ptr_eq(&first, &registry.entry(&a.clone())),
+            "clones share it"
+        );
+        let other = registry.entry(&b);
+        assert!(!Arc::ptr_eq(&first, &other));
+        assert_eq!(registry.entries.len(), 2);
+        drop(first);
+        // `a` is now held only by its own workspace's buffers: the next
+        // lookup frees the workspace, and with it the last `Arc` of `a`.
+        let weak_a = Arc::downgrade(&a);
+        drop(a);
+        assert!(weak_a.upgrade().is_some());
+        registry.entry(&b);
+        assert_eq!(registry.entries.len(), 1);
+        assert!(
+            weak_a.upgrade().is_none(),
+            "the dead stream's workspace was dropped"
+        );
+        // A stream whose workspace holds nothing dies with its last `Arc`.
+        drop(other);
+        let weak_b = Arc::downgrade(&b);
+        drop(b);
+        registry.entry(&Arc::new("c".to_owned()));
+        assert!(weak_b.upgrade().is_none());
+        assert_eq!(registry.entries.len(), 1);
+    }
+
+    #[test]
+    fn a_workspace_in_use_is_kept() {
+        let mut registry = Registry::<String, HoldingWorkspace>::new();
+        let a = Arc::new("a".to_owned());
+        let workspace = registry.entry(&a);
+        workspace.lock().unwrap().0.push(a.clone());
+        let weak_a = Arc::downgrade(&a);
+        drop(a);
+        // Locked by a call in progress: not judged, not freed.
+        let guard = workspace.lock().unwrap();
+        registry.entry(&Arc::new("b".to_owned()));
+        assert!(weak_a.upgrade().is_some());
+        drop(guard);
+        drop(workspace);
+        registry.entry(&Arc::new("b".to_owned()));
+        assert!(weak_a.upgrade().is_none());
+    }
+
+    #[test]
+    fn fusion_stream_k_0_turns_stream_k_off() {
+        assert!(stream_k_setting(None));
+        assert!(stream_k_setting(Some("1")));
+        assert!(!stream_k_setting(Some("0")));
     }
 }

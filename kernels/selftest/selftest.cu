@@ -80,7 +80,7 @@ int fusion_gemm_bias_gelu_sm80(const fusion_gemm_bias_gelu_params* p, void* stre
   args.n = p->n;
   args.k = p->k;
   args.epilogue.bias = p->bias;
-  return int(Kernel::launch(args, static_cast<cudaStream_t>(stream)));
+  return int(Kernel::launch(args, fusion::Workspace{}, static_cast<cudaStream_t>(stream)));
 }
 
 typedef struct fusion_layernorm_gemm_bias_gelu_params {
@@ -110,7 +110,7 @@ int fusion_layernorm_gemm_bias_gelu_sm80(const fusion_layernorm_gemm_bias_gelu_p
   args.norm.gamma = p->gamma;
   args.norm.beta = p->beta;
   args.norm.eps = p->eps;
-  return int(Kernel::launch(args, static_cast<cudaStream_t>(stream)));
+  return int(Kernel::launch(args, fusion::Workspace{}, static_cast<cudaStream_t>(stream)));
 }
 
 }  // extern "C"
@@ -445,6 +445,34 @@ std::string tile_name() {
   return buf;
 }
 
+// The workspace of a launch, given the way the Rust run time gives it: the
+// size the launcher asks for, from one buffer grown on demand and zeroed
+// when grown (stream-K's flags must start at 0; launches leave them at 0).
+// FUSION_STREAM_K=0 asks for no stream-K, as it does of the run time.
+fusion::Workspace grow_workspace(size_t bytes) {
+  static void* base = nullptr;
+  static size_t capacity = 0;
+  static const uint32_t flags = [] {
+    const char* value = std::getenv("FUSION_STREAM_K");
+    return value != nullptr && std::strcmp(value, "0") == 0 ? FUSION_GEMM_NO_STREAM_K : 0u;
+  }();
+  if (bytes > capacity) {
+    CHECK_CUDA(cudaDeviceSynchronize());
+    CHECK_CUDA(cudaFree(base));
+    CHECK_CUDA(cudaMalloc(&base, bytes));
+    CHECK_CUDA(cudaMemset(base, 0, bytes));
+    capacity = bytes;
+  }
+  return fusion::Workspace{base, capacity, flags};
+}
+
+template <typename Kernel>
+fusion::Workspace workspace_for(const GemmArgs<typename Kernel::Element>& p) {
+  size_t bytes = 0;
+  CHECK_CUDA(Kernel::workspace_bytes(p, grow_workspace(0).flags, &bytes));
+  return grow_workspace(bytes);
+}
+
 // Runs one composition on one shape and compares it with the reference.
 template <typename Mainloop, typename Prologue, typename Epilogue, LayoutB kLayout>
 void check_fused_gemm(Totals& totals, const char* arch, const char* composition, Shape s, Rng& rng) {
@@ -455,7 +483,8 @@ void check_fused_gemm(Totals& totals, const char* arch, const char* composition,
   const GemmArgs<T> p = in.args(s);
   const std::string name = std::string(arch) + " " + Numeric<T>::name + " " + layout_name(kLayout) + " " +
                            tile_name<typename Mainloop::Config>() + " " + composition + " " + shape_label(s);
-  const cudaError_t err = FusedGemm<Mainloop, Prologue, Epilogue>::launch(p, nullptr);
+  using Kernel = FusedGemm<Mainloop, Prologue, Epilogue>;
+  const cudaError_t err = Kernel::launch(p, workspace_for<Kernel>(p), nullptr);
   if (err != cudaSuccess) {
     expect(totals, name, false, std::string("launch returned ") + cudaGetErrorName(err));
     return;
@@ -830,7 +859,8 @@ void launch_ours_on(const BenchSet& set, Shape s, const __half* a) {
   p.k = s.k;
   p.epilogue.bias = set.bias.ptr;
   p.norm = NormArgs{set.gamma.ptr, set.beta.ptr, 1e-5f};
-  CHECK_CUDA((FusedGemm<Mainloop, Prologue, Epilogue>::launch(p, nullptr)));
+  using Kernel = FusedGemm<Mainloop, Prologue, Epilogue>;
+  CHECK_CUDA(Kernel::launch(p, workspace_for<Kernel>(p), nullptr));
 }
 
 template <typename Mainloop, typename Epilogue, typename Prologue = NoPrologue>

@@ -198,7 +198,8 @@ namespace sweep {
 
 template <>
 cudaError_t launch<FUSION_SWEEP_VARIANT>(const fusion::GemmArgs<__half>& p, cudaStream_t stream) {
-  return KernelOf<FUSION_SWEEP_VARIANT>::launch(p, stream);
+  // sm80 variants: no workspace.
+  return KernelOf<FUSION_SWEEP_VARIANT>::launch(p, fusion::Workspace{}, stream);
 }
 
 template <>

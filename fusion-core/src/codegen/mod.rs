@@ -118,6 +118,13 @@ impl ParamsKind {
             ParamsKind::Elementwise => "fusion_elementwise_params",
         }
     }
+
+    /// Whether its launchers come with `<symbol>_workspace_bytes` (abi.h):
+    /// GEMMs, whose sm90 launcher takes stream-K scratch and a norm
+    /// prologue's row statistics from the caller.
+    pub fn has_workspace(self) -> bool {
+        self == ParamsKind::Gemm
+    }
 }
 
 /// One rendered translation unit and its launcher.
@@ -305,6 +312,7 @@ pub fn render_with_tables(
                 "symbol": u.symbol,
                 "params": u.params.c_name(),
                 "resources": u.params == ParamsKind::Gemm,
+                "workspace": u.params.has_workspace(),
                 "doc": format!("{}, built for {}", describe_key(&u.key), arch_list(&u.archs)),
             })
         })

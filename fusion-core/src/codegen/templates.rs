@@ -95,10 +95,6 @@ pub const HEADERS: [(&str, &str); 21] = [
         include_str!("../../../kernels/include/fusion/sm90/primitives.cuh"),
     ),
     (
-        "fusion/sm90/stream_k_scratch.cuh",
-        include_str!("../../../kernels/include/fusion/sm90/stream_k_scratch.cuh"),
-    ),
-    (
         "fusion/sm90/tensor_map.cuh",
         include_str!("../../../kernels/include/fusion/sm90/tensor_map.cuh"),
     ),
@@ -113,6 +109,10 @@ pub const HEADERS: [(&str, &str); 21] = [
     (
         "fusion/sm90/trace.cuh",
         include_str!("../../../kernels/include/fusion/sm90/trace.cuh"),
+    ),
+    (
+        "fusion/workspace.cuh",
+        include_str!("../../../kernels/include/fusion/workspace.cuh"),
     ),
 ];
 

@@ -44,7 +44,12 @@ fn ffn_renders_three_kernels() {
             .contains("fusion::sm80::TileConfig<128, 128, 32, 64, 64, 4, 2, fusion::sm80::KLoop::Pipelined>"),
         "{silu_mul}"
     );
-    assert!(silu_mul.contains("if (p->m <= 512) return int(launch<Kernel<SmallTile>>(p, s));"));
+    assert!(
+        silu_mul.contains("if (p->m <= 512) return f(Kernel<SmallTile>{});"),
+        "{silu_mul}"
+    );
+    // The launch and the workspace query pick the kernel in one place.
+    assert_eq!(silu_mul.matches("with_kernel(p, ").count(), 2, "{silu_mul}");
     // sm80's tables have no second small-M tile.
     assert!(!silu_mul.contains("SmallAltTile"), "{silu_mul}");
     // The header declares each launcher and the error string.
@@ -53,6 +58,9 @@ fn ffn_renders_three_kernels() {
     for symbol in symbols {
         assert!(header.contains(&format!(
             "int {symbol}(const fusion_gemm_params* p, void* stream);"
+        )));
+        assert!(header.contains(&format!(
+            "int {symbol}_workspace_bytes(const fusion_gemm_params* p, void* stream, uint64_t* bytes);"
         )));
     }
     assert!(header.contains("const char* fusion_kernels_error_string(int code);"));
@@ -175,7 +183,7 @@ fn sm90_units_use_the_sm90_mainloop_norm_compositions_too() {
         "// 128x256x64 (4 stages, cooperative, persistent)",
         "using SmallTile = fusion::sm90::TileConfig<64, 128, 8, fusion::sm90::Schedule::Cooperative>;",
         "using SmallAltTile = fusion::sm90::TileConfig<128, 128, 6, fusion::sm90::Schedule::Cooperative>;",
-        "if (p->m <= 512 && fusion::fewer_waves<SmallAltTile, SmallTile>(p->m, p->n))\n    return int(launch<Kernel<SmallAltTile>>(p, s));\n  if (p->m <= 512) return int(launch<Kernel<SmallTile>>(p, s));",
+        "if (p->m <= 512 && fusion::fewer_waves<SmallAltTile, SmallTile>(p->m, p->n))\n    return f(Kernel<SmallAltTile>{});\n  if (p->m <= 512) return f(Kernel<SmallTile>{});",
     ] {
         assert!(
             sm90.source.contains(needle),
@@ -338,13 +346,23 @@ fn wrappers_parse_and_name_the_graph() {
     assert!(!rust.contains("pub fn swiglu_ffn"));
     // The plan is in the docs.
     assert!(rust.contains("graph `swiglu_ffn`: 7 ops"));
+    // GEMMs ask for their scratch; the free function keeps it per stream.
+    assert!(rust.contains("ffi::fusion_kernels_gemm_nk_f16_sm80_workspace_bytes"));
+    assert!(rust.contains("as fusion::launch::WorkspaceBytes<"));
+    assert!(rust.contains("__call.scratch(__scratch, __scratch_bytes)"));
+    assert!(rust.contains("fusion::launch::with_stream_workspace("));
+    assert!(rust.contains("ffi::FUSION_GEMM_NO_STREAM_K"));
     // Without nvcc no launcher is named.
     let skipped = wrappers::generate(&lib, false, "/out/fusion_ffi.rs");
     assert!(!skipped.contains("ffi::fusion_kernels_gemm_"));
     assert!(skipped.contains("this build skipped nvcc"));
     // With no launcher to name, the match's type comes from the binding
     // (without it the skipped build did not compile: E0282).
-    assert!(skipped.contains("let __launcher_0: fusion::launch::Launcher<ffi::fusion_gemm_params> = match"));
+    let compact: String = skipped.split_whitespace().collect();
+    assert!(compact.contains(
+        "let__launcher_0:(fusion::launch::Launcher<ffi::fusion_gemm_params>,\
+         fusion::launch::WorkspaceBytes<ffi::fusion_gemm_params>,)=match"
+    ));
 }
 
 #[test]
@@ -633,4 +651,32 @@ fn wrappers_declare_no_name_a_tensor_can_take() {
             "the tensor is a parameter"
         );
     }
+}
+
+#[test]
+fn only_gemm_launchers_have_a_workspace_query() {
+    let lib = render(
+        "fusion_kernels",
+        &[Arch::Sm90],
+        &[
+            spec("layernorm.toml", F16),
+            spec("mul.toml", F16),
+            spec("gemm.toml", F16),
+        ],
+    )
+    .unwrap();
+    let header = &lib.header.1;
+    for unit in &lib.units {
+        let query = format!("{}_workspace_bytes(", unit.symbol);
+        assert_eq!(
+            header.contains(&query),
+            unit.params == ParamsKind::Gemm,
+            "{}:\n{header}",
+            unit.symbol
+        );
+        assert_eq!(unit.source.contains(&query), unit.params == ParamsKind::Gemm);
+    }
+    let rust = wrappers::generate(&lib, true, "/out/fusion_ffi.rs");
+    // The norm and elementwise kernels ask for no scratch and set no flags.
+    assert_eq!(rust.matches("__call.scratch(").count(), 1, "{rust}");
 }

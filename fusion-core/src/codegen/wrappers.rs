@@ -3,8 +3,10 @@
 //!
 //! Per graph: a struct named after it (CamelCase) with `new()` and
 //! `run(&mut self, stream, inputs…, weights…, outputs…)`, which launches the
-//! plan's kernels in order and keeps intermediates in a reusable workspace;
-//! for a graph of one kernel also a free function with the graph's name.
+//! plan's kernels in order and keeps intermediates and the kernels' scratch
+//! in a reusable workspace; for a graph of one kernel also a free function
+//! with the graph's name, which takes its scratch from the workspace the run
+//! time keeps per stream (`fusion::launch::with_stream_workspace`).
 //! Generic over `T: fusion::Element` when the graph was compiled for several
 //! dtypes. The generated code only declares tensors and copies pointers; the
 //! checks live in the run-time crate's `fusion::launch`.
@@ -118,14 +120,24 @@ fn arch_tokens(a: Arch) -> TokenStream {
 }
 
 /// What every graph struct says about threads.
-const THREADS_DOC: &str = "\n# Threads\n\n\
+const THREADS_DOC: &str = "\n# Threads and memory\n\n\
 The struct is `Send` and `Sync`: it owns nothing but device buffers. `run` \
 takes `&mut self` because every call reuses the same workspace for the \
-intermediates, so the compiler already keeps two threads from running one \
+intermediates and the kernels' scratch (grown when a call needs more, never \
+while the stream is being captured into a CUDA graph: run once before \
+capturing), so the compiler already keeps two threads from running one \
 struct at once; to run a graph from several threads at the same time, give \
 each thread its own struct (or share one behind a `Mutex`). Calls from one \
 thread on different streams are ordered by the buffers' CUDA events, which \
-make the second stream wait for the first one's use of the workspace.";
+make the second stream wait for the first one's use of the workspace. \
+Dropping the struct frees the workspace.";
+
+/// What every free function says about memory.
+const FREE_FN_MEMORY_DOC: &str = "\n# Memory\n\n\
+The kernel's scratch comes from a workspace kept per `Arc<CudaStream>` \
+(clones share it), grown when a call needs more and reused after that; it \
+is freed after the stream is dropped. It is never grown while the stream is \
+being captured into a CUDA graph: call once before capturing.";
 
 /// The rustdoc of a graph's items: its declaration and its plan.
 fn graph_doc(spec: &super::GraphSpec) -> String {
@@ -227,11 +239,23 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
             .filter(|_| linked)
             .map(|(dtype, arch, symbol)| {
                 let (d, a) = (dtype_tokens(*dtype), arch_tokens(*arch));
-                let symbol = format_ident!("{symbol}");
-                quote!((#d, #a) => ffi::#symbol as fusion::launch::Launcher<ffi::#params_ty>,)
+                let launcher = format_ident!("{symbol}");
+                let launcher = quote!(ffi::#launcher as fusion::launch::Launcher<ffi::#params_ty>);
+                if params_kind.has_workspace() {
+                    let query = format_ident!("{symbol}_workspace_bytes");
+                    quote!((#d, #a) => (#launcher, ffi::#query as fusion::launch::WorkspaceBytes<ffi::#params_ty>),)
+                } else {
+                    quote!((#d, #a) => #launcher,)
+                }
             });
+        // Typed, so that a build without launchers (FUSION_SKIP_NVCC) infers it.
+        let ty = if params_kind.has_workspace() {
+            quote!((fusion::launch::Launcher<ffi::#params_ty>, fusion::launch::WorkspaceBytes<ffi::#params_ty>))
+        } else {
+            quote!(fusion::launch::Launcher<ffi::#params_ty>)
+        };
         quote! {
-            let #var: fusion::launch::Launcher<ffi::#params_ty> = match (__dtype, __arch) {
+            let #var: #ty = match (__dtype, __arch) {
                 #(#arms)*
                 _ => return Err(fusion::launch::not_compiled(#name, __dtype, __arch, #compiled)),
             };
@@ -252,21 +276,21 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
         .filter(|c| !c.is_graph_output)
         .map(|c| c.tensor)
         .collect();
-    let workspace = if temporaries.is_empty() {
+    let intermediates = if temporaries.is_empty() {
         quote!()
     } else {
         let decls = temporaries.iter().map(|&t| tensor_const(t));
         let ptrs = temporaries.iter().map(|&t| pointer_var(t));
         quote! {
-            let [#(#ptrs),*] = __call.intermediates::<#elem>(__workspace, &[#(&#decls),*])?[..] else {
+            let [#(#ptrs),*] = __call.intermediates::<#elem>(__intermediates, &[#(&#decls),*])?[..] else {
                 unreachable!("one buffer per intermediate")
             };
         }
     };
     let error_string = format_ident!("{}_error_string", library.lib_name);
-    let launches = plan.kernels.iter().enumerate().map(|(index, kernel)| {
-        let var = format_ident!("__launcher_{index}");
-        let label = format!("kernel #{index} ({})", kernel.name);
+    let label = |index: usize| format!("kernel #{index} ({})", plan.kernels[index].name);
+    let kernel_params = plan.kernels.iter().enumerate().map(|(index, kernel)| {
+        let var = format_ident!("__params_{index}");
         let ptr = |role: Role| match kernel.operand(role) {
             Some(t) => {
                 let p = pointer_var(t);
@@ -286,19 +310,22 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
         let multiplier = step_ptr(|r| matches!(r, Role::MulOperand { .. }));
         let out = pointer_var(kernel.output);
         let out_decl = tensor_const(kernel.output);
-        let params = match &kernel.composition {
+        match &kernel.composition {
             Composition::Gemm(gemm) => {
                 let (a, b) = (ptr(Role::A), ptr(Role::B));
                 let (gamma, beta) = (ptr(Role::Gamma), ptr(Role::Beta));
                 let a_decl = tensor_const(kernel.operand(Role::A).unwrap_or(kernel.output));
                 let eps = gemm.prologue.map_or(0.0, |p| p.eps) as f32;
                 quote! {
-                    let (m, k) = __call.reduced_matrix(&#a_decl)?;
-                    let n = __call.matrix(&#out_decl)?.1;
-                    let params = ffi::fusion_gemm_params {
+                    let mut #var = {
+                        let (m, k) = __call.reduced_matrix(&#a_decl)?;
+                        let n = __call.matrix(&#out_decl)?.1;
+                        ffi::fusion_gemm_params {
                         a: #a, b: #b, c: #out as *mut core::ffi::c_void,
                         bias: #bias, residual: #residual, multiplier: #multiplier,
-                        gamma: #gamma, beta: #beta, m, n, k, eps: #eps,
+                            gamma: #gamma, beta: #beta, m, n, k, eps: #eps,
+                            flags: __gemm_flags, workspace: core::ptr::null_mut(), workspace_bytes: 0,
+                        }
                     };
                 }
             }
@@ -306,32 +333,78 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
                 let (x, gamma, beta) = (ptr(Role::X), ptr(Role::Gamma), ptr(Role::Beta));
                 let eps = norm.eps as f32;
                 quote! {
-                    let (m, k) = __call.matrix(&#out_decl)?;
-                    let params = ffi::fusion_norm_params {
-                        x: #x, y: #out as *mut core::ffi::c_void, gamma: #gamma, beta: #beta, m, k, eps: #eps,
+                    let #var = {
+                        let (m, k) = __call.matrix(&#out_decl)?;
+                        ffi::fusion_norm_params {
+                            x: #x, y: #out as *mut core::ffi::c_void, gamma: #gamma, beta: #beta, m, k, eps: #eps,
+                        }
                     };
                 }
             }
             Composition::Elementwise(_) => {
                 let x = ptr(Role::X);
                 quote! {
-                    let (m, n) = __call.matrix(&#out_decl)?;
-                    let params = ffi::fusion_elementwise_params {
+                    let #var = {
+                        let (m, n) = __call.matrix(&#out_decl)?;
+                        ffi::fusion_elementwise_params {
                         x: #x, y: #out as *mut core::ffi::c_void,
-                        bias: #bias, residual: #residual, multiplier: #multiplier, m, n,
+                            bias: #bias, residual: #residual, multiplier: #multiplier, m, n,
+                        }
                     };
                 }
             }
-        };
-        quote! {
-            {
-                #params
-                // SAFETY: every pointer was checked by `__call` (shape, context,
-                // alignment, no output aliasing an input) and stays borrowed
-                // until `__call` is dropped; the launcher only enqueues work.
-                let code = unsafe { #var(&params, __call.stream_ptr()) };
-                __call.launched(#label, code, ffi::#error_string)?;
+        }
+    });
+    // The GEMMs ask for their scratch; the most any asks for is taken once
+    // and shared, since the kernels run one after another on the stream.
+    let gemms: Vec<usize> = (0..plan.kernels.len())
+        .filter(|&i| params_kind(&plan.kernels[i].composition).has_workspace())
+        .collect();
+    let scratch = if gemms.is_empty() {
+        quote!()
+    } else {
+        let queries = gemms.iter().map(|&index| {
+            let (var, params, label) = (format_ident!("__launcher_{index}"), format_ident!("__params_{index}"), label(index));
+            quote! {
+                __scratch_bytes = __scratch_bytes.max(__call.workspace_bytes(#label, #var.1, &#params, ffi::#error_string)?);
             }
+        });
+        let params: Vec<Ident> = gemms
+            .iter()
+            .map(|&index| format_ident!("__params_{index}"))
+            .collect();
+        quote! {
+            let mut __scratch_bytes = 0u64;
+            #(#queries)*
+            let (__scratch_ptr, __scratch_len) = __call.scratch(__scratch, __scratch_bytes)?;
+            #(
+                #params.workspace = __scratch_ptr;
+                #params.workspace_bytes = __scratch_len;
+            )*
+        }
+    };
+    let gemm_flags = if gemms.is_empty() {
+        quote!()
+    } else {
+        quote! {
+            let __gemm_flags = if __call.stream_k_allowed()? { 0 } else { ffi::FUSION_GEMM_NO_STREAM_K };
+        }
+    };
+    let launches = plan.kernels.iter().enumerate().map(|(index, kernel)| {
+        let var = format_ident!("__launcher_{index}");
+        let launcher = if params_kind(&kernel.composition).has_workspace() {
+            quote!(#var.0)
+        } else {
+            quote!(#var)
+        };
+        let params = format_ident!("__params_{index}");
+        let label = label(index);
+        quote! {
+            // SAFETY: every pointer was checked by `__call` (shape, context,
+            // alignment, no output aliasing an input) and stays borrowed
+            // until `__call` is dropped; the launcher only enqueues work.
+            let __code = unsafe { #launcher(&#params, __call.stream_ptr()) };
+            __call.launched(#label, __code, ffi::#error_string)?;
         }
     });
 
@@ -340,9 +413,10 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
         let fn_ident = format_ident!("{}", name);
         quote! {
             #[doc = #doc]
+            #[doc = #FREE_FN_MEMORY_DOC]
             #[allow(clippy::too_many_arguments, reason = "one argument per graph tensor")]
             pub fn #fn_ident #generics(#params) -> fusion::Result<()> {
-                #module::run #turbofish(&mut fusion::launch::Workspace::new(), #args)
+                fusion::launch::with_stream_workspace(stream, |__workspace| #module::run #turbofish(__workspace, #args))
             }
         }
     } else {
@@ -374,7 +448,11 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
                 if __call.is_empty() {
                     return Ok(());
                 }
-                #workspace
+                let (__intermediates, __scratch) = __workspace.parts();
+                #intermediates
+                #gemm_flags
+                #(#kernel_params)*
+                #scratch
                 #(#launches)*
                 Ok(())
             }
@@ -415,6 +493,12 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
         impl #struct_ident {
             pub fn new() -> Self {
                 Self::default()
+            }
+
+            /// The device memory kept between calls: the intermediates and
+            /// the kernels' scratch (see `fusion::launch::Workspace`).
+            pub fn workspace(&self) -> &fusion::launch::Workspace {
+                &self.workspace
             }
 
             /// Checks every argument, then launches the plan's kernels in order
@@ -514,6 +598,12 @@ impl quote::ToTokens for BoundGraph {
                 /// The bound weights.
                 pub fn weights(&self) -> &#weights_ident #args {
                     &self.weights
+                }
+
+                /// The device memory kept between calls: the intermediates and
+                /// the kernels' scratch (see `fusion::launch::Workspace`).
+                pub fn workspace(&self) -> &fusion::launch::Workspace {
+                    &self.workspace
                 }
 
                 /// Checks the inputs and outputs (dynamic dims are read from

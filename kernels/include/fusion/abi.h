@@ -9,7 +9,17 @@
  * are null. Every pointer is a device address, 16-byte aligned.
  *
  * A GEMM launcher also has `int <symbol>_resources(fusion_tile_resources*
- * out, int capacity)`, which says what its tile configs ask for per block. */
+ * out, int capacity)`, which says what its tile configs ask for per block.
+ *
+ * It also has `int <symbol>_workspace_bytes(const
+ * fusion_gemm_params* p, void* stream, uint64_t* bytes)`: the device memory
+ * the launch of the same params needs as its workspace (stream-K partials
+ * and flags, a norm prologue's row statistics; 0 when none) on the current
+ * device. The caller owns that memory, zeroes it when it allocates it and
+ * passes it in `workspace`; launchers never allocate. A null, smaller or
+ * misaligned workspace makes the launch do without stream-K, and a norm
+ * prologue's launch without room for its row statistics returns
+ * cudaErrorInvalidValue. */
 #ifndef FUSION_ABI_H
 #define FUSION_ABI_H
 
@@ -30,8 +40,16 @@ typedef struct fusion_gemm_params {
   const void* gamma;      /* [k], the norm prologue's scale */
   const void* beta;       /* [k], LayerNorm's shift */
   int64_t m, n, k;
-  float eps; /* the norm prologue's epsilon */
+  float eps;                /* the norm prologue's epsilon */
+  uint32_t flags;           /* FUSION_GEMM_* bits */
+  void* workspace;          /* see <symbol>_workspace_bytes; null for none */
+  uint64_t workspace_bytes; /* the size of `workspace` */
 } fusion_gemm_params;
+
+/* fusion_gemm_params::flags: every tile runs whole on one CTA (no split-K
+ * or stream-K), e.g. for a launch captured into a graph that may replay
+ * beside other launches sharing its workspace. */
+#define FUSION_GEMM_NO_STREAM_K 1u
 
 /* y = norm(x) over rows of length k. */
 typedef struct fusion_norm_params {

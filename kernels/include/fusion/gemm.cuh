@@ -6,7 +6,8 @@
 // tile (grouped order, below), runs the norm prologue's row statistics if
 // there is one, and hands over to the mainloop, which owns the K loop and,
 // because the accumulator layout is its own, the final store through the
-// epilogue chain. `FusedGemm<...>::launch` checks the problem and launches.
+// epilogue chain. `FusedGemm<...>::launch` checks the problem and launches
+// with the workspace its caller sized with `workspace_bytes` (workspace.cuh).
 // A rendered kernel unit is a typedef of FusedGemm plus a plain-C entry
 // point around `launch` (see kernels/selftest/selftest.cu for the model).
 #pragma once
@@ -14,12 +15,11 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include <atomic>
-
 #include "epilogue.cuh"
 #include "numeric.cuh"
 #include "problem.cuh"
 #include "prologue.cuh"
+#include "workspace.cuh"
 
 namespace fusion {
 
@@ -54,7 +54,10 @@ __device__ __forceinline__ TileCoord grouped_tile_order(int64_t block, int64_t t
 
 // A mainloop with a kernel of its own (sm90's persistent, warp-specialized
 // one) says so with `kOwnsKernel`; FusedGemm then checks the problem and
-// hands the launch to `Mainloop::launch<Prologue, Epilogue>`.
+// hands the launch to `Mainloop::launch<Prologue, Epilogue>`, and the
+// workspace query to `Mainloop::workspace_layout<Prologue>`. The others
+// (sm80, sm75) need no workspace: their CTAs keep a norm prologue's row
+// statistics in shared memory.
 template <typename Mainloop, typename = void>
 struct OwnsKernel {
   static constexpr bool value = false;
@@ -83,42 +86,22 @@ __global__ void __launch_bounds__(Mainloop::kThreads, Mainloop::kMinBlocksPerSm)
 
 namespace detail {
 
-// The first positive result of `compute()` for a device, kept in `cache`
-// (devices 0-63; others compute every time). A failure, a result of 0 or
-// less, is returned and not kept, so the next call tries again.
-template <typename Compute>
-int once_per_device(std::atomic<int> (&cache)[64], int device, Compute&& compute) {
-  const bool cacheable = device >= 0 && device < 64;
-  if (cacheable) {
-    const int kept = cache[device].load(std::memory_order_acquire);
-    if (kept > 0) return kept;
-  }
-  const int value = compute();
-  if (value > 0 && cacheable) cache[device].store(value, std::memory_order_release);
-  return value;
-}
+// Host code keeps no state between launches (no caches, locks or
+// allocations: the caller owns everything), so what a launch needs to know
+// about the device it asks each time, as the norm and elementwise
+// launchers always have.
 
-// Raises `kernel`'s dynamic shared-memory limit to `bytes` on `device`, once
-// per device for the kernel that owns `cache` (the attribute belongs to the
-// device's context).
+// Raises `kernel`'s dynamic shared-memory limit to `bytes` (an attribute of
+// the kernel in the current context) before each launch.
 template <typename Kernel>
-cudaError_t raise_smem_limit(std::atomic<int> (&cache)[64], int device, Kernel* kernel, int bytes) {
-  cudaError_t err = cudaSuccess;
-  once_per_device(cache, device, [&] {
-    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-    return err == cudaSuccess ? 1 : 0;
-  });
-  return err;
+cudaError_t raise_smem_limit(Kernel* kernel, int bytes) {
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
 }
 
-// SMs of `device`, read once per device (1 if the query fails).
+// SMs of `device` (1 if the query fails).
 inline int sm_count(int device) {
-  static std::atomic<int> counts[64];
-  const int sms = once_per_device(counts, device, [device] {
-    int n = 0;
-    return cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) == cudaSuccess ? n : 0;
-  });
-  return sms > 0 ? sms : 1;
+  int n = 0;
+  return cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) == cudaSuccess && n > 0 ? n : 1;
 }
 
 // Waves of tile area an m x n output needs with BM x BN tiles on `sms`
@@ -179,23 +162,37 @@ struct FusedGemm {
     return dim3(unsigned(tiles));
   }
 
-  // Raises the kernel's dynamic shared-memory limit once per device.
+  // Raises the kernel's dynamic shared-memory limit.
   static cudaError_t configure() {
-    static std::atomic<int> configured[64];
-    int device = 0;
-    const cudaError_t err = cudaGetDevice(&device);
-    if (err != cudaSuccess) return err;
-    return detail::raise_smem_limit(configured, device, fused_gemm_kernel<Mainloop, Prologue, Epilogue>,
-                                    int(Mainloop::kSmemBytes));
+    return detail::raise_smem_limit(fused_gemm_kernel<Mainloop, Prologue, Epilogue>, int(Mainloop::kSmemBytes));
   }
 
-  static cudaError_t launch(const GemmArgs<Element>& p, cudaStream_t stream) {
+  // The bytes of workspace `launch` would use for p with `flags` (abi.h's
+  // FUSION_GEMM_*) on the current device; 0 when it needs none.
+  static cudaError_t workspace_bytes(const GemmArgs<Element>& p, uint32_t flags, size_t* bytes) {
+    *bytes = 0;
+    if constexpr (OwnsKernel<Mainloop>::value) {
+      // A call the launch refuses, or one with nothing to compute, needs none.
+      if (check(p) != cudaSuccess || p.m == 0 || p.n == 0) return cudaSuccess;
+      WorkspaceLayout layout;
+      const cudaError_t err = Mainloop::template workspace_layout<Prologue>(p, flags, &layout);
+      *bytes = layout.bytes;
+      return err;
+    } else {
+      (void)p;
+      (void)flags;
+      return cudaSuccess;
+    }
+  }
+
+  static cudaError_t launch(const GemmArgs<Element>& p, const Workspace& workspace, cudaStream_t stream) {
     cudaError_t err = check(p);
     if (err != cudaSuccess) return err;
     if (p.m == 0 || p.n == 0) return cudaSuccess;
     if constexpr (OwnsKernel<Mainloop>::value) {
-      return Mainloop::template launch<Prologue, Epilogue>(p, stream);
+      return Mainloop::template launch<Prologue, Epilogue>(p, workspace, stream);
     } else {
+      (void)workspace;
       err = configure();
       if (err != cudaSuccess) return err;
       fused_gemm_kernel<Mainloop, Prologue, Epilogue>

@@ -22,8 +22,7 @@ static_assert(Kernel<LargeTile>::kBlockSmemBytes <= fusion::sm80::kSmemPerBlock,
 static_assert(Kernel<SmallTile>::kBlockSmemBytes <= fusion::sm80::kSmemPerBlock,
               "tile config from kernels/tuned/sm80.json, entry 'default' for 'gemm_bias_gelu' (small_m) does not fit sm80: 64x128x32 (warp 32x64, 4 stages, 3 block(s)/SM) needs more shared memory per block than sm80 allows");
 
-template <typename K>
-cudaError_t launch(const fusion_gemm_params* p, cudaStream_t stream) {
+fusion::GemmArgs<Element> args_of(const fusion_gemm_params* p) {
   fusion::GemmArgs<Element> args{};
   args.a = static_cast<const Element*>(p->a);
   args.b = static_cast<const Element*>(p->b);
@@ -37,16 +36,35 @@ cudaError_t launch(const fusion_gemm_params* p, cudaStream_t stream) {
   args.norm.gamma = p->gamma;
   args.norm.beta = p->beta;
   args.norm.eps = p->eps;
-  return K::launch(args, stream);
+  return args;
+}
+
+// Calls `f` with the kernel this shape runs on: one choice for the launch
+// and its workspace query.
+template <typename F>
+cudaError_t with_kernel(const fusion_gemm_params* p, F&& f) {
+  if (p->m <= 512) return f(Kernel<SmallTile>{});
+  return f(Kernel<LargeTile>{});
 }
 
 }  // namespace
 
 extern "C" int fusion_kernels_gemm_bias_gelu_nk_f16_sm80(const fusion_gemm_params* p, void* stream) {
   if (p == nullptr) return int(cudaErrorInvalidValue);
-  const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  if (p->m <= 512) return int(launch<Kernel<SmallTile>>(p, s));
-  return int(launch<Kernel<LargeTile>>(p, s));
+  const fusion::Workspace workspace{p->workspace, size_t(p->workspace_bytes), p->flags};
+  return int(with_kernel(p, [&](auto kernel) {
+    return decltype(kernel)::launch(args_of(p), workspace, static_cast<cudaStream_t>(stream));
+  }));
+}
+
+// The device is the current one, as in the launch: `stream` is unused.
+extern "C" int fusion_kernels_gemm_bias_gelu_nk_f16_sm80_workspace_bytes(const fusion_gemm_params* p, void* /*stream*/, uint64_t* bytes) {
+  if (p == nullptr || bytes == nullptr) return int(cudaErrorInvalidValue);
+  size_t needed = 0;
+  const cudaError_t err =
+      with_kernel(p, [&](auto kernel) { return decltype(kernel)::workspace_bytes(args_of(p), p->flags, &needed); });
+  *bytes = needed;
+  return int(err);
 }
 
 // What each tile config asks for per block at launch, large first; returns

@@ -39,9 +39,9 @@ no tensor passes between kernels
 ```
 */
 /**
-# Threads
+# Threads and memory
 
-The struct is `Send` and `Sync`: it owns nothing but device buffers. `run` takes `&mut self` because every call reuses the same workspace for the intermediates, so the compiler already keeps two threads from running one struct at once; to run a graph from several threads at the same time, give each thread its own struct (or share one behind a `Mutex`). Calls from one thread on different streams are ordered by the buffers' CUDA events, which make the second stream wait for the first one's use of the workspace.*/
+The struct is `Send` and `Sync`: it owns nothing but device buffers. `run` takes `&mut self` because every call reuses the same workspace for the intermediates and the kernels' scratch (grown when a call needs more, never while the stream is being captured into a CUDA graph: run once before capturing), so the compiler already keeps two threads from running one struct at once; to run a graph from several threads at the same time, give each thread its own struct (or share one behind a `Mutex`). Calls from one thread on different streams are ordered by the buffers' CUDA events, which make the second stream wait for the first one's use of the workspace. Dropping the struct frees the workspace.*/
 #[derive(Debug, Default)]
 pub struct LayernormGemm {
     workspace: fusion::launch::Workspace,
@@ -49,6 +49,11 @@ pub struct LayernormGemm {
 impl LayernormGemm {
     pub fn new() -> Self {
         Self::default()
+    }
+    /// The device memory kept between calls: the intermediates and
+    /// the kernels' scratch (see `fusion::launch::Workspace`).
+    pub fn workspace(&self) -> &fusion::launch::Workspace {
+        &self.workspace
     }
     /// Checks every argument, then launches the plan's kernels in order
     /// on `stream`. Returns once they are enqueued.
@@ -92,6 +97,10 @@ no tensor passes between kernels
 
 ```
 */
+/**
+# Memory
+
+The kernel's scratch comes from a workspace kept per `Arc<CudaStream>` (clones share it), grown when a call needs more and reused after that; it is freed after the stream is dropped. It is never grown while the stream is being captured into a CUDA graph: call once before capturing.*/
 #[allow(clippy::too_many_arguments, reason = "one argument per graph tensor")]
 pub fn layernorm_gemm<T: fusion::Element>(
     stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
@@ -101,9 +110,10 @@ pub fn layernorm_gemm<T: fusion::Element>(
     w: &fusion::Tensor<'_, T>,
     y: &mut fusion::TensorMut<'_, T>,
 ) -> fusion::Result<()> {
-    __layernorm_gemm::run::<
-        T,
-    >(&mut fusion::launch::Workspace::new(), stream, x, g, b, w, y)
+    fusion::launch::with_stream_workspace(
+        stream,
+        |__workspace| __layernorm_gemm::run::<T>(__workspace, stream, x, g, b, w, y),
+    )
 }
 #[allow(unreachable_code, unused_variables, unused_mut, dead_code, clippy::all)]
 mod __layernorm_gemm {
@@ -159,25 +169,41 @@ mod __layernorm_gemm {
     ) -> fusion::Result<()> {
         let __dtype = <T as fusion::Element>::DTYPE;
         let __arch = fusion::device::arch_for(stream)?;
-        let __launcher_0: fusion::launch::Launcher<ffi::fusion_gemm_params> = match (
-            __dtype,
-            __arch,
-        ) {
+        let __launcher_0: (
+            fusion::launch::Launcher<ffi::fusion_gemm_params>,
+            fusion::launch::WorkspaceBytes<ffi::fusion_gemm_params>,
+        ) = match (__dtype, __arch) {
             (fusion::core::ir::DType::F16, fusion::Arch::Sm80) => {
-                ffi::fusion_kernels_layernorm_gemm_nk_f16_sm80
-                    as fusion::launch::Launcher<ffi::fusion_gemm_params>
+                (
+                    ffi::fusion_kernels_layernorm_gemm_nk_f16_sm80
+                        as fusion::launch::Launcher<ffi::fusion_gemm_params>,
+                    ffi::fusion_kernels_layernorm_gemm_nk_f16_sm80_workspace_bytes
+                        as fusion::launch::WorkspaceBytes<ffi::fusion_gemm_params>,
+                )
             }
             (fusion::core::ir::DType::F16, fusion::Arch::Sm90) => {
-                ffi::fusion_kernels_layernorm_gemm_nk_f16_sm90
-                    as fusion::launch::Launcher<ffi::fusion_gemm_params>
+                (
+                    ffi::fusion_kernels_layernorm_gemm_nk_f16_sm90
+                        as fusion::launch::Launcher<ffi::fusion_gemm_params>,
+                    ffi::fusion_kernels_layernorm_gemm_nk_f16_sm90_workspace_bytes
+                        as fusion::launch::WorkspaceBytes<ffi::fusion_gemm_params>,
+                )
             }
             (fusion::core::ir::DType::BF16, fusion::Arch::Sm80) => {
-                ffi::fusion_kernels_layernorm_gemm_nk_bf16_sm80
-                    as fusion::launch::Launcher<ffi::fusion_gemm_params>
+                (
+                    ffi::fusion_kernels_layernorm_gemm_nk_bf16_sm80
+                        as fusion::launch::Launcher<ffi::fusion_gemm_params>,
+                    ffi::fusion_kernels_layernorm_gemm_nk_bf16_sm80_workspace_bytes
+                        as fusion::launch::WorkspaceBytes<ffi::fusion_gemm_params>,
+                )
             }
             (fusion::core::ir::DType::BF16, fusion::Arch::Sm90) => {
-                ffi::fusion_kernels_layernorm_gemm_nk_bf16_sm90
-                    as fusion::launch::Launcher<ffi::fusion_gemm_params>
+                (
+                    ffi::fusion_kernels_layernorm_gemm_nk_bf16_sm90
+                        as fusion::launch::Launcher<ffi::fusion_gemm_params>,
+                    ffi::fusion_kernels_layernorm_gemm_nk_bf16_sm90_workspace_bytes
+                        as fusion::launch::WorkspaceBytes<ffi::fusion_gemm_params>,
+                )
             }
             _ => {
                 return Err(
@@ -200,10 +226,16 @@ mod __layernorm_gemm {
         if __call.is_empty() {
             return Ok(());
         }
-        {
+        let (__intermediates, __scratch) = __workspace.parts();
+        let __gemm_flags = if __call.stream_k_allowed()? {
+            0
+        } else {
+            ffi::FUSION_GEMM_NO_STREAM_K
+        };
+        let mut __params_0 = {
             let (m, k) = __call.reduced_matrix(&__TENSOR_0)?;
             let n = __call.matrix(&__TENSOR_5)?.1;
-            let params = ffi::fusion_gemm_params {
+            ffi::fusion_gemm_params {
                 a: __ptr_0 as *const core::ffi::c_void,
                 b: __ptr_3 as *const core::ffi::c_void,
                 c: __ptr_5 as *mut core::ffi::c_void,
@@ -216,15 +248,32 @@ mod __layernorm_gemm {
                 n,
                 k,
                 eps: 0.00001f32,
-            };
-            let code = unsafe { __launcher_0(&params, __call.stream_ptr()) };
-            __call
-                .launched(
-                    "kernel #0 (layernorm_gemm)",
-                    code,
-                    ffi::fusion_kernels_error_string,
-                )?;
-        }
+                flags: __gemm_flags,
+                workspace: core::ptr::null_mut(),
+                workspace_bytes: 0,
+            }
+        };
+        let mut __scratch_bytes = 0u64;
+        __scratch_bytes = __scratch_bytes
+            .max(
+                __call
+                    .workspace_bytes(
+                        "kernel #0 (layernorm_gemm)",
+                        __launcher_0.1,
+                        &__params_0,
+                        ffi::fusion_kernels_error_string,
+                    )?,
+            );
+        let (__scratch_ptr, __scratch_len) = __call.scratch(__scratch, __scratch_bytes)?;
+        __params_0.workspace = __scratch_ptr;
+        __params_0.workspace_bytes = __scratch_len;
+        let __code = unsafe { __launcher_0.0(&__params_0, __call.stream_ptr()) };
+        __call
+            .launched(
+                "kernel #0 (layernorm_gemm)",
+                __code,
+                ffi::fusion_kernels_error_string,
+            )?;
         Ok(())
     }
     /// Checks the weights alone, when a graph binds them in `new`.

@@ -26,8 +26,7 @@ static_assert(Kernel<SmallTile>::kBlockSmemBytes <= fusion::sm90::kSmemPerBlock,
 static_assert(Kernel<SmallAltTile>::kBlockSmemBytes <= fusion::sm90::kSmemPerBlock,
               "tile config from kernels/tuned/sm90.json, entry 'default' for 'gemm_bias_residual' (small_m_alt) does not fit sm90: 128x128x64 (6 stages, cooperative, persistent) needs more shared memory per block than sm90 allows");
 
-template <typename K>
-cudaError_t launch(const fusion_gemm_params* p, cudaStream_t stream) {
+fusion::GemmArgs<Element> args_of(const fusion_gemm_params* p) {
   fusion::GemmArgs<Element> args{};
   args.a = static_cast<const Element*>(p->a);
   args.b = static_cast<const Element*>(p->b);
@@ -41,18 +40,37 @@ cudaError_t launch(const fusion_gemm_params* p, cudaStream_t stream) {
   args.norm.gamma = p->gamma;
   args.norm.beta = p->beta;
   args.norm.eps = p->eps;
-  return K::launch(args, stream);
+  return args;
+}
+
+// Calls `f` with the kernel this shape runs on: one choice for the launch
+// and its workspace query.
+template <typename F>
+cudaError_t with_kernel(const fusion_gemm_params* p, F&& f) {
+  if (p->m <= 512 && fusion::fewer_waves<SmallAltTile, SmallTile>(p->m, p->n))
+    return f(Kernel<SmallAltTile>{});
+  if (p->m <= 512) return f(Kernel<SmallTile>{});
+  return f(Kernel<LargeTile>{});
 }
 
 }  // namespace
 
 extern "C" int fusion_kernels_gemm_bias_residual_nk_f16_sm90(const fusion_gemm_params* p, void* stream) {
   if (p == nullptr) return int(cudaErrorInvalidValue);
-  const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  if (p->m <= 512 && fusion::fewer_waves<SmallAltTile, SmallTile>(p->m, p->n))
-    return int(launch<Kernel<SmallAltTile>>(p, s));
-  if (p->m <= 512) return int(launch<Kernel<SmallTile>>(p, s));
-  return int(launch<Kernel<LargeTile>>(p, s));
+  const fusion::Workspace workspace{p->workspace, size_t(p->workspace_bytes), p->flags};
+  return int(with_kernel(p, [&](auto kernel) {
+    return decltype(kernel)::launch(args_of(p), workspace, static_cast<cudaStream_t>(stream));
+  }));
+}
+
+// The device is the current one, as in the launch: `stream` is unused.
+extern "C" int fusion_kernels_gemm_bias_residual_nk_f16_sm90_workspace_bytes(const fusion_gemm_params* p, void* /*stream*/, uint64_t* bytes) {
+  if (p == nullptr || bytes == nullptr) return int(cudaErrorInvalidValue);
+  size_t needed = 0;
+  const cudaError_t err =
+      with_kernel(p, [&](auto kernel) { return decltype(kernel)::workspace_bytes(args_of(p), p->flags, &needed); });
+  *bytes = needed;
+  return int(err);
 }
 
 // What each tile config asks for per block at launch, large first; returns

@@ -55,9 +55,9 @@ between kernels (written to memory, read back):
 ```
 */
 /**
-# Threads
+# Threads and memory
 
-The struct is `Send` and `Sync`: it owns nothing but device buffers. `run` takes `&mut self` because every call reuses the same workspace for the intermediates, so the compiler already keeps two threads from running one struct at once; to run a graph from several threads at the same time, give each thread its own struct (or share one behind a `Mutex`). Calls from one thread on different streams are ordered by the buffers' CUDA events, which make the second stream wait for the first one's use of the workspace.*/
+The struct is `Send` and `Sync`: it owns nothing but device buffers. `run` takes `&mut self` because every call reuses the same workspace for the intermediates and the kernels' scratch (grown when a call needs more, never while the stream is being captured into a CUDA graph: run once before capturing), so the compiler already keeps two threads from running one struct at once; to run a graph from several threads at the same time, give each thread its own struct (or share one behind a `Mutex`). Calls from one thread on different streams are ordered by the buffers' CUDA events, which make the second stream wait for the first one's use of the workspace. Dropping the struct frees the workspace.*/
 #[derive(Debug, Default)]
 pub struct SwigluFfn {
     workspace: fusion::launch::Workspace,
@@ -65,6 +65,11 @@ pub struct SwigluFfn {
 impl SwigluFfn {
     pub fn new() -> Self {
         Self::default()
+    }
+    /// The device memory kept between calls: the intermediates and
+    /// the kernels' scratch (see `fusion::launch::Workspace`).
+    pub fn workspace(&self) -> &fusion::launch::Workspace {
+        &self.workspace
     }
     /// Checks every argument, then launches the plan's kernels in order
     /// on `stream`. Returns once they are enqueued.
@@ -184,25 +189,41 @@ mod __swiglu_ffn {
     ) -> fusion::Result<()> {
         let __dtype = <T as fusion::Element>::DTYPE;
         let __arch = fusion::device::arch_for(stream)?;
-        let __launcher_0: fusion::launch::Launcher<ffi::fusion_gemm_params> = match (
-            __dtype,
-            __arch,
-        ) {
+        let __launcher_0: (
+            fusion::launch::Launcher<ffi::fusion_gemm_params>,
+            fusion::launch::WorkspaceBytes<ffi::fusion_gemm_params>,
+        ) = match (__dtype, __arch) {
             (fusion::core::ir::DType::F16, fusion::Arch::Sm80) => {
-                ffi::fusion_kernels_gemm_nk_f16_sm80
-                    as fusion::launch::Launcher<ffi::fusion_gemm_params>
+                (
+                    ffi::fusion_kernels_gemm_nk_f16_sm80
+                        as fusion::launch::Launcher<ffi::fusion_gemm_params>,
+                    ffi::fusion_kernels_gemm_nk_f16_sm80_workspace_bytes
+                        as fusion::launch::WorkspaceBytes<ffi::fusion_gemm_params>,
+                )
             }
             (fusion::core::ir::DType::F16, fusion::Arch::Sm90) => {
-                ffi::fusion_kernels_gemm_nk_f16_sm90
-                    as fusion::launch::Launcher<ffi::fusion_gemm_params>
+                (
+                    ffi::fusion_kernels_gemm_nk_f16_sm90
+                        as fusion::launch::Launcher<ffi::fusion_gemm_params>,
+                    ffi::fusion_kernels_gemm_nk_f16_sm90_workspace_bytes
+                        as fusion::launch::WorkspaceBytes<ffi::fusion_gemm_params>,
+                )
             }
             (fusion::core::ir::DType::BF16, fusion::Arch::Sm80) => {
-                ffi::fusion_kernels_gemm_nk_bf16_sm80
-                    as fusion::launch::Launcher<ffi::fusion_gemm_params>
+                (
+                    ffi::fusion_kernels_gemm_nk_bf16_sm80
+                        as fusion::launch::Launcher<ffi::fusion_gemm_params>,
+                    ffi::fusion_kernels_gemm_nk_bf16_sm80_workspace_bytes
+                        as fusion::launch::WorkspaceBytes<ffi::fusion_gemm_params>,
+                )
             }
             (fusion::core::ir::DType::BF16, fusion::Arch::Sm90) => {
-                ffi::fusion_kernels_gemm_nk_bf16_sm90
-                    as fusion::launch::Launcher<ffi::fusion_gemm_params>
+                (
+                    ffi::fusion_kernels_gemm_nk_bf16_sm90
+                        as fusion::launch::Launcher<ffi::fusion_gemm_params>,
+                    ffi::fusion_kernels_gemm_nk_bf16_sm90_workspace_bytes
+                        as fusion::launch::WorkspaceBytes<ffi::fusion_gemm_params>,
+                )
             }
             _ => {
                 return Err(
@@ -215,25 +236,41 @@ mod __swiglu_ffn {
                 );
             }
         };
-        let __launcher_1: fusion::launch::Launcher<ffi::fusion_gemm_params> = match (
-            __dtype,
-            __arch,
-        ) {
+        let __launcher_1: (
+            fusion::launch::Launcher<ffi::fusion_gemm_params>,
+            fusion::launch::WorkspaceBytes<ffi::fusion_gemm_params>,
+        ) = match (__dtype, __arch) {
             (fusion::core::ir::DType::F16, fusion::Arch::Sm80) => {
-                ffi::fusion_kernels_gemm_silu_mul_nk_f16_sm80
-                    as fusion::launch::Launcher<ffi::fusion_gemm_params>
+                (
+                    ffi::fusion_kernels_gemm_silu_mul_nk_f16_sm80
+                        as fusion::launch::Launcher<ffi::fusion_gemm_params>,
+                    ffi::fusion_kernels_gemm_silu_mul_nk_f16_sm80_workspace_bytes
+                        as fusion::launch::WorkspaceBytes<ffi::fusion_gemm_params>,
+                )
             }
             (fusion::core::ir::DType::F16, fusion::Arch::Sm90) => {
-                ffi::fusion_kernels_gemm_silu_mul_nk_f16_sm90
-                    as fusion::launch::Launcher<ffi::fusion_gemm_params>
+                (
+                    ffi::fusion_kernels_gemm_silu_mul_nk_f16_sm90
+                        as fusion::launch::Launcher<ffi::fusion_gemm_params>,
+                    ffi::fusion_kernels_gemm_silu_mul_nk_f16_sm90_workspace_bytes
+                        as fusion::launch::WorkspaceBytes<ffi::fusion_gemm_params>,
+                )
             }
             (fusion::core::ir::DType::BF16, fusion::Arch::Sm80) => {
-                ffi::fusion_kernels_gemm_silu_mul_nk_bf16_sm80
-                    as fusion::launch::Launcher<ffi::fusion_gemm_params>
+                (
+                    ffi::fusion_kernels_gemm_silu_mul_nk_bf16_sm80
+                        as fusion::launch::Launcher<ffi::fusion_gemm_params>,
+                    ffi::fusion_kernels_gemm_silu_mul_nk_bf16_sm80_workspace_bytes
+                        as fusion::launch::WorkspaceBytes<ffi::fusion_gemm_params>,
+                )
             }
             (fusion::core::ir::DType::BF16, fusion::Arch::Sm90) => {
-                ffi::fusion_kernels_gemm_silu_mul_nk_bf16_sm90
-                    as fusion::launch::Launcher<ffi::fusion_gemm_params>
+                (
+                    ffi::fusion_kernels_gemm_silu_mul_nk_bf16_sm90
+                        as fusion::launch::Launcher<ffi::fusion_gemm_params>,
+                    ffi::fusion_kernels_gemm_silu_mul_nk_bf16_sm90_workspace_bytes
+                        as fusion::launch::WorkspaceBytes<ffi::fusion_gemm_params>,
+                )
             }
             _ => {
                 return Err(
@@ -246,25 +283,41 @@ mod __swiglu_ffn {
                 );
             }
         };
-        let __launcher_2: fusion::launch::Launcher<ffi::fusion_gemm_params> = match (
-            __dtype,
-            __arch,
-        ) {
+        let __launcher_2: (
+            fusion::launch::Launcher<ffi::fusion_gemm_params>,
+            fusion::launch::WorkspaceBytes<ffi::fusion_gemm_params>,
+        ) = match (__dtype, __arch) {
             (fusion::core::ir::DType::F16, fusion::Arch::Sm80) => {
-                ffi::fusion_kernels_gemm_bias_residual_nk_f16_sm80
-                    as fusion::launch::Launcher<ffi::fusion_gemm_params>
+                (
+                    ffi::fusion_kernels_gemm_bias_residual_nk_f16_sm80
+                        as fusion::launch::Launcher<ffi::fusion_gemm_params>,
+                    ffi::fusion_kernels_gemm_bias_residual_nk_f16_sm80_workspace_bytes
+                        as fusion::launch::WorkspaceBytes<ffi::fusion_gemm_params>,
+                )
             }
             (fusion::core::ir::DType::F16, fusion::Arch::Sm90) => {
-                ffi::fusion_kernels_gemm_bias_residual_nk_f16_sm90
-                    as fusion::launch::Launcher<ffi::fusion_gemm_params>
+                (
+                    ffi::fusion_kernels_gemm_bias_residual_nk_f16_sm90
+                        as fusion::launch::Launcher<ffi::fusion_gemm_params>,
+                    ffi::fusion_kernels_gemm_bias_residual_nk_f16_sm90_workspace_bytes
+                        as fusion::launch::WorkspaceBytes<ffi::fusion_gemm_params>,
+                )
             }
             (fusion::core::ir::DType::BF16, fusion::Arch::Sm80) => {
-                ffi::fusion_kernels_gemm_bias_residual_nk_bf16_sm80
-                    as fusion::launch::Launcher<ffi::fusion_gemm_params>
+                (
+                    ffi::fusion_kernels_gemm_bias_residual_nk_bf16_sm80
+                        as fusion::launch::Launcher<ffi::fusion_gemm_params>,
+                    ffi::fusion_kernels_gemm_bias_residual_nk_bf16_sm80_workspace_bytes
+                        as fusion::launch::WorkspaceBytes<ffi::fusion_gemm_params>,
+                )
             }
             (fusion::core::ir::DType::BF16, fusion::Arch::Sm90) => {
-                ffi::fusion_kernels_gemm_bias_residual_nk_bf16_sm90
-                    as fusion::launch::Launcher<ffi::fusion_gemm_params>
+                (
+                    ffi::fusion_kernels_gemm_bias_residual_nk_bf16_sm90
+                        as fusion::launch::Launcher<ffi::fusion_gemm_params>,
+                    ffi::fusion_kernels_gemm_bias_residual_nk_bf16_sm90_workspace_bytes
+                        as fusion::launch::WorkspaceBytes<ffi::fusion_gemm_params>,
+                )
             }
             _ => {
                 return Err(
@@ -288,14 +341,20 @@ mod __swiglu_ffn {
         if __call.is_empty() {
             return Ok(());
         }
+        let (__intermediates, __scratch) = __workspace.parts();
         let [__ptr_7, __ptr_8] = __call
-            .intermediates::<T>(__workspace, &[&__TENSOR_7, &__TENSOR_8])?[..] else {
+            .intermediates::<T>(__intermediates, &[&__TENSOR_7, &__TENSOR_8])?[..] else {
             unreachable!("one buffer per intermediate")
         };
-        {
+        let __gemm_flags = if __call.stream_k_allowed()? {
+            0
+        } else {
+            ffi::FUSION_GEMM_NO_STREAM_K
+        };
+        let mut __params_0 = {
             let (m, k) = __call.reduced_matrix(&__TENSOR_0)?;
             let n = __call.matrix(&__TENSOR_7)?.1;
-            let params = ffi::fusion_gemm_params {
+            ffi::fusion_gemm_params {
                 a: __ptr_0 as *const core::ffi::c_void,
                 b: __ptr_2 as *const core::ffi::c_void,
                 c: __ptr_7 as *mut core::ffi::c_void,
@@ -308,14 +367,15 @@ mod __swiglu_ffn {
                 n,
                 k,
                 eps: 0f32,
-            };
-            let code = unsafe { __launcher_0(&params, __call.stream_ptr()) };
-            __call.launched("kernel #0 (gemm)", code, ffi::fusion_kernels_error_string)?;
-        }
-        {
+                flags: __gemm_flags,
+                workspace: core::ptr::null_mut(),
+                workspace_bytes: 0,
+            }
+        };
+        let mut __params_1 = {
             let (m, k) = __call.reduced_matrix(&__TENSOR_0)?;
             let n = __call.matrix(&__TENSOR_8)?.1;
-            let params = ffi::fusion_gemm_params {
+            ffi::fusion_gemm_params {
                 a: __ptr_0 as *const core::ffi::c_void,
                 b: __ptr_1 as *const core::ffi::c_void,
                 c: __ptr_8 as *mut core::ffi::c_void,
@@ -328,19 +388,15 @@ mod __swiglu_ffn {
                 n,
                 k,
                 eps: 0f32,
-            };
-            let code = unsafe { __launcher_1(&params, __call.stream_ptr()) };
-            __call
-                .launched(
-                    "kernel #1 (gemm_silu_mul)",
-                    code,
-                    ffi::fusion_kernels_error_string,
-                )?;
-        }
-        {
+                flags: __gemm_flags,
+                workspace: core::ptr::null_mut(),
+                workspace_bytes: 0,
+            }
+        };
+        let mut __params_2 = {
             let (m, k) = __call.reduced_matrix(&__TENSOR_8)?;
             let n = __call.matrix(&__TENSOR_11)?.1;
-            let params = ffi::fusion_gemm_params {
+            ffi::fusion_gemm_params {
                 a: __ptr_8 as *const core::ffi::c_void,
                 b: __ptr_3 as *const core::ffi::c_void,
                 c: __ptr_11 as *mut core::ffi::c_void,
@@ -353,15 +409,65 @@ mod __swiglu_ffn {
                 n,
                 k,
                 eps: 0f32,
-            };
-            let code = unsafe { __launcher_2(&params, __call.stream_ptr()) };
-            __call
-                .launched(
-                    "kernel #2 (gemm_bias_residual)",
-                    code,
-                    ffi::fusion_kernels_error_string,
-                )?;
-        }
+                flags: __gemm_flags,
+                workspace: core::ptr::null_mut(),
+                workspace_bytes: 0,
+            }
+        };
+        let mut __scratch_bytes = 0u64;
+        __scratch_bytes = __scratch_bytes
+            .max(
+                __call
+                    .workspace_bytes(
+                        "kernel #0 (gemm)",
+                        __launcher_0.1,
+                        &__params_0,
+                        ffi::fusion_kernels_error_string,
+                    )?,
+            );
+        __scratch_bytes = __scratch_bytes
+            .max(
+                __call
+                    .workspace_bytes(
+                        "kernel #1 (gemm_silu_mul)",
+                        __launcher_1.1,
+                        &__params_1,
+                        ffi::fusion_kernels_error_string,
+                    )?,
+            );
+        __scratch_bytes = __scratch_bytes
+            .max(
+                __call
+                    .workspace_bytes(
+                        "kernel #2 (gemm_bias_residual)",
+                        __launcher_2.1,
+                        &__params_2,
+                        ffi::fusion_kernels_error_string,
+                    )?,
+            );
+        let (__scratch_ptr, __scratch_len) = __call.scratch(__scratch, __scratch_bytes)?;
+        __params_0.workspace = __scratch_ptr;
+        __params_0.workspace_bytes = __scratch_len;
+        __params_1.workspace = __scratch_ptr;
+        __params_1.workspace_bytes = __scratch_len;
+        __params_2.workspace = __scratch_ptr;
+        __params_2.workspace_bytes = __scratch_len;
+        let __code = unsafe { __launcher_0.0(&__params_0, __call.stream_ptr()) };
+        __call.launched("kernel #0 (gemm)", __code, ffi::fusion_kernels_error_string)?;
+        let __code = unsafe { __launcher_1.0(&__params_1, __call.stream_ptr()) };
+        __call
+            .launched(
+                "kernel #1 (gemm_silu_mul)",
+                __code,
+                ffi::fusion_kernels_error_string,
+            )?;
+        let __code = unsafe { __launcher_2.0(&__params_2, __call.stream_ptr()) };
+        __call
+            .launched(
+                "kernel #2 (gemm_bias_residual)",
+                __code,
+                ffi::fusion_kernels_error_string,
+            )?;
         Ok(())
     }
     /// Checks the weights alone, when a graph binds them in `new`.

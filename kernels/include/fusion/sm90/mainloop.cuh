@@ -15,7 +15,8 @@
 // consumers' loops over the scheduler's pieces, and launches the kernel;
 // setmaxnreg moves registers from the producer (40) to the consumers (232).
 // With a norm prologue (LayerNorm, RMSNorm), the launcher first computes
-// every row's statistics into a pool buffer.
+// every row's statistics into the caller's workspace (workspace.cuh), which
+// also holds stream-K's partial tiles and flags.
 //
 // TMA zero-fills everything outside A and B and drops what falls outside C,
 // so any M works and N and K need only be multiples of 8 (TMA's 16-byte
@@ -30,16 +31,14 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include <atomic>
-
 #include "../epilogue.cuh"
 #include "../gemm.cuh"
 #include "../numeric.cuh"
 #include "../problem.cuh"
+#include "../workspace.cuh"
 #include "collective_epilogue.cuh"
 #include "collective_mainloop.cuh"
 #include "primitives.cuh"
-#include "stream_k_scratch.cuh"
 #include "tensor_map.cuh"
 #include "tile_config.cuh"
 #include "tile_scheduler.cuh"
@@ -172,10 +171,22 @@ struct Mainloop {
 
   // Host side: the tensor maps of A, B and C for one launch.
   static cudaError_t encode_maps(const GemmArgs<T>& p, CUtensorMap* map_a, CUtensorMap* map_b, CUtensorMap* map_c);
+  // A launch's grid (units for clusters, capped at launch by what is
+  // resident), its stream-K split (units 0: none) and its workspace.
+  struct LaunchPlan {
+    int64_t grid = 0;
+    StreamK stream_k;
+    WorkspaceLayout layout;
+  };
+  template <typename Prologue>
+  static LaunchPlan plan_launch(const GemmArgs<T>& p, uint32_t flags, int device);
+  template <typename Prologue>
+  static cudaError_t workspace_layout(const GemmArgs<T>& p, uint32_t flags, WorkspaceLayout* layout);
   template <typename Prologue, typename Epilogue>
-  static cudaError_t launch(const GemmArgs<T>& p, cudaStream_t stream);
+  static cudaError_t launch(const GemmArgs<T>& p, const Workspace& workspace, cudaStream_t stream);
   template <typename Prologue, typename Epilogue>
-  static cudaError_t launch_gemm(const GemmArgs<T>& p, const RowStats* row_stats, cudaStream_t stream);
+  static cudaError_t launch_gemm(const GemmArgs<T>& p, const LaunchPlan& plan, const RowStats* row_stats, int device,
+                                 cudaStream_t stream);
 };
 
 // row_stats: the norm prologue's [M] row statistics (null without one).
@@ -236,70 +247,96 @@ cudaError_t Mainloop<T, kLayout, Config>::encode_maps(const GemmArgs<T>& p, CUte
     return detail::encode_matrix(map_b, p.b, p.k, p.n, BK);
 }
 
-// With a norm prologue: first the statistics of A's rows, into a buffer
-// from the device's current memory pool, allocated and freed on the stream
-// around the two kernels (so launches on other streams each have their
-// own, and a captured launch becomes a graph allocation, whose replays run
-// one after another), then the GEMM, which normalizes each stage of A in
-// shared memory (normalize_stage).
+// The grid and stream-K split of a launch for p with `flags` on `device`,
+// and the workspace they need (workspace.cuh): the partial tiles of a
+// split, room for kStreamKFlagBytes of flags, and with a norm prologue
+// the statistics of every row of A. What workspace_layout reports and what
+// launch uses, so that the caller's bytes and the launch agree.
+template <typename T, LayoutB kLayout, typename Config>
+template <typename Prologue>
+typename Mainloop<T, kLayout, Config>::LaunchPlan Mainloop<T, kLayout, Config>::plan_launch(const GemmArgs<T>& p,
+                                                                                            uint32_t flags,
+                                                                                            int device) {
+  LaunchPlan plan;
+  const size_t row_stat_bytes = Prologue::kEnabled ? size_t(p.m) * sizeof(RowStats) : 0;
+  size_t partial_bytes = 0;
+  // At most one CTA per SM (one cluster per pair of SMs that can hold one
+  // at once, decided at launch) and per unit of work; without stream-K,
+  // balanced_grid.
+  const int64_t units = ((p.m + BM * kClusterM - 1) / (BM * kClusterM)) * ((p.n + BN - 1) / BN);
+  if constexpr (kClusterM == 1) {
+    const int64_t ctas = fusion::detail::sm_count(device);
+    plan.grid = Scheduler::balanced_grid(units, ctas);
+    if ((flags & FUSION_GEMM_NO_STREAM_K) == 0) {
+      int64_t split_grid = plan.grid;
+      const StreamK sk = Scheduler::plan_stream_k(units, (p.k + BK - 1) / BK, ctas, &split_grid);
+      if (sk.units > 0) {
+        plan.stream_k = sk;
+        plan.grid = split_grid;
+        partial_bytes = size_t(ctas) * BM * BN * sizeof(float);
+      }
+    }
+  } else {
+    plan.grid = units;
+  }
+  plan.layout = WorkspaceLayout::of(partial_bytes, row_stat_bytes);
+  return plan;
+}
+
+template <typename T, LayoutB kLayout, typename Config>
+template <typename Prologue>
+cudaError_t Mainloop<T, kLayout, Config>::workspace_layout(const GemmArgs<T>& p, uint32_t flags,
+                                                          WorkspaceLayout* layout) {
+  int device = 0;
+  const cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  *layout = plan_launch<Prologue>(p, flags, device).layout;
+  return cudaSuccess;
+}
+
+// With a norm prologue: first the statistics of A's rows, into the
+// workspace, then the GEMM, which normalizes each stage of A in shared
+// memory (normalize_stage). A workspace too small for the split the shape
+// would get runs every tile whole; one too small for the row statistics is
+// refused.
 template <typename T, LayoutB kLayout, typename Config>
 template <typename Prologue, typename Epilogue>
-cudaError_t Mainloop<T, kLayout, Config>::launch(const GemmArgs<T>& p, cudaStream_t stream) {
-  if constexpr (!Prologue::kEnabled) {
-    return launch_gemm<Prologue, Epilogue>(p, nullptr, stream);
-  } else {
-    void* stats = nullptr;
-    cudaError_t err = cudaMallocAsync(&stats, size_t(p.m) * sizeof(RowStats), stream);
-    if (err != cudaSuccess) return err;
-    RowStats* row_stats = static_cast<RowStats*>(stats);
-    err = Prologue::launch_row_stats(p.a, row_stats, p.m, p.k, p.norm, stream);
-    if (err == cudaSuccess) err = launch_gemm<Prologue, Epilogue>(p, row_stats, stream);
-    const cudaError_t freed = cudaFreeAsync(stats, stream);
-    return err != cudaSuccess ? err : freed;
+cudaError_t Mainloop<T, kLayout, Config>::launch(const GemmArgs<T>& p, const Workspace& workspace,
+                                                 cudaStream_t stream) {
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  LaunchPlan plan = plan_launch<Prologue>(p, workspace.flags, device);
+  if (!workspace.holds(plan.layout) && plan.stream_k.units > 0)
+    plan = plan_launch<Prologue>(p, workspace.flags | FUSION_GEMM_NO_STREAM_K, device);
+  if (!workspace.holds(plan.layout)) return cudaErrorInvalidValue;
+  if (plan.stream_k.units > 0) {
+    plan.stream_k.flags = workspace.at<uint32_t>(0);
+    plan.stream_k.partials = workspace.at<float>(plan.layout.partials);
   }
+  RowStats* row_stats = nullptr;
+  if constexpr (Prologue::kEnabled) {
+    row_stats = workspace.at<RowStats>(plan.layout.row_stats);
+    err = Prologue::launch_row_stats(p.a, row_stats, p.m, p.k, p.norm, stream);
+    if (err != cudaSuccess) return err;
+  }
+  return launch_gemm<Prologue, Epilogue>(p, plan, row_stats, device, stream);
 }
 
 template <typename T, LayoutB kLayout, typename Config>
 template <typename Prologue, typename Epilogue>
-cudaError_t Mainloop<T, kLayout, Config>::launch_gemm(const GemmArgs<T>& p, const RowStats* row_stats,
-                                                      cudaStream_t stream) {
+cudaError_t Mainloop<T, kLayout, Config>::launch_gemm(const GemmArgs<T>& p, const LaunchPlan& plan,
+                                                      const RowStats* row_stats, int device, cudaStream_t stream) {
   using Self = Mainloop<T, kLayout, Config>;
-  static std::atomic<int> configured[64];
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return err;
-  err = fusion::detail::raise_smem_limit(configured, device, persistent_gemm_kernel<Self, Prologue, Epilogue>, kSmemBytes);
+  cudaError_t err = fusion::detail::raise_smem_limit(persistent_gemm_kernel<Self, Prologue, Epilogue>, kSmemBytes);
   if (err != cudaSuccess) return err;
   CUtensorMap map_a, map_b, map_c;
   err = encode_maps(p, &map_a, &map_b, &map_c);
   if (err != cudaSuccess) return err;
-  // At most one CTA per SM (one cluster per pair of SMs that can hold one
-  // at once) and per unit of work; without stream-K, balanced_grid.
-  const int64_t units = ((p.m + BM * kClusterM - 1) / (BM * kClusterM)) * ((p.n + BN - 1) / BN);
-  StreamK sk;
+  const StreamK& sk = plan.stream_k;
   if constexpr (kClusterM == 1) {
-    const int64_t ctas = fusion::detail::sm_count(device);
-    int64_t grid = Scheduler::balanced_grid(units, ctas), split_grid = grid;
-    sk = Scheduler::plan_stream_k(units, (p.k + BK - 1) / BK, ctas, &split_grid);
-    // Held until the kernel is queued (see stream_k_scratch).
-    detail::StreamKScratch scratch;
-    // Without scratch (a stream being captured, a failed allocation) every
-    // tile runs whole. A failure's error is cleared only when no earlier
-    // one was pending, so that this launch never swallows the caller's.
-    if (sk.units > 0 && cudaPeekAtLastError() == cudaSuccess) {
-      if (detail::stream_k_scratch(device, stream, size_t(ctas) * BM * BN * sizeof(float), &scratch) !=
-          cudaSuccess)
-        (void)cudaGetLastError();
-    }
-    if (scratch.flags != nullptr) {
-      sk.flags = scratch.flags;
-      sk.partials = scratch.partials;
-      grid = split_grid;
-    } else {
-      sk = StreamK{};
-    }
     persistent_gemm_kernel<Self, Prologue, Epilogue>
-        <<<unsigned(grid), kThreads, kSmemBytes, stream>>>(map_a, map_b, map_c, p, sk, row_stats);
+        <<<unsigned(plan.grid), kThreads, kSmemBytes, stream>>>(map_a, map_b, map_c, p, sk, row_stats);
   } else {
     cudaLaunchConfig_t config{};
     config.blockDim = dim3(kThreads);
@@ -315,16 +352,12 @@ cudaError_t Mainloop<T, kLayout, Config>::launch_gemm(const GemmArgs<T>& p, cons
     // Clusters must fit inside a GPC, so fewer than SMs / kClusterM may be
     // resident at once; a persistent grid larger than that would run its
     // last clusters after the others finish.
-    static std::atomic<int> resident_by_device[64];
-    const int resident = fusion::detail::once_per_device(resident_by_device, device, [&] {
-      int clusters = 0;
-      config.gridDim = dim3(unsigned(fusion::detail::sm_count(device)));
-      err = cudaOccupancyMaxActiveClusters(&clusters, persistent_gemm_kernel<Self, Prologue, Epilogue>, &config);
-      return err == cudaSuccess ? clusters : 0;
-    });
+    int resident = 0;
+    config.gridDim = dim3(unsigned(fusion::detail::sm_count(device)));
+    err = cudaOccupancyMaxActiveClusters(&resident, persistent_gemm_kernel<Self, Prologue, Epilogue>, &config);
     if (err != cudaSuccess) return err;
     if (resident <= 0) return cudaErrorInvalidConfiguration;
-    config.gridDim = dim3(unsigned((units < resident ? units : resident) * kClusterM));
+    config.gridDim = dim3(unsigned((plan.grid < resident ? plan.grid : resident) * kClusterM));
     err = cudaLaunchKernelEx(&config, persistent_gemm_kernel<Self, Prologue, Epilogue>, map_a, map_b, map_c, p, sk,
                              row_stats);
     if (err != cudaSuccess) return err;

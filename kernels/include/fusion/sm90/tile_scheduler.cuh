@@ -15,31 +15,14 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include <cstdlib>
-#include <cstring>
-
 #include "../gemm.cuh"
 #include "../problem.cuh"
+#include "../workspace.cuh"
 #include "primitives.cuh"
-#include "stream_k_scratch.cuh"
 #include "tile_config.cuh"
 
 namespace fusion {
 namespace sm90 {
-
-namespace detail {
-
-// False when FUSION_STREAM_K=0 is set: every tile then runs whole on one
-// CTA, and no scratch is allocated. Read once per process.
-inline bool stream_k_allowed() {
-  static const bool allowed = [] {
-    const char* value = std::getenv("FUSION_STREAM_K");
-    return value == nullptr || std::strcmp(value, "0") != 0;
-  }();
-  return allowed;
-}
-
-}  // namespace detail
 
 template <typename T, typename Config>
 struct TileScheduler {
@@ -303,7 +286,8 @@ struct TileScheduler {
 // 0.967-0.969 of cuBLASLt against 0.975 without, and is refused. At 8192^3
 // and (8192, 14336, 4096) it gained 1-2%, at (8192, 4096, 14336) nothing
 // measurable.
-// FUSION_STREAM_K=0 in the environment turns both off.
+// The launcher asks for neither when its caller says FUSION_GEMM_NO_STREAM_K
+// (the run time does for FUSION_STREAM_K=0 and while capturing a graph).
 template <typename T, typename Config>
 typename TileScheduler<T, Config>::StreamK TileScheduler<T, Config>::plan_stream_k(int64_t tiles,
                                                                                            int64_t k_blocks,
@@ -311,8 +295,8 @@ typename TileScheduler<T, Config>::StreamK TileScheduler<T, Config>::plan_stream
                                                                                            int64_t* grid) {
   constexpr int64_t kFixupBlocks = 4, kMinBlocks = 4;
   StreamK sk;
-  if (kPingPong || kClusterM > 1 || sms * kConsumers * 4 > int64_t(detail::kStreamKFlagBytes)) return sk;
-  if (!detail::stream_k_allowed() || tiles <= 0 || sms <= 0) return sk;
+  if (kPingPong || kClusterM > 1 || sms * kConsumers * 4 > int64_t(kStreamKFlagBytes)) return sk;
+  if (tiles <= 0 || sms <= 0) return sk;
   int64_t split_tiles = tiles, ctas = tiles * (sms / tiles);
   if (tiles >= sms) {
     split_tiles = tiles % sms;

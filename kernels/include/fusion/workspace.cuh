@@ -1,0 +1,84 @@
+// A launch's workspace: device memory its caller owns, sizes and passes in
+// (fusion_gemm_params::workspace, see abi.h), laid out here and nowhere else.
+// Launchers never allocate: they use what they are given, and what they
+// are not given they do without (stream-K) or refuse (a norm prologue's
+// row statistics).
+//
+//   [0, kStreamKFlagBytes)   stream-K flags: zero when handed over (the
+//                            caller zeroes the buffer when it allocates it),
+//                            zero again when each launch ends
+//   partials                 stream-K partial tiles, if the launch splits
+//   row_stats                a norm prologue's per-row statistics, if any
+//
+// Every region starts at a multiple of kWorkspaceAlign. The flags region
+// comes first in every non-empty layout, whatever the launch needs, so
+// that the row statistics or partials of one launch never overwrite the
+// flags a later launch on the same buffer expects to find at zero.
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "abi.h"  // FUSION_GEMM_NO_STREAM_K
+#include "numeric.cuh"
+
+namespace fusion {
+
+// Room for one flag per consumer warp group of each CTA of a stream-K grid
+// (132 SMs x 2 consumers x 4 bytes is 1056); the scheduler refuses a split
+// whose flags would not fit.
+constexpr size_t kStreamKFlagBytes = 4096;
+// Each region starts a multiple of 256 bytes from the workspace's start,
+// which must be 16-byte aligned (Workspace::holds), so that the partials'
+// float4 and the statistics' 8-byte accesses are aligned.
+constexpr size_t kWorkspaceAlign = 256;
+
+// Where each region of a workspace lies; `bytes` 0 means none is needed.
+struct WorkspaceLayout {
+  size_t partials = 0;   // offset of the stream-K partial tiles
+  size_t row_stats = 0;  // offset of the row statistics
+  size_t bytes = 0;      // the whole workspace
+
+  static constexpr size_t align_up(size_t n) { return (n + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign; }
+
+  // The layout for `partial_bytes` of stream-K partials (0: no split) and
+  // `row_stat_bytes` of row statistics (0: no norm prologue).
+  static constexpr WorkspaceLayout of(size_t partial_bytes, size_t row_stat_bytes) {
+    WorkspaceLayout l;
+    if (partial_bytes == 0 && row_stat_bytes == 0) return l;
+    l.partials = kStreamKFlagBytes;
+    l.row_stats = l.partials + align_up(partial_bytes);
+    l.bytes = l.row_stats + align_up(row_stat_bytes);
+    return l;
+  }
+};
+
+// What the layout promises, checked where it is written.
+static_assert(WorkspaceLayout::of(0, 0).bytes == 0, "a launch that needs nothing is given nothing");
+static_assert(WorkspaceLayout::of(0, 8).row_stats >= kStreamKFlagBytes &&
+                  WorkspaceLayout::of(8, 0).partials >= kStreamKFlagBytes,
+              "nothing overlaps the flags");
+static_assert(WorkspaceLayout::of(1000, 8).row_stats >= WorkspaceLayout::of(1000, 8).partials + 1000 &&
+                  WorkspaceLayout::of(1000, 8).bytes >= WorkspaceLayout::of(1000, 8).row_stats + 8,
+              "the regions are disjoint and inside the workspace");
+static_assert(WorkspaceLayout::of(1000, 8).partials % kWorkspaceAlign == 0 &&
+                  WorkspaceLayout::of(1000, 8).row_stats % kWorkspaceAlign == 0,
+              "every region is aligned");
+
+// What the caller gave one launch: the buffer (null when none), its size,
+// and the launch's FUSION_GEMM_* flags (abi.h).
+struct Workspace {
+  void* base = nullptr;
+  size_t bytes = 0;
+  uint32_t flags = 0;
+
+  bool holds(const WorkspaceLayout& layout) const {
+    return layout.bytes == 0 || (base != nullptr && is_aligned16(base) && bytes >= layout.bytes);
+  }
+  template <typename T>
+  T* at(size_t offset) const {
+    return reinterpret_cast<T*>(static_cast<unsigned char*>(base) + offset);
+  }
+};
+
+}  // namespace fusion

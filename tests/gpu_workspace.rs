@@ -1,0 +1,118 @@
+//! The device memory a call uses beside its tensors (`fusion::launch::Workspace`):
+//! stream-K's partial tiles and flags and a norm prologue's row statistics,
+//! owned by Rust and handed to the launchers. A call computes what the
+//! reference says whether its scratch was just allocated or reused, a
+//! second identical call allocates nothing, streams get their own scratch
+//! (or, sharing a struct's, take turns). Captures are in gpu_graphs.rs,
+//! whose tests turn cudarc's event tracking off for the whole context.
+//!
+//! Run on a machine with a GPU: `cargo test --release --test gpu_workspace --
+//! --ignored` (see tests/support for the environment).
+
+mod support;
+
+use fusion::half::f16;
+use fusion::kernels;
+use fusion::launch::with_stream_workspace;
+use support::{Case, stream};
+
+/// A shape whose 128x256 tiles leave a partial last wave on 132 SMs (204
+/// tiles), which a direct call on an H200 splits by stream-K.
+const DIMS: [(&str, usize); 3] = [("M", 2100), ("N", 3000), ("K", 3000)];
+
+/// (bytes of scratch, allocations) of the workspace the free functions keep
+/// for `s`.
+fn stream_scratch(s: &std::sync::Arc<fusion::cudarc::driver::CudaStream>) -> (usize, usize) {
+    with_stream_workspace(s, |w| (w.scratch_bytes(), w.allocations()))
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_second_identical_call_reuses_its_scratch_and_computes_the_same() {
+    let s = stream();
+    let mut norm = Case::<f16>::new(&s, "layernorm_gemm", &DIMS);
+    let mut gelu = Case::<f16>::new(&s, "gemm_bias_gelu", &DIMS);
+    let mut outputs = Vec::new();
+    let mut held = Vec::new();
+    for call in 0..2 {
+        norm.poison(&s);
+        gelu.poison(&s);
+        norm.launch(|r, w| kernels::layernorm_gemm(&s, &r[0], &r[1], &r[2], &r[3], &mut w[0]))
+            .expect("layernorm_gemm runs");
+        gelu.launch(|r, w| kernels::gemm_bias_gelu(&s, &r[0], &r[1], &r[2], &mut w[0]))
+            .expect("gemm_bias_gelu runs");
+        let errors = (norm.verify(&s), gelu.verify(&s));
+        eprintln!("call {call}: relative error {:.2e}, {:.2e}", errors.0, errors.1);
+        let (bytes, allocations) = stream_scratch(&s);
+        eprintln!("call {call}: {bytes} bytes of scratch, {allocations} allocations");
+        // A norm prologue always needs its row statistics (M x 8 bytes).
+        assert!(bytes >= 2100 * 8, "call {call}: {bytes} bytes of scratch");
+        held.push((bytes, allocations));
+        outputs.push(
+            [&norm, &gelu]
+                .iter()
+                .map(|case| s.clone_dtoh(&case.writes[0].1).expect("download"))
+                .collect::<Vec<Vec<f16>>>(),
+        );
+    }
+    assert_eq!(held[0], held[1], "the second call allocated");
+    assert!(outputs[0] == outputs[1], "the reused scratch changed a result");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_graph_struct_allocates_only_on_its_first_call() {
+    let s = stream();
+    let mut case = Case::<f16>::new(&s, "swiglu_ffn", &[("M", 2100)]);
+    let mut ffn = kernels::SwigluFfn::new();
+    assert_eq!(ffn.workspace().allocations(), 0);
+    case.launch(|r, w| ffn.run(&s, &r[0], &r[1], &r[2], &r[3], &r[4], &mut w[0]))
+        .expect("swiglu_ffn runs");
+    case.verify(&s);
+    let first = ffn.workspace().allocations();
+    assert!(first > 0, "the intermediates were never allocated");
+    case.poison(&s);
+    case.launch(|r, w| ffn.run(&s, &r[0], &r[1], &r[2], &r[3], &r[4], &mut w[0]))
+        .expect("swiglu_ffn runs again");
+    case.verify(&s);
+    assert_eq!(ffn.workspace().allocations(), first, "the second call allocated");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn streams_get_their_own_scratch_and_a_shared_struct_orders_them() {
+    let a = stream();
+    let b = a.fork().expect("a second stream");
+    let mut on_a = Case::<f16>::new(&a, "gemm_bias_gelu", &DIMS);
+    let mut on_b = Case::<f16>::new(&b, "gemm_bias_gelu", &DIMS);
+    on_a.launch(|r, w| kernels::gemm_bias_gelu(&a, &r[0], &r[1], &r[2], &mut w[0]))
+        .expect("runs on a");
+    let (bytes_a, _) = stream_scratch(&a);
+    assert!(bytes_a > 0, "this shape splits by stream-K on an H200 (132 SMs)");
+    assert_eq!(stream_scratch(&b), (0, 0), "b's workspace is its own");
+    // Both streams at once, each with its own scratch, many times over.
+    for _ in 0..20 {
+        on_a.launch(|r, w| kernels::gemm_bias_gelu(&a, &r[0], &r[1], &r[2], &mut w[0]))
+            .expect("runs on a");
+        on_b.launch(|r, w| kernels::gemm_bias_gelu(&b, &r[0], &r[1], &r[2], &mut w[0]))
+            .expect("runs on b");
+    }
+    on_a.verify(&a);
+    on_b.verify(&b);
+    // One struct's workspace on both streams: cudarc's events make each
+    // stream wait for the other's use of the scratch.
+    let mut gelu = kernels::GemmBiasGelu::new();
+    for case in [&mut on_a, &mut on_b] {
+        case.poison(&a);
+        case.poison(&b);
+    }
+    for _ in 0..20 {
+        on_a.launch(|r, w| gelu.run(&a, &r[0], &r[1], &r[2], &mut w[0]))
+            .expect("runs on a");
+        on_b.launch(|r, w| gelu.run(&b, &r[0], &r[1], &r[2], &mut w[0]))
+            .expect("runs on b");
+    }
+    on_a.verify(&a);
+    on_b.verify(&b);
+    assert_eq!(gelu.workspace().allocations(), 1, "one scratch buffer, reused");
+}
