@@ -12,8 +12,6 @@ pub(super) static TARGET: Target = Target {
     gencode: "-gencode=arch=compute_80,code=[sm_80,compute_80]",
     sass_gencode: "-gencode=arch=compute_80,code=sm_80",
     runs_on: RunsOn::AtLeast(8, 0),
-    // The variant also runs on sm_86 and sm_89, whose blocks get 99 KB
-    // rather than A100's 163 KB, so 99 KB is its budget.
     budget: Budget::CUDA,
     dtypes: &[DType::F16, DType::BF16],
     mainloop: Mainloop::Sm80,
