@@ -114,7 +114,7 @@ impl fmt::Display for Shape {
 }
 
 /// A buffer of `actual` elements holds exactly `shape`.
-pub(crate) fn check_len(shape: Shape, actual: usize) -> Result<()> {
+fn check_len(shape: Shape, actual: usize) -> Result<()> {
     let expected = shape.len()?;
     if expected != actual {
         return Err(Error::BufferLength {

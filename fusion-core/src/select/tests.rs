@@ -1,5 +1,63 @@
 use super::*;
 
+/// Tiles of the shipped tables (`kernels/tuned/*.json`, their one source),
+/// written out here to check what selection returns.
+impl TileConfig {
+    /// sm80: 8 warps of 64x64.
+    const TILE_128X256: TileConfig = TileConfig {
+        bm: 128,
+        bn: 256,
+        bk: 32,
+        warp_m: 64,
+        warp_n: 64,
+        stages: 4,
+        min_blocks_per_sm: 1,
+        pipelined: false,
+        staged_store: false,
+        schedule: None,
+    };
+    /// sm80: 8 warps of 64x32, two blocks per SM.
+    const TILE_128X128: TileConfig = TileConfig {
+        bm: 128,
+        bn: 128,
+        bk: 32,
+        warp_m: 64,
+        warp_n: 32,
+        stages: 4,
+        min_blocks_per_sm: 2,
+        pipelined: false,
+        staged_store: false,
+        schedule: None,
+    };
+    /// The sm75 mainloop's double-buffered 128x128 tile.
+    const SM75_128X128: TileConfig = TileConfig {
+        bm: 128,
+        bn: 128,
+        bk: 32,
+        warp_m: 64,
+        warp_n: 32,
+        stages: 2,
+        min_blocks_per_sm: 1,
+        pipelined: false,
+        staged_store: false,
+        schedule: None,
+    };
+    /// The sm90 mainloop's 128x256 tile: two cooperative consumer warp
+    /// groups, 4 stages.
+    const SM90_128X256: TileConfig = TileConfig {
+        bm: 128,
+        bn: 256,
+        bk: crate::target::SM90_BK,
+        warp_m: 0,
+        warp_n: 0,
+        stages: 4,
+        min_blocks_per_sm: 0,
+        pipelined: false,
+        staged_store: false,
+        schedule: Some(Schedule::Cooperative),
+    };
+}
+
 fn kernel(name: &str, dtype: DType, prologue: bool) -> KernelKind {
     KernelKind {
         name: name.to_owned(),

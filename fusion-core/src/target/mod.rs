@@ -34,6 +34,7 @@ mod sm80;
 mod sm90;
 mod warp_tiled;
 
+#[cfg(test)]
 pub(crate) use sm90::BK as SM90_BK;
 
 use crate::ir::DType;
