@@ -10,7 +10,7 @@ use fusion::bench::timing::{TimingPlan, time_calls};
 use fusion::core::reference::{self, Bindings};
 use fusion::cudarc::driver::{CudaSlice, CudaStream};
 use fusion::half::{bf16, f16};
-use fusion::kernels::SwigluFfn;
+use fusion::kernels::{SwigluFfn, SwigluFfnWeights};
 use fusion::testing::{self, HostElement};
 use fusion::{Tensor, TensorMut};
 use rand::SeedableRng;
@@ -88,17 +88,16 @@ fn check_and_time<T: HostElement>(stream: &Arc<CudaStream>, m: usize) -> Result<
         .clone_htod(&vec![T::NAN; m * d])
         .map_err(|e| format!("could not allocate `y`: {e}"))?;
 
-    let mut ffn = SwigluFfn::new();
+    // The weights are bound once; each call passes the input and output.
+    let weights = SwigluFfnWeights {
+        w_gate: view(&w_gate, &host, "w_gate").map_err(|e| format!("swiglu_ffn {dtype}: {e}"))?,
+        w_up: view(&w_up, &host, "w_up").map_err(|e| format!("swiglu_ffn {dtype}: {e}"))?,
+        w_down: view(&w_down, &host, "w_down").map_err(|e| format!("swiglu_ffn {dtype}: {e}"))?,
+        b_down: view(&b_down, &host, "b_down").map_err(|e| format!("swiglu_ffn {dtype}: {e}"))?,
+    };
+    let mut ffn = SwigluFfn::new(stream, weights).map_err(|e| format!("swiglu_ffn {dtype}: {e}"))?;
     let mut call = |y: &mut CudaSlice<T>| -> fusion::Result<()> {
-        ffn.run(
-            stream,
-            &view(&x, &host, "x")?,
-            &view(&w_gate, &host, "w_gate")?,
-            &view(&w_up, &host, "w_up")?,
-            &view(&w_down, &host, "w_down")?,
-            &view(&b_down, &host, "b_down")?,
-            &mut TensorMut::new(y, [m, d])?,
-        )
+        ffn.run(stream, &view(&x, &host, "x")?, &mut TensorMut::new(y, [m, d])?)
     };
     call(&mut y).map_err(|e| format!("swiglu_ffn {dtype}: {e}"))?;
     stream

@@ -20,7 +20,7 @@ use crate::device::Arch;
 use crate::error::{Error, Result};
 use crate::tensor::{Element, Shape, Tensor, TensorMut};
 use cudarc::driver::sys::CUstreamCaptureStatus;
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtrMut, SyncOnDrop};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
 use fusion_core::ir::DType;
 use std::ffi::{CStr, c_char, c_int, c_void};
 use std::sync::{Arc, Mutex, OnceLock, TryLockError, Weak};
@@ -33,6 +33,9 @@ pub type WorkspaceBytes<P> = unsafe extern "C" fn(*const P, *mut c_void, *mut u6
 
 /// The library's `<lib>_error_string`.
 pub type ErrorString = unsafe extern "C" fn(c_int) -> *const c_char;
+
+/// A unit's `<symbol>_fold_weights` (abi.h), for a params struct `P`.
+pub type FoldWeights<P> = unsafe extern "C" fn(*const P, *mut c_void) -> c_int;
 
 /// One axis of a declared tensor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -261,6 +264,48 @@ struct Bound {
     from: &'static str,
 }
 
+/// A norm folded into the weight of the GEMM after it, computed once when
+/// a graph struct binds its weights (`<symbol>_fold_weights`, abi.h): W' =
+/// W·diag(gamma) in W's dtype and layout, and per output column the f32
+/// pair (rowsum of W', W·beta). The struct owns it: one more copy of W,
+/// plus 8 bytes per column, for as long as the struct lives.
+#[derive(Debug)]
+pub struct FoldedWeights {
+    weight: CudaSlice<u8>,
+    col_terms: CudaSlice<f32>,
+}
+
+impl FoldedWeights {
+    /// Allocates W' (`weight_bytes`) and the terms of `columns` columns,
+    /// then calls `fold(w_folded, col_terms)`, which enqueues the fold on
+    /// `call`'s stream and returns its code; `kernel` names it in errors.
+    pub fn fold(
+        call: &Call<'_>,
+        kernel: &str,
+        weight_bytes: usize,
+        columns: usize,
+        fold: impl FnOnce(*mut c_void, *mut c_void) -> c_int,
+        error_string: ErrorString,
+    ) -> Result<FoldedWeights> {
+        let stream = call.stream;
+        let term_len = columns.checked_mul(2).ok_or_else(|| Error::SizeOverflow {
+            what: format!("the folded column terms of {kernel}"),
+            limit: "usize",
+        })?;
+        let mut folded = FoldedWeights {
+            weight: stream.alloc_zeros::<u8>(weight_bytes.max(1))?,
+            col_terms: stream.alloc_zeros::<f32>(term_len.max(1))?,
+        };
+        let code = {
+            let (weight, _weight_guard) = folded.weight.device_ptr_mut(stream);
+            let (terms, _terms_guard) = folded.col_terms.device_ptr_mut(stream);
+            fold(weight as *mut c_void, terms as *mut c_void)
+        };
+        call.launched(kernel, code, error_string)?;
+        Ok(folded)
+    }
+}
+
 /// The checks and pointers of one wrapper call.
 pub struct Call<'s> {
     graph: &'static GraphDecl,
@@ -441,6 +486,16 @@ impl<'s> Call<'s> {
         let (ptr, guard) = buffer.device_ptr_mut(self.stream);
         self.guards.push(guard);
         Ok((ptr as *mut c_void, len))
+    }
+
+    /// The device addresses of folded weights a launch reads: `(W',
+    /// col_terms)`.
+    pub fn folded(&mut self, folded: &'s FoldedWeights) -> (u64, u64) {
+        let (weight, guard) = folded.weight.device_ptr(self.stream);
+        self.guards.push(guard);
+        let (terms, guard) = folded.col_terms.device_ptr(self.stream);
+        self.guards.push(guard);
+        (weight, terms)
     }
 
     /// The stream as the launchers take it.

@@ -126,11 +126,21 @@ fn check_len(shape: Shape, actual: usize) -> Result<()> {
     Ok(())
 }
 
-/// A tensor a kernel reads.
+/// A tensor a kernel reads. Cloning it makes another view of the same
+/// device memory (it copies nothing).
 #[derive(Debug)]
 pub struct Tensor<'a, T> {
     view: CudaView<'a, T>,
     shape: Shape,
+}
+
+impl<T> Clone for Tensor<'_, T> {
+    fn clone(&self) -> Self {
+        Tensor {
+            view: self.view.slice(..),
+            shape: self.shape,
+        }
+    }
 }
 
 impl<'a, T: Element> Tensor<'a, T> {

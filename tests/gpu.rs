@@ -74,53 +74,171 @@ pattern_test!(rmsnorm_gemm, "rmsnorm_gemm", |s, r, w| kernels::rmsnorm_gemm(
     s, &r[0], &r[1], &r[2], &mut w[0]
 ));
 
+// The same graphs with their weights bound: the norm is folded into `w`.
+pattern_test!(layernorm_gemm_folded, "layernorm_gemm", |s, r, w| {
+    let weights = kernels::LayernormGemmWeights {
+        g: r[1].clone(),
+        b: r[2].clone(),
+        w: r[3].clone(),
+    };
+    kernels::LayernormGemm::new(s, weights)?.run(s, &r[0], &mut w[0])
+});
+pattern_test!(rmsnorm_gemm_folded, "rmsnorm_gemm", |s, r, w| {
+    let weights = kernels::RmsnormGemmWeights {
+        g: r[1].clone(),
+        w: r[2].clone(),
+    };
+    kernels::RmsnormGemm::new(s, weights)?.run(s, &r[0], &mut w[0])
+});
+
+/// Rows far from zero against their spread (mean 3, half-width 0.5, where
+/// a folded LayerNorm subtracts two large, nearly equal sums) and a gamma
+/// with zeros and negative values, through both paths: the norm prologue
+/// (the free function, gamma per call) and the fold (the struct).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn norms_on_rows_off_center_and_gamma_with_zeros_and_negatives() {
+    let s = stream();
+    let shapes: &[(usize, usize, usize)] = if support::tiny() {
+        &[(77, 136, 136)]
+    } else {
+        &[(77, 136, 3000), (1000, 3000, 136), (300, 4096, 4096)]
+    };
+    for &(m, n, k) in shapes {
+        let dims = [("M", m), ("N", n), ("K", k)];
+        off_center::<f16>(&s, &dims);
+        off_center::<bf16>(&s, &dims);
+    }
+}
+
+fn off_center<T: TestElement>(s: &Arc<CudaStream>, dims: &[(&str, usize)]) {
+    // The pattern tests check that a variant without T refuses it.
+    if !support::variant_supports::<T>() {
+        return;
+    }
+    for graph in ["layernorm_gemm", "rmsnorm_gemm"] {
+        let g = support::graph(graph, T::DTYPE);
+        let mut host = reference::random_bindings(&g, dims, &mut support::rng()).expect("bindings");
+        let x = host.get_mut("x").expect("x");
+        x.data.iter_mut().for_each(|v| *v = 3.0 + 0.5 * *v);
+        let gamma = host.get_mut("g").expect("g");
+        for (i, v) in gamma.data.iter_mut().enumerate() {
+            *v = match i % 5 {
+                0 => 0.0,
+                1 | 3 => -v.abs(),
+                _ => *v,
+            };
+        }
+        for t in host.values_mut() {
+            *t = T::decode(&t.shape, &T::encode(t)).expect("round to T");
+        }
+        let mut case = Case::<T>::from_bindings(s, g, host, dims);
+        let label = format!("{} (prologue, off-center rows)", case.label);
+        case.launch(|r, w| match graph {
+            "layernorm_gemm" => kernels::layernorm_gemm(s, &r[0], &r[1], &r[2], &r[3], &mut w[0]),
+            _ => kernels::rmsnorm_gemm(s, &r[0], &r[1], &r[2], &mut w[0]),
+        })
+        .unwrap_or_else(|e| panic!("{label}: {e}"));
+        let err = case.verify(s);
+        eprintln!("ok  {label:<64} rel_err {err:.2e}");
+        case.poison(s);
+        let label = format!("{} (folded, off-center rows)", case.label);
+        case.launch(|r, w| match graph {
+            "layernorm_gemm" => {
+                let weights = kernels::LayernormGemmWeights {
+                    g: r[1].clone(),
+                    b: r[2].clone(),
+                    w: r[3].clone(),
+                };
+                kernels::LayernormGemm::new(s, weights)?.run(s, &r[0], &mut w[0])
+            }
+            _ => {
+                let weights = kernels::RmsnormGemmWeights {
+                    g: r[1].clone(),
+                    w: r[2].clone(),
+                };
+                kernels::RmsnormGemm::new(s, weights)?.run(s, &r[0], &mut w[0])
+            }
+        })
+        .unwrap_or_else(|e| panic!("{label}: {e}"));
+        let err = case.verify(s);
+        eprintln!("ok  {label:<64} rel_err {err:.2e}");
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn swiglu_ffn() {
     let s = stream();
-    // One struct for every size: its workspace grows and is reused.
-    let mut ffn16 = kernels::SwigluFfn::new();
-    let mut ffn_bf = kernels::SwigluFfn::new();
     for m in token_counts(8192) {
-        check::<f16>(&s, "swiglu_ffn", &[("M", m)], |r, w| {
-            ffn16.run(&s, &r[0], &r[1], &r[2], &r[3], &r[4], &mut w[0])
-        });
-        check::<bf16>(&s, "swiglu_ffn", &[("M", m)], |r, w| {
-            ffn_bf.run(&s, &r[0], &r[1], &r[2], &r[3], &r[4], &mut w[0])
-        });
+        check::<f16>(&s, "swiglu_ffn", &[("M", m)], |r, w| swiglu_ffn_run(&s, r, w));
+        check::<bf16>(&s, "swiglu_ffn", &[("M", m)], |r, w| swiglu_ffn_run(&s, r, w));
     }
+}
+
+/// A SwigluFfn bound to `r`'s weights, run on its input.
+fn swiglu_ffn_run<T: fusion::Element>(
+    s: &Arc<CudaStream>,
+    r: &[Tensor<'_, T>],
+    w: &mut [TensorMut<'_, T>],
+) -> fusion::Result<()> {
+    let weights = kernels::SwigluFfnWeights {
+        w_gate: r[1].clone(),
+        w_up: r[2].clone(),
+        w_down: r[3].clone(),
+        b_down: r[4].clone(),
+    };
+    kernels::SwigluFfn::new(s, weights)?.run(s, &r[0], &mut w[0])
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn llama_ffn() {
     let s = stream();
-    let mut ffn = kernels::LlamaFfn::new();
-    let mut ffn_bf = kernels::LlamaFfn::new();
     for m in token_counts(8192) {
-        check::<f16>(&s, "llama_ffn", &[("M", m)], |r, w| {
-            ffn.run(&s, &r[0], &r[1], &r[2], &r[3], &mut w[0])
-        });
-        check::<bf16>(&s, "llama_ffn", &[("M", m)], |r, w| {
-            ffn_bf.run(&s, &r[0], &r[1], &r[2], &r[3], &mut w[0])
-        });
+        check::<f16>(&s, "llama_ffn", &[("M", m)], |r, w| llama_ffn_run(&s, r, w));
+        check::<bf16>(&s, "llama_ffn", &[("M", m)], |r, w| llama_ffn_run(&s, r, w));
     }
+}
+
+fn llama_ffn_run<T: fusion::Element>(
+    s: &Arc<CudaStream>,
+    r: &[Tensor<'_, T>],
+    w: &mut [TensorMut<'_, T>],
+) -> fusion::Result<()> {
+    let weights = kernels::LlamaFfnWeights {
+        w_gate: r[1].clone(),
+        w_up: r[2].clone(),
+        w_down: r[3].clone(),
+    };
+    kernels::LlamaFfn::new(s, weights)?.run(s, &r[0], &mut w[0])
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpt2_mlp() {
     let s = stream();
-    let mut mlp = kernels::Gpt2Mlp::new();
-    let mut mlp_bf = kernels::Gpt2Mlp::new();
     for m in token_counts(4096) {
-        check::<f16>(&s, "gpt2_mlp", &[("M", m)], |r, w| {
-            mlp.run(&s, &r[0], &r[1], &r[2], &r[3], &r[4], &r[5], &r[6], &mut w[0])
-        });
-        check::<bf16>(&s, "gpt2_mlp", &[("M", m)], |r, w| {
-            mlp_bf.run(&s, &r[0], &r[1], &r[2], &r[3], &r[4], &r[5], &r[6], &mut w[0])
-        });
+        check::<f16>(&s, "gpt2_mlp", &[("M", m)], |r, w| gpt2_mlp_run(&s, r, w));
+        check::<bf16>(&s, "gpt2_mlp", &[("M", m)], |r, w| gpt2_mlp_run(&s, r, w));
     }
+}
+
+/// Its LayerNorm is folded into `w_fc` when the struct binds the weights.
+fn gpt2_mlp_run<T: fusion::Element>(
+    s: &Arc<CudaStream>,
+    r: &[Tensor<'_, T>],
+    w: &mut [TensorMut<'_, T>],
+) -> fusion::Result<()> {
+    let weights = kernels::Gpt2MlpWeights {
+        ln_g: r[1].clone(),
+        ln_b: r[2].clone(),
+        w_fc: r[3].clone(),
+        b_fc: r[4].clone(),
+        w_proj: r[5].clone(),
+        b_proj: r[6].clone(),
+    };
+    kernels::Gpt2Mlp::new(s, weights)?.run(s, &r[0], &mut w[0])
 }
 
 /// The standalone (unfused) kernels: every ragged shape, both element types.

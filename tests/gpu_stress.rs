@@ -20,35 +20,14 @@ const CALLS: usize = 1000;
 /// Calls after which a thread checks its output (and the last one).
 const CHECK_EVERY: usize = 250;
 
-/// Each thread: its own stream, inputs and outputs; `CALLS` calls of
-/// `launch`, checked against the reference every `CHECK_EVERY` calls.
-fn hammer<T: TestElement>(
-    graph: &str,
-    dims: &[(&str, usize)],
-    launch: impl Fn(&Arc<CudaStream>, &mut Case<T>) -> fusion::Result<()> + Sync,
-) {
+/// Runs `thread(index)` on `THREADS` threads at once; each returns how
+/// many checks it made, which must be `CALLS / CHECK_EVERY`.
+fn on_threads(thread: impl Fn(usize) -> usize + Sync) {
     std::thread::scope(|scope| {
         let handles: Vec<_> = (0..THREADS)
-            .map(|thread| {
-                let launch = &launch;
-                scope.spawn(move || {
-                    let s = stream();
-                    let mut case = Case::<T>::new(&s, graph, dims);
-                    let mut checks = 0;
-                    for call in 1..=CALLS {
-                        let check = call % CHECK_EVERY == 0 || call == CALLS;
-                        if check {
-                            case.poison(&s);
-                        }
-                        launch(&s, &mut case).unwrap_or_else(|e| panic!("thread {thread}, call {call}: {e}"));
-                        if check {
-                            let err = case.verify(&s);
-                            eprintln!("thread {thread} call {call}: {} rel_err {err:.2e}", case.label);
-                            checks += 1;
-                        }
-                    }
-                    checks
-                })
+            .map(|index| {
+                let thread = &thread;
+                scope.spawn(move || thread(index))
             })
             .collect();
         for (thread, handle) in handles.into_iter().enumerate() {
@@ -57,6 +36,43 @@ fn hammer<T: TestElement>(
                 .unwrap_or_else(|_| panic!("thread {thread} failed (see its message above)"));
             assert_eq!(checks, CALLS / CHECK_EVERY, "thread {thread}");
         }
+    });
+}
+
+/// `CALLS` calls of `launch` on `case`, checked against the reference
+/// every `CHECK_EVERY` calls and after the last; returns the checks made.
+fn calls<T: TestElement>(
+    thread: usize,
+    s: &Arc<CudaStream>,
+    case: &mut Case<T>,
+    mut launch: impl FnMut(&mut Case<T>) -> fusion::Result<()>,
+) -> usize {
+    let mut checks = 0;
+    for call in 1..=CALLS {
+        let check = call % CHECK_EVERY == 0 || call == CALLS;
+        if check {
+            case.poison(s);
+        }
+        launch(case).unwrap_or_else(|e| panic!("thread {thread}, call {call}: {e}"));
+        if check {
+            let err = case.verify(s);
+            eprintln!("thread {thread} call {call}: {} rel_err {err:.2e}", case.label);
+            checks += 1;
+        }
+    }
+    checks
+}
+
+/// Each thread: its own stream, inputs and outputs; [`calls`] of `launch`.
+fn hammer<T: TestElement>(
+    graph: &str,
+    dims: &[(&str, usize)],
+    launch: impl Fn(&Arc<CudaStream>, &mut Case<T>) -> fusion::Result<()> + Sync,
+) {
+    on_threads(|thread| {
+        let s = stream();
+        let mut case = Case::<T>::new(&s, graph, dims);
+        calls(thread, &s, &mut case, |case| launch(&s, case))
     });
 }
 
@@ -73,14 +89,22 @@ fn one_kernel_from_four_threads_on_four_streams() {
 #[ignore = "needs a CUDA GPU"]
 fn a_graph_with_a_workspace_from_four_threads_each_with_its_own_struct() {
     // SwigluFfn keeps two intermediates in its workspace; a struct per
-    // thread is what its documentation asks for.
-    let dims = [("M", 24)];
-    thread_local! {
-        static FFN: std::cell::RefCell<kernels::SwigluFfn> = Default::default();
-    }
-    hammer::<f16>("swiglu_ffn", &dims, |s, case| {
-        FFN.with_borrow_mut(|ffn| {
-            case.launch(|r, w| ffn.run(s, &r[0], &r[1], &r[2], &r[3], &r[4], &mut w[0]))
+    // thread is what its documentation asks for. Each binds copies of its
+    // case's weights and runs all of its thread's calls.
+    on_threads(|thread| {
+        let s = stream();
+        let mut case = Case::<f16>::new(&s, "swiglu_ffn", &[("M", 24)]);
+        let weights = case.weight_copies(&s);
+        let view = |i: usize| Tensor::new(&weights[i].0, weights[i].1).expect("view");
+        let bound = kernels::SwigluFfnWeights {
+            w_gate: view(0),
+            w_up: view(1),
+            w_down: view(2),
+            b_down: view(3),
+        };
+        let mut ffn = kernels::SwigluFfn::new(&s, bound).expect("weights bind");
+        calls(thread, &s, &mut case, |case| {
+            case.launch(|r, w| ffn.run(&s, &r[0], &mut w[0]))
         })
     });
 }

@@ -11,6 +11,7 @@
 
 mod support;
 
+use fusion::Tensor;
 use fusion::half::f16;
 use fusion::kernels;
 use fusion::launch::with_stream_workspace;
@@ -64,15 +65,25 @@ fn a_second_identical_call_reuses_its_scratch_and_computes_the_same() {
 fn a_graph_struct_allocates_only_on_its_first_call() {
     let s = stream();
     let mut case = Case::<f16>::new(&s, "swiglu_ffn", &[("M", 2100)]);
-    let mut ffn = kernels::SwigluFfn::new();
+    // The struct binds copies of the case's weights, which it borrows
+    // across launches of the case.
+    let weights = case.weight_copies(&s);
+    let view = |i: usize| Tensor::new(&weights[i].0, weights[i].1).expect("view");
+    let bound = kernels::SwigluFfnWeights {
+        w_gate: view(0),
+        w_up: view(1),
+        w_down: view(2),
+        b_down: view(3),
+    };
+    let mut ffn = kernels::SwigluFfn::new(&s, bound).expect("weights bind");
     assert_eq!(ffn.workspace().allocations(), 0);
-    case.launch(|r, w| ffn.run(&s, &r[0], &r[1], &r[2], &r[3], &r[4], &mut w[0]))
+    case.launch(|r, w| ffn.run(&s, &r[0], &mut w[0]))
         .expect("swiglu_ffn runs");
     case.verify(&s);
     let first = ffn.workspace().allocations();
     assert!(first > 0, "the intermediates were never allocated");
     case.poison(&s);
-    case.launch(|r, w| ffn.run(&s, &r[0], &r[1], &r[2], &r[3], &r[4], &mut w[0]))
+    case.launch(|r, w| ffn.run(&s, &r[0], &mut w[0]))
         .expect("swiglu_ffn runs again");
     case.verify(&s);
     assert_eq!(ffn.workspace().allocations(), first, "the second call allocated");
@@ -101,15 +112,28 @@ fn streams_get_their_own_scratch_and_a_shared_struct_orders_them() {
     on_b.verify(&b);
     // One struct's workspace on both streams: cudarc's events make each
     // stream wait for the other's use of the scratch.
-    let mut gelu = kernels::GemmBiasGelu::new();
+    // Both cases drew their own weights: the struct runs b's weights on
+    // a's input too, so b's case takes a's.
+    on_b.reads.truncate(1);
+    let weights = on_a.weight_copies(&a);
+    for (name, (buf, shape)) in ["w", "b"].into_iter().zip(on_a.weight_copies(&b)) {
+        on_b.host.insert(name.to_owned(), on_a.host[name].clone());
+        on_b.reads.push((name.to_owned(), buf, shape));
+    }
+    let view = |i: usize| Tensor::new(&weights[i].0, weights[i].1).expect("view");
+    let bound = kernels::GemmBiasGeluWeights {
+        w: view(0),
+        b: view(1),
+    };
+    let mut gelu = kernels::GemmBiasGelu::new(&a, bound).expect("weights bind");
     for case in [&mut on_a, &mut on_b] {
         case.poison(&a);
         case.poison(&b);
     }
     for _ in 0..20 {
-        on_a.launch(|r, w| gelu.run(&a, &r[0], &r[1], &r[2], &mut w[0]))
+        on_a.launch(|r, w| gelu.run(&a, &r[0], &mut w[0]))
             .expect("runs on a");
-        on_b.launch(|r, w| gelu.run(&b, &r[0], &r[1], &r[2], &mut w[0]))
+        on_b.launch(|r, w| gelu.run(&b, &r[0], &mut w[0]))
             .expect("runs on b");
     }
     on_a.verify(&a);

@@ -28,10 +28,11 @@ fn views_are_send_and_sync() {
 fn graph_structs_and_their_workspace_are_send_and_sync() {
     // Sharing one across threads gives `&self`, and `run` needs `&mut self`:
     // two threads cannot run one struct at once.
-    send_and_sync::<kernels::SwigluFfn>();
-    send_and_sync::<kernels::LlamaFfn>();
-    send_and_sync::<kernels::Gpt2Mlp>();
-    send_and_sync::<kernels::GemmBiasGelu>();
+    send_and_sync::<kernels::SwigluFfn<'static, f16>>();
+    send_and_sync::<kernels::LlamaFfn<'static, bf16>>();
+    send_and_sync::<kernels::Gpt2Mlp<'static, f16>>();
+    send_and_sync::<kernels::GemmBiasGelu<'static, f16>>();
+    send_and_sync::<kernels::LayernormGemm<'static, f16>>();
     send_and_sync::<Workspace>();
 }
 

@@ -294,6 +294,13 @@ impl Default for BenchConfig {
     }
 }
 
+/// A norm GEMM's weights, for the structs that bind them.
+struct NormWeights<T> {
+    w: Rotated<T>,
+    gamma: Rotated<T>,
+    beta: Rotated<T>,
+}
+
 /// Everything one (pattern, shape) case allocates.
 struct GemmCase<T> {
     x: Rotated<T>,
@@ -342,15 +349,49 @@ pub fn bench_pattern<T: BenchElement>(
         WeightLayout::NK => [n, k],
         WeightLayout::KN => [k, n],
     };
+    // The norm GEMMs run as a model runs them: one struct per input set,
+    // bound to that set's weights, which it folds into its own copy of w.
+    // Bound to equal copies (same seeds), since the case's own buffers are
+    // borrowed mutably below.
+    let is_norm = matches!(pattern, Pattern::LayernormGemm | Pattern::RmsnormGemm);
+    let norm_weights = NormWeights::<T> {
+        w: Rotated::random(
+            stream,
+            if is_norm { n * k } else { 0 },
+            1.0 / (k as f32).sqrt(),
+            seed + 1,
+        )?,
+        gamma: Rotated::random(stream, if is_norm { k } else { 0 }, 1.0, seed + 4)?,
+        beta: Rotated::random(stream, if is_norm { k } else { 0 }, 1.0, seed + 5)?,
+    };
+    let mut layernorm_gemms = Vec::new();
+    let mut rmsnorm_gemms = Vec::new();
+    for i in (0..SETS).filter(|_| is_norm) {
+        let (w, g, be) = (
+            Tensor::new(norm_weights.w.get(i), w_shape)?,
+            vec_of(norm_weights.gamma.get(i), k)?,
+            vec_of(norm_weights.beta.get(i), k)?,
+        );
+        match pattern {
+            Pattern::LayernormGemm => layernorm_gemms.push(kernels::LayernormGemm::new(
+                stream,
+                kernels::LayernormGemmWeights { g, b: be, w },
+            )?),
+            Pattern::RmsnormGemm => rmsnorm_gemms.push(kernels::RmsnormGemm::new(
+                stream,
+                kernels::RmsnormGemmWeights { g, w },
+            )?),
+            _ => {}
+        }
+    }
 
-    let ours = |c: &mut GemmCase<T>, i: usize| -> Result<()> {
+    let mut ours = |c: &mut GemmCase<T>, i: usize| -> Result<()> {
         let (x, w, b) = (
             mat(c.x.get(i), m, k)?,
             Tensor::new(c.w.get(i), w_shape)?,
             vec_of(c.bias.get(i), n)?,
         );
         let r = mat(c.residual.get(i), m, n)?;
-        let (g, be) = (vec_of(c.gamma.get(i), k)?, vec_of(c.beta.get(i), k)?);
         let mut y = TensorMut::new(c.ours.get_mut(i), [m, n])?;
         match pattern {
             Pattern::Gemm => kernels::gemm(stream, &x, &w, &mut y),
@@ -361,8 +402,8 @@ pub fn bench_pattern<T: BenchElement>(
             Pattern::GemmBiasResidual => kernels::gemm_bias_residual(stream, &x, &r, &w, &b, &mut y),
             Pattern::GemmGelu => kernels::gemm_gelu(stream, &x, &w, &mut y),
             Pattern::GemmSilu => kernels::gemm_silu(stream, &x, &w, &mut y),
-            Pattern::LayernormGemm => kernels::layernorm_gemm(stream, &x, &g, &be, &w, &mut y),
-            Pattern::RmsnormGemm => kernels::rmsnorm_gemm(stream, &x, &g, &w, &mut y),
+            Pattern::LayernormGemm => layernorm_gemms[i % SETS].run(stream, &x, &mut y),
+            Pattern::RmsnormGemm => rmsnorm_gemms[i % SETS].run(stream, &x, &mut y),
         }
     };
     let mut baseline = |c: &mut GemmCase<T>, i: usize| -> Result<()> {
@@ -465,19 +506,26 @@ pub fn bench_ffn<T: BenchElement>(
     let mut gate = Rotated::<T>::zeros(stream, m * F)?;
     let mut up = Rotated::<T>::zeros(stream, m * F)?;
     let mut act = Rotated::<T>::zeros(stream, m * F)?;
-    let mut ffn = kernels::SwigluFfn::new();
+    // One struct per input set, bound to that set's weights.
+    let mut ffns = (0..SETS)
+        .map(|i| {
+            let weights = kernels::SwigluFfnWeights {
+                w_gate: mat(w_gate.get(i), F, D)?,
+                w_up: mat(w_up.get(i), F, D)?,
+                w_down: mat(w_down.get(i), D, F)?,
+                b_down: vec_of(b_down.get(i), D)?,
+            };
+            kernels::SwigluFfn::new(stream, weights)
+        })
+        .collect::<Result<Vec<_>>>()?;
     let mut lt_gate = LtGemm::new(stream, T::DTYPE, WeightLayout::NK, (m, F, D), LtEpilogue::None)?;
     let mut lt_up = LtGemm::new(stream, T::DTYPE, WeightLayout::NK, (m, F, D), LtEpilogue::None)?;
     let mut lt_down = LtGemm::new(stream, T::DTYPE, WeightLayout::NK, (m, D, F), LtEpilogue::Bias)?;
 
     let mut ours = |ours_y: &mut Rotated<T>, i: usize| -> Result<()> {
-        ffn.run(
+        ffns[i % SETS].run(
             stream,
             &mat(x.get(i), m, D)?,
-            &mat(w_gate.get(i), F, D)?,
-            &mat(w_up.get(i), F, D)?,
-            &mat(w_down.get(i), D, F)?,
-            &vec_of(b_down.get(i), D)?,
             &mut TensorMut::new(ours_y.get_mut(i), [m, D])?,
         )
     };

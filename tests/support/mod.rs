@@ -170,6 +170,15 @@ impl<T: TestElement> Case<T> {
         launch(&reads, &mut writes)
     }
 
+    /// Device copies of the case's weights (the reads after its inputs),
+    /// for a graph struct that binds them across launches of the case.
+    pub fn weight_copies(&self, stream: &Arc<CudaStream>) -> Vec<(CudaSlice<T>, fusion::Shape)> {
+        self.reads[self.graph.inputs.len()..]
+            .iter()
+            .map(|(_, buf, shape)| (stream.clone_dtod(buf).expect("copy"), *shape))
+            .collect()
+    }
+
     /// Writes NaN over every output, so that a check after the next call
     /// only passes if that call wrote the whole output.
     pub fn poison(&mut self, stream: &Arc<CudaStream>) {

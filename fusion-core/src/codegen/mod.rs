@@ -142,6 +142,20 @@ pub struct RenderedUnit {
     pub source: String,
 }
 
+impl RenderedUnit {
+    /// Whether the unit also exports the folded form of its norm prologue
+    /// (`<symbol>_fold_weights`, `<symbol>_folded`; see abi.h).
+    pub fn has_folded_form(&self) -> bool {
+        matches!(
+            self.key,
+            KernelKey::Gemm {
+                prologue: Some(_),
+                ..
+            }
+        )
+    }
+}
+
 /// The launcher each (dtype, arch) of one planned kernel calls.
 #[derive(Clone, Debug, Default)]
 pub struct KernelVariants {
@@ -313,6 +327,7 @@ pub fn render_with_tables(
                 "params": u.params.c_name(),
                 "resources": u.params == ParamsKind::Gemm,
                 "workspace": u.params.has_workspace(),
+                "folded": u.has_folded_form(),
                 "doc": format!("{}, built for {}", describe_key(&u.key), arch_list(&u.archs)),
             })
         })
@@ -475,6 +490,13 @@ fn render_unit(
             let mut context = common(*dtype);
             let target = Arch::of_mainloop(*mainloop).target();
             let (mainloop_type, header) = (target.mainloop_type, target.mainloop_header);
+            // A norm prologue's unit also has the folded form (abi.h).
+            let folded = prologue.map(|kind| {
+                json!({
+                    "prologue": format!("fusion::FoldedNorm<fusion::NormKind::{}>", norm_type(kind)),
+                    "kind": format!("fusion::NormKind::{}", norm_type(kind)),
+                })
+            });
             let prologue = match prologue {
                 None => "fusion::NoPrologue".to_owned(),
                 Some(kind) => format!("fusion::NormPrologue<fusion::NormKind::{}>", norm_type(*kind)),
@@ -529,6 +551,7 @@ fn render_unit(
                 "large_tile": tile_type(*mainloop, &config.large),
                 "large_tile_doc": config.large.summary(*mainloop),
                 "small": small.unwrap_or(serde_json::Value::Bool(false)),
+                "folded": folded.unwrap_or(serde_json::Value::Bool(false)),
             });
             merge(&mut context, extra);
             ("gemm.cu", ParamsKind::Gemm, context)

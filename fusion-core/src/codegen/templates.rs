@@ -29,7 +29,7 @@ pub const TEMPLATES: [(&str, &str); 5] = [
 ];
 
 /// Every file of `kernels/include`, by path relative to it.
-pub const HEADERS: [(&str, &str); 21] = [
+pub const HEADERS: [(&str, &str); 22] = [
     (
         "fusion/abi.h",
         include_str!("../../../kernels/include/fusion/abi.h"),
@@ -41,6 +41,10 @@ pub const HEADERS: [(&str, &str); 21] = [
     (
         "fusion/epilogue.cuh",
         include_str!("../../../kernels/include/fusion/epilogue.cuh"),
+    ),
+    (
+        "fusion/fold.cuh",
+        include_str!("../../../kernels/include/fusion/fold.cuh"),
     ),
     (
         "fusion/gemm.cuh",

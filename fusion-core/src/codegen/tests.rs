@@ -45,11 +45,13 @@ fn ffn_renders_three_kernels() {
         "{silu_mul}"
     );
     assert!(
-        silu_mul.contains("if (p->m <= 512) return f(Kernel<SmallTile>{});"),
+        silu_mul.contains("if (p->m <= 512) return f(K<SmallTile>{});"),
         "{silu_mul}"
     );
     // The launch and the workspace query pick the kernel in one place.
-    assert_eq!(silu_mul.matches("with_kernel(p, ").count(), 2, "{silu_mul}");
+    assert_eq!(silu_mul.matches("with_kernel<K>(p, ").count(), 2, "{silu_mul}");
+    // Without a norm there is no folded form.
+    assert!(!silu_mul.contains("_folded"), "{silu_mul}");
     // sm80's tables have no second small-M tile.
     assert!(!silu_mul.contains("SmallAltTile"), "{silu_mul}");
     // The header declares each launcher and the error string.
@@ -183,7 +185,7 @@ fn sm90_units_use_the_sm90_mainloop_norm_compositions_too() {
         "// 128x256x64 (4 stages, cooperative, persistent)",
         "using SmallTile = fusion::sm90::TileConfig<64, 128, 8, fusion::sm90::Schedule::Cooperative>;",
         "using SmallAltTile = fusion::sm90::TileConfig<128, 128, 6, fusion::sm90::Schedule::Cooperative>;",
-        "if (p->m <= 512 && fusion::fewer_waves<SmallAltTile, SmallTile>(p->m, p->n))\n    return f(Kernel<SmallAltTile>{});\n  if (p->m <= 512) return f(Kernel<SmallTile>{});",
+        "if (p->m <= 512 && fusion::fewer_waves<SmallAltTile, SmallTile>(p->m, p->n))\n    return f(K<SmallAltTile>{});\n  if (p->m <= 512) return f(K<SmallTile>{});",
     ] {
         assert!(
             sm90.source.contains(needle),
@@ -214,6 +216,10 @@ fn sm90_units_use_the_sm90_mainloop_norm_compositions_too() {
         "#include \"fusion/sm90/mainloop.cuh\"",
         "fusion::FusedGemm<fusion::sm90::Mainloop<Element, fusion::LayoutB::NK, Tile>, fusion::NormPrologue<fusion::NormKind::LayerNorm>,",
         "using LargeTile = fusion::sm90::TileConfig<128, 256, 4, fusion::sm90::Schedule::Cooperative>;",
+        // ...and its folded form (abi.h), with the one-time fold of W.
+        "fusion::FoldedNorm<fusion::NormKind::LayerNorm>, fusion::EpilogueChain<>>;",
+        "extern \"C\" int k_layernorm_gemm_nk_f16_sm90_folded(const fusion_gemm_params* p, void* stream)",
+        "fusion::launch_fold_weights<fusion::NormKind::LayerNorm, Element, fusion::LayoutB::NK>(",
     ] {
         assert!(
             norm.source.contains(needle),
@@ -338,8 +344,10 @@ fn wrappers_parse_and_name_the_graph() {
     )
     .unwrap();
     let rust = wrappers::generate(&lib, true, "/out/fusion_ffi.rs");
-    assert!(rust.contains("pub struct SwigluFfn"));
-    assert!(rust.contains("pub fn run<T: fusion::Element>("));
+    // Structs bind their weights; `run` takes inputs and outputs.
+    assert!(rust.contains("pub struct SwigluFfn<'w, T: fusion::Element>"));
+    assert!(rust.contains("pub struct SwigluFfnWeights<'w, T: fusion::Element>"));
+    assert!(rust.contains("pub fn run(\n        &mut self,"), "{rust}");
     // One kernel, one dtype: a free function over concrete f16.
     assert!(rust.contains("pub fn gemm_bias_gelu("));
     assert!(rust.contains("x: &fusion::Tensor<'_, fusion::half::f16>"));

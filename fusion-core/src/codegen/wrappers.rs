@@ -1,12 +1,17 @@
 //! The typed Rust wrappers of a [`KernelLibrary`], as Rust source for
 //! `OUT_DIR/<lib>.rs`.
 //!
-//! Per graph: a struct named after it (CamelCase) with `new()` and
-//! `run(&mut self, stream, inputs…, weights…, outputs…)`, which launches the
-//! plan's kernels in order and keeps intermediates and the kernels' scratch
-//! in a reusable workspace; for a graph of one kernel also a free function
-//! with the graph's name, which takes its scratch from the workspace the run
-//! time keeps per stream (`fusion::launch::with_stream_workspace`).
+//! Per graph with weights: a struct named after it (CamelCase) and its
+//! `<Name>Weights`, with `new(stream, weights)`, which checks the weights and
+//! computes once what depends on them alone (norms folded into the weight of
+//! the GEMM after them, `fusion::launch::FoldedWeights`), and `run(&mut self,
+//! stream, inputs…, outputs…)`, which launches the plan's kernels in order
+//! and keeps intermediates and the kernels' scratch in a reusable workspace.
+//! A graph without weights gets a struct with `new()` and the same `run`.
+//! For a graph of one kernel also a free function with the graph's name,
+//! which takes every tensor with each call (so nothing is folded) and its
+//! scratch from the workspace the run time keeps per stream
+//! (`fusion::launch::with_stream_workspace`).
 //! Generic over `T: fusion::Element` when the graph was compiled for several
 //! dtypes. The generated code only declares tensors and copies pointers; the
 //! checks live in the run-time crate's `fusion::launch`.
@@ -23,7 +28,7 @@
 use super::{GraphLaunchers, KernelLibrary, ParamsKind};
 use crate::fuse::{Composition, Role};
 use crate::generated::struct_name;
-use crate::ir::{DType, Extent, Graph, TensorId};
+use crate::ir::{DType, Extent, Graph, TensorId, WeightLayout};
 use crate::select::Arch;
 use proc_macro2::{Ident, Span, TokenStream};
 use quote::{format_ident, quote};
@@ -229,10 +234,15 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
 
     // Which launcher each kernel calls, per (dtype, arch).
     let compiled = compiled_summary(launchers, linked);
+    // Kernels whose norm is folded into their weight when a struct binds them.
+    let foldable: Vec<bool> = plan.kernels.iter().map(|k| k.norm_foldable(graph)).collect();
+    let fold_var = |index: usize| format_ident!("__fold_{index}");
     let dispatch = launchers.kernels.iter().enumerate().map(|(index, variants)| {
         let var = format_ident!("__launcher_{index}");
         let params_kind = params_kind(&plan.kernels[index].composition);
         let params_ty = format_ident!("{}", params_kind.c_name());
+        let launcher_ty = quote!(fusion::launch::Launcher<ffi::#params_ty>);
+        let query_ty = quote!(fusion::launch::WorkspaceBytes<ffi::#params_ty>);
         let arms = variants
             .variants
             .iter()
@@ -240,25 +250,43 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
             .map(|(dtype, arch, symbol)| {
                 let (d, a) = (dtype_tokens(*dtype), arch_tokens(*arch));
                 let launcher = format_ident!("{symbol}");
-                let launcher = quote!(ffi::#launcher as fusion::launch::Launcher<ffi::#params_ty>);
-                if params_kind.has_workspace() {
+                let launcher = quote!(ffi::#launcher as #launcher_ty);
+                if foldable[index] {
                     let query = format_ident!("{symbol}_workspace_bytes");
-                    quote!((#d, #a) => (#launcher, ffi::#query as fusion::launch::WorkspaceBytes<ffi::#params_ty>),)
+                    let folded = format_ident!("{symbol}_folded");
+                    let folded_query = format_ident!("{symbol}_folded_workspace_bytes");
+                    quote!((#d, #a) => (#launcher, ffi::#query as #query_ty, ffi::#folded as #launcher_ty, ffi::#folded_query as #query_ty),)
+                } else if params_kind.has_workspace() {
+                    let query = format_ident!("{symbol}_workspace_bytes");
+                    quote!((#d, #a) => (#launcher, ffi::#query as #query_ty),)
                 } else {
                     quote!((#d, #a) => #launcher,)
                 }
             });
         // Typed, so that a build without launchers (FUSION_SKIP_NVCC) infers it.
-        let ty = if params_kind.has_workspace() {
-            quote!((fusion::launch::Launcher<ffi::#params_ty>, fusion::launch::WorkspaceBytes<ffi::#params_ty>))
+        let ty = if foldable[index] {
+            quote!((#launcher_ty, #query_ty, #launcher_ty, #query_ty))
+        } else if params_kind.has_workspace() {
+            quote!((#launcher_ty, #query_ty))
         } else {
-            quote!(fusion::launch::Launcher<ffi::#params_ty>)
+            quote!(#launcher_ty)
+        };
+        // With its weights folded, the kernel runs the folded launcher.
+        let pick = if foldable[index] {
+            let fold = fold_var(index);
+            quote! {
+                let #fold = __folded.get(#index).and_then(Option::as_ref);
+                let #var = if #fold.is_some() { (#var.2, #var.3) } else { (#var.0, #var.1) };
+            }
+        } else {
+            quote!()
         };
         quote! {
             let #var: #ty = match (__dtype, __arch) {
                 #(#arms)*
                 _ => return Err(fusion::launch::not_compiled(#name, __dtype, __arch, #compiled)),
             };
+            #pick
         }
     });
 
@@ -316,6 +344,18 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
                 let (gamma, beta) = (ptr(Role::Gamma), ptr(Role::Beta));
                 let a_decl = tensor_const(kernel.operand(Role::A).unwrap_or(kernel.output));
                 let eps = gemm.prologue.map_or(0.0, |p| p.eps) as f32;
+                let folded = if foldable[index] {
+                    let fold = fold_var(index);
+                    quote! {
+                        if let Some(__weights) = #fold {
+                            let (b, col_terms) = __call.folded(__weights);
+                            #var.b = b as *const core::ffi::c_void;
+                            #var.col_terms = col_terms as *const core::ffi::c_void;
+                        }
+                    }
+                } else {
+                    quote!()
+                };
                 quote! {
                     let mut #var = {
                         let (m, k) = __call.reduced_matrix(&#a_decl)?;
@@ -323,10 +363,11 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
                         ffi::fusion_gemm_params {
                         a: #a, b: #b, c: #out as *mut core::ffi::c_void,
                         bias: #bias, residual: #residual, multiplier: #multiplier,
-                            gamma: #gamma, beta: #beta, m, n, k, eps: #eps,
+                            gamma: #gamma, beta: #beta, col_terms: core::ptr::null(), m, n, k, eps: #eps,
                             flags: __gemm_flags, workspace: core::ptr::null_mut(), workspace_bytes: 0,
                         }
                     };
+                    #folded
                 }
             }
             Composition::Norm(norm) => {
@@ -416,15 +457,73 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
             #[doc = #FREE_FN_MEMORY_DOC]
             #[allow(clippy::too_many_arguments, reason = "one argument per graph tensor")]
             pub fn #fn_ident #generics(#params) -> fusion::Result<()> {
-                fusion::launch::with_stream_workspace(stream, |__workspace| #module::run #turbofish(__workspace, #args))
+                fusion::launch::with_stream_workspace(stream, |__workspace| #module::run #turbofish(__workspace, &[], #args))
             }
         }
     } else {
         quote!()
     };
+    // Per kernel of the plan: its weights folded (see `foldable`), or None.
+    let folds = plan.kernels.iter().enumerate().map(|(index, kernel)| {
+        let Composition::Gemm(gemm) = &kernel.composition else {
+            return quote!(__folded.push(None);)
+        };
+        if !foldable[index] {
+            return quote!(__folded.push(None););
+        }
+        let arms = launchers.kernels[index].variants.iter().filter(|_| linked).map(|(dtype, arch, symbol)| {
+            let (d, a) = (dtype_tokens(*dtype), arch_tokens(*arch));
+            let fold = format_ident!("{symbol}_fold_weights");
+            quote!((#d, #a) => ffi::#fold as fusion::launch::FoldWeights<ffi::fusion_fold_params>,)
+        });
+        let ptr = |role: Role| match kernel.operand(role) {
+            Some(t) => {
+                let p = pointer_var(t);
+                quote!(#p as *const core::ffi::c_void)
+            }
+            None => quote!(core::ptr::null()),
+        };
+        let (b, gamma, beta) = (ptr(Role::B), ptr(Role::Gamma), ptr(Role::Beta));
+        let b_decl = tensor_const(kernel.operand(Role::B).unwrap_or(kernel.output));
+        let n_k = match gemm.b_layout {
+            WeightLayout::NK => quote!((rows, cols)),
+            WeightLayout::KN => quote!((cols, rows)),
+        };
+        let label = label(index);
+        quote! {
+            let __fold: fusion::launch::FoldWeights<ffi::fusion_fold_params> = match (__dtype, __arch) {
+                #(#arms)*
+                _ => return Err(fusion::launch::not_compiled(#name, __dtype, __arch, #compiled)),
+            };
+            let (rows, cols) = __call.matrix(&#b_decl)?;
+            let (n, k) = #n_k;
+            // The weight was checked: its bytes fit a usize.
+            let bytes = rows as usize * cols as usize * core::mem::size_of::<#elem>();
+            let stream_ptr = __call.stream_ptr();
+            __folded.push(Some(fusion::launch::FoldedWeights::fold(&__call, #label, bytes, n as usize, |w_folded, col_terms| {
+                let params = ffi::fusion_fold_params { w: #b, gamma: #gamma, beta: #beta, w_folded, col_terms, n, k };
+                // SAFETY: the weights were checked by `__call` and the
+                // outputs were just allocated at the sizes the fold writes.
+                unsafe { __fold(&params, stream_ptr) }
+            }, ffi::#error_string)?));
+        }
+    });
+    let fold_body = if foldable.contains(&true) {
+        quote! {
+            let mut __folded = Vec::new();
+            #(#folds)*
+            stream.synchronize()?;
+            Ok(__folded)
+        }
+    } else {
+        quote!(Ok(Vec::new()))
+    };
+    let weight_ptrs = graph.weights.iter().map(|&t| {
+        let (decl, ptr, arg) = (tensor_const(t), pointer_var(t), arg_ident(graph, t));
+        quote!(let #ptr = __call.input(&#decl, #arg)?;)
+    });
     let dims_decl = quote!(&[#(#dim_names),*]);
     let weight_args: Vec<Ident> = graph.weights.iter().map(|&t| arg_ident(graph, t)).collect();
-    let weight_decls: Vec<Ident> = graph.weights.iter().map(|&t| tensor_const(t)).collect();
 
     let module_items = quote! {
         #[allow(unreachable_code, unused_variables, unused_mut, dead_code, clippy::all)]
@@ -437,7 +536,11 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
             };
             #(#tensor_decls)*
 
-            pub(super) fn run #generics(__workspace: &mut fusion::launch::Workspace, #params) -> fusion::Result<()> {
+            pub(super) fn run #generics(
+                __workspace: &mut fusion::launch::Workspace,
+                __folded: &[Option<fusion::launch::FoldedWeights>],
+                #params
+            ) -> fusion::Result<()> {
                 let __dtype = <#elem as fusion::Element>::DTYPE;
                 let __arch = fusion::device::arch_for(stream)?;
                 #(#dispatch)*
@@ -457,18 +560,22 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
                 Ok(())
             }
 
-            /// Checks the weights alone, when a graph binds them in `new`.
-            pub(super) fn check_weights #generics(
+            /// Checks the weights and folds each kernel's norm into its
+            /// weight where it can (`fusion::launch::FoldedWeights`): one
+            /// entry per kernel of the plan. Returns once the folds ran.
+            pub(super) fn fold_weights #generics(
                 stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
                 #(#weight_args: &fusion::Tensor<'_, #elem>,)*
-            ) -> fusion::Result<()> {
+            ) -> fusion::Result<Vec<Option<fusion::launch::FoldedWeights>>> {
+                let __dtype = <#elem as fusion::Element>::DTYPE;
+                let __arch = fusion::device::arch_for(stream)?;
                 let mut __call = fusion::launch::Call::new(&__GRAPH, stream);
-                #(__call.input(&#weight_decls, #weight_args)?;)*
-                Ok(())
+                #(#weight_ptrs)*
+                #fold_body
             }
         }
     };
-    if spec.fingerprint.is_some() {
+    if !graph.weights.is_empty() {
         let bound = BoundGraph {
             struct_ident,
             module,
@@ -478,9 +585,14 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
             inputs: graph.inputs.iter().map(|&t| arg_ident(graph, t)).collect(),
             weights: weight_args,
             outputs: write_args,
-            declaration: spec.declaration.clone(),
+            declaration: spec.fingerprint.map(|_| spec.declaration.clone()),
         };
-        return quote!(#bound #module_items);
+        let free_fn = if spec.fingerprint.is_none() {
+            free_fn
+        } else {
+            quote!()
+        };
+        return quote!(#bound #free_fn #module_items);
     }
     quote! {
         #[doc = #doc]
@@ -505,7 +617,7 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
             /// on `stream`. Returns once they are enqueued.
             #[allow(clippy::too_many_arguments, reason = "one argument per graph tensor")]
             pub fn run #generics(&mut self, #params) -> fusion::Result<()> {
-                #module::run #turbofish(&mut self.workspace, #args)
+                #module::run #turbofish(&mut self.workspace, &[], #args)
             }
         }
 
@@ -526,7 +638,8 @@ struct BoundGraph {
     inputs: Vec<Ident>,
     weights: Vec<Ident>,
     outputs: Vec<Ident>,
-    declaration: String,
+    /// A `fusion_graph!` declaration, for `DECLARATION` and `graph()`.
+    declaration: Option<String>,
 }
 
 impl quote::ToTokens for BoundGraph {
@@ -543,6 +656,26 @@ impl quote::ToTokens for BoundGraph {
             declaration,
         } = self;
         let weights_ident = format_ident!("{struct_ident}Weights");
+        let declaration_items = match declaration {
+            Some(declaration) => quote! {
+                /// The `fusion_graph!` declaration this struct was generated
+                /// from, as tokens printed back to text.
+                pub const DECLARATION: &'static str = #declaration;
+
+                /// The graph, parsed and checked again from [`Self::DECLARATION`]:
+                /// for the CPU reference ([`fusion::core::reference`]) and for
+                /// drawing test data with its shapes.
+                pub fn graph() -> fusion::core::ir::Graph {
+                    let tokens = Self::DECLARATION
+                        .parse()
+                        .expect("the declaration was tokenized when the build script read it");
+                    fusion::core::syntax::parse_tokens(tokens)
+                        .and_then(|decl| fusion::core::ir::lower(&decl))
+                        .expect("the build script checked this graph")
+                }
+            },
+            None => quote!(),
+        };
         let (params, args, turbofish) = if *generic {
             (quote!(<'w, T: fusion::Element>), quote!(<'w, T>), quote!(::<T>))
         } else {
@@ -564,36 +697,27 @@ impl quote::ToTokens for BoundGraph {
             #[derive(Debug)]
             pub struct #struct_ident #params {
                 weights: #weights_ident #args,
+                folded: Vec<Option<fusion::launch::FoldedWeights>>,
                 workspace: fusion::launch::Workspace,
             }
 
             impl #params #struct_ident #args {
                 /// Binds the weights: checks each one's shape (static dims
                 /// against the declaration, shared dims against each other)
-                /// and that it lives on `stream`'s device.
+                /// and that it lives on `stream`'s device, and computes once
+                /// what later calls need from them alone: a norm followed by a
+                /// GEMM whose gamma, beta and weight are all bound is folded
+                /// into a copy of that weight (`fusion::launch::FoldedWeights`),
+                /// which the struct keeps. Returns once that work is done.
                 pub fn new(
                     stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
                     weights: #weights_ident #args,
                 ) -> fusion::Result<Self> {
-                    #module::check_weights #turbofish(stream, #(&weights.#weights),*)?;
-                    Ok(Self { weights, workspace: fusion::launch::Workspace::new() })
+                    let folded = #module::fold_weights #turbofish(stream, #(&weights.#weights),*)?;
+                    Ok(Self { weights, folded, workspace: fusion::launch::Workspace::new() })
                 }
 
-                /// The `fusion_graph!` declaration this struct was generated
-                /// from, as tokens printed back to text.
-                pub const DECLARATION: &'static str = #declaration;
-
-                /// The graph, parsed and checked again from [`Self::DECLARATION`]:
-                /// for the CPU reference ([`fusion::core::reference`]) and for
-                /// drawing test data with its shapes.
-                pub fn graph() -> fusion::core::ir::Graph {
-                    let tokens = Self::DECLARATION
-                        .parse()
-                        .expect("the declaration was tokenized when the build script read it");
-                    fusion::core::syntax::parse_tokens(tokens)
-                        .and_then(|decl| fusion::core::ir::lower(&decl))
-                        .expect("the build script checked this graph")
-                }
+                #declaration_items
 
                 /// The bound weights.
                 pub fn weights(&self) -> &#weights_ident #args {
@@ -617,7 +741,7 @@ impl quote::ToTokens for BoundGraph {
                     #(#outputs: &mut fusion::TensorMut<'_, #elem>,)*
                 ) -> fusion::Result<()> {
                     let #weights_ident { #(#weights),* } = &self.weights;
-                    #module::run #turbofish(&mut self.workspace, stream, #(#inputs,)* #(#weights,)* #(#outputs,)*)
+                    #module::run #turbofish(&mut self.workspace, &self.folded, stream, #(#inputs,)* #(#weights,)* #(#outputs,)*)
                 }
             }
         });

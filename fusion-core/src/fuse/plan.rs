@@ -259,6 +259,23 @@ impl FusedKernel {
         self.operands.iter().find(|o| o.role == role).map(|o| o.tensor)
     }
 
+    /// Whether its norm prologue can be folded into its weight once the
+    /// graph's weights are bound: a GEMM with a norm prologue whose B,
+    /// gamma and (LayerNorm) beta are all weights of `graph`, not inputs
+    /// or intermediates. Its unit then also runs folded (abi.h).
+    pub fn norm_foldable(&self, graph: &Graph) -> bool {
+        let Composition::Gemm(gemm) = &self.composition else {
+            return false;
+        };
+        let Some(prologue) = gemm.prologue else {
+            return false;
+        };
+        let is_weight = |role| self.operand(role).is_some_and(|t| graph.weights.contains(&t));
+        is_weight(Role::B)
+            && is_weight(Role::Gamma)
+            && (prologue.kind == NormKind::RmsNorm || is_weight(Role::Beta))
+    }
+
     /// The named pattern it is, if it is a GEMM composition among the nine.
     pub fn pattern(&self) -> Option<NamedPattern> {
         match &self.composition {

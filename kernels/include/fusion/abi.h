@@ -19,7 +19,14 @@
  * passes it in `workspace`; launchers never allocate. A null, smaller or
  * misaligned workspace makes the launch do without stream-K, and a norm
  * prologue's launch without room for its row statistics returns
- * cudaErrorInvalidValue. */
+ * cudaErrorInvalidValue.
+ *
+ * A GEMM whose norm prologue's gamma and beta are weights can also run
+ * folded: `int <symbol>_fold_weights(const fusion_fold_params* p, void*
+ * stream)` writes W' = W·diag(gamma) and the per-column terms once, when the
+ * weights are bound, and `<symbol>_folded` (with its own
+ * `_workspace_bytes`) then takes W' as `b` and the terms as `col_terms`,
+ * and reads no gamma or beta. */
 #ifndef FUSION_ABI_H
 #define FUSION_ABI_H
 
@@ -39,6 +46,7 @@ typedef struct fusion_gemm_params {
   const void* multiplier; /* [m, n], the mul step */
   const void* gamma;      /* [k], the norm prologue's scale */
   const void* beta;       /* [k], LayerNorm's shift */
+  const void* col_terms;  /* f32 pairs [n]: a folded norm's (rowsum of W', W·beta) */
   int64_t m, n, k;
   float eps;                /* the norm prologue's epsilon */
   uint32_t flags;           /* FUSION_GEMM_* bits */
@@ -50,6 +58,18 @@ typedef struct fusion_gemm_params {
  * or stream-K), e.g. for a launch captured into a graph that may replay
  * beside other launches sharing its workspace. */
 #define FUSION_GEMM_NO_STREAM_K 1u
+
+/* A norm folded into the weight of the GEMM after it: w_folded =
+ * w·diag(gamma) in w's layout, col_terms[j] = (Σ_k w_folded[j, k],
+ * Σ_k w[j, k]·beta[k]) in f32, for j < n. */
+typedef struct fusion_fold_params {
+  const void* w;     /* [n, k] or [k, n], as the launcher's layout says */
+  const void* gamma; /* [k] */
+  const void* beta;  /* [k], LayerNorm only */
+  void* w_folded;    /* the same shape and layout as w */
+  void* col_terms;   /* f32 pairs [n] */
+  int64_t n, k;
+} fusion_fold_params;
 
 /* y = norm(x) over rows of length k. */
 typedef struct fusion_norm_params {

@@ -18,6 +18,7 @@
 
 #include <stdint.h>
 
+#include "norm.cuh"
 #include "numeric.cuh"
 
 namespace fusion {
@@ -28,6 +29,13 @@ struct EpilogueArgs {
   const void* bias;        // [N]
   const void* residual;    // [M, N], added
   const void* multiplier;  // [M, N], multiplied
+  // A folded norm's terms (prologue.cuh, FoldedNorm): the statistics of
+  // rows [row_stats_m0, ...) of A, which the launch computes (in the
+  // caller's workspace, or in shared memory for the CTA's own rows), and
+  // the bound weights' per-column (rowsum of W', W·beta).
+  const RowStats* row_stats;
+  int64_t row_stats_m0;
+  const float2* col_terms;  // [N]
 };
 
 // What every activation step shares: it is a function `Derived::f` of each
@@ -139,10 +147,35 @@ struct Mul {
   }
 };
 
+// The folded norm's correction, the first step of a chain whose GEMM ran on
+// the raw rows x against W' = W·diag(gamma) (prologue.cuh, FoldedNorm):
+//   LayerNorm: rstd[m] · (acc − mean[m] · u[n]) + c[n], u = rowsum(W'), c = W·beta
+//   RMSNorm:   rstd[m] · acc
+// u is summed in f32 from the rounded W' the GEMM multiplies, so acc −
+// mean·u is Σ (x − mean)·W' up to f32 rounding: a row mean large against
+// the row's spread cancels there and nowhere else.
+template <bool kCentered>
+struct FoldedNormStep {
+  static constexpr bool kReadsTile = false;
+  static constexpr const char* name = kCentered ? "folded_layernorm" : "folded_rmsnorm";
+  // The row statistics are the launch's own, set after this check.
+  static bool args_valid(const EpilogueArgs& a) { return !kCentered || a.col_terms != nullptr; }
+  template <typename T>
+  static __device__ __forceinline__ float2 apply(float2 v, int64_t m, int64_t n, int64_t, const EpilogueArgs& a) {
+    const RowStats s = a.row_stats[m - a.row_stats_m0];
+    if constexpr (kCentered) {
+      const float4 t = *reinterpret_cast<const float4*>(a.col_terms + n);  // (u, c) of n and n + 1
+      return make_float2(fmaf(s.rstd, fmaf(-s.mean, t.x, v.x), t.y), fmaf(s.rstd, fmaf(-s.mean, t.z, v.y), t.w));
+    } else {
+      return make_float2(s.rstd * v.x, s.rstd * v.y);
+    }
+  }
+};
+
 // Applies Steps... in order. With no steps it is the plain store of C.
 template <typename... Steps>
 struct EpilogueChain {
-  static_assert(sizeof...(Steps) <= 4, "an epilogue chain has at most 4 steps");
+  static_assert(sizeof...(Steps) <= 5, "an epilogue chain has at most 4 steps and a folded norm's correction");
 
   static bool args_valid(const EpilogueArgs& a) { return (true && ... && Steps::args_valid(a)); }
   static constexpr bool kReadsTile = (false || ... || Steps::kReadsTile);

@@ -76,12 +76,16 @@ __global__ void __launch_bounds__(Mainloop::kThreads, Mainloop::kMinBlocksPerSm)
   const int64_t tiles_n = (args.n + Mainloop::BN - 1) / Mainloop::BN;
   const TileCoord tile =
       grouped_tile_order<GroupRowsOf<Mainloop>::value>(blockIdx.x, tiles_m, tiles_n, Mainloop::BM, Mainloop::BN);
+  GemmArgs<typename Mainloop::Element> tile_args = args;
   if constexpr (Prologue::kEnabled) {
     Prologue::template compute_row_stats<typename Mainloop::Element, Mainloop::BM, Mainloop::kThreads>(
         args.a, tile.m0, args.m, args.k, args.norm, row_stats);
     __syncthreads();
+    // A folded norm's correction reads them in the epilogue.
+    tile_args.epilogue.row_stats = row_stats;
+    tile_args.epilogue.row_stats_m0 = tile.m0;
   }
-  Mainloop::template operator_body<Prologue, Epilogue>(args, tile, smem, row_stats);
+  Mainloop::template operator_body<Prologue, Epilogue>(tile_args, tile, smem, row_stats);
 }
 
 namespace detail {
@@ -127,9 +131,13 @@ bool fewer_waves(int64_t m, int64_t n) {
   return detail::wave_area(m, n, TileA::BM, TileA::BN, sms) <= detail::wave_area(m, n, TileB::BM, TileB::BN, sms);
 }
 
-template <typename Mainloop, typename Prologue, typename Epilogue>
+// Epilogue_ is the graph's chain; a folded norm (prologue.cuh) adds its
+// correction in front of it.
+template <typename Mainloop, typename Prologue, typename Epilogue_>
 struct FusedGemm {
   using Element = typename Mainloop::Element;
+  using Epilogue = typename WithFoldedNorm<Prologue, Epilogue_>::type;
+  static_assert(!Prologue::kEnabled || Mainloop::BM <= 256, "row statistics are padded to 256-row tiles");
   // What a launch asks for per block: dynamic shared memory and threads
   // (which the generated units report through their `_resources` functions).
   static constexpr size_t kSmemBytes = size_t(Mainloop::kSmemBytes);
@@ -149,7 +157,7 @@ struct FusedGemm {
     if (p.a == nullptr || p.b == nullptr || p.c == nullptr) return cudaErrorInvalidValue;
     if (!is_aligned16(p.a) || !is_aligned16(p.b) || !is_aligned16(p.c)) return cudaErrorInvalidValue;
     if (!Epilogue::args_valid(p.epilogue) || !Prologue::args_valid(p.norm)) return cudaErrorInvalidValue;
-    const void* extra[] = {p.epilogue.bias, p.epilogue.residual, p.epilogue.multiplier};
+    const void* extra[] = {p.epilogue.bias, p.epilogue.residual, p.epilogue.multiplier, p.epilogue.col_terms};
     for (const void* ptr : extra)
       if (ptr != nullptr && !is_aligned16(ptr)) return cudaErrorInvalidValue;
     const int64_t tiles = ((p.m + Mainloop::BM - 1) / Mainloop::BM) * ((p.n + Mainloop::BN - 1) / Mainloop::BN);

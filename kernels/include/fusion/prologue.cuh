@@ -9,10 +9,9 @@
 // (+ beta[k]), before the barrier that precedes the tensor-core reads. Why
 // this and not the alternatives:
 //  - The mainloop is unchanged for kernels without a norm: the hook is one
-//    `if constexpr (Prologue::kEnabled)` on a type that is `NoPrologue`.
-//  - No weight preprocessing. Folding gamma into B (W' = diag(gamma) W, the
-//    FlashNorm approach) is cheaper per tile but needs a prepared copy of
-//    every weight, and for LayerNorm a mean correction that cancels badly.
+//    `if constexpr (Prologue::kNormalizesA)` on a type that is `NoPrologue`.
+//  - No weight preprocessing, for norms whose gamma and beta come with
+//    every call (weights bound once are folded instead: FoldedNorm below).
 //  - Cost: each CTA re-reads its BM rows of A once for the statistics (from
 //    L2 after the first CTA of a tile row), plus one pass over each A tile in
 //    shared memory. The normalized values are rounded to the element type
@@ -20,6 +19,12 @@
 // Chunks past K (zero-filled by the predicated loads) stay zero: gamma and
 // beta are not read there. Rows past M get mean = rstd = 0; they feed only
 // output rows that are never stored.
+//
+// When gamma and beta are weights, bound once, the norm need not touch A at
+// all: FoldedNorm below runs the mainloop on the raw rows against weights
+// folded when they were bound (fold.cuh) and corrects the accumulators in
+// the epilogue (epilogue.cuh, FoldedNormStep). NormPrologue stays for norms
+// whose gamma and beta come with every call.
 //
 // The sm90 mainloop is persistent: a CTA walks many tiles, and recomputing
 // each tile's statistics would read its BM rows of A once per tile column.
@@ -29,6 +34,7 @@
 // they issue the stage's wgmmas (sm90/collective_mainloop.cuh, normalize_stage).
 #pragma once
 
+#include "epilogue.cuh"
 #include "norm.cuh"
 #include "problem.cuh"
 
@@ -36,7 +42,8 @@ namespace fusion {
 
 // The mainloop hook when the kernel has no norm: compiles to nothing.
 struct NoPrologue {
-  static constexpr bool kEnabled = false;
+  static constexpr bool kEnabled = false;  // no row statistics
+  static constexpr bool kNormalizesA = false;
   static constexpr const char* name = "";
   static bool args_valid(const NormArgs&) { return true; }
 };
@@ -44,7 +51,8 @@ struct NoPrologue {
 template <NormKind kKind_>
 struct NormPrologue {
   static constexpr NormKind kKind = kKind_;
-  static constexpr bool kEnabled = true;
+  static constexpr bool kEnabled = true;  // row statistics, computed before the K loop
+  static constexpr bool kNormalizesA = true;
   static constexpr const char* name = kKind == NormKind::LayerNorm ? "layernorm" : "rmsnorm";
   static bool args_valid(const NormArgs& a) { return norm_args_valid<kKind>(a); }
 
@@ -97,5 +105,38 @@ struct NormPrologue {
 
 using LayerNormPrologue = NormPrologue<NormKind::LayerNorm>;
 using RmsNormPrologue = NormPrologue<NormKind::RmsNorm>;
+
+// The norm folded into B: LN(x)·Wᵀ = rstd ⊙ (x·W′ᵀ − mean·u) + c with
+// W′ = W·diag(gamma), u = rowsum(W′), c = W·beta (RMSNorm: rstd ⊙ x·W′ᵀ).
+// The kernel's B is W′ (fold.cuh folds it once, when the weights are
+// bound), the mainloop multiplies the raw A at full speed, and the row
+// statistics, computed as for the prologue, reach the epilogue, whose first
+// step applies them (FusedGemm puts FoldedNormStep in front of the chain).
+// gamma and beta are not read at run time.
+template <NormKind kKind_>
+struct FoldedNorm : NormPrologue<kKind_> {
+  static constexpr bool kNormalizesA = false;
+  static constexpr const char* name = kKind_ == NormKind::LayerNorm ? "folded_layernorm" : "folded_rmsnorm";
+  static bool args_valid(const NormArgs& a) { return a.eps >= 0.0f; }
+};
+
+using FoldedLayerNorm = FoldedNorm<NormKind::LayerNorm>;
+using FoldedRmsNorm = FoldedNorm<NormKind::RmsNorm>;
+
+// The epilogue chain a kernel runs: Epilogue, behind a folded norm's
+// correction when the prologue is one.
+template <typename Prologue, typename Epilogue>
+struct WithFoldedNorm {
+  using type = Epilogue;
+};
+template <NormKind kKind, typename... Steps>
+struct WithFoldedNorm<FoldedNorm<kKind>, EpilogueChain<Steps...>> {
+  using type = EpilogueChain<FoldedNormStep<kKind == NormKind::LayerNorm>, Steps...>;
+};
+
+// Bytes of the row statistics of an m-row A in a workspace: rounded up to
+// whole 256-row tiles, so that an epilogue may read the statistics of a
+// tile's rows past M (whose results are never stored) without a check.
+inline size_t row_stats_bytes(int64_t m) { return size_t((m + 255) / 256 * 256) * sizeof(RowStats); }
 
 }  // namespace fusion

@@ -11,6 +11,14 @@
 mod ffi {
     include!("fusion_ffi.rs");
 }
+///The weights of [`GemmBiasGelu`], as device tensors it borrows. `new` checks each one's shape against the declaration.
+#[derive(Debug)]
+pub struct GemmBiasGeluWeights<'w, T: fusion::Element> {
+    ///The weight `w`.
+    pub w: fusion::Tensor<'w, T>,
+    ///The weight `b`.
+    pub b: fusion::Tensor<'w, T>,
+}
 /**y = gelu(x @ w^T + b): nn.Linear with bias, then GELU (tanh approximation).
 
 Compiled from `graphs/gemm_bias_gelu.toml` for f16 and bf16. Arguments, in order:
@@ -40,31 +48,54 @@ no tensor passes between kernels
 # Threads and memory
 
 The struct is `Send` and `Sync`: it owns nothing but device buffers. `run` takes `&mut self` because every call reuses the same workspace for the intermediates and the kernels' scratch (grown when a call needs more, never while the stream is being captured into a CUDA graph: run once before capturing), so the compiler already keeps two threads from running one struct at once; to run a graph from several threads at the same time, give each thread its own struct (or share one behind a `Mutex`). Calls from one thread on different streams are ordered by the buffers' CUDA events, which make the second stream wait for the first one's use of the workspace. Dropping the struct frees the workspace.*/
-#[derive(Debug, Default)]
-pub struct GemmBiasGelu {
+#[derive(Debug)]
+pub struct GemmBiasGelu<'w, T: fusion::Element> {
+    weights: GemmBiasGeluWeights<'w, T>,
+    folded: Vec<Option<fusion::launch::FoldedWeights>>,
     workspace: fusion::launch::Workspace,
 }
-impl GemmBiasGelu {
-    pub fn new() -> Self {
-        Self::default()
+impl<'w, T: fusion::Element> GemmBiasGelu<'w, T> {
+    /// Binds the weights: checks each one's shape (static dims
+    /// against the declaration, shared dims against each other)
+    /// and that it lives on `stream`'s device, and computes once
+    /// what later calls need from them alone: a norm followed by a
+    /// GEMM whose gamma, beta and weight are all bound is folded
+    /// into a copy of that weight (`fusion::launch::FoldedWeights`),
+    /// which the struct keeps. Returns once that work is done.
+    pub fn new(
+        stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
+        weights: GemmBiasGeluWeights<'w, T>,
+    ) -> fusion::Result<Self> {
+        let folded = __gemm_bias_gelu::fold_weights::<
+            T,
+        >(stream, &weights.w, &weights.b)?;
+        Ok(Self {
+            weights,
+            folded,
+            workspace: fusion::launch::Workspace::new(),
+        })
+    }
+    /// The bound weights.
+    pub fn weights(&self) -> &GemmBiasGeluWeights<'w, T> {
+        &self.weights
     }
     /// The device memory kept between calls: the intermediates and
     /// the kernels' scratch (see `fusion::launch::Workspace`).
     pub fn workspace(&self) -> &fusion::launch::Workspace {
         &self.workspace
     }
-    /// Checks every argument, then launches the plan's kernels in order
-    /// on `stream`. Returns once they are enqueued.
+    /// Checks the inputs and outputs (dynamic dims are read from
+    /// them and must agree), then launches the plan's kernels in
+    /// order on `stream`. Returns once they are enqueued.
     #[allow(clippy::too_many_arguments, reason = "one argument per graph tensor")]
-    pub fn run<T: fusion::Element>(
+    pub fn run(
         &mut self,
         stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
         x: &fusion::Tensor<'_, T>,
-        w: &fusion::Tensor<'_, T>,
-        b: &fusion::Tensor<'_, T>,
         y: &mut fusion::TensorMut<'_, T>,
     ) -> fusion::Result<()> {
-        __gemm_bias_gelu::run::<T>(&mut self.workspace, stream, x, w, b, y)
+        let GemmBiasGeluWeights { w, b } = &self.weights;
+        __gemm_bias_gelu::run::<T>(&mut self.workspace, &self.folded, stream, x, w, b, y)
     }
 }
 /**y = gelu(x @ w^T + b): nn.Linear with bias, then GELU (tanh approximation).
@@ -106,7 +137,7 @@ pub fn gemm_bias_gelu<T: fusion::Element>(
 ) -> fusion::Result<()> {
     fusion::launch::with_stream_workspace(
         stream,
-        |__workspace| __gemm_bias_gelu::run::<T>(__workspace, stream, x, w, b, y),
+        |__workspace| __gemm_bias_gelu::run::<T>(__workspace, &[], stream, x, w, b, y),
     )
 }
 #[allow(unreachable_code, unused_variables, unused_mut, dead_code, clippy::all)]
@@ -157,6 +188,7 @@ mod __gemm_bias_gelu {
     };
     pub(super) fn run<T: fusion::Element>(
         __workspace: &mut fusion::launch::Workspace,
+        __folded: &[Option<fusion::launch::FoldedWeights>],
         stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
         x: &fusion::Tensor<'_, T>,
         w: &fusion::Tensor<'_, T>,
@@ -239,6 +271,7 @@ mod __gemm_bias_gelu {
                 multiplier: core::ptr::null(),
                 gamma: core::ptr::null(),
                 beta: core::ptr::null(),
+                col_terms: core::ptr::null(),
                 m,
                 n,
                 k,
@@ -271,15 +304,19 @@ mod __gemm_bias_gelu {
             )?;
         Ok(())
     }
-    /// Checks the weights alone, when a graph binds them in `new`.
-    pub(super) fn check_weights<T: fusion::Element>(
+    /// Checks the weights and folds each kernel's norm into its
+    /// weight where it can (`fusion::launch::FoldedWeights`): one
+    /// entry per kernel of the plan. Returns once the folds ran.
+    pub(super) fn fold_weights<T: fusion::Element>(
         stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
         w: &fusion::Tensor<'_, T>,
         b: &fusion::Tensor<'_, T>,
-    ) -> fusion::Result<()> {
+    ) -> fusion::Result<Vec<Option<fusion::launch::FoldedWeights>>> {
+        let __dtype = <T as fusion::Element>::DTYPE;
+        let __arch = fusion::device::arch_for(stream)?;
         let mut __call = fusion::launch::Call::new(&__GRAPH, stream);
-        __call.input(&__TENSOR_1, w)?;
-        __call.input(&__TENSOR_2, b)?;
-        Ok(())
+        let __ptr_1 = __call.input(&__TENSOR_1, w)?;
+        let __ptr_2 = __call.input(&__TENSOR_2, b)?;
+        Ok(Vec::new())
     }
 }

@@ -4,6 +4,7 @@
 // fusion_kernels_layernorm_gemm_nk_bf16_sm90: layernorm_gemm, B [N, K], bf16, built for sm90.
 // Used by: layernorm_gemm#0
 #include "fusion/abi.h"
+#include "fusion/fold.cuh"
 #include "fusion/gemm.cuh"
 #include "fusion/sm90/mainloop.cuh"
 
@@ -13,6 +14,11 @@ using Element = __nv_bfloat16;
 template <typename Tile>
 using Kernel = fusion::FusedGemm<fusion::sm90::Mainloop<Element, fusion::LayoutB::NK, Tile>, fusion::NormPrologue<fusion::NormKind::LayerNorm>,
                                  fusion::EpilogueChain<>>;
+// The same with the norm folded into B (fusion/prologue.cuh, FoldedNorm):
+// B is W' from fusion_kernels_layernorm_gemm_nk_bf16_sm90_fold_weights, and gamma and beta are not read.
+template <typename Tile>
+using FoldedKernel = fusion::FusedGemm<fusion::sm90::Mainloop<Element, fusion::LayoutB::NK, Tile>,
+                                       fusion::FoldedNorm<fusion::NormKind::LayerNorm>, fusion::EpilogueChain<>>;
 // 128x256x64 (4 stages, cooperative, persistent)
 using LargeTile = fusion::sm90::TileConfig<128, 256, 4, fusion::sm90::Schedule::Cooperative>;
 // 64x128x64 (8 stages, cooperative, persistent), for m <= 512
@@ -21,9 +27,15 @@ using SmallTile = fusion::sm90::TileConfig<64, 128, 8, fusion::sm90::Schedule::C
 using SmallAltTile = fusion::sm90::TileConfig<128, 128, 6, fusion::sm90::Schedule::Cooperative>;
 static_assert(Kernel<LargeTile>::kBlockSmemBytes <= fusion::sm90::kSmemPerBlock,
               "tile config from kernels/tuned/sm90.json, entry 'default' for 'layernorm_gemm' (large) does not fit sm90: 128x256x64 (4 stages, cooperative, persistent) needs more shared memory per block than sm90 allows");
+static_assert(FoldedKernel<LargeTile>::kBlockSmemBytes <= fusion::sm90::kSmemPerBlock,
+              "tile config from kernels/tuned/sm90.json, entry 'default' for 'layernorm_gemm' (large) does not fit sm90: 128x256x64 (4 stages, cooperative, persistent) needs more shared memory per block than sm90 allows");
 static_assert(Kernel<SmallTile>::kBlockSmemBytes <= fusion::sm90::kSmemPerBlock,
               "tile config from kernels/tuned/sm90.json, entry 'default' for 'layernorm_gemm' (small_m) does not fit sm90: 64x128x64 (8 stages, cooperative, persistent) needs more shared memory per block than sm90 allows");
+static_assert(FoldedKernel<SmallTile>::kBlockSmemBytes <= fusion::sm90::kSmemPerBlock,
+              "tile config from kernels/tuned/sm90.json, entry 'default' for 'layernorm_gemm' (small_m) does not fit sm90: 64x128x64 (8 stages, cooperative, persistent) needs more shared memory per block than sm90 allows");
 static_assert(Kernel<SmallAltTile>::kBlockSmemBytes <= fusion::sm90::kSmemPerBlock,
+              "tile config from kernels/tuned/sm90.json, entry 'default' for 'layernorm_gemm' (small_m_alt) does not fit sm90: 128x128x64 (6 stages, cooperative, persistent) needs more shared memory per block than sm90 allows");
+static_assert(FoldedKernel<SmallAltTile>::kBlockSmemBytes <= fusion::sm90::kSmemPerBlock,
               "tile config from kernels/tuned/sm90.json, entry 'default' for 'layernorm_gemm' (small_m_alt) does not fit sm90: 128x128x64 (6 stages, cooperative, persistent) needs more shared memory per block than sm90 allows");
 
 fusion::GemmArgs<Element> args_of(const fusion_gemm_params* p) {
@@ -37,40 +49,63 @@ fusion::GemmArgs<Element> args_of(const fusion_gemm_params* p) {
   args.epilogue.bias = p->bias;
   args.epilogue.residual = p->residual;
   args.epilogue.multiplier = p->multiplier;
+  args.epilogue.col_terms = static_cast<const float2*>(p->col_terms);
   args.norm.gamma = p->gamma;
   args.norm.beta = p->beta;
   args.norm.eps = p->eps;
   return args;
 }
 
-// Calls `f` with the kernel this shape runs on: one choice for the launch
-// and its workspace query.
-template <typename F>
+// Calls `f` with the kernel of family K this shape runs on: one choice for
+// the launch and its workspace query.
+template <template <typename> class K, typename F>
 cudaError_t with_kernel(const fusion_gemm_params* p, F&& f) {
   if (p->m <= 512 && fusion::fewer_waves<SmallAltTile, SmallTile>(p->m, p->n))
-    return f(Kernel<SmallAltTile>{});
-  if (p->m <= 512) return f(Kernel<SmallTile>{});
-  return f(Kernel<LargeTile>{});
+    return f(K<SmallAltTile>{});
+  if (p->m <= 512) return f(K<SmallTile>{});
+  return f(K<LargeTile>{});
 }
 
-}  // namespace
-
-extern "C" int fusion_kernels_layernorm_gemm_nk_bf16_sm90(const fusion_gemm_params* p, void* stream) {
+template <template <typename> class K>
+int launch(const fusion_gemm_params* p, void* stream) {
   if (p == nullptr) return int(cudaErrorInvalidValue);
   const fusion::Workspace workspace{p->workspace, size_t(p->workspace_bytes), p->flags};
-  return int(with_kernel(p, [&](auto kernel) {
+  return int(with_kernel<K>(p, [&](auto kernel) {
     return decltype(kernel)::launch(args_of(p), workspace, static_cast<cudaStream_t>(stream));
   }));
 }
 
-// The device is the current one, as in the launch: `stream` is unused.
-extern "C" int fusion_kernels_layernorm_gemm_nk_bf16_sm90_workspace_bytes(const fusion_gemm_params* p, void* /*stream*/, uint64_t* bytes) {
+template <template <typename> class K>
+int workspace_bytes(const fusion_gemm_params* p, uint64_t* bytes) {
   if (p == nullptr || bytes == nullptr) return int(cudaErrorInvalidValue);
   size_t needed = 0;
   const cudaError_t err =
-      with_kernel(p, [&](auto kernel) { return decltype(kernel)::workspace_bytes(args_of(p), p->flags, &needed); });
+      with_kernel<K>(p, [&](auto kernel) { return decltype(kernel)::workspace_bytes(args_of(p), p->flags, &needed); });
   *bytes = needed;
   return int(err);
+}
+
+}  // namespace
+
+extern "C" int fusion_kernels_layernorm_gemm_nk_bf16_sm90(const fusion_gemm_params* p, void* stream) { return launch<Kernel>(p, stream); }
+
+// The device is the current one, as in the launch: `stream` is unused.
+extern "C" int fusion_kernels_layernorm_gemm_nk_bf16_sm90_workspace_bytes(const fusion_gemm_params* p, void* /*stream*/, uint64_t* bytes) {
+  return workspace_bytes<Kernel>(p, bytes);
+}
+
+extern "C" int fusion_kernels_layernorm_gemm_nk_bf16_sm90_folded(const fusion_gemm_params* p, void* stream) { return launch<FoldedKernel>(p, stream); }
+
+extern "C" int fusion_kernels_layernorm_gemm_nk_bf16_sm90_folded_workspace_bytes(const fusion_gemm_params* p, void* /*stream*/, uint64_t* bytes) {
+  return workspace_bytes<FoldedKernel>(p, bytes);
+}
+
+extern "C" int fusion_kernels_layernorm_gemm_nk_bf16_sm90_fold_weights(const fusion_fold_params* p, void* stream) {
+  if (p == nullptr) return int(cudaErrorInvalidValue);
+  return int(fusion::launch_fold_weights<fusion::NormKind::LayerNorm, Element, fusion::LayoutB::NK>(
+      static_cast<const Element*>(p->w), static_cast<const Element*>(p->gamma), static_cast<const Element*>(p->beta),
+      static_cast<Element*>(p->w_folded), static_cast<float2*>(p->col_terms), p->n, p->k,
+      static_cast<cudaStream_t>(stream)));
 }
 
 // What each tile config asks for per block at launch, large first; returns

@@ -4,6 +4,7 @@
 // fusion_kernels_layernorm_gemm_nk_f16_sm80: layernorm_gemm, B [N, K], f16, built for sm80.
 // Used by: layernorm_gemm#0
 #include "fusion/abi.h"
+#include "fusion/fold.cuh"
 #include "fusion/gemm.cuh"
 #include "fusion/sm80/mainloop.cuh"
 
@@ -13,9 +14,16 @@ using Element = __half;
 template <typename Tile>
 using Kernel = fusion::FusedGemm<fusion::sm80::Mainloop<Element, fusion::LayoutB::NK, Tile>, fusion::NormPrologue<fusion::NormKind::LayerNorm>,
                                  fusion::EpilogueChain<>>;
+// The same with the norm folded into B (fusion/prologue.cuh, FoldedNorm):
+// B is W' from fusion_kernels_layernorm_gemm_nk_f16_sm80_fold_weights, and gamma and beta are not read.
+template <typename Tile>
+using FoldedKernel = fusion::FusedGemm<fusion::sm80::Mainloop<Element, fusion::LayoutB::NK, Tile>,
+                                       fusion::FoldedNorm<fusion::NormKind::LayerNorm>, fusion::EpilogueChain<>>;
 // 128x128x32 (warp 64x32, 4 stages, 2 block(s)/SM)
 using LargeTile = fusion::sm80::TileConfig<128, 128, 32, 64, 32, 4, 2>;
 static_assert(Kernel<LargeTile>::kBlockSmemBytes <= fusion::sm80::kSmemPerBlock,
+              "tile config from kernels/tuned/sm80.json, entry 'layernorm_gemm' for 'layernorm_gemm' (large) does not fit sm80: 128x128x32 (warp 64x32, 4 stages, 2 block(s)/SM) needs more shared memory per block than sm80 allows");
+static_assert(FoldedKernel<LargeTile>::kBlockSmemBytes <= fusion::sm80::kSmemPerBlock,
               "tile config from kernels/tuned/sm80.json, entry 'layernorm_gemm' for 'layernorm_gemm' (large) does not fit sm80: 128x128x32 (warp 64x32, 4 stages, 2 block(s)/SM) needs more shared memory per block than sm80 allows");
 
 fusion::GemmArgs<Element> args_of(const fusion_gemm_params* p) {
@@ -29,38 +37,61 @@ fusion::GemmArgs<Element> args_of(const fusion_gemm_params* p) {
   args.epilogue.bias = p->bias;
   args.epilogue.residual = p->residual;
   args.epilogue.multiplier = p->multiplier;
+  args.epilogue.col_terms = static_cast<const float2*>(p->col_terms);
   args.norm.gamma = p->gamma;
   args.norm.beta = p->beta;
   args.norm.eps = p->eps;
   return args;
 }
 
-// Calls `f` with the kernel this shape runs on: one choice for the launch
-// and its workspace query.
-template <typename F>
+// Calls `f` with the kernel of family K this shape runs on: one choice for
+// the launch and its workspace query.
+template <template <typename> class K, typename F>
 cudaError_t with_kernel(const fusion_gemm_params* p, F&& f) {
   (void)p;  // one kernel for every shape
-  return f(Kernel<LargeTile>{});
+  return f(K<LargeTile>{});
 }
 
-}  // namespace
-
-extern "C" int fusion_kernels_layernorm_gemm_nk_f16_sm80(const fusion_gemm_params* p, void* stream) {
+template <template <typename> class K>
+int launch(const fusion_gemm_params* p, void* stream) {
   if (p == nullptr) return int(cudaErrorInvalidValue);
   const fusion::Workspace workspace{p->workspace, size_t(p->workspace_bytes), p->flags};
-  return int(with_kernel(p, [&](auto kernel) {
+  return int(with_kernel<K>(p, [&](auto kernel) {
     return decltype(kernel)::launch(args_of(p), workspace, static_cast<cudaStream_t>(stream));
   }));
 }
 
-// The device is the current one, as in the launch: `stream` is unused.
-extern "C" int fusion_kernels_layernorm_gemm_nk_f16_sm80_workspace_bytes(const fusion_gemm_params* p, void* /*stream*/, uint64_t* bytes) {
+template <template <typename> class K>
+int workspace_bytes(const fusion_gemm_params* p, uint64_t* bytes) {
   if (p == nullptr || bytes == nullptr) return int(cudaErrorInvalidValue);
   size_t needed = 0;
   const cudaError_t err =
-      with_kernel(p, [&](auto kernel) { return decltype(kernel)::workspace_bytes(args_of(p), p->flags, &needed); });
+      with_kernel<K>(p, [&](auto kernel) { return decltype(kernel)::workspace_bytes(args_of(p), p->flags, &needed); });
   *bytes = needed;
   return int(err);
+}
+
+}  // namespace
+
+extern "C" int fusion_kernels_layernorm_gemm_nk_f16_sm80(const fusion_gemm_params* p, void* stream) { return launch<Kernel>(p, stream); }
+
+// The device is the current one, as in the launch: `stream` is unused.
+extern "C" int fusion_kernels_layernorm_gemm_nk_f16_sm80_workspace_bytes(const fusion_gemm_params* p, void* /*stream*/, uint64_t* bytes) {
+  return workspace_bytes<Kernel>(p, bytes);
+}
+
+extern "C" int fusion_kernels_layernorm_gemm_nk_f16_sm80_folded(const fusion_gemm_params* p, void* stream) { return launch<FoldedKernel>(p, stream); }
+
+extern "C" int fusion_kernels_layernorm_gemm_nk_f16_sm80_folded_workspace_bytes(const fusion_gemm_params* p, void* /*stream*/, uint64_t* bytes) {
+  return workspace_bytes<FoldedKernel>(p, bytes);
+}
+
+extern "C" int fusion_kernels_layernorm_gemm_nk_f16_sm80_fold_weights(const fusion_fold_params* p, void* stream) {
+  if (p == nullptr) return int(cudaErrorInvalidValue);
+  return int(fusion::launch_fold_weights<fusion::NormKind::LayerNorm, Element, fusion::LayoutB::NK>(
+      static_cast<const Element*>(p->w), static_cast<const Element*>(p->gamma), static_cast<const Element*>(p->beta),
+      static_cast<Element*>(p->w_folded), static_cast<float2*>(p->col_terms), p->n, p->k,
+      static_cast<cudaStream_t>(stream)));
 }
 
 // What each tile config asks for per block at launch, large first; returns

@@ -11,6 +11,16 @@
 mod ffi {
     include!("fusion_ffi.rs");
 }
+///The weights of [`LayernormGemm`], as device tensors it borrows. `new` checks each one's shape against the declaration.
+#[derive(Debug)]
+pub struct LayernormGemmWeights<'w, T: fusion::Element> {
+    ///The weight `g`.
+    pub g: fusion::Tensor<'w, T>,
+    ///The weight `b`.
+    pub b: fusion::Tensor<'w, T>,
+    ///The weight `w`.
+    pub w: fusion::Tensor<'w, T>,
+}
 /**y = layernorm(x, g, b) @ w^T: LayerNorm with scale g and shift b, then nn.Linear without bias.
 
 Compiled from `graphs/layernorm_gemm.toml` for f16 and bf16. Arguments, in order:
@@ -42,32 +52,56 @@ no tensor passes between kernels
 # Threads and memory
 
 The struct is `Send` and `Sync`: it owns nothing but device buffers. `run` takes `&mut self` because every call reuses the same workspace for the intermediates and the kernels' scratch (grown when a call needs more, never while the stream is being captured into a CUDA graph: run once before capturing), so the compiler already keeps two threads from running one struct at once; to run a graph from several threads at the same time, give each thread its own struct (or share one behind a `Mutex`). Calls from one thread on different streams are ordered by the buffers' CUDA events, which make the second stream wait for the first one's use of the workspace. Dropping the struct frees the workspace.*/
-#[derive(Debug, Default)]
-pub struct LayernormGemm {
+#[derive(Debug)]
+pub struct LayernormGemm<'w, T: fusion::Element> {
+    weights: LayernormGemmWeights<'w, T>,
+    folded: Vec<Option<fusion::launch::FoldedWeights>>,
     workspace: fusion::launch::Workspace,
 }
-impl LayernormGemm {
-    pub fn new() -> Self {
-        Self::default()
+impl<'w, T: fusion::Element> LayernormGemm<'w, T> {
+    /// Binds the weights: checks each one's shape (static dims
+    /// against the declaration, shared dims against each other)
+    /// and that it lives on `stream`'s device, and computes once
+    /// what later calls need from them alone: a norm followed by a
+    /// GEMM whose gamma, beta and weight are all bound is folded
+    /// into a copy of that weight (`fusion::launch::FoldedWeights`),
+    /// which the struct keeps. Returns once that work is done.
+    pub fn new(
+        stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
+        weights: LayernormGemmWeights<'w, T>,
+    ) -> fusion::Result<Self> {
+        let folded = __layernorm_gemm::fold_weights::<
+            T,
+        >(stream, &weights.g, &weights.b, &weights.w)?;
+        Ok(Self {
+            weights,
+            folded,
+            workspace: fusion::launch::Workspace::new(),
+        })
+    }
+    /// The bound weights.
+    pub fn weights(&self) -> &LayernormGemmWeights<'w, T> {
+        &self.weights
     }
     /// The device memory kept between calls: the intermediates and
     /// the kernels' scratch (see `fusion::launch::Workspace`).
     pub fn workspace(&self) -> &fusion::launch::Workspace {
         &self.workspace
     }
-    /// Checks every argument, then launches the plan's kernels in order
-    /// on `stream`. Returns once they are enqueued.
+    /// Checks the inputs and outputs (dynamic dims are read from
+    /// them and must agree), then launches the plan's kernels in
+    /// order on `stream`. Returns once they are enqueued.
     #[allow(clippy::too_many_arguments, reason = "one argument per graph tensor")]
-    pub fn run<T: fusion::Element>(
+    pub fn run(
         &mut self,
         stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
         x: &fusion::Tensor<'_, T>,
-        g: &fusion::Tensor<'_, T>,
-        b: &fusion::Tensor<'_, T>,
-        w: &fusion::Tensor<'_, T>,
         y: &mut fusion::TensorMut<'_, T>,
     ) -> fusion::Result<()> {
-        __layernorm_gemm::run::<T>(&mut self.workspace, stream, x, g, b, w, y)
+        let LayernormGemmWeights { g, b, w } = &self.weights;
+        __layernorm_gemm::run::<
+            T,
+        >(&mut self.workspace, &self.folded, stream, x, g, b, w, y)
     }
 }
 /**y = layernorm(x, g, b) @ w^T: LayerNorm with scale g and shift b, then nn.Linear without bias.
@@ -112,7 +146,7 @@ pub fn layernorm_gemm<T: fusion::Element>(
 ) -> fusion::Result<()> {
     fusion::launch::with_stream_workspace(
         stream,
-        |__workspace| __layernorm_gemm::run::<T>(__workspace, stream, x, g, b, w, y),
+        |__workspace| __layernorm_gemm::run::<T>(__workspace, &[], stream, x, g, b, w, y),
     )
 }
 #[allow(unreachable_code, unused_variables, unused_mut, dead_code, clippy::all)]
@@ -160,6 +194,7 @@ mod __layernorm_gemm {
     };
     pub(super) fn run<T: fusion::Element>(
         __workspace: &mut fusion::launch::Workspace,
+        __folded: &[Option<fusion::launch::FoldedWeights>],
         stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
         x: &fusion::Tensor<'_, T>,
         g: &fusion::Tensor<'_, T>,
@@ -172,12 +207,18 @@ mod __layernorm_gemm {
         let __launcher_0: (
             fusion::launch::Launcher<ffi::fusion_gemm_params>,
             fusion::launch::WorkspaceBytes<ffi::fusion_gemm_params>,
+            fusion::launch::Launcher<ffi::fusion_gemm_params>,
+            fusion::launch::WorkspaceBytes<ffi::fusion_gemm_params>,
         ) = match (__dtype, __arch) {
             (fusion::core::ir::DType::F16, fusion::Arch::Sm80) => {
                 (
                     ffi::fusion_kernels_layernorm_gemm_nk_f16_sm80
                         as fusion::launch::Launcher<ffi::fusion_gemm_params>,
                     ffi::fusion_kernels_layernorm_gemm_nk_f16_sm80_workspace_bytes
+                        as fusion::launch::WorkspaceBytes<ffi::fusion_gemm_params>,
+                    ffi::fusion_kernels_layernorm_gemm_nk_f16_sm80_folded
+                        as fusion::launch::Launcher<ffi::fusion_gemm_params>,
+                    ffi::fusion_kernels_layernorm_gemm_nk_f16_sm80_folded_workspace_bytes
                         as fusion::launch::WorkspaceBytes<ffi::fusion_gemm_params>,
                 )
             }
@@ -187,6 +228,10 @@ mod __layernorm_gemm {
                         as fusion::launch::Launcher<ffi::fusion_gemm_params>,
                     ffi::fusion_kernels_layernorm_gemm_nk_f16_sm90_workspace_bytes
                         as fusion::launch::WorkspaceBytes<ffi::fusion_gemm_params>,
+                    ffi::fusion_kernels_layernorm_gemm_nk_f16_sm90_folded
+                        as fusion::launch::Launcher<ffi::fusion_gemm_params>,
+                    ffi::fusion_kernels_layernorm_gemm_nk_f16_sm90_folded_workspace_bytes
+                        as fusion::launch::WorkspaceBytes<ffi::fusion_gemm_params>,
                 )
             }
             (fusion::core::ir::DType::BF16, fusion::Arch::Sm80) => {
@@ -195,6 +240,10 @@ mod __layernorm_gemm {
                         as fusion::launch::Launcher<ffi::fusion_gemm_params>,
                     ffi::fusion_kernels_layernorm_gemm_nk_bf16_sm80_workspace_bytes
                         as fusion::launch::WorkspaceBytes<ffi::fusion_gemm_params>,
+                    ffi::fusion_kernels_layernorm_gemm_nk_bf16_sm80_folded
+                        as fusion::launch::Launcher<ffi::fusion_gemm_params>,
+                    ffi::fusion_kernels_layernorm_gemm_nk_bf16_sm80_folded_workspace_bytes
+                        as fusion::launch::WorkspaceBytes<ffi::fusion_gemm_params>,
                 )
             }
             (fusion::core::ir::DType::BF16, fusion::Arch::Sm90) => {
@@ -202,6 +251,10 @@ mod __layernorm_gemm {
                     ffi::fusion_kernels_layernorm_gemm_nk_bf16_sm90
                         as fusion::launch::Launcher<ffi::fusion_gemm_params>,
                     ffi::fusion_kernels_layernorm_gemm_nk_bf16_sm90_workspace_bytes
+                        as fusion::launch::WorkspaceBytes<ffi::fusion_gemm_params>,
+                    ffi::fusion_kernels_layernorm_gemm_nk_bf16_sm90_folded
+                        as fusion::launch::Launcher<ffi::fusion_gemm_params>,
+                    ffi::fusion_kernels_layernorm_gemm_nk_bf16_sm90_folded_workspace_bytes
                         as fusion::launch::WorkspaceBytes<ffi::fusion_gemm_params>,
                 )
             }
@@ -215,6 +268,12 @@ mod __layernorm_gemm {
                     ),
                 );
             }
+        };
+        let __fold_0 = __folded.get(0usize).and_then(Option::as_ref);
+        let __launcher_0 = if __fold_0.is_some() {
+            (__launcher_0.2, __launcher_0.3)
+        } else {
+            (__launcher_0.0, __launcher_0.1)
         };
         let mut __call = fusion::launch::Call::new(&__GRAPH, stream);
         let __ptr_0 = __call.input(&__TENSOR_0, x)?;
@@ -244,6 +303,7 @@ mod __layernorm_gemm {
                 multiplier: core::ptr::null(),
                 gamma: __ptr_1 as *const core::ffi::c_void,
                 beta: __ptr_2 as *const core::ffi::c_void,
+                col_terms: core::ptr::null(),
                 m,
                 n,
                 k,
@@ -253,6 +313,11 @@ mod __layernorm_gemm {
                 workspace_bytes: 0,
             }
         };
+        if let Some(__weights) = __fold_0 {
+            let (b, col_terms) = __call.folded(__weights);
+            __params_0.b = b as *const core::ffi::c_void;
+            __params_0.col_terms = col_terms as *const core::ffi::c_void;
+        }
         let mut __scratch_bytes = 0u64;
         __scratch_bytes = __scratch_bytes
             .max(
@@ -276,17 +341,82 @@ mod __layernorm_gemm {
             )?;
         Ok(())
     }
-    /// Checks the weights alone, when a graph binds them in `new`.
-    pub(super) fn check_weights<T: fusion::Element>(
+    /// Checks the weights and folds each kernel's norm into its
+    /// weight where it can (`fusion::launch::FoldedWeights`): one
+    /// entry per kernel of the plan. Returns once the folds ran.
+    pub(super) fn fold_weights<T: fusion::Element>(
         stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
         g: &fusion::Tensor<'_, T>,
         b: &fusion::Tensor<'_, T>,
         w: &fusion::Tensor<'_, T>,
-    ) -> fusion::Result<()> {
+    ) -> fusion::Result<Vec<Option<fusion::launch::FoldedWeights>>> {
+        let __dtype = <T as fusion::Element>::DTYPE;
+        let __arch = fusion::device::arch_for(stream)?;
         let mut __call = fusion::launch::Call::new(&__GRAPH, stream);
-        __call.input(&__TENSOR_1, g)?;
-        __call.input(&__TENSOR_2, b)?;
-        __call.input(&__TENSOR_3, w)?;
-        Ok(())
+        let __ptr_1 = __call.input(&__TENSOR_1, g)?;
+        let __ptr_2 = __call.input(&__TENSOR_2, b)?;
+        let __ptr_3 = __call.input(&__TENSOR_3, w)?;
+        let mut __folded = Vec::new();
+        let __fold: fusion::launch::FoldWeights<ffi::fusion_fold_params> = match (
+            __dtype,
+            __arch,
+        ) {
+            (fusion::core::ir::DType::F16, fusion::Arch::Sm80) => {
+                ffi::fusion_kernels_layernorm_gemm_nk_f16_sm80_fold_weights
+                    as fusion::launch::FoldWeights<ffi::fusion_fold_params>
+            }
+            (fusion::core::ir::DType::F16, fusion::Arch::Sm90) => {
+                ffi::fusion_kernels_layernorm_gemm_nk_f16_sm90_fold_weights
+                    as fusion::launch::FoldWeights<ffi::fusion_fold_params>
+            }
+            (fusion::core::ir::DType::BF16, fusion::Arch::Sm80) => {
+                ffi::fusion_kernels_layernorm_gemm_nk_bf16_sm80_fold_weights
+                    as fusion::launch::FoldWeights<ffi::fusion_fold_params>
+            }
+            (fusion::core::ir::DType::BF16, fusion::Arch::Sm90) => {
+                ffi::fusion_kernels_layernorm_gemm_nk_bf16_sm90_fold_weights
+                    as fusion::launch::FoldWeights<ffi::fusion_fold_params>
+            }
+            _ => {
+                return Err(
+                    fusion::launch::not_compiled(
+                        "layernorm_gemm",
+                        __dtype,
+                        __arch,
+                        "f16 on sm80, sm90; bf16 on sm80, sm90",
+                    ),
+                );
+            }
+        };
+        let (rows, cols) = __call.matrix(&__TENSOR_3)?;
+        let (n, k) = (rows, cols);
+        let bytes = rows as usize * cols as usize * core::mem::size_of::<T>();
+        let stream_ptr = __call.stream_ptr();
+        __folded
+            .push(
+                Some(
+                    fusion::launch::FoldedWeights::fold(
+                        &__call,
+                        "kernel #0 (layernorm_gemm)",
+                        bytes,
+                        n as usize,
+                        |w_folded, col_terms| {
+                            let params = ffi::fusion_fold_params {
+                                w: __ptr_3 as *const core::ffi::c_void,
+                                gamma: __ptr_1 as *const core::ffi::c_void,
+                                beta: __ptr_2 as *const core::ffi::c_void,
+                                w_folded,
+                                col_terms,
+                                n,
+                                k,
+                            };
+                            unsafe { __fold(&params, stream_ptr) }
+                        },
+                        ffi::fusion_kernels_error_string,
+                    )?,
+                ),
+            );
+        stream.synchronize()?;
+        Ok(__folded)
     }
 }

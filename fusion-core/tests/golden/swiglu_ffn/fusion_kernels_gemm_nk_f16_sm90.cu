@@ -37,40 +37,49 @@ fusion::GemmArgs<Element> args_of(const fusion_gemm_params* p) {
   args.epilogue.bias = p->bias;
   args.epilogue.residual = p->residual;
   args.epilogue.multiplier = p->multiplier;
+  args.epilogue.col_terms = static_cast<const float2*>(p->col_terms);
   args.norm.gamma = p->gamma;
   args.norm.beta = p->beta;
   args.norm.eps = p->eps;
   return args;
 }
 
-// Calls `f` with the kernel this shape runs on: one choice for the launch
-// and its workspace query.
-template <typename F>
+// Calls `f` with the kernel of family K this shape runs on: one choice for
+// the launch and its workspace query.
+template <template <typename> class K, typename F>
 cudaError_t with_kernel(const fusion_gemm_params* p, F&& f) {
   if (p->m <= 512 && fusion::fewer_waves<SmallAltTile, SmallTile>(p->m, p->n))
-    return f(Kernel<SmallAltTile>{});
-  if (p->m <= 512) return f(Kernel<SmallTile>{});
-  return f(Kernel<LargeTile>{});
+    return f(K<SmallAltTile>{});
+  if (p->m <= 512) return f(K<SmallTile>{});
+  return f(K<LargeTile>{});
 }
 
-}  // namespace
-
-extern "C" int fusion_kernels_gemm_nk_f16_sm90(const fusion_gemm_params* p, void* stream) {
+template <template <typename> class K>
+int launch(const fusion_gemm_params* p, void* stream) {
   if (p == nullptr) return int(cudaErrorInvalidValue);
   const fusion::Workspace workspace{p->workspace, size_t(p->workspace_bytes), p->flags};
-  return int(with_kernel(p, [&](auto kernel) {
+  return int(with_kernel<K>(p, [&](auto kernel) {
     return decltype(kernel)::launch(args_of(p), workspace, static_cast<cudaStream_t>(stream));
   }));
 }
 
-// The device is the current one, as in the launch: `stream` is unused.
-extern "C" int fusion_kernels_gemm_nk_f16_sm90_workspace_bytes(const fusion_gemm_params* p, void* /*stream*/, uint64_t* bytes) {
+template <template <typename> class K>
+int workspace_bytes(const fusion_gemm_params* p, uint64_t* bytes) {
   if (p == nullptr || bytes == nullptr) return int(cudaErrorInvalidValue);
   size_t needed = 0;
   const cudaError_t err =
-      with_kernel(p, [&](auto kernel) { return decltype(kernel)::workspace_bytes(args_of(p), p->flags, &needed); });
+      with_kernel<K>(p, [&](auto kernel) { return decltype(kernel)::workspace_bytes(args_of(p), p->flags, &needed); });
   *bytes = needed;
   return int(err);
+}
+
+}  // namespace
+
+extern "C" int fusion_kernels_gemm_nk_f16_sm90(const fusion_gemm_params* p, void* stream) { return launch<Kernel>(p, stream); }
+
+// The device is the current one, as in the launch: `stream` is unused.
+extern "C" int fusion_kernels_gemm_nk_f16_sm90_workspace_bytes(const fusion_gemm_params* p, void* /*stream*/, uint64_t* bytes) {
+  return workspace_bytes<Kernel>(p, bytes);
 }
 
 // What each tile config asks for per block at launch, large first; returns

@@ -11,6 +11,18 @@
 mod ffi {
     include!("fusion_ffi.rs");
 }
+///The weights of [`SwigluFfn`], as device tensors it borrows. `new` checks each one's shape against the declaration.
+#[derive(Debug)]
+pub struct SwigluFfnWeights<'w, T: fusion::Element> {
+    ///The weight `w_gate`.
+    pub w_gate: fusion::Tensor<'w, T>,
+    ///The weight `w_up`.
+    pub w_up: fusion::Tensor<'w, T>,
+    ///The weight `w_down`.
+    pub w_down: fusion::Tensor<'w, T>,
+    ///The weight `b_down`.
+    pub b_down: fusion::Tensor<'w, T>,
+}
 /**Llama-3-8B SwiGLU feed-forward block: bias on the down projection, residual add.
 
 Compiled from `graphs/swiglu_ffn.toml` for f16 and bf16. Arguments, in order:
@@ -58,35 +70,56 @@ between kernels (written to memory, read back):
 # Threads and memory
 
 The struct is `Send` and `Sync`: it owns nothing but device buffers. `run` takes `&mut self` because every call reuses the same workspace for the intermediates and the kernels' scratch (grown when a call needs more, never while the stream is being captured into a CUDA graph: run once before capturing), so the compiler already keeps two threads from running one struct at once; to run a graph from several threads at the same time, give each thread its own struct (or share one behind a `Mutex`). Calls from one thread on different streams are ordered by the buffers' CUDA events, which make the second stream wait for the first one's use of the workspace. Dropping the struct frees the workspace.*/
-#[derive(Debug, Default)]
-pub struct SwigluFfn {
+#[derive(Debug)]
+pub struct SwigluFfn<'w, T: fusion::Element> {
+    weights: SwigluFfnWeights<'w, T>,
+    folded: Vec<Option<fusion::launch::FoldedWeights>>,
     workspace: fusion::launch::Workspace,
 }
-impl SwigluFfn {
-    pub fn new() -> Self {
-        Self::default()
+impl<'w, T: fusion::Element> SwigluFfn<'w, T> {
+    /// Binds the weights: checks each one's shape (static dims
+    /// against the declaration, shared dims against each other)
+    /// and that it lives on `stream`'s device, and computes once
+    /// what later calls need from them alone: a norm followed by a
+    /// GEMM whose gamma, beta and weight are all bound is folded
+    /// into a copy of that weight (`fusion::launch::FoldedWeights`),
+    /// which the struct keeps. Returns once that work is done.
+    pub fn new(
+        stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
+        weights: SwigluFfnWeights<'w, T>,
+    ) -> fusion::Result<Self> {
+        let folded = __swiglu_ffn::fold_weights::<
+            T,
+        >(stream, &weights.w_gate, &weights.w_up, &weights.w_down, &weights.b_down)?;
+        Ok(Self {
+            weights,
+            folded,
+            workspace: fusion::launch::Workspace::new(),
+        })
+    }
+    /// The bound weights.
+    pub fn weights(&self) -> &SwigluFfnWeights<'w, T> {
+        &self.weights
     }
     /// The device memory kept between calls: the intermediates and
     /// the kernels' scratch (see `fusion::launch::Workspace`).
     pub fn workspace(&self) -> &fusion::launch::Workspace {
         &self.workspace
     }
-    /// Checks every argument, then launches the plan's kernels in order
-    /// on `stream`. Returns once they are enqueued.
+    /// Checks the inputs and outputs (dynamic dims are read from
+    /// them and must agree), then launches the plan's kernels in
+    /// order on `stream`. Returns once they are enqueued.
     #[allow(clippy::too_many_arguments, reason = "one argument per graph tensor")]
-    pub fn run<T: fusion::Element>(
+    pub fn run(
         &mut self,
         stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
         x: &fusion::Tensor<'_, T>,
-        w_gate: &fusion::Tensor<'_, T>,
-        w_up: &fusion::Tensor<'_, T>,
-        w_down: &fusion::Tensor<'_, T>,
-        b_down: &fusion::Tensor<'_, T>,
         y: &mut fusion::TensorMut<'_, T>,
     ) -> fusion::Result<()> {
+        let SwigluFfnWeights { w_gate, w_up, w_down, b_down } = &self.weights;
         __swiglu_ffn::run::<
             T,
-        >(&mut self.workspace, stream, x, w_gate, w_up, w_down, b_down, y)
+        >(&mut self.workspace, &self.folded, stream, x, w_gate, w_up, w_down, b_down, y)
     }
 }
 #[allow(unreachable_code, unused_variables, unused_mut, dead_code, clippy::all)]
@@ -179,6 +212,7 @@ mod __swiglu_ffn {
     };
     pub(super) fn run<T: fusion::Element>(
         __workspace: &mut fusion::launch::Workspace,
+        __folded: &[Option<fusion::launch::FoldedWeights>],
         stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
         x: &fusion::Tensor<'_, T>,
         w_gate: &fusion::Tensor<'_, T>,
@@ -363,6 +397,7 @@ mod __swiglu_ffn {
                 multiplier: core::ptr::null(),
                 gamma: core::ptr::null(),
                 beta: core::ptr::null(),
+                col_terms: core::ptr::null(),
                 m,
                 n,
                 k,
@@ -384,6 +419,7 @@ mod __swiglu_ffn {
                 multiplier: __ptr_7 as *const core::ffi::c_void,
                 gamma: core::ptr::null(),
                 beta: core::ptr::null(),
+                col_terms: core::ptr::null(),
                 m,
                 n,
                 k,
@@ -405,6 +441,7 @@ mod __swiglu_ffn {
                 multiplier: core::ptr::null(),
                 gamma: core::ptr::null(),
                 beta: core::ptr::null(),
+                col_terms: core::ptr::null(),
                 m,
                 n,
                 k,
@@ -470,19 +507,23 @@ mod __swiglu_ffn {
             )?;
         Ok(())
     }
-    /// Checks the weights alone, when a graph binds them in `new`.
-    pub(super) fn check_weights<T: fusion::Element>(
+    /// Checks the weights and folds each kernel's norm into its
+    /// weight where it can (`fusion::launch::FoldedWeights`): one
+    /// entry per kernel of the plan. Returns once the folds ran.
+    pub(super) fn fold_weights<T: fusion::Element>(
         stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
         w_gate: &fusion::Tensor<'_, T>,
         w_up: &fusion::Tensor<'_, T>,
         w_down: &fusion::Tensor<'_, T>,
         b_down: &fusion::Tensor<'_, T>,
-    ) -> fusion::Result<()> {
+    ) -> fusion::Result<Vec<Option<fusion::launch::FoldedWeights>>> {
+        let __dtype = <T as fusion::Element>::DTYPE;
+        let __arch = fusion::device::arch_for(stream)?;
         let mut __call = fusion::launch::Call::new(&__GRAPH, stream);
-        __call.input(&__TENSOR_1, w_gate)?;
-        __call.input(&__TENSOR_2, w_up)?;
-        __call.input(&__TENSOR_3, w_down)?;
-        __call.input(&__TENSOR_4, b_down)?;
-        Ok(())
+        let __ptr_1 = __call.input(&__TENSOR_1, w_gate)?;
+        let __ptr_2 = __call.input(&__TENSOR_2, w_up)?;
+        let __ptr_3 = __call.input(&__TENSOR_3, w_down)?;
+        let __ptr_4 = __call.input(&__TENSOR_4, b_down)?;
+        Ok(Vec::new())
     }
 }

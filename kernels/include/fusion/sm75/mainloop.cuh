@@ -118,7 +118,7 @@ struct Mainloop {
     for (int i = 0; i < kAChunksPerThread; ++i) {
       const int id = threadIdx.x + i * kThreads;
       const int row = id / kAChunksPerRow, col = (id % kAChunksPerRow) * 8;
-      if constexpr (Prologue::kEnabled)
+      if constexpr (Prologue::kNormalizesA)
         Prologue::template apply<T>(r.a[i], row, int64_t(kt) * BK + col, p.k, p.norm, stats);
       store_vec8(sa + row * kALd + col, r.a[i]);
     }

@@ -378,7 +378,7 @@ struct Mainloop {
     for (int kt = 0; kt < k_tiles; ++kt) {
       const int stage = kt % kStages;
       cp_async_wait<kStages - 2>();  // this thread's copies of tile kt have landed
-      if constexpr (Prologue::kEnabled) normalize_stage<Prologue>(p, kt, smem_a + stage * kAStageElems, stats);
+      if constexpr (Prologue::kNormalizesA) normalize_stage<Prologue>(p, kt, smem_a + stage * kAStageElems, stats);
       __syncthreads();  // everyone's copies of tile kt visible; tile kt-1's buffer free
       const int next = kt + kStages - 1;
       if (next < k_tiles) {
@@ -417,7 +417,7 @@ struct Mainloop {
       cp_async_commit();
     }
     cp_async_wait<kStages - 2>();
-    if constexpr (Prologue::kEnabled) normalize_stage<Prologue>(p, 0, smem_a, stats);
+    if constexpr (Prologue::kNormalizesA) normalize_stage<Prologue>(p, 0, smem_a, stats);
     __syncthreads();
 
     const uint32_t a_base = smem_addr(smem_a), b_base = smem_addr(smem_b);
@@ -431,7 +431,7 @@ struct Mainloop {
         if (ks == kSteps - 1) {
           cp_async_wait<kStages - 2>();  // this thread's copies of tile kt+1 have landed
           read_stage = read_stage + 1 == kStages ? 0 : read_stage + 1;
-          if constexpr (Prologue::kEnabled) {
+          if constexpr (Prologue::kNormalizesA) {
             if (kt + 1 < k_tiles) normalize_stage<Prologue>(p, kt + 1, smem_a + read_stage * kAStageElems, stats);
           }
           __syncthreads();

@@ -228,7 +228,7 @@ struct CollectiveMainloop {
         mbarrier_wait(&barriers.full[ring.stage], ring.phase);
         waited.stop();
       };
-      if constexpr (Prologue::kEnabled)
+      if constexpr (Prologue::kNormalizesA)
         normalize_stage<Prologue>(tiles, ring.stage, consumer, norm.k_first + norm.k_step * kb, norm, *args, wait_full);
       else
         wait_full();

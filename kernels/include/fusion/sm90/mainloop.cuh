@@ -14,8 +14,8 @@
 // Mainloop below owns the shared memory, runs the producer's and the
 // consumers' loops over the scheduler's pieces, and launches the kernel;
 // setmaxnreg moves registers from the producer (40) to the consumers (232).
-// With a norm prologue (LayerNorm, RMSNorm), the launcher first computes
-// every row's statistics into the caller's workspace (workspace.cuh), which
+// With a norm prologue (LayerNorm, RMSNorm), folded or not, the launcher
+// first computes every row's statistics into the caller's workspace (workspace.cuh), which
 // also holds stream-K's partial tiles and flags.
 //
 // TMA zero-fills everything outside A and B and drops what falls outside C,
@@ -138,7 +138,7 @@ struct Mainloop {
           mbarrier_wait(&s.barriers.order[consumer], consumer == 1 ? (turn & 1) : ((turn - 1) & 1));
         ++turn;
         NormTile norm;
-        if constexpr (Prologue::kEnabled)
+        if constexpr (Prologue::kNormalizesA)
           norm =
               Loop::norm_tile(row_stats, walk.tile(u).m0 + Config::share_row0(consumer), args.m, 0, k_blocks, false);
         Loop::template mma_tile<Prologue>(s.stages, s.barriers, consumer, k_blocks, ring, acc, 0, norm, &args);
@@ -151,7 +151,7 @@ struct Mainloop {
       for (int i = 0; Scheduler::piece(s.plan, walk, k_blocks, i, w); ++i) {
         if (tracer) FUSION_SM90_STAMP(i, 0);
         NormTile norm;
-        if constexpr (Prologue::kEnabled)
+        if constexpr (Prologue::kNormalizesA)
           norm = Loop::norm_tile(row_stats, walk.tile(w.unit).m0 + Config::share_row0(consumer), args.m, w.k_begin,
                                  w.k_count, Scheduler::walks_backwards(s.plan, i));
         Loop::template mma_tile<Prologue>(s.stages, s.barriers, consumer, w.k_count, ring, acc, i, norm, &args);
@@ -258,7 +258,7 @@ typename Mainloop<T, kLayout, Config>::LaunchPlan Mainloop<T, kLayout, Config>::
                                                                                             uint32_t flags,
                                                                                             int device) {
   LaunchPlan plan;
-  const size_t row_stat_bytes = Prologue::kEnabled ? size_t(p.m) * sizeof(RowStats) : 0;
+  const size_t row_stat_bytes = Prologue::kEnabled ? row_stats_bytes(p.m) : 0;
   size_t partial_bytes = 0;
   // At most one CTA per SM (one cluster per pair of SMs that can hold one
   // at once, decided at launch) and per unit of work; without stream-K,
@@ -315,12 +315,16 @@ cudaError_t Mainloop<T, kLayout, Config>::launch(const GemmArgs<T>& p, const Wor
     plan.stream_k.partials = workspace.at<float>(plan.layout.partials);
   }
   RowStats* row_stats = nullptr;
+  GemmArgs<T> args = p;
   if constexpr (Prologue::kEnabled) {
     row_stats = workspace.at<RowStats>(plan.layout.row_stats);
     err = Prologue::launch_row_stats(p.a, row_stats, p.m, p.k, p.norm, stream);
     if (err != cudaSuccess) return err;
+    // A folded norm's correction reads them in the epilogue.
+    args.epilogue.row_stats = row_stats;
+    args.epilogue.row_stats_m0 = 0;
   }
-  return launch_gemm<Prologue, Epilogue>(p, plan, row_stats, device, stream);
+  return launch_gemm<Prologue, Epilogue>(args, plan, row_stats, device, stream);
 }
 
 template <typename T, LayoutB kLayout, typename Config>

@@ -1,0 +1,107 @@
+// Folding a norm into the weights of the GEMM after it, once, when the
+// weights are bound (prologue.cuh, FoldedNorm, says why):
+//   W'[n, k]   = W[n, k] · gamma[k], rounded to the element type
+//   u[n]       = Σ_k W'[n, k], in f32 over the rounded W' the GEMM will read
+//   c[n]       = Σ_k W[n, k] · beta[k], in f32 (LayerNorm; 0 for RMSNorm)
+// col_terms[n] = (u[n], c[n]). W is [N, K] (nn.Linear) or [K, N] as the
+// kernel's LayoutB says, and W' has the same layout.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "norm.cuh"
+#include "numeric.cuh"
+#include "problem.cuh"
+
+namespace fusion {
+
+// [N, K]: one warp per row n of W, 16-byte chunks along K.
+template <NormKind kKind, typename T>
+__global__ void fold_rows_kernel(const T* __restrict__ w, const T* __restrict__ gamma, const T* __restrict__ beta,
+                                 T* __restrict__ w_folded, float2* __restrict__ col_terms, int64_t N, int64_t K) {
+  const int warps_per_block = blockDim.x / 32;
+  const int lane = threadIdx.x & 31;
+  for (int64_t n = int64_t(blockIdx.x) * warps_per_block + threadIdx.x / 32; n < N;
+       n += int64_t(gridDim.x) * warps_per_block) {
+    float u = 0.0f, c = 0.0f;
+    for (int64_t k = int64_t(lane) * kVecElems; k < K; k += 32 * kVecElems) {
+      float x[8], g[8], folded[8];
+      vec8_to_float(load_vec8(w + n * K + k), x);
+      vec8_to_float(load_vec8(gamma + k), g);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) folded[i] = x[i] * g[i];
+      const Vec8<T> rounded = float_to_vec8<T>(folded);
+      store_vec8(w_folded + n * K + k, rounded);
+      vec8_to_float(rounded, folded);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) u += folded[i];
+      if constexpr (kKind == NormKind::LayerNorm) {
+        float b[8];
+        vec8_to_float(load_vec8(beta + k), b);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) c = fmaf(x[i], b[i], c);
+      }
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) {
+      u += __shfl_xor_sync(0xffffffffu, u, offset);
+      c += __shfl_xor_sync(0xffffffffu, c, offset);
+    }
+    if (lane == 0) col_terms[n] = make_float2(u, c);
+  }
+}
+
+// [K, N]: one thread per 8 consecutive columns n, down all of K (adjacent
+// threads read adjacent 16 bytes of each row).
+template <NormKind kKind, typename T>
+__global__ void fold_columns_kernel(const T* __restrict__ w, const T* __restrict__ gamma, const T* __restrict__ beta,
+                                    T* __restrict__ w_folded, float2* __restrict__ col_terms, int64_t N, int64_t K) {
+  const int64_t n0 = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * kVecElems;
+  if (n0 >= N) return;
+  float u[8] = {}, c[8] = {};
+#pragma unroll 4
+  for (int64_t k = 0; k < K; ++k) {
+    float x[8], folded[8];
+    vec8_to_float(load_vec8(w + k * N + n0), x);
+    const float g = Numeric<T>::to_float(gamma[k]);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) folded[i] = x[i] * g;
+    const Vec8<T> rounded = float_to_vec8<T>(folded);
+    store_vec8(w_folded + k * N + n0, rounded);
+    vec8_to_float(rounded, folded);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) u[i] += folded[i];
+    if constexpr (kKind == NormKind::LayerNorm) {
+      const float b = Numeric<T>::to_float(beta[k]);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) c[i] = fmaf(x[i], b, c[i]);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 8; ++i) col_terms[n0 + i] = make_float2(u[i], c[i]);
+}
+
+// Host launcher: cudaErrorInvalidValue for N or K not a positive multiple
+// of 8, a null or misaligned pointer, or a LayerNorm without beta.
+template <NormKind kKind, typename T, LayoutB kLayout>
+cudaError_t launch_fold_weights(const T* w, const T* gamma, const T* beta, T* w_folded, float2* col_terms, int64_t N,
+                                int64_t K, cudaStream_t stream) {
+  if (N <= 0 || K <= 0 || N % kVecElems != 0 || K % kVecElems != 0) return cudaErrorInvalidValue;
+  const void* pointers[] = {w, gamma, w_folded, col_terms, kKind == NormKind::LayerNorm ? beta : gamma};
+  for (const void* p : pointers)
+    if (p == nullptr || !is_aligned16(p)) return cudaErrorInvalidValue;
+  if constexpr (kLayout == LayoutB::NK) {
+    int64_t blocks = 0;
+    const cudaError_t err = rows_grid(N, &blocks);
+    if (err != cudaSuccess) return err;
+    fold_rows_kernel<kKind, T><<<unsigned(blocks), 256, 0, stream>>>(w, gamma, beta, w_folded, col_terms, N, K);
+  } else {
+    const int64_t threads = N / kVecElems;
+    fold_columns_kernel<kKind, T>
+        <<<unsigned((threads + 127) / 128), 128, 0, stream>>>(w, gamma, beta, w_folded, col_terms, N, K);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace fusion
