@@ -316,7 +316,7 @@ fn the_cublaslt_baseline_checks_its_buffers() {
     use fusion::ir::{DType, WeightLayout};
     let s = stream();
     let (m, n, k) = (16, 8, 32);
-    let mut lt = LtGemm::new(&s, DType::F16, WeightLayout::NK, (m, n, k), LtEpilogue::Bias).unwrap();
+    let mut lt = LtGemm::new(&s, DType::F16, WeightLayout::NK, (m, n, k), LtEpilogue::Bias, 1).unwrap();
     let (x, w, b) = (
         filled(&s, m * k, 0.5),
         filled(&s, n * k, 0.25),
@@ -349,6 +349,35 @@ fn the_cublaslt_baseline_checks_its_buffers() {
     let (xb, wb, bb, mut yb) = (as_bf16(m * k), as_bf16(n * k), as_bf16(n), as_bf16(m * n));
     let err = lt.run(&s, &xb, &wb, Some(&bb), None, &mut yb).unwrap_err();
     assert!(matches!(err, Error::ElementType { .. }), "{err}");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn the_cublaslt_baseline_runs_each_candidate_and_names_it() {
+    use fusion::bench::cublaslt::{LtEpilogue, LtGemm, version};
+    use fusion::ir::{DType, WeightLayout};
+    let s = stream();
+    let (m, n, k) = (256, 512, 1024);
+    let mut lt = LtGemm::new(&s, DType::F16, WeightLayout::NK, (m, n, k), LtEpilogue::None, 16).unwrap();
+    assert!((1..=16).contains(&lt.candidates()), "{}", lt.candidates());
+    let first = lt.chosen_config().unwrap();
+    assert_eq!((lt.chosen(), first.heuristic_rank), (0, 0));
+    let (x, w) = (filled(&s, m * k, 0.5), filled(&s, n * k, 0.25));
+    let mut y = filled(&s, m * n, -7.0);
+    for rank in 0..lt.candidates() {
+        lt.choose(rank);
+        assert_eq!(lt.chosen_config().unwrap().heuristic_rank, rank);
+        // A candidate cuBLASLt refuses is an error, not a crash; one that
+        // runs computes 0.5 · 0.25 · K everywhere.
+        if lt.run(&s, &x, &w, None, None, &mut y).is_ok() {
+            let host = s.clone_dtoh(&y).unwrap();
+            assert!(host.iter().all(|v| v.to_f32() == 128.0), "candidate {rank}");
+        }
+    }
+    // Asked for one algorithm, as PyTorch asks: one candidate.
+    let one = LtGemm::new(&s, DType::F16, WeightLayout::NK, (m, n, k), LtEpilogue::None, 1).unwrap();
+    assert_eq!(one.candidates(), 1);
+    assert!(version() >= 110_000, "cuBLASLt {}", version());
 }
 
 #[test]
