@@ -382,6 +382,30 @@ fn the_cublaslt_baseline_runs_each_candidate_and_names_it() {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
+fn the_stacked_cublaslt_baseline_writes_one_product_per_weight() {
+    use fusion::bench::cublaslt::LtGemm;
+    use fusion::ir::DType;
+    let s = stream();
+    let (m, n, k) = (16, 8, 32);
+    let mut lt = LtGemm::new_stacked(&s, DType::F16, (m, n, k), 2, 1).unwrap();
+    // Weight 0 all 0.25, weight 1 all 1.0, stacked [2N, K].
+    let mut stacked = vec![f16::from_f32(0.25); n * k];
+    stacked.extend(vec![f16::from_f32(1.0); n * k]);
+    let (x, w) = (filled(&s, m * k, 0.5), s.clone_htod(&stacked).unwrap());
+    let mut y = filled(&s, 2 * m * n, -7.0);
+    lt.run(&s, &x, &w, None, None, &mut y).unwrap();
+    let host = s.clone_dtoh(&y).unwrap();
+    // 0.5 · 0.25 · 32 and 0.5 · 1 · 32: x is shared, each weight its own.
+    assert!(host[..m * n].iter().all(|v| v.to_f32() == 4.0), "{host:?}");
+    assert!(host[m * n..].iter().all(|v| v.to_f32() == 16.0), "{host:?}");
+    // One weight's worth is too short for two products.
+    let one = filled(&s, n * k, 0.25);
+    let err = lt.run(&s, &x, &one, None, None, &mut y).unwrap_err();
+    assert!(matches!(err, Error::BufferLength { .. }), "{err}");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
 fn k_of_zero_is_a_named_error_not_a_launch_failure() {
     let s = stream();
     let err = gemm_bias(&s, 4, 8, 0).unwrap_err();

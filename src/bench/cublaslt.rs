@@ -62,13 +62,15 @@ fn lt(e: cudarc::cublaslt::result::CublasError) -> Error {
     }
 }
 
-/// One planned `y[M, N] = epilogue(x[M, K] · w + bias)` in row-major terms.
+/// One planned `y[M, N] = epilogue(x[M, K] · w + bias)` in row-major terms,
+/// or a stack of such products sharing x ([`LtGemm::new_stacked`]).
 pub struct LtGemm {
-    /// The element type and `(m, n, k)` it was planned for: [`LtGemm::run`]
-    /// checks its buffers against them, since cuBLASLt reads and writes
-    /// through raw pointers whatever their lengths.
+    /// The element type, `(m, n, k)` and stack it was planned for:
+    /// [`LtGemm::run`] checks its buffers against them, since cuBLASLt reads
+    /// and writes through raw pointers whatever their lengths.
     dtype: DType,
     dims: (usize, usize, usize),
+    stack: usize,
     handle: sys::cublasLtHandle_t,
     desc: sys::cublasLtMatmulDesc_t,
     layouts: [sys::cublasLtMatrixLayout_t; 3],
@@ -94,9 +96,46 @@ impl LtGemm {
         stream: &Arc<CudaStream>,
         dtype: DType,
         layout: WeightLayout,
+        dims: (usize, usize, usize),
+        epilogue: LtEpilogue,
+        candidates: usize,
+    ) -> Result<LtGemm> {
+        Self::plan(stream, dtype, layout, dims, epilogue, candidates, 1)
+    }
+
+    /// Plans `stack` products of one x `[M, K]` with `stack` weights
+    /// `[N, K]` stored one after the other (`[stack·N, K]`, as a stacked
+    /// `nn.Linear` holds them), without epilogue, writing `stack` outputs
+    /// `[M, N]` one after the other: one cuBLASLt call, a strided batch whose
+    /// x has stride 0. For SwiGLU's gate and up projections, this is the one
+    /// GEMM over the stacked weight a user would call, with gate and up each
+    /// left contiguous for the elementwise kernels.
+    pub fn new_stacked(
+        stream: &Arc<CudaStream>,
+        dtype: DType,
+        dims: (usize, usize, usize),
+        stack: usize,
+        candidates: usize,
+    ) -> Result<LtGemm> {
+        Self::plan(
+            stream,
+            dtype,
+            WeightLayout::NK,
+            dims,
+            LtEpilogue::None,
+            candidates,
+            stack.max(1),
+        )
+    }
+
+    fn plan(
+        stream: &Arc<CudaStream>,
+        dtype: DType,
+        layout: WeightLayout,
         (m, n, k): (usize, usize, usize),
         epilogue: LtEpilogue,
         candidates: usize,
+        stack: usize,
     ) -> Result<LtGemm> {
         let data = match dtype {
             DType::F16 => sys::cudaDataType_t::CUDA_R_16F,
@@ -106,7 +145,11 @@ impl LtGemm {
         let planned = (m, n, k);
         // cuBLASLt takes dims as u64 and leading dimensions as i64, and
         // `run` checks buffer lengths against these products.
-        let fits = |a: usize, b: usize| a.checked_mul(b).is_some() && i64::try_from(a.max(b)).is_ok();
+        let fits = |a: usize, b: usize| {
+            a.checked_mul(b)
+                .and_then(|ab| ab.checked_mul(stack))
+                .is_some_and(|len| i64::try_from(len).is_ok())
+        };
         if !(fits(m, k) && fits(k, n) && fits(m, n)) {
             return Err(Error::SizeOverflow {
                 what: format!("the cuBLASLt GEMM M={m}, N={n}, K={k}"),
@@ -129,6 +172,33 @@ impl LtGemm {
             result::create_matrix_layout(data, k, m, k as i64).map_err(lt)?,
             result::create_matrix_layout(data, n, m, n as i64).map_err(lt)?,
         ];
+        if stack > 1 {
+            // Weight i at i·N·K, output i at i·M·N, every product reading
+            // the one x (stride 0).
+            let (count, strides) = (stack as i32, [(n * k) as i64, 0, (n * m) as i64]);
+            use sys::cublasLtMatrixLayoutAttribute_t::*;
+            for (layout, stride) in layouts.into_iter().zip(strides) {
+                // SAFETY: each layout was just created and is live; each
+                // attribute is read from a live local of its type (int32
+                // count, int64 offset), which cuBLASLt copies.
+                unsafe {
+                    result::set_matrix_layout_attribute(
+                        layout,
+                        CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                        (&count as *const i32).cast(),
+                        size_of::<i32>(),
+                    )
+                    .map_err(lt)?;
+                    result::set_matrix_layout_attribute(
+                        layout,
+                        CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                        (&stride as *const i64).cast(),
+                        size_of::<i64>(),
+                    )
+                    .map_err(lt)?;
+                }
+            }
+        }
         // SAFETY: `desc` was just created and is destroyed only by `Drop`;
         // each call below passes a pointer to a live local of exactly
         // `size` bytes, the attribute's type, which cuBLASLt copies.
@@ -193,6 +263,7 @@ impl LtGemm {
         Ok(LtGemm {
             dtype,
             dims: planned,
+            stack,
             handle,
             desc,
             layouts,
@@ -240,7 +311,8 @@ impl LtGemm {
     /// `beta·C` term (C = residual, beta = 1), fused like the bias.
     ///
     /// The buffers must be of the planned element type and hold at least
-    /// `x` `[M, K]`, `w` `K·N`, `bias` `[N]`, `residual` and `y` `[M, N]`:
+    /// `x` `[M, K]`, `w` `K·N`, `bias` `[N]`, `residual` and `y` `[M, N]`
+    /// (`w`, `residual` and `y` that many times over for a stacked plan):
     /// otherwise [`Error::ElementType`], [`Error::BufferLength`] or
     /// [`Error::Shape`] (a bias given or missing against the epilogue), and
     /// nothing is queued.
@@ -334,13 +406,13 @@ impl LtGemm {
                 actual: if bias.is_some() { "a bias" } else { "none" }.to_owned(),
             });
         }
-        let (m, n, k) = self.dims;
+        let ((m, n, k), stack) = (self.dims, self.stack);
         let checks = [
             (Some(x.len()), Shape::Matrix(m, k)),
-            (Some(w.len()), Shape::Matrix(k, n)),
+            (Some(w.len()), Shape::Matrix(stack * k, n)),
             (bias.map(|b| b.len()), Shape::Vector(n)),
-            (residual.map(|r| r.len()), Shape::Matrix(m, n)),
-            (Some(y.len()), Shape::Matrix(m, n)),
+            (residual.map(|r| r.len()), Shape::Matrix(stack * m, n)),
+            (Some(y.len()), Shape::Matrix(stack * m, n)),
         ];
         // cuBLASLt touches the planned extent alone, so a longer buffer is
         // safe (fusion bench sizes its buffers for the largest shape).

@@ -6,12 +6,14 @@
 //! `beta·C` term), else cuBLASLt followed by the standalone elementwise and
 //! norm kernels of the same library. It runs twice over: its cuBLASLt GEMMs
 //! with the heuristic's first algorithm, as users get it, and with the
-//! fastest of the heuristic's top 16 (`vendor`). The three contenders read
-//! the same random inputs, rotate over copies of them so that L2 does not
-//! flatter any, and are timed with CUDA events, alternating call by call
-//! (warm-up, then the median and quartiles; `timing`). Before timing, the
-//! outputs of ours and of the first are compared within the dtype's
-//! precision: a fast wrong kernel is reported, not timed.
+//! fastest of the heuristic's top 16 (`vendor`); the SwiGLU FFN's baseline
+//! is measured with its gate and up GEMMs separate and stacked (`GateUp`).
+//! The three contenders (ours, first, best) read the same random inputs,
+//! rotate over copies of them so that L2 does not flatter any, and are
+//! timed with CUDA events, alternating call by call (warm-up, then the
+//! median and quartiles; `timing`). Before timing, the outputs of ours and
+//! of the first are compared within the dtype's precision: a fast wrong
+//! kernel is reported, not timed.
 
 pub mod cublaslt;
 pub mod report;
@@ -133,9 +135,12 @@ struct Rotated<T> {
 
 impl<T: BenchElement> Rotated<T> {
     fn random(stream: &Arc<CudaStream>, len: usize, scale: f32, seed: u64) -> Result<Rotated<T>> {
-        let host = T::random(len, scale, seed);
+        Self::from_host(stream, &T::random(len, scale, seed))
+    }
+
+    fn from_host(stream: &Arc<CudaStream>, host: &[T]) -> Result<Rotated<T>> {
         let sets = (0..SETS)
-            .map(|_| stream.clone_htod(&host))
+            .map(|_| stream.clone_htod(host))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Rotated { sets })
     }
@@ -318,7 +323,16 @@ pub fn bench_pattern<T: BenchElement>(
         scratch: Rotated::zeros(stream, m * n.max(k))?,
     };
     let (epilogue, unfused) = pattern.baseline();
-    let mut lt = LtPair::new(stream, T::DTYPE, pattern.layout(), (m, n, k), epilogue)?;
+    let mut lt = LtPair::new(|candidates| {
+        cublaslt::LtGemm::new(
+            stream,
+            T::DTYPE,
+            pattern.layout(),
+            (m, n, k),
+            epilogue,
+            candidates,
+        )
+    })?;
     let w_shape = match pattern.layout() {
         WeightLayout::NK => [n, k],
         WeightLayout::KN => [k, n],
@@ -453,14 +467,40 @@ pub fn bench_pattern<T: BenchElement>(
     ))
 }
 
-/// The SwiGLU FFN baseline's buffers: what its calls write.
+/// How the SwiGLU FFN baseline computes the gate and up projections.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GateUp {
+    /// Two cuBLASLt GEMMs, one per weight.
+    Separate,
+    /// One cuBLASLt call over the two weights stacked `[2F, D]`
+    /// ([`cublaslt::LtGemm::new_stacked`]), as a model that stores them
+    /// merged calls it.
+    Stacked,
+}
+
+impl GateUp {
+    pub const ALL: [GateUp; 2] = [GateUp::Separate, GateUp::Stacked];
+
+    /// The baseline's label in the table.
+    fn baseline(self) -> &'static str {
+        match self {
+            GateUp::Separate => "cuBLASLt ×3 + silu, mul kernels",
+            GateUp::Stacked => "cuBLASLt stacked gate/up, down + silu, mul",
+        }
+    }
+}
+
+/// The SwiGLU FFN baseline's buffers (what its calls write) and plans.
 struct FfnBaseline<T> {
-    gate: Rotated<T>,
+    /// The gate projection `[M, F]`, then, when stacked, the up projection.
+    gate_up: Rotated<T>,
+    /// The up projection of the separate GEMM.
     up: Rotated<T>,
     act: Rotated<T>,
+    h: Rotated<T>,
     y: Rotated<T>,
-    /// The gate, up and down GEMMs.
-    lt: [LtPair; 3],
+    /// The gate and up GEMMs (one when stacked), then the down GEMM.
+    lt: Vec<LtPair>,
 }
 
 /// Times the SwiGLU FFN block (Llama-3-8B: D = 4096, F = 14336) at M tokens
@@ -468,29 +508,51 @@ struct FfnBaseline<T> {
 pub fn bench_ffn<T: BenchElement>(
     stream: &Arc<CudaStream>,
     m: usize,
+    gate_up: GateUp,
     plan: TimingPlan,
     head: &mut CudaSlice<u8>,
 ) -> Result<Row> {
     const D: usize = 4096;
     const F: usize = 14336;
     let seed = m as u64 * 7 + 3;
+    let scale = 1.0 / (D as f32).sqrt();
+    let (w_gate_host, w_up_host) = (
+        T::random(F * D, scale, seed + 1),
+        T::random(F * D, scale, seed + 2),
+    );
     let x = Rotated::<T>::random(stream, m * D, 1.0, seed)?;
-    let w_gate = Rotated::<T>::random(stream, F * D, 1.0 / (D as f32).sqrt(), seed + 1)?;
-    let w_up = Rotated::<T>::random(stream, F * D, 1.0 / (D as f32).sqrt(), seed + 2)?;
+    let w_gate = Rotated::from_host(stream, &w_gate_host)?;
+    let w_up = Rotated::from_host(stream, &w_up_host)?;
+    // The same weights, one after the other, for the stacked GEMM.
+    let w_stacked = match gate_up {
+        GateUp::Separate => None,
+        GateUp::Stacked => Some(Rotated::from_host(stream, &[w_gate_host, w_up_host].concat())?),
+    };
     let w_down = Rotated::<T>::random(stream, D * F, 1.0 / (F as f32).sqrt(), seed + 3)?;
     let b_down = Rotated::<T>::random(stream, D, 1.0, seed + 4)?;
     let mut ours_y = Rotated::<T>::zeros(stream, m * D)?;
-    let plan_lt = |dims, epilogue| LtPair::new(stream, T::DTYPE, WeightLayout::NK, dims, epilogue);
+    let plan_lt = |dims, epilogue| {
+        LtPair::new(|candidates| {
+            cublaslt::LtGemm::new(stream, T::DTYPE, WeightLayout::NK, dims, epilogue, candidates)
+        })
+    };
+    let mut lt = match gate_up {
+        GateUp::Separate => vec![
+            plan_lt((m, F, D), LtEpilogue::None)?,
+            plan_lt((m, F, D), LtEpilogue::None)?,
+        ],
+        GateUp::Stacked => vec![LtPair::new(|candidates| {
+            cublaslt::LtGemm::new_stacked(stream, T::DTYPE, (m, F, D), 2, candidates)
+        })?],
+    };
+    lt.push(plan_lt((m, D, F), LtEpilogue::Bias)?);
     let mut b = FfnBaseline {
-        gate: Rotated::zeros(stream, m * F)?,
+        gate_up: Rotated::zeros(stream, 2 * m * F)?,
         up: Rotated::zeros(stream, m * F)?,
         act: Rotated::zeros(stream, m * F)?,
+        h: Rotated::zeros(stream, m * F)?,
         y: Rotated::zeros(stream, m * D)?,
-        lt: [
-            plan_lt((m, F, D), LtEpilogue::None)?,
-            plan_lt((m, F, D), LtEpilogue::None)?,
-            plan_lt((m, D, F), LtEpilogue::Bias)?,
-        ],
+        lt,
     };
     let mut ffn = kernels::SwigluFfn::new();
 
@@ -507,32 +569,46 @@ pub fn bench_ffn<T: BenchElement>(
     };
     let baseline = |b: &mut FfnBaseline<T>, which: Which, i: usize| -> Result<()> {
         let FfnBaseline {
-            gate,
+            gate_up: gu,
             up,
             act,
+            h,
             y,
-            lt: [lt_gate, lt_up, lt_down],
+            lt,
         } = b;
-        lt_gate
-            .get(which)
-            .run(stream, x.get(i), w_gate.get(i), None, None, gate.get_mut(i))?;
+        let (lt_down, lt_gate_up) = lt.split_last_mut().expect("the down GEMM is last");
+        let up_half = match (lt_gate_up, &w_stacked) {
+            ([lt_gate, lt_up], _) => {
+                lt_gate
+                    .get(which)
+                    .run(stream, x.get(i), w_gate.get(i), None, None, gu.get_mut(i))?;
+                lt_up
+                    .get(which)
+                    .run(stream, x.get(i), w_up.get(i), None, None, up.get_mut(i))?;
+                up.get(i).slice(..)
+            }
+            ([lt_stacked], Some(w)) => {
+                lt_stacked
+                    .get(which)
+                    .run(stream, x.get(i), w.get(i), None, None, gu.get_mut(i))?;
+                gu.get(i).slice(m * F..)
+            }
+            _ => unreachable!("one stacked GEMM with its weight, or two"),
+        };
         kernels::silu(
             stream,
-            &mat(gate.get(i), m, F)?,
+            &Tensor::from_view(gu.get(i).slice(..m * F), [m, F])?,
             &mut TensorMut::new(act.get_mut(i), [m, F])?,
         )?;
-        lt_up
-            .get(which)
-            .run(stream, x.get(i), w_up.get(i), None, None, up.get_mut(i))?;
         kernels::mul(
             stream,
             &mat(act.get(i), m, F)?,
-            &mat(up.get(i), m, F)?,
-            &mut TensorMut::new(gate.get_mut(i), [m, F])?,
+            &Tensor::from_view(up_half, [m, F])?,
+            &mut TensorMut::new(h.get_mut(i), [m, F])?,
         )?;
         lt_down.get(which).run(
             stream,
-            gate.get(i),
+            h.get(i),
             w_down.get(i),
             Some(b_down.get(i)),
             Some(x.get(i)),
@@ -545,17 +621,24 @@ pub fn bench_ffn<T: BenchElement>(
     let agreement = check_agreement(stream, ours_y.get(0), b.y.get(0), "swiglu_ffn", format!("M={m}"))?;
     {
         // Each GEMM alone. The down projection reads what the gate GEMM's
-        // candidates left in `gate`: products of the real inputs, so that
+        // candidates left in `gate_up`: products of the real inputs, so that
         // its candidates are compared on outputs that are not just the bias
         // and the residual.
         let FfnBaseline {
-            gate,
+            gate_up: gu,
             up,
             y,
-            lt: [lt_gate, lt_up, lt_down],
+            lt,
             ..
         } = &mut b;
-        for (lt, out, w) in [(lt_gate, &mut *gate, &w_gate), (lt_up, up, &w_up)] {
+        let (lt_down, lt_gate_up) = lt.split_last_mut().expect("the down GEMM is last");
+        let mut projections: Vec<(&mut LtPair, &mut Rotated<T>, &Rotated<T>)> = match (lt_gate_up, &w_stacked)
+        {
+            ([lt_gate, lt_up], _) => vec![(lt_gate, &mut *gu, &w_gate), (lt_up, up, &w_up)],
+            ([lt_stacked], Some(w)) => vec![(lt_stacked, &mut *gu, w)],
+            _ => unreachable!("one stacked GEMM with its weight, or two"),
+        };
+        for (lt, out, w) in projections.iter_mut() {
             lt.tune(
                 stream,
                 out,
@@ -563,6 +646,7 @@ pub fn bench_ffn<T: BenchElement>(
                 |g, out, i| g.run(stream, x.get(i), w.get(i), None, None, out),
             )?;
         }
+        drop(projections);
         lt_down.tune(
             stream,
             y,
@@ -570,7 +654,7 @@ pub fn bench_ffn<T: BenchElement>(
             |g, out, i| {
                 g.run(
                     stream,
-                    gate.get(i),
+                    gu.get(i),
                     w_down.get(i),
                     Some(b_down.get(i)),
                     Some(x.get(i)),
@@ -590,19 +674,29 @@ pub fn bench_ffn<T: BenchElement>(
             &mut |i| baseline(&mut b.borrow_mut(), Which::Best, i),
         ],
     )?;
-    let [gate, up, down] = &b.borrow().lt;
+    let names: &[&str] = match gate_up {
+        GateUp::Separate => &["gate", "up", "down"],
+        GateUp::Stacked => &["gate_up", "down"],
+    };
+    let algorithms = b
+        .borrow()
+        .lt
+        .iter()
+        .zip(names)
+        .map(|(lt, name)| lt.choice(name))
+        .collect::<Result<_>>()?;
     Ok(Row::new(
         "swiglu_ffn",
         format!("M={m} D={D} F={F}"),
         T::DTYPE,
-        "cuBLASLt ×3 + silu, mul kernels".into(),
+        gate_up.baseline().into(),
         2.0 * 3.0 * (m * D * F) as f64,
         Measured {
             ours: ours_t,
             first: first_t,
             best: best_t,
             agreement,
-            algorithms: vec![gate.choice("gate")?, up.choice("up")?, down.choice("down")?],
+            algorithms,
         },
     ))
 }
@@ -616,7 +710,7 @@ pub fn run<T: BenchElement>(
     clock: Option<&smi::ClockSampler>,
     mut progress: impl FnMut(usize, usize, &str),
 ) -> Result<Vec<Row>> {
-    let total = config.patterns.len() * config.shapes.len() + config.ffn_tokens.len();
+    let total = config.patterns.len() * config.shapes.len() + config.ffn_tokens.len() * GateUp::ALL.len();
     let mut head = stream.alloc_zeros::<u8>(256 << 20)?;
     let mut rows = Vec::with_capacity(total);
     let mut measure = |label: &str, case: &mut dyn FnMut(&mut CudaSlice<u8>) -> Result<Row>| -> Result<()> {
@@ -635,9 +729,11 @@ pub fn run<T: BenchElement>(
         }
     }
     for &m in &config.ffn_tokens {
-        measure(&format!("swiglu_ffn M={m}"), &mut |head| {
-            bench_ffn::<T>(stream, m, config.timing, head)
-        })?;
+        for gate_up in GateUp::ALL {
+            measure(&format!("swiglu_ffn M={m} ({gate_up:?})"), &mut |head| {
+                bench_ffn::<T>(stream, m, gate_up, config.timing, head)
+            })?;
+        }
     }
     progress(rows.len(), total, "done");
     Ok(rows)

@@ -159,7 +159,7 @@ fn clock_text(clock: Option<&ClockSummary>) -> String {
 /// columns are.
 pub fn table(report: &Report) -> String {
     let mut out = format!(
-        "{:<20} {:<18} {:<5} {:<38} {:>24} {:>24} {:>24} {:>6} {:>6} {:>7} {:>14}\n",
+        "{:<20} {:<18} {:<5} {:<42} {:>24} {:>24} {:>24} {:>6} {:>6} {:>7} {:>14}\n",
         "kernel",
         "shape (M,N,K)",
         "dtype",
@@ -174,7 +174,7 @@ pub fn table(report: &Report) -> String {
     );
     for r in &report.rows {
         out.push_str(&format!(
-            "{:<20} {:<18} {:<5} {:<38} {:>24} {:>24} {:>24} {:>6.3} {:>6.3} {:>7.1} {:>14}\n",
+            "{:<20} {:<18} {:<5} {:<42} {:>24} {:>24} {:>24} {:>6.3} {:>6.3} {:>7.1} {:>14}\n",
             r.kernel,
             r.shape,
             r.dtype,

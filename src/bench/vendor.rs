@@ -10,12 +10,11 @@
 use super::timing::{Timing, TimingPlan, time_calls};
 use super::{BenchElement, Rotated, agreement_limit, relative_difference};
 use crate::error::Result;
-use crate::ir::{DType, WeightLayout};
 use cudarc::driver::{CudaSlice, CudaStream};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
-use super::cublaslt::{LtAlgoConfig, LtEpilogue, LtGemm};
+use super::cublaslt::{LtAlgoConfig, LtGemm};
 
 /// How many algorithms the best-of baseline asks the heuristic for.
 pub const CANDIDATES: usize = 16;
@@ -84,18 +83,14 @@ pub struct LtPair {
 }
 
 impl LtPair {
-    /// Plans both; the best runs the heuristic's first algorithm until
-    /// [`LtPair::tune`] has timed the candidates.
-    pub fn new(
-        stream: &Arc<CudaStream>,
-        dtype: DType,
-        layout: WeightLayout,
-        dims: (usize, usize, usize),
-        epilogue: LtEpilogue,
-    ) -> Result<LtPair> {
+    /// Plans both with `plan(candidates)` (an [`LtGemm`] constructor given
+    /// how many algorithms to ask the heuristic for): the first with one,
+    /// as PyTorch asks, the best with [`CANDIDATES`]. The best runs the
+    /// heuristic's first algorithm until [`LtPair::tune`] has timed them.
+    pub fn new(mut plan: impl FnMut(usize) -> Result<LtGemm>) -> Result<LtPair> {
         Ok(LtPair {
-            first: LtGemm::new(stream, dtype, layout, dims, epilogue, 1)?,
-            best: LtGemm::new(stream, dtype, layout, dims, epilogue, CANDIDATES)?,
+            first: plan(1)?,
+            best: plan(CANDIDATES)?,
             trials: Vec::new(),
         })
     }
