@@ -135,7 +135,7 @@ impl TimingDescription {
             candidate_plan: vendor::CANDIDATE_PLAN,
             spread: "interquartile range: the 25th to the 75th percentile of the timed calls".into(),
             sm_clock: format!(
-                "nvidia-smi every {} ms; min, median and max over the samples within each row and within the run",
+                "nvidia-smi queries {} ms apart; min, median and max over the samples within each row and within the run",
                 smi::SAMPLE_MS
             ),
         }
@@ -199,7 +199,7 @@ pub fn table(report: &Report) -> String {
          ratio = first's time / ours, best = best's time / ours (above 1: fusion is faster)\n\
          µs: median of {} timed calls each, the three interleaved; IQR: interquartile range, \
          the 25th to the 75th percentile\n\
-         SM MHz: min/median/max of the SM clock sampled during the row, nvidia-smi every {} ms \
+         SM MHz: min/median/max of the SM clock sampled during the row by nvidia-smi queries {} ms apart \
          (whole run: {run_clock})\n",
         timing.candidates,
         timing.plan.runs,

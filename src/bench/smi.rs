@@ -1,19 +1,23 @@
 //! What `nvidia-smi` says about the GPU during `fusion bench`: the driver's
-//! version, and the SM clock, sampled every [`SAMPLE_MS`] ms by one
-//! `nvidia-smi` process for the whole run and read by a thread.
+//! version, and the SM clock, polled every [`SAMPLE_MS`] ms by a thread for
+//! the whole run.
 //!
 //! The bench's dependencies reach the driver API, not NVML (cudarc has no
 //! NVML binding), so the clock comes from the tool every driver install
-//! ships. Without it, or on a GPU it cannot find, the report says "not
-//! sampled" rather than failing the run.
+//! ships. Each sample is one `nvidia-smi` query, stamped when it returns
+//! (a looping `nvidia-smi` writing to a pipe may hold its lines in a
+//! buffer, which would stamp them late). Without the tool, or on a GPU it
+//! cannot find, the report says "not sampled" rather than failing the run.
 
 use serde::{Deserialize, Serialize};
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
-/// How often the clock is sampled.
+/// How long the sampler waits between two queries (each takes some
+/// milliseconds more).
 pub const SAMPLE_MS: u32 = 100;
 
 /// The SM clock over some span of the run, in MHz.
@@ -50,12 +54,13 @@ pub fn pci_bus_id(ctx: &cudarc::driver::CudaContext) -> Option<String> {
     Some(format!("{domain:08X}:{bus:02X}:{device:02X}.0"))
 }
 
-/// The driver version `nvidia-smi` reports for the GPU at `bus_id`.
-pub fn driver_version(bus_id: &str) -> Option<String> {
+/// One `--query-gpu` field of the GPU at `bus_id`, as `nvidia-smi` prints
+/// it without header and unit; `None` when it does not run or fails.
+fn query(bus_id: &str, field: &str) -> Option<String> {
     let out = Command::new("nvidia-smi")
         .args([
-            "--query-gpu=driver_version",
-            "--format=csv,noheader",
+            &format!("--query-gpu={field}"),
+            "--format=csv,noheader,nounits",
             "-i",
             bus_id,
         ])
@@ -63,8 +68,13 @@ pub fn driver_version(bus_id: &str) -> Option<String> {
         .output()
         .ok()?;
     let text = String::from_utf8(out.stdout).ok()?;
-    let version = text.trim();
-    (out.status.success() && !version.is_empty()).then(|| version.to_string())
+    let value = text.trim();
+    (out.status.success() && !value.is_empty()).then(|| value.to_string())
+}
+
+/// The driver version `nvidia-smi` reports for the GPU at `bus_id`.
+pub fn driver_version(bus_id: &str) -> Option<String> {
+    query(bus_id, "driver_version")
 }
 
 /// A number of MHz from one line of `--query-gpu=clocks.sm
@@ -77,44 +87,42 @@ pub fn parse_mhz(line: &str) -> Option<f64> {
 /// Samples taken so far, each with the time it was read.
 type Samples = Arc<Mutex<Vec<(Instant, f64)>>>;
 
-/// One `nvidia-smi` process printing the SM clock every [`SAMPLE_MS`] ms,
-/// and the thread that collects its lines. Dropping it ends the process.
+/// One SM clock reading of the GPU at `bus_id`, in MHz.
+fn query_mhz(bus_id: &str) -> Option<f64> {
+    parse_mhz(&query(bus_id, "clocks.sm")?)
+}
+
+/// A thread that queries the SM clock every [`SAMPLE_MS`] ms. Dropping it
+/// stops and joins the thread.
 pub struct ClockSampler {
-    child: Child,
     samples: Samples,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
 }
 
 impl ClockSampler {
-    /// Starts sampling the GPU at `bus_id`; `None` when `nvidia-smi`
-    /// cannot be started.
+    /// Starts sampling the GPU at `bus_id`; `None` when a first query
+    /// fails (no `nvidia-smi`, or it does not know the GPU).
     pub fn start(bus_id: &str) -> Option<ClockSampler> {
-        let mut child = Command::new("nvidia-smi")
-            .args([
-                "--query-gpu=clocks.sm",
-                "--format=csv,noheader,nounits",
-                &format!("--loop-ms={SAMPLE_MS}"),
-                "-i",
-                bus_id,
-            ])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .ok()?;
-        let stdout = child.stdout.take()?;
-        let samples = Samples::default();
-        let sink = Arc::clone(&samples);
-        // The thread ends when the process does (its stdout closes).
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if let Some(mhz) = parse_mhz(&line) {
+        let first = query_mhz(bus_id)?;
+        let samples: Samples = Arc::new(Mutex::new(vec![(Instant::now(), first)]));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (sink, stopped, bus_id) = (Arc::clone(&samples), Arc::clone(&stop), bus_id.to_string());
+        let thread = std::thread::spawn(move || {
+            while !stopped.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(SAMPLE_MS.into()));
+                if let Some(mhz) = query_mhz(&bus_id) {
                     sink.lock()
                         .expect("no panic holds the lock")
                         .push((Instant::now(), mhz));
                 }
             }
         });
-        Some(ClockSampler { child, samples })
+        Some(ClockSampler {
+            samples,
+            stop,
+            thread: Some(thread),
+        })
     }
 
     /// The clock over the samples read between `from` and `to`.
@@ -137,10 +145,11 @@ impl ClockSampler {
 
 impl Drop for ClockSampler {
     fn drop(&mut self) {
-        // The process loops until stopped; an error here means it has
-        // already exited.
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            // A panic in the thread lost samples only; the run is done.
+            let _ = thread.join();
+        }
     }
 }
 
