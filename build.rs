@@ -1,12 +1,16 @@
 //! Compiles the shipped graphs (`graphs/*.toml`) into the crate's built-in
 //! kernel library, `fusion::kernels`: every graph for f16 and bf16 (bf16 only
 //! where an enabled generation has it: sm75 has not), for the generations
-//! named by the cargo features (`fusion_core::target` lists them).
+//! named by the cargo features (`fusion_core::target` lists them); and bakes
+//! in the commit being built, for `fusion bench`'s report.
 
 use fusion_core::ir::DType;
 use fusion_core::target::Arch;
+use std::path::Path;
+use std::process::Command;
 
 fn main() {
+    println!("cargo:rustc-env=FUSION_GIT_COMMIT={}", git_commit());
     let archs = Arch::from_cargo_features();
     // The run time's `fusion::device` picks among these.
     let names: Vec<&str> = archs.iter().map(|a| a.name()).collect();
@@ -26,4 +30,33 @@ fn main() {
         eprintln!("error: {e}");
         std::process::exit(1);
     }
+}
+
+/// `git rev-parse --short HEAD` of the checkout being built, or
+/// `FUSION_GIT_COMMIT` from the environment when set (a build of an exported
+/// tree); "unknown" outside a git checkout. The lines it prints make cargo
+/// run this script again when HEAD moves, a commit or a checkout, and not
+/// otherwise.
+fn git_commit() -> String {
+    println!("cargo:rerun-if-env-changed=FUSION_GIT_COMMIT");
+    if let Ok(commit) = std::env::var("FUSION_GIT_COMMIT") {
+        return commit;
+    }
+    let git = |args: &[&str]| -> Option<String> {
+        let out = Command::new("git").args(args).output().ok()?;
+        let text = String::from_utf8(out.stdout).ok()?;
+        out.status.success().then(|| text.trim().to_string())
+    };
+    let Some(commit) = git(&["rev-parse", "--short", "HEAD"]) else {
+        return "unknown".to_string();
+    };
+    // HEAD names the branch; the branch's ref, loose or packed, the commit.
+    let branch = git(&["rev-parse", "--symbolic-full-name", "HEAD"]).filter(|r| r.starts_with("refs/"));
+    for name in ["HEAD", "packed-refs"].into_iter().chain(branch.as_deref()) {
+        // A path cargo cannot find would make it rerun this every build.
+        if let Some(path) = git(&["rev-parse", "--git-path", name]).filter(|p| Path::new(p).exists()) {
+            println!("cargo:rerun-if-changed={path}");
+        }
+    }
+    commit
 }

@@ -190,11 +190,20 @@ pub fn bench(args: &BenchArgs, out: &mut dyn Write) -> Result<(), CliError> {
     let (major, minor) = ctx.compute_capability().map_err(|e| gpu(e.into()))?;
     let arch = crate::device::arch_for(&stream).map_err(gpu)?;
     let device = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
+    let date = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let bus_id = bench::smi::pci_bus_id(&ctx);
+    let driver = bus_id.as_deref().and_then(bench::smi::driver_version);
+    let clock = bus_id.as_deref().and_then(bench::smi::ClockSampler::start);
     writeln!(
         out,
-        "{device} (compute capability {major}.{minor}), fusion variant {}, {}",
+        "{device} (compute capability {major}.{minor}), fusion variant {}, {}, fusion {}, cuBLASLt {}, driver {}",
         arch.name(),
-        args.dtype
+        args.dtype,
+        COMMIT,
+        bench::cublaslt::version(),
+        driver.as_deref().unwrap_or("unknown"),
     )
     .map_err(CliError::from_stdout)?;
 
@@ -207,8 +216,8 @@ pub fn bench(args: &BenchArgs, out: &mut dyn Write) -> Result<(), CliError> {
         bar.set_message(label.to_string());
     };
     let rows = match args.dtype.as_str() {
-        "f16" => bench::run::<half::f16>(&stream, &config, progress),
-        "bf16" => bench::run::<half::bf16>(&stream, &config, progress),
+        "f16" => bench::run::<half::f16>(&stream, &config, clock.as_ref(), progress),
+        "bf16" => bench::run::<half::bf16>(&stream, &config, clock.as_ref(), progress),
         other => {
             return Err(CliError::Message(format!(
                 "--dtype {other}: expected f16 or bf16"
@@ -216,25 +225,36 @@ pub fn bench(args: &BenchArgs, out: &mut dyn Write) -> Result<(), CliError> {
         }
     };
     bar.finish_and_clear();
-    let rows = rows.map_err(gpu)?;
-    write!(out, "{}", bench::table(&rows)).map_err(CliError::from_stdout)?;
+    let report = bench::Report {
+        device,
+        compute_capability: format!("{major}.{minor}"),
+        variant: arch.name().to_string(),
+        dtype: args.dtype.clone(),
+        runs: config.timing.runs,
+        warmup: config.timing.warmup,
+        rows: rows.map_err(gpu)?,
+        commit: COMMIT.to_string(),
+        date: bench::report::utc_date(date),
+        cublaslt_version: bench::cublaslt::version(),
+        cuda_driver_version: bench::cuda_driver_version().map_err(gpu)?,
+        driver,
+        timing: bench::TimingDescription::new(config.timing),
+        sm_clock: clock.as_ref().and_then(|c| c.overall()),
+    };
+    drop(clock);
+    write!(out, "{}", bench::table(&report)).map_err(CliError::from_stdout)?;
     if let Some(path) = &args.json {
-        let report = serde_json::json!({
-            "device": device,
-            "compute_capability": format!("{major}.{minor}"),
-            "variant": arch.name(),
-            "dtype": args.dtype,
-            "runs": config.timing.runs,
-            "warmup": config.timing.warmup,
-            "rows": rows,
-        });
-        let text = serde_json::to_string_pretty(&report).expect("rows serialise");
+        let text = serde_json::to_string_pretty(&report).expect("a report serialises");
         std::fs::write(path, text + "\n")
             .map_err(|e| CliError::Message(format!("cannot write {}: {e}", path.display())))?;
         writeln!(out, "wrote {}", path.display()).map_err(CliError::from_stdout)?;
     }
     Ok(())
 }
+
+/// The commit `fusion` was built from (`build.rs`), for `fusion bench`'s
+/// report.
+const COMMIT: &str = env!("FUSION_GIT_COMMIT");
 
 /// `fusion plan` on a loaded graph: prints the plan and, given a path,
 /// writes it there as Graphviz.

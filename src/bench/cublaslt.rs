@@ -1,15 +1,18 @@
 //! The vendor baseline: cuBLASLt GEMMs with their fused epilogues (BIAS,
 //! RELU_BIAS, GELU_BIAS) or none, planned once and launched many times.
 //!
-//! Descriptors, layouts and the heuristic's algorithm are made when the plan
-//! is made, so a timed call is one `cublasLtMatmul`, as a tuned application
-//! would issue it.
+//! Descriptors, layouts and the heuristic's candidate algorithms are made
+//! when the plan is made, so a timed call is one `cublasLtMatmul`, as a tuned
+//! application would issue it. A plan runs one of its candidates, the
+//! heuristic's first unless [`LtGemm::choose`] picked another
+//! (`bench::vendor` times them).
 
 use crate::error::{Error, Result};
 use crate::ir::{DType, WeightLayout};
 use crate::tensor::{Element, Shape};
 use cudarc::cublaslt::{result, sys};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use serde::{Deserialize, Serialize};
 use std::ffi::c_void;
 use std::mem::size_of;
 use std::sync::Arc;
@@ -59,23 +62,30 @@ fn lt(e: cudarc::cublaslt::result::CublasError) -> Error {
     }
 }
 
-/// One planned `y[M, N] = epilogue(x[M, K] · w + bias)` in row-major terms.
+/// One planned `y[M, N] = epilogue(x[M, K] · w + bias)` in row-major terms,
+/// or a stack of such products sharing x ([`LtGemm::new_stacked`]).
 pub struct LtGemm {
-    /// The element type and `(m, n, k)` it was planned for: [`LtGemm::run`]
-    /// checks its buffers against them, since cuBLASLt reads and writes
-    /// through raw pointers whatever their lengths.
+    /// The element type, `(m, n, k)` and stack it was planned for:
+    /// [`LtGemm::run`] checks its buffers against them, since cuBLASLt reads
+    /// and writes through raw pointers whatever their lengths.
     dtype: DType,
     dims: (usize, usize, usize),
+    stack: usize,
     handle: sys::cublasLtHandle_t,
     desc: sys::cublasLtMatmulDesc_t,
     layouts: [sys::cublasLtMatrixLayout_t; 3],
-    algo: sys::cublasLtMatmulAlgo_t,
+    /// The heuristic's algorithms, in its order; at least one.
+    algos: Vec<sys::cublasLtMatmulAlgo_t>,
+    /// The one [`LtGemm::run`] uses, an index into `algos`.
+    chosen: usize,
     workspace: CudaSlice<u8>,
     epilogue: LtEpilogue,
 }
 
 impl LtGemm {
-    /// Plans the product for a dtype and the weight's layout.
+    /// Plans the product for a dtype and the weight's layout, asking the
+    /// heuristic for up to `candidates` algorithms (at least one; PyTorch
+    /// asks for one and runs it).
     ///
     /// cuBLASLt is column-major: a row-major `[M, N]` output is its `[N, M]`
     /// column-major matrix, so it computes `D = op(W) · X` with `X` the
@@ -86,8 +96,46 @@ impl LtGemm {
         stream: &Arc<CudaStream>,
         dtype: DType,
         layout: WeightLayout,
+        dims: (usize, usize, usize),
+        epilogue: LtEpilogue,
+        candidates: usize,
+    ) -> Result<LtGemm> {
+        Self::plan(stream, dtype, layout, dims, epilogue, candidates, 1)
+    }
+
+    /// Plans `stack` products of one x `[M, K]` with `stack` weights
+    /// `[N, K]` stored one after the other (`[stack·N, K]`, as a stacked
+    /// `nn.Linear` holds them), without epilogue, writing `stack` outputs
+    /// `[M, N]` one after the other: one cuBLASLt call, a strided batch whose
+    /// x has stride 0. For SwiGLU's gate and up projections, this is the one
+    /// GEMM over the stacked weight a user would call, with gate and up each
+    /// left contiguous for the elementwise kernels.
+    pub fn new_stacked(
+        stream: &Arc<CudaStream>,
+        dtype: DType,
+        dims: (usize, usize, usize),
+        stack: usize,
+        candidates: usize,
+    ) -> Result<LtGemm> {
+        Self::plan(
+            stream,
+            dtype,
+            WeightLayout::NK,
+            dims,
+            LtEpilogue::None,
+            candidates,
+            stack.max(1),
+        )
+    }
+
+    fn plan(
+        stream: &Arc<CudaStream>,
+        dtype: DType,
+        layout: WeightLayout,
         (m, n, k): (usize, usize, usize),
         epilogue: LtEpilogue,
+        candidates: usize,
+        stack: usize,
     ) -> Result<LtGemm> {
         let data = match dtype {
             DType::F16 => sys::cudaDataType_t::CUDA_R_16F,
@@ -97,7 +145,11 @@ impl LtGemm {
         let planned = (m, n, k);
         // cuBLASLt takes dims as u64 and leading dimensions as i64, and
         // `run` checks buffer lengths against these products.
-        let fits = |a: usize, b: usize| a.checked_mul(b).is_some() && i64::try_from(a.max(b)).is_ok();
+        let fits = |a: usize, b: usize| {
+            a.checked_mul(b)
+                .and_then(|ab| ab.checked_mul(stack))
+                .is_some_and(|len| i64::try_from(len).is_ok())
+        };
         if !(fits(m, k) && fits(k, n) && fits(m, n)) {
             return Err(Error::SizeOverflow {
                 what: format!("the cuBLASLt GEMM M={m}, N={n}, K={k}"),
@@ -120,6 +172,33 @@ impl LtGemm {
             result::create_matrix_layout(data, k, m, k as i64).map_err(lt)?,
             result::create_matrix_layout(data, n, m, n as i64).map_err(lt)?,
         ];
+        if stack > 1 {
+            // Weight i at i·N·K, output i at i·M·N, every product reading
+            // the one x (stride 0).
+            let (count, strides) = (stack as i32, [(n * k) as i64, 0, (n * m) as i64]);
+            use sys::cublasLtMatrixLayoutAttribute_t::*;
+            for (layout, stride) in layouts.into_iter().zip(strides) {
+                // SAFETY: each layout was just created and is live; each
+                // attribute is read from a live local of its type (int32
+                // count, int64 offset), which cuBLASLt copies.
+                unsafe {
+                    result::set_matrix_layout_attribute(
+                        layout,
+                        CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                        (&count as *const i32).cast(),
+                        size_of::<i32>(),
+                    )
+                    .map_err(lt)?;
+                    result::set_matrix_layout_attribute(
+                        layout,
+                        CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                        (&stride as *const i64).cast(),
+                        size_of::<i64>(),
+                    )
+                    .map_err(lt)?;
+                }
+            }
+        }
         // SAFETY: `desc` was just created and is destroyed only by `Drop`;
         // each call below passes a pointer to a live local of exactly
         // `size` bytes, the attribute's type, which cuBLASLt copies.
@@ -142,10 +221,13 @@ impl LtGemm {
         let workspace_size = 32usize << 20;
         let workspace = stream.alloc_zeros::<u8>(workspace_size)?;
         let pref = result::create_matmul_pref().map_err(lt)?;
+        let requested = candidates.clamp(1, i32::MAX as usize);
         // SAFETY: `pref`, `handle`, `desc` and the layouts were created above
         // and are live; the attribute is a `usize` read from a live local;
-        // `pref` is destroyed once, after its last use.
-        let algo = unsafe {
+        // the heuristic writes at most `requested` results into `results`,
+        // which holds that many, and says how many in `returned`; `pref` is
+        // destroyed once, after its last use.
+        let algos = unsafe {
             result::set_matmul_pref_attribute(
                 pref,
                 sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
@@ -153,19 +235,40 @@ impl LtGemm {
                 size_of::<usize>(),
             )
             .map_err(lt)?;
-            let heuristic = result::get_matmul_algo_heuristic(
-                handle, desc, layouts[0], layouts[1], layouts[2], layouts[2], pref,
-            );
+            let mut results = vec![std::mem::zeroed::<sys::cublasLtMatmulHeuristicResult_t>(); requested];
+            let mut returned = 0i32;
+            let heuristic = sys::cublasLtMatmulAlgoGetHeuristic(
+                handle,
+                desc,
+                layouts[0],
+                layouts[1],
+                layouts[2],
+                layouts[2],
+                pref,
+                requested as i32,
+                results.as_mut_ptr(),
+                &mut returned,
+            )
+            .result();
             result::destroy_matmul_pref(pref).map_err(lt)?;
-            heuristic.map_err(lt)?.algo
+            heuristic.map_err(lt)?;
+            results.truncate(usize::try_from(returned).unwrap_or(0));
+            results.into_iter().map(|r| r.algo).collect::<Vec<_>>()
         };
+        if algos.is_empty() {
+            return Err(lt(result::CublasError(
+                sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED,
+            )));
+        }
         Ok(LtGemm {
             dtype,
             dims: planned,
+            stack,
             handle,
             desc,
             layouts,
-            algo,
+            algos,
+            chosen: 0,
             workspace,
             epilogue,
         })
@@ -175,12 +278,41 @@ impl LtGemm {
         self.epilogue
     }
 
+    /// How many algorithms the heuristic returned (at least one).
+    pub fn candidates(&self) -> usize {
+        self.algos.len()
+    }
+
+    /// Makes [`LtGemm::run`] use the heuristic's `index`-th algorithm.
+    ///
+    /// # Panics
+    /// If `index` is not below [`LtGemm::candidates`].
+    pub fn choose(&mut self, index: usize) {
+        assert!(
+            index < self.algos.len(),
+            "cuBLASLt candidate {index} of {}",
+            self.algos.len()
+        );
+        self.chosen = index;
+    }
+
+    /// The index, in the heuristic's order, of the algorithm `run` uses.
+    pub fn chosen(&self) -> usize {
+        self.chosen
+    }
+
+    /// The configuration of the algorithm `run` uses, as cuBLASLt reports it.
+    pub fn chosen_config(&self) -> Result<LtAlgoConfig> {
+        LtAlgoConfig::of(&self.algos[self.chosen], self.chosen)
+    }
+
     /// Queues the product on `stream`. `bias` is required exactly when the
     /// epilogue has one; `residual`, when given, is added through cuBLASLt's
     /// `beta·C` term (C = residual, beta = 1), fused like the bias.
     ///
     /// The buffers must be of the planned element type and hold at least
-    /// `x` `[M, K]`, `w` `K·N`, `bias` `[N]`, `residual` and `y` `[M, N]`:
+    /// `x` `[M, K]`, `w` `K·N`, `bias` `[N]`, `residual` and `y` `[M, N]`
+    /// (`w`, `residual` and `y` that many times over for a stacked plan):
     /// otherwise [`Error::ElementType`], [`Error::BufferLength`] or
     /// [`Error::Shape`] (a bias given or missing against the epilogue), and
     /// nothing is queued.
@@ -235,7 +367,7 @@ impl LtGemm {
                 self.layouts[2],
                 y_ptr as *mut c_void,
                 self.layouts[2],
-                &self.algo,
+                &self.algos[self.chosen],
                 ws_ptr as *mut c_void,
                 workspace_len,
                 stream.cu_stream() as sys::cudaStream_t,
@@ -274,13 +406,13 @@ impl LtGemm {
                 actual: if bias.is_some() { "a bias" } else { "none" }.to_owned(),
             });
         }
-        let (m, n, k) = self.dims;
+        let ((m, n, k), stack) = (self.dims, self.stack);
         let checks = [
             (Some(x.len()), Shape::Matrix(m, k)),
-            (Some(w.len()), Shape::Matrix(k, n)),
+            (Some(w.len()), Shape::Matrix(stack * k, n)),
             (bias.map(|b| b.len()), Shape::Vector(n)),
-            (residual.map(|r| r.len()), Shape::Matrix(m, n)),
-            (Some(y.len()), Shape::Matrix(m, n)),
+            (residual.map(|r| r.len()), Shape::Matrix(stack * m, n)),
+            (Some(y.len()), Shape::Matrix(stack * m, n)),
         ];
         // cuBLASLt touches the planned extent alone, so a longer buffer is
         // safe (fusion bench sizes its buffers for the largest shape).
@@ -296,6 +428,80 @@ impl LtGemm {
         }
         Ok(())
     }
+}
+
+/// What identifies a cuBLASLt algorithm: its `CUBLASLT_ALGO_CONFIG_*`
+/// attributes (numbering as in cuBLASLt's headers: `tile` is a
+/// `cublasLtMatmulTile_t`, `stages` a `cublasLtMatmulStages_t`, …), and its
+/// place in the heuristic's list.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LtAlgoConfig {
+    /// 0 for the heuristic's first.
+    pub heuristic_rank: usize,
+    pub id: u64,
+    pub tile: u64,
+    pub stages: u64,
+    pub splitk: u64,
+    pub reduction_scheme: u64,
+    pub cta_swizzling: u64,
+    pub custom_option: u64,
+    pub inner_shape: u64,
+    pub cluster_shape: u64,
+}
+
+impl LtAlgoConfig {
+    fn of(algo: &sys::cublasLtMatmulAlgo_t, heuristic_rank: usize) -> Result<LtAlgoConfig> {
+        use sys::cublasLtMatmulAlgoConfigAttributes_t::*;
+        let get = |attr: sys::cublasLtMatmulAlgoConfigAttributes_t| -> Result<u64> {
+            // cuBLASLt wants the attribute's exact size (1 to 8 bytes, by
+            // attribute and version): ask for it, then read that many.
+            let mut size = 0usize;
+            let mut bytes = [0u8; 8];
+            // SAFETY: `algo` is a live heuristic result; the first call only
+            // writes the size to a live local; the second writes `size` ≤ 8
+            // bytes into `bytes`, checked before the call.
+            unsafe {
+                sys::cublasLtMatmulAlgoConfigGetAttribute(algo, attr, std::ptr::null_mut(), 0, &mut size)
+                    .result()
+                    .map_err(lt)?;
+                if size > bytes.len() {
+                    return Err(lt(result::CublasError(
+                        sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED,
+                    )));
+                }
+                sys::cublasLtMatmulAlgoConfigGetAttribute(
+                    algo,
+                    attr,
+                    bytes.as_mut_ptr().cast(),
+                    size,
+                    &mut size,
+                )
+                .result()
+                .map_err(lt)?;
+            }
+            // Every attribute is an unsigned (or non-negative) integer.
+            Ok(u64::from_le_bytes(bytes))
+        };
+        Ok(LtAlgoConfig {
+            heuristic_rank,
+            id: get(CUBLASLT_ALGO_CONFIG_ID)?,
+            tile: get(CUBLASLT_ALGO_CONFIG_TILE_ID)?,
+            stages: get(CUBLASLT_ALGO_CONFIG_STAGES_ID)?,
+            splitk: get(CUBLASLT_ALGO_CONFIG_SPLITK_NUM)?,
+            reduction_scheme: get(CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME)?,
+            cta_swizzling: get(CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING)?,
+            custom_option: get(CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION)?,
+            inner_shape: get(CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID)?,
+            cluster_shape: get(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID)?,
+        })
+    }
+}
+
+/// The version of the cuBLASLt library loaded, as `cublasLtGetVersion`
+/// reports it (major·10000 + minor·100 + patch).
+pub fn version() -> usize {
+    // SAFETY: takes no arguments and reads no state but the loaded library's.
+    unsafe { sys::cublasLtGetVersion() }
 }
 
 impl Drop for LtGemm {

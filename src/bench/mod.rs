@@ -1,30 +1,43 @@
-//! `fusion bench`: each fused kernel of the built-in library against the best
-//! vendor path, timed in one process on the same inputs.
+//! `fusion bench`: each fused kernel of the built-in library against the
+//! strongest vendor path, timed in one process on the same inputs.
 //!
 //! The vendor path is cuBLASLt with its fused epilogue where one exists
 //! (GELU_BIAS, RELU_BIAS, BIAS, GELU; a residual add rides on cuBLASLt's
 //! `beta·C` term), else cuBLASLt followed by the standalone elementwise and
-//! norm kernels of the same library. Both sides read the same random inputs,
-//! rotate over four copies of them each so that L2 does not flatter either,
-//! and are timed with CUDA events, alternating call by call (warm-up, then
-//! the median). Before timing, the two
-//! outputs are compared: a fast wrong kernel is reported, not timed.
+//! norm kernels of the same library. It runs twice over: its cuBLASLt GEMMs
+//! with the heuristic's first algorithm, as users get it, and with the
+//! fastest of the heuristic's top 16 (`vendor`); the SwiGLU FFN's baseline
+//! is measured with its gate and up GEMMs separate and stacked (`GateUp`).
+//! The three contenders (ours, first, best) read the same random inputs,
+//! rotate over copies of them so that L2 does not flatter any, and are
+//! timed with CUDA events, alternating call by call (warm-up, then the
+//! median and quartiles; `timing`). Before timing, the outputs of ours and
+//! of the first are compared within the dtype's precision: a fast wrong
+//! kernel is reported, not timed.
 
 pub mod cublaslt;
+pub mod report;
+pub mod smi;
 pub mod timing;
+pub mod vendor;
 
 use crate::error::{Error, Result};
 use crate::ir::{DType, WeightLayout};
 use crate::kernels;
 use crate::tensor::{Element, Tensor, TensorMut};
-use cublaslt::{LtEpilogue, LtGemm};
+use cublaslt::LtEpilogue;
 use cudarc::driver::{CudaSlice, CudaStream};
-use serde::Serialize;
+use report::Measured;
+pub use report::{Report, Row, TimingDescription, table};
+use std::cell::RefCell;
 use std::sync::Arc;
-use timing::{Timing, TimingPlan, time_interleaved};
+use std::time::Instant;
+use timing::{TimingPlan, time_interleaved};
+use vendor::{LtPair, Which};
 
-/// Input sets rotated between calls: even for ours, odd for the baseline
-/// (`timing::time_interleaved`), four each.
+/// Input sets rotated between calls: the contenders' calls take consecutive
+/// indices (`timing::time_interleaved`), so each call reads a set last
+/// touched this many calls earlier.
 const SETS: usize = 8;
 
 /// The shapes of `fusion bench` when none are given: (M, N, K).
@@ -114,71 +127,6 @@ impl Pattern {
     }
 }
 
-/// One line of the table.
-#[derive(Clone, Debug, Serialize)]
-pub struct Row {
-    pub kernel: String,
-    pub shape: String,
-    pub dtype: String,
-    pub baseline: String,
-    pub ours_us: f64,
-    pub baseline_us: f64,
-    /// Baseline time over ours: above 1, fusion is faster.
-    pub ratio: f64,
-    pub ours_tflops: f64,
-    pub baseline_tflops: f64,
-    /// ‖ours − baseline‖ / ‖baseline‖ on the same inputs.
-    pub agreement: f64,
-}
-
-/// What one case measured.
-struct Measured {
-    ours: Timing,
-    base: Timing,
-    agreement: f64,
-}
-
-impl Row {
-    fn new(kernel: &str, shape: String, dtype: DType, baseline: String, flop: f64, m: Measured) -> Row {
-        Row {
-            kernel: kernel.to_string(),
-            shape,
-            dtype: dtype.to_string(),
-            baseline,
-            ours_us: m.ours.median_us,
-            baseline_us: m.base.median_us,
-            ratio: m.base.median_us / m.ours.median_us,
-            ours_tflops: flop / m.ours.median_us / 1e6,
-            baseline_tflops: flop / m.base.median_us / 1e6,
-            agreement: m.agreement,
-        }
-    }
-}
-
-/// Formats rows as an aligned text table.
-pub fn table(rows: &[Row]) -> String {
-    let mut out = format!(
-        "{:<20} {:<18} {:<5} {:<38} {:>10} {:>10} {:>6} {:>8} {:>8}\n",
-        "kernel", "shape (M,N,K)", "dtype", "baseline", "ours µs", "base µs", "ratio", "ours TF", "base TF"
-    );
-    for r in rows {
-        out.push_str(&format!(
-            "{:<20} {:<18} {:<5} {:<38} {:>10.1} {:>10.1} {:>6.3} {:>8.1} {:>8.1}\n",
-            r.kernel,
-            r.shape,
-            r.dtype,
-            r.baseline,
-            r.ours_us,
-            r.baseline_us,
-            r.ratio,
-            r.ours_tflops,
-            r.baseline_tflops
-        ));
-    }
-    out.push_str("ratio = baseline time / ours (above 1: fusion is faster); median of timed calls\n");
-    out
-}
-
 /// Random device data, the same in every rotated set (contents do not
 /// matter for L2; addresses do).
 struct Rotated<T> {
@@ -187,9 +135,12 @@ struct Rotated<T> {
 
 impl<T: BenchElement> Rotated<T> {
     fn random(stream: &Arc<CudaStream>, len: usize, scale: f32, seed: u64) -> Result<Rotated<T>> {
-        let host = T::random(len, scale, seed);
+        Self::from_host(stream, &T::random(len, scale, seed))
+    }
+
+    fn from_host(stream: &Arc<CudaStream>, host: &[T]) -> Result<Rotated<T>> {
         let sets = (0..SETS)
-            .map(|_| stream.clone_htod(&host))
+            .map(|_| stream.clone_htod(host))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Rotated { sets })
     }
@@ -245,26 +196,60 @@ impl BenchElement for half::bf16 {
     }
 }
 
-fn agreement<T: BenchElement>(
-    stream: &Arc<CudaStream>,
-    ours: &CudaSlice<T>,
-    base: &CudaSlice<T>,
-) -> Result<f64> {
-    let (a, b) = (stream.clone_dtoh(ours)?, stream.clone_dtoh(base)?);
+/// ‖got − want‖₂ / ‖want‖₂; infinite where `got` has a NaN or an
+/// infinity.
+pub fn relative_difference<T: BenchElement>(got: &[T], want: &[T]) -> f64 {
     let (mut diff, mut norm) = (0.0f64, 0.0f64);
-    for (x, y) in a.iter().zip(&b) {
+    for (x, y) in got.iter().zip(want) {
         let (x, y) = (x.to_f64(), y.to_f64());
         if !x.is_finite() {
-            return Ok(f64::INFINITY);
+            return f64::INFINITY;
         }
         diff += (x - y) * (x - y);
         norm += y * y;
     }
-    Ok((diff / norm.max(f64::MIN_POSITIVE)).sqrt())
+    (diff / norm.max(f64::MIN_POSITIVE)).sqrt()
 }
 
-/// Outputs that disagree by more than this are reported as failures.
-const AGREEMENT: f64 = 1e-2;
+/// The largest relative difference between two `dtype` outputs of one
+/// computation that the bench accepts: the limit the GPU tests put on an
+/// output against the exact reference (`testing::relative_l2_limit`, about
+/// 5x the error measured for f32-accumulating GEMMs). Two independent such
+/// outputs differ by about √2 times either's error, still well within it
+/// (run D of BENCHMARKS.md: at most 3.7e-4 for f16, limit 1e-3), and a
+/// wrong tile, column or rounding to a coarser type is far above it.
+pub fn agreement_limit(dtype: DType) -> f64 {
+    crate::testing::relative_l2_limit(dtype)
+}
+
+/// Copies both outputs to the host and compares them; an error when they
+/// differ beyond [`agreement_limit`], so that a wrong kernel is not timed.
+fn check_agreement<T: BenchElement>(
+    stream: &Arc<CudaStream>,
+    ours: &CudaSlice<T>,
+    base: &CudaSlice<T>,
+    kernel: &str,
+    shape: String,
+) -> Result<f64> {
+    let relative = relative_difference(&stream.clone_dtoh(ours)?, &stream.clone_dtoh(base)?);
+    if relative.is_nan() || relative > agreement_limit(T::DTYPE) {
+        return Err(Error::BenchDisagreement {
+            kernel: kernel.into(),
+            shape,
+            relative,
+        });
+    }
+    Ok(relative)
+}
+
+/// The CUDA version the driver supports (`cuDriverGetVersion`: major·1000
+/// + minor·10).
+pub fn cuda_driver_version() -> Result<i32> {
+    let mut version = 0;
+    // SAFETY: writes one int to a live local; needs no context.
+    unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut version) }.result()?;
+    Ok(version)
+}
 
 /// Device time of ≥ a few milliseconds queued before the timed calls.
 fn head_start(stream: &Arc<CudaStream>, scratch: &mut CudaSlice<u8>) -> Result<()> {
@@ -323,7 +308,8 @@ fn vec_of<T: Element>(buf: &CudaSlice<T>, n: usize) -> Result<Tensor<'_, T>> {
     Tensor::new(buf, [n])
 }
 
-/// Times one pattern at one shape.
+/// Times one pattern at one shape: ours against its baseline with cuBLASLt's
+/// first algorithm and with the best of its top candidates.
 pub fn bench_pattern<T: BenchElement>(
     stream: &Arc<CudaStream>,
     pattern: Pattern,
@@ -344,11 +330,22 @@ pub fn bench_pattern<T: BenchElement>(
         scratch: Rotated::zeros(stream, m * n.max(k))?,
     };
     let (epilogue, unfused) = pattern.baseline();
-    let mut lt = LtGemm::new(stream, T::DTYPE, pattern.layout(), (m, n, k), epilogue)?;
+    let mut lt = LtPair::new(|candidates| {
+        cublaslt::LtGemm::new(
+            stream,
+            T::DTYPE,
+            pattern.layout(),
+            (m, n, k),
+            epilogue,
+            candidates,
+        )
+    })?;
     let w_shape = match pattern.layout() {
         WeightLayout::NK => [n, k],
         WeightLayout::KN => [k, n],
     };
+    let has_bias = epilogue != LtEpilogue::None && epilogue != LtEpilogue::Gelu;
+    let shape = format!("{m},{n},{k}");
     // The norm GEMMs run as a model runs them: one struct per input set,
     // bound to that set's weights, which it folds into its own copy of w.
     // Bound to equal copies (same seeds), since the case's own buffers are
@@ -406,7 +403,7 @@ pub fn bench_pattern<T: BenchElement>(
             Pattern::RmsnormGemm => rmsnorm_gemms[i % SETS].run(stream, &x, &mut y),
         }
     };
-    let mut baseline = |c: &mut GemmCase<T>, i: usize| -> Result<()> {
+    let baseline = |c: &mut GemmCase<T>, lt: &mut cublaslt::LtGemm, i: usize| -> Result<()> {
         let GemmCase {
             x,
             w,
@@ -418,7 +415,7 @@ pub fn bench_pattern<T: BenchElement>(
             scratch,
             ..
         } = c;
-        let bias = Some(bias.get(i)).filter(|_| epilogue != LtEpilogue::None && epilogue != LtEpilogue::Gelu);
+        let bias = Some(bias.get(i)).filter(|_| has_bias);
         match pattern {
             Pattern::GemmBiasSilu | Pattern::GemmSilu => {
                 lt.run(stream, x.get(i), w.get(i), bias, None, scratch.get_mut(i))?;
@@ -452,37 +449,99 @@ pub fn bench_pattern<T: BenchElement>(
 
     // Same inputs (set 0), then compare before timing anything.
     ours(&mut c, 0)?;
-    baseline(&mut c, 0)?;
+    baseline(&mut c, lt.get(Which::First), 0)?;
     stream.synchronize()?;
-    let agree = agreement(stream, c.ours.get(0), c.base.get(0))?;
-    if agree.is_nan() || agree > AGREEMENT {
-        return Err(Error::BenchDisagreement {
-            kernel: pattern.name().into(),
-            shape: format!("{m},{n},{k}"),
-            relative: agree,
-        });
+    let agreement = check_agreement(
+        stream,
+        c.ours.get(0),
+        c.base.get(0),
+        pattern.name(),
+        shape.clone(),
+    )?;
+    {
+        // The baseline's GEMM alone, on x (the norm patterns' GEMM reads the
+        // normalised x, of the same shape: the same work).
+        let GemmCase {
+            x,
+            w,
+            bias,
+            residual,
+            base,
+            ..
+        } = &mut c;
+        let residual = (pattern == Pattern::GemmBiasResidual).then_some(&*residual);
+        lt.tune(
+            stream,
+            base,
+            || head_start(stream, head),
+            |gemm, out, i| {
+                let bias = Some(bias.get(i)).filter(|_| has_bias);
+                gemm.run(stream, x.get(i), w.get(i), bias, residual.map(|r| r.get(i)), out)
+            },
+        )?;
     }
-    // Both closures borrow the case mutably (their outputs), one at a time.
-    let c = std::cell::RefCell::new(c);
-    let (t_ours, t_base) = time_interleaved(
+    // The closures borrow the case and the plans mutably, one call at a time.
+    let (c, lt_cell) = (RefCell::new(c), RefCell::new(lt));
+    let [ours_t, first_t, best_t] = time_interleaved(
         stream,
         plan,
         || head_start(stream, head),
-        |i| ours(&mut c.borrow_mut(), i),
-        |i| baseline(&mut c.borrow_mut(), i),
+        [
+            &mut |i| ours(&mut c.borrow_mut(), i),
+            &mut |i| baseline(&mut c.borrow_mut(), lt_cell.borrow_mut().get(Which::First), i),
+            &mut |i| baseline(&mut c.borrow_mut(), lt_cell.borrow_mut().get(Which::Best), i),
+        ],
     )?;
     Ok(Row::new(
         pattern.name(),
-        format!("{m},{n},{k}"),
+        shape,
         T::DTYPE,
         format!("{}{unfused}", epilogue.name()),
         2.0 * (m * n * k) as f64,
         Measured {
-            ours: t_ours,
-            base: t_base,
-            agreement: agree,
+            ours: ours_t,
+            first: first_t,
+            best: best_t,
+            agreement,
+            algorithms: vec![lt_cell.borrow().choice("gemm")?],
         },
     ))
+}
+
+/// How the SwiGLU FFN baseline computes the gate and up projections.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GateUp {
+    /// Two cuBLASLt GEMMs, one per weight.
+    Separate,
+    /// One cuBLASLt call over the two weights stacked `[2F, D]`
+    /// ([`cublaslt::LtGemm::new_stacked`]), as a model that stores them
+    /// merged calls it.
+    Stacked,
+}
+
+impl GateUp {
+    pub const ALL: [GateUp; 2] = [GateUp::Separate, GateUp::Stacked];
+
+    /// The baseline's label in the table.
+    fn baseline(self) -> &'static str {
+        match self {
+            GateUp::Separate => "cuBLASLt ×3 + silu, mul kernels",
+            GateUp::Stacked => "cuBLASLt stacked gate/up, down + silu, mul",
+        }
+    }
+}
+
+/// The SwiGLU FFN baseline's buffers (what its calls write) and plans.
+struct FfnBaseline<T> {
+    /// The gate projection `[M, F]`, then, when stacked, the up projection.
+    gate_up: Rotated<T>,
+    /// The up projection of the separate GEMM.
+    up: Rotated<T>,
+    act: Rotated<T>,
+    h: Rotated<T>,
+    y: Rotated<T>,
+    /// The gate and up GEMMs (one when stacked), then the down GEMM.
+    lt: Vec<LtPair>,
 }
 
 /// Times the SwiGLU FFN block (Llama-3-8B: D = 4096, F = 14336) at M tokens
@@ -490,22 +549,52 @@ pub fn bench_pattern<T: BenchElement>(
 pub fn bench_ffn<T: BenchElement>(
     stream: &Arc<CudaStream>,
     m: usize,
+    gate_up: GateUp,
     plan: TimingPlan,
     head: &mut CudaSlice<u8>,
 ) -> Result<Row> {
     const D: usize = 4096;
     const F: usize = 14336;
     let seed = m as u64 * 7 + 3;
+    let scale = 1.0 / (D as f32).sqrt();
+    let (w_gate_host, w_up_host) = (
+        T::random(F * D, scale, seed + 1),
+        T::random(F * D, scale, seed + 2),
+    );
     let x = Rotated::<T>::random(stream, m * D, 1.0, seed)?;
-    let w_gate = Rotated::<T>::random(stream, F * D, 1.0 / (D as f32).sqrt(), seed + 1)?;
-    let w_up = Rotated::<T>::random(stream, F * D, 1.0 / (D as f32).sqrt(), seed + 2)?;
+    let w_gate = Rotated::from_host(stream, &w_gate_host)?;
+    let w_up = Rotated::from_host(stream, &w_up_host)?;
+    // The same weights, one after the other, for the stacked GEMM.
+    let w_stacked = match gate_up {
+        GateUp::Separate => None,
+        GateUp::Stacked => Some(Rotated::from_host(stream, &[w_gate_host, w_up_host].concat())?),
+    };
     let w_down = Rotated::<T>::random(stream, D * F, 1.0 / (F as f32).sqrt(), seed + 3)?;
     let b_down = Rotated::<T>::random(stream, D, 1.0, seed + 4)?;
     let mut ours_y = Rotated::<T>::zeros(stream, m * D)?;
-    let mut base_y = Rotated::<T>::zeros(stream, m * D)?;
-    let mut gate = Rotated::<T>::zeros(stream, m * F)?;
-    let mut up = Rotated::<T>::zeros(stream, m * F)?;
-    let mut act = Rotated::<T>::zeros(stream, m * F)?;
+    let plan_lt = |dims, epilogue| {
+        LtPair::new(|candidates| {
+            cublaslt::LtGemm::new(stream, T::DTYPE, WeightLayout::NK, dims, epilogue, candidates)
+        })
+    };
+    let mut lt = match gate_up {
+        GateUp::Separate => vec![
+            plan_lt((m, F, D), LtEpilogue::None)?,
+            plan_lt((m, F, D), LtEpilogue::None)?,
+        ],
+        GateUp::Stacked => vec![LtPair::new(|candidates| {
+            cublaslt::LtGemm::new_stacked(stream, T::DTYPE, (m, F, D), 2, candidates)
+        })?],
+    };
+    lt.push(plan_lt((m, D, F), LtEpilogue::Bias)?);
+    let mut b = FfnBaseline {
+        gate_up: Rotated::zeros(stream, 2 * m * F)?,
+        up: Rotated::zeros(stream, m * F)?,
+        act: Rotated::zeros(stream, m * F)?,
+        h: Rotated::zeros(stream, m * F)?,
+        y: Rotated::zeros(stream, m * D)?,
+        lt,
+    };
     // One struct per input set, bound to that set's weights.
     let mut ffns = (0..SETS)
         .map(|i| {
@@ -518,9 +607,6 @@ pub fn bench_ffn<T: BenchElement>(
             kernels::SwigluFfn::new(stream, weights)
         })
         .collect::<Result<Vec<_>>>()?;
-    let mut lt_gate = LtGemm::new(stream, T::DTYPE, WeightLayout::NK, (m, F, D), LtEpilogue::None)?;
-    let mut lt_up = LtGemm::new(stream, T::DTYPE, WeightLayout::NK, (m, F, D), LtEpilogue::None)?;
-    let mut lt_down = LtGemm::new(stream, T::DTYPE, WeightLayout::NK, (m, D, F), LtEpilogue::Bias)?;
 
     let mut ours = |ours_y: &mut Rotated<T>, i: usize| -> Result<()> {
         ffns[i % SETS].run(
@@ -529,90 +615,174 @@ pub fn bench_ffn<T: BenchElement>(
             &mut TensorMut::new(ours_y.get_mut(i), [m, D])?,
         )
     };
-    let mut baseline = |base_y: &mut Rotated<T>, i: usize| -> Result<()> {
-        lt_gate.run(stream, x.get(i), w_gate.get(i), None, None, gate.get_mut(i))?;
+    let baseline = |b: &mut FfnBaseline<T>, which: Which, i: usize| -> Result<()> {
+        let FfnBaseline {
+            gate_up: gu,
+            up,
+            act,
+            h,
+            y,
+            lt,
+        } = b;
+        let (lt_down, lt_gate_up) = lt.split_last_mut().expect("the down GEMM is last");
+        let up_half = match (lt_gate_up, &w_stacked) {
+            ([lt_gate, lt_up], _) => {
+                lt_gate
+                    .get(which)
+                    .run(stream, x.get(i), w_gate.get(i), None, None, gu.get_mut(i))?;
+                lt_up
+                    .get(which)
+                    .run(stream, x.get(i), w_up.get(i), None, None, up.get_mut(i))?;
+                up.get(i).slice(..)
+            }
+            ([lt_stacked], Some(w)) => {
+                lt_stacked
+                    .get(which)
+                    .run(stream, x.get(i), w.get(i), None, None, gu.get_mut(i))?;
+                gu.get(i).slice(m * F..)
+            }
+            _ => unreachable!("one stacked GEMM with its weight, or two"),
+        };
         kernels::silu(
             stream,
-            &mat(gate.get(i), m, F)?,
+            &Tensor::from_view(gu.get(i).slice(..m * F), [m, F])?,
             &mut TensorMut::new(act.get_mut(i), [m, F])?,
         )?;
-        lt_up.run(stream, x.get(i), w_up.get(i), None, None, up.get_mut(i))?;
         kernels::mul(
             stream,
             &mat(act.get(i), m, F)?,
-            &mat(up.get(i), m, F)?,
-            &mut TensorMut::new(gate.get_mut(i), [m, F])?,
+            &Tensor::from_view(up_half, [m, F])?,
+            &mut TensorMut::new(h.get_mut(i), [m, F])?,
         )?;
-        lt_down.run(
+        lt_down.get(which).run(
             stream,
-            gate.get(i),
+            h.get(i),
             w_down.get(i),
             Some(b_down.get(i)),
             Some(x.get(i)),
-            base_y.get_mut(i),
+            y.get_mut(i),
         )
     };
     ours(&mut ours_y, 0)?;
-    baseline(&mut base_y, 0)?;
+    baseline(&mut b, Which::First, 0)?;
     stream.synchronize()?;
-    let agree = agreement(stream, ours_y.get(0), base_y.get(0))?;
-    if agree.is_nan() || agree > AGREEMENT {
-        return Err(Error::BenchDisagreement {
-            kernel: "swiglu_ffn".into(),
-            shape: format!("M={m}"),
-            relative: agree,
-        });
+    let agreement = check_agreement(stream, ours_y.get(0), b.y.get(0), "swiglu_ffn", format!("M={m}"))?;
+    {
+        // Each GEMM alone. The down projection reads what the gate GEMM's
+        // candidates left in `gate_up`: products of the real inputs, so that
+        // its candidates are compared on outputs that are not just the bias
+        // and the residual.
+        let FfnBaseline {
+            gate_up: gu,
+            up,
+            y,
+            lt,
+            ..
+        } = &mut b;
+        let (lt_down, lt_gate_up) = lt.split_last_mut().expect("the down GEMM is last");
+        let mut projections: Vec<(&mut LtPair, &mut Rotated<T>, &Rotated<T>)> = match (lt_gate_up, &w_stacked)
+        {
+            ([lt_gate, lt_up], _) => vec![(lt_gate, &mut *gu, &w_gate), (lt_up, up, &w_up)],
+            ([lt_stacked], Some(w)) => vec![(lt_stacked, &mut *gu, w)],
+            _ => unreachable!("one stacked GEMM with its weight, or two"),
+        };
+        for (lt, out, w) in projections.iter_mut() {
+            lt.tune(
+                stream,
+                out,
+                || head_start(stream, head),
+                |g, out, i| g.run(stream, x.get(i), w.get(i), None, None, out),
+            )?;
+        }
+        drop(projections);
+        lt_down.tune(
+            stream,
+            y,
+            || head_start(stream, head),
+            |g, out, i| {
+                g.run(
+                    stream,
+                    gu.get(i),
+                    w_down.get(i),
+                    Some(b_down.get(i)),
+                    Some(x.get(i)),
+                    out,
+                )
+            },
+        )?;
     }
-    let (t_ours, t_base) = time_interleaved(
+    let b = RefCell::new(b);
+    let [ours_t, first_t, best_t] = time_interleaved(
         stream,
         plan,
         || head_start(stream, head),
-        |i| ours(&mut ours_y, i),
-        |i| baseline(&mut base_y, i),
+        [
+            &mut |i| ours(&mut ours_y, i),
+            &mut |i| baseline(&mut b.borrow_mut(), Which::First, i),
+            &mut |i| baseline(&mut b.borrow_mut(), Which::Best, i),
+        ],
     )?;
+    let names: &[&str] = match gate_up {
+        GateUp::Separate => &["gate", "up", "down"],
+        GateUp::Stacked => &["gate_up", "down"],
+    };
+    let algorithms = b
+        .borrow()
+        .lt
+        .iter()
+        .zip(names)
+        .map(|(lt, name)| lt.choice(name))
+        .collect::<Result<_>>()?;
     Ok(Row::new(
         "swiglu_ffn",
         format!("M={m} D={D} F={F}"),
         T::DTYPE,
-        "cuBLASLt ×3 + silu, mul kernels".into(),
+        gate_up.baseline().into(),
         2.0 * 3.0 * (m * D * F) as f64,
         Measured {
-            ours: t_ours,
-            base: t_base,
-            agreement: agree,
+            ours: ours_t,
+            first: first_t,
+            best: best_t,
+            agreement,
+            algorithms,
         },
     ))
 }
 
 /// Runs every case of `config`, reporting progress through `progress(done,
-/// total, label)`.
+/// total, label)`; each row gets the SM clock `clock` sampled while it was
+/// measured.
 pub fn run<T: BenchElement>(
     stream: &Arc<CudaStream>,
     config: &BenchConfig,
+    clock: Option<&smi::ClockSampler>,
     mut progress: impl FnMut(usize, usize, &str),
 ) -> Result<Vec<Row>> {
-    let total = config.patterns.len() * config.shapes.len() + config.ffn_tokens.len();
+    let total = config.patterns.len() * config.shapes.len() + config.ffn_tokens.len() * GateUp::ALL.len();
     let mut head = stream.alloc_zeros::<u8>(256 << 20)?;
     let mut rows = Vec::with_capacity(total);
-    let mut done = 0;
+    let mut measure = |label: &str, case: &mut dyn FnMut(&mut CudaSlice<u8>) -> Result<Row>| -> Result<()> {
+        progress(rows.len(), total, label);
+        let from = Instant::now();
+        let mut row = case(&mut head)?;
+        row.sm_clock = clock.and_then(|c| c.between(from, Instant::now()));
+        rows.push(row);
+        Ok(())
+    };
     for &shape in &config.shapes {
         for &pattern in &config.patterns {
-            progress(done, total, &format!("{} {shape:?}", pattern.name()));
-            rows.push(bench_pattern::<T>(
-                stream,
-                pattern,
-                shape,
-                config.timing,
-                &mut head,
-            )?);
-            done += 1;
+            measure(&format!("{} {shape:?}", pattern.name()), &mut |head| {
+                bench_pattern::<T>(stream, pattern, shape, config.timing, head)
+            })?;
         }
     }
     for &m in &config.ffn_tokens {
-        progress(done, total, &format!("swiglu_ffn M={m}"));
-        rows.push(bench_ffn::<T>(stream, m, config.timing, &mut head)?);
-        done += 1;
+        for gate_up in GateUp::ALL {
+            measure(&format!("swiglu_ffn M={m} ({gate_up:?})"), &mut |head| {
+                bench_ffn::<T>(stream, m, gate_up, config.timing, head)
+            })?;
+        }
     }
-    progress(done, total, "done");
+    progress(rows.len(), total, "done");
     Ok(rows)
 }

@@ -1,14 +1,15 @@
 //! Timing on the device: CUDA events around each call, warm-up first, the
-//! median of many calls, the two contenders alternating call by call, and
-//! input sets rotated between calls so that no contender is timed out of a
-//! warm L2 cache.
+//! median and spread of many calls, the contenders alternating call by call,
+//! and input sets rotated between calls so that no contender is timed out of
+//! a warm L2 cache.
 
 use crate::error::Result;
 use cudarc::driver::{CudaStream, sys::CUevent_flags};
+use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
 /// How many calls to make and how to summarise them.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TimingPlan {
     pub warmup: usize,
     pub runs: usize,
@@ -20,10 +21,15 @@ impl Default for TimingPlan {
     }
 }
 
-/// Median, fastest and slowest of the timed calls, in microseconds.
-#[derive(Clone, Copy, Debug, PartialEq)]
+/// Median, quartiles, fastest and slowest of the timed calls, in
+/// microseconds.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Timing {
     pub median_us: f64,
+    /// The 25th and 75th percentiles: the interquartile range, the spread
+    /// `fusion bench` prints, since one stalled call moves the maximum alone.
+    pub q1_us: f64,
+    pub q3_us: f64,
     pub min_us: f64,
     pub max_us: f64,
 }
@@ -36,37 +42,27 @@ pub fn time_calls(
     head_start: impl FnMut() -> Result<()>,
     mut call: impl FnMut(usize) -> Result<()>,
 ) -> Result<Timing> {
-    let [timing] = time_rounds(stream, plan, head_start, [&mut call])?;
+    let [timing] = time_interleaved(stream, plan, head_start, [&mut call])?;
     Ok(timing)
 }
 
-/// Times two contenders call by call, alternating: ours, baseline, ours, …
+/// Times N contenders call by call, alternating: ours, baseline, ours, …
+/// (or ours, first baseline, second baseline, ours, …).
 ///
-/// Interleaving gives both the same clocks: on an H200 the long shapes ran
+/// Interleaving gives all the same clocks: on an H200 the long shapes ran
 /// ±5-10% apart from one block of calls to the next (power and clock
 /// drift), which made a ratio of two separately timed blocks move by as
-/// much. `ours(i)` gets the even indices and `baseline(i)` the odd ones, so
-/// with an even number of rotated input sets each contender reads its own
-/// sets, each last touched that many calls earlier, and neither finds the
-/// inputs the other just read in L2.
-pub fn time_interleaved(
-    stream: &Arc<CudaStream>,
-    plan: TimingPlan,
-    head_start: impl FnMut() -> Result<()>,
-    mut ours: impl FnMut(usize) -> Result<()>,
-    mut baseline: impl FnMut(usize) -> Result<()>,
-) -> Result<(Timing, Timing)> {
-    let [ours, base] = time_rounds(stream, plan, head_start, [&mut ours, &mut baseline])?;
-    Ok((ours, base))
-}
-
-/// Runs `plan.warmup` untimed and `plan.runs` timed rounds of one call per
-/// contender; contender j's call in round r gets index N r + j. The timed
-/// calls are queued back to back behind `head_start` (a few milliseconds of
-/// device work), so the host has queued them all before the device reaches
-/// them and the events between calls measure device time alone, not launch
-/// overhead.
-fn time_rounds<const N: usize>(
+/// much. Contender j's call in round r gets index N r + j, so the calls'
+/// indices run 0, 1, 2, … in the order they are queued: with S rotated
+/// input sets, every call reads a set last touched S calls earlier, and no
+/// contender finds the inputs another just read in L2.
+///
+/// It runs `plan.warmup` untimed and `plan.runs` timed rounds of one call
+/// per contender. The timed calls are queued back to back behind
+/// `head_start` (a few milliseconds of device work), so the host has queued
+/// them all before the device reaches them and the events between calls
+/// measure device time alone, not launch overhead.
+pub fn time_interleaved<const N: usize>(
     stream: &Arc<CudaStream>,
     plan: TimingPlan,
     mut head_start: impl FnMut() -> Result<()>,
@@ -99,19 +95,26 @@ fn time_rounds<const N: usize>(
     Ok(samples.map(|mut s| summarise(&mut s)))
 }
 
+/// Sorts `samples` (at least one) and summarises them.
 fn summarise(samples: &mut [f64]) -> Timing {
     samples.sort_by(f64::total_cmp);
-    let n = samples.len();
-    let median_us = if n % 2 == 1 {
-        samples[n / 2]
-    } else {
-        (samples[n / 2 - 1] + samples[n / 2]) / 2.0
-    };
     Timing {
-        median_us,
+        median_us: percentile(samples, 0.5),
+        q1_us: percentile(samples, 0.25),
+        q3_us: percentile(samples, 0.75),
         min_us: samples[0],
-        max_us: samples[n - 1],
+        max_us: samples[samples.len() - 1],
     }
+}
+
+/// The `p`-quantile (0 ≤ p ≤ 1) of sorted, non-empty `sorted`, interpolated
+/// linearly between the two nearest ranks (numpy's default), so that the
+/// median of an even count is the mean of the middle two.
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    let rank = p.clamp(0.0, 1.0) * (sorted.len() - 1) as f64;
+    let (below, above) = (rank.floor() as usize, rank.ceil() as usize);
+    let weight = rank - below as f64;
+    sorted[below] + (sorted[above] - sorted[below]) * weight
 }
 
 #[cfg(test)]
@@ -123,5 +126,34 @@ mod tests {
         assert_eq!(summarise(&mut [3.0, 1.0, 2.0]).median_us, 2.0);
         let t = summarise(&mut [4.0, 1.0, 3.0, 2.0]);
         assert_eq!((t.median_us, t.min_us, t.max_us), (2.5, 1.0, 4.0));
+    }
+
+    #[test]
+    fn quartiles_interpolate_between_ranks() {
+        // Ranks 0..=8 of nine values: q1 at rank 2, q3 at rank 6.
+        let t = summarise(&mut [9.0, 1.0, 8.0, 2.0, 7.0, 3.0, 6.0, 4.0, 5.0]);
+        assert_eq!((t.q1_us, t.median_us, t.q3_us), (3.0, 5.0, 7.0));
+        // Four values: q1 at rank 0.75, between 10 and 20.
+        let t = summarise(&mut [40.0, 10.0, 30.0, 20.0]);
+        assert_eq!((t.q1_us, t.q3_us), (17.5, 32.5));
+        // One stalled call moves the maximum, not the quartiles.
+        let mut calls = vec![10.0; 49];
+        calls.push(500.0);
+        let t = summarise(&mut calls);
+        assert_eq!(
+            (t.q1_us, t.median_us, t.q3_us, t.max_us),
+            (10.0, 10.0, 10.0, 500.0)
+        );
+    }
+
+    #[test]
+    fn a_single_sample_is_every_statistic() {
+        let t = summarise(&mut [7.0]);
+        assert_eq!(
+            (t.min_us, t.q1_us, t.median_us, t.q3_us, t.max_us),
+            (7.0, 7.0, 7.0, 7.0, 7.0)
+        );
+        assert_eq!(percentile(&[1.0, 2.0], 0.0), 1.0);
+        assert_eq!(percentile(&[1.0, 2.0], 1.0), 2.0);
     }
 }

@@ -1,0 +1,407 @@
+//! What a `fusion bench` run reports: one [`Row`] per kernel and shape, the
+//! run's circumstances ([`Report`], the `--json` file), and the text table.
+//!
+//! The JSON keeps the fields of the first recorded runs
+//! (`benchmarks/*.json`) under their names and adds the newer ones after
+//! them, so that a program written for the old files reads the new.
+
+use super::smi::{self, ClockSummary};
+use super::timing::{Timing, TimingPlan};
+use super::vendor::{self, GemmChoice};
+use crate::ir::DType;
+use serde::{Deserialize, Serialize};
+
+/// One line of the table.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Row {
+    pub kernel: String,
+    pub shape: String,
+    pub dtype: String,
+    pub baseline: String,
+    /// Medians of ours and of the baseline with cuBLASLt's first algorithm.
+    pub ours_us: f64,
+    pub baseline_us: f64,
+    /// Baseline (first algorithm) time over ours: above 1, fusion is faster.
+    pub ratio: f64,
+    pub ours_tflops: f64,
+    pub baseline_tflops: f64,
+    /// ‖ours − baseline‖ / ‖baseline‖ on the same inputs.
+    pub agreement: f64,
+    /// The baseline with the best of cuBLASLt's top candidates: median,
+    /// ratio (its time over ours), TFLOP/s.
+    pub best_us: f64,
+    pub best_ratio: f64,
+    pub best_tflops: f64,
+    /// Every statistic of the three contenders' timed calls.
+    pub ours_timing: Timing,
+    pub baseline_timing: Timing,
+    pub best_timing: Timing,
+    /// The algorithms of each cuBLASLt GEMM of the baseline.
+    pub algorithms: Vec<GemmChoice>,
+    /// The SM clock sampled while the row was measured; none where it was
+    /// not sampled or no sample fell within the row.
+    pub sm_clock: Option<ClockSummary>,
+}
+
+/// What one case measured.
+pub struct Measured {
+    pub ours: Timing,
+    /// The baseline with cuBLASLt's first algorithm, and with the best.
+    pub first: Timing,
+    pub best: Timing,
+    pub agreement: f64,
+    pub algorithms: Vec<GemmChoice>,
+}
+
+impl Row {
+    /// A row without its clock, which the caller samples around the case.
+    pub fn new(kernel: &str, shape: String, dtype: DType, baseline: String, flop: f64, m: Measured) -> Row {
+        let tflops = |t: &Timing| flop / t.median_us / 1e6;
+        Row {
+            kernel: kernel.to_string(),
+            shape,
+            dtype: dtype.to_string(),
+            baseline,
+            ours_us: m.ours.median_us,
+            baseline_us: m.first.median_us,
+            ratio: m.first.median_us / m.ours.median_us,
+            ours_tflops: tflops(&m.ours),
+            baseline_tflops: tflops(&m.first),
+            agreement: m.agreement,
+            best_us: m.best.median_us,
+            best_ratio: m.best.median_us / m.ours.median_us,
+            best_tflops: tflops(&m.best),
+            ours_timing: m.ours,
+            baseline_timing: m.first,
+            best_timing: m.best,
+            algorithms: m.algorithms,
+            sm_clock: None,
+        }
+    }
+}
+
+/// Everything `fusion bench --json` writes.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    pub device: String,
+    pub compute_capability: String,
+    /// The fusion variant the run used (`sm90`, …).
+    pub variant: String,
+    pub dtype: String,
+    pub runs: usize,
+    pub warmup: usize,
+    pub rows: Vec<Row>,
+    /// The commit the `fusion` binary was built from ("unknown" when it
+    /// was not built in a git checkout).
+    pub commit: String,
+    /// When the run started, UTC, `yyyy-mm-ddThh:mm:ssZ`.
+    pub date: String,
+    /// `cublasLtGetVersion()`: major·10000 + minor·100 + patch.
+    pub cublaslt_version: usize,
+    /// The CUDA version the driver supports (`cuDriverGetVersion`:
+    /// major·1000 + minor·10).
+    pub cuda_driver_version: i32,
+    /// The driver's version as `nvidia-smi` reports it; none without it.
+    pub driver: Option<String>,
+    pub timing: TimingDescription,
+    /// The SM clock over the whole run.
+    pub sm_clock: Option<ClockSummary>,
+}
+
+/// How the numbers of a report were made.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TimingDescription {
+    /// For the three contenders of a row: untimed, then timed calls,
+    /// alternating call by call.
+    pub plan: TimingPlan,
+    /// Input sets rotated between calls.
+    pub rotated_sets: usize,
+    /// Algorithms the best-of baseline asks the heuristic for, and the
+    /// short timing of each, before the row is timed.
+    pub candidates: usize,
+    pub candidate_plan: TimingPlan,
+    /// The spread printed beside each median.
+    pub spread: String,
+    /// How the SM clock was sampled.
+    pub sm_clock: String,
+}
+
+impl TimingDescription {
+    pub fn new(plan: TimingPlan) -> TimingDescription {
+        TimingDescription {
+            plan,
+            rotated_sets: super::SETS,
+            candidates: vendor::CANDIDATES,
+            candidate_plan: vendor::CANDIDATE_PLAN,
+            spread: "interquartile range: the 25th to the 75th percentile of the timed calls".into(),
+            sm_clock: format!(
+                "nvidia-smi queries {} ms apart; min, median and max over the samples within each row and within the run",
+                smi::SAMPLE_MS
+            ),
+        }
+    }
+}
+
+/// `median (q1-q3)` in µs.
+fn with_spread(t: &Timing) -> String {
+    format!("{:.1} ({:.1}-{:.1})", t.median_us, t.q1_us, t.q3_us)
+}
+
+/// `min/median/max` in MHz, or `-`.
+fn clock_text(clock: Option<&ClockSummary>) -> String {
+    clock.map_or_else(
+        || "-".to_string(),
+        |c| format!("{:.0}/{:.0}/{:.0}", c.min_mhz, c.median_mhz, c.max_mhz),
+    )
+}
+
+/// The report's rows as an aligned text table, and a footer saying what the
+/// columns are.
+pub fn table(report: &Report) -> String {
+    let mut out = format!(
+        "{:<20} {:<18} {:<5} {:<42} {:>24} {:>24} {:>24} {:>6} {:>6} {:>7} {:>14}\n",
+        "kernel",
+        "shape (M,N,K)",
+        "dtype",
+        "baseline",
+        "ours µs (IQR)",
+        "first µs (IQR)",
+        "best µs (IQR)",
+        "ratio",
+        "best",
+        "ours TF",
+        "SM MHz"
+    );
+    for r in &report.rows {
+        out.push_str(&format!(
+            "{:<20} {:<18} {:<5} {:<42} {:>24} {:>24} {:>24} {:>6.3} {:>6.3} {:>7.1} {:>14}\n",
+            r.kernel,
+            r.shape,
+            r.dtype,
+            r.baseline,
+            with_spread(&r.ours_timing),
+            with_spread(&r.baseline_timing),
+            with_spread(&r.best_timing),
+            r.ratio,
+            r.best_ratio,
+            r.ours_tflops,
+            clock_text(r.sm_clock.as_ref()),
+        ));
+    }
+    let timing = &report.timing;
+    let run_clock = match &report.sm_clock {
+        Some(clock) => format!("{} MHz", clock_text(Some(clock))),
+        None => "not sampled (nvidia-smi did not run)".to_string(),
+    };
+    out.push_str(&format!(
+        "first: the baseline with the cuBLASLt heuristic's first algorithm, as users get it; \
+         best: with the fastest of its top {} that agrees with the first\n\
+         ratio = first's time / ours, best = best's time / ours (above 1: fusion is faster)\n\
+         µs: median of {} timed calls each, the three interleaved; IQR: interquartile range, \
+         the 25th to the 75th percentile\n\
+         SM MHz: min/median/max of the SM clock sampled during the row by nvidia-smi queries {} ms apart \
+         (whole run: {run_clock})\n",
+        timing.candidates,
+        timing.plan.runs,
+        smi::SAMPLE_MS,
+    ));
+    out
+}
+
+/// `yyyy-mm-ddThh:mm:ssZ` for a time in seconds since the Unix epoch.
+pub fn utc_date(unix_seconds: u64) -> String {
+    let (days, secs) = (unix_seconds / 86_400, unix_seconds % 86_400);
+    // Days to a civil date in the proleptic Gregorian calendar (Howard
+    // Hinnant's algorithm): eras of 400 years, years starting in March.
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        secs / 3600,
+        secs / 60 % 60,
+        secs % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::cublaslt::LtAlgoConfig;
+    use crate::bench::vendor::Trial;
+
+    fn timing(median_us: f64) -> Timing {
+        Timing {
+            median_us,
+            q1_us: median_us - 0.5,
+            q3_us: median_us + 1.0,
+            min_us: median_us - 1.0,
+            max_us: median_us + 9.0,
+        }
+    }
+
+    fn algo(heuristic_rank: usize, tile: u64) -> LtAlgoConfig {
+        LtAlgoConfig {
+            heuristic_rank,
+            id: 66,
+            tile,
+            stages: 20,
+            splitk: 1,
+            reduction_scheme: 0,
+            cta_swizzling: 0,
+            custom_option: 0,
+            inner_shape: 0,
+            cluster_shape: 2,
+        }
+    }
+
+    fn report(clock: Option<ClockSummary>) -> Report {
+        let row = Row {
+            sm_clock: clock,
+            ..Row::new(
+                "gemm_bias",
+                "4096,4096,4096".into(),
+                DType::F16,
+                "cuBLASLt BIAS".into(),
+                2.0 * 4096f64.powi(3),
+                Measured {
+                    ours: timing(200.0),
+                    first: timing(210.0),
+                    best: timing(205.0),
+                    agreement: 2e-4,
+                    algorithms: vec![GemmChoice {
+                        gemm: "gemm".into(),
+                        first: algo(0, 18),
+                        best: algo(3, 24),
+                        trials: vec![
+                            Trial::Timed(timing(210.0)),
+                            Trial::Failed("CUBLAS_STATUS_NOT_SUPPORTED".into()),
+                            Trial::Disagrees(None),
+                            Trial::Timed(timing(205.0)),
+                        ],
+                    }],
+                },
+            )
+        };
+        Report {
+            device: "NVIDIA H200".into(),
+            compute_capability: "9.0".into(),
+            variant: "sm90".into(),
+            dtype: "f16".into(),
+            runs: 50,
+            warmup: 10,
+            rows: vec![row],
+            commit: "16bb885".into(),
+            date: utc_date(1_796_143_424),
+            cublaslt_version: 130_100,
+            cuda_driver_version: 13_000,
+            driver: Some("580.159.04".into()),
+            timing: TimingDescription::new(TimingPlan { warmup: 10, runs: 50 }),
+            sm_clock: clock,
+        }
+    }
+
+    const CLOCK: ClockSummary = ClockSummary {
+        min_mhz: 1755.0,
+        median_mhz: 1980.0,
+        max_mhz: 1980.0,
+        samples: 12,
+    };
+
+    #[test]
+    fn ratios_are_against_the_first_and_the_best_alike() {
+        let row = &report(None).rows[0];
+        assert_eq!((row.ours_us, row.baseline_us, row.best_us), (200.0, 210.0, 205.0));
+        assert_eq!((row.ratio, row.best_ratio), (1.05, 1.025));
+        assert!((row.ours_tflops - 687.19).abs() < 0.01, "{}", row.ours_tflops);
+        assert!((row.baseline_tflops - row.ours_tflops / 1.05).abs() < 1e-9);
+    }
+
+    #[test]
+    fn the_json_round_trips_and_keeps_the_old_fields() {
+        let report = report(Some(CLOCK));
+        let text = serde_json::to_string_pretty(&report).unwrap();
+        assert_eq!(serde_json::from_str::<Report>(&text).unwrap(), report);
+        // What readers of the first recorded files look up.
+        let value: serde_json::Value = serde_json::from_str(&text).unwrap();
+        for key in [
+            "device",
+            "compute_capability",
+            "variant",
+            "dtype",
+            "runs",
+            "warmup",
+            "rows",
+        ] {
+            assert!(value.get(key).is_some(), "{key}");
+        }
+        let row = &value["rows"][0];
+        for key in [
+            "kernel",
+            "shape",
+            "dtype",
+            "baseline",
+            "ours_us",
+            "baseline_us",
+            "ratio",
+            "ours_tflops",
+            "baseline_tflops",
+            "agreement",
+        ] {
+            assert!(row.get(key).is_some(), "{key}");
+        }
+        assert_eq!(row["algorithms"][0]["best"]["heuristic_rank"], 3);
+        assert_eq!(value["timing"]["candidates"], 16);
+        assert_eq!(value["commit"], "16bb885");
+    }
+
+    #[test]
+    fn the_table_shows_both_baselines_with_their_spread() {
+        let text = table(&report(Some(CLOCK)));
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[0].starts_with("kernel "), "{text}");
+        assert!(
+            lines[0].contains("first µs (IQR)") && lines[0].contains("best µs (IQR)"),
+            "{text}"
+        );
+        let row = lines[1];
+        for cell in [
+            "gemm_bias",
+            "200.0 (199.5-201.0)",
+            "210.0 (209.5-211.0)",
+            "205.0 (204.5-206.0)",
+            "1.050",
+            "1.025",
+            "1755/1980/1980",
+        ] {
+            assert!(row.contains(cell), "{cell} in {row}");
+        }
+        // The header and the row line up: the numbers end in the same column.
+        assert_eq!(lines[0].chars().count(), row.chars().count(), "{text}");
+        assert!(text.contains("top 16"), "{text}");
+        assert!(text.contains("IQR: interquartile range"), "{text}");
+        assert!(text.contains("median of 50 timed calls"), "{text}");
+        assert!(text.contains("whole run: 1755/1980/1980 MHz"), "{text}");
+    }
+
+    #[test]
+    fn an_unsampled_clock_says_so() {
+        let text = table(&report(None));
+        assert!(text.lines().nth(1).unwrap().ends_with(" -"), "{text}");
+        assert!(text.contains("whole run: not sampled"), "{text}");
+    }
+
+    #[test]
+    fn dates_are_utc_civil_dates() {
+        assert_eq!(utc_date(0), "1970-01-01T00:00:00Z");
+        assert_eq!(utc_date(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(utc_date(1_796_143_424), "2026-12-01T16:43:44Z");
+        assert_eq!(utc_date(4_107_542_399), "2100-02-28T23:59:59Z");
+    }
+}
