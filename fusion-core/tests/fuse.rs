@@ -616,6 +616,7 @@ graph `gpt2_mlp`: 7 ops → 2 kernels
     beta   ln_b  f16[768]
     bias   b_fc  f16[3072]
     out    h     f16[M, 3072]
+    layernorm: folded into B when the graph struct binds the weights (new): B' = B·diag(gamma), row statistics in a pass over A, the correction in the epilogue; the free function, given gamma per call, normalizes A into scratch and runs the plain GEMM
 
 #1  gemm_bias_residual  (named pattern)
     ops       matmul → %5, bias_add → %6, add → y

@@ -92,7 +92,30 @@ impl Plan {
         let label_width = rows.iter().map(|r| r[0].len()).max().unwrap_or(0);
         writeln!(out, "    {:label_width$}  {}", "ops", ops.join(", ")).expect("writing to a String");
         out.push_str(&table(&rows, "    "));
+        if let Composition::Gemm(gemm) = &kernel.composition
+            && let Some(prologue) = gemm.prologue
+        {
+            out.push_str(&norm_note(prologue.kind.name(), kernel.norm_foldable(graph)));
+        }
         out
+    }
+}
+
+/// How a GEMM's norm runs: folded into its weight when the struct binds
+/// the weights, else (and always from the free function) as the unfused
+/// split, which a norm worked into every stage of the mainloop lost to.
+fn norm_note(norm: &str, foldable: bool) -> String {
+    if foldable {
+        format!(
+            "    {norm}: folded into B when the graph struct binds the weights (new): B' = B·diag(gamma), \
+             row statistics in a pass over A, the correction in the epilogue; the free function, \
+             given gamma per call, normalizes A into scratch and runs the plain GEMM\n"
+        )
+    } else {
+        format!(
+            "    {norm}: gamma or beta is not a weight, so it cannot be folded: A is normalized into \
+             scratch, then the plain GEMM (fused into the mainloop it measured slower than that split)\n"
+        )
     }
 }
 

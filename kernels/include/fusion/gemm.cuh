@@ -3,13 +3,13 @@
 //   C = Epilogue(Prologue(A) @ B)
 //
 // `fused_gemm_kernel<Mainloop, Prologue, Epilogue>` picks the CTA's output
-// tile (grouped order, below), runs the norm prologue's row statistics if
-// there is one, and hands over to the mainloop, which owns the K loop and,
+// tile (grouped order, below), computes a folded norm's row statistics for
+// its rows if there is one (prologue.cuh), and hands over to the mainloop, which owns the K loop and,
 // because the accumulator layout is its own, the final store through the
 // epilogue chain. `FusedGemm<...>::launch` checks the problem and launches
 // with the workspace its caller sized with `workspace_bytes` (workspace.cuh).
-// A rendered kernel unit is a typedef of FusedGemm plus a plain-C entry
-// point around `launch` (see kernels/selftest/selftest.cu for the model).
+// A rendered kernel unit (kernels/gemm.cu.hbs) is a typedef of FusedGemm
+// plus plain-C entry points around `launch` and `workspace_bytes`.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -56,8 +56,8 @@ __device__ __forceinline__ TileCoord grouped_tile_order(int64_t block, int64_t t
 // one) says so with `kOwnsKernel`; FusedGemm then checks the problem and
 // hands the launch to `Mainloop::launch<Prologue, Epilogue>`, and the
 // workspace query to `Mainloop::workspace_layout<Prologue>`. The others
-// (sm80, sm75) need no workspace: their CTAs keep a norm prologue's row
-// statistics in shared memory.
+// (sm80, sm75) need a workspace only for a per-call norm's normalized A:
+// their CTAs keep a folded norm's row statistics in shared memory.
 template <typename Mainloop, typename = void>
 struct OwnsKernel {
   static constexpr bool value = false;
@@ -71,13 +71,13 @@ template <typename Mainloop, typename Prologue, typename Epilogue>
 __global__ void __launch_bounds__(Mainloop::kThreads, Mainloop::kMinBlocksPerSm)
     fused_gemm_kernel(const GemmArgs<typename Mainloop::Element> args) {
   extern __shared__ __align__(128) unsigned char smem[];
-  __shared__ RowStats row_stats[Prologue::kEnabled ? Mainloop::BM : 1];
+  __shared__ RowStats row_stats[Prologue::kRowStats ? Mainloop::BM : 1];
   const int64_t tiles_m = (args.m + Mainloop::BM - 1) / Mainloop::BM;
   const int64_t tiles_n = (args.n + Mainloop::BN - 1) / Mainloop::BN;
   const TileCoord tile =
       grouped_tile_order<GroupRowsOf<Mainloop>::value>(blockIdx.x, tiles_m, tiles_n, Mainloop::BM, Mainloop::BN);
   GemmArgs<typename Mainloop::Element> tile_args = args;
-  if constexpr (Prologue::kEnabled) {
+  if constexpr (Prologue::kRowStats) {
     Prologue::template compute_row_stats<typename Mainloop::Element, Mainloop::BM, Mainloop::kThreads>(
         args.a, tile.m0, args.m, args.k, args.norm, row_stats);
     __syncthreads();
@@ -85,7 +85,7 @@ __global__ void __launch_bounds__(Mainloop::kThreads, Mainloop::kMinBlocksPerSm)
     tile_args.epilogue.row_stats = row_stats;
     tile_args.epilogue.row_stats_m0 = tile.m0;
   }
-  Mainloop::template operator_body<Prologue, Epilogue>(tile_args, tile, smem, row_stats);
+  Mainloop::template operator_body<Epilogue>(tile_args, tile, smem);
 }
 
 namespace detail {
@@ -137,7 +137,7 @@ template <typename Mainloop, typename Prologue, typename Epilogue_>
 struct FusedGemm {
   using Element = typename Mainloop::Element;
   using Epilogue = typename WithFoldedNorm<Prologue, Epilogue_>::type;
-  static_assert(!Prologue::kEnabled || Mainloop::BM <= 256, "row statistics are padded to 256-row tiles");
+  static_assert(!Prologue::kRowStats || Mainloop::BM <= 256, "row statistics are padded to 256-row tiles");
   // What a launch asks for per block: dynamic shared memory and threads
   // (which the generated units report through their `_resources` functions).
   static constexpr size_t kSmemBytes = size_t(Mainloop::kSmemBytes);
@@ -146,7 +146,7 @@ struct FusedGemm {
   // fused_gemm_kernel runs the mainloop, its static row statistics (which
   // the generated units check against the mainloop's kSmemPerBlock).
   static constexpr size_t kBlockSmemBytes =
-      kSmemBytes + (OwnsKernel<Mainloop>::value ? 0 : sizeof(RowStats) * (Prologue::kEnabled ? Mainloop::BM : 1));
+      kSmemBytes + (OwnsKernel<Mainloop>::value ? 0 : sizeof(RowStats) * (Prologue::kRowStats ? Mainloop::BM : 1));
 
   // Kernel-level checks of everything the kernel relies on. Returns
   // cudaErrorInvalidValue when N or K is not a multiple of 8, K is 0, a
@@ -187,8 +187,11 @@ struct FusedGemm {
       *bytes = layout.bytes;
       return err;
     } else {
-      (void)p;
       (void)flags;
+      if constexpr (Prologue::kNormalizesA) {
+        if (check(p) != cudaSuccess || p.m == 0 || p.n == 0) return cudaSuccess;
+        *bytes = WorkspaceLayout::of(0, 0, normalized_bytes<Element>(p.m, p.k)).bytes;
+      }
       return cudaSuccess;
     }
   }
@@ -200,12 +203,24 @@ struct FusedGemm {
     if constexpr (OwnsKernel<Mainloop>::value) {
       return Mainloop::template launch<Prologue, Epilogue>(p, workspace, stream);
     } else {
-      (void)workspace;
-      err = configure();
-      if (err != cudaSuccess) return err;
-      fused_gemm_kernel<Mainloop, Prologue, Epilogue>
-          <<<grid(p), Mainloop::kThreads, Mainloop::kSmemBytes, stream>>>(p);
-      return cudaGetLastError();
+      GemmArgs<Element> args = p;
+      if constexpr (Prologue::kNormalizesA) {
+        // A's rows normalized into the workspace, then the plain GEMM.
+        const WorkspaceLayout layout = WorkspaceLayout::of(0, 0, normalized_bytes<Element>(p.m, p.k));
+        if (!workspace.holds(layout)) return cudaErrorInvalidValue;
+        Element* normalized = workspace.at<Element>(layout.normalized);
+        err = Prologue::launch_normalize(p.a, normalized, p.m, p.k, p.norm, stream);
+        if (err != cudaSuccess) return err;
+        args.a = normalized;
+        return FusedGemm<Mainloop, NoPrologue, Epilogue>::launch(args, Workspace{}, stream);
+      } else {
+        (void)workspace;
+        err = configure();
+        if (err != cudaSuccess) return err;
+        fused_gemm_kernel<Mainloop, Prologue, Epilogue>
+            <<<grid(p), Mainloop::kThreads, Mainloop::kSmemBytes, stream>>>(args);
+        return cudaGetLastError();
+      }
     }
   }
 };

@@ -124,10 +124,15 @@ __global__ void norm_rows_kernel(const T* __restrict__ x, T* __restrict__ y, Nor
 }
 
 // The statistics of every row into `stats` ([M]); one warp per row,
-// grid-stride over rows. The sm90 norm prologue's first pass.
+// grid-stride over rows. The sm90 folded norm's first pass.
 template <NormKind kKind, typename T>
 __global__ void row_stats_kernel(const T* __restrict__ x, RowStats* __restrict__ stats, float eps, int64_t M,
                                  int64_t K) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // The GEMM after it may start now (sm90's launcher makes it this grid's
+  // programmatic dependent); it waits for this grid before reading stats.
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
   const int warps_per_block = blockDim.x / 32;
   for (int64_t row = int64_t(blockIdx.x) * warps_per_block + threadIdx.x / 32; row < M;
        row += int64_t(gridDim.x) * warps_per_block) {

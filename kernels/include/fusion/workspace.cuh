@@ -8,7 +8,8 @@
 //                            caller zeroes the buffer when it allocates it),
 //                            zero again when each launch ends
 //   partials                 stream-K partial tiles, if the launch splits
-//   row_stats                a norm prologue's per-row statistics, if any
+//   row_stats                a folded norm's per-row statistics, if any
+//   normalized               a per-call norm's normalized A, if any
 //
 // Every region starts at a multiple of kWorkspaceAlign. The flags region
 // comes first in every non-empty layout, whatever the launch needs, so
@@ -35,20 +36,23 @@ constexpr size_t kWorkspaceAlign = 256;
 
 // Where each region of a workspace lies; `bytes` 0 means none is needed.
 struct WorkspaceLayout {
-  size_t partials = 0;   // offset of the stream-K partial tiles
-  size_t row_stats = 0;  // offset of the row statistics
-  size_t bytes = 0;      // the whole workspace
+  size_t partials = 0;    // offset of the stream-K partial tiles
+  size_t row_stats = 0;   // offset of the row statistics
+  size_t normalized = 0;  // offset of the normalized A
+  size_t bytes = 0;       // the whole workspace
 
   static constexpr size_t align_up(size_t n) { return (n + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign; }
 
-  // The layout for `partial_bytes` of stream-K partials (0: no split) and
-  // `row_stat_bytes` of row statistics (0: no norm prologue).
-  static constexpr WorkspaceLayout of(size_t partial_bytes, size_t row_stat_bytes) {
+  // The layout for `partial_bytes` of stream-K partials (0: no split),
+  // `row_stat_bytes` of row statistics (0: no folded norm) and
+  // `normalized_bytes` of normalized A (0: no per-call norm).
+  static constexpr WorkspaceLayout of(size_t partial_bytes, size_t row_stat_bytes, size_t normalized_bytes = 0) {
     WorkspaceLayout l;
-    if (partial_bytes == 0 && row_stat_bytes == 0) return l;
+    if (partial_bytes == 0 && row_stat_bytes == 0 && normalized_bytes == 0) return l;
     l.partials = kStreamKFlagBytes;
     l.row_stats = l.partials + align_up(partial_bytes);
-    l.bytes = l.row_stats + align_up(row_stat_bytes);
+    l.normalized = l.row_stats + align_up(row_stat_bytes);
+    l.bytes = l.normalized + align_up(normalized_bytes);
     return l;
   }
 };
@@ -61,6 +65,10 @@ static_assert(WorkspaceLayout::of(0, 8).row_stats >= kStreamKFlagBytes &&
 static_assert(WorkspaceLayout::of(1000, 8).row_stats >= WorkspaceLayout::of(1000, 8).partials + 1000 &&
                   WorkspaceLayout::of(1000, 8).bytes >= WorkspaceLayout::of(1000, 8).row_stats + 8,
               "the regions are disjoint and inside the workspace");
+static_assert(WorkspaceLayout::of(0, 8, 16).normalized >= WorkspaceLayout::of(0, 8, 16).row_stats + 8 &&
+                  WorkspaceLayout::of(0, 0, 16).normalized >= kStreamKFlagBytes &&
+                  WorkspaceLayout::of(0, 0, 16).bytes >= WorkspaceLayout::of(0, 0, 16).normalized + 16,
+              "the normalized A lies after the flags and statistics, inside the workspace");
 static_assert(WorkspaceLayout::of(1000, 8).partials % kWorkspaceAlign == 0 &&
                   WorkspaceLayout::of(1000, 8).row_stats % kWorkspaceAlign == 0,
               "every region is aligned");

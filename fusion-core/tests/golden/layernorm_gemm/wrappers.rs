@@ -43,6 +43,7 @@ graph `layernorm_gemm`: 2 ops → 1 kernel
     gamma  g  f16[K]
     beta   b  f16[K]
     out    y  f16[M, N]
+    layernorm: folded into B when the graph struct binds the weights (new): B' = B·diag(gamma), row statistics in a pass over A, the correction in the epilogue; the free function, given gamma per call, normalizes A into scratch and runs the plain GEMM
 
 no tensor passes between kernels
 
@@ -126,6 +127,7 @@ graph `layernorm_gemm`: 2 ops → 1 kernel
     gamma  g  f16[K]
     beta   b  f16[K]
     out    y  f16[M, N]
+    layernorm: folded into B when the graph struct binds the weights (new): B' = B·diag(gamma), row statistics in a pass over A, the correction in the epilogue; the free function, given gamma per call, normalizes A into scratch and runs the plain GEMM
 
 no tensor passes between kernels
 

@@ -108,18 +108,13 @@ struct Mainloop {
     }
   }
 
-  // Writes the staged chunks to a shared buffer, normalizing A on the way
-  // when the kernel has a norm prologue.
-  template <typename Prologue>
-  static __device__ __forceinline__ void store_shared(Staged& r, const GemmArgs<T>& p, int kt, T* sa, T* sb,
-                                                      const RowStats* stats) {
+  // Writes the staged chunks to a shared buffer.
+  static __device__ __forceinline__ void store_shared(Staged& r, T* sa, T* sb) {
     constexpr int kAChunksPerRow = BK / 8;
 #pragma unroll
     for (int i = 0; i < kAChunksPerThread; ++i) {
       const int id = threadIdx.x + i * kThreads;
       const int row = id / kAChunksPerRow, col = (id % kAChunksPerRow) * 8;
-      if constexpr (Prologue::kNormalizesA)
-        Prologue::template apply<T>(r.a[i], row, int64_t(kt) * BK + col, p.k, p.norm, stats);
       store_vec8(sa + row * kALd + col, r.a[i]);
     }
     constexpr int kBChunksPerRow = kBCols / 8;
@@ -154,9 +149,8 @@ struct Mainloop {
     }
   }
 
-  template <typename Prologue>
   static __device__ __forceinline__ void run(Accumulators& acc, const GemmArgs<T>& p, TileCoord tile,
-                                             unsigned char* smem, const RowStats* stats) {
+                                             unsigned char* smem) {
     T* sa = reinterpret_cast<T*>(smem);  // [2][BM][kALd]
     T* sb = sa + 2 * kABufElems;         // [2][kBRows][kBLd]
     const int warp = threadIdx.x / 32;
@@ -169,7 +163,7 @@ struct Mainloop {
     const int k_tiles = int((p.k + BK - 1) / BK);
     Staged staged;
     load_global(staged, p, tile, 0);
-    store_shared<Prologue>(staged, p, 0, sa, sb, stats);
+    store_shared(staged, sa, sb);
     __syncthreads();
     for (int kt = 0; kt < k_tiles; ++kt) {
       const int buf = kt & 1;
@@ -178,8 +172,7 @@ struct Mainloop {
       compute(acc, sa + buf * kABufElems, sb + buf * kBBufElems, warp_m, warp_n);
       // The other buffer was last read in iteration kt-1, before the barrier
       // that ended it, so it can be overwritten now.
-      if (has_next) store_shared<Prologue>(staged, p, kt + 1, sa + (buf ^ 1) * kABufElems,
-                                           sb + (buf ^ 1) * kBBufElems, stats);
+      if (has_next) store_shared(staged, sa + (buf ^ 1) * kABufElems, sb + (buf ^ 1) * kBBufElems);
       __syncthreads();
     }
   }
@@ -222,11 +215,10 @@ struct Mainloop {
     }
   }
 
-  template <typename Prologue, typename Epilogue>
-  static __device__ __forceinline__ void operator_body(const GemmArgs<T>& p, TileCoord tile, unsigned char* smem,
-                                                       const RowStats* stats) {
+  template <typename Epilogue>
+  static __device__ __forceinline__ void operator_body(const GemmArgs<T>& p, TileCoord tile, unsigned char* smem) {
     Accumulators acc;
-    run<Prologue>(acc, p, tile, smem, stats);
+    run(acc, p, tile, smem);
     store<Epilogue>(acc, p, tile, smem);
   }
 };

@@ -237,24 +237,6 @@ struct Mainloop {
     }
   };
 
-  // Normalizes, in place, the A chunks this thread copied for K tile `kt`.
-  // Only the copying thread touches a chunk, so waiting for its own cp.async
-  // groups is enough; the CTA barrier that follows publishes the result.
-  template <typename Prologue>
-  static __device__ __forceinline__ void normalize_stage(const GemmArgs<T>& p, int kt, T* sa,
-                                                         const RowStats* stats) {
-#pragma unroll
-    for (int i = 0; i < kAChunksPerThread; ++i) {
-      const int chunk_id = threadIdx.x + i * kThreads;
-      const int row = chunk_id / SwizzleA::kChunks, chunk = chunk_id % SwizzleA::kChunks;
-      T* ptr = sa + SwizzleA::offset(row, chunk);
-      Vec8<T> v;
-      v.bits = *reinterpret_cast<const uint4*>(ptr);
-      Prologue::template apply<T>(v, row, int64_t(kt) * BK + chunk * 8, p.k, p.norm, stats);
-      *reinterpret_cast<uint4*>(ptr) = v.bits;
-    }
-  }
-
   // The A and B fragments of one k16 step for this warp's WM x WN sub-tile.
   struct Fragments {
     uint32_t a[kFragsM][4];
@@ -349,20 +331,18 @@ struct Mainloop {
     }
   }
 
-  // The whole K loop: acc = norm?(A tile rows) @ B tile columns.
-  template <typename Prologue>
+  // The whole K loop: acc = A tile rows @ B tile columns.
   static __device__ __forceinline__ void run(Accumulators& acc, const GemmArgs<T>& p, TileCoord tile,
-                                             unsigned char* smem, const RowStats* stats) {
+                                             unsigned char* smem) {
     acc.zero();
     if constexpr (Tile::kKLoop == KLoop::Pipelined)
-      run_pipelined<Prologue>(acc, p, tile, smem, stats);
+      run_pipelined(acc, p, tile, smem);
     else
-      run_per_stage<Prologue>(acc, p, tile, smem, stats);
+      run_per_stage(acc, p, tile, smem);
   }
 
-  template <typename Prologue>
   static __device__ __forceinline__ void run_per_stage(Accumulators& acc, const GemmArgs<T>& p, TileCoord tile,
-                                                       unsigned char* smem, const RowStats* stats) {
+                                                       unsigned char* smem) {
     T* smem_a = reinterpret_cast<T*>(smem);
     T* smem_b = smem_a + kStages * kAStageElems;
     const int warp = threadIdx.x / 32;
@@ -378,7 +358,6 @@ struct Mainloop {
     for (int kt = 0; kt < k_tiles; ++kt) {
       const int stage = kt % kStages;
       cp_async_wait<kStages - 2>();  // this thread's copies of tile kt have landed
-      if constexpr (Prologue::kNormalizesA) normalize_stage<Prologue>(p, kt, smem_a + stage * kAStageElems, stats);
       __syncthreads();  // everyone's copies of tile kt visible; tile kt-1's buffer free
       const int next = kt + kStages - 1;
       if (next < k_tiles) {
@@ -402,9 +381,8 @@ struct Mainloop {
   // Every ldmatrix of tile kt-1 was issued before the barrier in the last
   // step of tile kt-1, so the copies into its buffer at step 0 of tile kt are
   // safe; a barrier orders the shared-memory reads before it.
-  template <typename Prologue>
   static __device__ __forceinline__ void run_pipelined(Accumulators& acc, const GemmArgs<T>& p, TileCoord tile,
-                                                       unsigned char* smem, const RowStats* stats) {
+                                                       unsigned char* smem) {
     T* smem_a = reinterpret_cast<T*>(smem);
     T* smem_b = smem_a + kStages * kAStageElems;
     const int warp = threadIdx.x / 32;
@@ -417,7 +395,6 @@ struct Mainloop {
       cp_async_commit();
     }
     cp_async_wait<kStages - 2>();
-    if constexpr (Prologue::kNormalizesA) normalize_stage<Prologue>(p, 0, smem_a, stats);
     __syncthreads();
 
     const uint32_t a_base = smem_addr(smem_a), b_base = smem_addr(smem_b);
@@ -431,9 +408,6 @@ struct Mainloop {
         if (ks == kSteps - 1) {
           cp_async_wait<kStages - 2>();  // this thread's copies of tile kt+1 have landed
           read_stage = read_stage + 1 == kStages ? 0 : read_stage + 1;
-          if constexpr (Prologue::kNormalizesA) {
-            if (kt + 1 < k_tiles) normalize_stage<Prologue>(p, kt + 1, smem_a + read_stage * kAStageElems, stats);
-          }
           __syncthreads();
         }
         // After the last tile this reads a stale buffer into registers that
@@ -456,14 +430,13 @@ struct Mainloop {
                 "the staged C tile must fit in the pipeline's shared memory");
 
   // Entry point used by fused_gemm_kernel.
-  template <typename Prologue, typename Epilogue>
-  static __device__ __forceinline__ void operator_body(const GemmArgs<T>& p, TileCoord tile, unsigned char* smem,
-                                                       const RowStats* stats) {
+  template <typename Epilogue>
+  static __device__ __forceinline__ void operator_body(const GemmArgs<T>& p, TileCoord tile, unsigned char* smem) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
     __trap();  // cp.async, ldmatrix and m16n8k16 need sm_80 or newer
 #else
     Accumulators acc;
-    run<Prologue>(acc, p, tile, smem, stats);
+    run(acc, p, tile, smem);
     if constexpr (Tile::kStore == Store::Staged)
       TileStore::template store_staged<Epilogue>(acc, p, tile, smem);
     else

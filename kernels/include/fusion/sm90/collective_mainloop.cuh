@@ -2,8 +2,7 @@
 // one producer thread fills with TMA loads of A and B tiles (BK = 64,
 // 128-byte swizzle) and the consumer warp groups multiply with wgmma
 // straight from shared memory, each stage guarded by a "full" and an
-// "empty" mbarrier; with a norm prologue, the consumers first normalize
-// their rows of each A stage in place (normalize_stage).
+// "empty" mbarrier.
 //
 // The producer runs ahead across tile boundaries; the consumers hold f32
 // accumulators in registers and per stage issue wgmma m64nBNk16, keeping
@@ -137,83 +136,15 @@ struct CollectiveMainloop {
     }
   }
 
-  // The norm prologue's view of one tile for one consumer thread: the
-  // statistics of the A rows it normalizes (see normalize_stage) and the
-  // k-block of stage j, k_first + k_step * j (the producer may walk a tile
-  // backwards).
-  static constexpr int kNormRows = kRows / 16;  // rows per thread: one 16-byte column of every 16th row
-  struct NormTile {
-    RowStats rows[kNormRows];
-    int k_first = 0, k_step = 1;
-  };
-
-  // Thread t of a consumer normalizes 16-byte chunk t % 8 of its rows
-  // t / 8 + 16 j: one column chunk, so gamma and beta are loaded once per
-  // stage for all its rows, and the 8 threads of a row read and write
-  // 8 different bank groups.
-  static __device__ __forceinline__ NormTile norm_tile(const RowStats* stats, int64_t m_base, int64_t M, int k_begin,
-                                                       int k_count, bool backwards) {
-    NormTile t;
-    const int thread = threadIdx.x % 128;
-#pragma unroll
-    for (int j = 0; j < kNormRows; ++j) {
-      const int64_t m = m_base + thread / 8 + 16 * j;
-      t.rows[j] = (stats != nullptr && m < M) ? stats[m] : RowStats{0.0f, 0.0f};
-    }
-    t.k_first = backwards ? k_begin + k_count - 1 : k_begin;
-    t.k_step = backwards ? -1 : 1;
-    return t;
-  }
-
-  // Waits for a stage (wait_full) and normalizes this consumer's rows of A
-  // in it in place, 16 bytes at a time (the 128-byte swizzle keeps each
-  // chunk whole: chunk c of row r sits at c ^ (r % 8)); the chunk's gamma
-  // and beta are loaded before the wait. Then makes the writes visible to
-  // the wgmmas (the async proxy) of the whole warp group. Chunks past K,
-  // which TMA zero-filled, stay zero; rows past M get mean = rstd = 0 and
-  // feed only rows of C that are never stored. (Skipping those rows measured
-  // slower on full tiles: BENCHMARKS.md v9.)
-  template <typename Prologue, typename WaitFull>
-  static __device__ __forceinline__ void normalize_stage(StageTiles& tiles, int stage, int consumer, int kb,
-                                                         const NormTile& norm, const GemmArgs<T>& args,
-                                                         WaitFull wait_full) {
-    const int thread = threadIdx.x % 128;
-    const int chunk = thread % 8;
-    const int64_t k0 = int64_t(kb) * BK + chunk * 8;
-    const bool inside = k0 < args.k;
-    NormColumns columns{};
-    if (inside) columns = Prologue::template columns<T>(k0, args.norm);
-    wait_full();
-    if (inside) {
-#pragma unroll
-      for (int j = 0; j < kNormRows; ++j) {
-        const int row = Config::share_row0(consumer) + thread / 8 + 16 * j;
-        uint4* p = reinterpret_cast<uint4*>(&tiles.a[stage][row * 128 + ((chunk ^ (row % 8)) << 4)]);
-        Vec8<T> v;
-        v.bits = *p;
-        Prologue::template apply<T>(v, norm.rows[j], columns);
-        *p = v.bits;
-      }
-    }
-    fence_proxy_async();
-    named_barrier_sync(1 + consumer, 128);
-  }
-
   // One consumer warp group's K loop over one tile.
   //
   // Ping-pong consumers run their K loops in turn: a consumer waits on a
   // stage's full barrier by parity, which cannot tell its own fill from one
   // two laps earlier, so it must not wait on stages of its next tile before
   // the other consumer has waited on every stage before them.
-  //
-  // With a norm prologue, each stage's A rows of this consumer are
-  // normalized in place first (normalize_stage); `norm` says which k-block
-  // the tile's first stage holds and in which direction they go.
-  template <typename Prologue = NoPrologue>
   static __device__ __forceinline__ void mma_tile(StageTiles& tiles, Barriers& barriers, int consumer, int k_blocks,
                                                   RingPosition& ring, float (&acc)[kMmaM][kAccumulators],
-                                                  int trace_piece = 0, const NormTile& norm = {},
-                                                  const GemmArgs<T>* args = nullptr) {
+                                                  int trace_piece = 0) {
     const int lane = threadIdx.x % 32;
     const int row0 = Config::share_row0(consumer);
     const uint64_t a_desc = smem_descriptor(&tiles.a[0][row0 * 128], 16, 1024);
@@ -223,15 +154,9 @@ struct CollectiveMainloop {
     trace::Timer loop, waited;  // the K loop, and its waits on full barriers
     loop.start();
     for (int kb = 0; kb < k_blocks; ++kb) {
-      const auto wait_full = [&] {
-        waited.start();
-        mbarrier_wait(&barriers.full[ring.stage], ring.phase);
-        waited.stop();
-      };
-      if constexpr (Prologue::kNormalizesA)
-        normalize_stage<Prologue>(tiles, ring.stage, consumer, norm.k_first + norm.k_step * kb, norm, *args, wait_full);
-      else
-        wait_full();
+      waited.start();
+      mbarrier_wait(&barriers.full[ring.stage], ring.phase);
+      waited.stop();
       // Descriptors by addition: the first stage's plus the offset in
       // 16-byte units (the address field never carries, as shared memory
       // ends below 256 KB). Rebuilding them from addresses cost ~45 more

@@ -6,17 +6,17 @@
 //    do not fill the SMs evenly;
 //  - the collective mainloop (collective_mainloop.cuh): a producer warp
 //    group keeps a ring of shared-memory stages loaded by TMA, and one or
-//    two consumer warp groups multiply them with wgmma (normalizing A's
-//    rows first with a norm prologue);
+//    two consumer warp groups multiply them with wgmma;
 //  - the collective epilogue (collective_epilogue.cuh): the epilogue chain
 //    on the accumulators, then C through a swizzled staging tile and TMA
 //    stores.
 // Mainloop below owns the shared memory, runs the producer's and the
 // consumers' loops over the scheduler's pieces, and launches the kernel;
 // setmaxnreg moves registers from the producer (40) to the consumers (232).
-// With a norm prologue (LayerNorm, RMSNorm), folded or not, the launcher
-// first computes every row's statistics into the caller's workspace (workspace.cuh), which
-// also holds stream-K's partial tiles and flags.
+// Before the kernel, the launcher computes a folded norm's row statistics,
+// or a per-call norm's normalized A, into the caller's workspace
+// (workspace.cuh, prologue.cuh), which also holds stream-K's partial tiles
+// and flags.
 //
 // TMA zero-fills everything outside A and B and drops what falls outside C,
 // so any M works and N and K need only be multiples of 8 (TMA's 16-byte
@@ -93,7 +93,6 @@ struct Mainloop {
   using WorkPiece = typename Scheduler::WorkPiece;
   using Piece = typename Scheduler::Piece;
   using RingPosition = typename Loop::RingPosition;
-  using NormTile = typename Loop::NormTile;
 
   // The layout at the first 1024-byte aligned address of the buffer.
   static __device__ __forceinline__ SharedLayout& carve(unsigned char* raw) {
@@ -120,8 +119,7 @@ struct Mainloop {
 
   template <typename Prologue, typename Epilogue>
   static __device__ __forceinline__ void consume(SharedLayout& s, int consumer, const CUtensorMap* map_c,
-                                                 const GemmArgs<T>& args, const StreamK& sk,
-                                                 const RowStats* row_stats) {
+                                                 const GemmArgs<T>& args, const StreamK& sk) {
     const TileWalk walk(args);
     const int k_blocks = int((args.k + BK - 1) / BK);
     RingPosition ring;
@@ -137,11 +135,8 @@ struct Mainloop {
         if (consumer == 1 || turn > 0)
           mbarrier_wait(&s.barriers.order[consumer], consumer == 1 ? (turn & 1) : ((turn - 1) & 1));
         ++turn;
-        NormTile norm;
-        if constexpr (Prologue::kNormalizesA)
-          norm =
-              Loop::norm_tile(row_stats, walk.tile(u).m0 + Config::share_row0(consumer), args.m, 0, k_blocks, false);
-        Loop::template mma_tile<Prologue>(s.stages, s.barriers, consumer, k_blocks, ring, acc, 0, norm, &args);
+        Loop::mma_tile(s.stages, s.barriers, consumer, k_blocks, ring, acc, 0);
+        if constexpr (Prologue::kRowStats) grid_dependency_wait();
         TileStore::template store_tile<Epilogue>(s.staging, consumer, walk.tile(u), acc, map_c, args);
         ring.skip(k_blocks);
       }
@@ -150,16 +145,13 @@ struct Mainloop {
       [[maybe_unused]] const bool tracer = consumer == 0 && threadIdx.x % 128 == 0;
       for (int i = 0; Scheduler::piece(s.plan, walk, k_blocks, i, w); ++i) {
         if (tracer) FUSION_SM90_STAMP(i, 0);
-        NormTile norm;
-        if constexpr (Prologue::kNormalizesA)
-          norm = Loop::norm_tile(row_stats, walk.tile(w.unit).m0 + Config::share_row0(consumer), args.m, w.k_begin,
-                                 w.k_count, Scheduler::walks_backwards(s.plan, i));
-        Loop::template mma_tile<Prologue>(s.stages, s.barriers, consumer, w.k_count, ring, acc, i, norm, &args);
+        Loop::mma_tile(s.stages, s.barriers, consumer, w.k_count, ring, acc, i);
         if (tracer) FUSION_SM90_STAMP(i, 1);
         if (w.piece == Piece::Partial) {
           Scheduler::publish(sk, consumer, acc);
         } else {
           if (w.piece == Piece::Finish) Scheduler::gather(sk, consumer, w.first, acc);
+          if constexpr (Prologue::kRowStats) grid_dependency_wait();
           TileStore::template store_tile<Epilogue>(s.staging, consumer, walk.tile(w.unit), acc, map_c, args, i);
         }
         if (tracer) FUSION_SM90_STAMP(i, 4);
@@ -185,16 +177,15 @@ struct Mainloop {
   template <typename Prologue, typename Epilogue>
   static cudaError_t launch(const GemmArgs<T>& p, const Workspace& workspace, cudaStream_t stream);
   template <typename Prologue, typename Epilogue>
-  static cudaError_t launch_gemm(const GemmArgs<T>& p, const LaunchPlan& plan, const RowStats* row_stats, int device,
+  static cudaError_t launch_gemm(const GemmArgs<T>& p, const LaunchPlan& plan, int device,
                                  cudaStream_t stream);
 };
 
-// row_stats: the norm prologue's [M] row statistics (null without one).
 template <typename ML, typename Prologue, typename Epilogue>
 __global__ void __launch_bounds__(ML::kThreads, 1)
     persistent_gemm_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                            const __grid_constant__ CUtensorMap map_c, const GemmArgs<typename ML::Element> args,
-                           const typename ML::StreamK stream_k, const RowStats* row_stats) {
+                           const typename ML::StreamK stream_k) {
 #if FUSION_SM90_ENABLED
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   typename ML::SharedLayout& s = ML::carve(smem_raw);
@@ -227,7 +218,7 @@ __global__ void __launch_bounds__(ML::kThreads, 1)
     // The same in every lane, said so (a shuffle from lane 0) that what
     // derives from it can live in uniform registers.
     const int consumer = __shfl_sync(0xffffffffu, group - 1, 0);
-    ML::template consume<Prologue, Epilogue>(s, consumer, &map_c, args, stream_k, row_stats);
+    ML::template consume<Prologue, Epilogue>(s, consumer, &map_c, args, stream_k);
   }
   // ... and may still arrive on this CTA's barriers until it is done.
   if constexpr (ML::kClusterM > 1) cluster_sync();
@@ -249,8 +240,8 @@ cudaError_t Mainloop<T, kLayout, Config>::encode_maps(const GemmArgs<T>& p, CUte
 
 // The grid and stream-K split of a launch for p with `flags` on `device`,
 // and the workspace they need (workspace.cuh): the partial tiles of a
-// split, room for kStreamKFlagBytes of flags, and with a norm prologue
-// the statistics of every row of A. What workspace_layout reports and what
+// split, room for kStreamKFlagBytes of flags, with a folded norm the
+// statistics of every row of A, and with a per-call norm the normalized A. What workspace_layout reports and what
 // launch uses, so that the caller's bytes and the launch agree.
 template <typename T, LayoutB kLayout, typename Config>
 template <typename Prologue>
@@ -258,7 +249,8 @@ typename Mainloop<T, kLayout, Config>::LaunchPlan Mainloop<T, kLayout, Config>::
                                                                                             uint32_t flags,
                                                                                             int device) {
   LaunchPlan plan;
-  const size_t row_stat_bytes = Prologue::kEnabled ? row_stats_bytes(p.m) : 0;
+  const size_t row_stat_bytes = Prologue::kRowStats ? row_stats_bytes(p.m) : 0;
+  const size_t normalized = Prologue::kNormalizesA ? normalized_bytes<T>(p.m, p.k) : 0;
   size_t partial_bytes = 0;
   // At most one CTA per SM (one cluster per pair of SMs that can hold one
   // at once, decided at launch) and per unit of work; without stream-K,
@@ -279,7 +271,7 @@ typename Mainloop<T, kLayout, Config>::LaunchPlan Mainloop<T, kLayout, Config>::
   } else {
     plan.grid = units;
   }
-  plan.layout = WorkspaceLayout::of(partial_bytes, row_stat_bytes);
+  plan.layout = WorkspaceLayout::of(partial_bytes, row_stat_bytes, normalized);
   return plan;
 }
 
@@ -294,10 +286,11 @@ cudaError_t Mainloop<T, kLayout, Config>::workspace_layout(const GemmArgs<T>& p,
   return cudaSuccess;
 }
 
-// With a norm prologue: first the statistics of A's rows, into the
-// workspace, then the GEMM, which normalizes each stage of A in shared
-// memory (normalize_stage). A workspace too small for the split the shape
-// would get runs every tile whole; one too small for the row statistics is
+// With a folded norm: first the statistics of A's rows, into the
+// workspace, then the GEMM, whose epilogue reads them. With a per-call
+// norm: A's rows normalized into the workspace, then the plain GEMM on
+// them. A workspace too small for the split the shape would get runs every
+// tile whole; one too small for the statistics or the normalized A is
 // refused.
 template <typename T, LayoutB kLayout, typename Config>
 template <typename Prologue, typename Epilogue>
@@ -314,23 +307,31 @@ cudaError_t Mainloop<T, kLayout, Config>::launch(const GemmArgs<T>& p, const Wor
     plan.stream_k.flags = workspace.at<uint32_t>(0);
     plan.stream_k.partials = workspace.at<float>(plan.layout.partials);
   }
-  RowStats* row_stats = nullptr;
   GemmArgs<T> args = p;
-  if constexpr (Prologue::kEnabled) {
-    row_stats = workspace.at<RowStats>(plan.layout.row_stats);
-    err = Prologue::launch_row_stats(p.a, row_stats, p.m, p.k, p.norm, stream);
+  if constexpr (Prologue::kNormalizesA) {
+    // A's rows normalized into the workspace, then the plain GEMM.
+    T* normalized = workspace.at<T>(plan.layout.normalized);
+    err = Prologue::launch_normalize(p.a, normalized, p.m, p.k, p.norm, stream);
     if (err != cudaSuccess) return err;
-    // A folded norm's correction reads them in the epilogue.
-    args.epilogue.row_stats = row_stats;
-    args.epilogue.row_stats_m0 = 0;
+    args.a = normalized;
+    return launch_gemm<NoPrologue, Epilogue>(args, plan, device, stream);
+  } else {
+    if constexpr (Prologue::kRowStats) {
+      RowStats* row_stats = workspace.at<RowStats>(plan.layout.row_stats);
+      err = Prologue::launch_row_stats(p.a, row_stats, p.m, p.k, p.norm, stream);
+      if (err != cudaSuccess) return err;
+      // A folded norm's correction reads them in the epilogue.
+      args.epilogue.row_stats = row_stats;
+      args.epilogue.row_stats_m0 = 0;
+    }
+    return launch_gemm<Prologue, Epilogue>(args, plan, device, stream);
   }
-  return launch_gemm<Prologue, Epilogue>(args, plan, row_stats, device, stream);
 }
 
 template <typename T, LayoutB kLayout, typename Config>
 template <typename Prologue, typename Epilogue>
 cudaError_t Mainloop<T, kLayout, Config>::launch_gemm(const GemmArgs<T>& p, const LaunchPlan& plan,
-                                                      const RowStats* row_stats, int device, cudaStream_t stream) {
+                                                      int device, cudaStream_t stream) {
   using Self = Mainloop<T, kLayout, Config>;
   cudaError_t err = fusion::detail::raise_smem_limit(persistent_gemm_kernel<Self, Prologue, Epilogue>, kSmemBytes);
   if (err != cudaSuccess) return err;
@@ -338,9 +339,25 @@ cudaError_t Mainloop<T, kLayout, Config>::launch_gemm(const GemmArgs<T>& p, cons
   err = encode_maps(p, &map_a, &map_b, &map_c);
   if (err != cudaSuccess) return err;
   const StreamK& sk = plan.stream_k;
-  if constexpr (kClusterM == 1) {
+  if constexpr (kClusterM == 1 && Prologue::kRowStats) {
+    // Launched as the row statistics' programmatic dependent: its CTAs start
+    // while the statistics pass runs and wait for it (grid_dependency_wait)
+    // only before their first epilogue, the statistics' one reader.
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(unsigned(plan.grid));
+    config.blockDim = dim3(kThreads);
+    config.dynamicSmemBytes = kSmemBytes;
+    config.stream = stream;
+    cudaLaunchAttribute dependent{};
+    dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    dependent.val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = &dependent;
+    config.numAttrs = 1;
+    err = cudaLaunchKernelEx(&config, persistent_gemm_kernel<Self, Prologue, Epilogue>, map_a, map_b, map_c, p, sk);
+    if (err != cudaSuccess) return err;
+  } else if constexpr (kClusterM == 1) {
     persistent_gemm_kernel<Self, Prologue, Epilogue>
-        <<<unsigned(plan.grid), kThreads, kSmemBytes, stream>>>(map_a, map_b, map_c, p, sk, row_stats);
+        <<<unsigned(plan.grid), kThreads, kSmemBytes, stream>>>(map_a, map_b, map_c, p, sk);
   } else {
     cudaLaunchConfig_t config{};
     config.blockDim = dim3(kThreads);
@@ -362,8 +379,7 @@ cudaError_t Mainloop<T, kLayout, Config>::launch_gemm(const GemmArgs<T>& p, cons
     if (err != cudaSuccess) return err;
     if (resident <= 0) return cudaErrorInvalidConfiguration;
     config.gridDim = dim3(unsigned((plan.grid < resident ? plan.grid : resident) * kClusterM));
-    err = cudaLaunchKernelEx(&config, persistent_gemm_kernel<Self, Prologue, Epilogue>, map_a, map_b, map_c, p, sk,
-                             row_stats);
+    err = cudaLaunchKernelEx(&config, persistent_gemm_kernel<Self, Prologue, Epilogue>, map_a, map_b, map_c, p, sk);
     if (err != cudaSuccess) return err;
   }
   return cudaGetLastError();
