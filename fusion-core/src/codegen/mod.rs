@@ -18,9 +18,13 @@
 //! `kernels/include/fusion`. [`wrappers`] turns the same library description
 //! into Rust.
 //!
+//! [`candidates`] renders units for explicit tile configs (the kernel
+//! self-test, tile sweeps) through the same path.
+//!
 //! Not here: choosing configs ([`crate::select`]) and running nvcc
 //! (`crate::build`).
 
+pub mod candidates;
 pub mod templates;
 pub mod wrappers;
 
