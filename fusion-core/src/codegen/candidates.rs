@@ -19,7 +19,9 @@
 //! graph's own when `layouts` is left out) and arch. `config` is an entry as
 //! in the tuned tables (`kernels/tuned/*.json`); without one, the arch's
 //! shipped table chooses, as in a build. A config is checked as a tuned
-//! entry is, and an error names the candidate.
+//! entry is: its fields here, with an error naming the candidate; its tile
+//! rules and shared memory by nvcc, through the unit's `static_assert`s,
+//! whose messages name the list and the candidate.
 //!
 //! Each candidate's units get a library name of their own, `cand<index>`,
 //! so one composition with several configs gives distinct symbols. Not
@@ -299,15 +301,15 @@ mod tests {
     }
 
     #[test]
-    fn a_config_that_does_not_fit_is_refused_naming_the_candidate() {
+    fn a_config_with_fields_its_mainloop_does_not_take_is_refused_naming_the_candidate() {
         let err = render(
             r#"{ "candidates": [ { "graph": "gemm_bias_gelu", "dtypes": ["f16"], "archs": ["sm90"],
-                 "config": { "large": { "bm": 96, "bn": 128, "bk": 64, "stages": 4 } } } ] }"#,
+                 "config": { "large": { "bm": 128, "bn": 128, "bk": 64, "warp_m": 64, "stages": 4 } } } ] }"#,
         )
         .unwrap_err();
         assert!(err.contains("list.json, candidate 0"), "{err}");
         assert!(err.contains("gemm_bias_gelu.f16"), "{err}");
-        assert!(err.contains("bm = 96"), "{err}");
+        assert!(err.contains("`warp_m` does not apply"), "{err}");
     }
 
     #[test]
