@@ -25,9 +25,6 @@ const HARNESS: [(&str, &str); 2] = [
     ("harness.cuh", include_str!("../kernels/selftest/harness.cuh")),
 ];
 
-/// The most epilogue steps a unit may have: `Unit::steps` in harness.cu.
-const MAX_STEPS: usize = 8;
-
 /// Renders the units of the list in `list_file` (graphs read from
 /// `graphs_dir`) and writes the folder `out_dir`; says what it wrote on `out`.
 pub fn render(
@@ -45,14 +42,6 @@ pub fn render(
         fusion_core::load_toml_graph(&path).map(fuse::plan)
     })
     .map_err(CliError::Message)?;
-    if let Some(unit) = units.iter().find(|u| u.composition.epilogue.len() > MAX_STEPS) {
-        return Err(CliError::Message(format!(
-            "{}: {} epilogue steps; the self-test harness takes at most {MAX_STEPS}",
-            unit.unit.symbol,
-            unit.composition.epilogue.len()
-        )));
-    }
-
     let write = |relative: &str, contents: &str| -> Result<(), CliError> {
         let path = out_dir.join(relative);
         // Unchanged files keep their timestamps, so make rebuilds only what changed.
@@ -107,7 +96,23 @@ fn unit_table(file: &str, units: &[CandidateUnit]) -> String {
             "int {s}_resources(fusion_tile_resources* out, int capacity);"
         );
     }
-    text += "}\n\nstatic const Unit kUnits[] = {\n";
+    text += "}\n\n";
+    // Each unit's epilogue steps by name; a unit without any points at none.
+    for u in units.iter().filter(|u| !u.composition.epilogue.is_empty()) {
+        let steps: Vec<String> = u
+            .composition
+            .epilogue
+            .iter()
+            .map(|step| format!("\"{}\"", step.name()))
+            .collect();
+        let _ = writeln!(
+            text,
+            "static const char* const {}_steps[] = {{{}}};",
+            u.unit.symbol,
+            steps.join(", ")
+        );
+    }
+    text += "\nstatic const Unit kUnits[] = {\n";
     for u in units {
         let s = &u.unit.symbol;
         let (major, minor, exactly) = match u.arch.target().runs_on {
@@ -132,21 +137,18 @@ fn unit_table(file: &str, units: &[CandidateUnit]) -> String {
                 n.eps,
             ),
         };
-        let steps: Vec<String> = u
-            .composition
-            .epilogue
-            .iter()
-            .map(|step| format!("\"{}\"", step.name()))
-            .collect();
+        let steps = match u.composition.epilogue.len() {
+            0 => "nullptr".to_owned(),
+            _ => format!("{s}_steps"),
+        };
         let _ = writeln!(
             text,
             "    {{\"{s}\", \"{}\", {}, \"{}\", {{{major}, {minor}, {exactly}}}, DType::{dtype}, Layout::{layout}, \
-             Norm::{norm}, {eps:e}f, {{{}}}, {}, \"{}\", {s}, {s}_workspace_bytes, {s}_resources}},",
+             Norm::{norm}, {eps:e}f, {steps}, {}, \"{}\", {s}, {s}_workspace_bytes, {s}_resources}},",
             u.composition.name(),
             u.candidate,
             u.arch.name(),
-            steps.join(", "),
-            steps.len(),
+            u.composition.epilogue.len(),
             tile_summary(u),
         );
     }
@@ -247,14 +249,21 @@ mod tests {
         )));
         assert!(
             table.contains(&format!(
-                "{{\"{sm90}\", \"layernorm_gemm\", 0, \"sm90\", {{9, 0, true}}, DType::BF16, Layout::NK, Norm::LayerNorm, 1e-5f, {{}}, 0,"
+                "{{\"{sm90}\", \"layernorm_gemm\", 0, \"sm90\", {{9, 0, true}}, DType::BF16, Layout::NK, Norm::LayerNorm, 1e-5f, nullptr, 0,"
+            )),
+            "{table}"
+        );
+        let sm75 = "cand1_gemm_bias_gelu_kn_f16_sm75";
+        assert!(
+            table.contains(&format!(
+                "static const char* const {sm75}_steps[] = {{\"bias\", \"gelu\"}};"
             )),
             "{table}"
         );
         assert!(
-            table.contains(
-                "\"sm75\", {7, 5, false}, DType::F16, Layout::KN, Norm::None, 0e0f, {\"bias\", \"gelu\"}, 2,"
-            ),
+            table.contains(&format!(
+                "\"sm75\", {{7, 5, false}}, DType::F16, Layout::KN, Norm::None, 0e0f, {sm75}_steps, 2,"
+            )),
             "{table}"
         );
 
