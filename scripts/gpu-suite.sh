@@ -2,7 +2,9 @@
 # Runs the GPU checks from a bundle made by scripts/gpu-bundle.sh:
 #   gpu-suite.sh [OUT] [steps...]
 #   steps: tests ptx errors graphs examples property stress sanitize bench (default: all)
-#   (sanitize-quick: the sanitizers on the native variant only)
+#   (sanitize-quick: the sanitizers on the native variant only; selftest:
+#   builds the kernel self-test in ./selftest with nvcc, NVCC or nvcc on
+#   PATH, and cuBLASLt, then runs its quick checks; not in the default)
 # Each step logs to OUT/<step>*.log; a summary of pass/fail counts is printed.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -97,6 +99,9 @@ for step in $steps; do
         sanitize "$arch" synccheck $synccheck_tests
       done ;;
     bench) run bench.log ./fusion bench --json "$out/bench.json" ;;
+    selftest)
+      run selftest-build.log make -C selftest -j "NVCC=${NVCC:-nvcc}"
+      run selftest.log ./selftest/selftest --quick ;;
     *) echo "unknown step $step"; status=1 ;;
   esac
 done

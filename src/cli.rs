@@ -25,6 +25,23 @@ pub enum Command {
     Plan(PlanArgs),
     /// Times the built-in fused kernels against cuBLASLt on GPU 0.
     Bench(BenchArgs),
+    /// Renders the GEMM units of a candidate list, with the kernel self-test
+    /// harness and a Makefile, into a folder that builds with nvcc alone.
+    Render(RenderArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RenderArgs {
+    /// The candidate list, such as `kernels/selftest/candidates.json`.
+    #[arg(value_name = "LIST.json")]
+    pub list: PathBuf,
+    /// The folder to write.
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+    /// Where the graphs the list names are; default: the shipped `graphs/`
+    /// (or `FUSION_GRAPHS_DIR`).
+    #[arg(long, value_name = "DIR")]
+    pub graphs: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -143,6 +160,10 @@ pub fn run(cli: &Cli, out: &mut dyn Write) -> Result<(), CliError> {
             plan_graph(graph, args.dot.as_deref(), out)
         }
         Command::Bench(args) => bench(args, out),
+        Command::Render(args) => {
+            let graphs = args.graphs.clone().unwrap_or_else(crate::testing::graphs_dir);
+            crate::render::render(&args.list, &graphs, &args.out, out)
+        }
     }
 }
 
@@ -396,6 +417,21 @@ mod tests {
         assert_eq!(
             plan_graph(ffn(), None, &mut ClosedPipe),
             Err(CliError::OutputClosed)
+        );
+    }
+
+    #[test]
+    fn render_takes_a_list_an_out_folder_and_an_optional_graphs_folder() {
+        let cli = Cli::try_parse_from(["fusion", "render", "list.json", "--out", "dir"]).unwrap();
+        let Command::Render(args) = cli.command else {
+            panic!("render")
+        };
+        assert_eq!(args.list, Path::new("list.json"));
+        assert_eq!(args.out, Path::new("dir"));
+        assert_eq!(args.graphs, None);
+        assert!(
+            Cli::try_parse_from(["fusion", "render", "list.json"]).is_err(),
+            "--out is required"
         );
     }
 

@@ -9,6 +9,7 @@
 //! | [`kernels`] | the built-in kernels compiled from `graphs/` |
 //! | [`bench`] | `fusion bench`: fused kernels against cuBLASLt |
 //! | [`cli`] | the `fusion` command line |
+//! | [`render`] | `fusion render`: units of a candidate list, with the kernel self-test |
 //! | [`testing`] | checking kernels on a GPU against the CPU reference |
 //!
 //! The compiler itself (parsing, planning, code generation) is
@@ -24,6 +25,7 @@ pub mod error;
 pub mod kernels;
 #[doc(hidden)]
 pub mod launch;
+pub mod render;
 pub mod tensor;
 pub mod testing;
 

@@ -1,8 +1,9 @@
-//! A tuned tile config whose shared memory does not fit is refused by the
-//! build, through the real nvcc: the mainloops size their shared memory
-//! (sm90: `sizeof(SharedStorage)`), and codegen renders a `static_assert`
-//! per tile config into the unit whose message names the tuned table's file
-//! and entry.
+//! A tuned tile config that breaks a rule of its mainloop or whose shared
+//! memory does not fit is refused by the build, through the real nvcc: the
+//! headers hold the rules (each generation's `tile_valid`) and size their
+//! shared memory (sm90: `sizeof(SharedStorage)`), and codegen renders
+//! `static_assert`s of both per tile config into the unit, their messages
+//! naming the tuned table's file and entry.
 //!
 //! The same unit's `<symbol>_resources` function reports each tile
 //! config's shared memory and threads as the kernel computes them (Rust
@@ -44,7 +45,8 @@ fn gemm_bias_gelu_f16() -> GraphSpec {
 /// table (file name `file`), compiles the one unit with nvcc and returns
 /// nvcc's errors.
 fn nvcc_errors(arch: Arch, file: &str, json: &str) -> String {
-    let root = fresh_dir(&format!("fusion-build-tile-budget-{arch}"));
+    // One folder per table: tests run in parallel.
+    let root = fresh_dir(&format!("fusion-build-tile-budget-{}", file.replace('/', "-")));
     let table = TunedTable::parse(file, json).unwrap();
     let library =
         codegen::render_with_tables("fusion_kernels", &[arch], &[gemm_bias_gelu_f16()], &[table]).unwrap();
@@ -84,13 +86,12 @@ fn an_sm90_entry_over_the_shared_memory_budget_fails_the_build_naming_the_entry(
     // staging + barriers, over the 227 KB an sm_90 block may have.
     let json = r#"{ "arch": "sm90", "configs": {
         "gemm_bias_gelu.f16": { "large": { "bm": 128, "bn": 256, "bk": 64, "stages": 5 } } } }"#;
-    let errors = nvcc_errors(Arch::Sm90, "tuned/over-budget-sm90.json", json);
-    let needle = "tile config from tuned/over-budget-sm90.json, entry 'gemm_bias_gelu.f16' for \
-                  'gemm_bias_gelu' (large) does not fit sm90: 128x256x64 (5 stages, cooperative, \
-                  persistent) needs more shared memory per block than sm90 allows";
-    assert!(
-        errors.contains(needle),
-        "`{needle}` missing from nvcc's errors:\n{errors}"
+    refused(
+        Arch::Sm90,
+        json,
+        "over-budget",
+        "128x256x64 (5 stages, cooperative, persistent) needs more shared memory per block than sm90 allows",
+        None,
     );
 }
 
@@ -100,13 +101,88 @@ fn an_sm80_entry_over_the_shared_memory_budget_fails_the_build_naming_the_entry(
     let json = r#"{ "arch": "sm80", "configs": {
         "gemm_bias_gelu.f16": { "large": { "bm": 128, "bn": 256, "bk": 32, "warp_m": 64, "warp_n": 64,
                                            "stages": 5, "min_blocks_per_sm": 1 } } } }"#;
-    let errors = nvcc_errors(Arch::Sm80, "tuned/over-budget-sm80.json", json);
-    let needle = "tile config from tuned/over-budget-sm80.json, entry 'gemm_bias_gelu.f16' for \
-                  'gemm_bias_gelu' (large) does not fit sm80: 128x256x32 (warp 64x64, 5 stages, \
-                  1 block(s)/SM) needs more shared memory per block than sm80 allows";
+    refused(
+        Arch::Sm80,
+        json,
+        "over-budget",
+        "128x256x32 (warp 64x64, 5 stages, 1 block(s)/SM) needs more shared memory per block than sm80 allows",
+        None,
+    );
+}
+
+/// Asserts that nvcc refused `json`'s `gemm_bias_gelu.f16` entry (the table
+/// `tuned/<stem>-<arch>.json`) on `arch` with a message naming the entry and
+/// ending in `what`, and with the header's own message for the rule when
+/// there is one.
+fn refused(arch: Arch, json: &str, stem: &str, what: &str, rule: Option<&str>) {
+    let file = format!("tuned/{stem}-{arch}.json");
+    let errors = nvcc_errors(arch, &file, json);
+    let needle = format!(
+        "tile config from {file}, entry 'gemm_bias_gelu.f16' for 'gemm_bias_gelu' (large) does not fit {arch}: {what}"
+    );
     assert!(
-        errors.contains(needle),
+        errors.contains(&needle),
         "`{needle}` missing from nvcc's errors:\n{errors}"
+    );
+    if let Some(rule) = rule {
+        assert!(
+            errors.contains(rule),
+            "`{rule}` missing from nvcc's errors:\n{errors}"
+        );
+    }
+}
+
+/// [`refused`] for a tile rule: `summary` is the tile's.
+fn refused_by_rule(arch: Arch, json: &str, summary: &str, rule: Option<&str>) {
+    let what = format!("{summary} is not a tile the {arch} mainloop takes");
+    refused(arch, json, "rule", &what, rule);
+}
+
+#[test]
+fn an_sm90_entry_that_breaks_a_tile_rule_fails_the_build_naming_the_entry() {
+    // A whole 128x256 tile per ping-pong consumer: 256 accumulators a thread.
+    let json = r#"{ "arch": "sm90", "configs": {
+        "gemm_bias_gelu.f16": { "large": { "bm": 128, "bn": 256, "bk": 64, "stages": 3, "schedule": "pingpong" } } } }"#;
+    let summary = "128x256x64 (3 stages, pingpong, persistent)";
+    refused_by_rule(
+        Arch::Sm90,
+        json,
+        summary,
+        Some("a consumer thread holds at most 128 accumulators"),
+    );
+    // The template fixes BK; an entry asking for another is refused.
+    let json = r#"{ "arch": "sm90", "configs": {
+        "gemm_bias_gelu.f16": { "large": { "bm": 128, "bn": 128, "bk": 32, "stages": 4 } } } }"#;
+    refused_by_rule(
+        Arch::Sm90,
+        json,
+        "128x128x32 (4 stages, cooperative, persistent)",
+        None,
+    );
+}
+
+#[test]
+fn warp_tiled_entries_that_break_a_tile_rule_fail_the_build_naming_the_entry() {
+    // 64x128 warp tiles hold 256 accumulators a thread: more registers than
+    // 256 threads with 2 blocks per SM leave.
+    let json = r#"{ "arch": "sm80", "configs": {
+        "gemm_bias_gelu.f16": { "large": { "bm": 128, "bn": 256, "bk": 32, "warp_m": 64, "warp_n": 128,
+                                           "stages": 2, "min_blocks_per_sm": 2 } } } }"#;
+    refused_by_rule(
+        Arch::Sm80,
+        json,
+        "128x256x32 (warp 64x128, 2 stages, 2 block(s)/SM)",
+        Some("the warp tile's accumulators need more registers than the threads and blocks per SM leave"),
+    );
+    // The sm75 mainloop is double-buffered: its template fixes the stages.
+    let json = r#"{ "arch": "sm75", "configs": {
+        "gemm_bias_gelu.f16": { "large": { "bm": 128, "bn": 128, "bk": 32, "warp_m": 64, "warp_n": 32,
+                                           "stages": 3, "min_blocks_per_sm": 1 } } } }"#;
+    refused_by_rule(
+        Arch::Sm75,
+        json,
+        "128x128x32 (warp 64x32, 3 stages, 1 block(s)/SM)",
+        None,
     );
 }
 

@@ -1,6 +1,7 @@
-// What the kernel self-test (selftest.cu) and the mainloop sweep (sweep.cu)
-// share: error checks, device buffers, shapes, random device fills, event
-// timing with a head start, and cuBLASLt as the f16 baseline.
+// The kernel self-test's tools (harness.cu): error checks, device buffers,
+// shapes, random device fills, event timing with a head start, and cuBLASLt
+// as the baseline. Nothing here knows a fusion kernel: harness.cu calls the
+// rendered units through their C ABI alone.
 #pragma once
 
 #include <cublasLt.h>
@@ -12,7 +13,6 @@
 #include <cstdlib>
 #include <functional>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "fusion/numeric.cuh"
@@ -130,21 +130,10 @@ inline std::vector<double> median_rounds_us(int reps, const std::vector<std::fun
   return medians;
 }
 
-// Median time of `launch(i % 4)` alone.
-inline double median_us(int reps, const std::function<void(int)>& launch) {
-  return median_rounds_us(reps, {launch})[0];
-}
-
-// Median times of two contenders, alternating call by call.
-inline std::pair<double, double> median_pair_us(int reps, const std::function<void(int)>& a,
-                                                const std::function<void(int)>& b) {
-  const std::vector<double> m = median_rounds_us(reps, {a, b});
-  return {m[0], m[1]};
-}
-
-// cuBLASLt on f16: C[M,N] = epilogue(A[M,K] @ W[N,K]^T + bias), row-major,
-// computed as column-major C^T = op(W) A^T with W seen as a K x N
-// column-major matrix and op = T. A plan per (shape, epilogue).
+// cuBLASLt on f16 or bf16: C[M,N] = epilogue(A[M,K] @ B + bias), row-major,
+// computed as column-major C^T = op(B') A^T, where B' is B seen column-major:
+// [N, K] (nn.Linear) is a K x N matrix taken transposed, [K, N] an N x K one
+// taken as it is. A plan per (shape, layout, epilogue).
 struct LtGemm {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
@@ -167,20 +156,24 @@ struct LtGemm {
     cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   };
 
-  // `any_bias`: a valid bias pointer for the heuristic; run() sets the real one.
-  Plan plan(Shape s, cublasLtEpilogue_t epilogue, const void* any_bias) {
+  // `b_is_nk`: B stored [N, K]; else [K, N]. `any_bias`: a valid bias
+  // pointer for the heuristic; run() sets the real one.
+  Plan plan(Shape s, cudaDataType_t type, bool b_is_nk, cublasLtEpilogue_t epilogue, const void* any_bias) {
     Plan p;
     p.epilogue = epilogue;
     CHECK_CUBLAS(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    const cublasOperation_t trans_w = CUBLAS_OP_T, trans_a = CUBLAS_OP_N;
+    const cublasOperation_t trans_w = b_is_nk ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a = CUBLAS_OP_N;
     CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &trans_w, sizeof trans_w));
     CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &trans_a, sizeof trans_a));
     CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
     if (epilogue != CUBLASLT_EPILOGUE_DEFAULT)
       CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &any_bias, sizeof any_bias));
-    CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&p.w, CUDA_R_16F, uint64_t(s.k), uint64_t(s.n), s.k));
-    CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16F, uint64_t(s.k), uint64_t(s.m), s.k));
-    CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&p.c, CUDA_R_16F, uint64_t(s.n), uint64_t(s.m), s.n));
+    if (b_is_nk)
+      CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&p.w, type, uint64_t(s.k), uint64_t(s.n), s.k));
+    else
+      CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&p.w, type, uint64_t(s.n), uint64_t(s.k), s.n));
+    CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&p.a, type, uint64_t(s.k), uint64_t(s.m), s.k));
+    CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&p.c, type, uint64_t(s.n), uint64_t(s.m), s.n));
     cublasLtMatmulPreference_t pref = nullptr;
     CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
     CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
@@ -195,11 +188,9 @@ struct LtGemm {
     return p;
   }
 
-  void run(Plan& p, const __half* a, const __half* w, const __half* bias, __half* c) {
-    if (p.epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
-      const void* b = bias;
-      CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &b, sizeof b));
-    }
+  void run(Plan& p, const void* a, const void* w, const void* bias, void* c) {
+    if (p.epilogue != CUBLASLT_EPILOGUE_DEFAULT)
+      CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
     const float alpha = 1.0f, beta = 0.0f;
     CHECK_CUBLAS(cublasLtMatmul(handle, p.op, &alpha, w, p.w, a, p.a, &beta, c, p.c, c, p.c, &p.algo.algo,
                                 workspace, workspace_bytes, nullptr));

@@ -18,9 +18,13 @@
 //! `kernels/include/fusion`. [`wrappers`] turns the same library description
 //! into Rust.
 //!
+//! [`candidates`] renders units for explicit tile configs (the kernel
+//! self-test, tile sweeps) through the same path.
+//!
 //! Not here: choosing configs ([`crate::select`]) and running nvcc
 //! (`crate::build`).
 
+pub mod candidates;
 pub mod templates;
 pub mod wrappers;
 
@@ -513,8 +517,12 @@ fn render_unit(
                 })
             });
             // Per tile config: the alias the template declares, its name in
-            // the tuned tables and the message of the check that its shared
-            // memory fits the mainloop's limit.
+            // the tuned tables, its K step and stages (which not every
+            // mainloop's template takes, so the unit checks them against the
+            // template's own), and the messages of the checks that it is a
+            // tile the mainloop takes (`tile_valid`, whose parts the headers
+            // assert one by one) and that its shared memory fits the
+            // mainloop's limit.
             let smem_limit = match mainloop {
                 Mainloop::Sm90 => "fusion::sm90::kSmemPerBlock",
                 Mainloop::Sm80 => "fusion::sm80::kSmemPerBlock",
@@ -529,18 +537,33 @@ fn render_unit(
             .filter_map(|(alias, which, tile)| {
                 let tile = tile?;
                 // In quotes rather than backticks, which nvcc prints as `?`.
-                let message = format!(
-                    "tile config from {origin} for `{composition}` ({which}) does not fit {}: {} needs more shared memory per block than {} allows",
-                    arch_list(archs),
-                    tile.summary(*mainloop),
-                    arch_list(archs),
-                )
-                .replace('`', "'");
-                Some(json!({ "alias": alias, "which": which, "smem_message": c_string(&message) }))
+                let fits = |what: String| {
+                    let message = format!(
+                        "tile config from {origin} for `{composition}` ({which}) does not fit {}: {} {what}",
+                        arch_list(archs),
+                        tile.summary(*mainloop),
+                    );
+                    c_string(&message.replace('`', "'"))
+                };
+                Some(json!({
+                    "alias": alias,
+                    "which": which,
+                    "bk": tile.bk,
+                    "stages": tile.stages,
+                    "rules_message": fits(format!(
+                        "is not a tile the {} mainloop takes: a rule of its TileConfig fails (an error above names it), or bk or stages differ from the template's own",
+                        mainloop.name()
+                    )),
+                    "smem_message": fits(format!(
+                        "needs more shared memory per block than {} allows",
+                        arch_list(archs)
+                    )),
+                }))
             })
             .collect();
             let extra = json!({
                 "tiles": tiles,
+                "tile_valid": format!("fusion::{}::tile_valid", mainloop.name()),
                 "smem_limit": smem_limit,
                 "mainloop": mainloop_type,
                 "mainloop_header": header,

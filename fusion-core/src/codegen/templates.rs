@@ -29,7 +29,7 @@ pub const TEMPLATES: [(&str, &str); 5] = [
 ];
 
 /// Every file of `kernels/include`, by path relative to it.
-pub const HEADERS: [(&str, &str); 22] = [
+pub const HEADERS: [(&str, &str); 23] = [
     (
         "fusion/abi.h",
         include_str!("../../../kernels/include/fusion/abi.h"),
@@ -113,6 +113,10 @@ pub const HEADERS: [(&str, &str); 22] = [
     (
         "fusion/sm90/trace.cuh",
         include_str!("../../../kernels/include/fusion/sm90/trace.cuh"),
+    ),
+    (
+        "fusion/warp_tiled.cuh",
+        include_str!("../../../kernels/include/fusion/warp_tiled.cuh"),
     ),
     (
         "fusion/workspace.cuh",

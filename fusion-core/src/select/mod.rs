@@ -5,14 +5,15 @@
 //! embedded in this crate so a build needs no GPU) is the only source: its
 //! entry for the composition name and dtype, else for the composition name,
 //! else its `default` entry. A table with none of these is a build error
-//! naming the file. The config is checked against the architecture's mainloop
-//! and budgets (shared memory per block, threads per block, registers) before
-//! anything is rendered: a tuned entry that does not fit is a build error
-//! naming the file and the entry, never a launch that fails at run time.
-//! Shared memory is checked by nvcc instead: the kernel's own size (sm90:
-//! `sizeof(SharedStorage)`) against a `static_assert` that codegen renders
-//! into the unit, its message naming the file and the entry (see
-//! [`crate::codegen`]), so that the size has one source.
+//! naming the file. Selection checks that an entry gives the fields its
+//! mainloop takes; whether the tile fits the mainloop and the block's limits
+//! (its shape rules, threads, registers, shared memory) is checked by nvcc:
+//! codegen renders `static_assert`s of the header's own rules (`tile_valid`)
+//! and sizes (sm90: `sizeof(SharedStorage)`) into the unit, their messages
+//! naming the file and the entry (see [`crate::codegen`]), so that each rule
+//! and size has one source. A tuned entry that does not fit is a build
+//! error naming the file and the entry, never a launch that fails at run
+//! time.
 //!
 //! Every kernel of an arch runs that arch's mainloop ([`Arch::mainloop`]),
 //! norm compositions included, and each config is checked by that arch's
@@ -25,7 +26,7 @@
 
 mod tuned;
 
-pub use crate::target::{Arch, Budget};
+pub use crate::target::Arch;
 pub use tuned::TunedTable;
 
 use crate::fuse::GemmComposition;
@@ -77,8 +78,8 @@ impl Schedule {
 
 /// The parameters of the mainloops' `TileConfig` templates. One struct
 /// serves every mainloop; which fields apply depends on it (see
-/// [`TileConfig::check`]): the sm90 mainloop takes `bm`, `bn`, `bk` (always
-/// 64), `stages` and `schedule`, and fixes the warp layout itself, so its
+/// [`TileConfig::check`]): the sm90 mainloop takes `bm`, `bn`, `bk` (its
+/// template's own), `stages` and `schedule`, and fixes the warp layout itself, so its
 /// entries leave out `warp_m`, `warp_n` and `min_blocks_per_sm`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
@@ -93,7 +94,7 @@ pub struct TileConfig {
     pub warp_m: u32,
     #[serde(default, skip_serializing_if = "is_zero")]
     pub warp_n: u32,
-    /// Shared-memory pipeline depth (the sm75 mainloop is fixed at 2).
+    /// Shared-memory pipeline depth (the sm75 mainloop's template fixes it).
     pub stages: u32,
     /// `__launch_bounds__`' second argument: caps registers so this many
     /// blocks fit on one SM (sm75 and sm80; the sm90 mainloop is persistent,
@@ -120,38 +121,10 @@ fn is_zero(value: &u32) -> bool {
     *value == 0
 }
 
-/// Registers a thread needs besides its f32 accumulators: addresses, A/B
-/// fragments, loop indices. ptxas puts the 128x128 tile (64 accumulators,
-/// two blocks per SM) at exactly 128 registers without spills on sm_90a, and
-/// the 128x256 tile (128 accumulators) at 227-236.
-const REGISTERS_BESIDES_ACCUMULATORS: u32 = 64;
-
 impl TileConfig {
     /// The sm90 schedule, cooperative when the config names none.
     pub fn sm90_schedule(&self) -> Schedule {
         self.schedule.unwrap_or_default()
-    }
-
-    /// Threads per block of the sm75 and sm80 mainloops: one warp per warp
-    /// tile. (The sm90 mainloop fixes its warp groups; each unit reports its
-    /// kernels' threads through its `<symbol>_resources` function.)
-    pub fn warp_tiled_threads(&self) -> u32 {
-        32 * (self.bm / self.warp_m.max(1)) * (self.bn / self.warp_n.max(1))
-    }
-
-    /// Estimated registers per thread for the sm75 and sm80 mainloops (see
-    /// [`REGISTERS_BESIDES_ACCUMULATORS`]); the sm90 mainloop fixes its own.
-    pub fn registers_estimate(&self) -> u32 {
-        self.warp_m * self.warp_n / 32 + REGISTERS_BESIDES_ACCUMULATORS
-    }
-
-    /// f32 accumulators one sm90 consumer thread holds: a 64-row share of
-    /// the tile (cooperative) or a whole tile (ping-pong) over 128 threads.
-    pub fn sm90_accumulators(&self) -> u32 {
-        match self.sm90_schedule() {
-            Schedule::Cooperative => 64 * self.bn / 128,
-            Schedule::PingPong => self.bm * self.bn / 128,
-        }
     }
 
     /// `128x256x32 (warp 64x64, 4 stages, 1 block(s)/SM)` for the sm75 and
@@ -174,10 +147,11 @@ impl TileConfig {
         }
     }
 
-    /// Checks the config against what the arch's mainloop accepts and the
-    /// architecture's budgets, for a kernel of this shape (the arch's
-    /// [`Target::check`](crate::target::Target::check)). The error is a
-    /// sentence saying what is wrong and the limit.
+    /// Checks that the config gives the fields the arch's mainloop takes,
+    /// for a kernel of this shape (the arch's
+    /// [`Target::check`](crate::target::Target::check)); the tile rules are
+    /// checked by nvcc in the unit. The error is a sentence saying what is
+    /// wrong.
     pub fn check(&self, arch: Arch, kernel: &KernelKind) -> Result<(), String> {
         (arch.target().check)(self, kernel)
     }

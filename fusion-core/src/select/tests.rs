@@ -47,7 +47,7 @@ impl TileConfig {
     const SM90_128X256: TileConfig = TileConfig {
         bm: 128,
         bn: 256,
-        bk: crate::target::SM90_BK,
+        bk: 64,
         warp_m: 0,
         warp_n: 0,
         stages: 4,
@@ -203,49 +203,43 @@ fn malformed_tables_name_the_file() {
 }
 
 #[test]
-fn mainloop_constraints_are_checked() {
+fn warp_tiled_entries_give_their_fields() {
     let k = kernel("gemm", DType::F16, false);
+    let reject = |c: TileConfig, arch: Arch, needle: &str| {
+        let err = c.check(arch, &k).unwrap_err();
+        assert!(err.contains(needle), "`{needle}` missing from: {err}");
+    };
+    // (A missing warp field and a schedule: schedule_is_parsed_and_rejected_outside_sm90.)
+    for arch in [Arch::Sm75, Arch::Sm80] {
+        reject(
+            TileConfig {
+                stages: 0,
+                ..TileConfig::TILE_128X128
+            },
+            arch,
+            "every field must be positive",
+        );
+    }
+    // The tile rules are the headers' (warp_tiled.cuh and each mainloop's
+    // tile_valid), which the unit asserts: selection passes these on and
+    // nvcc refuses them naming the entry (tests/build_tile_budget.rs).
     let three_stages = TileConfig {
         stages: 3,
         ..TileConfig::SM75_128X128
     };
-    assert!(
-        three_stages
-            .check(Arch::Sm75, &k)
-            .unwrap_err()
-            .contains("stages must be 2")
-    );
+    assert_eq!(three_stages.check(Arch::Sm75, &k), Ok(()));
     let odd_warp = TileConfig {
         warp_n: 24,
         bn: 96,
         ..TileConfig::TILE_128X128
     };
-    assert!(
-        odd_warp
-            .check(Arch::Sm80, &k)
-            .unwrap_err()
-            .contains("multiples of 16")
-    );
-    let bk48 = TileConfig {
-        bk: 48,
-        ..TileConfig::TILE_128X128
-    };
-    assert!(bk48.check(Arch::Sm80, &k).is_err());
+    assert_eq!(odd_warp.check(Arch::Sm80, &k), Ok(()));
 }
 
 #[test]
-fn sm90_accumulators_and_summary() {
-    let large = TileConfig::SM90_128X256;
-    let pingpong = TileConfig {
-        bn: 128,
-        stages: 5,
-        schedule: Some(Schedule::PingPong),
-        ..large
-    };
-    assert_eq!(large.sm90_accumulators(), 128);
-    assert_eq!(pingpong.sm90_accumulators(), 128);
+fn sm90_summary() {
     assert_eq!(
-        large.summary(Mainloop::Sm90),
+        TileConfig::SM90_128X256.summary(Mainloop::Sm90),
         "128x256x64 (4 stages, cooperative, persistent)"
     );
 }
@@ -268,56 +262,14 @@ fn sm90_shared_memory_is_left_to_the_units_static_assert() {
 }
 
 #[test]
-fn sm90_mainloop_constraints_are_checked() {
+fn sm90_entries_leave_out_the_warp_tiled_fields() {
     let k = kernel("gemm", DType::F16, false);
     let base = TileConfig::SM90_128X256;
     assert_eq!(base.check(Arch::Sm90, &k), Ok(()));
-    assert_eq!(
-        TileConfig {
-            bm: 64,
-            stages: 2,
-            ..base
-        }
-        .check(Arch::Sm90, &k),
-        Ok(())
-    );
     let reject = |c: TileConfig, needle: &str| {
         let err = c.check(Arch::Sm90, &k).unwrap_err();
         assert!(err.contains(needle), "`{needle}` missing from: {err}");
     };
-    reject(
-        TileConfig { bk: 32, ..base },
-        "bk = 32: the sm90 mainloop's K step is fixed at 64",
-    );
-    reject(
-        TileConfig { bm: 256, ..base },
-        "bm = 256: the sm90 mainloop takes 64 or 128",
-    );
-    reject(
-        TileConfig { bn: 192, ..base },
-        "bn = 192: the sm90 mainloop takes 128 or 256",
-    );
-    reject(
-        TileConfig { stages: 1, ..base },
-        "stages = 1: the sm90 mainloop's pipeline needs at least 2",
-    );
-    reject(
-        TileConfig {
-            bm: 64,
-            bn: 128,
-            schedule: Some(Schedule::PingPong),
-            ..base
-        },
-        "bm = 64: the ping-pong schedule needs bm = 128",
-    );
-    // A whole 128x256 tile per consumer is 256 accumulators a thread.
-    reject(
-        TileConfig {
-            schedule: Some(Schedule::PingPong),
-            ..base
-        },
-        "needs 256 f32 accumulators per consumer thread",
-    );
     reject(
         TileConfig { warp_m: 64, ..base },
         "`warp_m` does not apply to the sm90 mainloop",
@@ -329,9 +281,10 @@ fn sm90_mainloop_constraints_are_checked() {
         },
         "`staged_store` does not apply to the sm90 mainloop",
     );
-    // Ping-pong with bm = 128 and bn = 128 fits.
+    // Its tile rules are TileConfig's in sm90/tile_config.cuh, which the
+    // unit asserts: a 256-accumulator ping-pong tile passes selection, and
+    // nvcc refuses it naming the entry (tests/build_tile_budget.rs).
     let pingpong = TileConfig {
-        bn: 128,
         schedule: Some(Schedule::PingPong),
         ..base
     };
@@ -403,13 +356,13 @@ fn small_m_alt_is_checked_and_needs_small_m() {
     let err = select_with(&alone, Arch::Sm90, &k).unwrap_err().to_string();
     assert!(err.contains("(small_m_alt)"), "{err}");
     assert!(err.contains("lacks"), "{err}");
-    let bad_bm = sm90_gemm_bias_table(&format!(
+    let warp_fields = sm90_gemm_bias_table(&format!(
         "{{ {large}, {small}, {} }}",
-        r#""small_m_alt": { "bm": 96, "bn": 128, "bk": 64, "stages": 6 }"#
+        r#""small_m_alt": { "bm": 128, "bn": 128, "bk": 64, "warp_m": 64, "stages": 6 }"#
     ));
-    let err = select_with(&bad_bm, Arch::Sm90, &k).unwrap_err().to_string();
+    let err = select_with(&warp_fields, Arch::Sm90, &k).unwrap_err().to_string();
     assert!(err.contains("(small_m_alt)"), "{err}");
-    assert!(err.contains("bm = 96"), "{err}");
+    assert!(err.contains("`warp_m` does not apply"), "{err}");
     let fine = sm90_gemm_bias_table(&format!("{{ {large}, {small}, {} }}", alt(6)));
     let config = select_with(&fine, Arch::Sm90, &k).unwrap();
     assert_eq!(

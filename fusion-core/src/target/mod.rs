@@ -5,9 +5,12 @@
 //!
 //! A [`Target`] says what a generation is called (`sm80`: the cargo feature
 //! and the tuned table's stem), how nvcc compiles for it, which devices run
-//! its code, what one block may use there, which element types its tensor
-//! cores take, how a tile config is checked and spelled in C++ for its
-//! mainloop, which header that mainloop is in, and its pre-tuned table.
+//! its code, which element types its tensor cores take, which fields a tile
+//! config gives and how it is spelled in C++ for its mainloop, which header
+//! that mainloop is in, and its pre-tuned table. What a tile must be to fit
+//! the mainloop and the block's limits (shapes, threads, registers, shared
+//! memory) is written once, in the mainloop's headers: each generated unit
+//! asserts it with a message naming the tuned table entry.
 //! [`Arch`] names a generation; its methods read the generation's [`Target`].
 //!
 //! Adding a generation (say `sm100`) takes:
@@ -17,8 +20,9 @@
 //!   its `TARGET` in [`Arch::target`];
 //! - a `Mainloop::Sm100` with its arm in `TileConfig::summary` (select);
 //! - its header folder, `kernels/include/fusion/sm100/`, with the
-//!   `fusion::sm100::Mainloop` and `TileConfig` templates and its
-//!   `kSmemPerBlock` (shared memory is sized and checked there alone: each
+//!   `fusion::sm100::Mainloop` and `TileConfig` templates, its
+//!   `fusion::sm100::tile_valid<LayoutB, Tile>` (the tile rules) and its
+//!   `kSmemPerBlock` (tiles are checked and sized there alone: each
 //!   generated unit asserts its configs fit, and reports their sizes through
 //!   `<symbol>_resources`);
 //! - its tuned table, `kernels/tuned/sm100.json`, with a `default` entry
@@ -33,9 +37,6 @@ mod sm75;
 mod sm80;
 mod sm90;
 mod warp_tiled;
-
-#[cfg(test)]
-pub(crate) use sm90::BK as SM90_BK;
 
 use crate::ir::DType;
 use crate::select::{KernelKind, Mainloop, TileConfig};
@@ -68,7 +69,6 @@ pub struct Target {
     pub sass_gencode: &'static str,
     /// Which compute capabilities run this generation's code.
     pub runs_on: RunsOn,
-    pub budget: Budget,
     /// The element types its tensor cores take.
     pub dtypes: &'static [DType],
     /// The mainloop every kernel of this generation runs.
@@ -79,8 +79,9 @@ pub struct Target {
     pub mainloop_header: &'static str,
     /// A tile config as the mainloop's `TileConfig` template arguments.
     pub tile_type: fn(&TileConfig) -> String,
-    /// Whether a config fits the mainloop and the budgets for a kernel of
-    /// this kind; the error is a sentence saying what is wrong and the limit.
+    /// Whether a config gives the fields the mainloop takes and no other (its
+    /// tile rules are the header's `tile_valid`); the error is a sentence
+    /// saying what is wrong.
     pub check: fn(&TileConfig, &KernelKind) -> Result<(), String>,
     /// The pre-tuned table, `kernels/tuned/<name>.json`, embedded so that a
     /// crate built outside this workspace gets it too.
@@ -103,25 +104,6 @@ impl RunsOn {
             RunsOn::AtLeast(ma, mi) => (major, minor) >= (ma, mi),
         }
     }
-}
-
-/// What one block of a kernel may use on a generation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Budget {
-    pub max_threads_per_block: u32,
-    pub registers_per_sm: u32,
-    pub max_registers_per_thread: u32,
-}
-
-impl Budget {
-    /// The CUDA programming guide's per-block limits, the same on every
-    /// generation fusion builds for. Shared memory is not here: each
-    /// mainloop header's `kSmemPerBlock` is the limit its units assert.
-    pub const CUDA: Budget = Budget {
-        max_threads_per_block: 1024,
-        registers_per_sm: 64 * 1024,
-        max_registers_per_thread: 255,
-    };
 }
 
 impl Arch {
@@ -180,10 +162,6 @@ impl Arch {
     /// Whether its tensor cores take `dtype`.
     pub fn supports(self, dtype: DType) -> bool {
         self.target().dtypes.contains(&dtype)
-    }
-
-    pub fn budget(self) -> Budget {
-        self.target().budget
     }
 
     /// The generation whose kernels run `mainloop`.

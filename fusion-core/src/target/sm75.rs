@@ -1,7 +1,7 @@
 //! Turing (sm_75): the WMMA mainloop (`kernels/include/fusion/sm75/`), f16
 //! only, double-buffered through registers.
 
-use super::{Arch, Budget, RunsOn, Target, warp_tiled};
+use super::{Arch, RunsOn, Target, warp_tiled};
 use crate::ir::DType;
 use crate::select::{KernelKind, Mainloop, TileConfig};
 
@@ -12,7 +12,6 @@ pub(super) static TARGET: Target = Target {
     gencode: "-gencode=arch=compute_75,code=[sm_75,compute_75]",
     sass_gencode: "-gencode=arch=compute_75,code=sm_75",
     runs_on: RunsOn::AtLeast(7, 5),
-    budget: Budget::CUDA,
     // Turing tensor cores have no bf16.
     dtypes: &[DType::F16],
     mainloop: Mainloop::Sm75,
@@ -30,14 +29,8 @@ fn tile_type(c: &TileConfig) -> String {
     )
 }
 
-fn check(c: &TileConfig, kernel: &KernelKind) -> Result<(), String> {
-    warp_tiled::check(c, Arch::Sm75, kernel, |c, _| {
-        if c.stages != 2 {
-            return Err(format!(
-                "stages = {}: the sm75 mainloop is double-buffered, stages must be 2",
-                c.stages
-            ));
-        }
-        Ok(())
-    })
+/// The fields; the tile rules (and stages = 2: the mainloop is
+/// double-buffered) are its header's, asserted by each unit.
+fn check(c: &TileConfig, _kernel: &KernelKind) -> Result<(), String> {
+    warp_tiled::check(c, Arch::Sm75)
 }

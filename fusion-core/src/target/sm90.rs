@@ -1,7 +1,7 @@
 //! Hopper (sm_90a): the persistent, warp-specialized wgmma + TMA mainloop
 //! (`kernels/include/fusion/sm90/`).
 
-use super::{Arch, Budget, RunsOn, Target};
+use super::{Arch, RunsOn, Target};
 use crate::ir::DType;
 use crate::select::{KernelKind, Mainloop, Schedule, TileConfig};
 
@@ -13,7 +13,6 @@ pub(super) static TARGET: Target = Target {
     gencode: "-gencode=arch=compute_90a,code=sm_90a",
     sass_gencode: "-gencode=arch=compute_90a,code=sm_90a",
     runs_on: RunsOn::Exactly(9, 0),
-    budget: Budget::CUDA,
     dtypes: &[DType::F16, DType::BF16],
     mainloop: Mainloop::Sm90,
     mainloop_type: "fusion::sm90::Mainloop",
@@ -23,15 +22,8 @@ pub(super) static TARGET: Target = Target {
     tuned_json: include_str!("../../../kernels/tuned/sm90.json"),
 };
 
-/// The mainloop's K step: one 128-byte swizzled row of 16-bit elements.
-pub(crate) const BK: u32 = 64;
-
-/// f32 accumulators one consumer thread may hold: consumers run with 232
-/// registers (`setmaxnreg`), which leaves room for 128 besides addresses and
-/// the epilogue's values.
-const MAX_ACCUMULATORS: u32 = 128;
-
-/// BK is fixed at 64 by the template, so it is not an argument.
+/// BK is fixed by the template, so it is not an argument; each unit asserts
+/// that the entry's `bk` is the template's.
 fn tile_type(c: &TileConfig) -> String {
     let schedule = match c.sm90_schedule() {
         Schedule::Cooperative => "Cooperative",
@@ -43,10 +35,12 @@ fn tile_type(c: &TileConfig) -> String {
     )
 }
 
-/// The template's static_asserts and its accumulators. Registers are fixed
-/// by the kernel (producer 40, consumers 232), so there is no estimate to
-/// check; shared memory is checked by nvcc, against the `static_assert`
-/// codegen renders into the unit for each config.
+/// The fields: those of the warp-tiled mainloops do not apply. What a tile
+/// must be is `TileConfig`'s rules in
+/// `kernels/include/fusion/sm90/tile_config.cuh`, and its shared memory is
+/// `sizeof(SharedStorage)`: each unit asserts both with a message naming the
+/// tuned table entry. Registers are fixed by the kernel (producer 40,
+/// consumers 232), so there is no estimate to check.
 fn check(c: &TileConfig, _kernel: &KernelKind) -> Result<(), String> {
     let sm80_only = [
         ("warp_m", c.warp_m != 0),
@@ -58,44 +52,6 @@ fn check(c: &TileConfig, _kernel: &KernelKind) -> Result<(), String> {
     if let Some((field, _)) = sm80_only.iter().find(|(_, set)| *set) {
         return Err(format!(
             "`{field}` does not apply to the sm90 mainloop, which fixes its warp groups and runs one block per SM; leave it out"
-        ));
-    }
-    if c.bk != BK {
-        return Err(format!(
-            "bk = {}: the sm90 mainloop's K step is fixed at {BK} (one 128-byte swizzled row)",
-            c.bk
-        ));
-    }
-    if !matches!(c.bm, 64 | 128) {
-        return Err(format!(
-            "bm = {}: the sm90 mainloop takes 64 or 128 (one or two consumer warp groups of 64 rows)",
-            c.bm
-        ));
-    }
-    if !matches!(c.bn, 128 | 256) {
-        return Err(format!(
-            "bn = {}: the sm90 mainloop takes 128 or 256 (the wgmma widths it instantiates)",
-            c.bn
-        ));
-    }
-    if c.stages < 2 {
-        return Err(format!(
-            "stages = {}: the sm90 mainloop's pipeline needs at least 2",
-            c.stages
-        ));
-    }
-    let schedule = c.sm90_schedule();
-    if schedule == Schedule::PingPong && c.bm != 128 {
-        return Err(format!(
-            "bm = {}: the ping-pong schedule needs bm = 128 (two consumer warp groups, each taking whole tiles)",
-            c.bm
-        ));
-    }
-    let accumulators = c.sm90_accumulators();
-    if accumulators > MAX_ACCUMULATORS {
-        return Err(format!(
-            "{} needs {accumulators} f32 accumulators per consumer thread; the sm90 mainloop's consumers hold at most {MAX_ACCUMULATORS}",
-            c.summary(Mainloop::Sm90)
         ));
     }
     Ok(())

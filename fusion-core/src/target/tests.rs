@@ -28,6 +28,18 @@ fn every_generation_has_its_feature_headers_and_table() {
                 .mainloop_type
                 .starts_with(&format!("fusion::{}::", target.name))
         );
+        // The tile rules each unit asserts, as codegen names them.
+        let folder = header.parent().unwrap();
+        let declares_tile_valid = std::fs::read_dir(folder).unwrap().any(|entry| {
+            std::fs::read_to_string(entry.unwrap().path())
+                .is_ok_and(|text| text.contains("constexpr bool tile_valid ="))
+        });
+        assert!(
+            declares_tile_valid,
+            "no header in {} declares `fusion::{}::tile_valid`",
+            folder.display(),
+            target.name
+        );
         let file = TunedTable::shipped_file(arch);
         let on_disk = std::fs::read_to_string(workspace().join(&file)).unwrap();
         assert_eq!(on_disk, target.tuned_json, "{file} is not the embedded table");
@@ -94,7 +106,7 @@ fn code_runs_where_its_gencode_says() {
 }
 
 #[test]
-fn dtypes_and_budgets() {
+fn dtypes() {
     assert!(Arch::Sm75.supports(DType::F16) && !Arch::Sm75.supports(DType::BF16));
     for arch in [Arch::Sm80, Arch::Sm90] {
         assert!(arch.supports(DType::F16) && arch.supports(DType::BF16));

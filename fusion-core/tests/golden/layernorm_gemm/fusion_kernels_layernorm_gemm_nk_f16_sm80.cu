@@ -21,6 +21,9 @@ using FoldedKernel = fusion::FusedGemm<fusion::sm80::Mainloop<Element, fusion::L
                                        fusion::FoldedNorm<fusion::NormKind::LayerNorm>, fusion::EpilogueChain<>>;
 // 128x128x32 (warp 64x32, 4 stages, 2 block(s)/SM)
 using LargeTile = fusion::sm80::TileConfig<128, 128, 32, 64, 32, 4, 2>;
+static_assert(fusion::sm80::tile_valid<fusion::LayoutB::NK, LargeTile> && LargeTile::BK == 32 &&
+                  LargeTile::kStages == 4,
+              "tile config from kernels/tuned/sm80.json, entry 'layernorm_gemm' for 'layernorm_gemm' (large) does not fit sm80: 128x128x32 (warp 64x32, 4 stages, 2 block(s)/SM) is not a tile the sm80 mainloop takes: a rule of its TileConfig fails (an error above names it), or bk or stages differ from the template's own");
 static_assert(Kernel<LargeTile>::kBlockSmemBytes <= fusion::sm80::kSmemPerBlock,
               "tile config from kernels/tuned/sm80.json, entry 'layernorm_gemm' for 'layernorm_gemm' (large) does not fit sm80: 128x128x32 (warp 64x32, 4 stages, 2 block(s)/SM) needs more shared memory per block than sm80 allows");
 static_assert(FoldedKernel<LargeTile>::kBlockSmemBytes <= fusion::sm80::kSmemPerBlock,

@@ -19,10 +19,19 @@ using LargeTile = fusion::sm90::TileConfig<128, 256, 4, fusion::sm90::Schedule::
 using SmallTile = fusion::sm90::TileConfig<64, 128, 8, fusion::sm90::Schedule::Cooperative>;
 // 128x128x64 (6 stages, cooperative, persistent), for m <= 512 when it needs fewer waves
 using SmallAltTile = fusion::sm90::TileConfig<128, 128, 6, fusion::sm90::Schedule::Cooperative>;
+static_assert(fusion::sm90::tile_valid<fusion::LayoutB::NK, LargeTile> && LargeTile::BK == 64 &&
+                  LargeTile::kStages == 4,
+              "tile config from kernels/tuned/sm90.json, entry 'default' for 'gemm_bias_residual' (large) does not fit sm90: 128x256x64 (4 stages, cooperative, persistent) is not a tile the sm90 mainloop takes: a rule of its TileConfig fails (an error above names it), or bk or stages differ from the template's own");
 static_assert(Kernel<LargeTile>::kBlockSmemBytes <= fusion::sm90::kSmemPerBlock,
               "tile config from kernels/tuned/sm90.json, entry 'default' for 'gemm_bias_residual' (large) does not fit sm90: 128x256x64 (4 stages, cooperative, persistent) needs more shared memory per block than sm90 allows");
+static_assert(fusion::sm90::tile_valid<fusion::LayoutB::NK, SmallTile> && SmallTile::BK == 64 &&
+                  SmallTile::kStages == 8,
+              "tile config from kernels/tuned/sm90.json, entry 'default' for 'gemm_bias_residual' (small_m) does not fit sm90: 64x128x64 (8 stages, cooperative, persistent) is not a tile the sm90 mainloop takes: a rule of its TileConfig fails (an error above names it), or bk or stages differ from the template's own");
 static_assert(Kernel<SmallTile>::kBlockSmemBytes <= fusion::sm90::kSmemPerBlock,
               "tile config from kernels/tuned/sm90.json, entry 'default' for 'gemm_bias_residual' (small_m) does not fit sm90: 64x128x64 (8 stages, cooperative, persistent) needs more shared memory per block than sm90 allows");
+static_assert(fusion::sm90::tile_valid<fusion::LayoutB::NK, SmallAltTile> && SmallAltTile::BK == 64 &&
+                  SmallAltTile::kStages == 6,
+              "tile config from kernels/tuned/sm90.json, entry 'default' for 'gemm_bias_residual' (small_m_alt) does not fit sm90: 128x128x64 (6 stages, cooperative, persistent) is not a tile the sm90 mainloop takes: a rule of its TileConfig fails (an error above names it), or bk or stages differ from the template's own");
 static_assert(Kernel<SmallAltTile>::kBlockSmemBytes <= fusion::sm90::kSmemPerBlock,
               "tile config from kernels/tuned/sm90.json, entry 'default' for 'gemm_bias_residual' (small_m_alt) does not fit sm90: 128x128x64 (6 stages, cooperative, persistent) needs more shared memory per block than sm90 allows");
 

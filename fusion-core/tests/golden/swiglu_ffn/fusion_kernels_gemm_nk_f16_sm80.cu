@@ -17,8 +17,14 @@ using Kernel = fusion::FusedGemm<fusion::sm80::Mainloop<Element, fusion::LayoutB
 using LargeTile = fusion::sm80::TileConfig<128, 128, 32, 64, 64, 4, 2, fusion::sm80::KLoop::Pipelined>;
 // 64x128x32 (warp 32x64, 4 stages, 3 block(s)/SM), for m <= 512
 using SmallTile = fusion::sm80::TileConfig<64, 128, 32, 32, 64, 4, 3, fusion::sm80::KLoop::Pipelined>;
+static_assert(fusion::sm80::tile_valid<fusion::LayoutB::NK, LargeTile> && LargeTile::BK == 32 &&
+                  LargeTile::kStages == 4,
+              "tile config from kernels/tuned/sm80.json, entry 'default' for 'gemm' (large) does not fit sm80: 128x128x32 (warp 64x64, 4 stages, 2 block(s)/SM) is not a tile the sm80 mainloop takes: a rule of its TileConfig fails (an error above names it), or bk or stages differ from the template's own");
 static_assert(Kernel<LargeTile>::kBlockSmemBytes <= fusion::sm80::kSmemPerBlock,
               "tile config from kernels/tuned/sm80.json, entry 'default' for 'gemm' (large) does not fit sm80: 128x128x32 (warp 64x64, 4 stages, 2 block(s)/SM) needs more shared memory per block than sm80 allows");
+static_assert(fusion::sm80::tile_valid<fusion::LayoutB::NK, SmallTile> && SmallTile::BK == 32 &&
+                  SmallTile::kStages == 4,
+              "tile config from kernels/tuned/sm80.json, entry 'default' for 'gemm' (small_m) does not fit sm80: 64x128x32 (warp 32x64, 4 stages, 3 block(s)/SM) is not a tile the sm80 mainloop takes: a rule of its TileConfig fails (an error above names it), or bk or stages differ from the template's own");
 static_assert(Kernel<SmallTile>::kBlockSmemBytes <= fusion::sm80::kSmemPerBlock,
               "tile config from kernels/tuned/sm80.json, entry 'default' for 'gemm' (small_m) does not fit sm80: 64x128x32 (warp 32x64, 4 stages, 3 block(s)/SM) needs more shared memory per block than sm80 allows");
 

@@ -18,18 +18,17 @@
 
 #include "../numeric.cuh"
 #include "../problem.cuh"
+#include "../warp_tiled.cuh"
 
 namespace fusion {
 namespace sm75 {
 
 template <int BM_, int BN_, int BK_, int WM_, int WN_, int kMinBlocksPerSm_>
-struct TileConfig {
+struct TileConfig : WarpTiledRules<BM_, BN_, BK_, WM_, WN_, kMinBlocksPerSm_> {
   static constexpr int BM = BM_, BN = BN_, BK = BK_, WM = WM_, WN = WN_;
   static constexpr int kMinBlocksPerSm = kMinBlocksPerSm_;
-  static constexpr int kWarpsM = BM / WM, kWarpsN = BN / WN;
-  static constexpr int kThreads = 32 * kWarpsM * kWarpsN;
-  static_assert(BM % WM == 0 && BN % WN == 0, "warp tiles must divide the CTA tile");
-  static_assert(WM % 16 == 0 && WN % 16 == 0 && BK % 16 == 0, "WMMA works on 16x16x16 tiles");
+  // Double-buffered through registers: not a parameter.
+  static constexpr int kStages = 2;
 };
 
 // 8 warps of 64x32 (8 WMMA accumulators each); two buffers use 40 KB of
@@ -38,6 +37,10 @@ using Tile128x128 = TileConfig<128, 128, 32, 64, 32, 1>;
 
 // Shared memory a Turing block may have.
 constexpr int kSmemPerBlock = 64 * 1024;
+
+// Whether `Tile` is one this mainloop takes (for either layout of B).
+template <LayoutB, typename Tile>
+constexpr bool tile_valid = Tile::kValid;
 
 template <typename T, LayoutB kLayoutB, typename Tile>
 struct Mainloop {
@@ -58,8 +61,6 @@ struct Mainloop {
   static constexpr int kABufElems = BM * kALd, kBBufElems = kBRows * kBLd;
   static constexpr int kAChunksPerThread = BM * BK / 8 / kThreads;
   static constexpr int kBChunksPerThread = BN * BK / 8 / kThreads;
-  static_assert(BM * BK / 8 % kThreads == 0 && BN * BK / 8 % kThreads == 0,
-                "every thread loads the same number of 16-byte chunks per K tile");
 
   // Epilogue staging: per warp, 16 rows of WN floats, padded by 4 floats.
   static constexpr int kStageLd = WN + 4;

@@ -19,6 +19,7 @@
 
 #include "../numeric.cuh"
 #include "../problem.cuh"
+#include "../warp_tiled.cuh"
 #include "collective_epilogue.cuh"
 #include "primitives.cuh"
 
@@ -63,7 +64,7 @@ enum class Store { Direct, Staged };
 template <int BM_, int BN_, int BK_, int WM_, int WN_, int kStages_, int kMinBlocksPerSm_,
           KLoop kKLoop_ = KLoop::PerStage, Store kStore_ = Store::Direct, int kGroupRows_ = 8,
           int kL2PrefetchBytes_ = 0>
-struct TileConfig {
+struct TileConfig : WarpTiledRules<BM_, BN_, BK_, WM_, WN_, kMinBlocksPerSm_> {
   static constexpr int BM = BM_, BN = BN_, BK = BK_, WM = WM_, WN = WN_;
   static constexpr int kStages = kStages_;
   static constexpr int kMinBlocksPerSm = kMinBlocksPerSm_;
@@ -71,18 +72,18 @@ struct TileConfig {
   static constexpr Store kStore = kStore_;
   static constexpr int kGroupRows = kGroupRows_;
   static constexpr int kL2PrefetchBytes = kL2PrefetchBytes_;
-  static constexpr int kWarpsM = BM / WM, kWarpsN = BN / WN;
-  static constexpr int kThreads = 32 * kWarpsM * kWarpsN;
-  static_assert(BM % WM == 0 && BN % WN == 0, "warp tiles must divide the CTA tile");
-  static_assert(WM % 16 == 0 && WN % 16 == 0, "warp tiles are made of m16 x n16 pairs of mma fragments");
-  static_assert(BK % 16 == 0, "BK is a multiple of the mma's k of 16");
-  static_assert(kStages >= 2, "the pipeline needs at least two stages");
-  static_assert(kKLoop != KLoop::Pipelined || (BK / 16) % 2 == 0,
+  using Rules = WarpTiledRules<BM_, BN_, BK_, WM_, WN_, kMinBlocksPerSm_>;
+  static constexpr bool kStagesOk = kStages >= 2;
+  static_assert(kStagesOk, "the pipeline needs at least two stages");
+  static constexpr bool kKLoopOk = kKLoop != KLoop::Pipelined || (BK / 16) % 2 == 0;
+  static_assert(kKLoopOk,
                 "the pipelined K loop alternates two fragment buffers over an even number of k16 steps per stage");
-  static_assert(kGroupRows >= 1, "a tile group has at least one tile row");
-  static_assert(kL2PrefetchBytes == 0 || kL2PrefetchBytes == 64 || kL2PrefetchBytes == 128 ||
-                    kL2PrefetchBytes == 256,
-                "cp.async prefetches 64, 128 or 256 bytes into L2");
+  static constexpr bool kGroupRowsOk = kGroupRows >= 1;
+  static_assert(kGroupRowsOk, "a tile group has at least one tile row");
+  static constexpr bool kPrefetchOk =
+      kL2PrefetchBytes == 0 || kL2PrefetchBytes == 64 || kL2PrefetchBytes == 128 || kL2PrefetchBytes == 256;
+  static_assert(kPrefetchOk, "cp.async prefetches 64, 128 or 256 bytes into L2");
+  static constexpr bool kValid = Rules::kValid && kStagesOk && kKLoopOk && kGroupRowsOk && kPrefetchOk;
 };
 
 // 8 warps of 64x64: 128 f32 accumulators per thread (ptxas, sm_90a: 227-236
@@ -96,6 +97,12 @@ using Tile128x128 = TileConfig<128, 128, 32, 64, 32, 4, 2>;
 // Shared memory a block may have on every GPU the sm80 variant runs on:
 // 99 KB on sm_86 and sm_89 (sm_80 allows 163 KB).
 constexpr int kSmemPerBlock = 99 * 1024;
+
+// Whether `Tile` is one this mainloop takes for B stored as `kLayout`: its
+// own rules, and swizzled rows for A's and B's shared-memory tiles.
+template <LayoutB kLayout, typename Tile>
+constexpr bool tile_valid = Tile::kValid && swizzle_fits(Tile::BK) &&
+                            swizzle_fits(kLayout == LayoutB::KN ? Tile::BN : Tile::BK);
 
 template <typename T, LayoutB kLayoutB, typename Tile>
 struct Mainloop {
@@ -116,8 +123,6 @@ struct Mainloop {
   static constexpr int kAStageElems = BM * BK, kBStageElems = BN * BK;
   static constexpr int kAChunksPerThread = kAStageElems / 8 / kThreads;
   static constexpr int kBChunksPerThread = kBStageElems / 8 / kThreads;
-  static_assert(kAStageElems / 8 % kThreads == 0 && kBStageElems / 8 % kThreads == 0,
-                "every thread copies the same number of 16-byte chunks per stage");
   static constexpr size_t kSmemBytes = size_t(kStages) * (kAStageElems + kBStageElems) * sizeof(T);
 
   struct Accumulators {

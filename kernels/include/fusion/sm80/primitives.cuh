@@ -16,10 +16,13 @@ namespace sm80 {
 // ldmatrix 8x8 matrix (same logical chunk, 8 consecutive rows) land in 8
 // distinct 16-byte bank groups of a 128-byte line: conflict-free for rows of
 // 32, 64 or more elements, and for the row-wise cp.async writes.
+// Whether rows of `cols` elements can be swizzled: 2, 4, 8, ... chunks.
+constexpr bool swizzle_fits(int cols) { return cols / 8 >= 2 && ((cols / 8) & (cols / 8 - 1)) == 0 && cols % 8 == 0; }
+
 template <int kCols>
 struct Swizzle {
   static constexpr int kChunks = kCols / 8;
-  static_assert(kChunks >= 2 && (kChunks & (kChunks - 1)) == 0, "rows of 16, 32, 64, ... elements");
+  static_assert(swizzle_fits(kCols), "rows of 16, 32, 64, ... elements");
   static constexpr int kRowsPerLine = kChunks >= 8 ? 1 : 8 / kChunks;
   static constexpr int kMask = (kChunks >= 8 ? 8 : kChunks) - 1;
   static __device__ __forceinline__ int offset(int row, int chunk) {

@@ -5,6 +5,9 @@
 #pragma once
 
 namespace fusion {
+
+enum class LayoutB;  // problem.cuh
+
 namespace sm90 {
 
 // How the consumer warp groups share the work.
@@ -37,15 +40,25 @@ struct TileConfig {
   static constexpr Schedule kSchedule = kSchedule_;
   static constexpr int kClusterM = kClusterM_;
   static constexpr int kGroupRows = kGroupRows_;
-  static_assert(kClusterM == 1 || kClusterM == 2, "clusters of one or two CTAs along M");
   // What the selftest prints as the warp tile: one consumer's share.
   static constexpr int WM = kSchedule == Schedule::PingPong ? BM : 64, WN = BN;
-  static_assert(BM == 64 || BM == 128, "BM is one or two wgmma row blocks of 64");
-  static_assert(BN == 128 || BN == 256, "wgmma is instantiated for n = 128 and 256");
-  static_assert(kStages >= 2, "the pipeline needs at least two stages");
-  static_assert(kSchedule == Schedule::Cooperative || BM == 128,
-                "ping-pong consumers hold a 128 x BN tile each; BN = 128 keeps that at 128 registers");
-  static_assert(WM * BN / 128 <= 128, "a consumer thread holds at most 128 accumulators");
+  // Each rule is named once: asserted here, and gathered into kValid, which
+  // a rendered unit asserts with a message naming its tuned table entry.
+  static constexpr bool kClusterOk = kClusterM == 1 || kClusterM == 2;
+  static_assert(kClusterOk, "clusters of one or two CTAs along M");
+  static constexpr bool kRowsOk = BM == 64 || BM == 128;
+  static_assert(kRowsOk, "BM is one or two wgmma row blocks of 64");
+  static constexpr bool kColumnsOk = BN == 128 || BN == 256;
+  static_assert(kColumnsOk, "wgmma is instantiated for n = 128 and 256");
+  static constexpr bool kStagesOk = kStages >= 2;
+  static_assert(kStagesOk, "the pipeline needs at least two stages");
+  static constexpr bool kScheduleOk = kSchedule == Schedule::Cooperative || BM == 128;
+  static_assert(kScheduleOk, "ping-pong consumers hold a 128 x BN tile each; BN = 128 keeps that at 128 registers");
+  // Consumers run with 232 registers (setmaxnreg), which leaves room for 128
+  // accumulators besides addresses and the epilogue's values.
+  static constexpr bool kAccumulatorsOk = WM * BN / 128 <= 128;
+  static_assert(kAccumulatorsOk, "a consumer thread holds at most 128 accumulators");
+  static constexpr bool kValid = kClusterOk && kRowsOk && kColumnsOk && kStagesOk && kScheduleOk && kAccumulatorsOk;
   static constexpr bool kPingPong = kSchedule == Schedule::PingPong;
   // The consumer warp groups, and the rows of a tile each computes as kMmaM
   // wgmma row blocks of 64.
@@ -59,6 +72,10 @@ struct TileConfig {
   // f32 accumulators per wgmma row block and consumer thread.
   static constexpr int kAccumulators = BN / 2;
 };
+
+// Whether `Tile` is one this mainloop takes (for either layout of B).
+template <LayoutB, typename Tile>
+constexpr bool tile_valid = Tile::kValid;
 
 }  // namespace sm90
 }  // namespace fusion

@@ -1,7 +1,7 @@
 // The sm90 kernel's development timeline: with FUSION_SM90_TRACE defined
-// (kernels/selftest --trace; a library build never sets it), %globaltimer
-// stamps and SM-cycle counters per CTA; without it, every counter compiles
-// to nothing.
+// (the self-test's `make UNIT_FLAGS=-DFUSION_SM90_TRACE`; a library build
+// never sets it), %globaltimer stamps and SM-cycle counters per CTA; without
+// it, every counter compiles to nothing.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -16,7 +16,7 @@ enum class Counter { KLoop, FullWait, EmptyWait };
 }  // namespace trace
 
 #ifdef FUSION_SM90_TRACE
-// Development only (kernels/selftest --trace): kSlots values per CTA.
+// Development only: kSlots values per CTA, in the array `buffer` points at.
 //  - %globaltimer stamps in slots [0, kCounters): slot 0, the kernel
 //    starts; for piece i, slots 1 + 5i to 5 + 5i: consumer 0 starts its
 //    K loop, ends it, ends the epilogue chain, has written the staging
