@@ -119,16 +119,7 @@ fn off_center<T: TestElement>(s: &Arc<CudaStream>, dims: &[(&str, usize)]) {
     for graph in ["layernorm_gemm", "rmsnorm_gemm"] {
         let g = support::graph(graph, T::DTYPE);
         let mut host = reference::random_bindings(&g, dims, &mut support::rng()).expect("bindings");
-        let x = host.get_mut("x").expect("x");
-        x.data.iter_mut().for_each(|v| *v = 3.0 + 0.5 * *v);
-        let gamma = host.get_mut("g").expect("g");
-        for (i, v) in gamma.data.iter_mut().enumerate() {
-            *v = match i % 5 {
-                0 => 0.0,
-                1 | 3 => -v.abs(),
-                _ => *v,
-            };
-        }
+        support::off_center_norm_inputs(&mut host, 3.0);
         for t in host.values_mut() {
             *t = T::decode(&t.shape, &T::encode(t)).expect("round to T");
         }

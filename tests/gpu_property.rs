@@ -2,6 +2,11 @@
 //! cases through the generated wrappers against the CPU reference, with
 //! fresh random inputs and NaN-poisoned outputs each time.
 //!
+//! Half of the norm GEMM cases draw rows far from zero (mean 1 to 4, half-width
+//! 0.5) and a gamma with zeros and negative values; the norm GEMMs run both
+//! through the free functions (gamma per call) and through their structs
+//! (weights bound, the norm folded into w).
+//!
 //! M is drawn up to 2000 (with M = 0 and M = 1 among them), N and K are
 //! multiples of 8 up to 3000; the layout is the pattern's (`gemm_silu` and
 //! `gemm_bias_silu` read their weight as [K, N], the rest as [N, K]). Every
@@ -15,7 +20,7 @@ use fusion::half::{bf16, f16};
 use fusion::kernels;
 use fusion::{Tensor, TensorMut};
 use rand::Rng;
-use support::{TestElement, check, rng, stream};
+use support::{TestElement, check_adjusted, rng, stream};
 
 /// How a pattern's dims are named.
 #[derive(Clone, Copy, Debug)]
@@ -39,6 +44,10 @@ const PATTERNS: &[(&str, Dims)] = &[
     ("gemm_gelu_quick", Dims::Gemm),
     ("layernorm_gemm", Dims::Gemm),
     ("rmsnorm_gemm", Dims::Gemm),
+    // The same graphs through their structs, whose weights are bound and
+    // the norm folded into w.
+    ("layernorm_gemm_folded", Dims::Gemm),
+    ("rmsnorm_gemm_folded", Dims::Gemm),
     ("silu", Dims::Rows("N")),
     ("sigmoid", Dims::Rows("N")),
     ("gelu_quick", Dims::Rows("N")),
@@ -76,6 +85,21 @@ fn launch<T: TestElement>(
         "gemm_gelu_quick" => kernels::gemm_gelu_quick(s, &r[0], &r[1], &mut w[0]),
         "layernorm_gemm" => kernels::layernorm_gemm(s, &r[0], &r[1], &r[2], &r[3], &mut w[0]),
         "rmsnorm_gemm" => kernels::rmsnorm_gemm(s, &r[0], &r[1], &r[2], &mut w[0]),
+        "layernorm_gemm_folded" => {
+            let weights = kernels::LayernormGemmWeights {
+                g: r[1].clone(),
+                b: r[2].clone(),
+                w: r[3].clone(),
+            };
+            kernels::LayernormGemm::new(s, weights)?.run(s, &r[0], &mut w[0])
+        }
+        "rmsnorm_gemm_folded" => {
+            let weights = kernels::RmsnormGemmWeights {
+                g: r[1].clone(),
+                w: r[2].clone(),
+            };
+            kernels::RmsnormGemm::new(s, weights)?.run(s, &r[0], &mut w[0])
+        }
         "silu" => kernels::silu(s, &r[0], &mut w[0]),
         "sigmoid" => kernels::sigmoid(s, &r[0], &mut w[0]),
         "gelu_quick" => kernels::gelu_quick(s, &r[0], &mut w[0]),
@@ -95,6 +119,9 @@ struct Draw {
     m: usize,
     n: usize,
     k: usize,
+    /// A norm GEMM's rows drawn around this mean (half-width 0.5) and its
+    /// gamma with zeros and negative values; 0 for plain random inputs.
+    row_mean: f64,
 }
 
 impl Draw {
@@ -107,13 +134,23 @@ impl Draw {
 
     fn label(&self, index: usize) -> String {
         let dims: Vec<String> = self.dims().iter().map(|(d, v)| format!("{d}={v}")).collect();
+        let rows = if self.row_mean != 0.0 {
+            format!(" rows around {:.2}", self.row_mean)
+        } else {
+            String::new()
+        };
         format!(
-            "case {index}: {} {} {} {}",
+            "case {index}: {} {} {} {}{rows}",
             self.pattern,
             if self.bf16 { "bf16" } else { "f16" },
             layout(self.pattern),
             dims.join(" ")
         )
+    }
+
+    /// The graph it runs: the pattern, or the graph whose struct it uses.
+    fn graph(&self) -> &'static str {
+        self.pattern.strip_suffix("_folded").unwrap_or(self.pattern)
     }
 }
 
@@ -131,6 +168,7 @@ fn draw_cases(count: usize) -> Vec<Draw> {
                 1 => 1,
                 _ => rng.random_range(2..=2000),
             };
+            let norm = pattern.contains("norm_gemm");
             Draw {
                 pattern,
                 dims,
@@ -138,6 +176,11 @@ fn draw_cases(count: usize) -> Vec<Draw> {
                 m,
                 n: multiple_of_8(&mut rng),
                 k: multiple_of_8(&mut rng),
+                row_mean: if norm && rng.random_bool(0.5) {
+                    rng.random_range(1.0..4.0)
+                } else {
+                    0.0
+                },
             }
         })
         .collect()
@@ -157,10 +200,16 @@ fn random_cases_match_the_reference() {
         let label = case.label(index);
         let dims = case.dims();
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let adjust = |host: &mut fusion::core::reference::Bindings| {
+                if case.row_mean != 0.0 {
+                    support::off_center_norm_inputs(host, case.row_mean);
+                }
+            };
+            let graph = case.graph();
             if case.bf16 {
-                check::<bf16>(&s, case.pattern, &dims, |r, w| launch(&s, case.pattern, r, w));
+                check_adjusted::<bf16>(&s, graph, &dims, adjust, |r, w| launch(&s, case.pattern, r, w));
             } else {
-                check::<f16>(&s, case.pattern, &dims, |r, w| launch(&s, case.pattern, r, w));
+                check_adjusted::<f16>(&s, graph, &dims, adjust, |r, w| launch(&s, case.pattern, r, w));
             }
         }));
         if let Err(panic) = outcome {
@@ -206,4 +255,10 @@ fn the_case_list_covers_every_pattern_both_dtypes_and_the_edges() {
             .all(|c| (8..=3000).contains(&c.n) && (8..=3000).contains(&c.k))
     );
     assert!(cases.iter().any(|c| layout(c.pattern) == "KN"));
+    assert!(
+        cases
+            .iter()
+            .any(|c| c.row_mean != 0.0 && c.pattern.ends_with("_folded")),
+        "no folded norm drawn with off-center rows"
+    );
 }

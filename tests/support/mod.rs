@@ -226,7 +226,25 @@ pub fn check<T: TestElement>(
     dims: &[(&str, usize)],
     launch: impl FnOnce(&[Tensor<'_, T>], &mut [TensorMut<'_, T>]) -> fusion::Result<()>,
 ) {
-    let mut case = Case::<T>::new(stream, name, dims);
+    check_adjusted(stream, name, dims, |_| {}, launch);
+}
+
+/// [`check`] with the random inputs and weights changed by `adjust` first
+/// (and then rounded to `T`).
+pub fn check_adjusted<T: TestElement>(
+    stream: &Arc<CudaStream>,
+    name: &str,
+    dims: &[(&str, usize)],
+    adjust: impl FnOnce(&mut Bindings),
+    launch: impl FnOnce(&[Tensor<'_, T>], &mut [TensorMut<'_, T>]) -> fusion::Result<()>,
+) {
+    let graph = graph(name, T::DTYPE);
+    let mut host = reference::random_bindings(&graph, dims, &mut rng()).unwrap_or_else(|e| panic!("{e}"));
+    adjust(&mut host);
+    for t in host.values_mut() {
+        *t = T::decode(&t.shape, &T::encode(t)).expect("a value rounds to T");
+    }
+    let mut case = Case::<T>::from_bindings(stream, graph, host, dims);
     let result = case.launch(launch);
     if !variant_supports::<T>() {
         assert!(
@@ -239,6 +257,22 @@ pub fn check<T: TestElement>(
     result.unwrap_or_else(|e| panic!("{}: {e}", case.label));
     let err = case.verify(stream);
     eprintln!("ok  {:<48} rel_err {err:.2e}", case.label);
+}
+
+/// Moves a norm GEMM's rows `x` far from zero against their spread (mean
+/// `mean`, half-width 0.5, where a folded LayerNorm subtracts two large,
+/// nearly equal sums) and gives its gamma `g` zeros and negative values.
+pub fn off_center_norm_inputs(host: &mut Bindings, mean: f64) {
+    let x = host.get_mut("x").expect("the graph reads x");
+    x.data.iter_mut().for_each(|v| *v = mean + 0.5 * *v);
+    let gamma = host.get_mut("g").expect("the graph's gamma is g");
+    for (i, v) in gamma.data.iter_mut().enumerate() {
+        *v = match i % 5 {
+            0 => 0.0,
+            1 | 3 => -v.abs(),
+            _ => *v,
+        };
+    }
 }
 
 /// (M, N, K) for the single-GEMM patterns.
