@@ -95,14 +95,7 @@ fn a_graph_with_a_workspace_from_four_threads_each_with_its_own_struct() {
         let s = stream();
         let mut case = Case::<f16>::new(&s, "swiglu_ffn", &[("M", 24)]);
         let weights = case.weight_copies(&s);
-        let view = |i: usize| Tensor::new(&weights[i].0, weights[i].1).expect("view");
-        let bound = kernels::SwigluFfnWeights {
-            w_gate: view(0),
-            w_up: view(1),
-            w_down: view(2),
-            b_down: view(3),
-        };
-        let mut ffn = kernels::SwigluFfn::new(&s, bound).expect("weights bind");
+        let mut ffn = kernels::SwigluFfn::new(&s, Case::swiglu_ffn_weights(&weights)).expect("weights bind");
         calls(thread, &s, &mut case, |case| {
             case.launch(|r, w| ffn.run(&s, &r[0], &mut w[0]))
         })

@@ -68,14 +68,7 @@ fn a_graph_struct_allocates_only_on_its_first_call() {
     // The struct binds copies of the case's weights, which it borrows
     // across launches of the case.
     let weights = case.weight_copies(&s);
-    let view = |i: usize| Tensor::new(&weights[i].0, weights[i].1).expect("view");
-    let bound = kernels::SwigluFfnWeights {
-        w_gate: view(0),
-        w_up: view(1),
-        w_down: view(2),
-        b_down: view(3),
-    };
-    let mut ffn = kernels::SwigluFfn::new(&s, bound).expect("weights bind");
+    let mut ffn = kernels::SwigluFfn::new(&s, Case::swiglu_ffn_weights(&weights)).expect("weights bind");
     assert_eq!(ffn.workspace().allocations(), 0);
     case.launch(|r, w| ffn.run(&s, &r[0], &mut w[0]))
         .expect("swiglu_ffn runs");

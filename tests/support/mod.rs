@@ -179,6 +179,20 @@ impl<T: TestElement> Case<T> {
             .collect()
     }
 
+    /// A SwiGLU FFN case's weights as the struct binds them, from
+    /// [`Case::weight_copies`].
+    pub fn swiglu_ffn_weights(
+        copies: &[(CudaSlice<T>, fusion::Shape)],
+    ) -> fusion::kernels::SwigluFfnWeights<'_, T> {
+        let view = |i: usize| Tensor::new(&copies[i].0, copies[i].1).expect("view");
+        fusion::kernels::SwigluFfnWeights {
+            w_gate: view(0),
+            w_up: view(1),
+            w_down: view(2),
+            b_down: view(3),
+        }
+    }
+
     /// Writes NaN over every output, so that a check after the next call
     /// only passes if that call wrote the whole output.
     pub fn poison(&mut self, stream: &Arc<CudaStream>) {
