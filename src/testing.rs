@@ -176,8 +176,8 @@ pub fn relative_l2_limit(dtype: DType) -> f64 {
 /// with the element, which may be near zero. Measured over 16M outputs each
 /// of gemm_bias_gelu and a SwiGLU block with f32-accumulating GEMMs on an
 /// H200 (f16 and bf16), the largest error was 0.83·u·(|want| + rms). A
-/// kernel that rounds an intermediate (a norm prologue's normalized A, which
-/// it feeds to the tensor cores in the dtype, as a separate norm kernel
+/// kernel that rounds an intermediate (a norm's normalized A, which it
+/// feeds to the tensor cores in the dtype, as a separate norm kernel
 /// would) adds an error of standard deviation ~u/√3 of the row's scale to
 /// every element, and the largest of many such elements is several of
 /// those: the sm90 rmsnorm_gemm at M = 77, N = K = 8 (f16) measured

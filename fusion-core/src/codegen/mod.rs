@@ -124,8 +124,8 @@ impl ParamsKind {
     }
 
     /// Whether its launchers come with `<symbol>_workspace_bytes` (abi.h):
-    /// GEMMs, whose sm90 launcher takes stream-K scratch and a norm
-    /// prologue's row statistics from the caller.
+    /// GEMMs, whose launchers take stream-K scratch, a folded norm's row
+    /// statistics and a per-call norm's normalized A from the caller.
     pub fn has_workspace(self) -> bool {
         self == ParamsKind::Gemm
     }

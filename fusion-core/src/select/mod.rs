@@ -41,8 +41,7 @@ pub enum Mainloop {
     /// `fusion::sm80::Mainloop`: mma.sync, cp.async multi-stage pipeline.
     Sm80,
     /// `fusion::sm90::Mainloop`: persistent and warp-specialized, TMA loads
-    /// into a ring of stages, wgmma from shared memory; a norm prologue
-    /// normalizes each stage of A in place.
+    /// into a ring of stages, wgmma from shared memory.
     Sm90,
 }
 
@@ -165,8 +164,8 @@ pub struct KernelKind {
     pub name: String,
     pub dtype: DType,
     pub layout: WeightLayout,
-    /// Has a norm prologue (which on sm75 and sm80 keeps row statistics in
-    /// shared memory).
+    /// Has a norm before the GEMM (folded into B, or normalized into
+    /// scratch first: kernels/include/fusion/prologue.cuh).
     pub prologue: bool,
 }
 

@@ -14,12 +14,12 @@
  * It also has `int <symbol>_workspace_bytes(const
  * fusion_gemm_params* p, void* stream, uint64_t* bytes)`: the device memory
  * the launch of the same params needs as its workspace (stream-K partials
- * and flags, a norm prologue's row statistics; 0 when none) on the current
- * device. The caller owns that memory, zeroes it when it allocates it and
- * passes it in `workspace`; launchers never allocate. A null, smaller or
- * misaligned workspace makes the launch do without stream-K, and a norm
- * prologue's launch without room for its row statistics returns
- * cudaErrorInvalidValue.
+ * and flags, a folded norm's row statistics, a per-call norm's normalized
+ * A; 0 when none) on the current device. The caller owns that memory,
+ * zeroes it when it allocates it and passes it in `workspace`; launchers
+ * never allocate. A null, smaller or misaligned workspace makes the launch
+ * do without stream-K, and a norm's launch without room for its row
+ * statistics or normalized A returns cudaErrorInvalidValue.
  *
  * A GEMM whose norm prologue's gamma and beta are weights can also run
  * folded: `int <symbol>_fold_weights(const fusion_fold_params* p, void*
@@ -44,11 +44,11 @@ typedef struct fusion_gemm_params {
   const void* bias;       /* [n], the bias step */
   const void* residual;   /* [m, n], the residual step */
   const void* multiplier; /* [m, n], the mul step */
-  const void* gamma;      /* [k], the norm prologue's scale */
+  const void* gamma;      /* [k], a per-call norm's scale */
   const void* beta;       /* [k], LayerNorm's shift */
   const void* col_terms;  /* f32 pairs [n]: a folded norm's (rowsum of W', W·beta) */
   int64_t m, n, k;
-  float eps;                /* the norm prologue's epsilon */
+  float eps;                /* the norm's epsilon */
   uint32_t flags;           /* FUSION_GEMM_* bits */
   void* workspace;          /* see <symbol>_workspace_bytes; null for none */
   uint64_t workspace_bytes; /* the size of `workspace` */
