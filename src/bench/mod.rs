@@ -65,12 +65,17 @@ pub enum Pattern {
     GemmBiasResidual,
     GemmGelu,
     GemmSilu,
+    /// The graph's struct, with its weights bound and its norm folded.
     LayernormGemm,
     RmsnormGemm,
+    /// The graph's free function, given gamma and beta with each call: the
+    /// norm kernel into scratch, then the GEMM.
+    LayernormGemmPerCall,
+    RmsnormGemmPerCall,
 }
 
 impl Pattern {
-    pub const ALL: [Pattern; 10] = [
+    pub const ALL: [Pattern; 12] = [
         Pattern::Gemm,
         Pattern::GemmBiasGelu,
         Pattern::GemmBiasRelu,
@@ -81,6 +86,8 @@ impl Pattern {
         Pattern::GemmSilu,
         Pattern::LayernormGemm,
         Pattern::RmsnormGemm,
+        Pattern::LayernormGemmPerCall,
+        Pattern::RmsnormGemmPerCall,
     ];
 
     pub fn name(self) -> &'static str {
@@ -95,6 +102,17 @@ impl Pattern {
             Pattern::GemmSilu => "gemm_silu",
             Pattern::LayernormGemm => "layernorm_gemm",
             Pattern::RmsnormGemm => "rmsnorm_gemm",
+            Pattern::LayernormGemmPerCall => "layernorm_gemm_per_call",
+            Pattern::RmsnormGemmPerCall => "rmsnorm_gemm_per_call",
+        }
+    }
+
+    /// LayerNorm (true) or RMSNorm (false) before the GEMM, if any.
+    fn layernorm(self) -> Option<bool> {
+        match self {
+            Pattern::LayernormGemm | Pattern::LayernormGemmPerCall => Some(true),
+            Pattern::RmsnormGemm | Pattern::RmsnormGemmPerCall => Some(false),
+            _ => None,
         }
     }
 
@@ -117,8 +135,10 @@ impl Pattern {
             Pattern::GemmGelu => (LtEpilogue::Gelu, ""),
             Pattern::GemmBiasSilu => (LtEpilogue::Bias, " + silu kernel"),
             Pattern::GemmSilu => (LtEpilogue::None, " + silu kernel"),
-            Pattern::LayernormGemm => (LtEpilogue::None, " after layernorm kernel"),
-            Pattern::RmsnormGemm => (LtEpilogue::None, " after rmsnorm kernel"),
+            Pattern::LayernormGemm | Pattern::LayernormGemmPerCall => {
+                (LtEpilogue::None, " after layernorm kernel")
+            }
+            Pattern::RmsnormGemm | Pattern::RmsnormGemmPerCall => (LtEpilogue::None, " after rmsnorm kernel"),
         }
     }
 
@@ -401,6 +421,13 @@ pub fn bench_pattern<T: BenchElement>(
             Pattern::GemmSilu => kernels::gemm_silu(stream, &x, &w, &mut y),
             Pattern::LayernormGemm => layernorm_gemms[i % SETS].run(stream, &x, &mut y),
             Pattern::RmsnormGemm => rmsnorm_gemms[i % SETS].run(stream, &x, &mut y),
+            Pattern::LayernormGemmPerCall => {
+                let (g, be) = (vec_of(c.gamma.get(i), k)?, vec_of(c.beta.get(i), k)?);
+                kernels::layernorm_gemm(stream, &x, &g, &be, &w, &mut y)
+            }
+            Pattern::RmsnormGemmPerCall => {
+                kernels::rmsnorm_gemm(stream, &x, &vec_of(c.gamma.get(i), k)?, &w, &mut y)
+            }
         }
     };
     let baseline = |c: &mut GemmCase<T>, lt: &mut cublaslt::LtGemm, i: usize| -> Result<()> {
@@ -422,12 +449,12 @@ pub fn bench_pattern<T: BenchElement>(
                 let t = Tensor::from_view(scratch.get(i).slice(..m * n), [m, n])?;
                 kernels::silu(stream, &t, &mut TensorMut::new(base.get_mut(i), [m, n])?)
             }
-            Pattern::LayernormGemm | Pattern::RmsnormGemm => {
+            _ if pattern.layernorm().is_some() => {
                 {
                     let xi = mat(x.get(i), m, k)?;
                     let g = vec_of(gamma.get(i), k)?;
                     let mut normed = TensorMut::from_view(scratch.get_mut(i).slice_mut(..m * k), [m, k])?;
-                    if pattern == Pattern::LayernormGemm {
+                    if pattern.layernorm() == Some(true) {
                         kernels::layernorm(stream, &xi, &g, &vec_of(beta.get(i), k)?, &mut normed)?;
                     } else {
                         kernels::rmsnorm(stream, &xi, &g, &mut normed)?;
