@@ -466,29 +466,43 @@ mod tests {
         assert!(message.starts_with("graph `mlp` is declared twice"), "{message}");
     }
 
-    /// The clash is reported at the second TOML file's `[graph] name`, with
-    /// the line shown, like the front end's own errors.
-    #[test]
-    fn a_type_name_clash_between_toml_graphs_points_at_the_second_name() {
-        let dir = std::env::temp_dir().join(format!("fusion-builder-names-{}", std::process::id()));
+    /// A one-op TOML graph `name` whose tensors are `dtype`s.
+    fn toml_graph(name: &str, dtype: &str) -> String {
+        format!(
+            "# {name}\n[graph]\nname = \"{name}\"\n[inputs]\nx = \"{dtype}[8, 8]\"\n[outputs]\ny = \"relu(x)\"\n"
+        )
+    }
+
+    /// Builds the graph files `(file name, text)` for sm90 in a fresh
+    /// directory (`tag` names it) and returns the config error it must
+    /// stop with, and that directory's `graphs/`, which no longer exists.
+    fn refused_build(tag: &str, files: &[(&str, String)]) -> (String, PathBuf) {
+        let dir = std::env::temp_dir().join(format!("fusion-builder-{tag}-{}", std::process::id()));
         let graphs = dir.join("graphs");
         std::fs::create_dir_all(&graphs).unwrap();
-        let graph = |name: &str| {
-            format!(
-                "# {name}\n[graph]\nname = \"{name}\"\n[inputs]\nx = \"f16[8, 8]\"\n[outputs]\ny = \"relu(x)\"\n"
-            )
-        };
-        std::fs::write(graphs.join("a.toml"), graph("gemm_bias")).unwrap();
-        std::fs::write(graphs.join("b.toml"), graph("gemm__bias")).unwrap();
+        for (name, text) in files {
+            std::fs::write(graphs.join(name), text).unwrap();
+        }
         let built = Builder::new()
             .graphs_dir(&graphs)
             .archs(&[Arch::Sm90])
             .build_with(CompileOptions::new(dir.join("out")));
         let _ = std::fs::remove_dir_all(&dir);
-        let message = match built {
-            Err(BuildError::Config(message)) => message,
+        match built {
+            Err(BuildError::Config(message)) => (message, graphs),
             other => panic!("expected a config error, got {other:?}"),
-        };
+        }
+    }
+
+    /// The clash is reported at the second TOML file's `[graph] name`, with
+    /// the line shown, like the front end's own errors.
+    #[test]
+    fn a_type_name_clash_between_toml_graphs_points_at_the_second_name() {
+        let files = [
+            ("a.toml", toml_graph("gemm_bias", "f16")),
+            ("b.toml", toml_graph("gemm__bias", "f16")),
+        ];
+        let (message, graphs) = refused_build("names", &files);
         let second = graphs.join("b.toml");
         let expected_start = format!(
             "{}:3:9: error: graphs `gemm_bias` (in {}) and `gemm__bias` (in {}) would both define the Rust type `GemmBias`",
@@ -500,6 +514,29 @@ mod tests {
         assert!(
             message.ends_with("3 | name = \"gemm__bias\"\n  |         ^^^^^^^^^^"),
             "{message}"
+        );
+    }
+
+    /// The front ends accept f32 tensors (the CPU reference runs them), but
+    /// no kernel takes f32: the build names the graph, unless
+    /// `Builder::dtypes` re-types it. A graph mixing dtypes is refused
+    /// unless re-typed the same way.
+    #[test]
+    fn f32_and_mixed_dtype_graphs_are_refused_by_the_build() {
+        let (message, _) = refused_build("f32", &[("g.toml", toml_graph("g", "f32"))]);
+        assert_eq!(
+            message,
+            "graph `g`: kernels are compiled for f16 and bf16 only, not f32"
+        );
+        let mixed =
+            toml_graph("g", "f16").replace("[outputs]", "r = \"bf16[8, 8]\"\n[outputs]\nz = \"relu(r)\"");
+        let (message, graphs) = refused_build("mixed", &[("g.toml", mixed)]);
+        assert_eq!(
+            message,
+            format!(
+                "{}: graph `g` mixes dtypes; kernels take one element type (or call Builder::dtypes to re-type it)",
+                graphs.join("g.toml").display()
+            )
         );
     }
 }
