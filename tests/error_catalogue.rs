@@ -17,11 +17,14 @@ fn function_body<'a>(source: &'a str, name: &str) -> Option<&'a str> {
     Some(&source[start..start + end])
 }
 
+/// A file of the repository, by its path from the root.
+fn read(path: &str) -> String {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    std::fs::read_to_string(root.join(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
 #[test]
 fn every_runtime_error_row_names_a_test_that_asserts_its_variant() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let read =
-        |path: &str| std::fs::read_to_string(root.join(path)).unwrap_or_else(|e| panic!("{path}: {e}"));
     let catalogue = read("docs/errors.md");
     let sources = [
         ("gpu_errors", read("tests/gpu_errors.rs")),
@@ -123,9 +126,6 @@ const TEST_FILES: &[(&str, &str)] = &[
 
 #[test]
 fn every_test_the_catalogue_names_exists() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let read =
-        |path: &str| std::fs::read_to_string(root.join(path)).unwrap_or_else(|e| panic!("{path}: {e}"));
     let catalogue = read("docs/errors.md");
     let mut checked = 0;
     let mut missing = Vec::new();
