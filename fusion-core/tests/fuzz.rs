@@ -448,7 +448,7 @@ fn expr_seeds() -> Vec<String> {
         "silu(x @ w^T) * (x @ w^T) + r",
         "layernorm(x, gamma, gamma, eps = 1e-5) @ v",
         "rmsnorm(x, gamma) @ w^T + b + r",
-        "gelu(x @ v + b, approximate = \"erf\")",
+        "gelu_erf(x @ v + b)",
         "relu((x @ w^T))",
     ]
     .map(String::from)
