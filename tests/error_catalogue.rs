@@ -1,8 +1,8 @@
-//! The run-time error catalogue (`docs/errors.md`) against the tests it
-//! names: every `gpu_errors::…` or `device::…` test listed for an
-//! `Error` variant exists and asserts that variant. Runs on the CPU, so a
-//! renamed test or a test that checks another error fails here rather than
-//! going unnoticed until a GPU run.
+//! The error catalogue (`docs/errors.md`) against the tests it names: every
+//! test it names, in any section, exists, and every `gpu_errors::…` or
+//! `device::…` test listed for an `Error` variant asserts that variant.
+//! Runs on the CPU, so a renamed test or a test that checks another error
+//! fails here rather than going unnoticed until a GPU run.
 
 use std::path::Path;
 
@@ -17,11 +17,14 @@ fn function_body<'a>(source: &'a str, name: &str) -> Option<&'a str> {
     Some(&source[start..start + end])
 }
 
+/// A file of the repository, by its path from the root.
+fn read(path: &str) -> String {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    std::fs::read_to_string(root.join(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
 #[test]
 fn every_runtime_error_row_names_a_test_that_asserts_its_variant() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let read =
-        |path: &str| std::fs::read_to_string(root.join(path)).unwrap_or_else(|e| panic!("{path}: {e}"));
     let catalogue = read("docs/errors.md");
     let sources = [
         ("gpu_errors", read("tests/gpu_errors.rs")),
@@ -89,5 +92,68 @@ fn every_runtime_error_row_names_a_test_that_asserts_its_variant() {
     assert!(
         checked >= 10,
         "only {checked} catalogued tests found: has the table's format changed?"
+    );
+}
+
+/// Where the tests of each prefix the catalogue uses live (its "Test
+/// locations" paragraph).
+const TEST_FILES: &[(&str, &str)] = &[
+    ("syntax", "fusion-core/tests/syntax.rs"),
+    ("ir", "fusion-core/tests/ir.rs"),
+    ("fuzz", "fusion-core/tests/fuzz.rs"),
+    ("large_graphs", "fusion-core/tests/large_graphs.rs"),
+    ("reference", "fusion-core/tests/reference.rs"),
+    ("build_errors", "fusion-core/tests/build_errors.rs"),
+    ("build_compile", "fusion-core/tests/build_compile.rs"),
+    ("build_libclang", "fusion-core/tests/build_libclang.rs"),
+    ("build_tile_budget", "fusion-core/tests/build_tile_budget.rs"),
+    ("codegen", "fusion-core/src/codegen/tests.rs"),
+    ("select", "fusion-core/src/select/tests.rs"),
+    ("build::builder::tests", "fusion-core/src/build/builder.rs"),
+    ("cache", "fusion-core/src/build/cache.rs"),
+    ("nvcc", "fusion-core/src/build/nvcc.rs"),
+    ("cli", "tests/cli.rs"),
+    ("device", "src/device.rs"),
+    ("tensor::tests", "src/tensor.rs"),
+    ("launch::tests", "src/launch.rs"),
+    ("gpu", "tests/gpu.rs"),
+    ("gpu_errors", "tests/gpu_errors.rs"),
+    ("gpu_graphs", "tests/gpu_graphs.rs"),
+    ("gpu_property", "tests/gpu_property.rs"),
+    ("gpu_stress", "tests/gpu_stress.rs"),
+    ("gpu_workspace", "tests/gpu_workspace.rs"),
+];
+
+#[test]
+fn every_test_the_catalogue_names_exists() {
+    let catalogue = read("docs/errors.md");
+    let mut checked = 0;
+    let mut missing = Vec::new();
+    for (prefix, file) in TEST_FILES {
+        let source = read(file);
+        // A pattern such as `gpu::*_alone_at_its_hardest_inputs` is not a
+        // name and is skipped.
+        for piece in catalogue.split(&format!("`{prefix}::")).skip(1) {
+            let name = piece.split('`').next().unwrap_or("");
+            if name.is_empty()
+                || !name
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+            {
+                continue;
+            }
+            if function_body(&source, name).is_none() {
+                missing.push(format!("`{prefix}::{name}` (no `fn {name}(` in {file})"));
+            }
+            checked += 1;
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "docs/errors.md names tests that do not exist: {missing:#?}"
+    );
+    assert!(
+        checked >= 60,
+        "only {checked} named tests found: has the catalogue's format changed?"
     );
 }

@@ -1,5 +1,5 @@
-//! Build failures that need neither nvcc nor libclang: an output directory
-//! that cannot be created or written. Each is one `BuildError` naming the
+//! Build failures that need neither nvcc nor libclang: an output or cache
+//! directory that cannot be created or written. Each is one `BuildError` naming the
 //! path and the reason, before any compiler runs.
 
 #![cfg(feature = "build")]
@@ -104,6 +104,32 @@ fn a_cache_dir_that_cannot_be_created_is_one_clear_error() {
     let message = compile(&sources(&root), &options).unwrap_err().to_string();
     assert!(
         message.starts_with("cannot create the cache directory "),
+        "{message}"
+    );
+}
+
+/// A cache directory that exists but cannot be written is refused even
+/// when every object is already in it: each build takes a writer lock
+/// file there (see `build::cache`), so the error names that file.
+#[test]
+fn a_read_only_cache_dir_is_one_clear_error() {
+    let root = root("cache-read-only");
+    let cache_dir =
+        unwritable_dir(&root).expect("a directory this user cannot write (a read-only one, or /sys)");
+    let mut options = options(&root, root.join("out"));
+    options.cache_dir = Some(cache_dir.clone());
+    let err = compile(&sources(&root), &options).unwrap_err();
+    let message = err.to_string();
+    assert!(matches!(err, BuildError::Io { .. }), "{message}");
+    assert!(
+        message.starts_with(&format!(
+            "cannot create the lock file {}/.writer-",
+            cache_dir.display()
+        )),
+        "{message}"
+    );
+    assert!(
+        message.contains("ermission denied") || message.contains("ead-only file system"),
         "{message}"
     );
 }

@@ -20,7 +20,10 @@
 //!
 //! A failure prints proptest's smallest failing input; save it under
 //! `tests/fuzz-corpus/` (`.toml` for a whole file, `.expr` for an expression,
-//! `.graph` for a macro body) so that CI replays it from then on.
+//! `.graph` for a macro body) so that CI replays it from then on, and write
+//! its `<file>.expected` with `FUSION_BLESS=1 cargo test -p fusion-core
+//! --test fuzz corpus`: the replay checks each file's outcome (`ok`, or its
+//! first error) against that sidecar.
 
 use fusion_core::diagnostic::{Diagnostics, SourceFile};
 use fusion_core::ir;
@@ -58,32 +61,62 @@ fn check_located(source: &SourceFile, errors: &Diagnostics) -> Result<(), TestCa
     Ok(())
 }
 
+/// What the front end made of one input, as a corpus file's `.expected`
+/// sidecar records it: `ok`, or the first error's line, column and message
+/// (its first line) with the number of errors.
+fn outcome(source: &SourceFile, result: &Result<ir::Graph, Diagnostics>) -> String {
+    let Err(errors) = result else {
+        return "ok".to_owned();
+    };
+    let first = &errors.0[0];
+    let at = source
+        .locate(first.span)
+        .map_or("no location".to_owned(), |(start, _)| {
+            format!("{}:{}", start.line, start.column)
+        });
+    let count = match errors.0.len() {
+        1 => "1 error".to_owned(),
+        n => format!("{n} errors"),
+    };
+    format!(
+        "{count}, the first at {at}: {}",
+        first.message.lines().next().unwrap_or("")
+    )
+}
+
 /// A whole TOML graph file.
 fn check_toml_text(text: &str) -> Result<(), TestCaseError> {
+    toml_outcome(text).map(drop)
+}
+
+fn toml_outcome(text: &str) -> Result<String, TestCaseError> {
     let source = SourceFile::new("fuzz.toml", text);
     let result = parse_toml(&source).and_then(|decl| ir::lower(&decl));
     let checked = match &result {
         Ok(_) => Ok(()),
         Err(errors) => check_located(&source, errors),
     };
+    let outcome = outcome(&source, &result);
     drop(result);
     // parse_toml keeps no token spans, so the thread's tokenized text can go.
     forget_token_spans();
-    checked
+    checked.map(|()| outcome)
 }
 
 /// A `fusion_graph!` body as a build script reads it from Rust source.
-fn check_macro_text(text: &str) -> Result<(), TestCaseError> {
+fn macro_outcome(text: &str) -> Result<String, TestCaseError> {
     // Text that does not lex as Rust never reaches the parser (rustc refuses
     // it first); what lexes must parse or fail with a located error.
     let checked = match TokenStream2::from_str(text) {
-        Err(_) => Ok(()),
+        Err(_) => Ok("not Rust tokens".to_owned()),
         Ok(tokens) => {
             let source = SourceFile::new("fuzz.rs", text);
-            match parse_tokens(tokens).and_then(|decl| ir::lower(&decl)) {
+            let result = parse_tokens(tokens).and_then(|decl| ir::lower(&decl));
+            let checked = match &result {
                 Ok(_) => Ok(()),
-                Err(errors) => check_located(&source, &errors),
-            }
+                Err(errors) => check_located(&source, errors),
+            };
+            checked.map(|()| outcome(&source, &result))
         }
     };
     forget_token_spans();
@@ -120,6 +153,11 @@ const EXPR_PRELUDE_MACRO: &str = "graph g { dims { M: dyn, K: 64, N: 64 } \
 
 /// An expression, as a TOML output string and as a macro output.
 fn check_expr(expr: &str) -> Result<(), TestCaseError> {
+    expr_outcomes(expr).map(drop)
+}
+
+/// The outcome of each of [`check_expr`]'s three inputs, one a line.
+fn expr_outcomes(expr: &str) -> Result<String, TestCaseError> {
     // A literal string keeps the text verbatim, so spans point inside it;
     // a basic string with escapes covers the other path of the reader.
     let literal = !expr.contains(['\'', '\n', '\r']) && !expr.chars().any(char::is_control);
@@ -128,11 +166,14 @@ fn check_expr(expr: &str) -> Result<(), TestCaseError> {
     } else {
         toml_basic_string(expr)
     };
-    check_toml_text(&format!("{EXPR_PRELUDE_TOML}[outputs]\ny = {value}\n"))?;
-    check_toml_text(&format!(
+    let output = toml_outcome(&format!("{EXPR_PRELUDE_TOML}[outputs]\ny = {value}\n"))?;
+    let compute = toml_outcome(&format!(
         "{EXPR_PRELUDE_TOML}[compute]\nh = {value}\n\n[outputs]\ny = \"h\"\n"
     ))?;
-    check_macro_text(&format!("{EXPR_PRELUDE_MACRO} output y = {expr}; }}"))
+    let macro_output = macro_outcome(&format!("{EXPR_PRELUDE_MACRO} output y = {expr}; }}"))?;
+    Ok(format!(
+        "toml output: {output}\ntoml compute: {compute}\nmacro output: {macro_output}"
+    ))
 }
 
 fn toml_basic_string(text: &str) -> String {
@@ -407,7 +448,7 @@ fn expr_seeds() -> Vec<String> {
         "silu(x @ w^T) * (x @ w^T) + r",
         "layernorm(x, gamma, gamma, eps = 1e-5) @ v",
         "rmsnorm(x, gamma) @ w^T + b + r",
-        "gelu(x @ v + b, approximate = \"erf\")",
+        "gelu_erf(x @ v + b)",
         "relu((x @ w^T))",
     ]
     .map(String::from)
@@ -524,26 +565,61 @@ fn per_kind(mut budget: Budget) -> Budget {
 
 // ---- tests ------------------------------------------------------------------
 
+/// Every corpus file has a sidecar `<file>.expected` holding what the front
+/// end makes of it ([`outcome`]), so a bad input that starts to parse, or an
+/// error that moves or changes, fails here. After an intended change,
+/// rewrite the sidecars with
+/// `FUSION_BLESS=1 cargo test -p fusion-core --test fuzz corpus` and review
+/// the diff.
 #[test]
-fn corpus_replays_without_panics_and_with_located_errors() {
+fn corpus_replays_to_its_expected_outcomes_with_located_errors() {
     let dir = corpus_dir();
-    let mut replayed = 0;
-    for file in files_with(&dir, "toml") {
-        let text = std::fs::read_to_string(&file).unwrap();
-        check_toml_text(&text).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
-        replayed += 1;
+    let blessing = std::env::var_os("FUSION_BLESS").is_some_and(|v| v == "1");
+    type Replay = fn(&str) -> Result<String, TestCaseError>;
+    let replay: [(&str, Replay); 3] = [
+        ("toml", toml_outcome),
+        ("expr", |text| expr_outcomes(text.trim_end())),
+        ("graph", macro_outcome),
+    ];
+    let mut replayed = Vec::new();
+    let mut report = Vec::new();
+    for (ext, run) in replay {
+        for file in files_with(&dir, ext) {
+            let text = std::fs::read_to_string(&file).unwrap();
+            let actual = run(&text).unwrap_or_else(|e| panic!("{}: {e}", file.display())) + "\n";
+            let sidecar = expected_path(&file);
+            let name = file.file_name().unwrap().to_string_lossy().into_owned();
+            if blessing {
+                std::fs::write(&sidecar, &actual).unwrap_or_else(|e| panic!("{}: {e}", sidecar.display()));
+            } else {
+                match std::fs::read_to_string(&sidecar) {
+                    Ok(expected) if expected == actual => {}
+                    Ok(expected) => report.push(format!("{name}: expected\n{expected}but got\n{actual}")),
+                    Err(_) => report.push(format!("{name}: no {name}.expected; got\n{actual}")),
+                }
+            }
+            replayed.push(sidecar);
+        }
     }
-    for file in files_with(&dir, "expr") {
-        let text = std::fs::read_to_string(&file).unwrap();
-        check_expr(text.trim_end()).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
-        replayed += 1;
+    for sidecar in files_with(&dir, "expected") {
+        if !replayed.contains(&sidecar) {
+            let name = sidecar.file_name().unwrap().to_string_lossy().into_owned();
+            report.push(format!("{name}: no corpus file beside it"));
+        }
     }
-    for file in files_with(&dir, "graph") {
-        let text = std::fs::read_to_string(&file).unwrap();
-        check_macro_text(&text).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
-        replayed += 1;
-    }
-    assert!(replayed >= 10, "the corpus in {} is missing", dir.display());
+    assert!(replayed.len() >= 10, "the corpus in {} is missing", dir.display());
+    assert!(
+        report.is_empty(),
+        "{}\n(after an intended change: FUSION_BLESS=1 cargo test -p fusion-core --test fuzz corpus)",
+        report.join("\n")
+    );
+}
+
+/// `cycle.toml` → `cycle.toml.expected`.
+fn expected_path(file: &Path) -> PathBuf {
+    let mut name = file.as_os_str().to_owned();
+    name.push(".expected");
+    PathBuf::from(name)
 }
 
 #[test]

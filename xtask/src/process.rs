@@ -46,7 +46,7 @@ fn spawn_error(command: &Command, error: std::io::Error) -> Error {
     Error::new(format!("could not start `{}`: {error}", display_command(command)))
 }
 
-/// "`cmd` failed (exit status 1): <last line of stderr>".
+/// ``cmd` failed (exit status 1): <last line of stderr>``.
 pub fn failure(command: &Command, status: ExitStatus, last_stderr_line: &str) -> Error {
     let mut message = format!("`{}` failed ({status})", display_command(command));
     if !last_stderr_line.is_empty() {

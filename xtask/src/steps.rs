@@ -18,6 +18,8 @@ pub enum Action {
     SmokeCompile,
     /// Run cargo with these arguments, the toolchain in its environment.
     Cargo(Vec<&'static str>),
+    /// The same with these variables set over the toolchain's.
+    CargoWithEnv(&'static [(&'static str, &'static str)], Vec<&'static str>),
     /// `fusion plan` on every `graphs/*.toml`; each must succeed.
     PlanEveryGraph,
     /// Work done by xtask itself, given the toolchain.
@@ -73,11 +75,8 @@ impl Session<'_> {
                     ))),
                 })
             }
-            Action::Cargo(args) => {
-                let mut command = self.cargo()?;
-                command.args(args);
-                run_to_success(&mut command, format!("cargo {}", args.join(" ")))
-            }
+            Action::Cargo(args) => self.run_cargo(&[], args),
+            Action::CargoWithEnv(env, args) => self.run_cargo(env, args),
             Action::PlanEveryGraph => self.plan_every_graph(),
             Action::Function(function) => {
                 let workspace = self.workspace;
@@ -98,6 +97,13 @@ impl Session<'_> {
         command.current_dir(root);
         toolchain.apply_to(&mut command);
         Ok(command)
+    }
+
+    fn run_cargo(&mut self, env: &[(&str, &str)], args: &[&str]) -> std::result::Result<(), StepFailure> {
+        let mut command = self.cargo()?;
+        command.envs(env.iter().copied()).args(args);
+        let assignments: String = env.iter().map(|(key, value)| format!("{key}={value} ")).collect();
+        run_to_success(&mut command, format!("{assignments}cargo {}", args.join(" ")))
     }
 
     fn plan_every_graph(&mut self) -> std::result::Result<(), StepFailure> {

@@ -48,8 +48,29 @@ fn suite_steps() -> Vec<Step> {
             Action::Cargo(vec!["test", "--workspace", "--all-features"]),
         ),
         Step::new("fusion plan on every graphs/*.toml", Action::PlanEveryGraph),
+        // What docs.rs does, on a machine without CUDA: the build scripts
+        // skip nvcc, link nothing and still write the bindings, and the
+        // generated wrappers compile without launchers (a call on a GPU
+        // finds no kernel: `UnsupportedDType`). NVCC points at nothing, so a build script that
+        // looked for nvcc anyway would fail. Default features, as docs.rs
+        // builds them, which also keeps these builds' artifacts apart from
+        // the `--all-features` ones above.
+        Step::new(
+            "a crate built without nvcc (FUSION_SKIP_NVCC=1): llama-ffn, its build script and fusion",
+            Action::CargoWithEnv(WITHOUT_NVCC_SKIP, vec!["build", "-p", "llama-ffn"]),
+        ),
+        Step::new(
+            "cargo doc of the workspace as docs.rs builds it (DOCS_RS=1)",
+            Action::CargoWithEnv(WITHOUT_NVCC_DOCS_RS, vec!["doc", "--workspace", "--no-deps"]),
+        ),
     ]
 }
+
+/// No nvcc: a path that does not exist, which the build scripts report as
+/// an error if they look for nvcc at all.
+const NO_NVCC: (&str, &str) = ("NVCC", "/nonexistent/nvcc");
+const WITHOUT_NVCC_SKIP: &[(&str, &str)] = &[("FUSION_SKIP_NVCC", "1"), NO_NVCC];
+const WITHOUT_NVCC_DOCS_RS: &[(&str, &str)] = &[("DOCS_RS", "1"), NO_NVCC];
 
 pub fn run(workspace: &Workspace) -> Result<()> {
     steps::run(workspace, "test", &suite_steps())

@@ -39,6 +39,7 @@ use super::{
     BuildError, BuildMode, CompileOptions, CompiledLibrary, CudaSources, GeneratedFile, Unit, compile,
 };
 use crate::codegen::{self, GraphSpec, KernelKey, templates};
+use crate::diagnostic::{Diagnostic, SourceFile, Span};
 use crate::generated::{MACRO_GRAPHS_DIR, struct_name};
 use crate::ir::DType;
 use crate::select::Arch;
@@ -164,9 +165,9 @@ impl Builder {
                 Arch::names_listed()
             )));
         }
-        let mut specs = files
+        let mut declared = files
             .iter()
-            .map(|path| self.graph_spec(path))
+            .map(|path| self.toml_graph(path))
             .collect::<Result<Vec<_>, _>>()?;
         for path in &self.rust_sources {
             if cargo {
@@ -174,16 +175,20 @@ impl Builder {
             }
             for graph in super::sources::read_macro_graphs(path)? {
                 let dtypes = self.dtypes_for(&graph.graph, &graph.origin)?;
-                specs.push(GraphSpec {
-                    plan: crate::fuse::plan(graph.graph),
-                    dtypes,
-                    origin: graph.origin,
-                    fingerprint: Some(graph.fingerprint),
-                    declaration: graph.declaration,
+                declared.push(Declared {
+                    spec: GraphSpec {
+                        plan: crate::fuse::plan(graph.graph),
+                        dtypes,
+                        origin: graph.origin,
+                        fingerprint: Some(graph.fingerprint),
+                        declaration: graph.declaration,
+                    },
+                    name_written: None,
                 });
             }
         }
-        check_unique_names(&specs)?;
+        check_unique_names(&declared)?;
+        let specs: Vec<GraphSpec> = declared.into_iter().map(|d| d.spec).collect();
         if specs.is_empty() {
             return Err(BuildError::Config(
                 "no graphs to compile: the graph directories, graph files and sources given to the Builder declare none"
@@ -307,16 +312,39 @@ impl Builder {
         Ok(files)
     }
 
-    fn graph_spec(&self, path: &Path) -> Result<GraphSpec, BuildError> {
-        let graph = crate::load_toml_graph(path).map_err(BuildError::Config)?;
+    fn toml_graph(&self, path: &Path) -> Result<Declared, BuildError> {
+        let source = SourceFile::read(path).map_err(|d| BuildError::Config(d.message))?;
+        let decl = crate::syntax::parse_toml(&source).map_err(|e| BuildError::Config(e.render(&source)))?;
+        let graph = crate::ir::lower(&decl).map_err(|e| BuildError::Config(e.render(&source)))?;
         let origin = path.display().to_string();
         let dtypes = self.dtypes_for(&graph, &origin)?;
-        Ok(GraphSpec {
-            plan: crate::fuse::plan(graph),
-            dtypes,
-            origin,
-            fingerprint: None,
-            declaration: String::new(),
+        Ok(Declared {
+            spec: GraphSpec {
+                plan: crate::fuse::plan(graph),
+                dtypes,
+                origin,
+                fingerprint: None,
+                declaration: String::new(),
+            },
+            name_written: Some((source, decl.name.span)),
+        })
+    }
+}
+
+/// A graph of the library, with where its name was written when that was a
+/// TOML file, so that a clash of names points at the `[graph] name` line.
+/// (A macro graph's origin, `src/model.rs:12`, already names its line.)
+struct Declared {
+    spec: GraphSpec,
+    name_written: Option<(SourceFile, Span)>,
+}
+
+impl Declared {
+    /// `message` located at this graph's name where it has one.
+    fn error_at_name(&self, message: String) -> BuildError {
+        BuildError::Config(match &self.name_written {
+            Some((source, span)) => source.render(&Diagnostic::new(*span, message)),
+            None => message,
         })
     }
 }
@@ -335,14 +363,16 @@ pub struct BuiltLibrary {
 /// Two graphs of one library may not share a name, nor a Rust type name:
 /// their wrappers (and a macro graph's file) are named after it, and
 /// `gemm__bias`, `gemm_bias` and `GemmBias` all become the struct `GemmBias`
-/// (a `fusion_graph!` graph `g` also defines `GWeights`).
-fn check_unique_names(specs: &[GraphSpec]) -> Result<(), BuildError> {
+/// (a `fusion_graph!` graph `g` also defines `GWeights`). The error is
+/// located at the second graph's name.
+fn check_unique_names(declared: &[Declared]) -> Result<(), BuildError> {
     let mut names: HashMap<&str, &GraphSpec> = HashMap::new();
     let mut types: HashMap<String, &GraphSpec> = HashMap::new();
-    for spec in specs {
+    for graph in declared {
+        let spec = &graph.spec;
         let name = spec.plan.graph.name.as_str();
         if let Some(first) = names.insert(name, spec) {
-            return Err(BuildError::Config(format!(
+            return Err(graph.error_at_name(format!(
                 "graph `{name}` is declared twice, in {} and in {}; rename one of them",
                 first.origin, spec.origin
             )));
@@ -351,7 +381,7 @@ fn check_unique_names(specs: &[GraphSpec]) -> Result<(), BuildError> {
         let weights = spec.fingerprint.map(|_| format!("{struct_name}Weights"));
         for type_name in std::iter::once(struct_name).chain(weights) {
             if let Some(first) = types.get(&type_name) {
-                return Err(BuildError::Config(format!(
+                return Err(graph.error_at_name(format!(
                     "graphs `{}` (in {}) and `{name}` (in {}) would both define the Rust type `{type_name}`; rename one of them",
                     first.plan.graph.name, first.origin, spec.origin
                 )));
@@ -392,23 +422,26 @@ mod tests {
 
     /// A one-op graph named `name`, from a TOML file or (`macro_graph`) a
     /// `fusion_graph!`.
-    fn spec(name: &str, macro_graph: bool) -> GraphSpec {
+    fn spec(name: &str, macro_graph: bool) -> Declared {
         let mut b = GraphBuilder::new(name);
         let n = b.static_dim("N", 64).unwrap();
         let x = b.input("x", DType::F16, &[n, n]).unwrap();
         let y = b.relu(x).unwrap();
         b.output("y", y).unwrap();
-        GraphSpec {
-            plan: crate::fuse::plan(b.build().unwrap()),
-            dtypes: vec![DType::F16],
-            origin: format!("graphs/{name}.toml"),
-            fingerprint: macro_graph.then_some(0),
-            declaration: String::new(),
+        Declared {
+            spec: GraphSpec {
+                plan: crate::fuse::plan(b.build().unwrap()),
+                dtypes: vec![DType::F16],
+                origin: format!("graphs/{name}.toml"),
+                fingerprint: macro_graph.then_some(0),
+                declaration: String::new(),
+            },
+            name_written: None,
         }
     }
 
-    fn names_error(specs: &[GraphSpec]) -> String {
-        match check_unique_names(specs) {
+    fn names_error(declared: &[Declared]) -> String {
+        match check_unique_names(declared) {
             Err(BuildError::Config(message)) => message,
             other => panic!("expected a config error, got {other:?}"),
         }
@@ -431,5 +464,79 @@ mod tests {
         );
         let message = names_error(&[spec("mlp", false), spec("mlp", true)]);
         assert!(message.starts_with("graph `mlp` is declared twice"), "{message}");
+    }
+
+    /// A one-op TOML graph `name` whose tensors are `dtype`s.
+    fn toml_graph(name: &str, dtype: &str) -> String {
+        format!(
+            "# {name}\n[graph]\nname = \"{name}\"\n[inputs]\nx = \"{dtype}[8, 8]\"\n[outputs]\ny = \"relu(x)\"\n"
+        )
+    }
+
+    /// Builds the graph files `(file name, text)` for sm90 in a fresh
+    /// directory (`tag` names it) and returns the config error it must
+    /// stop with, and that directory's `graphs/`, which no longer exists.
+    fn refused_build(tag: &str, files: &[(&str, String)]) -> (String, PathBuf) {
+        let dir = std::env::temp_dir().join(format!("fusion-builder-{tag}-{}", std::process::id()));
+        let graphs = dir.join("graphs");
+        std::fs::create_dir_all(&graphs).unwrap();
+        for (name, text) in files {
+            std::fs::write(graphs.join(name), text).unwrap();
+        }
+        let built = Builder::new()
+            .graphs_dir(&graphs)
+            .archs(&[Arch::Sm90])
+            .build_with(CompileOptions::new(dir.join("out")));
+        let _ = std::fs::remove_dir_all(&dir);
+        match built {
+            Err(BuildError::Config(message)) => (message, graphs),
+            other => panic!("expected a config error, got {other:?}"),
+        }
+    }
+
+    /// The clash is reported at the second TOML file's `[graph] name`, with
+    /// the line shown, like the front end's own errors.
+    #[test]
+    fn a_type_name_clash_between_toml_graphs_points_at_the_second_name() {
+        let files = [
+            ("a.toml", toml_graph("gemm_bias", "f16")),
+            ("b.toml", toml_graph("gemm__bias", "f16")),
+        ];
+        let (message, graphs) = refused_build("names", &files);
+        let second = graphs.join("b.toml");
+        let expected_start = format!(
+            "{}:3:9: error: graphs `gemm_bias` (in {}) and `gemm__bias` (in {}) would both define the Rust type `GemmBias`",
+            second.display(),
+            graphs.join("a.toml").display(),
+            second.display()
+        );
+        assert!(message.starts_with(&expected_start), "{message}");
+        assert!(
+            message.ends_with("3 | name = \"gemm__bias\"\n  |         ^^^^^^^^^^"),
+            "{message}"
+        );
+    }
+
+    /// The front ends accept f32 tensors (the CPU reference runs them), but
+    /// no kernel takes f32: the build names the graph, unless
+    /// `Builder::dtypes` re-types it. A graph mixing dtypes is refused
+    /// unless re-typed the same way.
+    #[test]
+    fn f32_and_mixed_dtype_graphs_are_refused_by_the_build() {
+        let (message, _) = refused_build("f32", &[("g.toml", toml_graph("g", "f32"))]);
+        assert_eq!(
+            message,
+            "graph `g`: kernels are compiled for f16 and bf16 only, not f32"
+        );
+        let mixed =
+            toml_graph("g", "f16").replace("[outputs]", "r = \"bf16[8, 8]\"\n[outputs]\nz = \"relu(r)\"");
+        let (message, graphs) = refused_build("mixed", &[("g.toml", mixed)]);
+        assert_eq!(
+            message,
+            format!(
+                "{}: graph `g` mixes dtypes; kernels take one element type (or call Builder::dtypes to re-type it)",
+                graphs.join("g.toml").display()
+            )
+        );
     }
 }
