@@ -7,7 +7,7 @@
 //! | [`device`] | which compiled kernel variant runs on a GPU |
 //! | [`error`] | every way a call can be refused |
 //! | [`kernels`] | the built-in kernels compiled from `graphs/` |
-//! | [`bench`] | `fusion bench`: fused kernels against cuBLASLt |
+//! | [`bench`](mod@bench) | `fusion bench`: fused kernels against cuBLASLt |
 //! | [`cli`] | the `fusion` command line |
 //! | [`render`] | `fusion render`: units of a candidate list, with the kernel self-test |
 //! | [`testing`] | checking kernels on a GPU against the CPU reference |

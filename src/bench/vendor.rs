@@ -89,8 +89,8 @@ pub struct LtPair {
 impl LtPair {
     /// Plans both with `plan(candidates)` (an [`LtGemm`] constructor given
     /// how many algorithms to ask the heuristic for): the first with one,
-    /// as PyTorch asks, the best with [`CANDIDATES`]. Until [`LtPair::tune`]
-    /// has timed a candidate, the best runs the first's plan.
+    /// as PyTorch asks, the best with [`CANDIDATES`]. Until `tune` has timed
+    /// a candidate, the best runs the first's plan.
     pub fn new(mut plan: impl FnMut(usize) -> Result<LtGemm>) -> Result<LtPair> {
         Ok(LtPair {
             first: plan(1)?,

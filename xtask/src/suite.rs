@@ -60,7 +60,7 @@ fn suite_steps() -> Vec<Step> {
             Action::CargoWithEnv(WITHOUT_NVCC_SKIP, vec!["build", "-p", "llama-ffn"]),
         ),
         Step::new(
-            "cargo doc of the workspace as docs.rs builds it (DOCS_RS=1)",
+            "cargo doc of the workspace as docs.rs builds it (DOCS_RS=1), warnings fatal",
             Action::CargoWithEnv(WITHOUT_NVCC_DOCS_RS, vec!["doc", "--workspace", "--no-deps"]),
         ),
     ]
@@ -70,7 +70,7 @@ fn suite_steps() -> Vec<Step> {
 /// an error if they look for nvcc at all.
 const NO_NVCC: (&str, &str) = ("NVCC", "/nonexistent/nvcc");
 const WITHOUT_NVCC_SKIP: &[(&str, &str)] = &[("FUSION_SKIP_NVCC", "1"), NO_NVCC];
-const WITHOUT_NVCC_DOCS_RS: &[(&str, &str)] = &[("DOCS_RS", "1"), NO_NVCC];
+const WITHOUT_NVCC_DOCS_RS: &[(&str, &str)] = &[("DOCS_RS", "1"), ("RUSTDOCFLAGS", "-D warnings"), NO_NVCC];
 
 pub fn run(workspace: &Workspace) -> Result<()> {
     steps::run(workspace, "test", &suite_steps())

@@ -82,12 +82,14 @@ __global__ void fold_columns_kernel(const T* __restrict__ w, const T* __restrict
   for (int i = 0; i < 8; ++i) col_terms[n0 + i] = make_float2(u[i], c[i]);
 }
 
-// Host launcher: cudaErrorInvalidValue for N or K not a positive multiple
-// of 8, a null or misaligned pointer, or a LayerNorm without beta.
+// Host launcher: nothing for N = 0; cudaErrorInvalidValue for N or K not a
+// multiple of 8, K = 0, a null or misaligned pointer, or a LayerNorm
+// without beta.
 template <NormKind kKind, typename T, LayoutB kLayout>
 cudaError_t launch_fold_weights(const T* w, const T* gamma, const T* beta, T* w_folded, float2* col_terms, int64_t N,
                                 int64_t K, cudaStream_t stream) {
-  if (N <= 0 || K <= 0 || N % kVecElems != 0 || K % kVecElems != 0) return cudaErrorInvalidValue;
+  if (N == 0) return cudaSuccess;  // a weight with no output columns: nothing to fold
+  if (N < 0 || K <= 0 || N % kVecElems != 0 || K % kVecElems != 0) return cudaErrorInvalidValue;
   const void* pointers[] = {w, gamma, w_folded, col_terms, kKind == NormKind::LayerNorm ? beta : gamma};
   for (const void* p : pointers)
     if (p == nullptr || !is_aligned16(p)) return cudaErrorInvalidValue;
