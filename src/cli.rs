@@ -92,6 +92,9 @@ pub struct PlanArgs {
     /// Also write the plan as a Graphviz digraph to FILE.
     #[arg(long, value_name = "FILE")]
     pub dot: Option<PathBuf>,
+    /// Print the plan as JSON instead of the table.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Why a command failed.
@@ -157,7 +160,7 @@ pub fn run(cli: &Cli, out: &mut dyn Write) -> Result<(), CliError> {
     match &cli.command {
         Command::Plan(args) => {
             let graph = fusion_core::load_toml_graph(&args.graph).map_err(CliError::from_front_end)?;
-            plan_graph(graph, args.dot.as_deref(), out)
+            plan_graph(graph, args.dot.as_deref(), args.json, out)
         }
         Command::Bench(args) => bench(args, out),
         Command::Render(args) => {
@@ -277,22 +280,31 @@ pub fn bench(args: &BenchArgs, out: &mut dyn Write) -> Result<(), CliError> {
 /// report.
 const COMMIT: &str = env!("FUSION_GIT_COMMIT");
 
-/// `fusion plan` on a loaded graph: prints the plan and, given a path,
-/// writes it there as Graphviz.
-pub fn plan_graph(graph: Graph, dot: Option<&Path>, out: &mut dyn Write) -> Result<(), CliError> {
+/// `fusion plan` on a loaded graph: prints the plan (as JSON with `json`)
+/// and, given a path, writes it there as Graphviz; with JSON on standard
+/// output, the line saying so goes to standard error.
+pub fn plan_graph(graph: Graph, dot: Option<&Path>, json: bool, out: &mut dyn Write) -> Result<(), CliError> {
     let plan = fuse::plan(graph);
-    write!(out, "{plan}").map_err(CliError::from_stdout)?;
+    if json {
+        let text = serde_json::to_string_pretty(&plan.to_json()).expect("a JSON value serializes");
+        writeln!(out, "{text}").map_err(CliError::from_stdout)?;
+    } else {
+        write!(out, "{plan}").map_err(CliError::from_stdout)?;
+    }
     if let Some(path) = dot {
         std::fs::write(path, fuse::dot::write(&plan)).map_err(|e| {
             CliError::Message(format!("cannot write the Graphviz file {}: {e}", path.display()))
         })?;
-        writeln!(
-            out,
-            "\nwrote the plan as Graphviz to {} (render it with `dot -Tsvg {} -o plan.svg`)",
+        let note = format!(
+            "wrote the plan as Graphviz to {} (render it with `dot -Tsvg {} -o plan.svg`)",
             path.display(),
             path.display()
-        )
-        .map_err(CliError::from_stdout)?;
+        );
+        if json {
+            eprintln!("{note}");
+        } else {
+            writeln!(out, "\n{note}").map_err(CliError::from_stdout)?;
+        }
     }
     out.flush().map_err(CliError::from_stdout)
 }
@@ -347,7 +359,7 @@ mod tests {
     #[test]
     fn plan_prints_the_plan() {
         let mut out = Vec::new();
-        plan_graph(ffn(), None, &mut out).unwrap();
+        plan_graph(ffn(), None, false, &mut out).unwrap();
         let text = String::from_utf8(out).unwrap();
         assert!(text.starts_with("graph `ffn`: 3 ops → 1 kernel\n"), "{text}");
         assert!(text.contains("#0  gemm_bias_gelu  (named pattern)"), "{text}");
@@ -355,10 +367,28 @@ mod tests {
     }
 
     #[test]
+    fn plan_as_json_is_data_with_each_kernel() {
+        let cli = Cli::try_parse_from(["fusion", "plan", "g.toml", "--json"]).unwrap();
+        let Command::Plan(args) = cli.command else {
+            panic!("plan")
+        };
+        assert!(args.json);
+        let mut out = Vec::new();
+        plan_graph(ffn(), None, true, &mut out).unwrap();
+        let plan: serde_json::Value = serde_json::from_slice(&out).expect("the output is JSON");
+        assert_eq!(plan["graph"], "ffn");
+        assert_eq!(plan["kernels"][0]["name"], "gemm_bias_gelu");
+        assert_eq!(plan["kernels"][0]["kind"], "named pattern");
+        assert_eq!(plan["kernels"][0]["operands"][0]["role"], "A");
+        assert!(plan["kernels"][0]["norm"].is_null());
+        assert_eq!(plan["between_kernels"].as_array().map(Vec::len), Some(0));
+    }
+
+    #[test]
     fn plan_with_dot_writes_the_file_and_says_where() {
         let path = scratch("plan.dot");
         let mut out = Vec::new();
-        plan_graph(ffn(), Some(&path), &mut out).unwrap();
+        plan_graph(ffn(), Some(&path), false, &mut out).unwrap();
         let written = std::fs::read_to_string(&path).unwrap();
         std::fs::remove_file(&path).unwrap();
         assert!(written.starts_with("digraph \"ffn\" {"), "{written}");
@@ -373,7 +403,7 @@ mod tests {
     #[test]
     fn an_unwritable_dot_file_is_an_error_that_names_it() {
         let path = scratch("no-such-dir").join("plan.dot");
-        let error = plan_graph(ffn(), Some(&path), &mut Vec::new()).unwrap_err();
+        let error = plan_graph(ffn(), Some(&path), false, &mut Vec::new()).unwrap_err();
         let text = error.to_string();
         assert!(
             text.starts_with("error: cannot write the Graphviz file "),
@@ -415,7 +445,7 @@ mod tests {
     #[test]
     fn a_closed_stdout_is_not_reported_as_an_error() {
         assert_eq!(
-            plan_graph(ffn(), None, &mut ClosedPipe),
+            plan_graph(ffn(), None, false, &mut ClosedPipe),
             Err(CliError::OutputClosed)
         );
     }

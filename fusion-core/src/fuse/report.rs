@@ -1,6 +1,6 @@
-//! The plan as text for a terminal (`fusion plan`): which kernels the graph
-//! became, what each one reads and writes, and which tensors pass through
-//! memory between them.
+//! The plan as text for a terminal (`fusion plan`) and as JSON (`fusion plan
+//! --json`): which kernels the graph became, what each one reads and writes,
+//! and which tensors pass through memory between them.
 
 use super::plan::{Composition, FusedKernel, Plan, Role};
 use crate::ir::WeightLayout;
@@ -45,16 +45,86 @@ impl fmt::Display for Plan {
     }
 }
 
+/// What kind of kernel it is, for reports.
+fn kind_name(kernel: &FusedKernel) -> &'static str {
+    match &kernel.composition {
+        Composition::Gemm(gemm) if gemm.pattern().is_some() => "named pattern",
+        Composition::Gemm(_) => "composed GEMM",
+        Composition::Norm(_) => "standalone norm",
+        Composition::Elementwise(_) => "standalone elementwise",
+    }
+}
+
 impl Plan {
+    /// The plan as data (`fusion plan --json`): each kernel with its ops,
+    /// operands by role, output and, for a GEMM with a norm, whether the
+    /// norm folds into its weight; then the tensors that pass through memory
+    /// between kernels. The same facts as the text report.
+    pub fn to_json(&self) -> serde_json::Value {
+        let graph = &self.graph;
+        let tensor = |t: crate::ir::TensorId| serde_json::json!({ "name": graph.tensor(t).name, "type": graph.type_string(t) });
+        let kernels: Vec<serde_json::Value> = self
+            .kernels
+            .iter()
+            .enumerate()
+            .map(|(index, kernel)| {
+                let ops: Vec<serde_json::Value> = kernel
+                    .ops
+                    .iter()
+                    .map(|&op| {
+                        let op = graph.op(op);
+                        serde_json::json!({ "op": op.kind.name(), "output": graph.tensor(op.output).name })
+                    })
+                    .collect();
+                let operands: Vec<serde_json::Value> = kernel
+                    .operands
+                    .iter()
+                    .map(|o| {
+                        let mut t = tensor(o.tensor);
+                        t["role"] = o.role.name().into();
+                        t
+                    })
+                    .collect();
+                let norm = match &kernel.composition {
+                    Composition::Gemm(gemm) => gemm.prologue.map(|p| {
+                        serde_json::json!({ "kind": p.kind.name(), "folds_when_bound": kernel.norm_foldable(graph) })
+                    }),
+                    _ => None,
+                };
+                serde_json::json!({
+                    "index": index,
+                    "name": kernel.name,
+                    "kind": kind_name(kernel),
+                    "ops": ops,
+                    "operands": operands,
+                    "output": tensor(kernel.output),
+                    "norm": norm,
+                })
+            })
+            .collect();
+        let between: Vec<serde_json::Value> = self
+            .crossing_tensors()
+            .iter()
+            .map(|c| {
+                let mut t = tensor(c.tensor);
+                t["producer"] = c.producer.into();
+                t["consumers"] = c.consumers.clone().into();
+                t["graph_output"] = c.is_graph_output.into();
+                t
+            })
+            .collect();
+        serde_json::json!({
+            "graph": graph.name,
+            "ops": graph.ops.len(),
+            "kernels": kernels,
+            "between_kernels": between,
+        })
+    }
+
     /// The block for one kernel: heading, ops, operands with roles, output.
     fn kernel_report(&self, index: usize, kernel: &FusedKernel) -> String {
         let graph = &self.graph;
-        let kind = match &kernel.composition {
-            Composition::Gemm(gemm) if gemm.pattern().is_some() => "named pattern",
-            Composition::Gemm(_) => "composed GEMM",
-            Composition::Norm(_) => "standalone norm",
-            Composition::Elementwise(_) => "standalone elementwise",
-        };
+        let kind = kind_name(kernel);
         let mut out = format!("#{index}  {}  ({kind})\n", kernel.name);
         let ops: Vec<String> = kernel
             .ops
