@@ -28,6 +28,25 @@ pub enum Command {
     /// Renders the GEMM units of a candidate list, with the kernel self-test
     /// harness and a Makefile, into a folder that builds with nvcc alone.
     Render(RenderArgs),
+    /// Writes a model's feed-forward block as a TOML graph, from its Hugging
+    /// Face config.json.
+    Graph(GraphArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct GraphArgs {
+    /// The model's Hugging Face `config.json` (Llama, Mistral, Qwen2, Qwen3 or GPT-2).
+    #[arg(long = "from-hf", value_name = "config.json")]
+    pub from_hf: PathBuf,
+    /// The graph's name; default `<model_type>_ffn`.
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Element type of its tensors: f16 or bf16.
+    #[arg(long, default_value = "f16")]
+    pub dtype: String,
+    /// Write the graph to FILE instead of standard output.
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -167,7 +186,51 @@ pub fn run(cli: &Cli, out: &mut dyn Write) -> Result<(), CliError> {
             let graphs = args.graphs.clone().unwrap_or_else(crate::testing::graphs_dir);
             crate::render::render(&args.list, &graphs, &args.out, out)
         }
+        Command::Graph(args) => graph_from_hf(args, out),
     }
+}
+
+/// `fusion graph --from-hf`: the block's TOML on `out` or in `--out`. The
+/// TOML is parsed and planned before it is written, so what it writes reads.
+pub fn graph_from_hf(args: &GraphArgs, out: &mut dyn Write) -> Result<(), CliError> {
+    use fusion_core::hf;
+    let path = args.from_hf.display();
+    let json = std::fs::read_to_string(&args.from_hf)
+        .map_err(|e| CliError::Message(format!("cannot read {path}: {e}")))?;
+    let config = hf::ffn_config(&json).map_err(|e| CliError::Message(format!("{path}: {e}")))?;
+    let dtype = match args.dtype.as_str() {
+        "f16" => fusion_core::ir::DType::F16,
+        "bf16" => fusion_core::ir::DType::BF16,
+        other => {
+            return Err(CliError::Message(format!(
+                "--dtype {other}: expected f16 or bf16"
+            )));
+        }
+    };
+    let name = args
+        .name
+        .clone()
+        .unwrap_or_else(|| format!("{}_ffn", config.model_type));
+    let toml = hf::ffn_toml(&config, &name, dtype);
+    let source = fusion_core::diagnostic::SourceFile::new(format!("{name}.toml"), toml.as_str());
+    let graph = fusion_core::graph_from_source(&source).map_err(CliError::Rendered)?;
+    match &args.out {
+        Some(file) => {
+            std::fs::write(file, &toml)
+                .map_err(|e| CliError::Message(format!("cannot write {}: {e}", file.display())))?;
+            let plan = fuse::plan(graph);
+            writeln!(
+                out,
+                "wrote graph `{name}` to {} ({} kernels: `fusion plan {}`)",
+                file.display(),
+                plan.kernels.len(),
+                file.display()
+            )
+            .map_err(CliError::from_stdout)?;
+        }
+        None => out.write_all(toml.as_bytes()).map_err(CliError::from_stdout)?,
+    }
+    out.flush().map_err(CliError::from_stdout)
 }
 
 /// `fusion bench`: the table on `out`, progress on stderr, JSON on request.
@@ -364,6 +427,39 @@ mod tests {
         assert!(text.starts_with("graph `ffn`: 3 ops → 1 kernel\n"), "{text}");
         assert!(text.contains("#0  gemm_bias_gelu  (named pattern)"), "{text}");
         assert!(!text.contains("Graphviz"), "{text}");
+    }
+
+    #[test]
+    fn graph_from_hf_writes_a_graph_that_plans() {
+        let config = scratch("config.json");
+        std::fs::write(
+            &config,
+            r#"{"model_type": "mistral", "hidden_size": 4096, "intermediate_size": 14336, "hidden_act": "silu", "rms_norm_eps": 1e-5}"#,
+        )
+        .unwrap();
+        let cli = Cli::try_parse_from(["fusion", "graph", "--from-hf", config.to_str().unwrap()]).unwrap();
+        let Command::Graph(args) = cli.command else {
+            panic!("graph")
+        };
+        let mut out = Vec::new();
+        graph_from_hf(&args, &mut out).unwrap();
+        let toml = String::from_utf8(out).unwrap();
+        assert!(toml.contains("name = \"mistral_ffn\""), "{toml}");
+        let file = scratch("mistral_ffn.toml");
+        let args = GraphArgs {
+            out: Some(file.clone()),
+            ..args
+        };
+        let mut out = Vec::new();
+        graph_from_hf(&args, &mut out).unwrap();
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), toml);
+        assert!(String::from_utf8(out).unwrap().contains("(3 kernels:"));
+        std::fs::write(&config, r#"{"model_type": "bert"}"#).unwrap();
+        let error = graph_from_hf(&GraphArgs { out: None, ..args }, &mut Vec::new()).unwrap_err();
+        assert!(
+            error.to_string().contains("model_type `bert` is not supported"),
+            "{error}"
+        );
     }
 
     #[test]

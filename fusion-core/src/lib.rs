@@ -12,6 +12,7 @@
 //! | [`target`] | one module per GPU generation: gencode, devices, budgets, dtypes, mainloop, checks, tuned table |
 //! | [`reference`](mod@reference) | evaluates a graph on the CPU in f64: the oracle for GPU tests |
 //! | [`build`] | compiles generated CUDA with nvcc (cached), archives it, runs bindgen (feature `build`) |
+//! | [`hf`] | feed-forward block graphs from a Hugging Face `config.json` (`fusion graph --from-hf`) |
 //!
 //! [`diagnostic`] holds the spans and error messages every stage shares;
 //! [`generated`] the names the build script writes and `fusion_graph!`
@@ -30,6 +31,8 @@ pub mod diagnostic;
 #[cfg(feature = "compiler")]
 pub mod fuse;
 pub mod generated;
+#[cfg(feature = "compiler")]
+pub mod hf;
 pub mod ir;
 #[cfg(feature = "compiler")]
 pub mod reference;
