@@ -1,10 +1,12 @@
 //! Which compiled kernel variant runs on a device.
 //!
-//! A build carries one variant per enabled cargo feature (`sm75`, `sm80`,
-//! `sm90`: one per generation in `fusion_core::target`; the build script
-//! passes the enabled ones in `FUSION_COMPILED_ARCHS`). The device's compute
-//! capability is read once per device and the best variant that runs there
-//! is used; `FUSION_FORCE_ARCH` overrides the choice (tests use it to run the
+//! The built-in library carries one variant per enabled cargo feature
+//! (`sm75`, `sm80`, `sm90`: one per generation in `fusion_core::target`; the
+//! build script passes the enabled ones in `FUSION_COMPILED_ARCHS`); a crate
+//! that compiles its own graphs carries the variants its build script built,
+//! which may be others. Each wrapper asks for the best variant among its own
+//! ([`arch_among`]). The device's compute capability is read once per
+//! device; `FUSION_FORCE_ARCH` overrides the choice (tests use it to run the
 //! sm75 and sm80 variants, as PTX, on newer GPUs).
 
 use crate::error::{Error, Result};
@@ -28,8 +30,8 @@ pub fn is_compiled(arch: Arch) -> bool {
     COMPILED_ARCHS.split(',').any(|name| name == arch.name())
 }
 
-fn compiled_list() -> String {
-    let names: Vec<&str> = compiled().iter().map(|a| a.name()).collect();
+fn compiled_list(compiled: &[Arch]) -> String {
+    let names: Vec<&str> = compiled.iter().map(|a| a.name()).collect();
     if names.is_empty() {
         "no variants".into()
     } else {
@@ -37,33 +39,50 @@ fn compiled_list() -> String {
     }
 }
 
-/// Arch chosen per device ordinal, filled on first use.
-static CHOSEN: Mutex<Vec<Option<Arch>>> = Mutex::new(Vec::new());
+/// Compute capability per device ordinal, read on first use.
+static CAPABILITY: Mutex<Vec<Option<(i32, i32)>>> = Mutex::new(Vec::new());
 
-/// The variant to launch on the stream's device.
-pub fn arch_for(stream: &CudaStream) -> Result<Arch> {
+/// The stream's device's compute capability (major, minor).
+fn capability(stream: &CudaStream) -> Result<(i32, i32)> {
     let ctx = stream.context();
     let ordinal = ctx.ordinal();
-    if let Some(Some(arch)) = CHOSEN.lock().unwrap_or_else(|e| e.into_inner()).get(ordinal) {
-        return Ok(*arch);
+    if let Some(Some(known)) = CAPABILITY.lock().unwrap_or_else(|e| e.into_inner()).get(ordinal) {
+        return Ok(*known);
     }
-    let (major, minor) = ctx.compute_capability()?;
-    let arch = choose(major, minor, std::env::var("FUSION_FORCE_ARCH").ok().as_deref())?;
-    let mut chosen = CHOSEN.lock().unwrap_or_else(|e| e.into_inner());
-    if chosen.len() <= ordinal {
-        chosen.resize(ordinal + 1, None);
+    let capability = ctx.compute_capability()?;
+    let mut known = CAPABILITY.lock().unwrap_or_else(|e| e.into_inner());
+    if known.len() <= ordinal {
+        known.resize(ordinal + 1, None);
     }
-    chosen[ordinal] = Some(arch);
-    Ok(arch)
+    known[ordinal] = Some(capability);
+    Ok(capability)
 }
 
-/// The variant for a compute capability, honouring a forced choice.
-pub fn choose(major: i32, minor: i32, forced: Option<&str>) -> Result<Arch> {
-    let compiled = compiled();
+/// The variant of the built-in library to launch on the stream's device.
+pub fn arch_for(stream: &CudaStream) -> Result<Arch> {
+    arch_among(stream, &compiled())
+}
+
+/// The variant to launch on the stream's device among `compiled`, the ones
+/// a wrapper's own library contains (a user crate's build may have built
+/// other generations than this crate's features name).
+pub fn arch_among(stream: &CudaStream, compiled: &[Arch]) -> Result<Arch> {
+    let (major, minor) = capability(stream)?;
+    choose(
+        major,
+        minor,
+        std::env::var("FUSION_FORCE_ARCH").ok().as_deref(),
+        compiled,
+    )
+}
+
+/// The variant among `compiled` for a compute capability, honouring a
+/// forced choice.
+pub fn choose(major: i32, minor: i32, forced: Option<&str>, compiled: &[Arch]) -> Result<Arch> {
     if let Some(value) = forced.filter(|v| !v.is_empty()) {
         let reason = match Arch::parse(value) {
             None => format!("expected {}", Arch::names_listed()),
-            Some(a) if !is_compiled(a) => format!("this build has {}", compiled_list()),
+            Some(a) if !compiled.contains(&a) => format!("this build has {}", compiled_list(compiled)),
             Some(a) if !a.runs_on(major, minor) => {
                 format!(
                     "{} code does not run on compute capability {major}.{minor}",
@@ -77,10 +96,10 @@ pub fn choose(major: i32, minor: i32, forced: Option<&str>) -> Result<Arch> {
             reason,
         });
     }
-    Arch::best_for(major, minor, &compiled).ok_or(Error::UnsupportedDevice {
+    Arch::best_for(major, minor, compiled).ok_or(Error::UnsupportedDevice {
         major,
         minor,
-        compiled: compiled_list(),
+        compiled: compiled_list(compiled),
     })
 }
 
@@ -101,6 +120,20 @@ mod tests {
     }
 
     #[test]
+    fn a_library_with_other_variants_than_this_crate_chooses_among_its_own() {
+        // A user crate built sm80 only, on an H100: its sm80 PTX runs there,
+        // whatever this crate's features are.
+        assert_eq!(choose(9, 0, None, &[Arch::Sm80]).unwrap(), Arch::Sm80);
+        assert_eq!(choose(9, 0, None, &[Arch::Sm80, Arch::Sm90]).unwrap(), Arch::Sm90);
+        // Forcing one it does not have names what it has.
+        let e = choose(9, 0, Some("sm90"), &[Arch::Sm80]).unwrap_err().to_string();
+        assert!(e.contains("this build has sm80"), "{e}");
+        // None that runs here: the error lists the library's own.
+        let e = choose(8, 0, None, &[Arch::Sm90]).unwrap_err().to_string();
+        assert!(e.contains("sm90"), "{e}");
+    }
+
+    #[test]
     fn compiled_variants_are_the_enabled_features() {
         // A spot check of what the build script passed: the default build
         // has sm80 and sm90, `--features sm75` adds sm75.
@@ -112,29 +145,29 @@ mod tests {
     #[test]
     fn forced_arch_is_checked() {
         assert!(matches!(
-            choose(9, 0, Some("sm60")),
+            choose(9, 0, Some("sm60"), &compiled()),
             Err(Error::ForcedArch { .. })
         ));
         if is_compiled(Arch::Sm90) {
-            let e = choose(8, 0, Some("sm90")).unwrap_err().to_string();
+            let e = choose(8, 0, Some("sm90"), &compiled()).unwrap_err().to_string();
             assert!(e.contains("does not run on compute capability 8.0"), "{e}");
         }
         // A variant this build left out.
         if let Some(missing) = Arch::ALL.into_iter().find(|&a| !is_compiled(a)) {
-            let e = choose(9, 0, Some(missing.name())).unwrap_err();
+            let e = choose(9, 0, Some(missing.name()), &compiled()).unwrap_err();
             assert!(matches!(e, Error::ForcedArch { .. }), "{e}");
             assert!(e.to_string().contains("this build has"), "{e}");
         }
         // An empty value means "not forced".
         if !compiled().is_empty() {
-            assert!(choose(9, 0, Some("")).is_ok());
+            assert!(choose(9, 0, Some(""), &compiled()).is_ok());
         }
     }
 
     #[test]
     fn a_device_older_than_every_variant_is_refused_with_the_fix() {
         // Volta (7.0) is older than the oldest variant (sm75).
-        let e = choose(7, 0, None).unwrap_err();
+        let e = choose(7, 0, None, &compiled()).unwrap_err();
         assert!(
             matches!(
                 e,
@@ -150,7 +183,7 @@ mod tests {
         assert!(message.contains("compute capability 7.0"), "{message}");
         assert!(message.contains("rebuild with the cargo feature"), "{message}");
         // Forcing a variant does not make it run there.
-        let forced = choose(7, 0, Some("sm75")).unwrap_err();
+        let forced = choose(7, 0, Some("sm75"), &compiled()).unwrap_err();
         assert!(matches!(forced, Error::ForcedArch { .. }), "{forced}");
     }
 }

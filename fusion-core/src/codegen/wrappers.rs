@@ -234,6 +234,16 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
 
     // Which launcher each kernel calls, per (dtype, arch).
     let compiled = compiled_summary(launchers, linked);
+    // The variants this library has: the wrapper chooses among them, not
+    // among the run-time crate's features. A build without nvcc has none,
+    // and chooses as the run time's would, so that its error is the
+    // dispatch's "not compiled".
+    let library_archs = if linked {
+        let archs = library.archs.iter().map(|&a| arch_tokens(a));
+        quote!(&[#(#archs),*])
+    } else {
+        quote!(&fusion::device::compiled())
+    };
     // Kernels whose norm is folded into their weight when a struct binds them.
     let foldable: Vec<bool> = plan.kernels.iter().map(|k| k.norm_foldable(graph)).collect();
     let fold_var = |index: usize| format_ident!("__fold_{index}");
@@ -542,7 +552,7 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
                 #params
             ) -> fusion::Result<()> {
                 let __dtype = <#elem as fusion::Element>::DTYPE;
-                let __arch = fusion::device::arch_for(stream)?;
+                let __arch = fusion::device::arch_among(stream, #library_archs)?;
                 #(#dispatch)*
                 let mut __call = fusion::launch::Call::new(&__GRAPH, stream);
                 #(#input_checks)*
@@ -568,7 +578,7 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
                 #(#weight_args: &fusion::Tensor<'_, #elem>,)*
             ) -> fusion::Result<Vec<Option<fusion::launch::FoldedWeights>>> {
                 let __dtype = <#elem as fusion::Element>::DTYPE;
-                let __arch = fusion::device::arch_for(stream)?;
+                let __arch = fusion::device::arch_among(stream, #library_archs)?;
                 let mut __call = fusion::launch::Call::new(&__GRAPH, stream);
                 #(#weight_ptrs)*
                 #fold_body

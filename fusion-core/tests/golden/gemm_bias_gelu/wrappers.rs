@@ -196,7 +196,10 @@ mod __gemm_bias_gelu {
         y: &mut fusion::TensorMut<'_, T>,
     ) -> fusion::Result<()> {
         let __dtype = <T as fusion::Element>::DTYPE;
-        let __arch = fusion::device::arch_for(stream)?;
+        let __arch = fusion::device::arch_among(
+            stream,
+            &[fusion::Arch::Sm80, fusion::Arch::Sm90],
+        )?;
         let __launcher_0: (
             fusion::launch::Launcher<ffi::fusion_gemm_params>,
             fusion::launch::WorkspaceBytes<ffi::fusion_gemm_params>,
@@ -313,7 +316,10 @@ mod __gemm_bias_gelu {
         b: &fusion::Tensor<'_, T>,
     ) -> fusion::Result<Vec<Option<fusion::launch::FoldedWeights>>> {
         let __dtype = <T as fusion::Element>::DTYPE;
-        let __arch = fusion::device::arch_for(stream)?;
+        let __arch = fusion::device::arch_among(
+            stream,
+            &[fusion::Arch::Sm80, fusion::Arch::Sm90],
+        )?;
         let mut __call = fusion::launch::Call::new(&__GRAPH, stream);
         let __ptr_1 = __call.input(&__TENSOR_1, w)?;
         let __ptr_2 = __call.input(&__TENSOR_2, b)?;
