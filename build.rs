@@ -1,7 +1,8 @@
 //! Compiles the shipped graphs (`graphs/*.toml`) into the crate's built-in
 //! kernel library, `fusion::kernels`: every graph for f16 and bf16 (bf16 only
 //! where an enabled generation has it: sm75 has not), for the generations
-//! named by the cargo features (`fusion_core::target` lists them); and bakes
+//! named by `FUSION_ARCHS`, else `CUDA_COMPUTE_CAP`, else the cargo features
+//! (`fusion_core::target::Arch::for_build`); and bakes
 //! in the commit being built, for `fusion bench`'s report.
 
 use fusion_core::ir::DType;
@@ -11,7 +12,13 @@ use std::process::Command;
 
 fn main() {
     println!("cargo:rustc-env=FUSION_GIT_COMMIT={}", git_commit());
-    let archs = Arch::from_cargo_features();
+    for name in Arch::BUILD_ENV {
+        println!("cargo:rerun-if-env-changed={name}");
+    }
+    let archs = Arch::for_build().unwrap_or_else(|e| {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    });
     // The run time's `fusion::device` picks among these.
     let names: Vec<&str> = archs.iter().map(|a| a.name()).collect();
     println!("cargo:rustc-env=FUSION_COMPILED_ARCHS={}", names.join(","));

@@ -103,8 +103,9 @@ impl Builder {
         self
     }
 
-    /// The architectures to compile for. Default: from the cargo features
-    /// `sm75`, `sm80`, `sm90` of the crate being built.
+    /// The architectures to compile for. Default: `FUSION_ARCHS`, else
+    /// `CUDA_COMPUTE_CAP`, else the cargo features `sm75`, `sm80`, `sm90`
+    /// of the crate being built (`Arch::for_build`).
     pub fn archs(mut self, archs: &[Arch]) -> Builder {
         self.archs = Some(archs.to_vec());
         self
@@ -158,10 +159,18 @@ impl Builder {
         options.lib_name = lib_name.clone();
         let cargo = options.cargo_metadata;
         let files = self.collect(cargo)?;
-        let archs = self.archs.clone().unwrap_or_else(Arch::from_cargo_features);
+        if cargo {
+            for name in Arch::BUILD_ENV {
+                println!("cargo:rerun-if-env-changed={name}");
+            }
+        }
+        let archs = match self.archs.clone() {
+            Some(archs) => archs,
+            None => Arch::for_build().map_err(BuildError::Config)?,
+        };
         if archs.is_empty() {
             return Err(BuildError::Config(format!(
-                "no GPU architecture to compile for: enable a cargo feature {}, or call Builder::archs",
+                "no GPU architecture to compile for: enable a cargo feature {}, set FUSION_ARCHS or CUDA_COMPUTE_CAP, or call Builder::archs",
                 Arch::names_listed()
             )));
         }

@@ -181,6 +181,76 @@ impl Arch {
             .collect()
     }
 
+    /// The generations a build script compiles for: `FUSION_ARCHS` (names,
+    /// comma-separated: `sm80,sm90`) when set, else `CUDA_COMPUTE_CAP` (the
+    /// devices' compute capabilities, comma-separated, as `90` or `8.6`, the
+    /// way candle's build tools read it: for each, the newest generation
+    /// whose code runs there), else the cargo features (`from_cargo_features`).
+    pub fn for_build() -> Result<Vec<Arch>, String> {
+        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+        match (var("FUSION_ARCHS"), var("CUDA_COMPUTE_CAP")) {
+            (Some(names), _) => Arch::from_names(&names),
+            (None, Some(caps)) => Arch::from_compute_caps(&caps),
+            (None, None) => Ok(Arch::from_cargo_features()),
+        }
+    }
+
+    /// The environment variables [`Arch::for_build`] reads beside the cargo
+    /// features, for `cargo:rerun-if-env-changed`.
+    pub const BUILD_ENV: [&'static str; 2] = ["FUSION_ARCHS", "CUDA_COMPUTE_CAP"];
+
+    /// `sm80,sm90` as generations, in order, each once.
+    pub fn from_names(list: &str) -> Result<Vec<Arch>, String> {
+        let mut archs = list
+            .split(',')
+            .map(|name| {
+                Arch::parse(name.trim()).ok_or_else(|| {
+                    format!(
+                        "FUSION_ARCHS: `{}` is not one of {}",
+                        name.trim(),
+                        Arch::names_listed()
+                    )
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        archs.sort();
+        archs.dedup();
+        Ok(archs)
+    }
+
+    /// `90`, `8.6`, `80,90`: for each compute capability, the newest
+    /// generation whose code runs there; in order, each once.
+    pub fn from_compute_caps(list: &str) -> Result<Vec<Arch>, String> {
+        let mut archs = list
+            .split(',')
+            .map(|cap| {
+                let cap = cap.trim();
+                let bad =
+                    || format!("CUDA_COMPUTE_CAP: `{cap}` is not a compute capability such as 90 or 8.6");
+                let (major, minor) = match cap.split_once('.') {
+                    Some((major, minor)) => (
+                        major.parse().map_err(|_| bad())?,
+                        minor.parse().map_err(|_| bad())?,
+                    ),
+                    None if cap.len() >= 2 && cap.bytes().all(|b| b.is_ascii_digit()) => {
+                        let (major, minor) = cap.split_at(cap.len() - 1);
+                        (
+                            major.parse().map_err(|_| bad())?,
+                            minor.parse().map_err(|_| bad())?,
+                        )
+                    }
+                    None => return Err(bad()),
+                };
+                Arch::best_for(major, minor, &Arch::ALL).ok_or_else(|| {
+                    format!("CUDA_COMPUTE_CAP: no generation runs on compute capability {major}.{minor}")
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        archs.sort();
+        archs.dedup();
+        Ok(archs)
+    }
+
     /// `CARGO_FEATURE_SM80`: how cargo tells a build script the feature is on.
     pub fn cargo_feature_env(self) -> String {
         format!("CARGO_FEATURE_{}", self.name().to_ascii_uppercase())

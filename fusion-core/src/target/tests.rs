@@ -113,3 +113,36 @@ fn dtypes() {
     }
     assert!(Arch::ALL.iter().all(|a| !a.supports(DType::F32)));
 }
+
+#[test]
+fn a_build_takes_its_generations_from_fusion_archs_or_cuda_compute_cap() {
+    assert_eq!(
+        Arch::from_names("sm90, sm80,sm90").unwrap(),
+        [Arch::Sm80, Arch::Sm90]
+    );
+    assert!(
+        Arch::from_names("sm61")
+            .unwrap_err()
+            .contains("`sm61` is not one of")
+    );
+    // candle's spelling (90) and the dotted one; an Ada card runs sm80 code.
+    assert_eq!(Arch::from_compute_caps("90").unwrap(), [Arch::Sm90]);
+    assert_eq!(
+        Arch::from_compute_caps("8.9,75").unwrap(),
+        [Arch::Sm75, Arch::Sm80]
+    );
+    assert_eq!(
+        Arch::from_compute_caps("86, 90").unwrap(),
+        [Arch::Sm80, Arch::Sm90]
+    );
+    assert!(
+        Arch::from_compute_caps("70")
+            .unwrap_err()
+            .contains("no generation runs on compute capability 7.0")
+    );
+    assert!(
+        Arch::from_compute_caps("nine")
+            .unwrap_err()
+            .contains("`nine` is not a compute capability")
+    );
+}
