@@ -6,12 +6,12 @@
 //! that compiles its own graphs carries the variants its build script built,
 //! which may be others. Each wrapper asks for the best variant among its own
 //! ([`arch_among`]). The device's compute capability is read once per
-//! device; `FUSION_FORCE_ARCH` overrides the choice (tests use it to run the
+//! device; `FUSION_FORCE_ARCH` (read once per process) overrides the choice (tests use it to run the
 //! sm75 and sm80 variants, as PTX, on newer GPUs).
 
 use crate::error::{Error, Result};
 use cudarc::driver::CudaStream;
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
 /// A kernel variant: the GPU generation its mainloop was written for (the
 /// compiler's own type; what runs where is `Arch::runs_on`).
@@ -68,12 +68,16 @@ pub fn arch_for(stream: &CudaStream) -> Result<Arch> {
 /// other generations than this crate's features name).
 pub fn arch_among(stream: &CudaStream, compiled: &[Arch]) -> Result<Arch> {
     let (major, minor) = capability(stream)?;
-    choose(
-        major,
-        minor,
-        std::env::var("FUSION_FORCE_ARCH").ok().as_deref(),
-        compiled,
-    )
+    choose(major, minor, forced_arch(), compiled)
+}
+
+/// `FUSION_FORCE_ARCH`, read once per process: every wrapper call chooses
+/// its variant, and that path does not read the environment.
+fn forced_arch() -> Option<&'static str> {
+    static FORCED: OnceLock<Option<String>> = OnceLock::new();
+    FORCED
+        .get_or_init(|| std::env::var("FUSION_FORCE_ARCH").ok())
+        .as_deref()
 }
 
 /// The variant among `compiled` for a compute capability, honouring a

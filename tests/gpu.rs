@@ -15,7 +15,7 @@ use fusion::cudarc::driver::CudaStream;
 use fusion::half::{bf16, f16};
 use fusion::{Tensor, TensorMut, kernels, testing};
 use std::sync::Arc;
-use support::{Case, TestElement, check, gemm_shapes, stream, token_counts};
+use support::{Case, TestElement, check, check_adjusted, gemm_shapes, stream, token_counts};
 
 /// One test per single-GEMM pattern graph, over every (M, N, K) and both
 /// element types; `$call` launches the wrapper with `r` (inputs then
@@ -76,25 +76,17 @@ pattern_test!(rmsnorm_gemm, "rmsnorm_gemm", |s, r, w| kernels::rmsnorm_gemm(
 
 // The same graphs with their weights bound: the norm is folded into `w`.
 pattern_test!(layernorm_gemm_folded, "layernorm_gemm", |s, r, w| {
-    let weights = kernels::LayernormGemmWeights {
-        g: r[1].clone(),
-        b: r[2].clone(),
-        w: r[3].clone(),
-    };
-    kernels::LayernormGemm::new(s, weights)?.run(s, &r[0], &mut w[0])
+    support::layernorm_gemm_folded(s, r, w)
 });
 pattern_test!(rmsnorm_gemm_folded, "rmsnorm_gemm", |s, r, w| {
-    let weights = kernels::RmsnormGemmWeights {
-        g: r[1].clone(),
-        w: r[2].clone(),
-    };
-    kernels::RmsnormGemm::new(s, weights)?.run(s, &r[0], &mut w[0])
+    support::rmsnorm_gemm_folded(s, r, w)
 });
 
 /// Rows far from zero against their spread (mean 3, half-width 0.5, where
 /// a folded LayerNorm subtracts two large, nearly equal sums) and a gamma
-/// with zeros and negative values, through both paths: the norm prologue
-/// (the free function, gamma per call) and the fold (the struct).
+/// with zeros and negative values, through both paths: the free function
+/// (gamma per call: the norm kernel, then the GEMM) and the fold (the
+/// struct). On a variant without T, `check_adjusted` expects the refusal.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn norms_on_rows_off_center_and_gamma_with_zeros_and_negatives() {
@@ -112,49 +104,19 @@ fn norms_on_rows_off_center_and_gamma_with_zeros_and_negatives() {
 }
 
 fn off_center<T: TestElement>(s: &Arc<CudaStream>, dims: &[(&str, usize)]) {
-    // The pattern tests check that a variant without T refuses it.
-    if !support::variant_supports::<T>() {
-        return;
-    }
-    for graph in ["layernorm_gemm", "rmsnorm_gemm"] {
-        let g = support::graph(graph, T::DTYPE);
-        let mut host = reference::random_bindings(&g, dims, &mut support::rng()).expect("bindings");
-        support::off_center_norm_inputs(&mut host, 3.0);
-        for t in host.values_mut() {
-            *t = T::decode(&t.shape, &T::encode(t)).expect("round to T");
-        }
-        let mut case = Case::<T>::from_bindings(s, g, host, dims);
-        let label = format!("{} (prologue, off-center rows)", case.label);
-        case.launch(|r, w| match graph {
-            "layernorm_gemm" => kernels::layernorm_gemm(s, &r[0], &r[1], &r[2], &r[3], &mut w[0]),
-            _ => kernels::rmsnorm_gemm(s, &r[0], &r[1], &r[2], &mut w[0]),
-        })
-        .unwrap_or_else(|e| panic!("{label}: {e}"));
-        let err = case.verify(s);
-        eprintln!("ok  {label:<64} rel_err {err:.2e}");
-        case.poison(s);
-        let label = format!("{} (folded, off-center rows)", case.label);
-        case.launch(|r, w| match graph {
-            "layernorm_gemm" => {
-                let weights = kernels::LayernormGemmWeights {
-                    g: r[1].clone(),
-                    b: r[2].clone(),
-                    w: r[3].clone(),
-                };
-                kernels::LayernormGemm::new(s, weights)?.run(s, &r[0], &mut w[0])
-            }
-            _ => {
-                let weights = kernels::RmsnormGemmWeights {
-                    g: r[1].clone(),
-                    w: r[2].clone(),
-                };
-                kernels::RmsnormGemm::new(s, weights)?.run(s, &r[0], &mut w[0])
-            }
-        })
-        .unwrap_or_else(|e| panic!("{label}: {e}"));
-        let err = case.verify(s);
-        eprintln!("ok  {label:<64} rel_err {err:.2e}");
-    }
+    let rows = |host: &mut Bindings| support::off_center_norm_inputs(host, 3.0);
+    check_adjusted::<T>(s, "layernorm_gemm", dims, rows, |r, w| {
+        kernels::layernorm_gemm(s, &r[0], &r[1], &r[2], &r[3], &mut w[0])
+    });
+    check_adjusted::<T>(s, "layernorm_gemm", dims, rows, |r, w| {
+        support::layernorm_gemm_folded(s, r, w)
+    });
+    check_adjusted::<T>(s, "rmsnorm_gemm", dims, rows, |r, w| {
+        kernels::rmsnorm_gemm(s, &r[0], &r[1], &r[2], &mut w[0])
+    });
+    check_adjusted::<T>(s, "rmsnorm_gemm", dims, rows, |r, w| {
+        support::rmsnorm_gemm_folded(s, r, w)
+    });
 }
 
 #[test]

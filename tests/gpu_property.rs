@@ -85,21 +85,8 @@ fn launch<T: TestElement>(
         "gemm_gelu_quick" => kernels::gemm_gelu_quick(s, &r[0], &r[1], &mut w[0]),
         "layernorm_gemm" => kernels::layernorm_gemm(s, &r[0], &r[1], &r[2], &r[3], &mut w[0]),
         "rmsnorm_gemm" => kernels::rmsnorm_gemm(s, &r[0], &r[1], &r[2], &mut w[0]),
-        "layernorm_gemm_folded" => {
-            let weights = kernels::LayernormGemmWeights {
-                g: r[1].clone(),
-                b: r[2].clone(),
-                w: r[3].clone(),
-            };
-            kernels::LayernormGemm::new(s, weights)?.run(s, &r[0], &mut w[0])
-        }
-        "rmsnorm_gemm_folded" => {
-            let weights = kernels::RmsnormGemmWeights {
-                g: r[1].clone(),
-                w: r[2].clone(),
-            };
-            kernels::RmsnormGemm::new(s, weights)?.run(s, &r[0], &mut w[0])
-        }
+        "layernorm_gemm_folded" => support::layernorm_gemm_folded(s, r, w),
+        "rmsnorm_gemm_folded" => support::rmsnorm_gemm_folded(s, r, w),
         "silu" => kernels::silu(s, &r[0], &mut w[0]),
         "sigmoid" => kernels::sigmoid(s, &r[0], &mut w[0]),
         "gelu_quick" => kernels::gelu_quick(s, &r[0], &mut w[0]),

@@ -299,11 +299,22 @@ impl Default for BenchConfig {
     }
 }
 
-/// A norm GEMM's weights, for the structs that bind them.
+/// A case's weight and norm parameters: random, the same for the same
+/// (n, k, seed), so that a struct can bind an equal copy of the case's.
 struct NormWeights<T> {
     w: Rotated<T>,
     gamma: Rotated<T>,
     beta: Rotated<T>,
+}
+
+impl<T: BenchElement> NormWeights<T> {
+    fn random(stream: &Arc<CudaStream>, n: usize, k: usize, seed: u64) -> Result<NormWeights<T>> {
+        Ok(NormWeights {
+            w: Rotated::random(stream, n * k, 1.0 / (k as f32).sqrt(), seed + 1)?,
+            gamma: Rotated::random(stream, k, 1.0, seed + 4)?,
+            beta: Rotated::random(stream, k, 1.0, seed + 5)?,
+        })
+    }
 }
 
 /// Everything one (pattern, shape) case allocates.
@@ -338,13 +349,14 @@ pub fn bench_pattern<T: BenchElement>(
     head: &mut CudaSlice<u8>,
 ) -> Result<Row> {
     let seed = (m * 31 + n * 17 + k) as u64;
+    let NormWeights { w, gamma, beta } = NormWeights::random(stream, n, k, seed)?;
     let mut c = GemmCase::<T> {
         x: Rotated::random(stream, m * k, 1.0, seed)?,
-        w: Rotated::random(stream, n * k, 1.0 / (k as f32).sqrt(), seed + 1)?,
+        w,
         bias: Rotated::random(stream, n, 1.0, seed + 2)?,
         residual: Rotated::random(stream, m * n, 1.0, seed + 3)?,
-        gamma: Rotated::random(stream, k, 1.0, seed + 4)?,
-        beta: Rotated::random(stream, k, 1.0, seed + 5)?,
+        gamma,
+        beta,
         ours: Rotated::zeros(stream, m * n)?,
         base: Rotated::zeros(stream, m * n)?,
         scratch: Rotated::zeros(stream, m * n.max(k))?,
@@ -371,19 +383,15 @@ pub fn bench_pattern<T: BenchElement>(
     // Bound to equal copies (same seeds), since the case's own buffers are
     // borrowed mutably below.
     let is_norm = matches!(pattern, Pattern::LayernormGemm | Pattern::RmsnormGemm);
-    let norm_weights = NormWeights::<T> {
-        w: Rotated::random(
-            stream,
-            if is_norm { n * k } else { 0 },
-            1.0 / (k as f32).sqrt(),
-            seed + 1,
-        )?,
-        gamma: Rotated::random(stream, if is_norm { k } else { 0 }, 1.0, seed + 4)?,
-        beta: Rotated::random(stream, if is_norm { k } else { 0 }, 1.0, seed + 5)?,
-    };
+    let norm_weights = is_norm
+        .then(|| NormWeights::<T>::random(stream, n, k, seed))
+        .transpose()?;
     let mut layernorm_gemms = Vec::new();
     let mut rmsnorm_gemms = Vec::new();
-    for i in (0..SETS).filter(|_| is_norm) {
+    for (i, norm_weights) in norm_weights
+        .iter()
+        .flat_map(|weights| (0..SETS).map(move |i| (i, weights)))
+    {
         let (w, g, be) = (
             Tensor::new(norm_weights.w.get(i), w_shape)?,
             vec_of(norm_weights.gamma.get(i), k)?,

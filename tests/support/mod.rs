@@ -289,6 +289,34 @@ pub fn off_center_norm_inputs(host: &mut Bindings, mean: f64) {
     }
 }
 
+/// `layernorm_gemm` through its struct, bound to `r`'s weights (g, b, w):
+/// the norm folded into w.
+pub fn layernorm_gemm_folded<T: Element>(
+    s: &Arc<CudaStream>,
+    r: &[Tensor<'_, T>],
+    w: &mut [TensorMut<'_, T>],
+) -> fusion::Result<()> {
+    let weights = fusion::kernels::LayernormGemmWeights {
+        g: r[1].clone(),
+        b: r[2].clone(),
+        w: r[3].clone(),
+    };
+    fusion::kernels::LayernormGemm::new(s, weights)?.run(s, &r[0], &mut w[0])
+}
+
+/// `rmsnorm_gemm` through its struct, bound to `r`'s weights (g, w).
+pub fn rmsnorm_gemm_folded<T: Element>(
+    s: &Arc<CudaStream>,
+    r: &[Tensor<'_, T>],
+    w: &mut [TensorMut<'_, T>],
+) -> fusion::Result<()> {
+    let weights = fusion::kernels::RmsnormGemmWeights {
+        g: r[1].clone(),
+        w: r[2].clone(),
+    };
+    fusion::kernels::RmsnormGemm::new(s, weights)?.run(s, &r[0], &mut w[0])
+}
+
 /// (M, N, K) for the single-GEMM patterns.
 pub fn gemm_shapes() -> Vec<(usize, usize, usize)> {
     let mut shapes = Vec::new();

@@ -101,6 +101,18 @@ fn arg_ident(graph: &Graph, t: TensorId) -> Ident {
     Ident::new(&graph.tensor(t).name, Span::call_site())
 }
 
+/// A kernel operand's checked device address as the C params take it, or
+/// null when the kernel has no such operand.
+fn operand_ptr(tensor: Option<TensorId>) -> TokenStream {
+    match tensor {
+        Some(t) => {
+            let p = pointer_var(t);
+            quote!(#p as *const core::ffi::c_void)
+        }
+        None => quote!(core::ptr::null()),
+    }
+}
+
 fn dtype_tokens(d: DType) -> TokenStream {
     match d {
         DType::F16 => quote!(fusion::core::ir::DType::F16),
@@ -329,19 +341,9 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
     let label = |index: usize| format!("kernel #{index} ({})", plan.kernels[index].name);
     let kernel_params = plan.kernels.iter().enumerate().map(|(index, kernel)| {
         let var = format_ident!("__params_{index}");
-        let ptr = |role: Role| match kernel.operand(role) {
-            Some(t) => {
-                let p = pointer_var(t);
-                quote!(#p as *const core::ffi::c_void)
-            }
-            None => quote!(core::ptr::null()),
-        };
-        let step_ptr = |which: fn(&Role) -> bool| match kernel.operands.iter().find(|o| which(&o.role)) {
-            Some(o) => {
-                let p = pointer_var(o.tensor);
-                quote!(#p as *const core::ffi::c_void)
-            }
-            None => quote!(core::ptr::null()),
+        let ptr = |role: Role| operand_ptr(kernel.operand(role));
+        let step_ptr = |which: fn(&Role) -> bool| {
+            operand_ptr(kernel.operands.iter().find(|o| which(&o.role)).map(|o| o.tensor))
         };
         let bias = step_ptr(|r| matches!(r, Role::Bias { .. }));
         let residual = step_ptr(|r| matches!(r, Role::Residual { .. }));
@@ -486,13 +488,7 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
             let fold = format_ident!("{symbol}_fold_weights");
             quote!((#d, #a) => ffi::#fold as fusion::launch::FoldWeights<ffi::fusion_fold_params>,)
         });
-        let ptr = |role: Role| match kernel.operand(role) {
-            Some(t) => {
-                let p = pointer_var(t);
-                quote!(#p as *const core::ffi::c_void)
-            }
-            None => quote!(core::ptr::null()),
-        };
+        let ptr = |role: Role| operand_ptr(kernel.operand(role));
         let (b, gamma, beta) = (ptr(Role::B), ptr(Role::Gamma), ptr(Role::Beta));
         let b_decl = tensor_const(kernel.operand(Role::B).unwrap_or(kernel.output));
         let n_k = match gemm.b_layout {

@@ -76,16 +76,18 @@ __global__ void __launch_bounds__(Mainloop::kThreads, Mainloop::kMinBlocksPerSm)
   const int64_t tiles_n = (args.n + Mainloop::BN - 1) / Mainloop::BN;
   const TileCoord tile =
       grouped_tile_order<GroupRowsOf<Mainloop>::value>(blockIdx.x, tiles_m, tiles_n, Mainloop::BM, Mainloop::BN);
-  GemmArgs<typename Mainloop::Element> tile_args = args;
   if constexpr (Prologue::kRowStats) {
     Prologue::template compute_row_stats<typename Mainloop::Element, Mainloop::BM, Mainloop::kThreads>(
         args.a, tile.m0, args.m, args.k, args.norm, row_stats);
     __syncthreads();
     // A folded norm's correction reads them in the epilogue.
+    GemmArgs<typename Mainloop::Element> tile_args = args;
     tile_args.epilogue.row_stats = row_stats;
     tile_args.epilogue.row_stats_m0 = tile.m0;
+    Mainloop::template operator_body<Epilogue>(tile_args, tile, smem);
+  } else {
+    Mainloop::template operator_body<Epilogue>(args, tile, smem);
   }
-  Mainloop::template operator_body<Epilogue>(tile_args, tile, smem);
 }
 
 namespace detail {

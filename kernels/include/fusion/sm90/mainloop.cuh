@@ -339,46 +339,42 @@ cudaError_t Mainloop<T, kLayout, Config>::launch_gemm(const GemmArgs<T>& p, cons
   err = encode_maps(p, &map_a, &map_b, &map_c);
   if (err != cudaSuccess) return err;
   const StreamK& sk = plan.stream_k;
-  if constexpr (kClusterM == 1 && Prologue::kRowStats) {
-    // Launched as the row statistics' programmatic dependent: its CTAs start
-    // while the statistics pass runs and wait for it (grid_dependency_wait)
-    // only before their first epilogue, the statistics' one reader.
+  if constexpr (kClusterM == 1 && !Prologue::kRowStats) {
+    persistent_gemm_kernel<Self, Prologue, Epilogue>
+        <<<unsigned(plan.grid), kThreads, kSmemBytes, stream>>>(map_a, map_b, map_c, p, sk);
+  } else {
     cudaLaunchConfig_t config{};
     config.gridDim = dim3(unsigned(plan.grid));
     config.blockDim = dim3(kThreads);
     config.dynamicSmemBytes = kSmemBytes;
     config.stream = stream;
-    cudaLaunchAttribute dependent{};
-    dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    dependent.val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = &dependent;
-    config.numAttrs = 1;
-    err = cudaLaunchKernelEx(&config, persistent_gemm_kernel<Self, Prologue, Epilogue>, map_a, map_b, map_c, p, sk);
-    if (err != cudaSuccess) return err;
-  } else if constexpr (kClusterM == 1) {
-    persistent_gemm_kernel<Self, Prologue, Epilogue>
-        <<<unsigned(plan.grid), kThreads, kSmemBytes, stream>>>(map_a, map_b, map_c, p, sk);
-  } else {
-    cudaLaunchConfig_t config{};
-    config.blockDim = dim3(kThreads);
-    config.dynamicSmemBytes = kSmemBytes;
-    config.stream = stream;
-    cudaLaunchAttribute cluster{};
-    cluster.id = cudaLaunchAttributeClusterDimension;
-    cluster.val.clusterDim.x = kClusterM;
-    cluster.val.clusterDim.y = 1;
-    cluster.val.clusterDim.z = 1;
-    config.attrs = &cluster;
-    config.numAttrs = 1;
-    // Clusters must fit inside a GPC, so fewer than SMs / kClusterM may be
-    // resident at once; a persistent grid larger than that would run its
-    // last clusters after the others finish.
-    int resident = 0;
-    config.gridDim = dim3(unsigned(fusion::detail::sm_count(device)));
-    err = cudaOccupancyMaxActiveClusters(&resident, persistent_gemm_kernel<Self, Prologue, Epilogue>, &config);
-    if (err != cudaSuccess) return err;
-    if (resident <= 0) return cudaErrorInvalidConfiguration;
-    config.gridDim = dim3(unsigned((plan.grid < resident ? plan.grid : resident) * kClusterM));
+    cudaLaunchAttribute attrs[2]{};
+    config.attrs = attrs;
+    if constexpr (kClusterM > 1) {
+      attrs[config.numAttrs].id = cudaLaunchAttributeClusterDimension;
+      attrs[config.numAttrs].val.clusterDim.x = kClusterM;
+      attrs[config.numAttrs].val.clusterDim.y = 1;
+      attrs[config.numAttrs].val.clusterDim.z = 1;
+      ++config.numAttrs;
+      // Clusters must fit inside a GPC, so fewer than SMs / kClusterM may be
+      // resident at once; a persistent grid larger than that would run its
+      // last clusters after the others finish.
+      int resident = 0;
+      config.gridDim = dim3(unsigned(fusion::detail::sm_count(device)));
+      err = cudaOccupancyMaxActiveClusters(&resident, persistent_gemm_kernel<Self, Prologue, Epilogue>, &config);
+      if (err != cudaSuccess) return err;
+      if (resident <= 0) return cudaErrorInvalidConfiguration;
+      config.gridDim = dim3(unsigned((plan.grid < resident ? plan.grid : resident) * kClusterM));
+    }
+    if constexpr (Prologue::kRowStats) {
+      // Launched as the row statistics' programmatic dependent: its CTAs
+      // start while the statistics pass runs and wait for it
+      // (grid_dependency_wait) only before their first epilogue, the
+      // statistics' one reader.
+      attrs[config.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      attrs[config.numAttrs].val.programmaticStreamSerializationAllowed = 1;
+      ++config.numAttrs;
+    }
     err = cudaLaunchKernelEx(&config, persistent_gemm_kernel<Self, Prologue, Epilogue>, map_a, map_b, map_c, p, sk);
     if (err != cudaSuccess) return err;
   }
