@@ -201,6 +201,11 @@ impl EpilogueStep {
         self.def().step().expect("the row of an epilogue step is a step")
     }
 
+    /// Whether it reads a tensor of the accumulator's shape (residual, mul).
+    pub fn reads_tile(self) -> bool {
+        matches!(self.step_def().kind, ops::StepKind::Residual | ops::StepKind::Mul)
+    }
+
     /// The word it adds to a composed name: `bias`, `gelu`, `residual`, `mul`.
     pub fn name(self) -> &'static str {
         self.step_def().word
@@ -233,6 +238,12 @@ impl GemmComposition {
     /// The named pattern this composition is, if it is one of the nine.
     pub fn pattern(&self) -> Option<NamedPattern> {
         NamedPattern::of(self)
+    }
+
+    /// How many of its epilogue steps read an [M, N] tensor (residual,
+    /// multiplier).
+    pub fn source_tiles(&self) -> usize {
+        self.epilogue.iter().filter(|s| s.reads_tile()).count()
     }
 }
 

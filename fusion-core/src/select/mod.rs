@@ -167,6 +167,9 @@ pub struct KernelKind {
     /// Has a norm before the GEMM (folded into B, or normalized into
     /// scratch first: kernels/include/fusion/prologue.cuh).
     pub prologue: bool,
+    /// Its epilogue reads one [M, N] tile (a residual or a multiplier), its
+    /// source tile: `fusion::EpilogueChain::kSourceTile`.
+    pub source_tile: bool,
 }
 
 impl KernelKind {
@@ -176,6 +179,7 @@ impl KernelKind {
             dtype,
             layout: composition.b_layout,
             prologue: composition.prologue.is_some(),
+            source_tile: composition.source_tiles() == 1,
         }
     }
 }
@@ -263,7 +267,7 @@ pub fn select_sourced(
     kernel: &KernelKind,
 ) -> Result<(KernelConfig, ConfigSource), SelectError> {
     let (entry, config) = table
-        .lookup(&kernel.name, kernel.dtype)
+        .lookup(&kernel.name, kernel.dtype, kernel.source_tile)
         .ok_or_else(|| SelectError::NoEntry {
             file: table.file.clone(),
             kernel: kernel.name.clone(),

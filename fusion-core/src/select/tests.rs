@@ -1,4 +1,5 @@
 use super::*;
+use crate::fuse::{Activation, EpilogueStep};
 
 /// Tiles of the shipped tables (`kernels/tuned/*.json`, their one source),
 /// written out here to check what selection returns.
@@ -64,6 +65,7 @@ fn kernel(name: &str, dtype: DType, prologue: bool) -> KernelKind {
         dtype,
         layout: WeightLayout::NK,
         prologue,
+        source_tile: false,
     }
 }
 
@@ -73,23 +75,30 @@ fn shipped_tables_parse_and_fit_their_arch() {
         let table = TunedTable::shipped(arch).unwrap();
         assert_eq!(table.arch, arch);
         // Every entry, with the prologue its name implies, and a norm and a
-        // plain composition that fall back to `default`.
+        // plain composition that fall back to `default`, and one reading a
+        // source tile that falls back to `default.source_tile` where there
+        // is one.
         let mut names: Vec<String> = table
             .configs
             .keys()
-            .map(|k| k.replace("default", "gemm"))
+            .map(|k| {
+                k.replace(super::tuned::SOURCE_TILE_DEFAULT, "gemm_residual")
+                    .replace("default", "gemm")
+            })
             .collect();
-        names.extend(["rmsnorm_gemm_bias_silu".to_owned(), "gemm_bias_silu".to_owned()]);
+        names.extend(["rmsnorm_gemm_bias_silu", "gemm_bias_silu", "gemm_silu_mul"].map(str::to_owned));
         for name in &names {
             let (name, dtypes) = match name.split_once('.') {
                 Some((name, dtype)) => (name, vec![dtype.parse::<DType>().unwrap()]),
                 None => (name.as_str(), vec![DType::F16, DType::BF16]),
             };
             let prologue = name.starts_with("layernorm_") || name.starts_with("rmsnorm_");
+            let source_tile = name.ends_with("_residual") || name.ends_with("_mul");
             for &dtype in dtypes.iter().filter(|d| arch.supports(**d)) {
                 for layout in [WeightLayout::NK, WeightLayout::KN] {
                     let k = KernelKind {
                         layout,
+                        source_tile,
                         ..kernel(name, dtype, prologue)
                     };
                     select(arch, &k).unwrap_or_else(|e| panic!("{e}"));
@@ -181,10 +190,44 @@ fn lookup_prefers_the_most_specific_key() {
         "gemm_silu": { "large": { "bm": 128, "bn": 128, "bk": 32, "warp_m": 64, "warp_n": 32, "stages": 4, "min_blocks_per_sm": 1 } },
         "gemm_silu.bf16": { "large": { "bm": 128, "bn": 128, "bk": 32, "warp_m": 64, "warp_n": 32, "stages": 5, "min_blocks_per_sm": 1 } } } }"#;
     let table = TunedTable::parse("t.json", json).unwrap();
-    let stages = |name, dtype| table.lookup(name, dtype).map(|(_, c)| c.large.stages);
+    let stages = |name, dtype| table.lookup(name, dtype, false).map(|(_, c)| c.large.stages);
     assert_eq!(stages("gemm_silu", DType::BF16), Some(5));
     assert_eq!(stages("gemm_silu", DType::F16), Some(4));
     assert_eq!(stages("gemm", DType::F16), Some(3));
+}
+
+#[test]
+fn a_composition_reading_a_source_tile_takes_its_default_before_the_plain_one() {
+    let json = r#"{ "arch": "sm90", "configs": {
+        "default": { "large": { "bm": 128, "bn": 256, "bk": 64, "stages": 4 } },
+        "default.source_tile": { "large": { "bm": 128, "bn": 256, "bk": 64, "stages": 3 } },
+        "gemm_residual": { "large": { "bm": 128, "bn": 128, "bk": 64, "stages": 5 } } } }"#;
+    let table = TunedTable::parse("t.json", json).unwrap();
+    let entry = |name, source_tile| table.lookup(name, DType::F16, source_tile).map(|(key, _)| key);
+    assert_eq!(entry("gemm_bias_residual", true), Some("default.source_tile"));
+    assert_eq!(entry("gemm_bias_gelu", false), Some("default"));
+    // A composition's own entry still comes first.
+    assert_eq!(entry("gemm_residual", true), Some("gemm_residual"));
+    let source = |name: &str| {
+        let (prologue, epilogue) = match name {
+            "gemm_silu_mul" => (
+                None,
+                vec![EpilogueStep::Activation(Activation::SILU), EpilogueStep::Mul],
+            ),
+            _ => (None, vec![EpilogueStep::Bias]),
+        };
+        KernelKind::of(
+            &GemmComposition {
+                prologue,
+                b_layout: WeightLayout::NK,
+                epilogue,
+            },
+            DType::F16,
+        )
+        .source_tile
+    };
+    assert!(source("gemm_silu_mul"));
+    assert!(!source("gemm_bias"));
 }
 
 #[test]

@@ -7,8 +7,11 @@
 //!     "gemm_bias_gelu.bf16": { "large": { ... } } } }
 //! ```
 //!
-//! Keys are `<composition>.<dtype>`, `<composition>` or `default`, tried in
-//! that order. An sm90 entry names `bm`, `bn`, `bk` (64), `stages` and
+//! Keys are `<composition>.<dtype>`, `<composition>`, `default.source_tile`
+//! (only for a composition whose epilogue reads one [M, N] tile: a residual
+//! or a multiplier, which the sm90 epilogue brings into its staging tile
+//! whole, so its tile needs room for that beside the stages) or `default`,
+//! tried in that order. An sm90 entry names `bm`, `bn`, `bk` (64), `stages` and
 //! optionally `"schedule": "cooperative" | "pingpong"`. An entry may add
 //! `small_m_alt`, a second tile for `m <= small_m_max` that the kernel runs
 //! instead of `small_m` when it needs fewer waves on the device's SMs.
@@ -21,6 +24,10 @@
 use super::{Arch, KernelConfig, SelectError};
 use crate::ir::DType;
 use indexmap::IndexMap;
+
+/// The entry for compositions whose epilogue reads one [M, N] source tile,
+/// before `default`.
+pub const SOURCE_TILE_DEFAULT: &str = "default.source_tile";
 
 /// One parsed tuned table.
 #[derive(Clone, Debug, PartialEq)]
@@ -74,14 +81,22 @@ impl TunedTable {
         format!("kernels/tuned/{}.json", arch.name())
     }
 
-    /// The most specific entry for a composition and dtype, and its key.
-    pub fn lookup(&self, composition: &str, dtype: DType) -> Option<(&str, &KernelConfig)> {
+    /// The most specific entry for a composition and dtype, and its key;
+    /// `source_tile`: the composition's epilogue reads one [M, N] tile.
+    pub fn lookup(
+        &self,
+        composition: &str,
+        dtype: DType,
+        source_tile: bool,
+    ) -> Option<(&str, &KernelConfig)> {
         [
-            format!("{composition}.{dtype}"),
-            composition.to_owned(),
-            "default".to_owned(),
+            Some(format!("{composition}.{dtype}")),
+            Some(composition.to_owned()),
+            source_tile.then(|| SOURCE_TILE_DEFAULT.to_owned()),
+            Some("default".to_owned()),
         ]
         .into_iter()
+        .flatten()
         .find_map(|key| self.configs.get_key_value(&key))
         .map(|(k, v)| (k.as_str(), v))
     }

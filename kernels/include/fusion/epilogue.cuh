@@ -5,7 +5,10 @@
 // have the pointers this step reads?), `kReadsTile` (does it read an [M, N]
 // tensor, one value per element, rather than nothing or one per column?) and
 // a device-side `apply` that maps one pair of adjacent accumulator columns
-// (m, n) and (m, n + 1) to new values.
+// (m, n) and (m, n + 1) to new values. A step that reads a tile also names
+// it (`tile`) and says how its values enter (`combine`), so that a mainloop
+// which brings the tile into shared memory ahead of the epilogue (sm90's, by
+// TMA) can hand the values over instead of the step loading them.
 // An activation derives these from `Activation<Self>` and gives only its
 // `name` and `f`, the function of one value.
 // Pairs, because the mma.sync C fragment hands each thread two consecutive
@@ -17,6 +20,9 @@
 #pragma once
 
 #include <stdint.h>
+
+#include <tuple>
+#include <utility>
 
 #include "norm.cuh"
 #include "numeric.cuh"
@@ -122,29 +128,31 @@ struct GeluQuick : Activation<GeluQuick> {
   }
 };
 
-// x + residual[m, n]
-struct Residual {
+// What every step that reads an [M, N] tile shares: `Derived::tile` names
+// the tensor and `Derived::combine` merges a pair of its values into the
+// accumulators; `apply` loads the pair itself.
+template <typename Derived>
+struct TileStep {
   static constexpr bool kReadsTile = true;
-  static constexpr const char* name = "residual";
-  static bool args_valid(const EpilogueArgs& a) { return a.residual != nullptr; }
+  static bool args_valid(const EpilogueArgs& a) { return Derived::tile(a) != nullptr; }
   template <typename T>
-  static __device__ __forceinline__ float2 apply(float2 v, int64_t m, int64_t n, int64_t ld,
-                                                 const EpilogueArgs& a) {
-    const float2 r = load_pair(static_cast<const T*>(a.residual) + m * ld + n);
-    return make_float2(v.x + r.x, v.y + r.y);
+  static __device__ __forceinline__ float2 apply(float2 v, int64_t m, int64_t n, int64_t ld, const EpilogueArgs& a) {
+    return Derived::combine(v, load_pair(static_cast<const T*>(Derived::tile(a)) + m * ld + n));
   }
 };
 
+// x + residual[m, n]
+struct Residual : TileStep<Residual> {
+  static constexpr const char* name = "residual";
+  static __host__ __device__ __forceinline__ const void* tile(const EpilogueArgs& a) { return a.residual; }
+  static __device__ __forceinline__ float2 combine(float2 v, float2 r) { return make_float2(v.x + r.x, v.y + r.y); }
+};
+
 // x * multiplier[m, n] (SwiGLU's gate times up projection).
-struct Mul {
-  static constexpr bool kReadsTile = true;
+struct Mul : TileStep<Mul> {
   static constexpr const char* name = "mul";
-  static bool args_valid(const EpilogueArgs& a) { return a.multiplier != nullptr; }
-  template <typename T>
-  static __device__ __forceinline__ float2 apply(float2 v, int64_t m, int64_t n, int64_t ld, const EpilogueArgs& a) {
-    const float2 p = load_pair(static_cast<const T*>(a.multiplier) + m * ld + n);
-    return make_float2(v.x * p.x, v.y * p.y);
-  }
+  static __host__ __device__ __forceinline__ const void* tile(const EpilogueArgs& a) { return a.multiplier; }
+  static __device__ __forceinline__ float2 combine(float2 v, float2 p) { return make_float2(v.x * p.x, v.y * p.y); }
 };
 
 // The folded norm's correction, the first step of a chain whose GEMM ran on
@@ -179,6 +187,18 @@ struct EpilogueChain {
 
   static bool args_valid(const EpilogueArgs& a) { return (true && ... && Steps::args_valid(a)); }
   static constexpr bool kReadsTile = (false || ... || Steps::kReadsTile);
+  // How many steps read an [M, N] tile. Where there is one (kSourceTile),
+  // a mainloop may bring its tile (`source`) ahead of the epilogue and run
+  // the chain as apply_head and apply_tail around it.
+  static constexpr int kTileSteps = (0 + ... + int(Steps::kReadsTile));
+  static constexpr bool kSourceTile = kTileSteps == 1;
+
+  // The tensor of the chain's tile-reading step (null when there is none).
+  static const void* source(const EpilogueArgs& a) {
+    const void* tile = nullptr;
+    ((tile = tile != nullptr ? tile : source_of<Steps>(a)), ...);
+    return tile;
+  }
 
   // Values of C at (m, n) and (m, n + 1) given the accumulators there; `ld` is
   // N, the row stride of C and of the [M, N] operands.
@@ -189,12 +209,68 @@ struct EpilogueChain {
     return acc;
   }
 
+  // The chain in two parts around its tile-reading step (kSourceTile),
+  // for a mainloop that brings that tile ahead: apply_head applies the
+  // steps before it, apply_tail that step, with `src` the tile's values at
+  // (m, n) and (m, n + 1), and the steps after it.
+  template <typename T>
+  static __device__ __forceinline__ float2 apply_head(float2 acc, int64_t m, int64_t n, int64_t ld,
+                                                      const EpilogueArgs& a) {
+    return apply_range<0, kFirstTileStep, T>(acc, make_float2(0.0f, 0.0f), m, n, ld, a,
+                                             std::index_sequence_for<Steps...>{});
+  }
+  template <typename T>
+  static __device__ __forceinline__ float2 apply_tail(float2 acc, float2 src, int64_t m, int64_t n, int64_t ld,
+                                                      const EpilogueArgs& a) {
+    static_assert(kSourceTile, "a chain with one tile-reading step");
+    return apply_range<kFirstTileStep, int(sizeof...(Steps)), T>(acc, src, m, n, ld, a,
+                                                                 std::index_sequence_for<Steps...>{});
+  }
+
   // Applies the chain and stores the pair if it lies inside C. N is a multiple
   // of 8 and n is even, so a pair is either wholly inside or wholly outside.
   template <typename T>
   static __device__ __forceinline__ void store_pair_checked(T* c, float2 acc, int64_t m, int64_t n, int64_t M,
                                                             int64_t N, const EpilogueArgs& a) {
     if (m < M && n < N) store_pair(c + m * N + n, apply<T>(acc, m, n, N, a));
+  }
+
+ private:
+  // The index of the first tile-reading step (the number of steps if none).
+  static constexpr int first_tile_step() {
+    constexpr bool reads[] = {Steps::kReadsTile..., false};
+    int i = 0;
+    while (i < int(sizeof...(Steps)) && !reads[i]) ++i;
+    return i;
+  }
+  static constexpr int kFirstTileStep = first_tile_step();
+
+  template <typename Step>
+  static const void* source_of(const EpilogueArgs& a) {
+    if constexpr (Step::kReadsTile)
+      return Step::tile(a);
+    else
+      return nullptr;
+  }
+
+  // Steps [kBegin, kEnd) in order; a tile-reading one among them combines
+  // `src` rather than loading its values.
+  template <int kBegin, int kEnd, typename T, size_t... I>
+  static __device__ __forceinline__ float2 apply_range(float2 acc, float2 src, int64_t m, int64_t n, int64_t ld,
+                                                       const EpilogueArgs& a, std::index_sequence<I...>) {
+    ((acc = step_in_range<I, kBegin, kEnd, T>(acc, src, m, n, ld, a)), ...);
+    return acc;
+  }
+  template <size_t I, int kBegin, int kEnd, typename T>
+  static __device__ __forceinline__ float2 step_in_range(float2 acc, float2 src, int64_t m, int64_t n, int64_t ld,
+                                                         const EpilogueArgs& a) {
+    using Step = std::tuple_element_t<I, std::tuple<Steps...>>;
+    if constexpr (int(I) < kBegin || int(I) >= kEnd)
+      return acc;
+    else if constexpr (Step::kReadsTile)
+      return Step::combine(acc, src);
+    else
+      return Step::template apply<T>(acc, m, n, ld, a);
   }
 };
 

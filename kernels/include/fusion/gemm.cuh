@@ -67,6 +67,20 @@ struct OwnsKernel<Mainloop, decltype(void(Mainloop::kOwnsKernel))> {
   static constexpr bool value = Mainloop::kOwnsKernel;
 };
 
+// Whether Mainloop's epilogue can run the chain Epilogue on its tile
+// config: sm90's brings a source tile (residual, multiplier) into its
+// staging tile, which must then hold the whole share of C
+// (sm90::Mainloop::epilogue_fits); the others read source tiles from
+// global memory and take any chain.
+template <typename Mainloop, typename Epilogue, bool = OwnsKernel<Mainloop>::value>
+struct EpilogueFits {
+  static constexpr bool value = true;
+};
+template <typename Mainloop, typename Epilogue>
+struct EpilogueFits<Mainloop, Epilogue, true> {
+  static constexpr bool value = Mainloop::template epilogue_fits<Epilogue>();
+};
+
 template <typename Mainloop, typename Prologue, typename Epilogue>
 __global__ void __launch_bounds__(Mainloop::kThreads, Mainloop::kMinBlocksPerSm)
     fused_gemm_kernel(const GemmArgs<typename Mainloop::Element> args) {
@@ -149,6 +163,9 @@ struct FusedGemm {
   // the generated units check against the mainloop's kSmemPerBlock).
   static constexpr size_t kBlockSmemBytes =
       kSmemBytes + (OwnsKernel<Mainloop>::value ? 0 : sizeof(RowStats) * (Prologue::kRowStats ? Mainloop::BM : 1));
+  // Whether the tile config can run the epilogue chain (the generated units
+  // assert it, naming the tuned entry).
+  static constexpr bool kEpilogueFits = EpilogueFits<Mainloop, Epilogue>::value;
 
   // Kernel-level checks of everything the kernel relies on. Returns
   // cudaErrorInvalidValue when N or K is not a multiple of 8, K is 0, a

@@ -26,8 +26,10 @@ static_assert(fusion::sm80::tile_valid<fusion::LayoutB::NK, LargeTile> && LargeT
               "tile config from kernels/tuned/sm80.json, entry 'layernorm_gemm' for 'layernorm_gemm' (large) does not fit sm80: 128x128x32 (warp 64x32, 4 stages, 2 block(s)/SM) is not a tile the sm80 mainloop takes: a rule of its TileConfig fails (an error above names it), or bk or stages differ from the template's own");
 static_assert(Kernel<LargeTile>::kBlockSmemBytes <= fusion::sm80::kSmemPerBlock,
               "tile config from kernels/tuned/sm80.json, entry 'layernorm_gemm' for 'layernorm_gemm' (large) does not fit sm80: 128x128x32 (warp 64x32, 4 stages, 2 block(s)/SM) needs more shared memory per block than sm80 allows");
+static_assert(Kernel<LargeTile>::kEpilogueFits, "tile config from kernels/tuned/sm80.json, entry 'layernorm_gemm' for 'layernorm_gemm' (large) does not fit sm80: 128x128x32 (warp 64x32, 4 stages, 2 block(s)/SM) leaves too little shared memory to bring its epilogue's [M, N] source tile (residual, mul) in whole beside the stages: use fewer stages (see the tuned table's 'default.source_tile')");
 static_assert(FoldedKernel<LargeTile>::kBlockSmemBytes <= fusion::sm80::kSmemPerBlock,
               "tile config from kernels/tuned/sm80.json, entry 'layernorm_gemm' for 'layernorm_gemm' (large) does not fit sm80: 128x128x32 (warp 64x32, 4 stages, 2 block(s)/SM) needs more shared memory per block than sm80 allows");
+static_assert(FoldedKernel<LargeTile>::kEpilogueFits, "tile config from kernels/tuned/sm80.json, entry 'layernorm_gemm' for 'layernorm_gemm' (large) does not fit sm80: 128x128x32 (warp 64x32, 4 stages, 2 block(s)/SM) leaves too little shared memory to bring its epilogue's [M, N] source tile (residual, mul) in whole beside the stages: use fewer stages (see the tuned table's 'default.source_tile')");
 
 fusion::GemmArgs<Element> args_of(const fusion_gemm_params* p) {
   fusion::GemmArgs<Element> args{};

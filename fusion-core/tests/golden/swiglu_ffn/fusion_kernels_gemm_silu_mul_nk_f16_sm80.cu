@@ -22,11 +22,13 @@ static_assert(fusion::sm80::tile_valid<fusion::LayoutB::NK, LargeTile> && LargeT
               "tile config from kernels/tuned/sm80.json, entry 'default' for 'gemm_silu_mul' (large) does not fit sm80: 128x128x32 (warp 64x64, 4 stages, 2 block(s)/SM) is not a tile the sm80 mainloop takes: a rule of its TileConfig fails (an error above names it), or bk or stages differ from the template's own");
 static_assert(Kernel<LargeTile>::kBlockSmemBytes <= fusion::sm80::kSmemPerBlock,
               "tile config from kernels/tuned/sm80.json, entry 'default' for 'gemm_silu_mul' (large) does not fit sm80: 128x128x32 (warp 64x64, 4 stages, 2 block(s)/SM) needs more shared memory per block than sm80 allows");
+static_assert(Kernel<LargeTile>::kEpilogueFits, "tile config from kernels/tuned/sm80.json, entry 'default' for 'gemm_silu_mul' (large) does not fit sm80: 128x128x32 (warp 64x64, 4 stages, 2 block(s)/SM) leaves too little shared memory to bring its epilogue's [M, N] source tile (residual, mul) in whole beside the stages: use fewer stages (see the tuned table's 'default.source_tile')");
 static_assert(fusion::sm80::tile_valid<fusion::LayoutB::NK, SmallTile> && SmallTile::BK == 32 &&
                   SmallTile::kStages == 4,
               "tile config from kernels/tuned/sm80.json, entry 'default' for 'gemm_silu_mul' (small_m) does not fit sm80: 64x128x32 (warp 32x64, 4 stages, 3 block(s)/SM) is not a tile the sm80 mainloop takes: a rule of its TileConfig fails (an error above names it), or bk or stages differ from the template's own");
 static_assert(Kernel<SmallTile>::kBlockSmemBytes <= fusion::sm80::kSmemPerBlock,
               "tile config from kernels/tuned/sm80.json, entry 'default' for 'gemm_silu_mul' (small_m) does not fit sm80: 64x128x32 (warp 32x64, 4 stages, 3 block(s)/SM) needs more shared memory per block than sm80 allows");
+static_assert(Kernel<SmallTile>::kEpilogueFits, "tile config from kernels/tuned/sm80.json, entry 'default' for 'gemm_silu_mul' (small_m) does not fit sm80: 64x128x32 (warp 32x64, 4 stages, 3 block(s)/SM) leaves too little shared memory to bring its epilogue's [M, N] source tile (residual, mul) in whole beside the stages: use fewer stages (see the tuned table's 'default.source_tile')");
 
 fusion::GemmArgs<Element> args_of(const fusion_gemm_params* p) {
   fusion::GemmArgs<Element> args{};

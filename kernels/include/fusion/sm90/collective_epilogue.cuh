@@ -3,6 +3,15 @@
 // a 128-byte swizzled staging tile in shared memory (stmatrix, 16 bytes per
 // lane) and TMA stores, which drop what falls outside C. The producer
 // meanwhile already loads the next tile's stages (collective_mainloop.cuh).
+//
+// A chain with one step that reads an [M, N] tile (residual, multiplier:
+// EpilogueChain::kSourceTile) gets that tile by TMA into the staging tile
+// while the K loop still runs (load_source, which the consumer issues after
+// its first k-blocks), and reads it back in the accumulators' fragment
+// layout with ldmatrix just before writing C over it with stmatrix: the
+// source costs no global-load latency after the K loop, where element-wise
+// loads of it had cost gemm_bias_residual 5-12% against cuBLASLt's
+// beta·C (BENCHMARKS.md v13).
 #pragma once
 
 #include <cuda.h>
@@ -39,26 +48,72 @@ struct CollectiveEpilogue {
   // [kConsumers][kRows / 64][kStagingCols / 64] boxes of kBoxBytes, each
   // consumer's at a 1024-byte aligned address for the swizzle (the kernel's
   // SharedStorage places it right after the ring's stages).
+  // `source_full[c]` completes when consumer c's source tile has landed in
+  // its boxes (kSourceTile chains only).
   struct Staging {
     unsigned char boxes[kConsumers][kRows * kStagingCols * 2];
+    uint64_t source_full[kConsumers];
   };
   static_assert(kRows * kStagingCols * 2 % 1024 == 0, "every consumer's boxes start 1024-byte aligned");
+  static constexpr int kBoxesPerRow = kStagingCols / 64, kPartFrags = kStagingCols / 8;
 
-  // The epilogue chain on every accumulator of this consumer's part of the
-  // tile. kChecked skips the pairs whose loads would fall outside their
-  // tensors: columns past N, and for a chain that reads an [M, N] tensor
-  // (residual, multiplier) also rows past M. Rows past M need no check
-  // otherwise: the TMA store drops them. A chain of activations and bias
-  // on a tile with every column inside C runs unchecked, so nothing is
-  // predicated and the compiler issues the bias loads together, once per
-  // column pair. With a check on every pair (rows too), the H200 measured
-  // bias + GELU at 4096^3 ~11 us over the bare GEMM (BENCHMARKS.md): each
-  // bias load was issued twice, under each row's predicate, a few at a time
-  // between the GELU math. Chains that read [M, N] tensors keep the checked
-  // form: unpredicated, their loads are all hoisted together and spill.
-  template <typename Epilogue, bool kChecked>
-  static __device__ __forceinline__ void apply_chain(float (&acc)[kMmaM][kAccumulators], int64_t m_base, int64_t n0,
-                                                     int rows, int cols, const GemmArgs<T>& args) {
+  // Whether this epilogue can run a chain: one that reads a source tile
+  // brings all of it into the staging tile, which must then hold the
+  // consumer's whole share of C.
+  template <typename Epilogue>
+  static constexpr bool fits() {
+    return !Epilogue::kSourceTile || kStagingParts == 1;
+  }
+
+  static __device__ __forceinline__ void init_source_barriers(Staging& shared) {
+#pragma unroll
+    for (int c = 0; c < kConsumers; ++c) mbarrier_init(&shared.source_full[c], 1);
+  }
+
+  // Issued by one thread of the consumer while its K loop runs: waits until
+  // the previous tile's TMA stores (this thread's bulk groups) have read
+  // the staging tile, then loads the source's part of this consumer's share
+  // of `tile` into it by TMA, counted on source_full[consumer]. Boxes wholly
+  // outside the tensor are not loaded (their rows or columns of C are
+  // dropped by the store); the rest are zero-filled past its edges.
+  static __device__ __forceinline__ void load_source(Staging& shared, int consumer, TileCoord tile,
+                                                     const CUtensorMap* map_src, int64_t m, int64_t n) {
+    const int64_t m_base = tile.m0 + Config::share_row0(consumer);
+    uint32_t bytes = 0;
+#pragma unroll
+    for (int mi = 0; mi < kMmaM; ++mi)
+#pragma unroll
+      for (int nb = 0; nb < kBoxesPerRow; ++nb)
+        if (m_base + 64 * mi < m && tile.n0 + 64 * nb < n) bytes += kBoxBytes;
+    bulk_wait_read();
+    uint64_t* full = &shared.source_full[consumer];
+    mbarrier_arrive_expect_tx(full, bytes);
+    unsigned char* staging = shared.boxes[consumer];
+#pragma unroll
+    for (int mi = 0; mi < kMmaM; ++mi)
+#pragma unroll
+      for (int nb = 0; nb < kBoxesPerRow; ++nb)
+        if (m_base + 64 * mi < m && tile.n0 + 64 * nb < n)
+          tma_load_2d(staging + (mi * kBoxesPerRow + nb) * kBoxBytes, map_src, full, int32_t(tile.n0) + 64 * nb,
+                      int32_t(m_base) + 64 * mi);
+  }
+
+  // `step(v, m, n)` on every accumulator pair of this consumer's part of
+  // the tile, at row m and columns n, n + 1 of C. kChecked skips the pairs
+  // whose loads would fall outside their tensors: columns past N, and with
+  // kRowsChecked (a chain that loads an [M, N] tensor element by element)
+  // also rows past M. Rows past M need no check otherwise: the TMA store
+  // drops them. A chain of activations and bias on a tile with every
+  // column inside C runs unchecked, so nothing is predicated and the
+  // compiler issues the bias loads together, once per column pair. With a
+  // check on every pair (rows too), the H200 measured bias + GELU at
+  // 4096^3 ~11 us over the bare GEMM (BENCHMARKS.md): each bias load was
+  // issued twice, under each row's predicate, a few at a time between the
+  // GELU math. Chains that load [M, N] tensors keep the checked form:
+  // unpredicated, their loads are all hoisted together and spill.
+  template <bool kChecked, bool kRowsChecked, typename Step>
+  static __device__ __forceinline__ void for_each_pair(float (&acc)[kMmaM][kAccumulators], int64_t m_base,
+                                                       int64_t n0, int rows, int cols, Step&& step) {
     const int thread = threadIdx.x % 128;
     const int row_in_block = (thread / 32) * 16 + (thread % 32) / 4;  // and row_in_block + 8
 #pragma unroll
@@ -71,8 +126,8 @@ struct CollectiveEpilogue {
           const int r = mi * 64 + row_in_block + 8 * half;
           float& x = acc[mi][4 * frag + 2 * half];
           float& y = acc[mi][4 * frag + 2 * half + 1];
-          if (!kChecked || (n < cols && (!Epilogue::kReadsTile || r < rows))) {
-            const float2 v = Epilogue::template apply<T>(make_float2(x, y), m_base + r, n0 + n, args.n, args.epilogue);
+          if (!kChecked || (n < cols && (!kRowsChecked || r < rows))) {
+            const float2 v = step(make_float2(x, y), m_base + r, n0 + n);
             x = v.x;
             y = v.y;
           }
@@ -85,49 +140,84 @@ struct CollectiveEpilogue {
   // TMA stores. The chain runs on every accumulator first and the staging
   // writes come after, so the chain's loads (bias, residual, multiplier) are
   // not held up behind stores the compiler cannot prove they do not alias.
+  // With a source tile, `source_phase` is the parity of the
+  // source_full[consumer] phase that load_source filled for this tile.
   template <typename Epilogue>
   static __device__ __forceinline__ void store_tile(Staging& shared, int consumer, TileCoord tile,
                                                     float (&acc)[kMmaM][kAccumulators], const CUtensorMap* map_c,
-                                                    const GemmArgs<T>& args, [[maybe_unused]] int trace_piece = 0) {
+                                                    const GemmArgs<T>& args, uint32_t source_phase,
+                                                    [[maybe_unused]] int trace_piece = 0) {
+    static_assert(fits<Epilogue>(), "a chain that reads a source tile needs the whole staging tile");
     const int thread = threadIdx.x % 128;
     const int warp = thread / 32, lane = thread % 32;
     const int64_t m_base = tile.m0 + Config::share_row0(consumer);
     // Rows and columns of this consumer's part of the tile that lie inside C.
     const int rows = int(args.m - m_base < kRows ? args.m - m_base : kRows);
     const int cols = int(args.n - tile.n0 < BN ? args.n - tile.n0 : BN);
-    if (!Epilogue::kReadsTile && cols == BN)
-      apply_chain<Epilogue, false>(acc, m_base, tile.n0, rows, cols, args);
-    else
-      apply_chain<Epilogue, true>(acc, m_base, tile.n0, rows, cols, args);
+    const auto chain = [&](float2 v, int64_t m, int64_t n) {
+      return Epilogue::template apply<T>(v, m, n, args.n, args.epilogue);
+    };
+    // With a source tile: here only the steps before its step (bias, a
+    // folded norm's correction, activations), whose loads are per column or
+    // row; the rest below, on the source's values.
+    const auto head = [&](float2 v, int64_t m, int64_t n) {
+      return Epilogue::template apply_head<T>(v, m, n, args.n, args.epilogue);
+    };
+    if constexpr (Epilogue::kSourceTile) {
+      if (cols == BN)
+        for_each_pair<false, false>(acc, m_base, tile.n0, rows, cols, head);
+      else
+        for_each_pair<true, false>(acc, m_base, tile.n0, rows, cols, head);
+    } else if (!Epilogue::kReadsTile && cols == BN) {
+      for_each_pair<false, false>(acc, m_base, tile.n0, rows, cols, chain);
+    } else {
+      for_each_pair<true, true>(acc, m_base, tile.n0, rows, cols, chain);
+    }
     [[maybe_unused]] const bool tracer = consumer == 0 && thread == 0;
     if (tracer) FUSION_SM90_STAMP(trace_piece, 2);
     unsigned char* staging = shared.boxes[consumer];
-    constexpr int kBoxesPerRow = kStagingCols / 64, kPartFrags = kStagingCols / 8;
     // One stmatrix per two 8-column fragments: matrix j is fragment
     // frag + j / 2, rows 8 (j % 2) on of the warp's 16; lane t addresses
     // row t % 8 of matrix t / 8, whose 16 bytes are one swizzled chunk.
     const int j = lane / 8;
     const int r = warp * 16 + 8 * (j % 2) + lane % 8;
+    const int row_in_block = warp * 16 + lane / 4;  // of the pairs this lane holds (and + 8)
 #pragma unroll
     for (int part = 0; part < kStagingParts; ++part) {
       // The previous stores (the previous tile's, or this tile's previous
-      // part) must have read the staging tile.
+      // part) must have read the staging tile (with a source tile,
+      // load_source already waited for them).
       if (thread == 0) bulk_wait_read();
-      named_barrier_sync(1 + consumer, 128);
+      if constexpr (Epilogue::kSourceTile)
+        mbarrier_wait(&shared.source_full[consumer], source_phase);
+      else
+        named_barrier_sync(1 + consumer, 128);
 #pragma unroll
       for (int mi = 0; mi < kMmaM; ++mi) {
 #pragma unroll
         for (int frag = 0; frag < kPartFrags; frag += 2) {
+          const int f = frag + j / 2;
+          unsigned char* row = staging + (mi * kBoxesPerRow + f / 8) * kBoxBytes + r * 128 + (((f % 8) ^ (r % 8)) << 4);
+          // Register q: fragment frag + q / 2, rows 8 (q % 2) on.
           uint32_t packed[4];
+          if constexpr (Epilogue::kSourceTile) ldmatrix_x4(row, packed[0], packed[1], packed[2], packed[3]);
 #pragma unroll
           for (int q = 0; q < 4; ++q) {
             const int a = 4 * (part * kPartFrags + frag + q / 2) + 2 * (q % 2);
-            const typename Numeric<T>::Pair p = Numeric<T>::float2_to_pair(make_float2(acc[mi][a], acc[mi][a + 1]));
-            packed[q] = *reinterpret_cast<const uint32_t*>(&p);
+            float2 v = make_float2(acc[mi][a], acc[mi][a + 1]);
+            if constexpr (Epilogue::kSourceTile) {
+              const int n = (part * kPartFrags + frag + q / 2) * 8 + 2 * (lane % 4);
+              const int64_t m = m_base + mi * 64 + row_in_block + 8 * (q % 2);
+              typename Numeric<T>::Pair src;
+              memcpy(&src, &packed[q], 4);
+              if (cols == BN || n < cols)
+                v = Epilogue::template apply_tail<T>(v, Numeric<T>::pair_to_float2(src), m, tile.n0 + n, args.n,
+                                                     args.epilogue);
+            }
+            const typename Numeric<T>::Pair p = Numeric<T>::float2_to_pair(v);
+            memcpy(&packed[q], &p, 4);
           }
-          const int f = frag + j / 2;
-          unsigned char* box = staging + (mi * kBoxesPerRow + f / 8) * kBoxBytes;
-          stmatrix_x4(box + r * 128 + (((f % 8) ^ (r % 8)) << 4), packed[0], packed[1], packed[2], packed[3]);
+          stmatrix_x4(row, packed[0], packed[1], packed[2], packed[3]);
         }
       }
       fence_proxy_async();

@@ -136,15 +136,18 @@ struct CollectiveMainloop {
     }
   }
 
-  // One consumer warp group's K loop over one tile.
+  // One consumer warp group's K loop over one tile. `issued(kb)` runs
+  // after k-block kb's wgmmas are issued, while they run (the epilogue
+  // starts its source tile's loads there).
   //
   // Ping-pong consumers run their K loops in turn: a consumer waits on a
   // stage's full barrier by parity, which cannot tell its own fill from one
   // two laps earlier, so it must not wait on stages of its next tile before
   // the other consumer has waited on every stage before them.
+  template <typename Issued>
   static __device__ __forceinline__ void mma_tile(StageTiles& tiles, Barriers& barriers, int consumer, int k_blocks,
                                                   RingPosition& ring, float (&acc)[kMmaM][kAccumulators],
-                                                  int trace_piece = 0) {
+                                                  int trace_piece, Issued&& issued) {
     const int lane = threadIdx.x % 32;
     const int row0 = Config::share_row0(consumer);
     const uint64_t a_desc = smem_descriptor(&tiles.a[0][row0 * 128], 16, 1024);
@@ -175,6 +178,7 @@ struct CollectiveMainloop {
         }
       }
       wgmma_commit();
+      issued(kb);
       // The stage before this one is now read: hand it back.
       wgmma_wait<1>();
       if (previous >= 0 && lane == 0) release(barriers, previous);

@@ -9,7 +9,8 @@
 //    two consumer warp groups multiply them with wgmma;
 //  - the collective epilogue (collective_epilogue.cuh): the epilogue chain
 //    on the accumulators, then C through a swizzled staging tile and TMA
-//    stores.
+//    stores; a residual or multiplier tile comes into the staging tile by
+//    TMA while the K loop runs.
 // Mainloop below owns the shared memory, runs the producer's and the
 // consumers' loops over the scheduler's pieces, and launches the kernel;
 // setmaxnreg moves registers from the producer (40) to the consumers (232).
@@ -84,6 +85,13 @@ struct Mainloop {
   static constexpr int kStagingParts = sizeof(SharedStorageWith<1>) <= kSmemPerBlock ? 1 : 2;
   using TileStore = CollectiveEpilogue<T, Config, kStagingParts>;
   using SharedStorage = SharedStorageWith<kStagingParts>;
+  // Whether the epilogue chain can run on this tile config (FusedGemm
+  // asserts it, naming the tuned entry): one that reads a source tile needs
+  // the whole staging tile.
+  template <typename Epilogue>
+  static constexpr bool epilogue_fits() {
+    return TileStore::template fits<Epilogue>();
+  }
   using SharedLayout = typename SharedStorage::Layout;
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= kSmemPerBlock, "the tile needs more shared memory than an sm_90 block may have");
@@ -117,13 +125,29 @@ struct Mainloop {
     }
   }
 
+  // With a source tile (EpilogueChain::kSourceTile), each tile that ends
+  // in the epilogue has its source tile loaded once the K loop has issued
+  // its second k-block (its first when it has one): by then the previous
+  // tile's stores, issued just before the K loop, have had a k-block's
+  // wgmmas to read the staging tile, so the wait for them costs nothing.
   template <typename Prologue, typename Epilogue>
   static __device__ __forceinline__ void consume(SharedLayout& s, int consumer, const CUtensorMap* map_c,
-                                                 const GemmArgs<T>& args, const StreamK& sk) {
+                                                 const CUtensorMap* map_src, const GemmArgs<T>& args,
+                                                 const StreamK& sk) {
     const TileWalk walk(args);
     const int k_blocks = int((args.k + BK - 1) / BK);
     RingPosition ring;
     float acc[Config::kMmaM][Config::kAccumulators];
+    uint32_t source_phase = 0;  // of s.staging.source_full[consumer]
+    const auto load_source_at = [&](bool stores, TileCoord tile, int k_count) {
+      const int issue_kb = k_count > 1 ? 1 : 0;
+      return [&s, &args, map_src, consumer, stores, tile, issue_kb](int kb) {
+        if constexpr (Epilogue::kSourceTile) {
+          if (stores && kb == issue_kb && threadIdx.x % 128 == 0)
+            TileStore::load_source(s.staging, consumer, tile, map_src, args.m, args.n);
+        }
+      };
+    };
     if constexpr (Config::kPingPong) {
       // Each consumer takes every other unit of this CTA, skipping the other
       // consumer's stages in the ring (no stream-K).
@@ -135,9 +159,11 @@ struct Mainloop {
         if (consumer == 1 || turn > 0)
           mbarrier_wait(&s.barriers.order[consumer], consumer == 1 ? (turn & 1) : ((turn - 1) & 1));
         ++turn;
-        Loop::mma_tile(s.stages, s.barriers, consumer, k_blocks, ring, acc, 0);
+        const TileCoord tile = walk.tile(u);
+        Loop::mma_tile(s.stages, s.barriers, consumer, k_blocks, ring, acc, 0, load_source_at(true, tile, k_blocks));
         if constexpr (Prologue::kRowStats) grid_dependency_wait();
-        TileStore::template store_tile<Epilogue>(s.staging, consumer, walk.tile(u), acc, map_c, args);
+        TileStore::template store_tile<Epilogue>(s.staging, consumer, tile, acc, map_c, args, source_phase);
+        source_phase ^= 1;
         ring.skip(k_blocks);
       }
     } else {
@@ -145,14 +171,18 @@ struct Mainloop {
       [[maybe_unused]] const bool tracer = consumer == 0 && threadIdx.x % 128 == 0;
       for (int i = 0; Scheduler::piece(s.plan, walk, k_blocks, i, w); ++i) {
         if (tracer) FUSION_SM90_STAMP(i, 0);
-        Loop::mma_tile(s.stages, s.barriers, consumer, w.k_count, ring, acc, i);
+        const TileCoord tile = walk.tile(w.unit);
+        const bool stores = w.piece != Piece::Partial;
+        Loop::mma_tile(s.stages, s.barriers, consumer, w.k_count, ring, acc, i,
+                       load_source_at(stores, tile, w.k_count));
         if (tracer) FUSION_SM90_STAMP(i, 1);
-        if (w.piece == Piece::Partial) {
+        if (!stores) {
           Scheduler::publish(sk, consumer, acc);
         } else {
           if (w.piece == Piece::Finish) Scheduler::gather(sk, consumer, w.first, acc);
           if constexpr (Prologue::kRowStats) grid_dependency_wait();
-          TileStore::template store_tile<Epilogue>(s.staging, consumer, walk.tile(w.unit), acc, map_c, args, i);
+          TileStore::template store_tile<Epilogue>(s.staging, consumer, tile, acc, map_c, args, source_phase, i);
+          source_phase ^= 1;
         }
         if (tracer) FUSION_SM90_STAMP(i, 4);
       }
@@ -161,8 +191,11 @@ struct Mainloop {
     if (threadIdx.x % 128 == 0) bulk_wait_read();
   }
 
-  // Host side: the tensor maps of A, B and C for one launch.
-  static cudaError_t encode_maps(const GemmArgs<T>& p, CUtensorMap* map_a, CUtensorMap* map_b, CUtensorMap* map_c);
+  // Host side: the tensor maps of A, B and C for one launch, and of the
+  // epilogue's source tile (zeros when it reads none).
+  template <typename Epilogue>
+  static cudaError_t encode_maps(const GemmArgs<T>& p, CUtensorMap* map_a, CUtensorMap* map_b, CUtensorMap* map_c,
+                                 CUtensorMap* map_src);
   // A launch's grid (units for clusters, capped at launch by what is
   // resident), its stream-K split (units 0: none) and its workspace.
   struct LaunchPlan {
@@ -184,7 +217,8 @@ struct Mainloop {
 template <typename ML, typename Prologue, typename Epilogue>
 __global__ void __launch_bounds__(ML::kThreads, 1)
     persistent_gemm_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
-                           const __grid_constant__ CUtensorMap map_c, const GemmArgs<typename ML::Element> args,
+                           const __grid_constant__ CUtensorMap map_c, const __grid_constant__ CUtensorMap map_src,
+                           const GemmArgs<typename ML::Element> args,
                            const typename ML::StreamK stream_k) {
 #if FUSION_SM90_ENABLED
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -195,6 +229,8 @@ __global__ void __launch_bounds__(ML::kThreads, 1)
     prefetch_tensor_map(&map_a);
     prefetch_tensor_map(&map_b);
     prefetch_tensor_map(&map_c);
+    if constexpr (Epilogue::kSourceTile) prefetch_tensor_map(&map_src);
+    ML::TileStore::init_source_barriers(s.staging);
     for (int i = 0; i < ML::kStages; ++i) {
       mbarrier_init(&s.barriers.full[i], 1);
       mbarrier_init(&s.barriers.empty[i], ML::Loop::kReadersPerStage);
@@ -218,7 +254,7 @@ __global__ void __launch_bounds__(ML::kThreads, 1)
     // The same in every lane, said so (a shuffle from lane 0) that what
     // derives from it can live in uniform registers.
     const int consumer = __shfl_sync(0xffffffffu, group - 1, 0);
-    ML::template consume<Prologue, Epilogue>(s, consumer, &map_c, args, stream_k);
+    ML::template consume<Prologue, Epilogue>(s, consumer, &map_c, &map_src, args, stream_k);
   }
   // ... and may still arrive on this CTA's barriers until it is done.
   if constexpr (ML::kClusterM > 1) cluster_sync();
@@ -226,12 +262,19 @@ __global__ void __launch_bounds__(ML::kThreads, 1)
 }
 
 template <typename T, LayoutB kLayout, typename Config>
+template <typename Epilogue>
 cudaError_t Mainloop<T, kLayout, Config>::encode_maps(const GemmArgs<T>& p, CUtensorMap* map_a, CUtensorMap* map_b,
-                                                      CUtensorMap* map_c) {
+                                                      CUtensorMap* map_c, CUtensorMap* map_src) {
   cudaError_t err = detail::encode_matrix(map_a, p.a, p.m, p.k, BM);
   if (err != cudaSuccess) return err;
   err = detail::encode_matrix(map_c, p.c, p.m, p.n, 64);
   if (err != cudaSuccess) return err;
+  // The source tile is read in C's boxes, into C's staging tile.
+  *map_src = CUtensorMap{};
+  if constexpr (Epilogue::kSourceTile) {
+    err = detail::encode_matrix(map_src, static_cast<const T*>(Epilogue::source(p.epilogue)), p.m, p.n, 64);
+    if (err != cudaSuccess) return err;
+  }
   if constexpr (kLayout == LayoutB::NK)
     return detail::encode_matrix(map_b, p.b, p.n, p.k, Loop::kBRowsPerCta);
   else
@@ -335,13 +378,13 @@ cudaError_t Mainloop<T, kLayout, Config>::launch_gemm(const GemmArgs<T>& p, cons
   using Self = Mainloop<T, kLayout, Config>;
   cudaError_t err = fusion::detail::raise_smem_limit(persistent_gemm_kernel<Self, Prologue, Epilogue>, kSmemBytes);
   if (err != cudaSuccess) return err;
-  CUtensorMap map_a, map_b, map_c;
-  err = encode_maps(p, &map_a, &map_b, &map_c);
+  CUtensorMap map_a, map_b, map_c, map_src;
+  err = encode_maps<Epilogue>(p, &map_a, &map_b, &map_c, &map_src);
   if (err != cudaSuccess) return err;
   const StreamK& sk = plan.stream_k;
   if constexpr (kClusterM == 1 && !Prologue::kRowStats) {
     persistent_gemm_kernel<Self, Prologue, Epilogue>
-        <<<unsigned(plan.grid), kThreads, kSmemBytes, stream>>>(map_a, map_b, map_c, p, sk);
+        <<<unsigned(plan.grid), kThreads, kSmemBytes, stream>>>(map_a, map_b, map_c, map_src, p, sk);
   } else {
     cudaLaunchConfig_t config{};
     config.gridDim = dim3(unsigned(plan.grid));
@@ -375,7 +418,8 @@ cudaError_t Mainloop<T, kLayout, Config>::launch_gemm(const GemmArgs<T>& p, cons
       attrs[config.numAttrs].val.programmaticStreamSerializationAllowed = 1;
       ++config.numAttrs;
     }
-    err = cudaLaunchKernelEx(&config, persistent_gemm_kernel<Self, Prologue, Epilogue>, map_a, map_b, map_c, p, sk);
+    err = cudaLaunchKernelEx(&config, persistent_gemm_kernel<Self, Prologue, Epilogue>, map_a, map_b, map_c, map_src,
+                             p, sk);
     if (err != cudaSuccess) return err;
   }
   return cudaGetLastError();

@@ -199,6 +199,17 @@ __device__ __forceinline__ void stmatrix_x4(void* row, uint32_t r0, uint32_t r1,
                : "memory");
 }
 
+// ldmatrix: the inverse of stmatrix_x4, four 8x8 matrices of 16-bit
+// elements from shared memory into the same register layout (lane t gives
+// the address of row t % 8 of matrix t / 8). No "memory" clobber: it reads
+// only what an mbarrier wait (which has one) made visible, so ordinary
+// global loads (an epilogue's bias) may still be scheduled across it.
+__device__ __forceinline__ void ldmatrix_x4(const void* row, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(smem_u32(row)));
+}
+
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 template <int kPending>
