@@ -61,7 +61,7 @@ struct CollectiveEpilogue {
   // brings all of it into the staging tile, which must then hold the
   // consumer's whole share of C.
   template <typename Epilogue>
-  static constexpr bool fits() {
+  static __host__ __device__ constexpr bool fits() {
     return !Epilogue::kSourceTile || kStagingParts == 1;
   }
 
