@@ -347,7 +347,11 @@ const COMMIT: &str = env!("FUSION_GIT_COMMIT");
 /// and, given a path, writes it there as Graphviz; with JSON on standard
 /// output, the line saying so goes to standard error.
 pub fn plan_graph(graph: Graph, dot: Option<&Path>, json: bool, out: &mut dyn Write) -> Result<(), CliError> {
-    let plan = fuse::plan(graph);
+    // As a build for this library's archs plans it: without the fusions
+    // their tuned tables measured to lose.
+    let rules = fusion_core::select::split_rules(&crate::device::compiled())
+        .map_err(|e| CliError::Message(e.to_string()))?;
+    let plan = fuse::plan_with(graph, &rules);
     if json {
         let text = serde_json::to_string_pretty(&plan.to_json()).expect("a JSON value serializes");
         writeln!(out, "{text}").map_err(CliError::from_stdout)?;

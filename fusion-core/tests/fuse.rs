@@ -631,3 +631,134 @@ between kernels (written to memory, read back):
 ";
     assert_eq!(text, expected, "\n{text}");
 }
+
+/// A rule refusing `composition` on every shape, as a tuned table's
+/// `"unfused"` entry gives it.
+fn refuse(composition: &str) -> fuse::SplitRule {
+    fuse::SplitRule {
+        composition: composition.to_owned(),
+        n: fuse::DimBounds::default(),
+        k: fuse::DimBounds::default(),
+        reason: format!("{composition} measured slower"),
+        origin: "t.json".to_owned(),
+    }
+}
+
+fn plan_refusing(graph: Graph, rules: &[fuse::SplitRule]) -> Plan {
+    let plan = fuse::plan_with(graph, rules);
+    plan.validate()
+        .unwrap_or_else(|e| panic!("invalid plan: {e}\n{plan}"));
+    plan
+}
+
+#[test]
+fn a_refused_composition_is_split_into_what_is_left_and_standalone_kernels() {
+    let plan = plan_refusing(
+        chain_graph(None, &["bias", "residual"]),
+        &[refuse("gemm_bias_residual")],
+    );
+    assert_eq!(names(&plan), ["gemm_bias", "add"]);
+    assert_eq!(plan.splits.len(), 1);
+    assert_eq!(plan.splits[0].refused, "gemm_bias_residual");
+    assert_eq!(plan.splits[0].kept, "gemm_bias");
+    let report = plan.to_string();
+    assert!(
+        report.contains("not fused: gemm_bias_residual runs as gemm_bias and kernels of its own, because it loses to that split (t.json: gemm_bias_residual measured slower)"),
+        "{report}"
+    );
+    assert_eq!(plan.to_json()["not_fused"][0]["kept"], "gemm_bias");
+    // Without the rule it is one kernel, and no split is reported.
+    let fused = plan_of(chain_graph(None, &["bias", "residual"]));
+    assert_eq!(names(&fused), ["gemm_bias_residual"]);
+    assert!(fused.splits.is_empty());
+    assert!(!fused.to_string().contains("not fused"));
+}
+
+#[test]
+fn steps_are_given_up_from_the_end_until_no_rule_refuses() {
+    let plan = plan_refusing(
+        chain_graph(None, &["bias", "gelu", "residual"]),
+        &[refuse("gemm_bias_gelu_residual"), refuse("gemm_bias_gelu")],
+    );
+    assert_eq!(names(&plan), ["gemm_bias", "gelu", "add"]);
+    assert_eq!(plan.splits[0].kept, "gemm_bias");
+}
+
+#[test]
+fn a_norm_is_given_up_only_when_every_chain_with_it_is_refused() {
+    // The norm with a shorter epilogue is still allowed: it stays.
+    let plan = plan_refusing(
+        chain_graph(Some("rmsnorm"), &["silu"]),
+        &[refuse("rmsnorm_gemm_silu")],
+    );
+    assert_eq!(names(&plan), ["rmsnorm_gemm", "silu"]);
+    // The norm and the bare GEMM refused: the norm runs alone, the GEMM
+    // keeps its epilogue.
+    let plan = plan_refusing(
+        chain_graph(Some("rmsnorm"), &["silu"]),
+        &[refuse("rmsnorm_gemm_silu"), refuse("rmsnorm_gemm")],
+    );
+    assert_eq!(names(&plan), ["rmsnorm", "gemm_silu"]);
+    assert_eq!(plan.splits[0].kept, "gemm_silu");
+}
+
+#[test]
+fn a_rule_holds_only_within_its_bounds_on_static_dims() {
+    // D = 64 is both N and K of the fixture's GEMMs.
+    let bounded = |n: fuse::DimBounds, k: fuse::DimBounds| fuse::SplitRule {
+        n,
+        k,
+        ..refuse("gemm_bias_residual")
+    };
+    let below = fuse::DimBounds {
+        min: None,
+        max: Some(63),
+    };
+    let around = fuse::DimBounds {
+        min: Some(64),
+        max: Some(64),
+    };
+    for (rule, splits) in [
+        (bounded(below, fuse::DimBounds::default()), false),
+        (bounded(around, fuse::DimBounds::default()), true),
+        (bounded(fuse::DimBounds::default(), around), true),
+        (bounded(around, below), false),
+    ] {
+        let plan = plan_refusing(chain_graph(None, &["bias", "residual"]), &[rule]);
+        assert_eq!(plan.kernels.len() == 2, splits, "{plan}");
+    }
+}
+
+#[test]
+fn a_bound_on_a_dynamic_dim_never_holds() {
+    // N dynamic: `[D, N]` weight read as [K, N].
+    let mut b = GraphBuilder::new("dynamic_n");
+    let m = b.dynamic_dim("M").unwrap();
+    let n = b.dynamic_dim("N").unwrap();
+    let d = b.static_dim("D", 64).unwrap();
+    let x = b.input("x", DType::F16, &[m, d]).unwrap();
+    let w = b.weight("w", DType::F16, &[d, n]).unwrap();
+    let r = b.input("r", DType::F16, &[m, n]).unwrap();
+    let y = b.matmul(x, w, WeightLayout::KN).unwrap();
+    let y = b.add(y, r).unwrap();
+    b.output("y", y).unwrap();
+    let graph = b.build().unwrap();
+    let rule = fuse::SplitRule {
+        n: fuse::DimBounds {
+            min: None,
+            max: Some(1 << 20),
+        },
+        ..refuse("gemm_residual")
+    };
+    assert_eq!(names(&plan_refusing(graph.clone(), &[rule])), ["gemm_residual"]);
+    assert_eq!(
+        names(&plan_refusing(graph, &[refuse("gemm_residual")])),
+        ["gemm", "add"]
+    );
+}
+
+#[test]
+fn a_refused_swiglu_gate_leaves_the_mul_to_the_up_projection() {
+    let plan = plan_refusing(swiglu(true, false), &[refuse("gemm_silu_mul")]);
+    assert_eq!(names(&plan), ["gemm_silu", "gemm_mul", "gemm_bias_residual"]);
+}

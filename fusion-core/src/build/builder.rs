@@ -174,9 +174,12 @@ impl Builder {
                 Arch::names_listed()
             )));
         }
+        // The fusions the tuned tables of these archs measured to lose are
+        // not formed (crate::fuse::split).
+        let rules = crate::select::split_rules(&archs).map_err(|e| BuildError::Config(e.to_string()))?;
         let mut declared = files
             .iter()
-            .map(|path| self.toml_graph(path))
+            .map(|path| self.toml_graph(path, &rules))
             .collect::<Result<Vec<_>, _>>()?;
         for path in &self.rust_sources {
             if cargo {
@@ -186,7 +189,7 @@ impl Builder {
                 let dtypes = self.dtypes_for(&graph.graph, &graph.origin)?;
                 declared.push(Declared {
                     spec: GraphSpec {
-                        plan: crate::fuse::plan(graph.graph),
+                        plan: crate::fuse::plan_with(graph.graph, &rules),
                         dtypes,
                         origin: graph.origin,
                         fingerprint: Some(graph.fingerprint),
@@ -321,7 +324,7 @@ impl Builder {
         Ok(files)
     }
 
-    fn toml_graph(&self, path: &Path) -> Result<Declared, BuildError> {
+    fn toml_graph(&self, path: &Path, rules: &[crate::fuse::SplitRule]) -> Result<Declared, BuildError> {
         let source = SourceFile::read(path).map_err(|d| BuildError::Config(d.message))?;
         let decl = crate::syntax::parse_toml(&source).map_err(|e| BuildError::Config(e.render(&source)))?;
         let graph = crate::ir::lower(&decl).map_err(|e| BuildError::Config(e.render(&source)))?;
@@ -329,7 +332,7 @@ impl Builder {
         let dtypes = self.dtypes_for(&graph, &origin)?;
         Ok(Declared {
             spec: GraphSpec {
-                plan: crate::fuse::plan(graph),
+                plan: crate::fuse::plan_with(graph, rules),
                 dtypes,
                 origin,
                 fingerprint: None,

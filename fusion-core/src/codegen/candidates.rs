@@ -201,6 +201,7 @@ fn render_one(
         plan: Plan {
             graph: plan.graph.clone(),
             kernels: vec![kernel],
+            splits: Vec::new(),
         },
         dtypes: vec![dtype],
         origin: file.to_owned(),
@@ -217,6 +218,7 @@ fn render_one(
                 format!("{}.{dtype}", KernelKind::of(composition, dtype).name),
                 config,
             )]),
+            unfused: Vec::new(),
         })
         .collect();
     let library = render_with_tables(&format!("cand{index}"), &[arch], &[spec], &tables)?;

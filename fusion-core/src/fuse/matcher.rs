@@ -10,7 +10,8 @@
 //! dependency graph has no cycles.
 
 use super::plan::{Composition, EpilogueStep, FusedKernel, GemmComposition, Norm, Operand, Plan, Role};
-use crate::ir::{Graph, OpId, OpKind, TensorId, TensorIndex};
+use super::split::{Split, SplitRule};
+use crate::ir::{Extent, Graph, OpId, OpKind, TensorId, TensorIndex};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
@@ -21,7 +22,14 @@ pub const MAX_EPILOGUE_STEPS: usize = 4;
 
 /// Splits `graph` into fused kernels. Every op lands in exactly one kernel.
 pub fn plan(graph: Graph) -> Plan {
-    let chains = select_chains(&graph, candidate_chains(&graph));
+    plan_with(graph, &[])
+}
+
+/// [`plan()`], forming no composition that `rules` say loses to its split
+/// (see [`super::split`]).
+pub fn plan_with(graph: Graph, rules: &[SplitRule]) -> Plan {
+    let mut splits = Vec::new();
+    let chains = select_chains(&graph, candidate_chains(&graph), rules, &mut splits);
     let mut owned = vec![false; graph.ops.len()];
     let mut kernels = Vec::new();
     for chain in &chains {
@@ -34,7 +42,11 @@ pub fn plan(graph: Graph) -> Plan {
         kernels.push(standalone_kernel(&graph, op));
     }
     let kernels = order_by_dependencies(&graph, kernels);
-    let plan = Plan { graph, kernels };
+    let plan = Plan {
+        graph,
+        kernels,
+        splits,
+    };
     debug_assert_eq!(plan.validate(), Ok(()));
     plan
 }
@@ -96,6 +108,55 @@ impl Chain {
             self.composition(graph).pattern().is_some(),
             Reverse(self.matmul),
         )
+    }
+
+    /// The static N and K of its matmul (`None` where dynamic).
+    fn n_and_k(&self, graph: &Graph) -> (Option<u64>, Option<u64>) {
+        let matmul = graph.op(self.matmul);
+        let last = |t: TensorId| match graph.tensor(t).shape.last() {
+            Some(&Extent::Static(size)) => Some(size),
+            _ => None,
+        };
+        (last(matmul.output), last(matmul.inputs[0]))
+    }
+
+    /// The rule that refuses the composition as it stands, if any.
+    fn refused_by<'r>(&self, graph: &Graph, rules: &'r [SplitRule]) -> Option<&'r SplitRule> {
+        let composition = self.composition(graph);
+        let (n, k) = self.n_and_k(graph);
+        rules.iter().find(|rule| rule.refuses(&composition, n, k))
+    }
+
+    /// Shortens the chain until no rule refuses it: its last epilogue
+    /// steps first, and only when even the norm and the bare matmul are
+    /// refused, the norm, with the longest chain no rule refuses after it.
+    /// Records each refusal in `splits`; returns whether it shortened.
+    fn give_up_refused(&mut self, graph: &Graph, rules: &[SplitRule], splits: &mut Vec<Split>) -> bool {
+        let Some(rule) = self.refused_by(graph, rules) else {
+            return false;
+        };
+        let refused = self.composition(graph).name();
+        let full = self.clone();
+        let allowed = |chain: &Chain| chain.refused_by(graph, rules).is_none();
+        let shorter = |mut chain: Chain| {
+            while !allowed(&chain) && chain.epilogue.pop().is_some() {}
+            chain
+        };
+        let mut kept = shorter(full.clone());
+        if !allowed(&kept) {
+            kept = shorter(Chain {
+                prologue: None,
+                ..full
+            });
+        }
+        *self = kept;
+        splits.push(Split {
+            refused,
+            kept: self.composition(graph).name(),
+            reason: rule.reason.clone(),
+            origin: rule.origin.clone(),
+        });
+        true
     }
 
     fn kernel(&self, graph: &Graph) -> FusedKernel {
@@ -219,7 +280,15 @@ fn other_operand(graph: &Graph, op: OpId, chain: TensorId) -> TensorId {
 /// under the priority they had when pushed, and one found cut when it comes
 /// to the top goes back with its new priority. That commits the same chains
 /// as recomputing every priority after each commit, in n log n.
-fn select_chains(graph: &Graph, pending: Vec<Chain>) -> Vec<Chain> {
+///
+/// A candidate that `rules` refuse as it stands is shortened
+/// ([`Chain::give_up_refused`]) and waits again the same way.
+fn select_chains(
+    graph: &Graph,
+    pending: Vec<Chain>,
+    rules: &[SplitRule],
+    splits: &mut Vec<Split>,
+) -> Vec<Chain> {
     let mut taken = vec![false; graph.ops.len()];
     let mut chosen = Vec::with_capacity(pending.len());
     let mut slots: Vec<Chain> = pending;
@@ -232,6 +301,10 @@ fn select_chains(graph: &Graph, pending: Vec<Chain>) -> Vec<Chain> {
         let chain = &mut slots[i];
         if let Some(cut) = chain.epilogue.iter().position(|op| taken[op.0]) {
             chain.epilogue.truncate(cut);
+            heap.push((chain.priority(graph), i));
+            continue;
+        }
+        if chain.give_up_refused(graph, rules, splits) {
             heap.push((chain.priority(graph), i));
             continue;
         }

@@ -12,6 +12,7 @@
 //! | [`plan`](mod@plan) | the types: [`Plan`], [`FusedKernel`], [`Composition`], operand [`Role`]s |
 //! | [`pattern`] | the nine [`NamedPattern`]s and how any composition is named |
 //! | `matcher` | the matching rules and their priorities |
+//! | [`split`] | fusions known to lose, which the matcher does not form |
 //! | `validate` | [`Plan::validate`], the invariants every plan holds |
 //! | `report` | `impl Display for Plan`: the plan as a terminal table |
 //! | [`dot`] | the plan as a Graphviz digraph |
@@ -21,11 +22,13 @@ mod matcher;
 pub mod pattern;
 pub mod plan;
 mod report;
+pub mod split;
 mod validate;
 
-pub use matcher::{MAX_EPILOGUE_STEPS, plan};
+pub use matcher::{MAX_EPILOGUE_STEPS, plan, plan_with};
 pub use pattern::NamedPattern;
 pub use plan::{
     Activation, Composition, CrossingTensor, EpilogueStep, FusedKernel, GemmComposition, Norm, NormKind,
     Operand, Plan, Role,
 };
+pub use split::{DimBounds, Split, SplitRule};

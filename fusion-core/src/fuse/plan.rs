@@ -17,6 +17,9 @@ pub struct Plan {
     pub graph: Graph,
     /// In an order that respects data dependencies: launch them in turn.
     pub kernels: Vec<FusedKernel>,
+    /// The fusions it did not form because a tuned table measured them
+    /// slower than their split ([`super::split`]).
+    pub splits: Vec<super::split::Split>,
 }
 
 /// One kernel: a connected chain of ops, read through `operands`, written to

@@ -20,6 +20,14 @@ impl fmt::Display for Plan {
             writeln!(f)?;
             f.write_str(&self.kernel_report(i, kernel))?;
         }
+        for split in &self.splits {
+            writeln!(f)?;
+            writeln!(
+                f,
+                "not fused: {} runs as {} and kernels of its own, because it loses to that split ({}: {})",
+                split.refused, split.kept, split.origin, split.reason
+            )?;
+        }
         writeln!(f)?;
         let crossing = self.crossing_tensors();
         if crossing.is_empty() {
@@ -113,11 +121,17 @@ impl Plan {
                 t
             })
             .collect();
+        let splits: Vec<serde_json::Value> = self
+            .splits
+            .iter()
+            .map(|s| serde_json::json!({ "refused": s.refused, "kept": s.kept, "reason": s.reason, "origin": s.origin }))
+            .collect();
         serde_json::json!({
             "graph": graph.name,
             "ops": graph.ops.len(),
             "kernels": kernels,
             "between_kernels": between,
+            "not_fused": splits,
         })
     }
 

@@ -313,6 +313,17 @@ pub fn select_sourced(
     Ok((config, source))
 }
 
+/// What the tables shipped for `archs` say loses to its split: the rules
+/// the planner follows for a build that compiles for them (one plan serves
+/// every arch, so a rule of any of them holds for all).
+pub fn split_rules(archs: &[Arch]) -> Result<Vec<crate::fuse::SplitRule>, SelectError> {
+    let mut rules = Vec::new();
+    for &arch in archs {
+        rules.extend(TunedTable::shipped(arch)?.unfused);
+    }
+    Ok(rules)
+}
+
 /// [`select_with`] the table shipped for `arch`.
 pub fn select(arch: Arch, kernel: &KernelKind) -> Result<KernelConfig, SelectError> {
     select_with(&TunedTable::shipped(arch)?, arch, kernel)

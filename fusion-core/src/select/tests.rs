@@ -426,3 +426,40 @@ fn small_m_needs_its_threshold() {
     assert!(err.contains("(small_m)"), "{err}");
     assert!(err.contains("the largest M it serves"), "{err}");
 }
+
+#[test]
+fn a_table_lists_the_compositions_that_lose_to_their_split() {
+    let json = r#"{ "arch": "sm90", "configs": {
+        "default": { "large": { "bm": 128, "bn": 256, "bk": 64, "stages": 4 } } },
+        "unfused": { "gemm_bias_residual": { "reason": "0.9 of cuBLASLt", "min_n": 1024, "max_k": 4096 } } }"#;
+    let table = TunedTable::parse("t.json", json).unwrap();
+    assert_eq!(
+        table.unfused,
+        [crate::fuse::SplitRule {
+            composition: "gemm_bias_residual".to_owned(),
+            n: crate::fuse::DimBounds {
+                min: Some(1024),
+                max: None
+            },
+            k: crate::fuse::DimBounds {
+                min: None,
+                max: Some(4096)
+            },
+            reason: "0.9 of cuBLASLt".to_owned(),
+            origin: "t.json".to_owned(),
+        }]
+    );
+    for bad in [
+        r#""gemm": { "reason": "x" }"#,
+        r#""gemm_bias": { "reason": "x", "max_m": 3 }"#,
+        r#""gemm_bias": { }"#,
+    ] {
+        let json = format!(r#"{{ "arch": "sm90", "configs": {{}}, "unfused": {{ {bad} }} }}"#);
+        let err = TunedTable::parse("t.json", &json).unwrap_err().to_string();
+        assert!(err.starts_with("t.json: "), "{err}");
+    }
+    // The shipped tables measured no fusion slower than its split.
+    for arch in Arch::ALL {
+        assert_eq!(TunedTable::shipped(arch).unwrap().unfused, []);
+    }
+}

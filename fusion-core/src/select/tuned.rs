@@ -16,12 +16,23 @@
 //! `small_m_alt`, a second tile for `m <= small_m_max` that the kernel runs
 //! instead of `small_m` when it needs fewer waves on the device's SMs.
 //!
+//! A table may also list compositions its measurements found slower than
+//! their unfused split, which the planner then does not form:
+//!
+//! ```json
+//!   "unfused": { "gemm_bias_residual": { "reason": "0.88 of cuBLASLt ...", "max_k": 2048 } }
+//! ```
+//!
+//! with optional inclusive bounds `min_n`, `max_n`, `min_k`, `max_k` on the
+//! GEMM's static dims (a dynamic dim meets only unbounded ones).
+//!
 //! The shipped tables are embedded (by each generation's module in
 //! [`crate::target`]) so that a crate built outside this workspace gets them
 //! too. Every table needs a `default` entry or one for each composition it
 //! is asked for: there is no other fallback.
 
 use super::{Arch, KernelConfig, SelectError};
+use crate::fuse::{DimBounds, SplitRule};
 use crate::ir::DType;
 use indexmap::IndexMap;
 
@@ -36,6 +47,25 @@ pub struct TunedTable {
     pub file: String,
     pub arch: Arch,
     pub configs: IndexMap<String, KernelConfig>,
+    /// Compositions measured slower than their unfused split, which the
+    /// planner does not form ([`crate::fuse::split`]).
+    pub unfused: Vec<SplitRule>,
+}
+
+/// An `"unfused"` entry: `{ "reason": "...", "max_k": 4096 }`, bounds on
+/// the GEMM's static N and K (inclusive, each optional).
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UnfusedEntry {
+    reason: String,
+    #[serde(default)]
+    min_n: Option<u64>,
+    #[serde(default)]
+    max_n: Option<u64>,
+    #[serde(default)]
+    min_k: Option<u64>,
+    #[serde(default)]
+    max_k: Option<u64>,
 }
 
 #[derive(serde::Deserialize)]
@@ -46,6 +76,8 @@ struct TableFile {
     #[allow(dead_code, reason = "documentation for people reading the file")]
     note: Option<String>,
     configs: IndexMap<String, KernelConfig>,
+    #[serde(default)]
+    unfused: IndexMap<String, UnfusedEntry>,
 }
 
 impl TunedTable {
@@ -63,10 +95,33 @@ impl TunedTable {
                 Arch::names_listed()
             ))
         })?;
+        let mut unfused = Vec::new();
+        for (composition, entry) in parsed.unfused {
+            // A bare GEMM has nothing to split off.
+            if composition == "gemm" || !composition.contains("gemm") {
+                return Err(fail(format!(
+                    "unfused `{composition}`: only a GEMM composition with a norm or epilogue steps can be split"
+                )));
+            }
+            unfused.push(SplitRule {
+                composition,
+                n: DimBounds {
+                    min: entry.min_n,
+                    max: entry.max_n,
+                },
+                k: DimBounds {
+                    min: entry.min_k,
+                    max: entry.max_k,
+                },
+                reason: entry.reason,
+                origin: file.to_owned(),
+            });
+        }
         Ok(TunedTable {
             file: file.to_owned(),
             arch,
             configs: parsed.configs,
+            unfused,
         })
     }
 
