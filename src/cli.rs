@@ -51,7 +51,7 @@ pub struct GraphArgs {
 
 #[derive(Debug, Args)]
 pub struct RenderArgs {
-    /// The candidate list, such as `kernels/selftest/candidates.json`.
+    /// The candidate list, such as `fusion-core/kernels/selftest/candidates.json`.
     #[arg(value_name = "LIST.json")]
     pub list: PathBuf,
     /// The folder to write.
