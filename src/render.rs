@@ -18,19 +18,6 @@ use std::fmt::Write as _;
 use std::io::Write;
 use std::path::Path;
 
-/// The harness, embedded so that the folder is complete wherever the
-/// binary runs.
-const HARNESS: [(&str, &str); 2] = [
-    (
-        "harness.cu",
-        include_str!("../fusion-core/kernels/selftest/harness.cu"),
-    ),
-    (
-        "harness.cuh",
-        include_str!("../fusion-core/kernels/selftest/harness.cuh"),
-    ),
-];
-
 /// Renders the units of the list in `list_file` (graphs read from
 /// `graphs_dir`) and writes the folder `out_dir`; says what it wrote on `out`.
 pub fn render(
@@ -61,7 +48,7 @@ pub fn render(
     for unit in &units {
         write(&format!("units/{}.cu", unit.unit.symbol), &unit.unit.source)?;
     }
-    for (name, contents) in HARNESS {
+    for (name, contents) in templates::SELFTEST_HARNESS {
         write(name, contents)?;
     }
     write("units.inc", &unit_table(&file, &units))?;

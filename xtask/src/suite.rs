@@ -59,6 +59,28 @@ fn suite_steps() -> Vec<Step> {
             "a crate built without nvcc (FUSION_SKIP_NVCC=1): llama-ffn, its build script and fusion",
             Action::CargoWithEnv(WITHOUT_NVCC_SKIP, vec!["build", "-p", "llama-ffn"]),
         ),
+        // What `cargo publish` would upload, each crate built from its
+        // package alone (in target/package) against the others' packages:
+        // a file a crate embeds but leaves out of its include list fails
+        // here. Without nvcc, as above, so it reuses that step's build.
+        Step::new(
+            "cargo package of every published crate (fusion-core, fusion-macros, fusion), each built from its package",
+            Action::CargoWithEnv(
+                WITHOUT_NVCC_SKIP,
+                vec![
+                    "package",
+                    // Uncommitted work is packaged too, so that the step
+                    // checks the tree it runs on.
+                    "--allow-dirty",
+                    "-p",
+                    "fusion-core",
+                    "-p",
+                    "fusion-macros",
+                    "-p",
+                    "fusion",
+                ],
+            ),
+        ),
         Step::new(
             "cargo doc of the workspace as docs.rs builds it (DOCS_RS=1), warnings fatal",
             Action::CargoWithEnv(WITHOUT_NVCC_DOCS_RS, vec!["doc", "--workspace", "--no-deps"]),

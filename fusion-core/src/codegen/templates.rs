@@ -25,6 +25,14 @@ pub const TEMPLATES: [(&str, &str); 5] = [
     ),
 ];
 
+/// The kernel self-test harness (`kernels/selftest/`), by file name, for
+/// `fusion render`: embedded so that the folder it writes is complete
+/// wherever the binary runs.
+pub const SELFTEST_HARNESS: [(&str, &str); 2] = [
+    ("harness.cu", include_str!("../../kernels/selftest/harness.cu")),
+    ("harness.cuh", include_str!("../../kernels/selftest/harness.cuh")),
+];
+
 /// Every file of `kernels/include`, by path relative to it.
 pub const HEADERS: [(&str, &str); 23] = [
     ("fusion/abi.h", include_str!("../../kernels/include/fusion/abi.h")),
