@@ -44,10 +44,30 @@ fn suite_steps() -> Vec<Step> {
             ]),
         ),
         Step::new(
+            "cargo clippy fusion without default features (no shipped kernels, no nvcc)",
+            Action::CargoWithEnv(
+                &[NO_NVCC],
+                vec![
+                    "clippy",
+                    "-p",
+                    "fusion",
+                    "--no-default-features",
+                    "--",
+                    "-D",
+                    "warnings",
+                ],
+            ),
+        ),
+        Step::new(
             "cargo test (every kernel variant: sm75, sm80, sm90)",
             Action::Cargo(vec!["test", "--workspace", "--all-features"]),
         ),
-        Step::new("fusion plan on every graphs/*.toml", Action::PlanEveryGraph),
+        // Planning needs no kernel library: a build without the feature
+        // `kernels` and without nvcc plans every graph.
+        Step::new(
+            "fusion plan on every graphs/*.toml, built without the shipped kernels and without nvcc",
+            Action::PlanEveryGraph(&[NO_NVCC]),
+        ),
         // What docs.rs does, on a machine without CUDA: the build scripts
         // skip nvcc, link nothing and still write the bindings, and the
         // generated wrappers compile without launchers (a call on a GPU
