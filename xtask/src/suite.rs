@@ -3,6 +3,7 @@
 
 use crate::error::Result;
 use crate::steps::{self, Action, Step};
+use crate::user_crate;
 use crate::workspace::Workspace;
 
 fn suite_steps() -> Vec<Step> {
@@ -79,6 +80,10 @@ fn suite_steps() -> Vec<Step> {
             "a crate built without nvcc (FUSION_SKIP_NVCC=1): llama-ffn, its build script and fusion",
             Action::CargoWithEnv(WITHOUT_NVCC_SKIP, vec!["build", "-p", "llama-ffn"]),
         ),
+        Step::new(
+            "a crate outside the workspace with fusion_graph! in its library and binary: clippy pedantic, warnings fatal (without nvcc)",
+            Action::Function(user_crate::check_warning_free),
+        ),
         // What `cargo publish` would upload, each crate built from its
         // package alone (in target/package) against the others' packages:
         // a file a crate embeds but leaves out of its include list fails
@@ -111,7 +116,7 @@ fn suite_steps() -> Vec<Step> {
 /// No nvcc: a path that does not exist, which the build scripts report as
 /// an error if they look for nvcc at all.
 const NO_NVCC: (&str, &str) = ("NVCC", "/nonexistent/nvcc");
-const WITHOUT_NVCC_SKIP: &[(&str, &str)] = &[("FUSION_SKIP_NVCC", "1"), NO_NVCC];
+pub const WITHOUT_NVCC_SKIP: &[(&str, &str)] = &[("FUSION_SKIP_NVCC", "1"), NO_NVCC];
 const WITHOUT_NVCC_DOCS_RS: &[(&str, &str)] = &[("DOCS_RS", "1"), ("RUSTDOCFLAGS", "-D warnings"), NO_NVCC];
 
 pub fn run(workspace: &Workspace) -> Result<()> {
