@@ -6,6 +6,7 @@
 use clap::{Args, Parser, Subcommand};
 use fusion_core::fuse;
 use fusion_core::ir::Graph;
+use std::ffi::OsStr;
 use std::fmt;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
@@ -74,7 +75,8 @@ pub struct PlanArgs {
     /// The graph, a TOML file such as `graphs/swiglu_ffn.toml`.
     #[arg(value_name = "GRAPH.toml")]
     pub graph: PathBuf,
-    /// Also write the plan as a Graphviz digraph to FILE.
+    /// Also write the plan as a Graphviz digraph to FILE, and as SVG beside
+    /// it (FILE with the extension .svg) when Graphviz's `dot` is on PATH.
     #[arg(long, value_name = "FILE")]
     pub dot: Option<PathBuf>,
     /// Print the plan as JSON instead of the table.
@@ -215,11 +217,20 @@ pub fn plan_graph(graph: Graph, dot: Option<&Path>, json: bool, out: &mut dyn Wr
         std::fs::write(path, fuse::dot::write(&plan)).map_err(|e| {
             CliError::Message(format!("cannot write the Graphviz file {}: {e}", path.display()))
         })?;
-        let note = format!(
-            "wrote the plan as Graphviz to {} (render it with `dot -Tsvg {} -o plan.svg`)",
-            path.display(),
-            path.display()
-        );
+        let note = match render_svg(GRAPHVIZ.as_ref(), path)? {
+            Svg::Written(svg) => format!(
+                "wrote the plan as Graphviz to {} and as SVG to {}",
+                path.display(),
+                svg.display()
+            ),
+            Svg::NoGraphviz => format!(
+                "wrote the plan as Graphviz to {}; no SVG, as Graphviz's `dot` is not on PATH: \
+                 install Graphviz (`apt-get install graphviz`, `brew install graphviz` or \
+                 https://graphviz.org/download/) and run this again, or `dot -Tsvg {} -o plan.svg`",
+                path.display(),
+                path.display()
+            ),
+        };
         if json {
             eprintln!("{note}");
         } else {
@@ -227,6 +238,46 @@ pub fn plan_graph(graph: Graph, dot: Option<&Path>, json: bool, out: &mut dyn Wr
         }
     }
     out.flush().map_err(CliError::from_stdout)
+}
+
+/// Graphviz's renderer, which `fusion plan --dot` runs when it is on PATH.
+const GRAPHVIZ: &str = "dot";
+
+/// What became of the SVG beside a Graphviz file.
+#[derive(Debug, PartialEq, Eq)]
+enum Svg {
+    /// Written to this path.
+    Written(PathBuf),
+    /// Not written: the renderer is not installed.
+    NoGraphviz,
+}
+
+/// Renders the Graphviz file `dot_file` as SVG beside it (`plan.dot` →
+/// `plan.svg`, `plan` → `plan.svg`, `plan.svg` → `plan.svg.svg`) with
+/// `program`, Graphviz's `dot`. A renderer that is not installed is no
+/// error (the Graphviz file is the output asked for); one that fails is.
+fn render_svg(program: &OsStr, dot_file: &Path) -> Result<Svg, CliError> {
+    let mut svg = dot_file.with_extension("svg");
+    if svg == dot_file {
+        svg = PathBuf::from(format!("{}.svg", dot_file.display()));
+    }
+    let output = std::process::Command::new(program)
+        .arg("-Tsvg")
+        .arg(dot_file)
+        .arg("-o")
+        .arg(&svg)
+        .output();
+    let rendering = format!("`{} -Tsvg {}`", program.to_string_lossy(), dot_file.display());
+    match output {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Svg::NoGraphviz),
+        Err(e) => Err(CliError::Message(format!("cannot run {rendering}: {e}"))),
+        Ok(output) if output.status.success() => Ok(Svg::Written(svg)),
+        Ok(output) => Err(CliError::Message(format!(
+            "{rendering} failed ({}): {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        ))),
+    }
 }
 
 #[cfg(test)]
@@ -344,6 +395,8 @@ mod tests {
         plan_graph(ffn(), Some(&path), false, &mut out).unwrap();
         let written = std::fs::read_to_string(&path).unwrap();
         std::fs::remove_file(&path).unwrap();
+        // Written where Graphviz is installed.
+        let _ = std::fs::remove_file(path.with_extension("svg"));
         assert!(written.starts_with("digraph \"ffn\" {"), "{written}");
         assert_eq!(written.matches("subgraph cluster_").count(), 1);
         let text = String::from_utf8(out).unwrap();
@@ -351,6 +404,66 @@ mod tests {
             text.contains(&format!("wrote the plan as Graphviz to {}", path.display())),
             "{text}"
         );
+    }
+
+    #[test]
+    fn without_graphviz_the_svg_is_skipped_and_the_note_says_how_to_get_it() {
+        let dot = scratch("no-graphviz.dot");
+        std::fs::write(&dot, "digraph g {}").unwrap();
+        let missing = OsStr::new("fusion-test-no-such-graphviz");
+        assert_eq!(render_svg(missing, &dot), Ok(Svg::NoGraphviz));
+        assert!(!dot.with_extension("svg").exists());
+        std::fs::remove_file(&dot).unwrap();
+    }
+
+    /// A stand-in for Graphviz's `dot`: a script that writes its arguments
+    /// to the file after `-o`, or fails when asked to.
+    #[cfg(unix)]
+    fn fake_graphviz(name: &str, body: &str) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let program = scratch(name);
+        std::fs::write(&program, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+        program
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn with_graphviz_the_svg_is_written_beside_the_dot_file() {
+        let program = fake_graphviz("fake-dot", r#"echo "$@" > "$4""#);
+        let dot = scratch("with-graphviz.dot");
+        let svg = dot.with_extension("svg");
+        assert_eq!(
+            render_svg(program.as_os_str(), &dot),
+            Ok(Svg::Written(svg.clone()))
+        );
+        let args = std::fs::read_to_string(&svg).unwrap();
+        assert_eq!(
+            args.trim(),
+            format!("-Tsvg {} -o {}", dot.display(), svg.display())
+        );
+        std::fs::remove_file(&svg).unwrap();
+        let named_svg = scratch("named.svg");
+        assert_eq!(
+            render_svg(program.as_os_str(), &named_svg),
+            Ok(Svg::Written(PathBuf::from(format!(
+                "{}.svg",
+                named_svg.display()
+            ))))
+        );
+        std::fs::remove_file(format!("{}.svg", named_svg.display())).unwrap();
+        std::fs::remove_file(&program).unwrap();
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_failing_graphviz_is_an_error_with_its_message() {
+        let program = fake_graphviz("failing-dot", "echo 'syntax error in line 1' >&2; exit 1");
+        let error = render_svg(program.as_os_str(), &scratch("bad.dot")).unwrap_err();
+        let text = error.to_string();
+        assert!(text.contains("-Tsvg") && text.contains("failed"), "{text}");
+        assert!(text.contains("syntax error in line 1"), "{text}");
+        std::fs::remove_file(&program).unwrap();
     }
 
     #[test]
