@@ -1,17 +1,31 @@
 //! Compiles the shipped graphs (`graphs/*.toml`) into the crate's built-in
-//! kernel library, `fusion::kernels`: every graph for f16 and bf16 (bf16 only
-//! where an enabled generation has it: sm75 has not), for the generations
-//! named by `FUSION_ARCHS`, else `CUDA_COMPUTE_CAP`, else the cargo features
-//! (`fusion_core::target::Arch::for_build`); and bakes
-//! in the commit being built, for `fusion bench`'s report.
+//! kernel library, `fusion::kernels`, when the feature `kernels` is on:
+//! every graph for f16 and bf16 (bf16 only where an enabled generation has
+//! it: sm75 has not), for the generations named by `FUSION_ARCHS`, else
+//! `CUDA_COMPUTE_CAP`, else the cargo features
+//! (`fusion_core::target::Arch::for_build`). Always bakes in the commit
+//! being built, for `fusion bench`'s report.
 
-use fusion_core::ir::DType;
-use fusion_core::target::Arch;
 use std::path::Path;
 use std::process::Command;
 
 fn main() {
     println!("cargo:rustc-env=FUSION_GIT_COMMIT={}", git_commit());
+    // The run time's `fusion::device` picks among these: none without the
+    // built-in library.
+    #[cfg(feature = "kernels")]
+    let archs = compile_shipped_graphs();
+    #[cfg(not(feature = "kernels"))]
+    let archs: [&str; 0] = [];
+    println!("cargo:rustc-env=FUSION_COMPILED_ARCHS={}", archs.join(","));
+}
+
+/// Compiles `graphs/` into `libfusion_kernels.a` and its wrappers; returns
+/// the names of the generations it compiled for. Exits on an error.
+#[cfg(feature = "kernels")]
+fn compile_shipped_graphs() -> Vec<&'static str> {
+    use fusion_core::ir::DType;
+    use fusion_core::target::Arch;
     for name in Arch::BUILD_ENV {
         println!("cargo:rerun-if-env-changed={name}");
     }
@@ -19,9 +33,6 @@ fn main() {
         eprintln!("error: {e}");
         std::process::exit(1);
     });
-    // The run time's `fusion::device` picks among these.
-    let names: Vec<&str> = archs.iter().map(|a| a.name()).collect();
-    println!("cargo:rustc-env=FUSION_COMPILED_ARCHS={}", names.join(","));
     // Asking for a dtype that no enabled arch has is a build error, so a
     // Turing-only build compiles f16 alone.
     let dtypes: Vec<DType> = [DType::F16, DType::BF16]
@@ -37,6 +48,7 @@ fn main() {
         eprintln!("error: {e}");
         std::process::exit(1);
     }
+    archs.iter().map(|a| a.name()).collect()
 }
 
 /// `git rev-parse --short HEAD` of the checkout being built, or

@@ -6,10 +6,16 @@
 use clap::{Args, Parser, Subcommand};
 use fusion_core::fuse;
 use fusion_core::ir::Graph;
+use std::ffi::OsStr;
 use std::fmt;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+
+#[cfg(feature = "kernels")]
+mod bench;
+#[cfg(feature = "kernels")]
+pub use bench::{BenchArgs, bench};
 
 /// Fused transformer GPU kernels, compiled at build time from dataflow graphs.
 #[derive(Debug, Parser)]
@@ -24,6 +30,7 @@ pub enum Command {
     /// Splits a graph into fused kernels and prints the plan.
     Plan(PlanArgs),
     /// Times the built-in fused kernels against cuBLASLt on GPU 0.
+    #[cfg(feature = "kernels")]
     Bench(BenchArgs),
     /// Renders the GEMM units of a candidate list, with the kernel self-test
     /// harness and a Makefile, into a folder that builds with nvcc alone.
@@ -51,7 +58,7 @@ pub struct GraphArgs {
 
 #[derive(Debug, Args)]
 pub struct RenderArgs {
-    /// The candidate list, such as `kernels/selftest/candidates.json`.
+    /// The candidate list, such as `fusion-core/kernels/selftest/candidates.json`.
     #[arg(value_name = "LIST.json")]
     pub list: PathBuf,
     /// The folder to write.
@@ -64,51 +71,12 @@ pub struct RenderArgs {
 }
 
 #[derive(Debug, Args)]
-pub struct BenchArgs {
-    /// A shape `M,N,K` to time (repeat for several); default: the six standard shapes.
-    #[arg(long = "shape", value_name = "M,N,K", value_parser = parse_shape)]
-    pub shapes: Vec<(usize, usize, usize)>,
-    /// Only these kernels (repeat for several), by graph name such as `gemm_bias_gelu`.
-    #[arg(long = "kernel", value_name = "NAME")]
-    pub kernels: Vec<String>,
-    /// Token counts for the SwiGLU FFN block (comma-separated); 0 skips it.
-    #[arg(long = "ffn-tokens", value_name = "M,…", value_delimiter = ',', default_values_t = crate::bench::DEFAULT_FFN_TOKENS)]
-    pub ffn_tokens: Vec<usize>,
-    /// Element type: f16 or bf16.
-    #[arg(long, default_value = "f16")]
-    pub dtype: String,
-    /// Timed calls per contender (the median is reported).
-    #[arg(long, default_value_t = 50)]
-    pub runs: usize,
-    /// Untimed calls first.
-    #[arg(long, default_value_t = 10)]
-    pub warmup: usize,
-    /// Also write the results as JSON to FILE.
-    #[arg(long, value_name = "FILE")]
-    pub json: Option<PathBuf>,
-}
-
-fn parse_shape(text: &str) -> Result<(usize, usize, usize), String> {
-    let dims: Vec<usize> = text
-        .split(',')
-        .map(|d| {
-            d.trim()
-                .parse::<usize>()
-                .map_err(|_| format!("`{text}` is not M,N,K (three whole numbers)"))
-        })
-        .collect::<Result<_, _>>()?;
-    match dims[..] {
-        [m, n, k] if m > 0 && n > 0 && k > 0 => Ok((m, n, k)),
-        _ => Err(format!("`{text}` is not M,N,K (three positive whole numbers)")),
-    }
-}
-
-#[derive(Debug, Args)]
 pub struct PlanArgs {
     /// The graph, a TOML file such as `graphs/swiglu_ffn.toml`.
     #[arg(value_name = "GRAPH.toml")]
     pub graph: PathBuf,
-    /// Also write the plan as a Graphviz digraph to FILE.
+    /// Also write the plan as a Graphviz digraph to FILE, and as SVG beside
+    /// it (FILE with the extension .svg) when Graphviz's `dot` is on PATH.
     #[arg(long, value_name = "FILE")]
     pub dot: Option<PathBuf>,
     /// Print the plan as JSON instead of the table.
@@ -181,6 +149,7 @@ pub fn run(cli: &Cli, out: &mut dyn Write) -> Result<(), CliError> {
             let graph = fusion_core::load_toml_graph(&args.graph).map_err(CliError::from_front_end)?;
             plan_graph(graph, args.dot.as_deref(), args.json, out)
         }
+        #[cfg(feature = "kernels")]
         Command::Bench(args) => bench(args, out),
         Command::Render(args) => {
             let graphs = args.graphs.clone().unwrap_or_else(crate::testing::graphs_dir);
@@ -233,116 +202,6 @@ pub fn graph_from_hf(args: &GraphArgs, out: &mut dyn Write) -> Result<(), CliErr
     out.flush().map_err(CliError::from_stdout)
 }
 
-/// `fusion bench`: the table on `out`, progress on stderr, JSON on request.
-pub fn bench(args: &BenchArgs, out: &mut dyn Write) -> Result<(), CliError> {
-    use crate::bench::{self, BenchConfig, Pattern};
-    let mut config = BenchConfig::default();
-    if !args.shapes.is_empty() {
-        config.shapes = args.shapes.clone();
-    }
-    if !args.kernels.is_empty() {
-        config.patterns = args
-            .kernels
-            .iter()
-            .filter(|k| k.as_str() != "swiglu_ffn")
-            .map(|k| {
-                Pattern::parse(k).ok_or_else(|| {
-                    let known: Vec<&str> = Pattern::ALL.iter().map(|p| p.name()).collect();
-                    CliError::Message(format!(
-                        "unknown kernel `{k}`: known are {} and swiglu_ffn",
-                        known.join(", ")
-                    ))
-                })
-            })
-            .collect::<Result<_, _>>()?;
-        if !args.kernels.iter().any(|k| k == "swiglu_ffn") {
-            config.ffn_tokens.clear();
-        }
-    }
-    config.ffn_tokens.retain(|&m| m > 0);
-    if !args.kernels.is_empty()
-        && args.kernels.iter().any(|k| k == "swiglu_ffn")
-        && config.ffn_tokens.is_empty()
-    {
-        config.ffn_tokens = bench::DEFAULT_FFN_TOKENS.to_vec();
-    }
-    config.timing = bench::timing::TimingPlan {
-        warmup: args.warmup,
-        runs: args.runs.max(1),
-    };
-
-    let gpu = |e: crate::Error| CliError::Message(e.to_string());
-    let ctx = crate::testing::open_gpu(0).map_err(CliError::Message)?;
-    let stream = ctx.new_stream().map_err(|e| gpu(e.into()))?;
-    let (major, minor) = ctx.compute_capability().map_err(|e| gpu(e.into()))?;
-    let arch = crate::device::arch_for(&stream).map_err(gpu)?;
-    let device = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
-    let date = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let bus_id = bench::smi::pci_bus_id(&ctx);
-    let driver = bus_id.as_deref().and_then(bench::smi::driver_version);
-    let clock = bus_id.as_deref().and_then(bench::smi::ClockSampler::start);
-    writeln!(
-        out,
-        "{device} (compute capability {major}.{minor}), fusion variant {}, {}, fusion {}, cuBLASLt {}, driver {}",
-        arch.name(),
-        args.dtype,
-        COMMIT,
-        bench::cublaslt::version(),
-        driver.as_deref().unwrap_or("unknown"),
-    )
-    .map_err(CliError::from_stdout)?;
-
-    let bar = indicatif::ProgressBar::new(0).with_style(
-        indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}").expect("a valid template"),
-    );
-    let progress = |done: usize, total: usize, label: &str| {
-        bar.set_length(total as u64);
-        bar.set_position(done as u64);
-        bar.set_message(label.to_string());
-    };
-    let rows = match args.dtype.as_str() {
-        "f16" => bench::run::<half::f16>(&stream, &config, clock.as_ref(), progress),
-        "bf16" => bench::run::<half::bf16>(&stream, &config, clock.as_ref(), progress),
-        other => {
-            return Err(CliError::Message(format!(
-                "--dtype {other}: expected f16 or bf16"
-            )));
-        }
-    };
-    bar.finish_and_clear();
-    let report = bench::Report {
-        device,
-        compute_capability: format!("{major}.{minor}"),
-        variant: arch.name().to_string(),
-        dtype: args.dtype.clone(),
-        runs: config.timing.runs,
-        warmup: config.timing.warmup,
-        rows: rows.map_err(gpu)?,
-        commit: COMMIT.to_string(),
-        date: bench::report::utc_date(date),
-        cublaslt_version: bench::cublaslt::version(),
-        cuda_driver_version: bench::cuda_driver_version().map_err(gpu)?,
-        driver,
-        timing: bench::TimingDescription::new(config.timing),
-        sm_clock: clock.as_ref().and_then(|c| c.overall()),
-    };
-    drop(clock);
-    write!(out, "{}", bench::table(&report)).map_err(CliError::from_stdout)?;
-    if let Some(path) = &args.json {
-        let text = serde_json::to_string_pretty(&report).expect("a report serialises");
-        std::fs::write(path, text + "\n")
-            .map_err(|e| CliError::Message(format!("cannot write {}: {e}", path.display())))?;
-        writeln!(out, "wrote {}", path.display()).map_err(CliError::from_stdout)?;
-    }
-    Ok(())
-}
-
-/// The commit `fusion` was built from (`build.rs`), for `fusion bench`'s
-/// report.
-const COMMIT: &str = env!("FUSION_GIT_COMMIT");
-
 /// `fusion plan` on a loaded graph: prints the plan (as JSON with `json`)
 /// and, given a path, writes it there as Graphviz; with JSON on standard
 /// output, the line saying so goes to standard error.
@@ -362,11 +221,20 @@ pub fn plan_graph(graph: Graph, dot: Option<&Path>, json: bool, out: &mut dyn Wr
         std::fs::write(path, fuse::dot::write(&plan)).map_err(|e| {
             CliError::Message(format!("cannot write the Graphviz file {}: {e}", path.display()))
         })?;
-        let note = format!(
-            "wrote the plan as Graphviz to {} (render it with `dot -Tsvg {} -o plan.svg`)",
-            path.display(),
-            path.display()
-        );
+        let note = match render_svg(GRAPHVIZ.as_ref(), path)? {
+            Svg::Written(svg) => format!(
+                "wrote the plan as Graphviz to {} and as SVG to {}",
+                path.display(),
+                svg.display()
+            ),
+            Svg::NoGraphviz => format!(
+                "wrote the plan as Graphviz to {}; no SVG, as Graphviz's `dot` is not on PATH: \
+                 install Graphviz (`apt-get install graphviz`, `brew install graphviz` or \
+                 https://graphviz.org/download/) and run this again, or `dot -Tsvg {} -o plan.svg`",
+                path.display(),
+                path.display()
+            ),
+        };
         if json {
             eprintln!("{note}");
         } else {
@@ -374,6 +242,46 @@ pub fn plan_graph(graph: Graph, dot: Option<&Path>, json: bool, out: &mut dyn Wr
         }
     }
     out.flush().map_err(CliError::from_stdout)
+}
+
+/// Graphviz's renderer, which `fusion plan --dot` runs when it is on PATH.
+const GRAPHVIZ: &str = "dot";
+
+/// What became of the SVG beside a Graphviz file.
+#[derive(Debug, PartialEq, Eq)]
+enum Svg {
+    /// Written to this path.
+    Written(PathBuf),
+    /// Not written: the renderer is not installed.
+    NoGraphviz,
+}
+
+/// Renders the Graphviz file `dot_file` as SVG beside it (`plan.dot` →
+/// `plan.svg`, `plan` → `plan.svg`, `plan.svg` → `plan.svg.svg`) with
+/// `program`, Graphviz's `dot`. A renderer that is not installed is no
+/// error (the Graphviz file is the output asked for); one that fails is.
+fn render_svg(program: &OsStr, dot_file: &Path) -> Result<Svg, CliError> {
+    let mut svg = dot_file.with_extension("svg");
+    if svg == dot_file {
+        svg = PathBuf::from(format!("{}.svg", dot_file.display()));
+    }
+    let output = std::process::Command::new(program)
+        .arg("-Tsvg")
+        .arg(dot_file)
+        .arg("-o")
+        .arg(&svg)
+        .output();
+    let rendering = format!("`{} -Tsvg {}`", program.to_string_lossy(), dot_file.display());
+    match output {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Svg::NoGraphviz),
+        Err(e) => Err(CliError::Message(format!("cannot run {rendering}: {e}"))),
+        Ok(output) if output.status.success() => Ok(Svg::Written(svg)),
+        Ok(output) => Err(CliError::Message(format!(
+            "{rendering} failed ({}): {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        ))),
+    }
 }
 
 #[cfg(test)]
@@ -491,6 +399,8 @@ mod tests {
         plan_graph(ffn(), Some(&path), false, &mut out).unwrap();
         let written = std::fs::read_to_string(&path).unwrap();
         std::fs::remove_file(&path).unwrap();
+        // Written where Graphviz is installed.
+        let _ = std::fs::remove_file(path.with_extension("svg"));
         assert!(written.starts_with("digraph \"ffn\" {"), "{written}");
         assert_eq!(written.matches("subgraph cluster_").count(), 1);
         let text = String::from_utf8(out).unwrap();
@@ -498,6 +408,66 @@ mod tests {
             text.contains(&format!("wrote the plan as Graphviz to {}", path.display())),
             "{text}"
         );
+    }
+
+    #[test]
+    fn without_graphviz_the_svg_is_skipped_and_the_note_says_how_to_get_it() {
+        let dot = scratch("no-graphviz.dot");
+        std::fs::write(&dot, "digraph g {}").unwrap();
+        let missing = OsStr::new("fusion-test-no-such-graphviz");
+        assert_eq!(render_svg(missing, &dot), Ok(Svg::NoGraphviz));
+        assert!(!dot.with_extension("svg").exists());
+        std::fs::remove_file(&dot).unwrap();
+    }
+
+    /// A stand-in for Graphviz's `dot`: a script that writes its arguments
+    /// to the file after `-o`, or fails when asked to.
+    #[cfg(unix)]
+    fn fake_graphviz(name: &str, body: &str) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let program = scratch(name);
+        std::fs::write(&program, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+        program
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn with_graphviz_the_svg_is_written_beside_the_dot_file() {
+        let program = fake_graphviz("fake-dot", r#"echo "$@" > "$4""#);
+        let dot = scratch("with-graphviz.dot");
+        let svg = dot.with_extension("svg");
+        assert_eq!(
+            render_svg(program.as_os_str(), &dot),
+            Ok(Svg::Written(svg.clone()))
+        );
+        let args = std::fs::read_to_string(&svg).unwrap();
+        assert_eq!(
+            args.trim(),
+            format!("-Tsvg {} -o {}", dot.display(), svg.display())
+        );
+        std::fs::remove_file(&svg).unwrap();
+        let named_svg = scratch("named.svg");
+        assert_eq!(
+            render_svg(program.as_os_str(), &named_svg),
+            Ok(Svg::Written(PathBuf::from(format!(
+                "{}.svg",
+                named_svg.display()
+            ))))
+        );
+        std::fs::remove_file(format!("{}.svg", named_svg.display())).unwrap();
+        std::fs::remove_file(&program).unwrap();
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_failing_graphviz_is_an_error_with_its_message() {
+        let program = fake_graphviz("failing-dot", "echo 'syntax error in line 1' >&2; exit 1");
+        let error = render_svg(program.as_os_str(), &scratch("bad.dot")).unwrap_err();
+        let text = error.to_string();
+        assert!(text.contains("-Tsvg") && text.contains("failed"), "{text}");
+        assert!(text.contains("syntax error in line 1"), "{text}");
+        std::fs::remove_file(&program).unwrap();
     }
 
     #[test]
@@ -562,40 +532,6 @@ mod tests {
         assert!(
             Cli::try_parse_from(["fusion", "render", "list.json"]).is_err(),
             "--out is required"
-        );
-    }
-
-    #[test]
-    fn bench_shapes_parse_and_bad_ones_are_refused() {
-        assert_eq!(parse_shape("512,2048,2048"), Ok((512, 2048, 2048)));
-        assert!(parse_shape("512,2048").unwrap_err().contains("not M,N,K"));
-        assert!(parse_shape("0,8,8").unwrap_err().contains("positive"));
-        let cli = Cli::try_parse_from([
-            "fusion",
-            "bench",
-            "--shape",
-            "128,14336,4096",
-            "--kernel",
-            "gemm_bias",
-        ])
-        .unwrap();
-        let Command::Bench(args) = cli.command else {
-            panic!("bench")
-        };
-        assert_eq!(args.shapes, [(128, 14336, 4096)]);
-        assert_eq!(args.ffn_tokens, crate::bench::DEFAULT_FFN_TOKENS);
-    }
-
-    #[test]
-    fn bench_refuses_an_unknown_kernel_before_touching_the_gpu() {
-        let cli = Cli::try_parse_from(["fusion", "bench", "--kernel", "gemm_tanh"]).unwrap();
-        let err = run(&cli, &mut Vec::new()).unwrap_err();
-        let CliError::Message(text) = err else {
-            panic!("{err:?}")
-        };
-        assert!(
-            text.contains("unknown kernel `gemm_tanh`") && text.contains("gemm_bias_gelu"),
-            "{text}"
         );
     }
 }

@@ -11,7 +11,7 @@
 //! Rust owns every byte of device memory a launch uses: CUDA host code never
 //! allocates, locks or reads the environment. A GEMM launcher says how much
 //! scratch a call needs (`<symbol>_workspace_bytes`, see
-//! `kernels/include/fusion/abi.h`: stream-K partial tiles and flags, a
+//! `fusion-core/kernels/include/fusion/abi.h`: stream-K partial tiles and flags, a
 //! folded norm's row statistics, a per-call norm's normalized A) and takes it from the [`Workspace`] of the
 //! graph struct, or, for the free functions of one-kernel graphs, from the
 //! workspace this module keeps per stream ([`with_stream_workspace`]).

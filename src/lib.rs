@@ -6,8 +6,8 @@
 //! | [`tensor`] | typed views of device memory that kernels take |
 //! | [`device`] | which compiled kernel variant runs on a GPU |
 //! | [`error`] | every way a call can be refused |
-//! | [`kernels`] | the built-in kernels compiled from `graphs/` |
-//! | [`bench`](mod@bench) | `fusion bench`: fused kernels against cuBLASLt |
+//! | [`kernels`] | the built-in kernels compiled from `graphs/` (feature `kernels`) |
+//! | [`bench`](mod@bench) | `fusion bench`: fused kernels against cuBLASLt (feature `kernels`) |
 //! | [`cli`] | the `fusion` command line |
 //! | [`render`] | `fusion render`: units of a candidate list, with the kernel self-test |
 //! | [`testing`] | checking kernels on a GPU against the CPU reference |
@@ -18,10 +18,12 @@
 // Generated wrappers name this crate `fusion::`, also from inside it.
 extern crate self as fusion;
 
+#[cfg(feature = "kernels")]
 pub mod bench;
 pub mod cli;
 pub mod device;
 pub mod error;
+#[cfg(feature = "kernels")]
 pub mod kernels;
 #[doc(hidden)]
 pub mod launch;

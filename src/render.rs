@@ -2,7 +2,7 @@
 //! layouts, archs, tile config; see [`fusion_core::codegen::candidates`]),
 //! rendered as a build renders them, written into one folder that builds
 //! with nvcc alone: the units, the CUDA headers, the kernel self-test
-//! harness (`kernels/selftest/harness.cu`), the table of units it calls
+//! harness (`fusion-core/kernels/selftest/harness.cu`), the table of units it calls
 //! (`units.inc`) and a Makefile whose gencode flags are each unit's target's.
 //! The folder can be copied to a GPU machine with no Rust and built there
 //! with `make -j`.
@@ -17,13 +17,6 @@ use fusion_core::target::RunsOn;
 use std::fmt::Write as _;
 use std::io::Write;
 use std::path::Path;
-
-/// The harness, embedded so that the folder is complete wherever the
-/// binary runs.
-const HARNESS: [(&str, &str); 2] = [
-    ("harness.cu", include_str!("../kernels/selftest/harness.cu")),
-    ("harness.cuh", include_str!("../kernels/selftest/harness.cuh")),
-];
 
 /// Renders the units of the list in `list_file` (graphs read from
 /// `graphs_dir`) and writes the folder `out_dir`; says what it wrote on `out`.
@@ -55,7 +48,7 @@ pub fn render(
     for unit in &units {
         write(&format!("units/{}.cu", unit.unit.symbol), &unit.unit.source)?;
     }
-    for (name, contents) in HARNESS {
+    for (name, contents) in templates::SELFTEST_HARNESS {
         write(name, contents)?;
     }
     write("units.inc", &unit_table(&file, &units))?;

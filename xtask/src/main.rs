@@ -13,6 +13,7 @@ mod resources;
 mod steps;
 mod suite;
 mod toolchain;
+mod user_crate;
 mod workspace;
 
 use error::Error;

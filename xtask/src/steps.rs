@@ -20,8 +20,9 @@ pub enum Action {
     Cargo(Vec<&'static str>),
     /// The same with these variables set over the toolchain's.
     CargoWithEnv(&'static [(&'static str, &'static str)], Vec<&'static str>),
-    /// `fusion plan` on every `graphs/*.toml`; each must succeed.
-    PlanEveryGraph,
+    /// `fusion plan` on every `graphs/*.toml`, from a build without the
+    /// shipped kernels and with these variables set; each must succeed.
+    PlanEveryGraph(&'static [(&'static str, &'static str)]),
     /// Work done by xtask itself, given the toolchain.
     Function(fn(&Workspace, &Toolchain) -> Result<()>),
 }
@@ -77,7 +78,7 @@ impl Session<'_> {
             }
             Action::Cargo(args) => self.run_cargo(&[], args),
             Action::CargoWithEnv(env, args) => self.run_cargo(env, args),
-            Action::PlanEveryGraph => self.plan_every_graph(),
+            Action::PlanEveryGraph(env) => self.plan_every_graph(env),
             Action::Function(function) => {
                 let workspace = self.workspace;
                 let toolchain = self.toolchain()?;
@@ -102,11 +103,13 @@ impl Session<'_> {
     fn run_cargo(&mut self, env: &[(&str, &str)], args: &[&str]) -> std::result::Result<(), StepFailure> {
         let mut command = self.cargo()?;
         command.envs(env.iter().copied()).args(args);
-        let assignments: String = env.iter().map(|(key, value)| format!("{key}={value} ")).collect();
-        run_to_success(&mut command, format!("{assignments}cargo {}", args.join(" ")))
+        run_to_success(
+            &mut command,
+            format!("{}cargo {}", assignments(env), args.join(" ")),
+        )
     }
 
-    fn plan_every_graph(&mut self) -> std::result::Result<(), StepFailure> {
+    fn plan_every_graph(&mut self, env: &[(&str, &str)]) -> std::result::Result<(), StepFailure> {
         let graphs_dir = self.workspace.graphs_dir();
         let graphs = toml_files(&graphs_dir);
         if graphs.is_empty() {
@@ -122,11 +125,29 @@ impl Session<'_> {
             let graph = self.workspace.display(&graph);
             println!("--- fusion plan {graph}");
             let mut command = self.cargo()?;
-            command.args(["run", "--quiet", "-p", "fusion", "--", "plan", &graph]);
-            run_to_success(&mut command, format!("cargo run -p fusion -- plan {graph}"))?;
+            let args = [
+                "run",
+                "--quiet",
+                "-p",
+                "fusion",
+                "--no-default-features",
+                "--",
+                "plan",
+                &graph,
+            ];
+            command.envs(env.iter().copied()).args(args);
+            run_to_success(
+                &mut command,
+                format!("{}cargo {}", assignments(env), args.join(" ")),
+            )?;
         }
         Ok(())
     }
+}
+
+/// `KEY=value ` for each variable, to put before a command that is shown.
+fn assignments(env: &[(&str, &str)]) -> String {
+    env.iter().map(|(key, value)| format!("{key}={value} ")).collect()
 }
 
 fn run_to_success(command: &mut Command, rerun: String) -> std::result::Result<(), StepFailure> {

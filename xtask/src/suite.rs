@@ -3,6 +3,7 @@
 
 use crate::error::Result;
 use crate::steps::{self, Action, Step};
+use crate::user_crate;
 use crate::workspace::Workspace;
 
 fn suite_steps() -> Vec<Step> {
@@ -44,10 +45,30 @@ fn suite_steps() -> Vec<Step> {
             ]),
         ),
         Step::new(
+            "cargo clippy fusion without default features (no shipped kernels, no nvcc)",
+            Action::CargoWithEnv(
+                &[NO_NVCC],
+                vec![
+                    "clippy",
+                    "-p",
+                    "fusion",
+                    "--no-default-features",
+                    "--",
+                    "-D",
+                    "warnings",
+                ],
+            ),
+        ),
+        Step::new(
             "cargo test (every kernel variant: sm75, sm80, sm90)",
             Action::Cargo(vec!["test", "--workspace", "--all-features"]),
         ),
-        Step::new("fusion plan on every graphs/*.toml", Action::PlanEveryGraph),
+        // Planning needs no kernel library: a build without the feature
+        // `kernels` and without nvcc plans every graph.
+        Step::new(
+            "fusion plan on every graphs/*.toml, built without the shipped kernels and without nvcc",
+            Action::PlanEveryGraph(&[NO_NVCC]),
+        ),
         // What docs.rs does, on a machine without CUDA: the build scripts
         // skip nvcc, link nothing and still write the bindings, and the
         // generated wrappers compile without launchers (a call on a GPU
@@ -60,6 +81,32 @@ fn suite_steps() -> Vec<Step> {
             Action::CargoWithEnv(WITHOUT_NVCC_SKIP, vec!["build", "-p", "llama-ffn"]),
         ),
         Step::new(
+            "a crate outside the workspace with fusion_graph! in its library and binary: clippy pedantic, warnings fatal (without nvcc)",
+            Action::Function(user_crate::check_warning_free),
+        ),
+        // What `cargo publish` would upload, each crate built from its
+        // package alone (in target/package) against the others' packages:
+        // a file a crate embeds but leaves out of its include list fails
+        // here. Without nvcc, as above, so it reuses that step's build.
+        Step::new(
+            "cargo package of every published crate (fusion-core, fusion-macros, fusion), each built from its package",
+            Action::CargoWithEnv(
+                WITHOUT_NVCC_SKIP,
+                vec![
+                    "package",
+                    // Uncommitted work is packaged too, so that the step
+                    // checks the tree it runs on.
+                    "--allow-dirty",
+                    "-p",
+                    "fusion-core",
+                    "-p",
+                    "fusion-macros",
+                    "-p",
+                    "fusion",
+                ],
+            ),
+        ),
+        Step::new(
             "cargo doc of the workspace as docs.rs builds it (DOCS_RS=1), warnings fatal",
             Action::CargoWithEnv(WITHOUT_NVCC_DOCS_RS, vec!["doc", "--workspace", "--no-deps"]),
         ),
@@ -69,7 +116,7 @@ fn suite_steps() -> Vec<Step> {
 /// No nvcc: a path that does not exist, which the build scripts report as
 /// an error if they look for nvcc at all.
 const NO_NVCC: (&str, &str) = ("NVCC", "/nonexistent/nvcc");
-const WITHOUT_NVCC_SKIP: &[(&str, &str)] = &[("FUSION_SKIP_NVCC", "1"), NO_NVCC];
+pub const WITHOUT_NVCC_SKIP: &[(&str, &str)] = &[("FUSION_SKIP_NVCC", "1"), NO_NVCC];
 const WITHOUT_NVCC_DOCS_RS: &[(&str, &str)] = &[("DOCS_RS", "1"), ("RUSTDOCFLAGS", "-D warnings"), NO_NVCC];
 
 pub fn run(workspace: &Workspace) -> Result<()> {

@@ -1,7 +1,7 @@
 //! The Handlebars templates and the CUDA headers, embedded in this crate.
 //!
-//! A build script of a crate outside this repository has no `kernels/`
-//! directory to read, so both travel inside fusion-core: the templates are
+//! They live in fusion-core's `kernels/` folder and are embedded so that the
+//! build script of any crate has them without a path to that folder: the templates are
 //! registered from these strings, and the headers are written into the build
 //! script's `OUT_DIR/include` (see [`write_headers`]) and compiled from
 //! there. Editing one of these files rebuilds fusion-core, which reruns every
@@ -12,115 +12,117 @@ use std::path::Path;
 
 /// `(name, template)`: the name is the file's stem.
 pub const TEMPLATES: [(&str, &str); 5] = [
-    ("gemm.cu", include_str!("../../../kernels/gemm.cu.hbs")),
-    ("norm.cu", include_str!("../../../kernels/norm.cu.hbs")),
-    (
-        "elementwise.cu",
-        include_str!("../../../kernels/elementwise.cu.hbs"),
-    ),
+    ("gemm.cu", include_str!("../../kernels/gemm.cu.hbs")),
+    ("norm.cu", include_str!("../../kernels/norm.cu.hbs")),
+    ("elementwise.cu", include_str!("../../kernels/elementwise.cu.hbs")),
     (
         "error_string.cu",
-        include_str!("../../../kernels/error_string.cu.hbs"),
+        include_str!("../../kernels/error_string.cu.hbs"),
     ),
     (
         "fusion_kernels.h",
-        include_str!("../../../kernels/fusion_kernels.h.hbs"),
+        include_str!("../../kernels/fusion_kernels.h.hbs"),
     ),
+];
+
+/// The kernel self-test harness (`kernels/selftest/`), by file name, for
+/// `fusion render`: embedded so that the folder it writes is complete
+/// wherever the binary runs.
+pub const SELFTEST_HARNESS: [(&str, &str); 2] = [
+    ("harness.cu", include_str!("../../kernels/selftest/harness.cu")),
+    ("harness.cuh", include_str!("../../kernels/selftest/harness.cuh")),
 ];
 
 /// Every file of `kernels/include`, by path relative to it.
 pub const HEADERS: [(&str, &str); 23] = [
-    (
-        "fusion/abi.h",
-        include_str!("../../../kernels/include/fusion/abi.h"),
-    ),
+    ("fusion/abi.h", include_str!("../../kernels/include/fusion/abi.h")),
     (
         "fusion/elementwise.cuh",
-        include_str!("../../../kernels/include/fusion/elementwise.cuh"),
+        include_str!("../../kernels/include/fusion/elementwise.cuh"),
     ),
     (
         "fusion/epilogue.cuh",
-        include_str!("../../../kernels/include/fusion/epilogue.cuh"),
+        include_str!("../../kernels/include/fusion/epilogue.cuh"),
     ),
     (
         "fusion/fold.cuh",
-        include_str!("../../../kernels/include/fusion/fold.cuh"),
+        include_str!("../../kernels/include/fusion/fold.cuh"),
     ),
     (
         "fusion/gemm.cuh",
-        include_str!("../../../kernels/include/fusion/gemm.cuh"),
+        include_str!("../../kernels/include/fusion/gemm.cuh"),
     ),
     (
         "fusion/norm.cuh",
-        include_str!("../../../kernels/include/fusion/norm.cuh"),
+        include_str!("../../kernels/include/fusion/norm.cuh"),
     ),
     (
         "fusion/numeric.cuh",
-        include_str!("../../../kernels/include/fusion/numeric.cuh"),
+        include_str!("../../kernels/include/fusion/numeric.cuh"),
     ),
     (
         "fusion/problem.cuh",
-        include_str!("../../../kernels/include/fusion/problem.cuh"),
+        include_str!("../../kernels/include/fusion/problem.cuh"),
     ),
     (
         "fusion/prologue.cuh",
-        include_str!("../../../kernels/include/fusion/prologue.cuh"),
+        include_str!("../../kernels/include/fusion/prologue.cuh"),
     ),
     (
         "fusion/sm75/mainloop.cuh",
-        include_str!("../../../kernels/include/fusion/sm75/mainloop.cuh"),
+        include_str!("../../kernels/include/fusion/sm75/mainloop.cuh"),
     ),
     (
         "fusion/sm80/collective_epilogue.cuh",
-        include_str!("../../../kernels/include/fusion/sm80/collective_epilogue.cuh"),
+        include_str!("../../kernels/include/fusion/sm80/collective_epilogue.cuh"),
     ),
     (
         "fusion/sm80/mainloop.cuh",
-        include_str!("../../../kernels/include/fusion/sm80/mainloop.cuh"),
+        include_str!("../../kernels/include/fusion/sm80/mainloop.cuh"),
     ),
     (
         "fusion/sm80/primitives.cuh",
-        include_str!("../../../kernels/include/fusion/sm80/primitives.cuh"),
+        include_str!("../../kernels/include/fusion/sm80/primitives.cuh"),
     ),
     (
         "fusion/sm90/collective_epilogue.cuh",
-        include_str!("../../../kernels/include/fusion/sm90/collective_epilogue.cuh"),
+        include_str!("../../kernels/include/fusion/sm90/collective_epilogue.cuh"),
     ),
     (
         "fusion/sm90/collective_mainloop.cuh",
-        include_str!("../../../kernels/include/fusion/sm90/collective_mainloop.cuh"),
+        include_str!("../../kernels/include/fusion/sm90/collective_mainloop.cuh"),
     ),
     (
         "fusion/sm90/mainloop.cuh",
-        include_str!("../../../kernels/include/fusion/sm90/mainloop.cuh"),
+        include_str!("../../kernels/include/fusion/sm90/mainloop.cuh"),
     ),
     (
         "fusion/sm90/primitives.cuh",
-        include_str!("../../../kernels/include/fusion/sm90/primitives.cuh"),
+        include_str!("../../kernels/include/fusion/sm90/primitives.cuh"),
     ),
     (
         "fusion/sm90/tensor_map.cuh",
-        include_str!("../../../kernels/include/fusion/sm90/tensor_map.cuh"),
+        include_str!("../../kernels/include/fusion/sm90/tensor_map.cuh"),
     ),
     (
         "fusion/sm90/tile_config.cuh",
-        include_str!("../../../kernels/include/fusion/sm90/tile_config.cuh"),
+        include_str!("../../kernels/include/fusion/sm90/tile_config.cuh"),
     ),
     (
         "fusion/sm90/tile_scheduler.cuh",
-        include_str!("../../../kernels/include/fusion/sm90/tile_scheduler.cuh"),
+        include_str!("../../kernels/include/fusion/sm90/tile_scheduler.cuh"),
     ),
     (
         "fusion/sm90/trace.cuh",
-        include_str!("../../../kernels/include/fusion/sm90/trace.cuh"),
+        include_str!("../../kernels/include/fusion/sm90/trace.cuh"),
     ),
     (
         "fusion/warp_tiled.cuh",
-        include_str!("../../../kernels/include/fusion/warp_tiled.cuh"),
+        include_str!("../../kernels/include/fusion/warp_tiled.cuh"),
     ),
     (
         "fusion/workspace.cuh",
-        include_str!("../../../kernels/include/fusion/workspace.cuh"),
+        include_str!("../../kernels/include/fusion/workspace.cuh"),
     ),
 ];
 

@@ -38,16 +38,14 @@ use quote::{format_ident, quote};
 /// was never compiled. `ffi_rs` is the path of bindgen's output, included
 /// into a private module.
 pub fn generate(library: &KernelLibrary, linked: bool, ffi_rs: &str) -> String {
+    let ffi = ffi_module(ffi_rs);
     let graphs = library
         .graphs
         .iter()
         .filter(|g| g.spec.fingerprint.is_none())
         .map(|g| graph_items(library, g, linked));
     let file = quote! {
-        #[allow(non_camel_case_types, non_snake_case, non_upper_case_globals, dead_code, unused_imports, clippy::all)]
-        mod ffi {
-            include!(#ffi_rs);
-        }
+        #ffi
         #(#graphs)*
     };
     format!(
@@ -65,14 +63,13 @@ pub fn generate_macro_graph(library: &KernelLibrary, index: usize, linked: bool,
     let launchers = &library.graphs[index];
     let fingerprint = launchers.spec.fingerprint.unwrap_or_default();
     let items = graph_items(library, launchers, linked);
+    let ffi = ffi_module(ffi_rs);
     let file = quote! {
         /// The hash of the `fusion_graph!` tokens this file was generated from.
+        #[allow(clippy::unreadable_literal, reason = "a hash, compared whole")]
         pub const FINGERPRINT: u64 = #fingerprint;
 
-        #[allow(non_camel_case_types, non_snake_case, non_upper_case_globals, dead_code, unused_imports, clippy::all)]
-        mod ffi {
-            include!(#ffi_rs);
-        }
+        #ffi
         #items
     };
     format!(
@@ -81,6 +78,24 @@ pub fn generate_macro_graph(library: &KernelLibrary, index: usize, linked: bool,
         launchers.spec.origin,
         unparse(file)
     )
+}
+
+/// The lint groups the private modules of generated code opt out of:
+/// whatever a user crate turns on (`#![warn(clippy::pedantic)]`) must not
+/// fire on code it cannot edit. Its public items are kept clean instead.
+fn internal_lint_allows() -> TokenStream {
+    quote!(clippy::all, clippy::pedantic, clippy::nursery)
+}
+
+/// The bindgen declarations, `include!`d into the private module `ffi`.
+fn ffi_module(ffi_rs: &str) -> TokenStream {
+    let clippy = internal_lint_allows();
+    quote! {
+        #[allow(non_camel_case_types, non_snake_case, non_upper_case_globals, dead_code, unused_imports, #clippy)]
+        mod ffi {
+            include!(#ffi_rs);
+        }
+    }
 }
 
 fn unparse(tokens: TokenStream) -> String {
@@ -468,6 +483,7 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
             #[doc = #doc]
             #[doc = #FREE_FN_MEMORY_DOC]
             #[allow(clippy::too_many_arguments, reason = "one argument per graph tensor")]
+            #[allow(dead_code, reason = "a crate may run the graph through its struct instead")]
             pub fn #fn_ident #generics(#params) -> fusion::Result<()> {
                 fusion::launch::with_stream_workspace(stream, |__workspace| #module::run #turbofish(__workspace, &[], #args))
             }
@@ -531,8 +547,9 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
     let dims_decl = quote!(&[#(#dim_names),*]);
     let weight_args: Vec<Ident> = graph.weights.iter().map(|&t| arg_ident(graph, t)).collect();
 
+    let clippy = internal_lint_allows();
     let module_items = quote! {
-        #[allow(unreachable_code, unused_variables, unused_mut, dead_code, clippy::all)]
+        #[allow(unreachable_code, unused_variables, unused_mut, dead_code, #clippy)]
         mod #module {
             use super::ffi;
 
@@ -582,6 +599,12 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
         }
     };
     if !graph.weights.is_empty() {
+        // Macro graphs with weights get the struct alone.
+        let free_fn = if spec.fingerprint.is_none() {
+            free_fn
+        } else {
+            quote!()
+        };
         let bound = BoundGraph {
             struct_ident,
             module,
@@ -592,29 +615,31 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
             weights: weight_args,
             outputs: write_args,
             declaration: spec.fingerprint.map(|_| spec.declaration.clone()),
-        };
-        let free_fn = if spec.fingerprint.is_none() {
-            free_fn
-        } else {
-            quote!()
+            struct_allows: one_of_two_ways(&free_fn),
         };
         return quote!(#bound #free_fn #module_items);
     }
+    let struct_allows = one_of_two_ways(&free_fn);
     quote! {
         #[doc = #doc]
         #[doc = #THREADS_DOC]
         #[derive(Debug, Default)]
+        #struct_allows
         pub struct #struct_ident {
             workspace: fusion::launch::Workspace,
         }
 
+        #struct_allows
         impl #struct_ident {
+            #[must_use]
             pub fn new() -> Self {
                 Self::default()
             }
 
             /// The device memory kept between calls: the intermediates and
             /// the kernels' scratch (see `fusion::launch::Workspace`).
+            #[must_use]
+            #[allow(dead_code, reason = #ACCESSORS_UNUSED)]
             pub fn workspace(&self) -> &fusion::launch::Workspace {
                 &self.workspace
             }
@@ -646,6 +671,19 @@ struct BoundGraph {
     outputs: Vec<Ident>,
     /// A `fusion_graph!` declaration, for `DECLARATION` and `graph()`.
     declaration: Option<String>,
+    /// Attributes of the struct, its weights and its `impl`.
+    struct_allows: TokenStream,
+}
+
+/// Where a graph has a free function beside its struct, a crate uses one
+/// of the two: the other must not warn as dead code. Nothing otherwise, so
+/// that a struct never used is still reported.
+fn one_of_two_ways(free_fn: &TokenStream) -> TokenStream {
+    if free_fn.is_empty() {
+        quote!()
+    } else {
+        quote!(#[allow(dead_code, reason = "a crate may call the free function instead")])
+    }
 }
 
 impl quote::ToTokens for BoundGraph {
@@ -660,6 +698,7 @@ impl quote::ToTokens for BoundGraph {
             weights,
             outputs,
             declaration,
+            struct_allows,
         } = self;
         let weights_ident = format_ident!("{struct_ident}Weights");
         let declaration_items = match declaration {
@@ -671,6 +710,11 @@ impl quote::ToTokens for BoundGraph {
                 /// The graph, parsed and checked again from [`Self::DECLARATION`]:
                 /// for the CPU reference ([`fusion::core::reference`]) and for
                 /// drawing test data with its shapes.
+                ///
+                /// # Panics
+                ///
+                /// Never: the build script parsed and checked this declaration.
+                #[must_use]
                 pub fn graph() -> fusion::core::ir::Graph {
                     let tokens = Self::DECLARATION
                         .parse()
@@ -694,6 +738,7 @@ impl quote::ToTokens for BoundGraph {
         tokens.extend(quote! {
             #[doc = #weights_doc]
             #[derive(Debug)]
+            #struct_allows
             pub struct #weights_ident #params {
                 #(#[doc = #weight_docs] pub #weights: fusion::Tensor<'w, #elem>,)*
             }
@@ -701,12 +746,14 @@ impl quote::ToTokens for BoundGraph {
             #[doc = #doc]
             #[doc = #THREADS_DOC]
             #[derive(Debug)]
+            #struct_allows
             pub struct #struct_ident #params {
                 weights: #weights_ident #args,
                 folded: Vec<Option<fusion::launch::FoldedWeights>>,
                 workspace: fusion::launch::Workspace,
             }
 
+            #struct_allows
             impl #params #struct_ident #args {
                 /// Binds the weights: checks each one's shape (static dims
                 /// against the declaration, shared dims against each other)
@@ -723,19 +770,6 @@ impl quote::ToTokens for BoundGraph {
                     Ok(Self { weights, folded, workspace: fusion::launch::Workspace::new() })
                 }
 
-                #declaration_items
-
-                /// The bound weights.
-                pub fn weights(&self) -> &#weights_ident #args {
-                    &self.weights
-                }
-
-                /// The device memory kept between calls: the intermediates and
-                /// the kernels' scratch (see `fusion::launch::Workspace`).
-                pub fn workspace(&self) -> &fusion::launch::Workspace {
-                    &self.workspace
-                }
-
                 /// Checks the inputs and outputs (dynamic dims are read from
                 /// them and must agree), then launches the plan's kernels in
                 /// order on `stream`. Returns once they are enqueued.
@@ -750,9 +784,31 @@ impl quote::ToTokens for BoundGraph {
                     #module::run #turbofish(&mut self.workspace, &self.folded, stream, #(#inputs,)* #(#weights,)* #(#outputs,)*)
                 }
             }
+
+            #[allow(dead_code, reason = #ACCESSORS_UNUSED)]
+            impl #params #struct_ident #args {
+                #declaration_items
+
+                /// The bound weights.
+                #[must_use]
+                pub fn weights(&self) -> &#weights_ident #args {
+                    &self.weights
+                }
+
+                /// The device memory kept between calls: the intermediates and
+                /// the kernels' scratch (see `fusion::launch::Workspace`).
+                #[must_use]
+                pub fn workspace(&self) -> &fusion::launch::Workspace {
+                    &self.workspace
+                }
+            }
         });
     }
 }
+
+/// Why the accessors of a generated struct may go unused: a binary crate
+/// that only runs the graph has no use for them, and cannot remove them.
+const ACCESSORS_UNUSED: &str = "accessors a crate may not call";
 
 fn params_kind(composition: &Composition) -> ParamsKind {
     match composition {

@@ -131,7 +131,7 @@ impl TunedTable {
     }
 
     /// `kernels/tuned/sm80.json`: where the table shipped for `arch` lives in
-    /// the workspace.
+    /// fusion-core.
     pub fn shipped_file(arch: Arch) -> String {
         format!("kernels/tuned/{}.json", arch.name())
     }

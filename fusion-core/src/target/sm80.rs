@@ -18,7 +18,7 @@ pub(super) static TARGET: Target = Target {
     mainloop_header: "fusion/sm80/mainloop.cuh",
     tile_type,
     check,
-    tuned_json: include_str!("../../../kernels/tuned/sm80.json"),
+    tuned_json: include_str!("../../kernels/tuned/sm80.json"),
 };
 
 fn tile_type(c: &TileConfig) -> String {

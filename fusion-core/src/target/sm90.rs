@@ -19,7 +19,7 @@ pub(super) static TARGET: Target = Target {
     mainloop_header: "fusion/sm90/mainloop.cuh",
     tile_type,
     check,
-    tuned_json: include_str!("../../../kernels/tuned/sm90.json"),
+    tuned_json: include_str!("../../kernels/tuned/sm90.json"),
 };
 
 /// BK is fixed by the template, so it is not an argument; each unit asserts

@@ -2,10 +2,14 @@ use super::*;
 use crate::select::TunedTable;
 use std::path::Path;
 
-/// The workspace root, which holds the root crate's `Cargo.toml`, the
-/// headers and the tuned tables.
+/// The workspace root, which holds the root crate's `Cargo.toml`.
 fn workspace() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap()
+    crate_dir().parent().unwrap()
+}
+
+/// fusion-core's own folder, which holds the headers and the tuned tables.
+fn crate_dir() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
 #[test]
@@ -21,7 +25,7 @@ fn every_generation_has_its_feature_headers_and_table() {
             "the root Cargo.toml has no feature `{}`",
             target.name
         );
-        let header = workspace().join("kernels/include").join(target.mainloop_header);
+        let header = crate_dir().join("kernels/include").join(target.mainloop_header);
         assert!(header.is_file(), "{} is missing", header.display());
         assert!(
             target
@@ -41,7 +45,7 @@ fn every_generation_has_its_feature_headers_and_table() {
             target.name
         );
         let file = TunedTable::shipped_file(arch);
-        let on_disk = std::fs::read_to_string(workspace().join(&file)).unwrap();
+        let on_disk = std::fs::read_to_string(crate_dir().join(&file)).unwrap();
         assert_eq!(on_disk, target.tuned_json, "{file} is not the embedded table");
         let table = TunedTable::shipped(arch).unwrap();
         assert!(

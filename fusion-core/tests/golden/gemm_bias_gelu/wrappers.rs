@@ -6,13 +6,16 @@
     non_upper_case_globals,
     dead_code,
     unused_imports,
-    clippy::all
+    clippy::all,
+    clippy::pedantic,
+    clippy::nursery
 )]
 mod ffi {
     include!("fusion_ffi.rs");
 }
 ///The weights of [`GemmBiasGelu`], as device tensors it borrows. `new` checks each one's shape against the declaration.
 #[derive(Debug)]
+#[allow(dead_code, reason = "a crate may call the free function instead")]
 pub struct GemmBiasGeluWeights<'w, T: fusion::Element> {
     ///The weight `w`.
     pub w: fusion::Tensor<'w, T>,
@@ -49,11 +52,13 @@ no tensor passes between kernels
 
 The struct is `Send` and `Sync`: it owns nothing but device buffers. `run` takes `&mut self` because every call reuses the same workspace for the intermediates and the kernels' scratch (grown when a call needs more, never while the stream is being captured into a CUDA graph: run once before capturing), so the compiler already keeps two threads from running one struct at once; to run a graph from several threads at the same time, give each thread its own struct (or share one behind a `Mutex`). Calls from one thread on different streams are ordered by the buffers' CUDA events, which make the second stream wait for the first one's use of the workspace. Dropping the struct frees the workspace.*/
 #[derive(Debug)]
+#[allow(dead_code, reason = "a crate may call the free function instead")]
 pub struct GemmBiasGelu<'w, T: fusion::Element> {
     weights: GemmBiasGeluWeights<'w, T>,
     folded: Vec<Option<fusion::launch::FoldedWeights>>,
     workspace: fusion::launch::Workspace,
 }
+#[allow(dead_code, reason = "a crate may call the free function instead")]
 impl<'w, T: fusion::Element> GemmBiasGelu<'w, T> {
     /// Binds the weights: checks each one's shape (static dims
     /// against the declaration, shared dims against each other)
@@ -75,15 +80,6 @@ impl<'w, T: fusion::Element> GemmBiasGelu<'w, T> {
             workspace: fusion::launch::Workspace::new(),
         })
     }
-    /// The bound weights.
-    pub fn weights(&self) -> &GemmBiasGeluWeights<'w, T> {
-        &self.weights
-    }
-    /// The device memory kept between calls: the intermediates and
-    /// the kernels' scratch (see `fusion::launch::Workspace`).
-    pub fn workspace(&self) -> &fusion::launch::Workspace {
-        &self.workspace
-    }
     /// Checks the inputs and outputs (dynamic dims are read from
     /// them and must agree), then launches the plan's kernels in
     /// order on `stream`. Returns once they are enqueued.
@@ -96,6 +92,20 @@ impl<'w, T: fusion::Element> GemmBiasGelu<'w, T> {
     ) -> fusion::Result<()> {
         let GemmBiasGeluWeights { w, b } = &self.weights;
         __gemm_bias_gelu::run::<T>(&mut self.workspace, &self.folded, stream, x, w, b, y)
+    }
+}
+#[allow(dead_code, reason = "accessors a crate may not call")]
+impl<'w, T: fusion::Element> GemmBiasGelu<'w, T> {
+    /// The bound weights.
+    #[must_use]
+    pub fn weights(&self) -> &GemmBiasGeluWeights<'w, T> {
+        &self.weights
+    }
+    /// The device memory kept between calls: the intermediates and
+    /// the kernels' scratch (see `fusion::launch::Workspace`).
+    #[must_use]
+    pub fn workspace(&self) -> &fusion::launch::Workspace {
+        &self.workspace
     }
 }
 /**y = gelu(x @ w^T + b): nn.Linear with bias, then GELU (tanh approximation).
@@ -128,6 +138,7 @@ no tensor passes between kernels
 
 The kernel's scratch comes from a workspace kept per `Arc<CudaStream>` (clones share it), grown when a call needs more and reused after that; it is freed after the stream is dropped. It is never grown while the stream is being captured into a CUDA graph: call once before capturing.*/
 #[allow(clippy::too_many_arguments, reason = "one argument per graph tensor")]
+#[allow(dead_code, reason = "a crate may run the graph through its struct instead")]
 pub fn gemm_bias_gelu<T: fusion::Element>(
     stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
     x: &fusion::Tensor<'_, T>,
@@ -140,7 +151,15 @@ pub fn gemm_bias_gelu<T: fusion::Element>(
         |__workspace| __gemm_bias_gelu::run::<T>(__workspace, &[], stream, x, w, b, y),
     )
 }
-#[allow(unreachable_code, unused_variables, unused_mut, dead_code, clippy::all)]
+#[allow(
+    unreachable_code,
+    unused_variables,
+    unused_mut,
+    dead_code,
+    clippy::all,
+    clippy::pedantic,
+    clippy::nursery
+)]
 mod __gemm_bias_gelu {
     use super::ffi;
     static __GRAPH: fusion::launch::GraphDecl = fusion::launch::GraphDecl {

@@ -6,7 +6,9 @@
     non_upper_case_globals,
     dead_code,
     unused_imports,
-    clippy::all
+    clippy::all,
+    clippy::pedantic,
+    clippy::nursery
 )]
 mod ffi {
     include!("fusion_ffi.rs");
@@ -97,15 +99,6 @@ impl<'w, T: fusion::Element> SwigluFfn<'w, T> {
             workspace: fusion::launch::Workspace::new(),
         })
     }
-    /// The bound weights.
-    pub fn weights(&self) -> &SwigluFfnWeights<'w, T> {
-        &self.weights
-    }
-    /// The device memory kept between calls: the intermediates and
-    /// the kernels' scratch (see `fusion::launch::Workspace`).
-    pub fn workspace(&self) -> &fusion::launch::Workspace {
-        &self.workspace
-    }
     /// Checks the inputs and outputs (dynamic dims are read from
     /// them and must agree), then launches the plan's kernels in
     /// order on `stream`. Returns once they are enqueued.
@@ -122,7 +115,29 @@ impl<'w, T: fusion::Element> SwigluFfn<'w, T> {
         >(&mut self.workspace, &self.folded, stream, x, w_gate, w_up, w_down, b_down, y)
     }
 }
-#[allow(unreachable_code, unused_variables, unused_mut, dead_code, clippy::all)]
+#[allow(dead_code, reason = "accessors a crate may not call")]
+impl<'w, T: fusion::Element> SwigluFfn<'w, T> {
+    /// The bound weights.
+    #[must_use]
+    pub fn weights(&self) -> &SwigluFfnWeights<'w, T> {
+        &self.weights
+    }
+    /// The device memory kept between calls: the intermediates and
+    /// the kernels' scratch (see `fusion::launch::Workspace`).
+    #[must_use]
+    pub fn workspace(&self) -> &fusion::launch::Workspace {
+        &self.workspace
+    }
+}
+#[allow(
+    unreachable_code,
+    unused_variables,
+    unused_mut,
+    dead_code,
+    clippy::all,
+    clippy::pedantic,
+    clippy::nursery
+)]
 mod __swiglu_ffn {
     use super::ffi;
     static __GRAPH: fusion::launch::GraphDecl = fusion::launch::GraphDecl {

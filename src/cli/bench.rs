@@ -1,0 +1,199 @@
+//! `fusion bench`: its arguments and the run that times the shipped kernels
+//! against cuBLASLt. Part of the command line only with the `kernels`
+//! feature, as what it times is `fusion::kernels`.
+
+use super::CliError;
+use crate::bench::{self, BenchConfig, Pattern};
+use clap::Args;
+use std::io::Write;
+use std::path::PathBuf;
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// A shape `M,N,K` to time (repeat for several); default: the six standard shapes.
+    #[arg(long = "shape", value_name = "M,N,K", value_parser = parse_shape)]
+    pub shapes: Vec<(usize, usize, usize)>,
+    /// Only these kernels (repeat for several), by graph name such as `gemm_bias_gelu`.
+    #[arg(long = "kernel", value_name = "NAME")]
+    pub kernels: Vec<String>,
+    /// Token counts for the SwiGLU FFN block (comma-separated); 0 skips it.
+    #[arg(long = "ffn-tokens", value_name = "M,…", value_delimiter = ',', default_values_t = bench::DEFAULT_FFN_TOKENS)]
+    pub ffn_tokens: Vec<usize>,
+    /// Element type: f16 or bf16.
+    #[arg(long, default_value = "f16")]
+    pub dtype: String,
+    /// Timed calls per contender (the median is reported).
+    #[arg(long, default_value_t = 50)]
+    pub runs: usize,
+    /// Untimed calls first.
+    #[arg(long, default_value_t = 10)]
+    pub warmup: usize,
+    /// Also write the results as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+}
+
+fn parse_shape(text: &str) -> Result<(usize, usize, usize), String> {
+    let dims: Vec<usize> = text
+        .split(',')
+        .map(|d| {
+            d.trim()
+                .parse::<usize>()
+                .map_err(|_| format!("`{text}` is not M,N,K (three whole numbers)"))
+        })
+        .collect::<Result<_, _>>()?;
+    match dims[..] {
+        [m, n, k] if m > 0 && n > 0 && k > 0 => Ok((m, n, k)),
+        _ => Err(format!("`{text}` is not M,N,K (three positive whole numbers)")),
+    }
+}
+
+/// `fusion bench`: the table on `out`, progress on stderr, JSON on request.
+pub fn bench(args: &BenchArgs, out: &mut dyn Write) -> Result<(), CliError> {
+    let mut config = BenchConfig::default();
+    if !args.shapes.is_empty() {
+        config.shapes = args.shapes.clone();
+    }
+    if !args.kernels.is_empty() {
+        config.patterns = args
+            .kernels
+            .iter()
+            .filter(|k| k.as_str() != "swiglu_ffn")
+            .map(|k| {
+                Pattern::parse(k).ok_or_else(|| {
+                    let known: Vec<&str> = Pattern::ALL.iter().map(|p| p.name()).collect();
+                    CliError::Message(format!(
+                        "unknown kernel `{k}`: known are {} and swiglu_ffn",
+                        known.join(", ")
+                    ))
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        if !args.kernels.iter().any(|k| k == "swiglu_ffn") {
+            config.ffn_tokens.clear();
+        }
+    }
+    config.ffn_tokens.retain(|&m| m > 0);
+    if !args.kernels.is_empty()
+        && args.kernels.iter().any(|k| k == "swiglu_ffn")
+        && config.ffn_tokens.is_empty()
+    {
+        config.ffn_tokens = bench::DEFAULT_FFN_TOKENS.to_vec();
+    }
+    config.timing = bench::timing::TimingPlan {
+        warmup: args.warmup,
+        runs: args.runs.max(1),
+    };
+
+    let gpu = |e: crate::Error| CliError::Message(e.to_string());
+    let ctx = crate::testing::open_gpu(0).map_err(CliError::Message)?;
+    let stream = ctx.new_stream().map_err(|e| gpu(e.into()))?;
+    let (major, minor) = ctx.compute_capability().map_err(|e| gpu(e.into()))?;
+    let arch = crate::device::arch_for(&stream).map_err(gpu)?;
+    let device = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
+    let date = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let bus_id = bench::smi::pci_bus_id(&ctx);
+    let driver = bus_id.as_deref().and_then(bench::smi::driver_version);
+    let clock = bus_id.as_deref().and_then(bench::smi::ClockSampler::start);
+    writeln!(
+        out,
+        "{device} (compute capability {major}.{minor}), fusion variant {}, {}, fusion {}, cuBLASLt {}, driver {}",
+        arch.name(),
+        args.dtype,
+        COMMIT,
+        bench::cublaslt::version(),
+        driver.as_deref().unwrap_or("unknown"),
+    )
+    .map_err(CliError::from_stdout)?;
+
+    let bar = indicatif::ProgressBar::new(0).with_style(
+        indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}").expect("a valid template"),
+    );
+    let progress = |done: usize, total: usize, label: &str| {
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+        bar.set_message(label.to_string());
+    };
+    let rows = match args.dtype.as_str() {
+        "f16" => bench::run::<half::f16>(&stream, &config, clock.as_ref(), progress),
+        "bf16" => bench::run::<half::bf16>(&stream, &config, clock.as_ref(), progress),
+        other => {
+            return Err(CliError::Message(format!(
+                "--dtype {other}: expected f16 or bf16"
+            )));
+        }
+    };
+    bar.finish_and_clear();
+    let report = bench::Report {
+        device,
+        compute_capability: format!("{major}.{minor}"),
+        variant: arch.name().to_string(),
+        dtype: args.dtype.clone(),
+        runs: config.timing.runs,
+        warmup: config.timing.warmup,
+        rows: rows.map_err(gpu)?,
+        commit: COMMIT.to_string(),
+        date: bench::report::utc_date(date),
+        cublaslt_version: bench::cublaslt::version(),
+        cuda_driver_version: bench::cuda_driver_version().map_err(gpu)?,
+        driver,
+        timing: bench::TimingDescription::new(config.timing),
+        sm_clock: clock.as_ref().and_then(|c| c.overall()),
+    };
+    drop(clock);
+    write!(out, "{}", bench::table(&report)).map_err(CliError::from_stdout)?;
+    if let Some(path) = &args.json {
+        let text = serde_json::to_string_pretty(&report).expect("a report serialises");
+        std::fs::write(path, text + "\n")
+            .map_err(|e| CliError::Message(format!("cannot write {}: {e}", path.display())))?;
+        writeln!(out, "wrote {}", path.display()).map_err(CliError::from_stdout)?;
+    }
+    Ok(())
+}
+
+/// The commit `fusion` was built from (`build.rs`), for `fusion bench`'s
+/// report.
+const COMMIT: &str = env!("FUSION_GIT_COMMIT");
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::{Cli, Command, run};
+    use clap::Parser;
+
+    #[test]
+    fn bench_shapes_parse_and_bad_ones_are_refused() {
+        assert_eq!(parse_shape("512,2048,2048"), Ok((512, 2048, 2048)));
+        assert!(parse_shape("512,2048").unwrap_err().contains("not M,N,K"));
+        assert!(parse_shape("0,8,8").unwrap_err().contains("positive"));
+        let cli = Cli::try_parse_from([
+            "fusion",
+            "bench",
+            "--shape",
+            "128,14336,4096",
+            "--kernel",
+            "gemm_bias",
+        ])
+        .unwrap();
+        let Command::Bench(args) = cli.command else {
+            panic!("bench")
+        };
+        assert_eq!(args.shapes, [(128, 14336, 4096)]);
+        assert_eq!(args.ffn_tokens, bench::DEFAULT_FFN_TOKENS);
+    }
+
+    #[test]
+    fn bench_refuses_an_unknown_kernel_before_touching_the_gpu() {
+        let cli = Cli::try_parse_from(["fusion", "bench", "--kernel", "gemm_tanh"]).unwrap();
+        let err = run(&cli, &mut Vec::new()).unwrap_err();
+        let CliError::Message(text) = err else {
+            panic!("{err:?}")
+        };
+        assert!(
+            text.contains("unknown kernel `gemm_tanh`") && text.contains("gemm_bias_gelu"),
+            "{text}"
+        );
+    }
+}
