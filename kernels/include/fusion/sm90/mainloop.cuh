@@ -147,10 +147,8 @@ struct Mainloop {
         if (tracer) FUSION_SM90_STAMP(i, 0);
         Loop::mma_tile(s.stages, s.barriers, consumer, w.k_count, ring, acc, i);
         if (tracer) FUSION_SM90_STAMP(i, 1);
-        if (w.piece == Piece::Partial) {
-          Scheduler::publish(sk, consumer, acc);
-        } else {
-          if (w.piece == Piece::Finish) Scheduler::gather(sk, consumer, w.first, acc);
+        // A split tile's epilogue runs on whichever of its CTAs arrives last.
+        if (w.piece == Piece::Whole || Scheduler::fix_up(sk, consumer, w.unit, k_blocks, acc)) {
           if constexpr (Prologue::kRowStats) grid_dependency_wait();
           TileStore::template store_tile<Epilogue>(s.staging, consumer, walk.tile(w.unit), acc, map_c, args, i);
         }
@@ -265,7 +263,7 @@ typename Mainloop<T, kLayout, Config>::LaunchPlan Mainloop<T, kLayout, Config>::
       if (sk.units > 0) {
         plan.stream_k = sk;
         plan.grid = split_grid;
-        partial_bytes = size_t(ctas) * BM * BN * sizeof(float);
+        partial_bytes = Scheduler::partial_bytes(sk, split_grid, (p.k + BK - 1) / BK);
       }
     }
   } else {
