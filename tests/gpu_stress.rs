@@ -1,7 +1,10 @@
 //! The GPU under load: one compiled graph from several host threads on
-//! several streams at once, and an output of more than 2^31 (and up to
-//! 2^32) elements, where a 32-bit index anywhere in a kernel would write to
-//! the wrong place.
+//! several streams at once; a stream-K GEMM while another stream's kernel
+//! holds most of the SMs, so that many of its CTAs can start only after
+//! others have finished (the split tiles' fix-up must not wait for a CTA
+//! that is not running); and an output of more than 2^31 (and up to 2^32)
+//! elements, where a 32-bit index anywhere in a kernel would write to the
+//! wrong place.
 //!
 //! Run on a machine with a GPU: `cargo test --release --test gpu_stress --
 //! --ignored --test-threads 1` (see tests/support for the environment).
@@ -9,10 +12,13 @@
 mod support;
 
 use fusion::core::reference::{self, HostTensor};
-use fusion::cudarc::driver::{CudaSlice, CudaStream};
+use fusion::cudarc::driver::{CudaSlice, CudaStream, result, sys};
 use fusion::half::f16;
+use fusion::launch::with_stream_workspace;
 use fusion::{Tensor, TensorMut, kernels};
-use std::sync::Arc;
+use std::ffi::{CString, c_void};
+use std::sync::{Arc, Barrier, Mutex};
+use std::time::{Duration, Instant};
 use support::{Case, TestElement, rng, stream};
 
 const THREADS: usize = 4;
@@ -21,8 +27,8 @@ const CALLS: usize = 1000;
 const CHECK_EVERY: usize = 250;
 
 /// Runs `thread(index)` on `THREADS` threads at once; each returns how
-/// many checks it made, which must be `CALLS / CHECK_EVERY`.
-fn on_threads(thread: impl Fn(usize) -> usize + Sync) {
+/// many checks it made, which must be `checks`.
+fn on_threads(checks: usize, thread: impl Fn(usize) -> usize + Sync) {
     std::thread::scope(|scope| {
         let handles: Vec<_> = (0..THREADS)
             .map(|index| {
@@ -31,10 +37,10 @@ fn on_threads(thread: impl Fn(usize) -> usize + Sync) {
             })
             .collect();
         for (thread, handle) in handles.into_iter().enumerate() {
-            let checks = handle
+            let made = handle
                 .join()
                 .unwrap_or_else(|_| panic!("thread {thread} failed (see its message above)"));
-            assert_eq!(checks, CALLS / CHECK_EVERY, "thread {thread}");
+            assert_eq!(made, checks, "thread {thread}");
         }
     });
 }
@@ -69,7 +75,7 @@ fn hammer<T: TestElement>(
     dims: &[(&str, usize)],
     launch: impl Fn(&Arc<CudaStream>, &mut Case<T>) -> fusion::Result<()> + Sync,
 ) {
-    on_threads(|thread| {
+    on_threads(CALLS / CHECK_EVERY, |thread| {
         let s = stream();
         let mut case = Case::<T>::new(&s, graph, dims);
         calls(thread, &s, &mut case, |case| launch(&s, case))
@@ -91,7 +97,7 @@ fn a_graph_with_a_workspace_from_four_threads_each_with_its_own_struct() {
     // SwigluFfn keeps two intermediates in its workspace; a struct per
     // thread is what its documentation asks for. Each binds copies of its
     // case's weights and runs all of its thread's calls.
-    on_threads(|thread| {
+    on_threads(CALLS / CHECK_EVERY, |thread| {
         let s = stream();
         let mut case = Case::<f16>::new(&s, "swiglu_ffn", &[("M", 24)]);
         let weights = case.weight_copies(&s);
@@ -100,6 +106,224 @@ fn a_graph_with_a_workspace_from_four_threads_each_with_its_own_struct() {
             case.launch(|r, w| ffn.run(&s, &r[0], &mut w[0]))
         })
     });
+}
+
+/// Shapes that a direct call on an H200 (132 SMs) splits: 204 tiles of
+/// 128x256, whose last 72 are shared by stream-K; and 128 rows, whose
+/// tiles go to split-K. Each test asserts that the call kept stream-K
+/// scratch, so a GPU on which a shape runs unsplit fails rather than
+/// passing without testing the fix-up.
+const SPLIT_SHAPES: [[(&str, usize); 3]; 2] = [
+    [("M", 2100), ("N", 3000), ("K", 3000)],
+    [("M", 128), ("N", 4096), ("K", 4096)],
+];
+
+fn gemm_bias_gelu(s: &Arc<CudaStream>, case: &mut Case<f16>) {
+    case.launch(|r, w| kernels::gemm_bias_gelu(s, &r[0], &r[1], &r[2], &mut w[0]))
+        .unwrap_or_else(|e| panic!("{}: {e}", case.label));
+}
+
+/// The case's output, downloaded after its stream's work.
+fn output(s: &Arc<CudaStream>, case: &Case<f16>) -> Vec<f16> {
+    s.synchronize().expect("kernels finished");
+    s.clone_dtoh(&case.writes[0].1).expect("download")
+}
+
+/// One call on its own, checked against the reference; its output, which
+/// every later call must match bit for bit (a split tile is summed in the
+/// same order whichever of its CTAs adds it up).
+fn solo_output(s: &Arc<CudaStream>, case: &mut Case<f16>) -> Vec<f16> {
+    case.poison(s);
+    gemm_bias_gelu(s, case);
+    let err = case.verify(s);
+    let scratch = with_stream_workspace(s, |w| w.scratch_bytes());
+    eprintln!(
+        "{} alone: rel_err {err:.2e}, {scratch} bytes of stream-K scratch",
+        case.label
+    );
+    assert!(
+        scratch > 0,
+        "{}: the call was not split (no stream-K scratch)",
+        case.label
+    );
+    output(s, case)
+}
+
+/// Spins every thread of a block until `ns` nanoseconds of the global timer
+/// have passed since it started: a kernel that holds its SMs for a bounded
+/// time whatever else runs, and then ends on its own.
+const OCCUPIER_PTX: &str = "
+.version 7.0
+.target sm_75
+.address_size 64
+.visible .entry occupy(.param .u64 ns)
+{
+    .reg .pred %p;
+    .reg .b64 %rd<5>;
+    ld.param.u64 %rd1, [ns];
+    mov.u64 %rd2, %globaltimer;
+spin:
+    mov.u64 %rd3, %globaltimer;
+    sub.u64 %rd4, %rd3, %rd2;
+    setp.lt.u64 %p, %rd4, %rd1;
+    @%p bra spin;
+    ret;
+}
+";
+
+/// Shared memory each occupying block asks for: more than half an SM's
+/// (228 KB on sm_90), so that one block holds one SM, and with it no GEMM
+/// CTA (which needs most of an SM's) fits beside it.
+const OCCUPIER_SMEM: u32 = 120 * 1024;
+
+/// The occupying kernel, loaded into the stream's context.
+struct Occupier {
+    module: sys::CUmodule,
+    function: sys::CUfunction,
+}
+
+impl Occupier {
+    fn load(s: &Arc<CudaStream>) -> Occupier {
+        s.context().bind_to_thread().expect("context");
+        let ptx = CString::new(OCCUPIER_PTX).expect("no NUL in the PTX");
+        // SAFETY: `ptx` is a NUL-terminated PTX text that outlives the call;
+        // the module is unloaded in Drop, after its function's last use.
+        let module = unsafe { result::module::load_data(ptx.as_ptr().cast()) }.expect("the PTX loads");
+        // SAFETY: `module` was just loaded and names the entry `occupy`.
+        let function =
+            unsafe { result::module::get_function(module, CString::new("occupy").unwrap()) }.expect("occupy");
+        // SAFETY: a live function handle; the value is within sm_90's
+        // 227 KB of dynamic shared memory per block.
+        unsafe {
+            result::function::set_function_attribute(
+                function,
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                OCCUPIER_SMEM as i32,
+            )
+        }
+        .expect("the occupier's shared memory");
+        Occupier { module, function }
+    }
+
+    /// Queues `blocks` blocks that each hold an SM for `time` on `s`.
+    fn launch(&self, s: &Arc<CudaStream>, blocks: u32, time: Duration) {
+        let mut ns = time.as_nanos() as u64;
+        let mut params = [(&mut ns as *mut u64).cast::<c_void>()];
+        // SAFETY: `occupy` takes one u64, which `params` points at for the
+        // duration of the call (the driver copies it); the stream is live.
+        unsafe {
+            result::launch_kernel(
+                self.function,
+                (blocks, 1, 1),
+                (128, 1, 1),
+                OCCUPIER_SMEM,
+                s.cu_stream(),
+                &mut params,
+            )
+        }
+        .expect("the occupier launches");
+    }
+}
+
+impl Drop for Occupier {
+    fn drop(&mut self) {
+        // SAFETY: every launch of its function has finished (the tests
+        // synchronize its stream first).
+        let _ = unsafe { result::module::unload(self.module) };
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_split_gemm_finishes_while_another_kernel_holds_most_sms() {
+    // Long against the GEMMs (well under a millisecond alone), short enough
+    // for a test.
+    const HOLD: Duration = Duration::from_millis(200);
+    let busy_stream = stream();
+    let sms = busy_stream
+        .context()
+        .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        .expect("SM count") as u32;
+    let occupier = Occupier::load(&busy_stream);
+    for dims in SPLIT_SHAPES {
+        // A stream of its own per shape, so that its scratch is this shape's.
+        let gemm_stream = stream();
+        let mut case = Case::<f16>::new(&gemm_stream, "gemm_bias_gelu", &dims);
+        let solo = solo_output(&gemm_stream, &mut case);
+        case.poison(&gemm_stream);
+        gemm_stream.synchronize().expect("poisoned");
+        // All but an eighth of the SMs (16 of 132), held before the GEMM is
+        // queued: most of its CTAs wait for others to finish.
+        let held = sms - sms / 8;
+        let held_until = busy_stream.context().new_event(None).expect("event");
+        occupier.launch(&busy_stream, held, HOLD);
+        held_until.record(&busy_stream).expect("event");
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(
+            !held_until.is_complete(),
+            "the occupier ended before the GEMM was queued"
+        );
+        let started = Instant::now();
+        gemm_bias_gelu(&gemm_stream, &mut case);
+        let got = output(&gemm_stream, &case);
+        let took = started.elapsed();
+        // Finished on the SMs left free, not after the occupier let go.
+        let overlapped = !held_until.is_complete();
+        busy_stream.synchronize().expect("the occupier ended");
+        eprintln!(
+            "{} beside {held} of {sms} SMs held: {:.2} ms, finished while they were held: {overlapped}",
+            case.label,
+            took.as_secs_f64() * 1e3
+        );
+        assert!(got == solo, "{}: differs from the call alone", case.label);
+        assert!(
+            overlapped,
+            "{}: finished only after the occupier ended ({took:?})",
+            case.label
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn split_gemms_from_four_threads_on_four_streams_match_their_solo_runs() {
+    const SPLIT_CALLS: usize = 100;
+    const SPLIT_CHECK_EVERY: usize = 25;
+    // Solo calls one at a time, then every thread's calls at once.
+    let solo_turn = Mutex::new(());
+    let start = Barrier::new(THREADS);
+    for dims in SPLIT_SHAPES {
+        on_threads(SPLIT_CALLS / SPLIT_CHECK_EVERY, |thread| {
+            let s = stream();
+            let mut case = Case::<f16>::new(&s, "gemm_bias_gelu", &dims);
+            let solo = {
+                let _turn = solo_turn.lock().unwrap_or_else(|e| e.into_inner());
+                solo_output(&s, &mut case)
+            };
+            start.wait();
+            let mut checks = 0;
+            for call in 1..=SPLIT_CALLS {
+                let check = call % SPLIT_CHECK_EVERY == 0;
+                if check {
+                    case.poison(&s);
+                }
+                gemm_bias_gelu(&s, &mut case);
+                if check {
+                    assert!(
+                        output(&s, &case) == solo,
+                        "thread {thread} call {call}: {} differs from its solo run",
+                        case.label
+                    );
+                    checks += 1;
+                }
+            }
+            eprintln!(
+                "thread {thread}: {} {SPLIT_CALLS} calls beside the other threads' match",
+                case.label
+            );
+            checks
+        });
+    }
 }
 
 /// M·N = 2^32 elements of output; the rows around element 2^31 (row

@@ -13,11 +13,14 @@
 //! timed with CUDA events, alternating call by call (warm-up, then the
 //! median and quartiles; `timing`). Before timing, the outputs of ours and
 //! of the first are compared within the dtype's precision: a fast wrong
-//! kernel is reported, not timed.
+//! kernel is reported, not timed. With `--streams N`, each row's ours and
+//! first are also timed on N streams at once against one at a time
+//! (`streams`).
 
 pub mod cublaslt;
 pub mod report;
 pub mod smi;
+pub mod streams;
 pub mod timing;
 pub mod vendor;
 
@@ -28,7 +31,7 @@ use crate::tensor::{Element, Tensor, TensorMut};
 use cublaslt::LtEpilogue;
 use cudarc::driver::{CudaSlice, CudaStream};
 use report::Measured;
-pub use report::{Report, Row, TimingDescription, table};
+pub use report::{Concurrency, Report, Row, Slowdown, TimingDescription, table};
 use std::cell::RefCell;
 use std::sync::Arc;
 use std::time::Instant;
@@ -286,6 +289,8 @@ pub struct BenchConfig {
     pub ffn_tokens: Vec<usize>,
     pub patterns: Vec<Pattern>,
     pub timing: TimingPlan,
+    /// `--streams N`: also time each row on N streams at once.
+    pub streams: Option<usize>,
 }
 
 impl Default for BenchConfig {
@@ -295,6 +300,7 @@ impl Default for BenchConfig {
             ffn_tokens: DEFAULT_FFN_TOKENS.to_vec(),
             patterns: Pattern::ALL.to_vec(),
             timing: TimingPlan::default(),
+            streams: None,
         }
     }
 }
@@ -339,15 +345,50 @@ fn vec_of<T: Element>(buf: &CudaSlice<T>, n: usize) -> Result<Tensor<'_, T>> {
     Tensor::new(buf, [n])
 }
 
+/// What a case does once its contenders are built: the timing of a row,
+/// or one stream's part in `--streams`' measurements (no row).
+enum Run<'a, 'r> {
+    Timed {
+        plan: TimingPlan,
+        head: &'a mut CudaSlice<u8>,
+    },
+    Streams(&'a streams::Part<'r>),
+}
+
+/// Hands ours and the baseline with cuBLASLt's first algorithm, each a
+/// call of input set `i`, to `part`; what a case does under [`Run::Streams`].
+fn take_part<C>(
+    part: &streams::Part<'_>,
+    case: C,
+    ours: impl FnMut(&mut C, usize) -> Result<()>,
+    first: impl FnMut(&mut C, usize) -> Result<()>,
+) {
+    let (case, mut ours, mut first) = (RefCell::new(case), ours, first);
+    part.take_part([&mut |i| ours(&mut case.borrow_mut(), i), &mut |i| {
+        first(&mut case.borrow_mut(), i)
+    }]);
+}
+
 /// Times one pattern at one shape: ours against its baseline with cuBLASLt's
 /// first algorithm and with the best of its top candidates.
 pub fn bench_pattern<T: BenchElement>(
     stream: &Arc<CudaStream>,
     pattern: Pattern,
-    (m, n, k): (usize, usize, usize),
+    shape: (usize, usize, usize),
     plan: TimingPlan,
     head: &mut CudaSlice<u8>,
 ) -> Result<Row> {
+    let row = pattern_case::<T>(stream, pattern, shape, Run::Timed { plan, head })?;
+    Ok(row.expect("a timed case gives its row"))
+}
+
+/// [`bench_pattern`], or its part in `--streams`' measurements.
+fn pattern_case<T: BenchElement>(
+    stream: &Arc<CudaStream>,
+    pattern: Pattern,
+    (m, n, k): (usize, usize, usize),
+    run: Run<'_, '_>,
+) -> Result<Option<Row>> {
     let seed = (m * 31 + n * 17 + k) as u64;
     let NormWeights { w, gamma, beta } = NormWeights::random(stream, n, k, seed)?;
     let mut c = GemmCase::<T> {
@@ -482,6 +523,18 @@ pub fn bench_pattern<T: BenchElement>(
         }
     };
 
+    let (plan, head) = match run {
+        Run::Timed { plan, head } => (plan, head),
+        Run::Streams(part) => {
+            take_part(
+                part,
+                (c, lt),
+                |(c, _), i| ours(c, i),
+                |(c, lt), i| baseline(c, lt.get(Which::First), i),
+            );
+            return Ok(None);
+        }
+    };
     // Same inputs (set 0), then compare before timing anything.
     ours(&mut c, 0)?;
     baseline(&mut c, lt.get(Which::First), 0)?;
@@ -527,7 +580,7 @@ pub fn bench_pattern<T: BenchElement>(
             &mut |i| baseline(&mut c.borrow_mut(), lt_cell.borrow_mut().get(Which::Best), i),
         ],
     )?;
-    Ok(Row::new(
+    Ok(Some(Row::new(
         pattern.name(),
         shape,
         T::DTYPE,
@@ -540,7 +593,7 @@ pub fn bench_pattern<T: BenchElement>(
             agreement,
             algorithms: vec![lt_cell.borrow().choice("gemm")?],
         },
-    ))
+    )))
 }
 
 /// How the SwiGLU FFN baseline computes the gate and up projections.
@@ -588,6 +641,17 @@ pub fn bench_ffn<T: BenchElement>(
     plan: TimingPlan,
     head: &mut CudaSlice<u8>,
 ) -> Result<Row> {
+    let row = ffn_case::<T>(stream, m, gate_up, Run::Timed { plan, head })?;
+    Ok(row.expect("a timed case gives its row"))
+}
+
+/// [`bench_ffn`], or its part in `--streams`' measurements.
+fn ffn_case<T: BenchElement>(
+    stream: &Arc<CudaStream>,
+    m: usize,
+    gate_up: GateUp,
+    run: Run<'_, '_>,
+) -> Result<Option<Row>> {
     const D: usize = 4096;
     const F: usize = 14336;
     let seed = m as u64 * 7 + 3;
@@ -698,6 +762,18 @@ pub fn bench_ffn<T: BenchElement>(
             y.get_mut(i),
         )
     };
+    let (plan, head) = match run {
+        Run::Timed { plan, head } => (plan, head),
+        Run::Streams(part) => {
+            take_part(
+                part,
+                (ours_y, b),
+                |(y, _), i| ours(y, i),
+                |(_, b), i| baseline(b, Which::First, i),
+            );
+            return Ok(None);
+        }
+    };
     ours(&mut ours_y, 0)?;
     baseline(&mut b, Which::First, 0)?;
     stream.synchronize()?;
@@ -768,7 +844,7 @@ pub fn bench_ffn<T: BenchElement>(
         .zip(names)
         .map(|(lt, name)| lt.choice(name))
         .collect::<Result<_>>()?;
-    Ok(Row::new(
+    Ok(Some(Row::new(
         "swiglu_ffn",
         format!("M={m} D={D} F={F}"),
         T::DTYPE,
@@ -781,7 +857,7 @@ pub fn bench_ffn<T: BenchElement>(
             agreement,
             algorithms,
         },
-    ))
+    )))
 }
 
 /// Runs every case of `config`, reporting progress through `progress(done,
@@ -804,17 +880,34 @@ pub fn run<T: BenchElement>(
         rows.push(row);
         Ok(())
     };
+    // With --streams, the row's case again on that many streams at once.
+    let with_streams = |head: &mut CudaSlice<u8>,
+                        mut row: Row,
+                        case: &(dyn Fn(&streams::Part<'_>) -> Result<Option<Row>> + Sync)|
+     -> Result<Row> {
+        if let Some(n) = config.streams {
+            let concurrency = streams::measure(stream, head, n, config.timing, |part| case(part).map(drop))?;
+            row.concurrency = Some(concurrency);
+        }
+        Ok(row)
+    };
     for &shape in &config.shapes {
         for &pattern in &config.patterns {
             measure(&format!("{} {shape:?}", pattern.name()), &mut |head| {
-                bench_pattern::<T>(stream, pattern, shape, config.timing, head)
+                let row = bench_pattern::<T>(stream, pattern, shape, config.timing, head)?;
+                with_streams(head, row, &|part| {
+                    pattern_case::<T>(part.stream(), pattern, shape, Run::Streams(part))
+                })
             })?;
         }
     }
     for &m in &config.ffn_tokens {
         for gate_up in GateUp::ALL {
             measure(&format!("swiglu_ffn M={m} ({gate_up:?})"), &mut |head| {
-                bench_ffn::<T>(stream, m, gate_up, config.timing, head)
+                let row = bench_ffn::<T>(stream, m, gate_up, config.timing, head)?;
+                with_streams(head, row, &|part| {
+                    ffn_case::<T>(part.stream(), m, gate_up, Run::Streams(part))
+                })
             })?;
         }
     }

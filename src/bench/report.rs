@@ -41,6 +41,38 @@ pub struct Row {
     /// The SM clock sampled while the row was measured; none where it was
     /// not sampled or no sample fell within the row.
     pub sm_clock: Option<ClockSummary>,
+    /// With `--streams N`: ours and the baseline on N streams at once
+    /// against one at a time (absent otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<Concurrency>,
+}
+
+/// A row's contenders with several streams in flight (`bench::streams`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Concurrency {
+    /// Streams in flight, each with its own host thread, buffers and
+    /// workspace.
+    pub streams: usize,
+    /// Calls per stream in each measurement, and rounds of measurements.
+    pub calls: usize,
+    pub rounds: usize,
+    pub ours: Slowdown,
+    /// The baseline with cuBLASLt's first algorithm.
+    pub baseline: Slowdown,
+    /// Measurements in which the device reached the calls before the host
+    /// had queued them all (their time includes launch overhead).
+    pub late: usize,
+}
+
+/// One contender's time per call, in µs: with one stream at a time (the
+/// span of one stream's calls over their count), with every stream at once
+/// (the span from the first call's start to the last one's end over all
+/// calls), medians over the rounds; and concurrent over solo.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Slowdown {
+    pub solo_us: f64,
+    pub concurrent_us: f64,
+    pub slowdown: f64,
 }
 
 /// What one case measured.
@@ -76,6 +108,7 @@ impl Row {
             best_timing: m.best,
             algorithms: m.algorithms,
             sm_clock: None,
+            concurrency: None,
         }
     }
 }
@@ -204,6 +237,61 @@ pub fn table(report: &Report) -> String {
         timing.candidates,
         timing.plan.runs,
         smi::SAMPLE_MS,
+    ));
+    out.push_str(&concurrency_table(report));
+    out
+}
+
+/// With `--streams N`, a second table: each row's slowdown with N streams
+/// in flight; empty otherwise.
+fn concurrency_table(report: &Report) -> String {
+    let rows: Vec<(&Row, &Concurrency)> = report
+        .rows
+        .iter()
+        .filter_map(|r| r.concurrency.as_ref().map(|c| (r, c)))
+        .collect();
+    let Some((_, first)) = rows.first() else {
+        return String::new();
+    };
+    let mut out = format!(
+        "\n{} streams in flight against one at a time (µs per call)\n\
+         {:<20} {:<18} {:<5} {:>10} {:>10} {:>8} {:>10} {:>10} {:>8} {:>5}\n",
+        first.streams,
+        "kernel",
+        "shape (M,N,K)",
+        "dtype",
+        "ours 1",
+        "ours N",
+        "slower",
+        "first 1",
+        "first N",
+        "slower",
+        "late"
+    );
+    for (r, c) in &rows {
+        out.push_str(&format!(
+            "{:<20} {:<18} {:<5} {:>10.1} {:>10.1} {:>8.3} {:>10.1} {:>10.1} {:>8.3} {:>5}\n",
+            r.kernel,
+            r.shape,
+            r.dtype,
+            c.ours.solo_us,
+            c.ours.concurrent_us,
+            c.ours.slowdown,
+            c.baseline.solo_us,
+            c.baseline.concurrent_us,
+            c.baseline.slowdown,
+            c.late,
+        ));
+    }
+    out.push_str(&format!(
+        "1: one stream at a time, the span of its {calls} calls over {calls}; N: all {n} at once, each with its own \
+         host thread, buffers and workspace, the span from the first start to the last end over {n} x {calls} calls; \
+         medians of {rounds} rounds\n\
+         slower = N / 1, for ours and for the first (the baseline with the cuBLASLt heuristic's first algorithm); \
+         late: measurements in which the device reached the calls before the host had queued them all\n",
+        calls = first.calls,
+        n = first.streams,
+        rounds = first.rounds,
     ));
     out
 }
@@ -388,6 +476,48 @@ mod tests {
         assert!(text.contains("IQR: interquartile range"), "{text}");
         assert!(text.contains("median of 50 timed calls"), "{text}");
         assert!(text.contains("whole run: 1755/1980/1980 MHz"), "{text}");
+    }
+
+    #[test]
+    fn streams_add_a_second_table_and_json_fields_only_when_measured() {
+        let plain = report(Some(CLOCK));
+        let text = serde_json::to_string_pretty(&plain).unwrap();
+        assert!(!text.contains("concurrency"), "{text}");
+        assert!(!table(&plain).contains("streams in flight"));
+        let mut measured = plain.clone();
+        measured.rows[0].concurrency = Some(Concurrency {
+            streams: 4,
+            calls: 50,
+            rounds: 5,
+            ours: Slowdown {
+                solo_us: 200.0,
+                concurrent_us: 232.0,
+                slowdown: 1.16,
+            },
+            baseline: Slowdown {
+                solo_us: 210.0,
+                concurrent_us: 252.0,
+                slowdown: 1.2,
+            },
+            late: 0,
+        });
+        let text = serde_json::to_string_pretty(&measured).unwrap();
+        assert_eq!(serde_json::from_str::<Report>(&text).unwrap(), measured);
+        let value: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(value["rows"][0]["concurrency"]["ours"]["slowdown"], 1.16);
+        let text = table(&measured);
+        assert!(text.starts_with(&table(&plain)), "{text}");
+        let lines: Vec<&str> = text.lines().collect();
+        let header = lines
+            .iter()
+            .position(|l| l.starts_with("kernel ") && l.contains("ours N"))
+            .unwrap();
+        let row = lines[header + 1];
+        for cell in ["gemm_bias", "200.0", "232.0", "1.160", "210.0", "252.0", "1.200"] {
+            assert!(row.contains(cell), "{cell} in {row}");
+        }
+        assert_eq!(lines[header].chars().count(), row.chars().count(), "{text}");
+        assert!(text.contains("4 streams in flight"), "{text}");
     }
 
     #[test]

@@ -31,6 +31,11 @@ pub struct BenchArgs {
     /// Also write the results as JSON to FILE.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
+    /// Also time each row's ours and first on N streams at once, each with
+    /// its own host thread, buffers and workspace, against one stream at a
+    /// time: a second table of slowdowns.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub streams: Option<u16>,
 }
 
 fn parse_shape(text: &str) -> Result<(usize, usize, usize), String> {
@@ -84,6 +89,7 @@ pub fn bench(args: &BenchArgs, out: &mut dyn Write) -> Result<(), CliError> {
         warmup: args.warmup,
         runs: args.runs.max(1),
     };
+    config.streams = args.streams.map(usize::from);
 
     let gpu = |e: crate::Error| CliError::Message(e.to_string());
     let ctx = crate::testing::open_gpu(0).map_err(CliError::Message)?;

@@ -4,9 +4,9 @@
 // are not given they do without (stream-K) or refuse (a norm prologue's
 // row statistics).
 //
-//   [0, kStreamKFlagBytes)   stream-K flags: zero when handed over (the
-//                            caller zeroes the buffer when it allocates it),
-//                            zero again when each launch ends
+//   [0, kStreamKFlagBytes)   stream-K arrival counters: zero when handed
+//                            over (the caller zeroes the buffer when it
+//                            allocates it), zero again when each launch ends
 //   partials                 stream-K partial tiles, if the launch splits
 //   row_stats                a folded norm's per-row statistics, if any
 //   normalized               a per-call norm's normalized A, if any
@@ -14,7 +14,7 @@
 // Every region starts at a multiple of kWorkspaceAlign. The flags region
 // comes first in every non-empty layout, whatever the launch needs, so
 // that the row statistics or partials of one launch never overwrite the
-// flags a later launch on the same buffer expects to find at zero.
+// counters a later launch on the same buffer expects to find at zero.
 #pragma once
 
 #include <stddef.h>
@@ -25,9 +25,10 @@
 
 namespace fusion {
 
-// Room for one flag per consumer warp group of each CTA of a stream-K grid
-// (132 SMs x 2 consumers x 4 bytes is 1056); the scheduler refuses a split
-// whose flags would not fit.
+// Room for one arrival counter per consumer warp group of each split tile
+// of a stream-K launch (fewer than 1.5 tiles per SM are split: on 132 SMs
+// at most 197 x 2 consumers x 4 bytes, 1576); the scheduler refuses a
+// split whose counters would not fit.
 constexpr size_t kStreamKFlagBytes = 4096;
 // Each region starts a multiple of 256 bytes from the workspace's start,
 // which must be 16-byte aligned (Workspace::holds), so that the partials'

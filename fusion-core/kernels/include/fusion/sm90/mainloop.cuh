@@ -125,8 +125,8 @@ struct Mainloop {
     }
   }
 
-  // With a source tile (EpilogueChain::kSourceTile), each tile that ends
-  // in the epilogue has its source tile loaded once the K loop has issued
+  // With a source tile (EpilogueChain::kSourceTile), each tile (each share
+  // of a split tile) has its source tile loaded once the K loop has issued
   // its second k-block (its first when it has one): by then the previous
   // tile's stores, issued just before the K loop, have had a k-block's
   // wgmmas to read the staging tile, so the wait for them costs nothing.
@@ -139,11 +139,11 @@ struct Mainloop {
     RingPosition ring;
     float acc[Config::kMmaM][Config::kAccumulators];
     uint32_t source_phase = 0;  // of s.staging.source_full[consumer]
-    const auto load_source_at = [&](bool stores, TileCoord tile, int k_count) {
+    const auto load_source_at = [&](TileCoord tile, int k_count) {
       const int issue_kb = k_count > 1 ? 1 : 0;
-      return [&s, &args, map_src, consumer, stores, tile, issue_kb](int kb) {
+      return [&s, &args, map_src, consumer, tile, issue_kb](int kb) {
         if constexpr (Epilogue::kSourceTile) {
-          if (stores && kb == issue_kb && threadIdx.x % 128 == 0)
+          if (kb == issue_kb && threadIdx.x % 128 == 0)
             TileStore::load_source(s.staging, consumer, tile, map_src, args.m, args.n);
         }
       };
@@ -160,7 +160,7 @@ struct Mainloop {
           mbarrier_wait(&s.barriers.order[consumer], consumer == 1 ? (turn & 1) : ((turn - 1) & 1));
         ++turn;
         const TileCoord tile = walk.tile(u);
-        Loop::mma_tile(s.stages, s.barriers, consumer, k_blocks, ring, acc, 0, load_source_at(true, tile, k_blocks));
+        Loop::mma_tile(s.stages, s.barriers, consumer, k_blocks, ring, acc, 0, load_source_at(tile, k_blocks));
         if constexpr (Prologue::kRowStats) grid_dependency_wait();
         TileStore::template store_tile<Epilogue>(s.staging, consumer, tile, acc, map_c, args, source_phase);
         source_phase ^= 1;
@@ -172,18 +172,21 @@ struct Mainloop {
       for (int i = 0; Scheduler::piece(s.plan, walk, k_blocks, i, w); ++i) {
         if (tracer) FUSION_SM90_STAMP(i, 0);
         const TileCoord tile = walk.tile(w.unit);
-        const bool stores = w.piece != Piece::Partial;
+        // Which CTA sums a split tile is known only once its share is in
+        // (fix_up), so every share loads the source tile; one that does not
+        // finish the tile waits for it all the same, keeping the barrier's
+        // phases in step.
         Loop::mma_tile(s.stages, s.barriers, consumer, w.k_count, ring, acc, i,
-                       load_source_at(stores, tile, w.k_count));
+                       load_source_at(tile, w.k_count));
         if (tracer) FUSION_SM90_STAMP(i, 1);
-        if (!stores) {
-          Scheduler::publish(sk, consumer, acc);
-        } else {
-          if (w.piece == Piece::Finish) Scheduler::gather(sk, consumer, w.first, acc);
+        // A split tile's epilogue runs on whichever of its CTAs arrives last.
+        if (w.piece == Piece::Whole || Scheduler::fix_up(sk, consumer, w.unit, k_blocks, acc)) {
           if constexpr (Prologue::kRowStats) grid_dependency_wait();
           TileStore::template store_tile<Epilogue>(s.staging, consumer, tile, acc, map_c, args, source_phase, i);
-          source_phase ^= 1;
+        } else if constexpr (Epilogue::kSourceTile) {
+          mbarrier_wait(&s.staging.source_full[consumer], source_phase);
         }
+        source_phase ^= 1;
         if (tracer) FUSION_SM90_STAMP(i, 4);
       }
     }
@@ -308,7 +311,7 @@ typename Mainloop<T, kLayout, Config>::LaunchPlan Mainloop<T, kLayout, Config>::
       if (sk.units > 0) {
         plan.stream_k = sk;
         plan.grid = split_grid;
-        partial_bytes = size_t(ctas) * BM * BN * sizeof(float);
+        partial_bytes = Scheduler::partial_bytes(sk, split_grid, (p.k + BK - 1) / BK);
       }
     }
   } else {

@@ -152,22 +152,25 @@ __device__ __forceinline__ void setmaxnreg_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kRegisters));
 }
 
-// Flags in global memory that one CTA raises for another (stream-K): the
-// release orders everything the raising CTA made visible before it (after a
-// barrier and a gpu-scope fence), the acquire everything after it.
-__device__ __forceinline__ void flag_store_release(uint32_t* flag, uint32_t value) {
-  asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(flag), "r"(value) : "memory");
-}
-__device__ __forceinline__ uint32_t flag_load_acquire(const uint32_t* flag) {
-  uint32_t value;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(value) : "l"(flag) : "memory");
-  return value;
-}
-
 // A barrier among the `threads` threads (whole warps) that use `id`; id 0 is
 // __syncthreads's.
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+// The same barrier, telling every thread whether any passed `pred` true
+// (bar.red.popc: a count of the threads that did).
+__device__ __forceinline__ bool named_barrier_any(int id, int threads, bool pred) {
+  uint32_t count;
+  asm volatile(
+      "{\n"
+      "  .reg .pred p;\n"
+      "  setp.ne.u32 p, %1, 0;\n"
+      "  bar.red.popc.u32 %0, %2, %3, p;\n"
+      "}\n"
+      : "=r"(count)
+      : "r"(uint32_t(pred)), "r"(id), "r"(threads)
+      : "memory");
+  return count != 0;
 }
 
 // ---------------------------------------------------------------------------

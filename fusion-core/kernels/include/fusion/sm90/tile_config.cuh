@@ -24,7 +24,7 @@ constexpr int kSmemPerBlock = 227 * 1024;
 // shared-memory stages. Shared memory is 1024 (alignment) + kStages *
 // (BM + BN) * 128 bytes for the pipeline, BM * BN * 2 bytes of epilogue
 // staging (twice that for PingPong: one tile per consumer; half of it when
-// the whole does not fit) and 16 * kStages + 16 bytes of barriers and 96 of
+// the whole does not fit) and 16 * kStages + 16 bytes of barriers and 80 of
 // stream-K bookkeeping; at most kSmemPerBlock (Mainloop::SharedStorage in
 // mainloop.cuh).
 //

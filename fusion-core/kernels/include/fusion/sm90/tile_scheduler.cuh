@@ -5,8 +5,8 @@
 // every other wave through K backwards (walks_backwards). Where the tiles do
 // not fill the SMs evenly, several CTAs may share a tile's k-blocks (split-K
 // with fewer tiles than SMs, stream-K over the last wave otherwise; see
-// StreamK and plan_stream_k) and the last of them sums their partial tiles
-// (publish, gather); where that does not pay, the grid shrinks to the fewest
+// StreamK and plan_stream_k) and whichever of them arrives last sums their
+// partial tiles (fix_up); where that does not pay, the grid shrinks to the fewest
 // CTAs that need no more waves (balanced_grid). Not here: loading and
 // multiplying a tile (collective_mainloop.cuh) and storing it
 // (collective_epilogue.cuh).
@@ -34,27 +34,28 @@ struct TileScheduler {
   static constexpr int kMmaM = Config::kMmaM;
   static constexpr int kAccumulators = Config::kAccumulators;
 
-  // Stream-K pieces (see StreamK).
-  enum class Piece { Whole, Partial, Finish };
+  // Stream-K pieces (see StreamK): a whole tile, or a share of a tile's
+  // k-blocks that other CTAs hold the rest of.
+  enum class Piece { Whole, Split };
 
   // One piece of a CTA's work: k-blocks [k_begin, k_begin + k_count) of
-  // unit `unit`; for a Finish piece, `first` is the lowest CTA holding
-  // k-blocks of the same tile.
+  // unit `unit`. (Which CTAs share a split tile, fix_up works out when it
+  // needs them, which keeps them out of the registers over the K loop.)
   struct WorkPiece {
     int unit, k_begin, k_count;
     Piece piece;
-    int first;
   };
 
   // This CTA's stream-K pieces and their counts, written by thread 0 at the
   // start. Split-K gives a CTA one piece; a stream-K split whose CTA shares
-  // are under two tiles would give at most three (a Partial, a whole tile,
-  // a Finish): plan_stream_k must keep any split it allows within that.
+  // are under two tiles would give at most three (a Split piece where its
+  // range ends, a whole tile, a Split piece where it starts): plan_stream_k
+  // must keep any split it allows within that.
   static constexpr int kMaxStreamKPieces = 4;
   // The list lives in shared memory (see plan_pieces).
   struct Plan {
-    int piece_count[4];                   // 3 used: listed pieces, whole tiles, 1 if there is a Finish piece
-    WorkPiece pieces[kMaxStreamKPieces];  // listed ones from 0, the Finish one last
+    int piece_count[4];                   // 3 used: listed pieces, whole tiles, 1 if there is a last piece
+    WorkPiece pieces[kMaxStreamKPieces];  // listed ones from 0, the last one last
   };
 
   // The work units of the launch and this CTA's share of them. A unit is
@@ -86,73 +87,79 @@ struct TileScheduler {
   // CTA; tiles [dp_tiles, tiles) in grouped order are split by k-blocks,
   // evenly over the grid. CTA b takes k-blocks [b U / grid, (b + 1) U / grid)
   // of those tiles laid end to end, after its whole tiles. A tile it covers
-  // only in part is either
-  //  - a Partial piece (the range ends inside the tile): its f32
-  //    accumulators go to the CTA's slot of `partials` and its flag is
-  //    raised; every CTA has at most one, and runs it before its other
-  //    stream-K pieces, or
-  //  - a Finish piece (the range starts inside the tile and reaches its
-  //    end): it waits for the flags of the lower CTAs that hold the tile's
-  //    earlier k-blocks, adds their partials, lowers the flags again and
-  //    runs the epilogue.
-  // Finish pieces wait only on lower CTAs, which run their Partial piece
-  // before anything that waits, and every CTA of the grid is resident at
-  // once (one per SM), so the grid always makes progress as long
-  // as CTAs are dispatched in index order (what CUDA does in practice and
-  // stream-K implementations rely on; the programming model does not
-  // promise it). Flags are
-  // 0 at rest: each launch raises and lowers the ones it uses. With fewer
-  // tiles than SMs this is split-K (dp_tiles 0, every tile split alike).
+  // only in part is a Split piece: at most one where its range ends inside
+  // a tile and one where it starts inside one. Each consumer of each CTA
+  // sharing a tile stores its f32 accumulators to its slot of `partials`
+  // and counts itself in at the tile's arrival counter; the one whose
+  // arrival completes the count adds up every share and runs the
+  // epilogue, and the others go on with their next piece (fix_up).
+  //
+  // No CTA ever waits for another, so the grid finishes whatever the order
+  // in which CTAs are dispatched and however many are resident at once:
+  // another kernel may hold SMs (another stream, or MPS), and a CTA may
+  // start only after the others are done. An earlier scheme had the CTA
+  // holding a tile's last k-blocks spin until the lower CTAs had published,
+  // which made progress only while those were resident or already done
+  // (dispatch in index order, which the programming model does not
+  // promise), and stalled SMs whenever another stream's kernel delayed a
+  // lower CTA. Counters are 0 at rest: the CTA that arrives last resets
+  // its tile's. With fewer tiles than SMs this is split-K (dp_tiles 0,
+  // every tile split alike).
   struct StreamK {
     int dp_tiles = 0;  // tiles [0, dp_tiles) run whole: CTA b takes b, b + grid, ...
     int units = 0;     // k-blocks of tiles [dp_tiles, tiles); 0: no stream-K (units * grid < 2^31)
-    float* partials = nullptr;  // [grid][kConsumers][kMmaM * kAccumulators / 4][128 threads] float4s
-    uint32_t* flags = nullptr;  // [grid][kConsumers]
+    // [grid + split tiles - 1][kConsumers][kMmaM * kAccumulators / 4][128 threads]
+    // float4s: one slot per (tile, CTA) pair, see partial_slot.
+    float* partials = nullptr;
+    // Arrival counters, [split tiles][kConsumers], in the workspace's flags
+    // region.
+    uint32_t* flags = nullptr;
   };
 
 
   // Thread 0 writes this CTA's stream-K pieces to shared memory before the
   // first barrier, in the order they run (after the data-parallel tiles,
-  // see piece): the Partial one, the tiles its range covers whole, and last
-  // the Finish one, so that the lower CTAs it waits on have had all that
-  // time to publish. (Run right after the Partial piece, a Finish piece
-  // waited for up to a tile's k-blocks on an H200.) The
-  // producer and the consumers read the list from there, which keeps the
-  // bookkeeping out of the registers (the producer runs in 40, the
-  // consumers hold 128 accumulators). 32-bit: plan_stream_k keeps
-  // units * grid below 2^31.
+  // see piece): the Split piece where its range ends, the tiles its range
+  // covers whole, and last the Split piece where its range starts, which
+  // holds the last k-blocks of its tile. The CTAs sharing that tile run
+  // their share of it first, so this CTA is the likely last arriver, and
+  // its fix-up finds the other partials stored rather than making another
+  // CTA add up the tile while this one still computes. (Any order is
+  // correct: nothing waits.) The producer and the consumers read the list
+  // from there, which keeps the bookkeeping out of the registers (the
+  // producer runs in 40, the consumers hold 128 accumulators). 32-bit:
+  // plan_stream_k keeps (units + 1) * grid below 2^31.
   static __device__ __forceinline__ void plan_pieces(Plan& plan, const TileWalk& walk, int kb,
                                                     const StreamK& sk) {
     int count = 0;
-    WorkPiece finish{0, 0, 0, Piece::Whole, -1};
+    WorkPiece last{0, 0, 0, Piece::Whole};
+    bool has_last = false;
     if (sk.units > 0) {
       const int grid = int(gridDim.x);
       const int begin = int(blockIdx.x) * sk.units / grid, end = (int(blockIdx.x) + 1) * sk.units / grid;
       if (begin < end && end % kb != 0) {
         const int tile = end / kb, from = begin > tile * kb ? begin : tile * kb;
-        plan.pieces[count++] = {sk.dp_tiles + tile, from - tile * kb, end - from, Piece::Partial, 0};
+        plan.pieces[count++] = {sk.dp_tiles + tile, from - tile * kb, end - from, Piece::Split};
       }
       for (int tile = begin / kb; begin < end && (tile + 1) * kb <= end; ++tile) {
         if (begin <= tile * kb) {
-          plan.pieces[count++] = {sk.dp_tiles + tile, 0, kb, Piece::Whole, 0};
+          plan.pieces[count++] = {sk.dp_tiles + tile, 0, kb, Piece::Whole};
         } else {
-          // The CTA holding k-block tile * kb: the largest c with
-          // c U / grid <= tile * kb.
-          const int first = ((tile * kb + 1) * grid - 1) / sk.units;
-          finish = {sk.dp_tiles + tile, begin - tile * kb, (tile + 1) * kb - begin, Piece::Finish, first};
+          last = {sk.dp_tiles + tile, begin - tile * kb, (tile + 1) * kb - begin, Piece::Split};
+          has_last = true;
         }
       }
     }
     const int whole = sk.units > 0 ? sk.dp_tiles : walk.units;
     plan.piece_count[0] = count;
     plan.piece_count[1] = whole > walk.first ? (whole - walk.first + walk.stride - 1) / walk.stride : 0;
-    plan.piece_count[2] = finish.piece == Piece::Finish ? 1 : 0;
-    plan.pieces[kMaxStreamKPieces - 1] = finish;
+    plan.piece_count[2] = has_last ? 1 : 0;
+    plan.pieces[kMaxStreamKPieces - 1] = last;
   }
 
   // Piece i of this CTA's work, false past the last: its whole
-  // data-parallel tiles, then the listed stream-K pieces, then the Finish
-  // piece if there is one. The data-parallel tiles come first so that every
+  // data-parallel tiles, then the listed stream-K pieces, then the Split
+  // piece where its range starts, if there is one. The data-parallel tiles come first so that every
   // CTA runs its waves in step with the others (each wave reads the same
   // k-slices of A and B at about the same time, which L2 serves once), and
   // the stream-K pieces, which differ in length, only after the last wave.
@@ -160,7 +167,7 @@ struct TileScheduler {
   static __device__ __forceinline__ bool piece(const Plan& plan, const TileWalk& walk, int kb, int i, WorkPiece& w) {
     const int whole = plan.piece_count[1], listed = plan.piece_count[0];
     if (i < whole) {
-      w = {walk.first + i * walk.stride, 0, kb, Piece::Whole, 0};
+      w = {walk.first + i * walk.stride, 0, kb, Piece::Whole};
       return true;
     }
     if (i < whole + listed) {
@@ -198,13 +205,46 @@ struct TileScheduler {
   static constexpr int kPartialVectors = kMmaM * kAccumulators / 4;
   static_assert(kAccumulators % 4 == 0, "partials move as float4s");
 
-  // Stores a Partial piece's accumulators to this CTA's slot and raises its
-  // flag (per consumer warp group).
-  static __device__ __forceinline__ void publish(const StreamK& sk, int consumer,
-                                                 const float (&acc)[kMmaM][kAccumulators]) {
-    const int thread = threadIdx.x % 128;
-    const int64_t slot = int64_t(blockIdx.x) * kConsumers + consumer;
-    float4* out = reinterpret_cast<float4*>(sk.partials) + slot * (kPartialVectors * 128) + thread;
+  // The CTA holding stream-K k-block x: the largest c with
+  // c U / grid <= x (plan_stream_k keeps (x + 1) * grid below 2^31).
+  static __device__ __forceinline__ int holder(const StreamK& sk, int x) {
+    return ((x + 1) * int(gridDim.x) - 1) / sk.units;
+  }
+
+  // This thread's part of the slot of CTA `cta`'s share of split tile
+  // `tile` (counted from dp_tiles), for one consumer. Slot cta + tile: one
+  // per (tile, CTA) pair, without collisions, since a CTA's k-blocks come
+  // after a lower CTA's, so a higher CTA never holds a lower tile than a
+  // lower CTA does (the pairs' sums rise strictly). Hence grid + split
+  // tiles - 1 slots (partial_bytes), against two per CTA for the two
+  // Split pieces a CTA may have.
+  static __device__ __forceinline__ float4* partial_slot(const StreamK& sk, int tile, int cta, int consumer) {
+    const int64_t slot = int64_t(cta + tile) * kConsumers + consumer;
+    return reinterpret_cast<float4*>(sk.partials) + slot * (kPartialVectors * 128) + threadIdx.x % 128;
+  }
+
+  // The fix-up of a Split piece of unit `unit` (tiles of `kb` k-blocks), on
+  // one consumer's rows: stores its partial sums to its slot and counts
+  // itself in at the tile's arrival counter. The consumer whose arrival
+  // completes the count (one per tile and consumer, not necessarily of the
+  // same CTA for both consumers) adds up the shares of the CTAs holding the
+  // tile's k-blocks, first..last, in that order from their slots, its
+  // own reread too unless it is the first, so that the sum does not depend
+  // on which CTA came last (a run's result is the same every time); resets
+  // the counter for the next launch on this workspace; and returns true:
+  // it runs the epilogue. The others return false at once.
+  //
+  // Ordering: every thread's stores, then bar.sync, then thread 0's
+  // gpu-scope fence and the atomic (a release pattern: the fence is
+  // cumulative over the stores the barrier ordered before it); the last
+  // arriver's atomic reads the count the others' made, and its fence
+  // after the atomic and the barrier that hands the outcome to the warp
+  // group order its loads (__ldcg, from L2, where the stores went) after
+  // all of them.
+  static __device__ __forceinline__ bool fix_up(const StreamK& sk, int consumer, int unit, int kb,
+                                                float (&acc)[kMmaM][kAccumulators]) {
+    const int tile = unit - sk.dp_tiles, self = int(blockIdx.x);
+    float4* out = partial_slot(sk, tile, self, consumer);
 #pragma unroll
     for (int mi = 0; mi < kMmaM; ++mi)
 #pragma unroll
@@ -212,37 +252,43 @@ struct TileScheduler {
         __stcg(out + (mi * kAccumulators + j) / 4 * 128,
                make_float4(acc[mi][j], acc[mi][j + 1], acc[mi][j + 2], acc[mi][j + 3]));
     named_barrier_sync(1 + consumer, 128);
-    if (thread == 0) {
+    const int first = holder(sk, tile * kb), last_cta = holder(sk, (tile + 1) * kb - 1);
+    bool last = false;
+    if (threadIdx.x % 128 == 0) {
+      uint32_t* arrivals = &sk.flags[tile * kConsumers + consumer];
       __threadfence();
-      flag_store_release(&sk.flags[slot], 1);
+      last = atomicAdd(arrivals, 1u) + 1 == uint32_t(last_cta - first + 1);
+      if (last) {
+        __threadfence();
+        *arrivals = 0;
+      }
     }
+    if (!named_barrier_any(1 + consumer, 128, last)) return false;
+    if (self != first) read_partial<false>(partial_slot(sk, tile, first, consumer), acc);
+    for (int cta = first + 1; cta <= last_cta; ++cta) read_partial<true>(partial_slot(sk, tile, cta, consumer), acc);
+    return true;
   }
 
-  // Adds the partials of CTAs [first, blockIdx.x) to a Finish piece's
-  // accumulators, lowering their flags.
-  static __device__ __forceinline__ void gather(const StreamK& sk, int consumer, int first,
-                                                float (&acc)[kMmaM][kAccumulators]) {
-    const int thread = threadIdx.x % 128;
-    for (int cta = first; cta < int(blockIdx.x); ++cta) {
-      const int64_t slot = int64_t(cta) * kConsumers + consumer;
-      if (thread == 0) {
-        while (flag_load_acquire(&sk.flags[slot]) != 1) __nanosleep(64);
-        sk.flags[slot] = 0;
-        __threadfence();
+  // This thread's part of a slot into acc (kAdd false) or added to it.
+  template <bool kAdd>
+  static __device__ __forceinline__ void read_partial(const float4* in, float (&acc)[kMmaM][kAccumulators]) {
+#pragma unroll
+    for (int mi = 0; mi < kMmaM; ++mi)
+#pragma unroll
+      for (int j = 0; j < kAccumulators; j += 4) {
+        const float4 v = __ldcg(in + (mi * kAccumulators + j) / 4 * 128);
+        const float parts[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[mi][j + e] = kAdd ? acc[mi][j + e] + parts[e] : parts[e];
       }
-      named_barrier_sync(1 + consumer, 128);
-      const float4* in = reinterpret_cast<const float4*>(sk.partials) + slot * (kPartialVectors * 128) + thread;
-#pragma unroll
-      for (int mi = 0; mi < kMmaM; ++mi)
-#pragma unroll
-        for (int j = 0; j < kAccumulators; j += 4) {
-          const float4 v = __ldcg(in + (mi * kAccumulators + j) / 4 * 128);
-          acc[mi][j] += v.x;
-          acc[mi][j + 1] += v.y;
-          acc[mi][j + 2] += v.z;
-          acc[mi][j + 3] += v.w;
-        }
-    }
+  }
+
+  // Bytes of `partials` a split on `grid` CTAs of tiles of `k_blocks`
+  // k-blocks needs: a slot per consumer for each (tile, CTA) index of
+  // partial_slot.
+  static size_t partial_bytes(const StreamK& sk, int64_t grid, int64_t k_blocks) {
+    const int64_t split_tiles = sk.units / k_blocks;
+    return size_t(grid + split_tiles - 1) * kConsumers * kPartialVectors * 128 * sizeof(float4);
   }
 
   // The grid of a launch that runs every unit whole: one CTA per unit up to
@@ -285,7 +331,10 @@ struct TileScheduler {
 // share, 57 k-blocks against 64, gains less than that: stream-K measured
 // 0.967-0.969 of cuBLASLt against 0.975 without, and is refused. At 8192^3
 // and (8192, 14336, 4096) it gained 1-2%, at (8192, 4096, 14336) nothing
-// measurable.
+// measurable. (Measured when only the CTAs that did not finish a tile
+// published theirs and the finisher waited; fix_up also stores the
+// finisher's share, and rereads it unless it holds the tile's first
+// k-blocks.)
 // The launcher asks for neither when its caller says FUSION_GEMM_NO_STREAM_K
 // (the run time does for FUSION_STREAM_K=0 and while capturing a graph).
 template <typename T, typename Config>
@@ -295,7 +344,7 @@ typename TileScheduler<T, Config>::StreamK TileScheduler<T, Config>::plan_stream
                                                                                            int64_t* grid) {
   constexpr int64_t kFixupBlocks = 4, kMinBlocks = 4;
   StreamK sk;
-  if (kPingPong || kClusterM > 1 || sms * kConsumers * 4 > int64_t(kStreamKFlagBytes)) return sk;
+  if (kPingPong || kClusterM > 1) return sk;
   if (tiles <= 0 || sms <= 0) return sk;
   int64_t split_tiles = tiles, ctas = tiles * (sms / tiles);
   if (tiles >= sms) {
@@ -305,6 +354,8 @@ typename TileScheduler<T, Config>::StreamK TileScheduler<T, Config>::plan_stream
     ctas = sms;
   }
   if (ctas == split_tiles) return sk;
+  // An arrival counter per split tile and consumer (fix_up).
+  if (split_tiles * kConsumers * int64_t(sizeof(uint32_t)) > int64_t(kStreamKFlagBytes)) return sk;
   const int64_t per_cta = (split_tiles * k_blocks + ctas - 1) / ctas;
   const int64_t whole = (split_tiles + ctas - 1) / ctas * k_blocks;  // the busiest CTA's k-blocks without it
   if (per_cta < kMinBlocks || per_cta + 2 * kFixupBlocks >= whole ||
