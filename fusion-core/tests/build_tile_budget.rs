@@ -203,7 +203,7 @@ fn an_sm90_unit_reports_each_tile_configs_resources() {
     let root = fresh_dir("fusion-build-tile-resources");
     let library = codegen::render("fusion_kernels", &[Arch::Sm90], &[gemm_bias_gelu_f16()]).unwrap();
     let unit = &library.units[0];
-    let KernelKey::Gemm { config, .. } = &unit.key else {
+    let KernelKey::Gemm { config, layout, .. } = &unit.key else {
         panic!("not a GEMM unit: {}", unit.symbol)
     };
     let include_dir = root.join("include");
@@ -242,7 +242,8 @@ fn an_sm90_unit_reports_each_tile_configs_resources() {
     assert!(ran.status.success(), "{}", String::from_utf8_lossy(&ran.stderr));
     let printed = String::from_utf8(ran.stdout).unwrap();
 
-    // One line per tile config the unit instantiates, in select's order.
+    // One line per tile config the unit instantiates, in select's order,
+    // then its decode kernel.
     let tiles = [
         ("large", Some(config.large)),
         ("small_m", config.small_m),
@@ -251,7 +252,12 @@ fn an_sm90_unit_reports_each_tile_configs_resources() {
     let expected: Vec<&str> = tiles
         .iter()
         .filter_map(|(which, tile)| tile.map(|_| *which))
+        .chain(config.decode_for(*layout).map(|_| "decode"))
         .collect();
+    assert!(
+        expected.contains(&"decode"),
+        "the shipped sm90 default runs the decode kernel for small M"
+    );
     let reported: Vec<&str> = printed
         .lines()
         .filter_map(|line| line.split(' ').next())
@@ -261,4 +267,6 @@ fn an_sm90_unit_reports_each_tile_configs_resources() {
     // (4 x 48 KB of stages, 32 KB of staging, 1 KB of alignment slack and
     // 176 bytes of barriers and the stream-K plan).
     assert!(printed.starts_with("large 230576 384\n"), "{printed}");
+    // The decode kernel: 8 warps, its partial sums in static shared memory.
+    assert!(printed.ends_with("decode 0 256\n"), "{printed}");
 }

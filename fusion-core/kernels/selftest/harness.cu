@@ -424,8 +424,10 @@ void check_one(Totals& totals, const Unit& u, const Epilogue& epi, Shape s, uint
 // Calls each launcher must refuse with cudaErrorInvalidValue before it
 // launches anything (the Rust wrappers check the same before calling, so
 // only this test reaches the launchers' own checks).
-void check_arguments(Totals& totals, const Unit& u, const Epilogue& epi, uint64_t& seed, Workspace& ws) {
-  const Shape s{64, 64, 64};
+// At m = 64 and m = 1, which a unit with a decode kernel runs on that kernel
+// (fusion/decode.cuh), so that both launchers' checks are tested.
+void check_arguments(Totals& totals, const Unit& u, const Epilogue& epi, Shape s, uint64_t& seed, Workspace& ws) {
+  const std::string label = unit_label(u) + " at m = " + std::to_string(s.m);
   Inputs in(u, epi, s, seed);
   fusion_gemm_params good = in.params(u, s);
   uint64_t needed = 0;
@@ -453,26 +455,26 @@ void check_arguments(Totals& totals, const Unit& u, const Epilogue& epi, uint64_
   if (u.norm != Norm::None) add("null gamma").gamma = nullptr;
   for (const Bad& b : bad) {
     const int rc = u.launch(&b.p, nullptr);
-    totals.record(unit_label(u) + " refuses " + b.what, rc == int(cudaErrorInvalidValue), status_name(rc));
+    totals.record(label + " refuses " + b.what, rc == int(cudaErrorInvalidValue), status_name(rc));
   }
   const int null_params = u.launch(nullptr, nullptr);
-  totals.record(unit_label(u) + " refuses null params", null_params == int(cudaErrorInvalidValue),
+  totals.record(label + " refuses null params", null_params == int(cudaErrorInvalidValue),
                 status_name(null_params));
   const int null_bytes = u.workspace_bytes(&good, nullptr, nullptr);
-  totals.record(unit_label(u) + " refuses a workspace query without a result", null_bytes == int(cudaErrorInvalidValue),
+  totals.record(label + " refuses a workspace query without a result", null_bytes == int(cudaErrorInvalidValue),
                 status_name(null_bytes));
   if (u.norm != Norm::None && needed > 0) {
     fusion_gemm_params no_room = good;  // no room for the row statistics
     no_room.workspace = nullptr;
     no_room.workspace_bytes = 0;
     const int rc = u.launch(&no_room, nullptr);
-    totals.record(unit_label(u) + " refuses a norm prologue without workspace", rc == int(cudaErrorInvalidValue),
+    totals.record(label + " refuses a norm prologue without workspace", rc == int(cudaErrorInvalidValue),
                   status_name(rc));
   }
   fusion_gemm_params empty = good;
   empty.m = 0;
   const int rc_empty = launch(u, empty, ws);
-  totals.record(unit_label(u) + " accepts m = 0 as a no-op", rc_empty == 0, status_name(rc_empty));
+  totals.record(label + " accepts m = 0 as a no-op", rc_empty == 0, status_name(rc_empty));
   CHECK_CUDA(cudaDeviceSynchronize());
 }
 
@@ -511,8 +513,11 @@ void bench_one(harness::LtGemm& lt, const Unit& u, const Epilogue& epi, Shape s,
              }});
   harness::LtGemm::destroy(plan);
   const double tflops = 2.0 * double(s.m) * double(s.n) * double(s.k) / (us[0] * 1e6);
-  std::printf("%-96s %-20s %9.1f %9.1f %6.3f %7.1f %s%s\n", unit_label(u).c_str(), shape_label(s).c_str(), us[0],
-              us[1], us[1] / us[0], tflops, base_name, failed ? "  (a launch failed)" : "");
+  // A, B and C once each (2-byte elements): at small M the weight read,
+  // against a copy's bandwidth (about 4.25 TB/s on an H200).
+  const double gbps = 2.0 * double(s.m * s.k + s.n * s.k + s.m * s.n) / (us[0] * 1e3);
+  std::printf("%-96s %-20s %9.1f %9.1f %6.3f %7.1f %7.0f %s%s\n", unit_label(u).c_str(), shape_label(s).c_str(),
+              us[0], us[1], us[1] / us[0], tflops, gbps, base_name, failed ? "  (a launch failed)" : "");
   std::fflush(stdout);
 }
 
@@ -531,10 +536,11 @@ void print_device(int& major, int& minor) {
 }
 
 void print_resources(const Unit& u) {
-  fusion_tile_resources tiles[4];
-  const int count = u.resources(tiles, 4);
+  constexpr int kMaxTiles = 8;  // large, small_m, small_m_alt, decode, and room
+  fusion_tile_resources tiles[kMaxTiles];
+  const int count = u.resources(tiles, kMaxTiles);
   std::printf("  %s:", u.symbol);
-  for (int i = 0; i < count && i < 4; ++i)
+  for (int i = 0; i < count && i < kMaxTiles; ++i)
     std::printf(" %s %u B smem, %u threads;", tiles[i].tile, tiles[i].smem_bytes, tiles[i].threads);
   std::printf("\n");
 }
@@ -602,10 +608,16 @@ int main(int argc, char** argv) {
   }
   units = known;
   if (opt.check) {
-    std::vector<Shape> shapes = {{77, 136, 8}, {77, 136, 136}, {512, 2048, 2048}, {1000, 3000, 1032}};
+    // m <= 16 runs a unit's decode kernel where it has one: single rows,
+    // rows only in the first half of the mma's 16 (7) and in both (12, 16),
+    // N not a multiple of its 16-column blocks (3000, 520, 8) and K not a
+    // multiple of its 128-element steps (2056, 1032, 4104, 136).
+    std::vector<Shape> shapes = {{77, 136, 8},     {77, 136, 136},   {512, 2048, 2048}, {1000, 3000, 1032},
+                                 {1, 136, 8},      {1, 2048, 2056},  {7, 3000, 1032},   {12, 520, 4104},
+                                 {16, 4096, 1032}, {16, 8, 136}};
     if (!opt.quick) shapes.push_back({4096, 4096, 4096});
     for (size_t i = 0; i < units.size(); ++i) {
-      check_arguments(totals, *units[i], epilogues[i], seed, ws);
+      for (Shape s : {Shape{64, 64, 64}, Shape{1, 64, 64}}) check_arguments(totals, *units[i], epilogues[i], s, seed, ws);
       for (Shape s : shapes) check_one(totals, *units[i], epilogues[i], s, seed, ws);
     }
     std::printf("correctness: %d passed, %d failed\n", totals.passed, totals.failed);
@@ -616,8 +628,8 @@ int main(int argc, char** argv) {
     harness::LtGemm lt;
     std::printf("\nmedian of %d calls, alternating with cuBLASLt on 4 rotating input sets; ratio > 1: ours faster\n",
                 opt.reps);
-    std::printf("%-96s %-20s %9s %9s %6s %7s %s\n", "unit", "shape", "ours us", "Lt us", "ratio", "TF/s",
-                "Lt epilogue");
+    std::printf("%-96s %-20s %9s %9s %6s %7s %7s %s\n", "unit", "shape", "ours us", "Lt us", "ratio", "TF/s",
+                "GB/s", "Lt epilogue");
     for (Shape s : opt.shapes)
       for (size_t i = 0; i < units.size(); ++i) bench_one(lt, *units[i], epilogues[i], s, opt.reps, seed, ws);
   }

@@ -412,9 +412,16 @@ fn write_if_changed(path: &Path, text: &str) -> Result<(), BuildError> {
 }
 
 /// A GEMM unit's tile configs, `large: 128x256x64 (...)` and the small-M
-/// ones, for the manifest.
+/// ones, and its decode kernel's threshold (`decode: m <= 16`), for the
+/// manifest.
 fn tiles_of(key: &KernelKey) -> Vec<String> {
-    let KernelKey::Gemm { mainloop, config, .. } = key else {
+    let KernelKey::Gemm {
+        mainloop,
+        config,
+        layout,
+        ..
+    } = key
+    else {
         return Vec::new();
     };
     [
@@ -424,6 +431,11 @@ fn tiles_of(key: &KernelKey) -> Vec<String> {
     ]
     .into_iter()
     .filter_map(|(which, tile)| Some(format!("{which}: {}", tile?.summary(*mainloop))))
+    .chain(
+        config
+            .decode_for(*layout)
+            .map(|max_m| format!("decode: m <= {max_m}")),
+    )
     .collect()
 }
 

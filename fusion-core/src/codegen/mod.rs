@@ -564,8 +564,17 @@ fn render_unit(
                 }))
             })
             .collect();
+            // The decode kernel ahead of the tiles, for m <= its threshold,
+            // which the unit checks against the kernel's own row limit.
+            let decode = config.decode_for(*layout).map(|max_m| {
+                let message = format!(
+                    "decode_max_m {max_m} from {origin} for `{composition}` is more rows than the decode kernel takes (fusion::kDecodeMaxM)"
+                );
+                json!({ "max_m": max_m, "message": c_string(&message.replace('`', "'")) })
+            });
             let extra = json!({
                 "tiles": tiles,
+                "decode": decode.unwrap_or(serde_json::Value::Bool(false)),
                 "tile_valid": format!("fusion::{}::tile_valid", mainloop.name()),
                 "smem_limit": smem_limit,
                 "mainloop": mainloop_type,

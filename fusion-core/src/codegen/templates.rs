@@ -34,8 +34,12 @@ pub const SELFTEST_HARNESS: [(&str, &str); 2] = [
 ];
 
 /// Every file of `kernels/include`, by path relative to it.
-pub const HEADERS: [(&str, &str); 23] = [
+pub const HEADERS: [(&str, &str); 24] = [
     ("fusion/abi.h", include_str!("../../kernels/include/fusion/abi.h")),
+    (
+        "fusion/decode.cuh",
+        include_str!("../../kernels/include/fusion/decode.cuh"),
+    ),
     (
         "fusion/elementwise.cuh",
         include_str!("../../kernels/include/fusion/elementwise.cuh"),

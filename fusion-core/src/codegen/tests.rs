@@ -688,3 +688,40 @@ fn only_gemm_launchers_have_a_workspace_query() {
     // The norm and elementwise kernels ask for no scratch and set no flags.
     assert_eq!(rust.matches("__call.scratch(").count(), 1, "{rust}");
 }
+
+#[test]
+fn nk_units_run_the_decode_kernel_first_for_small_m_and_kn_units_never() {
+    let lib = render(
+        "k",
+        &[Arch::Sm75, Arch::Sm80, Arch::Sm90],
+        &[spec("gemm_bias_gelu.toml", F16), spec("gemm_bias_silu.toml", F16)],
+    )
+    .unwrap();
+    let unit = |symbol: &str| &lib.units.iter().find(|u| u.symbol == symbol).unwrap().source;
+    let branch = "if (p->m <= 16) return f(fusion::DecodeFor<K<LargeTile>>{});";
+    for symbol in ["k_gemm_bias_gelu_nk_f16_sm80", "k_gemm_bias_gelu_nk_f16_sm90"] {
+        let source = unit(symbol);
+        for needle in [
+            "#include \"fusion/decode.cuh\"",
+            branch,
+            "{\"decode\", uint32_t(fusion::DecodeFor<Kernel<LargeTile>>::kSmemBytes),",
+            "static_assert(16 <= fusion::kDecodeMaxM, \"decode_max_m 16 from kernels/tuned/",
+        ] {
+            assert!(
+                source.contains(needle),
+                "`{needle}` missing from {symbol}:\n{source}"
+            );
+        }
+        // Ahead of the small-M tiles, which would otherwise take m <= 16.
+        let decode_at = source.find(branch).unwrap();
+        let small_at = source.find("return f(K<SmallTile>{})").unwrap();
+        assert!(decode_at < small_at, "{source}");
+    }
+    // gemm_bias_silu's B is [K, N]; sm75 has no decode kernel.
+    for symbol in ["k_gemm_bias_silu_kn_f16_sm90", "k_gemm_bias_gelu_nk_f16_sm75"] {
+        let source = unit(symbol);
+        for needle in ["decode.cuh", "DecodeFor"] {
+            assert!(!source.contains(needle), "`{needle}` in {symbol}:\n{source}");
+        }
+    }
+}

@@ -202,12 +202,25 @@ pub struct KernelConfig {
     /// it enough tiles to fill the SMs, the 64-row one when it does not.
     #[serde(default)]
     pub small_m_alt: Option<TileConfig>,
+    /// The largest M the decode kernel (`kernels/include/fusion/decode.cuh`)
+    /// runs, ahead of every tile config; absent: never. The kernel streams
+    /// B as [N, K] rows, so a [K, N] kernel ignores it
+    /// ([`KernelConfig::decode_for`]). Its own limit (`kDecodeMaxM`, 16) is
+    /// asserted by each unit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decode_max_m: Option<u32>,
 }
 
 impl KernelConfig {
     /// The small-M config and its threshold, when both are present.
     pub fn small(&self) -> Option<(TileConfig, u32)> {
         Some((self.small_m?, self.small_m_max?))
+    }
+
+    /// Up to which M a kernel with B in `layout` runs the decode kernel:
+    /// `decode_max_m` for [N, K], none for [K, N].
+    pub fn decode_for(&self, layout: WeightLayout) -> Option<u32> {
+        self.decode_max_m.filter(|_| layout == WeightLayout::NK)
     }
 }
 
@@ -247,7 +260,7 @@ pub enum SelectError {
         origin: ConfigSource,
         kernel: String,
         arch: Arch,
-        /// `large`, `small_m` or `small_m_alt`.
+        /// `large`, `small_m`, `small_m_alt` or `decode_max_m`.
         which: &'static str,
         reason: String,
     },
@@ -302,6 +315,23 @@ pub fn select_sourced(
             "`small_m_alt` is the alternative to a `small_m`, which this entry lacks",
         ),
     ];
+    if let Some(max_m) = config.decode_max_m {
+        if !arch.target().decode {
+            return Err(fail(
+                "decode_max_m",
+                format!(
+                    "{arch} has no decode kernel (it needs the m16n8k16 mma of sm80 and newer); leave it out"
+                ),
+            ));
+        }
+        if max_m == 0 {
+            return Err(fail(
+                "decode_max_m",
+                "`decode_max_m` is the largest M the decode kernel runs: at least 1, or left out for never"
+                    .into(),
+            ));
+        }
+    }
     for (tile, which, complete, missing) in optional {
         if let Some(tile) = tile {
             tile.check(arch, kernel).map_err(|r| fail(which, r))?;

@@ -463,3 +463,43 @@ fn a_table_lists_the_compositions_that_lose_to_their_split() {
         assert_eq!(TunedTable::shipped(arch).unwrap().unfused, []);
     }
 }
+
+#[test]
+fn the_decode_kernel_runs_for_small_m_on_nk_kernels_of_sm80_and_sm90() {
+    let k = kernel("gemm_bias_gelu", DType::F16, false);
+    for arch in [Arch::Sm80, Arch::Sm90] {
+        let config = select(arch, &k).unwrap();
+        assert_eq!(config.decode_max_m, Some(16), "{arch}");
+        assert_eq!(config.decode_for(WeightLayout::NK), Some(16), "{arch}");
+        // [K, N] weights run the tiles at every M.
+        assert_eq!(config.decode_for(WeightLayout::KN), None, "{arch}");
+    }
+    assert_eq!(select(Arch::Sm75, &k).unwrap().decode_max_m, None);
+    // sm80's norm entries keep the tiles at every M.
+    let norm = select(Arch::Sm80, &kernel("rmsnorm_gemm", DType::F16, true)).unwrap();
+    assert_eq!(norm.decode_max_m, None);
+}
+
+#[test]
+fn decode_max_m_is_refused_on_sm75_and_at_zero() {
+    let table = |arch: &str, large: &str, max_m: u32| {
+        let json = format!(
+            r#"{{ "arch": "{arch}", "configs": {{ "default": {{ "large": {large}, "decode_max_m": {max_m} }} }} }}"#
+        );
+        TunedTable::parse(&format!("kernels/tuned/{arch}.json"), &json).unwrap()
+    };
+    let sm75_tile = r#"{ "bm": 128, "bn": 128, "bk": 32, "warp_m": 64, "warp_n": 64, "stages": 2, "min_blocks_per_sm": 1 }"#;
+    let sm90_tile = r#"{ "bm": 128, "bn": 256, "bk": 64, "stages": 4 }"#;
+    let gemm = kernel("gemm", DType::F16, false);
+    let err = select_with(&table("sm75", sm75_tile, 16), Arch::Sm75, &gemm)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("(decode_max_m)"), "{err}");
+    assert!(err.contains("sm75 has no decode kernel"), "{err}");
+    let err = select_with(&table("sm90", sm90_tile, 0), Arch::Sm90, &gemm)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("at least 1"), "{err}");
+    let ok = select_with(&table("sm90", sm90_tile, 8), Arch::Sm90, &gemm).unwrap();
+    assert_eq!(ok.decode_max_m, Some(8));
+}

@@ -14,7 +14,10 @@
 //! tried in that order. An sm90 entry names `bm`, `bn`, `bk` (64), `stages` and
 //! optionally `"schedule": "cooperative" | "pingpong"`. An entry may add
 //! `small_m_alt`, a second tile for `m <= small_m_max` that the kernel runs
-//! instead of `small_m` when it needs fewer waves on the device's SMs.
+//! instead of `small_m` when it needs fewer waves on the device's SMs, and
+//! `decode_max_m`, the largest M that runs the decode kernel
+//! (`kernels/include/fusion/decode.cuh`) ahead of every tile (sm80 and
+//! sm90; [N, K] weights only).
 //!
 //! A table may also list compositions its measurements found slower than
 //! their unfused split, which the planner then does not form:

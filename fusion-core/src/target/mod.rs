@@ -83,6 +83,10 @@ pub struct Target {
     /// tile rules are the header's `tile_valid`); the error is a sentence
     /// saying what is wrong.
     pub check: fn(&TileConfig, &KernelKind) -> Result<(), String>,
+    /// Whether the decode kernel (`kernels/include/fusion/decode.cuh`, built
+    /// on the m16n8k16 mma of sm80 and newer) runs on it, so that its tuned
+    /// entries may set `decode_max_m`.
+    pub decode: bool,
     /// The pre-tuned table, `kernels/tuned/<name>.json`, embedded so that a
     /// crate built outside this workspace gets it too.
     pub tuned_json: &'static str,

@@ -19,6 +19,7 @@ pub(super) static TARGET: Target = Target {
     mainloop_header: "fusion/sm75/mainloop.cuh",
     tile_type,
     check,
+    decode: false,
     tuned_json: include_str!("../../kernels/tuned/sm75.json"),
 };
 

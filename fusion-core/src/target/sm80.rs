@@ -18,6 +18,7 @@ pub(super) static TARGET: Target = Target {
     mainloop_header: "fusion/sm80/mainloop.cuh",
     tile_type,
     check,
+    decode: true,
     tuned_json: include_str!("../../kernels/tuned/sm80.json"),
 };
 

@@ -19,6 +19,7 @@ pub(super) static TARGET: Target = Target {
     mainloop_header: "fusion/sm90/mainloop.cuh",
     tile_type,
     check,
+    decode: true,
     tuned_json: include_str!("../../kernels/tuned/sm90.json"),
 };
 

@@ -147,6 +147,23 @@ bool fewer_waves(int64_t m, int64_t n) {
   return detail::wave_area(m, n, TileA::BM, TileA::BN, sms) <= detail::wave_area(m, n, TileB::BM, TileB::BN, sms);
 }
 
+// What every GEMM kernel family relies on (FusedGemm, and the decode
+// kernel of decode.cuh). Returns cudaErrorInvalidValue when M is negative,
+// N or K is not a multiple of 8, K is 0, a pointer the composition reads is
+// null or not 16-byte aligned.
+template <typename Prologue, typename Epilogue, typename T>
+cudaError_t check_gemm_args(const GemmArgs<T>& p) {
+  if (p.m < 0 || p.n < 0 || p.k <= 0) return cudaErrorInvalidValue;
+  if (p.n % kVecElems != 0 || p.k % kVecElems != 0) return cudaErrorInvalidValue;
+  if (p.a == nullptr || p.b == nullptr || p.c == nullptr) return cudaErrorInvalidValue;
+  if (!is_aligned16(p.a) || !is_aligned16(p.b) || !is_aligned16(p.c)) return cudaErrorInvalidValue;
+  if (!Epilogue::args_valid(p.epilogue) || !Prologue::args_valid(p.norm)) return cudaErrorInvalidValue;
+  const void* extra[] = {p.epilogue.bias, p.epilogue.residual, p.epilogue.multiplier, p.epilogue.col_terms};
+  for (const void* ptr : extra)
+    if (ptr != nullptr && !is_aligned16(ptr)) return cudaErrorInvalidValue;
+  return cudaSuccess;
+}
+
 // Epilogue_ is the graph's chain; a folded norm (prologue.cuh) adds its
 // correction in front of it.
 template <typename Mainloop, typename Prologue, typename Epilogue_>
@@ -167,18 +184,11 @@ struct FusedGemm {
   // assert it, naming the tuned entry).
   static constexpr bool kEpilogueFits = EpilogueFits<Mainloop, Epilogue>::value;
 
-  // Kernel-level checks of everything the kernel relies on. Returns
-  // cudaErrorInvalidValue when N or K is not a multiple of 8, K is 0, a
-  // pointer the composition reads is null or not 16-byte aligned.
+  // Kernel-level checks of everything the kernel relies on (check_gemm_args)
+  // and a grid that fits.
   static cudaError_t check(const GemmArgs<Element>& p) {
-    if (p.m < 0 || p.n < 0 || p.k <= 0) return cudaErrorInvalidValue;
-    if (p.n % kVecElems != 0 || p.k % kVecElems != 0) return cudaErrorInvalidValue;
-    if (p.a == nullptr || p.b == nullptr || p.c == nullptr) return cudaErrorInvalidValue;
-    if (!is_aligned16(p.a) || !is_aligned16(p.b) || !is_aligned16(p.c)) return cudaErrorInvalidValue;
-    if (!Epilogue::args_valid(p.epilogue) || !Prologue::args_valid(p.norm)) return cudaErrorInvalidValue;
-    const void* extra[] = {p.epilogue.bias, p.epilogue.residual, p.epilogue.multiplier, p.epilogue.col_terms};
-    for (const void* ptr : extra)
-      if (ptr != nullptr && !is_aligned16(ptr)) return cudaErrorInvalidValue;
+    const cudaError_t err = check_gemm_args<Prologue, Epilogue>(p);
+    if (err != cudaSuccess) return err;
     const int64_t tiles = ((p.m + Mainloop::BM - 1) / Mainloop::BM) * ((p.n + Mainloop::BN - 1) / Mainloop::BN);
     if (tiles > int64_t(INT32_MAX)) return cudaErrorInvalidValue;
     return cudaSuccess;

@@ -99,7 +99,8 @@ extern "C" int fusion_kernels_layernorm_gemm_nk_bf16_sm80_fold_weights(const fus
       static_cast<cudaStream_t>(stream)));
 }
 
-// What each tile config asks for per block at launch, large first; returns
+// What each tile config (and the decode kernel, when there is one) asks for
+// per block at launch, large first; returns
 // how many there are and writes at most `capacity` of them.
 extern "C" int fusion_kernels_layernorm_gemm_nk_bf16_sm80_resources(fusion_tile_resources* out, int capacity) {
   const fusion_tile_resources tiles[] = {

@@ -6,6 +6,7 @@
 #include "fusion/abi.h"
 #include "fusion/gemm.cuh"
 #include "fusion/sm90/mainloop.cuh"
+#include "fusion/decode.cuh"
 
 namespace {
 
@@ -19,6 +20,9 @@ using LargeTile = fusion::sm90::TileConfig<128, 256, 3, fusion::sm90::Schedule::
 using SmallTile = fusion::sm90::TileConfig<64, 128, 8, fusion::sm90::Schedule::Cooperative>;
 // 128x128x64 (6 stages, cooperative, persistent), for m <= 512 when it needs fewer waves
 using SmallAltTile = fusion::sm90::TileConfig<128, 128, 6, fusion::sm90::Schedule::Cooperative>;
+// The decode kernel (fusion/decode.cuh) for m <= 16: one pass over B at the
+// weight-read floor, the chain once after its reduction.
+static_assert(16 <= fusion::kDecodeMaxM, "decode_max_m 16 from kernels/tuned/sm90.json, entry 'default.source_tile' for 'gemm_bias_residual' is more rows than the decode kernel takes (fusion::kDecodeMaxM)");
 static_assert(fusion::sm90::tile_valid<fusion::LayoutB::NK, LargeTile> && LargeTile::BK == 64 &&
                   LargeTile::kStages == 3,
               "tile config from kernels/tuned/sm90.json, entry 'default.source_tile' for 'gemm_bias_residual' (large) does not fit sm90: 128x256x64 (3 stages, cooperative, persistent) is not a tile the sm90 mainloop takes: a rule of its TileConfig fails (an error above names it), or bk or stages differ from the template's own");
@@ -60,6 +64,7 @@ fusion::GemmArgs<Element> args_of(const fusion_gemm_params* p) {
 // the launch and its workspace query.
 template <template <typename> class K, typename F>
 cudaError_t with_kernel(const fusion_gemm_params* p, F&& f) {
+  if (p->m <= 16) return f(fusion::DecodeFor<K<LargeTile>>{});
   if (p->m <= 512 && fusion::fewer_waves<SmallAltTile, SmallTile>(p->m, p->n))
     return f(K<SmallAltTile>{});
   if (p->m <= 512) return f(K<SmallTile>{});
@@ -94,13 +99,16 @@ extern "C" int fusion_kernels_gemm_bias_residual_nk_f16_sm90_workspace_bytes(con
   return workspace_bytes<Kernel>(p, bytes);
 }
 
-// What each tile config asks for per block at launch, large first; returns
+// What each tile config (and the decode kernel, when there is one) asks for
+// per block at launch, large first; returns
 // how many there are and writes at most `capacity` of them.
 extern "C" int fusion_kernels_gemm_bias_residual_nk_f16_sm90_resources(fusion_tile_resources* out, int capacity) {
   const fusion_tile_resources tiles[] = {
       {"large", uint32_t(Kernel<LargeTile>::kSmemBytes), uint32_t(Kernel<LargeTile>::kThreads)},
       {"small_m", uint32_t(Kernel<SmallTile>::kSmemBytes), uint32_t(Kernel<SmallTile>::kThreads)},
       {"small_m_alt", uint32_t(Kernel<SmallAltTile>::kSmemBytes), uint32_t(Kernel<SmallAltTile>::kThreads)},
+      {"decode", uint32_t(fusion::DecodeFor<Kernel<LargeTile>>::kSmemBytes),
+       uint32_t(fusion::DecodeFor<Kernel<LargeTile>>::kThreads)},
   };
   const int count = int(sizeof(tiles) / sizeof(tiles[0]));
   for (int i = 0; i < count && i < capacity; ++i) out[i] = tiles[i];

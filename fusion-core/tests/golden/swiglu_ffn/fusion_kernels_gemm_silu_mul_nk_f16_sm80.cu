@@ -6,6 +6,7 @@
 #include "fusion/abi.h"
 #include "fusion/gemm.cuh"
 #include "fusion/sm80/mainloop.cuh"
+#include "fusion/decode.cuh"
 
 namespace {
 
@@ -17,6 +18,9 @@ using Kernel = fusion::FusedGemm<fusion::sm80::Mainloop<Element, fusion::LayoutB
 using LargeTile = fusion::sm80::TileConfig<128, 128, 32, 64, 64, 4, 2, fusion::sm80::KLoop::Pipelined>;
 // 64x128x32 (warp 32x64, 4 stages, 3 block(s)/SM), for m <= 512
 using SmallTile = fusion::sm80::TileConfig<64, 128, 32, 32, 64, 4, 3, fusion::sm80::KLoop::Pipelined>;
+// The decode kernel (fusion/decode.cuh) for m <= 16: one pass over B at the
+// weight-read floor, the chain once after its reduction.
+static_assert(16 <= fusion::kDecodeMaxM, "decode_max_m 16 from kernels/tuned/sm80.json, entry 'default' for 'gemm_silu_mul' is more rows than the decode kernel takes (fusion::kDecodeMaxM)");
 static_assert(fusion::sm80::tile_valid<fusion::LayoutB::NK, LargeTile> && LargeTile::BK == 32 &&
                   LargeTile::kStages == 4,
               "tile config from kernels/tuned/sm80.json, entry 'default' for 'gemm_silu_mul' (large) does not fit sm80: 128x128x32 (warp 64x64, 4 stages, 2 block(s)/SM) is not a tile the sm80 mainloop takes: a rule of its TileConfig fails (an error above names it), or bk or stages differ from the template's own");
@@ -52,6 +56,7 @@ fusion::GemmArgs<Element> args_of(const fusion_gemm_params* p) {
 // the launch and its workspace query.
 template <template <typename> class K, typename F>
 cudaError_t with_kernel(const fusion_gemm_params* p, F&& f) {
+  if (p->m <= 16) return f(fusion::DecodeFor<K<LargeTile>>{});
   if (p->m <= 512) return f(K<SmallTile>{});
   return f(K<LargeTile>{});
 }
@@ -84,12 +89,15 @@ extern "C" int fusion_kernels_gemm_silu_mul_nk_f16_sm80_workspace_bytes(const fu
   return workspace_bytes<Kernel>(p, bytes);
 }
 
-// What each tile config asks for per block at launch, large first; returns
+// What each tile config (and the decode kernel, when there is one) asks for
+// per block at launch, large first; returns
 // how many there are and writes at most `capacity` of them.
 extern "C" int fusion_kernels_gemm_silu_mul_nk_f16_sm80_resources(fusion_tile_resources* out, int capacity) {
   const fusion_tile_resources tiles[] = {
       {"large", uint32_t(Kernel<LargeTile>::kSmemBytes), uint32_t(Kernel<LargeTile>::kThreads)},
       {"small_m", uint32_t(Kernel<SmallTile>::kSmemBytes), uint32_t(Kernel<SmallTile>::kThreads)},
+      {"decode", uint32_t(fusion::DecodeFor<Kernel<LargeTile>>::kSmemBytes),
+       uint32_t(fusion::DecodeFor<Kernel<LargeTile>>::kThreads)},
   };
   const int count = int(sizeof(tiles) / sizeof(tiles[0]));
   for (int i = 0; i < count && i < capacity; ++i) out[i] = tiles[i];
