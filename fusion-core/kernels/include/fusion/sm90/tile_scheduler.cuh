@@ -263,7 +263,13 @@ struct TileScheduler {
         *arrivals = 0;
       }
     }
-    if (!named_barrier_any(1 + consumer, 128, last)) return false;
+    // The same in every lane, said so (a shuffle from lane 0): a branch on
+    // the barrier's result as it comes made the compiler treat the piece
+    // loop as divergent, moving the K loop's descriptors and barrier
+    // addresses out of uniform registers (~35% more instructions per
+    // k-block; 3% slower at 4096^3 on an H200, BENCHMARKS.md v14).
+    const int finishes = __shfl_sync(0xffffffffu, int(named_barrier_any(1 + consumer, 128, last)), 0);
+    if (finishes == 0) return false;
     if (self != first) read_partial<false>(partial_slot(sk, tile, first, consumer), acc);
     for (int cta = first + 1; cta <= last_cta; ++cta) read_partial<true>(partial_slot(sk, tile, cta, consumer), acc);
     return true;
