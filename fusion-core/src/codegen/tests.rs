@@ -698,22 +698,28 @@ fn nk_units_run_the_decode_kernel_first_for_small_m_and_kn_units_never() {
     )
     .unwrap();
     let unit = |symbol: &str| &lib.units.iter().find(|u| u.symbol == symbol).unwrap().source;
-    let branch = "if (p->m <= 16) return f(fusion::DecodeFor<K<LargeTile>>{});";
-    for symbol in ["k_gemm_bias_gelu_nk_f16_sm80", "k_gemm_bias_gelu_nk_f16_sm90"] {
+    // Each arch's threshold is its shipped table's decode_max_m.
+    for (symbol, max_m) in [
+        ("k_gemm_bias_gelu_nk_f16_sm80", 16),
+        ("k_gemm_bias_gelu_nk_f16_sm90", 12),
+    ] {
         let source = unit(symbol);
+        let branch = format!("if (p->m <= {max_m}) return f(fusion::DecodeFor<K<LargeTile>>{{}});");
         for needle in [
-            "#include \"fusion/decode.cuh\"",
-            branch,
-            "{\"decode\", uint32_t(fusion::DecodeFor<Kernel<LargeTile>>::kSmemBytes),",
-            "static_assert(16 <= fusion::kDecodeMaxM, \"decode_max_m 16 from kernels/tuned/",
+            "#include \"fusion/decode.cuh\"".to_owned(),
+            branch.clone(),
+            "{\"decode\", uint32_t(fusion::DecodeFor<Kernel<LargeTile>>::kSmemBytes),".to_owned(),
+            format!(
+                "static_assert({max_m} <= fusion::kDecodeMaxM, \"decode_max_m {max_m} from kernels/tuned/"
+            ),
         ] {
             assert!(
-                source.contains(needle),
+                source.contains(&needle),
                 "`{needle}` missing from {symbol}:\n{source}"
             );
         }
-        // Ahead of the small-M tiles, which would otherwise take m <= 16.
-        let decode_at = source.find(branch).unwrap();
+        // Ahead of the small-M tiles, which would otherwise take those m.
+        let decode_at = source.find(&branch).unwrap();
         let small_at = source.find("return f(K<SmallTile>{})").unwrap();
         assert!(decode_at < small_at, "{source}");
     }
