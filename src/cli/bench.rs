@@ -55,7 +55,18 @@ fn parse_shape(text: &str) -> Result<(usize, usize, usize), String> {
 
 /// `fusion bench`: the table on `out`, progress on stderr, JSON on request.
 pub fn bench(args: &BenchArgs, out: &mut dyn Write) -> Result<(), CliError> {
-    let mut config = BenchConfig::default();
+    let config = config_of(args)?;
+    run_bench(config, args, out)
+}
+
+/// What `fusion bench` measures, from its arguments: the shapes, the kernels
+/// and the FFN's token counts (none unless swiglu_ffn is asked for or no
+/// kernel is named; its defaults when it is asked for with none left).
+fn config_of(args: &BenchArgs) -> Result<BenchConfig, CliError> {
+    let mut config = BenchConfig {
+        ffn_tokens: args.ffn_tokens.clone(),
+        ..BenchConfig::default()
+    };
     if !args.shapes.is_empty() {
         config.shapes = args.shapes.clone();
     }
@@ -90,7 +101,10 @@ pub fn bench(args: &BenchArgs, out: &mut dyn Write) -> Result<(), CliError> {
         runs: args.runs.max(1),
     };
     config.streams = args.streams.map(usize::from);
+    Ok(config)
+}
 
+fn run_bench(config: BenchConfig, args: &BenchArgs, out: &mut dyn Write) -> Result<(), CliError> {
     let gpu = |e: crate::Error| CliError::Message(e.to_string());
     let ctx = crate::testing::open_gpu(0).map_err(CliError::Message)?;
     let stream = ctx.new_stream().map_err(|e| gpu(e.into()))?;
@@ -188,6 +202,29 @@ mod tests {
         };
         assert_eq!(args.shapes, [(128, 14336, 4096)]);
         assert_eq!(args.ffn_tokens, bench::DEFAULT_FFN_TOKENS);
+    }
+
+    #[test]
+    fn bench_times_the_ffn_at_the_token_counts_given() {
+        let config = |extra: &[&str]| {
+            let cli = Cli::try_parse_from(["fusion", "bench"].iter().chain(extra)).unwrap();
+            let Command::Bench(args) = cli.command else {
+                panic!("bench")
+            };
+            config_of(&args).unwrap().ffn_tokens
+        };
+        assert_eq!(config(&[]), bench::DEFAULT_FFN_TOKENS);
+        assert_eq!(config(&["--ffn-tokens", "1,128,8192"]), [1, 128, 8192]);
+        assert_eq!(config(&["--ffn-tokens", "0"]), [] as [usize; 0]);
+        assert_eq!(
+            config(&["--kernel", "gemm", "--ffn-tokens", "16"]),
+            [] as [usize; 0]
+        );
+        assert_eq!(config(&["--kernel", "swiglu_ffn", "--ffn-tokens", "16"]), [16]);
+        assert_eq!(
+            config(&["--kernel", "swiglu_ffn", "--ffn-tokens", "0"]),
+            bench::DEFAULT_FFN_TOKENS
+        );
     }
 
     #[test]
