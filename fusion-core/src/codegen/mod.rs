@@ -558,9 +558,10 @@ fn render_unit(
                         "needs more shared memory per block than {} allows",
                         arch_list(archs)
                     )),
-                    "epilogue_message": fits(
-                        "leaves too little shared memory to bring its epilogue's [M, N] source tile (residual, mul) in whole beside the stages: use fewer stages (see the tuned table's `default.source_tile`)".to_owned()
-                    ),
+                    "epilogue_message": fits(format!(
+                        "leaves too little shared memory to bring its epilogue's [M, N] source tile (residual, mul) in whole beside the stages: use fewer stages (see the tuned table's `{}`)",
+                        select::SOURCE_TILE_DEFAULT
+                    )),
                 }))
             })
             .collect();

@@ -27,7 +27,7 @@
 mod tuned;
 
 pub use crate::target::Arch;
-pub use tuned::TunedTable;
+pub use tuned::{SOURCE_TILE_DEFAULT, TunedTable};
 
 use crate::fuse::GemmComposition;
 use crate::ir::{DType, WeightLayout};

@@ -82,7 +82,7 @@ fn shipped_tables_parse_and_fit_their_arch() {
             .configs
             .keys()
             .map(|k| {
-                k.replace(super::tuned::SOURCE_TILE_DEFAULT, "gemm_residual")
+                k.replace(SOURCE_TILE_DEFAULT, "gemm_residual")
                     .replace("default", "gemm")
             })
             .collect();

@@ -193,11 +193,10 @@ struct EpilogueChain {
   static constexpr int kTileSteps = (0 + ... + int(Steps::kReadsTile));
   static constexpr bool kSourceTile = kTileSteps == 1;
 
-  // The tensor of the chain's tile-reading step (null when there is none).
+  // The tensor of the chain's one tile-reading step (kSourceTile).
   static const void* source(const EpilogueArgs& a) {
-    const void* tile = nullptr;
-    ((tile = tile != nullptr ? tile : source_of<Steps>(a)), ...);
-    return tile;
+    static_assert(kSourceTile, "a chain with one tile-reading step");
+    return std::tuple_element_t<kFirstTileStep, std::tuple<Steps...>>::tile(a);
   }
 
   // Values of C at (m, n) and (m, n + 1) given the accumulators there; `ld` is
@@ -244,14 +243,6 @@ struct EpilogueChain {
     return i;
   }
   static constexpr int kFirstTileStep = first_tile_step();
-
-  template <typename Step>
-  static const void* source_of(const EpilogueArgs& a) {
-    if constexpr (Step::kReadsTile)
-      return Step::tile(a);
-    else
-      return nullptr;
-  }
 
   // Steps [kBegin, kEnd) in order; a tile-reading one among them combines
   // `src` rather than loading its values.

@@ -79,12 +79,13 @@ struct CollectiveEpilogue {
   static __device__ __forceinline__ void load_source(Staging& shared, int consumer, TileCoord tile,
                                                      const CUtensorMap* map_src, int64_t m, int64_t n) {
     const int64_t m_base = tile.m0 + Config::share_row0(consumer);
+    const auto inside = [&](int mi, int nb) { return m_base + 64 * mi < m && tile.n0 + 64 * nb < n; };
     uint32_t bytes = 0;
 #pragma unroll
     for (int mi = 0; mi < kMmaM; ++mi)
 #pragma unroll
       for (int nb = 0; nb < kBoxesPerRow; ++nb)
-        if (m_base + 64 * mi < m && tile.n0 + 64 * nb < n) bytes += kBoxBytes;
+        if (inside(mi, nb)) bytes += kBoxBytes;
     bulk_wait_read();
     uint64_t* full = &shared.source_full[consumer];
     mbarrier_arrive_expect_tx(full, bytes);
@@ -93,7 +94,7 @@ struct CollectiveEpilogue {
     for (int mi = 0; mi < kMmaM; ++mi)
 #pragma unroll
       for (int nb = 0; nb < kBoxesPerRow; ++nb)
-        if (m_base + 64 * mi < m && tile.n0 + 64 * nb < n)
+        if (inside(mi, nb))
           tma_load_2d(staging + (mi * kBoxesPerRow + nb) * kBoxBytes, map_src, full, int32_t(tile.n0) + 64 * nb,
                       int32_t(m_base) + 64 * mi);
   }

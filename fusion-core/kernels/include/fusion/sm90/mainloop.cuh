@@ -232,8 +232,10 @@ __global__ void __launch_bounds__(ML::kThreads, 1)
     prefetch_tensor_map(&map_a);
     prefetch_tensor_map(&map_b);
     prefetch_tensor_map(&map_c);
-    if constexpr (Epilogue::kSourceTile) prefetch_tensor_map(&map_src);
-    if constexpr (Epilogue::kSourceTile) ML::TileStore::init_source_barriers(s.staging);
+    if constexpr (Epilogue::kSourceTile) {
+      prefetch_tensor_map(&map_src);
+      ML::TileStore::init_source_barriers(s.staging);
+    }
     for (int i = 0; i < ML::kStages; ++i) {
       mbarrier_init(&s.barriers.full[i], 1);
       mbarrier_init(&s.barriers.empty[i], ML::Loop::kReadersPerStage);
