@@ -57,7 +57,7 @@ fn plan_works_for_every_shipped_graph() {
 }
 
 #[test]
-fn plan_of_the_ffn_shows_three_kernels_and_writes_dot() {
+fn plan_of_the_ffn_shows_two_kernels_and_writes_dot() {
     let dot = std::env::temp_dir().join(format!("fusion-cli-{}-ffn.dot", std::process::id()));
     let output = fusion()
         .args(["plan", "graphs/swiglu_ffn.toml", "--dot"])
@@ -68,15 +68,15 @@ fn plan_of_the_ffn_shows_three_kernels_and_writes_dot() {
     assert!(output.status.success());
     let stdout = String::from_utf8(output.stdout).unwrap();
     assert!(
-        stdout.starts_with("graph `swiglu_ffn`: 7 ops → 3 kernels"),
+        stdout.starts_with("graph `swiglu_ffn`: 7 ops → 2 kernels"),
         "{stdout}"
     );
-    for pattern in ["gemm_silu_mul", "gemm_bias_residual"] {
+    for pattern in ["gemm_silu_glu", "gemm_bias_residual"] {
         assert!(stdout.contains(pattern), "{stdout}");
     }
     let text = std::fs::read_to_string(&dot).unwrap();
     std::fs::remove_file(&dot).unwrap();
-    assert_eq!(text.matches("subgraph cluster_").count(), 3, "{text}");
+    assert_eq!(text.matches("subgraph cluster_").count(), 2, "{text}");
 }
 
 #[test]

@@ -74,6 +74,63 @@ pattern_test!(rmsnorm_gemm, "rmsnorm_gemm", |s, r, w| kernels::rmsnorm_gemm(
     s, &r[0], &r[1], &r[2], &mut w[0]
 ));
 
+// Gated GEMMs, per call: the launch interleaves gate and up into its
+// workspace first.
+pattern_test!(gemm_silu_glu, "gemm_silu_glu", |s, r, w| {
+    kernels::gemm_silu_glu(s, &r[0], &r[1], &r[2], &mut w[0])
+});
+pattern_test!(gemm_gelu_glu, "gemm_gelu_glu", |s, r, w| {
+    kernels::gemm_gelu_glu(s, &r[0], &r[1], &r[2], &mut w[0])
+});
+// ...and bound: interleaved once by the struct.
+pattern_test!(gemm_silu_glu_bound, "gemm_silu_glu", |s, r, w| {
+    let weights = kernels::GemmSiluGluWeights {
+        w_gate: r[1].clone(),
+        w_up: r[2].clone(),
+    };
+    kernels::GemmSiluGlu::new(s, weights)?.run(s, &r[0], &mut w[0])
+});
+pattern_test!(gemm_gelu_glu_bound, "gemm_gelu_glu", |s, r, w| {
+    let weights = kernels::GemmGeluGluWeights {
+        w_gate: r[1].clone(),
+        w_up: r[2].clone(),
+    };
+    kernels::GemmGeluGlu::new(s, weights)?.run(s, &r[0], &mut w[0])
+});
+
+/// Gate and up hold different values, so a kernel that swapped them (or
+/// read one twice) would be wrong: check that the comparison sees a swap,
+/// per call and bound, on the decode kernel's rows and on the tiles'.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_gated_gemm_with_gate_and_up_swapped_fails_the_check() {
+    let s = stream();
+    for m in [1, 300] {
+        let dims = [("M", m), ("N", 136), ("K", 1000)];
+        for bound in [false, true] {
+            let mut case = Case::<f16>::new(&s, "gemm_silu_glu", &dims);
+            case.launch(|r, w| {
+                if bound {
+                    let weights = kernels::GemmSiluGluWeights {
+                        w_gate: r[2].clone(),
+                        w_up: r[1].clone(),
+                    };
+                    kernels::GemmSiluGlu::new(&s, weights)?.run(&s, &r[0], &mut w[0])
+                } else {
+                    kernels::gemm_silu_glu(&s, &r[0], &r[2], &r[1], &mut w[0])
+                }
+            })
+            .expect("launch");
+            let verdict = case.try_verify(&s);
+            assert!(
+                verdict.is_err(),
+                "{} bound={bound}: a swap of gate and up passed: {verdict:?}",
+                case.label
+            );
+        }
+    }
+}
+
 // The same graphs with their weights bound: the norm is folded into `w`.
 pattern_test!(layernorm_gemm_folded, "layernorm_gemm", |s, r, w| {
     support::layernorm_gemm_folded(s, r, w)
@@ -142,6 +199,32 @@ fn swiglu_ffn_run<T: fusion::Element>(
         b_down: r[4].clone(),
     };
     kernels::SwigluFfn::new(s, weights)?.run(s, &r[0], &mut w[0])
+}
+
+/// The FFN sub-layer, RMSNorm through the residual: its norm folded into
+/// the interleaved gate/up weight when the struct binds the weights.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn ffn_sublayer() {
+    let s = stream();
+    for m in token_counts(8192) {
+        check::<f16>(&s, "ffn_sublayer", &[("M", m)], |r, w| ffn_sublayer_run(&s, r, w));
+        check::<bf16>(&s, "ffn_sublayer", &[("M", m)], |r, w| ffn_sublayer_run(&s, r, w));
+    }
+}
+
+fn ffn_sublayer_run<T: fusion::Element>(
+    s: &Arc<CudaStream>,
+    r: &[Tensor<'_, T>],
+    w: &mut [TensorMut<'_, T>],
+) -> fusion::Result<()> {
+    let weights = kernels::FfnSublayerWeights {
+        gamma: r[1].clone(),
+        w_gate: r[2].clone(),
+        w_up: r[3].clone(),
+        w_down: r[4].clone(),
+    };
+    kernels::FfnSublayer::new(s, weights)?.run(s, &r[0], &mut w[0])
 }
 
 #[test]

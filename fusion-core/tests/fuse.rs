@@ -390,27 +390,38 @@ fn swiglu(with_bias: bool, up_first: bool) -> Graph {
 }
 
 #[test]
-fn swiglu_ffn_is_three_kernels() {
+fn swiglu_ffn_is_two_kernels_the_gated_pair_in_one() {
     for up_first in [false, true] {
         let plan = plan_of(swiglu(true, up_first));
         assert_eq!(plan.graph.ops.len(), 7);
-        // The mul is wanted by the gate chain (matmul, silu, mul) and the up
-        // chain (matmul, mul): the longer gate chain takes it.
+        // Both matmuls, the silu and the mul are one gated GEMM (the mul is
+        // also wanted by the gate chain and the up chain, which are shorter).
+        assert_eq!(names(&plan), ["gemm_silu_glu", "gemm_bias_residual"], "{plan}");
+        let gated = &plan.kernels[0];
+        let roles: Vec<Role> = gated.operands.iter().map(|o| o.role).collect();
+        assert_eq!(roles, [Role::A, Role::B, Role::Up]);
+        assert_eq!(gated.operand(Role::B), Some(tensor(&plan, "w_gate")));
+        assert_eq!(gated.operand(Role::Up), Some(tensor(&plan, "w_up")));
+        assert_eq!(gated.output, tensor(&plan, "h"));
+        assert!(gated.prepares_weights(&plan.graph));
+        assert!(!gated.norm_foldable(&plan.graph));
+        let Composition::Gemm(gemm) = &gated.composition else {
+            panic!("a GEMM")
+        };
+        assert_eq!(gemm.gate, Some(Activation::SILU));
+        assert!(gemm.epilogue.is_empty());
         assert_eq!(
-            names(&plan),
-            ["gemm", "gemm_silu_mul", "gemm_bias_residual"],
-            "{plan}"
-        );
-        let up = tensor(&plan, "up");
-        assert_eq!(plan.kernels[0].output, up);
-        assert_eq!(plan.kernels[1].operand(Role::MulOperand { step: 1 }), Some(up));
-        assert_eq!(plan.kernels[1].output, tensor(&plan, "h"));
-        assert_eq!(
-            plan.kernels[2].operand(Role::Residual { step: 1 }),
+            plan.kernels[1].operand(Role::Residual { step: 1 }),
             Some(tensor(&plan, "x"))
         );
-        assert_eq!(plan.kernel_symbol(0), "swiglu_ffn_k0_gemm");
-        assert_eq!(plan.kernel_symbol(2), "swiglu_ffn_k2_gemm_bias_residual");
+        assert_eq!(plan.kernel_symbol(0), "swiglu_ffn_k0_gemm_silu_glu");
+        assert_eq!(plan.kernel_symbol(1), "swiglu_ffn_k1_gemm_bias_residual");
+        assert_eq!(plan.to_json()["kernels"][0]["gate"], "silu");
+        assert!(
+            plan.to_string()
+                .contains("gated: one GEMM over B and up interleaved"),
+            "{plan}"
+        );
     }
 }
 
@@ -418,13 +429,114 @@ fn swiglu_ffn_is_three_kernels() {
 fn llama_ffn_without_bias_ends_in_gemm_residual() {
     let plan = plan_of(swiglu(false, false));
     assert_eq!(plan.graph.ops.len(), 6);
-    assert_eq!(names(&plan), ["gemm", "gemm_silu_mul", "gemm_residual"]);
+    assert_eq!(names(&plan), ["gemm_silu_glu", "gemm_residual"]);
     let crossing: Vec<&str> = plan
         .crossing_tensors()
         .iter()
         .map(|c| plan.graph.tensor(c.tensor).name.as_str())
         .collect();
-    assert_eq!(crossing, ["up", "h"]);
+    assert_eq!(crossing, ["h"]);
+}
+
+/// `gelu(x @ w_gate^T) * (x @ w_up)` with an `[F, D]` gate weight and an
+/// up weight in `up_layout` (`[F, D]` for NK, `[D, F]` for KN), given as an
+/// input when `up_is_input`; an RMSNorm (gamma a weight) before both when
+/// `norm`; and a silu on the up projection when `up_activated` (then
+/// neither side is a plain projection).
+fn gated(norm: bool, up_is_input: bool, up_layout: WeightLayout, up_activated: bool) -> Graph {
+    let mut b = GraphBuilder::new("gated");
+    let m = b.dynamic_dim("M").unwrap();
+    let d = b.static_dim("D", 64).unwrap();
+    let f = b.static_dim("F", 128).unwrap();
+    let x = b.input("x", DType::F16, &[m, d]).unwrap();
+    let w_gate = b.weight("w_gate", DType::F16, &[f, d]).unwrap();
+    let up_shape = match up_layout {
+        WeightLayout::NK => [f, d],
+        WeightLayout::KN => [d, f],
+    };
+    let w_up = if up_is_input {
+        b.input("w_up", DType::F16, &up_shape).unwrap()
+    } else {
+        b.weight("w_up", DType::F16, &up_shape).unwrap()
+    };
+    let a = if norm {
+        let gamma = b.weight("gamma", DType::F16, &[d]).unwrap();
+        b.rmsnorm(x, gamma, 1e-6).unwrap()
+    } else {
+        x
+    };
+    let gate = b.matmul(a, w_gate, WeightLayout::NK).unwrap();
+    let gate = b.gelu(gate).unwrap();
+    let mut up = b.matmul(a, w_up, up_layout).unwrap();
+    if up_activated {
+        up = b.silu(up).unwrap();
+    }
+    let h = b.mul(up, gate).unwrap();
+    b.output("h", h).unwrap();
+    b.build().unwrap()
+}
+
+#[test]
+fn a_gated_pair_takes_any_activation_and_the_norm_of_both_projections() {
+    let plan = plan_of(gated(false, false, WeightLayout::NK, false));
+    assert_eq!(names(&plan), ["gemm_gelu_glu"]);
+    // The FFN sub-layer's shape: one norm feeding both projections is the
+    // gated GEMM's prologue, folded into the interleaved weight when bound.
+    let plan = plan_of(gated(true, false, WeightLayout::NK, false));
+    assert_eq!(names(&plan), ["rmsnorm_gemm_gelu_glu"], "{plan}");
+    let roles: Vec<Role> = plan.kernels[0].operands.iter().map(|o| o.role).collect();
+    assert_eq!(roles, [Role::A, Role::B, Role::Up, Role::Gamma]);
+    assert!(plan.kernels[0].norm_foldable(&plan.graph));
+    assert!(plan.kernels[0].prepares_weights(&plan.graph));
+}
+
+#[test]
+fn a_gated_pair_needs_two_weights_of_one_shape_and_one_plain_projection() {
+    // An up weight given per call cannot be interleaved once: the chains of
+    // the two matmuls as before.
+    let plan = plan_of(gated(false, true, WeightLayout::NK, false));
+    assert_eq!(names(&plan), ["gemm", "gemm_gelu_mul"], "{plan}");
+    // Weights of two layouts (so two shapes) do not interleave.
+    let plan = plan_of(gated(false, false, WeightLayout::KN, false));
+    assert_eq!(names(&plan), ["gemm", "gemm_gelu_mul"], "{plan}");
+    // Both sides activated: no plain up projection.
+    let plan = plan_of(gated(false, false, WeightLayout::NK, true));
+    assert_eq!(names(&plan), ["gemm_silu", "gemm_gelu_mul"], "{plan}");
+    // A norm read by a third op stays standalone, and the pair still forms.
+    let mut b = GraphBuilder::new("shared");
+    let m = b.dynamic_dim("M").unwrap();
+    let d = b.static_dim("D", 64).unwrap();
+    let x = b.input("x", DType::F16, &[m, d]).unwrap();
+    let gamma = b.weight("gamma", DType::F16, &[d]).unwrap();
+    let w_gate = b.weight("w_gate", DType::F16, &[d, d]).unwrap();
+    let w_up = b.weight("w_up", DType::F16, &[d, d]).unwrap();
+    let n = b.rmsnorm(x, gamma, 1e-6).unwrap();
+    let gate = b.matmul(n, w_gate, WeightLayout::NK).unwrap();
+    let gate = b.silu(gate).unwrap();
+    let up = b.matmul(n, w_up, WeightLayout::NK).unwrap();
+    let h = b.mul(gate, up).unwrap();
+    let y = b.add(h, n).unwrap();
+    b.output("y", y).unwrap();
+    let plan = plan_of(b.build().unwrap());
+    assert_eq!(names(&plan), ["rmsnorm", "gemm_silu_glu_residual"], "{plan}");
+}
+
+#[test]
+fn a_gated_pair_whose_projection_is_an_output_does_not_form() {
+    let mut b = GraphBuilder::new("shared_up");
+    let m = b.dynamic_dim("M").unwrap();
+    let d = b.static_dim("D", 64).unwrap();
+    let x = b.input("x", DType::F16, &[m, d]).unwrap();
+    let w_gate = b.weight("w_gate", DType::F16, &[d, d]).unwrap();
+    let w_up = b.weight("w_up", DType::F16, &[d, d]).unwrap();
+    let gate = b.matmul(x, w_gate, WeightLayout::NK).unwrap();
+    let gate = b.silu(gate).unwrap();
+    let up = b.matmul(x, w_up, WeightLayout::NK).unwrap();
+    let h = b.mul(gate, up).unwrap();
+    b.output("h", h).unwrap();
+    b.output("up", up).unwrap();
+    let plan = plan_of(b.build().unwrap());
+    assert_eq!(names(&plan), ["gemm", "gemm_silu_mul"], "{plan}");
 }
 
 fn gpt2_mlp() -> Graph {
@@ -759,6 +871,14 @@ fn a_bound_on_a_dynamic_dim_never_holds() {
 
 #[test]
 fn a_refused_swiglu_gate_leaves_the_mul_to_the_up_projection() {
-    let plan = plan_refusing(swiglu(true, false), &[refuse("gemm_silu_mul")]);
+    // The gated pair refused: the two matmuls' chains, as without it.
+    let plan = plan_refusing(swiglu(true, false), &[refuse("gemm_silu_glu")]);
+    assert_eq!(names(&plan), ["gemm", "gemm_silu_mul", "gemm_bias_residual"]);
+    assert_eq!(plan.splits[0].refused, "gemm_silu_glu");
+    assert_eq!(plan.splits[0].kept, "a GEMM for each of its two weights");
+    let plan = plan_refusing(
+        swiglu(true, false),
+        &[refuse("gemm_silu_glu"), refuse("gemm_silu_mul")],
+    );
     assert_eq!(names(&plan), ["gemm_silu", "gemm_mul", "gemm_bias_residual"]);
 }

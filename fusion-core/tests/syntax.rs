@@ -131,6 +131,7 @@ fn every_shipped_graph_parses_and_lowers() {
     assert_eq!(
         names,
         [
+            "ffn_sublayer",
             "gelu_quick",
             "gemm",
             "gemm_bias",
@@ -141,8 +142,10 @@ fn every_shipped_graph_parses_and_lowers() {
             "gemm_bias_sigmoid",
             "gemm_bias_silu",
             "gemm_gelu",
+            "gemm_gelu_glu",
             "gemm_gelu_quick",
             "gemm_silu",
+            "gemm_silu_glu",
             "gpt2_mlp",
             "layernorm",
             "layernorm_gemm",

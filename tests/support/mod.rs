@@ -208,6 +208,12 @@ impl<T: TestElement> Case<T> {
     /// rows of a small output, beyond that every 64-row band; see
     /// `fusion::testing::compare`). Returns the worst relative L2 error.
     pub fn verify(&self, stream: &Arc<CudaStream>) -> f64 {
+        self.try_verify(stream).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`Case::verify`], returning the first disagreement instead of
+    /// panicking (for tests that expect one).
+    pub fn try_verify(&self, stream: &Arc<CudaStream>) -> Result<f64, String> {
         stream.synchronize().expect("kernels finished");
         let m = self.writes.first().map_or(0, |w| w.3[0]);
         let rows = testing::rows_to_check(m, &mut rng());
@@ -219,10 +225,10 @@ impl<T: TestElement> Case<T> {
                 .and_then(|t| t.select_rows(&rows))
                 .expect("shape matches");
             let err = testing::compare(&got, &want[name], T::DTYPE, &rows)
-                .unwrap_or_else(|e| panic!("{}: output `{name}`: {e}", self.label));
+                .map_err(|e| format!("{}: output `{name}`: {e}", self.label))?;
             worst = worst.max(err);
         }
-        worst
+        Ok(worst)
     }
 }
 

@@ -28,7 +28,7 @@ pub mod candidates;
 pub mod templates;
 pub mod wrappers;
 
-use crate::fuse::{Composition, EpilogueStep, NormKind, Plan};
+use crate::fuse::{Activation, Composition, EpilogueStep, NormKind, Plan};
 use crate::ir::{DType, WeightLayout};
 use crate::select::{
     self, Arch, ConfigSource, KernelConfig, KernelKind, Mainloop, SelectError, TileConfig, TunedTable,
@@ -87,6 +87,8 @@ pub enum KernelKey {
     Gemm {
         prologue: Option<NormKind>,
         layout: WeightLayout,
+        /// A gated GEMM's activation ([`crate::fuse::GemmComposition::gate`]).
+        gate: Option<Activation>,
         steps: Vec<EpilogueStep>,
         dtype: DType,
         mainloop: Mainloop,
@@ -148,7 +150,7 @@ pub struct RenderedUnit {
 
 impl RenderedUnit {
     /// Whether the unit also exports the folded form of its norm prologue
-    /// (`<symbol>_fold_weights`, `<symbol>_folded`; see abi.h).
+    /// (`<symbol>_folded`; see abi.h).
     pub fn has_folded_form(&self) -> bool {
         matches!(
             self.key,
@@ -157,6 +159,12 @@ impl RenderedUnit {
                 ..
             }
         )
+    }
+
+    /// Whether the unit exports `<symbol>_fold_weights`, which prepares
+    /// bound weights: a norm folded in, a gated pair interleaved (abi.h).
+    pub fn has_fold_weights(&self) -> bool {
+        matches!(self.key, KernelKey::Gemm { prologue, gate, .. } if prologue.is_some() || gate.is_some())
     }
 }
 
@@ -332,6 +340,7 @@ pub fn render_with_tables(
                 "resources": u.params == ParamsKind::Gemm,
                 "workspace": u.params.has_workspace(),
                 "folded": u.has_folded_form(),
+                "fold_weights": u.has_fold_weights(),
                 "doc": format!("{}, built for {}", describe_key(&u.key), arch_list(&u.archs)),
             })
         })
@@ -402,6 +411,7 @@ fn kernel_key(
             KernelKey::Gemm {
                 prologue: gemm.prologue.map(|p| p.kind),
                 layout: gemm.b_layout,
+                gate: gemm.gate,
                 steps: gemm.epilogue.clone(),
                 dtype,
                 mainloop: arch.mainloop(),
@@ -445,11 +455,12 @@ fn describe_key(key: &KernelKey) -> String {
         KernelKey::Gemm {
             prologue,
             layout,
+            gate,
             steps,
             dtype,
             ..
         } => {
-            let name = crate::fuse::pattern::composed_name(*prologue, steps);
+            let name = crate::fuse::pattern::composed_name(*prologue, *gate, steps);
             let layout = match layout {
                 WeightLayout::KN => "B [K, N]",
                 WeightLayout::NK => "B [N, K]",
@@ -485,6 +496,7 @@ fn render_unit(
         KernelKey::Gemm {
             prologue,
             layout,
+            gate,
             steps,
             dtype,
             mainloop,
@@ -583,7 +595,9 @@ fn render_unit(
                 "layout": layout_name(*layout),
                 "layout_doc": match layout { WeightLayout::KN => "[K, N]", WeightLayout::NK => "[N, K]" },
                 "prologue": prologue,
-                "steps": steps.iter().map(|s| s.cuda_type()).collect::<Vec<_>>().join(", "),
+                "chain": chain_type(*gate, steps),
+                "gated": gate.is_some(),
+                "fold_weights": folded.is_some() || gate.is_some(),
                 "large_tile": tile_type(*mainloop, &config.large),
                 "large_tile_doc": config.large.summary(*mainloop),
                 "small": small.unwrap_or(serde_json::Value::Bool(false)),
@@ -611,6 +625,21 @@ fn render_unit(
         used_by: used_by.to_vec(),
         source: render_template(registry, template, &context)?,
     })
+}
+
+/// The unit's epilogue chain type (kernels/include/fusion/epilogue.cuh):
+/// `fusion::EpilogueChain<fusion::Bias, fusion::Gelu>`, or for a gated GEMM
+/// `fusion::GatedChain<fusion::Silu, fusion::EpilogueChain<>>`.
+fn chain_type(gate: Option<Activation>, steps: &[EpilogueStep]) -> String {
+    let steps: Vec<&str> = steps.iter().map(|s| s.cuda_type()).collect();
+    let chain = format!("fusion::EpilogueChain<{}>", steps.join(", "));
+    match gate {
+        Some(activation) => format!(
+            "fusion::GatedChain<{}, {chain}>",
+            EpilogueStep::Activation(activation).cuda_type()
+        ),
+        None => chain,
+    }
 }
 
 /// `text` as the inside of a C string literal.

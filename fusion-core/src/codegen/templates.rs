@@ -34,7 +34,7 @@ pub const SELFTEST_HARNESS: [(&str, &str); 2] = [
 ];
 
 /// Every file of `kernels/include`, by path relative to it.
-pub const HEADERS: [(&str, &str); 24] = [
+pub const HEADERS: [(&str, &str); 25] = [
     ("fusion/abi.h", include_str!("../../kernels/include/fusion/abi.h")),
     (
         "fusion/decode.cuh",
@@ -51,6 +51,10 @@ pub const HEADERS: [(&str, &str); 24] = [
     (
         "fusion/fold.cuh",
         include_str!("../../kernels/include/fusion/fold.cuh"),
+    ),
+    (
+        "fusion/gated.cuh",
+        include_str!("../../kernels/include/fusion/gated.cuh"),
     ),
     (
         "fusion/gemm.cuh",

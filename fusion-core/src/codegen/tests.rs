@@ -17,28 +17,37 @@ fn spec(file: &str, dtypes: &[DType]) -> GraphSpec {
 const F16: &[DType] = &[DType::F16];
 
 #[test]
-fn ffn_renders_three_kernels() {
+fn ffn_renders_two_kernels_the_gated_pair_in_one() {
     let lib = render("fusion_kernels", &[Arch::Sm80], &[spec("swiglu_ffn.toml", F16)]).unwrap();
-    assert_eq!(lib.units.len(), 3);
+    assert_eq!(lib.units.len(), 2);
     let symbols: Vec<&str> = lib.units.iter().map(|u| u.symbol.as_str()).collect();
     assert_eq!(
         symbols,
         [
-            "fusion_kernels_gemm_nk_f16_sm80",
-            "fusion_kernels_gemm_silu_mul_nk_f16_sm80",
+            "fusion_kernels_gemm_silu_glu_nk_f16_sm80",
             "fusion_kernels_gemm_bias_residual_nk_f16_sm80",
         ]
     );
-    let silu_mul = &lib.units[1].source;
+    let silu_mul = &lib.units[0].source;
     assert!(
-        silu_mul.contains("fusion::EpilogueChain<fusion::Silu, fusion::Mul>"),
+        silu_mul.contains("using Chain = fusion::GatedChain<fusion::Silu, fusion::EpilogueChain<>>;"),
+        "{silu_mul}"
+    );
+    assert!(
+        silu_mul.contains("args.n = p->n * Chain::kGemmColsPerOutput;"),
         "{silu_mul}"
     );
     assert!(
         silu_mul.contains(
-            "extern \"C\" int fusion_kernels_gemm_silu_mul_nk_f16_sm80(const fusion_gemm_params* p"
+            "extern \"C\" int fusion_kernels_gemm_silu_glu_nk_f16_sm80(const fusion_gemm_params* p"
         )
     );
+    // The bound weights are interleaved once; there is no norm to fold.
+    assert!(
+        silu_mul.contains("fusion::launch_interleave<Element, fusion::LayoutB::NK>("),
+        "{silu_mul}"
+    );
+    assert!(!silu_mul.contains("launch_fold_weights"), "{silu_mul}");
     assert!(
         silu_mul
             .contains("fusion::sm80::TileConfig<128, 128, 32, 64, 64, 4, 2, fusion::sm80::KLoop::Pipelined>"),
@@ -51,7 +60,7 @@ fn ffn_renders_three_kernels() {
     // The launch and the workspace query pick the kernel in one place.
     assert_eq!(silu_mul.matches("with_kernel<K>(p, ").count(), 2, "{silu_mul}");
     // Without a norm there is no folded form.
-    assert!(!silu_mul.contains("_folded"), "{silu_mul}");
+    assert!(!silu_mul.contains("_folded("), "{silu_mul}");
     // sm80's tables have no second small-M tile.
     assert!(!silu_mul.contains("SmallAltTile"), "{silu_mul}");
     // The header declares each launcher and the error string.
@@ -65,6 +74,10 @@ fn ffn_renders_three_kernels() {
             "int {symbol}_workspace_bytes(const fusion_gemm_params* p, void* stream, uint64_t* bytes);"
         )));
     }
+    assert!(header.contains(
+        "int fusion_kernels_gemm_silu_glu_nk_f16_sm80_fold_weights(const fusion_fold_params* p, void* stream);"
+    ));
+    assert!(!header.contains("fusion_kernels_gemm_bias_residual_nk_f16_sm80_fold_weights"));
     assert!(header.contains("const char* fusion_kernels_error_string(int code);"));
     assert!(lib.error_unit.1.contains("fusion_kernels_error_string(int code)"));
 }
@@ -89,7 +102,7 @@ fn identical_kernels_share_a_unit() {
         assert_eq!(unit.archs, [arch]);
         assert!(
             unit.source
-                .contains("Used by: gemm_bias_residual#0, swiglu_ffn#2, gpt2_mlp#1")
+                .contains("Used by: gemm_bias_residual#0, swiglu_ffn#1, gpt2_mlp#1")
         );
         for graph in &lib.graphs {
             let last = graph.kernels.last().unwrap();
@@ -217,7 +230,8 @@ fn sm90_units_use_the_sm90_mainloop_norm_compositions_too() {
         "fusion::FusedGemm<fusion::sm90::Mainloop<Element, fusion::LayoutB::NK, Tile>, fusion::NormPrologue<fusion::NormKind::LayerNorm>,",
         "using LargeTile = fusion::sm90::TileConfig<128, 256, 4, fusion::sm90::Schedule::Cooperative>;",
         // ...and its folded form (abi.h), with the one-time fold of W.
-        "fusion::FoldedNorm<fusion::NormKind::LayerNorm>, fusion::EpilogueChain<>>;",
+        "using Chain = fusion::EpilogueChain<>;",
+        "fusion::FoldedNorm<fusion::NormKind::LayerNorm>, Chain>;",
         "extern \"C\" int k_layernorm_gemm_nk_f16_sm90_folded(const fusion_gemm_params* p, void* stream)",
         "fusion::launch_fold_weights<fusion::NormKind::LayerNorm, Element, fusion::LayoutB::NK>(",
     ] {
@@ -355,7 +369,12 @@ fn wrappers_parse_and_name_the_graph() {
     // The plan is in the docs.
     assert!(rust.contains("graph `swiglu_ffn`: 7 ops"));
     // GEMMs ask for their scratch; the free function keeps it per stream.
-    assert!(rust.contains("ffi::fusion_kernels_gemm_nk_f16_sm80_workspace_bytes"));
+    assert!(rust.contains("ffi::fusion_kernels_gemm_silu_glu_nk_f16_sm80_workspace_bytes"));
+    // The gated pair's weights are interleaved when the struct binds them;
+    // the run then passes that one weight and no up weight.
+    assert!(rust.contains("ffi::fusion_kernels_gemm_silu_glu_nk_f16_sm80_fold_weights"));
+    let compact: String = rust.split_whitespace().collect();
+    assert!(compact.contains("__params_0.b_up=core::ptr::null();"), "{rust}");
     assert!(rust.contains("as fusion::launch::WorkspaceBytes<"));
     assert!(rust.contains("__call.scratch(__scratch, __scratch_bytes)"));
     assert!(rust.contains("fusion::launch::with_stream_workspace("));

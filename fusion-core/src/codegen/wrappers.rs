@@ -271,8 +271,11 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
     } else {
         quote!(&fusion::device::compiled())
     };
-    // Kernels whose norm is folded into their weight when a struct binds them.
+    // Kernels whose norm is folded into their weight when a struct binds
+    // them (which then run the folded launcher), and all that prepare their
+    // weights then (gated pairs interleaved too).
     let foldable: Vec<bool> = plan.kernels.iter().map(|k| k.norm_foldable(graph)).collect();
+    let prepared: Vec<bool> = plan.kernels.iter().map(|k| k.prepares_weights(graph)).collect();
     let fold_var = |index: usize| format_ident!("__fold_{index}");
     let dispatch = launchers.kernels.iter().enumerate().map(|(index, variants)| {
         let var = format_ident!("__launcher_{index}");
@@ -367,16 +370,18 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
         let out_decl = tensor_const(kernel.output);
         match &kernel.composition {
             Composition::Gemm(gemm) => {
-                let (a, b) = (ptr(Role::A), ptr(Role::B));
+                let (a, b, b_up) = (ptr(Role::A), ptr(Role::B), ptr(Role::Up));
                 let (gamma, beta) = (ptr(Role::Gamma), ptr(Role::Beta));
                 let a_decl = tensor_const(kernel.operand(Role::A).unwrap_or(kernel.output));
                 let eps = gemm.prologue.map_or(0.0, |p| p.eps) as f32;
-                let folded = if foldable[index] {
-                    let fold = fold_var(index);
+                // Bound weights, prepared: B is their prepared form, which a
+                // gated GEMM's up weight is part of.
+                let folded = if prepared[index] {
                     quote! {
-                        if let Some(__weights) = #fold {
+                        if let Some(__weights) = __folded.get(#index).and_then(Option::as_ref) {
                             let (b, col_terms) = __call.folded(__weights);
                             #var.b = b as *const core::ffi::c_void;
+                            #var.b_up = core::ptr::null();
                             #var.col_terms = col_terms as *const core::ffi::c_void;
                         }
                     }
@@ -388,7 +393,7 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
                         let (m, k) = __call.reduced_matrix(&#a_decl)?;
                         let n = __call.matrix(&#out_decl)?.1;
                         ffi::fusion_gemm_params {
-                        a: #a, b: #b, c: #out as *mut core::ffi::c_void,
+                        a: #a, b: #b, b_up: #b_up, c: #out as *mut core::ffi::c_void,
                         bias: #bias, residual: #residual, multiplier: #multiplier,
                             gamma: #gamma, beta: #beta, col_terms: core::ptr::null(), m, n, k, eps: #eps,
                             flags: __gemm_flags, workspace: core::ptr::null_mut(), workspace_bytes: 0,
@@ -491,12 +496,12 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
     } else {
         quote!()
     };
-    // Per kernel of the plan: its weights folded (see `foldable`), or None.
+    // Per kernel of the plan: its weights prepared (see `prepared`), or None.
     let folds = plan.kernels.iter().enumerate().map(|(index, kernel)| {
         let Composition::Gemm(gemm) = &kernel.composition else {
             return quote!(__folded.push(None);)
         };
-        if !foldable[index] {
+        if !prepared[index] {
             return quote!(__folded.push(None););
         }
         let arms = launchers.kernels[index].variants.iter().filter(|_| linked).map(|(dtype, arch, symbol)| {
@@ -505,7 +510,16 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
             quote!((#d, #a) => ffi::#fold as fusion::launch::FoldWeights<ffi::fusion_fold_params>,)
         });
         let ptr = |role: Role| operand_ptr(kernel.operand(role));
-        let (b, gamma, beta) = (ptr(Role::B), ptr(Role::Gamma), ptr(Role::Beta));
+        let (b, b_up) = (ptr(Role::B), ptr(Role::Up));
+        // The norm's parameters only where it folds: a gated pair whose norm
+        // comes with each call is only interleaved.
+        let (gamma, beta) = if foldable[index] {
+            (ptr(Role::Gamma), ptr(Role::Beta))
+        } else {
+            (operand_ptr(None), operand_ptr(None))
+        };
+        // A gated pair's prepared weight holds both: twice the columns.
+        let halves = if gemm.gate.is_some() { 2usize } else { 1 };
         let b_decl = tensor_const(kernel.operand(Role::B).unwrap_or(kernel.output));
         let n_k = match gemm.b_layout {
             WeightLayout::NK => quote!((rows, cols)),
@@ -519,18 +533,18 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
             };
             let (rows, cols) = __call.matrix(&#b_decl)?;
             let (n, k) = #n_k;
-            // The weight was checked: its bytes fit a usize.
-            let bytes = rows as usize * cols as usize * core::mem::size_of::<#elem>();
+            // The weights were checked: their bytes fit a usize.
+            let bytes = #halves * rows as usize * cols as usize * core::mem::size_of::<#elem>();
             let stream_ptr = __call.stream_ptr();
-            __folded.push(Some(fusion::launch::FoldedWeights::fold(&__call, #label, bytes, n as usize, |w_folded, col_terms| {
-                let params = ffi::fusion_fold_params { w: #b, gamma: #gamma, beta: #beta, w_folded, col_terms, n, k };
+            __folded.push(Some(fusion::launch::FoldedWeights::fold(&__call, #label, bytes, #halves * n as usize, |w_folded, col_terms| {
+                let params = ffi::fusion_fold_params { w: #b, w_up: #b_up, gamma: #gamma, beta: #beta, w_folded, col_terms, n, k };
                 // SAFETY: the weights were checked by `__call` and the
                 // outputs were just allocated at the sizes the fold writes.
                 unsafe { __fold(&params, stream_ptr) }
             }, ffi::#error_string)?));
         }
     });
-    let fold_body = if foldable.contains(&true) {
+    let fold_body = if prepared.contains(&true) {
         quote! {
             let mut __folded = Vec::new();
             #(#folds)*

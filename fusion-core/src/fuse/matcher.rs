@@ -7,7 +7,10 @@
 //! caller, must be written to memory, so it ends the chain). Under that rule
 //! chains are paths through the graph that can only *merge* (at a binary op
 //! whose operands are both chain tensors), never branch, so the kernel
-//! dependency graph has no cycles.
+//! dependency graph has no cycles. The one merge a chain takes in is a
+//! gated pair, `act(A @ W_gate) * (A @ W_up)` over two weights of one shape
+//! (see [`Gate`]): one GEMM over both weights, whose candidate contains
+//! both matmuls and so outranks the chains that start at either.
 
 use super::plan::{Composition, EpilogueStep, FusedKernel, GemmComposition, Norm, Operand, Plan, Role};
 use super::split::{Split, SplitRule};
@@ -57,16 +60,47 @@ pub fn plan_with(graph: Graph, rules: &[SplitRule]) -> Plan {
 struct Chain {
     prologue: Option<OpId>,
     matmul: OpId,
-    /// In dataflow order; each reads the previous one's output.
+    /// With it, `matmul` is the gate projection of a gated pair.
+    gate: Option<Gate>,
+    /// In dataflow order; each reads the previous one's output (the first,
+    /// the gate's mul's).
     epilogue: Vec<OpId>,
 }
 
+/// The rest of a gated pair `act(A @ W_gate) * (A @ W_up)` beside its gate
+/// matmul: each op's output read once, by the next, and both weights
+/// weights of the graph of one shape and layout, so that they can be
+/// interleaved into one when the graph binds them.
+#[derive(Clone, Copy, Debug)]
+struct Gate {
+    activation: OpId,
+    up: OpId,
+    mul: OpId,
+}
+
+/// What [`Chain::give_up_refused`] did.
+enum Refusal {
+    /// No rule refuses the chain.
+    None,
+    /// It gave up steps (or its norm) and waits again.
+    Shortened,
+    /// A gated pair refused even bare: the chains of its two matmuls take over.
+    Dropped,
+}
+
 impl Chain {
+    /// Its ops, in the order [`FusedKernel::ops`] lists them.
     fn ops(&self) -> impl Iterator<Item = OpId> + '_ {
+        self.core_ops().chain(self.epilogue.iter().copied())
+    }
+
+    /// The ops it cannot give up: the norm, the matmuls and a gated pair's ops.
+    fn core_ops(&self) -> impl Iterator<Item = OpId> + '_ {
+        let gate = self.gate.map(|g| [g.activation, g.up, g.mul]);
         self.prologue
             .into_iter()
             .chain([self.matmul])
-            .chain(self.epilogue.iter().copied())
+            .chain(gate.into_iter().flatten())
     }
 
     fn op_count(&self) -> usize {
@@ -80,6 +114,10 @@ impl Chain {
         GemmComposition {
             prologue: self.prologue.and_then(|op| Norm::of_op(&graph.op(op).kind)),
             b_layout,
+            gate: self.gate.map(|g| match graph.op(g.activation).kind {
+                OpKind::Activation(activation) => activation,
+                _ => unreachable!("a gate's activation is an activation"),
+            }),
             epilogue: self
                 .epilogue
                 .iter()
@@ -94,14 +132,12 @@ impl Chain {
     /// choice is deterministic).
     ///
     /// In a SwiGLU FFN, `silu(x @ w_gate^T) * (x @ w_up^T)`, the mul is
-    /// wanted by the gate chain (matmul, silu, mul) and the up chain
-    /// (matmul, mul). The gate chain is longer and takes it: a plain `gemm`
-    /// writes the up projection, then `gemm_silu_mul` reads it as its mul
-    /// operand. The other split (`gemm_silu`, then `gemm_mul`) would move the
-    /// same bytes, one `[M, F]` tensor between kernels, but needs two
-    /// epilogue kinds where ours needs one plus a plain GEMM. Fusing both
-    /// GEMMs into one kernel needs a dual-GEMM mainloop (both read the same
-    /// `A`), a different composition.
+    /// wanted by the gated pair (both matmuls, silu, mul), the gate chain
+    /// (matmul, silu, mul) and the up chain (matmul, mul). Over two weights
+    /// the pair is longest and takes all of them: one `gemm_silu_glu`. Where
+    /// the pair cannot form (an up weight that is an input, or a refusal),
+    /// the gate chain is longer and takes the mul: a plain `gemm` writes the
+    /// up projection, then `gemm_silu_mul` reads it as its mul operand.
     fn priority(&self, graph: &Graph) -> (usize, bool, Reverse<OpId>) {
         (
             self.op_count(),
@@ -130,10 +166,11 @@ impl Chain {
     /// Shortens the chain until no rule refuses it: its last epilogue
     /// steps first, and only when even the norm and the bare matmul are
     /// refused, the norm, with the longest chain no rule refuses after it.
-    /// Records each refusal in `splits`; returns whether it shortened.
-    fn give_up_refused(&mut self, graph: &Graph, rules: &[SplitRule], splits: &mut Vec<Split>) -> bool {
+    /// A gated pair refused with no steps after it is dropped whole (its
+    /// matmuls' own chains remain). Records each refusal in `splits`.
+    fn give_up_refused(&mut self, graph: &Graph, rules: &[SplitRule], splits: &mut Vec<Split>) -> Refusal {
         let Some(rule) = self.refused_by(graph, rules) else {
-            return false;
+            return Refusal::None;
         };
         let refused = self.composition(graph).name();
         let full = self.clone();
@@ -143,7 +180,10 @@ impl Chain {
             chain
         };
         let mut kept = shorter(full.clone());
-        if !allowed(&kept) {
+        let mut outcome = Refusal::Shortened;
+        if !allowed(&kept) && full.gate.is_some() {
+            outcome = Refusal::Dropped;
+        } else if !allowed(&kept) {
             kept = shorter(Chain {
                 prologue: None,
                 ..full
@@ -152,11 +192,14 @@ impl Chain {
         *self = kept;
         splits.push(Split {
             refused,
-            kept: self.composition(graph).name(),
+            kept: match outcome {
+                Refusal::Dropped => "a GEMM for each of its two weights".to_string(),
+                _ => self.composition(graph).name(),
+            },
             reason: rule.reason.clone(),
             origin: rule.origin.clone(),
         });
-        true
+        outcome
     }
 
     fn kernel(&self, graph: &Graph) -> FusedKernel {
@@ -175,10 +218,16 @@ impl Chain {
             role: Role::B,
             tensor: matmul.inputs[1],
         });
+        if let Some(gate) = self.gate {
+            operands.push(Operand {
+                role: Role::Up,
+                tensor: graph.op(gate.up).inputs[1],
+            });
+        }
         if let Some(norm) = self.prologue {
             operands.extend(norm_params(graph, norm));
         }
-        let mut current = matmul.output;
+        let mut current = self.gate.map_or(matmul.output, |g| graph.op(g.mul).output);
         for (step, &op) in self.epilogue.iter().enumerate() {
             let kind = composition.epilogue[step];
             if let Some(role) = kind.operand_role(step) {
@@ -200,35 +249,81 @@ impl Chain {
 }
 
 /// One chain per matmul, as long as the linear-chain rule and the epilogue
-/// cap allow, before any conflicts are settled.
+/// cap allow, and one per gated pair, before any conflicts are settled.
 fn candidate_chains(graph: &Graph) -> Vec<Chain> {
     let index = graph.index();
-    graph
+    let plain = graph
         .op_ids()
         .filter(|&op| matches!(graph.op(op).kind, OpKind::MatMul { .. }))
         .map(|matmul| Chain {
-            prologue: norm_prologue(graph, &index, matmul),
+            prologue: norm_prologue(graph, &index, &[matmul]),
             matmul,
-            epilogue: epilogue_ops(graph, &index, matmul),
+            gate: None,
+            epilogue: epilogue_ops(graph, &index, graph.op(matmul).output),
+        });
+    let gated = graph.op_ids().filter_map(|mul| {
+        let (matmul, gate) = gated_pair(graph, &index, mul)?;
+        Some(Chain {
+            prologue: norm_prologue(graph, &index, &[matmul, gate.up]),
+            matmul,
+            gate: Some(gate),
+            epilogue: epilogue_ops(graph, &index, graph.op(mul).output),
         })
-        .collect()
+    });
+    plain.chain(gated).collect()
 }
 
-/// The norm that computes the matmul's `A`, when the matmul is that norm's
-/// only use.
-fn norm_prologue(graph: &Graph, index: &TensorIndex, matmul: OpId) -> Option<OpId> {
-    let a = graph.op(matmul).inputs[0];
+/// The gate matmul and the rest of the gated pair whose product `mul`
+/// computes, if it is one: `act(A @ W_gate) * (A @ W_up)` (either operand
+/// order), each intermediate read once, the two matmuls on the same `A` in
+/// the same layout, over two weights of the graph of one shape.
+fn gated_pair(graph: &Graph, index: &TensorIndex, mul: OpId) -> Option<(OpId, Gate)> {
+    let op = graph.op(mul);
+    if op.kind != OpKind::Mul {
+        return None;
+    }
+    let read_once_from = |t: TensorId| index.producer(t).filter(|_| index.use_count(t) == 1);
+    let is_matmul = |op: OpId| matches!(graph.op(op).kind, OpKind::MatMul { .. });
+    [(op.inputs[0], op.inputs[1]), (op.inputs[1], op.inputs[0])]
+        .into_iter()
+        .find_map(|(gated, up)| {
+            let activation = read_once_from(gated)?;
+            let OpKind::Activation(_) = graph.op(activation).kind else {
+                return None;
+            };
+            let matmul = read_once_from(graph.op(activation).inputs[0]).filter(|&m| is_matmul(m))?;
+            let up = read_once_from(up).filter(|&m| is_matmul(m))?;
+            let (g, u) = (graph.op(matmul), graph.op(up));
+            let (w_gate, w_up) = (g.inputs[1], u.inputs[1]);
+            let pairs = matmul != up
+                && g.inputs[0] == u.inputs[0]
+                && g.kind == u.kind
+                && graph.weights.contains(&w_gate)
+                && graph.weights.contains(&w_up)
+                && graph.tensor(w_gate).shape == graph.tensor(w_up).shape;
+            pairs.then_some((matmul, Gate { activation, up, mul }))
+        })
+}
+
+/// The norm that computes the `A` of `matmuls` (one, or a gated pair's
+/// two), when they are that norm's only uses.
+fn norm_prologue(graph: &Graph, index: &TensorIndex, matmuls: &[OpId]) -> Option<OpId> {
+    let a = graph.op(matmuls[0]).inputs[0];
     let producer = index.producer(a)?;
     let is_norm = Norm::of_op(&graph.op(producer).kind).is_some();
-    // One use, and it is this matmul's A: so not its B, not a graph output.
-    (is_norm && index.use_count(a) == 1).then_some(producer)
+    // Its uses are these matmuls' A: so not their B, not a graph output.
+    let only_as_a = index.use_count(a) == matmuls.len()
+        && matmuls
+            .iter()
+            .all(|&m| graph.op(m).inputs[0] == a && graph.op(m).inputs[1] != a);
+    (is_norm && only_as_a).then_some(producer)
 }
 
-/// The elementwise ops that follow the matmul one after another, each the
-/// only use of the tensor before it.
-fn epilogue_ops(graph: &Graph, index: &TensorIndex, matmul: OpId) -> Vec<OpId> {
+/// The elementwise ops that follow `start` (a matmul's or a gated pair's
+/// output) one after another, each the only use of the tensor before it.
+fn epilogue_ops(graph: &Graph, index: &TensorIndex, start: TensorId) -> Vec<OpId> {
     let mut ops = Vec::new();
-    let mut current = graph.op(matmul).output;
+    let mut current = start;
     while ops.len() < MAX_EPILOGUE_STEPS && index.use_count(current) == 1 {
         // The one use may be the graph output itself, with no op reading it.
         let Some(&next) = index.uses(current).first() else {
@@ -299,14 +394,23 @@ fn select_chains(
         .collect();
     while let Some((_, i)) = heap.pop() {
         let chain = &mut slots[i];
+        // A matmul a gated pair took (or a pair whose matmul went to a
+        // longer chain): the chain that took it computes it.
+        if chain.core_ops().any(|op| taken[op.0]) {
+            continue;
+        }
         if let Some(cut) = chain.epilogue.iter().position(|op| taken[op.0]) {
             chain.epilogue.truncate(cut);
             heap.push((chain.priority(graph), i));
             continue;
         }
-        if chain.give_up_refused(graph, rules, splits) {
-            heap.push((chain.priority(graph), i));
-            continue;
+        match chain.give_up_refused(graph, rules, splits) {
+            Refusal::None => {}
+            Refusal::Shortened => {
+                heap.push((chain.priority(graph), i));
+                continue;
+            }
+            Refusal::Dropped => continue,
         }
         for op in chain.ops() {
             assert!(!taken[op.0], "op {} was fused into two kernels", op.0);

@@ -60,6 +60,9 @@ impl NamedPattern {
     /// The pattern a composition is, if it is one of the nine.
     pub fn of(composition: &GemmComposition) -> Option<NamedPattern> {
         let prologue = composition.prologue.map(|p| p.kind);
+        if composition.gate.is_some() {
+            return None;
+        }
         NamedPattern::ALL
             .into_iter()
             .find(|p| p.parts() == (prologue, composition.epilogue.as_slice()))
@@ -68,7 +71,7 @@ impl NamedPattern {
     /// `gemm_bias_gelu`: the composed name of its parts.
     pub fn name(self) -> String {
         let (prologue, epilogue) = self.parts();
-        composed_name(prologue, epilogue)
+        composed_name(prologue, None, epilogue)
     }
 }
 
@@ -78,14 +81,25 @@ impl fmt::Display for NamedPattern {
     }
 }
 
-/// `[<norm>_]gemm[_<step>]*`: the name of a GEMM composition from its parts.
-pub fn composed_name(prologue: Option<NormKind>, epilogue: &[EpilogueStep]) -> String {
+/// `[<norm>_]gemm[_<act>_glu][_<step>]*`: the name of a GEMM composition
+/// from its parts (a gated GEMM's activation, see
+/// [`GemmComposition::gate`], with `glu`).
+pub fn composed_name(
+    prologue: Option<NormKind>,
+    gate: Option<Activation>,
+    epilogue: &[EpilogueStep],
+) -> String {
     let mut name = String::new();
     if let Some(norm) = prologue {
         name.push_str(norm.name());
         name.push('_');
     }
     name.push_str("gemm");
+    if let Some(activation) = gate {
+        name.push('_');
+        name.push_str(EpilogueStep::Activation(activation).name());
+        name.push_str("_glu");
+    }
     for step in epilogue {
         name.push('_');
         name.push_str(step.name());
@@ -121,6 +135,7 @@ mod tests {
             let composition = GemmComposition {
                 prologue: prologue.map(|kind| Norm { kind, eps: 1e-5 }),
                 b_layout: WeightLayout::NK,
+                gate: None,
                 epilogue: epilogue.to_vec(),
             };
             assert_eq!(NamedPattern::of(&composition), Some(pattern));
@@ -136,6 +151,7 @@ mod tests {
                 eps: 1e-5,
             }),
             b_layout: WeightLayout::KN,
+            gate: None,
             epilogue: vec![EpilogueStep::Bias, EpilogueStep::Activation(Activation::GELU_ERF)],
         };
         assert_eq!(composition.name(), "layernorm_gemm_bias_gelu_erf");
@@ -143,9 +159,22 @@ mod tests {
         let plain = GemmComposition {
             prologue: None,
             b_layout: WeightLayout::KN,
+            gate: None,
             epilogue: vec![],
         };
         assert_eq!(plain.name(), "gemm");
         assert_eq!(plain.pattern(), None);
+        // A gated GEMM is never one of the nine, whatever its other parts.
+        let gated = GemmComposition {
+            prologue: Some(Norm {
+                kind: NormKind::RmsNorm,
+                eps: 1e-6,
+            }),
+            b_layout: WeightLayout::NK,
+            gate: Some(Activation::SILU),
+            epilogue: vec![],
+        };
+        assert_eq!(gated.name(), "rmsnorm_gemm_silu_glu");
+        assert_eq!(gated.pattern(), None);
     }
 }

@@ -31,7 +31,8 @@ pub struct FusedKernel {
     pub name: String,
     pub composition: Composition,
     /// The ops it computes, in dataflow order (which is also topological
-    /// order): the prologue norm, the matmul, then each epilogue op.
+    /// order): the prologue norm, the matmul, a gated GEMM's activation, up
+    /// matmul and mul (see [`GemmComposition::gate`]), then each epilogue op.
     pub ops: Vec<OpId>,
     /// Tensors the kernel reads from memory, in the order the kernel takes
     /// them (see [`Role`]). A tensor read in two roles appears twice.
@@ -44,8 +45,9 @@ pub struct FusedKernel {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Composition {
     /// A GEMM with an optional norm prologue and an epilogue chain.
-    /// Operands: `A`, `B`, then `gamma` (and `beta`) of the prologue, then
-    /// one operand for each epilogue step that reads one, in step order.
+    /// Operands: `A`, `B` (and a gated GEMM's `Up`), then `gamma` (and
+    /// `beta`) of the prologue, then one operand for each epilogue step
+    /// that reads one, in step order.
     Gemm(GemmComposition),
     /// A standalone LayerNorm or RMSNorm. Operands: `x`, `gamma` (, `beta`).
     Norm(Norm),
@@ -63,6 +65,12 @@ pub struct GemmComposition {
     pub prologue: Option<Norm>,
     /// How the mainloop reads `B`.
     pub b_layout: WeightLayout,
+    /// A gated (GLU) GEMM: `act(A @ B) * (A @ Up)` with `act` this
+    /// activation (SwiGLU for SiLU, GeGLU for GELU), one GEMM over `B` and
+    /// `Up` interleaved (kernels/include/fusion/gated.cuh), whose epilogue
+    /// combines each gate and up value in registers; the steps of
+    /// `epilogue` then apply to the product.
+    pub gate: Option<Activation>,
     /// Applied in order to the accumulator tile before it is stored.
     pub epilogue: Vec<EpilogueStep>,
 }
@@ -107,8 +115,11 @@ pub struct Operand {
 pub enum Role {
     /// The GEMM's left operand `[M, K]`; with a prologue, before the norm.
     A,
-    /// The GEMM's right operand, read in the composition's `b_layout`.
+    /// The GEMM's right operand, read in the composition's `b_layout`; a
+    /// gated GEMM's gate weight.
     B,
+    /// A gated GEMM's up weight, of `B`'s shape and layout.
+    Up,
     /// A norm's scale `[K]` (prologue or standalone norm).
     Gamma,
     /// A LayerNorm's shift `[K]`.
@@ -129,6 +140,7 @@ impl Role {
         match self {
             Role::A => "A",
             Role::B => "B",
+            Role::Up => "up",
             Role::Gamma => "gamma",
             Role::Beta => "beta",
             Role::X => "x",
@@ -231,11 +243,11 @@ impl EpilogueStep {
 }
 
 impl GemmComposition {
-    /// The composed name: `[layernorm_|rmsnorm_]gemm[_step]*`, e.g.
-    /// `layernorm_gemm_bias_gelu`. For the nine named patterns it is the
-    /// pattern's name.
+    /// The composed name: `[layernorm_|rmsnorm_]gemm[_<act>_glu][_step]*`,
+    /// e.g. `layernorm_gemm_bias_gelu`, `rmsnorm_gemm_silu_glu`. For the nine
+    /// named patterns it is the pattern's name.
     pub fn name(&self) -> String {
-        pattern::composed_name(self.prologue.map(|p| p.kind), &self.epilogue)
+        pattern::composed_name(self.prologue.map(|p| p.kind), self.gate, &self.epilogue)
     }
 
     /// The named pattern this composition is, if it is one of the nine.
@@ -284,10 +296,27 @@ impl FusedKernel {
         let Some(prologue) = gemm.prologue else {
             return false;
         };
-        let is_weight = |role| self.operand(role).is_some_and(|t| graph.weights.contains(&t));
-        is_weight(Role::B)
-            && is_weight(Role::Gamma)
-            && (prologue.kind == NormKind::RmsNorm || is_weight(Role::Beta))
+        self.is_weight(graph, Role::B)
+            && (gemm.gate.is_none() || self.is_weight(graph, Role::Up))
+            && self.is_weight(graph, Role::Gamma)
+            && (prologue.kind == NormKind::RmsNorm || self.is_weight(graph, Role::Beta))
+    }
+
+    /// Whether the graph struct computes a form of its weights when it
+    /// binds them (`<symbol>_fold_weights`, abi.h): its norm folded in
+    /// ([`FusedKernel::norm_foldable`]), a gated GEMM's gate and up weights
+    /// interleaved (which the planner forms only over weights).
+    pub fn prepares_weights(&self, graph: &Graph) -> bool {
+        let Composition::Gemm(gemm) = &self.composition else {
+            return false;
+        };
+        self.norm_foldable(graph)
+            || (gemm.gate.is_some() && self.is_weight(graph, Role::B) && self.is_weight(graph, Role::Up))
+    }
+
+    /// Whether the tensor it reads in `role` is a weight of `graph`.
+    fn is_weight(&self, graph: &Graph, role: Role) -> bool {
+        self.operand(role).is_some_and(|t| graph.weights.contains(&t))
     }
 
     /// The named pattern it is, if it is a GEMM composition among the nine.

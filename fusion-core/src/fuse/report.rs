@@ -93,11 +93,14 @@ impl Plan {
                         t
                     })
                     .collect();
-                let norm = match &kernel.composition {
-                    Composition::Gemm(gemm) => gemm.prologue.map(|p| {
-                        serde_json::json!({ "kind": p.kind.name(), "folds_when_bound": kernel.norm_foldable(graph) })
-                    }),
-                    _ => None,
+                let (norm, gate) = match &kernel.composition {
+                    Composition::Gemm(gemm) => (
+                        gemm.prologue.map(|p| {
+                            serde_json::json!({ "kind": p.kind.name(), "folds_when_bound": kernel.norm_foldable(graph) })
+                        }),
+                        gemm.gate.map(|a| a.def().name),
+                    ),
+                    _ => (None, None),
                 };
                 serde_json::json!({
                     "index": index,
@@ -107,6 +110,7 @@ impl Plan {
                     "operands": operands,
                     "output": tensor(kernel.output),
                     "norm": norm,
+                    "gate": gate,
                 })
             })
             .collect();
@@ -157,7 +161,7 @@ impl Plan {
             .iter()
             .map(|operand| {
                 let mut ty = graph.type_string(operand.tensor);
-                if operand.role == Role::B && b_layout == Some(WeightLayout::NK) {
+                if matches!(operand.role, Role::B | Role::Up) && b_layout == Some(WeightLayout::NK) {
                     ty.push_str(", read transposed");
                 }
                 vec![
@@ -180,6 +184,16 @@ impl Plan {
             && let Some(prologue) = gemm.prologue
         {
             out.push_str(&norm_note(prologue.kind.name(), kernel.norm_foldable(graph)));
+        }
+        if let Composition::Gemm(gemm) = &kernel.composition
+            && let Some(activation) = gemm.gate
+        {
+            out.push_str(&format!(
+                "    gated: one GEMM over B and up interleaved in blocks of 8 output columns when the graph struct \
+                 binds the weights (per call by the free function); {}(gate) * up in registers, \
+                 the two [M, N] projections never written\n",
+                activation.def().name
+            ));
         }
         out
     }

@@ -3,7 +3,7 @@
 //! wrong kernel.
 
 use super::plan::{Composition, EpilogueStep, FusedKernel, Norm, Plan, Role};
-use crate::ir::{Graph, OpKind, TensorId, TensorIndex};
+use crate::ir::{Graph, OpId, OpKind, TensorId, TensorIndex};
 
 impl Plan {
     /// Checks that every op is in exactly one kernel, that each kernel is a
@@ -68,8 +68,13 @@ fn check_kernel(graph: &Graph, index: &TensorIndex, kernel: &FusedKernel) -> Res
             kernel.composition.name()
         ));
     }
-    // Linear chain: each op's output is read once, by the next op.
-    for pair in kernel.ops.windows(2) {
+    // Linear chain: each op's output is read once, by the next op; in a
+    // gated GEMM the ops of its pair are read as the pair reads them.
+    let linear_from = match &kernel.composition {
+        Composition::Gemm(gemm) if gemm.gate.is_some() => check_gated_pair(graph, index, kernel)?,
+        _ => 0,
+    };
+    for pair in kernel.ops[linear_from..].windows(2) {
         let t = graph.op(pair[0]).output;
         if index.use_count(t) != 1 || !graph.op(pair[1]).inputs.contains(&t) {
             return Err(format!(
@@ -80,10 +85,20 @@ fn check_kernel(graph: &Graph, index: &TensorIndex, kernel: &FusedKernel) -> Res
     }
     // The operands are exactly the tensors its ops read from outside it.
     let inside: Vec<TensorId> = kernel.ops.iter().map(|&op| graph.op(op).output).collect();
+    // A gated pair's up matmul reads the gate matmul's A: one operand.
+    let second_a = match &kernel.composition {
+        Composition::Gemm(gemm) if gemm.gate.is_some() => {
+            kernel.ops.get(usize::from(gemm.prologue.is_some()) + 2)
+        }
+        _ => None,
+    };
     let mut external: Vec<TensorId> = kernel
         .ops
         .iter()
-        .flat_map(|&op| graph.op(op).inputs.iter().copied())
+        .flat_map(|op| {
+            let skip = usize::from(Some(op) == second_a);
+            graph.op(*op).inputs.iter().skip(skip).copied()
+        })
         .filter(|t| !inside.contains(t))
         .collect();
     let mut operands: Vec<TensorId> = kernel.inputs().collect();
@@ -96,7 +111,8 @@ fn check_kernel(graph: &Graph, index: &TensorIndex, kernel: &FusedKernel) -> Res
     match &kernel.composition {
         Composition::Gemm(gemm) => {
             let prologue = usize::from(gemm.prologue.is_some());
-            if kinds.len() != prologue + 1 + gemm.epilogue.len() {
+            let pair = if gemm.gate.is_some() { 3 } else { 0 };
+            if kinds.len() != prologue + 1 + pair + gemm.epilogue.len() {
                 return Err("its op count does not match its composition".to_string());
             }
             if gemm.epilogue.len() > super::matcher::MAX_EPILOGUE_STEPS {
@@ -108,7 +124,18 @@ fn check_kernel(graph: &Graph, index: &TensorIndex, kernel: &FusedKernel) -> Res
             if !matches!(kinds[prologue], OpKind::MatMul { b_layout } if *b_layout == gemm.b_layout) {
                 return Err("its mainloop op is not a matmul with its B layout".to_string());
             }
-            let steps: Vec<Option<EpilogueStep>> = kinds[prologue + 1..]
+            if let Some(activation) = gemm.gate
+                && (kinds[prologue + 1] != &OpKind::Activation(activation)
+                    || !matches!(kinds[prologue + 2], OpKind::MatMul { b_layout } if *b_layout == gemm.b_layout)
+                    || kinds[prologue + 3] != &OpKind::Mul
+                    || kernel.operand(Role::Up).is_none())
+            {
+                return Err(
+                    "its gated pair is not an activation, an up matmul and a mul with an up operand"
+                        .to_string(),
+                );
+            }
+            let steps: Vec<Option<EpilogueStep>> = kinds[prologue + 1 + pair..]
                 .iter()
                 .map(|k| EpilogueStep::of_op(k))
                 .collect();
@@ -135,4 +162,39 @@ fn check_kernel(graph: &Graph, index: &TensorIndex, kernel: &FusedKernel) -> Res
         }
     }
     Ok(())
+}
+
+/// A gated GEMM's ops up to its mul: `[norm,] gate matmul, activation, up
+/// matmul, mul`, each intermediate read once, by the op after it in the
+/// pair (a norm's output by the two matmuls, as their A). Returns the index
+/// of the mul, from which the rest is a linear chain.
+fn check_gated_pair(graph: &Graph, index: &TensorIndex, kernel: &FusedKernel) -> Result<usize, String> {
+    let first = usize::from(matches!(&kernel.composition, Composition::Gemm(g) if g.prologue.is_some()));
+    if kernel.ops.len() < first + 4 {
+        return Err("its gated pair lacks ops".to_string());
+    }
+    let [gate, activation, up, mul] = [0, 1, 2, 3].map(|i| kernel.ops[first + i]);
+    let output = |op: OpId| graph.op(op).output;
+    let fused_away = |t: TensorId| {
+        format!(
+            "`{}` is fused away but is read elsewhere or is a graph output",
+            graph.tensor(t).name
+        )
+    };
+    if first == 1 {
+        let a = output(kernel.ops[0]);
+        if index.use_count(a) != 2 || graph.op(gate).inputs[0] != a || graph.op(up).inputs[0] != a {
+            return Err(fused_away(a));
+        }
+    }
+    for (t, reader) in [
+        (output(gate), activation),
+        (output(activation), mul),
+        (output(up), mul),
+    ] {
+        if index.use_count(t) != 1 || index.uses(t) != [reader] {
+            return Err(fused_away(t));
+        }
+    }
+    Ok(first + 3)
 }

@@ -168,7 +168,8 @@ pub struct KernelKind {
     /// scratch first: kernels/include/fusion/prologue.cuh).
     pub prologue: bool,
     /// Its epilogue reads one [M, N] tile (a residual or a multiplier), its
-    /// source tile: `fusion::EpilogueChain::kSourceTile`.
+    /// source tile: `fusion::EpilogueChain::kSourceTile` (a gated chain
+    /// reads its tiles element by element: `fusion::GatedChain`).
     pub source_tile: bool,
 }
 
@@ -179,7 +180,7 @@ impl KernelKind {
             dtype,
             layout: composition.b_layout,
             prologue: composition.prologue.is_some(),
-            source_tile: composition.source_tiles() == 1,
+            source_tile: composition.gate.is_none() && composition.source_tiles() == 1,
         }
     }
 }

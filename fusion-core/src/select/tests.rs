@@ -220,6 +220,7 @@ fn a_composition_reading_a_source_tile_takes_its_default_before_the_plain_one() 
             &GemmComposition {
                 prologue,
                 b_layout: WeightLayout::NK,
+                gate: None,
                 epilogue,
             },
             DType::F16,

@@ -26,7 +26,12 @@
  * stream)` writes W' = W·diag(gamma) and the per-column terms once, when the
  * weights are bound, and `<symbol>_folded` (with its own
  * `_workspace_bytes`) then takes W' as `b` and the terms as `col_terms`,
- * and reads no gamma or beta. */
+ * and reads no gamma or beta.
+ *
+ * A gated GEMM's launcher has `_fold_weights` too, which interleaves its
+ * gate and up weights (`w`, `w_up`) into one, with the norm folded in when
+ * the params give gamma; the launcher (or `_folded`) then takes that as
+ * `b`, with `b_up` null. */
 #ifndef FUSION_ABI_H
 #define FUSION_ABI_H
 
@@ -36,10 +41,14 @@
 extern "C" {
 #endif
 
-/* C = epilogue(prologue(A) @ B). */
+/* C = epilogue(prologue(A) @ B). A gated GEMM (act(A @ B) * (A @ B_up),
+ * fusion/gated.cuh) takes B as gate and up interleaved, prepared by
+ * `_fold_weights`, or gate in `b` and up in `b_up` per call (the launch
+ * interleaves them into its workspace); `n` is C's columns either way. */
 typedef struct fusion_gemm_params {
   const void* a;          /* [m, k] */
   const void* b;          /* [k, n] or [n, k], as the launcher's layout says */
+  const void* b_up;       /* a gated GEMM's up weight, b's shape, given per call; null when b is prepared */
   void* c;                /* [m, n] */
   const void* bias;       /* [n], the bias step */
   const void* residual;   /* [m, n], the residual step */
@@ -61,13 +70,16 @@ typedef struct fusion_gemm_params {
 
 /* A norm folded into the weight of the GEMM after it: w_folded =
  * w·diag(gamma) in w's layout, col_terms[j] = (Σ_k w_folded[j, k],
- * Σ_k w[j, k]·beta[k]) in f32, for j < n. */
+ * Σ_k w[j, k]·beta[k]) in f32, for j < n. For a gated GEMM, w is w and
+ * w_up interleaved (fusion/gated.cuh): 2n columns; with gamma null the
+ * weights are only interleaved and col_terms is not written. */
 typedef struct fusion_fold_params {
   const void* w;     /* [n, k] or [k, n], as the launcher's layout says */
+  const void* w_up;  /* a gated GEMM's up weight, w's shape; null for others */
   const void* gamma; /* [k] */
   const void* beta;  /* [k], LayerNorm only */
-  void* w_folded;    /* the same shape and layout as w */
-  void* col_terms;   /* f32 pairs [n] */
+  void* w_folded;    /* w's shape and layout; a gated GEMM's [2n, k] or [k, 2n] */
+  void* col_terms;   /* f32 pairs [n] (a gated GEMM's [2n]) */
   int64_t n, k;
 } fusion_fold_params;
 

@@ -175,17 +175,32 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
     partial[warp][g + 8][4 * r + t] = make_float2(acc[r][2], acc[r][3]);
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < M * kPairs; i += Config::kThreads) {
-    const int m = i / kPairs, pair = i % kPairs;
-    const int64_t n = n0 + 2 * pair;
-    if (n >= N) continue;
+  // C's pairs: one per GEMM pair, or for a gated chain one per gate pair
+  // (pairs 8j + t of tile 2j; up's are 4 further, in tile 2j + 1).
+  constexpr int kCols = Epilogue::kGemmColsPerOutput;
+  static_assert(kCols == 1 || kTiles % 2 == 0, "a CTA holds whole gate and up tiles");
+  constexpr int kOutPairs = kPairs / kCols;
+  const int64_t N_out = N / kCols;
+  const auto reduced = [&](int m, int pair) {
     float2 sum = partial[0][m][pair];
 #pragma unroll
     for (int w = 1; w < Config::kWarps; ++w) {
       sum.x += partial[w][m][pair].x;
       sum.y += partial[w][m][pair].y;
     }
-    store_pair(args.c + m * N + n, Epilogue::template apply<T>(sum, m, n, N, args.epilogue));
+    return sum;
+  };
+  for (int i = threadIdx.x; i < M * kOutPairs; i += Config::kThreads) {
+    const int m = i / kOutPairs, q = i % kOutPairs;
+    const int64_t n = n0 / kCols + 2 * q;
+    if (n >= N_out) continue;
+    if constexpr (Epilogue::kGated) {
+      const int gate = 8 * (q / 4) + q % 4;
+      store_pair(args.c + m * N_out + n,
+                 Epilogue::template apply<T>(reduced(m, gate), reduced(m, gate + 4), m, n, N_out, args.epilogue));
+    } else {
+      store_pair(args.c + m * N_out + n, Epilogue::template apply<T>(reduced(m, q), m, n, N_out, args.epilogue));
+    }
   }
 }
 
@@ -208,10 +223,11 @@ struct DecodeGemm {
     return cudaSuccess;
   }
 
-  // A folded norm's row statistics, or a per-call norm's normalized A.
+  // A folded norm's row statistics, and what prepare_operands writes
+  // (gemm.cuh: a per-call norm's normalized A, a gated GEMM's interleaved B).
   static WorkspaceLayout workspace_layout(const GemmArgs<T>& p) {
-    return WorkspaceLayout::of(0, Prologue::kRowStats ? row_stats_bytes(p.m) : 0,
-                               Prologue::kNormalizesA ? normalized_bytes<T>(p.m, p.k) : 0);
+    return WorkspaceLayout::of(0, Prologue::kRowStats ? row_stats_bytes(p.m) : 0, normalized_bytes_of<Prologue>(p),
+                               interleaved_bytes_of(p));
   }
 
   static cudaError_t workspace_bytes(const GemmArgs<T>& p, uint32_t /*flags*/, size_t* bytes) {
@@ -228,13 +244,9 @@ struct DecodeGemm {
     if (p.m == 0 || p.n == 0) return cudaSuccess;
     const WorkspaceLayout layout = workspace_layout(p);
     if (!workspace.holds(layout)) return cudaErrorInvalidValue;
-    GemmArgs<T> args = p;
-    if constexpr (Prologue::kNormalizesA) {
-      T* normalized = workspace.at<T>(layout.normalized);
-      err = Prologue::launch_normalize(p.a, normalized, p.m, p.k, p.norm, stream);
-      if (err != cudaSuccess) return err;
-      args.a = normalized;
-    }
+    GemmArgs<T> args;
+    err = prepare_operands<Prologue, kLayout>(p, workspace, layout, stream, &args);
+    if (err != cudaSuccess) return err;
     if constexpr (Prologue::kRowStats) {
       RowStats* row_stats = workspace.at<RowStats>(layout.row_stats);
       err = Prologue::launch_row_stats(p.a, row_stats, p.m, p.k, p.norm, stream);

@@ -187,6 +187,9 @@ struct EpilogueChain {
 
   static bool args_valid(const EpilogueArgs& a) { return (true && ... && Steps::args_valid(a)); }
   static constexpr bool kReadsTile = (false || ... || Steps::kReadsTile);
+  // One column of C per column of the GEMM (GatedChain has two).
+  static constexpr bool kGated = false;
+  static constexpr int kGemmColsPerOutput = 1;
   // How many steps read an [M, N] tile. Where there is one (kSourceTile),
   // a mainloop may bring its tile (`source`) ahead of the epilogue and run
   // the chain as apply_head and apply_tail around it.
@@ -226,14 +229,6 @@ struct EpilogueChain {
                                                                  std::index_sequence_for<Steps...>{});
   }
 
-  // Applies the chain and stores the pair if it lies inside C. N is a multiple
-  // of 8 and n is even, so a pair is either wholly inside or wholly outside.
-  template <typename T>
-  static __device__ __forceinline__ void store_pair_checked(T* c, float2 acc, int64_t m, int64_t n, int64_t M,
-                                                            int64_t N, const EpilogueArgs& a) {
-    if (m < M && n < N) store_pair(c + m * N + n, apply<T>(acc, m, n, N, a));
-  }
-
  private:
   // The index of the first tile-reading step (the number of steps if none).
   static constexpr int first_tile_step() {
@@ -262,6 +257,44 @@ struct EpilogueChain {
       return Step::combine(acc, src);
     else
       return Step::template apply<T>(acc, m, n, ld, a);
+  }
+};
+
+// A gated (GLU) GEMM's epilogue: the GEMM multiplies A by gate and up
+// weights interleaved in blocks of 8 output columns (gated.cuh), so GEMM
+// columns 16j .. 16j + 7 are the gate projection of output columns
+// 8j .. 8j + 7 and GEMM columns 16j + 8 .. 16j + 15 their up projection.
+// Every mma fragment is 8 columns wide and a thread holds the same lanes
+// of adjacent fragments, so each thread finds gate and up of the same
+// output pair in its own registers:
+//   C[m, 8j + c] = Chain(Act(Pre(gate)) * Pre(up))
+// with Pre the steps on GEMM columns (a folded norm's correction) and Chain
+// those on C's columns. C has half the GEMM's columns: a mainloop stores
+// kGemmColsPerOutput = 2 GEMM columns per column of C.
+template <typename Act, typename Chain, typename Pre = EpilogueChain<>>
+struct GatedChain {
+  static_assert(!Pre::kReadsTile, "the steps before the gate read no [M, N] tile");
+  static bool args_valid(const EpilogueArgs& a) { return Pre::args_valid(a) && Chain::args_valid(a); }
+  static constexpr bool kReadsTile = Chain::kReadsTile;
+  // A gated chain reads any tile of C element by element: the source-tile
+  // path (sm90's) stages the GEMM's columns, not C's.
+  static constexpr bool kSourceTile = false;
+  static constexpr bool kGated = true;
+  static constexpr int kGemmColsPerOutput = 2;
+
+  // The GEMM column of the gate value of C's column n; up's is 8 further.
+  static __host__ __device__ __forceinline__ int64_t gate_column(int64_t n) { return n + (n & ~int64_t(7)); }
+
+  // C at (m, n), (m, n + 1) from the gate and up accumulators of those
+  // columns; `ld` is C's row stride (half the GEMM's N).
+  template <typename T>
+  static __device__ __forceinline__ float2 apply(float2 gate, float2 up, int64_t m, int64_t n, int64_t ld,
+                                                 const EpilogueArgs& a) {
+    const int64_t g = gate_column(n);
+    gate = Pre::template apply<T>(gate, m, g, 2 * ld, a);
+    up = Pre::template apply<T>(up, m, g + 8, 2 * ld, a);
+    const float2 h = make_float2(Act::f(gate.x) * up.x, Act::f(gate.y) * up.y);
+    return Chain::template apply<T>(h, m, n, ld, a);
   }
 };
 

@@ -4,12 +4,15 @@
 //   u[n]       = Σ_k W'[n, k], in f32 over the rounded W' the GEMM will read
 //   c[n]       = Σ_k W[n, k] · beta[k], in f32 (LayerNorm; 0 for RMSNorm)
 // col_terms[n] = (u[n], c[n]). W is [N, K] (nn.Linear) or [K, N] as the
-// kernel's LayoutB says, and W' has the same layout.
+// kernel's LayoutB says, and W' has the same layout. A gated GEMM's W is
+// its gate and up weights interleaved (gated.cuh), read in place: the
+// fold writes the interleaved W' and its 2F column terms.
 #pragma once
 
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "gated.cuh"
 #include "norm.cuh"
 #include "numeric.cuh"
 #include "problem.cuh"
@@ -17,8 +20,8 @@
 namespace fusion {
 
 // [N, K]: one warp per row n of W, 16-byte chunks along K.
-template <NormKind kKind, typename T>
-__global__ void fold_rows_kernel(const T* __restrict__ w, const T* __restrict__ gamma, const T* __restrict__ beta,
+template <NormKind kKind, typename T, typename Weight>
+__global__ void fold_rows_kernel(const Weight w, const T* __restrict__ gamma, const T* __restrict__ beta,
                                  T* __restrict__ w_folded, float2* __restrict__ col_terms, int64_t N, int64_t K) {
   const int warps_per_block = blockDim.x / 32;
   const int lane = threadIdx.x & 31;
@@ -27,7 +30,7 @@ __global__ void fold_rows_kernel(const T* __restrict__ w, const T* __restrict__ 
     float u = 0.0f, c = 0.0f;
     for (int64_t k = int64_t(lane) * kVecElems; k < K; k += 32 * kVecElems) {
       float x[8], g[8], folded[8];
-      vec8_to_float(load_vec8(w + n * K + k), x);
+      vec8_to_float(load_vec8(w.row(n, K) + k), x);
       vec8_to_float(load_vec8(gamma + k), g);
 #pragma unroll
       for (int i = 0; i < 8; ++i) folded[i] = x[i] * g[i];
@@ -54,8 +57,8 @@ __global__ void fold_rows_kernel(const T* __restrict__ w, const T* __restrict__ 
 
 // [K, N]: one thread per 8 consecutive columns n, down all of K (adjacent
 // threads read adjacent 16 bytes of each row).
-template <NormKind kKind, typename T>
-__global__ void fold_columns_kernel(const T* __restrict__ w, const T* __restrict__ gamma, const T* __restrict__ beta,
+template <NormKind kKind, typename T, typename Weight>
+__global__ void fold_columns_kernel(const Weight w, const T* __restrict__ gamma, const T* __restrict__ beta,
                                     T* __restrict__ w_folded, float2* __restrict__ col_terms, int64_t N, int64_t K) {
   const int64_t n0 = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * kVecElems;
   if (n0 >= N) return;
@@ -63,7 +66,7 @@ __global__ void fold_columns_kernel(const T* __restrict__ w, const T* __restrict
 #pragma unroll 4
   for (int64_t k = 0; k < K; ++k) {
     float x[8], folded[8];
-    vec8_to_float(load_vec8(w + k * N + n0), x);
+    vec8_to_float(load_vec8(w.columns(k, n0, N)), x);
     const float g = Numeric<T>::to_float(gamma[k]);
 #pragma unroll
     for (int i = 0; i < 8; ++i) folded[i] = x[i] * g;
@@ -84,26 +87,32 @@ __global__ void fold_columns_kernel(const T* __restrict__ w, const T* __restrict
 
 // Host launcher: nothing for N = 0; cudaErrorInvalidValue for N or K not a
 // multiple of 8, K = 0, a null or misaligned pointer, or a LayerNorm
-// without beta.
+// without beta. With `w_up` (a gated GEMM's up weight, the shape of `w`),
+// W is `w` and `w_up` interleaved: W' has 2N columns and so many terms.
 template <NormKind kKind, typename T, LayoutB kLayout>
-cudaError_t launch_fold_weights(const T* w, const T* gamma, const T* beta, T* w_folded, float2* col_terms, int64_t N,
-                                int64_t K, cudaStream_t stream) {
+cudaError_t launch_fold_weights(const T* w, const T* w_up, const T* gamma, const T* beta, T* w_folded,
+                                float2* col_terms, int64_t N, int64_t K, cudaStream_t stream) {
   if (N == 0) return cudaSuccess;  // a weight with no output columns: nothing to fold
   if (N < 0 || K <= 0 || N % kVecElems != 0 || K % kVecElems != 0) return cudaErrorInvalidValue;
-  const void* pointers[] = {w, gamma, w_folded, col_terms, kKind == NormKind::LayerNorm ? beta : gamma};
+  const void* pointers[] = {w, gamma, w_folded, col_terms, kKind == NormKind::LayerNorm ? beta : gamma,
+                            w_up != nullptr ? w_up : w};
   for (const void* p : pointers)
     if (p == nullptr || !is_aligned16(p)) return cudaErrorInvalidValue;
-  if constexpr (kLayout == LayoutB::NK) {
-    int64_t blocks = 0;
-    const cudaError_t err = rows_grid(N, &blocks);
-    if (err != cudaSuccess) return err;
-    fold_rows_kernel<kKind, T><<<unsigned(blocks), 256, 0, stream>>>(w, gamma, beta, w_folded, col_terms, N, K);
-  } else {
-    const int64_t threads = N / kVecElems;
-    fold_columns_kernel<kKind, T>
-        <<<unsigned((threads + 127) / 128), 128, 0, stream>>>(w, gamma, beta, w_folded, col_terms, N, K);
-  }
-  return cudaGetLastError();
+  const auto fold = [&](auto weight, int64_t columns) {
+    if constexpr (kLayout == LayoutB::NK) {
+      int64_t blocks = 0;
+      const cudaError_t err = rows_grid(columns, &blocks);
+      if (err != cudaSuccess) return err;
+      fold_rows_kernel<kKind, T>
+          <<<unsigned(blocks), 256, 0, stream>>>(weight, gamma, beta, w_folded, col_terms, columns, K);
+    } else {
+      const int64_t threads = columns / kVecElems;
+      fold_columns_kernel<kKind, T>
+          <<<unsigned((threads + 127) / 128), 128, 0, stream>>>(weight, gamma, beta, w_folded, col_terms, columns, K);
+    }
+    return cudaGetLastError();
+  };
+  return w_up != nullptr ? fold(GatedWeights<T>{w, w_up}, 2 * N) : fold(PlainWeight<T>{w}, N);
 }
 
 }  // namespace fusion

@@ -15,7 +15,10 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "epilogue.cuh"
+#include "gated.cuh"
 #include "numeric.cuh"
 #include "problem.cuh"
 #include "prologue.cuh"
@@ -149,12 +152,15 @@ bool fewer_waves(int64_t m, int64_t n) {
 
 // What every GEMM kernel family relies on (FusedGemm, and the decode
 // kernel of decode.cuh). Returns cudaErrorInvalidValue when M is negative,
-// N or K is not a multiple of 8, K is 0, a pointer the composition reads is
-// null or not 16-byte aligned.
+// N or K is not a multiple of 8 (a gated GEMM's C columns too), K is 0, a
+// pointer the composition reads is null or not 16-byte aligned, or an up
+// weight comes with a chain that is not gated or with B already folded.
 template <typename Prologue, typename Epilogue, typename T>
 cudaError_t check_gemm_args(const GemmArgs<T>& p) {
   if (p.m < 0 || p.n < 0 || p.k <= 0) return cudaErrorInvalidValue;
-  if (p.n % kVecElems != 0 || p.k % kVecElems != 0) return cudaErrorInvalidValue;
+  if (p.n % (kVecElems * Epilogue::kGemmColsPerOutput) != 0 || p.k % kVecElems != 0) return cudaErrorInvalidValue;
+  if (p.b_up != nullptr && (!Epilogue::kGated || Prologue::kRowStats || !is_aligned16(p.b_up)))
+    return cudaErrorInvalidValue;
   if (p.a == nullptr || p.b == nullptr || p.c == nullptr) return cudaErrorInvalidValue;
   if (!is_aligned16(p.a) || !is_aligned16(p.b) || !is_aligned16(p.c)) return cudaErrorInvalidValue;
   if (!Epilogue::args_valid(p.epilogue) || !Prologue::args_valid(p.norm)) return cudaErrorInvalidValue;
@@ -163,6 +169,47 @@ cudaError_t check_gemm_args(const GemmArgs<T>& p) {
     if (ptr != nullptr && !is_aligned16(ptr)) return cudaErrorInvalidValue;
   return cudaSuccess;
 }
+
+// What a launch computes into its workspace before the GEMM, from the
+// call's own operands: a per-call norm's normalized A, and a gated GEMM's
+// interleaved B when the call passes gate and up apart (b_up). Every GEMM
+// launcher (FusedGemm's, sm90's, the decode kernel's) sizes its workspace
+// with these and runs prepare_operands first.
+template <typename Prologue, typename T>
+size_t normalized_bytes_of(const GemmArgs<T>& p) {
+  return Prologue::kNormalizesA ? normalized_bytes<T>(p.m, p.k) : 0;
+}
+template <typename T>
+size_t interleaved_bytes_of(const GemmArgs<T>& p) {
+  return p.b_up != nullptr ? interleaved_bytes<T>(p.n / 2, p.k) : 0;
+}
+
+// Writes them into the regions of `layout` and points `args` (a copy of
+// p) at them; the GEMM then runs on args without a norm prologue (when
+// it normalized A) and without b_up.
+template <typename Prologue, LayoutB kLayout, typename T>
+cudaError_t prepare_operands(const GemmArgs<T>& p, const Workspace& workspace, const WorkspaceLayout& layout,
+                             cudaStream_t stream, GemmArgs<T>* args) {
+  *args = p;
+  if constexpr (Prologue::kNormalizesA) {
+    T* normalized = workspace.at<T>(layout.normalized);
+    const cudaError_t err = Prologue::launch_normalize(p.a, normalized, p.m, p.k, p.norm, stream);
+    if (err != cudaSuccess) return err;
+    args->a = normalized;
+  }
+  if (p.b_up != nullptr) {
+    T* interleaved = workspace.at<T>(layout.interleaved);
+    const cudaError_t err = launch_interleave<T, kLayout>(p.b, p.b_up, interleaved, p.n / 2, p.k, stream);
+    if (err != cudaSuccess) return err;
+    args->b = interleaved;
+    args->b_up = nullptr;
+  }
+  return cudaSuccess;
+}
+
+// The prologue the GEMM runs with after prepare_operands.
+template <typename Prologue>
+using PreparedPrologue = std::conditional_t<Prologue::kNormalizesA, NoPrologue, Prologue>;
 
 // Epilogue_ is the graph's chain; a folded norm (prologue.cuh) adds its
 // correction in front of it.
@@ -199,28 +246,20 @@ struct FusedGemm {
     return dim3(unsigned(tiles));
   }
 
-  // Raises the kernel's dynamic shared-memory limit.
-  static cudaError_t configure() {
-    return detail::raise_smem_limit(fused_gemm_kernel<Mainloop, Prologue, Epilogue>, int(Mainloop::kSmemBytes));
-  }
-
   // The bytes of workspace `launch` would use for p with `flags` (abi.h's
   // FUSION_GEMM_*) on the current device; 0 when it needs none.
   static cudaError_t workspace_bytes(const GemmArgs<Element>& p, uint32_t flags, size_t* bytes) {
     *bytes = 0;
+    // A call the launch refuses, or one with nothing to compute, needs none.
+    if (check(p) != cudaSuccess || p.m == 0 || p.n == 0) return cudaSuccess;
     if constexpr (OwnsKernel<Mainloop>::value) {
-      // A call the launch refuses, or one with nothing to compute, needs none.
-      if (check(p) != cudaSuccess || p.m == 0 || p.n == 0) return cudaSuccess;
       WorkspaceLayout layout;
       const cudaError_t err = Mainloop::template workspace_layout<Prologue>(p, flags, &layout);
       *bytes = layout.bytes;
       return err;
     } else {
       (void)flags;
-      if constexpr (Prologue::kNormalizesA) {
-        if (check(p) != cudaSuccess || p.m == 0 || p.n == 0) return cudaSuccess;
-        *bytes = WorkspaceLayout::of(0, 0, normalized_bytes<Element>(p.m, p.k)).bytes;
-      }
+      *bytes = prepared_layout(p).bytes;
       return cudaSuccess;
     }
   }
@@ -232,25 +271,27 @@ struct FusedGemm {
     if constexpr (OwnsKernel<Mainloop>::value) {
       return Mainloop::template launch<Prologue, Epilogue>(p, workspace, stream);
     } else {
-      GemmArgs<Element> args = p;
-      if constexpr (Prologue::kNormalizesA) {
-        // A's rows normalized into the workspace, then the plain GEMM.
-        const WorkspaceLayout layout = WorkspaceLayout::of(0, 0, normalized_bytes<Element>(p.m, p.k));
-        if (!workspace.holds(layout)) return cudaErrorInvalidValue;
-        Element* normalized = workspace.at<Element>(layout.normalized);
-        err = Prologue::launch_normalize(p.a, normalized, p.m, p.k, p.norm, stream);
-        if (err != cudaSuccess) return err;
-        args.a = normalized;
-        return FusedGemm<Mainloop, NoPrologue, Epilogue>::launch(args, Workspace{}, stream);
-      } else {
-        (void)workspace;
-        err = configure();
-        if (err != cudaSuccess) return err;
-        fused_gemm_kernel<Mainloop, Prologue, Epilogue>
-            <<<grid(p), Mainloop::kThreads, Mainloop::kSmemBytes, stream>>>(args);
-        return cudaGetLastError();
-      }
+      // A's rows normalized and B interleaved into the workspace where the
+      // call asks for it (prepare_operands), then the kernel.
+      const WorkspaceLayout layout = prepared_layout(p);
+      if (!workspace.holds(layout)) return cudaErrorInvalidValue;
+      GemmArgs<Element> args;
+      err = prepare_operands<Prologue, Mainloop::kLayout>(p, workspace, layout, stream, &args);
+      if (err != cudaSuccess) return err;
+      using Run = PreparedPrologue<Prologue>;
+      err = detail::raise_smem_limit(fused_gemm_kernel<Mainloop, Run, Epilogue>, int(Mainloop::kSmemBytes));
+      if (err != cudaSuccess) return err;
+      fused_gemm_kernel<Mainloop, Run, Epilogue><<<grid(p), Mainloop::kThreads, Mainloop::kSmemBytes, stream>>>(args);
+      return cudaGetLastError();
     }
+  }
+
+ private:
+  // The workspace of a mainloop without a kernel of its own: only what
+  // prepare_operands writes (its CTAs keep a folded norm's row statistics
+  // in shared memory).
+  static WorkspaceLayout prepared_layout(const GemmArgs<Element>& p) {
+    return WorkspaceLayout::of(0, 0, normalized_bytes_of<Prologue>(p), interleaved_bytes_of(p));
   }
 };
 

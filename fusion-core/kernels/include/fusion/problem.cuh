@@ -20,8 +20,11 @@ template <typename T>
 struct GemmArgs {
   const T* a;  // [M, K]
   const T* b;  // [K, N] or [N, K], see LayoutB
-  T* c;        // [M, N]
-  int64_t m, n, k;
+  // A gated GEMM's up weight when the call passes gate (b) and up apart:
+  // the launch interleaves them first (gated.cuh); null otherwise.
+  const T* b_up;
+  T* c;  // [M, N], or [M, N / 2] for a gated GEMM (EpilogueChain::kGemmColsPerOutput)
+  int64_t m, n, k;  // the GEMM's: a gated GEMM's n is twice C's columns
   EpilogueArgs epilogue;
   NormArgs norm;  // read only by a norm prologue
 };

@@ -103,6 +103,11 @@ template <NormKind kKind, typename... Steps>
 struct WithFoldedNorm<FoldedNorm<kKind>, EpilogueChain<Steps...>> {
   using type = EpilogueChain<FoldedNormStep<kKind == NormKind::LayerNorm>, Steps...>;
 };
+// A gated chain corrects the gate and the up values, on the GEMM's columns.
+template <NormKind kKind, typename Act, typename Chain>
+struct WithFoldedNorm<FoldedNorm<kKind>, GatedChain<Act, Chain>> {
+  using type = GatedChain<Act, Chain, EpilogueChain<FoldedNormStep<kKind == NormKind::LayerNorm>>>;
+};
 
 // Bytes of the row statistics of an m-row A in a workspace: rounded up to
 // whole 256-row tiles, so that an epilogue may read the statistics of a

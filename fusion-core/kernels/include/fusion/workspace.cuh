@@ -10,6 +10,8 @@
 //   partials                 stream-K partial tiles, if the launch splits
 //   row_stats                a folded norm's per-row statistics, if any
 //   normalized               a per-call norm's normalized A, if any
+//   interleaved              a gated GEMM's interleaved B, when the call
+//                            passes its two weights (gated.cuh)
 //
 // Every region starts at a multiple of kWorkspaceAlign. The flags region
 // comes first in every non-empty layout, whatever the launch needs, so
@@ -39,21 +41,25 @@ constexpr size_t kWorkspaceAlign = 256;
 struct WorkspaceLayout {
   size_t partials = 0;    // offset of the stream-K partial tiles
   size_t row_stats = 0;   // offset of the row statistics
-  size_t normalized = 0;  // offset of the normalized A
-  size_t bytes = 0;       // the whole workspace
+  size_t normalized = 0;   // offset of the normalized A
+  size_t interleaved = 0;  // offset of the interleaved B
+  size_t bytes = 0;        // the whole workspace
 
   static constexpr size_t align_up(size_t n) { return (n + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign; }
 
   // The layout for `partial_bytes` of stream-K partials (0: no split),
   // `row_stat_bytes` of row statistics (0: no folded norm) and
-  // `normalized_bytes` of normalized A (0: no per-call norm).
-  static constexpr WorkspaceLayout of(size_t partial_bytes, size_t row_stat_bytes, size_t normalized_bytes = 0) {
+  // `normalized_bytes` of normalized A (0: no per-call norm) and
+  // `interleaved_bytes` of interleaved B (0: none).
+  static constexpr WorkspaceLayout of(size_t partial_bytes, size_t row_stat_bytes, size_t normalized_bytes = 0,
+                                      size_t interleaved_bytes = 0) {
     WorkspaceLayout l;
-    if (partial_bytes == 0 && row_stat_bytes == 0 && normalized_bytes == 0) return l;
+    if (partial_bytes == 0 && row_stat_bytes == 0 && normalized_bytes == 0 && interleaved_bytes == 0) return l;
     l.partials = kStreamKFlagBytes;
     l.row_stats = l.partials + align_up(partial_bytes);
     l.normalized = l.row_stats + align_up(row_stat_bytes);
-    l.bytes = l.normalized + align_up(normalized_bytes);
+    l.interleaved = l.normalized + align_up(normalized_bytes);
+    l.bytes = l.interleaved + align_up(interleaved_bytes);
     return l;
   }
 };
@@ -70,6 +76,10 @@ static_assert(WorkspaceLayout::of(0, 8, 16).normalized >= WorkspaceLayout::of(0,
                   WorkspaceLayout::of(0, 0, 16).normalized >= kStreamKFlagBytes &&
                   WorkspaceLayout::of(0, 0, 16).bytes >= WorkspaceLayout::of(0, 0, 16).normalized + 16,
               "the normalized A lies after the flags and statistics, inside the workspace");
+static_assert(WorkspaceLayout::of(0, 0, 16, 32).interleaved >= WorkspaceLayout::of(0, 0, 16, 32).normalized + 16 &&
+                  WorkspaceLayout::of(0, 0, 0, 32).interleaved >= kStreamKFlagBytes &&
+                  WorkspaceLayout::of(0, 0, 0, 32).bytes >= WorkspaceLayout::of(0, 0, 0, 32).interleaved + 32,
+              "the interleaved B lies after the normalized A, inside the workspace");
 static_assert(WorkspaceLayout::of(1000, 8).partials % kWorkspaceAlign == 0 &&
                   WorkspaceLayout::of(1000, 8).row_stats % kWorkspaceAlign == 0,
               "every region is aligned");

@@ -11,9 +11,9 @@
 namespace {
 
 using Element = __half;
+using Chain = fusion::EpilogueChain<fusion::Bias, fusion::Gelu>;
 template <typename Tile>
-using Kernel = fusion::FusedGemm<fusion::sm80::Mainloop<Element, fusion::LayoutB::NK, Tile>, fusion::NoPrologue,
-                                 fusion::EpilogueChain<fusion::Bias, fusion::Gelu>>;
+using Kernel = fusion::FusedGemm<fusion::sm80::Mainloop<Element, fusion::LayoutB::NK, Tile>, fusion::NoPrologue, Chain>;
 // 128x128x32 (warp 64x64, 4 stages, 2 block(s)/SM)
 using LargeTile = fusion::sm80::TileConfig<128, 128, 32, 64, 64, 4, 2, fusion::sm80::KLoop::Pipelined>;
 // 64x128x32 (warp 32x64, 4 stages, 3 block(s)/SM), for m <= 512
@@ -38,9 +38,11 @@ fusion::GemmArgs<Element> args_of(const fusion_gemm_params* p) {
   fusion::GemmArgs<Element> args{};
   args.a = static_cast<const Element*>(p->a);
   args.b = static_cast<const Element*>(p->b);
+  args.b_up = static_cast<const Element*>(p->b_up);
   args.c = static_cast<Element*>(p->c);
   args.m = p->m;
-  args.n = p->n;
+  // The GEMM's columns: a gated GEMM has two per column of C.
+  args.n = p->n * Chain::kGemmColsPerOutput;
   args.k = p->k;
   args.epilogue.bias = p->bias;
   args.epilogue.residual = p->residual;

@@ -287,6 +287,7 @@ mod __gemm_bias_gelu {
             ffi::fusion_gemm_params {
                 a: __ptr_0 as *const core::ffi::c_void,
                 b: __ptr_1 as *const core::ffi::c_void,
+                b_up: core::ptr::null(),
                 c: __ptr_5 as *mut core::ffi::c_void,
                 bias: __ptr_2 as *const core::ffi::c_void,
                 residual: core::ptr::null(),

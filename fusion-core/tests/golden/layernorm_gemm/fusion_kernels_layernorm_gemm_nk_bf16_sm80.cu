@@ -11,14 +11,14 @@
 namespace {
 
 using Element = __nv_bfloat16;
+using Chain = fusion::EpilogueChain<>;
 template <typename Tile>
-using Kernel = fusion::FusedGemm<fusion::sm80::Mainloop<Element, fusion::LayoutB::NK, Tile>, fusion::NormPrologue<fusion::NormKind::LayerNorm>,
-                                 fusion::EpilogueChain<>>;
+using Kernel = fusion::FusedGemm<fusion::sm80::Mainloop<Element, fusion::LayoutB::NK, Tile>, fusion::NormPrologue<fusion::NormKind::LayerNorm>, Chain>;
 // The same with the norm folded into B (fusion/prologue.cuh, FoldedNorm):
 // B is W' from fusion_kernels_layernorm_gemm_nk_bf16_sm80_fold_weights, and gamma and beta are not read.
 template <typename Tile>
 using FoldedKernel = fusion::FusedGemm<fusion::sm80::Mainloop<Element, fusion::LayoutB::NK, Tile>,
-                                       fusion::FoldedNorm<fusion::NormKind::LayerNorm>, fusion::EpilogueChain<>>;
+                                       fusion::FoldedNorm<fusion::NormKind::LayerNorm>, Chain>;
 // 128x128x32 (warp 64x32, 4 stages, 2 block(s)/SM)
 using LargeTile = fusion::sm80::TileConfig<128, 128, 32, 64, 32, 4, 2>;
 static_assert(fusion::sm80::tile_valid<fusion::LayoutB::NK, LargeTile> && LargeTile::BK == 32 &&
@@ -35,9 +35,11 @@ fusion::GemmArgs<Element> args_of(const fusion_gemm_params* p) {
   fusion::GemmArgs<Element> args{};
   args.a = static_cast<const Element*>(p->a);
   args.b = static_cast<const Element*>(p->b);
+  args.b_up = static_cast<const Element*>(p->b_up);
   args.c = static_cast<Element*>(p->c);
   args.m = p->m;
-  args.n = p->n;
+  // The GEMM's columns: a gated GEMM has two per column of C.
+  args.n = p->n * Chain::kGemmColsPerOutput;
   args.k = p->k;
   args.epilogue.bias = p->bias;
   args.epilogue.residual = p->residual;
@@ -91,12 +93,19 @@ extern "C" int fusion_kernels_layernorm_gemm_nk_bf16_sm80_folded_workspace_bytes
   return workspace_bytes<FoldedKernel>(p, bytes);
 }
 
+
+// The bound weights in the form the kernel reads: gamma (and beta) folded in
+// when the params give them, a gated GEMM's w and w_up interleaved.
 extern "C" int fusion_kernels_layernorm_gemm_nk_bf16_sm80_fold_weights(const fusion_fold_params* p, void* stream) {
   if (p == nullptr) return int(cudaErrorInvalidValue);
+  const auto* w = static_cast<const Element*>(p->w);
+  const auto* w_up = static_cast<const Element*>(p->w_up);
+  auto* w_folded = static_cast<Element*>(p->w_folded);
+  const auto s = static_cast<cudaStream_t>(stream);
+  if (w_up != nullptr) return int(cudaErrorInvalidValue);
   return int(fusion::launch_fold_weights<fusion::NormKind::LayerNorm, Element, fusion::LayoutB::NK>(
-      static_cast<const Element*>(p->w), static_cast<const Element*>(p->gamma), static_cast<const Element*>(p->beta),
-      static_cast<Element*>(p->w_folded), static_cast<float2*>(p->col_terms), p->n, p->k,
-      static_cast<cudaStream_t>(stream)));
+      w, w_up, static_cast<const Element*>(p->gamma), static_cast<const Element*>(p->beta), w_folded,
+      static_cast<float2*>(p->col_terms), p->n, p->k, s));
 }
 
 // What each tile config (and the decode kernel, when there is one) asks for

@@ -321,6 +321,7 @@ mod __layernorm_gemm {
             ffi::fusion_gemm_params {
                 a: __ptr_0 as *const core::ffi::c_void,
                 b: __ptr_3 as *const core::ffi::c_void,
+                b_up: core::ptr::null(),
                 c: __ptr_5 as *mut core::ffi::c_void,
                 bias: core::ptr::null(),
                 residual: core::ptr::null(),
@@ -337,9 +338,10 @@ mod __layernorm_gemm {
                 workspace_bytes: 0,
             }
         };
-        if let Some(__weights) = __fold_0 {
+        if let Some(__weights) = __folded.get(0usize).and_then(Option::as_ref) {
             let (b, col_terms) = __call.folded(__weights);
             __params_0.b = b as *const core::ffi::c_void;
+            __params_0.b_up = core::ptr::null();
             __params_0.col_terms = col_terms as *const core::ffi::c_void;
         }
         let mut __scratch_bytes = 0u64;
@@ -417,7 +419,7 @@ mod __layernorm_gemm {
         };
         let (rows, cols) = __call.matrix(&__TENSOR_3)?;
         let (n, k) = (rows, cols);
-        let bytes = rows as usize * cols as usize * core::mem::size_of::<T>();
+        let bytes = 1usize * rows as usize * cols as usize * core::mem::size_of::<T>();
         let stream_ptr = __call.stream_ptr();
         __folded
             .push(
@@ -426,10 +428,11 @@ mod __layernorm_gemm {
                         &__call,
                         "kernel #0 (layernorm_gemm)",
                         bytes,
-                        n as usize,
+                        1usize * n as usize,
                         |w_folded, col_terms| {
                             let params = ffi::fusion_fold_params {
                                 w: __ptr_3 as *const core::ffi::c_void,
+                                w_up: core::ptr::null(),
                                 gamma: __ptr_1 as *const core::ffi::c_void,
                                 beta: __ptr_2 as *const core::ffi::c_void,
                                 w_folded,

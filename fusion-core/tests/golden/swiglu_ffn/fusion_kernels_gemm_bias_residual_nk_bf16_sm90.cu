@@ -2,7 +2,7 @@
 // fusion/gemm.cuh from the types below; this file only picks them.
 //
 // fusion_kernels_gemm_bias_residual_nk_bf16_sm90: gemm_bias_residual, B [N, K], bf16, built for sm90.
-// Used by: swiglu_ffn#2
+// Used by: swiglu_ffn#1
 #include "fusion/abi.h"
 #include "fusion/gemm.cuh"
 #include "fusion/sm90/mainloop.cuh"
@@ -11,9 +11,9 @@
 namespace {
 
 using Element = __nv_bfloat16;
+using Chain = fusion::EpilogueChain<fusion::Bias, fusion::Residual>;
 template <typename Tile>
-using Kernel = fusion::FusedGemm<fusion::sm90::Mainloop<Element, fusion::LayoutB::NK, Tile>, fusion::NoPrologue,
-                                 fusion::EpilogueChain<fusion::Bias, fusion::Residual>>;
+using Kernel = fusion::FusedGemm<fusion::sm90::Mainloop<Element, fusion::LayoutB::NK, Tile>, fusion::NoPrologue, Chain>;
 // 128x256x64 (3 stages, cooperative, persistent)
 using LargeTile = fusion::sm90::TileConfig<128, 256, 3, fusion::sm90::Schedule::Cooperative>;
 // 64x128x64 (8 stages, cooperative, persistent), for m <= 512
@@ -46,9 +46,11 @@ fusion::GemmArgs<Element> args_of(const fusion_gemm_params* p) {
   fusion::GemmArgs<Element> args{};
   args.a = static_cast<const Element*>(p->a);
   args.b = static_cast<const Element*>(p->b);
+  args.b_up = static_cast<const Element*>(p->b_up);
   args.c = static_cast<Element*>(p->c);
   args.m = p->m;
-  args.n = p->n;
+  // The GEMM's columns: a gated GEMM has two per column of C.
+  args.n = p->n * Chain::kGemmColsPerOutput;
   args.k = p->k;
   args.epilogue.bias = p->bias;
   args.epilogue.residual = p->residual;

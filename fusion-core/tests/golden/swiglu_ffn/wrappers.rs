@@ -39,22 +39,17 @@ Compiled from `graphs/swiglu_ffn.toml` for f16 and bf16. Arguments, in order:
 Fusion plan:
 
 ```text
-graph `swiglu_ffn`: 7 ops → 3 kernels
+graph `swiglu_ffn`: 7 ops → 2 kernels
 
-#0  gemm  (composed GEMM)
-    ops  matmul → %3
-    A    x     f16[M, 4096]
-    B    w_up  f16[14336, 4096], read transposed
-    out  %3    f16[M, 14336]
-
-#1  gemm_silu_mul  (composed GEMM)
-    ops  matmul → %1, silu → gate, mul → h
+#0  gemm_silu_glu  (composed GEMM)
+    ops  matmul → %1, silu → gate, matmul → %3, mul → h
     A    x       f16[M, 4096]
     B    w_gate  f16[14336, 4096], read transposed
-    mul  %3      f16[M, 14336]
+    up   w_up    f16[14336, 4096], read transposed
     out  h       f16[M, 14336]
+    gated: one GEMM over B and up interleaved in blocks of 8 output columns when the graph struct binds the weights (per call by the free function); silu(gate) * up in registers, the two [M, N] projections never written
 
-#2  gemm_bias_residual  (named pattern)
+#1  gemm_bias_residual  (named pattern)
     ops       matmul → %5, bias_add → %6, add → y
     A         h       f16[M, 14336]
     B         w_down  f16[4096, 14336], read transposed
@@ -63,8 +58,7 @@ graph `swiglu_ffn`: 7 ops → 3 kernels
     out       y       f16[M, 4096]
 
 between kernels (written to memory, read back):
-  %3  f16[M, 14336]  #0 → #1
-  h   f16[M, 14336]  #1 → #2
+  h  f16[M, 14336]  #0 → #1
 
 ```
 */
@@ -247,33 +241,33 @@ mod __swiglu_ffn {
         ) = match (__dtype, __arch) {
             (fusion::core::ir::DType::F16, fusion::Arch::Sm80) => {
                 (
-                    ffi::fusion_kernels_gemm_nk_f16_sm80
+                    ffi::fusion_kernels_gemm_silu_glu_nk_f16_sm80
                         as fusion::launch::Launcher<ffi::fusion_gemm_params>,
-                    ffi::fusion_kernels_gemm_nk_f16_sm80_workspace_bytes
+                    ffi::fusion_kernels_gemm_silu_glu_nk_f16_sm80_workspace_bytes
                         as fusion::launch::WorkspaceBytes<ffi::fusion_gemm_params>,
                 )
             }
             (fusion::core::ir::DType::F16, fusion::Arch::Sm90) => {
                 (
-                    ffi::fusion_kernels_gemm_nk_f16_sm90
+                    ffi::fusion_kernels_gemm_silu_glu_nk_f16_sm90
                         as fusion::launch::Launcher<ffi::fusion_gemm_params>,
-                    ffi::fusion_kernels_gemm_nk_f16_sm90_workspace_bytes
+                    ffi::fusion_kernels_gemm_silu_glu_nk_f16_sm90_workspace_bytes
                         as fusion::launch::WorkspaceBytes<ffi::fusion_gemm_params>,
                 )
             }
             (fusion::core::ir::DType::BF16, fusion::Arch::Sm80) => {
                 (
-                    ffi::fusion_kernels_gemm_nk_bf16_sm80
+                    ffi::fusion_kernels_gemm_silu_glu_nk_bf16_sm80
                         as fusion::launch::Launcher<ffi::fusion_gemm_params>,
-                    ffi::fusion_kernels_gemm_nk_bf16_sm80_workspace_bytes
+                    ffi::fusion_kernels_gemm_silu_glu_nk_bf16_sm80_workspace_bytes
                         as fusion::launch::WorkspaceBytes<ffi::fusion_gemm_params>,
                 )
             }
             (fusion::core::ir::DType::BF16, fusion::Arch::Sm90) => {
                 (
-                    ffi::fusion_kernels_gemm_nk_bf16_sm90
+                    ffi::fusion_kernels_gemm_silu_glu_nk_bf16_sm90
                         as fusion::launch::Launcher<ffi::fusion_gemm_params>,
-                    ffi::fusion_kernels_gemm_nk_bf16_sm90_workspace_bytes
+                    ffi::fusion_kernels_gemm_silu_glu_nk_bf16_sm90_workspace_bytes
                         as fusion::launch::WorkspaceBytes<ffi::fusion_gemm_params>,
                 )
             }
@@ -289,53 +283,6 @@ mod __swiglu_ffn {
             }
         };
         let __launcher_1: (
-            fusion::launch::Launcher<ffi::fusion_gemm_params>,
-            fusion::launch::WorkspaceBytes<ffi::fusion_gemm_params>,
-        ) = match (__dtype, __arch) {
-            (fusion::core::ir::DType::F16, fusion::Arch::Sm80) => {
-                (
-                    ffi::fusion_kernels_gemm_silu_mul_nk_f16_sm80
-                        as fusion::launch::Launcher<ffi::fusion_gemm_params>,
-                    ffi::fusion_kernels_gemm_silu_mul_nk_f16_sm80_workspace_bytes
-                        as fusion::launch::WorkspaceBytes<ffi::fusion_gemm_params>,
-                )
-            }
-            (fusion::core::ir::DType::F16, fusion::Arch::Sm90) => {
-                (
-                    ffi::fusion_kernels_gemm_silu_mul_nk_f16_sm90
-                        as fusion::launch::Launcher<ffi::fusion_gemm_params>,
-                    ffi::fusion_kernels_gemm_silu_mul_nk_f16_sm90_workspace_bytes
-                        as fusion::launch::WorkspaceBytes<ffi::fusion_gemm_params>,
-                )
-            }
-            (fusion::core::ir::DType::BF16, fusion::Arch::Sm80) => {
-                (
-                    ffi::fusion_kernels_gemm_silu_mul_nk_bf16_sm80
-                        as fusion::launch::Launcher<ffi::fusion_gemm_params>,
-                    ffi::fusion_kernels_gemm_silu_mul_nk_bf16_sm80_workspace_bytes
-                        as fusion::launch::WorkspaceBytes<ffi::fusion_gemm_params>,
-                )
-            }
-            (fusion::core::ir::DType::BF16, fusion::Arch::Sm90) => {
-                (
-                    ffi::fusion_kernels_gemm_silu_mul_nk_bf16_sm90
-                        as fusion::launch::Launcher<ffi::fusion_gemm_params>,
-                    ffi::fusion_kernels_gemm_silu_mul_nk_bf16_sm90_workspace_bytes
-                        as fusion::launch::WorkspaceBytes<ffi::fusion_gemm_params>,
-                )
-            }
-            _ => {
-                return Err(
-                    fusion::launch::not_compiled(
-                        "swiglu_ffn",
-                        __dtype,
-                        __arch,
-                        "f16 on sm80, sm90; bf16 on sm80, sm90",
-                    ),
-                );
-            }
-        };
-        let __launcher_2: (
             fusion::launch::Launcher<ffi::fusion_gemm_params>,
             fusion::launch::WorkspaceBytes<ffi::fusion_gemm_params>,
         ) = match (__dtype, __arch) {
@@ -394,10 +341,8 @@ mod __swiglu_ffn {
             return Ok(());
         }
         let (__intermediates, __scratch) = __workspace.parts();
-        let [__ptr_7, __ptr_8] = __call
-            .intermediates::<T>(__intermediates, &[&__TENSOR_7, &__TENSOR_8])?[..] else {
-            unreachable!("one buffer per intermediate")
-        };
+        let [__ptr_8] = __call.intermediates::<T>(__intermediates, &[&__TENSOR_8])?[..]
+        else { unreachable!("one buffer per intermediate") };
         let __gemm_flags = if __call.stream_k_allowed()? {
             0
         } else {
@@ -405,11 +350,12 @@ mod __swiglu_ffn {
         };
         let mut __params_0 = {
             let (m, k) = __call.reduced_matrix(&__TENSOR_0)?;
-            let n = __call.matrix(&__TENSOR_7)?.1;
+            let n = __call.matrix(&__TENSOR_8)?.1;
             ffi::fusion_gemm_params {
                 a: __ptr_0 as *const core::ffi::c_void,
-                b: __ptr_2 as *const core::ffi::c_void,
-                c: __ptr_7 as *mut core::ffi::c_void,
+                b: __ptr_1 as *const core::ffi::c_void,
+                b_up: __ptr_2 as *const core::ffi::c_void,
+                c: __ptr_8 as *mut core::ffi::c_void,
                 bias: core::ptr::null(),
                 residual: core::ptr::null(),
                 multiplier: core::ptr::null(),
@@ -425,34 +371,19 @@ mod __swiglu_ffn {
                 workspace_bytes: 0,
             }
         };
+        if let Some(__weights) = __folded.get(0usize).and_then(Option::as_ref) {
+            let (b, col_terms) = __call.folded(__weights);
+            __params_0.b = b as *const core::ffi::c_void;
+            __params_0.b_up = core::ptr::null();
+            __params_0.col_terms = col_terms as *const core::ffi::c_void;
+        }
         let mut __params_1 = {
-            let (m, k) = __call.reduced_matrix(&__TENSOR_0)?;
-            let n = __call.matrix(&__TENSOR_8)?.1;
-            ffi::fusion_gemm_params {
-                a: __ptr_0 as *const core::ffi::c_void,
-                b: __ptr_1 as *const core::ffi::c_void,
-                c: __ptr_8 as *mut core::ffi::c_void,
-                bias: core::ptr::null(),
-                residual: core::ptr::null(),
-                multiplier: __ptr_7 as *const core::ffi::c_void,
-                gamma: core::ptr::null(),
-                beta: core::ptr::null(),
-                col_terms: core::ptr::null(),
-                m,
-                n,
-                k,
-                eps: 0f32,
-                flags: __gemm_flags,
-                workspace: core::ptr::null_mut(),
-                workspace_bytes: 0,
-            }
-        };
-        let mut __params_2 = {
             let (m, k) = __call.reduced_matrix(&__TENSOR_8)?;
             let n = __call.matrix(&__TENSOR_11)?.1;
             ffi::fusion_gemm_params {
                 a: __ptr_8 as *const core::ffi::c_void,
                 b: __ptr_3 as *const core::ffi::c_void,
+                b_up: core::ptr::null(),
                 c: __ptr_11 as *mut core::ffi::c_void,
                 bias: __ptr_4 as *const core::ffi::c_void,
                 residual: __ptr_0 as *const core::ffi::c_void,
@@ -474,7 +405,7 @@ mod __swiglu_ffn {
             .max(
                 __call
                     .workspace_bytes(
-                        "kernel #0 (gemm)",
+                        "kernel #0 (gemm_silu_glu)",
                         __launcher_0.1,
                         &__params_0,
                         ffi::fusion_kernels_error_string,
@@ -484,19 +415,9 @@ mod __swiglu_ffn {
             .max(
                 __call
                     .workspace_bytes(
-                        "kernel #1 (gemm_silu_mul)",
+                        "kernel #1 (gemm_bias_residual)",
                         __launcher_1.1,
                         &__params_1,
-                        ffi::fusion_kernels_error_string,
-                    )?,
-            );
-        __scratch_bytes = __scratch_bytes
-            .max(
-                __call
-                    .workspace_bytes(
-                        "kernel #2 (gemm_bias_residual)",
-                        __launcher_2.1,
-                        &__params_2,
                         ffi::fusion_kernels_error_string,
                     )?,
             );
@@ -505,21 +426,17 @@ mod __swiglu_ffn {
         __params_0.workspace_bytes = __scratch_len;
         __params_1.workspace = __scratch_ptr;
         __params_1.workspace_bytes = __scratch_len;
-        __params_2.workspace = __scratch_ptr;
-        __params_2.workspace_bytes = __scratch_len;
         let __code = unsafe { __launcher_0.0(&__params_0, __call.stream_ptr()) };
-        __call.launched("kernel #0 (gemm)", __code, ffi::fusion_kernels_error_string)?;
-        let __code = unsafe { __launcher_1.0(&__params_1, __call.stream_ptr()) };
         __call
             .launched(
-                "kernel #1 (gemm_silu_mul)",
+                "kernel #0 (gemm_silu_glu)",
                 __code,
                 ffi::fusion_kernels_error_string,
             )?;
-        let __code = unsafe { __launcher_2.0(&__params_2, __call.stream_ptr()) };
+        let __code = unsafe { __launcher_1.0(&__params_1, __call.stream_ptr()) };
         __call
             .launched(
-                "kernel #2 (gemm_bias_residual)",
+                "kernel #1 (gemm_bias_residual)",
                 __code,
                 ffi::fusion_kernels_error_string,
             )?;
@@ -545,6 +462,69 @@ mod __swiglu_ffn {
         let __ptr_2 = __call.input(&__TENSOR_2, w_up)?;
         let __ptr_3 = __call.input(&__TENSOR_3, w_down)?;
         let __ptr_4 = __call.input(&__TENSOR_4, b_down)?;
-        Ok(Vec::new())
+        let mut __folded = Vec::new();
+        let __fold: fusion::launch::FoldWeights<ffi::fusion_fold_params> = match (
+            __dtype,
+            __arch,
+        ) {
+            (fusion::core::ir::DType::F16, fusion::Arch::Sm80) => {
+                ffi::fusion_kernels_gemm_silu_glu_nk_f16_sm80_fold_weights
+                    as fusion::launch::FoldWeights<ffi::fusion_fold_params>
+            }
+            (fusion::core::ir::DType::F16, fusion::Arch::Sm90) => {
+                ffi::fusion_kernels_gemm_silu_glu_nk_f16_sm90_fold_weights
+                    as fusion::launch::FoldWeights<ffi::fusion_fold_params>
+            }
+            (fusion::core::ir::DType::BF16, fusion::Arch::Sm80) => {
+                ffi::fusion_kernels_gemm_silu_glu_nk_bf16_sm80_fold_weights
+                    as fusion::launch::FoldWeights<ffi::fusion_fold_params>
+            }
+            (fusion::core::ir::DType::BF16, fusion::Arch::Sm90) => {
+                ffi::fusion_kernels_gemm_silu_glu_nk_bf16_sm90_fold_weights
+                    as fusion::launch::FoldWeights<ffi::fusion_fold_params>
+            }
+            _ => {
+                return Err(
+                    fusion::launch::not_compiled(
+                        "swiglu_ffn",
+                        __dtype,
+                        __arch,
+                        "f16 on sm80, sm90; bf16 on sm80, sm90",
+                    ),
+                );
+            }
+        };
+        let (rows, cols) = __call.matrix(&__TENSOR_1)?;
+        let (n, k) = (rows, cols);
+        let bytes = 2usize * rows as usize * cols as usize * core::mem::size_of::<T>();
+        let stream_ptr = __call.stream_ptr();
+        __folded
+            .push(
+                Some(
+                    fusion::launch::FoldedWeights::fold(
+                        &__call,
+                        "kernel #0 (gemm_silu_glu)",
+                        bytes,
+                        2usize * n as usize,
+                        |w_folded, col_terms| {
+                            let params = ffi::fusion_fold_params {
+                                w: __ptr_1 as *const core::ffi::c_void,
+                                w_up: __ptr_2 as *const core::ffi::c_void,
+                                gamma: core::ptr::null(),
+                                beta: core::ptr::null(),
+                                w_folded,
+                                col_terms,
+                                n,
+                                k,
+                            };
+                            unsafe { __fold(&params, stream_ptr) }
+                        },
+                        ffi::fusion_kernels_error_string,
+                    )?,
+                ),
+            );
+        __folded.push(None);
+        stream.synchronize()?;
+        Ok(__folded)
     }
 }

@@ -48,6 +48,7 @@ struct Mainloop {
                 "the sm75 mainloop supports f16 only: Turing tensor cores have no bf16; use the sm80 mainloop");
 
   using Element = T;
+  static constexpr LayoutB kLayout = kLayoutB;
   using Config = Tile;
   static constexpr int BM = Tile::BM, BN = Tile::BN, BK = Tile::BK, WM = Tile::WM, WN = Tile::WN;
   static constexpr int kThreads = Tile::kThreads, kMinBlocksPerSm = Tile::kMinBlocksPerSm;
@@ -180,14 +181,18 @@ struct Mainloop {
 
   // Stages each 16-row slab of the warp's accumulators in shared memory, then
   // applies the chain to 16-byte chunks and stores them with 16-byte stores.
+  // A gated chain (epilogue.cuh, GatedChain) reads each chunk's gate and up
+  // values from slab columns 16c and 16c + 8 and stores 8 columns of C.
   // The last barrier of `run` has freed the pipeline buffers.
   template <typename Epilogue>
   static __device__ __forceinline__ void store(Accumulators& acc, const GemmArgs<T>& p, TileCoord tile,
                                                unsigned char* smem) {
+    constexpr int kCols = Epilogue::kGemmColsPerOutput;
     const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
     const int warp_m = warp / Tile::kWarpsN, warp_n = warp % Tile::kWarpsN;
     float* slab = reinterpret_cast<float*>(smem) + warp * 16 * kStageLd;
-    constexpr int kChunksPerRow = WN / 8;
+    const int64_t N = p.n / kCols;
+    constexpr int kChunksPerRow = WN / 8 / kCols;  // of C
     static_assert(16 * kChunksPerRow % 32 == 0, "each lane stores the same number of chunks of a slab");
 #pragma unroll
     for (int i = 0; i < kFragsM; ++i) {
@@ -200,16 +205,22 @@ struct Mainloop {
         const int id = lane + 32 * t;
         const int r = id / kChunksPerRow, col = (id % kChunksPerRow) * 8;
         const int64_t m = tile.m0 + warp_m * WM + i * 16 + r;
-        const int64_t n = tile.n0 + warp_n * WN + col;
-        if (m < p.m && n < p.n) {
-          const float4 lo = *reinterpret_cast<const float4*>(slab + r * kStageLd + col);
-          const float4 hi = *reinterpret_cast<const float4*>(slab + r * kStageLd + col + 4);
-          const float2 in[4] = {{lo.x, lo.y}, {lo.z, lo.w}, {hi.x, hi.y}, {hi.z, hi.w}};
+        const int64_t n = (tile.n0 + warp_n * WN) / kCols + col;
+        if (m < p.m && n < N) {
+          const float* at = slab + r * kStageLd + col * kCols;
           Vec8<T> out;
 #pragma unroll
-          for (int q = 0; q < 4; ++q)
-            out.set_pair(q, Numeric<T>::float2_to_pair(Epilogue::template apply<T>(in[q], m, n + 2 * q, p.n, p.epilogue)));
-          store_vec8(p.c + m * p.n + n, out);
+          for (int q = 0; q < 4; ++q) {
+            const float2 v = make_float2(at[2 * q], at[2 * q + 1]);
+            float2 c;
+            if constexpr (Epilogue::kGated)
+              c = Epilogue::template apply<T>(v, make_float2(at[8 + 2 * q], at[9 + 2 * q]), m, n + 2 * q, N,
+                                              p.epilogue);
+            else
+              c = Epilogue::template apply<T>(v, m, n + 2 * q, N, p.epilogue);
+            out.set_pair(q, Numeric<T>::float2_to_pair(c));
+          }
+          store_vec8(p.c + m * N + n, out);
         }
       }
       __syncwarp();

@@ -107,6 +107,7 @@ constexpr bool tile_valid = Tile::kValid && swizzle_fits(Tile::BK) &&
 template <typename T, LayoutB kLayoutB, typename Tile>
 struct Mainloop {
   using Element = T;
+  static constexpr LayoutB kLayout = kLayoutB;
   using Config = Tile;
   static constexpr int BM = Tile::BM, BN = Tile::BN, BK = Tile::BK, WM = Tile::WM, WN = Tile::WN;
   static constexpr int kStages = Tile::kStages, kThreads = Tile::kThreads;

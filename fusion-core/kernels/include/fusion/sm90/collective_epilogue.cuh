@@ -12,6 +12,10 @@
 // source costs no global-load latency after the K loop, where element-wise
 // loads of it had cost gemm_bias_residual 5-12% against cuBLASLt's
 // beta·C (BENCHMARKS.md v13).
+//
+// A gated chain (epilogue.cuh, GatedChain) combines each thread's gate and
+// up fragments in registers into a tile of half the width, which then goes
+// out the same way through the same staging tile.
 #pragma once
 
 #include <cuda.h>
@@ -25,6 +29,14 @@
 
 namespace fusion {
 namespace sm90 {
+
+// The tile of C a gated GEMM's tile of BN GEMM columns writes: BN / 2
+// columns, from half the accumulators (store_gated_tile).
+template <typename Config>
+struct GatedOutput : Config {
+  static constexpr int BN = Config::BN / 2;
+  static constexpr int kAccumulators = Config::kAccumulators / 2;
+};
 
 // kStagingParts: 1 when a consumer's whole share of C fits in the staging
 // tile, 2 when only half of its columns do (the kernel decides, from what
@@ -137,6 +149,74 @@ struct CollectiveEpilogue {
     }
   }
 
+  // The epilogue chain and the store of this consumer's share of C: a
+  // gated chain's, or any other's.
+  template <typename Epilogue>
+  static __device__ __forceinline__ void store_tile(Staging& shared, int consumer, TileCoord tile,
+                                                    float (&acc)[kMmaM][kAccumulators], const CUtensorMap* map_c,
+                                                    const GemmArgs<T>& args, uint32_t source_phase,
+                                                    int trace_piece = 0) {
+    if constexpr (Epilogue::kGated)
+      store_gated_tile<Epilogue>(shared, consumer, tile, acc, map_c, args, trace_piece);
+    else
+      store_chain_tile<Epilogue>(shared, consumer, tile, acc, map_c, args, source_phase, trace_piece);
+  }
+
+  // A gated chain: fragments 2j (gate) and 2j + 1 (up) of the GEMM tile
+  // become fragment j of C's tile, in registers, which is then stored with
+  // no further steps by the epilogue of half the width; its staging tile,
+  // whole, fits in this one's (which holds at least half of BN columns).
+  // kChecked and kRowsChecked as in for_each_pair, on C's columns.
+  template <typename Epilogue>
+  static __device__ __forceinline__ void store_gated_tile(Staging& shared, int consumer, TileCoord tile,
+                                                          float (&acc)[kMmaM][kAccumulators],
+                                                          const CUtensorMap* map_c, const GemmArgs<T>& args,
+                                                          int trace_piece) {
+    using Out = CollectiveEpilogue<T, GatedOutput<Config>, 1>;
+    static_assert(sizeof(typename Out::Staging) <= sizeof(Staging), "C's staging tile fits in the GEMM's");
+    static_assert(Out::BN % 64 == 0, "C's tile is whole 64-column boxes");
+    const int64_t m_base = tile.m0 + Config::share_row0(consumer);
+    GemmArgs<T> out_args = args;
+    out_args.n = args.n / 2;
+    const TileCoord out_tile{tile.m0, tile.n0 / 2};
+    const int rows = int(args.m - m_base < kRows ? args.m - m_base : kRows);
+    const int cols = int(out_args.n - out_tile.n0 < Out::BN ? out_args.n - out_tile.n0 : Out::BN);
+    float out[kMmaM][Out::kAccumulators];
+    if (!Epilogue::kReadsTile && cols == Out::BN)
+      gate_pairs<false, false, Epilogue>(acc, out, m_base, out_tile.n0, rows, cols, out_args);
+    else
+      gate_pairs<true, true, Epilogue>(acc, out, m_base, out_tile.n0, rows, cols, out_args);
+    Out::template store_chain_tile<EpilogueChain<>>(reinterpret_cast<typename Out::Staging&>(shared), consumer,
+                                                    out_tile, out, map_c, out_args, 0, trace_piece);
+  }
+
+  template <bool kChecked, bool kRowsChecked, typename Epilogue, int kOutAccumulators>
+  static __device__ __forceinline__ void gate_pairs(const float (&acc)[kMmaM][kAccumulators],
+                                                    float (&out)[kMmaM][kOutAccumulators], int64_t m_base,
+                                                    int64_t n0, int rows, int cols, const GemmArgs<T>& args) {
+    const int thread = threadIdx.x % 128;
+    const int row_in_block = (thread / 32) * 16 + (thread % 32) / 4;  // and row_in_block + 8
+#pragma unroll
+    for (int mi = 0; mi < kMmaM; ++mi) {
+#pragma unroll
+      for (int frag = 0; frag < BN / 16; ++frag) {
+        const int n = frag * 8 + 2 * (thread % 4);
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int r = mi * 64 + row_in_block + 8 * half;
+          const int g = 4 * (2 * frag) + 2 * half, u = g + 4, o = 4 * frag + 2 * half;
+          float2 v = make_float2(0.0f, 0.0f);
+          if (!kChecked || (n < cols && (!kRowsChecked || r < rows)))
+            v = Epilogue::template apply<T>(make_float2(acc[mi][g], acc[mi][g + 1]),
+                                            make_float2(acc[mi][u], acc[mi][u + 1]), m_base + r, n0 + n, args.n,
+                                            args.epilogue);
+          out[mi][o] = v.x;
+          out[mi][o + 1] = v.y;
+        }
+      }
+    }
+  }
+
   // Epilogue chain on the accumulators, then C through the staging tile and
   // TMA stores. The chain runs on every accumulator first and the staging
   // writes come after, so the chain's loads (bias, residual, multiplier) are
@@ -144,10 +224,10 @@ struct CollectiveEpilogue {
   // With a source tile, `source_phase` is the parity of the
   // source_full[consumer] phase that load_source filled for this tile.
   template <typename Epilogue>
-  static __device__ __forceinline__ void store_tile(Staging& shared, int consumer, TileCoord tile,
-                                                    float (&acc)[kMmaM][kAccumulators], const CUtensorMap* map_c,
-                                                    const GemmArgs<T>& args, uint32_t source_phase,
-                                                    [[maybe_unused]] int trace_piece = 0) {
+  static __device__ __forceinline__ void store_chain_tile(Staging& shared, int consumer, TileCoord tile,
+                                                          float (&acc)[kMmaM][kAccumulators],
+                                                          const CUtensorMap* map_c, const GemmArgs<T>& args,
+                                                          uint32_t source_phase, [[maybe_unused]] int trace_piece) {
     static_assert(fits<Epilogue>(), "a chain that reads a source tile needs the whole staging tile");
     const int thread = threadIdx.x % 128;
     const int warp = thread / 32, lane = thread % 32;

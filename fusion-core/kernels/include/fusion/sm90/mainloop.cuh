@@ -48,9 +48,10 @@
 namespace fusion {
 namespace sm90 {
 
-template <typename T, LayoutB kLayout, typename Config_>
+template <typename T, LayoutB kLayout_, typename Config_>
 struct Mainloop {
   using Element = T;
+  static constexpr LayoutB kLayout = kLayout_;
   using Config = Config_;
   using Scheduler = TileScheduler<T, Config>;
   using Loop = CollectiveMainloop<T, kLayout, Config>;
@@ -272,7 +273,7 @@ cudaError_t Mainloop<T, kLayout, Config>::encode_maps(const GemmArgs<T>& p, CUte
                                                       CUtensorMap* map_c, CUtensorMap* map_src) {
   cudaError_t err = detail::encode_matrix(map_a, p.a, p.m, p.k, BM);
   if (err != cudaSuccess) return err;
-  err = detail::encode_matrix(map_c, p.c, p.m, p.n, 64);
+  err = detail::encode_matrix(map_c, p.c, p.m, p.n / Epilogue::kGemmColsPerOutput, 64);
   if (err != cudaSuccess) return err;
   // The source tile is read in C's boxes, into C's staging tile.
   *map_src = CUtensorMap{};
@@ -289,8 +290,10 @@ cudaError_t Mainloop<T, kLayout, Config>::encode_maps(const GemmArgs<T>& p, CUte
 // The grid and stream-K split of a launch for p with `flags` on `device`,
 // and the workspace they need (workspace.cuh): the partial tiles of a
 // split, room for kStreamKFlagBytes of flags, with a folded norm the
-// statistics of every row of A, and with a per-call norm the normalized A. What workspace_layout reports and what
-// launch uses, so that the caller's bytes and the launch agree.
+// statistics of every row of A, and what prepare_operands writes (gemm.cuh:
+// a per-call norm's normalized A, a gated GEMM's interleaved B). What
+// workspace_layout reports and what launch uses, so that the caller's bytes
+// and the launch agree.
 template <typename T, LayoutB kLayout, typename Config>
 template <typename Prologue>
 typename Mainloop<T, kLayout, Config>::LaunchPlan Mainloop<T, kLayout, Config>::plan_launch(const GemmArgs<T>& p,
@@ -298,7 +301,6 @@ typename Mainloop<T, kLayout, Config>::LaunchPlan Mainloop<T, kLayout, Config>::
                                                                                             int device) {
   LaunchPlan plan;
   const size_t row_stat_bytes = Prologue::kRowStats ? row_stats_bytes(p.m) : 0;
-  const size_t normalized = Prologue::kNormalizesA ? normalized_bytes<T>(p.m, p.k) : 0;
   size_t partial_bytes = 0;
   // At most one CTA per SM (one cluster per pair of SMs that can hold one
   // at once, decided at launch) and per unit of work; without stream-K,
@@ -319,7 +321,8 @@ typename Mainloop<T, kLayout, Config>::LaunchPlan Mainloop<T, kLayout, Config>::
   } else {
     plan.grid = units;
   }
-  plan.layout = WorkspaceLayout::of(partial_bytes, row_stat_bytes, normalized);
+  plan.layout =
+      WorkspaceLayout::of(partial_bytes, row_stat_bytes, normalized_bytes_of<Prologue>(p), interleaved_bytes_of(p));
   return plan;
 }
 
@@ -337,9 +340,9 @@ cudaError_t Mainloop<T, kLayout, Config>::workspace_layout(const GemmArgs<T>& p,
 // With a folded norm: first the statistics of A's rows, into the
 // workspace, then the GEMM, whose epilogue reads them. With a per-call
 // norm: A's rows normalized into the workspace, then the plain GEMM on
-// them. A workspace too small for the split the shape would get runs every
-// tile whole; one too small for the statistics or the normalized A is
-// refused.
+// them; with a gated GEMM's two weights, B interleaved there first. A
+// workspace too small for the split the shape would get runs every tile
+// whole; one too small for the rest is refused.
 template <typename T, LayoutB kLayout, typename Config>
 template <typename Prologue, typename Epilogue>
 cudaError_t Mainloop<T, kLayout, Config>::launch(const GemmArgs<T>& p, const Workspace& workspace,
@@ -355,25 +358,18 @@ cudaError_t Mainloop<T, kLayout, Config>::launch(const GemmArgs<T>& p, const Wor
     plan.stream_k.flags = workspace.at<uint32_t>(0);
     plan.stream_k.partials = workspace.at<float>(plan.layout.partials);
   }
-  GemmArgs<T> args = p;
-  if constexpr (Prologue::kNormalizesA) {
-    // A's rows normalized into the workspace, then the plain GEMM.
-    T* normalized = workspace.at<T>(plan.layout.normalized);
-    err = Prologue::launch_normalize(p.a, normalized, p.m, p.k, p.norm, stream);
+  GemmArgs<T> args;
+  err = prepare_operands<Prologue, kLayout>(p, workspace, plan.layout, stream, &args);
+  if (err != cudaSuccess) return err;
+  if constexpr (Prologue::kRowStats) {
+    RowStats* row_stats = workspace.at<RowStats>(plan.layout.row_stats);
+    err = Prologue::launch_row_stats(p.a, row_stats, p.m, p.k, p.norm, stream);
     if (err != cudaSuccess) return err;
-    args.a = normalized;
-    return launch_gemm<NoPrologue, Epilogue>(args, plan, device, stream);
-  } else {
-    if constexpr (Prologue::kRowStats) {
-      RowStats* row_stats = workspace.at<RowStats>(plan.layout.row_stats);
-      err = Prologue::launch_row_stats(p.a, row_stats, p.m, p.k, p.norm, stream);
-      if (err != cudaSuccess) return err;
-      // A folded norm's correction reads them in the epilogue.
-      args.epilogue.row_stats = row_stats;
-      args.epilogue.row_stats_m0 = 0;
-    }
-    return launch_gemm<Prologue, Epilogue>(args, plan, device, stream);
+    // A folded norm's correction reads them in the epilogue.
+    args.epilogue.row_stats = row_stats;
+    args.epilogue.row_stats_m0 = 0;
   }
+  return launch_gemm<PreparedPrologue<Prologue>, Epilogue>(args, plan, device, stream);
 }
 
 template <typename T, LayoutB kLayout, typename Config>
