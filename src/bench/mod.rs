@@ -43,7 +43,8 @@ use vendor::{LtPair, Which};
 /// touched this many calls earlier.
 const SETS: usize = 8;
 
-/// The shapes of `fusion bench` when none are given: (M, N, K).
+/// The shapes of `fusion bench` when none are given: (M, N, K), each for
+/// every pattern.
 pub const DEFAULT_SHAPES: [(usize, usize, usize); 6] = [
     (512, 2048, 2048),
     (4096, 4096, 4096),
@@ -53,8 +54,22 @@ pub const DEFAULT_SHAPES: [(usize, usize, usize); 6] = [
     (128, 14336, 4096),
 ];
 
-/// Token counts for the SwiGLU FFN (Llama-3-8B sizes).
-pub const DEFAULT_FFN_TOKENS: [usize; 2] = [128, 8192];
+/// Decode shapes when none are given: a few tokens through Llama-3-8B's
+/// up (N = 14336) and down (K = 14336) projections, where the weight read
+/// dominates. Only the patterns a decoder runs there ([`Pattern::DECODE`])
+/// are timed at them, which keeps the default run short.
+pub const DEFAULT_DECODE_SHAPES: [(usize, usize, usize); 6] = [
+    (1, 14336, 4096),
+    (16, 14336, 4096),
+    (64, 14336, 4096),
+    (1, 4096, 14336),
+    (16, 4096, 14336),
+    (64, 4096, 14336),
+];
+
+/// Token counts for the SwiGLU FFN: decode (1, 16), prefill chunks (128,
+/// 1000) and a long prompt (8192).
+pub const DEFAULT_FFN_TOKENS: [usize; 5] = [1, 16, 128, 1000, 8192];
 
 /// A single-GEMM pattern of the built-in library.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -144,6 +159,10 @@ impl Pattern {
             Pattern::RmsnormGemm | Pattern::RmsnormGemmPerCall => (LtEpilogue::None, " after rmsnorm kernel"),
         }
     }
+
+    /// The patterns timed at the decode shapes: the bare GEMM and the
+    /// activations a decoder's projections carry.
+    pub const DECODE: [Pattern; 3] = [Pattern::Gemm, Pattern::GemmBiasGelu, Pattern::GemmSilu];
 
     pub fn parse(name: &str) -> Option<Pattern> {
         Pattern::ALL.into_iter().find(|p| p.name() == name)
@@ -285,7 +304,11 @@ fn head_start(stream: &Arc<CudaStream>, scratch: &mut CudaSlice<u8>) -> Result<(
 /// Settings of one bench run.
 #[derive(Clone, Debug)]
 pub struct BenchConfig {
+    /// Every pattern of `patterns` runs at each of these.
     pub shapes: Vec<(usize, usize, usize)>,
+    /// Those of `patterns` that are in [`Pattern::DECODE`] also run at
+    /// each of these.
+    pub decode_shapes: Vec<(usize, usize, usize)>,
     pub ffn_tokens: Vec<usize>,
     pub patterns: Vec<Pattern>,
     pub timing: TimingPlan,
@@ -297,11 +320,30 @@ impl Default for BenchConfig {
     fn default() -> Self {
         BenchConfig {
             shapes: DEFAULT_SHAPES.to_vec(),
+            decode_shapes: DEFAULT_DECODE_SHAPES.to_vec(),
             ffn_tokens: DEFAULT_FFN_TOKENS.to_vec(),
             patterns: Pattern::ALL.to_vec(),
             timing: TimingPlan::default(),
             streams: None,
         }
+    }
+}
+
+impl BenchConfig {
+    /// The single-GEMM cases in the order they run: each shape with every
+    /// pattern, then each decode shape with the decode patterns.
+    pub fn gemm_cases(&self) -> Vec<(Pattern, (usize, usize, usize))> {
+        let every = self
+            .shapes
+            .iter()
+            .flat_map(|&shape| self.patterns.iter().map(move |&pattern| (pattern, shape)));
+        let decode = self.decode_shapes.iter().flat_map(|&shape| {
+            self.patterns
+                .iter()
+                .filter(|pattern| Pattern::DECODE.contains(pattern))
+                .map(move |&pattern| (pattern, shape))
+        });
+        every.chain(decode).collect()
     }
 }
 
@@ -869,7 +911,8 @@ pub fn run<T: BenchElement>(
     clock: Option<&smi::ClockSampler>,
     mut progress: impl FnMut(usize, usize, &str),
 ) -> Result<Vec<Row>> {
-    let total = config.patterns.len() * config.shapes.len() + config.ffn_tokens.len() * GateUp::ALL.len();
+    let gemm_cases = config.gemm_cases();
+    let total = gemm_cases.len() + config.ffn_tokens.len() * GateUp::ALL.len();
     let mut head = stream.alloc_zeros::<u8>(256 << 20)?;
     let mut rows = Vec::with_capacity(total);
     let mut measure = |label: &str, case: &mut dyn FnMut(&mut CudaSlice<u8>) -> Result<Row>| -> Result<()> {
@@ -891,15 +934,13 @@ pub fn run<T: BenchElement>(
         }
         Ok(row)
     };
-    for &shape in &config.shapes {
-        for &pattern in &config.patterns {
-            measure(&format!("{} {shape:?}", pattern.name()), &mut |head| {
-                let row = bench_pattern::<T>(stream, pattern, shape, config.timing, head)?;
-                with_streams(head, row, &|part| {
-                    pattern_case::<T>(part.stream(), pattern, shape, Run::Streams(part))
-                })
-            })?;
-        }
+    for (pattern, shape) in gemm_cases {
+        measure(&format!("{} {shape:?}", pattern.name()), &mut |head| {
+            let row = bench_pattern::<T>(stream, pattern, shape, config.timing, head)?;
+            with_streams(head, row, &|part| {
+                pattern_case::<T>(part.stream(), pattern, shape, Run::Streams(part))
+            })
+        })?;
     }
     for &m in &config.ffn_tokens {
         for gate_up in GateUp::ALL {
