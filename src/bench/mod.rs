@@ -15,9 +15,11 @@
 //! of the first are compared within the dtype's precision: a fast wrong
 //! kernel is reported, not timed. With `--streams N`, each row's ours and
 //! first are also timed on N streams at once against one at a time
-//! (`streams`).
+//! (`streams`). Each row also gets its floor: its bytes at the copy
+//! bandwidth measured once per run (`floor`).
 
 pub mod cublaslt;
+pub mod floor;
 pub mod report;
 pub mod smi;
 pub mod streams;
@@ -70,6 +72,10 @@ pub const DEFAULT_DECODE_SHAPES: [(usize, usize, usize); 6] = [
 /// Token counts for the SwiGLU FFN: decode (1, 16), prefill chunks (128,
 /// 1000) and a long prompt (8192).
 pub const DEFAULT_FFN_TOKENS: [usize; 5] = [1, 16, 128, 1000, 8192];
+
+/// The SwiGLU FFN block's width D and hidden width F (Llama-3-8B).
+pub const FFN_D: usize = 4096;
+pub const FFN_F: usize = 14336;
 
 /// A single-GEMM pattern of the built-in library.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -694,8 +700,8 @@ fn ffn_case<T: BenchElement>(
     gate_up: GateUp,
     run: Run<'_, '_>,
 ) -> Result<Option<Row>> {
-    const D: usize = 4096;
-    const F: usize = 14336;
+    const D: usize = FFN_D;
+    const F: usize = FFN_F;
     let seed = m as u64 * 7 + 3;
     let scale = 1.0 / (D as f32).sqrt();
     let (w_gate_host, w_up_host) = (
@@ -904,25 +910,29 @@ fn ffn_case<T: BenchElement>(
 
 /// Runs every case of `config`, reporting progress through `progress(done,
 /// total, label)`; each row gets the SM clock `clock` sampled while it was
-/// measured.
+/// measured, and its floor at the run's copy bandwidth `copy`.
 pub fn run<T: BenchElement>(
     stream: &Arc<CudaStream>,
     config: &BenchConfig,
+    copy: &floor::CopyBandwidth,
     clock: Option<&smi::ClockSampler>,
     mut progress: impl FnMut(usize, usize, &str),
 ) -> Result<Vec<Row>> {
     let gemm_cases = config.gemm_cases();
     let total = gemm_cases.len() + config.ffn_tokens.len() * GateUp::ALL.len();
+    let element = std::mem::size_of::<T>();
     let mut head = stream.alloc_zeros::<u8>(256 << 20)?;
     let mut rows = Vec::with_capacity(total);
-    let mut measure = |label: &str, case: &mut dyn FnMut(&mut CudaSlice<u8>) -> Result<Row>| -> Result<()> {
-        progress(rows.len(), total, label);
-        let from = Instant::now();
-        let mut row = case(&mut head)?;
-        row.sm_clock = clock.and_then(|c| c.between(from, Instant::now()));
-        rows.push(row);
-        Ok(())
-    };
+    let mut measure =
+        |label: &str, bytes: f64, case: &mut dyn FnMut(&mut CudaSlice<u8>) -> Result<Row>| -> Result<()> {
+            progress(rows.len(), total, label);
+            let from = Instant::now();
+            let mut row = case(&mut head)?;
+            row.sm_clock = clock.and_then(|c| c.between(from, Instant::now()));
+            row.floor = Some(floor::Floor::new(bytes, copy, row.ours_us));
+            rows.push(row);
+            Ok(())
+        };
     // With --streams, the row's case again on that many streams at once.
     let with_streams = |head: &mut CudaSlice<u8>,
                         mut row: Row,
@@ -935,7 +945,8 @@ pub fn run<T: BenchElement>(
         Ok(row)
     };
     for (pattern, shape) in gemm_cases {
-        measure(&format!("{} {shape:?}", pattern.name()), &mut |head| {
+        let bytes = floor::gemm_bytes(pattern, shape, element);
+        measure(&format!("{} {shape:?}", pattern.name()), bytes, &mut |head| {
             let row = bench_pattern::<T>(stream, pattern, shape, config.timing, head)?;
             with_streams(head, row, &|part| {
                 pattern_case::<T>(part.stream(), pattern, shape, Run::Streams(part))
@@ -943,8 +954,9 @@ pub fn run<T: BenchElement>(
         })?;
     }
     for &m in &config.ffn_tokens {
+        let bytes = floor::ffn_bytes(m, FFN_D, FFN_F, element);
         for gate_up in GateUp::ALL {
-            measure(&format!("swiglu_ffn M={m} ({gate_up:?})"), &mut |head| {
+            measure(&format!("swiglu_ffn M={m} ({gate_up:?})"), bytes, &mut |head| {
                 let row = bench_ffn::<T>(stream, m, gate_up, config.timing, head)?;
                 with_streams(head, row, &|part| {
                     ffn_case::<T>(part.stream(), m, gate_up, Run::Streams(part))

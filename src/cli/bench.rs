@@ -132,6 +132,8 @@ fn run_bench(config: BenchConfig, args: &BenchArgs, out: &mut dyn Write) -> Resu
         driver.as_deref().unwrap_or("unknown"),
     )
     .map_err(CliError::from_stdout)?;
+    let copy = bench::floor::CopyBandwidth::measure(&stream, config.timing).map_err(gpu)?;
+    writeln!(out, "{}", copy.describe()).map_err(CliError::from_stdout)?;
 
     let bar = indicatif::ProgressBar::new(0).with_style(
         indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}").expect("a valid template"),
@@ -142,8 +144,8 @@ fn run_bench(config: BenchConfig, args: &BenchArgs, out: &mut dyn Write) -> Resu
         bar.set_message(label.to_string());
     };
     let rows = match args.dtype.as_str() {
-        "f16" => bench::run::<half::f16>(&stream, &config, clock.as_ref(), progress),
-        "bf16" => bench::run::<half::bf16>(&stream, &config, clock.as_ref(), progress),
+        "f16" => bench::run::<half::f16>(&stream, &config, &copy, clock.as_ref(), progress),
+        "bf16" => bench::run::<half::bf16>(&stream, &config, &copy, clock.as_ref(), progress),
         other => {
             return Err(CliError::Message(format!(
                 "--dtype {other}: expected f16 or bf16"
@@ -166,6 +168,7 @@ fn run_bench(config: BenchConfig, args: &BenchArgs, out: &mut dyn Write) -> Resu
         driver,
         timing: bench::TimingDescription::new(config.timing),
         sm_clock: clock.as_ref().and_then(|c| c.overall()),
+        copy: Some(copy),
     };
     drop(clock);
     write!(out, "{}", bench::table(&report)).map_err(CliError::from_stdout)?;
