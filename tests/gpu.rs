@@ -10,7 +10,7 @@
 
 mod support;
 
-use fusion::core::reference::{self, Bindings, HostTensor};
+use fusion::core::reference::{self, Bindings, HostTensor, Intermediates};
 use fusion::cudarc::driver::CudaStream;
 use fusion::half::{bf16, f16};
 use fusion::{Tensor, TensorMut, kernels, testing};
@@ -19,9 +19,13 @@ use support::{Case, TestElement, check, check_adjusted, gemm_shapes, stream, tok
 
 /// One test per single-GEMM pattern graph, over every (M, N, K) and both
 /// element types; `$call` launches the wrapper with `r` (inputs then
-/// weights) and `w` (outputs).
+/// weights) and `w` (outputs), compared with the exact reference or with
+/// one that rounds `$intermediates` as the launch does.
 macro_rules! pattern_test {
     ($test:ident, $graph:literal, |$s:ident, $r:ident, $w:ident| $call:expr) => {
+        pattern_test!($test, $graph, Intermediates::Exact, |$s, $r, $w| $call);
+    };
+    ($test:ident, $graph:literal, $intermediates:expr, |$s:ident, $r:ident, $w:ident| $call:expr) => {
         #[test]
         #[ignore = "needs a CUDA GPU"]
         fn $test() {
@@ -29,8 +33,8 @@ macro_rules! pattern_test {
             let $s = &stream;
             for (m, n, k) in gemm_shapes() {
                 let dims = [("M", m), ("N", n), ("K", k)];
-                check::<f16>($s, $graph, &dims, |$r, $w| $call);
-                check::<bf16>($s, $graph, &dims, |$r, $w| $call);
+                check_adjusted::<f16>($s, $graph, &dims, $intermediates, |_| {}, |$r, $w| $call);
+                check_adjusted::<bf16>($s, $graph, &dims, $intermediates, |_| {}, |$r, $w| $call);
             }
         }
     };
@@ -67,12 +71,19 @@ pattern_test!(gemm_bias_sigmoid, "gemm_bias_sigmoid", |s, r, w| {
 pattern_test!(gemm_gelu_quick, "gemm_gelu_quick", |s, r, w| {
     kernels::gemm_gelu_quick(s, &r[0], &r[1], &mut w[0])
 });
-pattern_test!(layernorm_gemm, "layernorm_gemm", |s, r, w| {
-    kernels::layernorm_gemm(s, &r[0], &r[1], &r[2], &r[3], &mut w[0])
-});
-pattern_test!(rmsnorm_gemm, "rmsnorm_gemm", |s, r, w| kernels::rmsnorm_gemm(
-    s, &r[0], &r[1], &r[2], &mut w[0]
-));
+// The free functions normalize A into T, then run the GEMM on it.
+pattern_test!(
+    layernorm_gemm,
+    "layernorm_gemm",
+    Intermediates::RoundedNorms,
+    |s, r, w| { kernels::layernorm_gemm(s, &r[0], &r[1], &r[2], &r[3], &mut w[0]) }
+);
+pattern_test!(
+    rmsnorm_gemm,
+    "rmsnorm_gemm",
+    Intermediates::RoundedNorms,
+    |s, r, w| { kernels::rmsnorm_gemm(s, &r[0], &r[1], &r[2], &mut w[0]) }
+);
 
 // Gated GEMMs, per call: the launch interleaves gate and up into its
 // workspace first.
@@ -162,16 +173,17 @@ fn norms_on_rows_off_center_and_gamma_with_zeros_and_negatives() {
 
 fn off_center<T: TestElement>(s: &Arc<CudaStream>, dims: &[(&str, usize)]) {
     let rows = |host: &mut Bindings| support::off_center_norm_inputs(host, 3.0);
-    check_adjusted::<T>(s, "layernorm_gemm", dims, rows, |r, w| {
+    let (per_call, folded) = (Intermediates::RoundedNorms, Intermediates::Exact);
+    check_adjusted::<T>(s, "layernorm_gemm", dims, per_call, rows, |r, w| {
         kernels::layernorm_gemm(s, &r[0], &r[1], &r[2], &r[3], &mut w[0])
     });
-    check_adjusted::<T>(s, "layernorm_gemm", dims, rows, |r, w| {
+    check_adjusted::<T>(s, "layernorm_gemm", dims, folded, rows, |r, w| {
         support::layernorm_gemm_folded(s, r, w)
     });
-    check_adjusted::<T>(s, "rmsnorm_gemm", dims, rows, |r, w| {
+    check_adjusted::<T>(s, "rmsnorm_gemm", dims, per_call, rows, |r, w| {
         kernels::rmsnorm_gemm(s, &r[0], &r[1], &r[2], &mut w[0])
     });
-    check_adjusted::<T>(s, "rmsnorm_gemm", dims, rows, |r, w| {
+    check_adjusted::<T>(s, "rmsnorm_gemm", dims, folded, rows, |r, w| {
         support::rmsnorm_gemm_folded(s, r, w)
     });
 }

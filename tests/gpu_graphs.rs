@@ -14,6 +14,7 @@
 
 mod support;
 
+use fusion::core::reference::Intermediates;
 use fusion::cudarc::driver::CudaStream;
 use fusion::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use fusion::half::f16;
@@ -34,7 +35,7 @@ const DIMS: [(&str, usize); 3] = [("M", 2100), ("N", 3000), ("K", 3000)];
 fn capture_cases() -> (Arc<CudaStream>, Case<f16>, Case<f16>) {
     let s = stream();
     unsafe { s.context().disable_event_tracking() };
-    let norm = Case::<f16>::new(&s, "layernorm_gemm", &DIMS);
+    let norm = Case::<f16>::new(&s, "layernorm_gemm", &DIMS).with_intermediates(Intermediates::RoundedNorms);
     let gelu = Case::<f16>::new(&s, "gemm_bias_gelu", &DIMS);
     s.synchronize().expect("uploads done");
     (s, norm, gelu)

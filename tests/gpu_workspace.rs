@@ -12,6 +12,7 @@
 mod support;
 
 use fusion::Tensor;
+use fusion::core::reference::Intermediates;
 use fusion::half::f16;
 use fusion::kernels;
 use fusion::launch::with_stream_workspace;
@@ -31,7 +32,8 @@ fn stream_scratch(s: &std::sync::Arc<fusion::cudarc::driver::CudaStream>) -> (us
 #[ignore = "needs a CUDA GPU"]
 fn a_second_identical_call_reuses_its_scratch_and_computes_the_same() {
     let s = stream();
-    let mut norm = Case::<f16>::new(&s, "layernorm_gemm", &DIMS);
+    let mut norm =
+        Case::<f16>::new(&s, "layernorm_gemm", &DIMS).with_intermediates(Intermediates::RoundedNorms);
     let mut gelu = Case::<f16>::new(&s, "gemm_bias_gelu", &DIMS);
     let mut outputs = Vec::new();
     let mut held = Vec::new();

@@ -3,8 +3,8 @@
 
 use fusion_core::ir::{Activation, DType, Extent, Graph, GraphBuilder, TensorId, WeightLayout};
 use fusion_core::reference::{
-    Bindings, HostTensor, ReferenceError, erf, evaluate, evaluate_all, evaluate_rows, gelu_erf, gelu_tanh,
-    max_abs_error, random_bindings, relative_error, silu,
+    Bindings, HostTensor, Intermediates, ReferenceError, erf, evaluate, evaluate_all, evaluate_rows,
+    evaluate_rows_with, gelu_erf, gelu_tanh, max_abs_error, random_bindings, relative_error, silu,
 };
 use half::{bf16, f16};
 use rand::SeedableRng;
@@ -390,6 +390,80 @@ fn evaluate_rows_equals_the_same_rows_of_evaluate() {
         evaluate_rows(&graph, &inputs, &[]).unwrap()["z"].shape,
         vec![0, 24]
     );
+}
+
+/// `y = layernorm(x) @ wᵀ` (f16, K = 64, N = 16), also returning `n =
+/// rmsnorm(x)`, which no matmul reads; with `split`, the two halves alone:
+/// the norms, and the product of an input `a` standing for their output.
+fn norm_gemm_graph(split: bool) -> Graph {
+    let mut b = GraphBuilder::new(if split { "product" } else { "norm_gemm" });
+    let m = b.dynamic_dim("M").unwrap();
+    let k = b.static_dim("K", 64).unwrap();
+    let n = b.static_dim("N", 16).unwrap();
+    let x = b.input("x", DType::F16, &[m, k]).unwrap();
+    let w = b.weight("w", DType::F16, &[n, k]).unwrap();
+    if split {
+        let y = b.matmul(x, w, WeightLayout::NK).unwrap();
+        b.output("y", y).unwrap();
+        return b.build().unwrap();
+    }
+    let g = b.weight("g", DType::F16, &[k]).unwrap();
+    let beta = b.weight("beta", DType::F16, &[k]).unwrap();
+    let normed = b.layernorm(x, g, beta, 1e-5).unwrap();
+    let y = b.matmul(normed, w, WeightLayout::NK).unwrap();
+    b.output("y", y).unwrap();
+    let alone = b.rmsnorm(x, g, 1e-5).unwrap();
+    b.output("n", alone).unwrap();
+    b.build().unwrap()
+}
+
+#[test]
+fn rounded_norms_round_what_a_matmul_reads_and_nothing_else() {
+    let graph = norm_gemm_graph(false);
+    let inputs = random_bindings(&graph, &[("M", 5)], &mut StdRng::seed_from_u64(7)).unwrap();
+    let rows = [4, 0, 2];
+    let exact = evaluate_rows(&graph, &inputs, &rows).unwrap();
+    assert_eq!(
+        evaluate_rows_with(&graph, &inputs, &rows, Intermediates::Exact).unwrap(),
+        exact
+    );
+    let rounded = evaluate_rows_with(&graph, &inputs, &rows, Intermediates::RoundedNorms).unwrap();
+    // The norm's output, rounded to f16, fed to the product alone: the same
+    // arithmetic in the same order, so exactly equal.
+    let layernorm_only = {
+        let mut b = GraphBuilder::new("layernorm");
+        let m = b.dynamic_dim("M").unwrap();
+        let k = b.static_dim("K", 64).unwrap();
+        let x = b.input("x", DType::F16, &[m, k]).unwrap();
+        let g = b.weight("g", DType::F16, &[k]).unwrap();
+        let beta = b.weight("beta", DType::F16, &[k]).unwrap();
+        let normed = b.layernorm(x, g, beta, 1e-5).unwrap();
+        b.output("a", normed).unwrap();
+        b.build().unwrap()
+    };
+    let norm_inputs: Bindings = ["x", "g", "beta"]
+        .iter()
+        .map(|&name| (name.to_string(), inputs[name].clone()))
+        .collect();
+    let normed = &evaluate_rows(&layernorm_only, &norm_inputs, &rows).unwrap()["a"];
+    let product = |a: HostTensor| {
+        evaluate(
+            &norm_gemm_graph(true),
+            &bindings(&[("x", a), ("w", inputs["w"].clone())]),
+        )
+        .unwrap()["y"]
+            .clone()
+    };
+    assert_eq!(rounded["y"], product(normed.rounded_to(DType::F16)));
+    assert_eq!(exact["y"], product(normed.clone()));
+    assert_ne!(rounded["y"], exact["y"]);
+    // The rounding moves each output by about u·√K of its terms' scale
+    // (u = 2⁻¹¹; normalized values near 1, weights within 1/√K): well
+    // under 2⁻¹¹ here.
+    assert!(max_abs_error(&rounded["y"], &exact["y"]) < 2f64.powi(-11));
+    // A norm that no matmul reads is an output, rounded by the kernel's
+    // store and judged by the comparison: the reference keeps it exact.
+    assert_eq!(rounded["n"], exact["n"]);
 }
 
 #[test]

@@ -15,9 +15,11 @@
 //! of the first are compared within the dtype's precision: a fast wrong
 //! kernel is reported, not timed. With `--streams N`, each row's ours and
 //! first are also timed on N streams at once against one at a time
-//! (`streams`).
+//! (`streams`). Each row also gets its floor: its bytes at the copy
+//! bandwidth measured once per run (`floor`).
 
 pub mod cublaslt;
+pub mod floor;
 pub mod report;
 pub mod smi;
 pub mod streams;
@@ -43,7 +45,8 @@ use vendor::{LtPair, Which};
 /// touched this many calls earlier.
 const SETS: usize = 8;
 
-/// The shapes of `fusion bench` when none are given: (M, N, K).
+/// The shapes of `fusion bench` when none are given: (M, N, K), each for
+/// every pattern.
 pub const DEFAULT_SHAPES: [(usize, usize, usize); 6] = [
     (512, 2048, 2048),
     (4096, 4096, 4096),
@@ -53,8 +56,26 @@ pub const DEFAULT_SHAPES: [(usize, usize, usize); 6] = [
     (128, 14336, 4096),
 ];
 
-/// Token counts for the SwiGLU FFN (Llama-3-8B sizes).
-pub const DEFAULT_FFN_TOKENS: [usize; 2] = [128, 8192];
+/// Decode shapes when none are given: a few tokens through Llama-3-8B's
+/// up (N = 14336) and down (K = 14336) projections, where the weight read
+/// dominates. Only the patterns a decoder runs there ([`Pattern::DECODE`])
+/// are timed at them, which keeps the default run short.
+pub const DEFAULT_DECODE_SHAPES: [(usize, usize, usize); 6] = [
+    (1, 14336, 4096),
+    (16, 14336, 4096),
+    (64, 14336, 4096),
+    (1, 4096, 14336),
+    (16, 4096, 14336),
+    (64, 4096, 14336),
+];
+
+/// Token counts for the SwiGLU FFN: decode (1, 16), prefill chunks (128,
+/// 1000) and a long prompt (8192).
+pub const DEFAULT_FFN_TOKENS: [usize; 5] = [1, 16, 128, 1000, 8192];
+
+/// The SwiGLU FFN block's width D and hidden width F (Llama-3-8B).
+pub const FFN_D: usize = 4096;
+pub const FFN_F: usize = 14336;
 
 /// A single-GEMM pattern of the built-in library.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -144,6 +165,10 @@ impl Pattern {
             Pattern::RmsnormGemm | Pattern::RmsnormGemmPerCall => (LtEpilogue::None, " after rmsnorm kernel"),
         }
     }
+
+    /// The patterns timed at the decode shapes: the bare GEMM and the
+    /// activations a decoder's projections carry.
+    pub const DECODE: [Pattern; 3] = [Pattern::Gemm, Pattern::GemmBiasGelu, Pattern::GemmSilu];
 
     pub fn parse(name: &str) -> Option<Pattern> {
         Pattern::ALL.into_iter().find(|p| p.name() == name)
@@ -285,7 +310,11 @@ fn head_start(stream: &Arc<CudaStream>, scratch: &mut CudaSlice<u8>) -> Result<(
 /// Settings of one bench run.
 #[derive(Clone, Debug)]
 pub struct BenchConfig {
+    /// Every pattern of `patterns` runs at each of these.
     pub shapes: Vec<(usize, usize, usize)>,
+    /// Those of `patterns` that are in [`Pattern::DECODE`] also run at
+    /// each of these.
+    pub decode_shapes: Vec<(usize, usize, usize)>,
     pub ffn_tokens: Vec<usize>,
     pub patterns: Vec<Pattern>,
     pub timing: TimingPlan,
@@ -297,11 +326,30 @@ impl Default for BenchConfig {
     fn default() -> Self {
         BenchConfig {
             shapes: DEFAULT_SHAPES.to_vec(),
+            decode_shapes: DEFAULT_DECODE_SHAPES.to_vec(),
             ffn_tokens: DEFAULT_FFN_TOKENS.to_vec(),
             patterns: Pattern::ALL.to_vec(),
             timing: TimingPlan::default(),
             streams: None,
         }
+    }
+}
+
+impl BenchConfig {
+    /// The single-GEMM cases in the order they run: each shape with every
+    /// pattern, then each decode shape with the decode patterns.
+    pub fn gemm_cases(&self) -> Vec<(Pattern, (usize, usize, usize))> {
+        let every = self
+            .shapes
+            .iter()
+            .flat_map(|&shape| self.patterns.iter().map(move |&pattern| (pattern, shape)));
+        let decode = self.decode_shapes.iter().flat_map(|&shape| {
+            self.patterns
+                .iter()
+                .filter(|pattern| Pattern::DECODE.contains(pattern))
+                .map(move |&pattern| (pattern, shape))
+        });
+        every.chain(decode).collect()
     }
 }
 
@@ -652,8 +700,8 @@ fn ffn_case<T: BenchElement>(
     gate_up: GateUp,
     run: Run<'_, '_>,
 ) -> Result<Option<Row>> {
-    const D: usize = 4096;
-    const F: usize = 14336;
+    const D: usize = FFN_D;
+    const F: usize = FFN_F;
     let seed = m as u64 * 7 + 3;
     let scale = 1.0 / (D as f32).sqrt();
     let (w_gate_host, w_up_host) = (
@@ -862,24 +910,29 @@ fn ffn_case<T: BenchElement>(
 
 /// Runs every case of `config`, reporting progress through `progress(done,
 /// total, label)`; each row gets the SM clock `clock` sampled while it was
-/// measured.
+/// measured, and its floor at the run's copy bandwidth `copy`.
 pub fn run<T: BenchElement>(
     stream: &Arc<CudaStream>,
     config: &BenchConfig,
+    copy: &floor::CopyBandwidth,
     clock: Option<&smi::ClockSampler>,
     mut progress: impl FnMut(usize, usize, &str),
 ) -> Result<Vec<Row>> {
-    let total = config.patterns.len() * config.shapes.len() + config.ffn_tokens.len() * GateUp::ALL.len();
+    let gemm_cases = config.gemm_cases();
+    let total = gemm_cases.len() + config.ffn_tokens.len() * GateUp::ALL.len();
+    let element = std::mem::size_of::<T>();
     let mut head = stream.alloc_zeros::<u8>(256 << 20)?;
     let mut rows = Vec::with_capacity(total);
-    let mut measure = |label: &str, case: &mut dyn FnMut(&mut CudaSlice<u8>) -> Result<Row>| -> Result<()> {
-        progress(rows.len(), total, label);
-        let from = Instant::now();
-        let mut row = case(&mut head)?;
-        row.sm_clock = clock.and_then(|c| c.between(from, Instant::now()));
-        rows.push(row);
-        Ok(())
-    };
+    let mut measure =
+        |label: &str, bytes: f64, case: &mut dyn FnMut(&mut CudaSlice<u8>) -> Result<Row>| -> Result<()> {
+            progress(rows.len(), total, label);
+            let from = Instant::now();
+            let mut row = case(&mut head)?;
+            row.sm_clock = clock.and_then(|c| c.between(from, Instant::now()));
+            row.floor = Some(floor::Floor::new(bytes, copy, row.ours_us));
+            rows.push(row);
+            Ok(())
+        };
     // With --streams, the row's case again on that many streams at once.
     let with_streams = |head: &mut CudaSlice<u8>,
                         mut row: Row,
@@ -891,19 +944,19 @@ pub fn run<T: BenchElement>(
         }
         Ok(row)
     };
-    for &shape in &config.shapes {
-        for &pattern in &config.patterns {
-            measure(&format!("{} {shape:?}", pattern.name()), &mut |head| {
-                let row = bench_pattern::<T>(stream, pattern, shape, config.timing, head)?;
-                with_streams(head, row, &|part| {
-                    pattern_case::<T>(part.stream(), pattern, shape, Run::Streams(part))
-                })
-            })?;
-        }
+    for (pattern, shape) in gemm_cases {
+        let bytes = floor::gemm_bytes(pattern, shape, element);
+        measure(&format!("{} {shape:?}", pattern.name()), bytes, &mut |head| {
+            let row = bench_pattern::<T>(stream, pattern, shape, config.timing, head)?;
+            with_streams(head, row, &|part| {
+                pattern_case::<T>(part.stream(), pattern, shape, Run::Streams(part))
+            })
+        })?;
     }
     for &m in &config.ffn_tokens {
+        let bytes = floor::ffn_bytes(m, FFN_D, FFN_F, element);
         for gate_up in GateUp::ALL {
-            measure(&format!("swiglu_ffn M={m} ({gate_up:?})"), &mut |head| {
+            measure(&format!("swiglu_ffn M={m} ({gate_up:?})"), bytes, &mut |head| {
                 let row = bench_ffn::<T>(stream, m, gate_up, config.timing, head)?;
                 with_streams(head, row, &|part| {
                     ffn_case::<T>(part.stream(), m, gate_up, Run::Streams(part))

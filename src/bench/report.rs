@@ -5,6 +5,7 @@
 //! (`benchmarks/*.json`) under their names and adds the newer ones after
 //! them, so that a program written for the old files reads the new.
 
+use super::floor::{CopyBandwidth, Floor};
 use super::smi::{self, ClockSummary};
 use super::timing::{Timing, TimingPlan};
 use super::vendor::{self, GemmChoice};
@@ -45,6 +46,10 @@ pub struct Row {
     /// against one at a time (absent otherwise).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub concurrency: Option<Concurrency>,
+    /// The row's bytes at the run's copy bandwidth, and ours against that
+    /// (`bench::floor`); absent in the files of earlier runs.
+    #[serde(default)]
+    pub floor: Option<Floor>,
 }
 
 /// A row's contenders with several streams in flight (`bench::streams`).
@@ -109,6 +114,7 @@ impl Row {
             algorithms: m.algorithms,
             sm_clock: None,
             concurrency: None,
+            floor: None,
         }
     }
 }
@@ -139,6 +145,10 @@ pub struct Report {
     pub timing: TimingDescription,
     /// The SM clock over the whole run.
     pub sm_clock: Option<ClockSummary>,
+    /// The device-to-device copy bandwidth the rows' floors are at,
+    /// measured once at the start of the run; absent in earlier files.
+    #[serde(default)]
+    pub copy: Option<CopyBandwidth>,
 }
 
 /// How the numbers of a report were made.
@@ -180,6 +190,19 @@ fn with_spread(t: &Timing) -> String {
     format!("{:.1} ({:.1}-{:.1})", t.median_us, t.q1_us, t.q3_us)
 }
 
+/// A row's floor in µs and ours as a fraction of it, or `-` for each.
+///
+/// Printed for every row, not only where the weight read dominates: a
+/// threshold on the fraction would hide the floor exactly where a slow
+/// kernel leaves most of it, and a small fraction says plainly that the
+/// row is bound by its FLOPs instead.
+fn floor_cells(floor: Option<&Floor>) -> (String, String) {
+    floor.map_or_else(
+        || ("-".to_string(), "-".to_string()),
+        |f| (format!("{:.1}", f.floor_us), format!("{:.3}", f.fraction)),
+    )
+}
+
 /// `min/median/max` in MHz, or `-`.
 fn clock_text(clock: Option<&ClockSummary>) -> String {
     clock.map_or_else(
@@ -192,7 +215,7 @@ fn clock_text(clock: Option<&ClockSummary>) -> String {
 /// columns are.
 pub fn table(report: &Report) -> String {
     let mut out = format!(
-        "{:<20} {:<18} {:<5} {:<42} {:>24} {:>24} {:>24} {:>6} {:>6} {:>7} {:>14}\n",
+        "{:<20} {:<18} {:<5} {:<42} {:>24} {:>24} {:>24} {:>6} {:>6} {:>7} {:>9} {:>6} {:>14}\n",
         "kernel",
         "shape (M,N,K)",
         "dtype",
@@ -203,11 +226,14 @@ pub fn table(report: &Report) -> String {
         "ratio",
         "best",
         "ours TF",
+        "floor µs",
+        "floor",
         "SM MHz"
     );
     for r in &report.rows {
+        let (floor_us, floor_fraction) = floor_cells(r.floor.as_ref());
         out.push_str(&format!(
-            "{:<20} {:<18} {:<5} {:<42} {:>24} {:>24} {:>24} {:>6.3} {:>6.3} {:>7.1} {:>14}\n",
+            "{:<20} {:<18} {:<5} {:<42} {:>24} {:>24} {:>24} {:>6.3} {:>6.3} {:>7.1} {:>9} {:>6} {:>14}\n",
             r.kernel,
             r.shape,
             r.dtype,
@@ -218,6 +244,8 @@ pub fn table(report: &Report) -> String {
             r.ratio,
             r.best_ratio,
             r.ours_tflops,
+            floor_us,
+            floor_fraction,
             clock_text(r.sm_clock.as_ref()),
         ));
     }
@@ -226,12 +254,18 @@ pub fn table(report: &Report) -> String {
         Some(clock) => format!("{} MHz", clock_text(Some(clock))),
         None => "not sampled (nvidia-smi did not run)".to_string(),
     };
+    let copy = match &report.copy {
+        Some(copy) => format!("{:.0} GB/s, measured in this run", copy.gb_per_s),
+        None => "not measured".to_string(),
+    };
     out.push_str(&format!(
         "first: the baseline with the cuBLASLt heuristic's first algorithm, as users get it; \
          best: with the fastest of its top {} that agrees with the first\n\
          ratio = first's time / ours, best = best's time / ours (above 1: fusion is faster)\n\
          µs: median of {} timed calls each, the three interleaved; IQR: interquartile range, \
          the 25th to the 75th percentile\n\
+         floor µs: the row's inputs, weights and output, each read or written once, at the \
+         device-to-device copy bandwidth ({copy}); floor = floor µs / ours (1: ours at the copy bandwidth)\n\
          SM MHz: min/median/max of the SM clock sampled during the row by nvidia-smi queries {} ms apart \
          (whole run: {run_clock})\n",
         timing.candidates,
@@ -349,9 +383,17 @@ mod tests {
         }
     }
 
+    /// 512 MiB copied in 250 µs: 4295 GB/s.
+    fn copy() -> CopyBandwidth {
+        CopyBandwidth::from_timing(512 << 20, timing(250.0))
+    }
+
     fn report(clock: Option<ClockSummary>) -> Report {
+        // 4096³ in f16: 3 × 32 MiB, 100.7 MB, 23.4 µs at 4295 GB/s.
+        let bytes = 3.0 * 2.0 * 4096f64.powi(2) + 2.0 * 4096.0;
         let row = Row {
             sm_clock: clock,
+            floor: Some(Floor::new(bytes, &copy(), 200.0)),
             ..Row::new(
                 "gemm_bias",
                 "4096,4096,4096".into(),
@@ -392,6 +434,7 @@ mod tests {
             driver: Some("580.159.04".into()),
             timing: TimingDescription::new(TimingPlan { warmup: 10, runs: 50 }),
             sm_clock: clock,
+            copy: Some(copy()),
         }
     }
 
@@ -447,6 +490,31 @@ mod tests {
         assert_eq!(row["algorithms"][0]["best"]["heuristic_rank"], 3);
         assert_eq!(value["timing"]["candidates"], 16);
         assert_eq!(value["commit"], "16bb885");
+        // The floor's fields, added after them.
+        assert_eq!(row["floor"]["bytes"], 3.0 * 2.0 * 4096f64.powi(2) + 2.0 * 4096.0);
+        let fraction = row["floor"]["fraction"].as_f64().unwrap();
+        let floor_us = row["floor"]["floor_us"].as_f64().unwrap();
+        assert!(
+            (fraction - floor_us / 200.0).abs() < 1e-12 && fraction < 1.0,
+            "{row}"
+        );
+        assert_eq!(value["copy"]["bytes"], 512 << 20);
+        assert!((value["copy"]["gb_per_s"].as_f64().unwrap() - 4294.967).abs() < 1e-3);
+        assert_eq!(value["copy"]["timing"]["median_us"], 250.0);
+    }
+
+    #[test]
+    fn a_file_from_before_the_floor_still_reads() {
+        let mut value = serde_json::to_value(report(None)).unwrap();
+        value.as_object_mut().unwrap().remove("copy");
+        value["rows"][0].as_object_mut().unwrap().remove("floor");
+        let old: Report = serde_json::from_value(value).unwrap();
+        assert_eq!((old.copy, old.rows[0].floor), (None, None));
+        // Its table says so in the floor's cells and the footer.
+        let text = table(&old);
+        let row = text.lines().nth(1).unwrap();
+        assert!(row.contains(" 687.2         -      - "), "{row}");
+        assert!(text.contains("copy bandwidth (not measured)"), "{text}");
     }
 
     #[test]
@@ -466,10 +534,17 @@ mod tests {
             "205.0 (204.5-206.0)",
             "1.050",
             "1.025",
+            "23.4",
+            "0.117",
             "1755/1980/1980",
         ] {
             assert!(row.contains(cell), "{cell} in {row}");
         }
+        assert!(
+            lines[0].contains("floor µs") && lines[0].contains(" floor "),
+            "{text}"
+        );
+        assert!(text.contains("(4295 GB/s, measured in this run)"), "{text}");
         // The header and the row line up: the numbers end in the same column.
         assert_eq!(lines[0].chars().count(), row.chars().count(), "{text}");
         assert!(text.contains("top 16"), "{text}");

@@ -10,13 +10,15 @@ use std::path::PathBuf;
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
-    /// A shape `M,N,K` to time (repeat for several); default: the six standard shapes.
+    /// A shape `M,N,K` to time with every kernel named (repeat for several); default: six standard
+    /// shapes for every kernel, and M = 1, 16, 64 at (M, 14336, 4096) and (M, 4096, 14336) for gemm,
+    /// gemm_bias_gelu and gemm_silu.
     #[arg(long = "shape", value_name = "M,N,K", value_parser = parse_shape)]
     pub shapes: Vec<(usize, usize, usize)>,
     /// Only these kernels (repeat for several), by graph name such as `gemm_bias_gelu`.
     #[arg(long = "kernel", value_name = "NAME")]
     pub kernels: Vec<String>,
-    /// Token counts for the SwiGLU FFN block (comma-separated); 0 skips it.
+    /// Token counts for the SwiGLU FFN block (comma-separated); 0 skips it. Default: 1,16,128,1000,8192.
     #[arg(long = "ffn-tokens", value_name = "M,…", value_delimiter = ',', default_values_t = bench::DEFAULT_FFN_TOKENS)]
     pub ffn_tokens: Vec<usize>,
     /// Element type: f16 or bf16.
@@ -68,7 +70,10 @@ fn config_of(args: &BenchArgs) -> Result<BenchConfig, CliError> {
         ..BenchConfig::default()
     };
     if !args.shapes.is_empty() {
+        // The shapes given replace the decode shapes too: each is timed
+        // with every kernel named.
         config.shapes = args.shapes.clone();
+        config.decode_shapes.clear();
     }
     if !args.kernels.is_empty() {
         config.patterns = args
@@ -127,6 +132,8 @@ fn run_bench(config: BenchConfig, args: &BenchArgs, out: &mut dyn Write) -> Resu
         driver.as_deref().unwrap_or("unknown"),
     )
     .map_err(CliError::from_stdout)?;
+    let copy = bench::floor::CopyBandwidth::measure(&stream, config.timing).map_err(gpu)?;
+    writeln!(out, "{}", copy.describe()).map_err(CliError::from_stdout)?;
 
     let bar = indicatif::ProgressBar::new(0).with_style(
         indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}").expect("a valid template"),
@@ -137,8 +144,8 @@ fn run_bench(config: BenchConfig, args: &BenchArgs, out: &mut dyn Write) -> Resu
         bar.set_message(label.to_string());
     };
     let rows = match args.dtype.as_str() {
-        "f16" => bench::run::<half::f16>(&stream, &config, clock.as_ref(), progress),
-        "bf16" => bench::run::<half::bf16>(&stream, &config, clock.as_ref(), progress),
+        "f16" => bench::run::<half::f16>(&stream, &config, &copy, clock.as_ref(), progress),
+        "bf16" => bench::run::<half::bf16>(&stream, &config, &copy, clock.as_ref(), progress),
         other => {
             return Err(CliError::Message(format!(
                 "--dtype {other}: expected f16 or bf16"
@@ -161,6 +168,7 @@ fn run_bench(config: BenchConfig, args: &BenchArgs, out: &mut dyn Write) -> Resu
         driver,
         timing: bench::TimingDescription::new(config.timing),
         sm_clock: clock.as_ref().and_then(|c| c.overall()),
+        copy: Some(copy),
     };
     drop(clock);
     write!(out, "{}", bench::table(&report)).map_err(CliError::from_stdout)?;
@@ -225,6 +233,60 @@ mod tests {
             config(&["--kernel", "swiglu_ffn", "--ffn-tokens", "0"]),
             bench::DEFAULT_FFN_TOKENS
         );
+    }
+
+    #[test]
+    fn decode_shapes_run_the_decode_kernels_unless_shapes_are_given() {
+        let cases = |extra: &[&str]| {
+            let cli = Cli::try_parse_from(["fusion", "bench"].iter().chain(extra)).unwrap();
+            let Command::Bench(args) = cli.command else {
+                panic!("bench")
+            };
+            config_of(&args).unwrap().gemm_cases()
+        };
+        let is_decode = |shape: &(usize, usize, usize)| bench::DEFAULT_DECODE_SHAPES.contains(shape);
+        let all = cases(&[]);
+        let standard = bench::DEFAULT_SHAPES.len() * Pattern::ALL.len();
+        assert_eq!(
+            all.len(),
+            standard + bench::DEFAULT_DECODE_SHAPES.len() * Pattern::DECODE.len()
+        );
+        // Each standard shape with every pattern first, then the decode
+        // shapes with the decode patterns alone.
+        assert_eq!(all[0], (Pattern::Gemm, bench::DEFAULT_SHAPES[0]));
+        assert_eq!(all[Pattern::ALL.len()].1, bench::DEFAULT_SHAPES[1]);
+        assert!(all[..standard].iter().all(|(_, shape)| !is_decode(shape)));
+        assert!(
+            all[standard..]
+                .iter()
+                .all(|(pattern, shape)| is_decode(shape) && Pattern::DECODE.contains(pattern))
+        );
+        assert_eq!(
+            all[standard..standard + 3],
+            [
+                (Pattern::Gemm, (1, 14336, 4096)),
+                (Pattern::GemmBiasGelu, (1, 14336, 4096)),
+                (Pattern::GemmSilu, (1, 14336, 4096)),
+            ]
+        );
+        // A kernel named that is not a decode pattern: the standard shapes.
+        let bias = cases(&["--kernel", "gemm_bias"]);
+        assert_eq!(bias.len(), bench::DEFAULT_SHAPES.len());
+        assert!(
+            bias.iter()
+                .all(|&(pattern, shape)| pattern == Pattern::GemmBias && !is_decode(&shape))
+        );
+        let two = cases(&["--kernel", "gemm_bias", "--kernel", "gemm"]);
+        assert_eq!(
+            two.len(),
+            2 * bench::DEFAULT_SHAPES.len() + bench::DEFAULT_DECODE_SHAPES.len()
+        );
+        // Shapes given replace both lists, for every kernel named.
+        assert_eq!(
+            cases(&["--shape", "1,14336,4096", "--kernel", "gemm_bias"]),
+            [(Pattern::GemmBias, (1, 14336, 4096))]
+        );
+        assert_eq!(cases(&["--shape", "2,8,8"]).len(), Pattern::ALL.len());
     }
 
     #[test]

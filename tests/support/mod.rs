@@ -13,7 +13,7 @@
 #![allow(dead_code)]
 
 use fusion::core::ir::{DType, Graph};
-use fusion::core::reference::{self, Bindings, HostTensor};
+use fusion::core::reference::{self, Bindings, HostTensor, Intermediates};
 use fusion::cudarc::driver::{CudaSlice, CudaStream};
 use fusion::testing;
 use fusion::{Element, Tensor, TensorMut};
@@ -86,6 +86,11 @@ pub struct Case<T: TestElement> {
     pub reads: Vec<(String, CudaSlice<T>, fusion::Shape)>,
     pub writes: Vec<(String, CudaSlice<T>, fusion::Shape, Vec<usize>)>,
     pub label: String,
+    /// What the reference rounds between ops, to compute what the launch
+    /// computes: `RoundedNorms` for a norm GEMM's free function, whose
+    /// kernel stores the normalized rows in T; `Exact` (the default) for
+    /// everything else, a struct that folds its norm included.
+    pub intermediates: Intermediates,
 }
 
 impl<T: TestElement> Case<T> {
@@ -148,6 +153,15 @@ impl<T: TestElement> Case<T> {
             reads,
             writes,
             label,
+            intermediates: Intermediates::Exact,
+        }
+    }
+
+    /// The case with its reference rounding `intermediates`.
+    pub fn with_intermediates(self, intermediates: Intermediates) -> Case<T> {
+        Case {
+            intermediates,
+            ..self
         }
     }
 
@@ -217,7 +231,8 @@ impl<T: TestElement> Case<T> {
         stream.synchronize().expect("kernels finished");
         let m = self.writes.first().map_or(0, |w| w.3[0]);
         let rows = testing::rows_to_check(m, &mut rng());
-        let want = reference::evaluate_rows(&self.graph, &self.host, &rows).expect("reference");
+        let want = reference::evaluate_rows_with(&self.graph, &self.host, &rows, self.intermediates)
+            .expect("reference");
         let mut worst = 0.0f64;
         for (name, buf, _, shape) in &self.writes {
             let values = stream.clone_dtoh(buf).expect("download");
@@ -238,23 +253,27 @@ pub fn variant_supports<T: Element>() -> bool {
 }
 
 /// Runs one graph at one size for one element type: fresh inputs, poisoned
-/// outputs, the wrapper, the comparison. On a variant without this element
-/// type the wrapper must refuse with `UnsupportedDType`.
+/// outputs, the wrapper, the comparison with the exact reference. On a
+/// variant without this element type the wrapper must refuse with
+/// `UnsupportedDType`. For a launch that rounds no norm's output before a
+/// GEMM: a norm GEMM's free function goes through [`check_adjusted`].
 pub fn check<T: TestElement>(
     stream: &Arc<CudaStream>,
     name: &str,
     dims: &[(&str, usize)],
     launch: impl FnOnce(&[Tensor<'_, T>], &mut [TensorMut<'_, T>]) -> fusion::Result<()>,
 ) {
-    check_adjusted(stream, name, dims, |_| {}, launch);
+    check_adjusted(stream, name, dims, Intermediates::Exact, |_| {}, launch);
 }
 
-/// [`check`] with the random inputs and weights changed by `adjust` first
-/// (and then rounded to `T`).
+/// [`check`] against a reference that rounds `intermediates` (what the
+/// launch stores in T; see [`Case::intermediates`]), with the random inputs
+/// and weights changed by `adjust` first (and then rounded to `T`).
 pub fn check_adjusted<T: TestElement>(
     stream: &Arc<CudaStream>,
     name: &str,
     dims: &[(&str, usize)],
+    intermediates: Intermediates,
     adjust: impl FnOnce(&mut Bindings),
     launch: impl FnOnce(&[Tensor<'_, T>], &mut [TensorMut<'_, T>]) -> fusion::Result<()>,
 ) {
@@ -264,7 +283,7 @@ pub fn check_adjusted<T: TestElement>(
     for t in host.values_mut() {
         *t = T::decode(&t.shape, &T::encode(t)).expect("a value rounds to T");
     }
-    let mut case = Case::<T>::from_bindings(stream, graph, host, dims);
+    let mut case = Case::<T>::from_bindings(stream, graph, host, dims).with_intermediates(intermediates);
     let result = case.launch(launch);
     if !variant_supports::<T>() {
         assert!(

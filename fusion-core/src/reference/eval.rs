@@ -17,7 +17,7 @@ use std::collections::HashMap;
 /// same dim appears; static dims must match exactly.
 pub fn evaluate(graph: &Graph, inputs: &Bindings) -> Result<Outputs, ReferenceError> {
     bind_dims(graph, inputs)?;
-    let values = run(graph, borrow_declared(graph, inputs), false);
+    let values = run(graph, borrow_declared(graph, inputs), false, Intermediates::Exact);
     Ok(collect_outputs(graph, values))
 }
 
@@ -27,7 +27,7 @@ pub fn evaluate(graph: &Graph, inputs: &Bindings) -> Result<Outputs, ReferenceEr
 /// goes wrong.
 pub fn evaluate_all(graph: &Graph, inputs: &Bindings) -> Result<Outputs, ReferenceError> {
     bind_dims(graph, inputs)?;
-    let mut values = run(graph, borrow_declared(graph, inputs), true);
+    let mut values = run(graph, borrow_declared(graph, inputs), true, Intermediates::Exact);
     Ok(graph
         .ops
         .iter()
@@ -50,6 +50,38 @@ pub fn evaluate_all(graph: &Graph, inputs: &Bindings) -> Result<Outputs, Referen
 /// axis and nowhere else, and no weight has it; otherwise this returns
 /// [`ReferenceError::NotRowLocal`].
 pub fn evaluate_rows(graph: &Graph, inputs: &Bindings, rows: &[usize]) -> Result<Outputs, ReferenceError> {
+    evaluate_rows_with(graph, inputs, rows, Intermediates::Exact)
+}
+
+/// Which computed values the reference rounds to their dtype before the
+/// next op reads them, so that it computes what a kernel computes where
+/// the kernel stores a value in the element type.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Intermediates {
+    /// Every value in f64 from the inputs as given: what [`evaluate`] and
+    /// [`evaluate_rows`] compute.
+    #[default]
+    Exact,
+    /// A norm's output rounded to its dtype where a matmul reads it: what a
+    /// norm GEMM computes when the norm is not folded into the weight (its
+    /// gamma and beta come with each call), since it normalizes A's rows
+    /// into the element type the tensor cores read and then runs the GEMM.
+    /// That rounding enters every output as a sum over K, of the size of
+    /// the output's own rounding; left out of the reference, it is an error
+    /// the comparison's bounds would have to allow. A folded norm
+    /// (LN(x)·Wᵀ from x·W′ᵀ and per-row statistics) never rounds the
+    /// normalized rows: compare it with [`Intermediates::Exact`].
+    RoundedNorms,
+}
+
+/// [`evaluate_rows`], with the intermediates that `intermediates` names
+/// rounded to their dtype.
+pub fn evaluate_rows_with(
+    graph: &Graph,
+    inputs: &Bindings,
+    rows: &[usize],
+    intermediates: Intermediates,
+) -> Result<Outputs, ReferenceError> {
     let row_dim = row_dim(graph)?;
     let sizes = bind_dims(graph, inputs)?;
     let row_count = sizes[row_dim.0].map_or(0, |(size, _)| size);
@@ -65,7 +97,7 @@ pub fn evaluate_rows(graph: &Graph, inputs: &Bindings, rows: &[usize]) -> Result
         let full = values[t.0].take().expect("inputs are bound");
         values[t.0] = Some(Cow::Owned(full.select_rows(rows)?));
     }
-    let values = run(graph, values, false);
+    let values = run(graph, values, false, intermediates);
     Ok(collect_outputs(graph, values))
 }
 
@@ -266,13 +298,15 @@ fn borrow_declared<'a>(graph: &Graph, inputs: &'a Bindings) -> Vec<Option<Cow<'a
     values
 }
 
-/// Applies the ops in order. Unless `keep_all`, a tensor that is not an
-/// output is dropped after its last use, so a long chain needs memory for
-/// a few tensors, not all of them.
+/// Applies the ops in order, rounding the results `intermediates` names.
+/// Unless `keep_all`, a tensor that is not an output is dropped after its
+/// last use, so a long chain needs memory for a few tensors, not all of
+/// them.
 fn run<'a>(
     graph: &Graph,
     mut values: Vec<Option<Cow<'a, HostTensor>>>,
     keep_all: bool,
+    intermediates: Intermediates,
 ) -> Vec<Option<Cow<'a, HostTensor>>> {
     let mut last_use = vec![None; graph.tensors.len()];
     for (i, op) in graph.ops.iter().enumerate() {
@@ -280,13 +314,17 @@ fn run<'a>(
             last_use[t.0] = Some(i);
         }
     }
+    let rounded = rounded_results(graph, intermediates);
     for (i, op) in graph.ops.iter().enumerate() {
         let operands: Vec<&HostTensor> = op
             .inputs
             .iter()
             .map(|t| values[t.0].as_deref().expect("ops are in topological order"))
             .collect();
-        let result = apply(op.kind, &operands);
+        let mut result = apply(op.kind, &operands);
+        if rounded[op.output.0] {
+            result = result.rounded_to(graph.tensor(op.output).dtype);
+        }
         values[op.output.0] = Some(Cow::Owned(result));
         if !keep_all {
             for &t in &op.inputs {
@@ -297,6 +335,26 @@ fn run<'a>(
         }
     }
     values
+}
+
+/// For each tensor, whether `intermediates` has it rounded to its dtype
+/// once computed.
+fn rounded_results(graph: &Graph, intermediates: Intermediates) -> Vec<bool> {
+    let mut rounded = vec![false; graph.tensors.len()];
+    if intermediates == Intermediates::RoundedNorms {
+        let is_norm = |t: TensorId| {
+            graph.ops.iter().any(|op| {
+                op.output == t && matches!(op.kind, OpKind::LayerNorm { .. } | OpKind::RmsNorm { .. })
+            })
+        };
+        for op in &graph.ops {
+            let a = op.inputs[0];
+            if matches!(op.kind, OpKind::MatMul { .. }) && is_norm(a) {
+                rounded[a.0] = true;
+            }
+        }
+    }
+    rounded
 }
 
 fn collect_outputs(graph: &Graph, mut values: Vec<Option<Cow<'_, HostTensor>>>) -> Outputs {

@@ -7,7 +7,10 @@
 //! is checked without computing all of it.
 //!
 //! Every value is computed in f64 from inputs as given: nothing is rounded to
-//! the graph's dtypes between ops. Inputs drawn with [`HostTensor::random`]
+//! the graph's dtypes between ops, unless [`evaluate_rows_with`] is asked to
+//! model a kernel that stores an intermediate in its element type
+//! ([`Intermediates`]: a norm's output before the GEMM that reads it, as a
+//! norm GEMM whose norm is not folded computes it). Inputs drawn with [`HostTensor::random`]
 //! are already rounded to their dtype, so the GPU and the CPU start from the
 //! same numbers and differ only by the GPU's own rounding.
 //!
@@ -52,7 +55,7 @@ mod tensor;
 
 pub use crate::ir::ops::{gelu_erf, gelu_tanh, silu};
 pub use compare::{max_abs_error, relative_error};
-pub use eval::{evaluate, evaluate_all, evaluate_rows, random_bindings};
+pub use eval::{Intermediates, evaluate, evaluate_all, evaluate_rows, evaluate_rows_with, random_bindings};
 pub use kernels::erf;
 pub use tensor::HostTensor;
 

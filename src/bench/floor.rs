@@ -1,0 +1,203 @@
+//! The floor of a row: the bytes its computation must move, at the
+//! device-to-device copy bandwidth measured in the same run. Where the
+//! weight read dominates (decode: a few rows of A against a large weight)
+//! no kernel can beat it, so ours as a fraction of it says how much is left
+//! to gain there; where the FLOPs dominate the fraction is small and says
+//! only that.
+//!
+//! A copy reads and writes every byte, so its bandwidth is 2 × bytes / time.
+//! The copy is timed once per run, with the rows' timing helpers.
+
+use super::Pattern;
+use super::timing::{Timing, TimingPlan, time_calls};
+use crate::error::Result;
+use cudarc::driver::CudaStream;
+use serde::{Deserialize, Serialize};
+use std::cell::RefCell;
+use std::sync::Arc;
+
+/// Bytes of the timed copy: far beyond any GPU's L2 (50 MB on an H200), so
+/// that it streams from DRAM and back, and long (about 0.25 ms on an H200)
+/// next to the gap between two queued calls.
+pub const COPY_BYTES: usize = 512 << 20;
+
+/// The device-to-device copy bandwidth of a run.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CopyBandwidth {
+    /// Bytes each timed copy moves from one buffer to another.
+    pub bytes: usize,
+    /// The timed copies, with the rows' plan.
+    pub timing: Timing,
+    /// 2 × bytes over the median copy, in GB/s (10⁹ bytes per second).
+    pub gb_per_s: f64,
+}
+
+impl CopyBandwidth {
+    /// Times copies of [`COPY_BYTES`] between two device buffers on
+    /// `stream`: `plan.warmup` untimed, then `plan.runs` timed, queued
+    /// behind a head start as the rows' calls are.
+    pub fn measure(stream: &Arc<CudaStream>, plan: TimingPlan) -> Result<CopyBandwidth> {
+        let source = stream.alloc_zeros::<u8>(COPY_BYTES)?;
+        // The destination doubles as the head start's scratch: both run on
+        // `stream`, in order.
+        let destination = RefCell::new(stream.alloc_zeros::<u8>(COPY_BYTES)?);
+        let timing = time_calls(
+            stream,
+            plan,
+            || super::head_start(stream, &mut destination.borrow_mut()),
+            |_| Ok(stream.memcpy_dtod(&source, &mut *destination.borrow_mut())?),
+        )?;
+        Ok(CopyBandwidth::from_timing(COPY_BYTES, timing))
+    }
+
+    /// The bandwidth of copies of `bytes` that took `timing`.
+    pub fn from_timing(bytes: usize, timing: Timing) -> CopyBandwidth {
+        CopyBandwidth {
+            bytes,
+            timing,
+            gb_per_s: 2.0 * bytes as f64 / (timing.median_us * 1e3),
+        }
+    }
+
+    /// `bytes` at this bandwidth, in µs.
+    pub fn time_us(&self, bytes: f64) -> f64 {
+        bytes / (self.gb_per_s * 1e3)
+    }
+
+    /// The line `fusion bench` prints under its header.
+    pub fn describe(&self) -> String {
+        format!(
+            "device-to-device copy: {:.0} GB/s (2 x {} MiB over the median of {:.1} µs); \
+             each row's floor is its bytes at that rate",
+            self.gb_per_s,
+            self.bytes >> 20,
+            self.timing.median_us,
+        )
+    }
+}
+
+/// A row's floor, and ours against it.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Floor {
+    /// The bytes the computation reads and writes, each tensor once.
+    pub bytes: f64,
+    /// Those bytes at the run's copy bandwidth, in µs.
+    pub floor_us: f64,
+    /// floor_us over our median: 1 is ours at the copy bandwidth. Above 1
+    /// only where the inputs stay in L2 between calls (shapes whose rotated
+    /// input sets fit in it together).
+    pub fraction: f64,
+}
+
+impl Floor {
+    pub fn new(bytes: f64, copy: &CopyBandwidth, ours_us: f64) -> Floor {
+        let floor_us = copy.time_us(bytes);
+        Floor {
+            bytes,
+            floor_us,
+            fraction: floor_us / ours_us,
+        }
+    }
+}
+
+/// The least bytes `pattern` at (M, N, K) reads and writes with `element`
+/// bytes per value: A [M, K], the weight [N, K], the graph's vectors (a
+/// bias [N]; a norm's gamma, and a LayerNorm's beta, [K]), a residual
+/// [M, N], and C [M, N]. A folded norm reads W·diag(gamma) and two [N]
+/// vectors in place of W, gamma and beta: the graph's own tensors are the
+/// floor of either.
+pub fn gemm_bytes(pattern: Pattern, (m, n, k): (usize, usize, usize), element: usize) -> f64 {
+    let vectors = match pattern {
+        Pattern::Gemm | Pattern::GemmGelu | Pattern::GemmSilu => 0,
+        Pattern::GemmBias | Pattern::GemmBiasGelu | Pattern::GemmBiasRelu | Pattern::GemmBiasSilu => n,
+        Pattern::GemmBiasResidual => n + m * n,
+        Pattern::LayernormGemm | Pattern::LayernormGemmPerCall => 2 * k,
+        Pattern::RmsnormGemm | Pattern::RmsnormGemmPerCall => k,
+    };
+    ((m * k + n * k + vectors + m * n) * element) as f64
+}
+
+/// The least bytes the SwiGLU FFN block at M tokens (width D, hidden F)
+/// reads and writes: the gate, up and down weights and the down bias, x
+/// read (once, for the projections and the residual) and y written.
+pub fn ffn_bytes(m: usize, d: usize, f: usize, element: usize) -> f64 {
+    ((3 * f * d + d + 2 * m * d) * element) as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn timing(median_us: f64) -> Timing {
+        Timing {
+            median_us,
+            q1_us: median_us,
+            q3_us: median_us,
+            min_us: median_us,
+            max_us: median_us,
+        }
+    }
+
+    #[test]
+    fn a_copy_reads_and_writes_its_bytes() {
+        // 512 MiB in 250 µs: 2 × 536.9 MB / 250 µs = 4295 GB/s.
+        let copy = CopyBandwidth::from_timing(COPY_BYTES, timing(250.0));
+        assert!((copy.gb_per_s - 4_294.967_296).abs() < 1e-6, "{}", copy.gb_per_s);
+        // Reading and writing the copy's bytes once each takes the copy's time.
+        assert!((copy.time_us(2.0 * COPY_BYTES as f64) - 250.0).abs() < 1e-9);
+        let line = copy.describe();
+        assert!(
+            line.contains("4295 GB/s") && line.contains("512 MiB") && line.contains("250.0 µs"),
+            "{line}"
+        );
+    }
+
+    #[test]
+    fn gemm_bytes_count_each_tensor_once() {
+        let shape = (1, 14336, 4096);
+        // f16: 2 × (4096 + 14336·4096 + 14336) bytes, the weight ~117 MB.
+        assert_eq!(
+            gemm_bytes(Pattern::Gemm, shape, 2),
+            2.0 * (4096.0 + 14336.0 * 4096.0 + 14336.0)
+        );
+        let bare = gemm_bytes(Pattern::Gemm, (4, 8, 16), 2);
+        assert_eq!(bare, 2.0 * (64 + 128 + 32) as f64);
+        assert_eq!(gemm_bytes(Pattern::GemmSilu, (4, 8, 16), 2), bare);
+        assert_eq!(gemm_bytes(Pattern::GemmBiasGelu, (4, 8, 16), 2), bare + 16.0);
+        assert_eq!(
+            gemm_bytes(Pattern::GemmBiasResidual, (4, 8, 16), 2),
+            bare + 16.0 + 64.0
+        );
+        assert_eq!(
+            gemm_bytes(Pattern::LayernormGemmPerCall, (4, 8, 16), 2),
+            bare + 64.0
+        );
+        assert_eq!(gemm_bytes(Pattern::RmsnormGemm, (4, 8, 16), 2), bare + 32.0);
+        assert_eq!(gemm_bytes(Pattern::Gemm, (4, 8, 16), 4), 2.0 * bare);
+    }
+
+    #[test]
+    fn ffn_bytes_are_three_weights_a_bias_x_and_y() {
+        // Llama-3-8B at one token, f16: 3 × 14336 × 4096 weights, 4096 bias,
+        // 4096 of x and 4096 of y, 2 bytes each: 352.4 MB.
+        let bytes = ffn_bytes(1, 4096, 14336, 2);
+        assert_eq!(bytes, 2.0 * (3.0 * 14336.0 * 4096.0 + 3.0 * 4096.0));
+        assert_eq!(
+            ffn_bytes(8192, 4096, 14336, 2) - bytes,
+            2.0 * 2.0 * 8191.0 * 4096.0
+        );
+    }
+
+    #[test]
+    fn the_floor_is_the_bytes_at_the_copy_bandwidth_over_ours() {
+        let copy = CopyBandwidth::from_timing(COPY_BYTES, timing(250.0));
+        // The decode GEMM's ~117 MB at 4295 GB/s: 27.35 µs; ours at 34.6 µs
+        // reaches 0.79 of it.
+        let bytes = gemm_bytes(Pattern::Gemm, (1, 14336, 4096), 2);
+        let floor = Floor::new(bytes, &copy, 34.6);
+        assert!((floor.floor_us - 27.35).abs() < 0.01, "{floor:?}");
+        assert!((floor.fraction - floor.floor_us / 34.6).abs() < 1e-12);
+        assert!(floor.fraction > 0.79 && floor.fraction < 0.80, "{floor:?}");
+        assert_eq!(floor.bytes, bytes);
+    }
+}
