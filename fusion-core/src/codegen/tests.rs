@@ -544,6 +544,31 @@ fn elementwise_operands(lib: &KernelLibrary) -> Vec<Option<usize>> {
 }
 
 #[test]
+fn silu_mul_is_one_elementwise_unit_with_the_factor_at_its_step() {
+    let spec = spec("silu_mul.toml", &[DType::F16, DType::BF16]);
+    let up = spec.plan.graph.tensor_by_name("up").unwrap().0;
+    let lib = render("fusion_kernels", &[Arch::Sm80, Arch::Sm90], &[spec]).unwrap();
+    let symbols: Vec<&str> = lib.units.iter().map(|u| u.symbol.as_str()).collect();
+    assert_eq!(
+        symbols,
+        ["fusion_kernels_silu_mul_f16", "fusion_kernels_silu_mul_bf16"]
+    );
+    for unit in &lib.units {
+        assert_eq!(unit.params, ParamsKind::Elementwise);
+        assert!(
+            unit.source
+                .contains("fusion::ElementwiseChain<fusion::Silu, fusion::Mul>"),
+            "{}",
+            unit.source
+        );
+    }
+    // The silu reads nothing; the mul, step 1, reads `up`.
+    let operands = elementwise_operands(&lib);
+    assert_eq!(operands, [None, Some(up), None, None]);
+    assert_eq!(operands.len(), crate::fuse::MAX_EPILOGUE_STEPS);
+}
+
+#[test]
 fn two_factors_of_one_chain_reach_their_own_steps() {
     let source = crate::diagnostic::SourceFile::new(
         "graphs/two_factors.toml",
