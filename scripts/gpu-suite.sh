@@ -48,9 +48,9 @@ run_tests() {
 # every kernel kind (plain GEMM epilogues, the [K, N] layout, norm
 # prologues and folded norms, residual, standalone norm and elementwise) without repeating
 # what only differs in an activation functor. racecheck is the slowest.
-memcheck_tests="gemm_bias_gelu gemm_silu gemm_bias_residual layernorm_gemm rmsnorm_gemm layernorm_gemm_folded rmsnorm_gemm_folded silu mul layernorm rmsnorm"
+memcheck_tests="gemm_bias_gelu gemm_silu gemm_bias_residual layernorm_gemm rmsnorm_gemm layernorm_gemm_folded rmsnorm_gemm_folded silu mul silu_mul layernorm rmsnorm"
 racecheck_tests="gemm_bias_gelu gemm_silu layernorm_gemm layernorm_gemm_folded silu layernorm"
-initcheck_tests="gemm_bias_gelu gemm_silu layernorm_gemm rmsnorm_gemm layernorm_gemm_folded mul rmsnorm"
+initcheck_tests="gemm_bias_gelu gemm_silu layernorm_gemm rmsnorm_gemm layernorm_gemm_folded mul silu_mul rmsnorm"
 synccheck_tests="gemm_bias_gelu gemm_silu layernorm_gemm layernorm"
 
 # sanitize ARCH TOOL TESTS...: one compute-sanitizer run of the chosen tests

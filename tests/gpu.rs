@@ -325,6 +325,11 @@ standalone_test!(gelu_quick, "gelu_quick", "N", |s, r, w| kernels::gelu_quick(
 standalone_test!(mul, "mul", "N", |s, r, w| kernels::mul(
     s, &r[0], &r[1], &mut w[0]
 ));
+// silu(gate) * up as one kernel: a chain of two steps, the factor read at
+// the mul's step.
+standalone_test!(silu_mul, "silu_mul", "N", |s, r, w| kernels::silu_mul(
+    s, &r[0], &r[1], &mut w[0]
+));
 standalone_test!(layernorm, "layernorm", "K", |s, r, w| kernels::layernorm(
     s, &r[0], &r[1], &r[2], &mut w[0]
 ));

@@ -53,6 +53,7 @@ const PATTERNS: &[(&str, Dims)] = &[
     ("sigmoid", Dims::Rows("N")),
     ("gelu_quick", Dims::Rows("N")),
     ("mul", Dims::Rows("N")),
+    ("silu_mul", Dims::Rows("N")),
     ("layernorm", Dims::Rows("K")),
     ("rmsnorm", Dims::Rows("K")),
 ];
@@ -92,6 +93,7 @@ fn launch<T: TestElement>(
         "sigmoid" => kernels::sigmoid(s, &r[0], &mut w[0]),
         "gelu_quick" => kernels::gelu_quick(s, &r[0], &mut w[0]),
         "mul" => kernels::mul(s, &r[0], &r[1], &mut w[0]),
+        "silu_mul" => kernels::silu_mul(s, &r[0], &r[1], &mut w[0]),
         "layernorm" => kernels::layernorm(s, &r[0], &r[1], &r[2], &mut w[0]),
         "rmsnorm" => kernels::rmsnorm(s, &r[0], &r[1], &mut w[0]),
         other => panic!("no wrapper for pattern `{other}`"),

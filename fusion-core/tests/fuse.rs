@@ -204,7 +204,7 @@ fn sigmoid_and_gelu_quick_fuse_into_gemm_epilogues_and_stand_alone() {
         assert_eq!(names(&plan), [op], "{plan}");
         assert_eq!(
             plan.kernels[0].composition,
-            Composition::Elementwise(EpilogueStep::Activation(Activation::named(op).unwrap()))
+            Composition::Elementwise(vec![EpilogueStep::Activation(Activation::named(op).unwrap())])
         );
     }
 }
@@ -583,20 +583,145 @@ fn gpt2_mlp_is_two_kernels() {
 }
 
 #[test]
-fn ops_without_a_matmul_are_standalone_kernels() {
+fn ops_without_a_matmul_chain_into_one_elementwise_kernel() {
     let mut f = Fixture::new("no_matmul");
     let z = f.activation_input("z");
     let s = f.b.add(f.x, z).unwrap();
     let y = f.b.relu(s).unwrap();
     let plan = plan_of(f.build(&[("y", y)]));
-    assert_eq!(names(&plan), ["add", "relu"]);
+    assert_eq!(names(&plan), ["add_relu"]);
     assert_eq!(
         plan.kernels[0].composition,
-        Composition::Elementwise(EpilogueStep::Residual)
+        Composition::Elementwise(vec![
+            EpilogueStep::Residual,
+            EpilogueStep::Activation(Activation::RELU)
+        ])
     );
     let roles: Vec<Role> = plan.kernels[0].operands.iter().map(|o| o.role).collect();
     assert_eq!(roles, [Role::X, Role::Residual { step: 0 }]);
-    assert_eq!(plan.kernels[1].operands.len(), 1);
+    assert_eq!(plan.kernels[0].operand(Role::X), Some(tensor(&plan, "x")));
+    assert_eq!(plan.kernels[0].output, y);
+}
+
+/// `y = silu(a) * b`, or `b * silu(a)` with `silu_second`.
+fn silu_mul(silu_second: bool) -> Graph {
+    let mut f = Fixture::new("silu_mul");
+    let up = f.activation_input("up");
+    let gate = f.b.silu(f.x).unwrap();
+    let y = if silu_second {
+        f.b.mul(up, gate).unwrap()
+    } else {
+        f.b.mul(gate, up).unwrap()
+    };
+    f.build(&[("y", y)])
+}
+
+#[test]
+fn silu_times_a_tensor_is_one_kernel_named_after_its_steps() {
+    for silu_second in [false, true] {
+        let plan = plan_of(silu_mul(silu_second));
+        assert_eq!(names(&plan), ["silu_mul"], "{plan}");
+        let kernel = &plan.kernels[0];
+        assert_eq!(
+            kernel.composition,
+            Composition::Elementwise(vec![
+                EpilogueStep::Activation(Activation::SILU),
+                EpilogueStep::Mul
+            ])
+        );
+        assert_eq!(kernel.ops.len(), 2);
+        assert_eq!(kernel.operand(Role::X), Some(tensor(&plan, "x")));
+        assert_eq!(
+            kernel.operand(Role::MulOperand { step: 1 }),
+            Some(tensor(&plan, "up1"))
+        );
+        assert_eq!(kernel.operands.len(), 2);
+        assert!(plan.crossing_tensors().is_empty());
+    }
+}
+
+#[test]
+fn two_operands_of_one_kind_keep_their_step_indices() {
+    // y = x * a * b: both factors are mul operands, told apart by step.
+    let mut f = Fixture::new("mul_mul");
+    let (a, c) = (f.activation_input("a"), f.activation_input("c"));
+    let h = f.b.mul(f.x, a).unwrap();
+    let y = f.b.mul(h, c).unwrap();
+    let plan = plan_of(f.build(&[("y", y)]));
+    assert_eq!(names(&plan), ["mul_mul"]);
+    let roles: Vec<Role> = plan.kernels[0].operands.iter().map(|o| o.role).collect();
+    assert_eq!(
+        roles,
+        [
+            Role::X,
+            Role::MulOperand { step: 0 },
+            Role::MulOperand { step: 1 }
+        ]
+    );
+    assert_eq!(plan.kernels[0].operand(Role::MulOperand { step: 0 }), Some(a));
+    assert_eq!(plan.kernels[0].operand(Role::MulOperand { step: 1 }), Some(c));
+}
+
+#[test]
+fn a_tensor_used_twice_ends_an_elementwise_chain() {
+    let mut f = Fixture::new("shared_gate");
+    let up = f.activation_input("up");
+    let gate = f.b.silu(f.x).unwrap();
+    f.b.name(gate, "gate").unwrap();
+    let h = f.b.mul(gate, up).unwrap();
+    let g = f.b.relu(gate).unwrap();
+    let y = f.b.add(h, g).unwrap();
+    let plan = plan_of(f.build(&[("y", y)]));
+    // `gate` is read twice: written by its own kernel. The mul then takes
+    // the add, whose other operand the relu writes first.
+    assert_eq!(names(&plan), ["silu", "relu", "mul_add"], "{plan}");
+    assert_eq!(plan.kernels[0].output, tensor(&plan, "gate"));
+    // And a chain tensor returned to the caller is written too.
+    let mut f = Fixture::new("gate_out");
+    let up = f.activation_input("up");
+    let gate = f.b.silu(f.x).unwrap();
+    let h = f.b.mul(gate, up).unwrap();
+    let plan = plan_of(f.build(&[("gate", gate), ("h", h)]));
+    assert_eq!(names(&plan), ["silu", "mul"]);
+}
+
+#[test]
+fn an_elementwise_chain_stops_at_the_cap() {
+    let steps = ["relu", "gelu", "silu", "sigmoid", "gelu_quick"];
+    assert_eq!(steps.len(), MAX_EPILOGUE_STEPS + 1);
+    let mut f = Fixture::new("five_activations");
+    let mut t = f.x;
+    for step in steps {
+        t = f.step(t, step);
+    }
+    let plan = plan_of(f.build(&[("y", t)]));
+    assert_eq!(names(&plan), ["relu_gelu_silu_sigmoid", "gelu_quick"]);
+}
+
+#[test]
+fn an_elementwise_chain_stops_at_an_op_a_gemm_took() {
+    // h = silu(a) is the mul operand of the GEMM's epilogue: the silu
+    // cannot take the mul, which the GEMM chain holds.
+    let mut f = Fixture::new("gemm_takes_the_mul");
+    let a = f.activation_input("a");
+    let h = f.b.silu(a).unwrap();
+    let p = f.linear(f.x);
+    let y = f.b.mul(p, h).unwrap();
+    let plan = plan_of(f.build(&[("y", y)]));
+    assert_eq!(names(&plan), ["silu", "gemm_mul"]);
+}
+
+#[test]
+fn validate_rejects_elementwise_steps_that_are_not_its_ops() {
+    let mut plan = plan_of(silu_mul(false));
+    plan.kernels[0].composition = Composition::Elementwise(vec![EpilogueStep::Mul, EpilogueStep::Mul]);
+    plan.kernels[0].name = plan.kernels[0].composition.name();
+    let error = plan.validate().unwrap_err();
+    assert!(error.contains("elementwise steps are not the ops"), "{error}");
+    let mut plan = plan_of(silu_mul(false));
+    plan.kernels[0].operands[1].role = Role::MulOperand { step: 0 };
+    let error = plan.validate().unwrap_err();
+    assert!(error.contains("one per step"), "{error}");
 }
 
 #[test]
@@ -792,7 +917,8 @@ fn steps_are_given_up_from_the_end_until_no_rule_refuses() {
         chain_graph(None, &["bias", "gelu", "residual"]),
         &[refuse("gemm_bias_gelu_residual"), refuse("gemm_bias_gelu")],
     );
-    assert_eq!(names(&plan), ["gemm_bias", "gelu", "add"]);
+    // The steps given up chain into one elementwise kernel.
+    assert_eq!(names(&plan), ["gemm_bias", "gelu_add"]);
     assert_eq!(plan.splits[0].kept, "gemm_bias");
 }
 

@@ -155,6 +155,7 @@ fn every_shipped_graph_parses_and_lowers() {
             "rmsnorm_gemm",
             "sigmoid",
             "silu",
+            "silu_mul",
             "swiglu_ffn",
         ]
     );

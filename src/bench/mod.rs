@@ -7,7 +7,8 @@
 //! norm kernels of the same library. It runs twice over: its cuBLASLt GEMMs
 //! with the heuristic's first algorithm, as users get it, and with the
 //! fastest of the heuristic's top 16 (`vendor`); the SwiGLU FFN's baseline
-//! is measured with its gate and up GEMMs separate and stacked (`GateUp`).
+//! is measured with its gate and up GEMMs separate and stacked, and stacked
+//! with one fused silu·mul kernel after them (`GateUp`).
 //! The three contenders (ours, first, best) read the same random inputs,
 //! rotate over copies of them so that L2 does not flatter any, and are
 //! timed with CUDA events, alternating call by call (warm-up, then the
@@ -653,17 +654,28 @@ pub enum GateUp {
     /// ([`cublaslt::LtGemm::new_stacked`]), as a model that stores them
     /// merged calls it.
     Stacked,
+    /// The stacked call, then one kernel for silu(gate)·up
+    /// (`kernels::silu_mul`) in place of the silu and mul kernels: three
+    /// launches with the down GEMM, the strongest unfused chain a user
+    /// could write.
+    StackedFused,
 }
 
 impl GateUp {
-    pub const ALL: [GateUp; 2] = [GateUp::Separate, GateUp::Stacked];
+    pub const ALL: [GateUp; 3] = [GateUp::Separate, GateUp::Stacked, GateUp::StackedFused];
 
     /// The baseline's label in the table.
     fn baseline(self) -> &'static str {
         match self {
             GateUp::Separate => "cuBLASLt ×3 + silu, mul kernels",
             GateUp::Stacked => "cuBLASLt stacked gate/up, down + silu, mul",
+            GateUp::StackedFused => "cuBLASLt stacked gate/up, silu·mul kernel, down: 3 launches",
         }
+    }
+
+    /// Whether gate and up are one cuBLASLt call over the stacked weights.
+    fn stacked(self) -> bool {
+        self != GateUp::Separate
     }
 }
 
@@ -673,6 +685,7 @@ struct FfnBaseline<T> {
     gate_up: Rotated<T>,
     /// The up projection of the separate GEMM.
     up: Rotated<T>,
+    /// silu(gate), between the separate silu and mul kernels.
     act: Rotated<T>,
     h: Rotated<T>,
     y: Rotated<T>,
@@ -681,7 +694,8 @@ struct FfnBaseline<T> {
 }
 
 /// Times the SwiGLU FFN block (Llama-3-8B: D = 4096, F = 14336) at M tokens
-/// against cuBLASLt GEMMs with the silu and mul kernels between them.
+/// against cuBLASLt GEMMs with the silu and mul kernels, or the one silu·mul
+/// kernel, between them.
 pub fn bench_ffn<T: BenchElement>(
     stream: &Arc<CudaStream>,
     m: usize,
@@ -712,9 +726,10 @@ fn ffn_case<T: BenchElement>(
     let w_gate = Rotated::from_host(stream, &w_gate_host)?;
     let w_up = Rotated::from_host(stream, &w_up_host)?;
     // The same weights, one after the other, for the stacked GEMM.
-    let w_stacked = match gate_up {
-        GateUp::Separate => None,
-        GateUp::Stacked => Some(Rotated::from_host(stream, &[w_gate_host, w_up_host].concat())?),
+    let w_stacked = if gate_up.stacked() {
+        Some(Rotated::from_host(stream, &[w_gate_host, w_up_host].concat())?)
+    } else {
+        None
     };
     let w_down = Rotated::<T>::random(stream, D * F, 1.0 / (F as f32).sqrt(), seed + 3)?;
     let b_down = Rotated::<T>::random(stream, D, 1.0, seed + 4)?;
@@ -724,14 +739,15 @@ fn ffn_case<T: BenchElement>(
             cublaslt::LtGemm::new(stream, T::DTYPE, WeightLayout::NK, dims, epilogue, candidates)
         })
     };
-    let mut lt = match gate_up {
-        GateUp::Separate => vec![
-            plan_lt((m, F, D), LtEpilogue::None)?,
-            plan_lt((m, F, D), LtEpilogue::None)?,
-        ],
-        GateUp::Stacked => vec![LtPair::new(|candidates| {
+    let mut lt = if gate_up.stacked() {
+        vec![LtPair::new(|candidates| {
             cublaslt::LtGemm::new_stacked(stream, T::DTYPE, (m, F, D), 2, candidates)
-        })?],
+        })?]
+    } else {
+        vec![
+            plan_lt((m, F, D), LtEpilogue::None)?,
+            plan_lt((m, F, D), LtEpilogue::None)?,
+        ]
     };
     lt.push(plan_lt((m, D, F), LtEpilogue::Bias)?);
     let mut b = FfnBaseline {
@@ -790,17 +806,24 @@ fn ffn_case<T: BenchElement>(
             }
             _ => unreachable!("one stacked GEMM with its weight, or two"),
         };
-        kernels::silu(
-            stream,
-            &Tensor::from_view(gu.get(i).slice(..m * F), [m, F])?,
-            &mut TensorMut::new(act.get_mut(i), [m, F])?,
-        )?;
-        kernels::mul(
-            stream,
-            &mat(act.get(i), m, F)?,
-            &Tensor::from_view(up_half, [m, F])?,
-            &mut TensorMut::new(h.get_mut(i), [m, F])?,
-        )?;
+        let gate = Tensor::from_view(gu.get(i).slice(..m * F), [m, F])?;
+        let up_half = Tensor::from_view(up_half, [m, F])?;
+        if gate_up == GateUp::StackedFused {
+            kernels::silu_mul(
+                stream,
+                &gate,
+                &up_half,
+                &mut TensorMut::new(h.get_mut(i), [m, F])?,
+            )?;
+        } else {
+            kernels::silu(stream, &gate, &mut TensorMut::new(act.get_mut(i), [m, F])?)?;
+            kernels::mul(
+                stream,
+                &mat(act.get(i), m, F)?,
+                &up_half,
+                &mut TensorMut::new(h.get_mut(i), [m, F])?,
+            )?;
+        }
         lt_down.get(which).run(
             stream,
             h.get(i),
@@ -881,9 +904,10 @@ fn ffn_case<T: BenchElement>(
             &mut |i| baseline(&mut b.borrow_mut(), Which::Best, i),
         ],
     )?;
-    let names: &[&str] = match gate_up {
-        GateUp::Separate => &["gate", "up", "down"],
-        GateUp::Stacked => &["gate_up", "down"],
+    let names: &[&str] = if gate_up.stacked() {
+        &["gate_up", "down"]
+    } else {
+        &["gate", "up", "down"]
     };
     let algorithms = b
         .borrow()

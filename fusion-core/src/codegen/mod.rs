@@ -102,7 +102,7 @@ pub enum KernelKey {
         dtype: DType,
     },
     Elementwise {
-        step: EpilogueStep,
+        steps: Vec<EpilogueStep>,
         dtype: DType,
     },
 }
@@ -423,7 +423,10 @@ fn kernel_key(
             kind: norm.kind,
             dtype,
         },
-        Composition::Elementwise(step) => KernelKey::Elementwise { step: *step, dtype },
+        Composition::Elementwise(steps) => KernelKey::Elementwise {
+            steps: steps.clone(),
+            dtype,
+        },
     })
 }
 
@@ -468,8 +471,8 @@ fn describe_key(key: &KernelKey) -> String {
             format!("{name} ({layout}), {dtype}")
         }
         KernelKey::Norm { kind, dtype } => format!("{}, {dtype}", kind.name()),
-        KernelKey::Elementwise { step, dtype } => {
-            format!("{}, {dtype}", Composition::Elementwise(*step).name())
+        KernelKey::Elementwise { steps, dtype } => {
+            format!("{}, {dtype}", crate::fuse::pattern::elementwise_name(steps))
         }
     }
 }
@@ -611,9 +614,10 @@ fn render_unit(
             merge(&mut context, json!({ "kind": norm_type(*kind) }));
             ("norm.cu", ParamsKind::Norm, context)
         }
-        KernelKey::Elementwise { step, dtype } => {
+        KernelKey::Elementwise { steps, dtype } => {
             let mut context = common(*dtype);
-            merge(&mut context, json!({ "step": step.cuda_type() }));
+            let steps: Vec<&str> = steps.iter().map(|s| s.cuda_type()).collect();
+            merge(&mut context, json!({ "steps": steps.join(", ") }));
             ("elementwise.cu", ParamsKind::Elementwise, context)
         }
     };

@@ -528,10 +528,119 @@ fn sigmoid_and_gelu_quick_render_their_steps() {
     ];
     let symbols: Vec<&str> = lib.units.iter().map(|u| u.symbol.as_str()).collect();
     assert_eq!(symbols, expected.map(|(symbol, _)| symbol));
-    for (unit, (_, chain)) in lib.units.iter().zip(expected) {
-        let chain = format!("fusion::EpilogueChain<{chain}>");
+    for (unit, (_, steps)) in lib.units.iter().zip(expected) {
+        let chain = match unit.params {
+            ParamsKind::Elementwise => format!("fusion::ElementwiseChain<{steps}>"),
+            _ => format!("fusion::EpilogueChain<{steps}>"),
+        };
         assert!(unit.source.contains(&chain), "{}: no `{chain}`", unit.symbol);
     }
+}
+
+/// The tensors the wrapper of `lib`'s one graph passes its elementwise
+/// kernel as per-step operands, by tensor id (`None` for a null pointer).
+fn elementwise_operands(lib: &KernelLibrary) -> Vec<Option<usize>> {
+    let rust: String = wrappers::generate(lib, true, "/out/fusion_ffi.rs")
+        .split_whitespace()
+        .collect();
+    let start = rust
+        .find("operands:[")
+        .expect("the params hold per-step operands")
+        + "operands:[".len();
+    let list = &rust[start..start + rust[start..].find(']').expect("a closed array")];
+    list.split(',')
+        .filter(|item| !item.is_empty())
+        .map(|item| {
+            item.strip_prefix("__ptr_").map(|rest| {
+                rest.split(|c: char| !c.is_ascii_digit())
+                    .next()
+                    .unwrap()
+                    .parse()
+                    .unwrap()
+            })
+        })
+        .collect()
+}
+
+#[test]
+fn silu_mul_is_one_elementwise_unit_with_the_factor_at_its_step() {
+    let spec = spec("silu_mul.toml", &[DType::F16, DType::BF16]);
+    let up = spec.plan.graph.tensor_by_name("up").unwrap().0;
+    let lib = render("fusion_kernels", &[Arch::Sm80, Arch::Sm90], &[spec]).unwrap();
+    let symbols: Vec<&str> = lib.units.iter().map(|u| u.symbol.as_str()).collect();
+    assert_eq!(
+        symbols,
+        ["fusion_kernels_silu_mul_f16", "fusion_kernels_silu_mul_bf16"]
+    );
+    for unit in &lib.units {
+        assert_eq!(unit.params, ParamsKind::Elementwise);
+        assert!(
+            unit.source
+                .contains("fusion::ElementwiseChain<fusion::Silu, fusion::Mul>"),
+            "{}",
+            unit.source
+        );
+    }
+    // The silu reads nothing; the mul, step 1, reads `up`.
+    let operands = elementwise_operands(&lib);
+    assert_eq!(operands, [None, Some(up), None, None]);
+    assert_eq!(operands.len(), crate::fuse::MAX_EPILOGUE_STEPS);
+}
+
+#[test]
+fn two_factors_of_one_chain_reach_their_own_steps() {
+    let source = crate::diagnostic::SourceFile::new(
+        "graphs/two_factors.toml",
+        r#"
+[graph]
+name = "two_factors"
+
+[dims]
+M = "dyn"
+N = 64
+
+[inputs]
+x = "f16[M, N]"
+a = "f16[M, N]"
+b = "f16[M, N]"
+
+[outputs]
+y = "relu(x * a) * b"
+"#,
+    );
+    let graph = crate::graph_from_source(&source).unwrap_or_else(|e| panic!("{e}"));
+    let id = |name: &str| graph.tensor_by_name(name).unwrap().0;
+    let (a, b) = (id("a"), id("b"));
+    let spec = GraphSpec {
+        plan: crate::fuse::plan(graph),
+        dtypes: F16.to_vec(),
+        origin: "graphs/two_factors.toml".to_string(),
+        fingerprint: None,
+        declaration: String::new(),
+    };
+    let lib = render("k", &[Arch::Sm80], &[spec]).unwrap();
+    assert_eq!(lib.units.len(), 1);
+    assert_eq!(lib.units[0].symbol, "k_mul_relu_mul_f16");
+    assert!(
+        lib.units[0]
+            .source
+            .contains("fusion::ElementwiseChain<fusion::Mul, fusion::Relu, fusion::Mul>")
+    );
+    assert_eq!(elementwise_operands(&lib), [Some(a), None, Some(b), None]);
+}
+
+#[test]
+fn the_abi_takes_as_many_elementwise_steps_as_the_planner_chains() {
+    let abi = templates::HEADERS
+        .iter()
+        .find(|(path, _)| *path == "fusion/abi.h")
+        .expect("abi.h is embedded")
+        .1;
+    let define = format!(
+        "#define FUSION_ELEMENTWISE_MAX_STEPS {}\n",
+        crate::fuse::MAX_EPILOGUE_STEPS
+    );
+    assert!(abi.contains(&define), "abi.h lacks `{}`", define.trim_end());
 }
 
 /// Tensors named like the locals and statics the wrappers used to declare

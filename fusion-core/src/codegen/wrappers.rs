@@ -416,12 +416,15 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
             }
             Composition::Elementwise(_) => {
                 let x = ptr(Role::X);
+                // Step i's operand at index i (abi.h), null where it reads none.
+                let step_operands = (0..crate::fuse::MAX_EPILOGUE_STEPS).map(|step| {
+                    operand_ptr(kernel.operands.iter().find(|o| o.role.step() == Some(step)).map(|o| o.tensor))
+                });
                 quote! {
                     let #var = {
                         let (m, n) = __call.matrix(&#out_decl)?;
                         ffi::fusion_elementwise_params {
-                        x: #x, y: #out as *mut core::ffi::c_void,
-                            bias: #bias, residual: #residual, multiplier: #multiplier, m, n,
+                            x: #x, y: #out as *mut core::ffi::c_void, operands: [#(#step_operands),*], m, n,
                         }
                     };
                 }

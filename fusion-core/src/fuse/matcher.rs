@@ -1,6 +1,7 @@
 //! The matcher: grows a candidate chain from every matmul, settles the ops
 //! two candidates both want by priority, turns what is left into standalone
-//! kernels, and orders the kernels by their data dependencies.
+//! kernels (a norm alone; elementwise ops chained by the same rule as a
+//! GEMM's epilogue), and orders the kernels by their data dependencies.
 //!
 //! Only linear chains fuse: an op joins a chain when it is the only use of
 //! the chain's current tensor (a tensor read twice, or returned to the
@@ -20,7 +21,9 @@ use std::collections::BinaryHeap;
 
 /// Most epilogue steps one GEMM takes. Each step holds its operand tile in
 /// registers next to the accumulator; past four the register pressure costs
-/// more than the memory round trip it saves.
+/// more than the memory round trip it saves. Also the most ops one
+/// standalone elementwise kernel chains, whose params hold one operand per
+/// step (`FUSION_ELEMENTWISE_MAX_STEPS` in abi.h, which a test holds equal).
 pub const MAX_EPILOGUE_STEPS: usize = 4;
 
 /// Splits `graph` into fused kernels. Every op lands in exactly one kernel.
@@ -41,8 +44,16 @@ pub fn plan_with(graph: Graph, rules: &[SplitRule]) -> Plan {
         }
         kernels.push(chain.kernel(&graph));
     }
-    for op in graph.op_ids().filter(|op| !owned[op.0]) {
-        kernels.push(standalone_kernel(&graph, op));
+    // In graph order, so an elementwise chain starts at its first op.
+    let index = graph.index();
+    for op in graph.op_ids() {
+        if !owned[op.0] {
+            let kernel = standalone_kernel(&graph, &index, op, &owned);
+            for op in &kernel.ops {
+                owned[op.0] = true;
+            }
+            kernels.push(kernel);
+        }
     }
     let kernels = order_by_dependencies(&graph, kernels);
     let plan = Plan {
@@ -227,23 +238,19 @@ impl Chain {
         if let Some(norm) = self.prologue {
             operands.extend(norm_params(graph, norm));
         }
-        let mut current = self.gate.map_or(matmul.output, |g| graph.op(g.mul).output);
-        for (step, &op) in self.epilogue.iter().enumerate() {
-            let kind = composition.epilogue[step];
-            if let Some(role) = kind.operand_role(step) {
-                operands.push(Operand {
-                    role,
-                    tensor: other_operand(graph, op, current),
-                });
-            }
-            current = graph.op(op).output;
-        }
+        let output = push_step_operands(
+            graph,
+            &self.epilogue,
+            &composition.epilogue,
+            self.gate.map_or(matmul.output, |g| graph.op(g.mul).output),
+            &mut operands,
+        );
         FusedKernel {
             name: composition.name(),
             composition: Composition::Gemm(composition),
             ops: self.ops().collect(),
             operands,
-            output: current,
+            output,
         }
     }
 }
@@ -322,14 +329,26 @@ fn norm_prologue(graph: &Graph, index: &TensorIndex, matmuls: &[OpId]) -> Option
 /// The elementwise ops that follow `start` (a matmul's or a gated pair's
 /// output) one after another, each the only use of the tensor before it.
 fn epilogue_ops(graph: &Graph, index: &TensorIndex, start: TensorId) -> Vec<OpId> {
+    linear_chain(graph, index, start, MAX_EPILOGUE_STEPS, |_| true)
+}
+
+/// Up to `room` elementwise ops that follow `from` one after another, each
+/// the only use of the tensor before it and one that `may_join` accepts.
+fn linear_chain(
+    graph: &Graph,
+    index: &TensorIndex,
+    from: TensorId,
+    room: usize,
+    may_join: impl Fn(OpId) -> bool,
+) -> Vec<OpId> {
     let mut ops = Vec::new();
-    let mut current = start;
-    while ops.len() < MAX_EPILOGUE_STEPS && index.use_count(current) == 1 {
+    let mut current = from;
+    while ops.len() < room && index.use_count(current) == 1 {
         // The one use may be the graph output itself, with no op reading it.
         let Some(&next) = index.uses(current).first() else {
             break;
         };
-        if !fits_epilogue(graph, next, current) {
+        if !may_join(next) || !fits_epilogue(graph, next, current) {
             break;
         }
         ops.push(next);
@@ -363,6 +382,29 @@ fn fits_epilogue(graph: &Graph, op: OpId, chain: TensorId) -> bool {
 fn other_operand(graph: &Graph, op: OpId, chain: TensorId) -> TensorId {
     let inputs = &graph.op(op).inputs;
     if inputs[0] == chain { inputs[1] } else { inputs[0] }
+}
+
+/// Pushes the operand of each step of `ops` (which compute `steps`, the
+/// first reading `input`) that reads one, with its role; returns the last
+/// op's output.
+fn push_step_operands(
+    graph: &Graph,
+    ops: &[OpId],
+    steps: &[EpilogueStep],
+    input: TensorId,
+    operands: &mut Vec<Operand>,
+) -> TensorId {
+    let mut current = input;
+    for (step, (&op, kind)) in ops.iter().zip(steps).enumerate() {
+        if let Some(role) = kind.operand_role(step) {
+            operands.push(Operand {
+                role,
+                tensor: other_operand(graph, op, current),
+            });
+        }
+        current = graph.op(op).output;
+    }
+    current
 }
 
 /// Settles conflicts: repeatedly commits the highest-priority candidate,
@@ -437,35 +479,43 @@ fn norm_params(graph: &Graph, norm: OpId) -> Vec<Operand> {
     params
 }
 
-/// A kernel for one op that no GEMM absorbed.
-fn standalone_kernel(graph: &Graph, id: OpId) -> FusedKernel {
+/// A kernel for ops that no GEMM absorbed, starting at `id`: a norm alone,
+/// or an elementwise op with the ops that follow it under the linear-chain
+/// rule and that no GEMM took (`owned`).
+fn standalone_kernel(graph: &Graph, index: &TensorIndex, id: OpId, owned: &[bool]) -> FusedKernel {
     let op = graph.op(id);
     let x = Operand {
         role: Role::X,
         tensor: op.inputs[0],
     };
-    let (composition, operands) = if let Some(norm) = Norm::of_op(&op.kind) {
-        let mut operands = vec![x];
+    let mut operands = vec![x];
+    let (composition, ops, output) = if let Some(norm) = Norm::of_op(&op.kind) {
         operands.extend(norm_params(graph, id));
-        (Composition::Norm(norm), operands)
-    } else if let Some(step) = EpilogueStep::of_op(&op.kind) {
-        let mut operands = vec![x];
-        if let Some(role) = step.operand_role(0) {
-            operands.push(Operand {
-                role,
-                tensor: op.inputs[1],
-            });
-        }
-        (Composition::Elementwise(step), operands)
+        (Composition::Norm(norm), vec![id], op.output)
+    } else if EpilogueStep::of_op(&op.kind).is_some() {
+        let mut ops = vec![id];
+        ops.extend(linear_chain(
+            graph,
+            index,
+            op.output,
+            MAX_EPILOGUE_STEPS - 1,
+            |next| !owned[next.0],
+        ));
+        let steps: Vec<EpilogueStep> = ops
+            .iter()
+            .map(|&op| EpilogueStep::of_op(&graph.op(op).kind).expect("a chain holds elementwise ops"))
+            .collect();
+        let output = push_step_operands(graph, &ops, &steps, x.tensor, &mut operands);
+        (Composition::Elementwise(steps), ops, output)
     } else {
         unreachable!("every matmul starts a chain, so none is left standalone")
     };
     FusedKernel {
         name: composition.name(),
         composition,
-        ops: vec![id],
+        ops,
         operands,
-        output: op.output,
+        output,
     }
 }
 

@@ -2,10 +2,11 @@
 //!
 //! [`plan()`] walks the graph in topological order, grows a chain from each
 //! matmul (a norm prologue before it, elementwise epilogue steps after it),
-//! settles ops that two chains want by priority, and makes every op left
-//! over a standalone kernel. The result is a [`Plan`]: what each kernel
-//! computes and reads, in launch order. Choosing tile configs and rendering
-//! CUDA come after, from the plan alone.
+//! settles ops that two chains want by priority, and makes the ops left
+//! over standalone kernels: a norm alone, elementwise ops in chains of up
+//! to [`MAX_EPILOGUE_STEPS`] under the same linear-chain rule. The result
+//! is a [`Plan`]: what each kernel computes and reads, in launch order.
+//! Choosing tile configs and rendering CUDA come after, from the plan alone.
 //!
 //! | module | holds |
 //! | --- | --- |

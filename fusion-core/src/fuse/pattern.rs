@@ -1,5 +1,6 @@
 //! The nine named patterns of the original design, as names for particular
-//! GEMM compositions, and the one function that names any composition.
+//! GEMM compositions, and the functions that name any GEMM composition and
+//! any chain of standalone elementwise ops.
 //!
 //! A pattern is not a template: `gemm_bias_gelu` is the composition
 //! "no prologue, epilogue [bias, gelu]", and any other composition is named
@@ -107,6 +108,16 @@ pub fn composed_name(
     name
 }
 
+/// `<op>[_<op>]*`: the name of a chain of standalone elementwise ops, from
+/// the ops' names as written in graph declarations (`silu_mul`,
+/// `bias_add_gelu`), not the epilogue words of [`composed_name`]: a chain
+/// of one op is then named as the op (`add`, not `residual`), as it always
+/// was, and longer chains by the same rule.
+pub fn elementwise_name(steps: &[EpilogueStep]) -> String {
+    let names: Vec<&str> = steps.iter().map(|step| step.def().name).collect();
+    names.join("_")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -140,6 +151,22 @@ mod tests {
             };
             assert_eq!(NamedPattern::of(&composition), Some(pattern));
             assert_eq!(composition.name(), pattern.name());
+        }
+    }
+
+    #[test]
+    fn elementwise_chains_are_named_by_their_ops() {
+        use EpilogueStep::{Bias, Mul, Residual};
+        assert_eq!(elementwise_name(&[SILU, Mul]), "silu_mul");
+        assert_eq!(elementwise_name(&[Bias, GELU]), "bias_add_gelu");
+        // One op keeps the op's own name.
+        for (step, name) in [
+            (Residual, "add"),
+            (Mul, "mul"),
+            (Bias, "bias_add"),
+            (SILU, "silu"),
+        ] {
+            assert_eq!(elementwise_name(&[step]), name);
         }
     }
 

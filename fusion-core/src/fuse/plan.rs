@@ -51,11 +51,14 @@ pub enum Composition {
     Gemm(GemmComposition),
     /// A standalone LayerNorm or RMSNorm. Operands: `x`, `gamma` (, `beta`).
     Norm(Norm),
-    /// A standalone elementwise op, expressed as one epilogue step applied
-    /// to `x` (so it reuses the epilogue's functors). Operands: `x`, then the
-    /// step's operand if it reads one (`bias`, `residual` for the other
-    /// addend of an add, `mul` for the other factor of a mul).
-    Elementwise(EpilogueStep),
+    /// A chain of standalone elementwise ops (one to
+    /// [`MAX_EPILOGUE_STEPS`](super::MAX_EPILOGUE_STEPS), each reading the
+    /// previous one's output), expressed as epilogue steps applied in order
+    /// to `x` (so it reuses the epilogue's functors). Operands: `x`, the
+    /// first op's input, then one operand for each step that reads one
+    /// (`bias`, `residual` for the other addend of an add, `mul` for the
+    /// other factor of a mul), in step order.
+    Elementwise(Vec<EpilogueStep>),
 }
 
 /// Norm prologue × GEMM mainloop × epilogue chain.
@@ -124,7 +127,7 @@ pub enum Role {
     Gamma,
     /// A LayerNorm's shift `[K]`.
     Beta,
-    /// The input of a standalone norm or elementwise kernel.
+    /// The input of a standalone norm, or of an elementwise chain's first op.
     X,
     /// The `[N]` row of the epilogue step at index `step`.
     Bias { step: usize },
@@ -147,6 +150,14 @@ impl Role {
             Role::Bias { .. } => "bias",
             Role::Residual { .. } => "residual",
             Role::MulOperand { .. } => "mul",
+        }
+    }
+
+    /// The index of the epilogue step that reads it, for a step's operand.
+    pub fn step(self) -> Option<usize> {
+        match self {
+            Role::Bias { step } | Role::Residual { step } | Role::MulOperand { step } => Some(step),
+            Role::A | Role::B | Role::Up | Role::Gamma | Role::Beta | Role::X => None,
         }
     }
 }
@@ -263,13 +274,14 @@ impl GemmComposition {
 }
 
 impl Composition {
-    /// The kernel's name: the GEMM's composed name, or the standalone op's
-    /// name as written in graph declarations (`layernorm`, `bias_add`, `add`).
+    /// The kernel's name: the GEMM's composed name, or the standalone ops'
+    /// names as written in graph declarations (`layernorm`, `bias_add`,
+    /// `silu_mul`).
     pub fn name(&self) -> String {
         match self {
             Composition::Gemm(gemm) => gemm.name(),
             Composition::Norm(norm) => norm.kind.name().to_string(),
-            Composition::Elementwise(step) => step.def().name.to_string(),
+            Composition::Elementwise(steps) => pattern::elementwise_name(steps),
         }
     }
 }

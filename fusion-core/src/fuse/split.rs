@@ -1,8 +1,9 @@
 //! Fusions known to lose: GEMM compositions that a tuned table measured
 //! slower than their unfused split on some range of static shapes. The
 //! matcher never forms one of them there; it fuses less (the chain's last
-//! epilogue steps, or its norm, run as standalone kernels) and the plan
-//! records why ([`Split`]), so that `fusion plan` can say so.
+//! epilogue steps, or its norm, run as standalone kernels; the steps as one
+//! elementwise chain) and the plan records why ([`Split`]), so that
+//! `fusion plan` can say so.
 //!
 //! The rules come from the tuned tables of the architectures a build
 //! compiles for (`"unfused"` in `kernels/tuned/<arch>.json`, read by

@@ -155,9 +155,35 @@ fn check_kernel(graph: &Graph, index: &TensorIndex, kernel: &FusedKernel) -> Res
                 return Err("a standalone norm kernel must hold exactly its norm op".to_string());
             }
         }
-        Composition::Elementwise(step) => {
-            if kinds.len() != 1 || EpilogueStep::of_op(kinds[0]) != Some(*step) {
-                return Err("a standalone elementwise kernel must hold exactly its op".to_string());
+        Composition::Elementwise(steps) => {
+            if steps.is_empty() || steps.len() > super::matcher::MAX_EPILOGUE_STEPS {
+                return Err(format!("its elementwise chain has {} steps", steps.len()));
+            }
+            if kinds.len() != steps.len()
+                || kinds
+                    .iter()
+                    .zip(steps)
+                    .any(|(op, step)| EpilogueStep::of_op(op) != Some(*step))
+            {
+                return Err("its elementwise steps are not the ops it holds".to_string());
+            }
+            // What the launcher's params take: x, then each step's operand
+            // at that step's index.
+            let roles: Vec<Role> = std::iter::once(Role::X)
+                .chain(
+                    steps
+                        .iter()
+                        .enumerate()
+                        .filter_map(|(i, step)| step.operand_role(i)),
+                )
+                .collect();
+            let first_input = graph.op(kernel.ops[0]).inputs[0];
+            if kernel.operands.iter().map(|o| o.role).ne(roles)
+                || kernel.operand(Role::X) != Some(first_input)
+            {
+                return Err(
+                    "its operands are not x and one per step that reads one, in step order".to_string(),
+                );
             }
         }
     }

@@ -93,13 +93,20 @@ typedef struct fusion_norm_params {
   float eps;
 } fusion_norm_params;
 
-/* y = step(x) elementwise. */
+/* The most steps an elementwise launcher chains (the planner's
+ * MAX_EPILOGUE_STEPS). */
+#define FUSION_ELEMENTWISE_MAX_STEPS 4
+
+/* y = steps(x) elementwise: the launcher's steps applied in order, step i
+ * reading operands[i], so that a chain may read two tensors of one kind
+ * (x * a * b). */
 typedef struct fusion_elementwise_params {
-  const void* x;          /* [m, n] */
-  void* y;                /* [m, n] */
-  const void* bias;       /* [n], bias add */
-  const void* residual;   /* [m, n], the other addend of add */
-  const void* multiplier; /* [m, n], the other factor of mul */
+  const void* x; /* [m, n] */
+  void* y;       /* [m, n] */
+  /* Per step: [n] for a bias add, [m, n] for the other addend of an add or
+   * the other factor of a mul; null for a step that reads none and past
+   * the last step. */
+  const void* operands[FUSION_ELEMENTWISE_MAX_STEPS];
   int64_t m, n;
 } fusion_elementwise_params;
 
