@@ -352,7 +352,27 @@ fn three_chains_merging_put_every_op_in_one_kernel() {
     let plan = plan_of(f.build(&[("y", y)]));
     assert_eq!(plan.kernels.len(), 3);
     assert_eq!(plan.kernels.iter().map(|k| k.ops.len()).sum::<usize>(), 5);
-    assert_eq!(plan.kernels.last().unwrap().name, "gemm_residual_residual");
+    // A GEMM reads one residual: the second add is the third GEMM's.
+    let mut kernels = names(&plan);
+    kernels.sort_unstable();
+    assert_eq!(kernels, ["gemm", "gemm_residual", "gemm_residual"], "{plan}");
+}
+
+#[test]
+fn a_gemm_epilogue_reads_one_operand_of_each_kind() {
+    // x @ w + r1 + r2, x @ w * m1 * m2, x @ w + b1 + b2: the second step of
+    // a kind is a kernel of its own (the elementwise chain reads each).
+    for (step, gemm, rest) in [
+        ("residual", "gemm_residual", "add"),
+        ("mul", "gemm_mul", "mul"),
+        ("bias", "gemm_bias", "bias_add"),
+    ] {
+        let plan = plan_of(chain_graph(None, &[step, step]));
+        assert_eq!(names(&plan), [gemm, rest], "{plan}");
+    }
+    // Different kinds still fuse.
+    let plan = plan_of(chain_graph(None, &["bias", "residual", "mul"]));
+    assert_eq!(names(&plan), ["gemm_bias_residual_mul"], "{plan}");
 }
 
 /// gate = silu(x @ w_gate^T); h = gate * (x @ w_up^T); y = h @ w_down^T [+ b_down] + x.

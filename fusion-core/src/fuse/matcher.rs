@@ -327,9 +327,25 @@ fn norm_prologue(graph: &Graph, index: &TensorIndex, matmuls: &[OpId]) -> Option
 }
 
 /// The elementwise ops that follow `start` (a matmul's or a gated pair's
-/// output) one after another, each the only use of the tensor before it.
+/// output) one after another, each the only use of the tensor before it,
+/// up to the second that reads an operand of one kind: a GEMM's epilogue
+/// reads one bias, one residual and one multiplier (the kernels'
+/// `EpilogueArgs`), so `x @ w + r1 + r2` adds `r2` in a kernel of its own.
 fn epilogue_ops(graph: &Graph, index: &TensorIndex, start: TensorId) -> Vec<OpId> {
-    linear_chain(graph, index, start, MAX_EPILOGUE_STEPS, |_| true)
+    let mut ops = linear_chain(graph, index, start, MAX_EPILOGUE_STEPS, |_| true);
+    let mut read = Vec::new();
+    let repeated = ops.iter().position(|&op| {
+        let step = EpilogueStep::of_op(&graph.op(op).kind).filter(|s| s.operand_role(0).is_some());
+        step.is_some_and(|step| {
+            let seen = read.contains(&step);
+            read.push(step);
+            seen
+        })
+    });
+    if let Some(cut) = repeated {
+        ops.truncate(cut);
+    }
+    ops
 }
 
 /// Up to `room` elementwise ops that follow `from` one after another, each
