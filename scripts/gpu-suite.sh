@@ -46,12 +46,13 @@ run_tests() {
 
 # Sanitizer test subsets (tests/gpu.rs, --exact names) at FUSION_TEST_SIZE=tiny:
 # every kernel kind (plain GEMM epilogues, the [K, N] layout, norm
-# prologues and folded norms, residual, standalone norm and elementwise) without repeating
+# prologues and folded norms, residual, gated GEMMs per call and bound,
+# standalone norm and elementwise) without repeating
 # what only differs in an activation functor. racecheck is the slowest.
-memcheck_tests="gemm_bias_gelu gemm_silu gemm_bias_residual layernorm_gemm rmsnorm_gemm layernorm_gemm_folded rmsnorm_gemm_folded silu mul silu_mul layernorm rmsnorm"
-racecheck_tests="gemm_bias_gelu gemm_silu layernorm_gemm layernorm_gemm_folded silu layernorm"
-initcheck_tests="gemm_bias_gelu gemm_silu layernorm_gemm rmsnorm_gemm layernorm_gemm_folded mul silu_mul rmsnorm"
-synccheck_tests="gemm_bias_gelu gemm_silu layernorm_gemm layernorm"
+memcheck_tests="gemm_bias_gelu gemm_silu gemm_bias_residual layernorm_gemm rmsnorm_gemm layernorm_gemm_folded rmsnorm_gemm_folded gemm_silu_glu gemm_silu_glu_bound gemm_gelu_glu_bound silu mul silu_mul layernorm rmsnorm"
+racecheck_tests="gemm_bias_gelu gemm_silu layernorm_gemm layernorm_gemm_folded gemm_silu_glu silu layernorm"
+initcheck_tests="gemm_bias_gelu gemm_silu layernorm_gemm rmsnorm_gemm layernorm_gemm_folded gemm_silu_glu gemm_gelu_glu_bound mul silu_mul rmsnorm"
+synccheck_tests="gemm_bias_gelu gemm_silu layernorm_gemm gemm_silu_glu layernorm"
 
 # sanitize ARCH TOOL TESTS...: one compute-sanitizer run of the chosen tests
 # on one variant (sm80 and sm75 run as PTX on newer GPUs). Each name must
