@@ -7,9 +7,11 @@
 //! through the free functions (gamma per call) and through their structs
 //! (weights bound, the norm folded into w).
 //!
-//! M is drawn up to 2000 (with M = 0 and M = 1 among them), N and K are
-//! multiples of 8 up to 3000; the layout is the pattern's (`gemm_silu` and
-//! `gemm_bias_silu` read their weight as [K, N], the rest as [N, K]). Every
+//! M is drawn up to 2000 (with M = 0 and M = 1 among them, and one case in
+//! ten from 2 to 24, the decode kernel's sizes), N and K are multiples of 8
+//! up to 3000; the layout is the pattern's (`gemm_silu`, `gemm_bias_silu`
+//! and `gemm_gelu_glu` read their weights as [K, N], the rest as [N, K]).
+//! The gated GEMMs run per call and through their structs. Every
 //! case runs, failures are collected, and the test fails listing them with
 //! the seed to replay: `FUSION_TEST_SEED=<seed> ./gpu_property --ignored`.
 //! `FUSION_PROPERTY_CASES` changes the number of cases (default 300).
@@ -49,6 +51,12 @@ const PATTERNS: &[(&str, Dims)] = &[
     // the norm folded into w.
     ("layernorm_gemm_folded", Dims::Gemm),
     ("rmsnorm_gemm_folded", Dims::Gemm),
+    // Gated GEMMs: per call (gate and up interleaved by the launch) and
+    // through their structs (interleaved when bound).
+    ("gemm_silu_glu", Dims::Gemm),
+    ("gemm_gelu_glu", Dims::Gemm),
+    ("gemm_silu_glu_bound", Dims::Gemm),
+    ("gemm_gelu_glu_bound", Dims::Gemm),
     ("silu", Dims::Rows("N")),
     ("sigmoid", Dims::Rows("N")),
     ("gelu_quick", Dims::Rows("N")),
@@ -60,7 +68,7 @@ const PATTERNS: &[(&str, Dims)] = &[
 
 /// The weight layout of a pattern, for the report.
 fn layout(pattern: &str) -> &'static str {
-    if matches!(pattern, "gemm_silu" | "gemm_bias_silu") {
+    if matches!(pattern, "gemm_silu" | "gemm_bias_silu") || pattern.starts_with("gemm_gelu_glu") {
         "KN"
     } else {
         "NK"
@@ -89,6 +97,22 @@ fn launch<T: TestElement>(
         "rmsnorm_gemm" => kernels::rmsnorm_gemm(s, &r[0], &r[1], &r[2], &mut w[0]),
         "layernorm_gemm_folded" => support::layernorm_gemm_folded(s, r, w),
         "rmsnorm_gemm_folded" => support::rmsnorm_gemm_folded(s, r, w),
+        "gemm_silu_glu" => kernels::gemm_silu_glu(s, &r[0], &r[1], &r[2], &mut w[0]),
+        "gemm_gelu_glu" => kernels::gemm_gelu_glu(s, &r[0], &r[1], &r[2], &mut w[0]),
+        "gemm_silu_glu_bound" => {
+            let weights = kernels::GemmSiluGluWeights {
+                w_gate: r[1].clone(),
+                w_up: r[2].clone(),
+            };
+            kernels::GemmSiluGlu::new(s, weights)?.run(s, &r[0], &mut w[0])
+        }
+        "gemm_gelu_glu_bound" => {
+            let weights = kernels::GemmGeluGluWeights {
+                w_gate: r[1].clone(),
+                w_up: r[2].clone(),
+            };
+            kernels::GemmGeluGlu::new(s, weights)?.run(s, &r[0], &mut w[0])
+        }
         "silu" => kernels::silu(s, &r[0], &mut w[0]),
         "sigmoid" => kernels::sigmoid(s, &r[0], &mut w[0]),
         "gelu_quick" => kernels::gelu_quick(s, &r[0], &mut w[0]),
@@ -140,7 +164,11 @@ impl Draw {
 
     /// The graph it runs: the pattern, or the graph whose struct it uses.
     fn graph(&self) -> &'static str {
-        self.pattern.strip_suffix("_folded").unwrap_or(self.pattern)
+        let pattern = self.pattern;
+        pattern
+            .strip_suffix("_folded")
+            .or_else(|| pattern.strip_suffix("_bound"))
+            .unwrap_or(pattern)
     }
 
     /// What its launch rounds between ops: a free function normalizes a
@@ -162,10 +190,13 @@ fn draw_cases(count: usize) -> Vec<Draw> {
     (0..count)
         .map(|i| {
             let (pattern, dims) = PATTERNS[rng.random_range(0..PATTERNS.len())];
-            // A few exact edge cases at fixed positions, the rest spread out.
+            // A few exact edge cases at fixed positions, one case in ten
+            // at decode sizes (the decode kernel's rows and just past
+            // them), the rest spread out.
             let m = match i % 50 {
                 0 => 0,
                 1 => 1,
+                2..=5 => rng.random_range(2..=24),
                 _ => rng.random_range(2..=2000),
             };
             let norm = pattern.contains("norm_gemm");

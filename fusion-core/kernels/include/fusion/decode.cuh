@@ -227,7 +227,7 @@ struct DecodeGemm {
   // (gemm.cuh: a per-call norm's normalized A, a gated GEMM's interleaved B).
   static WorkspaceLayout workspace_layout(const GemmArgs<T>& p) {
     return WorkspaceLayout::of(0, Prologue::kRowStats ? row_stats_bytes(p.m) : 0, normalized_bytes_of<Prologue>(p),
-                               interleaved_bytes_of(p));
+                               interleaved_bytes_of<Epilogue>(p));
   }
 
   static cudaError_t workspace_bytes(const GemmArgs<T>& p, uint32_t /*flags*/, size_t* bytes) {
@@ -245,7 +245,7 @@ struct DecodeGemm {
     const WorkspaceLayout layout = workspace_layout(p);
     if (!workspace.holds(layout)) return cudaErrorInvalidValue;
     GemmArgs<T> args;
-    err = prepare_operands<Prologue, kLayout>(p, workspace, layout, stream, &args);
+    err = prepare_operands<Prologue, Epilogue, kLayout>(p, workspace, layout, stream, &args);
     if (err != cudaSuccess) return err;
     if constexpr (Prologue::kRowStats) {
       RowStats* row_stats = workspace.at<RowStats>(layout.row_stats);

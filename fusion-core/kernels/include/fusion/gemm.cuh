@@ -179,15 +179,15 @@ template <typename Prologue, typename T>
 size_t normalized_bytes_of(const GemmArgs<T>& p) {
   return Prologue::kNormalizesA ? normalized_bytes<T>(p.m, p.k) : 0;
 }
-template <typename T>
+template <typename Epilogue, typename T>
 size_t interleaved_bytes_of(const GemmArgs<T>& p) {
-  return p.b_up != nullptr ? interleaved_bytes<T>(p.n / 2, p.k) : 0;
+  return Epilogue::kGated && p.b_up != nullptr ? interleaved_bytes<T>(p.n / 2, p.k) : 0;
 }
 
 // Writes them into the regions of `layout` and points `args` (a copy of
 // p) at them; the GEMM then runs on args without a norm prologue (when
 // it normalized A) and without b_up.
-template <typename Prologue, LayoutB kLayout, typename T>
+template <typename Prologue, typename Epilogue, LayoutB kLayout, typename T>
 cudaError_t prepare_operands(const GemmArgs<T>& p, const Workspace& workspace, const WorkspaceLayout& layout,
                              cudaStream_t stream, GemmArgs<T>* args) {
   *args = p;
@@ -197,12 +197,14 @@ cudaError_t prepare_operands(const GemmArgs<T>& p, const Workspace& workspace, c
     if (err != cudaSuccess) return err;
     args->a = normalized;
   }
-  if (p.b_up != nullptr) {
-    T* interleaved = workspace.at<T>(layout.interleaved);
-    const cudaError_t err = launch_interleave<T, kLayout>(p.b, p.b_up, interleaved, p.n / 2, p.k, stream);
-    if (err != cudaSuccess) return err;
-    args->b = interleaved;
-    args->b_up = nullptr;
+  if constexpr (Epilogue::kGated) {
+    if (p.b_up != nullptr) {
+      T* interleaved = workspace.at<T>(layout.interleaved);
+      const cudaError_t err = launch_interleave<T, kLayout>(p.b, p.b_up, interleaved, p.n / 2, p.k, stream);
+      if (err != cudaSuccess) return err;
+      args->b = interleaved;
+      args->b_up = nullptr;
+    }
   }
   return cudaSuccess;
 }
@@ -254,7 +256,7 @@ struct FusedGemm {
     if (check(p) != cudaSuccess || p.m == 0 || p.n == 0) return cudaSuccess;
     if constexpr (OwnsKernel<Mainloop>::value) {
       WorkspaceLayout layout;
-      const cudaError_t err = Mainloop::template workspace_layout<Prologue>(p, flags, &layout);
+      const cudaError_t err = Mainloop::template workspace_layout<Prologue, Epilogue>(p, flags, &layout);
       *bytes = layout.bytes;
       return err;
     } else {
@@ -276,7 +278,7 @@ struct FusedGemm {
       const WorkspaceLayout layout = prepared_layout(p);
       if (!workspace.holds(layout)) return cudaErrorInvalidValue;
       GemmArgs<Element> args;
-      err = prepare_operands<Prologue, Mainloop::kLayout>(p, workspace, layout, stream, &args);
+      err = prepare_operands<Prologue, Epilogue, Mainloop::kLayout>(p, workspace, layout, stream, &args);
       if (err != cudaSuccess) return err;
       using Run = PreparedPrologue<Prologue>;
       err = detail::raise_smem_limit(fused_gemm_kernel<Mainloop, Run, Epilogue>, int(Mainloop::kSmemBytes));
@@ -291,7 +293,7 @@ struct FusedGemm {
   // prepare_operands writes (its CTAs keep a folded norm's row statistics
   // in shared memory).
   static WorkspaceLayout prepared_layout(const GemmArgs<Element>& p) {
-    return WorkspaceLayout::of(0, 0, normalized_bytes_of<Prologue>(p), interleaved_bytes_of(p));
+    return WorkspaceLayout::of(0, 0, normalized_bytes_of<Prologue>(p), interleaved_bytes_of<Epilogue>(p));
   }
 };
 

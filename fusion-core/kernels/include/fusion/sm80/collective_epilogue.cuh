@@ -59,12 +59,11 @@ struct CollectiveEpilogue {
       for (int j = 0; j < kFragsN; j += kCols) {
         // N is a multiple of 8 and n is even: a pair is wholly inside C or outside.
         const int64_t n = column_of<kCols>(tile, warp_n, j, lane);
-        if (n >= N) continue;
 #pragma unroll
-        for (int half = 0; half < 2; ++half)
-          if (m + 8 * half < p.m)
-            store_pair(p.c + (m + 8 * half) * N + n, chain_pair<Epilogue>(acc, i, j, half, m + 8 * half, n, N,
-                                                                          p.epilogue));
+        for (int half = 0; half < 2; ++half) {
+          const int64_t row = m + 8 * half;
+          if (row < p.m && n < N) store_pair(p.c + row * N + n, chain_pair<Epilogue>(acc, i, j, half, row, n, N, p.epilogue));
+        }
       }
     }
   }

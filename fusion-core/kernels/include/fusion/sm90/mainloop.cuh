@@ -207,9 +207,9 @@ struct Mainloop {
     StreamK stream_k;
     WorkspaceLayout layout;
   };
-  template <typename Prologue>
+  template <typename Prologue, typename Epilogue>
   static LaunchPlan plan_launch(const GemmArgs<T>& p, uint32_t flags, int device);
-  template <typename Prologue>
+  template <typename Prologue, typename Epilogue>
   static cudaError_t workspace_layout(const GemmArgs<T>& p, uint32_t flags, WorkspaceLayout* layout);
   template <typename Prologue, typename Epilogue>
   static cudaError_t launch(const GemmArgs<T>& p, const Workspace& workspace, cudaStream_t stream);
@@ -295,7 +295,7 @@ cudaError_t Mainloop<T, kLayout, Config>::encode_maps(const GemmArgs<T>& p, CUte
 // workspace_layout reports and what launch uses, so that the caller's bytes
 // and the launch agree.
 template <typename T, LayoutB kLayout, typename Config>
-template <typename Prologue>
+template <typename Prologue, typename Epilogue>
 typename Mainloop<T, kLayout, Config>::LaunchPlan Mainloop<T, kLayout, Config>::plan_launch(const GemmArgs<T>& p,
                                                                                             uint32_t flags,
                                                                                             int device) {
@@ -322,18 +322,18 @@ typename Mainloop<T, kLayout, Config>::LaunchPlan Mainloop<T, kLayout, Config>::
     plan.grid = units;
   }
   plan.layout =
-      WorkspaceLayout::of(partial_bytes, row_stat_bytes, normalized_bytes_of<Prologue>(p), interleaved_bytes_of(p));
+      WorkspaceLayout::of(partial_bytes, row_stat_bytes, normalized_bytes_of<Prologue>(p), interleaved_bytes_of<Epilogue>(p));
   return plan;
 }
 
 template <typename T, LayoutB kLayout, typename Config>
-template <typename Prologue>
+template <typename Prologue, typename Epilogue>
 cudaError_t Mainloop<T, kLayout, Config>::workspace_layout(const GemmArgs<T>& p, uint32_t flags,
                                                           WorkspaceLayout* layout) {
   int device = 0;
   const cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
-  *layout = plan_launch<Prologue>(p, flags, device).layout;
+  *layout = plan_launch<Prologue, Epilogue>(p, flags, device).layout;
   return cudaSuccess;
 }
 
@@ -350,16 +350,16 @@ cudaError_t Mainloop<T, kLayout, Config>::launch(const GemmArgs<T>& p, const Wor
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
-  LaunchPlan plan = plan_launch<Prologue>(p, workspace.flags, device);
+  LaunchPlan plan = plan_launch<Prologue, Epilogue>(p, workspace.flags, device);
   if (!workspace.holds(plan.layout) && plan.stream_k.units > 0)
-    plan = plan_launch<Prologue>(p, workspace.flags | FUSION_GEMM_NO_STREAM_K, device);
+    plan = plan_launch<Prologue, Epilogue>(p, workspace.flags | FUSION_GEMM_NO_STREAM_K, device);
   if (!workspace.holds(plan.layout)) return cudaErrorInvalidValue;
   if (plan.stream_k.units > 0) {
     plan.stream_k.flags = workspace.at<uint32_t>(0);
     plan.stream_k.partials = workspace.at<float>(plan.layout.partials);
   }
   GemmArgs<T> args;
-  err = prepare_operands<Prologue, kLayout>(p, workspace, plan.layout, stream, &args);
+  err = prepare_operands<Prologue, Epilogue, kLayout>(p, workspace, plan.layout, stream, &args);
   if (err != cudaSuccess) return err;
   if constexpr (Prologue::kRowStats) {
     RowStats* row_stats = workspace.at<RowStats>(plan.layout.row_stats);
