@@ -336,6 +336,10 @@ standalone_test!(layernorm, "layernorm", "K", |s, r, w| kernels::layernorm(
 standalone_test!(rmsnorm, "rmsnorm", "K", |s, r, w| kernels::rmsnorm(
     s, &r[0], &r[1], &mut w[0]
 ));
+// The same kernel with Llama 3's eps, which its wrapper passes.
+standalone_test!(rmsnorm_eps1e5, "rmsnorm_eps1e5", "K", |s, r, w| {
+    kernels::rmsnorm_eps1e5(s, &r[0], &r[1], &mut w[0])
+});
 
 // ---- each activation step alone, at its hardest inputs ---------------------
 

@@ -152,6 +152,7 @@ fn every_shipped_graph_parses_and_lowers() {
             "llama_ffn",
             "mul",
             "rmsnorm",
+            "rmsnorm_eps1e5",
             "rmsnorm_gemm",
             "sigmoid",
             "silu",

@@ -8,8 +8,8 @@
 //! A copy reads and writes every byte, so its bandwidth is 2 × bytes / time.
 //! The copy is timed once per run, with the rows' timing helpers.
 
-use super::Pattern;
 use super::timing::{Timing, TimingPlan, time_calls};
+use super::{FfnRow, Pattern};
 use crate::error::Result;
 use cudarc::driver::CudaStream;
 use serde::{Deserialize, Serialize};
@@ -117,16 +117,24 @@ pub fn gemm_bytes(pattern: Pattern, (m, n, k): (usize, usize, usize), element: u
     ((m * k + n * k + vectors + m * n) * element) as f64
 }
 
-/// The least bytes the SwiGLU FFN block at M tokens (width D, hidden F)
-/// reads and writes: the gate, up and down weights and the down bias, x
-/// read (once, for the projections and the residual) and y written.
-pub fn ffn_bytes(m: usize, d: usize, f: usize, element: usize) -> f64 {
-    ((3 * f * d + d + 2 * m * d) * element) as f64
+/// The least bytes an FFN row's block at M tokens (width D, hidden F)
+/// reads and writes: the gate, up and down weights, its [D] vector (the
+/// SwiGLU block's down bias, the sub-layer's gamma), x read (once, for the
+/// projections and the residual) and y written. The sub-layer's folded
+/// gate/up weight replaces two of the weights and gamma: the graph's own
+/// tensors are the floor either way.
+pub fn ffn_bytes(row: FfnRow, m: usize, d: usize, f: usize, element: usize) -> f64 {
+    let vector = match row {
+        FfnRow::SwigluFfn(_) => d,
+        FfnRow::FfnSublayer => d,
+    };
+    ((3 * f * d + vector + 2 * m * d) * element) as f64
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bench::GateUp;
 
     fn timing(median_us: f64) -> Timing {
         Timing {
@@ -177,14 +185,21 @@ mod tests {
     }
 
     #[test]
-    fn ffn_bytes_are_three_weights_a_bias_x_and_y() {
+    fn ffn_bytes_are_three_weights_a_vector_x_and_y() {
         // Llama-3-8B at one token, f16: 3 × 14336 × 4096 weights, 4096 bias,
         // 4096 of x and 4096 of y, 2 bytes each: 352.4 MB.
-        let bytes = ffn_bytes(1, 4096, 14336, 2);
+        let swiglu = FfnRow::SwigluFfn(GateUp::StackedFused);
+        let bytes = ffn_bytes(swiglu, 1, 4096, 14336, 2);
         assert_eq!(bytes, 2.0 * (3.0 * 14336.0 * 4096.0 + 3.0 * 4096.0));
         assert_eq!(
-            ffn_bytes(8192, 4096, 14336, 2) - bytes,
+            ffn_bytes(swiglu, 8192, 4096, 14336, 2) - bytes,
             2.0 * 2.0 * 8191.0 * 4096.0
+        );
+        // The sub-layer reads gamma [D] where the block reads its bias [D].
+        assert_eq!(ffn_bytes(FfnRow::FfnSublayer, 1, 4096, 14336, 2), bytes);
+        assert_eq!(
+            ffn_bytes(FfnRow::FfnSublayer, 16, 8, 32, 4),
+            4.0 * (3.0 * 32.0 * 8.0 + 8.0 + 2.0 * 16.0 * 8.0)
         );
     }
 

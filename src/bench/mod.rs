@@ -8,7 +8,9 @@
 //! with the heuristic's first algorithm, as users get it, and with the
 //! fastest of the heuristic's top 16 (`vendor`); the SwiGLU FFN's baseline
 //! is measured with its gate and up GEMMs separate and stacked, and stacked
-//! with one fused silu·mul kernel after them (`GateUp`).
+//! with one fused silu·mul kernel after them (`GateUp`), and the FFN
+//! sub-layer (RMSNorm first, no down bias) against the norm kernel and that
+//! last chain (`FfnRow`).
 //! The three contenders (ours, first, best) read the same random inputs,
 //! rotate over copies of them so that L2 does not flatter any, and are
 //! timed with CUDA events, alternating call by call (warm-up, then the
@@ -70,11 +72,12 @@ pub const DEFAULT_DECODE_SHAPES: [(usize, usize, usize); 6] = [
     (64, 4096, 14336),
 ];
 
-/// Token counts for the SwiGLU FFN: decode (1, 16), prefill chunks (128,
+/// Token counts for the FFN rows: decode (1, 16), prefill chunks (128,
 /// 1000) and a long prompt (8192).
 pub const DEFAULT_FFN_TOKENS: [usize; 5] = [1, 16, 128, 1000, 8192];
 
-/// The SwiGLU FFN block's width D and hidden width F (Llama-3-8B).
+/// The FFN blocks' width D and hidden width F (Llama-3-8B), as their
+/// graphs declare them.
 pub const FFN_D: usize = 4096;
 pub const FFN_F: usize = 14336;
 
@@ -316,7 +319,9 @@ pub struct BenchConfig {
     /// Those of `patterns` that are in [`Pattern::DECODE`] also run at
     /// each of these.
     pub decode_shapes: Vec<(usize, usize, usize)>,
+    /// Every row of `ffn_rows` runs at each of these token counts.
     pub ffn_tokens: Vec<usize>,
+    pub ffn_rows: Vec<FfnRow>,
     pub patterns: Vec<Pattern>,
     pub timing: TimingPlan,
     /// `--streams N`: also time each row on N streams at once.
@@ -329,6 +334,7 @@ impl Default for BenchConfig {
             shapes: DEFAULT_SHAPES.to_vec(),
             decode_shapes: DEFAULT_DECODE_SHAPES.to_vec(),
             ffn_tokens: DEFAULT_FFN_TOKENS.to_vec(),
+            ffn_rows: FfnRow::ALL.to_vec(),
             patterns: Pattern::ALL.to_vec(),
             timing: TimingPlan::default(),
             streams: None,
@@ -351,6 +357,15 @@ impl BenchConfig {
                 .map(move |&pattern| (pattern, shape))
         });
         every.chain(decode).collect()
+    }
+
+    /// The FFN cases in the order they run, after the single-GEMM cases:
+    /// each token count with every FFN row.
+    pub fn ffn_cases(&self) -> Vec<(FfnRow, usize)> {
+        self.ffn_tokens
+            .iter()
+            .flat_map(|&m| self.ffn_rows.iter().map(move |&row| (row, m)))
+            .collect()
     }
 }
 
@@ -645,7 +660,7 @@ fn pattern_case<T: BenchElement>(
     )))
 }
 
-/// How the SwiGLU FFN baseline computes the gate and up projections.
+/// How an FFN baseline computes the gate and up projections.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GateUp {
     /// Two cuBLASLt GEMMs, one per weight.
@@ -679,8 +694,72 @@ impl GateUp {
     }
 }
 
-/// The SwiGLU FFN baseline's buffers (what its calls write) and plans.
+/// An FFN row of the bench: the block timed (Llama-3-8B's widths, D = 4096,
+/// F = 14336) and the unfused chain it is timed against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FfnRow {
+    /// `graphs/swiglu_ffn.toml`: SwiGLU, the down projection with its bias,
+    /// the residual; against the chain [`GateUp`] names.
+    SwigluFfn(GateUp),
+    /// `graphs/ffn_sublayer.toml`: RMSNorm (eps 1e-5) first, then SwiGLU,
+    /// the down projection without a bias, the residual x; against the
+    /// norm kernel and the strongest chain ([`GateUp::StackedFused`]). The
+    /// weaker chains are measured on the SwiGLU block, and the norm kernel
+    /// would add the same to each.
+    FfnSublayer,
+}
+
+impl FfnRow {
+    pub const ALL: [FfnRow; 4] = [
+        FfnRow::SwigluFfn(GateUp::Separate),
+        FfnRow::SwigluFfn(GateUp::Stacked),
+        FfnRow::SwigluFfn(GateUp::StackedFused),
+        FfnRow::FfnSublayer,
+    ];
+
+    /// The block's graph: `--kernel NAME` selects every row of that name.
+    pub fn name(self) -> &'static str {
+        match self {
+            FfnRow::SwigluFfn(_) => "swiglu_ffn",
+            FfnRow::FfnSublayer => "ffn_sublayer",
+        }
+    }
+
+    /// How the baseline computes the gate and up projections.
+    pub fn gate_up(self) -> GateUp {
+        match self {
+            FfnRow::SwigluFfn(gate_up) => gate_up,
+            FfnRow::FfnSublayer => GateUp::StackedFused,
+        }
+    }
+
+    /// Whether the block normalises x before the projections (the
+    /// residual is x itself either way).
+    fn norm_first(self) -> bool {
+        self == FfnRow::FfnSublayer
+    }
+
+    /// Whether the down projection adds a bias.
+    fn down_bias(self) -> bool {
+        matches!(self, FfnRow::SwigluFfn(_))
+    }
+
+    /// The baseline's label in the table.
+    fn baseline(self) -> &'static str {
+        match self {
+            FfnRow::SwigluFfn(gate_up) => gate_up.baseline(),
+            FfnRow::FfnSublayer => {
+                "rmsnorm kernel, cuBLASLt stacked gate/up, silu·mul kernel, down: 4 launches"
+            }
+        }
+    }
+}
+
+/// An FFN baseline's buffers (what its calls write) and plans.
 struct FfnBaseline<T> {
+    /// The normalised x `[M, D]` that the projections read, for a block
+    /// that normalises first.
+    normed: Option<Rotated<T>>,
     /// The gate projection `[M, F]`, then, when stacked, the up projection.
     gate_up: Rotated<T>,
     /// The up projection of the separate GEMM.
@@ -693,17 +772,22 @@ struct FfnBaseline<T> {
     lt: Vec<LtPair>,
 }
 
-/// Times the SwiGLU FFN block (Llama-3-8B: D = 4096, F = 14336) at M tokens
-/// against cuBLASLt GEMMs with the silu and mul kernels, or the one silu·mul
-/// kernel, between them.
+/// The bound structs of an FFN row, one per input set.
+enum FfnBound<'w, T: Element> {
+    SwigluFfn(Vec<kernels::SwigluFfn<'w, T>>),
+    FfnSublayer(Vec<kernels::FfnSublayer<'w, T>>),
+}
+
+/// Times an FFN row at M tokens: the block's struct against cuBLASLt GEMMs
+/// with the row's unfused kernels between them.
 pub fn bench_ffn<T: BenchElement>(
     stream: &Arc<CudaStream>,
     m: usize,
-    gate_up: GateUp,
+    row: FfnRow,
     plan: TimingPlan,
     head: &mut CudaSlice<u8>,
 ) -> Result<Row> {
-    let row = ffn_case::<T>(stream, m, gate_up, Run::Timed { plan, head })?;
+    let row = ffn_case::<T>(stream, m, row, Run::Timed { plan, head })?;
     Ok(row.expect("a timed case gives its row"))
 }
 
@@ -711,11 +795,12 @@ pub fn bench_ffn<T: BenchElement>(
 fn ffn_case<T: BenchElement>(
     stream: &Arc<CudaStream>,
     m: usize,
-    gate_up: GateUp,
+    row: FfnRow,
     run: Run<'_, '_>,
 ) -> Result<Option<Row>> {
     const D: usize = FFN_D;
     const F: usize = FFN_F;
+    let gate_up = row.gate_up();
     let seed = m as u64 * 7 + 3;
     let scale = 1.0 / (D as f32).sqrt();
     let (w_gate_host, w_up_host) = (
@@ -732,7 +817,14 @@ fn ffn_case<T: BenchElement>(
         None
     };
     let w_down = Rotated::<T>::random(stream, D * F, 1.0 / (F as f32).sqrt(), seed + 3)?;
-    let b_down = Rotated::<T>::random(stream, D, 1.0, seed + 4)?;
+    let b_down = row
+        .down_bias()
+        .then(|| Rotated::<T>::random(stream, D, 1.0, seed + 4))
+        .transpose()?;
+    let gamma = row
+        .norm_first()
+        .then(|| Rotated::<T>::random(stream, D, 1.0, seed + 5))
+        .transpose()?;
     let mut ours_y = Rotated::<T>::zeros(stream, m * D)?;
     let plan_lt = |dims, epilogue| {
         LtPair::new(|candidates| {
@@ -749,8 +841,19 @@ fn ffn_case<T: BenchElement>(
             plan_lt((m, F, D), LtEpilogue::None)?,
         ]
     };
-    lt.push(plan_lt((m, D, F), LtEpilogue::Bias)?);
+    // The residual rides on beta·C either way; the bias only where the
+    // block has one.
+    let down_epilogue = if row.down_bias() {
+        LtEpilogue::Bias
+    } else {
+        LtEpilogue::None
+    };
+    lt.push(plan_lt((m, D, F), down_epilogue)?);
     let mut b = FfnBaseline {
+        normed: row
+            .norm_first()
+            .then(|| Rotated::zeros(stream, m * D))
+            .transpose()?,
         gate_up: Rotated::zeros(stream, 2 * m * F)?,
         up: Rotated::zeros(stream, m * F)?,
         act: Rotated::zeros(stream, m * F)?,
@@ -758,28 +861,74 @@ fn ffn_case<T: BenchElement>(
         y: Rotated::zeros(stream, m * D)?,
         lt,
     };
-    // One struct per input set, bound to that set's weights.
-    let mut ffns = (0..SETS)
-        .map(|i| {
-            let weights = kernels::SwigluFfnWeights {
-                w_gate: mat(w_gate.get(i), F, D)?,
-                w_up: mat(w_up.get(i), F, D)?,
-                w_down: mat(w_down.get(i), D, F)?,
-                b_down: vec_of(b_down.get(i), D)?,
-            };
-            kernels::SwigluFfn::new(stream, weights)
-        })
-        .collect::<Result<Vec<_>>>()?;
+    // One struct per input set, bound to that set's weights (the sub-layer
+    // folds gamma into its copy of the interleaved gate/up weight).
+    let weights = |i: usize| -> Result<_> {
+        Ok((
+            mat(w_gate.get(i), F, D)?,
+            mat(w_up.get(i), F, D)?,
+            mat(w_down.get(i), D, F)?,
+        ))
+    };
+    let mut bound = match row {
+        FfnRow::SwigluFfn(_) => {
+            let b_down = b_down.as_ref().expect("the SwiGLU block has a down bias");
+            FfnBound::SwigluFfn(
+                (0..SETS)
+                    .map(|i| {
+                        let (w_gate, w_up, w_down) = weights(i)?;
+                        let b_down = vec_of(b_down.get(i), D)?;
+                        let weights = kernels::SwigluFfnWeights {
+                            w_gate,
+                            w_up,
+                            w_down,
+                            b_down,
+                        };
+                        kernels::SwigluFfn::new(stream, weights)
+                    })
+                    .collect::<Result<_>>()?,
+            )
+        }
+        FfnRow::FfnSublayer => {
+            let gamma = gamma.as_ref().expect("the sub-layer has a norm");
+            FfnBound::FfnSublayer(
+                (0..SETS)
+                    .map(|i| {
+                        let (w_gate, w_up, w_down) = weights(i)?;
+                        let gamma = vec_of(gamma.get(i), D)?;
+                        let weights = kernels::FfnSublayerWeights {
+                            gamma,
+                            w_gate,
+                            w_up,
+                            w_down,
+                        };
+                        kernels::FfnSublayer::new(stream, weights)
+                    })
+                    .collect::<Result<_>>()?,
+            )
+        }
+    };
 
     let mut ours = |ours_y: &mut Rotated<T>, i: usize| -> Result<()> {
-        ffns[i % SETS].run(
+        let x = mat(x.get(i), m, D)?;
+        let mut y = TensorMut::new(ours_y.get_mut(i), [m, D])?;
+        match &mut bound {
+            FfnBound::SwigluFfn(ffns) => ffns[i % SETS].run(stream, &x, &mut y),
+            FfnBound::FfnSublayer(sublayers) => sublayers[i % SETS].run(stream, &x, &mut y),
+        }
+    };
+    // The standalone norm of the graph (its eps, 1e-5) on input set `i`.
+    let normalise = |normed: &mut Rotated<T>, gamma: &Rotated<T>, i: usize| -> Result<()> {
+        kernels::rmsnorm_eps1e5(
             stream,
             &mat(x.get(i), m, D)?,
-            &mut TensorMut::new(ours_y.get_mut(i), [m, D])?,
+            &vec_of(gamma.get(i), D)?,
+            &mut TensorMut::new(normed.get_mut(i), [m, D])?,
         )
     };
     let baseline = |b: &mut FfnBaseline<T>, which: Which, i: usize| -> Result<()> {
         let FfnBaseline {
+            normed,
             gate_up: gu,
             up,
             act,
@@ -787,21 +936,26 @@ fn ffn_case<T: BenchElement>(
             y,
             lt,
         } = b;
+        if let (Some(normed), Some(gamma)) = (normed.as_mut(), &gamma) {
+            normalise(normed, gamma, i)?;
+        }
+        // What the projections read: the normalised x, or x itself.
+        let input = normed.as_ref().unwrap_or(&x).get(i);
         let (lt_down, lt_gate_up) = lt.split_last_mut().expect("the down GEMM is last");
         let up_half = match (lt_gate_up, &w_stacked) {
             ([lt_gate, lt_up], _) => {
                 lt_gate
                     .get(which)
-                    .run(stream, x.get(i), w_gate.get(i), None, None, gu.get_mut(i))?;
+                    .run(stream, input, w_gate.get(i), None, None, gu.get_mut(i))?;
                 lt_up
                     .get(which)
-                    .run(stream, x.get(i), w_up.get(i), None, None, up.get_mut(i))?;
+                    .run(stream, input, w_up.get(i), None, None, up.get_mut(i))?;
                 up.get(i).slice(..)
             }
             ([lt_stacked], Some(w)) => {
                 lt_stacked
                     .get(which)
-                    .run(stream, x.get(i), w.get(i), None, None, gu.get_mut(i))?;
+                    .run(stream, input, w.get(i), None, None, gu.get_mut(i))?;
                 gu.get(i).slice(m * F..)
             }
             _ => unreachable!("one stacked GEMM with its weight, or two"),
@@ -828,7 +982,7 @@ fn ffn_case<T: BenchElement>(
             stream,
             h.get(i),
             w_down.get(i),
-            Some(b_down.get(i)),
+            b_down.as_ref().map(|b| b.get(i)),
             Some(x.get(i)),
             y.get_mut(i),
         )
@@ -848,19 +1002,29 @@ fn ffn_case<T: BenchElement>(
     ours(&mut ours_y, 0)?;
     baseline(&mut b, Which::First, 0)?;
     stream.synchronize()?;
-    let agreement = check_agreement(stream, ours_y.get(0), b.y.get(0), "swiglu_ffn", format!("M={m}"))?;
+    let agreement = check_agreement(stream, ours_y.get(0), b.y.get(0), row.name(), format!("M={m}"))?;
     {
-        // Each GEMM alone. The down projection reads what the gate GEMM's
-        // candidates left in `gate_up`: products of the real inputs, so that
-        // its candidates are compared on outputs that are not just the bias
-        // and the residual.
+        // Each GEMM alone. The projections read the normalised x of every
+        // set (set 0's is the agreement check's), so that their candidates
+        // are timed on the data the baseline gives them. The down
+        // projection reads what the gate GEMM's candidates left in
+        // `gate_up`: products of the real inputs, so that its candidates
+        // are compared on outputs that are not just the bias and the
+        // residual.
         let FfnBaseline {
+            normed,
             gate_up: gu,
             up,
             y,
             lt,
             ..
         } = &mut b;
+        if let (Some(normed), Some(gamma)) = (normed.as_mut(), &gamma) {
+            for i in 1..SETS {
+                normalise(normed, gamma, i)?;
+            }
+        }
+        let input = normed.as_ref().unwrap_or(&x);
         let (lt_down, lt_gate_up) = lt.split_last_mut().expect("the down GEMM is last");
         let mut projections: Vec<(&mut LtPair, &mut Rotated<T>, &Rotated<T>)> = match (lt_gate_up, &w_stacked)
         {
@@ -873,7 +1037,7 @@ fn ffn_case<T: BenchElement>(
                 stream,
                 out,
                 || head_start(stream, head),
-                |g, out, i| g.run(stream, x.get(i), w.get(i), None, None, out),
+                |g, out, i| g.run(stream, input.get(i), w.get(i), None, None, out),
             )?;
         }
         drop(projections);
@@ -886,7 +1050,7 @@ fn ffn_case<T: BenchElement>(
                     stream,
                     gu.get(i),
                     w_down.get(i),
-                    Some(b_down.get(i)),
+                    b_down.as_ref().map(|b| b.get(i)),
                     Some(x.get(i)),
                     out,
                 )
@@ -917,10 +1081,10 @@ fn ffn_case<T: BenchElement>(
         .map(|(lt, name)| lt.choice(name))
         .collect::<Result<_>>()?;
     Ok(Some(Row::new(
-        "swiglu_ffn",
+        row.name(),
         format!("M={m} D={D} F={F}"),
         T::DTYPE,
-        gate_up.baseline().into(),
+        row.baseline().into(),
         2.0 * 3.0 * (m * D * F) as f64,
         Measured {
             ours: ours_t,
@@ -943,7 +1107,8 @@ pub fn run<T: BenchElement>(
     mut progress: impl FnMut(usize, usize, &str),
 ) -> Result<Vec<Row>> {
     let gemm_cases = config.gemm_cases();
-    let total = gemm_cases.len() + config.ffn_tokens.len() * GateUp::ALL.len();
+    let ffn_cases = config.ffn_cases();
+    let total = gemm_cases.len() + ffn_cases.len();
     let element = std::mem::size_of::<T>();
     let mut head = stream.alloc_zeros::<u8>(256 << 20)?;
     let mut rows = Vec::with_capacity(total);
@@ -977,16 +1142,15 @@ pub fn run<T: BenchElement>(
             })
         })?;
     }
-    for &m in &config.ffn_tokens {
-        let bytes = floor::ffn_bytes(m, FFN_D, FFN_F, element);
-        for gate_up in GateUp::ALL {
-            measure(&format!("swiglu_ffn M={m} ({gate_up:?})"), bytes, &mut |head| {
-                let row = bench_ffn::<T>(stream, m, gate_up, config.timing, head)?;
-                with_streams(head, row, &|part| {
-                    ffn_case::<T>(part.stream(), m, gate_up, Run::Streams(part))
-                })
-            })?;
-        }
+    for (row, m) in ffn_cases {
+        let bytes = floor::ffn_bytes(row, m, FFN_D, FFN_F, element);
+        let label = format!("{} M={m} ({:?})", row.name(), row.gate_up());
+        measure(&label, bytes, &mut |head| {
+            let timed = bench_ffn::<T>(stream, m, row, config.timing, head)?;
+            with_streams(head, timed, &|part| {
+                ffn_case::<T>(part.stream(), m, row, Run::Streams(part))
+            })
+        })?;
     }
     progress(rows.len(), total, "done");
     Ok(rows)

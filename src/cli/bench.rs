@@ -3,7 +3,7 @@
 //! feature, as what it times is `fusion::kernels`.
 
 use super::CliError;
-use crate::bench::{self, BenchConfig, Pattern};
+use crate::bench::{self, BenchConfig, FfnRow, Pattern};
 use clap::Args;
 use std::io::Write;
 use std::path::PathBuf;
@@ -18,7 +18,8 @@ pub struct BenchArgs {
     /// Only these kernels (repeat for several), by graph name such as `gemm_bias_gelu`.
     #[arg(long = "kernel", value_name = "NAME")]
     pub kernels: Vec<String>,
-    /// Token counts for the SwiGLU FFN block (comma-separated); 0 skips it. Default: 1,16,128,1000,8192.
+    /// Token counts for the FFN blocks, swiglu_ffn and ffn_sublayer (comma-separated); 0 skips them.
+    /// Default: 1,16,128,1000,8192.
     #[arg(long = "ffn-tokens", value_name = "M,…", value_delimiter = ',', default_values_t = bench::DEFAULT_FFN_TOKENS)]
     pub ffn_tokens: Vec<usize>,
     /// Element type: f16 or bf16.
@@ -62,8 +63,9 @@ pub fn bench(args: &BenchArgs, out: &mut dyn Write) -> Result<(), CliError> {
 }
 
 /// What `fusion bench` measures, from its arguments: the shapes, the kernels
-/// and the FFN's token counts (none unless swiglu_ffn is asked for or no
-/// kernel is named; its defaults when it is asked for with none left).
+/// and the FFN rows with their token counts (none unless an FFN block,
+/// swiglu_ffn or ffn_sublayer, is asked for or no kernel is named; the
+/// default counts when one is asked for with none left).
 fn config_of(args: &BenchArgs) -> Result<BenchConfig, CliError> {
     let mut config = BenchConfig {
         ffn_tokens: args.ffn_tokens.clone(),
@@ -76,29 +78,31 @@ fn config_of(args: &BenchArgs) -> Result<BenchConfig, CliError> {
         config.decode_shapes.clear();
     }
     if !args.kernels.is_empty() {
+        let is_ffn = |k: &str| FfnRow::ALL.iter().any(|row| row.name() == k);
         config.patterns = args
             .kernels
             .iter()
-            .filter(|k| k.as_str() != "swiglu_ffn")
+            .filter(|k| !is_ffn(k))
             .map(|k| {
                 Pattern::parse(k).ok_or_else(|| {
-                    let known: Vec<&str> = Pattern::ALL.iter().map(|p| p.name()).collect();
-                    CliError::Message(format!(
-                        "unknown kernel `{k}`: known are {} and swiglu_ffn",
-                        known.join(", ")
-                    ))
+                    let mut known: Vec<&str> = Pattern::ALL.iter().map(|p| p.name()).collect();
+                    // An FFN block's rows are adjacent in `FfnRow::ALL`: one name each.
+                    known.extend(FfnRow::ALL.iter().map(|row| row.name()));
+                    known.dedup();
+                    CliError::Message(format!("unknown kernel `{k}`: known are {}", known.join(", ")))
                 })
             })
             .collect::<Result<_, _>>()?;
-        if !args.kernels.iter().any(|k| k == "swiglu_ffn") {
+        config.ffn_rows = FfnRow::ALL
+            .into_iter()
+            .filter(|row| args.kernels.iter().any(|k| k == row.name()))
+            .collect();
+        if config.ffn_rows.is_empty() {
             config.ffn_tokens.clear();
         }
     }
     config.ffn_tokens.retain(|&m| m > 0);
-    if !args.kernels.is_empty()
-        && args.kernels.iter().any(|k| k == "swiglu_ffn")
-        && config.ffn_tokens.is_empty()
-    {
+    if !args.kernels.is_empty() && !config.ffn_rows.is_empty() && config.ffn_tokens.is_empty() {
         config.ffn_tokens = bench::DEFAULT_FFN_TOKENS.to_vec();
     }
     config.timing = bench::timing::TimingPlan {
@@ -236,6 +240,68 @@ mod tests {
     }
 
     #[test]
+    fn ffn_blocks_are_selected_by_name_each_with_its_rows() {
+        let cases = |extra: &[&str]| {
+            let cli = Cli::try_parse_from(["fusion", "bench"].iter().chain(extra)).unwrap();
+            let Command::Bench(args) = cli.command else {
+                panic!("bench")
+            };
+            config_of(&args).unwrap().ffn_cases()
+        };
+        let tokens = bench::DEFAULT_FFN_TOKENS.len();
+        // By default: the SwiGLU block's three rows and the sub-layer's one
+        // at each token count, in that order.
+        let all = cases(&[]);
+        assert_eq!(all.len(), tokens * 4);
+        assert_eq!(
+            all[..4],
+            [
+                (FfnRow::SwigluFfn(bench::GateUp::Separate), 1),
+                (FfnRow::SwigluFfn(bench::GateUp::Stacked), 1),
+                (FfnRow::SwigluFfn(bench::GateUp::StackedFused), 1),
+                (FfnRow::FfnSublayer, 1),
+            ]
+        );
+        assert_eq!(all[4], (FfnRow::SwigluFfn(bench::GateUp::Separate), 16));
+        let sublayer = cases(&["--kernel", "ffn_sublayer"]);
+        assert_eq!(
+            sublayer,
+            bench::DEFAULT_FFN_TOKENS.map(|m| (FfnRow::FfnSublayer, m))
+        );
+        assert_eq!(
+            cases(&["--kernel", "ffn_sublayer", "--ffn-tokens", "0"]),
+            sublayer
+        );
+        let swiglu = cases(&["--kernel", "swiglu_ffn", "--ffn-tokens", "128"]);
+        assert_eq!(swiglu.len(), 3);
+        assert!(
+            swiglu
+                .iter()
+                .all(|&(row, m)| row.name() == "swiglu_ffn" && m == 128)
+        );
+        assert_eq!(
+            cases(&[
+                "--kernel",
+                "swiglu_ffn",
+                "--kernel",
+                "ffn_sublayer",
+                "--ffn-tokens",
+                "8"
+            ])
+            .len(),
+            4
+        );
+        // The FFN names are not single-GEMM patterns; a GEMM named alone
+        // runs no FFN row.
+        let cli = Cli::try_parse_from(["fusion", "bench", "--kernel", "ffn_sublayer"]).unwrap();
+        let Command::Bench(args) = cli.command else {
+            panic!("bench")
+        };
+        assert!(config_of(&args).unwrap().patterns.is_empty());
+        assert!(cases(&["--kernel", "gemm"]).is_empty());
+    }
+
+    #[test]
     fn decode_shapes_run_the_decode_kernels_unless_shapes_are_given() {
         let cases = |extra: &[&str]| {
             let cli = Cli::try_parse_from(["fusion", "bench"].iter().chain(extra)).unwrap();
@@ -297,7 +363,9 @@ mod tests {
             panic!("{err:?}")
         };
         assert!(
-            text.contains("unknown kernel `gemm_tanh`") && text.contains("gemm_bias_gelu"),
+            text.contains("unknown kernel `gemm_tanh`")
+                && text.contains("gemm_bias_gelu")
+                && text.ends_with("swiglu_ffn, ffn_sublayer"),
             "{text}"
         );
     }

@@ -588,6 +588,40 @@ fn silu_mul_is_one_elementwise_unit_with_the_factor_at_its_step() {
 }
 
 #[test]
+fn standalone_norms_of_two_eps_share_a_unit_and_pass_their_own() {
+    // The norm kernel takes eps as a parameter, so rmsnorm (1e-6) and
+    // rmsnorm_eps1e5 compile once; each wrapper passes its graph's eps.
+    let lib = render(
+        "fusion_kernels",
+        &[Arch::Sm80],
+        &[spec("rmsnorm.toml", F16), spec("rmsnorm_eps1e5.toml", F16)],
+    )
+    .unwrap();
+    assert_eq!(lib.units.len(), 1);
+    assert_eq!(lib.units[0].symbol, "fusion_kernels_rmsnorm_f16");
+    assert!(
+        lib.units[0]
+            .source
+            .contains("Used by: rmsnorm#0, rmsnorm_eps1e5#0"),
+        "{}",
+        lib.units[0].source
+    );
+    let rust: String = wrappers::generate(&lib, true, "/out/fusion_ffi.rs")
+        .split_whitespace()
+        .collect();
+    let eps_of = |graph: &str| {
+        let start = rust
+            .find(&format!("mod__{graph}{{"))
+            .unwrap_or_else(|| panic!("no module for {graph}"));
+        let body = &rust[start..];
+        let eps = body.find("eps:").expect("the params carry eps") + "eps:".len();
+        body[eps..eps + body[eps..].find(',').unwrap()].to_string()
+    };
+    assert_eq!(eps_of("rmsnorm"), "0.000001f32");
+    assert_eq!(eps_of("rmsnorm_eps1e5"), "0.00001f32");
+}
+
+#[test]
 fn two_factors_of_one_chain_reach_their_own_steps() {
     let source = crate::diagnostic::SourceFile::new(
         "graphs/two_factors.toml",
