@@ -365,7 +365,7 @@ mod tests {
         let mut out = Vec::new();
         graph_from_hf(&args, &mut out).unwrap();
         assert_eq!(std::fs::read_to_string(&file).unwrap(), toml);
-        assert!(String::from_utf8(out).unwrap().contains("(3 kernels:"));
+        assert!(String::from_utf8(out).unwrap().contains("(2 kernels:"));
         std::fs::write(&config, r#"{"model_type": "bert"}"#).unwrap();
         let error = graph_from_hf(&GraphArgs { out: None, ..args }, &mut Vec::new()).unwrap_err();
         assert!(

@@ -5,8 +5,8 @@
 //!
 //! - gated (Llama, Mistral, Qwen2, Qwen3): RMSNorm, then
 //!   `act(h @ w_gate^T) * (h @ w_up^T)`, the down projection and the residual
-//!   add, with the norm written into both projections so that the planner
-//!   folds it into each weight;
+//!   add: the norm feeds both projections, which the planner makes one gated
+//!   GEMM with the norm folded into its interleaved weight;
 //! - GPT-2: LayerNorm, `c_fc` with bias, the activation, `c_proj` with bias
 //!   and the residual add.
 //!
@@ -131,12 +131,13 @@ pub fn ffn_toml(config: &FfnConfig, name: &str, dtype: DType) -> String {
                  w_gate = \"{dtype}[F, D]\"   # mlp.gate_proj.weight\n\
                  w_up   = \"{dtype}[F, D]\"   # mlp.up_proj.weight\n\
                  w_down = \"{dtype}[D, F]\"   # mlp.down_proj.weight\n\n\
-                 # The norm is written into both projections, so that each folds it into its weight.\n\
+                 # One norm for both projections: with them it is one gated GEMM, the norm folded into its weight.\n\
                  [compute]\n\
-                 gate = \"{activation}({norm} @ w_gate^T)\"\n\
-                 h    = \"gate * ({norm} @ w_up^T)\"\n\n\
+                 h    = \"{norm}\"\n\
+                 gate = \"{activation}(h @ w_gate^T)\"\n\
+                 act  = \"gate * (h @ w_up^T)\"\n\n\
                  [outputs]\n\
-                 y = \"h @ w_down^T + x\"\n"
+                 y = \"act @ w_down^T + x\"\n"
             )
         }
         Family::Gpt2 => format!(
@@ -174,7 +175,7 @@ mod tests {
     }
 
     #[test]
-    fn a_llama_config_gives_rmsnorm_and_a_gated_mlp_with_each_norm_folded() {
+    fn a_llama_config_gives_rmsnorm_and_a_gated_mlp_in_two_kernels_the_norm_folded() {
         let config = ffn_config(LLAMA_3_8B).unwrap();
         assert_eq!(
             (config.family, config.hidden, config.intermediate),
@@ -186,15 +187,8 @@ mod tests {
         assert!(toml.contains("w_gate = \"bf16[F, D]\""), "{toml}");
         let plan = plan_of(&toml);
         let names: Vec<&str> = plan.kernels.iter().map(|k| k.name.as_str()).collect();
-        assert_eq!(
-            names,
-            ["rmsnorm_gemm", "rmsnorm_gemm_silu_mul", "gemm_residual"],
-            "{plan}"
-        );
-        assert!(
-            plan.kernels[..2].iter().all(|k| k.norm_foldable(&plan.graph)),
-            "{plan}"
-        );
+        assert_eq!(names, ["rmsnorm_gemm_silu_glu", "gemm_residual"], "{plan}");
+        assert!(plan.kernels[0].norm_foldable(&plan.graph), "{plan}");
     }
 
     #[test]
