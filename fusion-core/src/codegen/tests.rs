@@ -233,7 +233,7 @@ fn sm90_units_use_the_sm90_mainloop_norm_compositions_too() {
         "using Chain = fusion::EpilogueChain<>;",
         "fusion::FoldedNorm<fusion::NormKind::LayerNorm>, Chain>;",
         "extern \"C\" int k_layernorm_gemm_nk_f16_sm90_folded(const fusion_gemm_params* p, void* stream)",
-        "fusion::launch_fold_weights<fusion::NormKind::LayerNorm, Element, fusion::LayoutB::NK>(",
+        "fusion::launch_fold_weights<fusion::NormKind::LayerNorm, Element, fusion::LayoutB::NK, false>(",
     ] {
         assert!(
             norm.source.contains(needle),

@@ -12,6 +12,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "gated.cuh"
 #include "norm.cuh"
 #include "numeric.cuh"
@@ -87,32 +89,38 @@ __global__ void fold_columns_kernel(const Weight w, const T* __restrict__ gamma,
 
 // Host launcher: nothing for N = 0; cudaErrorInvalidValue for N or K not a
 // multiple of 8, K = 0, a null or misaligned pointer, or a LayerNorm
-// without beta. With `w_up` (a gated GEMM's up weight, the shape of `w`),
-// W is `w` and `w_up` interleaved: W' has 2N columns and so many terms.
-template <NormKind kKind, typename T, LayoutB kLayout>
+// without beta. kGated: W is `w` and `w_up` (a gated GEMM's up weight, the
+// shape of `w`) interleaved, and W' has 2N columns and so many terms; else
+// `w_up` must be null.
+template <NormKind kKind, typename T, LayoutB kLayout, bool kGated = false>
 cudaError_t launch_fold_weights(const T* w, const T* w_up, const T* gamma, const T* beta, T* w_folded,
                                 float2* col_terms, int64_t N, int64_t K, cudaStream_t stream) {
   if (N == 0) return cudaSuccess;  // a weight with no output columns: nothing to fold
   if (N < 0 || K <= 0 || N % kVecElems != 0 || K % kVecElems != 0) return cudaErrorInvalidValue;
+  if (kGated != (w_up != nullptr)) return cudaErrorInvalidValue;
   const void* pointers[] = {w, gamma, w_folded, col_terms, kKind == NormKind::LayerNorm ? beta : gamma,
-                            w_up != nullptr ? w_up : w};
+                            kGated ? w_up : w};
   for (const void* p : pointers)
     if (p == nullptr || !is_aligned16(p)) return cudaErrorInvalidValue;
-  const auto fold = [&](auto weight, int64_t columns) {
-    if constexpr (kLayout == LayoutB::NK) {
-      int64_t blocks = 0;
-      const cudaError_t err = rows_grid(columns, &blocks);
-      if (err != cudaSuccess) return err;
-      fold_rows_kernel<kKind, T>
-          <<<unsigned(blocks), 256, 0, stream>>>(weight, gamma, beta, w_folded, col_terms, columns, K);
-    } else {
-      const int64_t threads = columns / kVecElems;
-      fold_columns_kernel<kKind, T>
-          <<<unsigned((threads + 127) / 128), 128, 0, stream>>>(weight, gamma, beta, w_folded, col_terms, columns, K);
-    }
-    return cudaGetLastError();
-  };
-  return w_up != nullptr ? fold(GatedWeights<T>{w, w_up}, 2 * N) : fold(PlainWeight<T>{w}, N);
+  using Weight = std::conditional_t<kGated, GatedWeights<T>, PlainWeight<T>>;
+  const Weight weight = [&] {
+    if constexpr (kGated)
+      return GatedWeights<T>{w, w_up};
+    else
+      return PlainWeight<T>{w};
+  }();
+  const int64_t columns = kGated ? 2 * N : N;
+  if constexpr (kLayout == LayoutB::NK) {
+    int64_t blocks = 0;
+    const cudaError_t err = rows_grid(columns, &blocks);
+    if (err != cudaSuccess) return err;
+    fold_rows_kernel<kKind, T><<<unsigned(blocks), 256, 0, stream>>>(weight, gamma, beta, w_folded, col_terms, columns, K);
+  } else {
+    const int64_t threads = columns / kVecElems;
+    fold_columns_kernel<kKind, T>
+        <<<unsigned((threads + 127) / 128), 128, 0, stream>>>(weight, gamma, beta, w_folded, col_terms, columns, K);
+  }
+  return cudaGetLastError();
 }
 
 }  // namespace fusion

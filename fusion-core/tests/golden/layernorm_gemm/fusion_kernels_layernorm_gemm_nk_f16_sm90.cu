@@ -132,7 +132,7 @@ extern "C" int fusion_kernels_layernorm_gemm_nk_f16_sm90_fold_weights(const fusi
   auto* w_folded = static_cast<Element*>(p->w_folded);
   const auto s = static_cast<cudaStream_t>(stream);
   if (w_up != nullptr) return int(cudaErrorInvalidValue);
-  return int(fusion::launch_fold_weights<fusion::NormKind::LayerNorm, Element, fusion::LayoutB::NK>(
+  return int(fusion::launch_fold_weights<fusion::NormKind::LayerNorm, Element, fusion::LayoutB::NK, false>(
       w, w_up, static_cast<const Element*>(p->gamma), static_cast<const Element*>(p->beta), w_folded,
       static_cast<float2*>(p->col_terms), p->n, p->k, s));
 }
