@@ -49,7 +49,7 @@ run_tests() {
 # prologues and folded norms, residual, gated GEMMs per call and bound,
 # standalone norm and elementwise) without repeating
 # what only differs in an activation functor. racecheck is the slowest.
-memcheck_tests="gemm_bias_gelu gemm_silu gemm_bias_residual layernorm_gemm rmsnorm_gemm layernorm_gemm_folded rmsnorm_gemm_folded gemm_silu_glu gemm_silu_glu_bound gemm_gelu_glu_bound silu mul silu_mul layernorm rmsnorm"
+memcheck_tests="gemm_bias_gelu gemm_silu gemm_bias_residual layernorm_gemm rmsnorm_gemm layernorm_gemm_folded rmsnorm_gemm_folded gemm_silu_glu gemm_silu_glu_bound gemm_gelu_glu_bound layernorm_gemm_silu_glu_residual layernorm_gemm_silu_glu_residual_bound silu mul silu_mul layernorm rmsnorm"
 racecheck_tests="gemm_bias_gelu gemm_silu layernorm_gemm layernorm_gemm_folded gemm_silu_glu silu layernorm"
 initcheck_tests="gemm_bias_gelu gemm_silu layernorm_gemm rmsnorm_gemm layernorm_gemm_folded gemm_silu_glu gemm_gelu_glu_bound mul silu_mul rmsnorm"
 synccheck_tests="gemm_bias_gelu gemm_silu layernorm_gemm gemm_silu_glu layernorm"

@@ -93,6 +93,30 @@ pattern_test!(gemm_silu_glu, "gemm_silu_glu", |s, r, w| {
 pattern_test!(gemm_gelu_glu, "gemm_gelu_glu", |s, r, w| {
     kernels::gemm_gelu_glu(s, &r[0], &r[1], &r[2], &mut w[0])
 });
+// A LayerNorm before the pair and a step after it: per call the launch
+// normalizes A and interleaves the weights; bound, the norm (both its terms,
+// over the 2N interleaved columns) folds into the interleaved weight.
+pattern_test!(
+    layernorm_gemm_silu_glu_residual,
+    "layernorm_gemm_silu_glu_residual",
+    Intermediates::RoundedNorms,
+    |s, r, w| kernels::layernorm_gemm_silu_glu_residual(
+        s, &r[0], &r[1], &r[2], &r[3], &r[4], &r[5], &mut w[0]
+    )
+);
+pattern_test!(
+    layernorm_gemm_silu_glu_residual_bound,
+    "layernorm_gemm_silu_glu_residual",
+    |s, r, w| {
+        let weights = kernels::LayernormGemmSiluGluResidualWeights {
+            g: r[2].clone(),
+            b: r[3].clone(),
+            w_gate: r[4].clone(),
+            w_up: r[5].clone(),
+        };
+        kernels::LayernormGemmSiluGluResidual::new(s, weights)?.run(s, &r[0], &r[1], &mut w[0])
+    }
+);
 // ...and bound: interleaved once by the struct.
 pattern_test!(gemm_silu_glu_bound, "gemm_silu_glu", |s, r, w| {
     let weights = kernels::GemmSiluGluWeights {

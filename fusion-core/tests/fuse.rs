@@ -1028,3 +1028,15 @@ fn a_refused_swiglu_gate_leaves_the_mul_to_the_up_projection() {
     );
     assert_eq!(names(&plan), ["gemm_silu", "gemm_mul", "gemm_bias_residual"]);
 }
+
+#[test]
+fn a_gated_pair_refused_with_its_norm_keeps_the_pair_and_runs_the_norm_alone() {
+    let graph = gated(true, false, WeightLayout::NK, false);
+    let plan = plan_refusing(graph.clone(), &[refuse("rmsnorm_gemm_gelu_glu")]);
+    assert_eq!(names(&plan), ["rmsnorm", "gemm_gelu_glu"], "{plan}");
+    assert_eq!(plan.splits[0].kept, "gemm_gelu_glu");
+    // Refused both ways: the two matmuls' own chains, the norm alone.
+    let plan = plan_refusing(graph, &[refuse("rmsnorm_gemm_gelu_glu"), refuse("gemm_gelu_glu")]);
+    assert_eq!(names(&plan), ["rmsnorm", "gemm", "gemm_gelu_mul"], "{plan}");
+    assert_eq!(plan.splits[0].kept, "a GEMM for each of its two weights");
+}

@@ -13,10 +13,16 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-/// Three different paths: several kernels with a `mul` epilogue
-/// (`swiglu_ffn`), a norm prologue (`layernorm_gemm`), one GEMM with bias and
-/// activation (`gemm_bias_gelu`).
-const GRAPHS: &[&str] = &["swiglu_ffn", "layernorm_gemm", "gemm_bias_gelu"];
+/// Four different paths: several kernels with a gated GEMM (`swiglu_ffn`),
+/// a norm prologue (`layernorm_gemm`), one GEMM with bias and activation
+/// (`gemm_bias_gelu`), and a gated GEMM with a norm to fold and a step after
+/// it (`layernorm_gemm_silu_glu_residual`).
+const GRAPHS: &[&str] = &[
+    "swiglu_ffn",
+    "layernorm_gemm",
+    "gemm_bias_gelu",
+    "layernorm_gemm_silu_glu_residual",
+];
 
 /// As the root crate builds them by default (features `sm80`, `sm90`; f16
 /// and bf16), so the wrappers are the generic ones that ship.

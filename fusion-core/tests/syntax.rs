@@ -149,6 +149,7 @@ fn every_shipped_graph_parses_and_lowers() {
             "gpt2_mlp",
             "layernorm",
             "layernorm_gemm",
+            "layernorm_gemm_silu_glu_residual",
             "llama_ffn",
             "mul",
             "rmsnorm",

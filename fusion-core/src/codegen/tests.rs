@@ -198,7 +198,7 @@ fn sm90_units_use_the_sm90_mainloop_norm_compositions_too() {
         "// 128x256x64 (4 stages, cooperative, persistent)",
         "using SmallTile = fusion::sm90::TileConfig<64, 128, 8, fusion::sm90::Schedule::Cooperative>;",
         "using SmallAltTile = fusion::sm90::TileConfig<128, 128, 6, fusion::sm90::Schedule::Cooperative>;",
-        "if (p->m <= 512 && fusion::fewer_waves<SmallAltTile, SmallTile>(p->m, p->n))\n    return f(K<SmallAltTile>{});\n  if (p->m <= 512) return f(K<SmallTile>{});",
+        "if (p->m <= 512 && fusion::fewer_waves<SmallAltTile, SmallTile>(p->m, p->n * Chain::kGemmColsPerOutput))\n    return f(K<SmallAltTile>{});\n  if (p->m <= 512) return f(K<SmallTile>{});",
     ] {
         assert!(
             sm90.source.contains(needle),

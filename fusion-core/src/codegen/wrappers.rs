@@ -485,11 +485,23 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
     });
 
     let single = plan.kernels.len() == 1;
+    // What the free function repeats per call that the struct does once.
+    let per_call_doc = if prepared.contains(&true) {
+        "\n\nIt takes the weights with each call, so what the struct computes once \
+         when it binds them runs on every call here: a norm folds into no weight \
+         (A is normalized into the scratch first) and a gated pair's two weights \
+         are written interleaved into the scratch first (2 N K elements, more \
+         than the GEMM itself reads at small M). Bind the weights with the \
+         struct for the one-time form."
+    } else {
+        ""
+    };
     let free_fn = if single {
         let fn_ident = format_ident!("{}", name);
         quote! {
             #[doc = #doc]
             #[doc = #FREE_FN_MEMORY_DOC]
+            #[doc = #per_call_doc]
             #[allow(clippy::too_many_arguments, reason = "one argument per graph tensor")]
             #[allow(dead_code, reason = "a crate may run the graph through its struct instead")]
             pub fn #fn_ident #generics(#params) -> fusion::Result<()> {

@@ -177,8 +177,8 @@ impl Chain {
     /// Shortens the chain until no rule refuses it: its last epilogue
     /// steps first, and only when even the norm and the bare matmul are
     /// refused, the norm, with the longest chain no rule refuses after it.
-    /// A gated pair refused with no steps after it is dropped whole (its
-    /// matmuls' own chains remain). Records each refusal in `splits`.
+    /// A gated pair refused even bare and without its norm is dropped whole
+    /// (its matmuls' own chains remain). Records each refusal in `splits`.
     fn give_up_refused(&mut self, graph: &Graph, rules: &[SplitRule], splits: &mut Vec<Split>) -> Refusal {
         let Some(rule) = self.refused_by(graph, rules) else {
             return Refusal::None;
@@ -191,15 +191,18 @@ impl Chain {
             chain
         };
         let mut kept = shorter(full.clone());
-        let mut outcome = Refusal::Shortened;
-        if !allowed(&kept) && full.gate.is_some() {
-            outcome = Refusal::Dropped;
-        } else if !allowed(&kept) {
+        if !allowed(&kept) {
             kept = shorter(Chain {
                 prologue: None,
-                ..full
+                ..full.clone()
             });
         }
+        // A gated pair refused even bare and without its norm goes whole.
+        let outcome = if allowed(&kept) || full.gate.is_none() {
+            Refusal::Shortened
+        } else {
+            Refusal::Dropped
+        };
         *self = kept;
         splits.push(Split {
             refused,

@@ -207,9 +207,24 @@ fn check_gated_pair(graph: &Graph, index: &TensorIndex, kernel: &FusedKernel) ->
             graph.tensor(t).name
         )
     };
+    let (gate_op, up_op) = (graph.op(gate), graph.op(up));
+    if gate_op.inputs[0] != up_op.inputs[0] {
+        return Err("the two matmuls of its gated pair read different A".to_string());
+    }
+    // B is the gate matmul's weight and Up the up matmul's (a swap would
+    // compute act(A @ W_up) * (A @ W_gate)), of one shape.
+    let (w_gate, w_up) = (gate_op.inputs[1], up_op.inputs[1]);
+    if kernel.operand(Role::B) != Some(w_gate)
+        || kernel.operand(Role::Up) != Some(w_up)
+        || graph.tensor(w_gate).shape != graph.tensor(w_up).shape
+    {
+        return Err(
+            "its B and up operands are not its gate and up matmuls' weights of one shape".to_string(),
+        );
+    }
     if first == 1 {
         let a = output(kernel.ops[0]);
-        if index.use_count(a) != 2 || graph.op(gate).inputs[0] != a || graph.op(up).inputs[0] != a {
+        if index.use_count(a) != 2 || gate_op.inputs[0] != a {
             return Err(fused_away(a));
         }
     }

@@ -48,7 +48,9 @@ extern "C" {
 typedef struct fusion_gemm_params {
   const void* a;          /* [m, k] */
   const void* b;          /* [k, n] or [n, k], as the launcher's layout says */
-  const void* b_up;       /* a gated GEMM's up weight, b's shape, given per call; null when b is prepared */
+  const void* b_up;       /* a gated GEMM's up weight, b's shape, given per call (the launch then writes
+                           * both weights interleaved into its workspace first: 2 n k elements, which
+                           * at decode costs more than the GEMM); null when b is prepared */
   void* c;                /* [m, n] */
   const void* bias;       /* [n], the bias step */
   const void* residual;   /* [m, n], the residual step */

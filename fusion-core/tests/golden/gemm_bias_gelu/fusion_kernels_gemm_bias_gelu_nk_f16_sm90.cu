@@ -67,7 +67,7 @@ fusion::GemmArgs<Element> args_of(const fusion_gemm_params* p) {
 template <template <typename> class K, typename F>
 cudaError_t with_kernel(const fusion_gemm_params* p, F&& f) {
   if (p->m <= 12) return f(fusion::DecodeFor<K<LargeTile>>{});
-  if (p->m <= 512 && fusion::fewer_waves<SmallAltTile, SmallTile>(p->m, p->n))
+  if (p->m <= 512 && fusion::fewer_waves<SmallAltTile, SmallTile>(p->m, p->n * Chain::kGemmColsPerOutput))
     return f(K<SmallAltTile>{});
   if (p->m <= 512) return f(K<SmallTile>{});
   return f(K<LargeTile>{});

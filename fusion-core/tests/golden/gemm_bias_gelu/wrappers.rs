@@ -137,6 +137,7 @@ no tensor passes between kernels
 # Memory
 
 The kernel's scratch comes from a workspace kept per `Arc<CudaStream>` (clones share it), grown when a call needs more and reused after that; it is freed after the stream is dropped. It is never grown while the stream is being captured into a CUDA graph: call once before capturing.*/
+///
 #[allow(clippy::too_many_arguments, reason = "one argument per graph tensor")]
 #[allow(dead_code, reason = "a crate may run the graph through its struct instead")]
 pub fn gemm_bias_gelu<T: fusion::Element>(

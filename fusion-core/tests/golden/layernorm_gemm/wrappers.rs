@@ -147,6 +147,9 @@ no tensor passes between kernels
 # Memory
 
 The kernel's scratch comes from a workspace kept per `Arc<CudaStream>` (clones share it), grown when a call needs more and reused after that; it is freed after the stream is dropped. It is never grown while the stream is being captured into a CUDA graph: call once before capturing.*/
+/**
+
+It takes the weights with each call, so what the struct computes once when it binds them runs on every call here: a norm folds into no weight (A is normalized into the scratch first) and a gated pair's two weights are written interleaved into the scratch first (2 N K elements, more than the GEMM itself reads at small M). Bind the weights with the struct for the one-time form.*/
 #[allow(clippy::too_many_arguments, reason = "one argument per graph tensor")]
 #[allow(dead_code, reason = "a crate may run the graph through its struct instead")]
 pub fn layernorm_gemm<T: fusion::Element>(
