@@ -101,9 +101,9 @@ impl Floor {
 }
 
 /// The least bytes `pattern` at (M, N, K) reads and writes with `element`
-/// bytes per value: A [M, K], the weight [N, K], the graph's vectors (a
-/// bias [N]; a norm's gamma, and a LayerNorm's beta, [K]), a residual
-/// [M, N], and C [M, N]. A folded norm reads W·diag(gamma) and two [N]
+/// bytes per value: A `[M, K]`, the weight `[N, K]`, the graph's vectors (a
+/// bias `[N]`; a norm's gamma, and a LayerNorm's beta, `[K]`), a residual
+/// `[M, N]`, and C `[M, N]`. A folded norm reads W·diag(gamma) and two `[N]`
 /// vectors in place of W, gamma and beta: the graph's own tensors are the
 /// floor of either.
 pub fn gemm_bytes(pattern: Pattern, (m, n, k): (usize, usize, usize), element: usize) -> f64 {
@@ -118,7 +118,7 @@ pub fn gemm_bytes(pattern: Pattern, (m, n, k): (usize, usize, usize), element: u
 }
 
 /// The least bytes an FFN row's block at M tokens (width D, hidden F)
-/// reads and writes: the gate, up and down weights, its [D] vector (the
+/// reads and writes: the gate, up and down weights, its `[D]` vector (the
 /// SwiGLU block's down bias, the sub-layer's gamma), x read (once, for the
 /// projections and the residual) and y written. The sub-layer's folded
 /// gate/up weight replaces two of the weights and gamma: the graph's own
