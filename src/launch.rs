@@ -264,11 +264,13 @@ struct Bound {
     from: &'static str,
 }
 
-/// A norm folded into the weight of the GEMM after it, computed once when
-/// a graph struct binds its weights (`<symbol>_fold_weights`, abi.h): W' =
-/// W·diag(gamma) in W's dtype and layout, and per output column the f32
-/// pair (rowsum of W', W·beta). The struct owns it: one more copy of W,
-/// plus 8 bytes per column, for as long as the struct lives.
+/// A GEMM's weight in the form its kernel reads, computed once when a
+/// graph struct binds its weights (`<symbol>_fold_weights`, abi.h): a norm
+/// folded in, W' = W·diag(gamma) in W's dtype and layout, with per output
+/// column the f32 pair (rowsum of W', W·beta); and a gated GEMM's gate and
+/// up weights interleaved into one (with no column terms when no norm
+/// folds). The struct owns it: one more copy of the weights, plus 8 bytes
+/// per column of terms, for as long as the struct lives.
 #[derive(Debug)]
 pub struct FoldedWeights {
     weight: CudaSlice<u8>,

@@ -181,3 +181,15 @@ fn a_graph_file_past_the_size_limit_is_refused_without_reading_it_all() {
         assert!(stderr.contains("larger than 1024 KiB"), "{stderr}");
     }
 }
+
+#[test]
+fn a_bad_bench_dtype_is_refused_before_any_gpu_work() {
+    // No GPU is needed to refuse it: the check comes first.
+    let output = fusion()
+        .args(["bench", "--dtype", "f32", "--kernel", "gemm"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(stderr.contains("--dtype f32: expected f16 or bf16"), "{stderr}");
+}

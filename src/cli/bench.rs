@@ -114,6 +114,16 @@ fn config_of(args: &BenchArgs) -> Result<BenchConfig, CliError> {
 }
 
 fn run_bench(config: BenchConfig, args: &BenchArgs, out: &mut dyn Write) -> Result<(), CliError> {
+    // Refused before the GPU is touched (the copy measurement allocates 1 GiB).
+    let bf16 = match args.dtype.as_str() {
+        "f16" => false,
+        "bf16" => true,
+        other => {
+            return Err(CliError::Message(format!(
+                "--dtype {other}: expected f16 or bf16"
+            )));
+        }
+    };
     let gpu = |e: crate::Error| CliError::Message(e.to_string());
     let ctx = crate::testing::open_gpu(0).map_err(CliError::Message)?;
     let stream = ctx.new_stream().map_err(|e| gpu(e.into()))?;
@@ -147,14 +157,10 @@ fn run_bench(config: BenchConfig, args: &BenchArgs, out: &mut dyn Write) -> Resu
         bar.set_position(done as u64);
         bar.set_message(label.to_string());
     };
-    let rows = match args.dtype.as_str() {
-        "f16" => bench::run::<half::f16>(&stream, &config, &copy, clock.as_ref(), progress),
-        "bf16" => bench::run::<half::bf16>(&stream, &config, &copy, clock.as_ref(), progress),
-        other => {
-            return Err(CliError::Message(format!(
-                "--dtype {other}: expected f16 or bf16"
-            )));
-        }
+    let rows = if bf16 {
+        bench::run::<half::bf16>(&stream, &config, &copy, clock.as_ref(), progress)
+    } else {
+        bench::run::<half::f16>(&stream, &config, &copy, clock.as_ref(), progress)
     };
     bar.finish_and_clear();
     let report = bench::Report {

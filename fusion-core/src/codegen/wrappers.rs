@@ -533,8 +533,14 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
         } else {
             (operand_ptr(None), operand_ptr(None))
         };
-        // A gated pair's prepared weight holds both: twice the columns.
+        // A gated pair's prepared weight holds both: twice the columns. Column
+        // terms only where a norm folds (an interleave alone writes none).
         let halves = if gemm.gate.is_some() { 2usize } else { 1 };
+        let term_columns = if foldable[index] {
+            quote!(#halves * n as usize)
+        } else {
+            quote!(0)
+        };
         let b_decl = tensor_const(kernel.operand(Role::B).unwrap_or(kernel.output));
         let n_k = match gemm.b_layout {
             WeightLayout::NK => quote!((rows, cols)),
@@ -551,7 +557,7 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
             // The weights were checked: their bytes fit a usize.
             let bytes = #halves * rows as usize * cols as usize * core::mem::size_of::<#elem>();
             let stream_ptr = __call.stream_ptr();
-            __folded.push(Some(fusion::launch::FoldedWeights::fold(&__call, #label, bytes, #halves * n as usize, |w_folded, col_terms| {
+            __folded.push(Some(fusion::launch::FoldedWeights::fold(&__call, #label, bytes, #term_columns, |w_folded, col_terms| {
                 let params = ffi::fusion_fold_params { w: #b, w_up: #b_up, gamma: #gamma, beta: #beta, w_folded, col_terms, n, k };
                 // SAFETY: the weights were checked by `__call` and the
                 // outputs were just allocated at the sizes the fold writes.

@@ -505,7 +505,7 @@ mod __swiglu_ffn {
                         &__call,
                         "kernel #0 (gemm_silu_glu)",
                         bytes,
-                        2usize * n as usize,
+                        0,
                         |w_folded, col_terms| {
                             let params = ffi::fusion_fold_params {
                                 w: __ptr_1 as *const core::ffi::c_void,
