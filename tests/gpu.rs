@@ -119,18 +119,10 @@ pattern_test!(
 );
 // ...and bound: interleaved once by the struct.
 pattern_test!(gemm_silu_glu_bound, "gemm_silu_glu", |s, r, w| {
-    let weights = kernels::GemmSiluGluWeights {
-        w_gate: r[1].clone(),
-        w_up: r[2].clone(),
-    };
-    kernels::GemmSiluGlu::new(s, weights)?.run(s, &r[0], &mut w[0])
+    support::gemm_silu_glu_bound(s, &r[0], &r[1], &r[2], &mut w[0])
 });
 pattern_test!(gemm_gelu_glu_bound, "gemm_gelu_glu", |s, r, w| {
-    let weights = kernels::GemmGeluGluWeights {
-        w_gate: r[1].clone(),
-        w_up: r[2].clone(),
-    };
-    kernels::GemmGeluGlu::new(s, weights)?.run(s, &r[0], &mut w[0])
+    support::gemm_gelu_glu_bound(s, &r[0], &r[1], &r[2], &mut w[0])
 });
 
 /// Gate and up hold different values, so a kernel that swapped them (or
@@ -144,13 +136,10 @@ fn a_gated_gemm_with_gate_and_up_swapped_fails_the_check() {
         let dims = [("M", m), ("N", 136), ("K", 1000)];
         for bound in [false, true] {
             let mut case = Case::<f16>::new(&s, "gemm_silu_glu", &dims);
+            // Gate and up passed the wrong way round.
             case.launch(|r, w| {
                 if bound {
-                    let weights = kernels::GemmSiluGluWeights {
-                        w_gate: r[2].clone(),
-                        w_up: r[1].clone(),
-                    };
-                    kernels::GemmSiluGlu::new(&s, weights)?.run(&s, &r[0], &mut w[0])
+                    support::gemm_silu_glu_bound(&s, &r[0], &r[2], &r[1], &mut w[0])
                 } else {
                     kernels::gemm_silu_glu(&s, &r[0], &r[2], &r[1], &mut w[0])
                 }

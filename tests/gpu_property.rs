@@ -99,20 +99,8 @@ fn launch<T: TestElement>(
         "rmsnorm_gemm_folded" => support::rmsnorm_gemm_folded(s, r, w),
         "gemm_silu_glu" => kernels::gemm_silu_glu(s, &r[0], &r[1], &r[2], &mut w[0]),
         "gemm_gelu_glu" => kernels::gemm_gelu_glu(s, &r[0], &r[1], &r[2], &mut w[0]),
-        "gemm_silu_glu_bound" => {
-            let weights = kernels::GemmSiluGluWeights {
-                w_gate: r[1].clone(),
-                w_up: r[2].clone(),
-            };
-            kernels::GemmSiluGlu::new(s, weights)?.run(s, &r[0], &mut w[0])
-        }
-        "gemm_gelu_glu_bound" => {
-            let weights = kernels::GemmGeluGluWeights {
-                w_gate: r[1].clone(),
-                w_up: r[2].clone(),
-            };
-            kernels::GemmGeluGlu::new(s, weights)?.run(s, &r[0], &mut w[0])
-        }
+        "gemm_silu_glu_bound" => support::gemm_silu_glu_bound(s, &r[0], &r[1], &r[2], &mut w[0]),
+        "gemm_gelu_glu_bound" => support::gemm_gelu_glu_bound(s, &r[0], &r[1], &r[2], &mut w[0]),
         "silu" => kernels::silu(s, &r[0], &mut w[0]),
         "sigmoid" => kernels::sigmoid(s, &r[0], &mut w[0]),
         "gelu_quick" => kernels::gelu_quick(s, &r[0], &mut w[0]),

@@ -136,20 +136,10 @@ mod tests {
     use super::*;
     use crate::bench::GateUp;
 
-    fn timing(median_us: f64) -> Timing {
-        Timing {
-            median_us,
-            q1_us: median_us,
-            q3_us: median_us,
-            min_us: median_us,
-            max_us: median_us,
-        }
-    }
-
     #[test]
     fn a_copy_reads_and_writes_its_bytes() {
         // 512 MiB in 250 µs: 2 × 536.9 MB / 250 µs = 4295 GB/s.
-        let copy = CopyBandwidth::from_timing(COPY_BYTES, timing(250.0));
+        let copy = CopyBandwidth::from_timing(COPY_BYTES, Timing::every_call(250.0));
         assert!((copy.gb_per_s - 4_294.967_296).abs() < 1e-6, "{}", copy.gb_per_s);
         // Reading and writing the copy's bytes once each takes the copy's time.
         assert!((copy.time_us(2.0 * COPY_BYTES as f64) - 250.0).abs() < 1e-9);
@@ -205,7 +195,7 @@ mod tests {
 
     #[test]
     fn the_floor_is_the_bytes_at_the_copy_bandwidth_over_ours() {
-        let copy = CopyBandwidth::from_timing(COPY_BYTES, timing(250.0));
+        let copy = CopyBandwidth::from_timing(COPY_BYTES, Timing::every_call(250.0));
         // The decode GEMM's ~117 MB at 4295 GB/s: 27.35 µs; ours at 34.6 µs
         // reaches 0.79 of it.
         let bytes = gemm_bytes(Pattern::Gemm, (1, 14336, 4096), 2);

@@ -34,6 +34,20 @@ pub struct Timing {
     pub max_us: f64,
 }
 
+impl Timing {
+    /// Every call at `us`: a timing for tests of what reads timings.
+    #[cfg(test)]
+    pub fn every_call(us: f64) -> Timing {
+        Timing {
+            median_us: us,
+            q1_us: us,
+            q3_us: us,
+            min_us: us,
+            max_us: us,
+        }
+    }
+}
+
 /// Times `call(i)` for i = 0, 1, 2, …; the caller rotates its input sets by
 /// `i`.
 pub fn time_calls(

@@ -171,13 +171,7 @@ mod tests {
     use super::*;
 
     fn timed(median_us: f64) -> Trial {
-        Trial::Timed(Timing {
-            median_us,
-            q1_us: median_us,
-            q3_us: median_us,
-            min_us: median_us,
-            max_us: median_us,
-        })
+        Trial::Timed(Timing::every_call(median_us))
     }
 
     #[test]

@@ -342,6 +342,37 @@ pub fn rmsnorm_gemm_folded<T: Element>(
     fusion::kernels::RmsnormGemm::new(s, weights)?.run(s, &r[0], &mut w[0])
 }
 
+/// `gemm_silu_glu` through its struct, bound to `w_gate` and `w_up` (the
+/// free function's arguments): the weights interleaved once.
+pub fn gemm_silu_glu_bound<T: Element>(
+    s: &Arc<CudaStream>,
+    x: &Tensor<'_, T>,
+    w_gate: &Tensor<'_, T>,
+    w_up: &Tensor<'_, T>,
+    h: &mut TensorMut<'_, T>,
+) -> fusion::Result<()> {
+    let weights = fusion::kernels::GemmSiluGluWeights {
+        w_gate: w_gate.clone(),
+        w_up: w_up.clone(),
+    };
+    fusion::kernels::GemmSiluGlu::new(s, weights)?.run(s, x, h)
+}
+
+/// `gemm_gelu_glu` through its struct, as [`gemm_silu_glu_bound`].
+pub fn gemm_gelu_glu_bound<T: Element>(
+    s: &Arc<CudaStream>,
+    x: &Tensor<'_, T>,
+    w_gate: &Tensor<'_, T>,
+    w_up: &Tensor<'_, T>,
+    h: &mut TensorMut<'_, T>,
+) -> fusion::Result<()> {
+    let weights = fusion::kernels::GemmGeluGluWeights {
+        w_gate: w_gate.clone(),
+        w_up: w_up.clone(),
+    };
+    fusion::kernels::GemmGeluGlu::new(s, weights)?.run(s, x, h)
+}
+
 /// (M, N, K) for the single-GEMM patterns.
 pub fn gemm_shapes() -> Vec<(usize, usize, usize)> {
     let mut shapes = Vec::new();

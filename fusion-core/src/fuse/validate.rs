@@ -77,10 +77,7 @@ fn check_kernel(graph: &Graph, index: &TensorIndex, kernel: &FusedKernel) -> Res
     for pair in kernel.ops[linear_from..].windows(2) {
         let t = graph.op(pair[0]).output;
         if index.use_count(t) != 1 || !graph.op(pair[1]).inputs.contains(&t) {
-            return Err(format!(
-                "`{}` is fused away but is read elsewhere or is a graph output",
-                graph.tensor(t).name
-            ));
+            return Err(fused_away(graph, t));
         }
     }
     // The operands are exactly the tensors its ops read from outside it.
@@ -201,12 +198,6 @@ fn check_gated_pair(graph: &Graph, index: &TensorIndex, kernel: &FusedKernel) ->
     }
     let [gate, activation, up, mul] = [0, 1, 2, 3].map(|i| kernel.ops[first + i]);
     let output = |op: OpId| graph.op(op).output;
-    let fused_away = |t: TensorId| {
-        format!(
-            "`{}` is fused away but is read elsewhere or is a graph output",
-            graph.tensor(t).name
-        )
-    };
     let (gate_op, up_op) = (graph.op(gate), graph.op(up));
     if gate_op.inputs[0] != up_op.inputs[0] {
         return Err("the two matmuls of its gated pair read different A".to_string());
@@ -225,7 +216,7 @@ fn check_gated_pair(graph: &Graph, index: &TensorIndex, kernel: &FusedKernel) ->
     if first == 1 {
         let a = output(kernel.ops[0]);
         if index.use_count(a) != 2 || gate_op.inputs[0] != a {
-            return Err(fused_away(a));
+            return Err(fused_away(graph, a));
         }
     }
     for (t, reader) in [
@@ -234,8 +225,17 @@ fn check_gated_pair(graph: &Graph, index: &TensorIndex, kernel: &FusedKernel) ->
         (output(up), mul),
     ] {
         if index.use_count(t) != 1 || index.uses(t) != [reader] {
-            return Err(fused_away(t));
+            return Err(fused_away(graph, t));
         }
     }
     Ok(first + 3)
+}
+
+/// The error of an intermediate that a kernel keeps in registers although
+/// something else reads it.
+fn fused_away(graph: &Graph, t: TensorId) -> String {
+    format!(
+        "`{}` is fused away but is read elsewhere or is a graph output",
+        graph.tensor(t).name
+    )
 }

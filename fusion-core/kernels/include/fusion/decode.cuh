@@ -247,13 +247,8 @@ struct DecodeGemm {
     GemmArgs<T> args;
     err = prepare_operands<Prologue, Epilogue, kLayout>(p, workspace, layout, stream, &args);
     if (err != cudaSuccess) return err;
-    if constexpr (Prologue::kRowStats) {
-      RowStats* row_stats = workspace.at<RowStats>(layout.row_stats);
-      err = Prologue::launch_row_stats(p.a, row_stats, p.m, p.k, p.norm, stream);
-      if (err != cudaSuccess) return err;
-      args.epilogue.row_stats = row_stats;
-      args.epilogue.row_stats_m0 = 0;
-    }
+    err = prepare_row_stats<Prologue>(p, workspace, layout, stream, &args);
+    if (err != cudaSuccess) return err;
     const unsigned blocks = unsigned((p.n + Config::BN - 1) / Config::BN);
     decode_gemm_kernel<T, Config, Epilogue><<<blocks, Config::kThreads, 0, stream>>>(args);
     return cudaGetLastError();

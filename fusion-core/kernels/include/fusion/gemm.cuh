@@ -209,6 +209,22 @@ cudaError_t prepare_operands(const GemmArgs<T>& p, const Workspace& workspace, c
   return cudaSuccess;
 }
 
+// A folded norm's row statistics of all of A, into the workspace's region,
+// for launchers whose CTAs do not compute their own (sm90's persistent
+// ones, the decode kernel's); the correction step of `args` reads them.
+template <typename Prologue, typename T>
+cudaError_t prepare_row_stats(const GemmArgs<T>& p, const Workspace& workspace, const WorkspaceLayout& layout,
+                              cudaStream_t stream, GemmArgs<T>* args) {
+  if constexpr (Prologue::kRowStats) {
+    RowStats* row_stats = workspace.at<RowStats>(layout.row_stats);
+    const cudaError_t err = Prologue::launch_row_stats(p.a, row_stats, p.m, p.k, p.norm, stream);
+    if (err != cudaSuccess) return err;
+    args->epilogue.row_stats = row_stats;
+    args->epilogue.row_stats_m0 = 0;
+  }
+  return cudaSuccess;
+}
+
 // The prologue the GEMM runs with after prepare_operands.
 template <typename Prologue>
 using PreparedPrologue = std::conditional_t<Prologue::kNormalizesA, NoPrologue, Prologue>;

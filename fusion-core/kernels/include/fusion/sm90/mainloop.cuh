@@ -361,14 +361,8 @@ cudaError_t Mainloop<T, kLayout, Config>::launch(const GemmArgs<T>& p, const Wor
   GemmArgs<T> args;
   err = prepare_operands<Prologue, Epilogue, kLayout>(p, workspace, plan.layout, stream, &args);
   if (err != cudaSuccess) return err;
-  if constexpr (Prologue::kRowStats) {
-    RowStats* row_stats = workspace.at<RowStats>(plan.layout.row_stats);
-    err = Prologue::launch_row_stats(p.a, row_stats, p.m, p.k, p.norm, stream);
-    if (err != cudaSuccess) return err;
-    // A folded norm's correction reads them in the epilogue.
-    args.epilogue.row_stats = row_stats;
-    args.epilogue.row_stats_m0 = 0;
-  }
+  err = prepare_row_stats<Prologue>(p, workspace, plan.layout, stream, &args);
+  if (err != cudaSuccess) return err;
   return launch_gemm<PreparedPrologue<Prologue>, Epilogue>(args, plan, device, stream);
 }
 
