@@ -7,6 +7,15 @@
 //!
 //! A copy reads and writes every byte, so its bandwidth is 2 × bytes / time.
 //! The copy is timed once per run, with the rows' timing helpers.
+//!
+//! The floor is what the bytes cost at the bandwidth of a long copy; one
+//! launch that moves them also pays its ramp-up and drain, which at a
+//! decode GEMM's ~117 MB is a tenth of the time (on an H200 a kernel that
+//! only streams the weight takes 31.5 µs a call against a 27.6 µs floor).
+//! So each row whose bytes stream from DRAM also gets its ceiling: one
+//! device copy moving the same bytes (half read, half written), timed in
+//! the same run with the rows' plan: what the fastest single kernel that
+//! moves those bytes takes.
 
 use super::timing::{Timing, TimingPlan, time_calls};
 use super::{FfnRow, Pattern};
@@ -87,6 +96,19 @@ pub struct Floor {
     /// only where the inputs stay in L2 between calls (shapes whose rotated
     /// input sets fit in it together).
     pub fraction: f64,
+    /// One copy of the same bytes, where they stream from DRAM (absent in
+    /// records before it, and for rows whose bytes fit in L2).
+    #[serde(default)]
+    pub ceiling: Option<Ceiling>,
+}
+
+/// One device copy moving a row's bytes, and ours against it.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Ceiling {
+    /// The timed copies, with the rows' plan.
+    pub timing: Timing,
+    /// The copy's median over ours: 1 is ours as fast as the copy.
+    pub fraction: f64,
 }
 
 impl Floor {
@@ -96,8 +118,46 @@ impl Floor {
             bytes,
             floor_us,
             fraction: floor_us / ours_us,
+            ceiling: None,
         }
     }
+
+    /// With the ceiling `timing` (see [`measure_ceiling`]), against ours.
+    pub fn with_ceiling(self, timing: Option<Timing>, ours_us: f64) -> Floor {
+        Floor {
+            ceiling: timing.map(|timing| Ceiling {
+                fraction: timing.median_us / ours_us,
+                timing,
+            }),
+            ..self
+        }
+    }
+}
+
+/// The bytes of a row below which it gets no ceiling: a copy of them (half
+/// read, half written) would have a source within an H200's 50 MB of L2,
+/// and time L2 rather than DRAM. A decode GEMM at (1, 14336, 4096) moves
+/// 117 MB.
+pub const CEILING_MIN_BYTES: f64 = 100e6;
+
+/// Times one device copy of `bytes / 2` bytes (so `bytes` read and written
+/// in all) on `stream`, `plan.warmup` untimed and `plan.runs` timed, queued
+/// behind a head start as the rows' calls are; none below
+/// [`CEILING_MIN_BYTES`].
+pub fn measure_ceiling(stream: &Arc<CudaStream>, bytes: f64, plan: TimingPlan) -> Result<Option<Timing>> {
+    if bytes < CEILING_MIN_BYTES {
+        return Ok(None);
+    }
+    let half = (bytes / 2.0) as usize;
+    let source = stream.alloc_zeros::<u8>(half)?;
+    let destination = RefCell::new(stream.alloc_zeros::<u8>(half)?);
+    let timing = time_calls(
+        stream,
+        plan,
+        || super::head_start(stream, &mut destination.borrow_mut()),
+        |_| Ok(stream.memcpy_dtod(&source, &mut *destination.borrow_mut())?),
+    )?;
+    Ok(Some(timing))
 }
 
 /// The least bytes `pattern` at (M, N, K) reads and writes with `element`
@@ -204,5 +264,18 @@ mod tests {
         assert!((floor.fraction - floor.floor_us / 34.6).abs() < 1e-12);
         assert!(floor.fraction > 0.79 && floor.fraction < 0.80, "{floor:?}");
         assert_eq!(floor.bytes, bytes);
+        assert_eq!(floor.ceiling, None);
+        // A copy of the same bytes in 31.5 µs: ours at 34.6 µs reaches 0.91 of it.
+        let with = floor.with_ceiling(Some(Timing::every_call(31.5)), 34.6);
+        let ceiling = with.ceiling.expect("a ceiling");
+        assert!((ceiling.fraction - 31.5 / 34.6).abs() < 1e-12, "{ceiling:?}");
+        assert_eq!(with.floor_us, floor.floor_us);
+        assert_eq!(floor.with_ceiling(None, 34.6).ceiling, None);
+    }
+
+    #[test]
+    fn rows_whose_bytes_fit_in_l2_get_no_ceiling() {
+        assert!(gemm_bytes(Pattern::Gemm, (1, 14336, 4096), 2) >= CEILING_MIN_BYTES);
+        assert!(gemm_bytes(Pattern::Gemm, (512, 2048, 2048), 2) < CEILING_MIN_BYTES);
     }
 }

@@ -1098,7 +1098,8 @@ fn ffn_case<T: BenchElement>(
 
 /// Runs every case of `config`, reporting progress through `progress(done,
 /// total, label)`; each row gets the SM clock `clock` sampled while it was
-/// measured, and its floor at the run's copy bandwidth `copy`.
+/// measured, and its floor at the run's copy bandwidth `copy` (with its
+/// ceiling, a copy of its bytes timed after it: `floor`).
 pub fn run<T: BenchElement>(
     stream: &Arc<CudaStream>,
     config: &BenchConfig,
@@ -1118,7 +1119,8 @@ pub fn run<T: BenchElement>(
             let from = Instant::now();
             let mut row = case(&mut head)?;
             row.sm_clock = clock.and_then(|c| c.between(from, Instant::now()));
-            row.floor = Some(floor::Floor::new(bytes, copy, row.ours_us));
+            let ceiling = floor::measure_ceiling(stream, bytes, config.timing)?;
+            row.floor = Some(floor::Floor::new(bytes, copy, row.ours_us).with_ceiling(ceiling, row.ours_us));
             rows.push(row);
             Ok(())
         };

@@ -190,17 +190,28 @@ fn with_spread(t: &Timing) -> String {
     format!("{:.1} ({:.1}-{:.1})", t.median_us, t.q1_us, t.q3_us)
 }
 
-/// A row's floor in µs and ours as a fraction of it, or `-` for each.
+/// A row's floor in µs and ours as a fraction of it, then its ceiling in µs
+/// and ours as a fraction of that, or `-` for each.
 ///
-/// Printed for every row, not only where the weight read dominates: a
-/// threshold on the fraction would hide the floor exactly where a slow
-/// kernel leaves most of it, and a small fraction says plainly that the
-/// row is bound by its FLOPs instead.
-fn floor_cells(floor: Option<&Floor>) -> (String, String) {
-    floor.map_or_else(
-        || ("-".to_string(), "-".to_string()),
-        |f| (format!("{:.1}", f.floor_us), format!("{:.3}", f.fraction)),
-    )
+/// The floor is printed for every row, not only where the weight read
+/// dominates: a threshold on the fraction would hide the floor exactly where
+/// a slow kernel leaves most of it, and a small fraction says plainly that
+/// the row is bound by its FLOPs instead.
+fn floor_cells(floor: Option<&Floor>) -> [String; 4] {
+    let dash = || "-".to_string();
+    let Some(f) = floor else {
+        return [dash(), dash(), dash(), dash()];
+    };
+    let (ceiling_us, ceiling_fraction) = f.ceiling.as_ref().map_or_else(
+        || (dash(), dash()),
+        |c| (format!("{:.1}", c.timing.median_us), format!("{:.3}", c.fraction)),
+    );
+    [
+        format!("{:.1}", f.floor_us),
+        format!("{:.3}", f.fraction),
+        ceiling_us,
+        ceiling_fraction,
+    ]
 }
 
 /// `min/median/max` in MHz, or `-`.
@@ -215,7 +226,7 @@ fn clock_text(clock: Option<&ClockSummary>) -> String {
 /// columns are.
 pub fn table(report: &Report) -> String {
     let mut out = format!(
-        "{:<20} {:<18} {:<5} {:<42} {:>24} {:>24} {:>24} {:>6} {:>6} {:>7} {:>9} {:>6} {:>14}\n",
+        "{:<20} {:<18} {:<5} {:<42} {:>24} {:>24} {:>24} {:>6} {:>6} {:>7} {:>9} {:>6} {:>8} {:>6} {:>14}\n",
         "kernel",
         "shape (M,N,K)",
         "dtype",
@@ -228,12 +239,14 @@ pub fn table(report: &Report) -> String {
         "ours TF",
         "floor µs",
         "floor",
+        "ceil µs",
+        "ceil",
         "SM MHz"
     );
     for r in &report.rows {
-        let (floor_us, floor_fraction) = floor_cells(r.floor.as_ref());
+        let [floor_us, floor_fraction, ceiling_us, ceiling_fraction] = floor_cells(r.floor.as_ref());
         out.push_str(&format!(
-            "{:<20} {:<18} {:<5} {:<42} {:>24} {:>24} {:>24} {:>6.3} {:>6.3} {:>7.1} {:>9} {:>6} {:>14}\n",
+            "{:<20} {:<18} {:<5} {:<42} {:>24} {:>24} {:>24} {:>6.3} {:>6.3} {:>7.1} {:>9} {:>6} {:>8} {:>6} {:>14}\n",
             r.kernel,
             r.shape,
             r.dtype,
@@ -246,6 +259,8 @@ pub fn table(report: &Report) -> String {
             r.ours_tflops,
             floor_us,
             floor_fraction,
+            ceiling_us,
+            ceiling_fraction,
             clock_text(r.sm_clock.as_ref()),
         ));
     }
@@ -266,10 +281,13 @@ pub fn table(report: &Report) -> String {
          the 25th to the 75th percentile\n\
          floor µs: the row's inputs, weights and output, each read or written once, at the \
          device-to-device copy bandwidth ({copy}); floor = floor µs / ours (1: ours at the copy bandwidth)\n\
+         ceil µs: one device copy moving the row's bytes (half read, half written), median of the same \
+         timing, for rows of at least {:.0} MB; ceil = ceil µs / ours (1: ours as fast as that one launch)\n\
          SM MHz: min/median/max of the SM clock sampled during the row by nvidia-smi queries {} ms apart \
          (whole run: {run_clock})\n",
         timing.candidates,
         timing.plan.runs,
+        super::floor::CEILING_MIN_BYTES / 1e6,
         smi::SAMPLE_MS,
     ));
     out.push_str(&concurrency_table(report));
@@ -393,7 +411,8 @@ mod tests {
         let bytes = 3.0 * 2.0 * 4096f64.powi(2) + 2.0 * 4096.0;
         let row = Row {
             sm_clock: clock,
-            floor: Some(Floor::new(bytes, &copy(), 200.0)),
+            // A copy of its bytes in 190 µs: ours at 0.95 of that.
+            floor: Some(Floor::new(bytes, &copy(), 200.0).with_ceiling(Some(timing(190.0)), 200.0)),
             ..Row::new(
                 "gemm_bias",
                 "4096,4096,4096".into(),
@@ -498,6 +517,8 @@ mod tests {
             (fraction - floor_us / 200.0).abs() < 1e-12 && fraction < 1.0,
             "{row}"
         );
+        assert_eq!(row["floor"]["ceiling"]["timing"]["median_us"], 190.0);
+        assert_eq!(row["floor"]["ceiling"]["fraction"], 0.95);
         assert_eq!(value["copy"]["bytes"], 512 << 20);
         assert!((value["copy"]["gb_per_s"].as_f64().unwrap() - 4294.967).abs() < 1e-3);
         assert_eq!(value["copy"]["timing"]["median_us"], 250.0);
@@ -513,7 +534,7 @@ mod tests {
         // Its table says so in the floor's cells and the footer.
         let text = table(&old);
         let row = text.lines().nth(1).unwrap();
-        assert!(row.contains(" 687.2         -      - "), "{row}");
+        assert!(row.contains(" 687.2         -      -        -      - "), "{row}");
         assert!(text.contains("copy bandwidth (not measured)"), "{text}");
     }
 
@@ -536,6 +557,8 @@ mod tests {
             "1.025",
             "23.4",
             "0.117",
+            "190.0",
+            "0.950",
             "1755/1980/1980",
         ] {
             assert!(row.contains(cell), "{cell} in {row}");

@@ -396,12 +396,14 @@ pub fn gemm_shapes() -> Vec<(usize, usize, usize)> {
     // 4100 x 3000 x 1000: 396 tiles of 128x256, three whole waves on 132
     // SMs; 500 x 8200 x 1000: 260 tiles of the small-M 128x128 tile, two
     // waves. Ragged M, N and K, so the sm90 waves that walk K backwards
-    // start on a partial k-block. M = 9 and 16: the decode kernel
+    // start on a partial k-block. M = 9, 13 and 16: the decode kernel
     // (fusion-core/kernels/include/fusion/decode.cuh) with rows in both halves of its
     // mma, N not a multiple of its 16-column blocks, K not one of its
-    // 128-element steps.
+    // 128-element steps; at 13 x 5400, 338 blocks of 16 columns, its wide
+    // CTA shape on up to 135 SMs (decode_runs_wide), the deep one elsewhere.
     shapes.extend([
         (9, 520, 3000),
+        (13, 5400, 1032),
         (16, 3000, 1032),
         (512, 2048, 2048),
         (2100, 3000, 3000),

@@ -412,7 +412,7 @@ fn write_if_changed(path: &Path, text: &str) -> Result<(), BuildError> {
 }
 
 /// A GEMM unit's tile configs, `large: 128x256x64 (...)` and the small-M
-/// ones, and its decode kernel's threshold (`decode: m <= 12`), for the
+/// ones, and its decode kernel's threshold (`decode: m <= 16`), for the
 /// manifest.
 fn tiles_of(key: &KernelKey) -> Vec<String> {
     let KernelKey::Gemm {

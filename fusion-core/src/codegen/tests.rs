@@ -863,7 +863,7 @@ fn nk_units_run_the_decode_kernel_first_for_small_m_and_kn_units_never() {
     // Each arch's threshold is its shipped table's decode_max_m.
     for (symbol, max_m) in [
         ("k_gemm_bias_gelu_nk_f16_sm80", 16),
-        ("k_gemm_bias_gelu_nk_f16_sm90", 12),
+        ("k_gemm_bias_gelu_nk_f16_sm90", 16),
     ] {
         let source = unit(symbol);
         let branch = format!("if (p->m <= {max_m}) return f(fusion::DecodeFor<K<LargeTile>>{{}});");

@@ -53,7 +53,19 @@
 //    132 SMs without splitting K across CTAs (so no second launch, no
 //    atomics, and the chain runs once per output pair). Below N = 16 x SMs
 //    (2112 on an H200) SMs go idle; a cluster split of K (sm90 DSMEM) would
-//    fill them.
+//    fill them. Measured, a split of K over a cluster of 2 or 4 CTAs with a
+//    DSMEM reduction was slower at every shape tried (at (1, 4096, 14336)
+//    34.9 and 43.4 us against 33.6 unsplit).
+//  - Two shapes of CTA (decode_runs_wide): the deep one, 8 warps on K and 2
+//    CTAs an SM, and the wide one, 4 warps on K and 4 CTAs an SM, whose
+//    x loads are spread over twice the CTAs in flight. The wide one wins
+//    once M passes 8 (x's loads grow with M) where its CTAs fill the SMs;
+//    the deep one where N leaves few CTAs (N = 4096: 256).
+//  - The ceiling is below the floor of a 512 MB copy: on an H200 a kernel
+//    that only streams the 117 MB of W (16-byte loads, 4 in flight a
+//    thread) takes 31.5-32 us a call against the 27.6 us floor: the
+//    ramp-up and drain of one launch. This kernel runs at 0.92-0.94 of that
+//    at M = 1 (34.2 us at (1, 14336, 4096); benchmarks/decode-lab).
 //  - The epilogue chain runs once per pair of adjacent columns
 //    (Epilogue::apply on a float2), after the reduction: one thread per
 //    pair, M x BN / 2 pairs per CTA.
@@ -86,8 +98,9 @@ constexpr int kDecodeMaxM = 16;
 
 // kWarps per CTA split K; each warp computes kTilesPerWarp n8 tiles and
 // keeps kChunksInFlight 32-k chunks of loads outstanding; kMinBlocksPerSm
-// caps registers through __launch_bounds__.
-template <int kWarps_ = 8, int kTilesPerWarp_ = 2, int kChunksInFlight_ = 4, int kMinBlocksPerSm_ = 2>
+// caps registers through __launch_bounds__. The two a call runs are
+// DecodeDeep and DecodeWide (below).
+template <int kWarps_, int kTilesPerWarp_, int kChunksInFlight_, int kMinBlocksPerSm_>
 struct DecodeConfig {
   static constexpr int kWarps = kWarps_;
   static constexpr int kTilesPerWarp = kTilesPerWarp_;
@@ -204,22 +217,43 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
   }
 }
 
+// The two CTA shapes a call runs (decode_runs_wide).
+using DecodeDeep = DecodeConfig<8, 2, 4, 2>;
+using DecodeWide = DecodeConfig<4, 2, 4, 4>;
+
+// Whether an m-row GEMM over n columns runs DecodeWide rather than
+// DecodeDeep on `sms` SMs: when m > 8 and its CTAs (one per 16 columns)
+// fill every SM at least 2.5 times. Measured on an H200 (f16, plain GEMM,
+// us a call, wide against deep): (16, 14336, 4096) 35.3 vs 38.1,
+// (16, 28672, 4096) 63.8 vs 66.1, (16, 6144, 4096) 19.1 vs 20.6, with the
+// deep one ahead where N = 4096 gives 256 CTAs: (16, 4096, 14336) 39.3 vs
+// 36.3, (16, 4096, 4096) 16.2 vs 14.9. At m <= 8 they are level at
+// N = 14336 and the deep one is 1.7% ahead at (1, 28672, 4096).
+inline bool decode_runs_wide(int64_t m, int64_t n, int sms) {
+  const int64_t ctas = (n + DecodeWide::BN - 1) / DecodeWide::BN;
+  return m > 8 && 2 * ctas >= 5 * int64_t(sms);
+}
+
 // The launch interface of FusedGemm (check, workspace_bytes, launch) for
 // the decode kernel. Epilogue_ is the graph's chain; a folded norm adds its
 // correction in front of it.
-template <typename T, LayoutB kLayout, typename Config, typename Prologue, typename Epilogue_>
+template <typename T, LayoutB kLayout, typename Prologue, typename Epilogue_>
 struct DecodeGemm {
   static_assert(kLayout == LayoutB::NK, "the decode kernel streams W as [N, K] rows (see the top of decode.cuh)");
+  static_assert(DecodeDeep::BN == DecodeWide::BN, "both CTA shapes own the same columns");
   using Element = T;
   using Epilogue = typename WithFoldedNorm<Prologue, Epilogue_>::type;
   static constexpr size_t kSmemBytes = 0;  // dynamic; the partial sums are static
-  static constexpr int kThreads = Config::kThreads;
+  // The most threads a block asks for, of the two shapes.
+  static constexpr int kThreads =
+      DecodeDeep::kThreads > DecodeWide::kThreads ? DecodeDeep::kThreads : DecodeWide::kThreads;
 
   // check_gemm_args, at most kDecodeMaxM rows, and a grid that fits.
   static cudaError_t check(const GemmArgs<T>& p) {
     const cudaError_t err = check_gemm_args<Prologue, Epilogue>(p);
     if (err != cudaSuccess) return err;
-    if (p.m > kDecodeMaxM || (p.n + Config::BN - 1) / Config::BN > int64_t(INT32_MAX)) return cudaErrorInvalidValue;
+    if (p.m > kDecodeMaxM || (p.n + DecodeDeep::BN - 1) / DecodeDeep::BN > int64_t(INT32_MAX))
+      return cudaErrorInvalidValue;
     return cudaSuccess;
   }
 
@@ -249,20 +283,26 @@ struct DecodeGemm {
     if (err != cudaSuccess) return err;
     err = prepare_row_stats<Prologue>(p, workspace, layout, stream, &args);
     if (err != cudaSuccess) return err;
-    const unsigned blocks = unsigned((p.n + Config::BN - 1) / Config::BN);
-    decode_gemm_kernel<T, Config, Epilogue><<<blocks, Config::kThreads, 0, stream>>>(args);
+    int device = 0;
+    const int sms = cudaGetDevice(&device) == cudaSuccess ? detail::sm_count(device) : 1;
+    const unsigned blocks = unsigned((p.n + DecodeDeep::BN - 1) / DecodeDeep::BN);
+    if (decode_runs_wide(p.m, p.n, sms)) {
+      decode_gemm_kernel<T, DecodeWide, Epilogue><<<blocks, DecodeWide::kThreads, 0, stream>>>(args);
+    } else {
+      decode_gemm_kernel<T, DecodeDeep, Epilogue><<<blocks, DecodeDeep::kThreads, 0, stream>>>(args);
+    }
     return cudaGetLastError();
   }
 };
 
 // The decode kernel of the same element type, B layout, prologue and chain
 // as a FusedGemm, for a unit's `with_kernel`.
-template <typename Gemm, typename Config = DecodeConfig<>>
+template <typename Gemm>
 struct DecodeOfGemm;
 template <template <typename, LayoutB, typename> class Mainloop, typename T, LayoutB kLayout, typename Tile,
-          typename Prologue, typename Epilogue, typename Config>
-struct DecodeOfGemm<FusedGemm<Mainloop<T, kLayout, Tile>, Prologue, Epilogue>, Config> {
-  using type = DecodeGemm<T, kLayout, Config, Prologue, Epilogue>;
+          typename Prologue, typename Epilogue>
+struct DecodeOfGemm<FusedGemm<Mainloop<T, kLayout, Tile>, Prologue, Epilogue>> {
+  using type = DecodeGemm<T, kLayout, Prologue, Epilogue>;
 };
 template <typename Gemm>
 using DecodeFor = typename DecodeOfGemm<Gemm>::type;

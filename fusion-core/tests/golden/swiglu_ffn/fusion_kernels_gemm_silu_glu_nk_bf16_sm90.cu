@@ -20,9 +20,9 @@ using LargeTile = fusion::sm90::TileConfig<128, 256, 4, fusion::sm90::Schedule::
 using SmallTile = fusion::sm90::TileConfig<64, 128, 8, fusion::sm90::Schedule::Cooperative>;
 // 128x128x64 (6 stages, cooperative, persistent), for m <= 512 when it needs fewer waves
 using SmallAltTile = fusion::sm90::TileConfig<128, 128, 6, fusion::sm90::Schedule::Cooperative>;
-// The decode kernel (fusion/decode.cuh) for m <= 12: one pass over B at the
+// The decode kernel (fusion/decode.cuh) for m <= 16: one pass over B at the
 // weight-read floor, the chain once after its reduction.
-static_assert(12 <= fusion::kDecodeMaxM, "decode_max_m 12 from kernels/tuned/sm90.json, entry 'default' for 'gemm_silu_glu' is more rows than the decode kernel takes (fusion::kDecodeMaxM)");
+static_assert(16 <= fusion::kDecodeMaxM, "decode_max_m 16 from kernels/tuned/sm90.json, entry 'default' for 'gemm_silu_glu' is more rows than the decode kernel takes (fusion::kDecodeMaxM)");
 static_assert(fusion::sm90::tile_valid<fusion::LayoutB::NK, LargeTile> && LargeTile::BK == 64 &&
                   LargeTile::kStages == 4,
               "tile config from kernels/tuned/sm90.json, entry 'default' for 'gemm_silu_glu' (large) does not fit sm90: 128x256x64 (4 stages, cooperative, persistent) is not a tile the sm90 mainloop takes: a rule of its TileConfig fails (an error above names it), or bk or stages differ from the template's own");
@@ -66,7 +66,7 @@ fusion::GemmArgs<Element> args_of(const fusion_gemm_params* p) {
 // the launch and its workspace query.
 template <template <typename> class K, typename F>
 cudaError_t with_kernel(const fusion_gemm_params* p, F&& f) {
-  if (p->m <= 12) return f(fusion::DecodeFor<K<LargeTile>>{});
+  if (p->m <= 16) return f(fusion::DecodeFor<K<LargeTile>>{});
   if (p->m <= 512 && fusion::fewer_waves<SmallAltTile, SmallTile>(p->m, p->n * Chain::kGemmColsPerOutput))
     return f(K<SmallAltTile>{});
   if (p->m <= 512) return f(K<SmallTile>{});
