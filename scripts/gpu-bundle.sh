@@ -23,7 +23,7 @@ fi
 json=$(cargo test --release --features "$features" --tests --no-run --message-format=json 2>/dev/null)
 cargo build --release --features "$features" --bin fusion --example swiglu_ffn
 cargo build --release -p llama-ffn
-for name in gpu gpu_errors gpu_graphs gpu_workspace gpu_property gpu_stress; do
+for name in gpu gpu_errors gpu_graphs gpu_workspace gpu_safetensors gpu_property gpu_stress; do
   exe=$(echo "$json" | python3 -c "
 import json, sys
 for line in sys.stdin:
@@ -38,6 +38,6 @@ cp target/release/examples/swiglu_ffn "$dir/swiglu_ffn"
 cp target/release/llama-ffn "$dir/llama-ffn"
 cp -r graphs "$dir/"
 cp scripts/gpu-suite.sh "$dir/"
-strip "$dir/gpu" "$dir/gpu_errors" "$dir/gpu_graphs" "$dir/gpu_workspace" "$dir/gpu_property" "$dir/gpu_stress" "$dir/fusion" \
+strip "$dir/gpu" "$dir/gpu_errors" "$dir/gpu_graphs" "$dir/gpu_workspace" "$dir/gpu_safetensors" "$dir/gpu_property" "$dir/gpu_stress" "$dir/fusion" \
   "$dir/swiglu_ffn" "$dir/llama-ffn"
 du -sh "$dir"

@@ -81,7 +81,8 @@ for step in $steps; do
         a_forced_variant_that_cannot_run_is_refused_by_the_wrapper ;;
     graphs)
       run_tests gpu-graphs.log any ./gpu_graphs --ignored --nocapture
-      run_tests gpu-workspace.log any ./gpu_workspace --ignored --test-threads 1 --nocapture ;;
+      run_tests gpu-workspace.log any ./gpu_workspace --ignored --test-threads 1 --nocapture
+      run_tests gpu-safetensors.log any ./gpu_safetensors --ignored --nocapture ;;
     examples)
       run example-swiglu-ffn.log ./swiglu_ffn 512
       run example-llama-ffn.log ./llama-ffn ;;

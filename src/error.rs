@@ -114,6 +114,41 @@ pub enum Error {
         shape: String,
         relative: f64,
     },
+    /// A tensor file could not be read, or is not a safetensors file.
+    #[error("{file}: {reason}")]
+    TensorFile { file: String, reason: String },
+    /// A tensor the graph needs is not in the file. (The graph's names are
+    /// `&'static str`, which keeps `Error` small.)
+    #[error("{file} has no tensor `{name}` (the graph's `{tensor}`); it holds {held}{hint}")]
+    MissingTensor {
+        file: String,
+        name: String,
+        tensor: &'static str,
+        held: String,
+        hint: String,
+    },
+    /// A tensor in a file has another element type than the graph's.
+    #[error(
+        "`{name}` in {file} (the graph's `{tensor}`) holds {actual} elements, but the graph runs in {expected}: convert the file, or run the graph in the file's element type"
+    )]
+    TensorDType {
+        file: String,
+        name: String,
+        tensor: &'static str,
+        expected: String,
+        actual: String,
+    },
+    /// A tensor in a file has another shape than the graph declares.
+    #[error(
+        "`{name}` in {file} (the graph's `{tensor}`) has shape {actual} but the graph declares {expected}"
+    )]
+    TensorShape {
+        file: String,
+        name: String,
+        tensor: &'static str,
+        expected: String,
+        actual: String,
+    },
     /// The CUDA driver refused something (allocation, copy, query).
     #[error("CUDA driver: {0}")]
     Driver(#[from] cudarc::driver::DriverError),

@@ -594,7 +594,8 @@ fn dim_name(graph: &GraphDecl, dim: Dim) -> String {
     }
 }
 
-fn declared_shape(graph: &GraphDecl, decl: &TensorDecl) -> String {
+/// `[M, 4096]`: a declaration's shape with its dims' names.
+pub(crate) fn declared_shape(graph: &GraphDecl, decl: &TensorDecl) -> String {
     let dims: Vec<String> = decl.shape.iter().map(|d| dim_name(graph, *d)).collect();
     format!("[{}]", dims.join(", "))
 }

@@ -11,6 +11,7 @@
 //! | [`cli`] | the `fusion` command line |
 //! | [`render`] | `fusion render`: units of a candidate list, with the kernel self-test |
 //! | [`testing`] | checking kernels on a GPU against the CPU reference |
+//! | [`weights`] | tensors from safetensors files, checked against a graph |
 //!
 //! The compiler itself (parsing, planning, code generation) is
 //! [`fusion_core`], re-exported as [`core`].
@@ -30,6 +31,7 @@ pub mod launch;
 pub mod render;
 pub mod tensor;
 pub mod testing;
+pub mod weights;
 
 pub use device::Arch;
 pub use error::{Error, Result};
@@ -39,6 +41,7 @@ pub use fusion_core::ir;
 /// build script (`fusion_core::build::Builder::sources`).
 pub use fusion_macros::fusion_graph;
 pub use tensor::{Element, Shape, Tensor, TensorMut};
+pub use weights::{TensorFile, TensorNames};
 
 /// Re-exported so that users and generated code name the same version.
 pub use cudarc;

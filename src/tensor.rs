@@ -5,6 +5,11 @@
 //! elements. Wrappers then check shapes against the graph, alignment and
 //! context before anything is launched.
 //!
+//! A [`Tensor`] either borrows its memory ([`Tensor::new`], [`Tensor::from_view`])
+//! or holds it ([`Tensor::owned`], [`Tensor::shared`]: a `Tensor<'static, T>`),
+//! so that a struct can keep weights and the graph that reads them together
+//! (what `XWeights::from_safetensors` returns).
+//!
 //! # Threads
 //!
 //! [`Tensor`] and [`TensorMut`] are `Send` and `Sync` (checked by
@@ -19,27 +24,46 @@
 
 use crate::error::{Error, Result};
 use cudarc::driver::{
-    CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, SyncOnDrop,
+    CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, DeviceSlice,
+    SyncOnDrop,
 };
 use fusion_core::ir::DType;
 use std::fmt;
+use std::sync::Arc;
 
 /// An element type kernels are compiled for.
 pub trait Element: DeviceRepr + Copy + Send + Sync + 'static {
     const DTYPE: DType;
+    /// Elements from their little-endian bytes, as safetensors files hold
+    /// them; `bytes.len()` is a multiple of the element's size.
+    fn from_le_bytes(bytes: &[u8]) -> Vec<Self>;
+    /// The elements' little-endian bytes, as safetensors files hold them.
+    fn to_le_bytes(values: &[Self]) -> Vec<u8>;
 }
 
-impl Element for half::f16 {
-    const DTYPE: DType = DType::F16;
+/// `Element` for a type with `from_le_bytes` and `to_le_bytes` of its own.
+macro_rules! element {
+    ($ty:ty, $dtype:ident) => {
+        impl Element for $ty {
+            const DTYPE: DType = DType::$dtype;
+            fn from_le_bytes(bytes: &[u8]) -> Vec<Self> {
+                bytes
+                    .chunks_exact(size_of::<Self>())
+                    .map(|chunk| {
+                        <$ty>::from_le_bytes(chunk.try_into().expect("chunks of the element's size"))
+                    })
+                    .collect()
+            }
+            fn to_le_bytes(values: &[Self]) -> Vec<u8> {
+                values.iter().flat_map(|v| v.to_le_bytes()).collect()
+            }
+        }
+    };
 }
 
-impl Element for half::bf16 {
-    const DTYPE: DType = DType::BF16;
-}
-
-impl Element for f32 {
-    const DTYPE: DType = DType::F32;
-}
+element!(half::f16, F16);
+element!(half::bf16, BF16);
+element!(f32, F32);
 
 /// A row vector `[n]` or a row-major matrix `[rows, cols]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -127,17 +151,30 @@ fn check_len(shape: Shape, actual: usize) -> Result<()> {
 }
 
 /// A tensor a kernel reads. Cloning it makes another view of the same
-/// device memory (it copies nothing).
+/// device memory (it copies nothing; an owned tensor's clones share it).
 #[derive(Debug)]
 pub struct Tensor<'a, T> {
-    view: CudaView<'a, T>,
+    memory: Memory<'a, T>,
     shape: Shape,
+}
+
+/// Where a [`Tensor`]'s elements live.
+#[derive(Debug)]
+enum Memory<'a, T> {
+    /// Part or all of an allocation someone else owns.
+    Borrowed(CudaView<'a, T>),
+    /// An allocation the tensor keeps alive, maybe with other tensors.
+    Shared(Arc<CudaSlice<T>>),
 }
 
 impl<T> Clone for Tensor<'_, T> {
     fn clone(&self) -> Self {
+        let memory = match &self.memory {
+            Memory::Borrowed(view) => Memory::Borrowed(view.slice(..)),
+            Memory::Shared(slice) => Memory::Shared(Arc::clone(slice)),
+        };
         Tensor {
-            view: self.view.slice(..),
+            memory,
             shape: self.shape,
         }
     }
@@ -153,7 +190,10 @@ impl<'a, T: Element> Tensor<'a, T> {
     pub fn from_view(view: CudaView<'a, T>, shape: impl Into<Shape>) -> Result<Self> {
         let shape = shape.into();
         check_len(shape, view.len())?;
-        Ok(Tensor { view, shape })
+        Ok(Tensor {
+            memory: Memory::Borrowed(view),
+            shape,
+        })
     }
 
     pub fn shape(&self) -> Shape {
@@ -164,13 +204,37 @@ impl<'a, T: Element> Tensor<'a, T> {
     /// work on other streams. For generated wrappers.
     #[doc(hidden)]
     pub fn device_ptr<'s>(&'s self, stream: &'s CudaStream) -> (u64, SyncOnDrop<'s>) {
-        self.view.device_ptr(stream)
+        match &self.memory {
+            Memory::Borrowed(view) => view.device_ptr(stream),
+            Memory::Shared(slice) => slice.device_ptr(stream),
+        }
     }
 
     #[doc(hidden)]
     pub fn stream(&self) -> &CudaStream {
-        use cudarc::driver::DeviceSlice;
-        self.view.stream()
+        match &self.memory {
+            Memory::Borrowed(view) => view.stream(),
+            Memory::Shared(slice) => slice.stream(),
+        }
+    }
+}
+
+impl<T: Element> Tensor<'static, T> {
+    /// Takes a whole allocation with a shape; its length must match. The
+    /// tensor frees it when the last of its clones is dropped.
+    pub fn owned(slice: CudaSlice<T>, shape: impl Into<Shape>) -> Result<Self> {
+        Tensor::shared(Arc::new(slice), shape)
+    }
+
+    /// Shares an allocation others may hold too (one buffer bound to
+    /// several graphs); its length must match the shape.
+    pub fn shared(slice: Arc<CudaSlice<T>>, shape: impl Into<Shape>) -> Result<Self> {
+        let shape = shape.into();
+        check_len(shape, slice.len())?;
+        Ok(Tensor {
+            memory: Memory::Shared(slice),
+            shape,
+        })
     }
 }
 
@@ -203,7 +267,6 @@ impl<'a, T: Element> TensorMut<'a, T> {
 
     #[doc(hidden)]
     pub fn stream(&self) -> &CudaStream {
-        use cudarc::driver::DeviceSlice;
         self.view.stream()
     }
 }
@@ -211,6 +274,23 @@ impl<'a, T: Element> TensorMut<'a, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn elements_round_trip_through_little_endian_bytes() {
+        use half::{bf16, f16};
+        let values = [f16::from_f32(1.5), f16::from_f32(-2.0)];
+        let bytes = <f16 as Element>::to_le_bytes(&values);
+        assert_eq!(bytes, [0x00, 0x3e, 0x00, 0xc0]);
+        assert_eq!(<f16 as Element>::from_le_bytes(&bytes), values);
+        let bytes = <f32 as Element>::to_le_bytes(&[1.0]);
+        assert_eq!(bytes, 1.0f32.to_le_bytes());
+        assert_eq!(<f32 as Element>::from_le_bytes(&bytes), [1.0]);
+        let b = [bf16::from_f32(3.0)];
+        assert_eq!(
+            <bf16 as Element>::from_le_bytes(&<bf16 as Element>::to_le_bytes(&b)),
+            b
+        );
+    }
 
     #[test]
     fn shapes_count_and_print() {

@@ -29,6 +29,8 @@ fn every_runtime_error_row_names_a_test_that_asserts_its_variant() {
     let sources = [
         ("gpu_errors", read("tests/gpu_errors.rs")),
         ("device", read("src/device.rs")),
+        ("weights::tests", read("src/weights.rs")),
+        ("gpu_safetensors", read("tests/gpu_safetensors.rs")),
     ];
     let section = catalogue
         .split("## Run time")
@@ -116,12 +118,14 @@ const TEST_FILES: &[(&str, &str)] = &[
     ("device", "src/device.rs"),
     ("tensor::tests", "src/tensor.rs"),
     ("launch::tests", "src/launch.rs"),
+    ("weights::tests", "src/weights.rs"),
     ("gpu", "tests/gpu.rs"),
     ("gpu_errors", "tests/gpu_errors.rs"),
     ("gpu_graphs", "tests/gpu_graphs.rs"),
     ("gpu_property", "tests/gpu_property.rs"),
     ("gpu_stress", "tests/gpu_stress.rs"),
     ("gpu_workspace", "tests/gpu_workspace.rs"),
+    ("gpu_safetensors", "tests/gpu_safetensors.rs"),
 ];
 
 #[test]

@@ -22,6 +22,8 @@ fn views_are_send_and_sync() {
     send_and_sync::<TensorMut<'static, f16>>();
     send_and_sync::<TensorMut<'static, bf16>>();
     send_and_sync::<Shape>();
+    send_and_sync::<fusion::TensorFile>();
+    send_and_sync::<fusion::TensorNames>();
 }
 
 #[test]

@@ -103,6 +103,26 @@ fn activation(name: &str) -> Result<&'static str, String> {
     })
 }
 
+/// The Hugging Face name, within one decoder layer (`model.layers.<i>.`), of
+/// each weight of a gated block: the names [`ffn_toml`] writes, and `gamma`,
+/// as the shipped graphs call the norm's weight. What
+/// `fusion::weights::TensorNames::hugging_face` maps.
+pub const GATED_WEIGHT_NAMES: &[(&str, &str)] = &[
+    ("norm", "post_attention_layernorm.weight"),
+    ("gamma", "post_attention_layernorm.weight"),
+    ("w_gate", "mlp.gate_proj.weight"),
+    ("w_up", "mlp.up_proj.weight"),
+    ("w_down", "mlp.down_proj.weight"),
+];
+
+/// The Hugging Face name of a gated block's weight (see [`GATED_WEIGHT_NAMES`]).
+pub fn gated_weight_name(name: &str) -> Option<&'static str> {
+    GATED_WEIGHT_NAMES
+        .iter()
+        .find(|(ours, _)| *ours == name)
+        .map(|(_, theirs)| *theirs)
+}
+
 /// The block as a TOML graph named `name`, its tensors in `dtype`.
 pub fn ffn_toml(config: &FfnConfig, name: &str, dtype: DType) -> String {
     let FfnConfig {
@@ -123,14 +143,16 @@ pub fn ffn_toml(config: &FfnConfig, name: &str, dtype: DType) -> String {
     match config.family {
         Family::Gated => {
             let norm = format!("rmsnorm(x, norm, eps = {eps:e})");
+            let hf = |name| gated_weight_name(name).unwrap_or_default();
+            let (hf_norm, hf_gate, hf_up, hf_down) = (hf("norm"), hf("w_gate"), hf("w_up"), hf("w_down"));
             format!(
                 "{head}doc = \"{model_type} feed-forward block: RMSNorm, gated {activation} MLP, residual add.\"\n\n\
                  {dims}\n{inputs}\n\
                  [weights]\n\
-                 norm   = \"{dtype}[D]\"      # post_attention_layernorm.weight\n\
-                 w_gate = \"{dtype}[F, D]\"   # mlp.gate_proj.weight\n\
-                 w_up   = \"{dtype}[F, D]\"   # mlp.up_proj.weight\n\
-                 w_down = \"{dtype}[D, F]\"   # mlp.down_proj.weight\n\n\
+                 norm   = \"{dtype}[D]\"      # {hf_norm}\n\
+                 w_gate = \"{dtype}[F, D]\"   # {hf_gate}\n\
+                 w_up   = \"{dtype}[F, D]\"   # {hf_up}\n\
+                 w_down = \"{dtype}[D, F]\"   # {hf_down}\n\n\
                  # One norm for both projections: with them it is one gated GEMM, the norm folded into its weight.\n\
                  [compute]\n\
                  h    = \"{norm}\"\n\
@@ -185,6 +207,10 @@ mod tests {
         let toml = ffn_toml(&config, "llama_ffn", DType::BF16);
         assert!(toml.contains("D = 4096\nF = 14336\n"), "{toml}");
         assert!(toml.contains("w_gate = \"bf16[F, D]\""), "{toml}");
+        assert!(
+            toml.contains("w_gate = \"bf16[F, D]\"   # mlp.gate_proj.weight\n"),
+            "{toml}"
+        );
         let plan = plan_of(&toml);
         let names: Vec<&str> = plan.kernels.iter().map(|k| k.name.as_str()).collect();
         assert_eq!(names, ["rmsnorm_gemm_silu_glu", "gemm_residual"], "{plan}");

@@ -252,7 +252,7 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
             }
         });
         quote! {
-            const #ident: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
+            pub(super) const #ident: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
                 name: #tensor_name,
                 shape: &[#(#dims),*],
             };
@@ -588,7 +588,7 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
         mod #module {
             use super::ffi;
 
-            static __GRAPH: fusion::launch::GraphDecl = fusion::launch::GraphDecl {
+            pub(super) static __GRAPH: fusion::launch::GraphDecl = fusion::launch::GraphDecl {
                 name: #name,
                 dims: #dims_decl,
             };
@@ -648,6 +648,7 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
             elem,
             inputs: graph.inputs.iter().map(|&t| arg_ident(graph, t)).collect(),
             weights: weight_args,
+            weight_decls: graph.weights.iter().map(|&t| tensor_const(t)).collect(),
             outputs: write_args,
             declaration: spec.fingerprint.map(|_| spec.declaration.clone()),
             struct_allows: one_of_two_ways(&free_fn),
@@ -703,6 +704,8 @@ struct BoundGraph {
     elem: TokenStream,
     inputs: Vec<Ident>,
     weights: Vec<Ident>,
+    /// The weights' declarations in the graph's module.
+    weight_decls: Vec<Ident>,
     outputs: Vec<Ident>,
     /// A `fusion_graph!` declaration, for `DECLARATION` and `graph()`.
     declaration: Option<String>,
@@ -731,6 +734,7 @@ impl quote::ToTokens for BoundGraph {
             elem,
             inputs,
             weights,
+            weight_decls,
             outputs,
             declaration,
             struct_allows,
@@ -766,8 +770,17 @@ impl quote::ToTokens for BoundGraph {
         } else {
             (quote!(<'w>), quote!(<'w>), quote!())
         };
+        // The owned form: `'static` tensors that hold their memory.
+        let (owned_params, owned_args) = if *generic {
+            (quote!(<T: fusion::Element>), quote!(<'static, T>))
+        } else {
+            (quote!(), quote!(<'static>))
+        };
         let weights_doc = format!(
-            "The weights of [`{struct_ident}`], as device tensors it borrows. `new` checks each one's shape against the declaration."
+            "The weights of [`{struct_ident}`], as device tensors: borrowed (`fusion::Tensor::new`) or, as `{weights_ident}<'static, …>`, owned ([`Self::from_safetensors`], `fusion::Tensor::owned`). `new` checks each one's shape against the declaration."
+        );
+        let owned_struct_doc = format!(
+            "Reads the weights from a safetensors file ([`{weights_ident}::from_safetensors`]) and binds them ([`Self::new`]): a struct that owns its weights."
         );
         let weight_docs = weights.iter().map(|w| format!("The weight `{w}`."));
         tokens.extend(quote! {
@@ -776,6 +789,25 @@ impl quote::ToTokens for BoundGraph {
             #struct_allows
             pub struct #weights_ident #params {
                 #(#[doc = #weight_docs] pub #weights: fusion::Tensor<'w, #elem>,)*
+            }
+
+            #[allow(dead_code, reason = #BINDS_UNUSED)]
+            impl #owned_params #weights_ident #owned_args {
+                /// Reads the weights from a safetensors file: each one under
+                /// the name `names` gives it (`fusion::TensorNames::declared()`
+                /// for the declared names, `fusion::TensorNames::hugging_face(layer)`
+                /// for a checkpoint's), all checked (present, element type,
+                /// shape against the declaration) before any is copied to
+                /// `stream`'s device, into memory the weights own.
+                pub fn from_safetensors(
+                    stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
+                    file: &fusion::TensorFile,
+                    names: &fusion::TensorNames,
+                ) -> fusion::Result<Self> {
+                    let mut __binder = fusion::weights::Binder::new(&#module::__GRAPH, file, names);
+                    __binder.check::<#elem>(&[#(&#module::#weight_decls),*])?;
+                    Ok(Self { #(#weights: __binder.upload(stream, &#module::#weight_decls)?,)* })
+                }
             }
 
             #[doc = #doc]
@@ -820,6 +852,18 @@ impl quote::ToTokens for BoundGraph {
                 }
             }
 
+            #[allow(dead_code, reason = #BINDS_UNUSED)]
+            impl #owned_params #struct_ident #owned_args {
+                #[doc = #owned_struct_doc]
+                pub fn from_safetensors(
+                    stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
+                    file: &fusion::TensorFile,
+                    names: &fusion::TensorNames,
+                ) -> fusion::Result<Self> {
+                    Self::new(stream, #weights_ident::from_safetensors(stream, file, names)?)
+                }
+            }
+
             #[allow(dead_code, reason = #ACCESSORS_UNUSED)]
             impl #params #struct_ident #args {
                 #declaration_items
@@ -840,6 +884,9 @@ impl quote::ToTokens for BoundGraph {
         });
     }
 }
+
+/// Why a crate may leave `from_safetensors` uncalled.
+const BINDS_UNUSED: &str = "a crate may bind weights it made itself with `new`";
 
 /// Why the accessors of a generated struct may go unused: a binary crate
 /// that only runs the graph has no use for them, and cannot remove them.

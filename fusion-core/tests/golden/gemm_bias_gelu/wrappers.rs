@@ -13,7 +13,7 @@
 mod ffi {
     include!("fusion_ffi.rs");
 }
-///The weights of [`GemmBiasGelu`], as device tensors it borrows. `new` checks each one's shape against the declaration.
+///The weights of [`GemmBiasGelu`], as device tensors: borrowed (`fusion::Tensor::new`) or, as `GemmBiasGeluWeights<'static, …>`, owned ([`Self::from_safetensors`], `fusion::Tensor::owned`). `new` checks each one's shape against the declaration.
 #[derive(Debug)]
 #[allow(dead_code, reason = "a crate may call the free function instead")]
 pub struct GemmBiasGeluWeights<'w, T: fusion::Element> {
@@ -21,6 +21,34 @@ pub struct GemmBiasGeluWeights<'w, T: fusion::Element> {
     pub w: fusion::Tensor<'w, T>,
     ///The weight `b`.
     pub b: fusion::Tensor<'w, T>,
+}
+#[allow(dead_code, reason = "a crate may bind weights it made itself with `new`")]
+impl<T: fusion::Element> GemmBiasGeluWeights<'static, T> {
+    /// Reads the weights from a safetensors file: each one under
+    /// the name `names` gives it (`fusion::TensorNames::declared()`
+    /// for the declared names, `fusion::TensorNames::hugging_face(layer)`
+    /// for a checkpoint's), all checked (present, element type,
+    /// shape against the declaration) before any is copied to
+    /// `stream`'s device, into memory the weights own.
+    pub fn from_safetensors(
+        stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
+        file: &fusion::TensorFile,
+        names: &fusion::TensorNames,
+    ) -> fusion::Result<Self> {
+        let mut __binder = fusion::weights::Binder::new(
+            &__gemm_bias_gelu::__GRAPH,
+            file,
+            names,
+        );
+        __binder
+            .check::<
+                T,
+            >(&[&__gemm_bias_gelu::__TENSOR_1, &__gemm_bias_gelu::__TENSOR_2])?;
+        Ok(Self {
+            w: __binder.upload(stream, &__gemm_bias_gelu::__TENSOR_1)?,
+            b: __binder.upload(stream, &__gemm_bias_gelu::__TENSOR_2)?,
+        })
+    }
 }
 /**y = gelu(x @ w^T + b): nn.Linear with bias, then GELU (tanh approximation).
 
@@ -94,6 +122,17 @@ impl<'w, T: fusion::Element> GemmBiasGelu<'w, T> {
         __gemm_bias_gelu::run::<T>(&mut self.workspace, &self.folded, stream, x, w, b, y)
     }
 }
+#[allow(dead_code, reason = "a crate may bind weights it made itself with `new`")]
+impl<T: fusion::Element> GemmBiasGelu<'static, T> {
+    ///Reads the weights from a safetensors file ([`GemmBiasGeluWeights::from_safetensors`]) and binds them ([`Self::new`]): a struct that owns its weights.
+    pub fn from_safetensors(
+        stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
+        file: &fusion::TensorFile,
+        names: &fusion::TensorNames,
+    ) -> fusion::Result<Self> {
+        Self::new(stream, GemmBiasGeluWeights::from_safetensors(stream, file, names)?)
+    }
+}
 #[allow(dead_code, reason = "accessors a crate may not call")]
 impl<'w, T: fusion::Element> GemmBiasGelu<'w, T> {
     /// The bound weights.
@@ -163,43 +202,43 @@ pub fn gemm_bias_gelu<T: fusion::Element>(
 )]
 mod __gemm_bias_gelu {
     use super::ffi;
-    static __GRAPH: fusion::launch::GraphDecl = fusion::launch::GraphDecl {
+    pub(super) static __GRAPH: fusion::launch::GraphDecl = fusion::launch::GraphDecl {
         name: "gemm_bias_gelu",
         dims: &["M", "K", "N"],
     };
-    const __TENSOR_0: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
+    pub(super) const __TENSOR_0: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
         name: "x",
         shape: &[
             fusion::launch::Dim::Dynamic(0usize),
             fusion::launch::Dim::Dynamic(1usize),
         ],
     };
-    const __TENSOR_1: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
+    pub(super) const __TENSOR_1: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
         name: "w",
         shape: &[
             fusion::launch::Dim::Dynamic(2usize),
             fusion::launch::Dim::Dynamic(1usize),
         ],
     };
-    const __TENSOR_2: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
+    pub(super) const __TENSOR_2: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
         name: "b",
         shape: &[fusion::launch::Dim::Dynamic(2usize)],
     };
-    const __TENSOR_3: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
+    pub(super) const __TENSOR_3: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
         name: "%1",
         shape: &[
             fusion::launch::Dim::Dynamic(0usize),
             fusion::launch::Dim::Dynamic(2usize),
         ],
     };
-    const __TENSOR_4: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
+    pub(super) const __TENSOR_4: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
         name: "%2",
         shape: &[
             fusion::launch::Dim::Dynamic(0usize),
             fusion::launch::Dim::Dynamic(2usize),
         ],
     };
-    const __TENSOR_5: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
+    pub(super) const __TENSOR_5: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
         name: "y",
         shape: &[
             fusion::launch::Dim::Dynamic(0usize),

@@ -13,7 +13,7 @@
 mod ffi {
     include!("fusion_ffi.rs");
 }
-///The weights of [`LayernormGemm`], as device tensors it borrows. `new` checks each one's shape against the declaration.
+///The weights of [`LayernormGemm`], as device tensors: borrowed (`fusion::Tensor::new`) or, as `LayernormGemmWeights<'static, …>`, owned ([`Self::from_safetensors`], `fusion::Tensor::owned`). `new` checks each one's shape against the declaration.
 #[derive(Debug)]
 #[allow(dead_code, reason = "a crate may call the free function instead")]
 pub struct LayernormGemmWeights<'w, T: fusion::Element> {
@@ -23,6 +23,41 @@ pub struct LayernormGemmWeights<'w, T: fusion::Element> {
     pub b: fusion::Tensor<'w, T>,
     ///The weight `w`.
     pub w: fusion::Tensor<'w, T>,
+}
+#[allow(dead_code, reason = "a crate may bind weights it made itself with `new`")]
+impl<T: fusion::Element> LayernormGemmWeights<'static, T> {
+    /// Reads the weights from a safetensors file: each one under
+    /// the name `names` gives it (`fusion::TensorNames::declared()`
+    /// for the declared names, `fusion::TensorNames::hugging_face(layer)`
+    /// for a checkpoint's), all checked (present, element type,
+    /// shape against the declaration) before any is copied to
+    /// `stream`'s device, into memory the weights own.
+    pub fn from_safetensors(
+        stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
+        file: &fusion::TensorFile,
+        names: &fusion::TensorNames,
+    ) -> fusion::Result<Self> {
+        let mut __binder = fusion::weights::Binder::new(
+            &__layernorm_gemm::__GRAPH,
+            file,
+            names,
+        );
+        __binder
+            .check::<
+                T,
+            >(
+                &[
+                    &__layernorm_gemm::__TENSOR_1,
+                    &__layernorm_gemm::__TENSOR_2,
+                    &__layernorm_gemm::__TENSOR_3,
+                ],
+            )?;
+        Ok(Self {
+            g: __binder.upload(stream, &__layernorm_gemm::__TENSOR_1)?,
+            b: __binder.upload(stream, &__layernorm_gemm::__TENSOR_2)?,
+            w: __binder.upload(stream, &__layernorm_gemm::__TENSOR_3)?,
+        })
+    }
 }
 /**y = layernorm(x, g, b) @ w^T: LayerNorm with scale g and shift b, then nn.Linear without bias.
 
@@ -101,6 +136,17 @@ impl<'w, T: fusion::Element> LayernormGemm<'w, T> {
         >(&mut self.workspace, &self.folded, stream, x, g, b, w, y)
     }
 }
+#[allow(dead_code, reason = "a crate may bind weights it made itself with `new`")]
+impl<T: fusion::Element> LayernormGemm<'static, T> {
+    ///Reads the weights from a safetensors file ([`LayernormGemmWeights::from_safetensors`]) and binds them ([`Self::new`]): a struct that owns its weights.
+    pub fn from_safetensors(
+        stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
+        file: &fusion::TensorFile,
+        names: &fusion::TensorNames,
+    ) -> fusion::Result<Self> {
+        Self::new(stream, LayernormGemmWeights::from_safetensors(stream, file, names)?)
+    }
+}
 #[allow(dead_code, reason = "accessors a crate may not call")]
 impl<'w, T: fusion::Element> LayernormGemm<'w, T> {
     /// The bound weights.
@@ -176,40 +222,40 @@ pub fn layernorm_gemm<T: fusion::Element>(
 )]
 mod __layernorm_gemm {
     use super::ffi;
-    static __GRAPH: fusion::launch::GraphDecl = fusion::launch::GraphDecl {
+    pub(super) static __GRAPH: fusion::launch::GraphDecl = fusion::launch::GraphDecl {
         name: "layernorm_gemm",
         dims: &["M", "K", "N"],
     };
-    const __TENSOR_0: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
+    pub(super) const __TENSOR_0: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
         name: "x",
         shape: &[
             fusion::launch::Dim::Dynamic(0usize),
             fusion::launch::Dim::Dynamic(1usize),
         ],
     };
-    const __TENSOR_1: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
+    pub(super) const __TENSOR_1: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
         name: "g",
         shape: &[fusion::launch::Dim::Dynamic(1usize)],
     };
-    const __TENSOR_2: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
+    pub(super) const __TENSOR_2: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
         name: "b",
         shape: &[fusion::launch::Dim::Dynamic(1usize)],
     };
-    const __TENSOR_3: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
+    pub(super) const __TENSOR_3: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
         name: "w",
         shape: &[
             fusion::launch::Dim::Dynamic(2usize),
             fusion::launch::Dim::Dynamic(1usize),
         ],
     };
-    const __TENSOR_4: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
+    pub(super) const __TENSOR_4: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
         name: "%1",
         shape: &[
             fusion::launch::Dim::Dynamic(0usize),
             fusion::launch::Dim::Dynamic(1usize),
         ],
     };
-    const __TENSOR_5: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
+    pub(super) const __TENSOR_5: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
         name: "y",
         shape: &[
             fusion::launch::Dim::Dynamic(0usize),

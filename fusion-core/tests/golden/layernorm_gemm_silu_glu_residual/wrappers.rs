@@ -13,7 +13,7 @@
 mod ffi {
     include!("fusion_ffi.rs");
 }
-///The weights of [`LayernormGemmSiluGluResidual`], as device tensors it borrows. `new` checks each one's shape against the declaration.
+///The weights of [`LayernormGemmSiluGluResidual`], as device tensors: borrowed (`fusion::Tensor::new`) or, as `LayernormGemmSiluGluResidualWeights<'static, …>`, owned ([`Self::from_safetensors`], `fusion::Tensor::owned`). `new` checks each one's shape against the declaration.
 #[derive(Debug)]
 #[allow(dead_code, reason = "a crate may call the free function instead")]
 pub struct LayernormGemmSiluGluResidualWeights<'w, T: fusion::Element> {
@@ -25,6 +25,45 @@ pub struct LayernormGemmSiluGluResidualWeights<'w, T: fusion::Element> {
     pub w_gate: fusion::Tensor<'w, T>,
     ///The weight `w_up`.
     pub w_up: fusion::Tensor<'w, T>,
+}
+#[allow(dead_code, reason = "a crate may bind weights it made itself with `new`")]
+impl<T: fusion::Element> LayernormGemmSiluGluResidualWeights<'static, T> {
+    /// Reads the weights from a safetensors file: each one under
+    /// the name `names` gives it (`fusion::TensorNames::declared()`
+    /// for the declared names, `fusion::TensorNames::hugging_face(layer)`
+    /// for a checkpoint's), all checked (present, element type,
+    /// shape against the declaration) before any is copied to
+    /// `stream`'s device, into memory the weights own.
+    pub fn from_safetensors(
+        stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
+        file: &fusion::TensorFile,
+        names: &fusion::TensorNames,
+    ) -> fusion::Result<Self> {
+        let mut __binder = fusion::weights::Binder::new(
+            &__layernorm_gemm_silu_glu_residual::__GRAPH,
+            file,
+            names,
+        );
+        __binder
+            .check::<
+                T,
+            >(
+                &[
+                    &__layernorm_gemm_silu_glu_residual::__TENSOR_2,
+                    &__layernorm_gemm_silu_glu_residual::__TENSOR_3,
+                    &__layernorm_gemm_silu_glu_residual::__TENSOR_4,
+                    &__layernorm_gemm_silu_glu_residual::__TENSOR_5,
+                ],
+            )?;
+        Ok(Self {
+            g: __binder.upload(stream, &__layernorm_gemm_silu_glu_residual::__TENSOR_2)?,
+            b: __binder.upload(stream, &__layernorm_gemm_silu_glu_residual::__TENSOR_3)?,
+            w_gate: __binder
+                .upload(stream, &__layernorm_gemm_silu_glu_residual::__TENSOR_4)?,
+            w_up: __binder
+                .upload(stream, &__layernorm_gemm_silu_glu_residual::__TENSOR_5)?,
+        })
+    }
 }
 /**h = silu(n @ w_gate^T) * (n @ w_up^T) + r with n = layernorm(x, g, b): a gated GEMM whose LayerNorm folds into the interleaved weight (both its terms over 2N columns) and whose epilogue adds a tensor on C's columns.
 
@@ -107,6 +146,20 @@ impl<'w, T: fusion::Element> LayernormGemmSiluGluResidual<'w, T> {
         __layernorm_gemm_silu_glu_residual::run::<
             T,
         >(&mut self.workspace, &self.folded, stream, x, r, g, b, w_gate, w_up, h)
+    }
+}
+#[allow(dead_code, reason = "a crate may bind weights it made itself with `new`")]
+impl<T: fusion::Element> LayernormGemmSiluGluResidual<'static, T> {
+    ///Reads the weights from a safetensors file ([`LayernormGemmSiluGluResidualWeights::from_safetensors`]) and binds them ([`Self::new`]): a struct that owns its weights.
+    pub fn from_safetensors(
+        stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
+        file: &fusion::TensorFile,
+        names: &fusion::TensorNames,
+    ) -> fusion::Result<Self> {
+        Self::new(
+            stream,
+            LayernormGemmSiluGluResidualWeights::from_safetensors(stream, file, names)?,
+        )
     }
 }
 #[allow(dead_code, reason = "accessors a crate may not call")]
@@ -193,82 +246,82 @@ pub fn layernorm_gemm_silu_glu_residual<T: fusion::Element>(
 )]
 mod __layernorm_gemm_silu_glu_residual {
     use super::ffi;
-    static __GRAPH: fusion::launch::GraphDecl = fusion::launch::GraphDecl {
+    pub(super) static __GRAPH: fusion::launch::GraphDecl = fusion::launch::GraphDecl {
         name: "layernorm_gemm_silu_glu_residual",
         dims: &["M", "K", "N"],
     };
-    const __TENSOR_0: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
+    pub(super) const __TENSOR_0: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
         name: "x",
         shape: &[
             fusion::launch::Dim::Dynamic(0usize),
             fusion::launch::Dim::Dynamic(1usize),
         ],
     };
-    const __TENSOR_1: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
+    pub(super) const __TENSOR_1: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
         name: "r",
         shape: &[
             fusion::launch::Dim::Dynamic(0usize),
             fusion::launch::Dim::Dynamic(2usize),
         ],
     };
-    const __TENSOR_2: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
+    pub(super) const __TENSOR_2: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
         name: "g",
         shape: &[fusion::launch::Dim::Dynamic(1usize)],
     };
-    const __TENSOR_3: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
+    pub(super) const __TENSOR_3: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
         name: "b",
         shape: &[fusion::launch::Dim::Dynamic(1usize)],
     };
-    const __TENSOR_4: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
+    pub(super) const __TENSOR_4: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
         name: "w_gate",
         shape: &[
             fusion::launch::Dim::Dynamic(2usize),
             fusion::launch::Dim::Dynamic(1usize),
         ],
     };
-    const __TENSOR_5: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
+    pub(super) const __TENSOR_5: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
         name: "w_up",
         shape: &[
             fusion::launch::Dim::Dynamic(2usize),
             fusion::launch::Dim::Dynamic(1usize),
         ],
     };
-    const __TENSOR_6: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
+    pub(super) const __TENSOR_6: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
         name: "n",
         shape: &[
             fusion::launch::Dim::Dynamic(0usize),
             fusion::launch::Dim::Dynamic(1usize),
         ],
     };
-    const __TENSOR_7: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
+    pub(super) const __TENSOR_7: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
         name: "%2",
         shape: &[
             fusion::launch::Dim::Dynamic(0usize),
             fusion::launch::Dim::Dynamic(2usize),
         ],
     };
-    const __TENSOR_8: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
+    pub(super) const __TENSOR_8: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
         name: "%3",
         shape: &[
             fusion::launch::Dim::Dynamic(0usize),
             fusion::launch::Dim::Dynamic(2usize),
         ],
     };
-    const __TENSOR_9: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
+    pub(super) const __TENSOR_9: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
         name: "%4",
         shape: &[
             fusion::launch::Dim::Dynamic(0usize),
             fusion::launch::Dim::Dynamic(2usize),
         ],
     };
-    const __TENSOR_10: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
+    pub(super) const __TENSOR_10: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
         name: "%5",
         shape: &[
             fusion::launch::Dim::Dynamic(0usize),
             fusion::launch::Dim::Dynamic(2usize),
         ],
     };
-    const __TENSOR_11: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
+    pub(super) const __TENSOR_11: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
         name: "h",
         shape: &[
             fusion::launch::Dim::Dynamic(0usize),

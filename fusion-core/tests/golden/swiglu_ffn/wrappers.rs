@@ -13,7 +13,7 @@
 mod ffi {
     include!("fusion_ffi.rs");
 }
-///The weights of [`SwigluFfn`], as device tensors it borrows. `new` checks each one's shape against the declaration.
+///The weights of [`SwigluFfn`], as device tensors: borrowed (`fusion::Tensor::new`) or, as `SwigluFfnWeights<'static, …>`, owned ([`Self::from_safetensors`], `fusion::Tensor::owned`). `new` checks each one's shape against the declaration.
 #[derive(Debug)]
 pub struct SwigluFfnWeights<'w, T: fusion::Element> {
     ///The weight `w_gate`.
@@ -24,6 +24,43 @@ pub struct SwigluFfnWeights<'w, T: fusion::Element> {
     pub w_down: fusion::Tensor<'w, T>,
     ///The weight `b_down`.
     pub b_down: fusion::Tensor<'w, T>,
+}
+#[allow(dead_code, reason = "a crate may bind weights it made itself with `new`")]
+impl<T: fusion::Element> SwigluFfnWeights<'static, T> {
+    /// Reads the weights from a safetensors file: each one under
+    /// the name `names` gives it (`fusion::TensorNames::declared()`
+    /// for the declared names, `fusion::TensorNames::hugging_face(layer)`
+    /// for a checkpoint's), all checked (present, element type,
+    /// shape against the declaration) before any is copied to
+    /// `stream`'s device, into memory the weights own.
+    pub fn from_safetensors(
+        stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
+        file: &fusion::TensorFile,
+        names: &fusion::TensorNames,
+    ) -> fusion::Result<Self> {
+        let mut __binder = fusion::weights::Binder::new(
+            &__swiglu_ffn::__GRAPH,
+            file,
+            names,
+        );
+        __binder
+            .check::<
+                T,
+            >(
+                &[
+                    &__swiglu_ffn::__TENSOR_1,
+                    &__swiglu_ffn::__TENSOR_2,
+                    &__swiglu_ffn::__TENSOR_3,
+                    &__swiglu_ffn::__TENSOR_4,
+                ],
+            )?;
+        Ok(Self {
+            w_gate: __binder.upload(stream, &__swiglu_ffn::__TENSOR_1)?,
+            w_up: __binder.upload(stream, &__swiglu_ffn::__TENSOR_2)?,
+            w_down: __binder.upload(stream, &__swiglu_ffn::__TENSOR_3)?,
+            b_down: __binder.upload(stream, &__swiglu_ffn::__TENSOR_4)?,
+        })
+    }
 }
 /**Llama-3-8B SwiGLU feed-forward block: bias on the down projection, residual add.
 
@@ -109,6 +146,17 @@ impl<'w, T: fusion::Element> SwigluFfn<'w, T> {
         >(&mut self.workspace, &self.folded, stream, x, w_gate, w_up, w_down, b_down, y)
     }
 }
+#[allow(dead_code, reason = "a crate may bind weights it made itself with `new`")]
+impl<T: fusion::Element> SwigluFfn<'static, T> {
+    ///Reads the weights from a safetensors file ([`SwigluFfnWeights::from_safetensors`]) and binds them ([`Self::new`]): a struct that owns its weights.
+    pub fn from_safetensors(
+        stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
+        file: &fusion::TensorFile,
+        names: &fusion::TensorNames,
+    ) -> fusion::Result<Self> {
+        Self::new(stream, SwigluFfnWeights::from_safetensors(stream, file, names)?)
+    }
+}
 #[allow(dead_code, reason = "accessors a crate may not call")]
 impl<'w, T: fusion::Element> SwigluFfn<'w, T> {
     /// The bound weights.
@@ -134,85 +182,85 @@ impl<'w, T: fusion::Element> SwigluFfn<'w, T> {
 )]
 mod __swiglu_ffn {
     use super::ffi;
-    static __GRAPH: fusion::launch::GraphDecl = fusion::launch::GraphDecl {
+    pub(super) static __GRAPH: fusion::launch::GraphDecl = fusion::launch::GraphDecl {
         name: "swiglu_ffn",
         dims: &["M"],
     };
-    const __TENSOR_0: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
+    pub(super) const __TENSOR_0: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
         name: "x",
         shape: &[
             fusion::launch::Dim::Dynamic(0usize),
             fusion::launch::Dim::Static(4096usize),
         ],
     };
-    const __TENSOR_1: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
+    pub(super) const __TENSOR_1: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
         name: "w_gate",
         shape: &[
             fusion::launch::Dim::Static(14336usize),
             fusion::launch::Dim::Static(4096usize),
         ],
     };
-    const __TENSOR_2: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
+    pub(super) const __TENSOR_2: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
         name: "w_up",
         shape: &[
             fusion::launch::Dim::Static(14336usize),
             fusion::launch::Dim::Static(4096usize),
         ],
     };
-    const __TENSOR_3: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
+    pub(super) const __TENSOR_3: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
         name: "w_down",
         shape: &[
             fusion::launch::Dim::Static(4096usize),
             fusion::launch::Dim::Static(14336usize),
         ],
     };
-    const __TENSOR_4: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
+    pub(super) const __TENSOR_4: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
         name: "b_down",
         shape: &[fusion::launch::Dim::Static(4096usize)],
     };
-    const __TENSOR_5: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
+    pub(super) const __TENSOR_5: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
         name: "%1",
         shape: &[
             fusion::launch::Dim::Dynamic(0usize),
             fusion::launch::Dim::Static(14336usize),
         ],
     };
-    const __TENSOR_6: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
+    pub(super) const __TENSOR_6: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
         name: "gate",
         shape: &[
             fusion::launch::Dim::Dynamic(0usize),
             fusion::launch::Dim::Static(14336usize),
         ],
     };
-    const __TENSOR_7: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
+    pub(super) const __TENSOR_7: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
         name: "%3",
         shape: &[
             fusion::launch::Dim::Dynamic(0usize),
             fusion::launch::Dim::Static(14336usize),
         ],
     };
-    const __TENSOR_8: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
+    pub(super) const __TENSOR_8: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
         name: "h",
         shape: &[
             fusion::launch::Dim::Dynamic(0usize),
             fusion::launch::Dim::Static(14336usize),
         ],
     };
-    const __TENSOR_9: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
+    pub(super) const __TENSOR_9: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
         name: "%5",
         shape: &[
             fusion::launch::Dim::Dynamic(0usize),
             fusion::launch::Dim::Static(4096usize),
         ],
     };
-    const __TENSOR_10: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
+    pub(super) const __TENSOR_10: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
         name: "%6",
         shape: &[
             fusion::launch::Dim::Dynamic(0usize),
             fusion::launch::Dim::Static(4096usize),
         ],
     };
-    const __TENSOR_11: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
+    pub(super) const __TENSOR_11: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
         name: "y",
         shape: &[
             fusion::launch::Dim::Dynamic(0usize),

@@ -1,0 +1,536 @@
+//! Tensors from safetensors files: what `XWeights::from_safetensors` and
+//! `fusion run` read.
+//!
+//! A [`TensorFile`] is a whole file read and checked once (its header, and
+//! that every tensor's bytes lie inside it); [`TensorNames`] says under which
+//! name each of a graph's tensors is stored (its declared name by default,
+//! with a prefix and renames, or a decoder layer's Hugging Face names); a
+//! [`Binder`], which generated wrappers make, checks a graph's tensors in a
+//! file (present, element type, shape against the declaration, dynamic dims
+//! agreeing) before copying any of them to the device. Every refusal is a
+//! [`fusion::Error`](crate::Error) that names the file, the name in it and
+//! the graph's tensor.
+//!
+//! Not a general safetensors reader: only vectors and matrices of f16, bf16
+//! and f32, the tensors kernels take.
+
+use crate::error::{Error, Result};
+use crate::launch::{Dim, GraphDecl, TensorDecl, declared_shape};
+use crate::tensor::{Element, Shape, Tensor};
+use cudarc::driver::CudaStream;
+use fusion_core::ir::DType;
+use safetensors::{Dtype, SafeTensors};
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::path::Path;
+use std::sync::Arc;
+
+/// A safetensors file in memory, its header checked.
+#[derive(Debug)]
+pub struct TensorFile {
+    /// The path it was read from (or a caller's label), for messages.
+    label: String,
+    bytes: Vec<u8>,
+    tensors: BTreeMap<String, StoredTensor>,
+}
+
+/// Where one tensor's elements lie in [`TensorFile::bytes`].
+#[derive(Clone, Debug)]
+struct StoredTensor {
+    dtype: Dtype,
+    shape: Vec<usize>,
+    bytes: Range<usize>,
+}
+
+/// One tensor of a [`TensorFile`].
+#[derive(Clone, Copy, Debug)]
+pub struct StoredView<'f> {
+    /// Its element type as the file names it (`F16`, `BF16`, `I64`, …).
+    pub dtype: Dtype,
+    pub shape: &'f [usize],
+    /// Its elements, little-endian, row-major.
+    pub bytes: &'f [u8],
+}
+
+impl StoredView<'_> {
+    /// The element type, where kernels have it.
+    pub fn element_type(&self) -> Option<DType> {
+        dtype_of(self.dtype)
+    }
+}
+
+/// The kernels' element type for a file's, where they have one.
+fn dtype_of(dtype: Dtype) -> Option<DType> {
+    match dtype {
+        Dtype::F16 => Some(DType::F16),
+        Dtype::BF16 => Some(DType::BF16),
+        Dtype::F32 => Some(DType::F32),
+        _ => None,
+    }
+}
+
+/// A file's name for an element type.
+pub fn file_dtype(dtype: DType) -> Dtype {
+    match dtype {
+        DType::F16 => Dtype::F16,
+        DType::BF16 => Dtype::BF16,
+        DType::F32 => Dtype::F32,
+    }
+}
+
+impl TensorFile {
+    /// Reads and checks the file at `path`.
+    pub fn open(path: impl AsRef<Path>) -> Result<TensorFile> {
+        let path = path.as_ref();
+        let label = path.display().to_string();
+        let bytes = std::fs::read(path).map_err(|e| Error::TensorFile {
+            file: label.clone(),
+            reason: format!("cannot read it: {e}"),
+        })?;
+        TensorFile::from_bytes(label, bytes)
+    }
+
+    /// Checks the bytes of a safetensors file; `label` names it in messages.
+    pub fn from_bytes(label: impl Into<String>, bytes: Vec<u8>) -> Result<TensorFile> {
+        let label = label.into();
+        let parsed = SafeTensors::deserialize(&bytes).map_err(|e| Error::TensorFile {
+            file: label.clone(),
+            reason: format!("not a safetensors file: {e}"),
+        })?;
+        let start = bytes.as_ptr() as usize;
+        let tensors = parsed
+            .iter()
+            .map(|(name, view)| {
+                // The reader hands out subslices of `bytes`.
+                let offset = view.data().as_ptr() as usize - start;
+                let stored = StoredTensor {
+                    dtype: view.dtype(),
+                    shape: view.shape().to_vec(),
+                    bytes: offset..offset + view.data().len(),
+                };
+                (name.to_owned(), stored)
+            })
+            .collect();
+        Ok(TensorFile {
+            label,
+            bytes,
+            tensors,
+        })
+    }
+
+    /// The path or label it was read under.
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
+    /// The names of its tensors, sorted.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.tensors.keys().map(String::as_str)
+    }
+
+    /// The tensor stored as `name`.
+    pub fn get(&self, name: &str) -> Option<StoredView<'_>> {
+        self.tensors.get(name).map(|t| StoredView {
+            dtype: t.dtype,
+            shape: &t.shape,
+            bytes: &self.bytes[t.bytes.clone()],
+        })
+    }
+
+    /// The error for a tensor the file lacks: how many it holds, a few of
+    /// their names, and the name that differs from it only by a prefix.
+    pub fn missing(&self, name: &str, tensor: &'static str) -> Error {
+        let names: Vec<&str> = self.names().collect();
+        let shown: Vec<String> = names.iter().take(4).map(|n| format!("`{n}`")).collect();
+        let held = match names.len() {
+            0 => "no tensors".to_owned(),
+            n if n <= shown.len() => format!("{n}: {}", shown.join(", ")),
+            n => format!("{n}, such as {}", shown.join(", ")),
+        };
+        let suffix = format!(".{name}");
+        let hint = names
+            .iter()
+            .find(|n| n.ends_with(&suffix))
+            .map(|n| format!("; `{n}` ends with it: give its prefix in the tensor names"))
+            .unwrap_or_default();
+        Error::MissingTensor {
+            file: self.label.clone(),
+            name: name.to_owned(),
+            tensor,
+            held,
+            hint,
+        }
+    }
+}
+
+/// The name under which each of a graph's tensors is stored in a file.
+/// The default is each tensor's declared name.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TensorNames {
+    prefix: String,
+    renames: Vec<(String, String)>,
+}
+
+impl TensorNames {
+    /// Each tensor under its declared name.
+    pub fn declared() -> TensorNames {
+        TensorNames::default()
+    }
+
+    /// Each tensor under `prefix` followed by its (renamed) name, such as
+    /// `model.layers.3.` for a decoder layer.
+    pub fn with_prefix(prefix: impl Into<String>) -> TensorNames {
+        TensorNames {
+            prefix: prefix.into(),
+            renames: Vec::new(),
+        }
+    }
+
+    /// Decoder layer `layer` of a Llama-style Hugging Face checkpoint
+    /// (Llama, Mistral, Qwen2, Qwen3): `w_gate` is
+    /// `model.layers.<layer>.mlp.gate_proj.weight`, `w_up` and `w_down` the
+    /// up and down projections, `norm` (or `gamma`) the layer's
+    /// `post_attention_layernorm.weight`, as `fusion graph --from-hf` names
+    /// them; other names are kept under the same prefix.
+    pub fn hugging_face(layer: usize) -> TensorNames {
+        let mut names = TensorNames::with_prefix(format!("model.layers.{layer}."));
+        for (ours, theirs) in fusion_core::hf::GATED_WEIGHT_NAMES {
+            names = names.rename(*ours, *theirs);
+        }
+        names
+    }
+
+    /// Stores `declared` as `in_file` (after the prefix); a later rename of
+    /// the same tensor replaces an earlier one.
+    #[must_use]
+    pub fn rename(mut self, declared: impl Into<String>, in_file: impl Into<String>) -> TensorNames {
+        let declared = declared.into();
+        self.renames.retain(|(d, _)| *d != declared);
+        self.renames.push((declared, in_file.into()));
+        self
+    }
+
+    /// The name in the file of the graph's tensor `declared`.
+    pub fn in_file(&self, declared: &str) -> String {
+        let name = self
+            .renames
+            .iter()
+            .find(|(d, _)| d == declared)
+            .map_or(declared, |(_, f)| f.as_str());
+        format!("{}{name}", self.prefix)
+    }
+}
+
+/// Checks a graph's tensors in one file and copies them to the device: what
+/// a generated `XWeights::from_safetensors` runs.
+pub struct Binder<'f> {
+    graph: &'static GraphDecl,
+    file: &'f TensorFile,
+    names: &'f TensorNames,
+    /// Each dynamic dim's value and the tensor it was read from.
+    dims: Vec<Option<(usize, &'static str)>>,
+}
+
+impl<'f> Binder<'f> {
+    pub fn new(graph: &'static GraphDecl, file: &'f TensorFile, names: &'f TensorNames) -> Binder<'f> {
+        Binder {
+            graph,
+            file,
+            names,
+            dims: vec![None; graph.dims.len()],
+        }
+    }
+
+    /// Checks each tensor: present, of element type `T`, shaped as
+    /// declared, its dynamic dims agreeing with the tensors before it.
+    /// Nothing touches the device.
+    pub fn check<T: Element>(&mut self, decls: &[&'static TensorDecl]) -> Result<()> {
+        for decl in decls {
+            self.checked::<T>(decl)?;
+        }
+        Ok(())
+    }
+
+    /// The checked tensor `decl` as a device tensor on `stream` that owns
+    /// its memory.
+    pub fn upload<T: Element>(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        decl: &'static TensorDecl,
+    ) -> Result<Tensor<'static, T>> {
+        let (view, shape) = self.checked::<T>(decl)?;
+        let slice = stream.clone_htod(&T::from_le_bytes(view.bytes))?;
+        Tensor::owned(slice, shape)
+    }
+
+    fn checked<T: Element>(&mut self, decl: &'static TensorDecl) -> Result<(StoredView<'f>, Shape)> {
+        let name = self.names.in_file(decl.name);
+        let file = self.file;
+        let view = file.get(&name).ok_or_else(|| file.missing(&name, decl.name))?;
+        if view.element_type() != Some(T::DTYPE) {
+            return Err(Error::TensorDType {
+                file: file.label.clone(),
+                name,
+                tensor: decl.name,
+                expected: T::DTYPE.to_string(),
+                actual: view.dtype.to_string(),
+            });
+        }
+        let shape_error = || Error::TensorShape {
+            file: file.label.clone(),
+            name: name.clone(),
+            tensor: decl.name,
+            expected: declared_shape(self.graph, decl),
+            actual: format!("{:?}", view.shape),
+        };
+        let shape = match *view.shape {
+            [n] if decl.shape.len() == 1 => Shape::Vector(n),
+            [r, c] if decl.shape.len() == 2 => Shape::Matrix(r, c),
+            _ => return Err(shape_error()),
+        };
+        for (&dim, &value) in decl.shape.iter().zip(view.shape) {
+            match dim {
+                Dim::Static(n) if n != value => return Err(shape_error()),
+                Dim::Static(_) => {}
+                Dim::Dynamic(i) => match self.dims[i] {
+                    None => self.dims[i] = Some((value, decl.name)),
+                    Some((first_value, first)) if first_value != value => {
+                        return Err(Error::DimMismatch {
+                            dim: self.graph.dims[i].to_owned(),
+                            first: first.to_owned(),
+                            first_value,
+                            second: decl.name.to_owned(),
+                            second_value: value,
+                        });
+                    }
+                    Some(_) => {}
+                },
+            }
+        }
+        Ok((view, shape))
+    }
+}
+
+/// A safetensors file holding `tensors` (name, element type, shape,
+/// little-endian bytes), in name order.
+pub fn serialize(tensors: &[(String, DType, Vec<usize>, Vec<u8>)]) -> Result<Vec<u8>, String> {
+    let views = tensors
+        .iter()
+        .map(|(name, dtype, shape, bytes)| {
+            safetensors::tensor::TensorView::new(file_dtype(*dtype), shape.clone(), bytes)
+                .map(|view| (name.as_str(), view))
+                .map_err(|e| format!("tensor `{name}`: {e}"))
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    safetensors::serialize(views, None).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use half::f16;
+
+    static GRAPH: GraphDecl = GraphDecl {
+        name: "ffn",
+        dims: &["M"],
+    };
+    static W_GATE: TensorDecl = TensorDecl {
+        name: "w_gate",
+        shape: &[Dim::Static(16), Dim::Static(8)],
+    };
+    static NORM: TensorDecl = TensorDecl {
+        name: "norm",
+        shape: &[Dim::Static(8)],
+    };
+    static X: TensorDecl = TensorDecl {
+        name: "x",
+        shape: &[Dim::Dynamic(0), Dim::Static(8)],
+    };
+    static Y: TensorDecl = TensorDecl {
+        name: "y",
+        shape: &[Dim::Dynamic(0), Dim::Static(8)],
+    };
+
+    fn f16_bytes(n: usize) -> Vec<u8> {
+        let values: Vec<f16> = (0..n).map(|i| f16::from_f32(i as f32)).collect();
+        <f16 as Element>::to_le_bytes(&values)
+    }
+
+    fn file(tensors: &[(&str, DType, &[usize])]) -> TensorFile {
+        let tensors: Vec<_> = tensors
+            .iter()
+            .map(|(name, dtype, shape)| {
+                let n: usize = shape.iter().product();
+                let bytes = match dtype {
+                    DType::F32 => <f32 as Element>::to_le_bytes(&vec![0.5; n]),
+                    _ => f16_bytes(n),
+                };
+                (name.to_string(), *dtype, shape.to_vec(), bytes)
+            })
+            .collect();
+        TensorFile::from_bytes("w.safetensors", serialize(&tensors).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn a_written_file_reads_back_with_its_tensors() {
+        let file = file(&[("b", DType::F16, &[8]), ("a", DType::F32, &[2, 8])]);
+        assert_eq!(file.names().collect::<Vec<_>>(), ["a", "b"]);
+        let b = file.get("b").unwrap();
+        assert_eq!((b.element_type(), b.shape), (Some(DType::F16), &[8][..]));
+        assert_eq!(b.bytes, f16_bytes(8));
+        let a = file.get("a").unwrap();
+        assert_eq!(<f32 as Element>::from_le_bytes(a.bytes), vec![0.5; 16]);
+        assert!(file.get("c").is_none());
+    }
+
+    #[test]
+    fn bytes_that_are_not_safetensors_are_a_named_file_error() {
+        for bytes in [Vec::new(), b"not a safetensors file".to_vec(), {
+            // A header that claims more bytes than follow it.
+            let mut b = 1000u64.to_le_bytes().to_vec();
+            b.extend(b"{}");
+            b
+        }] {
+            let e = TensorFile::from_bytes("w.safetensors", bytes).unwrap_err();
+            assert!(matches!(e, Error::TensorFile { .. }), "{e}");
+            assert!(
+                e.to_string()
+                    .starts_with("w.safetensors: not a safetensors file: "),
+                "{e}"
+            );
+        }
+        // Truncated: the last tensor's bytes are cut off.
+        let mut bytes = serialize(&[("a".into(), DType::F16, vec![8], f16_bytes(8))]).unwrap();
+        bytes.truncate(bytes.len() - 2);
+        let e = TensorFile::from_bytes("w.safetensors", bytes).unwrap_err();
+        assert!(matches!(e, Error::TensorFile { .. }), "{e}");
+    }
+
+    #[test]
+    fn a_file_that_cannot_be_read_says_so() {
+        let e = TensorFile::open("/nonexistent/w.safetensors").unwrap_err();
+        assert!(matches!(e, Error::TensorFile { .. }), "{e}");
+        assert!(
+            e.to_string()
+                .starts_with("/nonexistent/w.safetensors: cannot read it: "),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn names_default_to_the_declaration_and_map_to_hugging_face() {
+        assert_eq!(TensorNames::declared().in_file("w_gate"), "w_gate");
+        let hf = TensorNames::hugging_face(3);
+        assert_eq!(hf.in_file("w_gate"), "model.layers.3.mlp.gate_proj.weight");
+        assert_eq!(hf.in_file("w_up"), "model.layers.3.mlp.up_proj.weight");
+        assert_eq!(hf.in_file("w_down"), "model.layers.3.mlp.down_proj.weight");
+        assert_eq!(
+            hf.in_file("norm"),
+            "model.layers.3.post_attention_layernorm.weight"
+        );
+        assert_eq!(
+            hf.in_file("gamma"),
+            "model.layers.3.post_attention_layernorm.weight"
+        );
+        assert_eq!(hf.in_file("b_down"), "model.layers.3.b_down");
+        let renamed = TensorNames::with_prefix("blk.")
+            .rename("w_up", "up")
+            .rename("w_up", "ffn_up");
+        assert_eq!(renamed.in_file("w_up"), "blk.ffn_up");
+        assert_eq!(renamed.in_file("x"), "blk.x");
+    }
+
+    #[test]
+    fn checked_tensors_bind_under_their_mapped_names() {
+        let file = file(&[
+            ("model.layers.0.mlp.gate_proj.weight", DType::F16, &[16, 8]),
+            ("model.layers.0.post_attention_layernorm.weight", DType::F16, &[8]),
+        ]);
+        let names = TensorNames::hugging_face(0);
+        let mut binder = Binder::new(&GRAPH, &file, &names);
+        binder.check::<f16>(&[&W_GATE, &NORM]).unwrap();
+        let (view, shape) = binder.checked::<f16>(&W_GATE).unwrap();
+        assert_eq!((shape, view.bytes.len()), (Shape::Matrix(16, 8), 16 * 8 * 2));
+    }
+
+    #[test]
+    fn a_missing_tensor_names_the_file_the_name_and_the_graphs_tensor() {
+        let file = file(&[("model.layers.0.w_gate", DType::F16, &[16, 8])]);
+        let names = TensorNames::declared();
+        let e = Binder::new(&GRAPH, &file, &names)
+            .check::<f16>(&[&W_GATE])
+            .unwrap_err();
+        assert!(matches!(e, Error::MissingTensor { .. }), "{e}");
+        assert_eq!(
+            e.to_string(),
+            "w.safetensors has no tensor `w_gate` (the graph's `w_gate`); it holds 1: \
+             `model.layers.0.w_gate`; `model.layers.0.w_gate` ends with it: give its prefix in the tensor names"
+        );
+        let names = TensorNames::hugging_face(1);
+        let e = Binder::new(&GRAPH, &file, &names)
+            .check::<f16>(&[&W_GATE])
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "w.safetensors has no tensor `model.layers.1.mlp.gate_proj.weight` (the graph's `w_gate`); it holds 1: `model.layers.0.w_gate`"
+        );
+        let many: Vec<(String, DType, Vec<usize>, Vec<u8>)> = (0..6)
+            .map(|i| (format!("t{i}"), DType::F16, vec![8], f16_bytes(8)))
+            .collect();
+        let file = TensorFile::from_bytes("w.safetensors", serialize(&many).unwrap()).unwrap();
+        let e = file.missing("w_up", "w_up").to_string();
+        assert!(e.ends_with("it holds 6, such as `t0`, `t1`, `t2`, `t3`"), "{e}");
+    }
+
+    #[test]
+    fn a_tensor_of_another_dtype_is_named_with_both_types() {
+        let file = file(&[("w_gate", DType::F32, &[16, 8])]);
+        let names = TensorNames::declared();
+        let e = Binder::new(&GRAPH, &file, &names)
+            .check::<f16>(&[&W_GATE])
+            .unwrap_err();
+        assert!(matches!(e, Error::TensorDType { .. }), "{e}");
+        assert_eq!(
+            e.to_string(),
+            "`w_gate` in w.safetensors (the graph's `w_gate`) holds F32 elements, but the graph runs in f16: \
+             convert the file, or run the graph in the file's element type"
+        );
+    }
+
+    #[test]
+    fn a_tensor_of_another_shape_or_rank_is_named_with_both_shapes() {
+        let names = TensorNames::declared();
+        for (shape, actual) in [
+            (&[8, 16][..], "[8, 16]"),
+            (&[128], "[128]"),
+            (&[2, 8, 8], "[2, 8, 8]"),
+        ] {
+            let file = file(&[("w_gate", DType::F16, shape)]);
+            let e = Binder::new(&GRAPH, &file, &names)
+                .check::<f16>(&[&W_GATE])
+                .unwrap_err();
+            assert!(matches!(e, Error::TensorShape { .. }), "{e}");
+            assert_eq!(
+                e.to_string(),
+                format!(
+                    "`w_gate` in w.safetensors (the graph's `w_gate`) has shape {actual} but the graph declares [16, 8]"
+                )
+            );
+        }
+    }
+
+    #[test]
+    fn dynamic_dims_are_read_from_the_tensors_and_must_agree() {
+        let file = file(&[("x", DType::F16, &[5, 8]), ("y", DType::F16, &[6, 8])]);
+        let names = TensorNames::declared();
+        let mut binder = Binder::new(&GRAPH, &file, &names);
+        let (_, shape) = binder.checked::<f16>(&X).unwrap();
+        assert_eq!(shape, Shape::Matrix(5, 8));
+        let e = binder.checked::<f16>(&Y).unwrap_err();
+        assert!(matches!(e, Error::DimMismatch { .. }), "{e}");
+        assert_eq!(
+            e.to_string(),
+            "dim `M` is 5 in `x` but 6 in `y`: pass tensors that agree"
+        );
+    }
+}
