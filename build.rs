@@ -3,7 +3,7 @@
 //! every graph for f16 and bf16 (bf16 only where an enabled generation has
 //! it: sm75 has not), for the generations named by `FUSION_ARCHS`, else
 //! `CUDA_COMPUTE_CAP`, else the cargo features
-//! (`fusion_core::target::Arch::for_build`). Always bakes in the commit
+//! (`fusion_compiler::target::Arch::for_build`). Always bakes in the commit
 //! being built, for `fusion bench`'s report.
 
 use std::path::Path;
@@ -24,8 +24,8 @@ fn main() {
 /// the names of the generations it compiled for. Exits on an error.
 #[cfg(feature = "kernels")]
 fn compile_shipped_graphs() -> Vec<&'static str> {
-    use fusion_core::ir::DType;
-    use fusion_core::target::Arch;
+    use fusion_compiler::ir::DType;
+    use fusion_compiler::target::Arch;
     for name in Arch::BUILD_ENV {
         println!("cargo:rerun-if-env-changed={name}");
     }
@@ -39,7 +39,7 @@ fn compile_shipped_graphs() -> Vec<&'static str> {
         .into_iter()
         .filter(|&dtype| dtype == DType::F16 || archs.iter().any(|a| a.supports(dtype)))
         .collect();
-    let result = fusion_core::build::Builder::new()
+    let result = fusion_compiler::build::Builder::new()
         .graphs_dir("graphs")
         .dtypes(&dtypes)
         .lib_name("fusion_kernels")

@@ -6,7 +6,7 @@
 #   DIR/gpu-suite.sh [OUT]         # there: tests per variant, sanitizers, bench
 #
 # DIR/selftest is the kernel self-test as sources (`fusion render` of
-# fusion-core/kernels/selftest/candidates.json): the suite's `selftest` step builds it
+# fusion-compiler/kernels/selftest/candidates.json): the suite's `selftest` step builds it
 # there with nvcc and cuBLASLt, which that step alone needs.
 #
 # Binaries are stripped; logs go to OUT (default DIR/logs). The folder is
@@ -33,7 +33,7 @@ for line in sys.stdin:
   cp "$exe" "$dir/$name"
 done
 cp target/release/fusion "$dir/fusion"
-target/release/fusion render fusion-core/kernels/selftest/candidates.json --out "$dir/selftest"
+target/release/fusion render fusion-compiler/kernels/selftest/candidates.json --out "$dir/selftest"
 cp target/release/examples/swiglu_ffn "$dir/swiglu_ffn"
 cp target/release/llama-ffn "$dir/llama-ffn"
 cp -r graphs "$dir/"

@@ -4,8 +4,8 @@
 //! take their inputs and an output stream, so tests drive them directly.
 
 use clap::{Args, Parser, Subcommand};
-use fusion_core::fuse;
-use fusion_core::ir::Graph;
+use fusion_compiler::fuse;
+use fusion_compiler::ir::Graph;
 use std::ffi::OsStr;
 use std::fmt;
 use std::io::{self, Write};
@@ -58,7 +58,7 @@ pub struct GraphArgs {
 
 #[derive(Debug, Args)]
 pub struct RenderArgs {
-    /// The candidate list, such as `fusion-core/kernels/selftest/candidates.json`.
+    /// The candidate list, such as `fusion-compiler/kernels/selftest/candidates.json`.
     #[arg(value_name = "LIST.json")]
     pub list: PathBuf,
     /// The folder to write.
@@ -146,7 +146,7 @@ pub fn main() -> ExitCode {
 pub fn run(cli: &Cli, out: &mut dyn Write) -> Result<(), CliError> {
     match &cli.command {
         Command::Plan(args) => {
-            let graph = fusion_core::load_toml_graph(&args.graph).map_err(CliError::from_front_end)?;
+            let graph = fusion_compiler::load_toml_graph(&args.graph).map_err(CliError::from_front_end)?;
             plan_graph(graph, args.dot.as_deref(), args.json, out)
         }
         #[cfg(feature = "kernels")]
@@ -162,14 +162,14 @@ pub fn run(cli: &Cli, out: &mut dyn Write) -> Result<(), CliError> {
 /// `fusion graph --from-hf`: the block's TOML on `out` or in `--out`. The
 /// TOML is parsed and planned before it is written, so what it writes reads.
 pub fn graph_from_hf(args: &GraphArgs, out: &mut dyn Write) -> Result<(), CliError> {
-    use fusion_core::hf;
+    use fusion_compiler::hf;
     let path = args.from_hf.display();
     let json = std::fs::read_to_string(&args.from_hf)
         .map_err(|e| CliError::Message(format!("cannot read {path}: {e}")))?;
     let config = hf::ffn_config(&json).map_err(|e| CliError::Message(format!("{path}: {e}")))?;
     let dtype = match args.dtype.as_str() {
-        "f16" => fusion_core::ir::DType::F16,
-        "bf16" => fusion_core::ir::DType::BF16,
+        "f16" => fusion_compiler::ir::DType::F16,
+        "bf16" => fusion_compiler::ir::DType::BF16,
         other => {
             return Err(CliError::Message(format!(
                 "--dtype {other}: expected f16 or bf16"
@@ -181,8 +181,8 @@ pub fn graph_from_hf(args: &GraphArgs, out: &mut dyn Write) -> Result<(), CliErr
         .clone()
         .unwrap_or_else(|| format!("{}_ffn", config.model_type));
     let toml = hf::ffn_toml(&config, &name, dtype);
-    let source = fusion_core::diagnostic::SourceFile::new(format!("{name}.toml"), toml.as_str());
-    let graph = fusion_core::graph_from_source(&source).map_err(CliError::Rendered)?;
+    let source = fusion_compiler::diagnostic::SourceFile::new(format!("{name}.toml"), toml.as_str());
+    let graph = fusion_compiler::graph_from_source(&source).map_err(CliError::Rendered)?;
     match &args.out {
         Some(file) => {
             std::fs::write(file, &toml)
@@ -208,7 +208,7 @@ pub fn graph_from_hf(args: &GraphArgs, out: &mut dyn Write) -> Result<(), CliErr
 pub fn plan_graph(graph: Graph, dot: Option<&Path>, json: bool, out: &mut dyn Write) -> Result<(), CliError> {
     // As a build for this library's archs plans it: without the fusions
     // their tuned tables measured to lose.
-    let rules = fusion_core::select::split_rules(&crate::device::compiled())
+    let rules = fusion_compiler::select::split_rules(&crate::device::compiled())
         .map_err(|e| CliError::Message(e.to_string()))?;
     let plan = fuse::plan_with(graph, &rules);
     if json {
@@ -288,7 +288,7 @@ fn render_svg(program: &OsStr, dot_file: &Path) -> Result<Svg, CliError> {
 mod tests {
     use super::*;
     use clap::CommandFactory;
-    use fusion_core::ir::{DType, GraphBuilder, WeightLayout};
+    use fusion_compiler::ir::{DType, GraphBuilder, WeightLayout};
     use std::ffi::OsStr;
 
     fn ffn() -> Graph {

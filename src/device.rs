@@ -1,7 +1,7 @@
 //! Which compiled kernel variant runs on a device.
 //!
 //! The built-in library carries one variant per enabled cargo feature
-//! (`sm75`, `sm80`, `sm90`: one per generation in `fusion_core::target`; the
+//! (`sm75`, `sm80`, `sm90`: one per generation in `fusion_compiler::target`; the
 //! build script passes the enabled ones in `FUSION_COMPILED_ARCHS`); a crate
 //! that compiles its own graphs carries the variants its build script built,
 //! which may be others. Each wrapper asks for the best variant among its own
@@ -15,7 +15,7 @@ use std::sync::{Mutex, OnceLock};
 
 /// A kernel variant: the GPU generation its mainloop was written for (the
 /// compiler's own type; what runs where is `Arch::runs_on`).
-pub use fusion_core::select::Arch;
+pub use fusion_compiler::select::Arch;
 
 /// The names of the generations whose cargo feature this build enabled,
 /// comma-separated, as the build script found them.

@@ -11,7 +11,7 @@
 //! Rust owns every byte of device memory a launch uses: CUDA host code never
 //! allocates, locks or reads the environment. A GEMM launcher says how much
 //! scratch a call needs (`<symbol>_workspace_bytes`, see
-//! `fusion-core/kernels/include/fusion/abi.h`: stream-K partial tiles and flags, a
+//! `fusion-compiler/kernels/include/fusion/abi.h`: stream-K partial tiles and flags, a
 //! folded norm's row statistics, a per-call norm's normalized A) and takes it from the [`Workspace`] of the
 //! graph struct, or, for the free functions of one-kernel graphs, from the
 //! workspace this module keeps per stream ([`with_stream_workspace`]).
@@ -21,7 +21,7 @@ use crate::error::{Error, Result};
 use crate::tensor::{Element, Shape, Tensor, TensorMut};
 use cudarc::driver::sys::CUstreamCaptureStatus;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
-use fusion_core::ir::DType;
+use fusion_compiler::ir::DType;
 use std::ffi::{CStr, c_char, c_int, c_void};
 use std::sync::{Arc, Mutex, OnceLock, TryLockError, Weak};
 

@@ -14,7 +14,7 @@
 //! | [`weights`] | tensors from safetensors files, checked against a graph |
 //!
 //! The compiler itself (parsing, planning, code generation) is
-//! [`fusion_core`], re-exported as [`core`].
+//! [`fusion_compiler`], re-exported as [`core`].
 
 // Generated wrappers name this crate `fusion::`, also from inside it.
 extern crate self as fusion;
@@ -35,10 +35,10 @@ pub mod weights;
 
 pub use device::Arch;
 pub use error::{Error, Result};
-pub use fusion_core as core;
-pub use fusion_core::ir;
+pub use fusion_compiler as core;
+pub use fusion_compiler::ir;
 /// Declares a graph in Rust source; its kernels are compiled by the crate's
-/// build script (`fusion_core::build::Builder::sources`).
+/// build script (`fusion_compiler::build::Builder::sources`).
 pub use fusion_macros::fusion_graph;
 pub use tensor::{Element, Shape, Tensor, TensorMut};
 pub use weights::{TensorFile, TensorNames};

@@ -1,19 +1,19 @@
 //! `fusion render`: the GEMM units of a candidate list (graph, dtypes,
-//! layouts, archs, tile config; see [`fusion_core::codegen::candidates`]),
+//! layouts, archs, tile config; see [`fusion_compiler::codegen::candidates`]),
 //! rendered as a build renders them, written into one folder that builds
 //! with nvcc alone: the units, the CUDA headers, the kernel self-test
-//! harness (`fusion-core/kernels/selftest/harness.cu`), the table of units it calls
+//! harness (`fusion-compiler/kernels/selftest/harness.cu`), the table of units it calls
 //! (`units.inc`) and a Makefile whose gencode flags are each unit's target's.
 //! The folder can be copied to a GPU machine with no Rust and built there
 //! with `make -j`.
 
 use crate::cli::CliError;
-use fusion_core::codegen::candidates::{self, CandidateList, CandidateUnit};
-use fusion_core::codegen::templates;
-use fusion_core::fuse::{self, NormKind};
-use fusion_core::ir::{DType, WeightLayout};
-use fusion_core::select::Arch;
-use fusion_core::target::RunsOn;
+use fusion_compiler::codegen::candidates::{self, CandidateList, CandidateUnit};
+use fusion_compiler::codegen::templates;
+use fusion_compiler::fuse::{self, NormKind};
+use fusion_compiler::ir::{DType, WeightLayout};
+use fusion_compiler::select::Arch;
+use fusion_compiler::target::RunsOn;
 use std::fmt::Write as _;
 use std::io::Write;
 use std::path::Path;
@@ -32,7 +32,7 @@ pub fn render(
     let list = CandidateList::parse(&file, &text).map_err(CliError::Message)?;
     let units = candidates::render_candidates(&file, &list, |name| {
         let path = graphs_dir.join(format!("{name}.toml"));
-        fusion_core::load_toml_graph(&path).map(fuse::plan)
+        fusion_compiler::load_toml_graph(&path).map(fuse::plan)
     })
     .map_err(CliError::Message)?;
     let write = |relative: &str, contents: &str| -> Result<(), CliError> {

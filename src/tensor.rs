@@ -27,7 +27,7 @@ use cudarc::driver::{
     CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, DeviceSlice,
     SyncOnDrop,
 };
-use fusion_core::ir::DType;
+use fusion_compiler::ir::DType;
 use std::fmt;
 use std::sync::Arc;
 

@@ -8,8 +8,8 @@
 
 use crate::tensor::{Element, Shape};
 use cudarc::driver::{CudaContext, ValidAsZeroBits};
-use fusion_core::ir::{DType, Graph};
-use fusion_core::reference::{HostTensor, ReferenceError};
+use fusion_compiler::ir::{DType, Graph};
+use fusion_compiler::reference::{HostTensor, ReferenceError};
 use half::{bf16, f16};
 use rand::Rng;
 use std::path::Path;
@@ -83,7 +83,7 @@ pub fn graphs_dir() -> std::path::PathBuf {
 }
 
 pub fn load_graph_as(path: &Path, dtype: DType) -> Result<Graph, String> {
-    let mut graph = fusion_core::load_toml_graph(path)?;
+    let mut graph = fusion_compiler::load_toml_graph(path)?;
     for tensor in &mut graph.tensors {
         tensor.dtype = dtype;
     }
@@ -184,7 +184,7 @@ pub fn relative_l2_limit(dtype: DType) -> f64 {
 /// 4.6·u·(|want| + rms), over the bound, for layernorm_gemm at M = 77,
 /// N = 8, K = 3000 (f16). The tests of those kernels therefore compare with
 /// a reference that rounds the normalized rows as well
-/// (`fusion_core::reference::Intermediates::RoundedNorms`). 4 covers the
+/// (`fusion_compiler::reference::Intermediates::RoundedNorms`). 4 covers the
 /// output's own rounding, the accumulation and the intermediates that the
 /// reference does not round (a GELU output between two GEMMs), and still
 /// fails an output off by a fraction of the row's scale (a wrong column, a
@@ -380,7 +380,7 @@ fn compare_elements(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use fusion_core::reference::{Bindings, Intermediates, evaluate_rows_with, random_bindings};
+    use fusion_compiler::reference::{Bindings, Intermediates, evaluate_rows_with, random_bindings};
     use rand::SeedableRng;
     use rand::rngs::StdRng;
 
@@ -633,7 +633,7 @@ mod tests {
 
     #[test]
     fn the_activation_bound_tells_tanh_gelu_from_erf_gelu() {
-        use fusion_core::reference::{gelu_erf, gelu_tanh};
+        use fusion_compiler::reference::{gelu_erf, gelu_tanh};
         for dtype in [DType::F16, DType::BF16] {
             let x = activation_inputs(dtype, 64, 64);
             let exact = |f: fn(f64) -> f64| HostTensor {

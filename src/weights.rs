@@ -18,7 +18,7 @@ use crate::error::{Error, Result};
 use crate::launch::{Dim, GraphDecl, TensorDecl, declared_shape};
 use crate::tensor::{Element, Shape, Tensor};
 use cudarc::driver::CudaStream;
-use fusion_core::ir::DType;
+use fusion_compiler::ir::DType;
 use safetensors::{Dtype, SafeTensors};
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -194,7 +194,7 @@ impl TensorNames {
     /// them; other names are kept under the same prefix.
     pub fn hugging_face(layer: usize) -> TensorNames {
         let mut names = TensorNames::with_prefix(format!("model.layers.{layer}."));
-        for (ours, theirs) in fusion_core::hf::GATED_WEIGHT_NAMES {
+        for (ours, theirs) in fusion_compiler::hf::GATED_WEIGHT_NAMES {
             names = names.rename(*ours, *theirs);
         }
         names

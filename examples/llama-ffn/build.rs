@@ -2,7 +2,7 @@
 //! fused kernels (for the GPU generations named by the cargo features).
 
 fn main() {
-    if let Err(e) = fusion_core::build::Builder::new()
+    if let Err(e) = fusion_compiler::build::Builder::new()
         .sources("src/model.rs")
         .compile()
     {

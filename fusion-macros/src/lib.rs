@@ -2,22 +2,22 @@
 //! kernels as a typed struct.
 //!
 //! The macro is one half of a pair, as in cxx: the crate's build script
-//! (`fusion_core::build::Builder::sources`) reads the same invocation from
+//! (`fusion_compiler::build::Builder::sources`) reads the same invocation from
 //! the source file, plans it, compiles its kernels with nvcc and writes the
 //! typed wrappers to `OUT_DIR/fusion_graphs/<graph>.rs`. The macro parses
-//! its input with [`fusion_core::syntax::parse_tokens`] and checks it with
-//! [`fusion_core::ir::lower`] (so a mistake is a compile error at the
+//! its input with [`fusion_compiler::syntax::parse_tokens`] and checks it with
+//! [`fusion_compiler::ir::lower`] (so a mistake is a compile error at the
 //! offending token), then includes that file. Both halves hash the tokens
-//! with [`fusion_core::syntax::graph_fingerprint`]; the expansion checks the
+//! with [`fusion_compiler::syntax::graph_fingerprint`]; the expansion checks the
 //! generated file's hash at compile time, so a graph edited without the
 //! build script seeing it is an error that says so, not a confusing type
 //! error from stale code.
 //!
 //! The macro does no planning, rendering or compiling, and touches the file
 //! system only to ask whether one file exists: editors expand macros
-//! constantly. It does not even link that work: it depends on fusion-core
+//! constantly. It does not even link that work: it depends on fusion-compiler
 //! without features, which is the parser, the IR and the shared names in
-//! [`fusion_core::generated`] (`tests/dependencies.rs` keeps it so).
+//! [`fusion_compiler::generated`] (`tests/dependencies.rs` keeps it so).
 //!
 //! ```ignore
 //! fusion::fusion_graph! {
@@ -29,13 +29,13 @@
 //!         output y = gelu(x @ w^T + b);
 //!     }
 //! }
-//! // build.rs: fusion_core::build::Builder::new().sources("src/model.rs").compile()
+//! // build.rs: fusion_compiler::build::Builder::new().sources("src/model.rs").compile()
 //! let mut mlp = Mlp::new(&stream, MlpWeights { w, b })?;
 //! mlp.run(&stream, &x, &mut y)?;
 //! ```
 
-use fusion_core::diagnostic::{Diagnostics, Span};
-use fusion_core::generated::{MACRO_GRAPHS_DIR, struct_name};
+use fusion_compiler::diagnostic::{Diagnostics, Span};
+use fusion_compiler::generated::{MACRO_GRAPHS_DIR, struct_name};
 use proc_macro::TokenStream;
 use quote::{format_ident, quote, quote_spanned};
 
@@ -43,12 +43,12 @@ use quote::{format_ident, quote, quote_spanned};
 #[proc_macro]
 pub fn fusion_graph(input: TokenStream) -> TokenStream {
     let tokens = proc_macro2::TokenStream::from(input);
-    let fingerprint = fusion_core::syntax::graph_fingerprint(&tokens);
-    let decl = match fusion_core::syntax::parse_tokens(tokens.clone()) {
+    let fingerprint = fusion_compiler::syntax::graph_fingerprint(&tokens);
+    let decl = match fusion_compiler::syntax::parse_tokens(tokens.clone()) {
         Ok(decl) => decl,
         Err(errors) => return compile_errors(&errors),
     };
-    if let Err(errors) = fusion_core::ir::lower(&decl) {
+    if let Err(errors) = fusion_compiler::ir::lower(&decl) {
         return compile_errors(&errors);
     }
     let name_span = match decl.name.span {
@@ -66,12 +66,12 @@ pub fn fusion_graph(input: TokenStream) -> TokenStream {
         None => Some(format!(
             "graph `{name}` has no generated kernels: this crate has no build script, or it has not run. \
              Add a build.rs that compiles the file declaring this graph: \
-             `fusion_core::build::Builder::new().sources(\"src/<file>.rs\").compile().unwrap();` \
-             (with fusion-core in [build-dependencies])"
+             `fusion_compiler::build::Builder::new().sources(\"src/<file>.rs\").compile().unwrap();` \
+             (with fusion-compiler in [build-dependencies])"
         )),
         Some(dir) if !std::path::Path::new(&dir).join(&generated).is_file() => Some(format!(
             "graph `{name}` has no generated kernels: build.rs does not list the file that declares it. \
-             Add `.sources(\"src/<file>.rs\")` for that file to the fusion_core::build::Builder in build.rs \
+             Add `.sources(\"src/<file>.rs\")` for that file to the fusion_compiler::build::Builder in build.rs \
              (it also prints the `cargo:rerun-if-changed` line, so later edits rebuild the kernels)"
         )),
         Some(_) => None,

@@ -1,4 +1,4 @@
-//! The macro links fusion-core's parser and IR, not the compiler behind
+//! The macro links fusion-compiler's parser and IR, not the compiler behind
 //! them: editors expand macros constantly, so the macro should build as
 //! little as it can. Checked on the dependency graph cargo resolves for this
 //! crate alone (`cargo tree -p fusion-macros -e normal`).
@@ -42,16 +42,16 @@ fn macro_links_only_the_parser_and_ir() {
 
     let core_features: Vec<&str> = packages
         .iter()
-        .filter(|(name, _)| *name == "fusion-core")
+        .filter(|(name, _)| *name == "fusion-compiler")
         .map(|(_, features)| *features)
         .collect();
     assert!(
         !core_features.is_empty(),
-        "fusion-core is not in the tree:\n{stdout}"
+        "fusion-compiler is not in the tree:\n{stdout}"
     );
     assert!(
         core_features.iter().all(|f| f.is_empty()),
-        "fusion-macros enables fusion-core features {core_features:?}; it needs none \
+        "fusion-macros enables fusion-compiler features {core_features:?}; it needs none \
          (`syntax`, `ir`, `diagnostic` and `generated` are always present)"
     );
     let linked: Vec<&str> = packages

@@ -397,7 +397,7 @@ pub fn gemm_shapes() -> Vec<(usize, usize, usize)> {
     // SMs; 500 x 8200 x 1000: 260 tiles of the small-M 128x128 tile, two
     // waves. Ragged M, N and K, so the sm90 waves that walk K backwards
     // start on a partial k-block. M = 9, 13 and 16: the decode kernel
-    // (fusion-core/kernels/include/fusion/decode.cuh) with rows in both halves of its
+    // (fusion-compiler/kernels/include/fusion/decode.cuh) with rows in both halves of its
     // mma, N not a multiple of its 16-column blocks, K not one of its
     // 128-element steps; at 13 x 5400, 338 blocks of 16 columns, its wide
     // CTA shape on up to 135 SMs (decode_runs_wide), the deep one elsewhere.

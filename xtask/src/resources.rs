@@ -5,7 +5,7 @@
 //!
 //! Which units serve the graph, which generation each is built for, its
 //! nvcc flag and its tiles come from the build's manifest,
-//! `OUT_DIR/kernels/units.json` (written by `fusion_core::build`), not from
+//! `OUT_DIR/kernels/units.json` (written by `fusion_compiler::build`), not from
 //! the generated sources.
 
 use crate::error::{Error, Result};
@@ -181,7 +181,7 @@ fn newest_release_out_dir(workspace: &Workspace) -> Result<PathBuf> {
 }
 
 /// nvcc compiling `unit` to nothing, with ptxas reporting; the flags that
-/// change code generation are the build's (`fusion_core::build`).
+/// change code generation are the build's (`fusion_compiler::build`).
 fn ptxas_command(toolchain: &Toolchain, out_dir: &Path, unit: &Unit) -> Command {
     let mut command = Command::new(&toolchain.nvcc);
     toolchain.apply_to(&mut command);

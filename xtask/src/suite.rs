@@ -32,12 +32,12 @@ fn suite_steps() -> Vec<Step> {
         ),
         Step::new(
             // The rest of the suite turns every feature on, so this is the
-            // one build of fusion-core as fusion-macros links it.
-            "cargo clippy fusion-core without features (the parser and IR fusion-macros links)",
+            // one build of fusion-compiler as fusion-macros links it.
+            "cargo clippy fusion-compiler without features (the parser and IR fusion-macros links)",
             Action::Cargo(vec![
                 "clippy",
                 "-p",
-                "fusion-core",
+                "fusion-compiler",
                 "--no-default-features",
                 "--",
                 "-D",
@@ -89,7 +89,7 @@ fn suite_steps() -> Vec<Step> {
         // a file a crate embeds but leaves out of its include list fails
         // here. Without nvcc, as above, so it reuses that step's build.
         Step::new(
-            "cargo package of every published crate (fusion-core, fusion-macros, fusion), each built from its package",
+            "cargo package of every published crate (fusion-compiler, fusion-macros, fusion), each built from its package",
             Action::CargoWithEnv(
                 WITHOUT_NVCC_SKIP,
                 vec![
@@ -98,7 +98,7 @@ fn suite_steps() -> Vec<Step> {
                     // checks the tree it runs on.
                     "--allow-dirty",
                     "-p",
-                    "fusion-core",
+                    "fusion-compiler",
                     "-p",
                     "fusion-macros",
                     "-p",

@@ -14,7 +14,7 @@ use std::path::Path;
 use std::process::Command;
 
 /// `Cargo.toml`: fusion without its shipped kernels (the crate compiles its
-/// own graphs), fusion-core for the build script. `{root}` is the
+/// own graphs), fusion-compiler for the build script. `{root}` is the
 /// workspace. Its own `[workspace]`, as it lies inside this one's folder.
 const MANIFEST: &str = r#"[package]
 name = "fusion-user-crate"
@@ -26,7 +26,7 @@ publish = false
 fusion = { path = "{root}", default-features = false }
 
 [build-dependencies]
-fusion-core = { path = "{root}/fusion-core", default-features = false, features = ["build"] }
+fusion-compiler = { path = "{root}/fusion-compiler", default-features = false, features = ["build"] }
 
 # The generations its build script compiles for, as a user crate names them.
 [features]
@@ -40,7 +40,7 @@ sm90 = []
 const BUILD_RS: &str = r#"//! Compiles the graphs of the library and the binary, and of `graphs/`.
 
 fn main() {
-    let result = fusion_core::build::Builder::new()
+    let result = fusion_compiler::build::Builder::new()
         .sources("src/lib.rs")
         .sources("src/main.rs")
         .graphs_dir("graphs")

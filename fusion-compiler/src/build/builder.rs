@@ -1,0 +1,566 @@
+//! [`Builder`]: what a build script calls to turn graph files into a linked
+//! kernel library and typed wrappers.
+//!
+//! ```no_run
+//! // build.rs
+//! fusion_compiler::build::Builder::new()
+//!     .graphs_dir("graphs")
+//!     .dtypes(&[fusion_compiler::ir::DType::F16, fusion_compiler::ir::DType::BF16])
+//!     .compile()
+//!     .unwrap_or_else(|e| panic!("{e}"));
+//! ```
+//!
+//! and in the crate: `include!(concat!(env!("OUT_DIR"), "/fusion_kernels.rs"));`.
+//!
+//! A crate that declares its graphs with `fusion_graph!` lists the files that
+//! hold them instead:
+//!
+//! ```no_run
+//! // build.rs
+//! fusion_compiler::build::Builder::new()
+//!     .sources("src/model.rs")
+//!     .compile()
+//!     .unwrap_or_else(|e| panic!("{e}"));
+//! ```
+//!
+//! Each invocation's wrappers go to `OUT_DIR/fusion_graphs/<graph>.rs`, with
+//! the fingerprint of its tokens; the macro includes that file and checks
+//! the fingerprint, so an edit the build script has not seen is a clear
+//! compile error.
+//!
+//! The pipeline: collect the graph files → parse and lower (errors rendered
+//! with `file:line:col`) → plan → select tile configs → render units and the
+//! header → [`compile`](super::compile) → wrappers. Templates and CUDA
+//! headers are embedded in fusion-compiler (see [`crate::codegen::templates`]);
+//! the headers are written to `OUT_DIR/include` and compiled from there, so a
+//! crate outside this repository builds the same way as the root crate.
+
+use super::{
+    BuildError, BuildMode, CompileOptions, CompiledLibrary, CudaSources, GeneratedFile, Unit, compile,
+};
+use crate::codegen::{self, GraphSpec, KernelKey, templates};
+use crate::diagnostic::{Diagnostic, SourceFile, Span};
+use crate::generated::{MACRO_GRAPHS_DIR, struct_name};
+use crate::ir::DType;
+use crate::select::Arch;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// Configures and runs the build of one kernel library.
+#[derive(Clone, Debug)]
+pub struct Builder {
+    graphs_dirs: Vec<PathBuf>,
+    graph_files: Vec<PathBuf>,
+    rust_sources: Vec<PathBuf>,
+    dtypes: Option<Vec<DType>>,
+    archs: Option<Vec<Arch>>,
+    lib_name: Option<String>,
+}
+
+impl Default for Builder {
+    fn default() -> Self {
+        Builder::new()
+    }
+}
+
+impl Builder {
+    pub fn new() -> Builder {
+        Builder {
+            graphs_dirs: Vec::new(),
+            graph_files: Vec::new(),
+            rust_sources: Vec::new(),
+            dtypes: None,
+            archs: None,
+            lib_name: None,
+        }
+    }
+
+    /// Compiles every `*.toml` in `dir` (not recursive), in name order.
+    pub fn graphs_dir(mut self, dir: impl Into<PathBuf>) -> Builder {
+        self.graphs_dirs.push(dir.into());
+        self
+    }
+
+    /// Compiles one graph file.
+    pub fn graph_file(mut self, path: impl Into<PathBuf>) -> Builder {
+        self.graph_files.push(path.into());
+        self
+    }
+
+    /// Compiles every `fusion_graph!` invocation in a Rust source file (at
+    /// item level, also inside inline modules and function bodies). Call it
+    /// once per file that declares graphs: the macro refuses to expand a
+    /// graph whose file the build script did not read.
+    pub fn sources(mut self, path: impl Into<PathBuf>) -> Builder {
+        self.rust_sources.push(path.into());
+        self
+    }
+
+    /// Compiles every graph once per dtype, re-typing all its tensors.
+    /// Default: the dtype each graph declares.
+    pub fn dtypes(mut self, dtypes: &[DType]) -> Builder {
+        self.dtypes = Some(dtypes.to_vec());
+        self
+    }
+
+    /// The architectures to compile for. Default: `FUSION_ARCHS`, else
+    /// `CUDA_COMPUTE_CAP`, else the cargo features `sm75`, `sm80`, `sm90`
+    /// of the crate being built (`Arch::for_build`).
+    pub fn archs(mut self, archs: &[Arch]) -> Builder {
+        self.archs = Some(archs.to_vec());
+        self
+    }
+
+    /// The library's name: `lib<name>.a`, `<name>.h`, `<name>.rs`, and the
+    /// prefix of every launcher symbol. Default: `<package>_kernels` for the
+    /// package whose build script runs (`fusion_kernels` for fusion itself),
+    /// so the libraries of several crates link side by side.
+    pub fn lib_name(mut self, name: &str) -> Builder {
+        self.lib_name = Some(name.to_owned());
+        self
+    }
+
+    fn resolved_lib_name(&self) -> String {
+        if let Some(name) = &self.lib_name {
+            return name.clone();
+        }
+        let package = std::env::var("CARGO_PKG_NAME").unwrap_or_else(|_| "fusion".to_owned());
+        let mut name: String = package
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() {
+                    c.to_ascii_lowercase()
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        if !name.starts_with(|c: char| c.is_ascii_lowercase()) {
+            name.insert_str(0, "lib_");
+        }
+        format!("{name}_kernels")
+    }
+
+    /// Runs the whole pipeline inside a build script.
+    pub fn compile(self) -> Result<(), BuildError> {
+        let options = CompileOptions::from_build_script_env()?;
+        self.compile_with(options).map(|_| ())
+    }
+
+    /// Runs the pipeline with explicit options (tests, tools); returns the
+    /// path of the generated wrappers.
+    pub fn compile_with(self, options: CompileOptions) -> Result<PathBuf, BuildError> {
+        self.build_with(options).map(|built| built.wrappers)
+    }
+
+    /// Runs the pipeline with explicit options and says what it did.
+    pub fn build_with(self, mut options: CompileOptions) -> Result<BuiltLibrary, BuildError> {
+        let lib_name = self.resolved_lib_name();
+        options.lib_name = lib_name.clone();
+        let cargo = options.cargo_metadata;
+        let files = self.collect(cargo)?;
+        if cargo {
+            for name in Arch::BUILD_ENV {
+                println!("cargo:rerun-if-env-changed={name}");
+            }
+        }
+        let archs = match self.archs.clone() {
+            Some(archs) => archs,
+            None => Arch::for_build().map_err(BuildError::Config)?,
+        };
+        if archs.is_empty() {
+            return Err(BuildError::Config(format!(
+                "no GPU architecture to compile for: enable a cargo feature {}, set FUSION_ARCHS or CUDA_COMPUTE_CAP, or call Builder::archs",
+                Arch::names_listed()
+            )));
+        }
+        // The fusions the tuned tables of these archs measured to lose are
+        // not formed (crate::fuse::split).
+        let rules = crate::select::split_rules(&archs).map_err(|e| BuildError::Config(e.to_string()))?;
+        let mut declared = files
+            .iter()
+            .map(|path| self.toml_graph(path, &rules))
+            .collect::<Result<Vec<_>, _>>()?;
+        for path in &self.rust_sources {
+            if cargo {
+                println!("cargo:rerun-if-changed={}", path.display());
+            }
+            for graph in super::sources::read_macro_graphs(path)? {
+                let dtypes = self.dtypes_for(&graph.graph, &graph.origin)?;
+                declared.push(Declared {
+                    spec: GraphSpec {
+                        plan: crate::fuse::plan_with(graph.graph, &rules),
+                        dtypes,
+                        origin: graph.origin,
+                        fingerprint: Some(graph.fingerprint),
+                        declaration: graph.declaration,
+                    },
+                    name_written: None,
+                });
+            }
+        }
+        check_unique_names(&declared)?;
+        let specs: Vec<GraphSpec> = declared.into_iter().map(|d| d.spec).collect();
+        if specs.is_empty() {
+            return Err(BuildError::Config(
+                "no graphs to compile: the graph directories, graph files and sources given to the Builder declare none"
+                    .to_owned(),
+            ));
+        }
+        let library =
+            codegen::render(&lib_name, &archs, &specs).map_err(|e| BuildError::Config(e.to_string()))?;
+
+        let include_dir = options.out_dir.join("include");
+        templates::write_headers(&include_dir)
+            .map_err(BuildError::io("cannot write headers into", &include_dir))?;
+        let mut units: Vec<Unit> = library
+            .units
+            .iter()
+            .map(|u| Unit {
+                name: u.symbol.clone(),
+                source: u.source.clone(),
+                archs: u.archs.clone(),
+                used_by: u.used_by.clone(),
+                tiles: tiles_of(&u.key),
+            })
+            .collect();
+        units.push(Unit {
+            name: library.error_unit.0.clone(),
+            source: library.error_unit.1.clone(),
+            archs: vec![archs[0]],
+            used_by: Vec::new(),
+            tiles: Vec::new(),
+        });
+        let sources = CudaSources {
+            units,
+            header: GeneratedFile {
+                name: library.header.0.clone(),
+                contents: library.header.1.clone(),
+            },
+            headers_dir: include_dir,
+        };
+        let compiled = compile(&sources, &options)?;
+        let linked = compiled.mode == BuildMode::Linked;
+        let ffi = compiled.ffi_rs.to_string_lossy().into_owned();
+        let wrappers = codegen::wrappers::generate(&library, linked, &ffi);
+        let path = options.out_dir.join(format!("{lib_name}.rs"));
+        write_if_changed(&path, &wrappers)?;
+
+        // One file per macro graph; files of graphs no longer declared go,
+        // so a graph moved to a file this build does not read is reported
+        // by the macro instead of linking against launchers that are gone.
+        let graphs_dir = options.out_dir.join(MACRO_GRAPHS_DIR);
+        std::fs::create_dir_all(&graphs_dir).map_err(BuildError::io("cannot create", &graphs_dir))?;
+        let mut macro_graphs = Vec::new();
+        for (index, launchers) in library.graphs.iter().enumerate() {
+            if launchers.spec.fingerprint.is_none() {
+                continue;
+            }
+            let file = graphs_dir.join(format!("{}.rs", launchers.spec.plan.graph.name));
+            write_if_changed(
+                &file,
+                &codegen::wrappers::generate_macro_graph(&library, index, linked, &ffi),
+            )?;
+            macro_graphs.push(file);
+        }
+        let entries = std::fs::read_dir(&graphs_dir).map_err(BuildError::io("cannot read", &graphs_dir))?;
+        for entry in entries.flatten() {
+            let stale = entry.path();
+            if stale.extension().is_some_and(|e| e == "rs") && !macro_graphs.contains(&stale) {
+                std::fs::remove_file(&stale).map_err(BuildError::io("cannot remove", &stale))?;
+            }
+        }
+        Ok(BuiltLibrary {
+            wrappers: path,
+            macro_graphs,
+            compiled,
+        })
+    }
+
+    /// The dtypes to compile a graph for: [`Builder::dtypes`], else the one
+    /// it declares.
+    fn dtypes_for(&self, graph: &crate::ir::Graph, origin: &str) -> Result<Vec<DType>, BuildError> {
+        let mut declared: Vec<DType> = graph.tensors.iter().map(|t| t.dtype).collect();
+        declared.sort_by_key(|d| d.name());
+        declared.dedup();
+        match &self.dtypes {
+            Some(dtypes) => Ok(dtypes.clone()),
+            None if declared.len() == 1 => Ok(declared),
+            None => Err(BuildError::Config(format!(
+                "{origin}: graph `{}` mixes dtypes; kernels take one element type (or call Builder::dtypes to re-type it)",
+                graph.name
+            ))),
+        }
+    }
+
+    /// The graph files, sorted and deduplicated; prints the rerun lines.
+    fn collect(&self, cargo: bool) -> Result<Vec<PathBuf>, BuildError> {
+        let mut files = self.graph_files.clone();
+        for dir in &self.graphs_dirs {
+            if cargo {
+                // A directory's mtime changes when a file is added or removed.
+                println!("cargo:rerun-if-changed={}", dir.display());
+            }
+            let entries =
+                std::fs::read_dir(dir).map_err(BuildError::io("cannot read graph directory", dir))?;
+            let mut found = Vec::new();
+            for entry in entries {
+                let path = entry
+                    .map_err(BuildError::io("cannot read graph directory", dir))?
+                    .path();
+                if path.extension().is_some_and(|e| e == "toml") && path.is_file() {
+                    found.push(path);
+                }
+            }
+            found.sort();
+            files.extend(found);
+        }
+        files.dedup();
+        if cargo {
+            for file in &files {
+                println!("cargo:rerun-if-changed={}", file.display());
+            }
+        }
+        Ok(files)
+    }
+
+    fn toml_graph(&self, path: &Path, rules: &[crate::fuse::SplitRule]) -> Result<Declared, BuildError> {
+        let source = SourceFile::read(path).map_err(|d| BuildError::Config(d.message))?;
+        let decl = crate::syntax::parse_toml(&source).map_err(|e| BuildError::Config(e.render(&source)))?;
+        let graph = crate::ir::lower(&decl).map_err(|e| BuildError::Config(e.render(&source)))?;
+        let origin = path.display().to_string();
+        let dtypes = self.dtypes_for(&graph, &origin)?;
+        Ok(Declared {
+            spec: GraphSpec {
+                plan: crate::fuse::plan_with(graph, rules),
+                dtypes,
+                origin,
+                fingerprint: None,
+                declaration: String::new(),
+            },
+            name_written: Some((source, decl.name.span)),
+        })
+    }
+}
+
+/// A graph of the library, with where its name was written when that was a
+/// TOML file, so that a clash of names points at the `[graph] name` line.
+/// (A macro graph's origin, `src/model.rs:12`, already names its line.)
+struct Declared {
+    spec: GraphSpec,
+    name_written: Option<(SourceFile, Span)>,
+}
+
+impl Declared {
+    /// `message` located at this graph's name where it has one.
+    fn error_at_name(&self, message: String) -> BuildError {
+        BuildError::Config(match &self.name_written {
+            Some((source, span)) => source.render(&Diagnostic::new(*span, message)),
+            None => message,
+        })
+    }
+}
+
+/// What [`Builder::build_with`] produced.
+#[derive(Clone, Debug)]
+pub struct BuiltLibrary {
+    /// `OUT_DIR/<lib_name>.rs`: the wrappers of the TOML graphs.
+    pub wrappers: PathBuf,
+    /// `OUT_DIR/fusion_graphs/<graph>.rs`, one per `fusion_graph!` graph.
+    pub macro_graphs: Vec<PathBuf>,
+    /// What nvcc compiled and what came from the cache.
+    pub compiled: CompiledLibrary,
+}
+
+/// Two graphs of one library may not share a name, nor a Rust type name:
+/// their wrappers (and a macro graph's file) are named after it, and
+/// `gemm__bias`, `gemm_bias` and `GemmBias` all become the struct `GemmBias`
+/// (a `fusion_graph!` graph `g` also defines `GWeights`). The error is
+/// located at the second graph's name.
+fn check_unique_names(declared: &[Declared]) -> Result<(), BuildError> {
+    let mut names: HashMap<&str, &GraphSpec> = HashMap::new();
+    let mut types: HashMap<String, &GraphSpec> = HashMap::new();
+    for graph in declared {
+        let spec = &graph.spec;
+        let name = spec.plan.graph.name.as_str();
+        if let Some(first) = names.insert(name, spec) {
+            return Err(graph.error_at_name(format!(
+                "graph `{name}` is declared twice, in {} and in {}; rename one of them",
+                first.origin, spec.origin
+            )));
+        }
+        let struct_name = struct_name(name);
+        let weights = spec.fingerprint.map(|_| format!("{struct_name}Weights"));
+        for type_name in std::iter::once(struct_name).chain(weights) {
+            if let Some(first) = types.get(&type_name) {
+                return Err(graph.error_at_name(format!(
+                    "graphs `{}` (in {}) and `{name}` (in {}) would both define the Rust type `{type_name}`; rename one of them",
+                    first.plan.graph.name, first.origin, spec.origin
+                )));
+            }
+            types.insert(type_name, spec);
+        }
+    }
+    Ok(())
+}
+
+fn write_if_changed(path: &Path, text: &str) -> Result<(), BuildError> {
+    if std::fs::read_to_string(path).ok().as_deref() != Some(text) {
+        std::fs::write(path, text).map_err(BuildError::io("cannot write", path))?;
+    }
+    Ok(())
+}
+
+/// A GEMM unit's tile configs, `large: 128x256x64 (...)` and the small-M
+/// ones, and its decode kernel's threshold (`decode: m <= 16`), for the
+/// manifest.
+fn tiles_of(key: &KernelKey) -> Vec<String> {
+    let KernelKey::Gemm {
+        mainloop,
+        config,
+        layout,
+        ..
+    } = key
+    else {
+        return Vec::new();
+    };
+    [
+        ("large", Some(config.large)),
+        ("small_m", config.small_m),
+        ("small_m_alt", config.small_m_alt),
+    ]
+    .into_iter()
+    .filter_map(|(which, tile)| Some(format!("{which}: {}", tile?.summary(*mainloop))))
+    .chain(
+        config
+            .decode_for(*layout)
+            .map(|max_m| format!("decode: m <= {max_m}")),
+    )
+    .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::GraphBuilder;
+
+    /// A one-op graph named `name`, from a TOML file or (`macro_graph`) a
+    /// `fusion_graph!`.
+    fn spec(name: &str, macro_graph: bool) -> Declared {
+        let mut b = GraphBuilder::new(name);
+        let n = b.static_dim("N", 64).unwrap();
+        let x = b.input("x", DType::F16, &[n, n]).unwrap();
+        let y = b.relu(x).unwrap();
+        b.output("y", y).unwrap();
+        Declared {
+            spec: GraphSpec {
+                plan: crate::fuse::plan(b.build().unwrap()),
+                dtypes: vec![DType::F16],
+                origin: format!("graphs/{name}.toml"),
+                fingerprint: macro_graph.then_some(0),
+                declaration: String::new(),
+            },
+            name_written: None,
+        }
+    }
+
+    fn names_error(declared: &[Declared]) -> String {
+        match check_unique_names(declared) {
+            Err(BuildError::Config(message)) => message,
+            other => panic!("expected a config error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn graphs_that_would_define_one_rust_type_are_refused_naming_both_files() {
+        assert!(check_unique_names(&[spec("gemm_bias", false), spec("gemm_bias_gelu", true)]).is_ok());
+        assert_eq!(
+            names_error(&[spec("gemm_bias", false), spec("gemm__bias", false)]),
+            "graphs `gemm_bias` (in graphs/gemm_bias.toml) and `gemm__bias` (in graphs/gemm__bias.toml) \
+             would both define the Rust type `GemmBias`; rename one of them"
+        );
+        assert!(names_error(&[spec("GemmBias", false), spec("gemm_bias", false)]).contains("`GemmBias`"));
+        // A macro graph also defines `<Struct>Weights`.
+        let message = names_error(&[spec("mlp", true), spec("mlp_weights", false)]);
+        assert!(
+            message.contains("would both define the Rust type `MlpWeights`"),
+            "{message}"
+        );
+        let message = names_error(&[spec("mlp", false), spec("mlp", true)]);
+        assert!(message.starts_with("graph `mlp` is declared twice"), "{message}");
+    }
+
+    /// A one-op TOML graph `name` whose tensors are `dtype`s.
+    fn toml_graph(name: &str, dtype: &str) -> String {
+        format!(
+            "# {name}\n[graph]\nname = \"{name}\"\n[inputs]\nx = \"{dtype}[8, 8]\"\n[outputs]\ny = \"relu(x)\"\n"
+        )
+    }
+
+    /// Builds the graph files `(file name, text)` for sm90 in a fresh
+    /// directory (`tag` names it) and returns the config error it must
+    /// stop with, and that directory's `graphs/`, which no longer exists.
+    fn refused_build(tag: &str, files: &[(&str, String)]) -> (String, PathBuf) {
+        let dir = std::env::temp_dir().join(format!("fusion-builder-{tag}-{}", std::process::id()));
+        let graphs = dir.join("graphs");
+        std::fs::create_dir_all(&graphs).unwrap();
+        for (name, text) in files {
+            std::fs::write(graphs.join(name), text).unwrap();
+        }
+        let built = Builder::new()
+            .graphs_dir(&graphs)
+            .archs(&[Arch::Sm90])
+            .build_with(CompileOptions::new(dir.join("out")));
+        let _ = std::fs::remove_dir_all(&dir);
+        match built {
+            Err(BuildError::Config(message)) => (message, graphs),
+            other => panic!("expected a config error, got {other:?}"),
+        }
+    }
+
+    /// The clash is reported at the second TOML file's `[graph] name`, with
+    /// the line shown, like the front end's own errors.
+    #[test]
+    fn a_type_name_clash_between_toml_graphs_points_at_the_second_name() {
+        let files = [
+            ("a.toml", toml_graph("gemm_bias", "f16")),
+            ("b.toml", toml_graph("gemm__bias", "f16")),
+        ];
+        let (message, graphs) = refused_build("names", &files);
+        let second = graphs.join("b.toml");
+        let expected_start = format!(
+            "{}:3:9: error: graphs `gemm_bias` (in {}) and `gemm__bias` (in {}) would both define the Rust type `GemmBias`",
+            second.display(),
+            graphs.join("a.toml").display(),
+            second.display()
+        );
+        assert!(message.starts_with(&expected_start), "{message}");
+        assert!(
+            message.ends_with("3 | name = \"gemm__bias\"\n  |         ^^^^^^^^^^"),
+            "{message}"
+        );
+    }
+
+    /// The front ends accept f32 tensors (the CPU reference runs them), but
+    /// no kernel takes f32: the build names the graph, unless
+    /// `Builder::dtypes` re-types it. A graph mixing dtypes is refused
+    /// unless re-typed the same way.
+    #[test]
+    fn f32_and_mixed_dtype_graphs_are_refused_by_the_build() {
+        let (message, _) = refused_build("f32", &[("g.toml", toml_graph("g", "f32"))]);
+        assert_eq!(
+            message,
+            "graph `g`: kernels are compiled for f16 and bf16 only, not f32"
+        );
+        let mixed =
+            toml_graph("g", "f16").replace("[outputs]", "r = \"bf16[8, 8]\"\n[outputs]\nz = \"relu(r)\"");
+        let (message, graphs) = refused_build("mixed", &[("g.toml", mixed)]);
+        assert_eq!(
+            message,
+            format!(
+                "{}: graph `g` mixes dtypes; kernels take one element type (or call Builder::dtypes to re-type it)",
+                graphs.join("g.toml").display()
+            )
+        );
+    }
+}

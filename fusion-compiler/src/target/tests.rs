@@ -1,0 +1,152 @@
+use super::*;
+use crate::select::TunedTable;
+use std::path::Path;
+
+/// The workspace root, which holds the root crate's `Cargo.toml`.
+fn workspace() -> &'static Path {
+    crate_dir().parent().unwrap()
+}
+
+/// fusion-compiler's own folder, which holds the headers and the tuned tables.
+fn crate_dir() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+#[test]
+fn every_generation_has_its_feature_headers_and_table() {
+    let manifest = std::fs::read_to_string(workspace().join("Cargo.toml")).unwrap();
+    let manifest: toml::Table = toml::from_str(&manifest).unwrap();
+    let features = manifest["features"].as_table().unwrap();
+    for arch in Arch::ALL {
+        let target = arch.target();
+        assert_eq!(target.arch, arch);
+        assert!(
+            features.contains_key(target.name),
+            "the root Cargo.toml has no feature `{}`",
+            target.name
+        );
+        let header = crate_dir().join("kernels/include").join(target.mainloop_header);
+        assert!(header.is_file(), "{} is missing", header.display());
+        assert!(
+            target
+                .mainloop_type
+                .starts_with(&format!("fusion::{}::", target.name))
+        );
+        // The tile rules each unit asserts, as codegen names them.
+        let folder = header.parent().unwrap();
+        let declares_tile_valid = std::fs::read_dir(folder).unwrap().any(|entry| {
+            std::fs::read_to_string(entry.unwrap().path())
+                .is_ok_and(|text| text.contains("constexpr bool tile_valid ="))
+        });
+        assert!(
+            declares_tile_valid,
+            "no header in {} declares `fusion::{}::tile_valid`",
+            folder.display(),
+            target.name
+        );
+        let file = TunedTable::shipped_file(arch);
+        let on_disk = std::fs::read_to_string(crate_dir().join(&file)).unwrap();
+        assert_eq!(on_disk, target.tuned_json, "{file} is not the embedded table");
+        let table = TunedTable::shipped(arch).unwrap();
+        assert!(
+            table.configs.contains_key("default"),
+            "{file} has no `default` entry, the fallback of every composition"
+        );
+    }
+}
+
+#[test]
+fn generations_are_distinct_and_oldest_first() {
+    let names: Vec<&str> = Arch::ALL.iter().map(|a| a.name()).collect();
+    assert_eq!(names, ["sm75", "sm80", "sm90"]);
+    assert!(Arch::ALL.is_sorted());
+    for arch in Arch::ALL {
+        assert_eq!(Arch::parse(arch.name()), Some(arch));
+        assert_eq!(Arch::of_mainloop(arch.mainloop()), arch);
+        assert_eq!(
+            arch.cargo_feature_env(),
+            format!("CARGO_FEATURE_{}", arch.name().to_uppercase())
+        );
+    }
+    assert_eq!(Arch::parse("sm60"), None);
+    assert_eq!(Arch::names_listed(), "sm75, sm80 or sm90");
+}
+
+#[test]
+fn gencode_flags_keep_ptx_only_where_it_can_run_elsewhere() {
+    let flags = |arch: Arch| (arch.target().gencode, arch.target().sass_gencode);
+    assert_eq!(
+        flags(Arch::Sm75),
+        (
+            "-gencode=arch=compute_75,code=[sm_75,compute_75]",
+            "-gencode=arch=compute_75,code=sm_75"
+        )
+    );
+    assert_eq!(
+        flags(Arch::Sm80),
+        (
+            "-gencode=arch=compute_80,code=[sm_80,compute_80]",
+            "-gencode=arch=compute_80,code=sm_80"
+        )
+    );
+    assert_eq!(
+        flags(Arch::Sm90),
+        (
+            "-gencode=arch=compute_90a,code=sm_90a",
+            "-gencode=arch=compute_90a,code=sm_90a"
+        )
+    );
+}
+
+#[test]
+fn code_runs_where_its_gencode_says() {
+    // sm_90a machine code runs on 9.0 alone; sm80 and sm75 carry PTX.
+    assert!(Arch::Sm90.runs_on(9, 0));
+    assert!(!Arch::Sm90.runs_on(10, 0));
+    assert!(!Arch::Sm90.runs_on(8, 9));
+    assert!(Arch::Sm80.runs_on(12, 0) && Arch::Sm80.runs_on(8, 6));
+    assert!(!Arch::Sm80.runs_on(7, 5));
+    assert!(Arch::Sm75.runs_on(7, 5) && !Arch::Sm75.runs_on(7, 0));
+}
+
+#[test]
+fn dtypes() {
+    assert!(Arch::Sm75.supports(DType::F16) && !Arch::Sm75.supports(DType::BF16));
+    for arch in [Arch::Sm80, Arch::Sm90] {
+        assert!(arch.supports(DType::F16) && arch.supports(DType::BF16));
+    }
+    assert!(Arch::ALL.iter().all(|a| !a.supports(DType::F32)));
+}
+
+#[test]
+fn a_build_takes_its_generations_from_fusion_archs_or_cuda_compute_cap() {
+    assert_eq!(
+        Arch::from_names("sm90, sm80,sm90").unwrap(),
+        [Arch::Sm80, Arch::Sm90]
+    );
+    assert!(
+        Arch::from_names("sm61")
+            .unwrap_err()
+            .contains("`sm61` is not one of")
+    );
+    // candle's spelling (90) and the dotted one; an Ada card runs sm80 code.
+    assert_eq!(Arch::from_compute_caps("90").unwrap(), [Arch::Sm90]);
+    assert_eq!(
+        Arch::from_compute_caps("8.9,75").unwrap(),
+        [Arch::Sm75, Arch::Sm80]
+    );
+    assert_eq!(
+        Arch::from_compute_caps("86, 90").unwrap(),
+        [Arch::Sm80, Arch::Sm90]
+    );
+    assert!(
+        Arch::from_compute_caps("70")
+            .unwrap_err()
+            .contains("no generation runs on compute capability 7.0")
+    );
+    assert!(
+        Arch::from_compute_caps("nine")
+            .unwrap_err()
+            .contains("`nine` is not a compute capability")
+    );
+}

@@ -1,0 +1,151 @@
+//! Golden files of generated code: for three shipped graphs, the CUDA units
+//! and the Rust wrappers that codegen renders, compared byte for byte with
+//! the files checked in under `tests/golden/<graph>/`. A change to the
+//! templates, headers' callers, tile tables or wrappers shows up here as a
+//! diff to review. After an intended change, rewrite them with
+//! `FUSION_BLESS=1 cargo test -p fusion-compiler --test golden` and commit the
+//! result. No nvcc is needed: nothing is compiled.
+
+use fusion_compiler::codegen::{self, GraphSpec, wrappers};
+use fusion_compiler::ir::DType;
+use fusion_compiler::select::Arch;
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+/// Four different paths: several kernels with a gated GEMM (`swiglu_ffn`),
+/// a norm prologue (`layernorm_gemm`), one GEMM with bias and activation
+/// (`gemm_bias_gelu`), and a gated GEMM with a norm to fold and a step after
+/// it (`layernorm_gemm_silu_glu_residual`).
+const GRAPHS: &[&str] = &[
+    "swiglu_ffn",
+    "layernorm_gemm",
+    "gemm_bias_gelu",
+    "layernorm_gemm_silu_glu_residual",
+];
+
+/// As the root crate builds them by default (features `sm80`, `sm90`; f16
+/// and bf16), so the wrappers are the generic ones that ship.
+const ARCHS: &[Arch] = &[Arch::Sm80, Arch::Sm90];
+const DTYPES: &[DType] = &[DType::F16, DType::BF16];
+
+/// Stands in for `OUT_DIR/fusion_ffi.rs`, which the build passes as an
+/// absolute path: golden files hold nothing machine-specific.
+const FFI_RS: &str = "fusion_ffi.rs";
+
+/// What codegen renders for one graph: file name → contents.
+fn render(graph: &str) -> BTreeMap<String, String> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let origin = format!("graphs/{graph}.toml");
+    let ir = fusion_compiler::load_toml_graph(&root.join(&origin)).unwrap_or_else(|e| panic!("{e}"));
+    let spec = GraphSpec {
+        plan: fusion_compiler::fuse::plan(ir),
+        dtypes: DTYPES.to_vec(),
+        origin,
+        fingerprint: None,
+        declaration: String::new(),
+    };
+    let library =
+        codegen::render("fusion_kernels", ARCHS, &[spec]).unwrap_or_else(|e| panic!("{graph}: {e}"));
+    let mut files: BTreeMap<String, String> = library
+        .units
+        .iter()
+        .map(|unit| (format!("{}.cu", unit.symbol), unit.source.clone()))
+        .collect();
+    files.insert("wrappers.rs".into(), wrappers::generate(&library, true, FFI_RS));
+    files
+}
+
+fn golden_dir(graph: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/golden")
+        .join(graph)
+}
+
+/// The first line where `expected` and `actual` differ, both sides shown.
+fn first_difference(expected: &str, actual: &str) -> String {
+    let (mut expected_lines, mut actual_lines) = (expected.lines(), actual.lines());
+    for line in 1.. {
+        match (expected_lines.next(), actual_lines.next()) {
+            (Some(e), Some(a)) if e == a => continue,
+            (None, None) => break,
+            (e, a) => {
+                return format!(
+                    "first difference at line {line}:\n  golden:   {}\n  rendered: {}",
+                    e.unwrap_or("(end of file)"),
+                    a.unwrap_or("(end of file)")
+                );
+            }
+        }
+    }
+    "the files differ only in line endings or a final newline".into()
+}
+
+/// Each mismatch between `rendered` and the files in `dir`, in words.
+fn mismatches(dir: &Path, rendered: &BTreeMap<String, String>) -> Vec<String> {
+    let mut problems = Vec::new();
+    for (name, actual) in rendered {
+        match fs::read_to_string(dir.join(name)) {
+            Ok(expected) if expected == *actual => {}
+            Ok(expected) => problems.push(format!("{name}: {}", first_difference(&expected, actual))),
+            Err(_) => problems.push(format!("{name}: rendered, but there is no golden file")),
+        }
+    }
+    for name in golden_files(dir) {
+        if !rendered.contains_key(&name) {
+            problems.push(format!("{name}: golden file, but no longer rendered"));
+        }
+    }
+    problems
+}
+
+fn golden_files(dir: &Path) -> Vec<String> {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .map(|entry| {
+            entry
+                .expect("list the golden directory")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect()
+}
+
+/// Replaces the golden files of `dir` with `rendered`.
+fn bless(dir: &Path, rendered: &BTreeMap<String, String>) {
+    if dir.exists() {
+        fs::remove_dir_all(dir).unwrap_or_else(|e| panic!("remove {}: {e}", dir.display()));
+    }
+    fs::create_dir_all(dir).unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
+    for (name, contents) in rendered {
+        fs::write(dir.join(name), contents).unwrap_or_else(|e| panic!("write {name}: {e}"));
+    }
+}
+
+#[test]
+fn generated_code_matches_golden_files() {
+    let blessing = std::env::var_os("FUSION_BLESS").is_some_and(|v| v == "1");
+    let mut report = Vec::new();
+    for graph in GRAPHS {
+        let rendered = render(graph);
+        let dir = golden_dir(graph);
+        if blessing {
+            bless(&dir, &rendered);
+        } else {
+            report.extend(
+                mismatches(&dir, &rendered)
+                    .into_iter()
+                    .map(|p| format!("tests/golden/{graph}/{p}")),
+            );
+        }
+    }
+    assert!(
+        report.is_empty(),
+        "generated code differs from the golden files:\n{}\n\nIf the change is intended, rewrite them with \
+         `FUSION_BLESS=1 cargo test -p fusion-compiler --test golden` and review `git diff fusion-compiler/tests/golden`.",
+        report.join("\n")
+    );
+}
