@@ -108,6 +108,51 @@ pub fn composed_name(
     name
 }
 
+/// The parts a composed name ([`composed_name`]) was made from, or `None`
+/// when no composition has that name (`gemm_frobnicate`). Where step words
+/// share a start (`gelu`, `gelu_erf`), the longest that fits is taken; the
+/// result is checked by composing its name again.
+pub fn parse_composed_name(name: &str) -> Option<(Option<NormKind>, Option<Activation>, Vec<EpilogueStep>)> {
+    let prologue = [NormKind::LayerNorm, NormKind::RmsNorm]
+        .into_iter()
+        .find(|norm| name.starts_with(&format!("{}_gemm", norm.name())));
+    let mut rest = match prologue {
+        Some(norm) => &name[norm.name().len() + 1..],
+        None => name,
+    }
+    .strip_prefix("gemm")?;
+    let words: Vec<EpilogueStep> = [EpilogueStep::Bias, EpilogueStep::Residual, EpilogueStep::Mul]
+        .into_iter()
+        .chain(Activation::all().map(EpilogueStep::Activation))
+        .collect();
+    // The longest step word that `rest` starts with, as `_<word>` ending at
+    // the end or at the next `_`.
+    let next_step = |rest: &str| -> Option<(EpilogueStep, usize)> {
+        words
+            .iter()
+            .filter_map(|&step| {
+                let after = rest.strip_prefix('_')?.strip_prefix(step.name())?;
+                (after.is_empty() || after.starts_with('_')).then_some((step, rest.len() - after.len()))
+            })
+            .max_by_key(|&(_, len)| len)
+    };
+    let mut gate = None;
+    if let Some((EpilogueStep::Activation(activation), len)) = next_step(rest)
+        && let Some(after) = rest[len..].strip_prefix("_glu")
+        && (after.is_empty() || after.starts_with('_'))
+    {
+        gate = Some(activation);
+        rest = after;
+    }
+    let mut epilogue = Vec::new();
+    while !rest.is_empty() {
+        let (step, len) = next_step(rest)?;
+        epilogue.push(step);
+        rest = &rest[len..];
+    }
+    (composed_name(prologue, gate, &epilogue) == name).then_some((prologue, gate, epilogue))
+}
+
 /// `<op>[_<op>]*`: the name of a chain of standalone elementwise ops, from
 /// the ops' names as written in graph declarations (`silu_mul`,
 /// `bias_add_gelu`), not the epilogue words of [`composed_name`]: a chain
@@ -151,6 +196,40 @@ mod tests {
             };
             assert_eq!(NamedPattern::of(&composition), Some(pattern));
             assert_eq!(composition.name(), pattern.name());
+        }
+    }
+
+    #[test]
+    fn composed_names_parse_back_into_their_parts() {
+        use EpilogueStep::{Bias, Mul, Residual};
+        let cases: [(Option<NormKind>, Option<Activation>, Vec<EpilogueStep>); 5] = [
+            (None, None, vec![]),
+            (None, None, vec![Bias, GELU]),
+            (
+                Some(NormKind::LayerNorm),
+                None,
+                vec![Bias, EpilogueStep::Activation(Activation::GELU_ERF), Residual],
+            ),
+            (Some(NormKind::RmsNorm), Some(Activation::SILU), vec![Mul]),
+            (None, Some(Activation::GELU_ERF), vec![]),
+        ];
+        for (prologue, gate, epilogue) in cases {
+            let name = composed_name(prologue, gate, &epilogue);
+            assert_eq!(
+                parse_composed_name(&name),
+                Some((prologue, gate, epilogue)),
+                "{name}"
+            );
+        }
+        for name in [
+            "gemm_frobnicate",
+            "gemmbias",
+            "softmax",
+            "layernorm",
+            "gemm_bias_",
+            "",
+        ] {
+            assert_eq!(parse_composed_name(name), None, "{name}");
         }
     }
 
