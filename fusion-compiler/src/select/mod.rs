@@ -22,12 +22,19 @@
 //! M is only known at run time, so a kernel gets one config for every M plus,
 //! optionally, a second one its launcher picks for small M.
 //!
-//! Not here: measuring configs (the CLI's `tune` writes the JSON this reads).
+//! A user's tuned cache ([`TunedCache`], `Builder::tuned` or `FUSION_TUNED`)
+//! replaces the table's tiles for a kernel whose N and K are static and
+//! which the cache has measured on the arch ([`select_tuned`]); anything
+//! wrong with the cache is a warning and the table's config, never an error.
+//!
+//! Not here: measuring configs (the tuner writes the cache this reads).
 
 mod tuned;
+mod tuned_cache;
 
 pub use crate::target::Arch;
 pub use tuned::{SOURCE_TILE_DEFAULT, TunedTable};
+pub use tuned_cache::{CacheEntry, CacheKey, M_BUCKET_BOUNDS, MBucket, TUNED_ENV, TunedCache};
 
 use crate::fuse::GemmComposition;
 use crate::ir::{DType, WeightLayout};
@@ -293,6 +300,74 @@ pub fn select_sourced(
         file: table.file.clone(),
         entry: entry.to_owned(),
     };
+    check_config(&config, &source, arch, kernel)?;
+    Ok((config, source))
+}
+
+/// What [`select_tuned`] chose for one kernel.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Selected {
+    pub config: KernelConfig,
+    pub origin: ConfigSource,
+    /// The static N and K the config was tuned for, when it came from a
+    /// tuned cache (a shipped table's config serves every shape).
+    pub tuned_for: Option<(u64, u64)>,
+    /// Why a cached config was not used, naming the cache file and key.
+    pub warning: Option<String>,
+}
+
+/// The config for a kernel whose GEMM has static `n` and `k` (`None`:
+/// dynamic): `cache`'s, mapped onto tiers ([`TunedCache::config_for`]),
+/// where N and K are static and it has entries for the kernel on `arch`;
+/// else `table`'s ([`select_sourced`]). A cached config that fails the
+/// table's checks ([`check_config`]) is a warning, and the table's config.
+pub fn select_tuned(
+    table: &TunedTable,
+    cache: &TunedCache,
+    arch: Arch,
+    kernel: &KernelKind,
+    n: Option<u64>,
+    k: Option<u64>,
+) -> Result<Selected, SelectError> {
+    let (config, origin) = select_sourced(table, arch, kernel)?;
+    let shipped = Selected {
+        config,
+        origin,
+        tuned_for: None,
+        warning: None,
+    };
+    let (Some(n), Some(k)) = (n, k) else {
+        return Ok(shipped);
+    };
+    let Some((tuned, tuned_origin)) = cache.config_for(arch, kernel, n, k, &shipped.config) else {
+        return Ok(shipped);
+    };
+    Ok(match check_config(&tuned, &tuned_origin, arch, kernel) {
+        Ok(()) => Selected {
+            config: tuned,
+            origin: tuned_origin,
+            tuned_for: Some((n, k)),
+            warning: None,
+        },
+        Err(error) => Selected {
+            warning: Some(format!("{error}; using {} instead", shipped.origin)),
+            ..shipped
+        },
+    })
+}
+
+/// Checks that `config`, from `source`, gives `kernel` on `arch` what its
+/// mainloop takes: every tile through the arch's
+/// [`Target::check`](crate::target::Target::check), each optional tile with
+/// what it needs, `decode_max_m` only where there is a decode kernel. The
+/// one check of a shipped table's entry and of the config a tuned cache
+/// gives ([`TunedCache`]).
+pub fn check_config(
+    config: &KernelConfig,
+    source: &ConfigSource,
+    arch: Arch,
+    kernel: &KernelKind,
+) -> Result<(), SelectError> {
     let fail = |which, reason| SelectError::Invalid {
         origin: source.clone(),
         kernel: kernel.name.clone(),
@@ -341,7 +416,7 @@ pub fn select_sourced(
             }
         }
     }
-    Ok((config, source))
+    Ok(())
 }
 
 /// What the tables shipped for `archs` say loses to its split: the rules
