@@ -42,7 +42,7 @@ use crate::codegen::{self, GraphSpec, KernelKey, templates};
 use crate::diagnostic::{Diagnostic, SourceFile, Span};
 use crate::generated::{MACRO_GRAPHS_DIR, struct_name};
 use crate::ir::DType;
-use crate::select::Arch;
+use crate::select::{Arch, TUNED_ENV, TunedCache};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -55,6 +55,7 @@ pub struct Builder {
     dtypes: Option<Vec<DType>>,
     archs: Option<Vec<Arch>>,
     lib_name: Option<String>,
+    tuned: Option<PathBuf>,
 }
 
 impl Default for Builder {
@@ -72,6 +73,7 @@ impl Builder {
             dtypes: None,
             archs: None,
             lib_name: None,
+            tuned: None,
         }
     }
 
@@ -109,6 +111,25 @@ impl Builder {
     pub fn archs(mut self, archs: &[Arch]) -> Builder {
         self.archs = Some(archs.to_vec());
         self
+    }
+
+    /// A tuned cache (the tuner's JSON file, format in
+    /// [`TunedCache`](crate::select::TunedCache)) whose configs replace the
+    /// shipped tables' for the kernels whose N and K are static and which it
+    /// has entries for. Default: the file `FUSION_TUNED` names, else none.
+    /// Anything wrong with the file is a warning, never a failed build.
+    pub fn tuned(mut self, path: impl Into<PathBuf>) -> Builder {
+        self.tuned = Some(path.into());
+        self
+    }
+
+    /// The tuned cache to read: [`Builder::tuned`], else `FUSION_TUNED`.
+    fn tuned_path(&self) -> Option<PathBuf> {
+        self.tuned.clone().or_else(|| {
+            std::env::var_os(TUNED_ENV)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        })
     }
 
     /// The library's name: `lib<name>.a`, `<name>.h`, `<name>.rs`, and the
@@ -157,11 +178,32 @@ impl Builder {
     pub fn build_with(self, mut options: CompileOptions) -> Result<BuiltLibrary, BuildError> {
         let lib_name = self.resolved_lib_name();
         options.lib_name = lib_name.clone();
-        let cargo = options.cargo_metadata;
+        let library = self.render_library(&lib_name, options.cargo_metadata)?;
+        let warn = super::Cargo {
+            enabled: options.cargo_metadata,
+        };
+        for warning in &library.warnings {
+            warn.warning(warning);
+        }
+        self.compile_library(library, options)
+    }
+
+    /// Runs the pipeline up to nvcc: the library a build would compile, with
+    /// its warnings (which a build prints as `cargo:warning` lines).
+    pub fn render(&self) -> Result<codegen::KernelLibrary, BuildError> {
+        self.render_library(&self.resolved_lib_name(), false)
+    }
+
+    /// Graph files to rendered units; `cargo`: print the rerun lines.
+    fn render_library(&self, lib_name: &str, cargo: bool) -> Result<codegen::KernelLibrary, BuildError> {
         let files = self.collect(cargo)?;
+        let tuned = self.tuned_path();
         if cargo {
-            for name in Arch::BUILD_ENV {
+            for name in Arch::BUILD_ENV.into_iter().chain([TUNED_ENV]) {
                 println!("cargo:rerun-if-env-changed={name}");
+            }
+            if let Some(path) = &tuned {
+                println!("cargo:rerun-if-changed={}", path.display());
             }
         }
         let archs = match self.archs.clone() {
@@ -207,9 +249,18 @@ impl Builder {
                     .to_owned(),
             ));
         }
-        let library =
-            codegen::render(&lib_name, &archs, &specs).map_err(|e| BuildError::Config(e.to_string()))?;
+        let cache = tuned.map(|path| TunedCache::read(&path)).unwrap_or_default();
+        codegen::render_tuned(lib_name, &archs, &specs, &[], &cache)
+            .map_err(|e| BuildError::Config(e.to_string()))
+    }
 
+    /// Compiles a rendered library and writes its wrappers.
+    fn compile_library(
+        &self,
+        library: codegen::KernelLibrary,
+        options: CompileOptions,
+    ) -> Result<BuiltLibrary, BuildError> {
+        let lib_name = &library.lib_name;
         let include_dir = options.out_dir.join("include");
         templates::write_headers(&include_dir)
             .map_err(BuildError::io("cannot write headers into", &include_dir))?;
@@ -227,7 +278,7 @@ impl Builder {
         units.push(Unit {
             name: library.error_unit.0.clone(),
             source: library.error_unit.1.clone(),
-            archs: vec![archs[0]],
+            archs: vec![library.archs[0]],
             used_by: Vec::new(),
             tiles: Vec::new(),
         });

@@ -31,7 +31,8 @@ pub mod wrappers;
 use crate::fuse::{Activation, Composition, EpilogueStep, NormKind, Plan};
 use crate::ir::{DType, WeightLayout};
 use crate::select::{
-    self, Arch, ConfigSource, KernelConfig, KernelKind, Mainloop, SelectError, TileConfig, TunedTable,
+    self, Arch, ConfigSource, KernelConfig, KernelKind, Mainloop, SelectError, TileConfig, TunedCache,
+    TunedTable,
 };
 use indexmap::IndexMap;
 use serde_json::json;
@@ -96,6 +97,10 @@ pub enum KernelKey {
         /// The tuned table entry (or the heuristic) `config` came from, which
         /// the unit's resource checks name.
         origin: ConfigSource,
+        /// The static N and K `config` was tuned for, when it came from a
+        /// tuned cache: kernels of one composition at other shapes are
+        /// other units.
+        tuned_for: Option<(u64, u64)>,
     },
     Norm {
         kind: NormKind,
@@ -202,6 +207,9 @@ pub struct KernelLibrary {
     /// `<lib>.h` and its contents.
     pub header: (String, String),
     pub graphs: Vec<GraphLaunchers>,
+    /// What the build should tell the user: problems with the tuned cache,
+    /// each naming its file (and the entry), each once.
+    pub warnings: Vec<String>,
 }
 
 /// Why code could not be generated.
@@ -235,6 +243,20 @@ pub fn render_with_tables(
     graphs: &[GraphSpec],
     tables: &[TunedTable],
 ) -> Result<KernelLibrary, CodegenError> {
+    render_tuned(lib_name, archs, graphs, tables, &TunedCache::default())
+}
+
+/// [`render_with_tables`], with the configs of a user's tuned cache for the
+/// kernels whose N and K are static and which it has entries for
+/// ([`select::select_tuned`]). The cache's warnings, and those of entries
+/// that could not be used, are the library's [`KernelLibrary::warnings`].
+pub fn render_tuned(
+    lib_name: &str,
+    archs: &[Arch],
+    graphs: &[GraphSpec],
+    tables: &[TunedTable],
+    cache: &TunedCache,
+) -> Result<KernelLibrary, CodegenError> {
     let valid_name = lib_name.starts_with(|c: char| c.is_ascii_lowercase())
         && lib_name
             .chars()
@@ -260,6 +282,7 @@ pub fn render_with_tables(
         used_by: Vec<String>,
     }
     let mut distinct: IndexMap<KernelKey, Pending> = IndexMap::new();
+    let mut warnings = cache.warnings.clone();
     // Per graph, per kernel: (dtype, arch, key).
     let mut uses: Vec<Vec<Vec<(DType, Arch, KernelKey)>>> = Vec::new();
     for spec in graphs {
@@ -269,7 +292,11 @@ pub fn render_with_tables(
             let mut kernel_uses = Vec::new();
             for &dtype in &spec.dtypes {
                 for (&arch, table) in archs.iter().zip(&tables).filter(|(a, _)| a.supports(dtype)) {
-                    let key = kernel_key(&kernel.composition, dtype, arch, table)?;
+                    let (n, k) = kernel.static_n_and_k(&spec.plan.graph);
+                    let (key, warning) = kernel_key(&kernel.composition, dtype, arch, table, cache, n, k)?;
+                    if let Some(warning) = warning.filter(|w| !warnings.contains(w)) {
+                        warnings.push(warning);
+                    }
                     let entry = distinct.entry(key.clone()).or_insert_with(|| Pending {
                         archs: Vec::new(),
                         composition: kernel.composition.name(),
@@ -361,6 +388,7 @@ pub fn render_with_tables(
         error_unit,
         header,
         graphs,
+        warnings,
     })
 }
 
@@ -397,47 +425,67 @@ fn check_dtypes(spec: &GraphSpec, archs: &[Arch]) -> Result<(), CodegenError> {
     Ok(())
 }
 
-/// The distinct kernel a planned kernel becomes for one dtype and arch.
+/// The distinct kernel a planned kernel with static `n` and `k` (`None`:
+/// dynamic) becomes for one dtype and arch, and why a cached config was not
+/// used, if it was not.
 fn kernel_key(
     composition: &Composition,
     dtype: DType,
     arch: Arch,
     table: &TunedTable,
-) -> Result<KernelKey, CodegenError> {
+    cache: &TunedCache,
+    n: Option<u64>,
+    k: Option<u64>,
+) -> Result<(KernelKey, Option<String>), CodegenError> {
     Ok(match composition {
         Composition::Gemm(gemm) => {
             let kind = KernelKind::of(gemm, dtype);
-            let (config, origin) = select::select_sourced(table, arch, &kind)?;
-            KernelKey::Gemm {
+            let selected = select::select_tuned(table, cache, arch, &kind, n, k)?;
+            let key = KernelKey::Gemm {
                 prologue: gemm.prologue.map(|p| p.kind),
                 layout: gemm.b_layout,
                 gate: gemm.gate,
                 steps: gemm.epilogue.clone(),
                 dtype,
                 mainloop: arch.mainloop(),
-                config,
-                origin,
-            }
+                config: selected.config,
+                origin: selected.origin,
+                tuned_for: selected.tuned_for,
+            };
+            (key, selected.warning)
         }
-        Composition::Norm(norm) => KernelKey::Norm {
-            kind: norm.kind,
-            dtype,
-        },
-        Composition::Elementwise(steps) => KernelKey::Elementwise {
-            steps: steps.clone(),
-            dtype,
-        },
+        Composition::Norm(norm) => (
+            KernelKey::Norm {
+                kind: norm.kind,
+                dtype,
+            },
+            None,
+        ),
+        Composition::Elementwise(steps) => (
+            KernelKey::Elementwise {
+                steps: steps.clone(),
+                dtype,
+            },
+            None,
+        ),
     })
 }
 
 /// `<lib>_<composition>_<layout>_<dtype>_<archs>` for GEMMs (the archs keep
-/// two configs of one composition apart), `<lib>_<op>_<dtype>` otherwise.
+/// two configs of one composition apart), with `_n<N>_k<K>` for configs from
+/// a tuned cache (which differ by shape), `<lib>_<op>_<dtype>` otherwise.
 fn symbol_for(lib_name: &str, key: &KernelKey, composition: &str, archs: &[Arch]) -> String {
     match key {
-        KernelKey::Gemm { layout, dtype, .. } => {
+        KernelKey::Gemm {
+            layout,
+            dtype,
+            tuned_for,
+            ..
+        } => {
             let archs: Vec<&str> = archs.iter().map(|a| a.name()).collect();
+            let shape = tuned_for.map_or(String::new(), |(n, k)| format!("_n{n}_k{k}"));
             format!(
-                "{lib_name}_{composition}_{}_{dtype}_{}",
+                "{lib_name}_{composition}_{}_{dtype}_{}{shape}",
                 layout_name(*layout).to_ascii_lowercase(),
                 archs.join("_")
             )
@@ -505,6 +553,7 @@ fn render_unit(
             mainloop,
             config,
             origin,
+            tuned_for: _,
         } => {
             let mut context = common(*dtype);
             let target = Arch::of_mainloop(*mainloop).target();

@@ -893,3 +893,146 @@ fn nk_units_run_the_decode_kernel_first_for_small_m_and_kn_units_never() {
         }
     }
 }
+
+/// `graphs/gemm_bias_gelu.toml` with K and N static (1000 and 3000).
+fn static_gemm_bias_gelu() -> GraphSpec {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../graphs/gemm_bias_gelu.toml");
+    let text = std::fs::read_to_string(&path)
+        .unwrap()
+        .replace("K = \"dyn\"", "K = 1000")
+        .replace("N = \"dyn\"", "N = 3000");
+    let source = crate::diagnostic::SourceFile::new("graphs/gemm_bias_gelu_static.toml", text);
+    let mut graph = crate::graph_from_source(&source).unwrap_or_else(|e| panic!("{e}"));
+    graph.name = "gemm_bias_gelu_static".to_owned();
+    GraphSpec {
+        plan: crate::fuse::plan(graph),
+        dtypes: F16.to_vec(),
+        origin: "graphs/gemm_bias_gelu_static.toml".to_owned(),
+        fingerprint: None,
+        declaration: String::new(),
+    }
+}
+
+/// A tuned cache's entries for gemm_bias_gelu at N = 3000, K = 1000 on sm90
+/// become its unit's tiers there; the same composition with dynamic N and K
+/// keeps the shipped table's tiles in a unit of its own.
+#[test]
+fn a_tuned_cache_gives_static_kernels_its_tiles_and_leaves_dynamic_ones_alone() {
+    use crate::select::{CacheEntry, CacheKey};
+    let tile = |bm, bn, stages| TileConfig {
+        bm,
+        bn,
+        bk: 64,
+        warp_m: 0,
+        warp_n: 0,
+        stages,
+        min_blocks_per_sm: 0,
+        pipelined: false,
+        staged_store: false,
+        schedule: None,
+    };
+    let entry = |tile| CacheEntry {
+        tile,
+        time_us: 40.0,
+        default_time_us: 48.0,
+        cublaslt_time_us: 41.0,
+        gpu: "NVIDIA H200".to_owned(),
+        driver: "580.65.06".to_owned(),
+        nvcc: "13.0.48".to_owned(),
+        date: "2026-12-01".to_owned(),
+    };
+    let mut cache = TunedCache::default();
+    cache.file = "tuned.json".to_owned();
+    for (bucket, tile) in [("m<=256", tile(64, 256, 4)), ("m>4096", tile(128, 128, 5))] {
+        let key = CacheKey::parse(&format!("gemm_bias_gelu.f16.nk.n3000.k1000.sm90.{bucket}")).unwrap();
+        cache.entries.insert(key, entry(tile));
+    }
+    let graphs = [static_gemm_bias_gelu(), spec("gemm_bias_gelu.toml", F16)];
+    let lib = render_tuned("k", &[Arch::Sm90], &graphs, &[], &cache).unwrap();
+    assert_eq!(lib.warnings, Vec::<String>::new());
+    let source = |symbol: &str| {
+        &lib.units
+            .iter()
+            .find(|u| u.symbol == symbol)
+            .unwrap_or_else(|| panic!("no unit {symbol}"))
+            .source
+    };
+    let tuned = source("k_gemm_bias_gelu_nk_f16_sm90_n3000_k1000");
+    for needle in [
+        "using LargeTile = fusion::sm90::TileConfig<128, 128, 5, fusion::sm90::Schedule::Cooperative>;",
+        "using SmallTile = fusion::sm90::TileConfig<64, 256, 4, fusion::sm90::Schedule::Cooperative>;",
+        "if (p->m <= 16) return f(fusion::DecodeFor<K<LargeTile>>{});",
+        "if (p->m <= 256) return f(K<SmallTile>{});",
+        "tile config from tuned.json, entry 'gemm_bias_gelu.f16.nk.n3000.k1000.sm90.{m<=256,m>4096}'",
+    ] {
+        assert!(tuned.contains(needle), "`{needle}` missing from:\n{tuned}");
+    }
+    assert!(!tuned.contains("SmallAltTile"), "{tuned}");
+    let shipped = source("k_gemm_bias_gelu_nk_f16_sm90");
+    for needle in [
+        "using LargeTile = fusion::sm90::TileConfig<128, 256, 4, fusion::sm90::Schedule::Cooperative>;",
+        "using SmallAltTile = fusion::sm90::TileConfig<128, 128, 6, fusion::sm90::Schedule::Cooperative>;",
+        "tile config from kernels/tuned/sm90.json, entry 'default'",
+    ] {
+        assert!(shipped.contains(needle), "`{needle}` missing from:\n{shipped}");
+    }
+    // Without the cache, the static graph's kernel is the shipped one and
+    // shares the dynamic graph's unit.
+    let plain = render("k", &[Arch::Sm90], &graphs).unwrap();
+    assert_eq!(plain.units.len(), lib.units.len() - 1);
+}
+
+/// A cached config the table's checks reject as a whole is a warning that
+/// names the cache file and the kernel's entries, and the shipped config.
+#[test]
+fn a_cached_config_the_checks_reject_is_a_warning_and_the_shipped_config() {
+    use crate::select::{CacheEntry, CacheKey};
+    // sm80 tiles need their warp fields; the entry is checked when read,
+    // so this one is planted the way a file of an older version could be.
+    let mut cache = TunedCache::default();
+    cache.file = "tuned.json".to_owned();
+    let key = CacheKey::parse("gemm_bias_gelu.f16.nk.n3000.k1000.sm80.m>4096").unwrap();
+    let tile = TileConfig {
+        bm: 128,
+        bn: 128,
+        bk: 32,
+        warp_m: 0,
+        warp_n: 0,
+        stages: 3,
+        min_blocks_per_sm: 1,
+        pipelined: false,
+        staged_store: false,
+        schedule: None,
+    };
+    cache.entries.insert(
+        key,
+        CacheEntry {
+            tile,
+            time_us: 1.0,
+            default_time_us: 1.0,
+            cublaslt_time_us: 1.0,
+            gpu: String::new(),
+            driver: String::new(),
+            nvcc: String::new(),
+            date: String::new(),
+        },
+    );
+    let graphs = [static_gemm_bias_gelu(), static_gemm_bias_gelu()];
+    let mut second = graphs[1].clone();
+    second.plan.graph.name = "again".to_owned();
+    let lib = render_tuned("k", &[Arch::Sm80], &[graphs[0].clone(), second], &[], &cache).unwrap();
+    assert_eq!(lib.warnings.len(), 1, "{:?}", lib.warnings);
+    let warning = &lib.warnings[0];
+    assert!(
+        warning.starts_with(
+            "tile config from tuned.json, entry `gemm_bias_gelu.f16.nk.n3000.k1000.sm80.{m>4096}` for `gemm_bias_gelu` (large) does not fit sm80: `warp_m` is missing or 0"
+        ),
+        "{warning}"
+    );
+    assert!(
+        warning.ends_with("; using kernels/tuned/sm80.json, entry `default` instead"),
+        "{warning}"
+    );
+    assert_eq!(lib.units.len(), 1, "both graphs share the shipped unit");
+    assert_eq!(lib.units[0].symbol, "k_gemm_bias_gelu_nk_f16_sm80");
+}

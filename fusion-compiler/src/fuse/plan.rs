@@ -297,6 +297,16 @@ impl FusedKernel {
         self.operands.iter().find(|o| o.role == role).map(|o| o.tensor)
     }
 
+    /// A GEMM kernel's N and K where `graph` declares them static (`None`
+    /// where dynamic): the last dims of its output and of `A`.
+    pub fn static_n_and_k(&self, graph: &Graph) -> (Option<u64>, Option<u64>) {
+        let last = |tensor: Option<TensorId>| match tensor.map(|t| graph.tensor(t).shape.last()) {
+            Some(Some(&crate::ir::Extent::Static(size))) => Some(size),
+            _ => None,
+        };
+        (last(Some(self.output)), last(self.operand(Role::A)))
+    }
+
     /// Whether its norm prologue can be folded into its weight once the
     /// graph's weights are bound: a GEMM with a norm prologue whose B,
     /// gamma and (LayerNorm) beta are all weights of `graph`, not inputs
