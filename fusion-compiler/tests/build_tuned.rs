@@ -21,18 +21,7 @@ fn large_tile_of(builder: Builder) -> (String, Vec<String>) {
 }
 
 fn write_cache(path: &Path, bm: u32, bn: u32, stages: u32) {
-    let tile = TileConfig {
-        bm,
-        bn,
-        bk: 64,
-        warp_m: 0,
-        warp_n: 0,
-        stages,
-        min_blocks_per_sm: 0,
-        pipelined: false,
-        staged_store: false,
-        schedule: None,
-    };
+    let tile = TileConfig::sm90(bm, bn, stages, None);
     let entry = CacheEntry {
         tile,
         time_us: 40.0,

@@ -46,16 +46,7 @@ impl CopyBandwidth {
     /// `stream`: `plan.warmup` untimed, then `plan.runs` timed, queued
     /// behind a head start as the rows' calls are.
     pub fn measure(stream: &Arc<CudaStream>, plan: TimingPlan) -> Result<CopyBandwidth> {
-        let source = stream.alloc_zeros::<u8>(COPY_BYTES)?;
-        // The destination doubles as the head start's scratch: both run on
-        // `stream`, in order.
-        let destination = RefCell::new(stream.alloc_zeros::<u8>(COPY_BYTES)?);
-        let timing = time_calls(
-            stream,
-            plan,
-            || super::head_start(stream, &mut destination.borrow_mut()),
-            |_| Ok(stream.memcpy_dtod(&source, &mut *destination.borrow_mut())?),
-        )?;
+        let timing = time_copies(stream, COPY_BYTES, plan)?;
         Ok(CopyBandwidth::from_timing(COPY_BYTES, timing))
     }
 
@@ -148,16 +139,23 @@ pub fn measure_ceiling(stream: &Arc<CudaStream>, bytes: f64, plan: TimingPlan) -
     if bytes < CEILING_MIN_BYTES {
         return Ok(None);
     }
-    let half = (bytes / 2.0) as usize;
-    let source = stream.alloc_zeros::<u8>(half)?;
-    let destination = RefCell::new(stream.alloc_zeros::<u8>(half)?);
-    let timing = time_calls(
+    Ok(Some(time_copies(stream, (bytes / 2.0) as usize, plan)?))
+}
+
+/// Times copies of `bytes` between two device buffers on `stream`:
+/// `plan.warmup` untimed, then `plan.runs` timed, queued behind a head start
+/// as the rows' calls are.
+fn time_copies(stream: &Arc<CudaStream>, bytes: usize, plan: TimingPlan) -> Result<Timing> {
+    let source = stream.alloc_zeros::<u8>(bytes)?;
+    // The destination doubles as the head start's scratch: both run on
+    // `stream`, in order.
+    let destination = RefCell::new(stream.alloc_zeros::<u8>(bytes)?);
+    time_calls(
         stream,
         plan,
         || super::head_start(stream, &mut destination.borrow_mut()),
         |_| Ok(stream.memcpy_dtod(&source, &mut *destination.borrow_mut())?),
-    )?;
-    Ok(Some(timing))
+    )
 }
 
 /// The least bytes `pattern` at (M, N, K) reads and writes with `element`

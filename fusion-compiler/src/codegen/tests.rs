@@ -919,18 +919,7 @@ fn static_gemm_bias_gelu() -> GraphSpec {
 #[test]
 fn a_tuned_cache_gives_static_kernels_its_tiles_and_leaves_dynamic_ones_alone() {
     use crate::select::{CacheEntry, CacheKey};
-    let tile = |bm, bn, stages| TileConfig {
-        bm,
-        bn,
-        bk: 64,
-        warp_m: 0,
-        warp_n: 0,
-        stages,
-        min_blocks_per_sm: 0,
-        pipelined: false,
-        staged_store: false,
-        schedule: None,
-    };
+    let tile = |bm, bn, stages| TileConfig::sm90(bm, bn, stages, None);
     let entry = |tile| CacheEntry {
         tile,
         time_us: 40.0,

@@ -128,6 +128,24 @@ fn is_zero(value: &u32) -> bool {
 }
 
 impl TileConfig {
+    /// An sm90 entry: `bm` x `bn` with a k-block of 64 (the sm90
+    /// mainloop's), `stages` deep, in `schedule` (cooperative where `None`),
+    /// and the fields only the warp-tiled mainloops read left out.
+    pub fn sm90(bm: u32, bn: u32, stages: u32, schedule: Option<Schedule>) -> TileConfig {
+        TileConfig {
+            bm,
+            bn,
+            bk: 64,
+            warp_m: 0,
+            warp_n: 0,
+            stages,
+            min_blocks_per_sm: 0,
+            pipelined: false,
+            staged_store: false,
+            schedule,
+        }
+    }
+
     /// The sm90 schedule, cooperative when the config names none.
     pub fn sm90_schedule(&self) -> Schedule {
         self.schedule.unwrap_or_default()

@@ -129,18 +129,7 @@ fn defaults_are_the_measured_tiles() {
     assert_eq!(sm80.small(), Some((small, 512)));
     // sm90: the sm90 mainloop's 128x256 and 64x128 cooperative tiles.
     let sm90 = select(Arch::Sm90, &k).unwrap();
-    let sm90_tile = |bm, bn, stages| TileConfig {
-        bm,
-        bn,
-        bk: 64,
-        warp_m: 0,
-        warp_n: 0,
-        stages,
-        min_blocks_per_sm: 0,
-        pipelined: false,
-        staged_store: false,
-        schedule: Some(Schedule::Cooperative),
-    };
+    let sm90_tile = |bm, bn, stages| TileConfig::sm90(bm, bn, stages, Some(Schedule::Cooperative));
     assert_eq!(sm90.large, sm90_tile(128, 256, 4));
     assert_eq!(sm90.small(), Some((sm90_tile(64, 128, 8), 512)));
     assert_eq!(sm90.small_m_alt, Some(sm90_tile(128, 128, 6)));

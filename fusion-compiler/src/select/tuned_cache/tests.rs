@@ -11,18 +11,7 @@ fn scratch(tag: &str) -> PathBuf {
 }
 
 fn sm90_tile(bm: u32, bn: u32, stages: u32) -> TileConfig {
-    TileConfig {
-        bm,
-        bn,
-        bk: 64,
-        warp_m: 0,
-        warp_n: 0,
-        stages,
-        min_blocks_per_sm: 0,
-        pipelined: false,
-        staged_store: false,
-        schedule: Some(Schedule::Cooperative),
-    }
+    TileConfig::sm90(bm, bn, stages, Some(Schedule::Cooperative))
 }
 
 fn key(composition: &str, bucket: &str) -> CacheKey {
