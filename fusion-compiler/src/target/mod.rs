@@ -7,7 +7,8 @@
 //! and the tuned table's stem), how nvcc compiles for it, which devices run
 //! its code, which element types its tensor cores take, which fields a tile
 //! config gives and how it is spelled in C++ for its mainloop, which header
-//! that mainloop is in, and its pre-tuned table. What a tile must be to fit
+//! that mainloop is in, its pre-tuned table, and the tile configs a tuner
+//! may try on it ([`TileSpace`]). What a tile must be to fit
 //! the mainloop and the block's limits (shapes, threads, registers, shared
 //! memory) is written once, in the mainloop's headers: each generated unit
 //! asserts it with a message naming the tuned table entry.
@@ -27,7 +28,10 @@
 //!   `<symbol>_resources`);
 //! - its tuned table, `kernels/tuned/sm100.json`, with a `default` entry
 //!   (a table without a usable entry is a build error);
-//! - its cargo feature, `sm100 = []`, in the root `Cargo.toml`.
+//! - its cargo feature, `sm100 = []`, in the root `Cargo.toml`;
+//! - its `tile_space`, the values of each field of its mainloop's
+//!   `TileConfig` a tuner tries (the tests check that it covers the tuned
+//!   table's tiles).
 //!
 //! The root build script and the run time's variant choice read the feature
 //! list from this table (the tests check that every generation has its
@@ -39,7 +43,7 @@ mod sm90;
 mod warp_tiled;
 
 use crate::ir::DType;
-use crate::select::{KernelKind, Mainloop, TileConfig};
+use crate::select::{KernelKind, Mainloop, Schedule, TileConfig};
 use std::fmt;
 
 /// A GPU generation a kernel variant is built for. Declared oldest first:
@@ -83,6 +87,9 @@ pub struct Target {
     /// tile rules are the header's `tile_valid`); the error is a sentence
     /// saying what is wrong.
     pub check: fn(&TileConfig, &KernelKind) -> Result<(), String>,
+    /// The tile configs a tuner tries on this mainloop
+    /// ([`crate::tune::search_space`]).
+    pub tile_space: TileSpace,
     /// Whether the decode kernel (`kernels/include/fusion/decode.cuh`, built
     /// on the m16n8k16 mma of sm80 and newer) runs on it, so that its tuned
     /// entries may set `decode_max_m`.
@@ -90,6 +97,89 @@ pub struct Target {
     /// The pre-tuned table, `kernels/tuned/<name>.json`, embedded so that a
     /// crate built outside this workspace gets it too.
     pub tuned_json: &'static str,
+}
+
+/// The values a tuner tries for each field of a mainloop's tile config:
+/// its search space is every combination ([`TileSpace::tiles`]). A field
+/// the mainloop does not take has the one value its configs leave it at (0,
+/// `false`, `None`). Which combinations the mainloop's rules accept is for
+/// its headers to say (`tile_valid`), not this list: a combination they
+/// refuse fails its unit's compile.
+#[derive(Clone, Copy, Debug)]
+pub struct TileSpace {
+    pub bm: &'static [u32],
+    pub bn: &'static [u32],
+    pub bk: &'static [u32],
+    pub warp_m: &'static [u32],
+    pub warp_n: &'static [u32],
+    pub stages: &'static [u32],
+    pub min_blocks_per_sm: &'static [u32],
+    pub pipelined: &'static [bool],
+    pub staged_store: &'static [bool],
+    pub schedule: &'static [Option<Schedule>],
+}
+
+impl TileSpace {
+    /// How many combinations the space has.
+    pub fn len(&self) -> usize {
+        [
+            self.bm.len(),
+            self.bn.len(),
+            self.bk.len(),
+            self.warp_m.len(),
+            self.warp_n.len(),
+            self.stages.len(),
+            self.min_blocks_per_sm.len(),
+            self.pipelined.len(),
+            self.staged_store.len(),
+            self.schedule.len(),
+        ]
+        .iter()
+        .product()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Every combination, the last field varying fastest: always in the
+    /// same order, so that counts and reports are too.
+    pub fn tiles(&self) -> impl Iterator<Item = TileConfig> + '_ {
+        (0..self.len()).map(|index| self.tile(index))
+    }
+
+    /// The combination at `index` (below [`TileSpace::len`]), read as a
+    /// number whose digits pick each field's value, the last field's the
+    /// lowest digit.
+    fn tile(&self, mut index: usize) -> TileConfig {
+        let mut pick = |count: usize| {
+            let digit = index % count;
+            index /= count;
+            digit
+        };
+        let schedule = self.schedule[pick(self.schedule.len())];
+        let staged_store = self.staged_store[pick(self.staged_store.len())];
+        let pipelined = self.pipelined[pick(self.pipelined.len())];
+        let min_blocks_per_sm = self.min_blocks_per_sm[pick(self.min_blocks_per_sm.len())];
+        let stages = self.stages[pick(self.stages.len())];
+        let warp_n = self.warp_n[pick(self.warp_n.len())];
+        let warp_m = self.warp_m[pick(self.warp_m.len())];
+        let bk = self.bk[pick(self.bk.len())];
+        let bn = self.bn[pick(self.bn.len())];
+        let bm = self.bm[pick(self.bm.len())];
+        TileConfig {
+            bm,
+            bn,
+            bk,
+            warp_m,
+            warp_n,
+            stages,
+            min_blocks_per_sm,
+            pipelined,
+            staged_store,
+            schedule,
+        }
+    }
 }
 
 /// The compute capabilities (`major.minor`) that run a generation's code.

@@ -1,7 +1,7 @@
 //! Turing (sm_75): the WMMA mainloop (`kernels/include/fusion/sm75/`), f16
 //! only, double-buffered through registers.
 
-use super::{Arch, RunsOn, Target, warp_tiled};
+use super::{Arch, RunsOn, Target, TileSpace, warp_tiled};
 use crate::ir::DType;
 use crate::select::{KernelKind, Mainloop, TileConfig};
 
@@ -19,6 +19,21 @@ pub(super) static TARGET: Target = Target {
     mainloop_header: "fusion/sm75/mainloop.cuh",
     tile_type,
     check,
+    // The shipped 128x128 tile and its halves, warp tiles of 32 and 64 and
+    // one or two blocks per SM; stages are the template's 2 (it is
+    // double-buffered through registers), BK the WMMA loads' 32.
+    tile_space: TileSpace {
+        bm: &[64, 128],
+        bn: &[64, 128],
+        bk: &[32],
+        warp_m: &[32, 64],
+        warp_n: &[32, 64],
+        stages: &[2],
+        min_blocks_per_sm: &[1, 2],
+        pipelined: &[false],
+        staged_store: &[false],
+        schedule: &[None],
+    },
     decode: false,
     tuned_json: include_str!("../../kernels/tuned/sm75.json"),
 };

@@ -1,7 +1,7 @@
 //! Ampere and Ada (sm_80, also run on sm_86 and sm_89): the mma.sync
 //! mainloop with a cp.async multi-stage pipeline (`kernels/include/fusion/sm80/`).
 
-use super::{Arch, RunsOn, Target, warp_tiled};
+use super::{Arch, RunsOn, Target, TileSpace, warp_tiled};
 use crate::ir::DType;
 use crate::select::{KernelKind, Mainloop, TileConfig};
 
@@ -18,6 +18,21 @@ pub(super) static TARGET: Target = Target {
     mainloop_header: "fusion/sm80/mainloop.cuh",
     tile_type,
     check,
+    // Around the shipped tiles (128x128x32, 64x128x32) and the self-test
+    // sweep's (kernels/selftest/sweep.json: 128x256, BK 64, 3 stages, the
+    // staged store): both K loops, both stores, one to three blocks per SM.
+    tile_space: TileSpace {
+        bm: &[64, 128],
+        bn: &[64, 128, 256],
+        bk: &[32, 64],
+        warp_m: &[32, 64],
+        warp_n: &[32, 64],
+        stages: &[3, 4],
+        min_blocks_per_sm: &[1, 2, 3],
+        pipelined: &[true, false],
+        staged_store: &[false, true],
+        schedule: &[None],
+    },
     decode: true,
     tuned_json: include_str!("../../kernels/tuned/sm80.json"),
 };

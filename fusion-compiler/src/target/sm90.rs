@@ -1,7 +1,7 @@
 //! Hopper (sm_90a): the persistent, warp-specialized wgmma + TMA mainloop
 //! (`kernels/include/fusion/sm90/`).
 
-use super::{Arch, RunsOn, Target};
+use super::{Arch, RunsOn, Target, TileSpace};
 use crate::ir::DType;
 use crate::select::{KernelKind, Mainloop, Schedule, TileConfig};
 
@@ -19,6 +19,22 @@ pub(super) static TARGET: Target = Target {
     mainloop_header: "fusion/sm90/mainloop.cuh",
     tile_type,
     check,
+    // The row and column counts wgmma is instantiated for, K in the
+    // template's steps of 64, 2 to 8 stages (the shipped tiles use 3 to 8),
+    // both schedules. The cluster shape and grouping of the template's
+    // TileConfig keep their defaults: the tables do not give them.
+    tile_space: TileSpace {
+        bm: &[64, 128],
+        bn: &[128, 256],
+        bk: &[64],
+        warp_m: &[0],
+        warp_n: &[0],
+        stages: &[2, 3, 4, 5, 6, 7, 8],
+        min_blocks_per_sm: &[0],
+        pipelined: &[false],
+        staged_store: &[false],
+        schedule: &[Some(Schedule::Cooperative), Some(Schedule::PingPong)],
+    },
     decode: true,
     tuned_json: include_str!("../../kernels/tuned/sm90.json"),
 };
