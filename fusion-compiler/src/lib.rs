@@ -9,7 +9,8 @@
 //! | [`fuse`] | splits the graph into fused kernels: a [`fuse::Plan`] |
 //! | [`codegen`] | renders CUDA units, the C header and typed Rust wrappers |
 //! | [`select`] | picks and checks a tile config per kernel and target arch |
-//! | [`target`] | one module per GPU generation: gencode, devices, budgets, dtypes, mainloop, checks, tuned table |
+//! | [`target`] | one module per GPU generation: gencode, devices, budgets, dtypes, mainloop, checks, tuned table, tile space |
+//! | [`tune`] | the tuner's candidates per kernel and arch, pruned before any compile |
 //! | [`reference`](mod@reference) | evaluates a graph on the CPU in f64: the oracle for GPU tests |
 //! | [`build`] | compiles generated CUDA with nvcc (cached), archives it, runs bindgen (feature `build`) |
 //! | [`hf`] | feed-forward block graphs from a Hugging Face `config.json` (`fusion graph --from-hf`) |
@@ -20,7 +21,7 @@
 //!
 //! `syntax`, `ir`, `diagnostic` and `generated` are always present: they
 //! are what the `fusion_graph!` macro links. `fuse`, `select`, `target`,
-//! `codegen` and `reference` need the feature `compiler`, and `build` the feature `build`
+//! `tune`, `codegen` and `reference` need the feature `compiler`, and `build` the feature `build`
 //! (which includes `compiler`); both are on by default.
 
 #[cfg(feature = "build")]
@@ -41,6 +42,8 @@ pub mod select;
 pub mod syntax;
 #[cfg(feature = "compiler")]
 pub mod target;
+#[cfg(feature = "compiler")]
+pub mod tune;
 
 use diagnostic::SourceFile;
 use std::path::Path;

@@ -1,0 +1,217 @@
+use super::*;
+use crate::ir::DType;
+use crate::select::{ConfigSource, KernelConfig, Schedule, TunedTable, check_config};
+
+/// Compute capability 9.0's limits, from the CUDA programming guide's
+/// table of per-capability limits (what an H100 or H200 reports).
+const CC90: DeviceLimits = DeviceLimits {
+    smem_optin_per_block: 227 * 1024,
+    max_threads_per_block: 1024,
+    registers_per_block: 64 * 1024,
+    max_blocks_per_sm: 32,
+};
+
+fn kernel(name: &str, dtype: DType, layout: WeightLayout, source_tile: bool) -> KernelKind {
+    KernelKind {
+        name: name.to_owned(),
+        dtype,
+        layout,
+        prologue: false,
+        source_tile,
+    }
+}
+
+fn gemm(dtype: DType) -> KernelKind {
+    kernel("gemm_bias_gelu", dtype, WeightLayout::NK, false)
+}
+
+/// Every kernel shape that selects differently: both layouts, with and
+/// without a source tile, each dtype the arch takes.
+fn kinds(arch: Arch) -> Vec<KernelKind> {
+    let mut kinds = Vec::new();
+    for dtype in [DType::F16, DType::BF16]
+        .into_iter()
+        .filter(|d| arch.supports(*d))
+    {
+        for layout in [WeightLayout::KN, WeightLayout::NK] {
+            kinds.push(kernel("gemm_bias_gelu", dtype, layout, false));
+            kinds.push(kernel("gemm_bias_residual", dtype, layout, true));
+        }
+    }
+    kinds
+}
+
+#[test]
+fn every_shipped_tile_is_in_its_targets_space() {
+    for arch in Arch::ALL {
+        let space: Vec<TileConfig> = arch.target().tile_space.tiles().collect();
+        let table = TunedTable::shipped(arch).unwrap();
+        for (entry, config) in &table.configs {
+            let tiles = [Some(config.large), config.small_m, config.small_m_alt];
+            for tile in tiles.into_iter().flatten() {
+                assert!(
+                    space.contains(&tile),
+                    "{}, entry `{entry}`: {} is not in {arch}'s tile space",
+                    table.file,
+                    tile.summary(arch.mainloop())
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn every_candidate_passes_the_check_of_the_shipped_tables() {
+    for arch in Arch::ALL {
+        for kind in kinds(arch) {
+            let space = search_space(arch, &kind, &CC90);
+            assert!(!space.candidates.is_empty(), "{space}");
+            let source = ConfigSource {
+                file: "search space".into(),
+                entry: kind.name.clone(),
+            };
+            for tile in &space.candidates {
+                let config = KernelConfig {
+                    large: *tile,
+                    small_m: None,
+                    small_m_max: None,
+                    small_m_alt: None,
+                    decode_max_m: None,
+                };
+                check_config(&config, &source, arch, &kind).unwrap();
+            }
+        }
+    }
+}
+
+#[test]
+fn with_room_for_every_block_nothing_is_pruned_before_the_compile() {
+    for arch in Arch::ALL {
+        let space = search_space(arch, &gemm(DType::F16), &CC90);
+        assert_eq!(space.pruned, BTreeMap::new());
+        assert_eq!(space.candidates.len(), arch.target().tile_space.len());
+        assert_eq!(space.left_to_compile, LEFT_TO_COMPILE);
+    }
+}
+
+#[test]
+fn sm75_has_no_bf16_candidates() {
+    let space = search_space(Arch::Sm75, &gemm(DType::BF16), &CC90);
+    assert!(space.candidates.is_empty());
+    let size = Arch::Sm75.target().tile_space.len();
+    assert_eq!(space.pruned, BTreeMap::from([(PruneReason::Dtype, size)]));
+    assert_eq!(space.total(), size);
+}
+
+#[test]
+fn a_config_over_the_devices_blocks_per_sm_is_counted_under_its_reason() {
+    let one_block = DeviceLimits {
+        max_blocks_per_sm: 1,
+        ..CC90
+    };
+    let space = search_space(Arch::Sm80, &gemm(DType::F16), &one_block);
+    let over = Arch::Sm80
+        .target()
+        .tile_space
+        .tiles()
+        .filter(|t| t.min_blocks_per_sm > 1)
+        .count();
+    assert!(over > 0);
+    assert_eq!(space.pruned, BTreeMap::from([(PruneReason::BlocksPerSm, over)]));
+    assert!(space.candidates.iter().all(|t| t.min_blocks_per_sm == 1));
+    assert_eq!(space.total(), Arch::Sm80.target().tile_space.len());
+    // The sm90 mainloop runs one block per SM and gives no blocks per SM.
+    let sm90 = search_space(Arch::Sm90, &gemm(DType::F16), &one_block);
+    assert_eq!(sm90.pruned, BTreeMap::new());
+}
+
+#[test]
+fn a_config_the_targets_check_refuses_is_counted_under_fields() {
+    // A schedule is an sm90 option: the sm80 check refuses half of this space.
+    let space = TileSpace {
+        schedule: &[None, Some(Schedule::PingPong)],
+        ..Arch::Sm80.target().tile_space
+    };
+    let result = search(&space, Arch::Sm80, &gemm(DType::F16), &CC90);
+    assert_eq!(
+        result.pruned,
+        BTreeMap::from([(PruneReason::Fields, space.len() / 2)])
+    );
+    assert!(result.candidates.iter().all(|t| t.schedule.is_none()));
+}
+
+#[test]
+fn the_search_is_deterministic_and_its_report_says_what_was_pruned() {
+    let one_block = DeviceLimits {
+        max_blocks_per_sm: 1,
+        ..CC90
+    };
+    let first = search_space(Arch::Sm80, &gemm(DType::F16), &one_block);
+    assert_eq!(first, search_space(Arch::Sm80, &gemm(DType::F16), &one_block));
+    assert_eq!(
+        first.to_string(),
+        "gemm_bias_gelu f16 [N, K] on sm80: 1152 candidates, 768 pruned: blocks per SM → 768; \
+         left to the compile: compile, shared memory, threads, registers"
+    );
+    assert_eq!(
+        search_space(Arch::Sm90, &gemm(DType::F16), &CC90).to_string(),
+        "gemm_bias_gelu f16 [N, K] on sm90: 56 candidates, 0 pruned; \
+         left to the compile: compile, shared memory, threads, registers"
+    );
+}
+
+#[test]
+fn the_space_lists_each_combination_once_last_field_fastest() {
+    let space = Arch::Sm90.target().tile_space;
+    let tiles: Vec<TileConfig> = space.tiles().collect();
+    assert_eq!(tiles.len(), 2 * 2 * 7 * 2);
+    assert_eq!(
+        tiles[0],
+        TileConfig::sm90(64, 128, 2, Some(Schedule::Cooperative))
+    );
+    assert_eq!(tiles[1], TileConfig::sm90(64, 128, 2, Some(Schedule::PingPong)));
+    assert_eq!(
+        tiles[2],
+        TileConfig::sm90(64, 128, 3, Some(Schedule::Cooperative))
+    );
+    assert_eq!(tiles[55], TileConfig::sm90(128, 256, 8, Some(Schedule::PingPong)));
+    let distinct: std::collections::HashSet<_> = tiles.iter().collect();
+    assert_eq!(distinct.len(), tiles.len());
+}
+
+#[test]
+fn a_compiled_candidate_is_held_against_the_device() {
+    let fits = TileResources {
+        smem_bytes: 227 * 1024,
+        threads: 384,
+        registers_per_thread: Some(168),
+    };
+    assert_eq!(check_resources(&fits, &CC90), Ok(()));
+    let cases = [
+        (
+            TileResources {
+                smem_bytes: 227 * 1024 + 1,
+                ..fits
+            },
+            PruneReason::SharedMemory,
+        ),
+        (
+            TileResources {
+                threads: 1056,
+                registers_per_thread: None,
+                ..fits
+            },
+            PruneReason::Threads,
+        ),
+        (
+            TileResources {
+                registers_per_thread: Some(255),
+                ..fits
+            },
+            PruneReason::Registers,
+        ),
+    ];
+    for (resources, reason) in cases {
+        assert_eq!(check_resources(&resources, &CC90), Err(reason), "{resources:?}");
+    }
+}
