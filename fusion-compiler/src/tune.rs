@@ -7,10 +7,11 @@
 //! not take the kernel's dtype, when the arch's own check of a config's
 //! fields refuses it ([`TileConfig::check`]: the code that checks the
 //! shipped tables' entries and a tuned cache's), or when it asks for more
-//! resident blocks per SM than the device has. What a tile must be to fit
+//! resident blocks per SM than the device has (when its limits are given:
+//! listing candidates needs no GPU). What a tile must be to fit
 //! its mainloop (the headers' `tile_valid`: warp tiles, threads, registers,
 //! accumulators) and the shared memory it needs are computed in CUDA alone,
-//! so those checks are left to the compile ([`SearchSpace::left_to_compile`]):
+//! so those checks are left to the compile ([`SearchSpace::unchecked`]):
 //! nvcc refuses a unit whose tile breaks a rule or overflows the mainloop's
 //! budget, and what the unit's `<symbol>_resources` reports is then held
 //! against the device ([`check_resources`]).
@@ -25,7 +26,8 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 /// What the device allows a block, as the CUDA runtime reports it. There
-/// is no default: a tuning run reads them from its device.
+/// is no default: a tuning run reads them from its device, and a search
+/// without them leaves the checks that need them unchecked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DeviceLimits {
     /// Dynamic shared memory a block may opt in to, in bytes
@@ -85,7 +87,7 @@ impl fmt::Display for PruneReason {
 
 /// The checks every candidate still faces after [`search_space`]: they need
 /// nvcc or what a compiled unit reports.
-pub const LEFT_TO_COMPILE: &[PruneReason] = &[
+pub const AFTER_SEARCH: &[PruneReason] = &[
     PruneReason::Compile,
     PruneReason::SharedMemory,
     PruneReason::Threads,
@@ -102,9 +104,10 @@ pub struct SearchSpace {
     pub candidates: Vec<TileConfig>,
     /// How many configs of the space each reason pruned.
     pub pruned: BTreeMap<PruneReason, usize>,
-    /// The checks left to the compile and to what its unit reports
-    /// ([`LEFT_TO_COMPILE`]); no candidate has passed them yet.
-    pub left_to_compile: &'static [PruneReason],
+    /// The checks no candidate has passed yet: those of the compile and of
+    /// what its unit reports ([`AFTER_SEARCH`]), after blocks per SM when
+    /// the search had no device limits.
+    pub unchecked: Vec<PruneReason>,
 }
 
 impl SearchSpace {
@@ -119,8 +122,8 @@ impl SearchSpace {
 }
 
 impl fmt::Display for SearchSpace {
-    /// `gemm_bias_gelu f16 [N, K] on sm80: 1152 candidates, 384 pruned:
-    /// blocks per SM → 384; left to the compile: compile, shared memory,
+    /// `gemm_bias_gelu f16 [N, K] on sm80: 1152 candidates, 768 pruned:
+    /// blocks per SM → 768; not yet checked: compile, shared memory,
     /// threads, registers`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let layout = match self.kernel.layout {
@@ -144,27 +147,29 @@ impl fmt::Display for SearchSpace {
         if !reasons.is_empty() {
             write!(f, ": {}", reasons.join(", "))?;
         }
-        let left: Vec<&str> = self.left_to_compile.iter().map(|r| r.name()).collect();
-        write!(f, "; left to the compile: {}", left.join(", "))
+        let unchecked: Vec<&str> = self.unchecked.iter().map(|r| r.name()).collect();
+        write!(f, "; not yet checked: {}", unchecked.join(", "))
     }
 }
 
 /// The candidates for `kernel` on `arch`: its target's tile space, pruned
-/// by the checks that need no compile, each pruned config counted under
-/// its reason. Deterministic: the same arguments give the same candidates
-/// in the same order.
-pub fn search_space(arch: Arch, kernel: &KernelKind, limits: &DeviceLimits) -> SearchSpace {
+/// by the checks that need no compile (those of the device's `limits` only
+/// where they are given), each pruned config counted under its reason.
+/// Deterministic: the same arguments give the same candidates in the same
+/// order.
+pub fn search_space(arch: Arch, kernel: &KernelKind, limits: Option<&DeviceLimits>) -> SearchSpace {
     search(&arch.target().tile_space, arch, kernel, limits)
 }
 
 /// [`search_space`] over `space` in place of the target's.
-fn search(space: &TileSpace, arch: Arch, kernel: &KernelKind, limits: &DeviceLimits) -> SearchSpace {
+fn search(space: &TileSpace, arch: Arch, kernel: &KernelKind, limits: Option<&DeviceLimits>) -> SearchSpace {
+    let device_checks = limits.map_or(&[PruneReason::BlocksPerSm][..], |_| &[]);
     let mut result = SearchSpace {
         arch,
         kernel: kernel.clone(),
         candidates: Vec::new(),
         pruned: BTreeMap::new(),
-        left_to_compile: LEFT_TO_COMPILE,
+        unchecked: [device_checks, AFTER_SEARCH].concat(),
     };
     if !arch.supports(kernel.dtype) {
         if !space.is_empty() {
@@ -186,12 +191,12 @@ fn prune_before_compile(
     tile: &TileConfig,
     arch: Arch,
     kernel: &KernelKind,
-    limits: &DeviceLimits,
+    limits: Option<&DeviceLimits>,
 ) -> Option<PruneReason> {
     if tile.check(arch, kernel).is_err() {
         return Some(PruneReason::Fields);
     }
-    if tile.min_blocks_per_sm > limits.max_blocks_per_sm {
+    if limits.is_some_and(|l| tile.min_blocks_per_sm > l.max_blocks_per_sm) {
         return Some(PruneReason::BlocksPerSm);
     }
     None

@@ -64,7 +64,7 @@ fn every_shipped_tile_is_in_its_targets_space() {
 fn every_candidate_passes_the_check_of_the_shipped_tables() {
     for arch in Arch::ALL {
         for kind in kinds(arch) {
-            let space = search_space(arch, &kind, &CC90);
+            let space = search_space(arch, &kind, Some(&CC90));
             assert!(!space.candidates.is_empty(), "{space}");
             let source = ConfigSource {
                 file: "search space".into(),
@@ -87,16 +87,16 @@ fn every_candidate_passes_the_check_of_the_shipped_tables() {
 #[test]
 fn with_room_for_every_block_nothing_is_pruned_before_the_compile() {
     for arch in Arch::ALL {
-        let space = search_space(arch, &gemm(DType::F16), &CC90);
+        let space = search_space(arch, &gemm(DType::F16), Some(&CC90));
         assert_eq!(space.pruned, BTreeMap::new());
         assert_eq!(space.candidates.len(), arch.target().tile_space.len());
-        assert_eq!(space.left_to_compile, LEFT_TO_COMPILE);
+        assert_eq!(space.unchecked, AFTER_SEARCH);
     }
 }
 
 #[test]
 fn sm75_has_no_bf16_candidates() {
-    let space = search_space(Arch::Sm75, &gemm(DType::BF16), &CC90);
+    let space = search_space(Arch::Sm75, &gemm(DType::BF16), Some(&CC90));
     assert!(space.candidates.is_empty());
     let size = Arch::Sm75.target().tile_space.len();
     assert_eq!(space.pruned, BTreeMap::from([(PruneReason::Dtype, size)]));
@@ -109,7 +109,7 @@ fn a_config_over_the_devices_blocks_per_sm_is_counted_under_its_reason() {
         max_blocks_per_sm: 1,
         ..CC90
     };
-    let space = search_space(Arch::Sm80, &gemm(DType::F16), &one_block);
+    let space = search_space(Arch::Sm80, &gemm(DType::F16), Some(&one_block));
     let over = Arch::Sm80
         .target()
         .tile_space
@@ -121,8 +121,24 @@ fn a_config_over_the_devices_blocks_per_sm_is_counted_under_its_reason() {
     assert!(space.candidates.iter().all(|t| t.min_blocks_per_sm == 1));
     assert_eq!(space.total(), Arch::Sm80.target().tile_space.len());
     // The sm90 mainloop runs one block per SM and gives no blocks per SM.
-    let sm90 = search_space(Arch::Sm90, &gemm(DType::F16), &one_block);
+    let sm90 = search_space(Arch::Sm90, &gemm(DType::F16), Some(&one_block));
     assert_eq!(sm90.pruned, BTreeMap::new());
+}
+
+#[test]
+fn without_device_limits_their_checks_are_left_unchecked() {
+    let space = search_space(Arch::Sm80, &gemm(DType::F16), None);
+    assert_eq!(space.pruned, BTreeMap::new());
+    assert_eq!(space.candidates.len(), Arch::Sm80.target().tile_space.len());
+    assert_eq!(
+        space.unchecked,
+        [&[PruneReason::BlocksPerSm], AFTER_SEARCH].concat()
+    );
+    assert!(
+        space
+            .to_string()
+            .ends_with("not yet checked: blocks per SM, compile, shared memory, threads, registers")
+    );
 }
 
 #[test]
@@ -132,7 +148,7 @@ fn a_config_the_targets_check_refuses_is_counted_under_fields() {
         schedule: &[None, Some(Schedule::PingPong)],
         ..Arch::Sm80.target().tile_space
     };
-    let result = search(&space, Arch::Sm80, &gemm(DType::F16), &CC90);
+    let result = search(&space, Arch::Sm80, &gemm(DType::F16), Some(&CC90));
     assert_eq!(
         result.pruned,
         BTreeMap::from([(PruneReason::Fields, space.len() / 2)])
@@ -146,17 +162,20 @@ fn the_search_is_deterministic_and_its_report_says_what_was_pruned() {
         max_blocks_per_sm: 1,
         ..CC90
     };
-    let first = search_space(Arch::Sm80, &gemm(DType::F16), &one_block);
-    assert_eq!(first, search_space(Arch::Sm80, &gemm(DType::F16), &one_block));
+    let first = search_space(Arch::Sm80, &gemm(DType::F16), Some(&one_block));
+    assert_eq!(
+        first,
+        search_space(Arch::Sm80, &gemm(DType::F16), Some(&one_block))
+    );
     assert_eq!(
         first.to_string(),
         "gemm_bias_gelu f16 [N, K] on sm80: 1152 candidates, 768 pruned: blocks per SM → 768; \
-         left to the compile: compile, shared memory, threads, registers"
+         not yet checked: compile, shared memory, threads, registers"
     );
     assert_eq!(
-        search_space(Arch::Sm90, &gemm(DType::F16), &CC90).to_string(),
+        search_space(Arch::Sm90, &gemm(DType::F16), Some(&CC90)).to_string(),
         "gemm_bias_gelu f16 [N, K] on sm90: 56 candidates, 0 pruned; \
-         left to the compile: compile, shared memory, threads, registers"
+         not yet checked: compile, shared memory, threads, registers"
     );
 }
 
