@@ -193,3 +193,45 @@ fn a_bad_bench_dtype_is_refused_before_any_gpu_work() {
     let stderr = String::from_utf8(output.stderr).unwrap();
     assert!(stderr.contains("--dtype f32: expected f16 or bf16"), "{stderr}");
 }
+
+#[test]
+fn tune_list_prints_each_gemm_kernels_candidates_and_pruning_counts() {
+    let graph = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("graphs/gemm_bias_gelu.toml");
+    let output = fusion()
+        .args(["tune", "--list", "--arch", "sm75,sm90"])
+        .arg(&graph)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert!(lines[0].starts_with("graph `gemm_bias_gelu` ("), "{stdout}");
+    let unchecked = "not yet checked: blocks per SM, compile, shared memory, threads, registers";
+    assert_eq!(
+        lines[1],
+        format!("#0 gemm_bias_gelu f16 [N, K] on sm75: 32 candidates, 0 pruned; {unchecked}")
+    );
+    assert_eq!(
+        lines[2],
+        r#"  {"bm":64,"bn":64,"bk":32,"warp_m":32,"warp_n":32,"stages":2,"min_blocks_per_sm":1,"pipelined":false,"staged_store":false}"#
+    );
+    assert_eq!(
+        lines[34],
+        format!("#0 gemm_bias_gelu f16 [N, K] on sm90: 56 candidates, 0 pruned; {unchecked}")
+    );
+    assert_eq!(lines.len(), 1 + 1 + 32 + 1 + 56, "{stdout}");
+}
+
+#[test]
+fn tune_without_list_says_what_is_built() {
+    let graph = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("graphs/gemm.toml");
+    let output = fusion().arg("tune").arg(&graph).output().unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(
+        stderr.starts_with("error: `fusion tune` compiles and times"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("--list"), "{stderr}");
+}
