@@ -106,7 +106,7 @@ pub struct SearchSpace {
     pub pruned: BTreeMap<PruneReason, usize>,
     /// The checks no candidate has passed yet: those of the compile and of
     /// what its unit reports ([`AFTER_SEARCH`]), after blocks per SM when
-    /// the search had no device limits.
+    /// the search had no device limits; none where no candidate is left.
     pub unchecked: Vec<PruneReason>,
 }
 
@@ -147,8 +147,11 @@ impl fmt::Display for SearchSpace {
         if !reasons.is_empty() {
             write!(f, ": {}", reasons.join(", "))?;
         }
-        let unchecked: Vec<&str> = self.unchecked.iter().map(|r| r.name()).collect();
-        write!(f, "; not yet checked: {}", unchecked.join(", "))
+        if !self.unchecked.is_empty() {
+            let unchecked: Vec<&str> = self.unchecked.iter().map(|r| r.name()).collect();
+            write!(f, "; not yet checked: {}", unchecked.join(", "))?;
+        }
+        Ok(())
     }
 }
 
@@ -175,6 +178,8 @@ fn search(space: &TileSpace, arch: Arch, kernel: &KernelKind, limits: Option<&De
         if !space.is_empty() {
             result.pruned.insert(PruneReason::Dtype, space.len());
         }
+        // No candidate is left to check.
+        result.unchecked.clear();
         return result;
     }
     for tile in space.tiles() {

@@ -101,6 +101,11 @@ fn sm75_has_no_bf16_candidates() {
     let size = Arch::Sm75.target().tile_space.len();
     assert_eq!(space.pruned, BTreeMap::from([(PruneReason::Dtype, size)]));
     assert_eq!(space.total(), size);
+    assert!(space.unchecked.is_empty());
+    assert_eq!(
+        space.to_string(),
+        "gemm_bias_gelu bf16 [N, K] on sm75: 32 candidates, 32 pruned: dtype → 32"
+    );
 }
 
 #[test]
