@@ -47,18 +47,23 @@ pub fn check(workspace: &Workspace, toolchain: &Toolchain) -> Result<()> {
             last_line(&output.stderr)
         )));
     }
-    let crates: BTreeSet<&str> = std::str::from_utf8(&output.stdout)
+    // `name vX.Y.Z`, each version of a crate once (a line repeated under
+    // another dependent ends in `(*)`).
+    let crates: BTreeSet<(&str, &str)> = std::str::from_utf8(&output.stdout)
         .map_err(|e| Error::new(format!("`{}` printed no UTF-8: {e}", display_command(&command))))?
         .lines()
-        .filter_map(|line| line.split_whitespace().next())
+        .filter_map(|line| {
+            let mut words = line.split_whitespace();
+            Some((words.next()?, words.next().unwrap_or("")))
+        })
         .collect();
     println!(
-        "fusion with `default-features = false, features = [{LEAN_FEATURES}]`: {} crates at run time, fusion included",
+        "fusion with `default-features = false, features = [{LEAN_FEATURES}]`: {} crate versions at run time, fusion included",
         crates.len()
     );
     let unwanted: Vec<&str> = NOT_AT_RUN_TIME
         .into_iter()
-        .filter(|name| crates.contains(name))
+        .filter(|name| crates.iter().any(|(crate_name, _)| crate_name == name))
         .collect();
     if unwanted.is_empty() {
         Ok(())
