@@ -15,7 +15,7 @@ use std::sync::{Mutex, OnceLock};
 
 /// A kernel variant: the GPU generation its mainloop was written for (the
 /// compiler's own type; what runs where is `Arch::runs_on`).
-pub use fusion_compiler::select::Arch;
+pub use fusion_compiler::arch::Arch;
 
 /// The names of the generations whose cargo feature this build enabled,
 /// comma-separated, as the build script found them.

@@ -7,20 +7,25 @@
 //! | [`device`] | which compiled kernel variant runs on a GPU |
 //! | [`error`] | every way a call can be refused |
 //! | [`kernels`] | the built-in kernels compiled from `graphs/` (feature `kernels`) |
-//! | [`bench`](mod@bench) | `fusion bench`: fused kernels against cuBLASLt (feature `kernels`) |
-//! | [`cli`] | the `fusion` command line |
-//! | [`render`] | `fusion render`: units of a candidate list, with the kernel self-test |
-//! | [`testing`] | checking kernels on a GPU against the CPU reference |
+//! | [`bench`](mod@bench) | `fusion bench`: fused kernels against cuBLASLt (features `cli` and `kernels`) |
+//! | [`cli`] | the `fusion` command line (feature `cli`) |
+//! | [`render`] | `fusion render`: units of a candidate list, with the kernel self-test (feature `cli`) |
+//! | [`testing`] | checking kernels on a GPU against the CPU reference (feature `testing`) |
 //! | [`weights`] | tensors from safetensors files, checked against a graph |
 //!
 //! The compiler itself (parsing, planning, code generation) is
-//! [`fusion_compiler`], re-exported as [`core`].
+//! [`fusion_compiler`], re-exported as [`core`]. Without the features `cli`
+//! and `testing` (both default, through `cli`) it is only the part the run
+//! time and generated wrappers read: the IR, the GPU generations and the
+//! weight names; the crate then depends on cudarc, half, thiserror,
+//! safetensors and the `fusion_graph!` macro alone.
 
 // Generated wrappers name this crate `fusion::`, also from inside it.
 extern crate self as fusion;
 
-#[cfg(feature = "kernels")]
+#[cfg(all(feature = "cli", feature = "kernels"))]
 pub mod bench;
+#[cfg(feature = "cli")]
 pub mod cli;
 pub mod device;
 pub mod error;
@@ -28,8 +33,10 @@ pub mod error;
 pub mod kernels;
 #[doc(hidden)]
 pub mod launch;
+#[cfg(feature = "cli")]
 pub mod render;
 pub mod tensor;
+#[cfg(feature = "testing")]
 pub mod testing;
 pub mod weights;
 

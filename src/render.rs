@@ -8,12 +8,12 @@
 //! with `make -j`.
 
 use crate::cli::CliError;
+use fusion_compiler::arch::RunsOn;
 use fusion_compiler::codegen::candidates::{self, CandidateList, CandidateUnit};
 use fusion_compiler::codegen::templates;
 use fusion_compiler::fuse::{self, NormKind};
 use fusion_compiler::ir::{DType, WeightLayout};
 use fusion_compiler::select::Arch;
-use fusion_compiler::target::RunsOn;
 use std::fmt::Write as _;
 use std::io::Write;
 use std::path::Path;
@@ -108,7 +108,7 @@ fn unit_table(file: &str, units: &[CandidateUnit]) -> String {
     text += "\nstatic const Unit kUnits[] = {\n";
     for u in units {
         let s = &u.unit.symbol;
-        let (major, minor, exactly) = match u.arch.target().runs_on {
+        let (major, minor, exactly) = match u.arch.compute_capabilities() {
             RunsOn::Exactly(major, minor) => (major, minor, true),
             RunsOn::AtLeast(major, minor) => (major, minor, false),
         };

@@ -194,7 +194,7 @@ impl TensorNames {
     /// them; other names are kept under the same prefix.
     pub fn hugging_face(layer: usize) -> TensorNames {
         let mut names = TensorNames::with_prefix(format!("model.layers.{layer}."));
-        for (ours, theirs) in fusion_compiler::hf::GATED_WEIGHT_NAMES {
+        for (ours, theirs) in fusion_compiler::names::GATED_WEIGHT_NAMES {
             names = names.rename(*ours, *theirs);
         }
         names

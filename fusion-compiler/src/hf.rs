@@ -13,6 +13,7 @@
 //! The weight names say which Hugging Face tensor each one is.
 
 use crate::ir::DType;
+use crate::names::gated_weight_name;
 use serde_json::Value;
 
 /// What a feed-forward block is made of, read from a config.
@@ -101,26 +102,6 @@ fn activation(name: &str) -> Result<&'static str, String> {
         "relu" => "relu",
         other => return Err(format!("activation `{other}` is not supported")),
     })
-}
-
-/// The Hugging Face name, within one decoder layer (`model.layers.<i>.`), of
-/// each weight of a gated block: the names [`ffn_toml`] writes, and `gamma`,
-/// as the shipped graphs call the norm's weight. What
-/// `fusion::weights::TensorNames::hugging_face` maps.
-pub const GATED_WEIGHT_NAMES: &[(&str, &str)] = &[
-    ("norm", "post_attention_layernorm.weight"),
-    ("gamma", "post_attention_layernorm.weight"),
-    ("w_gate", "mlp.gate_proj.weight"),
-    ("w_up", "mlp.up_proj.weight"),
-    ("w_down", "mlp.down_proj.weight"),
-];
-
-/// The Hugging Face name of a gated block's weight (see [`GATED_WEIGHT_NAMES`]).
-pub fn gated_weight_name(name: &str) -> Option<&'static str> {
-    GATED_WEIGHT_NAMES
-        .iter()
-        .find(|(ours, _)| *ours == name)
-        .map(|(_, theirs)| *theirs)
 }
 
 /// The block as a TOML graph named `name`, its tensors in `dtype`.

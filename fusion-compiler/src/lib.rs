@@ -15,15 +15,19 @@
 //! | [`build`] | compiles generated CUDA with nvcc (cached), archives it, runs bindgen (feature `build`) |
 //! | [`hf`] | feed-forward block graphs from a Hugging Face `config.json` (`fusion graph --from-hf`) |
 //!
+//! [`arch`] names the GPU generations and which devices run each;
+//! [`names`] the Hugging Face names of a block's weights.
 //! [`diagnostic`] holds the spans and error messages every stage shares;
 //! [`generated`] the names the build script writes and `fusion_graph!`
 //! expands to.
 //!
-//! `syntax`, `ir`, `diagnostic` and `generated` are always present: they
-//! are what the `fusion_graph!` macro links. `fuse`, `select`, `target`,
-//! `tune`, `codegen` and `reference` need the feature `compiler`, and `build` the feature `build`
+//! `syntax`, `ir`, `diagnostic`, `generated`, `arch` and `names` are always
+//! present: they are what the `fusion_graph!` macro and fusion's run time
+//! link. `fuse`, `select`, `target`, `tune`,
+//! `codegen` and `reference` need the feature `compiler`, and `build` the feature `build`
 //! (which includes `compiler`); both are on by default.
 
+pub mod arch;
 #[cfg(feature = "build")]
 pub mod build;
 #[cfg(feature = "compiler")]
@@ -35,6 +39,7 @@ pub mod generated;
 #[cfg(feature = "compiler")]
 pub mod hf;
 pub mod ir;
+pub mod names;
 #[cfg(feature = "compiler")]
 pub mod reference;
 #[cfg(feature = "compiler")]

@@ -8,6 +8,7 @@
 
 mod demo;
 mod error;
+mod lean_runtime;
 mod process;
 mod resources;
 mod steps;

@@ -131,6 +131,8 @@ impl Session<'_> {
                 "-p",
                 "fusion",
                 "--no-default-features",
+                "--features",
+                "cli",
                 "--",
                 "plan",
                 &graph,

@@ -2,6 +2,7 @@
 //! in it needs a GPU.
 
 use crate::error::Result;
+use crate::lean_runtime;
 use crate::steps::{self, Action, Step};
 use crate::user_crate;
 use crate::workspace::Workspace;
@@ -45,7 +46,7 @@ fn suite_steps() -> Vec<Step> {
             ]),
         ),
         Step::new(
-            "cargo clippy fusion without default features (no shipped kernels, no nvcc)",
+            "cargo clippy fusion without default features (the lean run time: no command line, no shipped kernels, no nvcc)",
             Action::CargoWithEnv(
                 &[NO_NVCC],
                 vec![
@@ -58,6 +59,10 @@ fn suite_steps() -> Vec<Step> {
                     "warnings",
                 ],
             ),
+        ),
+        Step::new(
+            "the lean run time's dependencies (fusion with kernels, sm80, sm90 and no default features): none of the command line's or the compiler's",
+            Action::Function(lean_runtime::check),
         ),
         Step::new(
             "cargo test (every kernel variant: sm75, sm80, sm90)",

@@ -1,8 +1,8 @@
 //! A crate outside the workspace that uses fusion as a dependent does: a
 //! library and a binary, each with a `fusion_graph!`, compiled by its own
 //! build script. Written under `target/` and checked with clippy, pedantic
-//! lints on and every warning fatal, so that code fusion generates into a
-//! user's crate is warning-free there. Built without nvcc, as a crate on a
+//! lints on and every warning fatal, and with rustdoc, so that code fusion
+//! generates into a user's crate is warning-free there, its docs included. Built without nvcc, as a crate on a
 //! machine without CUDA builds it (`FUSION_SKIP_NVCC=1`): the wrappers are
 //! the same, only their launchers are missing.
 
@@ -152,7 +152,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
 /// Writes the crate into `target/user-crate` and runs clippy on it (its
 /// library and binary; fusion's own crates are built as dependencies, not
-/// linted), with `-D warnings -W clippy::pedantic`.
+/// linted), with `-D warnings -W clippy::pedantic`, then rustdoc with
+/// `-D warnings`.
 pub fn check_warning_free(workspace: &Workspace, toolchain: &Toolchain) -> Result<()> {
     let dir = workspace.root.join("target").join("user-crate");
     let root = workspace.root.display().to_string();
@@ -169,33 +170,41 @@ pub fn check_warning_free(workspace: &Workspace, toolchain: &Toolchain) -> Resul
     // Resolved as the workspace is, so that no dependency is built twice.
     std::fs::copy(workspace.root.join("Cargo.lock"), dir.join("Cargo.lock"))
         .map_err(|e| Error::new(format!("cannot copy Cargo.lock into {}: {e}", dir.display())))?;
-    let mut command = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
-    toolchain.apply_to(&mut command);
-    command
-        .current_dir(&dir)
-        .env("CARGO_TARGET_DIR", workspace.root.join("target"))
-        .env("FUSION_SKIP_NVCC", "1")
-        .env("NVCC", "/nonexistent/nvcc")
-        .args([
-            "clippy",
-            "--no-deps",
-            "--all-targets",
-            "--",
-            "-D",
-            "warnings",
-            "-W",
-            "clippy::pedantic",
-        ]);
-    let status = process::run_inheriting(&mut command)?;
-    if status.success() {
-        Ok(())
-    } else {
-        Err(Error::new(format!(
-            "code generated into a user crate is not warning-free: `{}` (in {}) ended with {status}",
-            display_command(&command),
-            workspace.display(&dir)
-        )))
+    // Clippy, then rustdoc: the generated docs' links must resolve with the
+    // features a user crate gives fusion (none of `cli`, `testing`).
+    let clippy = [
+        "clippy",
+        "--no-deps",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+        "-W",
+        "clippy::pedantic",
+    ];
+    let doc = ["doc", "--no-deps"];
+    for (args, rustdocflags) in [(&clippy[..], None), (&doc[..], Some("-D warnings"))] {
+        let mut command = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+        toolchain.apply_to(&mut command);
+        command
+            .current_dir(&dir)
+            .env("CARGO_TARGET_DIR", workspace.root.join("target"))
+            .env("FUSION_SKIP_NVCC", "1")
+            .env("NVCC", "/nonexistent/nvcc")
+            .args(args);
+        if let Some(flags) = rustdocflags {
+            command.env("RUSTDOCFLAGS", flags);
+        }
+        let status = process::run_inheriting(&mut command)?;
+        if !status.success() {
+            return Err(Error::new(format!(
+                "code generated into a user crate is not warning-free: `{}` (in {}) ended with {status}",
+                display_command(&command),
+                workspace.display(&dir)
+            )));
+        }
     }
+    Ok(())
 }
 
 /// Writes `contents` to `path` unless it already holds them, so that an

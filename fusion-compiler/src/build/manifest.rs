@@ -62,7 +62,7 @@ pub(super) fn render(units: &[Unit]) -> String {
                     .map(|arch| {
                         let target = arch.target();
                         TargetManifest {
-                            name: target.name,
+                            name: target.arch.name(),
                             gencode: target.gencode,
                             sass_gencode: target.sass_gencode,
                         }

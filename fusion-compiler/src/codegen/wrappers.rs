@@ -747,8 +747,9 @@ impl quote::ToTokens for BoundGraph {
                 pub const DECLARATION: &'static str = #declaration;
 
                 /// The graph, parsed and checked again from [`Self::DECLARATION`]:
-                /// for the CPU reference ([`fusion::core::reference`]) and for
-                /// drawing test data with its shapes.
+                /// for the CPU reference (`fusion::core::reference`, present
+                /// with fusion's feature `testing`) and for drawing test data
+                /// with its shapes.
                 ///
                 /// # Panics
                 ///

@@ -1,17 +1,15 @@
 //! Turing (sm_75): the WMMA mainloop (`kernels/include/fusion/sm75/`), f16
 //! only, double-buffered through registers.
 
-use super::{Arch, RunsOn, Target, TileSpace, warp_tiled};
+use super::{Arch, Target, TileSpace, warp_tiled};
 use crate::ir::DType;
 use crate::select::{KernelKind, Mainloop, TileConfig};
 
 pub(super) static TARGET: Target = Target {
     arch: Arch::Sm75,
-    name: "sm75",
     // PTX too, so later GPUs can JIT it.
     gencode: "-gencode=arch=compute_75,code=[sm_75,compute_75]",
     sass_gencode: "-gencode=arch=compute_75,code=sm_75",
-    runs_on: RunsOn::AtLeast(7, 5),
     // Turing tensor cores have no bf16.
     dtypes: &[DType::F16],
     mainloop: Mainloop::Sm75,

@@ -1,17 +1,15 @@
 //! Ampere and Ada (sm_80, also run on sm_86 and sm_89): the mma.sync
 //! mainloop with a cp.async multi-stage pipeline (`kernels/include/fusion/sm80/`).
 
-use super::{Arch, RunsOn, Target, TileSpace, warp_tiled};
+use super::{Arch, Target, TileSpace, warp_tiled};
 use crate::ir::DType;
 use crate::select::{KernelKind, Mainloop, TileConfig};
 
 pub(super) static TARGET: Target = Target {
     arch: Arch::Sm80,
-    name: "sm80",
     // PTX too, so later GPUs (sm_100 and on) can JIT it.
     gencode: "-gencode=arch=compute_80,code=[sm_80,compute_80]",
     sass_gencode: "-gencode=arch=compute_80,code=sm_80",
-    runs_on: RunsOn::AtLeast(8, 0),
     dtypes: &[DType::F16, DType::BF16],
     mainloop: Mainloop::Sm80,
     mainloop_type: "fusion::sm80::Mainloop",

@@ -1,18 +1,16 @@
 //! Hopper (sm_90a): the persistent, warp-specialized wgmma + TMA mainloop
 //! (`kernels/include/fusion/sm90/`).
 
-use super::{Arch, RunsOn, Target, TileSpace};
+use super::{Arch, Target, TileSpace};
 use crate::ir::DType;
 use crate::select::{KernelKind, Mainloop, Schedule, TileConfig};
 
 pub(super) static TARGET: Target = Target {
     arch: Arch::Sm90,
-    name: "sm90",
     // wgmma and TMA are sm_90a features: its code runs on nothing else, so
     // there is no PTX to carry.
     gencode: "-gencode=arch=compute_90a,code=sm_90a",
     sass_gencode: "-gencode=arch=compute_90a,code=sm_90a",
-    runs_on: RunsOn::Exactly(9, 0),
     dtypes: &[DType::F16, DType::BF16],
     mainloop: Mainloop::Sm90,
     mainloop_type: "fusion::sm90::Mainloop",

@@ -21,16 +21,16 @@ fn every_generation_has_its_feature_headers_and_table() {
         let target = arch.target();
         assert_eq!(target.arch, arch);
         assert!(
-            features.contains_key(target.name),
+            features.contains_key(target.arch.name()),
             "the root Cargo.toml has no feature `{}`",
-            target.name
+            target.arch.name()
         );
         let header = crate_dir().join("kernels/include").join(target.mainloop_header);
         assert!(header.is_file(), "{} is missing", header.display());
         assert!(
             target
                 .mainloop_type
-                .starts_with(&format!("fusion::{}::", target.name))
+                .starts_with(&format!("fusion::{}::", target.arch.name()))
         );
         // The tile rules each unit asserts, as codegen names them.
         let folder = header.parent().unwrap();
@@ -42,7 +42,7 @@ fn every_generation_has_its_feature_headers_and_table() {
             declares_tile_valid,
             "no header in {} declares `fusion::{}::tile_valid`",
             folder.display(),
-            target.name
+            target.arch.name()
         );
         let file = TunedTable::shipped_file(arch);
         let on_disk = std::fs::read_to_string(crate_dir().join(&file)).unwrap();
