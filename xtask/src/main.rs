@@ -9,6 +9,7 @@
 mod demo;
 mod error;
 mod lean_runtime;
+mod package_cache;
 mod process;
 mod resources;
 mod steps;

@@ -3,6 +3,7 @@
 
 use crate::error::Result;
 use crate::lean_runtime;
+use crate::package_cache;
 use crate::steps::{self, Action, Step};
 use crate::user_crate;
 use crate::workspace::Workspace;
@@ -88,6 +89,10 @@ fn suite_steps() -> Vec<Step> {
         Step::new(
             "a crate outside the workspace with fusion_graph! in its library and binary: clippy pedantic, warnings fatal (without nvcc)",
             Action::Function(user_crate::check_warning_free),
+        ),
+        Step::new(
+            "forget cargo's extracted copies of earlier packages of the published crates",
+            Action::Function(package_cache::forget_stale_extractions),
         ),
         // What `cargo publish` would upload, each crate built from its
         // package alone (in target/package) against the others' packages:
