@@ -259,9 +259,50 @@ pub fn with_stream_workspace<R>(stream: &Arc<CudaStream>, f: impl FnOnce(&mut Wo
 
 /// Where one dynamic dim got its value.
 #[derive(Clone, Copy)]
-struct Bound {
+pub(crate) struct Bound {
     value: usize,
     from: &'static str,
+}
+
+/// Matches a tensor's extents `actual` against `decl`'s dims, one each: a
+/// static dim must be its value (`Ok(false)` where not, for the caller's own
+/// shape error); a dynamic dim takes its value from the first tensor that
+/// has it (into `dims`, one per dim of `graph`) and the later ones must
+/// agree (`Error::DimMismatch`, naming both).
+pub(crate) fn bind_dims(
+    graph: &GraphDecl,
+    dims: &mut [Option<Bound>],
+    decl: &'static TensorDecl,
+    actual: &[usize],
+) -> Result<bool> {
+    if actual.len() != decl.shape.len() {
+        return Ok(false);
+    }
+    for (&dim, &value) in decl.shape.iter().zip(actual) {
+        match dim {
+            Dim::Static(n) if n != value => return Ok(false),
+            Dim::Static(_) => {}
+            Dim::Dynamic(i) => match dims[i] {
+                None => {
+                    dims[i] = Some(Bound {
+                        value,
+                        from: decl.name,
+                    })
+                }
+                Some(bound) if bound.value != value => {
+                    return Err(Error::DimMismatch {
+                        dim: graph.dims[i].to_owned(),
+                        first: bound.from.to_owned(),
+                        first_value: bound.value,
+                        second: decl.name.to_owned(),
+                        second_value: value,
+                    });
+                }
+                Some(_) => {}
+            },
+        }
+    }
+    Ok(true)
 }
 
 /// A GEMM's weight in the form its kernel reads, computed once when a
@@ -538,32 +579,8 @@ impl<'s> Call<'s> {
             expected: declared_shape(graph, decl),
             actual: shape.to_string(),
         };
-        if actual.len() != decl.shape.len() {
+        if !bind_dims(graph, &mut self.dims, decl, &actual)? {
             return Err(shape_error());
-        }
-        for (&dim, &value) in decl.shape.iter().zip(&actual) {
-            match dim {
-                Dim::Static(n) if n != value => return Err(shape_error()),
-                Dim::Static(_) => {}
-                Dim::Dynamic(i) => match self.dims[i] {
-                    None => {
-                        self.dims[i] = Some(Bound {
-                            value,
-                            from: decl.name,
-                        })
-                    }
-                    Some(bound) if bound.value != value => {
-                        return Err(Error::DimMismatch {
-                            dim: self.graph.dims[i].to_owned(),
-                            first: bound.from.to_owned(),
-                            first_value: bound.value,
-                            second: decl.name.to_owned(),
-                            second_value: value,
-                        });
-                    }
-                    Some(_) => {}
-                },
-            }
         }
         if let (Some(&last_decl), Some(&last)) = (decl.shape.last(), actual.last())
             && last % 8 != 0

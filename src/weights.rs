@@ -15,7 +15,7 @@
 //! and f32, the tensors kernels take.
 
 use crate::error::{Error, Result};
-use crate::launch::{Dim, GraphDecl, TensorDecl, declared_shape};
+use crate::launch::{Bound, GraphDecl, TensorDecl, bind_dims, declared_shape};
 use crate::tensor::{Element, Shape, Tensor};
 use cudarc::driver::CudaStream;
 use fusion_compiler::ir::DType;
@@ -228,7 +228,7 @@ pub struct Binder<'f> {
     file: &'f TensorFile,
     names: &'f TensorNames,
     /// Each dynamic dim's value and the tensor it was read from.
-    dims: Vec<Option<(usize, &'static str)>>,
+    dims: Vec<Option<Bound>>,
 }
 
 impl<'f> Binder<'f> {
@@ -288,24 +288,8 @@ impl<'f> Binder<'f> {
             [r, c] if decl.shape.len() == 2 => Shape::Matrix(r, c),
             _ => return Err(shape_error()),
         };
-        for (&dim, &value) in decl.shape.iter().zip(view.shape) {
-            match dim {
-                Dim::Static(n) if n != value => return Err(shape_error()),
-                Dim::Static(_) => {}
-                Dim::Dynamic(i) => match self.dims[i] {
-                    None => self.dims[i] = Some((value, decl.name)),
-                    Some((first_value, first)) if first_value != value => {
-                        return Err(Error::DimMismatch {
-                            dim: self.graph.dims[i].to_owned(),
-                            first: first.to_owned(),
-                            first_value,
-                            second: decl.name.to_owned(),
-                            second_value: value,
-                        });
-                    }
-                    Some(_) => {}
-                },
-            }
+        if !bind_dims(self.graph, &mut self.dims, decl, view.shape)? {
+            return Err(shape_error());
         }
         Ok((view, shape))
     }
@@ -328,6 +312,7 @@ pub fn serialize(tensors: &[(String, DType, Vec<usize>, Vec<u8>)]) -> Result<Vec
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::launch::Dim;
     use half::f16;
 
     static GRAPH: GraphDecl = GraphDecl {

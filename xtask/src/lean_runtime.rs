@@ -5,7 +5,7 @@
 //! fails, naming the crate, if one of theirs comes back.
 
 use crate::error::{Error, Result};
-use crate::process::{display_command, last_line};
+use crate::process::{display_command, run_quiet};
 use crate::toolchain::Toolchain;
 use crate::workspace::Workspace;
 use std::collections::BTreeSet;
@@ -36,17 +36,7 @@ pub fn check(workspace: &Workspace, toolchain: &Toolchain) -> Result<()> {
         "--prefix",
         "none",
     ]);
-    let output = command
-        .output()
-        .map_err(|e| Error::new(format!("could not start `{}`: {e}", display_command(&command))))?;
-    if !output.status.success() {
-        return Err(Error::new(format!(
-            "`{}` failed ({}): {}",
-            display_command(&command),
-            output.status,
-            last_line(&output.stderr)
-        )));
-    }
+    let output = run_quiet(&mut command)?;
     // `name vX.Y.Z`, each version of a crate once (a line repeated under
     // another dependent ends in `(*)`).
     let crates: BTreeSet<(&str, &str)> = std::str::from_utf8(&output.stdout)
