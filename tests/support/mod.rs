@@ -4,8 +4,8 @@
 //! Environment:
 //! - `FUSION_TEST_SEED`: replay a run (the seed is printed by every test);
 //! - `FUSION_TEST_SIZE=quick`: ragged shapes and one mid-size shape only
-//!   (for the PTX variants); `tiny`: M in {1, 77}, N and K in {8, 136} (for
-//!   the sanitizers); default `full` adds the benchmark shapes;
+//!   (for the PTX variants); `tiny`: M in {1, 77}, N and K in {8, 136}, and
+//!   the decode kernel's wide shape (for the sanitizers); default `full` adds the benchmark shapes;
 //! - `FUSION_FORCE_ARCH`: run another compiled variant (see `fusion::device`);
 //! - `FUSION_GRAPHS_DIR`: where `graphs/*.toml` are, when the test binary
 //!   runs away from its checkout.
@@ -389,6 +389,9 @@ pub fn gemm_shapes() -> Vec<(usize, usize, usize)> {
         }
     }
     if tiny() {
+        // The decode kernel's wide CTA shape (see below), which M = 1 does
+        // not reach, for the sanitizers.
+        shapes.push((13, 5400, 1032));
         return shapes;
     }
     // 512 x 2048: the small-M tiles. 2100 x 3000 on the sm90 128x256 tile:
