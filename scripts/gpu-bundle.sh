@@ -23,6 +23,7 @@ fi
 json=$(cargo test --release --features "$features" --tests --no-run --message-format=json 2>/dev/null)
 cargo build --release --features "$features" --bin fusion --example swiglu_ffn
 cargo build --release -p llama-ffn
+llama_json=$(cargo test --release -p llama-ffn --tests --no-run --message-format=json 2>/dev/null)
 for name in gpu gpu_errors gpu_graphs gpu_workspace gpu_safetensors gpu_property gpu_stress; do
   exe=$(echo "$json" | python3 -c "
 import json, sys
@@ -36,8 +37,15 @@ cp target/release/fusion "$dir/fusion"
 target/release/fusion render fusion-compiler/kernels/selftest/candidates.json --out "$dir/selftest"
 cp target/release/examples/swiglu_ffn "$dir/swiglu_ffn"
 cp target/release/llama-ffn "$dir/llama-ffn"
+# The example crate's own GPU test: its block bound from a safetensors file.
+cp "$(echo "$llama_json" | python3 -c "
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get('reason') == 'compiler-artifact' and m['target']['name'] == 'safetensors' and m.get('executable'):
+        print(m['executable'])")" "$dir/llama_ffn_safetensors"
 cp -r graphs "$dir/"
 cp scripts/gpu-suite.sh "$dir/"
 strip "$dir/gpu" "$dir/gpu_errors" "$dir/gpu_graphs" "$dir/gpu_workspace" "$dir/gpu_safetensors" "$dir/gpu_property" "$dir/gpu_stress" "$dir/fusion" \
-  "$dir/swiglu_ffn" "$dir/llama-ffn"
+  "$dir/swiglu_ffn" "$dir/llama-ffn" "$dir/llama_ffn_safetensors"
 du -sh "$dir"

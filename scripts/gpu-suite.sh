@@ -82,7 +82,8 @@ for step in $steps; do
     graphs)
       run_tests gpu-graphs.log any ./gpu_graphs --ignored --nocapture
       run_tests gpu-workspace.log any ./gpu_workspace --ignored --test-threads 1 --nocapture
-      run_tests gpu-safetensors.log any ./gpu_safetensors --ignored --nocapture ;;
+      run_tests gpu-safetensors.log any ./gpu_safetensors --ignored --nocapture
+      run_tests gpu-llama-safetensors.log 1 ./llama_ffn_safetensors --ignored --nocapture ;;
     examples)
       run example-swiglu-ffn.log ./swiglu_ffn 512
       run example-llama-ffn.log ./llama-ffn ;;
