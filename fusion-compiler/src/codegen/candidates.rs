@@ -140,17 +140,20 @@ pub fn render_candidates(
                             b_layout: layout,
                             ..gemm.clone()
                         };
-                        let unit = render_one(
-                            file,
-                            index,
-                            plan,
-                            kernel_index,
-                            &composition,
-                            dtype,
-                            arch,
-                            candidate,
+                        let unit = render_kernel(
+                            &format!("cand{index}"),
+                            &format!("{file}, candidate {index}"),
+                            KernelChoice {
+                                plan,
+                                kernel_index,
+                                composition: &composition,
+                                dtype,
+                                arch,
+                            },
+                            candidate.config,
                         )
-                        .map_err(|e| fail(e.to_string()))?;
+                        .map_err(|e| fail(e.to_string()))?
+                        .unit;
                         let KernelKey::Gemm { config, .. } = unit.key else {
                             unreachable!("a GEMM composition renders a GEMM unit")
                         };
@@ -178,23 +181,44 @@ fn parse_all<T>(names: &[String], what: &str, parse: impl Fn(&str) -> Option<T>)
         .collect()
 }
 
-/// The unit of one GEMM kernel of `plan` with `composition`, for one dtype
-/// and arch: rendered as a build renders it, from a one-kernel plan and, when
-/// the candidate gives a config, a table holding only that config.
-#[allow(
-    clippy::too_many_arguments,
-    reason = "one call site, each argument a different fact"
-)]
-fn render_one(
-    file: &str,
-    index: usize,
-    plan: &Plan,
-    kernel_index: usize,
-    composition: &GemmComposition,
-    dtype: DType,
-    arch: Arch,
-    candidate: &Candidate,
-) -> Result<RenderedUnit, CodegenError> {
+/// One GEMM kernel of a plan, with the composition, dtype and arch to
+/// render it for.
+#[derive(Clone, Copy, Debug)]
+pub struct KernelChoice<'a> {
+    pub plan: &'a Plan,
+    /// The kernel's index in `plan`.
+    pub kernel_index: usize,
+    pub composition: &'a GemmComposition,
+    pub dtype: DType,
+    pub arch: Arch,
+}
+
+/// A one-kernel library: the kernel's unit and the unit with
+/// `<lib>_error_string`, `(file stem, source)`.
+#[derive(Clone, Debug)]
+pub struct KernelUnits {
+    pub unit: RenderedUnit,
+    pub error_unit: (String, String),
+}
+
+/// The unit of one GEMM kernel, rendered as a build renders it, from a
+/// one-kernel plan, as the library `lib_name` (its symbols' prefix). Given
+/// a `config`, a table holding only that config (named `table` in the
+/// unit's messages) replaces the arch's shipped one; without, the shipped
+/// table chooses.
+pub fn render_kernel(
+    lib_name: &str,
+    table: &str,
+    choice: KernelChoice<'_>,
+    config: Option<KernelConfig>,
+) -> Result<KernelUnits, CodegenError> {
+    let KernelChoice {
+        plan,
+        kernel_index,
+        composition,
+        dtype,
+        arch,
+    } = choice;
     let mut kernel = plan.kernels[kernel_index].clone();
     kernel.composition = Composition::Gemm(composition.clone());
     let spec = GraphSpec {
@@ -204,15 +228,14 @@ fn render_one(
             splits: Vec::new(),
         },
         dtypes: vec![dtype],
-        origin: file.to_owned(),
+        origin: table.to_owned(),
         fingerprint: None,
         declaration: String::new(),
     };
-    let tables: Vec<TunedTable> = candidate
-        .config
+    let tables: Vec<TunedTable> = config
         .iter()
         .map(|&config| TunedTable {
-            file: format!("{file}, candidate {index}"),
+            file: table.to_owned(),
             arch,
             configs: IndexMap::from([(
                 format!("{}.{dtype}", KernelKind::of(composition, dtype).name),
@@ -221,12 +244,15 @@ fn render_one(
             unfused: Vec::new(),
         })
         .collect();
-    let library = render_with_tables(&format!("cand{index}"), &[arch], &[spec], &tables)?;
-    Ok(library
-        .units
-        .into_iter()
-        .next()
-        .expect("a one-kernel plan renders one unit"))
+    let library = render_with_tables(lib_name, &[arch], &[spec], &tables)?;
+    Ok(KernelUnits {
+        unit: library
+            .units
+            .into_iter()
+            .next()
+            .expect("a one-kernel plan renders one unit"),
+        error_unit: library.error_unit,
+    })
 }
 
 #[cfg(test)]
