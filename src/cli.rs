@@ -16,6 +16,8 @@ use std::process::ExitCode;
 mod bench;
 #[cfg(feature = "kernels")]
 pub use bench::{BenchArgs, bench};
+mod tune;
+pub use tune::{TuneArgs, tune};
 
 /// Fused transformer GPU kernels, compiled at build time from dataflow graphs.
 #[derive(Debug, Parser)]
@@ -38,24 +40,10 @@ pub enum Command {
     /// Writes a model's feed-forward block as a TOML graph, from its Hugging
     /// Face config.json.
     Graph(GraphArgs),
-    /// With `--list`: the tile configs a tuner would try for each GEMM
-    /// kernel of the graphs' plans, and how many each reason pruned (no GPU,
-    /// no compile).
+    /// Measures tile configs for graphs' GEMM kernels on GPU 0 and writes
+    /// the fastest into a tuned cache that builds read (`--list`: the
+    /// candidates alone, no GPU; `--report`: a cache's entries).
     Tune(TuneArgs),
-}
-
-#[derive(Debug, Args)]
-pub struct TuneArgs {
-    /// The graphs, TOML files such as `graphs/swiglu_ffn.toml`.
-    #[arg(value_name = "GRAPH.toml", required = true)]
-    pub graphs: Vec<PathBuf>,
-    /// Print each kernel's candidates and pruning counts; compiling and
-    /// timing them is not built yet, so this is required.
-    #[arg(long)]
-    pub list: bool,
-    /// The generations, comma-separated (`sm80,sm90`); default: every one.
-    #[arg(long, value_name = "ARCHS")]
-    pub arch: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -174,55 +162,8 @@ pub fn run(cli: &Cli, out: &mut dyn Write) -> Result<(), CliError> {
             crate::render::render(&args.list, &graphs, &args.out, out)
         }
         Command::Graph(args) => graph_from_hf(args, out),
-        Command::Tune(args) => tune_list(args, out),
+        Command::Tune(args) => tune(args, out),
     }
-}
-
-/// `fusion tune --list`: per graph, per GEMM kernel of its plan, dtype and
-/// arch, the search space's summary line (candidates, pruned by reason,
-/// what is not yet checked) and each candidate as a tuned table writes a
-/// tile. Without a device, its limits are not checked.
-pub fn tune_list(args: &TuneArgs, out: &mut dyn Write) -> Result<(), CliError> {
-    use fusion_compiler::fuse::Composition;
-    use fusion_compiler::select::{Arch, KernelKind};
-    if !args.list {
-        return Err(CliError::Message(
-            "`fusion tune` compiles and times candidates on a GPU, which is not built yet; \
-             `fusion tune --list GRAPH.toml…` prints them"
-                .into(),
-        ));
-    }
-    let archs = match &args.arch {
-        Some(names) => Arch::from_names(names).map_err(CliError::Message)?,
-        None => Arch::ALL.to_vec(),
-    };
-    let rules = fusion_compiler::select::split_rules(&archs).map_err(|e| CliError::Message(e.to_string()))?;
-    let write = |out: &mut dyn Write, line: String| writeln!(out, "{line}").map_err(CliError::from_stdout);
-    for path in &args.graphs {
-        let graph = fusion_compiler::load_toml_graph(path).map_err(CliError::from_front_end)?;
-        let mut dtypes: Vec<_> = graph.tensors.iter().map(|t| t.dtype).collect();
-        dtypes.sort_by_key(|d| d.name());
-        dtypes.dedup();
-        let plan = fuse::plan_with(graph, &rules);
-        write(out, format!("graph `{}` ({})", plan.graph.name, path.display()))?;
-        for (index, kernel) in plan.kernels.iter().enumerate() {
-            let Composition::Gemm(gemm) = &kernel.composition else {
-                continue;
-            };
-            for &dtype in &dtypes {
-                let kind = KernelKind::of(gemm, dtype);
-                for &arch in &archs {
-                    let space = fusion_compiler::tune::search_space(arch, &kind, None);
-                    write(out, format!("#{index} {space}"))?;
-                    for tile in &space.candidates {
-                        let tile = serde_json::to_string(tile).expect("a tile config serializes");
-                        write(out, format!("  {tile}"))?;
-                    }
-                }
-            }
-        }
-    }
-    Ok(())
 }
 
 /// `fusion graph --from-hf`: the block's TOML on `out` or in `--out`. The

@@ -7,3 +7,8 @@
 //! fusion plan.
 
 include!(concat!(env!("OUT_DIR"), "/fusion_kernels.rs"));
+
+/// The launcher ABI's structs (abi.h), for `fusion tune`, which calls the
+/// launchers of libraries it loads at run time.
+#[cfg(feature = "cli")]
+pub(crate) use ffi::{fusion_gemm_params, fusion_tile_resources};

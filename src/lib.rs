@@ -38,6 +38,8 @@ pub mod render;
 pub mod tensor;
 #[cfg(feature = "testing")]
 pub mod testing;
+#[cfg(all(feature = "cli", feature = "kernels"))]
+pub mod tune;
 pub mod weights;
 
 pub use device::Arch;

@@ -224,14 +224,56 @@ fn tune_list_prints_each_gemm_kernels_candidates_and_pruning_counts() {
 }
 
 #[test]
-fn tune_without_list_says_what_is_built() {
+fn a_tuning_run_is_for_one_arch_and_is_refused_before_the_gpu() {
     let graph = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("graphs/gemm.toml");
-    let output = fusion().arg("tune").arg(&graph).output().unwrap();
+    let output = fusion()
+        .args(["tune", "--arch", "sm80,sm90"])
+        .arg(&graph)
+        .output()
+        .unwrap();
     assert_eq!(output.status.code(), Some(1));
     let stderr = String::from_utf8(output.stderr).unwrap();
+    assert_eq!(stderr.trim(), "error: --arch: a tuning run tunes for one arch");
+    let output = fusion()
+        .args(["tune", "--dim", "N3000"])
+        .arg(&graph)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8(output.stderr).unwrap();
     assert!(
-        stderr.starts_with("error: `fusion tune` compiles and times"),
+        stderr.contains("`N3000` is not NAME=SIZE with a positive whole size"),
         "{stderr}"
     );
-    assert!(stderr.contains("--list"), "{stderr}");
+}
+
+#[test]
+fn tune_report_prints_a_caches_entries_against_shipped_and_cublaslt() {
+    let dir = std::env::temp_dir().join(format!("fusion-cli-tune-report-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cache = dir.join("tuned.json");
+    std::fs::write(
+        &cache,
+        r#"{ "version": 1, "entries": {
+             "gemm_bias_gelu.f16.nk.n3000.k1000.sm90.m<=1024": {
+               "tile": { "bm": 128, "bn": 128, "bk": 64, "stages": 6 },
+               "time_us": 40.0, "default_time_us": 48.0, "cublaslt_time_us": 42.0,
+               "gpu": "NVIDIA H200", "driver": "580.159.04", "nvcc": "13.0", "date": "2026-12-02" },
+             "nonsense": {} } }"#,
+    )
+    .unwrap();
+    let output = fusion().args(["tune", "--report"]).arg(&cache).output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert!(lines[0].contains("entry `nonsense`"), "{stdout}");
+    let row = lines
+        .iter()
+        .find(|l| l.starts_with("gemm_bias_gelu.f16.nk.n3000.k1000.sm90.m<=1024"))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    let numbers: Vec<&str> = row.split_whitespace().skip(1).take(5).collect();
+    assert_eq!(numbers, ["40.0", "48.0", "42.0", "1.200", "1.050"], "{row}");
+    assert!(row.contains("128x128x64 (6 stages"), "{row}");
+    assert!(lines.last().unwrap().starts_with("1 entries"), "{stdout}");
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -304,7 +304,7 @@ pub fn cuda_driver_version() -> Result<i32> {
 }
 
 /// Device time of ≥ a few milliseconds queued before the timed calls.
-fn head_start(stream: &Arc<CudaStream>, scratch: &mut CudaSlice<u8>) -> Result<()> {
+pub(crate) fn head_start(stream: &Arc<CudaStream>, scratch: &mut CudaSlice<u8>) -> Result<()> {
     for _ in 0..16 {
         stream.memset_zeros(scratch)?;
     }

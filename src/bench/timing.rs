@@ -79,34 +79,49 @@ pub fn time_calls(
 pub fn time_interleaved<const N: usize>(
     stream: &Arc<CudaStream>,
     plan: TimingPlan,
-    mut head_start: impl FnMut() -> Result<()>,
+    head_start: impl FnMut() -> Result<()>,
     mut contenders: [&mut dyn FnMut(usize) -> Result<()>; N],
 ) -> Result<[Timing; N]> {
+    let timings = time_many(stream, plan, head_start, &mut contenders)?;
+    Ok(timings
+        .try_into()
+        .unwrap_or_else(|_| unreachable!("one timing per contender")))
+}
+
+/// [`time_interleaved`] for a number of contenders known at run time (at
+/// least one): one timing each, in their order.
+pub fn time_many(
+    stream: &Arc<CudaStream>,
+    plan: TimingPlan,
+    mut head_start: impl FnMut() -> Result<()>,
+    contenders: &mut [&mut dyn FnMut(usize) -> Result<()>],
+) -> Result<Vec<Timing>> {
+    let n = contenders.len();
     for round in 0..plan.warmup {
         for (j, call) in contenders.iter_mut().enumerate() {
-            call(N * round + j)?;
+            call(n * round + j)?;
         }
     }
     stream.synchronize()?;
     let ctx = stream.context();
-    let events = (0..=N * plan.runs)
+    let events = (0..=n * plan.runs)
         .map(|_| ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)))
         .collect::<Result<Vec<_>, _>>()?;
     head_start()?;
     for round in 0..plan.runs {
         for (j, call) in contenders.iter_mut().enumerate() {
-            events[N * round + j].record(stream)?;
-            call(N * (plan.warmup + round) + j)?;
+            events[n * round + j].record(stream)?;
+            call(n * (plan.warmup + round) + j)?;
         }
     }
-    let last = &events[N * plan.runs];
+    let last = &events[n * plan.runs];
     last.record(stream)?;
     last.synchronize()?;
-    let mut samples: [Vec<f64>; N] = std::array::from_fn(|_| Vec::with_capacity(plan.runs));
+    let mut samples: Vec<Vec<f64>> = (0..n).map(|_| Vec::with_capacity(plan.runs)).collect();
     for (i, w) in events.windows(2).enumerate() {
-        samples[i % N].push(f64::from(w[0].elapsed_ms(&w[1])?) * 1e3);
+        samples[i % n].push(f64::from(w[0].elapsed_ms(&w[1])?) * 1e3);
     }
-    Ok(samples.map(|mut s| summarise(&mut s)))
+    Ok(samples.into_iter().map(|mut s| summarise(&mut s)).collect())
 }
 
 /// Sorts `samples` (at least one) and summarises them.

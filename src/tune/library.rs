@@ -1,0 +1,132 @@
+//! A candidate's shared library, loaded into the process, and its launcher
+//! functions (`fusion-compiler/kernels/include/fusion/abi.h`) looked up by
+//! symbol.
+//!
+//! Libraries are never unloaded: each carries its own CUDA run time, whose
+//! exit handlers must find its code still mapped when the process ends.
+
+use crate::kernels::{fusion_gemm_params, fusion_tile_resources};
+use crate::launch::{ErrorString, Launcher, WorkspaceBytes};
+use std::ffi::{CStr, c_int, c_void};
+use std::path::Path;
+
+/// `<symbol>_resources` (abi.h).
+type Resources = unsafe extern "C" fn(*mut fusion_tile_resources, c_int) -> c_int;
+
+/// One loaded candidate.
+pub struct LoadedUnit {
+    launcher: Launcher<fusion_gemm_params>,
+    workspace_bytes: WorkspaceBytes<fusion_gemm_params>,
+    resources: Resources,
+    error_string: ErrorString,
+}
+
+/// What one tile config of a unit asks for per block.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TileAsk {
+    /// `large`, `small_m`, `small_m_alt` or `decode`.
+    pub tile: String,
+    pub smem_bytes: u32,
+    pub threads: u32,
+}
+
+impl LoadedUnit {
+    /// Loads the library at `path`, built from a unit with launcher
+    /// `symbol` in the library `lib_name`.
+    ///
+    /// # Safety
+    /// The library must be one [`super::compile`] built from units fusion
+    /// rendered: loading runs its initializers, and the functions are
+    /// called with abi.h's signatures.
+    pub unsafe fn load(path: &Path, symbol: &str, lib_name: &str) -> Result<LoadedUnit, String> {
+        // SAFETY: the caller vouches for the library (see above).
+        let library = unsafe { libloading::Library::new(path) }
+            .map_err(|e| format!("cannot load {}: {e}", path.display()))?;
+        // Never unloaded (module comment): its functions stay valid for
+        // the process's life.
+        let library: &'static libloading::Library = Box::leak(Box::new(library));
+        // SAFETY: each symbol is a function of the type abi.h declares for
+        // that name, rendered by fusion's templates.
+        unsafe {
+            let get = |name: String| -> Result<*const c_void, String> {
+                library
+                    .get::<*const c_void>(name.as_bytes())
+                    .map(|s| *s)
+                    .map_err(|e| format!("{}: no `{name}`: {e}", path.display()))
+            };
+            Ok(LoadedUnit {
+                launcher: std::mem::transmute::<*const c_void, Launcher<fusion_gemm_params>>(get(
+                    symbol.to_owned()
+                )?),
+                workspace_bytes: std::mem::transmute::<*const c_void, WorkspaceBytes<fusion_gemm_params>>(
+                    get(format!("{symbol}_workspace_bytes"))?,
+                ),
+                resources: std::mem::transmute::<*const c_void, Resources>(get(format!(
+                    "{symbol}_resources"
+                ))?),
+                error_string: std::mem::transmute::<*const c_void, ErrorString>(get(format!(
+                    "{lib_name}_error_string"
+                ))?),
+            })
+        }
+    }
+
+    /// What each of its tile configs asks for, large first.
+    pub fn resources(&self) -> Vec<TileAsk> {
+        let empty = fusion_tile_resources {
+            tile: std::ptr::null(),
+            smem_bytes: 0,
+            threads: 0,
+        };
+        let mut tiles = [empty; 8];
+        // SAFETY: writes at most `capacity` entries into the live array.
+        let count = unsafe { (self.resources)(tiles.as_mut_ptr(), tiles.len() as c_int) };
+        tiles
+            .iter()
+            .take(count.clamp(0, tiles.len() as c_int) as usize)
+            .map(|t| TileAsk {
+                // SAFETY: the unit's names are static C strings (or null).
+                tile: if t.tile.is_null() {
+                    String::new()
+                } else {
+                    unsafe { CStr::from_ptr(t.tile) }.to_string_lossy().into_owned()
+                },
+                smem_bytes: t.smem_bytes,
+                threads: t.threads,
+            })
+            .collect()
+    }
+
+    /// The workspace a launch of `params` needs, in bytes.
+    ///
+    /// # Safety
+    /// `params`' pointers are device addresses of buffers that hold what
+    /// its sizes say, on the current device.
+    pub unsafe fn workspace_bytes(&self, params: &fusion_gemm_params) -> Result<u64, String> {
+        let mut bytes = 0u64;
+        // SAFETY: the caller's contract; `bytes` is a live local.
+        let code = unsafe { (self.workspace_bytes)(params, std::ptr::null_mut(), &mut bytes) };
+        self.result(code).map(|()| bytes)
+    }
+
+    /// Queues the launch of `params` on `stream` (a `CUstream`).
+    ///
+    /// # Safety
+    /// As for [`LoadedUnit::workspace_bytes`], and the buffers stay alive
+    /// until the launch has run; `stream` is a live stream of the current
+    /// context.
+    pub unsafe fn launch(&self, params: &fusion_gemm_params, stream: *mut c_void) -> Result<(), String> {
+        // SAFETY: the caller's contract.
+        let code = unsafe { (self.launcher)(params, stream) };
+        self.result(code)
+    }
+
+    fn result(&self, code: c_int) -> Result<(), String> {
+        if code == 0 {
+            return Ok(());
+        }
+        // SAFETY: cudaGetErrorString's static string for any code.
+        let message = unsafe { CStr::from_ptr((self.error_string)(code)) };
+        Err(format!("CUDA error {code}: {}", message.to_string_lossy()))
+    }
+}

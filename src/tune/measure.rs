@@ -1,0 +1,386 @@
+//! One kernel's inputs at one M, on the host and on the device; a loaded
+//! candidate checked against the CPU reference on sampled rows, then timed
+//! call by call against the cuBLASLt product a user would call instead, by
+//! the bench's method (warm-up, CUDA events, median, input sets rotated).
+
+use super::library::LoadedUnit;
+use crate::bench::cublaslt::{LtEpilogue, LtGemm};
+use crate::bench::timing::{self, Timing, TimingPlan};
+use crate::error::Result as GpuResult;
+use crate::kernels::fusion_gemm_params;
+use crate::testing::{self, HostElement};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, ValidAsZeroBits};
+use fusion_compiler::fuse::{EpilogueStep, FusedKernel, GemmComposition, Role};
+use fusion_compiler::ir::{Activation, Graph};
+use fusion_compiler::reference::{self, HostTensor, Intermediates};
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use std::sync::Arc;
+
+/// The input sets a timing rotates through, fewer when a case is large
+/// (`rotation_sets`).
+const MAX_SETS: usize = 8;
+
+/// Device memory the rotated sets of one case may take together.
+const ROTATION_BYTES: usize = 8 << 30;
+
+/// The cuBLASLt product a kernel is timed against: the same GEMM with the
+/// fused epilogue cuBLASLt has for the chain (a residual through its
+/// `beta·C`), or the GEMM alone where it has none.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Baseline {
+    pub epilogue: LtEpilogue,
+    pub residual: bool,
+    /// Whether it computes the kernel's whole chain.
+    pub whole: bool,
+}
+
+impl Baseline {
+    pub fn of(gemm: &GemmComposition) -> Baseline {
+        use EpilogueStep::{Activation as Act, Bias, Residual};
+        let (epilogue, residual) = match gemm.epilogue[..] {
+            _ if gemm.prologue.is_some() || gemm.gate.is_some() => {
+                return Baseline {
+                    epilogue: LtEpilogue::None,
+                    residual: false,
+                    whole: false,
+                };
+            }
+            [] => (LtEpilogue::None, false),
+            [Bias] => (LtEpilogue::Bias, false),
+            [Bias, Act(a)] if a == Activation::RELU => (LtEpilogue::ReluBias, false),
+            [Bias, Act(a)] if a == Activation::GELU => (LtEpilogue::GeluBias, false),
+            [Act(a)] if a == Activation::GELU => (LtEpilogue::Gelu, false),
+            [Bias, Residual] => (LtEpilogue::Bias, true),
+            [Residual] => (LtEpilogue::None, true),
+            _ => {
+                return Baseline {
+                    epilogue: LtEpilogue::None,
+                    residual: false,
+                    whole: false,
+                };
+            }
+        };
+        Baseline {
+            epilogue,
+            residual,
+            whole: true,
+        }
+    }
+
+    /// Whether its call reads the bias.
+    fn reads_bias(self) -> bool {
+        matches!(
+            self.epilogue,
+            LtEpilogue::Bias | LtEpilogue::ReluBias | LtEpilogue::GeluBias
+        )
+    }
+
+    /// `cuBLASLt BIAS + beta·C`, or `cuBLASLt, the GEMM alone`.
+    pub fn describe(self) -> String {
+        let mut name = self.epilogue.name().to_owned();
+        if self.residual {
+            name += " + beta·C";
+        }
+        if !self.whole {
+            name += ", the GEMM alone";
+        }
+        name
+    }
+}
+
+/// One kernel of a one-kernel graph at one M: the graph's inputs drawn at
+/// random, the reference's output on sampled rows, and the device buffers,
+/// each in several rotated sets.
+pub struct Case<T: HostElement> {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    eps: f32,
+    rows: Vec<usize>,
+    want: HostTensor,
+    /// Per role the kernel reads, its buffer in every set.
+    operands: Vec<(Role, Vec<CudaSlice<T>>)>,
+    outputs: Vec<CudaSlice<T>>,
+    stream: Arc<CudaStream>,
+}
+
+impl<T: HostElement + ValidAsZeroBits> Case<T> {
+    /// Draws `graph`'s inputs for `dims` (every dynamic dim) from `seed`,
+    /// computes the reference on the rows a GPU test would compare, and
+    /// copies the inputs to the device.
+    pub fn new(
+        stream: &Arc<CudaStream>,
+        graph: &Graph,
+        kernel: &FusedKernel,
+        gemm: &GemmComposition,
+        dims: &[(&str, usize)],
+        (m, n, k): (usize, usize, usize),
+        seed: u64,
+    ) -> Result<Case<T>, String> {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let host = reference::random_bindings(graph, dims, &mut rng).map_err(|e| e.to_string())?;
+        let rows = testing::rows_to_check(m, &mut rng);
+        let intermediates = if gemm.prologue.is_some() {
+            Intermediates::RoundedNorms
+        } else {
+            Intermediates::Exact
+        };
+        let output = &graph.tensor(kernel.output).name;
+        let want = reference::evaluate_rows_with(graph, &host, &rows, intermediates)
+            .map_err(|e| e.to_string())?
+            .shift_remove(output)
+            .ok_or_else(|| format!("the reference computed no `{output}`"))?;
+        let bytes: usize = kernel
+            .operands
+            .iter()
+            .map(|o| host[&graph.tensor(o.tensor).name].data.len())
+            .sum::<usize>()
+            .saturating_add(m * n)
+            .saturating_mul(size_of::<T>());
+        let sets = rotation_sets(bytes);
+        let gpu = |e: cudarc::driver::DriverError| e.to_string();
+        let mut operands = Vec::new();
+        for operand in &kernel.operands {
+            let values = T::encode(&host[&graph.tensor(operand.tensor).name]);
+            let copies = (0..sets)
+                .map(|_| stream.clone_htod(&values))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(gpu)?;
+            operands.push((operand.role, copies));
+        }
+        let outputs = (0..sets)
+            .map(|_| stream.alloc_zeros::<T>(m * n))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(gpu)?;
+        Ok(Case {
+            m,
+            n,
+            k,
+            eps: gemm.prologue.map_or(0.0, |norm| norm.eps as f32),
+            rows,
+            want,
+            operands,
+            outputs,
+            stream: stream.clone(),
+        })
+    }
+
+    fn sets(&self) -> usize {
+        self.outputs.len()
+    }
+
+    fn operand(&self, role: Role, set: usize) -> Option<&CudaSlice<T>> {
+        self.operands
+            .iter()
+            .find(|(r, _)| *r == role)
+            .map(|(_, copies)| &copies[set])
+    }
+
+    /// The launch's params for input set `set`, with `workspace`.
+    fn params(&self, set: usize, workspace: Option<&CudaSlice<u8>>) -> fusion_gemm_params {
+        let address = |buffer: Option<&CudaSlice<T>>| {
+            buffer.map_or(std::ptr::null(), |b| {
+                b.device_ptr(&self.stream).0 as *const std::ffi::c_void
+            })
+        };
+        let step_operand = |matches: fn(Role) -> bool| {
+            self.operands
+                .iter()
+                .find(|(role, _)| matches(*role))
+                .map(|(_, copies)| &copies[set])
+        };
+        let (workspace, workspace_bytes) = workspace.map_or((std::ptr::null_mut(), 0), |w| {
+            (
+                w.device_ptr(&self.stream).0 as *mut std::ffi::c_void,
+                w.len() as u64,
+            )
+        });
+        fusion_gemm_params {
+            a: address(self.operand(Role::A, set)),
+            b: address(self.operand(Role::B, set)),
+            b_up: address(self.operand(Role::Up, set)),
+            c: self.outputs[set].device_ptr(&self.stream).0 as *mut std::ffi::c_void,
+            bias: address(step_operand(|r| matches!(r, Role::Bias { .. }))),
+            residual: address(step_operand(|r| matches!(r, Role::Residual { .. }))),
+            multiplier: address(step_operand(|r| matches!(r, Role::MulOperand { .. }))),
+            gamma: address(self.operand(Role::Gamma, set)),
+            beta: address(self.operand(Role::Beta, set)),
+            col_terms: std::ptr::null(),
+            m: self.m as i64,
+            n: self.n as i64,
+            k: self.k as i64,
+            eps: self.eps,
+            flags: 0,
+            workspace,
+            workspace_bytes,
+        }
+    }
+
+    /// The scratch `unit` needs at this case's shape, zeroed (stream-K's
+    /// flags start at 0 and kernels leave them so).
+    pub fn workspace_for(&self, unit: &LoadedUnit) -> Result<Option<CudaSlice<u8>>, String> {
+        // SAFETY: the params point at this case's buffers, of the sizes they say.
+        let bytes = unsafe { unit.workspace_bytes(&self.params(0, None)) }?;
+        if bytes == 0 {
+            return Ok(None);
+        }
+        self.stream
+            .alloc_zeros::<u8>(bytes as usize)
+            .map(Some)
+            .map_err(|e| e.to_string())
+    }
+
+    /// Runs `unit` once on set 0, its output poisoned with NaN first, and
+    /// compares the sampled rows with the reference ([`testing::compare`]):
+    /// the relative L2 error, or what is wrong.
+    pub fn check(&mut self, unit: &LoadedUnit, workspace: Option<&CudaSlice<u8>>) -> Result<f64, String> {
+        let poison = vec![T::NAN; self.m * self.n];
+        self.stream
+            .memcpy_htod(&poison, &mut self.outputs[0])
+            .map_err(|e| e.to_string())?;
+        let params = self.params(0, workspace);
+        // SAFETY: the params point at this case's live buffers and the
+        // unit's workspace; the stream is this case's.
+        unsafe { unit.launch(&params, self.stream.cu_stream().cast()) }?;
+        let got = self
+            .stream
+            .clone_dtoh(&self.outputs[0])
+            .map_err(|e| e.to_string())?;
+        let got = T::decode(&[self.m, self.n], &got)
+            .and_then(|t| t.select_rows(&self.rows))
+            .map_err(|e| e.to_string())?;
+        testing::compare(&got, &self.want, T::DTYPE, &self.rows).map_err(|e| e.to_string())
+    }
+
+    /// The cuBLASLt plan of `baseline` at this shape: the heuristic's first
+    /// algorithm, as PyTorch runs it.
+    pub fn plan_baseline(&self, gemm: &GemmComposition, baseline: Baseline) -> GpuResult<LtGemm> {
+        let gemm_n = if gemm.gate.is_some() { 2 * self.n } else { self.n };
+        LtGemm::new(
+            &self.stream,
+            T::DTYPE,
+            gemm.b_layout,
+            (self.m, gemm_n, self.k),
+            baseline.epilogue,
+            1,
+        )
+    }
+
+    /// Times `units` (each with its workspace) and `baseline`, call by
+    /// call: one timing per unit, then the baseline's.
+    pub fn time(
+        &mut self,
+        units: &[(&LoadedUnit, Option<&CudaSlice<u8>>)],
+        baseline: &mut LtGemm,
+        with: Baseline,
+        plan: TimingPlan,
+        head: &mut CudaSlice<u8>,
+    ) -> Result<Vec<Timing>, String> {
+        let sets = self.sets();
+        // Addresses only: the launches below read no Rust borrow.
+        let params: Vec<Vec<fusion_gemm_params>> = units
+            .iter()
+            .map(|(_, workspace)| (0..sets).map(|set| self.params(set, *workspace)).collect())
+            .collect();
+        let Case {
+            operands,
+            outputs,
+            stream,
+            ..
+        } = self;
+        let cu_stream = stream.cu_stream().cast();
+        let mut calls: Vec<Box<dyn FnMut(usize) -> GpuResult<()> + '_>> = Vec::new();
+        for ((unit, _), params) in units.iter().zip(&params) {
+            calls.push(Box::new(move |i| {
+                // SAFETY: each params points at this case's buffers, alive
+                // until the timing has synchronized; the stream is the case's.
+                unsafe { unit.launch(&params[i % sets], cu_stream) }.map_err(|message| crate::Error::Launch {
+                    kernel: "a tuning candidate".into(),
+                    code: -1,
+                    message,
+                })
+            }));
+        }
+        let operand = |role: fn(&Role) -> bool, set: usize| {
+            operands
+                .iter()
+                .find(|(r, _)| role(r))
+                .map(|(_, copies)| &copies[set])
+        };
+        let mut baseline_call = |i: usize| -> GpuResult<()> {
+            let set = i % sets;
+            let x = operand(|r| *r == Role::A, set).expect("a GEMM reads A");
+            let w = operand(|r| *r == Role::B, set).expect("a GEMM reads B");
+            let bias = operand(|r| matches!(r, Role::Bias { .. }), set).filter(|_| with.reads_bias());
+            let residual = operand(|r| matches!(r, Role::Residual { .. }), set).filter(|_| with.residual);
+            baseline.run(stream, x, w, bias, residual, &mut outputs[set])
+        };
+        let mut contenders: Vec<&mut dyn FnMut(usize) -> GpuResult<()>> = calls
+            .iter_mut()
+            .map(|call| call.as_mut() as &mut dyn FnMut(usize) -> GpuResult<()>)
+            .collect();
+        contenders.push(&mut baseline_call);
+        let head_stream = stream.clone();
+        timing::time_many(
+            stream,
+            plan,
+            || crate::bench::head_start(&head_stream, head),
+            &mut contenders,
+        )
+        .map_err(|e| e.to_string())
+    }
+}
+
+/// How many rotated sets a case of `bytes` gets: [`MAX_SETS`], or fewer
+/// where they would take more than [`ROTATION_BYTES`] (at least 2, so that
+/// no call finds its inputs in L2 from the call before).
+fn rotation_sets(bytes: usize) -> usize {
+    (ROTATION_BYTES / bytes.max(1)).clamp(2, MAX_SETS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fusion_compiler::fuse::{Norm, NormKind};
+    use fusion_compiler::ir::WeightLayout;
+
+    fn gemm(epilogue: Vec<EpilogueStep>) -> GemmComposition {
+        GemmComposition {
+            prologue: None,
+            b_layout: WeightLayout::NK,
+            gate: None,
+            epilogue,
+        }
+    }
+
+    #[test]
+    fn the_baseline_is_the_fused_cublaslt_epilogue_the_chain_has() {
+        use EpilogueStep::{Activation as Act, Bias, Residual};
+        let cases = [
+            (vec![], "cuBLASLt"),
+            (vec![Bias, Act(Activation::GELU)], "cuBLASLt GELU_BIAS"),
+            (vec![Bias, Act(Activation::RELU)], "cuBLASLt RELU_BIAS"),
+            (vec![Bias, Residual], "cuBLASLt BIAS + beta·C"),
+            (vec![Bias, Act(Activation::SILU)], "cuBLASLt, the GEMM alone"),
+            (vec![Bias, Act(Activation::GELU_ERF)], "cuBLASLt, the GEMM alone"),
+        ];
+        for (steps, want) in cases {
+            let g = gemm(steps);
+            assert_eq!(Baseline::of(&g).describe(), want, "{:?}", g.epilogue);
+        }
+        let mut norm = gemm(vec![]);
+        norm.prologue = Some(Norm {
+            kind: NormKind::RmsNorm,
+            eps: 1e-5,
+        });
+        assert_eq!(Baseline::of(&norm).describe(), "cuBLASLt, the GEMM alone");
+    }
+
+    #[test]
+    fn large_cases_rotate_fewer_sets() {
+        assert_eq!(rotation_sets(1 << 20), MAX_SETS);
+        assert_eq!(rotation_sets(2 << 30), 4);
+        assert_eq!(rotation_sets(100 << 30), 2);
+    }
+}

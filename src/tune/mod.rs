@@ -1,0 +1,881 @@
+//! `fusion tune`: tile configs measured on this GPU for a graph's GEMM
+//! kernel at the user's shapes, written into a tuned cache
+//! ([`fusion_compiler::select::tuned_cache`]) that builds then read
+//! (`Builder::tuned`, `FUSION_TUNED`).
+//!
+//! Per graph (one that plans into one GEMM kernel) and arch: the arch's
+//! search space, pruned before any compile ([`fusion_compiler::tune`]);
+//! every candidate, and the shipped table's config, rendered as a
+//! one-kernel library and built by nvcc into a shared library, several at
+//! once ([`compile`]); each loaded ([`library`]) and what it asks for per
+//! block held against the device. Then at each M: the graph's inputs drawn
+//! at random and the CPU reference computed on sampled rows; each
+//! candidate checked against it (a wrong one is rejected, never timed) and
+//! timed call by call against cuBLASLt ([`measure`]); the fastest, the
+//! shipped config and cuBLASLt timed once more side by side, and that
+//! entry written to the cache at once, so a stopped run keeps every M it
+//! finished and a second run skips them.
+
+mod compile;
+mod library;
+mod measure;
+
+use crate::bench::timing::TimingPlan;
+use crate::testing::HostElement;
+use compile::{Built, Job, Nvcc};
+use cudarc::driver::sys::CUdevice_attribute;
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, ValidAsZeroBits};
+use fusion_compiler::codegen::candidates::{self, KernelChoice};
+use fusion_compiler::fuse::{self, Composition, FusedKernel, GemmComposition, Plan};
+use fusion_compiler::ir::{Extent, Graph};
+use fusion_compiler::select::{Arch, KernelConfig, KernelKind, TileConfig, TunedTable};
+use fusion_compiler::select::{CacheEntry, CacheKey, MBucket, TunedCache};
+use fusion_compiler::tune::{self as space, DeviceLimits, PruneReason, TileResources};
+use indexmap::IndexMap;
+use library::LoadedUnit;
+use measure::{Baseline, Case};
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// What a tuning run is asked to do.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Row counts to measure at.
+    pub ms: Vec<usize>,
+    /// Sizes of the graph's other dynamic dims, by name.
+    pub dims: Vec<(String, usize)>,
+    /// The arch to tune for; default: the one this device runs best.
+    pub arch: Option<Arch>,
+    pub cache: PathBuf,
+    /// Where the units, libraries and nvcc logs go.
+    pub work: PathBuf,
+    /// nvcc processes at once.
+    pub jobs: usize,
+    /// Only the first this many candidates of the space.
+    pub limit: Option<usize>,
+    pub timing: TimingPlan,
+    /// Measure an M whose bucket the cache already holds for this GPU.
+    pub force: bool,
+}
+
+/// The machine a run measures on, as cache entries record it.
+struct Machine {
+    stream: Arc<CudaStream>,
+    arch: Arch,
+    limits: DeviceLimits,
+    gpu: String,
+    driver: String,
+    nvcc: Nvcc,
+    date: String,
+}
+
+/// Tunes each graph in turn; progress on standard error, results on `out`.
+pub fn tune(graphs: &[PathBuf], settings: &Settings, out: &mut dyn Write) -> Result<(), String> {
+    let started = Instant::now();
+    let machine = open_machine(settings)?;
+    say(
+        out,
+        format!(
+            "{} (fusion variant {}), {}, driver {}; cache {}",
+            machine.gpu,
+            machine.arch,
+            machine.nvcc.version,
+            machine.driver,
+            settings.cache.display()
+        ),
+    )?;
+    for path in graphs {
+        let graph = fusion_compiler::load_toml_graph(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let rules = fusion_compiler::select::split_rules(&[machine.arch]).map_err(|e| e.to_string())?;
+        let plan = fuse::plan_with(graph, &rules);
+        match one_gemm(&plan) {
+            Ok((kernel, gemm)) => tune_kernel(&machine, settings, &plan, kernel, gemm, out)?,
+            Err(reason) => say(out, format!("graph `{}`: skipped: {reason}", plan.graph.name))?,
+        }
+    }
+    say(out, format!("done in {:.0} s", started.elapsed().as_secs_f64()))
+}
+
+fn say(out: &mut dyn Write, line: String) -> Result<(), String> {
+    writeln!(out, "{line}").map_err(|e| format!("cannot write to standard output: {e}"))
+}
+
+fn open_machine(settings: &Settings) -> Result<Machine, String> {
+    let ctx = crate::testing::open_gpu(0)?;
+    let gpu_error = |e: cudarc::driver::DriverError| e.to_string();
+    let stream = ctx.new_stream().map_err(gpu_error)?;
+    let (major, minor) = ctx.compute_capability().map_err(gpu_error)?;
+    let arch = match settings.arch {
+        Some(arch) if arch.runs_on(major, minor) => arch,
+        Some(arch) => {
+            return Err(format!(
+                "{arch} code does not run on this GPU (compute capability {major}.{minor})"
+            ));
+        }
+        None => Arch::best_for(major, minor, &Arch::ALL)
+            .ok_or_else(|| format!("no fusion variant runs on compute capability {major}.{minor}"))?,
+    };
+    let limits = device_limits(&ctx).map_err(gpu_error)?;
+    let nvcc = Nvcc::find()?;
+    let bus_id = crate::bench::smi::pci_bus_id(&ctx);
+    let driver = bus_id
+        .as_deref()
+        .and_then(crate::bench::smi::driver_version)
+        .unwrap_or_else(|| "unknown".into());
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    Ok(Machine {
+        stream,
+        arch,
+        limits,
+        gpu: ctx.name().unwrap_or_else(|_| "unknown GPU".into()),
+        driver,
+        nvcc,
+        date: crate::bench::report::utc_date(now)
+            .split('T')
+            .next()
+            .unwrap_or_default()
+            .to_owned(),
+    })
+}
+
+fn device_limits(ctx: &CudaContext) -> Result<DeviceLimits, cudarc::driver::DriverError> {
+    use CUdevice_attribute::*;
+    let get = |attribute| ctx.attribute(attribute).map(|v| v.max(0) as u32);
+    Ok(DeviceLimits {
+        smem_optin_per_block: get(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?,
+        max_threads_per_block: get(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?,
+        registers_per_block: get(CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK)?,
+        max_blocks_per_sm: get(CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR)?,
+    })
+}
+
+/// The plan's one kernel, when it is a GEMM that can be tuned alone.
+fn one_gemm(plan: &Plan) -> Result<(&FusedKernel, &GemmComposition), String> {
+    let [kernel] = &plan.kernels[..] else {
+        return Err(format!(
+            "it plans into {} kernels; `fusion tune` tunes graphs of one GEMM kernel (declare each GEMM of a block as its own graph)",
+            plan.kernels.len()
+        ));
+    };
+    match &kernel.composition {
+        Composition::Gemm(gemm) if gemm.gate.is_some() => Err(format!(
+            "its kernel `{}` is a gated GEMM, which `fusion tune` does not time against cuBLASLt yet",
+            kernel.name
+        )),
+        Composition::Gemm(gemm) => Ok((kernel, gemm)),
+        _ => Err(format!("its kernel `{}` is not a GEMM", kernel.name)),
+    }
+}
+
+/// A graph's dynamic dims: the row dim's name, and every other one's size.
+struct BoundDims {
+    rows: String,
+    others: Vec<(String, usize)>,
+}
+
+/// The size of every dynamic dim but the rows, from `given`.
+fn bind_dims(graph: &Graph, kernel: &FusedKernel, given: &[(String, usize)]) -> Result<BoundDims, String> {
+    let output = graph.tensor(kernel.output);
+    let Some(&Extent::Dynamic(rows)) = output.shape.first() else {
+        return Err(format!(
+            "its output `{}` has a static row count; `fusion tune` varies a dynamic M",
+            output.name
+        ));
+    };
+    let row_name = graph.dims[rows.0].name.clone();
+    let mut bound = Vec::new();
+    let mut missing = Vec::new();
+    for dim in graph
+        .dims
+        .iter()
+        .filter(|d| d.size.is_none() && d.name != row_name)
+    {
+        match given.iter().find(|(name, _)| *name == dim.name) {
+            Some(&(_, size)) if size > 0 => bound.push((dim.name.clone(), size)),
+            _ => missing.push(format!("--dim {}=SIZE", dim.name)),
+        }
+    }
+    if !missing.is_empty() {
+        return Err(format!(
+            "its dims other than {row_name} are dynamic: give their sizes ({})",
+            missing.join(" ")
+        ));
+    }
+    Ok(BoundDims {
+        rows: row_name,
+        others: bound,
+    })
+}
+
+/// A tensor's last extent under `dims`.
+fn last_size(
+    graph: &Graph,
+    tensor: fusion_compiler::ir::TensorId,
+    dims: &[(String, usize)],
+) -> Option<usize> {
+    match *graph.tensor(tensor).shape.last()? {
+        Extent::Static(size) => usize::try_from(size).ok(),
+        Extent::Dynamic(d) => {
+            let name = &graph.dims[d.0].name;
+            dims.iter().find(|(n, _)| n == name).map(|&(_, size)| size)
+        }
+    }
+}
+
+/// One candidate: its config, what became of its build, its unit.
+struct Candidate {
+    /// `None` for the shipped table's config.
+    tile: Option<TileConfig>,
+    label: String,
+    unit: Option<LoadedUnit>,
+}
+
+fn tune_kernel(
+    machine: &Machine,
+    settings: &Settings,
+    plan: &Plan,
+    kernel: &FusedKernel,
+    gemm: &GemmComposition,
+    out: &mut dyn Write,
+) -> Result<(), String> {
+    let graph = &plan.graph;
+    let skip =
+        |out: &mut dyn Write, reason: String| say(out, format!("graph `{}`: skipped: {reason}", graph.name));
+    let BoundDims {
+        rows: row_name,
+        others: dims,
+    } = match bind_dims(graph, kernel, &settings.dims) {
+        Ok(bound) => bound,
+        Err(reason) => return skip(out, reason),
+    };
+    let a = kernel.operand(fuse::Role::A).expect("a GEMM reads A");
+    let (Some(n), Some(k)) = (last_size(graph, kernel.output, &dims), last_size(graph, a, &dims)) else {
+        return skip(out, "its N or K is not known".into());
+    };
+    let dtype = graph.tensor(kernel.output).dtype;
+    let arch = machine.arch;
+    if !arch.supports(dtype) {
+        return skip(out, format!("{arch} has no {dtype} kernels"));
+    }
+    let kind = KernelKind::of(gemm, dtype);
+    let shipped_table = TunedTable::shipped(arch).map_err(|e| e.to_string())?;
+    let shipped =
+        fusion_compiler::select::select_with(&shipped_table, arch, &kind).map_err(|e| e.to_string())?;
+    let mut search = space::search_space(arch, &kind, Some(&machine.limits));
+    if let Some(limit) = settings.limit {
+        search.candidates.truncate(limit);
+    }
+    // The shipped config's own tiles are candidates too, so that the best
+    // single tile is never worse than the tile the shipped config runs.
+    for tile in [Some(shipped.large), shipped.small_m, shipped.small_m_alt]
+        .into_iter()
+        .flatten()
+    {
+        if !search.candidates.contains(&tile) {
+            search.candidates.push(tile);
+        }
+    }
+    say(
+        out,
+        format!(
+            "graph `{}`: {} at N = {n}, K = {k} ({}); {search}",
+            graph.name,
+            kind.name,
+            dtype,
+            search = SpaceLine(&search)
+        ),
+    )?;
+
+    let mut pruned: BTreeMap<PruneReason, usize> = search.pruned.clone();
+    let mut candidates = build_candidates(
+        machine,
+        settings,
+        plan,
+        gemm,
+        &kind,
+        &search.candidates,
+        &mut pruned,
+        out,
+    )?;
+    let survivors = candidates
+        .iter()
+        .filter(|c| c.unit.is_some() && c.tile.is_some())
+        .count();
+    say(
+        out,
+        format!("  {survivors} candidates loaded; pruned: {}", reasons(&pruned)),
+    )?;
+    if candidates.first().is_none_or(|c| c.unit.is_none()) {
+        return Err(format!(
+            "the shipped config of `{}` did not build; see the logs under {}",
+            kind.name,
+            settings.work.join("log").display()
+        ));
+    }
+
+    let baseline = Baseline::of(gemm);
+    // A first run has no cache yet: nothing to warn about.
+    let cache = if settings.cache.exists() {
+        TunedCache::read(&settings.cache)
+    } else {
+        TunedCache::default()
+    };
+    for warning in &cache.warnings {
+        eprintln!("warning: {warning}");
+    }
+    let mut head = machine
+        .stream
+        .alloc_zeros::<u8>(256 << 20)
+        .map_err(|e| e.to_string())?;
+    for &m in &settings.ms {
+        let key = CacheKey {
+            composition: kind.name.clone(),
+            dtype,
+            layout: gemm.b_layout,
+            n: n as u64,
+            k: k as u64,
+            arch,
+            bucket: MBucket::of(u32::try_from(m).unwrap_or(u32::MAX)),
+        };
+        let decode_max_m = shipped.decode_for(gemm.b_layout);
+        if let Some(reason) = not_measured(m, &key, &cache, &machine.gpu, settings.force, decode_max_m) {
+            say(out, format!("  M = {m}: {reason}"))?;
+            continue;
+        }
+        let mut all_dims: Vec<(&str, usize)> =
+            dims.iter().map(|(name, size)| (name.as_str(), *size)).collect();
+        all_dims.push((row_name.as_str(), m));
+        let seed = (m as u64) << 32 ^ (n as u64) << 16 ^ k as u64;
+        let shape = (m, n, k);
+        let result = match dtype {
+            fusion_compiler::ir::DType::BF16 => measure_m::<half::bf16>(
+                machine,
+                settings,
+                kernel,
+                gemm,
+                graph,
+                At {
+                    dims: &all_dims,
+                    shape,
+                    seed,
+                },
+                &mut candidates,
+                baseline,
+                &mut head,
+            ),
+            _ => measure_m::<half::f16>(
+                machine,
+                settings,
+                kernel,
+                gemm,
+                graph,
+                At {
+                    dims: &all_dims,
+                    shape,
+                    seed,
+                },
+                &mut candidates,
+                baseline,
+                &mut head,
+            ),
+        }?;
+        let MResult {
+            best,
+            timed,
+            rejected,
+            best_us,
+            shipped_us,
+            cublaslt_us,
+        } = result;
+        let mainloop = arch.mainloop();
+        say(
+            out,
+            format!(
+                "  M = {m} ({}): {timed} timed, {} rejected; best {} {best_us:.1} µs, shipped {shipped_us:.1} µs ({:.3}x), {} {cublaslt_us:.1} µs ({:.3}x)",
+                key.bucket,
+                rejected.len(),
+                best.summary(mainloop),
+                shipped_us / best_us,
+                baseline.describe(),
+                cublaslt_us / best_us,
+            ),
+        )?;
+        for (label, reason) in &rejected {
+            say(out, format!("    rejected {label}: {reason}"))?;
+        }
+        let entry = CacheEntry {
+            tile: best,
+            time_us: best_us,
+            default_time_us: shipped_us,
+            cublaslt_time_us: cublaslt_us,
+            gpu: machine.gpu.clone(),
+            driver: machine.driver.clone(),
+            nvcc: machine.nvcc.version.clone(),
+            date: machine.date.clone(),
+        };
+        TunedCache::write(&settings.cache, &IndexMap::from([(key, entry)]))
+            .map_err(|e| format!("cannot write the tuned cache {}: {e}", settings.cache.display()))?;
+    }
+    Ok(())
+}
+
+/// Why a run does not measure M (its cache key `key`), if it does not: the
+/// cache holds the key for this GPU (a run that stopped resumes after what
+/// it finished) unless `force`, or the decode kernel, which runs ahead of
+/// every tile up to `decode_max_m` rows, serves it.
+fn not_measured(
+    m: usize,
+    key: &CacheKey,
+    cache: &TunedCache,
+    gpu: &str,
+    force: bool,
+    decode_max_m: Option<u32>,
+) -> Option<String> {
+    if let Some(max) = decode_max_m.filter(|&max| m <= max as usize) {
+        return Some(format!(
+            "the decode kernel serves m <= {max} ahead of every tile; not tuned"
+        ));
+    }
+    if !force && cache.entries.get(key).is_some_and(|e| e.gpu == gpu) {
+        return Some(format!(
+            "{key} is in the cache already (--force measures it again)"
+        ));
+    }
+    None
+}
+
+/// A search space's summary line without the per-reason detail printed
+/// again later.
+struct SpaceLine<'a>(&'a space::SearchSpace);
+
+impl std::fmt::Display for SpaceLine<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} configs in {}'s space, {} to compile",
+            self.0.total(),
+            self.0.arch,
+            self.0.candidates.len()
+        )
+    }
+}
+
+fn reasons(pruned: &BTreeMap<PruneReason, usize>) -> String {
+    if pruned.is_empty() {
+        return "none".into();
+    }
+    pruned
+        .iter()
+        .map(|(reason, count)| format!("{reason} {count}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Renders, builds and loads the shipped config (first) and every tile;
+/// counts what the build and the device's limits prune.
+#[allow(clippy::too_many_arguments, reason = "one call site, each a different fact")]
+fn build_candidates(
+    machine: &Machine,
+    settings: &Settings,
+    plan: &Plan,
+    gemm: &GemmComposition,
+    kind: &KernelKind,
+    tiles: &[TileConfig],
+    pruned: &mut BTreeMap<PruneReason, usize>,
+    out: &mut dyn Write,
+) -> Result<Vec<Candidate>, String> {
+    let arch = machine.arch;
+    let graph_name = &plan.graph.name;
+    let choice = KernelChoice {
+        plan,
+        kernel_index: 0,
+        composition: gemm,
+        dtype: kind.dtype,
+        arch,
+    };
+    let configs: Vec<Option<TileConfig>> = std::iter::once(None)
+        .chain(tiles.iter().copied().map(Some))
+        .collect();
+    let mut jobs = Vec::new();
+    let mut lib_names = Vec::new();
+    for (index, tile) in configs.iter().enumerate() {
+        let lib_name = match tile {
+            None => format!("{graph_name}_shipped"),
+            Some(_) => format!("{graph_name}_c{index}"),
+        };
+        let config = tile.map(|large| KernelConfig {
+            large,
+            small_m: None,
+            small_m_max: None,
+            small_m_alt: None,
+            decode_max_m: None,
+        });
+        let table = format!("fusion tune, candidate {index}");
+        let units =
+            candidates::render_kernel(&lib_name, &table, choice, config).map_err(|e| e.to_string())?;
+        jobs.push(Job {
+            symbol: units.unit.symbol.clone(),
+            sources: vec![(units.unit.symbol.clone(), units.unit.source), units.error_unit],
+            gencode: arch.target().gencode,
+        });
+        lib_names.push(lib_name);
+    }
+    let bar = indicatif::ProgressBar::new(jobs.len() as u64).with_style(
+        indicatif::ProgressStyle::with_template("  compiling {bar:30} {pos}/{len} ({elapsed})")
+            .expect("a valid template"),
+    );
+    let started = Instant::now();
+    let built = compile::build_all(&machine.nvcc, &settings.work, &jobs, settings.jobs, |done| {
+        bar.set_position(done as u64);
+    })?;
+    bar.finish_and_clear();
+    say(
+        out,
+        format!(
+            "  built {} libraries with {} nvcc processes in {:.0} s (units, libraries, logs: {})",
+            jobs.len(),
+            settings.jobs,
+            started.elapsed().as_secs_f64(),
+            settings.work.display()
+        ),
+    )?;
+    let mainloop = arch.mainloop();
+    let mut candidates = Vec::new();
+    // Why configs did not build, each reason once: (reason, how many, one log).
+    let mut failures: Vec<(String, usize, PathBuf)> = Vec::new();
+    for (((tile, job), built), lib_name) in configs.iter().zip(&jobs).zip(built).zip(&lib_names) {
+        let label = tile.map_or_else(|| "the shipped config".to_owned(), |t| t.summary(mainloop));
+        let mut candidate = Candidate {
+            tile: *tile,
+            label,
+            unit: None,
+        };
+        match built {
+            Built::Failed { log, message } => {
+                if tile.is_none() {
+                    say(
+                        out,
+                        format!(
+                            "  the shipped config did not build: {message} ({})",
+                            log.display()
+                        ),
+                    )?;
+                } else {
+                    *pruned.entry(PruneReason::Compile).or_default() += 1;
+                }
+                let reason = compile_reason(&message);
+                match failures.iter_mut().find(|(r, _, _)| *r == reason) {
+                    Some((_, count, _)) => *count += 1,
+                    None => failures.push((reason, 1, log)),
+                }
+            }
+            Built::Library { path, registers } => {
+                // SAFETY: built just now (or earlier, from the same sources)
+                // by `compile` from units fusion rendered.
+                let unit = unsafe { LoadedUnit::load(&path, &job.symbol, lib_name) }?;
+                let fits = unit.resources().iter().try_for_each(|ask| {
+                    space::check_resources(
+                        &TileResources {
+                            smem_bytes: ask.smem_bytes,
+                            threads: ask.threads,
+                            registers_per_thread: registers,
+                        },
+                        &machine.limits,
+                    )
+                });
+                match fits {
+                    Err(reason) if tile.is_some() => *pruned.entry(reason).or_default() += 1,
+                    _ => candidate.unit = Some(unit),
+                }
+            }
+        }
+        candidates.push(candidate);
+    }
+    for (reason, count, log) in failures {
+        say(
+            out,
+            format!("  {count} did not build: {reason} (e.g. {})", log.display()),
+        )?;
+    }
+    Ok(candidates)
+}
+
+/// What nvcc's first error says: the static assertion's message, where it
+/// is one (the rule of the mainloop a config breaks), else the whole line.
+fn compile_reason(message: &str) -> String {
+    match message.split_once("static assertion failed with ") {
+        Some((_, assertion)) => assertion.trim().trim_matches('"').to_owned(),
+        None => message.to_owned(),
+    }
+}
+
+/// Where one M is measured: every dynamic dim's size, (M, N, K) and the
+/// inputs' seed.
+struct At<'a> {
+    dims: &'a [(&'a str, usize)],
+    shape: (usize, usize, usize),
+    seed: u64,
+}
+
+/// What one M measured.
+struct MResult {
+    best: TileConfig,
+    timed: usize,
+    /// Candidates whose output was wrong (or whose launch failed): label
+    /// and reason.
+    rejected: Vec<(String, String)>,
+    best_us: f64,
+    shipped_us: f64,
+    cublaslt_us: f64,
+}
+
+/// Checks and times every loaded candidate at one M, then the fastest, the
+/// shipped config and cuBLASLt side by side.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "one call site per dtype, each a different fact"
+)]
+fn measure_m<T: HostElement + ValidAsZeroBits>(
+    machine: &Machine,
+    settings: &Settings,
+    kernel: &FusedKernel,
+    gemm: &GemmComposition,
+    graph: &Graph,
+    At { dims, shape, seed }: At<'_>,
+    candidates: &mut [Candidate],
+    baseline: Baseline,
+    head: &mut CudaSlice<u8>,
+) -> Result<MResult, String> {
+    let mut case = Case::<T>::new(&machine.stream, graph, kernel, gemm, dims, shape, seed)?;
+    let mut lt = case.plan_baseline(gemm, baseline).map_err(|e| e.to_string())?;
+    let loaded: Vec<usize> = (0..candidates.len())
+        .filter(|&i| candidates[i].unit.is_some())
+        .collect();
+    let bar = indicatif::ProgressBar::new(loaded.len() as u64).with_style(
+        indicatif::ProgressStyle::with_template("  M = {prefix} {bar:30} {pos}/{len} {msg}")
+            .expect("a valid template"),
+    );
+    bar.set_prefix(shape.0.to_string());
+    let mut rejected = Vec::new();
+    // (candidate index, its time over cuBLASLt's in the same timing)
+    let mut timed: Vec<(usize, f64)> = Vec::new();
+    let mut workspaces: Vec<Option<CudaSlice<u8>>> = (0..candidates.len()).map(|_| None).collect();
+    for &i in &loaded {
+        let unit = candidates[i].unit.as_ref().expect("loaded");
+        let outcome = case.workspace_for(unit).and_then(|workspace| {
+            case.check(unit, workspace.as_ref())?;
+            let timings = case.time(
+                &[(unit, workspace.as_ref())],
+                &mut lt,
+                baseline,
+                settings.timing,
+                head,
+            )?;
+            Ok((workspace, timings[0].median_us / timings[1].median_us))
+        });
+        match outcome {
+            Ok((workspace, share)) => {
+                workspaces[i] = workspace;
+                timed.push((i, share));
+            }
+            Err(reason) => {
+                if i == 0 {
+                    return Err(format!("the shipped config fails at M = {}: {reason}", shape.0));
+                }
+                rejected.push((candidates[i].label.clone(), reason));
+            }
+        }
+        bar.inc(1);
+        if let Some(&(best, share)) = timed
+            .iter()
+            .filter(|(i, _)| *i != 0)
+            .min_by(|a, b| a.1.total_cmp(&b.1))
+        {
+            bar.set_message(format!(
+                "{} rejected; best {:.3}x cuBLASLt: {}",
+                rejected.len(),
+                1.0 / share,
+                candidates[best].label
+            ));
+        }
+    }
+    bar.finish_and_clear();
+    let Some(&(best, _)) = timed
+        .iter()
+        .filter(|(i, _)| *i != 0)
+        .min_by(|a, b| a.1.total_cmp(&b.1))
+    else {
+        return Err(format!("no candidate passed its check at M = {}", shape.0));
+    };
+    let units = [
+        (
+            candidates[best].unit.as_ref().expect("timed"),
+            workspaces[best].as_ref(),
+        ),
+        (
+            candidates[0].unit.as_ref().expect("timed"),
+            workspaces[0].as_ref(),
+        ),
+    ];
+    let final_plan = TimingPlan {
+        warmup: settings.timing.warmup,
+        runs: settings.timing.runs * 2,
+    };
+    let timings = case.time(&units, &mut lt, baseline, final_plan, head)?;
+    Ok(MResult {
+        best: candidates[best].tile.expect("a tile candidate"),
+        timed: timed.len() - 1,
+        rejected,
+        best_us: timings[0].median_us,
+        shipped_us: timings[1].median_us,
+        cublaslt_us: timings[2].median_us,
+    })
+}
+
+/// `fusion tune --report`: per entry of the cache at `path`, the tuned
+/// tile and its time against the shipped config's and cuBLASLt's.
+pub fn report(path: &Path, out: &mut dyn Write) -> Result<(), String> {
+    let cache = TunedCache::read(path);
+    for warning in &cache.warnings {
+        say(out, format!("warning: {warning}"))?;
+    }
+    say(
+        out,
+        format!(
+            "{:<52} {:>10} {:>10} {:>10} {:>8} {:>8}  tile",
+            "kernel and M bucket", "tuned µs", "shipped µs", "cuBLASLt", "/shipped", "/cuBLASLt"
+        ),
+    )?;
+    for (key, entry) in &cache.entries {
+        say(
+            out,
+            format!(
+                "{:<52} {:>10.1} {:>10.1} {:>10.1} {:>8.3} {:>8.3}  {}",
+                key.to_string(),
+                entry.time_us,
+                entry.default_time_us,
+                entry.cublaslt_time_us,
+                entry.default_time_us / entry.time_us,
+                entry.cublaslt_time_us / entry.time_us,
+                entry.tile.summary(key.arch.mainloop()),
+            ),
+        )?;
+    }
+    say(
+        out,
+        format!(
+            "{} entries; /shipped and /cuBLASLt: their time over the tuned one (above 1: tuned is faster)",
+            cache.entries.len()
+        ),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan_of(name: &str) -> Plan {
+        let path = crate::testing::graphs_dir().join(format!("{name}.toml"));
+        fuse::plan(fusion_compiler::load_toml_graph(&path).unwrap())
+    }
+
+    #[test]
+    fn only_graphs_of_one_plain_gemm_kernel_are_tuned() {
+        assert!(one_gemm(&plan_of("gemm_bias_gelu")).is_ok());
+        let block = one_gemm(&plan_of("swiglu_ffn")).unwrap_err();
+        assert!(block.starts_with("it plans into 2 kernels"), "{block}");
+        let gated = one_gemm(&plan_of("gemm_silu_glu")).unwrap_err();
+        assert!(gated.contains("is a gated GEMM"), "{gated}");
+        let norm = one_gemm(&plan_of("layernorm")).unwrap_err();
+        assert!(norm.contains("is not a GEMM"), "{norm}");
+    }
+
+    #[test]
+    fn a_failed_compile_is_counted_under_the_rule_it_broke() {
+        let message = "include/fusion/sm90/tile_config.cuh(60): error: static assertion failed with \"a consumer thread holds at most 128 accumulators\"";
+        assert_eq!(
+            compile_reason(message),
+            "a consumer thread holds at most 128 accumulators"
+        );
+        assert_eq!(
+            compile_reason("ld: cannot find -lcudart"),
+            "ld: cannot find -lcudart"
+        );
+    }
+
+    #[test]
+    fn every_dynamic_dim_but_the_rows_needs_a_size() {
+        let plan = plan_of("gemm_bias_gelu");
+        let kernel = &plan.kernels[0];
+        let missing = bind_dims(&plan.graph, kernel, &[("N".into(), 3000)])
+            .err()
+            .unwrap();
+        assert_eq!(
+            missing,
+            "its dims other than M are dynamic: give their sizes (--dim K=SIZE)"
+        );
+        let given = [("K".into(), 1000), ("N".into(), 3000), ("X".into(), 1)];
+        let bound = bind_dims(&plan.graph, kernel, &given).ok().unwrap();
+        assert_eq!(bound.rows, "M");
+        let mut others = bound.others.clone();
+        others.sort();
+        assert_eq!(others, [("K".to_owned(), 1000), ("N".to_owned(), 3000)]);
+        let a = kernel.operand(fuse::Role::A).unwrap();
+        assert_eq!(last_size(&plan.graph, a, &bound.others), Some(1000));
+        assert_eq!(last_size(&plan.graph, kernel.output, &bound.others), Some(3000));
+    }
+
+    #[test]
+    fn a_run_resumes_after_the_buckets_the_cache_holds_for_this_gpu() {
+        let key = |m: u32| CacheKey {
+            composition: "gemm_bias_gelu".into(),
+            dtype: fusion_compiler::ir::DType::F16,
+            layout: fusion_compiler::ir::WeightLayout::NK,
+            n: 3000,
+            k: 1000,
+            arch: Arch::Sm90,
+            bucket: MBucket::of(m),
+        };
+        let dir = std::env::temp_dir().join(format!("fusion-tune-resume-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("tuned.json");
+        let entry = CacheEntry {
+            tile: TileConfig::sm90(128, 128, 6, None),
+            time_us: 40.0,
+            default_time_us: 48.0,
+            cublaslt_time_us: 42.0,
+            gpu: "NVIDIA H200".into(),
+            driver: "580".into(),
+            nvcc: "13.0".into(),
+            date: "2026-12-02".into(),
+        };
+        // What a run that stopped after M = 128 had written.
+        TunedCache::write(&path, &IndexMap::from([(key(128), entry)])).unwrap();
+        let cache = TunedCache::read(&path);
+        assert!(cache.warnings.is_empty(), "{:?}", cache.warnings);
+        let skipped = not_measured(128, &key(128), &cache, "NVIDIA H200", false, None).unwrap();
+        assert!(skipped.contains("m<=128 is in the cache already"), "{skipped}");
+        // The next bucket, another GPU, or --force: measured.
+        assert_eq!(
+            not_measured(1024, &key(1024), &cache, "NVIDIA H200", false, None),
+            None
+        );
+        assert_eq!(
+            not_measured(128, &key(128), &cache, "NVIDIA H100", false, None),
+            None
+        );
+        assert_eq!(
+            not_measured(128, &key(128), &cache, "NVIDIA H200", true, None),
+            None
+        );
+        // Rows the decode kernel serves are not tuned.
+        let decode = not_measured(16, &key(16), &cache, "NVIDIA H200", true, Some(16)).unwrap();
+        assert!(decode.starts_with("the decode kernel serves m <= 16"), "{decode}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
