@@ -1040,3 +1040,60 @@ fn a_gated_pair_refused_with_its_norm_keeps_the_pair_and_runs_the_norm_alone() {
     assert_eq!(names(&plan), ["rmsnorm", "gemm", "gemm_gelu_mul"], "{plan}");
     assert_eq!(plan.splits[0].kept, "a GEMM for each of its two weights");
 }
+
+/// Each kernel of the shipped SwiGLU block (at small D and F), alone as a
+/// graph, computes on the reference what it computes inside the block: the
+/// down projection's graph reads the gated kernel's output as an input.
+#[test]
+fn a_kernel_alone_as_a_graph_computes_what_it_does_in_its_plan() {
+    use fusion_compiler::diagnostic::SourceFile;
+    use fusion_compiler::ir::TensorKind;
+    use fusion_compiler::reference::{self, Bindings};
+    use rand::SeedableRng;
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../graphs/swiglu_ffn.toml");
+    let text = std::fs::read_to_string(path)
+        .unwrap()
+        .replace("D = 4096", "D = 16")
+        .replace("F = 14336", "F = 24");
+    let source = SourceFile::new("swiglu_ffn.toml".to_owned(), text.as_str());
+    let plan = plan_of(fusion_compiler::graph_from_source(&source).unwrap());
+    assert_eq!(plan.kernels.len(), 2, "{plan}");
+    let host = reference::random_bindings(
+        &plan.graph,
+        &[("M", 3)],
+        &mut rand::rngs::StdRng::seed_from_u64(7),
+    )
+    .unwrap();
+    let every = reference::evaluate_all(&plan.graph, &host).unwrap();
+    for index in 0..plan.kernels.len() {
+        let kernel = &plan.kernels[index];
+        let alone = plan.kernel_graph(index);
+        assert_eq!(alone.name, format!("swiglu_ffn_k{index}"));
+        assert_eq!(alone.outputs, [kernel.output]);
+        assert_eq!(alone.ops.len(), kernel.ops.len());
+        assert_eq!(alone.inputs[0], kernel.operand(Role::A).unwrap(), "A comes first");
+        assert!(
+            alone
+                .weights
+                .iter()
+                .all(|&w| alone.tensor(w).kind == TensorKind::Weight)
+        );
+        let inputs: Bindings = alone
+            .inputs
+            .iter()
+            .chain(&alone.weights)
+            .map(|&t| {
+                let name = alone.tensor(t).name.clone();
+                let value = host.get(&name).or_else(|| every.get(&name)).unwrap().clone();
+                (name, value)
+            })
+            .collect();
+        let output = &alone.tensor(kernel.output).name;
+        let got = &reference::evaluate(&alone, &inputs).unwrap()[output];
+        assert_eq!(got.data, every[output].data, "kernel {index}");
+    }
+    // The down projection reads the gated kernel's output as its input.
+    let down = plan.kernel_graph(1);
+    assert_eq!(down.tensor(down.inputs[0]).kind, TensorKind::Input);
+    assert_eq!(down.inputs[0], plan.kernels[0].output);
+}

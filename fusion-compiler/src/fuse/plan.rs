@@ -7,7 +7,7 @@
 
 use super::pattern::{self, NamedPattern};
 pub use crate::ir::Activation;
-use crate::ir::{Graph, OpDef, OpId, OpKind, TensorId, WeightLayout, ops};
+use crate::ir::{Graph, OpDef, OpId, OpKind, TensorId, TensorKind, WeightLayout, ops};
 use std::fmt;
 
 /// A graph split into kernels: every op of `graph` is in exactly one kernel,
@@ -406,6 +406,43 @@ impl Plan {
                 is_graph_output: is_graph_output[kernel.output.0],
             })
             .collect()
+    }
+
+    /// Kernel `index` alone as a graph (named `<graph>_k<index>`): its ops,
+    /// the tensors it reads as the inputs (activations, `A` first, and the
+    /// intermediates other kernels write) and weights they are in the
+    /// graph, and its output the one output. Tensor ids stay the plan's, so
+    /// the kernel's operands name the new graph's tensors; what the kernel
+    /// does not touch stays in `tensors`, unread. For checking one kernel
+    /// against the CPU reference on its own.
+    pub fn kernel_graph(&self, index: usize) -> Graph {
+        let kernel = &self.kernels[index];
+        let mut graph = self.graph.clone();
+        graph.name = format!("{}_k{index}", self.graph.name);
+        graph.ops = kernel.ops.iter().map(|&op| self.graph.op(op).clone()).collect();
+        let mut reads: Vec<TensorId> = Vec::new();
+        for t in kernel.inputs() {
+            if !reads.contains(&t) {
+                reads.push(t);
+            }
+        }
+        let (weights, inputs): (Vec<TensorId>, Vec<TensorId>) = reads
+            .into_iter()
+            .partition(|&t| self.graph.tensor(t).kind == TensorKind::Weight);
+        for &t in &inputs {
+            graph.tensors[t.0].kind = TensorKind::Input;
+        }
+        for t in 0..graph.tensors.len() {
+            let tensor = &mut graph.tensors[t];
+            if tensor.kind == TensorKind::Output && TensorId(t) != kernel.output {
+                tensor.kind = TensorKind::Intermediate;
+            }
+        }
+        graph.tensors[kernel.output.0].kind = TensorKind::Output;
+        graph.inputs = inputs;
+        graph.weights = weights;
+        graph.outputs = vec![kernel.output];
+        graph
     }
 
     /// A name for kernel `index` that is unique within the plan and a valid
