@@ -11,4 +11,4 @@ include!(concat!(env!("OUT_DIR"), "/fusion_kernels.rs"));
 /// The launcher ABI's structs (abi.h), for `fusion tune`, which calls the
 /// launchers of libraries it loads at run time.
 #[cfg(feature = "cli")]
-pub(crate) use ffi::{fusion_gemm_params, fusion_tile_resources};
+pub(crate) use ffi::{fusion_fold_params, fusion_gemm_params, fusion_tile_resources};

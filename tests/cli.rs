@@ -275,5 +275,17 @@ fn tune_report_prints_a_caches_entries_against_shipped_and_cublaslt() {
     assert_eq!(numbers, ["40.0", "48.0", "42.0", "1.200", "1.050"], "{row}");
     assert!(row.contains("128x128x64 (6 stages"), "{row}");
     assert!(lines.last().unwrap().starts_with("1 entries"), "{stdout}");
+    // A missing cache, or a file that is not one, is an error.
+    let missing = fusion()
+        .args(["tune", "--report"])
+        .arg(dir.join("none.json"))
+        .output()
+        .unwrap();
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("no tuned cache at"));
+    std::fs::write(&cache, "{ not json").unwrap();
+    let broken = fusion().args(["tune", "--report"]).arg(&cache).output().unwrap();
+    assert_eq!(broken.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&broken.stderr).contains("is not a tuned cache"));
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -38,6 +38,14 @@ impl LtEpilogue {
         }
     }
 
+    /// Whether the epilogue adds a bias, which a call must then give.
+    pub fn reads_bias(self) -> bool {
+        matches!(
+            self,
+            LtEpilogue::Bias | LtEpilogue::ReluBias | LtEpilogue::GeluBias
+        )
+    }
+
     fn raw(self) -> sys::cublasLtEpilogue_t {
         use sys::cublasLtEpilogue_t::*;
         match self {
@@ -395,10 +403,7 @@ impl LtGemm {
                 actual: T::DTYPE.to_string(),
             });
         }
-        let has_bias = matches!(
-            self.epilogue,
-            LtEpilogue::Bias | LtEpilogue::ReluBias | LtEpilogue::GeluBias
-        );
+        let has_bias = self.epilogue.reads_bias();
         if bias.is_some() != has_bias {
             return Err(Error::Shape {
                 tensor: "bias".to_owned(),

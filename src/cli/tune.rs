@@ -11,7 +11,8 @@ use std::path::{Path, PathBuf};
 pub struct TuneArgs {
     /// The graphs, TOML files such as `graphs/gemm_bias_gelu.toml`;
     /// default: every graph in the graphs folder (`FUSION_GRAPHS_DIR`, else
-    /// `graphs`); those that plan into one GEMM kernel are tuned.
+    /// `graphs` under the current directory); each GEMM kernel of their
+    /// plans is tuned alone.
     #[arg(value_name = "GRAPH.toml")]
     pub graphs: Vec<PathBuf>,
     /// Print each kernel's candidates and pruning counts, and stop (no GPU,
@@ -28,8 +29,10 @@ pub struct TuneArgs {
     #[arg(long, value_name = "ARCHS")]
     pub arch: Option<String>,
     /// The row counts to measure at, comma-separated; each gives the cache
-    /// the entry of its M bucket.
-    #[arg(long, value_name = "M,…", value_delimiter = ',', default_values_t = [1, 16, 128, 1024, 8192])]
+    /// the entry of its M bucket (one M per bucket). Default: each bucket's
+    /// bound, 16, 64, …, 4096, and 8192 for the last (on sm90 the decode
+    /// kernel serves M <= 16 of [N, K] weights, which are not tuned).
+    #[arg(long, value_name = "M,…", value_delimiter = ',', default_values_t = default_ms())]
     pub m: Vec<usize>,
     /// The size of a dynamic dim other than M, `NAME=SIZE` (repeat for
     /// several): `--dim N=3000 --dim K=1000`.
@@ -61,6 +64,18 @@ pub struct TuneArgs {
     pub force: bool,
 }
 
+/// One M per bucket of the tuned cache: its bound, and twice the last
+/// bound for the unbounded one.
+fn default_ms() -> Vec<usize> {
+    use fusion_compiler::select::M_BUCKET_BOUNDS;
+    let last = M_BUCKET_BOUNDS[M_BUCKET_BOUNDS.len() - 1];
+    M_BUCKET_BOUNDS
+        .iter()
+        .chain([&(2 * last)])
+        .map(|&m| m as usize)
+        .collect()
+}
+
 fn parse_dim(text: &str) -> Result<(String, usize), String> {
     let parsed = text.split_once('=').and_then(|(name, size)| {
         let size = size.trim().parse::<usize>().ok().filter(|&s| s > 0)?;
@@ -76,7 +91,10 @@ pub fn tune(args: &TuneArgs, out: &mut dyn Write) -> Result<(), CliError> {
         return report(path, out);
     }
     let graphs = if args.graphs.is_empty() {
-        every_graph(&crate::testing::graphs_dir())?
+        // At run time, not the checkout this binary was built in.
+        let dir =
+            std::env::var_os("FUSION_GRAPHS_DIR").map_or_else(|| PathBuf::from("graphs"), PathBuf::from);
+        every_graph(&dir)?
     } else {
         args.graphs.clone()
     };

@@ -3,12 +3,16 @@
 //! several at once. Under the work folder: `src/<symbol>/` the sources,
 //! `include/` the CUDA headers, `lib/<symbol>.so` the library and
 //! `log/<symbol>.log` what nvcc and ptxas said (ptxas's resource report
-//! gives the registers). A library whose sources are the same as when it was
-//! built is not built again, so a run that stopped resumes without
-//! compiling what it had.
+//! gives the registers). Each build is keyed by everything that decides
+//! its output (the sources, every CUDA header, nvcc's version, the flags,
+//! the gencode): a job whose key matches the last build's outcome
+//! (`lib/<symbol>.key` beside a library, `log/<symbol>.refused` for a
+//! refusal) is not built again, so a run that stopped resumes without
+//! compiling what it had, and a changed header or nvcc rebuilds.
 
 use fusion_compiler::build::nvcc::{self, Env, ToolchainFile};
 use fusion_compiler::codegen::templates;
+use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;
@@ -121,41 +125,38 @@ pub fn build_all(
         .collect())
 }
 
+/// The flags every candidate is built with, after the build's own
+/// (`DEFAULT_NVCC_FLAGS`) and before its gencode.
+const FLAGS: [&str; 6] = ["-O3", "-shared", "-Xcompiler", "-fPIC", "-Xptxas", "-v"];
+
+/// A digest of everything that decides what nvcc makes of `job`.
+fn build_key(nvcc: &Nvcc, job: &Job) -> String {
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    nvcc.version.hash(&mut hasher);
+    fusion_compiler::build::DEFAULT_NVCC_FLAGS.hash(&mut hasher);
+    FLAGS.hash(&mut hasher);
+    job.gencode.hash(&mut hasher);
+    job.sources.hash(&mut hasher);
+    templates::HEADERS.hash(&mut hasher);
+    for name in ["NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "NVCC_CCBIN"] {
+        std::env::var_os(name).hash(&mut hasher);
+    }
+    format!("{:016x}", hasher.finish())
+}
+
 fn build_one(nvcc: &Nvcc, work: &Path, include: &Path, job: &Job) -> Built {
     let src = work.join("src").join(&job.symbol);
     let library = work.join("lib").join(format!("{}.so", job.symbol));
+    let key_file = work.join("lib").join(format!("{}.key", job.symbol));
     let log = work.join("log").join(format!("{}.log", job.symbol));
+    let refused = work.join("log").join(format!("{}.refused", job.symbol));
     let failed = |message: String| Built::Failed {
         log: log.clone(),
         message,
     };
-    if let Err(e) = std::fs::create_dir_all(&src) {
-        return failed(format!("cannot create {}: {e}", src.display()));
-    }
-    let mut unchanged = library.is_file();
-    let mut files = Vec::new();
-    for (stem, source) in &job.sources {
-        let path = src.join(format!("{stem}.cu"));
-        if std::fs::read(&path).is_ok_and(|old| old == source.as_bytes()) {
-            files.push(path);
-            continue;
-        }
-        unchanged = false;
-        if let Err(e) = std::fs::write(&path, source) {
-            return failed(format!("cannot write {}: {e}", path.display()));
-        }
-        files.push(path);
-    }
-    // The headers are rewritten by every run; a library is reused only when
-    // it is newer than they are.
-    let headers_older = |lib: &Path| {
-        let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-        match (modified(lib), modified(&include.join("fusion").join("abi.h"))) {
-            (Some(lib), Some(header)) => lib >= header,
-            _ => false,
-        }
-    };
-    if unchanged && headers_older(&library) {
+    let key = build_key(nvcc, job);
+    let same_key = |file: &Path| std::fs::read_to_string(file).is_ok_and(|k| k == key);
+    if library.is_file() && same_key(&key_file) {
         let registers = std::fs::read_to_string(&log)
             .ok()
             .and_then(|l| most_registers(&l));
@@ -164,22 +165,34 @@ fn build_one(nvcc: &Nvcc, work: &Path, include: &Path, job: &Job) -> Built {
             registers,
         };
     }
+    if same_key(&refused) {
+        let said = std::fs::read_to_string(&log).unwrap_or_default();
+        return failed(first_error(&said));
+    }
+    if let Err(e) = std::fs::create_dir_all(&src) {
+        return failed(format!("cannot create {}: {e}", src.display()));
+    }
+    let mut files = Vec::new();
+    for (stem, source) in &job.sources {
+        let path = src.join(format!("{stem}.cu"));
+        if let Err(e) = std::fs::write(&path, source) {
+            return failed(format!("cannot write {}: {e}", path.display()));
+        }
+        files.push(path);
+    }
+    // Built under another name and renamed when whole, so that a stopped
+    // run leaves no library that looks finished.
+    let partial = work.join("lib").join(format!("{}.so.partial", job.symbol));
+    let _ = std::fs::remove_file(&key_file);
     let mut command = Command::new(&nvcc.program);
     command
         .args(fusion_compiler::build::DEFAULT_NVCC_FLAGS)
-        .args([
-            "-O3",
-            "-shared",
-            "-Xcompiler",
-            "-fPIC",
-            "-Xptxas",
-            "-v",
-            job.gencode,
-        ])
+        .args(FLAGS)
+        .arg(job.gencode)
         .arg("-I")
         .arg(include)
         .arg("-o")
-        .arg(&library)
+        .arg(&partial)
         .args(&files);
     if let Some(dir) = &nvcc.lib_dir {
         command.arg("-L").arg(dir);
@@ -195,8 +208,17 @@ fn build_one(nvcc: &Nvcc, work: &Path, include: &Path, job: &Job) -> Built {
     );
     let _ = std::fs::write(&log, &text);
     if !output.status.success() {
+        let _ = std::fs::remove_file(&partial);
         let _ = std::fs::remove_file(&library);
+        // Refused for what it is (a rule, the budget), not for a missing
+        // toolchain: the same key is refused again without a compile.
+        if text.contains("static assertion failed") {
+            let _ = std::fs::write(&refused, &key);
+        }
         return failed(first_error(&text));
+    }
+    if let Err(e) = std::fs::rename(&partial, &library).and_then(|()| std::fs::write(&key_file, &key)) {
+        return failed(format!("cannot keep {}: {e}", library.display()));
     }
     Built::Library {
         path: library,
@@ -255,6 +277,82 @@ mod tests {
             first_error("ld: cannot find -lcudart\n"),
             "ld: cannot find -lcudart"
         );
+    }
+
+    /// With an "nvcc" that writes its `-o` file and counts its runs: a
+    /// second build of the same job reuses the library; a changed source
+    /// builds it again.
+    #[test]
+    #[cfg(unix)]
+    fn an_unchanged_job_is_not_built_again_and_a_changed_one_is() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let work = std::env::temp_dir().join(format!("fusion-tune-reuse-{}", std::process::id()));
+        std::fs::create_dir_all(&work).unwrap();
+        let runs = work.join("runs");
+        let script = work.join("fake-nvcc");
+        std::fs::write(
+            &script,
+            format!(
+                "#!/bin/sh\necho run >> {}\nwhile [ $# -gt 0 ]; do [ \"$1\" = -o ] && : > \"$2\"; shift; done\necho 'ptxas info    : Used 40 registers'\n",
+                runs.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let nvcc = Nvcc {
+            program: script,
+            version: "test".into(),
+            lib_dir: None,
+        };
+        let mut job = Job {
+            symbol: "cand0_gemm_nk_f16_sm90".into(),
+            sources: vec![("cand0_gemm_nk_f16_sm90".into(), "int x;".into())],
+            gencode: "-gencode=arch=compute_90a,code=sm_90a",
+        };
+        let build = |job: &Job| build_all(&nvcc, &work, std::slice::from_ref(job), 1, |_| {}).unwrap();
+        let count = || std::fs::read_to_string(&runs).unwrap().lines().count();
+        let library = work.join("lib/cand0_gemm_nk_f16_sm90.so");
+        let first = build(&job);
+        assert_eq!(
+            first,
+            [Built::Library {
+                path: library.clone(),
+                registers: Some(40)
+            }]
+        );
+        assert_eq!(build(&job), first);
+        assert_eq!(count(), 1, "the second build reused the library");
+        job.sources[0].1 = "int y;".into();
+        build(&job);
+        assert_eq!(count(), 2, "a changed source is built again");
+        std::fs::remove_dir_all(&work).unwrap();
+    }
+
+    #[test]
+    fn the_key_changes_with_the_sources_the_nvcc_and_the_gencode() {
+        let nvcc = Nvcc {
+            program: PathBuf::from("nvcc"),
+            version: "13.0.88".into(),
+            lib_dir: None,
+        };
+        let job = Job {
+            symbol: "s".into(),
+            sources: vec![("s".into(), "int x;".into())],
+            gencode: "-gencode=arch=compute_90a,code=sm_90a",
+        };
+        let key = build_key(&nvcc, &job);
+        assert_eq!(key, build_key(&nvcc, &job.clone()));
+        let mut other = job.clone();
+        other.sources[0].1 = "int y;".into();
+        assert_ne!(key, build_key(&nvcc, &other));
+        let mut other = job.clone();
+        other.gencode = "-gencode=arch=compute_80,code=[sm_80,compute_80]";
+        assert_ne!(key, build_key(&nvcc, &other));
+        let newer = Nvcc {
+            version: "13.1.0".into(),
+            ..nvcc.clone()
+        };
+        assert_ne!(key, build_key(&newer, &job));
     }
 
     /// A job whose nvcc is `/bin/false`: the failure is reported, with its

@@ -5,8 +5,8 @@
 //! Libraries are never unloaded: each carries its own CUDA run time, whose
 //! exit handlers must find its code still mapped when the process ends.
 
-use crate::kernels::{fusion_gemm_params, fusion_tile_resources};
-use crate::launch::{ErrorString, Launcher, WorkspaceBytes};
+use crate::kernels::{fusion_fold_params, fusion_gemm_params, fusion_tile_resources};
+use crate::launch::{ErrorString, FoldWeights, Launcher, WorkspaceBytes};
 use std::ffi::{CStr, c_int, c_void};
 use std::path::Path;
 
@@ -19,6 +19,8 @@ pub struct LoadedUnit {
     workspace_bytes: WorkspaceBytes<fusion_gemm_params>,
     resources: Resources,
     error_string: ErrorString,
+    /// `<symbol>_fold_weights`, which gated GEMMs (and norm GEMMs) have.
+    fold_weights: Option<FoldWeights<fusion_fold_params>>,
 }
 
 /// What one tile config of a unit asks for per block.
@@ -45,28 +47,25 @@ impl LoadedUnit {
         // Never unloaded (module comment): its functions stay valid for
         // the process's life.
         let library: &'static libloading::Library = Box::leak(Box::new(library));
-        // SAFETY: each symbol is a function of the type abi.h declares for
-        // that name, rendered by fusion's templates.
+        /// The function `name` of the library, as an `F`.
+        ///
+        /// # Safety
+        /// `F` is the type abi.h declares for `name`.
+        unsafe fn get<F: Copy>(library: &libloading::Library, path: &Path, name: &str) -> Result<F, String> {
+            // SAFETY: the caller's contract.
+            unsafe { library.get::<F>(name.as_bytes()) }
+                .map(|symbol| *symbol)
+                .map_err(|e| format!("{}: no `{name}`: {e}", path.display()))
+        }
+        // SAFETY: each type below is the one abi.h declares for that name,
+        // which fusion's templates render.
         unsafe {
-            let get = |name: String| -> Result<*const c_void, String> {
-                library
-                    .get::<*const c_void>(name.as_bytes())
-                    .map(|s| *s)
-                    .map_err(|e| format!("{}: no `{name}`: {e}", path.display()))
-            };
             Ok(LoadedUnit {
-                launcher: std::mem::transmute::<*const c_void, Launcher<fusion_gemm_params>>(get(
-                    symbol.to_owned()
-                )?),
-                workspace_bytes: std::mem::transmute::<*const c_void, WorkspaceBytes<fusion_gemm_params>>(
-                    get(format!("{symbol}_workspace_bytes"))?,
-                ),
-                resources: std::mem::transmute::<*const c_void, Resources>(get(format!(
-                    "{symbol}_resources"
-                ))?),
-                error_string: std::mem::transmute::<*const c_void, ErrorString>(get(format!(
-                    "{lib_name}_error_string"
-                ))?),
+                launcher: get(library, path, symbol)?,
+                workspace_bytes: get(library, path, &format!("{symbol}_workspace_bytes"))?,
+                resources: get(library, path, &format!("{symbol}_resources"))?,
+                error_string: get(library, path, &format!("{lib_name}_error_string"))?,
+                fold_weights: get(library, path, &format!("{symbol}_fold_weights")).ok(),
             })
         }
     }
@@ -118,6 +117,24 @@ impl LoadedUnit {
     pub unsafe fn launch(&self, params: &fusion_gemm_params, stream: *mut c_void) -> Result<(), String> {
         // SAFETY: the caller's contract.
         let code = unsafe { (self.launcher)(params, stream) };
+        self.result(code)
+    }
+
+    /// Queues `<symbol>_fold_weights` of `params` on `stream`: for a gated
+    /// GEMM, its gate and up weights interleaved into `w_folded` (abi.h).
+    ///
+    /// # Safety
+    /// As for [`LoadedUnit::launch`], for the fold's params.
+    pub unsafe fn fold_weights(
+        &self,
+        params: &fusion_fold_params,
+        stream: *mut c_void,
+    ) -> Result<(), String> {
+        let fold = self
+            .fold_weights
+            .ok_or_else(|| "the unit has no `_fold_weights`".to_owned())?;
+        // SAFETY: the caller's contract.
+        let code = unsafe { fold(params, stream) };
         self.result(code)
     }
 

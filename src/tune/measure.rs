@@ -7,11 +7,11 @@ use super::library::LoadedUnit;
 use crate::bench::cublaslt::{LtEpilogue, LtGemm};
 use crate::bench::timing::{self, Timing, TimingPlan};
 use crate::error::Result as GpuResult;
-use crate::kernels::fusion_gemm_params;
+use crate::kernels::{fusion_fold_params, fusion_gemm_params};
 use crate::testing::{self, HostElement};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, ValidAsZeroBits};
 use fusion_compiler::fuse::{EpilogueStep, FusedKernel, GemmComposition, Role};
-use fusion_compiler::ir::{Activation, Graph};
+use fusion_compiler::ir::{Activation, Graph, WeightLayout};
 use fusion_compiler::reference::{self, HostTensor, Intermediates};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
@@ -33,6 +33,9 @@ pub struct Baseline {
     pub residual: bool,
     /// Whether it computes the kernel's whole chain.
     pub whole: bool,
+    /// A gated GEMM's: gate and up as one GEMM of twice the columns, over
+    /// the two weights stacked (as a model that stores them merged calls it).
+    pub gated: bool,
 }
 
 impl Baseline {
@@ -44,6 +47,7 @@ impl Baseline {
                     epilogue: LtEpilogue::None,
                     residual: false,
                     whole: false,
+                    gated: gemm.gate.is_some(),
                 };
             }
             [] => (LtEpilogue::None, false),
@@ -58,6 +62,7 @@ impl Baseline {
                     epilogue: LtEpilogue::None,
                     residual: false,
                     whole: false,
+                    gated: false,
                 };
             }
         };
@@ -65,15 +70,8 @@ impl Baseline {
             epilogue,
             residual,
             whole: true,
+            gated: false,
         }
-    }
-
-    /// Whether its call reads the bias.
-    fn reads_bias(self) -> bool {
-        matches!(
-            self.epilogue,
-            LtEpilogue::Bias | LtEpilogue::ReluBias | LtEpilogue::GeluBias
-        )
     }
 
     /// `cuBLASLt BIAS + beta·C`, or `cuBLASLt, the GEMM alone`.
@@ -82,14 +80,29 @@ impl Baseline {
         if self.residual {
             name += " + beta·C";
         }
-        if !self.whole {
+        if self.gated {
+            name += ", gate and up as one GEMM";
+        } else if !self.whole {
             name += ", the GEMM alone";
         }
         name
     }
 }
 
-/// One kernel of a one-kernel graph at one M: the graph's inputs drawn at
+/// A gated GEMM's baseline buffers, per set: gate and up stacked, and the
+/// product of twice the columns.
+struct Stacked<T> {
+    weights: Vec<CudaSlice<T>>,
+    outputs: Vec<CudaSlice<T>>,
+}
+
+/// Device addresses: every buffer of a case is allocated on, launched on
+/// and freed (cudarc frees asynchronously, on the slice's stream) on the
+/// case's one stream, so an address taken here (its event guard dropped at
+/// once) stays valid for every launch queued on that stream before the
+/// buffer is dropped, whether or not the host synchronized.
+///
+/// One kernel, alone as a graph (`Plan::kernel_graph`), at one M: its inputs drawn at
 /// random, the reference's output on sampled rows, and the device buffers,
 /// each in several rotated sets.
 pub struct Case<T: HostElement> {
@@ -102,6 +115,12 @@ pub struct Case<T: HostElement> {
     /// Per role the kernel reads, its buffer in every set.
     operands: Vec<(Role, Vec<CudaSlice<T>>)>,
     outputs: Vec<CudaSlice<T>>,
+    /// A gated GEMM's: per set, gate and up interleaved as a bound struct
+    /// holds them ([`Case::bind_gated`]), which launches read as `b`.
+    interleaved: Option<Vec<CudaSlice<T>>>,
+    /// A gated GEMM's baseline: per set, the two weights stacked, and its
+    /// outputs, of twice the columns.
+    stacked: Option<Stacked<T>>,
     stream: Arc<CudaStream>,
 }
 
@@ -153,6 +172,32 @@ impl<T: HostElement + ValidAsZeroBits> Case<T> {
             .map(|_| stream.alloc_zeros::<T>(m * n))
             .collect::<Result<Vec<_>, _>>()
             .map_err(gpu)?;
+        let stacked = match gemm.gate {
+            None => None,
+            Some(_) => {
+                let tensor = |role| {
+                    let operand = kernel
+                        .operands
+                        .iter()
+                        .find(|o| o.role == role)
+                        .expect("a gated GEMM reads B and Up");
+                    &host[&graph.tensor(operand.tensor).name]
+                };
+                let both = T::encode(&stack(tensor(Role::B), tensor(Role::Up), gemm.b_layout));
+                let weights = (0..sets)
+                    .map(|_| stream.clone_htod(&both))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(gpu)?;
+                let wide = (0..sets)
+                    .map(|_| stream.alloc_zeros::<T>(2 * m * n))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(gpu)?;
+                Some(Stacked {
+                    weights,
+                    outputs: wide,
+                })
+            }
+        };
         Ok(Case {
             m,
             n,
@@ -162,8 +207,46 @@ impl<T: HostElement + ValidAsZeroBits> Case<T> {
             want,
             operands,
             outputs,
+            interleaved: None,
+            stacked,
             stream: stream.clone(),
         })
+    }
+
+    /// For a gated GEMM: its gate and up weights interleaved by `unit`'s
+    /// `_fold_weights` (the layout does not depend on the tile config), in
+    /// every set, as a struct binding its weights prepares them once; every
+    /// launch then reads them as `b`, with `b_up` null.
+    pub fn bind_gated(&mut self, unit: &LoadedUnit) -> Result<(), String> {
+        let sets = self.sets();
+        let mut interleaved = Vec::with_capacity(sets);
+        for set in 0..sets {
+            let out = self
+                .stream
+                .alloc_zeros::<T>(2 * self.n * self.k)
+                .map_err(|e| e.to_string())?;
+            let address = |role| {
+                self.operand(role, set).map_or(std::ptr::null(), |b| {
+                    b.device_ptr(&self.stream).0 as *const std::ffi::c_void
+                })
+            };
+            let params = fusion_fold_params {
+                w: address(Role::B),
+                w_up: address(Role::Up),
+                gamma: std::ptr::null(),
+                beta: std::ptr::null(),
+                w_folded: out.device_ptr(&self.stream).0 as *mut std::ffi::c_void,
+                col_terms: std::ptr::null_mut(),
+                n: self.n as i64,
+                k: self.k as i64,
+            };
+            // SAFETY: w and w_up hold n·k elements each and `out` 2·n·k, all
+            // on this case's stream (see `Case`).
+            unsafe { unit.fold_weights(&params, self.stream.cu_stream().cast()) }?;
+            interleaved.push(out);
+        }
+        self.interleaved = Some(interleaved);
+        Ok(())
     }
 
     fn sets(&self) -> usize {
@@ -196,10 +279,17 @@ impl<T: HostElement + ValidAsZeroBits> Case<T> {
                 w.len() as u64,
             )
         });
+        let (b, b_up) = match &self.interleaved {
+            Some(interleaved) => (address(Some(&interleaved[set])), std::ptr::null()),
+            None => (
+                address(self.operand(Role::B, set)),
+                address(self.operand(Role::Up, set)),
+            ),
+        };
         fusion_gemm_params {
             a: address(self.operand(Role::A, set)),
-            b: address(self.operand(Role::B, set)),
-            b_up: address(self.operand(Role::Up, set)),
+            b,
+            b_up,
             c: self.outputs[set].device_ptr(&self.stream).0 as *mut std::ffi::c_void,
             bias: address(step_operand(|r| matches!(r, Role::Bias { .. }))),
             residual: address(step_operand(|r| matches!(r, Role::Residual { .. }))),
@@ -286,6 +376,7 @@ impl<T: HostElement + ValidAsZeroBits> Case<T> {
         let Case {
             operands,
             outputs,
+            stacked,
             stream,
             ..
         } = self;
@@ -293,8 +384,8 @@ impl<T: HostElement + ValidAsZeroBits> Case<T> {
         let mut calls: Vec<Box<dyn FnMut(usize) -> GpuResult<()> + '_>> = Vec::new();
         for ((unit, _), params) in units.iter().zip(&params) {
             calls.push(Box::new(move |i| {
-                // SAFETY: each params points at this case's buffers, alive
-                // until the timing has synchronized; the stream is the case's.
+                // SAFETY: each params points at this case's buffers, on its
+                // stream (see `Case`), with the sizes the params say.
                 unsafe { unit.launch(&params[i % sets], cu_stream) }.map_err(|message| crate::Error::Launch {
                     kernel: "a tuning candidate".into(),
                     code: -1,
@@ -311,10 +402,18 @@ impl<T: HostElement + ValidAsZeroBits> Case<T> {
         let mut baseline_call = |i: usize| -> GpuResult<()> {
             let set = i % sets;
             let x = operand(|r| *r == Role::A, set).expect("a GEMM reads A");
-            let w = operand(|r| *r == Role::B, set).expect("a GEMM reads B");
-            let bias = operand(|r| matches!(r, Role::Bias { .. }), set).filter(|_| with.reads_bias());
+            let bias =
+                operand(|r| matches!(r, Role::Bias { .. }), set).filter(|_| with.epilogue.reads_bias());
             let residual = operand(|r| matches!(r, Role::Residual { .. }), set).filter(|_| with.residual);
-            baseline.run(stream, x, w, bias, residual, &mut outputs[set])
+            match stacked {
+                Some(Stacked { weights, outputs }) => {
+                    baseline.run(stream, x, &weights[set], bias, residual, &mut outputs[set])
+                }
+                None => {
+                    let w = operand(|r| *r == Role::B, set).expect("a GEMM reads B");
+                    baseline.run(stream, x, w, bias, residual, &mut outputs[set])
+                }
+            }
         };
         let mut contenders: Vec<&mut dyn FnMut(usize) -> GpuResult<()>> = calls
             .iter_mut()
@@ -332,6 +431,28 @@ impl<T: HostElement + ValidAsZeroBits> Case<T> {
     }
 }
 
+/// Two weights of one shape as one of twice the columns: `[N, K]` ones one
+/// above the other (`[2N, K]`), `[K, N]` ones side by side (`[K, 2N]`).
+fn stack(first: &HostTensor, second: &HostTensor, layout: WeightLayout) -> HostTensor {
+    let data = match layout {
+        WeightLayout::NK => [&first.data[..], &second.data[..]].concat(),
+        WeightLayout::KN => {
+            let n = first.row_len();
+            first
+                .data
+                .chunks(n)
+                .zip(second.data.chunks(n))
+                .flat_map(|(a, b)| a.iter().chain(b).copied())
+                .collect()
+        }
+    };
+    let shape = match layout {
+        WeightLayout::NK => [2 * first.shape[0], first.shape[1]],
+        WeightLayout::KN => [first.shape[0], 2 * first.shape[1]],
+    };
+    HostTensor::new(&shape, data).expect("two weights of one shape stack")
+}
+
 /// How many rotated sets a case of `bytes` gets: [`MAX_SETS`], or fewer
 /// where they would take more than [`ROTATION_BYTES`] (at least 2, so that
 /// no call finds its inputs in L2 from the call before).
@@ -343,7 +464,6 @@ fn rotation_sets(bytes: usize) -> usize {
 mod tests {
     use super::*;
     use fusion_compiler::fuse::{Norm, NormKind};
-    use fusion_compiler::ir::WeightLayout;
 
     fn gemm(epilogue: Vec<EpilogueStep>) -> GemmComposition {
         GemmComposition {
@@ -375,6 +495,30 @@ mod tests {
             eps: 1e-5,
         });
         assert_eq!(Baseline::of(&norm).describe(), "cuBLASLt, the GEMM alone");
+        let mut gated = gemm(vec![]);
+        gated.gate = Some(Activation::SILU);
+        assert_eq!(
+            Baseline::of(&gated).describe(),
+            "cuBLASLt, gate and up as one GEMM"
+        );
+    }
+
+    #[test]
+    fn two_weights_stack_into_one_of_twice_the_columns() {
+        let a = HostTensor::new(&[2, 3], vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]).unwrap();
+        let b = HostTensor::new(&[2, 3], vec![7.0, 8.0, 9.0, 10.0, 11.0, 12.0]).unwrap();
+        let nk = stack(&a, &b, WeightLayout::NK);
+        assert_eq!(nk.shape, [4, 3]);
+        assert_eq!(
+            nk.data,
+            [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0]
+        );
+        let kn = stack(&a, &b, WeightLayout::KN);
+        assert_eq!(kn.shape, [2, 6]);
+        assert_eq!(
+            kn.data,
+            [1.0, 2.0, 3.0, 7.0, 8.0, 9.0, 4.0, 5.0, 6.0, 10.0, 11.0, 12.0]
+        );
     }
 
     #[test]

@@ -1,14 +1,16 @@
-//! `fusion tune`: tile configs measured on this GPU for a graph's GEMM
-//! kernel at the user's shapes, written into a tuned cache
+//! `fusion tune`: tile configs measured on this GPU for graphs' GEMM
+//! kernels at the user's shapes, written into a tuned cache
 //! ([`fusion_compiler::select::tuned_cache`]) that builds then read
 //! (`Builder::tuned`, `FUSION_TUNED`).
 //!
-//! Per graph (one that plans into one GEMM kernel) and arch: the arch's
-//! search space, pruned before any compile ([`fusion_compiler::tune`]);
+//! Per GEMM kernel of a graph's plan, alone ([`Plan::kernel_graph`]), and
+//! arch: the arch's search space, pruned before any compile
+//! ([`fusion_compiler::tune`]);
 //! every candidate, and the shipped table's config, rendered as a
 //! one-kernel library and built by nvcc into a shared library, several at
 //! once ([`compile`]); each loaded ([`library`]) and what it asks for per
-//! block held against the device. Then at each M: the graph's inputs drawn
+//! block held against the device (a gated GEMM's weights are interleaved
+//! once, as a struct binds them). Then at each M: the kernel's inputs drawn
 //! at random and the CPU reference computed on sampled rows; each
 //! candidate checked against it (a wrong one is rejected, never timed) and
 //! timed call by call against cuBLASLt ([`measure`]); the fastest, the
@@ -27,7 +29,7 @@ use cudarc::driver::sys::CUdevice_attribute;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, ValidAsZeroBits};
 use fusion_compiler::codegen::candidates::{self, KernelChoice};
 use fusion_compiler::fuse::{self, Composition, FusedKernel, GemmComposition, Plan};
-use fusion_compiler::ir::{Extent, Graph};
+use fusion_compiler::ir::{DType, Extent, Graph};
 use fusion_compiler::select::{Arch, KernelConfig, KernelKind, TileConfig, TunedTable};
 use fusion_compiler::select::{CacheEntry, CacheKey, MBucket, TunedCache};
 use fusion_compiler::tune::{self as space, DeviceLimits, PruneReason, TileResources};
@@ -75,6 +77,10 @@ struct Machine {
 /// Tunes each graph in turn; progress on standard error, results on `out`.
 pub fn tune(graphs: &[PathBuf], settings: &Settings, out: &mut dyn Write) -> Result<(), String> {
     let started = Instant::now();
+    // A file that is not a tuned cache is refused now, not after the first
+    // M was measured; a new one is created (and the folder found writable).
+    TunedCache::write(&settings.cache, &IndexMap::new())
+        .map_err(|e| format!("cannot use the tuned cache {}: {e}", settings.cache.display()))?;
     let machine = open_machine(settings)?;
     say(
         out,
@@ -91,9 +97,18 @@ pub fn tune(graphs: &[PathBuf], settings: &Settings, out: &mut dyn Write) -> Res
         let graph = fusion_compiler::load_toml_graph(path).map_err(|e| format!("{}: {e}", path.display()))?;
         let rules = fusion_compiler::select::split_rules(&[machine.arch]).map_err(|e| e.to_string())?;
         let plan = fuse::plan_with(graph, &rules);
-        match one_gemm(&plan) {
-            Ok((kernel, gemm)) => tune_kernel(&machine, settings, &plan, kernel, gemm, out)?,
-            Err(reason) => say(out, format!("graph `{}`: skipped: {reason}", plan.graph.name))?,
+        let gemms = gemm_kernels(&plan);
+        if gemms.is_empty() {
+            say(
+                out,
+                format!(
+                    "graph `{}`: skipped: its plan has no GEMM kernel",
+                    plan.graph.name
+                ),
+            )?;
+        }
+        for (index, gemm) in gemms {
+            tune_kernel(&machine, settings, &plan, index, gemm, out)?;
         }
     }
     say(out, format!("done in {:.0} s", started.elapsed().as_secs_f64()))
@@ -154,22 +169,16 @@ fn device_limits(ctx: &CudaContext) -> Result<DeviceLimits, cudarc::driver::Driv
     })
 }
 
-/// The plan's one kernel, when it is a GEMM that can be tuned alone.
-fn one_gemm(plan: &Plan) -> Result<(&FusedKernel, &GemmComposition), String> {
-    let [kernel] = &plan.kernels[..] else {
-        return Err(format!(
-            "it plans into {} kernels; `fusion tune` tunes graphs of one GEMM kernel (declare each GEMM of a block as its own graph)",
-            plan.kernels.len()
-        ));
-    };
-    match &kernel.composition {
-        Composition::Gemm(gemm) if gemm.gate.is_some() => Err(format!(
-            "its kernel `{}` is a gated GEMM, which `fusion tune` does not time against cuBLASLt yet",
-            kernel.name
-        )),
-        Composition::Gemm(gemm) => Ok((kernel, gemm)),
-        _ => Err(format!("its kernel `{}` is not a GEMM", kernel.name)),
-    }
+/// The plan's GEMM kernels, by index: each is tuned alone.
+fn gemm_kernels(plan: &Plan) -> Vec<(usize, &GemmComposition)> {
+    plan.kernels
+        .iter()
+        .enumerate()
+        .filter_map(|(index, kernel)| match &kernel.composition {
+            Composition::Gemm(gemm) => Some((index, gemm)),
+            _ => None,
+        })
+        .collect()
 }
 
 /// A graph's dynamic dims: the row dim's name, and every other one's size.
@@ -239,13 +248,20 @@ fn tune_kernel(
     machine: &Machine,
     settings: &Settings,
     plan: &Plan,
-    kernel: &FusedKernel,
+    index: usize,
     gemm: &GemmComposition,
     out: &mut dyn Write,
 ) -> Result<(), String> {
-    let graph = &plan.graph;
-    let skip =
-        |out: &mut dyn Write, reason: String| say(out, format!("graph `{}`: skipped: {reason}", graph.name));
+    let kernel = &plan.kernels[index];
+    // The kernel alone, for its dims and the reference: in a block, what it
+    // reads from another kernel is an input here.
+    let graph = &plan.kernel_graph(index);
+    let skip = |out: &mut dyn Write, reason: String| {
+        say(
+            out,
+            format!("graph `{}`, kernel #{index}: skipped: {reason}", plan.graph.name),
+        )
+    };
     let BoundDims {
         rows: row_name,
         others: dims,
@@ -283,8 +299,8 @@ fn tune_kernel(
     say(
         out,
         format!(
-            "graph `{}`: {} at N = {n}, K = {k} ({}); {search}",
-            graph.name,
+            "graph `{}`, kernel #{index} `{}` at N = {n}, K = {k} ({}); {search}",
+            plan.graph.name,
             kind.name,
             dtype,
             search = SpaceLine(&search)
@@ -296,6 +312,7 @@ fn tune_kernel(
         machine,
         settings,
         plan,
+        index,
         gemm,
         &kind,
         &search.candidates,
@@ -319,12 +336,7 @@ fn tune_kernel(
     }
 
     let baseline = Baseline::of(gemm);
-    // A first run has no cache yet: nothing to warn about.
-    let cache = if settings.cache.exists() {
-        TunedCache::read(&settings.cache)
-    } else {
-        TunedCache::default()
-    };
+    let cache = TunedCache::read(&settings.cache);
     for warning in &cache.warnings {
         eprintln!("warning: {warning}");
     }
@@ -332,7 +344,7 @@ fn tune_kernel(
         .stream
         .alloc_zeros::<u8>(256 << 20)
         .map_err(|e| e.to_string())?;
-    for &m in &settings.ms {
+    for m in one_per_bucket(&settings.ms, out)? {
         let key = CacheKey {
             composition: kind.name.clone(),
             dtype,
@@ -352,37 +364,35 @@ fn tune_kernel(
         all_dims.push((row_name.as_str(), m));
         let seed = (m as u64) << 32 ^ (n as u64) << 16 ^ k as u64;
         let shape = (m, n, k);
+        let at = At {
+            dims: &all_dims,
+            shape,
+            seed,
+        };
         let result = match dtype {
-            fusion_compiler::ir::DType::BF16 => measure_m::<half::bf16>(
+            DType::BF16 => measure_m::<half::bf16>(
                 machine,
                 settings,
                 kernel,
                 gemm,
                 graph,
-                At {
-                    dims: &all_dims,
-                    shape,
-                    seed,
-                },
+                at,
                 &mut candidates,
                 baseline,
                 &mut head,
             ),
-            _ => measure_m::<half::f16>(
+            DType::F16 => measure_m::<half::f16>(
                 machine,
                 settings,
                 kernel,
                 gemm,
                 graph,
-                At {
-                    dims: &all_dims,
-                    shape,
-                    seed,
-                },
+                at,
                 &mut candidates,
                 baseline,
                 &mut head,
             ),
+            DType::F32 => unreachable!("no arch supports f32 kernels; checked above"),
         }?;
         let MResult {
             best,
@@ -405,6 +415,15 @@ fn tune_kernel(
                 cublaslt_us / best_us,
             ),
         )?;
+        if shipped_us < best_us {
+            say(
+                out,
+                format!(
+                    "    the shipped config was {:.1}% faster here (it picks between tiles by waves at run time, which one tuned tile cannot); the entry keeps the best single tile",
+                    100.0 * (best_us / shipped_us - 1.0)
+                ),
+            )?;
+        }
         for (label, reason) in &rejected {
             say(out, format!("    rejected {label}: {reason}"))?;
         }
@@ -422,6 +441,26 @@ fn tune_kernel(
             .map_err(|e| format!("cannot write the tuned cache {}: {e}", settings.cache.display()))?;
     }
     Ok(())
+}
+
+/// `ms` with the later of two Ms in one bucket left out (each bucket has
+/// one entry, so the second would replace the first), saying so.
+fn one_per_bucket(ms: &[usize], out: &mut dyn Write) -> Result<Vec<usize>, String> {
+    let mut kept: Vec<usize> = Vec::new();
+    for &m in ms {
+        let bucket = MBucket::of(u32::try_from(m).unwrap_or(u32::MAX));
+        match kept
+            .iter()
+            .find(|&&k| MBucket::of(u32::try_from(k).unwrap_or(u32::MAX)) == bucket)
+        {
+            Some(first) => say(
+                out,
+                format!("  M = {m}: left out, its bucket {bucket} is measured at M = {first}"),
+            )?,
+            None => kept.push(m),
+        }
+    }
+    Ok(kept)
 }
 
 /// Why a run does not measure M (its cache key `key`), if it does not: the
@@ -483,6 +522,7 @@ fn build_candidates(
     machine: &Machine,
     settings: &Settings,
     plan: &Plan,
+    index: usize,
     gemm: &GemmComposition,
     kind: &KernelKind,
     tiles: &[TileConfig],
@@ -490,10 +530,11 @@ fn build_candidates(
     out: &mut dyn Write,
 ) -> Result<Vec<Candidate>, String> {
     let arch = machine.arch;
-    let graph_name = &plan.graph.name;
+    // Library names unique per kernel of every graph of a run.
+    let prefix = format!("{}_k{index}", plan.graph.name);
     let choice = KernelChoice {
         plan,
-        kernel_index: 0,
+        kernel_index: index,
         composition: gemm,
         dtype: kind.dtype,
         arch,
@@ -503,10 +544,10 @@ fn build_candidates(
         .collect();
     let mut jobs = Vec::new();
     let mut lib_names = Vec::new();
-    for (index, tile) in configs.iter().enumerate() {
+    for (candidate, tile) in configs.iter().enumerate() {
         let lib_name = match tile {
-            None => format!("{graph_name}_shipped"),
-            Some(_) => format!("{graph_name}_c{index}"),
+            None => format!("{prefix}_shipped"),
+            Some(_) => format!("{prefix}_c{candidate}"),
         };
         let config = tile.map(|large| KernelConfig {
             large,
@@ -515,7 +556,7 @@ fn build_candidates(
             small_m_alt: None,
             decode_max_m: None,
         });
-        let table = format!("fusion tune, candidate {index}");
+        let table = format!("fusion tune, candidate {candidate}");
         let units =
             candidates::render_kernel(&lib_name, &table, choice, config).map_err(|e| e.to_string())?;
         jobs.push(Job {
@@ -575,9 +616,19 @@ fn build_candidates(
                 }
             }
             Built::Library { path, registers } => {
-                // SAFETY: built just now (or earlier, from the same sources)
-                // by `compile` from units fusion rendered.
-                let unit = unsafe { LoadedUnit::load(&path, &job.symbol, lib_name) }?;
+                // SAFETY: built just now (or earlier, from the same key) by
+                // `compile` from units fusion rendered.
+                let unit = match unsafe { LoadedUnit::load(&path, &job.symbol, lib_name) } {
+                    Ok(unit) => unit,
+                    Err(message) => {
+                        say(out, format!("  {} does not load: {message}", candidate.label))?;
+                        if tile.is_some() {
+                            *pruned.entry(PruneReason::Compile).or_default() += 1;
+                        }
+                        candidates.push(candidate);
+                        continue;
+                    }
+                };
                 let fits = unit.resources().iter().try_for_each(|ask| {
                     space::check_resources(
                         &TileResources {
@@ -652,6 +703,11 @@ fn measure_m<T: HostElement + ValidAsZeroBits>(
     head: &mut CudaSlice<u8>,
 ) -> Result<MResult, String> {
     let mut case = Case::<T>::new(&machine.stream, graph, kernel, gemm, dims, shape, seed)?;
+    if gemm.gate.is_some() {
+        // Timed as a struct runs it: gate and up interleaved once, when bound.
+        let shipped = candidates[0].unit.as_ref().expect("the shipped config is loaded");
+        case.bind_gated(shipped)?;
+    }
     let mut lt = case.plan_baseline(gemm, baseline).map_err(|e| e.to_string())?;
     let loaded: Vec<usize> = (0..candidates.len())
         .filter(|&i| candidates[i].unit.is_some())
@@ -740,7 +796,13 @@ fn measure_m<T: HostElement + ValidAsZeroBits>(
 /// `fusion tune --report`: per entry of the cache at `path`, the tuned
 /// tile and its time against the shipped config's and cuBLASLt's.
 pub fn report(path: &Path, out: &mut dyn Write) -> Result<(), String> {
+    if !path.is_file() {
+        return Err(format!("no tuned cache at {}", path.display()));
+    }
     let cache = TunedCache::read(path);
+    if cache.entries.is_empty() && !cache.warnings.is_empty() {
+        return Err(cache.warnings.join("; "));
+    }
     for warning in &cache.warnings {
         say(out, format!("warning: {warning}"))?;
     }
@@ -785,14 +847,31 @@ mod tests {
     }
 
     #[test]
-    fn only_graphs_of_one_plain_gemm_kernel_are_tuned() {
-        assert!(one_gemm(&plan_of("gemm_bias_gelu")).is_ok());
-        let block = one_gemm(&plan_of("swiglu_ffn")).unwrap_err();
-        assert!(block.starts_with("it plans into 2 kernels"), "{block}");
-        let gated = one_gemm(&plan_of("gemm_silu_glu")).unwrap_err();
-        assert!(gated.contains("is a gated GEMM"), "{gated}");
-        let norm = one_gemm(&plan_of("layernorm")).unwrap_err();
-        assert!(norm.contains("is not a GEMM"), "{norm}");
+    fn every_gemm_kernel_of_a_plan_is_tuned() {
+        let indices =
+            |name: &str| -> Vec<usize> { gemm_kernels(&plan_of(name)).iter().map(|&(i, _)| i).collect() };
+        assert_eq!(indices("gemm_bias_gelu"), [0]);
+        assert_eq!(indices("swiglu_ffn"), [0, 1]);
+        assert_eq!(indices("ffn_sublayer").len(), 2);
+        assert_eq!(indices("layernorm"), Vec::<usize>::new());
+    }
+
+    #[test]
+    fn each_bucket_is_measured_once() {
+        let mut said = Vec::new();
+        assert_eq!(
+            one_per_bucket(&[1, 16, 100, 128, 8192, 9000], &mut said).unwrap(),
+            [1, 100, 8192]
+        );
+        let said = String::from_utf8(said).unwrap();
+        assert!(
+            said.contains("M = 16: left out, its bucket m<=16 is measured at M = 1"),
+            "{said}"
+        );
+        assert!(
+            said.contains("M = 9000: left out, its bucket m>4096 is measured at M = 8192"),
+            "{said}"
+        );
     }
 
     #[test]
@@ -812,22 +891,21 @@ mod tests {
     fn every_dynamic_dim_but_the_rows_needs_a_size() {
         let plan = plan_of("gemm_bias_gelu");
         let kernel = &plan.kernels[0];
-        let missing = bind_dims(&plan.graph, kernel, &[("N".into(), 3000)])
-            .err()
-            .unwrap();
+        let graph = plan.kernel_graph(0);
+        let missing = bind_dims(&graph, kernel, &[("N".into(), 3000)]).err().unwrap();
         assert_eq!(
             missing,
             "its dims other than M are dynamic: give their sizes (--dim K=SIZE)"
         );
         let given = [("K".into(), 1000), ("N".into(), 3000), ("X".into(), 1)];
-        let bound = bind_dims(&plan.graph, kernel, &given).ok().unwrap();
+        let bound = bind_dims(&graph, kernel, &given).ok().unwrap();
         assert_eq!(bound.rows, "M");
         let mut others = bound.others.clone();
         others.sort();
         assert_eq!(others, [("K".to_owned(), 1000), ("N".to_owned(), 3000)]);
         let a = kernel.operand(fuse::Role::A).unwrap();
-        assert_eq!(last_size(&plan.graph, a, &bound.others), Some(1000));
-        assert_eq!(last_size(&plan.graph, kernel.output, &bound.others), Some(3000));
+        assert_eq!(last_size(&graph, a, &bound.others), Some(1000));
+        assert_eq!(last_size(&graph, kernel.output, &bound.others), Some(3000));
     }
 
     #[test]
