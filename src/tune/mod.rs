@@ -369,29 +369,17 @@ fn tune_kernel(
             shape,
             seed,
         };
+        let kernel_at = KernelAt {
+            machine,
+            settings,
+            kernel,
+            gemm,
+            graph,
+            baseline,
+        };
         let result = match dtype {
-            DType::BF16 => measure_m::<half::bf16>(
-                machine,
-                settings,
-                kernel,
-                gemm,
-                graph,
-                at,
-                &mut candidates,
-                baseline,
-                &mut head,
-            ),
-            DType::F16 => measure_m::<half::f16>(
-                machine,
-                settings,
-                kernel,
-                gemm,
-                graph,
-                at,
-                &mut candidates,
-                baseline,
-                &mut head,
-            ),
+            DType::BF16 => measure_m::<half::bf16>(&kernel_at, at, &mut candidates, &mut head),
+            DType::F16 => measure_m::<half::f16>(&kernel_at, at, &mut candidates, &mut head),
             DType::F32 => unreachable!("no arch supports f32 kernels; checked above"),
         }?;
         let MResult {
@@ -685,23 +673,33 @@ struct MResult {
     cublaslt_us: f64,
 }
 
+/// What measuring one kernel reads at every M.
+struct KernelAt<'a> {
+    machine: &'a Machine,
+    settings: &'a Settings,
+    kernel: &'a FusedKernel,
+    gemm: &'a GemmComposition,
+    /// The kernel alone ([`Plan::kernel_graph`]).
+    graph: &'a Graph,
+    baseline: Baseline,
+}
+
 /// Checks and times every loaded candidate at one M, then the fastest, the
 /// shipped config and cuBLASLt side by side.
-#[allow(
-    clippy::too_many_arguments,
-    reason = "one call site per dtype, each a different fact"
-)]
 fn measure_m<T: HostElement + ValidAsZeroBits>(
-    machine: &Machine,
-    settings: &Settings,
-    kernel: &FusedKernel,
-    gemm: &GemmComposition,
-    graph: &Graph,
+    kernel_at: &KernelAt<'_>,
     At { dims, shape, seed }: At<'_>,
     candidates: &mut [Candidate],
-    baseline: Baseline,
     head: &mut CudaSlice<u8>,
 ) -> Result<MResult, String> {
+    let &KernelAt {
+        machine,
+        settings,
+        kernel,
+        gemm,
+        graph,
+        baseline,
+    } = kernel_at;
     let mut case = Case::<T>::new(&machine.stream, graph, kernel, gemm, dims, shape, seed)?;
     if gemm.gate.is_some() {
         // Timed as a struct runs it: gate and up interleaved once, when bound.
