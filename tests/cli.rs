@@ -235,6 +235,14 @@ fn a_tuning_run_is_for_one_arch_and_is_refused_before_the_gpu() {
     let stderr = String::from_utf8(output.stderr).unwrap();
     assert_eq!(stderr.trim(), "error: --arch: a tuning run tunes for one arch");
     let output = fusion()
+        .args(["tune", "--dtype", "f32"])
+        .arg(&graph)
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert_eq!(stderr.trim(), "error: --dtype f32: expected f16 or bf16");
+    let output = fusion()
         .args(["tune", "--dim", "N3000"])
         .arg(&graph)
         .output()

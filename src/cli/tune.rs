@@ -34,6 +34,10 @@ pub struct TuneArgs {
     /// kernel serves M <= 16 of [N, K] weights, which are not tuned).
     #[arg(long, value_name = "M,…", value_delimiter = ',', default_values_t = default_ms())]
     pub m: Vec<usize>,
+    /// Tune the graphs in this element type (`f16`, `bf16`) in place of the
+    /// one they declare, as a build compiles them for both.
+    #[arg(long, value_name = "DTYPE")]
+    pub dtype: Option<String>,
     /// The size of a dynamic dim other than M, `NAME=SIZE` (repeat for
     /// several): `--dim N=3000 --dim K=1000`.
     #[arg(long = "dim", value_name = "NAME=SIZE", value_parser = parse_dim)]
@@ -131,10 +135,21 @@ fn run(args: &TuneArgs, graphs: &[PathBuf], out: &mut dyn Write) -> Result<(), C
             }
         },
     };
+    let dtype = match args.dtype.as_deref() {
+        None => None,
+        Some("f16") => Some(fusion_compiler::ir::DType::F16),
+        Some("bf16") => Some(fusion_compiler::ir::DType::BF16),
+        Some(other) => {
+            return Err(CliError::Message(format!(
+                "--dtype {other}: expected f16 or bf16"
+            )));
+        }
+    };
     let settings = crate::tune::Settings {
         ms: args.m.clone(),
         dims: args.dims.clone(),
         arch,
+        dtype,
         cache: args.cache.clone(),
         work: args.work.clone(),
         jobs: args

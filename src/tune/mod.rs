@@ -51,6 +51,8 @@ pub struct Settings {
     pub dims: Vec<(String, usize)>,
     /// The arch to tune for; default: the one this device runs best.
     pub arch: Option<Arch>,
+    /// Every tensor of the graphs in this dtype; default: as declared.
+    pub dtype: Option<DType>,
     pub cache: PathBuf,
     /// Where the units, libraries and nvcc logs go.
     pub work: PathBuf,
@@ -94,7 +96,11 @@ pub fn tune(graphs: &[PathBuf], settings: &Settings, out: &mut dyn Write) -> Res
         ),
     )?;
     for path in graphs {
-        let graph = fusion_compiler::load_toml_graph(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let graph = match settings.dtype {
+            Some(dtype) => crate::testing::load_graph_as(path, dtype),
+            None => fusion_compiler::load_toml_graph(path),
+        }
+        .map_err(|e| format!("{}: {e}", path.display()))?;
         let rules = fusion_compiler::select::split_rules(&[machine.arch]).map_err(|e| e.to_string())?;
         let plan = fuse::plan_with(graph, &rules);
         let gemms = gemm_kernels(&plan);

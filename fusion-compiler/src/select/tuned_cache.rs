@@ -315,8 +315,21 @@ impl TunedCache {
     /// file goes to a temporary file in the same directory, which is then
     /// renamed over `path`, so that `path` is always a whole file. A file
     /// at `path` that is not a tuned cache is left alone and is an error.
+    /// Writers serialize on an exclusive lock of `.<file>.lock` beside it
+    /// (left there), held from the read to the rename, so that two tuning
+    /// runs sharing one cache keep each other's entries.
     pub fn write(path: &Path, entries: &IndexMap<CacheKey, CacheEntry>) -> std::io::Result<()> {
         let invalid = |reason: String| std::io::Error::new(std::io::ErrorKind::InvalidData, reason);
+        let name = path
+            .file_name()
+            .ok_or_else(|| invalid(format!("{} names no file", path.display())))?;
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(path.with_file_name(format!(".{}.lock", name.to_string_lossy())))?;
+        // Released when `lock` is dropped, at the end.
+        lock.lock()?;
         let mut merged = match std::fs::read_to_string(path) {
             Ok(text) => serde_json::from_str::<CacheFile>(&text)
                 .ok()
@@ -339,9 +352,6 @@ impl TunedCache {
         }
         let mut text = serde_json::to_string_pretty(&merged).map_err(|e| invalid(e.to_string()))?;
         text.push('\n');
-        let name = path
-            .file_name()
-            .ok_or_else(|| invalid(format!("{} names no file", path.display())))?;
         let temporary =
             path.with_file_name(format!(".{}.{}.tmp", name.to_string_lossy(), std::process::id()));
         let written = std::fs::write(&temporary, text)

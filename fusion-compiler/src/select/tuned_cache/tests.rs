@@ -139,6 +139,37 @@ fn a_written_cache_reads_back_whole() {
 /// it), entries this version cannot read included; a key written again is
 /// replaced; no temporary file is left; a file that is not a cache is not
 /// overwritten.
+/// Writers at once, each merging its own bucket's entry several times:
+/// with the lock every entry survives (without it, a writer renaming a
+/// merge read before another's rename drops that one's entry).
+#[test]
+fn concurrent_writers_keep_each_others_entries() {
+    let dir = scratch("concurrent");
+    let path = dir.join("tuned.json");
+    let buckets: Vec<MBucket> = MBucket::all().collect();
+    std::thread::scope(|scope| {
+        for &bucket in &buckets {
+            let path = &path;
+            scope.spawn(move || {
+                for round in 0..5 {
+                    let key = CacheKey {
+                        bucket,
+                        ..key("gemm", "m<=16")
+                    };
+                    let entries: IndexMap<_, _> =
+                        [(key, entry(sm90_tile(64, 128, 8), 30.0 + f64::from(round)))].into();
+                    TunedCache::write(path, &entries).unwrap();
+                }
+            });
+        }
+    });
+    let read = TunedCache::read(&path);
+    assert!(read.warnings.is_empty(), "{:?}", read.warnings);
+    assert_eq!(read.entries.len(), buckets.len());
+    assert!(read.entries.values().all(|e| e.time_us == 34.0));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn writes_merge_with_the_file_and_replace_it_whole() {
     let dir = scratch("merge");
@@ -167,11 +198,16 @@ fn writes_merge_with_the_file_and_replace_it_whole() {
             .unwrap()
             .contains("gemm_softcap.f16.nk.n3000.k1000.sm90.m<=16")
     );
-    let files: Vec<_> = std::fs::read_dir(&dir)
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().file_name())
         .collect();
-    assert_eq!(files, ["tuned.json"]);
+    files.sort();
+    assert_eq!(
+        files,
+        [".tuned.json.lock", "tuned.json"],
+        "no temporary file is left"
+    );
 
     std::fs::write(&path, "{ not json").unwrap();
     let err = TunedCache::write(&path, &first).unwrap_err();
