@@ -46,7 +46,8 @@ pub struct TuneArgs {
     #[arg(long, value_name = "FILE", default_value = "fusion-tuned.json")]
     pub cache: PathBuf,
     /// Where the candidates' units, shared libraries and nvcc logs go; a
-    /// later run reuses the libraries whose sources are unchanged.
+    /// later run reuses a build whose sources, headers, nvcc and flags are
+    /// unchanged.
     #[arg(long, value_name = "DIR", default_value = "fusion-tune")]
     pub work: PathBuf,
     /// nvcc processes at once; default: one per CPU.
