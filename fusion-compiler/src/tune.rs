@@ -17,7 +17,8 @@
 //! against the device ([`check_resources`]).
 //!
 //! Not here: compiling, checking against the CPU reference or timing (a GPU
-//! run), nor the cache that run writes ([`crate::select::TunedCache`]).
+//! run: `fusion tune`, in the `fusion` crate's `tune` module), nor the
+//! cache that run writes ([`crate::select::TunedCache`]).
 
 use crate::ir::WeightLayout;
 use crate::select::{Arch, KernelKind, TileConfig};

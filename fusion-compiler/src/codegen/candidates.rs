@@ -24,8 +24,10 @@
 //! whose messages name the list and the candidate.
 //!
 //! Each candidate's units get a library name of their own, `cand<index>`,
-//! so one composition with several configs gives distinct symbols. Not
-//! here: compiling the units, or what calls them.
+//! so one composition with several configs gives distinct symbols.
+//! [`render_kernel`] renders one kernel with a given config as a library of
+//! its own, for `fusion tune`. Not here: compiling the units, or what calls
+//! them.
 
 use super::{CodegenError, GraphSpec, KernelKey, RenderedUnit, render_with_tables};
 use crate::fuse::{Composition, GemmComposition, Plan};
