@@ -1,6 +1,6 @@
 //! `fusion tune`: tile configs measured on this GPU for graphs' GEMM
 //! kernels at the user's shapes, written into a tuned cache
-//! ([`fusion_compiler::select::tuned_cache`]) that builds then read
+//! ([`fusion_compiler::select::TunedCache`]) that builds then read
 //! (`Builder::tuned`, `FUSION_TUNED`).
 //!
 //! Per GEMM kernel of a graph's plan, alone ([`Plan::kernel_graph`]), and
@@ -8,12 +8,12 @@
 //! ([`fusion_compiler::tune`]);
 //! every candidate, and the shipped table's config, rendered as a
 //! one-kernel library and built by nvcc into a shared library, several at
-//! once ([`compile`]); each loaded ([`library`]) and what it asks for per
+//! once (`compile`); each loaded (`library`) and what it asks for per
 //! block held against the device (a gated GEMM's weights are interleaved
 //! once, as a struct binds them). Then at each M: the kernel's inputs drawn
 //! at random and the CPU reference computed on sampled rows; each
 //! candidate checked against it (a wrong one is rejected, never timed) and
-//! timed call by call against cuBLASLt ([`measure`]); the fastest, the
+//! timed call by call against cuBLASLt (`measure`); the fastest, the
 //! shipped config and cuBLASLt timed once more side by side, and that
 //! entry written to the cache at once, so a stopped run keeps every M it
 //! finished and a second run skips them.
