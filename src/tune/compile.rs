@@ -33,14 +33,13 @@ impl Nvcc {
     /// The nvcc a build would use (`NVCC`, `CUDA_HOME`, `CUDA_PATH`, `PATH`,
     /// the system CUDA), or an error saying where it looked.
     pub fn find() -> Result<Nvcc, String> {
-        let program =
-            nvcc::find_nvcc(&Env::from_process(), &ToolchainFile::default()).map_err(|searched| {
-                format!(
-                    "`fusion tune` compiles its candidates with nvcc, which was not found; looked at {}. \
+        let program = nvcc::find_nvcc(&Env::from_process(), &toolchain_file()?).map_err(|searched| {
+            format!(
+                "`fusion tune` compiles its candidates with nvcc, which was not found; looked at {}. \
                  Set NVCC to its path, or CUDA_HOME to the CUDA install holding bin/nvcc.",
-                    searched.join(", ")
-                )
-            })?;
+                searched.join(", ")
+            )
+        })?;
         let version = nvcc::nvcc_version(&program).map_err(|e| e.to_string())?;
         let version = release(&version).unwrap_or(version);
         let lib_dir = nvcc::cuda_lib_dir(&program, std::env::consts::ARCH).ok();
@@ -50,6 +49,14 @@ impl Nvcc {
             lib_dir,
         })
     }
+}
+
+/// What `cargo xtask toolchain` saved for the checkout a run is started in
+/// (`target/toolchain/env`, or under `CARGO_TARGET_DIR`), as a build reads
+/// it; none elsewhere.
+fn toolchain_file() -> Result<ToolchainFile, String> {
+    let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| PathBuf::from("target"), PathBuf::from);
+    ToolchainFile::load(Some(&target)).map_err(|e| e.to_string())
 }
 
 /// `13.0.88` from `nvcc --version`'s `… release 13.0, V13.0.88`.

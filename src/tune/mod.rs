@@ -744,6 +744,14 @@ fn measure_m<T: HostElement + ValidAsZeroBits>(
                 timed.push((i, share));
             }
             Err(reason) => {
+                // A kernel that faulted leaves the context unusable: every
+                // later candidate would be "rejected" for it.
+                if let Err(e) = machine.stream.synchronize() {
+                    return Err(format!(
+                        "{} at M = {} left the GPU unusable ({e}; its check said: {reason}); the run stops here, the cache keeps what finished",
+                        candidates[i].label, shape.0
+                    ));
+                }
                 if i == 0 {
                     return Err(format!("the shipped config fails at M = {}: {reason}", shape.0));
                 }
