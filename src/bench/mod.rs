@@ -46,7 +46,10 @@ use vendor::{LtPair, Which};
 /// Input sets rotated between calls: the contenders' calls take consecutive
 /// indices (`timing::time_interleaved`), so each call reads a set last
 /// touched this many calls earlier.
-const SETS: usize = 8;
+pub(crate) const SETS: usize = 8;
+
+/// Bytes of the scratch [`head_start`] clears ahead of timed calls.
+pub(crate) const HEAD_START_BYTES: usize = 256 << 20;
 
 /// The shapes of `fusion bench` when none are given: (M, N, K), each for
 /// every pattern.
@@ -1111,7 +1114,7 @@ pub fn run<T: BenchElement>(
     let ffn_cases = config.ffn_cases();
     let total = gemm_cases.len() + ffn_cases.len();
     let element = std::mem::size_of::<T>();
-    let mut head = stream.alloc_zeros::<u8>(256 << 20)?;
+    let mut head = stream.alloc_zeros::<u8>(HEAD_START_BYTES)?;
     let mut rows = Vec::with_capacity(total);
     let mut measure =
         |label: &str, bytes: f64, case: &mut dyn FnMut(&mut CudaSlice<u8>) -> Result<Row>| -> Result<()> {

@@ -17,9 +17,9 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 use std::sync::Arc;
 
-/// The input sets a timing rotates through, fewer when a case is large
-/// (`rotation_sets`).
-const MAX_SETS: usize = 8;
+/// The input sets a timing rotates through, the bench's, fewer when a case
+/// is large (`rotation_sets`).
+const MAX_SETS: usize = crate::bench::SETS;
 
 /// Device memory the rotated sets of one case may take together.
 const ROTATION_BYTES: usize = 8 << 30;

@@ -348,8 +348,16 @@ fn tune_kernel(
     }
     let mut head = machine
         .stream
-        .alloc_zeros::<u8>(256 << 20)
+        .alloc_zeros::<u8>(crate::bench::HEAD_START_BYTES)
         .map_err(|e| e.to_string())?;
+    let kernel_at = KernelAt {
+        machine,
+        settings,
+        kernel,
+        gemm,
+        graph,
+        baseline,
+    };
     for m in one_per_bucket(&settings.ms, out)? {
         let key = CacheKey {
             composition: kind.name.clone(),
@@ -374,14 +382,6 @@ fn tune_kernel(
             dims: &all_dims,
             shape,
             seed,
-        };
-        let kernel_at = KernelAt {
-            machine,
-            settings,
-            kernel,
-            gemm,
-            graph,
-            baseline,
         };
         let result = match dtype {
             DType::BF16 => measure_m::<half::bf16>(&kernel_at, at, &mut candidates, &mut head),
