@@ -171,10 +171,18 @@ fn fit<A: Allocator>(slots: &mut Vec<Option<A::Buffer>>, sizes: &[usize], alloc:
 /// GEMM launch.
 fn stream_k_enabled() -> bool {
     static ENABLED: OnceLock<bool> = OnceLock::new();
-    *ENABLED.get_or_init(|| stream_k_setting(std::env::var("FUSION_STREAM_K").ok().as_deref()))
+    *ENABLED.get_or_init(|| switch_setting(std::env::var("FUSION_STREAM_K").ok().as_deref()))
 }
 
-fn stream_k_setting(value: Option<&str>) -> bool {
+/// Reads `FUSION_TILE_COUNTER` once: `0` fixes each CTA's whole tiles at
+/// launch in every GEMM launch, instead of CTAs taking them from a counter.
+fn tile_counter_enabled() -> bool {
+    static ENABLED: OnceLock<bool> = OnceLock::new();
+    *ENABLED.get_or_init(|| switch_setting(std::env::var("FUSION_TILE_COUNTER").ok().as_deref()))
+}
+
+/// An on-by-default switch: off only for `0`.
+fn switch_setting(value: Option<&str>) -> bool {
     value != Some("0")
 }
 
@@ -489,12 +497,23 @@ impl<'s> Call<'s> {
         Ok(pointers)
     }
 
-    /// Whether this call's GEMMs may split tiles by stream-K: not when
-    /// `FUSION_STREAM_K=0`, nor while the stream is being captured into a
-    /// graph (the graph could be replayed on another stream, or twice at
-    /// once, beside launches that share its workspace's flags and partials).
-    pub fn stream_k_allowed(&self) -> Result<bool> {
-        Ok(stream_k_enabled() && !self.stream.capturing()?)
+    /// The `flags` of this call's GEMM launches, from the launcher ABI's
+    /// bits: `no_stream_k` (no split-K or stream-K) when
+    /// `FUSION_STREAM_K=0`, `static_tiles` (no tile counter) when
+    /// `FUSION_TILE_COUNTER=0`, and both while the stream is being captured
+    /// into a graph (the graph could be replayed on another stream, or
+    /// twice at once, beside launches that share its workspace's counters
+    /// and partials).
+    pub fn gemm_flags(&self, no_stream_k: u32, static_tiles: u32) -> Result<u32> {
+        let capturing = self.stream.capturing()?;
+        let mut flags = 0;
+        if capturing || !stream_k_enabled() {
+            flags |= no_stream_k;
+        }
+        if capturing || !tile_counter_enabled() {
+            flags |= static_tiles;
+        }
+        Ok(flags)
     }
 
     /// Asks a launcher how many bytes of workspace `params` need.
@@ -854,8 +873,8 @@ mod tests {
 
     #[test]
     fn fusion_stream_k_0_turns_stream_k_off() {
-        assert!(stream_k_setting(None));
-        assert!(stream_k_setting(Some("1")));
-        assert!(!stream_k_setting(Some("0")));
+        assert!(switch_setting(None));
+        assert!(switch_setting(Some("1")));
+        assert!(!switch_setting(Some("0")));
     }
 }

@@ -378,7 +378,9 @@ fn wrappers_parse_and_name_the_graph() {
     assert!(rust.contains("as fusion::launch::WorkspaceBytes<"));
     assert!(rust.contains("__call.scratch(__scratch, __scratch_bytes)"));
     assert!(rust.contains("fusion::launch::with_stream_workspace("));
-    assert!(rust.contains("ffi::FUSION_GEMM_NO_STREAM_K"));
+    assert!(
+        compact.contains("__call.gemm_flags(ffi::FUSION_GEMM_NO_STREAM_K,ffi::FUSION_GEMM_STATIC_TILES)?")
+    );
     // Without nvcc no launcher is named.
     let skipped = wrappers::generate(&lib, false, "/out/fusion_ffi.rs");
     assert!(!skipped.contains("ffi::fusion_kernels_gemm_"));

@@ -463,7 +463,7 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
         quote!()
     } else {
         quote! {
-            let __gemm_flags = if __call.stream_k_allowed()? { 0 } else { ffi::FUSION_GEMM_NO_STREAM_K };
+            let __gemm_flags = __call.gemm_flags(ffi::FUSION_GEMM_NO_STREAM_K, ffi::FUSION_GEMM_STATIC_TILES)?;
         }
     };
     let launches = plan.kernels.iter().enumerate().map(|(index, kernel)| {

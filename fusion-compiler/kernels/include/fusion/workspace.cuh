@@ -4,9 +4,12 @@
 // are not given they do without (stream-K) or refuse (a norm prologue's
 // row statistics).
 //
-//   [0, kStreamKFlagBytes)   stream-K arrival counters: zero when handed
-//                            over (the caller zeroes the buffer when it
-//                            allocates it), zero again when each launch ends
+//   [0, kStreamKFlagBytes)   counters: the sm90 tile scheduler's two (the
+//                            next whole tile to hand out, CTAs done taking
+//                            them) then stream-K's arrival counters; zero
+//                            when handed over (the caller zeroes the buffer
+//                            when it allocates it), zero again when each
+//                            launch ends
 //   partials                 stream-K partial tiles, if the launch splits
 //   row_stats                a folded norm's per-row statistics, if any
 //   normalized               a per-call norm's normalized A, if any
@@ -27,11 +30,15 @@
 
 namespace fusion {
 
-// Room for one arrival counter per consumer warp group of each split tile
-// of a stream-K launch (fewer than 1.5 tiles per SM are split: on 132 SMs
-// at most 197 x 2 consumers x 4 bytes, 1576); the scheduler refuses a
-// split whose counters would not fit.
+// Room for the tile scheduler's counters (kTileCounterBytes, first) and
+// one arrival counter per consumer warp group of each split tile of a
+// stream-K launch (fewer than 1.5 tiles per SM are split: on 132 SMs at
+// most 197 x 2 consumers x 4 bytes, 1576); the scheduler refuses a split
+// whose counters would not fit.
 constexpr size_t kStreamKFlagBytes = 4096;
+// The tile scheduler's counters, at the start of the flags region (two
+// 32-bit counters, padded to their own 128-byte line).
+constexpr size_t kTileCounterBytes = 128;
 // Each region starts a multiple of 256 bytes from the workspace's start,
 // which must be 16-byte aligned (Workspace::holds), so that the partials'
 // float4 and the statistics' 8-byte accesses are aligned.
@@ -50,11 +57,13 @@ struct WorkspaceLayout {
   // The layout for `partial_bytes` of stream-K partials (0: no split),
   // `row_stat_bytes` of row statistics (0: no folded norm) and
   // `normalized_bytes` of normalized A (0: no per-call norm) and
-  // `interleaved_bytes` of interleaved B (0: none).
+  // `interleaved_bytes` of interleaved B (0: none); `counters`: the flags
+  // region even when nothing else is needed (the tile scheduler's).
   static constexpr WorkspaceLayout of(size_t partial_bytes, size_t row_stat_bytes, size_t normalized_bytes = 0,
-                                      size_t interleaved_bytes = 0) {
+                                      size_t interleaved_bytes = 0, bool counters = false) {
     WorkspaceLayout l;
-    if (partial_bytes == 0 && row_stat_bytes == 0 && normalized_bytes == 0 && interleaved_bytes == 0) return l;
+    if (!counters && partial_bytes == 0 && row_stat_bytes == 0 && normalized_bytes == 0 && interleaved_bytes == 0)
+      return l;
     l.partials = kStreamKFlagBytes;
     l.row_stats = l.partials + align_up(partial_bytes);
     l.normalized = l.row_stats + align_up(row_stat_bytes);
@@ -66,6 +75,7 @@ struct WorkspaceLayout {
 
 // What the layout promises, checked where it is written.
 static_assert(WorkspaceLayout::of(0, 0).bytes == 0, "a launch that needs nothing is given nothing");
+static_assert(WorkspaceLayout::of(0, 0, 0, 0, true).bytes == kStreamKFlagBytes, "counters alone: the flags region");
 static_assert(WorkspaceLayout::of(0, 8).row_stats >= kStreamKFlagBytes &&
                   WorkspaceLayout::of(8, 0).partials >= kStreamKFlagBytes,
               "nothing overlaps the flags");

@@ -429,11 +429,8 @@ mod __layernorm_gemm_silu_glu_residual {
             return Ok(());
         }
         let (__intermediates, __scratch) = __workspace.parts();
-        let __gemm_flags = if __call.stream_k_allowed()? {
-            0
-        } else {
-            ffi::FUSION_GEMM_NO_STREAM_K
-        };
+        let __gemm_flags = __call
+            .gemm_flags(ffi::FUSION_GEMM_NO_STREAM_K, ffi::FUSION_GEMM_STATIC_TILES)?;
         let mut __params_0 = {
             let (m, k) = __call.reduced_matrix(&__TENSOR_0)?;
             let n = __call.matrix(&__TENSOR_11)?.1;

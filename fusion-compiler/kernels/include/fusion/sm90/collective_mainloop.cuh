@@ -93,16 +93,20 @@ struct CollectiveMainloop {
   // The producer's part for one tile: loads its k-blocks [k_begin, k_begin
   // + k_count), the last first when `backwards`, into the next stages of
   // the ring, each once the consumers have released it. `rank` is this
-  // CTA's in its cluster; `waited` sums the waits on empty barriers.
+  // CTA's in its cluster; `waited` sums the waits on empty barriers;
+  // `first(stage)` runs once the first of them is free, before its full
+  // barrier is arrived on (the scheduler posts the piece there).
+  template <typename First>
   static __device__ __forceinline__ void load_tile(StageTiles& tiles, Barriers& barriers, RingPosition& ring,
                                                    const CUtensorMap* map_a, const CUtensorMap* map_b, TileCoord tile,
                                                    int rank, int k_begin, int k_count, bool backwards,
-                                                   trace::Timer& waited) {
+                                                   trace::Timer& waited, First&& first) {
     for (int j = 0; j < k_count; ++j) {
       const int kb = backwards ? k_begin + k_count - 1 - j : k_begin + j;
       waited.start();
       mbarrier_wait(&barriers.empty[ring.stage], ring.phase ^ 1);
       waited.stop();
+      if (j == 0) first(ring.stage);
       uint64_t* full = &barriers.full[ring.stage];
       // Counts this CTA's A and the whole B tile, whichever CTA loads it.
       mbarrier_arrive_expect_tx(full, kStageBytes);
@@ -134,6 +138,18 @@ struct CollectiveMainloop {
       }
       ring.advance();
     }
+  }
+
+  // The producer's last word: the next stage, once free, filled with
+  // nothing but what `post(stage)` writes beside it, and its full barrier
+  // completed by a plain arrival, so that consumers waiting for another
+  // piece there find none (its stage then stays taken: nothing follows).
+  template <typename Post>
+  static __device__ __forceinline__ void signal_end(Barriers& barriers, RingPosition& ring, Post&& post) {
+    mbarrier_wait(&barriers.empty[ring.stage], ring.phase ^ 1);
+    post(ring.stage);
+    mbarrier_arrive(&barriers.full[ring.stage]);
+    ring.advance();
   }
 
   // One consumer warp group's K loop over one tile. `issued(kb)` runs

@@ -1,7 +1,8 @@
 // The sm90 GEMM (H100, H200; built as sm_90a): a persistent,
 // warp-specialized kernel on wgmma and TMA, composed of three parts:
 //  - the tile scheduler (tile_scheduler.cuh): at most one CTA per SM walks
-//    output tiles in grouped order, every other wave through K backwards;
+//    output tiles in grouped order, every other wave through K backwards,
+//    cooperative CTAs taking whole tiles from a counter as they get to them;
 //    split-K and stream-K share a tile's k-blocks among CTAs where the tiles
 //    do not fill the SMs evenly;
 //  - the collective mainloop (collective_mainloop.cuh): a producer warp
@@ -16,8 +17,8 @@
 // setmaxnreg moves registers from the producer (40) to the consumers (232).
 // Before the kernel, the launcher computes a folded norm's row statistics,
 // or a per-call norm's normalized A, into the caller's workspace
-// (workspace.cuh, prologue.cuh), which also holds stream-K's partial tiles
-// and flags.
+// (workspace.cuh, prologue.cuh), which also holds the tile counters and
+// stream-K's partial tiles and flags.
 //
 // TMA zero-fills everything outside A and B and drops what falls outside C,
 // so any M works and N and K need only be multiples of 8 (TMA's 16-byte
@@ -109,21 +110,42 @@ struct Mainloop {
     return *reinterpret_cast<SharedLayout*>(raw + ((1024 - (base & 1023)) & 1023));
   }
 
-  // The producer: one thread keeps every stage loaded, across tiles.
+  // The producer: one thread walks this CTA's pieces (Scheduler::Walker;
+  // `tile_counters` null: the static walk) and keeps every stage loaded,
+  // across tiles. For cooperative consumers it posts each piece beside its
+  // first stage and, after the last, an end (Plan::posted).
   static __device__ __forceinline__ void produce(SharedLayout& s, const CUtensorMap* map_a, const CUtensorMap* map_b,
-                                                 const GemmArgs<T>& args) {
+                                                 const GemmArgs<T>& args, uint32_t* tile_counters) {
     const TileWalk walk(args);
     const int k_blocks = int((args.k + BK - 1) / BK);
     RingPosition ring;
+    typename Scheduler::Walker walker(s.plan, walk, k_blocks, tile_counters);
     WorkPiece w;
-    for (int i = 0; Scheduler::piece(s.plan, walk, k_blocks, i, w); ++i) {
+    bool backwards = false;
+    for (int i = 0; walker.next(w, backwards); ++i) {
       const TileCoord tile = walk.tile(w.unit);
       trace::Timer waited;
-      const bool backwards = Scheduler::walks_backwards(s.plan, i);
       Loop::load_tile(s.stages, s.barriers, ring, map_a, map_b, tile, walk.rank, w.k_begin, w.k_count, backwards,
-                      waited);
+                      waited, [&s, &w](int stage) {
+                        if constexpr (!Config::kPingPong) s.plan.posted[stage] = w;
+                      });
       trace::count(trace::Counter::EmptyWait, i, waited.total);
     }
+    if constexpr (!Config::kPingPong)
+      Loop::signal_end(s.barriers, ring, [&s](int stage) { s.plan.posted[stage] = Scheduler::kNoMorePieces; });
+  }
+
+  // The piece the producer posted beside the ring's next stage, once that
+  // stage is full (Plan::posted). Every lane waits on the barrier and reads
+  // it, an address the same for all of them, which keeps the piece (and
+  // the K loop's bounds and ring positions after it) in uniform registers
+  // (with a shuffle from lane 0 instead, ptxas moved the K loop's ring
+  // positions and descriptors into ordinary registers). The reads
+  // are done before the piece loop branches on them, so before any lane
+  // releases a stage the producer could post in again.
+  static __device__ __forceinline__ WorkPiece posted_piece(SharedLayout& s, const RingPosition& ring) {
+    mbarrier_wait(&s.barriers.full[ring.stage], ring.phase);
+    return s.plan.posted[ring.stage];
   }
 
   // With a source tile (EpilogueChain::kSourceTile), each tile (each share
@@ -168,9 +190,10 @@ struct Mainloop {
         ring.skip(k_blocks);
       }
     } else {
-      WorkPiece w;
       [[maybe_unused]] const bool tracer = consumer == 0 && threadIdx.x % 128 == 0;
-      for (int i = 0; Scheduler::piece(s.plan, walk, k_blocks, i, w); ++i) {
+      for (int i = 0;; ++i) {
+        const WorkPiece w = posted_piece(s, ring);
+        if (w.k_count == 0) break;
         if (tracer) FUSION_SM90_STAMP(i, 0);
         const TileCoord tile = walk.tile(w.unit);
         // Which CTA sums a split tile is known only once its share is in
@@ -201,10 +224,13 @@ struct Mainloop {
   static cudaError_t encode_maps(const GemmArgs<T>& p, CUtensorMap* map_a, CUtensorMap* map_b, CUtensorMap* map_c,
                                  CUtensorMap* map_src);
   // A launch's grid (units for clusters, capped at launch by what is
-  // resident), its stream-K split (units 0: none) and its workspace.
+  // resident), its stream-K split (units 0: none), whether its CTAs take
+  // whole tiles from the workspace's counter (Scheduler::Walker) and its
+  // workspace.
   struct LaunchPlan {
     int64_t grid = 0;
     StreamK stream_k;
+    bool tile_counters = false;
     WorkspaceLayout layout;
   };
   template <typename Prologue, typename Epilogue>
@@ -214,7 +240,7 @@ struct Mainloop {
   template <typename Prologue, typename Epilogue>
   static cudaError_t launch(const GemmArgs<T>& p, const Workspace& workspace, cudaStream_t stream);
   template <typename Prologue, typename Epilogue>
-  static cudaError_t launch_gemm(const GemmArgs<T>& p, const LaunchPlan& plan, int device,
+  static cudaError_t launch_gemm(const GemmArgs<T>& p, const LaunchPlan& plan, uint32_t* tile_counters, int device,
                                  cudaStream_t stream);
 };
 
@@ -223,7 +249,7 @@ __global__ void __launch_bounds__(ML::kThreads, 1)
     persistent_gemm_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                            const __grid_constant__ CUtensorMap map_c, const __grid_constant__ CUtensorMap map_src,
                            const GemmArgs<typename ML::Element> args,
-                           const typename ML::StreamK stream_k) {
+                           const typename ML::StreamK stream_k, uint32_t* const tile_counters) {
 #if FUSION_SM90_ENABLED
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   typename ML::SharedLayout& s = ML::carve(smem_raw);
@@ -254,7 +280,7 @@ __global__ void __launch_bounds__(ML::kThreads, 1)
     __syncthreads();
   if (group == 0) {
     setmaxnreg_dec<ML::kProducerRegisters>();
-    if (threadIdx.x == 0) ML::produce(s, &map_a, &map_b, args);
+    if (threadIdx.x == 0) ML::produce(s, &map_a, &map_b, args, tile_counters);
   } else {
     setmaxnreg_inc<ML::kConsumerRegisters>();
     // The same in every lane, said so (a shuffle from lane 0) that what
@@ -289,7 +315,8 @@ cudaError_t Mainloop<T, kLayout, Config>::encode_maps(const GemmArgs<T>& p, CUte
 
 // The grid and stream-K split of a launch for p with `flags` on `device`,
 // and the workspace they need (workspace.cuh): the partial tiles of a
-// split, room for kStreamKFlagBytes of flags, with a folded norm the
+// split, room for kStreamKFlagBytes of flags (the tile counters' and a
+// split's), with a folded norm the
 // statistics of every row of A, and what prepare_operands writes (gemm.cuh:
 // a per-call norm's normalized A, a gated GEMM's interleaved B). What
 // workspace_layout reports and what launch uses, so that the caller's bytes
@@ -321,8 +348,9 @@ typename Mainloop<T, kLayout, Config>::LaunchPlan Mainloop<T, kLayout, Config>::
   } else {
     plan.grid = units;
   }
-  plan.layout =
-      WorkspaceLayout::of(partial_bytes, row_stat_bytes, normalized_bytes_of<Prologue>(p), interleaved_bytes_of<Epilogue>(p));
+  plan.tile_counters = Scheduler::kDynamicTiles && (flags & FUSION_GEMM_STATIC_TILES) == 0;
+  plan.layout = WorkspaceLayout::of(partial_bytes, row_stat_bytes, normalized_bytes_of<Prologue>(p),
+                                    interleaved_bytes_of<Epilogue>(p), plan.tile_counters);
   return plan;
 }
 
@@ -342,7 +370,8 @@ cudaError_t Mainloop<T, kLayout, Config>::workspace_layout(const GemmArgs<T>& p,
 // norm: A's rows normalized into the workspace, then the plain GEMM on
 // them; with a gated GEMM's two weights, B interleaved there first. A
 // workspace too small for the split the shape would get runs every tile
-// whole; one too small for the rest is refused.
+// whole, and one too small for the tile counters walks the tiles
+// statically; one too small for the rest is refused.
 template <typename T, LayoutB kLayout, typename Config>
 template <typename Prologue, typename Epilogue>
 cudaError_t Mainloop<T, kLayout, Config>::launch(const GemmArgs<T>& p, const Workspace& workspace,
@@ -353,23 +382,27 @@ cudaError_t Mainloop<T, kLayout, Config>::launch(const GemmArgs<T>& p, const Wor
   LaunchPlan plan = plan_launch<Prologue, Epilogue>(p, workspace.flags, device);
   if (!workspace.holds(plan.layout) && plan.stream_k.units > 0)
     plan = plan_launch<Prologue, Epilogue>(p, workspace.flags | FUSION_GEMM_NO_STREAM_K, device);
+  if (!workspace.holds(plan.layout) && plan.tile_counters)
+    plan = plan_launch<Prologue, Epilogue>(p, workspace.flags | FUSION_GEMM_NO_STREAM_K | FUSION_GEMM_STATIC_TILES,
+                                           device);
   if (!workspace.holds(plan.layout)) return cudaErrorInvalidValue;
   if (plan.stream_k.units > 0) {
-    plan.stream_k.flags = workspace.at<uint32_t>(0);
+    plan.stream_k.flags = workspace.at<uint32_t>(kTileCounterBytes);
     plan.stream_k.partials = workspace.at<float>(plan.layout.partials);
   }
+  uint32_t* const tile_counters = plan.tile_counters ? workspace.at<uint32_t>(0) : nullptr;
   GemmArgs<T> args;
   err = prepare_operands<Prologue, Epilogue, kLayout>(p, workspace, plan.layout, stream, &args);
   if (err != cudaSuccess) return err;
   err = prepare_row_stats<Prologue>(p, workspace, plan.layout, stream, &args);
   if (err != cudaSuccess) return err;
-  return launch_gemm<PreparedPrologue<Prologue>, Epilogue>(args, plan, device, stream);
+  return launch_gemm<PreparedPrologue<Prologue>, Epilogue>(args, plan, tile_counters, device, stream);
 }
 
 template <typename T, LayoutB kLayout, typename Config>
 template <typename Prologue, typename Epilogue>
 cudaError_t Mainloop<T, kLayout, Config>::launch_gemm(const GemmArgs<T>& p, const LaunchPlan& plan,
-                                                      int device, cudaStream_t stream) {
+                                                      uint32_t* tile_counters, int device, cudaStream_t stream) {
   using Self = Mainloop<T, kLayout, Config>;
   cudaError_t err = fusion::detail::raise_smem_limit(persistent_gemm_kernel<Self, Prologue, Epilogue>, kSmemBytes);
   if (err != cudaSuccess) return err;
@@ -379,7 +412,7 @@ cudaError_t Mainloop<T, kLayout, Config>::launch_gemm(const GemmArgs<T>& p, cons
   const StreamK& sk = plan.stream_k;
   if constexpr (kClusterM == 1 && !Prologue::kRowStats) {
     persistent_gemm_kernel<Self, Prologue, Epilogue>
-        <<<unsigned(plan.grid), kThreads, kSmemBytes, stream>>>(map_a, map_b, map_c, map_src, p, sk);
+        <<<unsigned(plan.grid), kThreads, kSmemBytes, stream>>>(map_a, map_b, map_c, map_src, p, sk, tile_counters);
   } else {
     cudaLaunchConfig_t config{};
     config.gridDim = dim3(unsigned(plan.grid));
@@ -414,7 +447,7 @@ cudaError_t Mainloop<T, kLayout, Config>::launch_gemm(const GemmArgs<T>& p, cons
       ++config.numAttrs;
     }
     err = cudaLaunchKernelEx(&config, persistent_gemm_kernel<Self, Prologue, Epilogue>, map_a, map_b, map_c, map_src,
-                             p, sk);
+                             p, sk, tile_counters);
     if (err != cudaSuccess) return err;
   }
   return cudaGetLastError();

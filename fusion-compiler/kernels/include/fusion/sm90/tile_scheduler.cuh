@@ -2,7 +2,11 @@
 // k-blocks, each persistent CTA computes, and in what order.
 //
 // At most one CTA per SM walks output tiles in grouped order (gemm.cuh),
-// every other wave through K backwards (walks_backwards). Where the tiles do
+// every other wave through K backwards (walks_backwards). Cooperative
+// CTAs take their whole tiles from a counter in the workspace as they get
+// to them (Walker), so that a CTA that starts late, its SM held by another
+// stream's kernel, takes fewer; their producer hands each piece to the
+// consumers with the ring's first stage of it (Plan::posted). Where the tiles do
 // not fill the SMs evenly, several CTAs may share a tile's k-blocks (split-K
 // with fewer tiles than SMs, stream-K over the last wave otherwise; see
 // StreamK and plan_stream_k) and whichever of them arrives last sums their
@@ -52,11 +56,23 @@ struct TileScheduler {
   // range ends, a whole tile, a Split piece where it starts): plan_stream_k
   // must keep any split it allows within that.
   static constexpr int kMaxStreamKPieces = 4;
-  // The list lives in shared memory (see plan_pieces).
+  // The list lives in shared memory (see plan_pieces), beside the pieces
+  // the producer posts for the consumers: posted[s] is the piece whose
+  // first k-block the ring's stage s holds (k_count 0: no more pieces),
+  // written before the stage's full barrier is arrived on and read once it
+  // completes, so that only the producer runs the walk.
   struct Plan {
     int piece_count[4];                   // 3 used: listed pieces, whole tiles, 1 if there is a last piece
+    int whole_units;                      // whole tiles of the launch, units [0, whole_units)
     WorkPiece pieces[kMaxStreamKPieces];  // listed ones from 0, the last one last
+    WorkPiece posted[Config::kStages];
   };
+  // Whether this config's CTAs may take whole tiles from the workspace's
+  // counter: cooperative ones of one CTA per cluster. Ping-pong consumers
+  // take every other unit by themselves, and a cluster's CTAs would have to
+  // agree on each unit.
+  static constexpr bool kDynamicTiles = !kPingPong && kClusterM == 1;
+  static constexpr WorkPiece kNoMorePieces{0, 0, 0, Piece::Whole};
 
   // The work units of the launch and this CTA's share of them. A unit is
   // kClusterM vertically adjacent tiles, one per CTA of a cluster; clusters
@@ -112,7 +128,7 @@ struct TileScheduler {
     // float4s: one slot per (tile, CTA) pair, see partial_slot.
     float* partials = nullptr;
     // Arrival counters, [split tiles][kConsumers], in the workspace's flags
-    // region.
+    // region after the tile counters.
     uint32_t* flags = nullptr;
   };
 
@@ -151,6 +167,7 @@ struct TileScheduler {
       }
     }
     const int whole = sk.units > 0 ? sk.dp_tiles : walk.units;
+    plan.whole_units = whole;
     plan.piece_count[0] = count;
     plan.piece_count[1] = whole > walk.first ? (whole - walk.first + walk.stride - 1) / walk.stride : 0;
     plan.piece_count[2] = has_last ? 1 : 0;
@@ -180,6 +197,55 @@ struct TileScheduler {
     }
     return false;
   }
+
+  // The producer's walk over this CTA's pieces, in piece's order. With
+  // `counters` (kDynamicTiles; null: the static walk) the whole tiles are
+  // not every stride-th unit from this CTA's first but the next unit of
+  // counters[0] each time, fetched one piece ahead so that the atomic's
+  // round trip overlaps a tile's loads. A CTA takes units until the
+  // counter passes whole_units; the last CTA to get there (counters[1]
+  // counts them) sets both counters back to 0 for the next launch on the
+  // workspace: every other CTA has fetched its last unit by then (each
+  // fences between that fetch and its count). The stream-K pieces after
+  // the whole tiles stay this CTA's own, as plan_pieces listed them.
+  struct Walker {
+    const Plan& plan;
+    const TileWalk& walk;
+    int k_blocks;
+    uint32_t* counters;
+    int index;  // the next piece's in piece()'s numbering, once no whole tile is taken
+    uint32_t fetched = 0;
+    bool taking;
+
+    __device__ __forceinline__ Walker(const Plan& p, const TileWalk& w, int kb, uint32_t* c)
+        : plan(p), walk(w), k_blocks(kb), counters(c), index(c != nullptr ? p.piece_count[1] : 0), taking(c != nullptr) {
+      if (taking) fetched = atomicAdd(&counters[0], 1u);
+    }
+
+    // The next piece and whether it walks K backwards (walks_backwards);
+    // false past the last.
+    __device__ __forceinline__ bool next(WorkPiece& w, bool& backwards) {
+      if (taking) {
+        const uint32_t unit = fetched;
+        if (unit < uint32_t(plan.whole_units)) {
+          fetched = atomicAdd(&counters[0], 1u);
+          w = {int(unit), 0, k_blocks, Piece::Whole};
+          // The unit's wave, which is the static walk's piece index.
+          backwards = !kPingPong && ((unit / gridDim.x) & 1u) != 0;
+          return true;
+        }
+        taking = false;
+        __threadfence();
+        if (atomicAdd(&counters[1], 1u) == gridDim.x - 1) {
+          __threadfence();
+          atomicExch(&counters[0], 0u);
+          atomicExch(&counters[1], 0u);
+        }
+      }
+      backwards = walks_backwards(plan, index);
+      return piece(plan, walk, k_blocks, index++, w);
+    }
+  };
 
   // Whether piece i loads its k-blocks from the last to the first. The
   // data-parallel waves alternate: a wave reads more of A and B than L2
@@ -342,7 +408,9 @@ struct TileScheduler {
 // finisher's share, and rereads it unless it holds the tile's first
 // k-blocks.)
 // The launcher asks for neither when its caller says FUSION_GEMM_NO_STREAM_K
-// (the run time does for FUSION_STREAM_K=0 and while capturing a graph).
+// (the run time does for FUSION_STREAM_K=0 and while capturing a graph),
+// and walks the whole tiles statically (no counter) when it says
+// FUSION_GEMM_STATIC_TILES (FUSION_TILE_COUNTER=0, and while capturing).
 template <typename T, typename Config>
 typename TileScheduler<T, Config>::StreamK TileScheduler<T, Config>::plan_stream_k(int64_t tiles,
                                                                                            int64_t k_blocks,
@@ -361,7 +429,8 @@ typename TileScheduler<T, Config>::StreamK TileScheduler<T, Config>::plan_stream
   }
   if (ctas == split_tiles) return sk;
   // An arrival counter per split tile and consumer (fix_up).
-  if (split_tiles * kConsumers * int64_t(sizeof(uint32_t)) > int64_t(kStreamKFlagBytes)) return sk;
+  if (split_tiles * kConsumers * int64_t(sizeof(uint32_t)) > int64_t(kStreamKFlagBytes - kTileCounterBytes))
+    return sk;
   const int64_t per_cta = (split_tiles * k_blocks + ctas - 1) / ctas;
   const int64_t whole = (split_tiles + ctas - 1) / ctas * k_blocks;  // the busiest CTA's k-blocks without it
   if (per_cta < kMinBlocks || per_cta + 2 * kFixupBlocks >= whole ||
