@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs the GPU checks from a bundle made by scripts/gpu-bundle.sh:
 #   gpu-suite.sh [OUT] [steps...]
-#   steps: tests ptx static errors graphs examples property stress sanitize bench (default: all)
-#   (static: the sm90 tests with each CTA's tiles fixed at launch, FUSION_TILE_COUNTER=0)
+#   steps: tests ptx counter errors graphs examples property stress sanitize bench (default: all)
+#   (counter: the sm90 tests with CTAs taking tiles from a counter, FUSION_TILE_COUNTER=1)
 #   (sanitize-quick: the sanitizers on the native variant only; selftest:
 #   builds the kernel self-test in ./selftest with nvcc, NVCC or nvcc on
 #   PATH, and cuBLASLt, then runs its quick checks; not in the default)
@@ -10,7 +10,7 @@
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=${1:-$here/logs}; shift || true
-steps=${*:-tests ptx static errors graphs examples property stress sanitize bench}
+steps=${*:-tests ptx counter errors graphs examples property stress sanitize bench}
 mkdir -p "$out"
 cd "$here"
 export FUSION_GRAPHS_DIR=$here/graphs
@@ -71,7 +71,7 @@ for step in $steps; do
     ptx)
       FUSION_FORCE_ARCH=sm80 FUSION_TEST_SIZE=quick run_tests gpu-sm80-ptx.log any ./gpu --ignored --test-threads 8 --nocapture
       FUSION_FORCE_ARCH=sm75 FUSION_TEST_SIZE=quick run_tests gpu-sm75-ptx.log any ./gpu --ignored --test-threads 8 --nocapture ;;
-    static) FUSION_TILE_COUNTER=0 FUSION_TEST_SIZE=quick run_tests gpu-sm90-static.log any ./gpu --ignored --test-threads 8 --nocapture ;;
+    counter) FUSION_TILE_COUNTER=1 FUSION_TEST_SIZE=quick run_tests gpu-sm90-counter.log any ./gpu --ignored --test-threads 8 --nocapture ;;
     errors)
       # The other-context case needs a second GPU.
       gpus=$(nvidia-smi -L | grep -c '^GPU')

@@ -174,14 +174,18 @@ fn stream_k_enabled() -> bool {
     *ENABLED.get_or_init(|| switch_setting(std::env::var("FUSION_STREAM_K").ok().as_deref()))
 }
 
-/// Reads `FUSION_TILE_COUNTER` once: `0` fixes each CTA's whole tiles at
-/// launch in every GEMM launch, instead of CTAs taking them from a counter.
+/// Reads `FUSION_TILE_COUNTER` once: `1` has the sm90 kernel's CTAs take
+/// their whole tiles from a counter in every GEMM launch, instead of each
+/// CTA's being fixed at launch. Off by default: on an H200 it cut the
+/// slowdown of 4 streams at once (1.325x to 1.016x at 8192^3) but cost one
+/// stream 6-7% at (2000, 3000, 1000), where the first tile waits for the
+/// counter's round trip (BENCHMARKS.md v18).
 fn tile_counter_enabled() -> bool {
     static ENABLED: OnceLock<bool> = OnceLock::new();
-    *ENABLED.get_or_init(|| switch_setting(std::env::var("FUSION_TILE_COUNTER").ok().as_deref()))
+    *ENABLED.get_or_init(|| std::env::var("FUSION_TILE_COUNTER").ok().as_deref() == Some("1"))
 }
 
-/// An on-by-default switch: off only for `0`.
+/// An on-by-default switch (`FUSION_STREAM_K`): off only for `0`.
 fn switch_setting(value: Option<&str>) -> bool {
     value != Some("0")
 }
@@ -499,8 +503,8 @@ impl<'s> Call<'s> {
 
     /// The `flags` of this call's GEMM launches, from the launcher ABI's
     /// bits: `no_stream_k` (no split-K or stream-K) when
-    /// `FUSION_STREAM_K=0`, `static_tiles` (no tile counter) when
-    /// `FUSION_TILE_COUNTER=0`, and both while the stream is being captured
+    /// `FUSION_STREAM_K=0`, `static_tiles` (no tile counter) unless
+    /// `FUSION_TILE_COUNTER=1`, and both while the stream is being captured
     /// into a graph (the graph could be replayed on another stream, or
     /// twice at once, beside launches that share its workspace's counters
     /// and partials).

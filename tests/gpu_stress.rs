@@ -141,7 +141,7 @@ fn solo_output(s: &Arc<CudaStream>, case: &mut Case<f16>) -> Vec<f16> {
         "{} alone: rel_err {err:.2e}, {scratch} bytes of scratch",
         case.label
     );
-    // Every sm90 launch takes the 4 KB of counters at the workspace's start;
+    // A launch with the tile counter takes 4 KB of counters at the start;
     // a split adds its partial tiles, at least two slots of one consumer's
     // f32 accumulators (64 x 128 x 4 bytes each).
     assert!(

@@ -2,7 +2,8 @@
 // k-blocks, each persistent CTA computes, and in what order.
 //
 // At most one CTA per SM walks output tiles in grouped order (gemm.cuh),
-// every other wave through K backwards (walks_backwards). Cooperative
+// every other wave through K backwards (walks_backwards). Unless the caller
+// says FUSION_GEMM_STATIC_TILES, cooperative
 // CTAs take their whole tiles from a counter in the workspace as they get
 // to them (Walker), so that a CTA that starts late, its SM held by another
 // stream's kernel, takes fewer; their producer hands each piece to the
@@ -410,7 +411,8 @@ struct TileScheduler {
 // The launcher asks for neither when its caller says FUSION_GEMM_NO_STREAM_K
 // (the run time does for FUSION_STREAM_K=0 and while capturing a graph),
 // and walks the whole tiles statically (no counter) when it says
-// FUSION_GEMM_STATIC_TILES (FUSION_TILE_COUNTER=0, and while capturing).
+// FUSION_GEMM_STATIC_TILES (the run time's default, unless FUSION_TILE_COUNTER=1,
+// and always while capturing).
 template <typename T, typename Config>
 typename TileScheduler<T, Config>::StreamK TileScheduler<T, Config>::plan_stream_k(int64_t tiles,
                                                                                            int64_t k_blocks,
