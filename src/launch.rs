@@ -177,9 +177,9 @@ fn stream_k_enabled() -> bool {
 /// Reads `FUSION_TILE_COUNTER` once: `1` has the sm90 kernel's CTAs take
 /// their whole tiles from a counter in every GEMM launch, instead of each
 /// CTA's being fixed at launch. Off by default: on an H200 it cut the
-/// slowdown of 4 streams at once (1.325x to 1.016x at 8192^3) but cost one
-/// stream 6-7% at (2000, 3000, 1000), where the first tile waits for the
-/// counter's round trip (BENCHMARKS.md v18).
+/// slowdown of 4 streams at once (1.33x to 1.02-1.06x at 8192^3) but costs
+/// one stream up to 11% where a CTA runs few tiles (14.1 against 12.7 us at
+/// (512, 2048, 2048), one tile per CTA; BENCHMARKS.md v18, v19).
 fn tile_counter_enabled() -> bool {
     static ENABLED: OnceLock<bool> = OnceLock::new();
     *ENABLED.get_or_init(|| std::env::var("FUSION_TILE_COUNTER").ok().as_deref() == Some("1"))

@@ -201,14 +201,17 @@ struct TileScheduler {
 
   // The producer's walk over this CTA's pieces, in piece's order. With
   // `counters` (kDynamicTiles; null: the static walk) the whole tiles are
-  // not every stride-th unit from this CTA's first but the next unit of
-  // counters[0] each time, fetched one piece ahead so that the atomic's
-  // round trip overlaps a tile's loads. A CTA takes units until the
-  // counter passes whole_units; the last CTA to get there (counters[1]
-  // counts them) sets both counters back to 0 for the next launch on the
-  // workspace: every other CTA has fetched its last unit by then (each
-  // fences between that fetch and its count). The stream-K pieces after
-  // the whole tiles stay this CTA's own, as plan_pieces listed them.
+  // not every stride-th unit from this CTA's first but, after its first
+  // (unit blockIdx.x, as in the static walk, taken without an atomic so
+  // that no CTA waits on one before its first loads), the next unit past
+  // the grid's first wave that counters[0] hands out, fetched one piece
+  // ahead so that the atomic's round trip overlaps a tile's loads. A CTA
+  // takes units until it is handed one past whole_units; the last CTA to
+  // get there (counters[1] counts them) sets both counters back to 0 for
+  // the next launch on the workspace: every other CTA has fetched its last
+  // unit by then (each fences between that fetch and its count). The
+  // stream-K pieces after the whole tiles stay this CTA's own, as
+  // plan_pieces listed them.
   struct Walker {
     const Plan& plan;
     const TileWalk& walk;
@@ -220,7 +223,7 @@ struct TileScheduler {
 
     __device__ __forceinline__ Walker(const Plan& p, const TileWalk& w, int kb, uint32_t* c)
         : plan(p), walk(w), k_blocks(kb), counters(c), index(c != nullptr ? p.piece_count[1] : 0), taking(c != nullptr) {
-      if (taking) fetched = atomicAdd(&counters[0], 1u);
+      if (taking) fetched = blockIdx.x;
     }
 
     // The next piece and whether it walks K backwards (walks_backwards);
@@ -229,7 +232,7 @@ struct TileScheduler {
       if (taking) {
         const uint32_t unit = fetched;
         if (unit < uint32_t(plan.whole_units)) {
-          fetched = atomicAdd(&counters[0], 1u);
+          fetched = gridDim.x + atomicAdd(&counters[0], 1u);
           w = {int(unit), 0, k_blocks, Piece::Whole};
           // The unit's wave, which is the static walk's piece index.
           backwards = !kPingPong && ((unit / gridDim.x) & 1u) != 0;
