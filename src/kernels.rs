@@ -12,3 +12,28 @@ include!(concat!(env!("OUT_DIR"), "/fusion_kernels.rs"));
 /// launchers of libraries it loads at run time.
 #[cfg(feature = "cli")]
 pub(crate) use ffi::{fusion_fold_params, fusion_gemm_params, fusion_tile_resources};
+
+#[cfg(test)]
+mod tests {
+    use fusion_compiler::diagnostic::SourceFile;
+    use half::f16;
+
+    /// Each struct's `graph()` is its TOML file's graph, written out as data
+    /// when fusion was built.
+    #[test]
+    fn a_structs_graph_is_its_files_graph() {
+        let lowered = |file: &str| {
+            let path = format!("{}/graphs/{file}", env!("CARGO_MANIFEST_DIR"));
+            let source = SourceFile::new(&path, std::fs::read_to_string(&path).expect("a shipped graph"));
+            let decl = fusion_compiler::syntax::parse_toml(&source).expect("parses");
+            fusion_compiler::ir::lower(&decl).expect("lowers")
+        };
+        assert_eq!(super::SwigluFfn::<f16>::graph(), lowered("swiglu_ffn.toml"));
+        assert_eq!(super::FfnSublayer::<f16>::graph(), lowered("ffn_sublayer.toml"));
+        assert_eq!(
+            super::GemmBiasGelu::<f16>::graph(),
+            lowered("gemm_bias_gelu.toml")
+        );
+        assert_eq!(super::Silu::graph(), lowered("silu.toml"));
+    }
+}

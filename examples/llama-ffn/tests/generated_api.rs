@@ -28,3 +28,15 @@ fn the_build_script_fused_each_graph() {
     assert!(plan(SwigluFfn::graph()) <= 3);
     assert_eq!(plan(Gpt2Mlp::graph()), 2);
 }
+
+#[test]
+fn graph_is_the_declaration_written_out_as_data() {
+    let parsed = |declaration: &str| {
+        let tokens = declaration.parse().expect("tokens");
+        fusion::core::syntax::parse_tokens(tokens)
+            .and_then(|decl| fusion::ir::lower(&decl))
+            .expect("the build script checked it")
+    };
+    assert_eq!(SwigluFfn::graph(), parsed(SwigluFfn::DECLARATION));
+    assert_eq!(Gpt2Mlp::graph(), parsed(Gpt2Mlp::DECLARATION));
+}

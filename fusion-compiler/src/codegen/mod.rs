@@ -25,6 +25,7 @@
 //! (`crate::build`).
 
 pub mod candidates;
+pub mod graph_literal;
 pub mod templates;
 pub mod wrappers;
 

@@ -25,7 +25,7 @@
 //! user's name; `stream`, `self` and keywords are reserved words there. (A
 //! launch block's `m`, `n`, `k`, `params` and `code` shadow nothing it reads.)
 
-use super::{GraphLaunchers, KernelLibrary, ParamsKind};
+use super::{GraphLaunchers, KernelLibrary, ParamsKind, graph_literal};
 use crate::fuse::{Composition, Role};
 use crate::generated::struct_name;
 use crate::ir::{DType, Extent, Graph, TensorId, WeightLayout};
@@ -651,11 +651,13 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
             weight_decls: graph.weights.iter().map(|&t| tensor_const(t)).collect(),
             outputs: write_args,
             declaration: spec.fingerprint.map(|_| spec.declaration.clone()),
+            graph_fn: graph_fn(graph),
             struct_allows: one_of_two_ways(&free_fn),
         };
         return quote!(#bound #free_fn #module_items);
     }
     let struct_allows = one_of_two_ways(&free_fn);
+    let graph_fn = graph_fn(graph);
     quote! {
         #[doc = #doc]
         #[doc = #THREADS_DOC]
@@ -671,6 +673,8 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
             pub fn new() -> Self {
                 Self::default()
             }
+
+            #graph_fn
 
             /// The device memory kept between calls: the intermediates and
             /// the kernels' scratch (see `fusion::launch::Workspace`).
@@ -707,10 +711,35 @@ struct BoundGraph {
     /// The weights' declarations in the graph's module.
     weight_decls: Vec<Ident>,
     outputs: Vec<Ident>,
-    /// A `fusion_graph!` declaration, for `DECLARATION` and `graph()`.
+    /// A `fusion_graph!` declaration, for `DECLARATION`.
     declaration: Option<String>,
+    /// The struct's `graph()` ([`graph_fn`]).
+    graph_fn: TokenStream,
     /// Attributes of the struct, its weights and its `impl`.
     struct_allows: TokenStream,
+}
+
+/// A struct's `graph()`: the graph it runs, written out as data
+/// ([`graph_literal`]).
+fn graph_fn(graph: &Graph) -> TokenStream {
+    let expr = graph_literal::graph_expr(graph);
+    quote! {
+        /// The graph this struct runs, as the build script checked it, built
+        /// from data written then (nothing is parsed at run time): for the
+        /// CPU reference (`fusion::core::reference`, present with fusion's
+        /// feature `testing`) and for drawing test data with its shapes.
+        ///
+        /// # Panics
+        ///
+        /// Never: every activation it names is a row of the op table the
+        /// build script read, which this crate's fusion shares.
+        #[must_use]
+        #[allow(dead_code, reason = #ACCESSORS_UNUSED)]
+        #[allow(clippy::too_many_lines, reason = "one expression, a field per line")]
+        pub fn graph() -> fusion::ir::Graph {
+            #expr
+        }
+    }
 }
 
 /// Where a graph has a free function beside its struct, a crate uses one
@@ -737,6 +766,7 @@ impl quote::ToTokens for BoundGraph {
             weight_decls,
             outputs,
             declaration,
+            graph_fn,
             struct_allows,
         } = self;
         let weights_ident = format_ident!("{struct_ident}Weights");
@@ -745,24 +775,6 @@ impl quote::ToTokens for BoundGraph {
                 /// The `fusion_graph!` declaration this struct was generated
                 /// from, as tokens printed back to text.
                 pub const DECLARATION: &'static str = #declaration;
-
-                /// The graph, parsed and checked again from [`Self::DECLARATION`]:
-                /// for the CPU reference (`fusion::core::reference`, present
-                /// with fusion's feature `testing`) and for drawing test data
-                /// with its shapes.
-                ///
-                /// # Panics
-                ///
-                /// Never: the build script parsed and checked this declaration.
-                #[must_use]
-                pub fn graph() -> fusion::core::ir::Graph {
-                    let tokens = Self::DECLARATION
-                        .parse()
-                        .expect("the declaration was tokenized when the build script read it");
-                    fusion::core::syntax::parse_tokens(tokens)
-                        .and_then(|decl| fusion::core::ir::lower(&decl))
-                        .expect("the build script checked this graph")
-                }
             },
             None => quote!(),
         };
@@ -868,6 +880,8 @@ impl quote::ToTokens for BoundGraph {
             #[allow(dead_code, reason = #ACCESSORS_UNUSED)]
             impl #params #struct_ident #args {
                 #declaration_items
+
+                #graph_fn
 
                 /// The bound weights.
                 #[must_use]

@@ -135,6 +135,142 @@ impl<T: fusion::Element> GemmBiasGelu<'static, T> {
 }
 #[allow(dead_code, reason = "accessors a crate may not call")]
 impl<'w, T: fusion::Element> GemmBiasGelu<'w, T> {
+    /// The graph this struct runs, as the build script checked it, built
+    /// from data written then (nothing is parsed at run time): for the
+    /// CPU reference (`fusion::core::reference`, present with fusion's
+    /// feature `testing`) and for drawing test data with its shapes.
+    ///
+    /// # Panics
+    ///
+    /// Never: every activation it names is a row of the op table the
+    /// build script read, which this crate's fusion shares.
+    #[must_use]
+    #[allow(dead_code, reason = "accessors a crate may not call")]
+    #[allow(clippy::too_many_lines, reason = "one expression, a field per line")]
+    pub fn graph() -> fusion::ir::Graph {
+        {
+            #[allow(
+                unused_imports,
+                reason = "the graph's ops may not need each of them"
+            )]
+            use fusion::ir::{
+                Activation, DType, DimDef, DimId, Extent, Graph, Op, OpKind, TensorDesc,
+                TensorId, TensorKind, WeightLayout,
+            };
+            use fusion::core::diagnostic::Span;
+            Graph {
+                name: "gemm_bias_gelu".to_owned(),
+                doc: Some(
+                    "y = gelu(x @ w^T + b): nn.Linear with bias, then GELU (tanh approximation)."
+                        .to_owned(),
+                ),
+                dims: vec![
+                    DimDef {
+                        name: "M".to_owned(),
+                        size: None,
+                        span: Span::None,
+                    },
+                    DimDef {
+                        name: "K".to_owned(),
+                        size: None,
+                        span: Span::None,
+                    },
+                    DimDef {
+                        name: "N".to_owned(),
+                        size: None,
+                        span: Span::None,
+                    },
+                ],
+                tensors: vec![
+                    TensorDesc {
+                        name: "x".to_owned(),
+                        dtype: DType::F16,
+                        shape: vec![
+                            Extent::Dynamic(DimId(0)),
+                            Extent::Dynamic(DimId(1)),
+                        ],
+                        kind: TensorKind::Input,
+                        span: Span::None,
+                    },
+                    TensorDesc {
+                        name: "w".to_owned(),
+                        dtype: DType::F16,
+                        shape: vec![
+                            Extent::Dynamic(DimId(2)),
+                            Extent::Dynamic(DimId(1)),
+                        ],
+                        kind: TensorKind::Weight,
+                        span: Span::None,
+                    },
+                    TensorDesc {
+                        name: "b".to_owned(),
+                        dtype: DType::F16,
+                        shape: vec![Extent::Dynamic(DimId(2))],
+                        kind: TensorKind::Weight,
+                        span: Span::None,
+                    },
+                    TensorDesc {
+                        name: "%1".to_owned(),
+                        dtype: DType::F16,
+                        shape: vec![
+                            Extent::Dynamic(DimId(0)),
+                            Extent::Dynamic(DimId(2)),
+                        ],
+                        kind: TensorKind::Intermediate,
+                        span: Span::None,
+                    },
+                    TensorDesc {
+                        name: "%2".to_owned(),
+                        dtype: DType::F16,
+                        shape: vec![
+                            Extent::Dynamic(DimId(0)),
+                            Extent::Dynamic(DimId(2)),
+                        ],
+                        kind: TensorKind::Intermediate,
+                        span: Span::None,
+                    },
+                    TensorDesc {
+                        name: "y".to_owned(),
+                        dtype: DType::F16,
+                        shape: vec![
+                            Extent::Dynamic(DimId(0)),
+                            Extent::Dynamic(DimId(2)),
+                        ],
+                        kind: TensorKind::Output,
+                        span: Span::None,
+                    },
+                ],
+                ops: vec![
+                    Op {
+                        kind: OpKind::MatMul {
+                            b_layout: WeightLayout::NK,
+                        },
+                        inputs: vec![TensorId(0), TensorId(1)],
+                        output: TensorId(3),
+                        span: Span::None,
+                    },
+                    Op {
+                        kind: OpKind::BiasAdd,
+                        inputs: vec![TensorId(3), TensorId(2)],
+                        output: TensorId(4),
+                        span: Span::None,
+                    },
+                    Op {
+                        kind: OpKind::Activation(
+                            Activation::named("gelu")
+                                .expect("the build script's op table has this activation"),
+                        ),
+                        inputs: vec![TensorId(4)],
+                        output: TensorId(5),
+                        span: Span::None,
+                    },
+                ],
+                inputs: vec![TensorId(0)],
+                weights: vec![TensorId(1), TensorId(2)],
+                outputs: vec![TensorId(5)],
+            }
+        }
+    }
     /// The bound weights.
     #[must_use]
     pub fn weights(&self) -> &GemmBiasGeluWeights<'w, T> {

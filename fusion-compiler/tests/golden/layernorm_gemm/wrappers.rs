@@ -149,6 +149,132 @@ impl<T: fusion::Element> LayernormGemm<'static, T> {
 }
 #[allow(dead_code, reason = "accessors a crate may not call")]
 impl<'w, T: fusion::Element> LayernormGemm<'w, T> {
+    /// The graph this struct runs, as the build script checked it, built
+    /// from data written then (nothing is parsed at run time): for the
+    /// CPU reference (`fusion::core::reference`, present with fusion's
+    /// feature `testing`) and for drawing test data with its shapes.
+    ///
+    /// # Panics
+    ///
+    /// Never: every activation it names is a row of the op table the
+    /// build script read, which this crate's fusion shares.
+    #[must_use]
+    #[allow(dead_code, reason = "accessors a crate may not call")]
+    #[allow(clippy::too_many_lines, reason = "one expression, a field per line")]
+    pub fn graph() -> fusion::ir::Graph {
+        {
+            #[allow(
+                unused_imports,
+                reason = "the graph's ops may not need each of them"
+            )]
+            use fusion::ir::{
+                Activation, DType, DimDef, DimId, Extent, Graph, Op, OpKind, TensorDesc,
+                TensorId, TensorKind, WeightLayout,
+            };
+            use fusion::core::diagnostic::Span;
+            Graph {
+                name: "layernorm_gemm".to_owned(),
+                doc: Some(
+                    "y = layernorm(x, g, b) @ w^T: LayerNorm with scale g and shift b, then nn.Linear without bias."
+                        .to_owned(),
+                ),
+                dims: vec![
+                    DimDef {
+                        name: "M".to_owned(),
+                        size: None,
+                        span: Span::None,
+                    },
+                    DimDef {
+                        name: "K".to_owned(),
+                        size: None,
+                        span: Span::None,
+                    },
+                    DimDef {
+                        name: "N".to_owned(),
+                        size: None,
+                        span: Span::None,
+                    },
+                ],
+                tensors: vec![
+                    TensorDesc {
+                        name: "x".to_owned(),
+                        dtype: DType::F16,
+                        shape: vec![
+                            Extent::Dynamic(DimId(0)),
+                            Extent::Dynamic(DimId(1)),
+                        ],
+                        kind: TensorKind::Input,
+                        span: Span::None,
+                    },
+                    TensorDesc {
+                        name: "g".to_owned(),
+                        dtype: DType::F16,
+                        shape: vec![Extent::Dynamic(DimId(1))],
+                        kind: TensorKind::Weight,
+                        span: Span::None,
+                    },
+                    TensorDesc {
+                        name: "b".to_owned(),
+                        dtype: DType::F16,
+                        shape: vec![Extent::Dynamic(DimId(1))],
+                        kind: TensorKind::Weight,
+                        span: Span::None,
+                    },
+                    TensorDesc {
+                        name: "w".to_owned(),
+                        dtype: DType::F16,
+                        shape: vec![
+                            Extent::Dynamic(DimId(2)),
+                            Extent::Dynamic(DimId(1)),
+                        ],
+                        kind: TensorKind::Weight,
+                        span: Span::None,
+                    },
+                    TensorDesc {
+                        name: "%1".to_owned(),
+                        dtype: DType::F16,
+                        shape: vec![
+                            Extent::Dynamic(DimId(0)),
+                            Extent::Dynamic(DimId(1)),
+                        ],
+                        kind: TensorKind::Intermediate,
+                        span: Span::None,
+                    },
+                    TensorDesc {
+                        name: "y".to_owned(),
+                        dtype: DType::F16,
+                        shape: vec![
+                            Extent::Dynamic(DimId(0)),
+                            Extent::Dynamic(DimId(2)),
+                        ],
+                        kind: TensorKind::Output,
+                        span: Span::None,
+                    },
+                ],
+                ops: vec![
+                    Op {
+                        kind: OpKind::LayerNorm {
+                            eps: 0.00001f64,
+                        },
+                        inputs: vec![TensorId(0), TensorId(1), TensorId(2)],
+                        output: TensorId(4),
+                        span: Span::None,
+                    },
+                    Op {
+                        kind: OpKind::MatMul {
+                            b_layout: WeightLayout::NK,
+                        },
+                        inputs: vec![TensorId(4), TensorId(3)],
+                        output: TensorId(5),
+                        span: Span::None,
+                    },
+                ],
+                inputs: vec![TensorId(0)],
+                weights: vec![TensorId(1), TensorId(2), TensorId(3)],
+                outputs: vec![TensorId(5)],
+            }
+        }
+    }
     /// The bound weights.
     #[must_use]
     pub fn weights(&self) -> &LayernormGemmWeights<'w, T> {

@@ -164,6 +164,221 @@ impl<T: fusion::Element> LayernormGemmSiluGluResidual<'static, T> {
 }
 #[allow(dead_code, reason = "accessors a crate may not call")]
 impl<'w, T: fusion::Element> LayernormGemmSiluGluResidual<'w, T> {
+    /// The graph this struct runs, as the build script checked it, built
+    /// from data written then (nothing is parsed at run time): for the
+    /// CPU reference (`fusion::core::reference`, present with fusion's
+    /// feature `testing`) and for drawing test data with its shapes.
+    ///
+    /// # Panics
+    ///
+    /// Never: every activation it names is a row of the op table the
+    /// build script read, which this crate's fusion shares.
+    #[must_use]
+    #[allow(dead_code, reason = "accessors a crate may not call")]
+    #[allow(clippy::too_many_lines, reason = "one expression, a field per line")]
+    pub fn graph() -> fusion::ir::Graph {
+        {
+            #[allow(
+                unused_imports,
+                reason = "the graph's ops may not need each of them"
+            )]
+            use fusion::ir::{
+                Activation, DType, DimDef, DimId, Extent, Graph, Op, OpKind, TensorDesc,
+                TensorId, TensorKind, WeightLayout,
+            };
+            use fusion::core::diagnostic::Span;
+            Graph {
+                name: "layernorm_gemm_silu_glu_residual".to_owned(),
+                doc: Some(
+                    "h = silu(n @ w_gate^T) * (n @ w_up^T) + r with n = layernorm(x, g, b): a gated GEMM whose LayerNorm folds into the interleaved weight (both its terms over 2N columns) and whose epilogue adds a tensor on C's columns."
+                        .to_owned(),
+                ),
+                dims: vec![
+                    DimDef {
+                        name: "M".to_owned(),
+                        size: None,
+                        span: Span::None,
+                    },
+                    DimDef {
+                        name: "K".to_owned(),
+                        size: None,
+                        span: Span::None,
+                    },
+                    DimDef {
+                        name: "N".to_owned(),
+                        size: None,
+                        span: Span::None,
+                    },
+                ],
+                tensors: vec![
+                    TensorDesc {
+                        name: "x".to_owned(),
+                        dtype: DType::F16,
+                        shape: vec![
+                            Extent::Dynamic(DimId(0)),
+                            Extent::Dynamic(DimId(1)),
+                        ],
+                        kind: TensorKind::Input,
+                        span: Span::None,
+                    },
+                    TensorDesc {
+                        name: "r".to_owned(),
+                        dtype: DType::F16,
+                        shape: vec![
+                            Extent::Dynamic(DimId(0)),
+                            Extent::Dynamic(DimId(2)),
+                        ],
+                        kind: TensorKind::Input,
+                        span: Span::None,
+                    },
+                    TensorDesc {
+                        name: "g".to_owned(),
+                        dtype: DType::F16,
+                        shape: vec![Extent::Dynamic(DimId(1))],
+                        kind: TensorKind::Weight,
+                        span: Span::None,
+                    },
+                    TensorDesc {
+                        name: "b".to_owned(),
+                        dtype: DType::F16,
+                        shape: vec![Extent::Dynamic(DimId(1))],
+                        kind: TensorKind::Weight,
+                        span: Span::None,
+                    },
+                    TensorDesc {
+                        name: "w_gate".to_owned(),
+                        dtype: DType::F16,
+                        shape: vec![
+                            Extent::Dynamic(DimId(2)),
+                            Extent::Dynamic(DimId(1)),
+                        ],
+                        kind: TensorKind::Weight,
+                        span: Span::None,
+                    },
+                    TensorDesc {
+                        name: "w_up".to_owned(),
+                        dtype: DType::F16,
+                        shape: vec![
+                            Extent::Dynamic(DimId(2)),
+                            Extent::Dynamic(DimId(1)),
+                        ],
+                        kind: TensorKind::Weight,
+                        span: Span::None,
+                    },
+                    TensorDesc {
+                        name: "n".to_owned(),
+                        dtype: DType::F16,
+                        shape: vec![
+                            Extent::Dynamic(DimId(0)),
+                            Extent::Dynamic(DimId(1)),
+                        ],
+                        kind: TensorKind::Intermediate,
+                        span: Span::None,
+                    },
+                    TensorDesc {
+                        name: "%2".to_owned(),
+                        dtype: DType::F16,
+                        shape: vec![
+                            Extent::Dynamic(DimId(0)),
+                            Extent::Dynamic(DimId(2)),
+                        ],
+                        kind: TensorKind::Intermediate,
+                        span: Span::None,
+                    },
+                    TensorDesc {
+                        name: "%3".to_owned(),
+                        dtype: DType::F16,
+                        shape: vec![
+                            Extent::Dynamic(DimId(0)),
+                            Extent::Dynamic(DimId(2)),
+                        ],
+                        kind: TensorKind::Intermediate,
+                        span: Span::None,
+                    },
+                    TensorDesc {
+                        name: "%4".to_owned(),
+                        dtype: DType::F16,
+                        shape: vec![
+                            Extent::Dynamic(DimId(0)),
+                            Extent::Dynamic(DimId(2)),
+                        ],
+                        kind: TensorKind::Intermediate,
+                        span: Span::None,
+                    },
+                    TensorDesc {
+                        name: "%5".to_owned(),
+                        dtype: DType::F16,
+                        shape: vec![
+                            Extent::Dynamic(DimId(0)),
+                            Extent::Dynamic(DimId(2)),
+                        ],
+                        kind: TensorKind::Intermediate,
+                        span: Span::None,
+                    },
+                    TensorDesc {
+                        name: "h".to_owned(),
+                        dtype: DType::F16,
+                        shape: vec![
+                            Extent::Dynamic(DimId(0)),
+                            Extent::Dynamic(DimId(2)),
+                        ],
+                        kind: TensorKind::Output,
+                        span: Span::None,
+                    },
+                ],
+                ops: vec![
+                    Op {
+                        kind: OpKind::LayerNorm {
+                            eps: 0.00001f64,
+                        },
+                        inputs: vec![TensorId(0), TensorId(2), TensorId(3)],
+                        output: TensorId(6),
+                        span: Span::None,
+                    },
+                    Op {
+                        kind: OpKind::MatMul {
+                            b_layout: WeightLayout::NK,
+                        },
+                        inputs: vec![TensorId(6), TensorId(4)],
+                        output: TensorId(7),
+                        span: Span::None,
+                    },
+                    Op {
+                        kind: OpKind::Activation(
+                            Activation::named("silu")
+                                .expect("the build script's op table has this activation"),
+                        ),
+                        inputs: vec![TensorId(7)],
+                        output: TensorId(8),
+                        span: Span::None,
+                    },
+                    Op {
+                        kind: OpKind::MatMul {
+                            b_layout: WeightLayout::NK,
+                        },
+                        inputs: vec![TensorId(6), TensorId(5)],
+                        output: TensorId(9),
+                        span: Span::None,
+                    },
+                    Op {
+                        kind: OpKind::Mul,
+                        inputs: vec![TensorId(8), TensorId(9)],
+                        output: TensorId(10),
+                        span: Span::None,
+                    },
+                    Op {
+                        kind: OpKind::Add,
+                        inputs: vec![TensorId(10), TensorId(1)],
+                        output: TensorId(11),
+                        span: Span::None,
+                    },
+                ],
+                inputs: vec![TensorId(0), TensorId(1)],
+                weights: vec![TensorId(2), TensorId(3), TensorId(4), TensorId(5)],
+                outputs: vec![TensorId(11)],
+            }
+        }
+    }
     /// The bound weights.
     #[must_use]
     pub fn weights(&self) -> &LayernormGemmSiluGluResidualWeights<'w, T> {

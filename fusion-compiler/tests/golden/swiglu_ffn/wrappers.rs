@@ -159,6 +159,197 @@ impl<T: fusion::Element> SwigluFfn<'static, T> {
 }
 #[allow(dead_code, reason = "accessors a crate may not call")]
 impl<'w, T: fusion::Element> SwigluFfn<'w, T> {
+    /// The graph this struct runs, as the build script checked it, built
+    /// from data written then (nothing is parsed at run time): for the
+    /// CPU reference (`fusion::core::reference`, present with fusion's
+    /// feature `testing`) and for drawing test data with its shapes.
+    ///
+    /// # Panics
+    ///
+    /// Never: every activation it names is a row of the op table the
+    /// build script read, which this crate's fusion shares.
+    #[must_use]
+    #[allow(dead_code, reason = "accessors a crate may not call")]
+    #[allow(clippy::too_many_lines, reason = "one expression, a field per line")]
+    pub fn graph() -> fusion::ir::Graph {
+        {
+            #[allow(
+                unused_imports,
+                reason = "the graph's ops may not need each of them"
+            )]
+            use fusion::ir::{
+                Activation, DType, DimDef, DimId, Extent, Graph, Op, OpKind, TensorDesc,
+                TensorId, TensorKind, WeightLayout,
+            };
+            use fusion::core::diagnostic::Span;
+            Graph {
+                name: "swiglu_ffn".to_owned(),
+                doc: Some(
+                    "Llama-3-8B SwiGLU feed-forward block: bias on the down projection, residual add."
+                        .to_owned(),
+                ),
+                dims: vec![
+                    DimDef {
+                        name: "M".to_owned(),
+                        size: None,
+                        span: Span::None,
+                    },
+                    DimDef {
+                        name: "D".to_owned(),
+                        size: Some(4096u64),
+                        span: Span::None,
+                    },
+                    DimDef {
+                        name: "F".to_owned(),
+                        size: Some(14336u64),
+                        span: Span::None,
+                    },
+                ],
+                tensors: vec![
+                    TensorDesc {
+                        name: "x".to_owned(),
+                        dtype: DType::F16,
+                        shape: vec![Extent::Dynamic(DimId(0)), Extent::Static(4096u64)],
+                        kind: TensorKind::Input,
+                        span: Span::None,
+                    },
+                    TensorDesc {
+                        name: "w_gate".to_owned(),
+                        dtype: DType::F16,
+                        shape: vec![Extent::Static(14336u64), Extent::Static(4096u64)],
+                        kind: TensorKind::Weight,
+                        span: Span::None,
+                    },
+                    TensorDesc {
+                        name: "w_up".to_owned(),
+                        dtype: DType::F16,
+                        shape: vec![Extent::Static(14336u64), Extent::Static(4096u64)],
+                        kind: TensorKind::Weight,
+                        span: Span::None,
+                    },
+                    TensorDesc {
+                        name: "w_down".to_owned(),
+                        dtype: DType::F16,
+                        shape: vec![Extent::Static(4096u64), Extent::Static(14336u64)],
+                        kind: TensorKind::Weight,
+                        span: Span::None,
+                    },
+                    TensorDesc {
+                        name: "b_down".to_owned(),
+                        dtype: DType::F16,
+                        shape: vec![Extent::Static(4096u64)],
+                        kind: TensorKind::Weight,
+                        span: Span::None,
+                    },
+                    TensorDesc {
+                        name: "%1".to_owned(),
+                        dtype: DType::F16,
+                        shape: vec![Extent::Dynamic(DimId(0)), Extent::Static(14336u64)],
+                        kind: TensorKind::Intermediate,
+                        span: Span::None,
+                    },
+                    TensorDesc {
+                        name: "gate".to_owned(),
+                        dtype: DType::F16,
+                        shape: vec![Extent::Dynamic(DimId(0)), Extent::Static(14336u64)],
+                        kind: TensorKind::Intermediate,
+                        span: Span::None,
+                    },
+                    TensorDesc {
+                        name: "%3".to_owned(),
+                        dtype: DType::F16,
+                        shape: vec![Extent::Dynamic(DimId(0)), Extent::Static(14336u64)],
+                        kind: TensorKind::Intermediate,
+                        span: Span::None,
+                    },
+                    TensorDesc {
+                        name: "h".to_owned(),
+                        dtype: DType::F16,
+                        shape: vec![Extent::Dynamic(DimId(0)), Extent::Static(14336u64)],
+                        kind: TensorKind::Intermediate,
+                        span: Span::None,
+                    },
+                    TensorDesc {
+                        name: "%5".to_owned(),
+                        dtype: DType::F16,
+                        shape: vec![Extent::Dynamic(DimId(0)), Extent::Static(4096u64)],
+                        kind: TensorKind::Intermediate,
+                        span: Span::None,
+                    },
+                    TensorDesc {
+                        name: "%6".to_owned(),
+                        dtype: DType::F16,
+                        shape: vec![Extent::Dynamic(DimId(0)), Extent::Static(4096u64)],
+                        kind: TensorKind::Intermediate,
+                        span: Span::None,
+                    },
+                    TensorDesc {
+                        name: "y".to_owned(),
+                        dtype: DType::F16,
+                        shape: vec![Extent::Dynamic(DimId(0)), Extent::Static(4096u64)],
+                        kind: TensorKind::Output,
+                        span: Span::None,
+                    },
+                ],
+                ops: vec![
+                    Op {
+                        kind: OpKind::MatMul {
+                            b_layout: WeightLayout::NK,
+                        },
+                        inputs: vec![TensorId(0), TensorId(1)],
+                        output: TensorId(5),
+                        span: Span::None,
+                    },
+                    Op {
+                        kind: OpKind::Activation(
+                            Activation::named("silu")
+                                .expect("the build script's op table has this activation"),
+                        ),
+                        inputs: vec![TensorId(5)],
+                        output: TensorId(6),
+                        span: Span::None,
+                    },
+                    Op {
+                        kind: OpKind::MatMul {
+                            b_layout: WeightLayout::NK,
+                        },
+                        inputs: vec![TensorId(0), TensorId(2)],
+                        output: TensorId(7),
+                        span: Span::None,
+                    },
+                    Op {
+                        kind: OpKind::Mul,
+                        inputs: vec![TensorId(6), TensorId(7)],
+                        output: TensorId(8),
+                        span: Span::None,
+                    },
+                    Op {
+                        kind: OpKind::MatMul {
+                            b_layout: WeightLayout::NK,
+                        },
+                        inputs: vec![TensorId(8), TensorId(3)],
+                        output: TensorId(9),
+                        span: Span::None,
+                    },
+                    Op {
+                        kind: OpKind::BiasAdd,
+                        inputs: vec![TensorId(9), TensorId(4)],
+                        output: TensorId(10),
+                        span: Span::None,
+                    },
+                    Op {
+                        kind: OpKind::Add,
+                        inputs: vec![TensorId(10), TensorId(0)],
+                        output: TensorId(11),
+                        span: Span::None,
+                    },
+                ],
+                inputs: vec![TensorId(0)],
+                weights: vec![TensorId(1), TensorId(2), TensorId(3), TensorId(4)],
+                outputs: vec![TensorId(11)],
+            }
+        }
+    }
     /// The bound weights.
     #[must_use]
     pub fn weights(&self) -> &SwigluFfnWeights<'w, T> {
