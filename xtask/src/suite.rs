@@ -91,6 +91,10 @@ fn suite_steps() -> Vec<Step> {
             Action::Function(user_crate::check_warning_free),
         ),
         Step::new(
+            "the same crate built by nvcc for sm80 alone beside fusion's sm90: its wrappers choose among its own generations",
+            Action::Function(user_crate::check_own_archs),
+        ),
+        Step::new(
             "forget cargo's extracted copies of earlier packages of the published crates",
             Action::Function(package_cache::forget_stale_extractions),
         ),

@@ -2,9 +2,11 @@
 //! library and a binary, each with a `fusion_graph!`, compiled by its own
 //! build script. Written under `target/` and checked with clippy, pedantic
 //! lints on and every warning fatal, and with rustdoc, so that code fusion
-//! generates into a user's crate is warning-free there, its docs included. Built without nvcc, as a crate on a
-//! machine without CUDA builds it (`FUSION_SKIP_NVCC=1`): the wrappers are
-//! the same, only their launchers are missing.
+//! generates into a user's crate is warning-free there, its docs included.
+//! Built without nvcc, as a crate on a machine without CUDA builds it
+//! (`FUSION_SKIP_NVCC=1`): the wrappers are the same, only their launchers
+//! are missing. Then built by nvcc for another generation than fusion's
+//! (`check_own_archs`), whose test checks what its wrappers dispatch among.
 
 use crate::error::{Error, Result};
 use crate::process::{self, display_command};
@@ -13,9 +15,10 @@ use crate::workspace::Workspace;
 use std::path::Path;
 use std::process::Command;
 
-/// `Cargo.toml`: fusion without its shipped kernels (the crate compiles its
-/// own graphs), fusion-compiler for the build script. `{root}` is the
-/// workspace. Its own `[workspace]`, as it lies inside this one's folder.
+/// `Cargo.toml`: fusion with `{fusion_features}` (none: without its shipped
+/// kernels; the crate compiles its own graphs either way), fusion-compiler
+/// for the build script. `{root}` is the workspace. Its own `[workspace]`,
+/// as it lies inside this one's folder.
 const MANIFEST: &str = r#"[package]
 name = "fusion-user-crate"
 version = "0.0.0"
@@ -23,7 +26,7 @@ edition = "2024"
 publish = false
 
 [dependencies]
-fusion = { path = "{root}", default-features = false }
+fusion = { path = "{root}", default-features = false, features = [{fusion_features}] }
 
 [build-dependencies]
 fusion-compiler = { path = "{root}/fusion-compiler", default-features = false, features = ["build"] }
@@ -96,6 +99,29 @@ fusion::fusion_graph! {
         output y = (silu(x @ w_gate^T) * (x @ w_up^T)) @ w_down^T + x;
     }
 }
+
+/// Run by `cargo xtask test` with this crate built for sm80 alone and by
+/// nvcc, beside fusion with its shipped kernels built for sm90: the
+/// wrappers choose among what this crate compiled, not among fusion's
+/// generations.
+#[cfg(test)]
+mod tests {
+    use super::{Ffn, Projection};
+    use fusion::Arch;
+    use fusion::device::{choose, compiled};
+
+    #[test]
+    fn the_wrappers_choose_among_the_generations_this_crate_compiled() {
+        assert_eq!(compiled(), [Arch::Sm90]);
+        assert_eq!(Projection::ARCHS, [Arch::Sm80]);
+        assert_eq!(Ffn::ARCHS, [Arch::Sm80]);
+        // An A100 runs this crate's sm80 code, which fusion's own list lacks;
+        // an H100 runs it too, as PTX.
+        assert_eq!(choose(8, 0, None, Projection::ARCHS).ok(), Some(Arch::Sm80));
+        assert_eq!(choose(9, 0, None, Ffn::ARCHS).ok(), Some(Arch::Sm80));
+        assert!(choose(8, 0, None, &compiled()).is_err());
+    }
+}
 ";
 
 /// A binary that binds a macro graph's weights and runs it once, and runs
@@ -155,21 +181,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// linted), with `-D warnings -W clippy::pedantic`, then rustdoc with
 /// `-D warnings`.
 pub fn check_warning_free(workspace: &Workspace, toolchain: &Toolchain) -> Result<()> {
-    let dir = workspace.root.join("target").join("user-crate");
-    let root = workspace.root.display().to_string();
-    let manifest = MANIFEST.replace("{root}", &root);
-    for (file, contents) in [
-        ("Cargo.toml", manifest.as_str()),
-        ("build.rs", BUILD_RS),
-        ("src/lib.rs", LIB_RS),
-        ("src/main.rs", MAIN_RS),
-        ("graphs/gelu_layer.toml", GELU_LAYER_TOML),
-    ] {
-        write_if_changed(&dir.join(file), contents)?;
-    }
-    // Resolved as the workspace is, so that no dependency is built twice.
-    std::fs::copy(workspace.root.join("Cargo.lock"), dir.join("Cargo.lock"))
-        .map_err(|e| Error::new(format!("cannot copy Cargo.lock into {}: {e}", dir.display())))?;
+    let dir = write_crate(workspace, "user-crate", "")?;
     // Clippy, then rustdoc: the generated docs' links must resolve with the
     // features a user crate gives fusion (none of `cli`, `testing`).
     let clippy = [
@@ -205,6 +217,58 @@ pub fn check_warning_free(workspace: &Workspace, toolchain: &Toolchain) -> Resul
         }
     }
     Ok(())
+}
+
+/// Builds the crate, in `target/user-crate-archs`, for sm80 alone (its
+/// features) by nvcc, beside fusion with its shipped kernels for sm90 (whose
+/// objects the workspace's tests have cached), and runs its library's test:
+/// each struct's `ARCHS`, which its wrappers dispatch among, is the crate's
+/// own generation, not fusion's.
+pub fn check_own_archs(workspace: &Workspace, toolchain: &Toolchain) -> Result<()> {
+    let dir = write_crate(workspace, "user-crate-archs", r#""kernels", "sm90""#)?;
+    let mut command = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    toolchain.apply_to(&mut command);
+    command
+        .current_dir(&dir)
+        .env("CARGO_TARGET_DIR", workspace.root.join("target"))
+        .env_remove("FUSION_SKIP_NVCC")
+        .env_remove("FUSION_ARCHS")
+        .env_remove("CUDA_COMPUTE_CAP")
+        .args(["test", "--lib", "--no-default-features", "--features", "sm80"]);
+    let status = process::run_inheriting(&mut command)?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(Error::new(format!(
+            "a crate built for other generations than fusion's: `{}` (in {}) ended with {status}",
+            display_command(&command),
+            workspace.display(&dir)
+        )))
+    }
+}
+
+/// Writes the crate into `target/<folder>`, fusion's features in its
+/// manifest (`"kernels", "sm90"`), with the workspace's `Cargo.lock`, and
+/// returns its folder.
+fn write_crate(workspace: &Workspace, folder: &str, fusion_features: &str) -> Result<std::path::PathBuf> {
+    let dir = workspace.root.join("target").join(folder);
+    let root = workspace.root.display().to_string();
+    let manifest = MANIFEST
+        .replace("{root}", &root)
+        .replace("{fusion_features}", fusion_features);
+    for (file, contents) in [
+        ("Cargo.toml", manifest.as_str()),
+        ("build.rs", BUILD_RS),
+        ("src/lib.rs", LIB_RS),
+        ("src/main.rs", MAIN_RS),
+        ("graphs/gelu_layer.toml", GELU_LAYER_TOML),
+    ] {
+        write_if_changed(&dir.join(file), contents)?;
+    }
+    // Resolved as the workspace is, so that no dependency is built twice.
+    std::fs::copy(workspace.root.join("Cargo.lock"), dir.join("Cargo.lock"))
+        .map_err(|e| Error::new(format!("cannot copy Cargo.lock into {}: {e}", dir.display())))?;
+    Ok(dir)
 }
 
 /// Writes `contents` to `path` unless it already holds them, so that an

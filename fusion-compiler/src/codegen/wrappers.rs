@@ -265,11 +265,26 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
     // among the run-time crate's features. A build without nvcc has none,
     // and chooses as the run time's would, so that its error is the
     // dispatch's "not compiled".
-    let library_archs = if linked {
+    let own_archs = if linked {
         let archs = library.archs.iter().map(|&a| arch_tokens(a));
         quote!(&[#(#archs),*])
     } else {
+        quote!(&[])
+    };
+    let library_archs = if linked {
+        own_archs.clone()
+    } else {
         quote!(&fusion::device::compiled())
+    };
+    let archs_const = quote! {
+        /// The GPU generations this struct's kernels were compiled for, as
+        /// the build script of the crate declaring it chose them (its cargo
+        /// features, `FUSION_ARCHS` or `CUDA_COMPUTE_CAP`), whatever
+        /// fusion's own features are: each call runs the newest of them the
+        /// device runs (or `FUSION_FORCE_ARCH`'s). Empty when that build ran
+        /// no nvcc.
+        #[allow(dead_code, reason = #ACCESSORS_UNUSED)]
+        pub const ARCHS: &'static [fusion::Arch] = #own_archs;
     };
     // Kernels whose norm is folded into their weight when a struct binds
     // them (which then run the folded launcher), and all that prepare their
@@ -652,6 +667,7 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
             outputs: write_args,
             declaration: spec.fingerprint.map(|_| spec.declaration.clone()),
             graph_fn: graph_fn(graph),
+            archs_const,
             struct_allows: one_of_two_ways(&free_fn),
         };
         return quote!(#bound #free_fn #module_items);
@@ -673,6 +689,8 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
             pub fn new() -> Self {
                 Self::default()
             }
+
+            #archs_const
 
             #graph_fn
 
@@ -715,6 +733,8 @@ struct BoundGraph {
     declaration: Option<String>,
     /// The struct's `graph()` ([`graph_fn`]).
     graph_fn: TokenStream,
+    /// The struct's `ARCHS`.
+    archs_const: TokenStream,
     /// Attributes of the struct, its weights and its `impl`.
     struct_allows: TokenStream,
 }
@@ -767,6 +787,7 @@ impl quote::ToTokens for BoundGraph {
             outputs,
             declaration,
             graph_fn,
+            archs_const,
             struct_allows,
         } = self;
         let weights_ident = format_ident!("{struct_ident}Weights");
@@ -880,6 +901,8 @@ impl quote::ToTokens for BoundGraph {
             #[allow(dead_code, reason = #ACCESSORS_UNUSED)]
             impl #params #struct_ident #args {
                 #declaration_items
+
+                #archs_const
 
                 #graph_fn
 

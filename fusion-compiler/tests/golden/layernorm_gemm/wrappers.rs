@@ -149,6 +149,14 @@ impl<T: fusion::Element> LayernormGemm<'static, T> {
 }
 #[allow(dead_code, reason = "accessors a crate may not call")]
 impl<'w, T: fusion::Element> LayernormGemm<'w, T> {
+    /// The GPU generations this struct's kernels were compiled for, as
+    /// the build script of the crate declaring it chose them (its cargo
+    /// features, `FUSION_ARCHS` or `CUDA_COMPUTE_CAP`), whatever
+    /// fusion's own features are: each call runs the newest of them the
+    /// device runs (or `FUSION_FORCE_ARCH`'s). Empty when that build ran
+    /// no nvcc.
+    #[allow(dead_code, reason = "accessors a crate may not call")]
+    pub const ARCHS: &'static [fusion::Arch] = &[fusion::Arch::Sm80, fusion::Arch::Sm90];
     /// The graph this struct runs, as the build script checked it, built
     /// from data written then (nothing is parsed at run time): for the
     /// CPU reference (`fusion::core::reference`, present with fusion's
