@@ -70,6 +70,14 @@ impl MBucket {
         }
     }
 
+    /// The smallest M it holds.
+    pub fn min_m(self) -> u32 {
+        match self.index {
+            0 => 1,
+            i => M_BUCKET_BOUNDS[i - 1] + 1,
+        }
+    }
+
     /// The largest M it holds; `None` for the unbounded bucket.
     pub fn max_m(self) -> Option<u32> {
         M_BUCKET_BOUNDS.get(self.index).copied()
@@ -372,6 +380,14 @@ impl TunedCache {
     /// count (`small_m_alt`; the one with more rows takes that place), which
     /// the unit picks between by waves at run time. `decode_max_m` stays
     /// `shipped`'s.
+    ///
+    /// Ms no bucket measured keep `shipped`'s tiers where the three tiles
+    /// can say so: above the largest bucket, when that one is bounded,
+    /// `shipped.large` is `large` (and a small tier of the buckets reaches
+    /// at least `shipped`'s); below the smallest bucket, when no bucket
+    /// holds an M of `shipped`'s small tier and the buckets chose one tile,
+    /// that small tier stays. Elsewhere the nearest measured bucket's tile
+    /// serves.
     pub fn config_for(
         &self,
         arch: Arch,
@@ -391,7 +407,13 @@ impl TunedCache {
             .map(|(key, entry)| (key.bucket, entry.tile))
             .collect();
         buckets.sort_by_key(|&(bucket, _)| bucket);
-        let &(_, large) = buckets.last()?;
+        let &(top, top_tile) = buckets.last()?;
+        // Above a bounded top bucket nothing was measured: the shipped tile.
+        let large = if top.max_m().is_some() {
+            shipped.large
+        } else {
+            top_tile
+        };
         let names: Vec<String> = buckets.iter().map(|(bucket, _)| bucket.to_string()).collect();
         let source = ConfigSource {
             file: self.file.clone(),
@@ -424,6 +446,16 @@ impl TunedCache {
             config.small_m = Some(small_m);
             config.small_m_alt = small_m_alt;
             config.small_m_max = small[last_small].0.max_m();
+            if last_small == buckets.len() - 1 {
+                // The small tier ends at the top bucket, below the shipped
+                // large tile: it also serves the rest of the shipped small tier.
+                config.small_m_max = config.small_m_max.max(shipped.small_m_max);
+            }
+        } else if shipped.small_m_max.is_some_and(|max| buckets[0].0.min_m() > max) {
+            // One tile measured, and only above the shipped small tier.
+            config.small_m = shipped.small_m;
+            config.small_m_alt = shipped.small_m_alt;
+            config.small_m_max = shipped.small_m_max;
         }
         Some((config, source))
     }

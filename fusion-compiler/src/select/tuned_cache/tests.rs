@@ -303,20 +303,24 @@ fn stale_entries_are_warnings_naming_the_key_and_their_kernel_falls_back() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// The buckets become the unit's tiers: the largest bucket's tile for every
-/// M above the small tier, the small tier up to the largest bucket that
-/// chose another tile, its two tiles ordered by rows; `decode_max_m` stays
-/// the shipped one.
-#[test]
-fn buckets_map_onto_the_large_and_small_m_tiers() {
-    let cache_of = |buckets: &[(&str, TileConfig)]| TunedCache {
+/// A cache of gemm_bias_gelu entries at (3000, 1000) on sm90, one per bucket.
+fn cache_of(buckets: &[(&str, TileConfig)]) -> TunedCache {
+    TunedCache {
         file: "tuned.json".to_owned(),
         entries: buckets
             .iter()
             .map(|&(bucket, tile)| (key("gemm_bias_gelu", bucket), entry(tile, 10.0)))
             .collect(),
         ..TunedCache::default()
-    };
+    }
+}
+
+/// The buckets become the unit's tiers: the largest bucket's tile for every
+/// M above the small tier, the small tier up to the largest bucket that
+/// chose another tile, its two tiles ordered by rows; `decode_max_m` stays
+/// the shipped one.
+#[test]
+fn buckets_map_onto_the_large_and_small_m_tiers() {
     let (large, wide, narrow) = (
         sm90_tile(128, 256, 4),
         sm90_tile(128, 128, 6),
@@ -393,4 +397,52 @@ fn buckets_map_onto_the_large_and_small_m_tiers() {
             .config_for(Arch::Sm90, &bf16, 3000, 1000, &shipped)
             .is_none()
     );
+}
+
+/// Ms no bucket measured keep the shipped tiers where they can: a cache of
+/// large Ms alone keeps the shipped small tier, one of small Ms alone keeps
+/// the shipped large tile above them.
+#[test]
+fn ms_the_cache_did_not_measure_keep_the_shipped_tiers() {
+    let config_of = |buckets: &[(&str, TileConfig)]| {
+        cache_of(buckets)
+            .config_for(Arch::Sm90, &gemm_bias_gelu(), 3000, 1000, &shipped())
+            .unwrap()
+            .0
+    };
+    let shipped = shipped();
+    let shipped_max = shipped.small_m_max.expect("the sm90 table has a small tier");
+    let (other_large, narrow) = (sm90_tile(128, 128, 5), sm90_tile(64, 128, 8));
+    assert_ne!(other_large, shipped.large);
+
+    // Only above the shipped small tier: that tier stays below the buckets.
+    let above = MBucket::all()
+        .find(|b| b.min_m() > shipped_max)
+        .unwrap()
+        .to_string();
+    let config = config_of(&[(above.as_str(), other_large), ("m>4096", other_large)]);
+    assert_eq!(config.large, other_large);
+    assert_eq!(
+        (config.small_m, config.small_m_alt, config.small_m_max),
+        (shipped.small_m, shipped.small_m_alt, shipped.small_m_max)
+    );
+
+    // Only small Ms: the shipped large tile above them, the measured tile
+    // for the whole shipped small tier.
+    let config = config_of(&[("m<=64", narrow)]);
+    assert_eq!(config.large, shipped.large);
+    assert_eq!(
+        (config.small_m, config.small_m_alt, config.small_m_max),
+        (Some(narrow), None, Some(shipped_max.max(64)))
+    );
+
+    // A bounded top bucket that chose the shipped large tile ends the small
+    // tier where it was measured.
+    let config = config_of(&[("m<=64", narrow), ("m<=1024", shipped.large)]);
+    assert_eq!(config.large, shipped.large);
+    assert_eq!((config.small_m, config.small_m_max), (Some(narrow), Some(64)));
+
+    // Measured inside the shipped small tier with one tile: no small tier.
+    let config = config_of(&[("m<=128", other_large), ("m>4096", other_large)]);
+    assert_eq!((config.large, config.small_m), (other_large, None));
 }
