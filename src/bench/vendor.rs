@@ -39,8 +39,8 @@ pub enum Which {
 #[serde(rename_all = "snake_case")]
 pub enum Trial {
     /// It ran; its short timing. The kept candidate's output agreed with
-    /// the first's; the others' were not compared unless faster (see
-    /// [`LtPair::tune`]).
+    /// the first's; another's was compared only if it was timed faster than
+    /// the kept one (and then it is `Disagrees`).
     Timed(Timing),
     /// It ran and was timed faster than the one kept, but its output
     /// differs from the first's by this much (relative; none where it had a
