@@ -265,16 +265,12 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
     // among the run-time crate's features. A build without nvcc has none,
     // and chooses as the run time's would, so that its error is the
     // dispatch's "not compiled".
-    let own_archs = if linked {
+    let (own_archs, library_archs) = if linked {
         let archs = library.archs.iter().map(|&a| arch_tokens(a));
-        quote!(&[#(#archs),*])
+        let archs = quote!(&[#(#archs),*]);
+        (archs.clone(), archs)
     } else {
-        quote!(&[])
-    };
-    let library_archs = if linked {
-        own_archs.clone()
-    } else {
-        quote!(&fusion::device::compiled())
+        (quote!(&[]), quote!(&fusion::device::compiled()))
     };
     let archs_const = quote! {
         /// The GPU generations this struct's kernels were compiled for, as
