@@ -1097,3 +1097,37 @@ fn a_kernel_alone_as_a_graph_computes_what_it_does_in_its_plan() {
     assert_eq!(down.tensor(down.inputs[0]).kind, TensorKind::Input);
     assert_eq!(down.inputs[0], plan.kernels[0].output);
 }
+
+fn toml_plan(text: &str) -> Plan {
+    let source = fusion_compiler::diagnostic::SourceFile::new("t.toml", text);
+    plan_of(fusion_compiler::graph_from_source(&source).unwrap_or_else(|e| panic!("{e}")))
+}
+
+/// The launcher params' pointers come from one map of roles to fields.
+#[test]
+fn a_kernels_operands_map_to_the_launch_params_fields() {
+    let plan = toml_plan(
+        "[graph]\nname = \"t\"\n[dims]\nM = \"dyn\"\nD = 64\nN = 32\n\
+         [inputs]\nx = \"f16[M, D]\"\nr = \"f16[M, N]\"\n\
+         [weights]\ng = \"f16[D]\"\nw = \"f16[N, D]\"\nb = \"f16[N]\"\n\
+         [outputs]\ny = \"rmsnorm(x, g) @ w^T + b + r\"\n",
+    );
+    assert_eq!(plan.kernels.len(), 1, "{plan}");
+    let fields = plan.kernels[0].gemm_operands().map(|o| o.tensor);
+    let t = |name| Some(tensor(&plan, name));
+    assert_eq!(
+        (fields.a, fields.b, fields.gamma, fields.bias, fields.residual),
+        (t("x"), t("w"), t("g"), t("b"), t("r"))
+    );
+    assert_eq!((fields.b_up, fields.multiplier, fields.beta), (None, None, None));
+
+    let chain = toml_plan(
+        "[graph]\nname = \"c\"\n[dims]\nM = \"dyn\"\nN = 32\n\
+         [inputs]\nx = \"f16[M, N]\"\nu = \"f16[M, N]\"\nv = \"f16[M, N]\"\n\
+         [outputs]\ny = \"silu(x) * u + v\"\n",
+    );
+    assert_eq!(chain.kernels.len(), 1, "{chain}");
+    let steps = chain.kernels[0].step_operands().map(|o| o.map(|o| o.tensor));
+    let t = |name| Some(tensor(&chain, name));
+    assert_eq!(steps, [None, t("u"), t("v"), None]);
+}

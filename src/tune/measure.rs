@@ -10,7 +10,7 @@ use crate::error::Result as GpuResult;
 use crate::kernels::{fusion_fold_params, fusion_gemm_params};
 use crate::testing::{self, HostElement};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, ValidAsZeroBits};
-use fusion_compiler::fuse::{EpilogueStep, FusedKernel, GemmComposition, Role};
+use fusion_compiler::fuse::{EpilogueStep, FusedKernel, GemmComposition, GemmOperands, Role};
 use fusion_compiler::ir::{Activation, Graph, WeightLayout};
 use fusion_compiler::reference::{self, HostTensor, Intermediates};
 use rand::SeedableRng;
@@ -114,6 +114,8 @@ pub struct Case<T: HostElement> {
     want: HostTensor,
     /// Per role the kernel reads, its buffer in every set.
     operands: Vec<(Role, Vec<CudaSlice<T>>)>,
+    /// The role of each pointer of the launch's params.
+    fields: GemmOperands<Role>,
     outputs: Vec<CudaSlice<T>>,
     /// A gated GEMM's: per set, gate and up interleaved as a bound struct
     /// holds them ([`Case::bind_gated`]), which launches read as `b`.
@@ -206,6 +208,7 @@ impl<T: HostElement + ValidAsZeroBits> Case<T> {
             rows,
             want,
             operands,
+            fields: kernel.gemm_operands().map(|o| o.role),
             outputs,
             interleaved: None,
             stacked,
@@ -267,12 +270,8 @@ impl<T: HostElement + ValidAsZeroBits> Case<T> {
                 b.device_ptr(&self.stream).0 as *const std::ffi::c_void
             })
         };
-        let step_operand = |matches: fn(Role) -> bool| {
-            self.operands
-                .iter()
-                .find(|(role, _)| matches(*role))
-                .map(|(_, copies)| &copies[set])
-        };
+        let fields = self.fields.map(|role| address(self.operand(role, set)));
+        let field = |address: Option<*const std::ffi::c_void>| address.unwrap_or(std::ptr::null());
         let (workspace, workspace_bytes) = workspace.map_or((std::ptr::null_mut(), 0), |w| {
             (
                 w.device_ptr(&self.stream).0 as *mut std::ffi::c_void,
@@ -281,21 +280,18 @@ impl<T: HostElement + ValidAsZeroBits> Case<T> {
         });
         let (b, b_up) = match &self.interleaved {
             Some(interleaved) => (address(Some(&interleaved[set])), std::ptr::null()),
-            None => (
-                address(self.operand(Role::B, set)),
-                address(self.operand(Role::Up, set)),
-            ),
+            None => (field(fields.b), field(fields.b_up)),
         };
         fusion_gemm_params {
-            a: address(self.operand(Role::A, set)),
+            a: field(fields.a),
             b,
             b_up,
             c: self.outputs[set].device_ptr(&self.stream).0 as *mut std::ffi::c_void,
-            bias: address(step_operand(|r| matches!(r, Role::Bias { .. }))),
-            residual: address(step_operand(|r| matches!(r, Role::Residual { .. }))),
-            multiplier: address(step_operand(|r| matches!(r, Role::MulOperand { .. }))),
-            gamma: address(self.operand(Role::Gamma, set)),
-            beta: address(self.operand(Role::Beta, set)),
+            bias: field(fields.bias),
+            residual: field(fields.residual),
+            multiplier: field(fields.multiplier),
+            gamma: field(fields.gamma),
+            beta: field(fields.beta),
             col_terms: std::ptr::null(),
             m: self.m as i64,
             n: self.n as i64,

@@ -371,18 +371,15 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
     let kernel_params = plan.kernels.iter().enumerate().map(|(index, kernel)| {
         let var = format_ident!("__params_{index}");
         let ptr = |role: Role| operand_ptr(kernel.operand(role));
-        let step_ptr = |which: fn(&Role) -> bool| {
-            operand_ptr(kernel.operands.iter().find(|o| which(&o.role)).map(|o| o.tensor))
-        };
-        let bias = step_ptr(|r| matches!(r, Role::Bias { .. }));
-        let residual = step_ptr(|r| matches!(r, Role::Residual { .. }));
-        let multiplier = step_ptr(|r| matches!(r, Role::MulOperand { .. }));
         let out = pointer_var(kernel.output);
         let out_decl = tensor_const(kernel.output);
         match &kernel.composition {
             Composition::Gemm(gemm) => {
-                let (a, b, b_up) = (ptr(Role::A), ptr(Role::B), ptr(Role::Up));
-                let (gamma, beta) = (ptr(Role::Gamma), ptr(Role::Beta));
+                let fields = kernel.gemm_operands().map(|o| o.tensor);
+                let (a, b, b_up) = (operand_ptr(fields.a), operand_ptr(fields.b), operand_ptr(fields.b_up));
+                let (bias, residual, multiplier) =
+                    (operand_ptr(fields.bias), operand_ptr(fields.residual), operand_ptr(fields.multiplier));
+                let (gamma, beta) = (operand_ptr(fields.gamma), operand_ptr(fields.beta));
                 let a_decl = tensor_const(kernel.operand(Role::A).unwrap_or(kernel.output));
                 let eps = gemm.prologue.map_or(0.0, |p| p.eps) as f32;
                 // Bound weights, prepared: B is their prepared form, which a
@@ -428,9 +425,7 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
             Composition::Elementwise(_) => {
                 let x = ptr(Role::X);
                 // Step i's operand at index i (abi.h), null where it reads none.
-                let step_operands = (0..crate::fuse::MAX_EPILOGUE_STEPS).map(|step| {
-                    operand_ptr(kernel.operands.iter().find(|o| o.role.step() == Some(step)).map(|o| o.tensor))
-                });
+                let step_operands = kernel.step_operands().map(|o| operand_ptr(o.map(|o| o.tensor)));
                 quote! {
                     let #var = {
                         let (m, n) = __call.matrix(&#out_decl)?;

@@ -29,7 +29,7 @@ mod validate;
 pub use matcher::{MAX_EPILOGUE_STEPS, plan, plan_with};
 pub use pattern::NamedPattern;
 pub use plan::{
-    Activation, Composition, CrossingTensor, EpilogueStep, FusedKernel, GemmComposition, Norm, NormKind,
-    Operand, Plan, Role,
+    Activation, Composition, CrossingTensor, EpilogueStep, FusedKernel, GemmComposition, GemmOperands, Norm,
+    NormKind, Operand, Plan, Role,
 };
 pub use split::{DimBounds, Split, SplitRule};

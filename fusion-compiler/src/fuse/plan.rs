@@ -113,6 +113,38 @@ pub struct Operand {
     pub tensor: TensorId,
 }
 
+/// The operand of each pointer field of `fusion_gemm_params` (abi.h), or
+/// `None` for a null pointer; [`GemmOperands::map`] turns them into what a
+/// caller passes (a variable's tokens, a device address).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GemmOperands<T> {
+    pub a: Option<T>,
+    pub b: Option<T>,
+    pub b_up: Option<T>,
+    pub bias: Option<T>,
+    pub residual: Option<T>,
+    pub multiplier: Option<T>,
+    pub gamma: Option<T>,
+    pub beta: Option<T>,
+}
+
+impl<T> GemmOperands<T> {
+    /// Each field through `f`, `None` kept.
+    pub fn map<U>(self, mut f: impl FnMut(T) -> U) -> GemmOperands<U> {
+        let mut each = |field: Option<T>| field.map(&mut f);
+        GemmOperands {
+            a: each(self.a),
+            b: each(self.b),
+            b_up: each(self.b_up),
+            bias: each(self.bias),
+            residual: each(self.residual),
+            multiplier: each(self.multiplier),
+            gamma: each(self.gamma),
+            beta: each(self.beta),
+        }
+    }
+}
+
 /// What an operand is to its kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Role {
@@ -295,6 +327,35 @@ impl FusedKernel {
     /// The tensor read in `role`, if the kernel has that role.
     pub fn operand(&self, role: Role) -> Option<TensorId> {
         self.operands.iter().find(|o| o.role == role).map(|o| o.tensor)
+    }
+
+    /// Which operand each pointer of a GEMM launcher's params takes
+    /// (abi.h's `fusion_gemm_params`): the one map of roles to fields that
+    /// generated wrappers, `fusion tune` and `fusion run` fill them from.
+    pub fn gemm_operands(&self) -> GemmOperands<Operand> {
+        let role = |role: Role| self.operands.iter().find(|o| o.role == role).copied();
+        let step = |matches: fn(&Role) -> bool| self.operands.iter().find(|o| matches(&o.role)).copied();
+        GemmOperands {
+            a: role(Role::A),
+            b: role(Role::B),
+            b_up: role(Role::Up),
+            bias: step(|r| matches!(r, Role::Bias { .. })),
+            residual: step(|r| matches!(r, Role::Residual { .. })),
+            multiplier: step(|r| matches!(r, Role::MulOperand { .. })),
+            gamma: role(Role::Gamma),
+            beta: role(Role::Beta),
+        }
+    }
+
+    /// An elementwise launcher's `operands` (abi.h): step i's operand at
+    /// index i, `None` where the step reads none and past the last step.
+    pub fn step_operands(&self) -> [Option<Operand>; super::MAX_EPILOGUE_STEPS] {
+        std::array::from_fn(|step| {
+            self.operands
+                .iter()
+                .find(|o| o.role.step() == Some(step))
+                .copied()
+        })
     }
 
     /// A GEMM kernel's N and K where `graph` declares them static (`None`
