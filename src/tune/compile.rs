@@ -132,6 +132,23 @@ pub fn build_all(
         .collect())
 }
 
+/// [`build_all`] with a progress bar on standard error (`compiling`, the
+/// libraries done of all, the time so far), cleared when it ends.
+pub fn build_all_with_progress(
+    nvcc: &Nvcc,
+    work: &Path,
+    jobs: &[Job],
+    parallel: usize,
+) -> Result<Vec<Built>, String> {
+    let bar = indicatif::ProgressBar::new(jobs.len() as u64).with_style(
+        indicatif::ProgressStyle::with_template("  compiling {bar:30} {pos}/{len} ({elapsed})")
+            .expect("a valid template"),
+    );
+    let built = build_all(nvcc, work, jobs, parallel, |done| bar.set_position(done as u64));
+    bar.finish_and_clear();
+    built
+}
+
 /// The flags every candidate is built with, after the build's own
 /// (`DEFAULT_NVCC_FLAGS`) and before its gencode.
 const FLAGS: [&str; 6] = ["-O3", "-shared", "-Xcompiler", "-fPIC", "-Xptxas", "-v"];

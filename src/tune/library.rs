@@ -1,4 +1,5 @@
-//! A candidate's shared library, loaded into the process, and its launcher
+//! A shared library of kernels fusion built (a tuning candidate's, or a
+//! `fusion run` kernel's), loaded into the process, and its launcher
 //! functions (`fusion-compiler/kernels/include/fusion/abi.h`) looked up by
 //! symbol.
 //!
@@ -8,10 +9,46 @@
 use crate::kernels::{fusion_fold_params, fusion_gemm_params, fusion_tile_resources};
 use crate::launch::{ErrorString, FoldWeights, Launcher, WorkspaceBytes};
 use std::ffi::{CStr, c_int, c_void};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// `<symbol>_resources` (abi.h).
 type Resources = unsafe extern "C" fn(*mut fusion_tile_resources, c_int) -> c_int;
+
+/// A shared library fusion built, loaded for the rest of the process.
+pub struct SharedLibrary {
+    library: &'static libloading::Library,
+    path: PathBuf,
+}
+
+impl SharedLibrary {
+    /// Loads the library at `path`.
+    ///
+    /// # Safety
+    /// The library must be one [`super::compile`] built from units fusion
+    /// rendered: loading runs its initializers.
+    pub unsafe fn load(path: &Path) -> Result<SharedLibrary, String> {
+        // SAFETY: the caller vouches for the library (see above).
+        let library = unsafe { libloading::Library::new(path) }
+            .map_err(|e| format!("cannot load {}: {e}", path.display()))?;
+        // Never unloaded (module comment): its functions stay valid for
+        // the process's life.
+        Ok(SharedLibrary {
+            library: Box::leak(Box::new(library)),
+            path: path.to_owned(),
+        })
+    }
+
+    /// The function `name` of the library, as an `F`.
+    ///
+    /// # Safety
+    /// `F` is the type abi.h declares for `name`.
+    pub unsafe fn get<F: Copy>(&self, name: &str) -> Result<F, String> {
+        // SAFETY: the caller's contract.
+        unsafe { self.library.get::<F>(name.as_bytes()) }
+            .map(|symbol| *symbol)
+            .map_err(|e| format!("{}: no `{name}`: {e}", self.path.display()))
+    }
+}
 
 /// One loaded candidate.
 pub struct LoadedUnit {
@@ -42,30 +79,16 @@ impl LoadedUnit {
     /// called with abi.h's signatures.
     pub unsafe fn load(path: &Path, symbol: &str, lib_name: &str) -> Result<LoadedUnit, String> {
         // SAFETY: the caller vouches for the library (see above).
-        let library = unsafe { libloading::Library::new(path) }
-            .map_err(|e| format!("cannot load {}: {e}", path.display()))?;
-        // Never unloaded (module comment): its functions stay valid for
-        // the process's life.
-        let library: &'static libloading::Library = Box::leak(Box::new(library));
-        /// The function `name` of the library, as an `F`.
-        ///
-        /// # Safety
-        /// `F` is the type abi.h declares for `name`.
-        unsafe fn get<F: Copy>(library: &libloading::Library, path: &Path, name: &str) -> Result<F, String> {
-            // SAFETY: the caller's contract.
-            unsafe { library.get::<F>(name.as_bytes()) }
-                .map(|symbol| *symbol)
-                .map_err(|e| format!("{}: no `{name}`: {e}", path.display()))
-        }
+        let library = unsafe { SharedLibrary::load(path) }?;
         // SAFETY: each type below is the one abi.h declares for that name,
         // which fusion's templates render.
         unsafe {
             Ok(LoadedUnit {
-                launcher: get(library, path, symbol)?,
-                workspace_bytes: get(library, path, &format!("{symbol}_workspace_bytes"))?,
-                resources: get(library, path, &format!("{symbol}_resources"))?,
-                error_string: get(library, path, &format!("{lib_name}_error_string"))?,
-                fold_weights: get(library, path, &format!("{symbol}_fold_weights")).ok(),
+                launcher: library.get(symbol)?,
+                workspace_bytes: library.get(&format!("{symbol}_workspace_bytes"))?,
+                resources: library.get(&format!("{symbol}_resources"))?,
+                error_string: library.get(&format!("{lib_name}_error_string"))?,
+                fold_weights: library.get(&format!("{symbol}_fold_weights")).ok(),
             })
         }
     }

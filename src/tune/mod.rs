@@ -18,8 +18,8 @@
 //! entry written to the cache at once, so a stopped run keeps every M it
 //! finished and a second run skips them.
 
-mod compile;
-mod library;
+pub(crate) mod compile;
+pub(crate) mod library;
 mod measure;
 
 use crate::bench::timing::TimingPlan;
@@ -560,15 +560,8 @@ fn build_candidates(
         });
         lib_names.push(lib_name);
     }
-    let bar = indicatif::ProgressBar::new(jobs.len() as u64).with_style(
-        indicatif::ProgressStyle::with_template("  compiling {bar:30} {pos}/{len} ({elapsed})")
-            .expect("a valid template"),
-    );
     let started = Instant::now();
-    let built = compile::build_all(&machine.nvcc, &settings.work, &jobs, settings.jobs, |done| {
-        bar.set_position(done as u64);
-    })?;
-    bar.finish_and_clear();
+    let built = compile::build_all_with_progress(&machine.nvcc, &settings.work, &jobs, settings.jobs)?;
     say(
         out,
         format!(

@@ -146,20 +146,7 @@ impl Builder {
             return name.clone();
         }
         let package = std::env::var("CARGO_PKG_NAME").unwrap_or_else(|_| "fusion".to_owned());
-        let mut name: String = package
-            .chars()
-            .map(|c| {
-                if c.is_ascii_alphanumeric() {
-                    c.to_ascii_lowercase()
-                } else {
-                    '_'
-                }
-            })
-            .collect();
-        if !name.starts_with(|c: char| c.is_ascii_lowercase()) {
-            name.insert_str(0, "lib_");
-        }
-        format!("{name}_kernels")
+        format!("{}_kernels", crate::codegen::library_name(&package))
     }
 
     /// Runs the whole pipeline inside a build script.

@@ -228,6 +228,26 @@ pub enum CodegenError {
     Template { template: String, message: String },
 }
 
+/// `text` as a library name [`render`] accepts: lowercase ASCII letters,
+/// digits and `_` (any other character becomes `_`), starting with a letter
+/// (`lib_` is put before one that does not).
+pub fn library_name(text: &str) -> String {
+    let mut name: String = text
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if !name.starts_with(|c: char| c.is_ascii_lowercase()) {
+        name.insert_str(0, "lib_");
+    }
+    name
+}
+
 /// Renders every kernel of `graphs` for every arch in `archs` (bf16 is
 /// skipped on sm75, which has no bf16 tensor cores) into one library. A
 /// dtype that no arch in `archs` supports (bf16 when only sm75 is built) is
