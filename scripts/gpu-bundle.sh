@@ -24,7 +24,7 @@ json=$(cargo test --release --features "$features" --tests --no-run --message-fo
 cargo build --release --features "$features" --bin fusion --example swiglu_ffn
 cargo build --release -p llama-ffn
 llama_json=$(cargo test --release -p llama-ffn --tests --no-run --message-format=json 2>/dev/null)
-for name in gpu gpu_errors gpu_graphs gpu_workspace gpu_safetensors gpu_property gpu_stress; do
+for name in gpu gpu_errors gpu_graphs gpu_workspace gpu_safetensors gpu_run gpu_property gpu_stress; do
   exe=$(echo "$json" | python3 -c "
 import json, sys
 for line in sys.stdin:
@@ -46,6 +46,6 @@ for line in sys.stdin:
         print(m['executable'])")" "$dir/llama_ffn_safetensors"
 cp -r graphs "$dir/"
 cp scripts/gpu-suite.sh "$dir/"
-strip "$dir/gpu" "$dir/gpu_errors" "$dir/gpu_graphs" "$dir/gpu_workspace" "$dir/gpu_safetensors" "$dir/gpu_property" "$dir/gpu_stress" "$dir/fusion" \
+strip "$dir/gpu" "$dir/gpu_errors" "$dir/gpu_graphs" "$dir/gpu_workspace" "$dir/gpu_safetensors" "$dir/gpu_run" "$dir/gpu_property" "$dir/gpu_stress" "$dir/fusion" \
   "$dir/swiglu_ffn" "$dir/llama-ffn" "$dir/llama_ffn_safetensors"
 du -sh "$dir"

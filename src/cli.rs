@@ -16,6 +16,10 @@ use std::process::ExitCode;
 mod bench;
 #[cfg(feature = "kernels")]
 pub use bench::{BenchArgs, bench};
+#[cfg(feature = "kernels")]
+mod run;
+#[cfg(feature = "kernels")]
+pub use run::RunArgs;
 mod tune;
 pub use tune::{TuneArgs, tune};
 
@@ -40,6 +44,11 @@ pub enum Command {
     /// Writes a model's feed-forward block as a TOML graph, from its Hugging
     /// Face config.json.
     Graph(GraphArgs),
+    /// Runs a TOML graph on tensors from safetensors files on GPU 0, its
+    /// kernels built with nvcc on first use (`--check`: against the CPU
+    /// reference; `--time N`: per-call time).
+    #[cfg(feature = "kernels")]
+    Run(RunArgs),
     /// Measures tile configs for graphs' GEMM kernels on GPU 0 and writes
     /// the fastest into a tuned cache that builds read (`--list`: the
     /// candidates alone, no GPU; `--report`: a cache's entries).
@@ -162,6 +171,8 @@ pub fn run(cli: &Cli, out: &mut dyn Write) -> Result<(), CliError> {
             crate::render::render(&args.list, &graphs, &args.out, out)
         }
         Command::Graph(args) => graph_from_hf(args, out),
+        #[cfg(feature = "kernels")]
+        Command::Run(args) => run::run(args, out),
         Command::Tune(args) => tune(args, out),
     }
 }

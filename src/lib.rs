@@ -10,6 +10,7 @@
 //! | [`bench`](mod@bench) | `fusion bench`: fused kernels against cuBLASLt (features `cli` and `kernels`) |
 //! | [`cli`] | the `fusion` command line (feature `cli`) |
 //! | [`render`] | `fusion render`: units of a candidate list, with the kernel self-test (feature `cli`) |
+//! | [`run`](mod@run) | `fusion run`: a TOML graph on tensors from safetensors files (features `cli` and `kernels`) |
 //! | [`testing`] | checking kernels on a GPU against the CPU reference (feature `testing`) |
 //! | [`weights`] | tensors from safetensors files, checked against a graph |
 //!
@@ -35,6 +36,8 @@ pub mod kernels;
 pub mod launch;
 #[cfg(feature = "cli")]
 pub mod render;
+#[cfg(all(feature = "cli", feature = "kernels"))]
+pub mod run;
 pub mod tensor;
 #[cfg(feature = "testing")]
 pub mod testing;

@@ -297,3 +297,49 @@ fn tune_report_prints_a_caches_entries_against_shipped_and_cublaslt() {
     assert!(String::from_utf8_lossy(&broken.stderr).contains("is not a tuned cache"));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `fusion run`'s files are read and checked against the graph before any
+/// GPU or nvcc work, so these fail the same on a machine without either.
+#[test]
+fn fusion_run_names_an_unreadable_or_mismatched_tensor_file_before_any_gpu_work() {
+    let graph = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("graphs/gemm_bias.toml");
+    let dir = std::env::temp_dir().join(format!("fusion-cli-run-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let run = |inputs: &std::path::Path| {
+        let output = fusion()
+            .arg("run")
+            .arg(&graph)
+            .arg("--inputs")
+            .arg(inputs)
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(1));
+        let stderr = String::from_utf8(output.stderr).unwrap();
+        assert!(!stderr.contains("panicked"), "{stderr}");
+        stderr
+    };
+    let absent = dir.join("absent.safetensors");
+    let stderr = run(&absent);
+    assert!(
+        stderr.starts_with("error: ") && stderr.contains("absent.safetensors: cannot read it"),
+        "{stderr}"
+    );
+
+    let not_safetensors = dir.join("x.safetensors");
+    std::fs::write(&not_safetensors, b"not a safetensors file").unwrap();
+    let stderr = run(&not_safetensors);
+    assert!(stderr.contains("not a safetensors file"), "{stderr}");
+
+    // gemm_bias takes x [M, K]: a vector is refused with both shapes named.
+    let bytes =
+        fusion::weights::serialize(&[("x".into(), fusion::core::ir::DType::F16, vec![16], vec![0; 32])])
+            .unwrap();
+    let vector_x = dir.join("vector.safetensors");
+    std::fs::write(&vector_x, bytes).unwrap();
+    let stderr = run(&vector_x);
+    assert!(
+        stderr.contains("`x` in ") && stderr.contains("has shape [16] but the graph declares [M, K]"),
+        "{stderr}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

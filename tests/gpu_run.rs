@@ -1,0 +1,163 @@
+//! `fusion run` on a GPU: TOML graphs written by the test, run on
+//! safetensors files it writes, with the kernels built by nvcc at run time.
+//! Each output file is read back and compared with the CPU reference here,
+//! beside the run's own `--check`. GPU and nvcc only (`#[ignore]`d; the
+//! checks of the files without a GPU are `fusion::run`'s unit tests).
+
+mod support;
+
+use fusion::core::ir::Graph;
+use fusion::core::reference::{self, Bindings};
+use fusion::half::f16;
+use fusion::run::{Settings, run};
+use fusion::{Element, TensorFile, TensorNames, testing};
+use std::path::{Path, PathBuf};
+use support::{TestElement, rng};
+
+/// An FFN sub-layer at small sizes: a norm folded into a gated pair, the
+/// down projection with the residual (two GEMM kernels).
+const SUBLAYER: &str = r#"
+[graph]
+name = "small_sublayer"
+[dims]
+M = "dyn"
+D = 136
+F = 264
+[inputs]
+x = "f16[M, D]"
+[weights]
+norm   = "f16[D]"
+w_gate = "f16[F, D]"
+w_up   = "f16[F, D]"
+w_down = "f16[D, F]"
+[compute]
+h   = "rmsnorm(x, norm, eps=1e-5)"
+act = "silu(h @ w_gate^T) * (h @ w_up^T)"
+[outputs]
+y = "act @ w_down^T + x"
+"#;
+
+/// Two outputs of kernels without a GEMM: a standalone LayerNorm and an
+/// elementwise chain.
+const NORM_AND_CHAIN: &str = r#"
+[graph]
+name = "norm_and_chain"
+[dims]
+M = "dyn"
+D = 72
+[inputs]
+x = "f16[M, D]"
+u = "f16[M, D]"
+[weights]
+g = "f16[D]"
+b = "f16[D]"
+[outputs]
+n = "layernorm(x, g, b)"
+y = "silu(x) * u"
+"#;
+
+fn folder(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("fusion-gpu-run-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
+/// `tensors` of `host` as a safetensors file at `path`, each under `names`.
+fn write(
+    path: &Path,
+    graph: &Graph,
+    host: &Bindings,
+    tensors: &[fusion::core::ir::TensorId],
+    names: &TensorNames,
+) {
+    let stored: Vec<_> = tensors
+        .iter()
+        .map(|&t| {
+            let name = &graph.tensor(t).name;
+            let value = &host[name];
+            let bytes = <f16 as Element>::to_le_bytes(&<f16 as TestElement>::encode(value));
+            (
+                names.in_file(name),
+                <f16 as Element>::DTYPE,
+                value.shape.clone(),
+                bytes,
+            )
+        })
+        .collect();
+    std::fs::write(path, fusion::weights::serialize(&stored).expect("serializes")).expect("write");
+}
+
+/// Runs the graph `toml` with `--check --time 5` at `m` rows on random
+/// tensors, its weights under `names`, and compares each output file's
+/// tensor with the reference on sampled rows.
+fn run_and_compare(toml: &str, m: usize, names: TensorNames) {
+    let dir = folder(&format!("{}-{m}", toml.len()));
+    let graph_path = dir.join("graph.toml");
+    std::fs::write(&graph_path, toml).expect("write the graph");
+    let graph = fusion::core::load_toml_graph(&graph_path).expect("the graph loads");
+    let host = reference::random_bindings(&graph, &[("M", m)], &mut rng()).expect("bindings");
+    let (inputs, weights, out) = (
+        dir.join("x.safetensors"),
+        dir.join("w.safetensors"),
+        dir.join("y.safetensors"),
+    );
+    write(&inputs, &graph, &host, &graph.inputs, &TensorNames::declared());
+    write(&weights, &graph, &host, &graph.weights, &names);
+    let settings = Settings {
+        graph: graph_path,
+        inputs,
+        weights: Some(weights),
+        weight_names: names,
+        out: Some(out.clone()),
+        check: true,
+        time: Some(5),
+        // One per graph: the two tests run at once. A graph's second run
+        // (another M) finds its libraries built.
+        work: std::env::temp_dir().join(format!("fusion-gpu-run-work-{}", graph.name)),
+        jobs: std::thread::available_parallelism().map_or(1, |n| n.get()),
+    };
+    let mut said = Vec::new();
+    let result = run(&settings, &mut said);
+    let said = String::from_utf8_lossy(&said);
+    eprintln!("{said}");
+    result.unwrap_or_else(|e| panic!("{} at M = {m}: {e}", graph.name));
+    assert!(said.contains("match the CPU reference"), "{said}");
+    assert!(said.contains("µs per call"), "{said}");
+
+    let file = TensorFile::open(&out).expect("the output file reads");
+    let rows = testing::rows_to_check(m, &mut rng());
+    let want = reference::evaluate_rows(&graph, &host, &rows).expect("reference");
+    for &t in &graph.outputs {
+        let name = &graph.tensor(t).name;
+        let view = file
+            .get(name)
+            .unwrap_or_else(|| panic!("no `{name}` in the output file"));
+        assert_eq!(view.element_type(), Some(<f16 as Element>::DTYPE));
+        let cols = host["x"].shape[1];
+        assert_eq!(view.shape, [m, cols]);
+        let got = <f16 as TestElement>::decode(view.shape, &<f16 as Element>::from_le_bytes(view.bytes))
+            .and_then(|t| t.select_rows(&rows))
+            .expect("rows");
+        let error = testing::compare(&got, &want[name.as_str()], <f16 as Element>::DTYPE, &rows)
+            .unwrap_or_else(|mismatch| panic!("{} `{name}` at M = {m}: {mismatch}", graph.name));
+        eprintln!(
+            "{} `{name}` at M = {m}: relative L2 error {error:.2e}",
+            graph.name
+        );
+    }
+    std::fs::remove_dir_all(&dir).expect("remove the temp dir");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_sublayer_runs_from_hugging_face_names_and_matches_the_reference() {
+    for m in [1, 300] {
+        run_and_compare(SUBLAYER, m, TensorNames::hugging_face(3));
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_norm_and_an_elementwise_chain_run_and_match_the_reference() {
+    run_and_compare(NORM_AND_CHAIN, 77, TensorNames::declared());
+}
