@@ -35,7 +35,7 @@ impl Nvcc {
     pub fn find() -> Result<Nvcc, String> {
         let program = nvcc::find_nvcc(&Env::from_process(), &toolchain_file()?).map_err(|searched| {
             format!(
-                "`fusion tune` compiles its candidates with nvcc, which was not found; looked at {}. \
+                "`fusion tune` and `fusion run` compile kernels with nvcc at run time, which was not found; looked at {}. \
                  Set NVCC to its path, or CUDA_HOME to the CUDA install holding bin/nvcc.",
                 searched.join(", ")
             )
@@ -199,14 +199,20 @@ fn build_one(nvcc: &Nvcc, work: &Path, include: &Path, job: &Job) -> Built {
     let mut files = Vec::new();
     for (stem, source) in &job.sources {
         let path = src.join(format!("{stem}.cu"));
-        if let Err(e) = std::fs::write(&path, source) {
+        if let Err(e) = write_whole(&path, source) {
             return failed(format!("cannot write {}: {e}", path.display()));
         }
         files.push(path);
     }
     // Built under another name and renamed when whole, so that a stopped
-    // run leaves no library that looks finished.
-    let partial = work.join("lib").join(format!("{}.so.partial", job.symbol));
+    // run leaves no library that looks finished; the name is this
+    // process's, so that two runs building the same library at once (two
+    // `fusion run`s of one graph sharing the default folder) each write
+    // their own, and the second rename replaces the first with the same
+    // bytes (a process that loaded the first keeps its mapping).
+    let partial = work
+        .join("lib")
+        .join(format!("{}.so.{}.partial", job.symbol, std::process::id()));
     let _ = std::fs::remove_file(&key_file);
     let mut command = Command::new(&nvcc.program);
     command
@@ -250,6 +256,19 @@ fn build_one(nvcc: &Nvcc, work: &Path, include: &Path, job: &Job) -> Built {
     }
 }
 
+/// Writes `contents` to `path` unless it holds them already, through a
+/// file of this process's renamed over it: an nvcc of another run reading
+/// `path` sees the old file or the new one whole, never a truncated one.
+fn write_whole(path: &Path, contents: &str) -> std::io::Result<()> {
+    if std::fs::read(path).is_ok_and(|old| old == contents.as_bytes()) {
+        return Ok(());
+    }
+    let mut temp = path.as_os_str().to_owned();
+    temp.push(format!(".{}.tmp", std::process::id()));
+    std::fs::write(&temp, contents)?;
+    std::fs::rename(&temp, path)
+}
+
 /// The largest `Used N registers` of a ptxas report.
 pub fn most_registers(report: &str) -> Option<u32> {
     report
@@ -283,6 +302,30 @@ mod tests {
                       ptxas info    : Used 104 registers, used 1 barriers, 8192 bytes smem\n";
         assert_eq!(most_registers(report), Some(232));
         assert_eq!(most_registers("no report"), None);
+    }
+
+    #[test]
+    fn a_source_is_replaced_whole_and_left_alone_when_unchanged() {
+        let dir = std::env::temp_dir().join(format!("fusion-tune-write-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("unit.cu");
+        write_whole(&path, "int x;").unwrap();
+        let first = std::fs::metadata(&path).unwrap().modified().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        write_whole(&path, "int x;").unwrap();
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().modified().unwrap(),
+            first,
+            "unchanged: not rewritten"
+        );
+        write_whole(&path, "int y;").unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "int y;");
+        let names: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["unit.cu"], "no temporary file is left");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
