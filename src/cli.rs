@@ -143,6 +143,17 @@ impl CliError {
     }
 }
 
+/// A `--dtype` argument: an element type kernels take.
+fn kernel_dtype(value: &str) -> Result<fusion_compiler::ir::DType, CliError> {
+    match value {
+        "f16" => Ok(fusion_compiler::ir::DType::F16),
+        "bf16" => Ok(fusion_compiler::ir::DType::BF16),
+        other => Err(CliError::Message(format!(
+            "--dtype {other}: expected f16 or bf16"
+        ))),
+    }
+}
+
 /// Parses the arguments, runs the command, and reports a failure on stderr
 /// with exit status 1.
 pub fn main() -> ExitCode {

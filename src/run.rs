@@ -44,6 +44,8 @@ use std::time::Instant;
 #[derive(Clone, Debug)]
 pub struct Settings {
     pub graph: PathBuf,
+    /// Every tensor of the graph in this element type; default: as declared.
+    pub dtype: Option<DType>,
     /// The graph's inputs, under their declared names.
     pub inputs: PathBuf,
     /// Its weights; default: the inputs' file.
@@ -65,7 +67,10 @@ pub struct Settings {
 /// Runs the graph once on the files' tensors; progress and results on `out`.
 pub fn run(settings: &Settings, out: &mut dyn Write) -> Result<(), String> {
     let path = &settings.graph;
-    let graph = fusion_compiler::load_toml_graph(path)?;
+    let graph = match settings.dtype {
+        Some(dtype) => testing::load_graph_as(path, dtype)?,
+        None => fusion_compiler::load_toml_graph(path)?,
+    };
     let dtype = graph_dtype(&graph).map_err(|e| format!("{}: {e}", path.display()))?;
     let inputs = TensorFile::open(&settings.inputs).map_err(|e| e.to_string())?;
     let weights = match &settings.weights {

@@ -341,5 +341,26 @@ fn fusion_run_names_an_unreadable_or_mismatched_tensor_file_before_any_gpu_work(
         stderr.contains("`x` in ") && stderr.contains("has shape [16] but the graph declares [M, K]"),
         "{stderr}"
     );
+
+    // --dtype re-types the graph: an f16 file is refused for a bf16 run,
+    // and an element type kernels do not take is refused as an argument.
+    let run_as = |dtype: &str| {
+        let output = fusion()
+            .arg("run")
+            .arg(&graph)
+            .args(["--dtype", dtype, "--inputs"])
+            .arg(&vector_x)
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(1));
+        String::from_utf8(output.stderr).unwrap()
+    };
+    let stderr = run_as("bf16");
+    assert!(
+        stderr.contains("holds F16 elements, but the graph runs in bf16"),
+        "{stderr}"
+    );
+    let stderr = run_as("f32");
+    assert!(stderr.contains("--dtype f32: expected f16 or bf16"), "{stderr}");
     std::fs::remove_dir_all(&dir).unwrap();
 }

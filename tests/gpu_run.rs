@@ -105,6 +105,7 @@ fn run_and_compare(toml: &str, m: usize, names: TensorNames) {
     write(&weights, &graph, &host, &graph.weights, &names);
     let settings = Settings {
         graph: graph_path,
+        dtype: None,
         inputs,
         weights: Some(weights),
         weight_names: names,

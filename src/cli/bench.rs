@@ -115,15 +115,7 @@ fn config_of(args: &BenchArgs) -> Result<BenchConfig, CliError> {
 
 fn run_bench(config: BenchConfig, args: &BenchArgs, out: &mut dyn Write) -> Result<(), CliError> {
     // Refused before the GPU is touched (the copy measurement allocates 1 GiB).
-    let bf16 = match args.dtype.as_str() {
-        "f16" => false,
-        "bf16" => true,
-        other => {
-            return Err(CliError::Message(format!(
-                "--dtype {other}: expected f16 or bf16"
-            )));
-        }
-    };
+    let bf16 = super::kernel_dtype(&args.dtype)? == fusion_compiler::ir::DType::BF16;
     let gpu = |e: crate::Error| CliError::Message(e.to_string());
     let ctx = crate::testing::open_gpu(0).map_err(CliError::Message)?;
     let stream = ctx.new_stream().map_err(|e| gpu(e.into()))?;

@@ -23,6 +23,10 @@ pub struct RunArgs {
     /// graph --from-hf` names them); default: their declared names.
     #[arg(long = "hf-layer", value_name = "N")]
     pub hf_layer: Option<usize>,
+    /// Run the graph in this element type (`f16`, `bf16`) in place of the
+    /// one it declares: a bf16 checkpoint through an f16 graph.
+    #[arg(long, value_name = "DTYPE")]
+    pub dtype: Option<String>,
     /// Write the outputs to this safetensors file.
     #[arg(long, value_name = "Y.safetensors")]
     pub out: Option<PathBuf>,
@@ -50,6 +54,7 @@ pub struct RunArgs {
 pub fn run(args: &RunArgs, out: &mut dyn Write) -> Result<(), CliError> {
     let settings = crate::run::Settings {
         graph: args.graph.clone(),
+        dtype: args.dtype.as_deref().map(super::kernel_dtype).transpose()?,
         inputs: args.inputs.clone(),
         weights: args.weights.clone(),
         weight_names: args.hf_layer.map_or_else(

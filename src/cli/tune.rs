@@ -136,16 +136,7 @@ fn run(args: &TuneArgs, graphs: &[PathBuf], out: &mut dyn Write) -> Result<(), C
             }
         },
     };
-    let dtype = match args.dtype.as_deref() {
-        None => None,
-        Some("f16") => Some(fusion_compiler::ir::DType::F16),
-        Some("bf16") => Some(fusion_compiler::ir::DType::BF16),
-        Some(other) => {
-            return Err(CliError::Message(format!(
-                "--dtype {other}: expected f16 or bf16"
-            )));
-        }
-    };
+    let dtype = args.dtype.as_deref().map(super::kernel_dtype).transpose()?;
     let settings = crate::tune::Settings {
         ms: args.m.clone(),
         dims: args.dims.clone(),
