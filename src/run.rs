@@ -125,10 +125,7 @@ impl Declared {
         fn leak(text: &str) -> &'static str {
             Box::leak(text.to_owned().into_boxed_str())
         }
-        let dynamic: Vec<usize> = (0..graph.dims.len())
-            .filter(|&i| graph.dims[i].size.is_none())
-            .collect();
-        let dims: Vec<&'static str> = dynamic.iter().map(|&i| leak(&graph.dims[i].name)).collect();
+        let dims: Vec<&'static str> = graph.dynamic_dims().map(|d| leak(&d.name)).collect();
         let decl = Box::leak(Box::new(GraphDecl {
             name: leak(&graph.name),
             dims: Box::leak(dims.into_boxed_slice()),
@@ -143,9 +140,8 @@ impl Declared {
                     .map(|extent| match *extent {
                         Extent::Static(n) => Dim::Static(n as usize),
                         Extent::Dynamic(d) => Dim::Dynamic(
-                            dynamic
-                                .iter()
-                                .position(|&i| i == d.0)
+                            graph
+                                .dynamic_index(d)
                                 .expect("a dynamic extent names a dynamic dim"),
                         ),
                     })
@@ -228,6 +224,7 @@ fn run_as<T: HostElement>(
         declared: &declared,
         kernels: &kernels,
         stream: &stream,
+        temporaries: plan.temporaries(),
     };
     let started = Instant::now();
     let folded = runner.bind(&weights).map_err(|e| e.to_string())?;
@@ -435,7 +432,7 @@ fn build(
                 }
             };
             Ok(Kernel {
-                label: format!("kernel #{index} ({})", kernel.name),
+                label: plan.kernel_label(index),
                 launch,
                 // SAFETY: abi.h's `const char* <lib>_error_string(int)`.
                 error_string: unsafe { lib.get(&error_name) }?,
@@ -457,6 +454,8 @@ struct Runner<'r> {
     declared: &'r Declared,
     kernels: &'r [Kernel],
     stream: &'r Arc<CudaStream>,
+    /// [`Plan::temporaries`], a workspace buffer each.
+    temporaries: Vec<TensorId>,
 }
 
 /// An output's device buffer and shape.
@@ -466,11 +465,11 @@ struct Output<T> {
     slice: CudaSlice<T>,
 }
 
-/// One kernel's params, ready to launch.
+/// One kernel's params and the launcher that takes them, ready to launch.
 enum Params {
-    Gemm(fusion_gemm_params),
-    Norm(fusion_norm_params),
-    Elementwise(fusion_elementwise_params),
+    Gemm(fusion_gemm_params, Launcher<fusion_gemm_params>),
+    Norm(fusion_norm_params, Launcher<fusion_norm_params>),
+    Elementwise(fusion_elementwise_params, Launcher<fusion_elementwise_params>),
 }
 
 fn pointer(address: Option<u64>) -> *const c_void {
@@ -601,16 +600,10 @@ impl Runner<'_> {
             return Ok(());
         }
         let (intermediates, scratch) = workspace.parts();
-        let temporaries: Vec<TensorId> = self
-            .plan
-            .crossing_tensors()
-            .into_iter()
-            .filter(|c| !c.is_graph_output)
-            .map(|c| c.tensor)
-            .collect();
-        if !temporaries.is_empty() {
-            let buffers = call.intermediates::<T>(intermediates, &self.declared.of_ids(&temporaries))?;
-            for (tensor, buffer) in temporaries.iter().zip(buffers) {
+        if !self.temporaries.is_empty() {
+            let decls = self.declared.of_ids(&self.temporaries);
+            let buffers = call.intermediates::<T>(intermediates, &decls)?;
+            for (tensor, buffer) in self.temporaries.iter().zip(buffers) {
                 address[tensor.0] = Some(buffer);
             }
         }
@@ -625,6 +618,7 @@ impl Runner<'_> {
                 (
                     Composition::Gemm(gemm),
                     Launch::Gemm {
+                        launch,
                         query,
                         folded: folded_form,
                         ..
@@ -659,9 +653,11 @@ impl Runner<'_> {
                         p.b_up = std::ptr::null();
                         p.col_terms = col_terms as *const c_void;
                     }
-                    let query = match (prepared, folded_form) {
-                        (Some(_), Some((_, folded_query))) => *folded_query,
-                        _ => *query,
+                    // With its norm folded into the weight, the kernel runs
+                    // the folded launcher.
+                    let (launch, query) = match (prepared, folded_form) {
+                        (Some(_), Some(form)) => *form,
+                        _ => (*launch, *query),
                     };
                     scratch_bytes = scratch_bytes.max(call.workspace_bytes(
                         &loaded.label,
@@ -669,61 +665,53 @@ impl Runner<'_> {
                         &p,
                         loaded.error_string,
                     )?);
-                    Params::Gemm(p)
+                    Params::Gemm(p, launch)
                 }
-                (Composition::Norm(norm), Launch::Norm(_)) => {
+                (Composition::Norm(norm), Launch::Norm(launch)) => {
                     let (m, k) = call.matrix(out_decl)?;
-                    Params::Norm(fusion_norm_params {
-                        x: at(kernel.operand(Role::X)),
-                        y: out,
-                        gamma: at(kernel.operand(Role::Gamma)),
-                        beta: at(kernel.operand(Role::Beta)),
-                        m,
-                        k,
-                        eps: norm.eps as f32,
-                    })
+                    Params::Norm(
+                        fusion_norm_params {
+                            x: at(kernel.operand(Role::X)),
+                            y: out,
+                            gamma: at(kernel.operand(Role::Gamma)),
+                            beta: at(kernel.operand(Role::Beta)),
+                            m,
+                            k,
+                            eps: norm.eps as f32,
+                        },
+                        *launch,
+                    )
                 }
-                (Composition::Elementwise(_), Launch::Elementwise(_)) => {
+                (Composition::Elementwise(_), Launch::Elementwise(launch)) => {
                     let (m, n) = call.matrix(out_decl)?;
-                    Params::Elementwise(fusion_elementwise_params {
-                        x: at(kernel.operand(Role::X)),
-                        y: out,
-                        operands: kernel.step_operands().map(|o| at(o.map(|o| o.tensor))),
-                        m,
-                        n,
-                    })
+                    Params::Elementwise(
+                        fusion_elementwise_params {
+                            x: at(kernel.operand(Role::X)),
+                            y: out,
+                            operands: kernel.step_operands().map(|o| at(o.map(|o| o.tensor))),
+                            m,
+                            n,
+                        },
+                        *launch,
+                    )
                 }
                 _ => unreachable!("each kernel is loaded for its composition"),
             });
         }
         let (scratch_ptr, scratch_len) = call.scratch(scratch, scratch_bytes)?;
-        for (index, (params, loaded)) in params.iter_mut().zip(self.kernels).enumerate() {
+        for (params, loaded) in params.iter_mut().zip(self.kernels) {
             // SAFETY (each launch): every pointer was checked by `call`
             // (shape, context, alignment, no output aliasing an input) and
             // stays borrowed until `call` is dropped; the launcher only
             // enqueues work.
-            let code = match (params, &loaded.launch) {
-                (
-                    Params::Gemm(p),
-                    Launch::Gemm {
-                        launch,
-                        folded: folded_form,
-                        ..
-                    },
-                ) => {
+            let code = match params {
+                Params::Gemm(p, launch) => {
                     p.workspace = scratch_ptr;
                     p.workspace_bytes = scratch_len;
-                    let launch = match (folded.get(index).and_then(Option::as_ref), folded_form) {
-                        (Some(_), Some((folded_launch, _))) => *folded_launch,
-                        _ => *launch,
-                    };
                     unsafe { launch(p, call.stream_ptr()) }
                 }
-                (Params::Norm(p), Launch::Norm(launch)) => unsafe { launch(p, call.stream_ptr()) },
-                (Params::Elementwise(p), Launch::Elementwise(launch)) => unsafe {
-                    launch(p, call.stream_ptr())
-                },
-                _ => unreachable!("each kernel's params are of its launcher's kind"),
+                Params::Norm(p, launch) => unsafe { launch(p, call.stream_ptr()) },
+                Params::Elementwise(p, launch) => unsafe { launch(p, call.stream_ptr()) },
             };
             call.launched(&loaded.label, code, loaded.error_string)?;
         }

@@ -230,13 +230,7 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
     let args = quote!(stream, #(#read_args,)* #(#write_args,)*);
 
     // Declarations of every tensor a kernel touches.
-    let dynamic_dims: Vec<usize> = (0..graph.dims.len())
-        .filter(|&i| graph.dims[i].size.is_none())
-        .collect();
-    let dim_names: Vec<&str> = dynamic_dims
-        .iter()
-        .map(|&i| graph.dims[i].name.as_str())
-        .collect();
+    let dim_names: Vec<&str> = graph.dynamic_dims().map(|d| d.name.as_str()).collect();
     let tensor_decls = (0..graph.tensors.len()).map(|i| {
         let desc = &graph.tensors[i];
         let ident = tensor_const(TensorId(i));
@@ -247,7 +241,9 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
                 quote!(fusion::launch::Dim::Static(#n))
             }
             Extent::Dynamic(d) => {
-                let index = dynamic_dims.iter().position(|&x| x == d.0).unwrap_or(0);
+                let index = graph
+                    .dynamic_index(*d)
+                    .expect("a dynamic extent names a dynamic dim");
                 quote!(fusion::launch::Dim::Dynamic(#index))
             }
         });
@@ -349,12 +345,7 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
         let (decl, ptr, arg) = (tensor_const(t), pointer_var(t), arg_ident(graph, t));
         quote!(let #ptr = __call.output(&#decl, #arg)?;)
     });
-    let temporaries: Vec<TensorId> = plan
-        .crossing_tensors()
-        .into_iter()
-        .filter(|c| !c.is_graph_output)
-        .map(|c| c.tensor)
-        .collect();
+    let temporaries = plan.temporaries();
     let intermediates = if temporaries.is_empty() {
         quote!()
     } else {
@@ -367,7 +358,7 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
         }
     };
     let error_string = format_ident!("{}_error_string", library.lib_name);
-    let label = |index: usize| format!("kernel #{index} ({})", plan.kernels[index].name);
+    let label = |index: usize| plan.kernel_label(index);
     let kernel_params = plan.kernels.iter().enumerate().map(|(index, kernel)| {
         let var = format_ident!("__params_{index}");
         let ptr = |role: Role| operand_ptr(kernel.operand(role));

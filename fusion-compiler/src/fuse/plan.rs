@@ -435,6 +435,16 @@ impl Plan {
         self.kernels.iter().position(|k| k.output == t)
     }
 
+    /// The crossing tensors that are no graph output: what a call keeps in
+    /// a workspace buffer each, ordered by producing kernel.
+    pub fn temporaries(&self) -> Vec<TensorId> {
+        self.crossing_tensors()
+            .into_iter()
+            .filter(|c| !c.is_graph_output)
+            .map(|c| c.tensor)
+            .collect()
+    }
+
     /// Tensors that cross kernel boundaries, ordered by producing kernel.
     pub fn crossing_tensors(&self) -> Vec<CrossingTensor> {
         let mut writer = vec![None; self.graph.tensors.len()];
@@ -504,6 +514,11 @@ impl Plan {
         graph.weights = weights;
         graph.outputs = vec![kernel.output];
         graph
+    }
+
+    /// How errors name kernel `index`: `kernel #0 (gemm_bias_gelu)`.
+    pub fn kernel_label(&self, index: usize) -> String {
+        format!("kernel #{index} ({})", self.kernels[index].name)
     }
 
     /// A name for kernel `index` that is unique within the plan and a valid

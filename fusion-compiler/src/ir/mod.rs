@@ -209,6 +209,21 @@ impl Graph {
         (0..self.ops.len()).map(OpId)
     }
 
+    /// The dynamic dims, in declaration order: the order a call numbers
+    /// them in (`fusion::launch::Dim::Dynamic(i)`).
+    pub fn dynamic_dims(&self) -> impl Iterator<Item = &DimDef> + '_ {
+        self.dims.iter().filter(|d| d.size.is_none())
+    }
+
+    /// The place of `dim` among [`Graph::dynamic_dims`]; `None` for a
+    /// static dim.
+    pub fn dynamic_index(&self, dim: DimId) -> Option<usize> {
+        self.dims[dim.0]
+            .size
+            .is_none()
+            .then(|| self.dims[..dim.0].iter().filter(|d| d.size.is_none()).count())
+    }
+
     pub fn tensor_by_name(&self, name: &str) -> Option<TensorId> {
         self.tensors.iter().position(|t| t.name == name).map(TensorId)
     }
