@@ -143,7 +143,9 @@ impl CliError {
     }
 }
 
-/// A `--dtype` argument: an element type kernels take.
+/// A `--dtype` argument: an element type kernels take (bench, tune and run,
+/// which come with `kernels`).
+#[cfg(feature = "kernels")]
 fn kernel_dtype(value: &str) -> Result<fusion_compiler::ir::DType, CliError> {
     match value {
         "f16" => Ok(fusion_compiler::ir::DType::F16),

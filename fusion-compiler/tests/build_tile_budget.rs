@@ -191,9 +191,9 @@ fn warp_tiled_entries_that_break_a_tile_rule_fail_the_build_naming_the_entry() {
 const PRINT_RESOURCES: &str = r#"
 #include <stdio.h>
 int main() {
-  fusion_tile_resources tiles[4];
-  const int count = SYMBOL_resources(tiles, 4);
-  for (int i = 0; i < count && i < 4; ++i) printf("%s %u %u\n", tiles[i].tile, tiles[i].smem_bytes, tiles[i].threads);
+  fusion_tile_resources tiles[8];
+  const int count = SYMBOL_resources(tiles, 8);
+  for (int i = 0; i < count && i < 8; ++i) printf("%s %u %u\n", tiles[i].tile, tiles[i].smem_bytes, tiles[i].threads);
   return 0;
 }
 "#;
@@ -246,6 +246,7 @@ fn an_sm90_unit_reports_each_tile_configs_resources() {
     // then its decode kernel.
     let tiles = [
         ("large", Some(config.large)),
+        ("large_alt", config.large_alt),
         ("small_m", config.small_m),
         ("small_m_alt", config.small_m_alt),
     ];
@@ -268,6 +269,9 @@ fn an_sm90_unit_reports_each_tile_configs_resources() {
     // 248 bytes of barriers, the scheduler's plan and the pieces posted
     // beside the 4 stages).
     assert!(printed.starts_with("large 230648 384\n"), "{printed}");
+    // Its 128x192 alternative stages its whole tile (4 x 40 KB of stages,
+    // 48 KB of staging, the same slack and bookkeeping).
+    assert!(printed.contains("\nlarge_alt 214264 384\n"), "{printed}");
     // The decode kernel: 8 warps, its partial sums in static shared memory.
     assert!(printed.ends_with("decode 0 256\n"), "{printed}");
 }

@@ -548,6 +548,7 @@ fn build_candidates(
             small_m: None,
             small_m_max: None,
             small_m_alt: None,
+            large_alt: None,
             decode_max_m: None,
         });
         let table = format!("fusion tune, candidate {candidate}");

@@ -464,6 +464,7 @@ fn tiles_of(key: &KernelKey) -> Vec<String> {
     };
     [
         ("large", Some(config.large)),
+        ("large_alt", config.large_alt),
         ("small_m", config.small_m),
         ("small_m_alt", config.small_m_alt),
     ]

@@ -84,6 +84,9 @@ pub struct GraphSpec {
 }
 
 /// What one distinct kernel is: everything its unit's source depends on.
+// A build holds one key per unit (tens of them), so the GEMM variant's
+// size (its tile configs inline) costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum KernelKey {
     Gemm {
@@ -615,6 +618,7 @@ fn render_unit(
             };
             let tiles: Vec<_> = [
                 ("LargeTile", "large", Some(config.large)),
+                ("LargeAltTile", "large_alt", config.large_alt),
                 ("SmallTile", "small_m", config.small().map(|(tile, _)| tile)),
                 ("SmallAltTile", "small_m_alt", config.small().and(config.small_m_alt)),
             ]
@@ -673,6 +677,9 @@ fn render_unit(
                 "fold_weights": folded.is_some() || gate.is_some(),
                 "large_tile": tile_type(*mainloop, &config.large),
                 "large_tile_doc": config.large.summary(*mainloop),
+                "large_alt": config.large_alt.map_or(serde_json::Value::Bool(false), |alt| {
+                    json!({ "tile": tile_type(*mainloop, &alt), "tile_doc": alt.summary(*mainloop) })
+                }),
                 "small": small.unwrap_or(serde_json::Value::Bool(false)),
                 "folded": folded.unwrap_or(serde_json::Value::Bool(false)),
             });

@@ -33,7 +33,7 @@ mod tuned;
 mod tuned_cache;
 
 pub use crate::target::Arch;
-pub use tuned::{SOURCE_TILE_DEFAULT, TunedTable};
+pub use tuned::{GATED_DEFAULT, SOURCE_TILE_DEFAULT, TunedTable};
 pub use tuned_cache::{CacheEntry, CacheKey, M_BUCKET_BOUNDS, MBucket, TUNED_ENV, TunedCache};
 
 use crate::fuse::GemmComposition;
@@ -196,6 +196,9 @@ pub struct KernelKind {
     /// source tile: `fusion::EpilogueChain::kSourceTile` (a gated chain
     /// reads its tiles element by element: `fusion::GatedChain`).
     pub source_tile: bool,
+    /// A gated GEMM (gate and up interleaved in B, `fusion::GatedChain`),
+    /// whose tile of BN GEMM columns writes BN / 2 columns of C.
+    pub gated: bool,
 }
 
 impl KernelKind {
@@ -206,6 +209,20 @@ impl KernelKind {
             layout: composition.b_layout,
             prologue: composition.prologue.is_some(),
             source_tile: composition.gate.is_none() && composition.source_tiles() == 1,
+            gated: composition.gate.is_some(),
+        }
+    }
+
+    /// The tuned tables' entry for kernels of this kind that have none of
+    /// their own, tried before `default`: [`tuned::SOURCE_TILE_DEFAULT`] or
+    /// [`tuned::GATED_DEFAULT`].
+    pub fn kind_default(&self) -> Option<&'static str> {
+        if self.source_tile {
+            Some(tuned::SOURCE_TILE_DEFAULT)
+        } else if self.gated {
+            Some(tuned::GATED_DEFAULT)
+        } else {
+            None
         }
     }
 }
@@ -228,6 +245,14 @@ pub struct KernelConfig {
     /// it enough tiles to fill the SMs, the 64-row one when it does not.
     #[serde(default)]
     pub small_m_alt: Option<TileConfig>,
+    /// A second tile for the Ms `large` serves, narrower than it. At launch
+    /// the kernel runs it when it needs at most 9/10 of `large`'s waves of
+    /// tile area on the device's SMs (`fusion::clearly_fewer_waves` in
+    /// gemm.cuh): on 132 SMs the 128x192 tile at (1000, 18944, 3584), whose
+    /// 792 tiles take 6 waves where 592 of 128x256 take 5 of a third more
+    /// area each.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub large_alt: Option<TileConfig>,
     /// The largest M the decode kernel (`kernels/include/fusion/decode.cuh`)
     /// runs, ahead of every tile config; absent: never. The kernel streams
     /// B as [N, K] rows, so a [K, N] kernel ignores it
@@ -286,7 +311,7 @@ pub enum SelectError {
         origin: ConfigSource,
         kernel: String,
         arch: Arch,
-        /// `large`, `small_m`, `small_m_alt` or `decode_max_m`.
+        /// `large`, `large_alt`, `small_m`, `small_m_alt` or `decode_max_m`.
         which: &'static str,
         reason: String,
     },
@@ -306,7 +331,7 @@ pub fn select_sourced(
     kernel: &KernelKind,
 ) -> Result<(KernelConfig, ConfigSource), SelectError> {
     let (entry, config) = table
-        .lookup(&kernel.name, kernel.dtype, kernel.source_tile)
+        .lookup(&kernel.name, kernel.dtype, kernel.kind_default())
         .ok_or_else(|| SelectError::NoEntry {
             file: table.file.clone(),
             kernel: kernel.name.clone(),
@@ -408,6 +433,7 @@ pub fn check_config(
             config.small_m.is_some(),
             "`small_m_alt` is the alternative to a `small_m`, which this entry lacks",
         ),
+        (config.large_alt, "large_alt", true, ""),
     ];
     if let Some(max_m) = config.decode_max_m {
         if !arch.target().decode {

@@ -66,6 +66,7 @@ fn kernel(name: &str, dtype: DType, prologue: bool) -> KernelKind {
         layout: WeightLayout::NK,
         prologue,
         source_tile: false,
+        gated: false,
     }
 }
 
@@ -77,16 +78,25 @@ fn shipped_tables_parse_and_fit_their_arch() {
         // Every entry, with the prologue its name implies, and a norm and a
         // plain composition that fall back to `default`, and one reading a
         // source tile that falls back to `default.source_tile` where there
-        // is one.
+        // is one, and a gated one (to `default.gated`).
         let mut names: Vec<String> = table
             .configs
             .keys()
             .map(|k| {
                 k.replace(SOURCE_TILE_DEFAULT, "gemm_residual")
+                    .replace(GATED_DEFAULT, "gemm_silu_glu")
                     .replace("default", "gemm")
             })
             .collect();
-        names.extend(["rmsnorm_gemm_bias_silu", "gemm_bias_silu", "gemm_silu_mul"].map(str::to_owned));
+        names.extend(
+            [
+                "rmsnorm_gemm_bias_silu",
+                "gemm_bias_silu",
+                "gemm_silu_mul",
+                "rmsnorm_gemm_gelu_glu",
+            ]
+            .map(str::to_owned),
+        );
         for name in &names {
             let (name, dtypes) = match name.split_once('.') {
                 Some((name, dtype)) => (name, vec![dtype.parse::<DType>().unwrap()]),
@@ -94,11 +104,13 @@ fn shipped_tables_parse_and_fit_their_arch() {
             };
             let prologue = name.starts_with("layernorm_") || name.starts_with("rmsnorm_");
             let source_tile = name.ends_with("_residual") || name.ends_with("_mul");
+            let gated = name.ends_with("_glu");
             for &dtype in dtypes.iter().filter(|d| arch.supports(**d)) {
                 for layout in [WeightLayout::NK, WeightLayout::KN] {
                     let k = KernelKind {
                         layout,
                         source_tile,
+                        gated,
                         ..kernel(name, dtype, prologue)
                     };
                     select(arch, &k).unwrap_or_else(|e| panic!("{e}"));
@@ -179,7 +191,7 @@ fn lookup_prefers_the_most_specific_key() {
         "gemm_silu": { "large": { "bm": 128, "bn": 128, "bk": 32, "warp_m": 64, "warp_n": 32, "stages": 4, "min_blocks_per_sm": 1 } },
         "gemm_silu.bf16": { "large": { "bm": 128, "bn": 128, "bk": 32, "warp_m": 64, "warp_n": 32, "stages": 5, "min_blocks_per_sm": 1 } } } }"#;
     let table = TunedTable::parse("t.json", json).unwrap();
-    let stages = |name, dtype| table.lookup(name, dtype, false).map(|(_, c)| c.large.stages);
+    let stages = |name, dtype| table.lookup(name, dtype, None).map(|(_, c)| c.large.stages);
     assert_eq!(stages("gemm_silu", DType::BF16), Some(5));
     assert_eq!(stages("gemm_silu", DType::F16), Some(4));
     assert_eq!(stages("gemm", DType::F16), Some(3));
@@ -192,11 +204,15 @@ fn a_composition_reading_a_source_tile_takes_its_default_before_the_plain_one() 
         "default.source_tile": { "large": { "bm": 128, "bn": 256, "bk": 64, "stages": 3 } },
         "gemm_residual": { "large": { "bm": 128, "bn": 128, "bk": 64, "stages": 5 } } } }"#;
     let table = TunedTable::parse("t.json", json).unwrap();
-    let entry = |name, source_tile| table.lookup(name, DType::F16, source_tile).map(|(key, _)| key);
-    assert_eq!(entry("gemm_bias_residual", true), Some("default.source_tile"));
-    assert_eq!(entry("gemm_bias_gelu", false), Some("default"));
+    let source_tile = Some(SOURCE_TILE_DEFAULT);
+    let entry = |name, kind_default| table.lookup(name, DType::F16, kind_default).map(|(key, _)| key);
+    assert_eq!(
+        entry("gemm_bias_residual", source_tile),
+        Some("default.source_tile")
+    );
+    assert_eq!(entry("gemm_bias_gelu", None), Some("default"));
     // A composition's own entry still comes first.
-    assert_eq!(entry("gemm_residual", true), Some("gemm_residual"));
+    assert_eq!(entry("gemm_residual", source_tile), Some("gemm_residual"));
     let source = |name: &str| {
         let (prologue, epilogue) = match name {
             "gemm_silu_mul" => (
@@ -218,6 +234,43 @@ fn a_composition_reading_a_source_tile_takes_its_default_before_the_plain_one() 
     };
     assert!(source("gemm_silu_mul"));
     assert!(!source("gemm_bias"));
+}
+
+#[test]
+fn a_gated_gemm_takes_the_gated_default_and_no_tile_it_cannot_store() {
+    let gated = |activation| {
+        KernelKind::of(
+            &GemmComposition {
+                prologue: None,
+                b_layout: WeightLayout::NK,
+                gate: Some(activation),
+                epilogue: vec![],
+            },
+            DType::F16,
+        )
+    };
+    let silu_glu = gated(Activation::SILU);
+    assert!(silu_glu.gated && !silu_glu.source_tile);
+    assert_eq!(silu_glu.kind_default(), Some(GATED_DEFAULT));
+    // The shipped sm90 table gives plain GEMMs a 192-column alternative,
+    // which a gated GEMM's epilogue cannot store (96 columns of C).
+    let plain = kernel("gemm_bias_gelu", DType::F16, false);
+    assert_eq!(
+        select(Arch::Sm90, &plain).unwrap().large_alt.map(|t| t.bn),
+        Some(192)
+    );
+    let config = select(Arch::Sm90, &silu_glu).unwrap();
+    assert_eq!(config.large_alt, None);
+    assert_eq!(config.large.bn % 128, 0);
+    // A table that gives one anyway is refused, naming the rule.
+    let json = r#"{ "arch": "sm90", "configs": {
+        "default": { "large": { "bm": 128, "bn": 192, "bk": 64, "stages": 4 } } } }"#;
+    let table = TunedTable::parse("t.json", json).unwrap();
+    let err = select_with(&table, Arch::Sm90, &silu_glu)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("gated") && err.contains("64-column"), "{err}");
+    select_with(&table, Arch::Sm90, &plain).unwrap();
 }
 
 #[test]

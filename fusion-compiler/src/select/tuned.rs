@@ -10,11 +10,14 @@
 //! Keys are `<composition>.<dtype>`, `<composition>`, `default.source_tile`
 //! (only for a composition whose epilogue reads one [M, N] tile: a residual
 //! or a multiplier, which the sm90 epilogue brings into its staging tile
-//! whole, so its tile needs room for that beside the stages) or `default`,
-//! tried in that order. An sm90 entry names `bm`, `bn`, `bk` (64), `stages` and
+//! whole, so its tile needs room for that beside the stages) or
+//! `default.gated` (only for a gated GEMM, whose tile writes half its
+//! columns of C) or `default`, tried in that order. An sm90 entry names `bm`, `bn`, `bk` (64), `stages` and
 //! optionally `"schedule": "cooperative" | "pingpong"`. An entry may add
 //! `small_m_alt`, a second tile for `m <= small_m_max` that the kernel runs
-//! instead of `small_m` when it needs fewer waves on the device's SMs, and
+//! instead of `small_m` when it needs fewer waves on the device's SMs,
+//! `large_alt`, a narrower tile that the kernel runs instead of `large`
+//! when it needs clearly fewer waves (at most 9/10 of `large`'s area), and
 //! `decode_max_m`, the largest M that runs the decode kernel
 //! (`kernels/include/fusion/decode.cuh`) ahead of every tile (sm80 and
 //! sm90; [N, K] weights only).
@@ -42,6 +45,8 @@ use indexmap::IndexMap;
 /// The entry for compositions whose epilogue reads one [M, N] source tile,
 /// before `default`.
 pub const SOURCE_TILE_DEFAULT: &str = "default.source_tile";
+/// The entry for gated GEMMs, before `default`.
+pub const GATED_DEFAULT: &str = "default.gated";
 
 /// One parsed tuned table.
 #[derive(Clone, Debug, PartialEq)]
@@ -140,17 +145,18 @@ impl TunedTable {
     }
 
     /// The most specific entry for a composition and dtype, and its key;
-    /// `source_tile`: the composition's epilogue reads one [M, N] tile.
+    /// `kind_default`: the entry for its kind of kernel, tried before
+    /// `default` ([`super::KernelKind::kind_default`]).
     pub fn lookup(
         &self,
         composition: &str,
         dtype: DType,
-        source_tile: bool,
+        kind_default: Option<&str>,
     ) -> Option<(&str, &KernelConfig)> {
         [
             Some(format!("{composition}.{dtype}")),
             Some(composition.to_owned()),
-            source_tile.then(|| SOURCE_TILE_DEFAULT.to_owned()),
+            kind_default.map(str::to_owned),
             Some("default".to_owned()),
         ]
         .into_iter()

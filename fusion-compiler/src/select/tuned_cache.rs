@@ -178,6 +178,7 @@ impl CacheKey {
             layout: self.layout,
             prologue: prologue.is_some(),
             source_tile: gate.is_none() && steps.iter().filter(|s| s.reads_tile()).count() == 1,
+            gated: gate.is_some(),
         })
     }
 }
@@ -379,7 +380,8 @@ impl TunedCache {
     /// tile most of them chose (`small_m`) and the next with another row
     /// count (`small_m_alt`; the one with more rows takes that place), which
     /// the unit picks between by waves at run time. `decode_max_m` stays
-    /// `shipped`'s.
+    /// `shipped`'s; `shipped.large_alt` does not (every tile a bucket runs
+    /// is one the tuner measured there).
     ///
     /// Ms no bucket measured keep `shipped`'s tiers where the three tiles
     /// can say so: above the largest bucket, when that one is bounded,
@@ -424,6 +426,7 @@ impl TunedCache {
             small_m: None,
             small_m_max: None,
             small_m_alt: None,
+            large_alt: None,
             decode_max_m: shipped.decode_max_m,
         };
         if let Some(last_small) = buckets.iter().rposition(|(_, tile)| *tile != large) {

@@ -23,7 +23,7 @@ pub(super) static TARGET: Target = Target {
     // TileConfig keep their defaults: the tables do not give them.
     tile_space: TileSpace {
         bm: &[64, 128],
-        bn: &[128, 256],
+        bn: &[128, 192, 256],
         bk: &[64],
         warp_m: &[0],
         warp_n: &[0],
@@ -56,7 +56,7 @@ fn tile_type(c: &TileConfig) -> String {
 /// `sizeof(SharedStorage)`: each unit asserts both with a message naming the
 /// tuned table entry. Registers are fixed by the kernel (producer 40,
 /// consumers 232), so there is no estimate to check.
-fn check(c: &TileConfig, _kernel: &KernelKind) -> Result<(), String> {
+fn check(c: &TileConfig, kernel: &KernelKind) -> Result<(), String> {
     let sm80_only = [
         ("warp_m", c.warp_m != 0),
         ("warp_n", c.warp_n != 0),
@@ -67,6 +67,13 @@ fn check(c: &TileConfig, _kernel: &KernelKind) -> Result<(), String> {
     if let Some((field, _)) = sm80_only.iter().find(|(_, set)| *set) {
         return Err(format!(
             "`{field}` does not apply to the sm90 mainloop, which fixes its warp groups and runs one block per SM; leave it out"
+        ));
+    }
+    // CollectiveEpilogue::fits, asked before any compile.
+    if kernel.gated && !(c.bn / 2).is_multiple_of(64) {
+        return Err(format!(
+            "a gated GEMM's tile writes bn / 2 = {} columns of C, which the sm90 epilogue stores as whole 64-column boxes: bn 128 or 256",
+            c.bn / 2
         ));
     }
     Ok(())

@@ -18,6 +18,7 @@ fn kernel(name: &str, dtype: DType, layout: WeightLayout, source_tile: bool) -> 
         layout,
         prologue: false,
         source_tile,
+        gated: false,
     }
 }
 
@@ -76,6 +77,7 @@ fn every_candidate_passes_the_check_of_the_shipped_tables() {
                     small_m: None,
                     small_m_max: None,
                     small_m_alt: None,
+                    large_alt: None,
                     decode_max_m: None,
                 };
                 check_config(&config, &source, arch, &kind).unwrap();
@@ -179,7 +181,7 @@ fn the_search_is_deterministic_and_its_report_says_what_was_pruned() {
     );
     assert_eq!(
         search_space(Arch::Sm90, &gemm(DType::F16), Some(&CC90)).to_string(),
-        "gemm_bias_gelu f16 [N, K] on sm90: 56 candidates, 0 pruned; \
+        "gemm_bias_gelu f16 [N, K] on sm90: 84 candidates, 0 pruned; \
          not yet checked: compile, shared memory, threads, registers"
     );
 }
@@ -188,7 +190,7 @@ fn the_search_is_deterministic_and_its_report_says_what_was_pruned() {
 fn the_space_lists_each_combination_once_last_field_fastest() {
     let space = Arch::Sm90.target().tile_space;
     let tiles: Vec<TileConfig> = space.tiles().collect();
-    assert_eq!(tiles.len(), 2 * 2 * 7 * 2);
+    assert_eq!(tiles.len(), 2 * 3 * 7 * 2);
     assert_eq!(
         tiles[0],
         TileConfig::sm90(64, 128, 2, Some(Schedule::Cooperative))
@@ -198,7 +200,7 @@ fn the_space_lists_each_combination_once_last_field_fastest() {
         tiles[2],
         TileConfig::sm90(64, 128, 3, Some(Schedule::Cooperative))
     );
-    assert_eq!(tiles[55], TileConfig::sm90(128, 256, 8, Some(Schedule::PingPong)));
+    assert_eq!(tiles[83], TileConfig::sm90(128, 256, 8, Some(Schedule::PingPong)));
     let distinct: std::collections::HashSet<_> = tiles.iter().collect();
     assert_eq!(distinct.len(), tiles.len());
 }

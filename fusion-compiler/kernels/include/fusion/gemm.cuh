@@ -150,6 +150,22 @@ bool fewer_waves(int64_t m, int64_t n) {
   return detail::wave_area(m, n, TileA::BM, TileA::BN, sms) <= detail::wave_area(m, n, TileB::BM, TileB::BN, sms);
 }
 
+// Whether the narrower tile config Alt should run an m x n output rather
+// than Large, on the current device: Alt when it needs at most 9/10 of
+// Large's waves of tile area. The margin is Large's lead per unit of area
+// (more flops per byte loaded, and stream-K over its last wave, which Alt's
+// count of waves does not see): on an H200 (f16, BENCHMARKS.md v21) the
+// 128x192 tile took 13.5, 31.9 and 187 us against 15.2, 36.5 and 231 for
+// 128x256 at (768, 3072, 768), (4096, 768, 3072) and (1000, 18944, 3584),
+// whose areas are 0.75, 0.75 and 0.90 of 128x256's, and was 3-4% slower at
+// 8192^3 and (8192, 14336, 4096), at 0.98 and 0.99.
+template <typename Alt, typename Large>
+bool clearly_fewer_waves(int64_t m, int64_t n) {
+  int device = 0;
+  const int sms = cudaGetDevice(&device) == cudaSuccess ? detail::sm_count(device) : 1;
+  return 10 * detail::wave_area(m, n, Alt::BM, Alt::BN, sms) <= 9 * detail::wave_area(m, n, Large::BM, Large::BN, sms);
+}
+
 // What every GEMM kernel family relies on (FusedGemm, and the decode
 // kernel of decode.cuh). Returns cudaErrorInvalidValue when M is negative,
 // N or K is not a multiple of 8 (a gated GEMM's C columns too), K is 0, a

@@ -46,6 +46,7 @@ fn gemm_bias_gelu() -> KernelKind {
         layout: WeightLayout::NK,
         prologue: false,
         source_tile: false,
+        gated: false,
     }
 }
 
@@ -345,9 +346,12 @@ fn buckets_map_onto_the_large_and_small_m_tiers() {
             small_m: Some(narrow),
             small_m_max: Some(512),
             small_m_alt: Some(wide),
+            // The shipped narrower tile is not one the tuner measured here.
+            large_alt: None,
             decode_max_m: Some(16),
         }
     );
+    assert!(shipped.large_alt.is_some());
     assert_eq!(source.file, "tuned.json");
     assert_eq!(
         source.entry,

@@ -22,6 +22,8 @@ using FoldedKernel = fusion::FusedGemm<fusion::sm90::Mainloop<Element, fusion::L
                                        fusion::FoldedNorm<fusion::NormKind::LayerNorm>, Chain>;
 // 128x256x64 (4 stages, cooperative, persistent)
 using LargeTile = fusion::sm90::TileConfig<128, 256, 4, fusion::sm90::Schedule::Cooperative>;
+// 128x192x64 (4 stages, cooperative, persistent), instead of LargeTile where it needs clearly fewer waves
+using LargeAltTile = fusion::sm90::TileConfig<128, 192, 4, fusion::sm90::Schedule::Cooperative>;
 // 64x128x64 (8 stages, cooperative, persistent), for m <= 512
 using SmallTile = fusion::sm90::TileConfig<64, 128, 8, fusion::sm90::Schedule::Cooperative>;
 // 128x128x64 (6 stages, cooperative, persistent), for m <= 512 when it needs fewer waves
@@ -38,6 +40,15 @@ static_assert(Kernel<LargeTile>::kEpilogueFits, "tile config from kernels/tuned/
 static_assert(FoldedKernel<LargeTile>::kBlockSmemBytes <= fusion::sm90::kSmemPerBlock,
               "tile config from kernels/tuned/sm90.json, entry 'default' for 'layernorm_gemm' (large) does not fit sm90: 128x256x64 (4 stages, cooperative, persistent) needs more shared memory per block than sm90 allows");
 static_assert(FoldedKernel<LargeTile>::kEpilogueFits, "tile config from kernels/tuned/sm90.json, entry 'default' for 'layernorm_gemm' (large) does not fit sm90: 128x256x64 (4 stages, cooperative, persistent) leaves too little shared memory to bring its epilogue's [M, N] source tile (residual, mul) in whole beside the stages: use fewer stages (see the tuned table's 'default.source_tile')");
+static_assert(fusion::sm90::tile_valid<fusion::LayoutB::NK, LargeAltTile> && LargeAltTile::BK == 64 &&
+                  LargeAltTile::kStages == 4,
+              "tile config from kernels/tuned/sm90.json, entry 'default' for 'layernorm_gemm' (large_alt) does not fit sm90: 128x192x64 (4 stages, cooperative, persistent) is not a tile the sm90 mainloop takes: a rule of its TileConfig fails (an error above names it), or bk or stages differ from the template's own");
+static_assert(Kernel<LargeAltTile>::kBlockSmemBytes <= fusion::sm90::kSmemPerBlock,
+              "tile config from kernels/tuned/sm90.json, entry 'default' for 'layernorm_gemm' (large_alt) does not fit sm90: 128x192x64 (4 stages, cooperative, persistent) needs more shared memory per block than sm90 allows");
+static_assert(Kernel<LargeAltTile>::kEpilogueFits, "tile config from kernels/tuned/sm90.json, entry 'default' for 'layernorm_gemm' (large_alt) does not fit sm90: 128x192x64 (4 stages, cooperative, persistent) leaves too little shared memory to bring its epilogue's [M, N] source tile (residual, mul) in whole beside the stages: use fewer stages (see the tuned table's 'default.source_tile')");
+static_assert(FoldedKernel<LargeAltTile>::kBlockSmemBytes <= fusion::sm90::kSmemPerBlock,
+              "tile config from kernels/tuned/sm90.json, entry 'default' for 'layernorm_gemm' (large_alt) does not fit sm90: 128x192x64 (4 stages, cooperative, persistent) needs more shared memory per block than sm90 allows");
+static_assert(FoldedKernel<LargeAltTile>::kEpilogueFits, "tile config from kernels/tuned/sm90.json, entry 'default' for 'layernorm_gemm' (large_alt) does not fit sm90: 128x192x64 (4 stages, cooperative, persistent) leaves too little shared memory to bring its epilogue's [M, N] source tile (residual, mul) in whole beside the stages: use fewer stages (see the tuned table's 'default.source_tile')");
 static_assert(fusion::sm90::tile_valid<fusion::LayoutB::NK, SmallTile> && SmallTile::BK == 64 &&
                   SmallTile::kStages == 8,
               "tile config from kernels/tuned/sm90.json, entry 'default' for 'layernorm_gemm' (small_m) does not fit sm90: 64x128x64 (8 stages, cooperative, persistent) is not a tile the sm90 mainloop takes: a rule of its TileConfig fails (an error above names it), or bk or stages differ from the template's own");
@@ -85,6 +96,8 @@ cudaError_t with_kernel(const fusion_gemm_params* p, F&& f) {
   if (p->m <= 512 && fusion::fewer_waves<SmallAltTile, SmallTile>(p->m, p->n * Chain::kGemmColsPerOutput))
     return f(K<SmallAltTile>{});
   if (p->m <= 512) return f(K<SmallTile>{});
+  if (fusion::clearly_fewer_waves<LargeAltTile, LargeTile>(p->m, p->n * Chain::kGemmColsPerOutput))
+    return f(K<LargeAltTile>{});
   return f(K<LargeTile>{});
 }
 
@@ -143,6 +156,7 @@ extern "C" int fusion_kernels_layernorm_gemm_nk_f16_sm90_fold_weights(const fusi
 extern "C" int fusion_kernels_layernorm_gemm_nk_f16_sm90_resources(fusion_tile_resources* out, int capacity) {
   const fusion_tile_resources tiles[] = {
       {"large", uint32_t(Kernel<LargeTile>::kSmemBytes), uint32_t(Kernel<LargeTile>::kThreads)},
+      {"large_alt", uint32_t(Kernel<LargeAltTile>::kSmemBytes), uint32_t(Kernel<LargeAltTile>::kThreads)},
       {"small_m", uint32_t(Kernel<SmallTile>::kSmemBytes), uint32_t(Kernel<SmallTile>::kThreads)},
       {"small_m_alt", uint32_t(Kernel<SmallAltTile>::kSmemBytes), uint32_t(Kernel<SmallAltTile>::kThreads)},
       {"decode", uint32_t(fusion::DecodeFor<Kernel<LargeTile>>::kSmemBytes),

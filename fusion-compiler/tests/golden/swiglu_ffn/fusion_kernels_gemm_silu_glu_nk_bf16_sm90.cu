@@ -22,25 +22,25 @@ using SmallTile = fusion::sm90::TileConfig<64, 128, 8, fusion::sm90::Schedule::C
 using SmallAltTile = fusion::sm90::TileConfig<128, 128, 6, fusion::sm90::Schedule::Cooperative>;
 // The decode kernel (fusion/decode.cuh) for m <= 16: one pass over B at the
 // weight-read floor, the chain once after its reduction.
-static_assert(16 <= fusion::kDecodeMaxM, "decode_max_m 16 from kernels/tuned/sm90.json, entry 'default' for 'gemm_silu_glu' is more rows than the decode kernel takes (fusion::kDecodeMaxM)");
+static_assert(16 <= fusion::kDecodeMaxM, "decode_max_m 16 from kernels/tuned/sm90.json, entry 'default.gated' for 'gemm_silu_glu' is more rows than the decode kernel takes (fusion::kDecodeMaxM)");
 static_assert(fusion::sm90::tile_valid<fusion::LayoutB::NK, LargeTile> && LargeTile::BK == 64 &&
                   LargeTile::kStages == 4,
-              "tile config from kernels/tuned/sm90.json, entry 'default' for 'gemm_silu_glu' (large) does not fit sm90: 128x256x64 (4 stages, cooperative, persistent) is not a tile the sm90 mainloop takes: a rule of its TileConfig fails (an error above names it), or bk or stages differ from the template's own");
+              "tile config from kernels/tuned/sm90.json, entry 'default.gated' for 'gemm_silu_glu' (large) does not fit sm90: 128x256x64 (4 stages, cooperative, persistent) is not a tile the sm90 mainloop takes: a rule of its TileConfig fails (an error above names it), or bk or stages differ from the template's own");
 static_assert(Kernel<LargeTile>::kBlockSmemBytes <= fusion::sm90::kSmemPerBlock,
-              "tile config from kernels/tuned/sm90.json, entry 'default' for 'gemm_silu_glu' (large) does not fit sm90: 128x256x64 (4 stages, cooperative, persistent) needs more shared memory per block than sm90 allows");
-static_assert(Kernel<LargeTile>::kEpilogueFits, "tile config from kernels/tuned/sm90.json, entry 'default' for 'gemm_silu_glu' (large) does not fit sm90: 128x256x64 (4 stages, cooperative, persistent) leaves too little shared memory to bring its epilogue's [M, N] source tile (residual, mul) in whole beside the stages: use fewer stages (see the tuned table's 'default.source_tile')");
+              "tile config from kernels/tuned/sm90.json, entry 'default.gated' for 'gemm_silu_glu' (large) does not fit sm90: 128x256x64 (4 stages, cooperative, persistent) needs more shared memory per block than sm90 allows");
+static_assert(Kernel<LargeTile>::kEpilogueFits, "tile config from kernels/tuned/sm90.json, entry 'default.gated' for 'gemm_silu_glu' (large) does not fit sm90: 128x256x64 (4 stages, cooperative, persistent) leaves too little shared memory to bring its epilogue's [M, N] source tile (residual, mul) in whole beside the stages: use fewer stages (see the tuned table's 'default.source_tile')");
 static_assert(fusion::sm90::tile_valid<fusion::LayoutB::NK, SmallTile> && SmallTile::BK == 64 &&
                   SmallTile::kStages == 8,
-              "tile config from kernels/tuned/sm90.json, entry 'default' for 'gemm_silu_glu' (small_m) does not fit sm90: 64x128x64 (8 stages, cooperative, persistent) is not a tile the sm90 mainloop takes: a rule of its TileConfig fails (an error above names it), or bk or stages differ from the template's own");
+              "tile config from kernels/tuned/sm90.json, entry 'default.gated' for 'gemm_silu_glu' (small_m) does not fit sm90: 64x128x64 (8 stages, cooperative, persistent) is not a tile the sm90 mainloop takes: a rule of its TileConfig fails (an error above names it), or bk or stages differ from the template's own");
 static_assert(Kernel<SmallTile>::kBlockSmemBytes <= fusion::sm90::kSmemPerBlock,
-              "tile config from kernels/tuned/sm90.json, entry 'default' for 'gemm_silu_glu' (small_m) does not fit sm90: 64x128x64 (8 stages, cooperative, persistent) needs more shared memory per block than sm90 allows");
-static_assert(Kernel<SmallTile>::kEpilogueFits, "tile config from kernels/tuned/sm90.json, entry 'default' for 'gemm_silu_glu' (small_m) does not fit sm90: 64x128x64 (8 stages, cooperative, persistent) leaves too little shared memory to bring its epilogue's [M, N] source tile (residual, mul) in whole beside the stages: use fewer stages (see the tuned table's 'default.source_tile')");
+              "tile config from kernels/tuned/sm90.json, entry 'default.gated' for 'gemm_silu_glu' (small_m) does not fit sm90: 64x128x64 (8 stages, cooperative, persistent) needs more shared memory per block than sm90 allows");
+static_assert(Kernel<SmallTile>::kEpilogueFits, "tile config from kernels/tuned/sm90.json, entry 'default.gated' for 'gemm_silu_glu' (small_m) does not fit sm90: 64x128x64 (8 stages, cooperative, persistent) leaves too little shared memory to bring its epilogue's [M, N] source tile (residual, mul) in whole beside the stages: use fewer stages (see the tuned table's 'default.source_tile')");
 static_assert(fusion::sm90::tile_valid<fusion::LayoutB::NK, SmallAltTile> && SmallAltTile::BK == 64 &&
                   SmallAltTile::kStages == 6,
-              "tile config from kernels/tuned/sm90.json, entry 'default' for 'gemm_silu_glu' (small_m_alt) does not fit sm90: 128x128x64 (6 stages, cooperative, persistent) is not a tile the sm90 mainloop takes: a rule of its TileConfig fails (an error above names it), or bk or stages differ from the template's own");
+              "tile config from kernels/tuned/sm90.json, entry 'default.gated' for 'gemm_silu_glu' (small_m_alt) does not fit sm90: 128x128x64 (6 stages, cooperative, persistent) is not a tile the sm90 mainloop takes: a rule of its TileConfig fails (an error above names it), or bk or stages differ from the template's own");
 static_assert(Kernel<SmallAltTile>::kBlockSmemBytes <= fusion::sm90::kSmemPerBlock,
-              "tile config from kernels/tuned/sm90.json, entry 'default' for 'gemm_silu_glu' (small_m_alt) does not fit sm90: 128x128x64 (6 stages, cooperative, persistent) needs more shared memory per block than sm90 allows");
-static_assert(Kernel<SmallAltTile>::kEpilogueFits, "tile config from kernels/tuned/sm90.json, entry 'default' for 'gemm_silu_glu' (small_m_alt) does not fit sm90: 128x128x64 (6 stages, cooperative, persistent) leaves too little shared memory to bring its epilogue's [M, N] source tile (residual, mul) in whole beside the stages: use fewer stages (see the tuned table's 'default.source_tile')");
+              "tile config from kernels/tuned/sm90.json, entry 'default.gated' for 'gemm_silu_glu' (small_m_alt) does not fit sm90: 128x128x64 (6 stages, cooperative, persistent) needs more shared memory per block than sm90 allows");
+static_assert(Kernel<SmallAltTile>::kEpilogueFits, "tile config from kernels/tuned/sm90.json, entry 'default.gated' for 'gemm_silu_glu' (small_m_alt) does not fit sm90: 128x128x64 (6 stages, cooperative, persistent) leaves too little shared memory to bring its epilogue's [M, N] source tile (residual, mul) in whole beside the stages: use fewer stages (see the tuned table's 'default.source_tile')");
 
 fusion::GemmArgs<Element> args_of(const fusion_gemm_params* p) {
   fusion::GemmArgs<Element> args{};

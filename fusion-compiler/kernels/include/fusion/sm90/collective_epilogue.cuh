@@ -67,14 +67,17 @@ struct CollectiveEpilogue {
     uint64_t source_full[kConsumers];
   };
   static_assert(kRows * kStagingCols * 2 % 1024 == 0, "every consumer's boxes start 1024-byte aligned");
+  static_assert(kStagingCols % 64 == 0,
+                "the staging tile is whole 64-column boxes: a 192-column tile must stage whole (fewer stages)");
   static constexpr int kBoxesPerRow = kStagingCols / 64, kPartFrags = kStagingCols / 8;
 
   // Whether this epilogue can run a chain: one that reads a source tile
   // brings all of it into the staging tile, which must then hold the
-  // consumer's whole share of C.
+  // consumer's whole share of C; a gated one writes BN / 2 columns of C,
+  // which must be whole 64-column boxes (not so for BN = 192).
   template <typename Epilogue>
   static __host__ __device__ constexpr bool fits() {
-    return !Epilogue::kSourceTile || kStagingParts == 1;
+    return (!Epilogue::kSourceTile || kStagingParts == 1) && (!Epilogue::kGated || (BN / 2) % 64 == 0);
   }
 
   static __device__ __forceinline__ void init_source_barriers(Staging& shared) {

@@ -236,6 +236,8 @@ __device__ __forceinline__ void fence_registers(float (&acc)[kCount]) {
 #define FUSION_ACC64 \
   FUSION_ACC8(0), FUSION_ACC8(8), FUSION_ACC8(16), FUSION_ACC8(24), FUSION_ACC8(32), FUSION_ACC8(40), FUSION_ACC8(48), \
       FUSION_ACC8(56)
+#define FUSION_ACC96 \
+  FUSION_ACC64, FUSION_ACC8(64), FUSION_ACC8(72), FUSION_ACC8(80), FUSION_ACC8(88)
 #define FUSION_ACC128                                                                                            \
   FUSION_ACC64, FUSION_ACC8(64), FUSION_ACC8(72), FUSION_ACC8(80), FUSION_ACC8(88), FUSION_ACC8(96), FUSION_ACC8(104), \
       FUSION_ACC8(112), FUSION_ACC8(120)
@@ -243,6 +245,10 @@ __device__ __forceinline__ void fence_registers(float (&acc)[kCount]) {
   "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, " \
   "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, " \
   "%42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define FUSION_REGS96                                                                                          \
+  FUSION_REGS64                                                                                                \
+  ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, " \
+  "%85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
 #define FUSION_REGS128                                                                                         \
   FUSION_REGS64                                                                                                \
   ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, " \
@@ -263,6 +269,10 @@ __device__ __forceinline__ void fence_registers(float (&acc)[kCount]) {
 template <typename T, int N, int kTransB>
 struct Wgmma;
 
+// One specialization per instruction width N: N / 2 accumulators a thread,
+// the descriptors and flag numbered after them. (A macro over them would
+// need the accumulator lists unexpanded, which the preprocessor does not
+// give.)
 template <typename T, int kTransB>
 struct Wgmma<T, 256, kTransB> {
   static __device__ __forceinline__ void mma(float (&d)[128], uint64_t a, uint64_t b, int accumulate) {
@@ -270,6 +280,16 @@ struct Wgmma<T, 256, kTransB> {
       FUSION_WGMMA_SS(256, "f16", FUSION_REGS128, FUSION_ACC128, 128, 129, 130, 131);
     else
       FUSION_WGMMA_SS(256, "bf16", FUSION_REGS128, FUSION_ACC128, 128, 129, 130, 131);
+  }
+};
+
+template <typename T, int kTransB>
+struct Wgmma<T, 192, kTransB> {
+  static __device__ __forceinline__ void mma(float (&d)[96], uint64_t a, uint64_t b, int accumulate) {
+    if constexpr (std::is_same_v<T, __half>)
+      FUSION_WGMMA_SS(192, "f16", FUSION_REGS96, FUSION_ACC96, 96, 97, 98, 99);
+    else
+      FUSION_WGMMA_SS(192, "bf16", FUSION_REGS96, FUSION_ACC96, 96, 97, 98, 99);
   }
 };
 
@@ -285,8 +305,10 @@ struct Wgmma<T, 128, kTransB> {
 
 #undef FUSION_WGMMA_SS
 #undef FUSION_REGS128
+#undef FUSION_REGS96
 #undef FUSION_REGS64
 #undef FUSION_ACC128
+#undef FUSION_ACC96
 #undef FUSION_ACC64
 #undef FUSION_ACC8
 

@@ -4,10 +4,9 @@
 // collective_epilogue.cuh, mainloop.cuh) is instantiated with.
 #pragma once
 
+#include "../problem.cuh"
+
 namespace fusion {
-
-enum class LayoutB;  // problem.cuh
-
 namespace sm90 {
 
 // How the consumer warp groups share the work.
@@ -24,7 +23,8 @@ constexpr int kSmemPerBlock = 227 * 1024;
 // shared-memory stages. Shared memory is 1024 (alignment) + kStages *
 // (BM + BN) * 128 bytes for the pipeline, BM * BN * 2 bytes of epilogue
 // staging (twice that for PingPong: one tile per consumer; half of it when
-// the whole does not fit) and 16 * kStages + 16 bytes of barriers and 80 of
+// the whole does not fit, which a 192-column tile cannot do: its halves
+// are not whole 64-column boxes) and 16 * kStages + 16 bytes of barriers and 80 of
 // stream-K bookkeeping; at most kSmemPerBlock (Mainloop::SharedStorage in
 // mainloop.cuh).
 //
@@ -48,8 +48,8 @@ struct TileConfig {
   static_assert(kClusterOk, "clusters of one or two CTAs along M");
   static constexpr bool kRowsOk = BM == 64 || BM == 128;
   static_assert(kRowsOk, "BM is one or two wgmma row blocks of 64");
-  static constexpr bool kColumnsOk = BN == 128 || BN == 256;
-  static_assert(kColumnsOk, "wgmma is instantiated for n = 128 and 256");
+  static constexpr bool kColumnsOk = BN == 128 || BN == 192 || BN == 256;
+  static_assert(kColumnsOk, "wgmma is instantiated for n = 128, 192 and 256");
   static constexpr bool kStagesOk = kStages >= 2;
   static_assert(kStagesOk, "the pipeline needs at least two stages");
   static constexpr bool kScheduleOk = kSchedule == Schedule::Cooperative || BM == 128;
@@ -73,9 +73,18 @@ struct TileConfig {
   static constexpr int kAccumulators = BN / 2;
 };
 
-// Whether `Tile` is one this mainloop takes (for either layout of B).
-template <LayoutB, typename Tile>
-constexpr bool tile_valid = Tile::kValid;
+// Whether a cluster's CTAs can share B's tile in `kLayout`: each loads
+// BN / kClusterM of its rows ([N, K]) or an equal number of its 64-column
+// boxes ([K, N]).
+template <LayoutB kLayout, typename Tile>
+constexpr bool cluster_splits_b(int nk_rows_multiple) {
+  return Tile::kClusterM == 1 || (kLayout == LayoutB::KN ? (Tile::BN / 64) % Tile::kClusterM == 0
+                                                         : (Tile::BN / Tile::kClusterM) % nk_rows_multiple == 0);
+}
+
+// Whether `Tile` is one this mainloop takes for B in `kLayout`.
+template <LayoutB kLayout, typename Tile>
+constexpr bool tile_valid = Tile::kValid && cluster_splits_b<kLayout, Tile>(8);
 
 }  // namespace sm90
 }  // namespace fusion
