@@ -392,8 +392,11 @@ pub fn gemm_shapes() -> Vec<(usize, usize, usize)> {
         // The decode kernel's wide CTA shape (see below), which M = 1 does
         // not reach, for the sanitizers; and 600 x 776 x 72 on sm90's
         // 128x192 tile (25 tiles where 128x256 needs 20, one wave of 3/4
-        // of the area: gemm.cuh's clearly_fewer_waves), N and K ragged.
-        shapes.extend([(13, 5400, 1032), (600, 776, 72)]);
+        // of the area: gemm.cuh's clearly_fewer_waves), N and K ragged;
+        // 61 x 17016 x 632: 133 tiles of 64x128 on 132 SMs, stream-K over
+        // all of them, so each CTA runs two pieces of 10 k-blocks whose
+        // stages wrap the ring (one piece a CTA in every other tiny shape).
+        shapes.extend([(13, 5400, 1032), (600, 776, 72), (61, 17016, 632)]);
         return shapes;
     }
     // 512 x 2048: the small-M tiles. 2100 x 3000 on the sm90 128x256 tile:

@@ -140,12 +140,18 @@ struct Mainloop {
   // it, an address the same for all of them, which keeps the piece (and
   // the K loop's bounds and ring positions after it) in uniform registers
   // (with a shuffle from lane 0 instead, ptxas moved the K loop's ring
-  // positions and descriptors into ordinary registers). The reads
-  // are done before the piece loop branches on them, so before any lane
-  // releases a stage the producer could post in again.
+  // positions and descriptors into ordinary registers). The warp then
+  // syncs, so that every lane's read comes before lane 0 releases a stage
+  // (its arrival on the empty barrier, which the producer waits on before
+  // it posts in that stage again): without it the order rested on the
+  // read's value steering the loop, and compute-sanitizer's racecheck
+  // reported the producer's next post there as a race once a CTA's pieces
+  // wrap the ring (stream-K, BENCHMARKS.md v21).
   static __device__ __forceinline__ WorkPiece posted_piece(SharedLayout& s, const RingPosition& ring) {
     mbarrier_wait(&s.barriers.full[ring.stage], ring.phase);
-    return s.plan.posted[ring.stage];
+    const WorkPiece w = s.plan.posted[ring.stage];
+    __syncwarp();
+    return w;
   }
 
   // With a source tile (EpilogueChain::kSourceTile), each tile (each share
