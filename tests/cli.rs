@@ -218,9 +218,9 @@ fn tune_list_prints_each_gemm_kernels_candidates_and_pruning_counts() {
     );
     assert_eq!(
         lines[34],
-        format!("#0 gemm_bias_gelu f16 [N, K] on sm90: 84 candidates, 0 pruned; {unchecked}")
+        format!("#0 gemm_bias_gelu f16 [N, K] on sm90: 168 candidates, 0 pruned; {unchecked}")
     );
-    assert_eq!(lines.len(), 1 + 1 + 32 + 1 + 84, "{stdout}");
+    assert_eq!(lines.len(), 1 + 1 + 32 + 1 + 168, "{stdout}");
 }
 
 #[test]

@@ -994,6 +994,7 @@ fn a_cached_config_the_checks_reject_is_a_warning_and_the_shipped_config() {
         pipelined: false,
         staged_store: false,
         schedule: None,
+        cluster_m: 0,
     };
     cache.entries.insert(
         key,

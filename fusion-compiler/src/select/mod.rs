@@ -121,6 +121,12 @@ pub struct TileConfig {
     /// mainloops reject it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schedule: Option<Schedule>,
+    /// The sm90 mainloop's CTAs per cluster along M (`kClusterM`: 2 CTAs
+    /// that own vertically adjacent tiles share each B tile, each loading
+    /// half of it by TMA multicast); 0 when left out, one CTA. Other
+    /// mainloops reject it.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cluster_m: u32,
 }
 
 fn is_zero(value: &u32) -> bool {
@@ -143,6 +149,7 @@ impl TileConfig {
             pipelined: false,
             staged_store: false,
             schedule,
+            cluster_m: 0,
         }
     }
 
@@ -161,12 +168,17 @@ impl TileConfig {
                 self.bm, self.bn, self.bk, self.warp_m, self.warp_n, self.stages, self.min_blocks_per_sm
             ),
             Mainloop::Sm90 => format!(
-                "{}x{}x{} ({} stages, {}, persistent)",
+                "{}x{}x{} ({} stages, {}, persistent{})",
                 self.bm,
                 self.bn,
                 self.bk,
                 self.stages,
-                self.sm90_schedule().name()
+                self.sm90_schedule().name(),
+                if self.cluster_m > 1 {
+                    format!(", {}-CTA clusters", self.cluster_m)
+                } else {
+                    String::new()
+                }
             ),
         }
     }

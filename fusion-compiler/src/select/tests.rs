@@ -16,6 +16,7 @@ impl TileConfig {
         pipelined: false,
         staged_store: false,
         schedule: None,
+        cluster_m: 0,
     };
     /// sm80: 8 warps of 64x32, two blocks per SM.
     const TILE_128X128: TileConfig = TileConfig {
@@ -29,6 +30,7 @@ impl TileConfig {
         pipelined: false,
         staged_store: false,
         schedule: None,
+        cluster_m: 0,
     };
     /// The sm75 mainloop's double-buffered 128x128 tile.
     const SM75_128X128: TileConfig = TileConfig {
@@ -42,6 +44,7 @@ impl TileConfig {
         pipelined: false,
         staged_store: false,
         schedule: None,
+        cluster_m: 0,
     };
     /// The sm90 mainloop's 128x256 tile: two cooperative consumer warp
     /// groups, 4 stages.
@@ -56,6 +59,7 @@ impl TileConfig {
         pipelined: false,
         staged_store: false,
         schedule: Some(Schedule::Cooperative),
+        cluster_m: 0,
     };
 }
 
@@ -135,6 +139,7 @@ fn defaults_are_the_measured_tiles() {
         pipelined: true,
         staged_store: false,
         schedule: None,
+        cluster_m: 0,
     };
     let small = pipelined(64, 128, 32, 32, 64, 4, 3);
     assert_eq!(sm80.large, pipelined(128, 128, 32, 64, 64, 4, 2));
@@ -547,4 +552,40 @@ fn decode_max_m_is_refused_on_sm75_and_at_zero() {
     assert!(err.contains("at least 1"), "{err}");
     let ok = select_with(&table("sm90", sm90_tile, 8), Arch::Sm90, &gemm).unwrap();
     assert_eq!(ok.decode_max_m, Some(8));
+}
+
+#[test]
+fn a_cluster_is_an_sm90_field_written_only_when_set() {
+    let one = TileConfig::sm90(128, 256, 4, None);
+    let clustered = TileConfig { cluster_m: 2, ..one };
+    assert_eq!(
+        clustered.summary(Mainloop::Sm90),
+        "128x256x64 (4 stages, cooperative, persistent, 2-CTA clusters)"
+    );
+    assert_eq!(
+        (Arch::Sm90.target().tile_type)(&clustered),
+        "fusion::sm90::TileConfig<128, 256, 4, fusion::sm90::Schedule::Cooperative, 2>"
+    );
+    // One CTA keeps the template's default, so a table without the field
+    // renders as before.
+    assert_eq!(
+        (Arch::Sm90.target().tile_type)(&one),
+        "fusion::sm90::TileConfig<128, 256, 4, fusion::sm90::Schedule::Cooperative>"
+    );
+    let k = kernel("gemm_bias_gelu", DType::F16, false);
+    clustered.check(Arch::Sm90, &k).unwrap();
+    assert!(
+        serde_json::to_string(&clustered)
+            .unwrap()
+            .contains(r#""cluster_m":2"#)
+    );
+    assert!(!serde_json::to_string(&one).unwrap().contains("cluster_m"));
+    let json = r#"{ "arch": "sm80", "configs": { "default": { "large":
+        { "bm": 128, "bn": 128, "bk": 32, "warp_m": 64, "warp_n": 64, "stages": 3, "min_blocks_per_sm": 1, "cluster_m": 2 } } } }"#;
+    let table = TunedTable::parse("t.json", json).unwrap();
+    let err = select_with(&table, Arch::Sm80, &k).unwrap_err().to_string();
+    assert!(
+        err.contains("`cluster_m` (2) is an option of the sm90 mainloop"),
+        "{err}"
+    );
 }

@@ -13,7 +13,8 @@
 //! whole, so its tile needs room for that beside the stages) or
 //! `default.gated` (only for a gated GEMM, whose tile writes half its
 //! columns of C) or `default`, tried in that order. An sm90 entry names `bm`, `bn`, `bk` (64), `stages` and
-//! optionally `"schedule": "cooperative" | "pingpong"`. An entry may add
+//! optionally `"schedule": "cooperative" | "pingpong"` and `"cluster_m": 2`
+//! (2-CTA clusters sharing B by TMA multicast). An entry may add
 //! `small_m_alt`, a second tile for `m <= small_m_max` that the kernel runs
 //! instead of `small_m` when it needs fewer waves on the device's SMs,
 //! `large_alt`, a narrower tile that the kernel runs instead of `large`

@@ -101,6 +101,7 @@ pub struct TileSpace {
     pub pipelined: &'static [bool],
     pub staged_store: &'static [bool],
     pub schedule: &'static [Option<Schedule>],
+    pub cluster_m: &'static [u32],
 }
 
 impl TileSpace {
@@ -117,6 +118,7 @@ impl TileSpace {
             self.pipelined.len(),
             self.staged_store.len(),
             self.schedule.len(),
+            self.cluster_m.len(),
         ]
         .iter()
         .product()
@@ -151,6 +153,8 @@ impl TileSpace {
         let bk = self.bk[pick(self.bk.len())];
         let bn = self.bn[pick(self.bn.len())];
         let bm = self.bm[pick(self.bm.len())];
+        // The slowest digit, after bm: the space without clusters first.
+        let cluster_m = self.cluster_m[pick(self.cluster_m.len())];
         TileConfig {
             bm,
             bn,
@@ -162,6 +166,7 @@ impl TileSpace {
             pipelined,
             staged_store,
             schedule,
+            cluster_m,
         }
     }
 }

@@ -31,6 +31,7 @@ pub(super) static TARGET: Target = Target {
         pipelined: &[false],
         staged_store: &[false],
         schedule: &[None],
+        cluster_m: &[0],
     },
     decode: false,
     tuned_json: include_str!("../../kernels/tuned/sm75.json"),

@@ -30,6 +30,7 @@ pub(super) static TARGET: Target = Target {
         pipelined: &[true, false],
         staged_store: &[false, true],
         schedule: &[None],
+        cluster_m: &[0],
     },
     decode: true,
     tuned_json: include_str!("../../kernels/tuned/sm80.json"),

@@ -19,8 +19,9 @@ pub(super) static TARGET: Target = Target {
     check,
     // The row and column counts wgmma is instantiated for, K in the
     // template's steps of 64, 2 to 8 stages (the shipped tiles use 3 to 8),
-    // both schedules. The cluster shape and grouping of the template's
-    // TileConfig keep their defaults: the tables do not give them.
+    // both schedules, one CTA or 2-CTA clusters along M (which measured
+    // faster only at short K: BENCHMARKS.md v21). The grouping of the
+    // template's TileConfig keeps its default: the tables do not give it.
     tile_space: TileSpace {
         bm: &[64, 128],
         bn: &[128, 192, 256],
@@ -32,6 +33,7 @@ pub(super) static TARGET: Target = Target {
         pipelined: &[false],
         staged_store: &[false],
         schedule: &[Some(Schedule::Cooperative), Some(Schedule::PingPong)],
+        cluster_m: &[0, 2],
     },
     decode: true,
     tuned_json: include_str!("../../kernels/tuned/sm90.json"),
@@ -44,8 +46,13 @@ fn tile_type(c: &TileConfig) -> String {
         Schedule::Cooperative => "Cooperative",
         Schedule::PingPong => "PingPong",
     };
+    let cluster = if c.cluster_m > 1 {
+        format!(", {}", c.cluster_m)
+    } else {
+        String::new()
+    };
     format!(
-        "fusion::sm90::TileConfig<{}, {}, {}, fusion::sm90::Schedule::{schedule}>",
+        "fusion::sm90::TileConfig<{}, {}, {}, fusion::sm90::Schedule::{schedule}{cluster}>",
         c.bm, c.bn, c.stages
     )
 }

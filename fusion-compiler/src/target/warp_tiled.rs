@@ -19,6 +19,13 @@ pub(super) fn check(c: &TileConfig, arch: Arch) -> Result<(), String> {
             mainloop.name()
         ));
     }
+    if c.cluster_m > 1 {
+        return Err(format!(
+            "`cluster_m` ({}) is an option of the sm90 mainloop; the {} mainloop runs no clusters, leave it out",
+            c.cluster_m,
+            mainloop.name()
+        ));
+    }
     let required = [
         ("warp_m", c.warp_m),
         ("warp_n", c.warp_n),

@@ -181,7 +181,7 @@ fn the_search_is_deterministic_and_its_report_says_what_was_pruned() {
     );
     assert_eq!(
         search_space(Arch::Sm90, &gemm(DType::F16), Some(&CC90)).to_string(),
-        "gemm_bias_gelu f16 [N, K] on sm90: 84 candidates, 0 pruned; \
+        "gemm_bias_gelu f16 [N, K] on sm90: 168 candidates, 0 pruned; \
          not yet checked: compile, shared memory, threads, registers"
     );
 }
@@ -190,7 +190,7 @@ fn the_search_is_deterministic_and_its_report_says_what_was_pruned() {
 fn the_space_lists_each_combination_once_last_field_fastest() {
     let space = Arch::Sm90.target().tile_space;
     let tiles: Vec<TileConfig> = space.tiles().collect();
-    assert_eq!(tiles.len(), 2 * 3 * 7 * 2);
+    assert_eq!(tiles.len(), 2 * 3 * 7 * 2 * 2);
     assert_eq!(
         tiles[0],
         TileConfig::sm90(64, 128, 2, Some(Schedule::Cooperative))
@@ -201,6 +201,11 @@ fn the_space_lists_each_combination_once_last_field_fastest() {
         TileConfig::sm90(64, 128, 3, Some(Schedule::Cooperative))
     );
     assert_eq!(tiles[83], TileConfig::sm90(128, 256, 8, Some(Schedule::PingPong)));
+    // The cluster field varies slowest: the same tiles again in 2-CTA
+    // clusters.
+    let clustered = |tile: TileConfig| TileConfig { cluster_m: 2, ..tile };
+    assert_eq!(tiles[84], clustered(tiles[0]));
+    assert_eq!(tiles[167], clustered(tiles[83]));
     let distinct: std::collections::HashSet<_> = tiles.iter().collect();
     assert_eq!(distinct.len(), tiles.len());
 }

@@ -24,9 +24,12 @@
 // so any M works and N and K need only be multiples of 8 (TMA's 16-byte
 // stride rule).
 //
-// Clusters of two CTAs sharing B through TMA multicast (kClusterM = 2) are
-// correct, but on an H200 they measured a little slower than one CTA per
-// tile (BENCHMARKS.md), so no tuned config uses them yet.
+// Clusters of two CTAs sharing B through TMA multicast (kClusterM = 2, a
+// tuned entry's `cluster_m`) are correct; on an H200 they measured a little
+// slower than one CTA per tile at 4096^3 and 7-17% faster at
+// (1000, 3000, 1000) and (2000, 3000, 1000), where the K loop is short
+// (BENCHMARKS.md v21), so no shipped entry uses them and the tuner's space
+// has them.
 #pragma once
 
 #include <cuda.h>
