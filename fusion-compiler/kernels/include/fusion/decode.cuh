@@ -283,8 +283,7 @@ struct DecodeGemm {
     if (err != cudaSuccess) return err;
     err = prepare_row_stats<Prologue>(p, workspace, layout, stream, &args);
     if (err != cudaSuccess) return err;
-    int device = 0;
-    const int sms = cudaGetDevice(&device) == cudaSuccess ? detail::sm_count(device) : 1;
+    const int sms = detail::current_sm_count();
     const unsigned blocks = unsigned((p.n + DecodeDeep::BN - 1) / DecodeDeep::BN);
     if (decode_runs_wide(p.m, p.n, sms)) {
       decode_gemm_kernel<T, DecodeWide, Epilogue><<<blocks, DecodeWide::kThreads, 0, stream>>>(args);

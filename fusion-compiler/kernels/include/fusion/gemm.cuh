@@ -127,11 +127,23 @@ inline int sm_count(int device) {
   return cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) == cudaSuccess && n > 0 ? n : 1;
 }
 
+// SMs of the current device (1 if a query fails).
+inline int current_sm_count() {
+  int device = 0;
+  return cudaGetDevice(&device) == cudaSuccess ? sm_count(device) : 1;
+}
+
 // Waves of tile area an m x n output needs with BM x BN tiles on `sms`
 // SMs, one tile per SM at a time: ceil(tiles / sms) * BM * BN.
 inline int64_t wave_area(int64_t m, int64_t n, int bm, int bn, int sms) {
   const int64_t tiles = ((m + bm - 1) / bm) * ((n + bn - 1) / bn);
   return (tiles + sms - 1) / sms * bm * bn;
+}
+
+// The same for tile config Tile.
+template <typename Tile>
+int64_t wave_area_of(int64_t m, int64_t n, int sms) {
+  return wave_area(m, n, Tile::BM, Tile::BN, sms);
 }
 
 }  // namespace detail
@@ -145,9 +157,8 @@ inline int64_t wave_area(int64_t m, int64_t n, int bm, int bn, int sms) {
 // wave of twice the area).
 template <typename TileA, typename TileB>
 bool fewer_waves(int64_t m, int64_t n) {
-  int device = 0;
-  const int sms = cudaGetDevice(&device) == cudaSuccess ? detail::sm_count(device) : 1;
-  return detail::wave_area(m, n, TileA::BM, TileA::BN, sms) <= detail::wave_area(m, n, TileB::BM, TileB::BN, sms);
+  const int sms = detail::current_sm_count();
+  return detail::wave_area_of<TileA>(m, n, sms) <= detail::wave_area_of<TileB>(m, n, sms);
 }
 
 // Whether the narrower tile config Alt should run an m x n output rather
@@ -161,9 +172,8 @@ bool fewer_waves(int64_t m, int64_t n) {
 // 8192^3 and (8192, 14336, 4096), at 0.98 and 0.99.
 template <typename Alt, typename Large>
 bool clearly_fewer_waves(int64_t m, int64_t n) {
-  int device = 0;
-  const int sms = cudaGetDevice(&device) == cudaSuccess ? detail::sm_count(device) : 1;
-  return 10 * detail::wave_area(m, n, Alt::BM, Alt::BN, sms) <= 9 * detail::wave_area(m, n, Large::BM, Large::BN, sms);
+  const int sms = detail::current_sm_count();
+  return 10 * detail::wave_area_of<Alt>(m, n, sms) <= 9 * detail::wave_area_of<Large>(m, n, sms);
 }
 
 // What every GEMM kernel family relies on (FusedGemm, and the decode

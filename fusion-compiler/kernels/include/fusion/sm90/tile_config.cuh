@@ -74,17 +74,17 @@ struct TileConfig {
 };
 
 // Whether a cluster's CTAs can share B's tile in `kLayout`: each loads
-// BN / kClusterM of its rows ([N, K]) or an equal number of its 64-column
-// boxes ([K, N]).
+// BN / kClusterM of its rows in whole 8-row swizzle groups ([N, K]) or an
+// equal number of its 64-column boxes ([K, N]).
 template <LayoutB kLayout, typename Tile>
-constexpr bool cluster_splits_b(int nk_rows_multiple) {
+constexpr bool cluster_splits_b() {
   return Tile::kClusterM == 1 || (kLayout == LayoutB::KN ? (Tile::BN / 64) % Tile::kClusterM == 0
-                                                         : (Tile::BN / Tile::kClusterM) % nk_rows_multiple == 0);
+                                                         : (Tile::BN / Tile::kClusterM) % 8 == 0);
 }
 
 // Whether `Tile` is one this mainloop takes for B in `kLayout`.
 template <LayoutB kLayout, typename Tile>
-constexpr bool tile_valid = Tile::kValid && cluster_splits_b<kLayout, Tile>(8);
+constexpr bool tile_valid = Tile::kValid && cluster_splits_b<kLayout, Tile>();
 
 }  // namespace sm90
 }  // namespace fusion
