@@ -149,6 +149,12 @@ pub enum Error {
         expected: String,
         actual: String,
     },
+    /// A candle tensor handed to a fused graph (feature `candle`) is not
+    /// what the graph can read in place: not in CUDA memory, on another
+    /// device than the call's, of another element type, not contiguous,
+    /// or of rank 0.
+    #[error("candle {tensor} {reason}")]
+    CandleTensor { tensor: String, reason: String },
     /// The CUDA driver refused something (allocation, copy, query).
     #[error("CUDA driver: {0}")]
     Driver(#[from] cudarc::driver::DriverError),

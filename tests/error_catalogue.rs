@@ -31,6 +31,7 @@ fn every_runtime_error_row_names_a_test_that_asserts_its_variant() {
         ("device", read("src/device.rs")),
         ("weights::tests", read("src/weights.rs")),
         ("gpu_safetensors", read("tests/gpu_safetensors.rs")),
+        ("gpu_candle", read("tests/gpu_candle.rs")),
     ];
     let section = catalogue
         .split("## Run time")
@@ -126,6 +127,7 @@ const TEST_FILES: &[(&str, &str)] = &[
     ("gpu_stress", "tests/gpu_stress.rs"),
     ("gpu_workspace", "tests/gpu_workspace.rs"),
     ("gpu_safetensors", "tests/gpu_safetensors.rs"),
+    ("gpu_candle", "tests/gpu_candle.rs"),
 ];
 
 #[test]
