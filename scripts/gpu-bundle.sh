@@ -44,6 +44,25 @@ for line in sys.stdin:
     m = json.loads(line)
     if m.get('reason') == 'compiler-artifact' and m['target']['name'] == 'safetensors' and m.get('executable'):
         print(m['executable'])")" "$dir/llama_ffn_safetensors"
+# Feature `candle` (FUSION_BUNDLE_CANDLE=1): its GPU test and example, for
+# one compute capability (CUDA_COMPUTE_CAP, default 90). Where CUDA_HOME is
+# the compiler wheels alone, they link against stubs of the CUDA libraries
+# (scripts/cuda-link-stubs.sh); the GPU machine's own are loaded at run time.
+if [[ ${FUSION_BUNDLE_CANDLE:-0} == 1 ]]; then
+  export CUDA_COMPUTE_CAP=${CUDA_COMPUTE_CAP:-90}
+  [[ -e ${CUDA_HOME:?}/lib/stubs/libcuda.so ]] || scripts/cuda-link-stubs.sh "$CUDA_HOME"
+  candle_json=$(cargo test --release --features candle --test gpu_candle --no-run --message-format=json 2>/dev/null)
+  cargo build --release --features candle --example candle_ffn
+  cp "$(echo "$candle_json" | python3 -c "
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get('reason') == 'compiler-artifact' and m['target']['name'] == 'gpu_candle' and m.get('executable'):
+        print(m['executable'])")" "$dir/gpu_candle"
+  cp target/release/examples/candle_ffn "$dir/candle_ffn"
+  strip "$dir/gpu_candle" "$dir/candle_ffn"
+  unset CUDA_COMPUTE_CAP
+fi
 cp -r graphs "$dir/"
 cp scripts/gpu-suite.sh "$dir/"
 strip "$dir/gpu" "$dir/gpu_errors" "$dir/gpu_graphs" "$dir/gpu_workspace" "$dir/gpu_safetensors" "$dir/gpu_run" "$dir/gpu_property" "$dir/gpu_stress" "$dir/fusion" \

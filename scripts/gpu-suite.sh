@@ -2,6 +2,7 @@
 # Runs the GPU checks from a bundle made by scripts/gpu-bundle.sh:
 #   gpu-suite.sh [OUT] [steps...]
 #   steps: tests ptx counter errors graphs examples property stress sanitize bench (default: all)
+#   (candle: the feature `candle`'s GPU test and example, in a bundle that has them; not in the default)
 #   (counter: the sm90 tests with CTAs taking tiles from a counter, FUSION_TILE_COUNTER=1)
 #   (sanitize-quick: the sanitizers on the native variant only; selftest:
 #   builds the kernel self-test in ./selftest with nvcc, NVCC or nvcc on
@@ -101,6 +102,16 @@ for step in $steps; do
       run_tests gpu-property.log any ./gpu_property --ignored --nocapture
       FUSION_FORCE_ARCH=sm80 FUSION_PROPERTY_CASES=100 run_tests gpu-property-sm80.log any ./gpu_property --ignored --nocapture ;;
     stress) run_tests gpu-stress.log any ./gpu_stress --ignored --test-threads 1 --nocapture ;;
+    candle)
+      # Feature `candle` (a bundle made with FUSION_BUNDLE_CANDLE=1): linked
+      # against the CUDA libraries by name, found here through
+      # LD_LIBRARY_PATH or, where unset, PyTorch's copies of them.
+      if [[ -z ${LD_LIBRARY_PATH:-} ]]; then
+        LD_LIBRARY_PATH=$(python3 -c "import nvidia, os; d = os.path.dirname(nvidia.__path__[0]); print(':'.join(os.path.join(r) for r, _, fs in os.walk(d + '/nvidia') if any(f.startswith(('libcublas.so', 'libcurand.so', 'libnvrtc.so', 'libcudart.so')) for f in fs)))" 2>/dev/null)
+        export LD_LIBRARY_PATH
+      fi
+      run_tests gpu-candle.log 3 ./gpu_candle --ignored --nocapture
+      run example-candle-ffn.log ./candle_ffn 512 ;;
     sanitize|sanitize-quick)
       archs="sm90 sm80 sm75"
       [[ $step == sanitize-quick ]] && archs=sm90
