@@ -10,6 +10,7 @@ mod demo;
 mod error;
 mod lean_runtime;
 mod package_cache;
+mod packaged_crate;
 mod process;
 mod resources;
 mod steps;

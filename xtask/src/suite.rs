@@ -4,6 +4,7 @@
 use crate::error::Result;
 use crate::lean_runtime;
 use crate::package_cache;
+use crate::packaged_crate;
 use crate::steps::{self, Action, Step};
 use crate::user_crate;
 use crate::workspace::Workspace;
@@ -142,6 +143,10 @@ fn suite_steps() -> Vec<Step> {
                     "fusion",
                 ],
             ),
+        ),
+        Step::new(
+            "examples/llama-ffn outside the workspace, built by nvcc against those packages: its tests (the safetensors one needs a GPU)",
+            Action::Function(packaged_crate::check),
         ),
         Step::new(
             "cargo doc of the workspace as docs.rs builds it (DOCS_RS=1), warnings fatal",

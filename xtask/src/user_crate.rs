@@ -273,7 +273,7 @@ fn write_crate(workspace: &Workspace, folder: &str, fusion_features: &str) -> Re
 
 /// Writes `contents` to `path` unless it already holds them, so that an
 /// unchanged crate is not rebuilt.
-fn write_if_changed(path: &Path, contents: &str) -> Result<()> {
+pub fn write_if_changed(path: &Path, contents: &str) -> Result<()> {
     if std::fs::read_to_string(path).is_ok_and(|old| old == contents) {
         return Ok(());
     }
