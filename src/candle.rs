@@ -17,12 +17,12 @@ use crate::{Element, Error, Result, Shape, Tensor, TensorMut};
 use candle_core::backend::BackendStorage;
 use candle_core::cuda::{CudaDType, CudaDevice, CudaStorage};
 use candle_core::op::BackpropOp;
-use candle_core::{Layout, Storage, StorageRef, WithDType};
+use candle_core::{Layout, Storage, StorageRef, TensorId, WithDType};
 use cudarc::driver::{CudaSlice, CudaStream};
 use std::sync::Arc;
 
-/// An element type that both fusion's kernels and candle's CUDA tensors hold
-/// (f16, bf16).
+/// An element type of both fusion's tensors and candle's CUDA tensors: f16
+/// and bf16, the ones fusion's kernels are compiled for (and f32).
 pub trait CandleElement: Element + CudaDType + WithDType {}
 impl<T: Element + CudaDType + WithDType> CandleElement for T {}
 
@@ -32,18 +32,25 @@ impl<T: Element + CudaDType + WithDType> CandleElement for T {}
 ///
 /// A graph struct bound to views (`SwigluFfn::new(&stream, weights)` with
 /// weights from [`Views::tensor`]) borrows them, so candle's weights serve
-/// the fused graph without a second copy in device memory. While they are
-/// lent, an in-place write to one of those candle tensors from the same
-/// thread would wait for the lock forever: weights are not written in place
-/// at inference, but drop the struct and the views before training them.
+/// the fused graph without a second copy in device memory. A tensor given
+/// twice is locked once. The lock is candle's, which queues readers behind
+/// a waiting writer: while tensors are lent, an in-place write to one of
+/// them (`slice_set`, `Var::set`) waits until the views are dropped, and
+/// waits for ever on this thread; and if another thread is waiting to write
+/// one, locking the same storage again on this thread (another `Views` or
+/// [`call`] of it, or of a view of it) waits for ever too. Weights are not
+/// written in place at inference: drop the struct and its views before
+/// training them.
 pub struct Views<'t> {
+    /// Each distinct tensor's storage, locked for reading.
+    storages: Vec<(TensorId, StorageRef<'t>)>,
     tensors: Vec<Lent<'t>>,
 }
 
-/// One lent candle tensor: its storage, locked, with its layout and the
-/// role it is named by in errors.
+/// One lent candle tensor: which of the storages it reads, its layout and
+/// the role it is named by in errors.
 struct Lent<'t> {
-    storage: StorageRef<'t>,
+    storage: usize,
     layout: &'t Layout,
     role: String,
 }
@@ -58,35 +65,41 @@ impl<'t> Views<'t> {
 
     fn with_role(tensors: &[&'t candle_core::Tensor], role: &str) -> Result<Self> {
         let first = tensors.first().map(|t| t.device());
-        let tensors = tensors
-            .iter()
-            .enumerate()
-            .map(|(i, t)| {
-                let role = format!("{role} {i}");
-                if !t.device().is_cuda() {
-                    return Err(refused(
-                        &role,
-                        format!("is on {:?}, not on a CUDA device", t.device()),
-                    ));
+        let mut views = Views {
+            storages: Vec::new(),
+            tensors: Vec::new(),
+        };
+        for (i, t) in tensors.iter().enumerate() {
+            let role = format!("{role} {i}");
+            if !t.device().is_cuda() {
+                return Err(refused(
+                    &role,
+                    format!("is on {:?}, not on a CUDA device", t.device()),
+                ));
+            }
+            if let Some(first) = first.filter(|first| !first.same_device(t.device())) {
+                return Err(refused(
+                    &role,
+                    format!(
+                        "is on {:?}, another device than the first's ({first:?})",
+                        t.device()
+                    ),
+                ));
+            }
+            let storage = match views.storages.iter().position(|(id, _)| *id == t.id()) {
+                Some(locked) => locked,
+                None => {
+                    views.storages.push((t.id(), t.storage_and_layout().0));
+                    views.storages.len() - 1
                 }
-                if let Some(first) = first.filter(|first| !first.same_device(t.device())) {
-                    return Err(refused(
-                        &role,
-                        format!(
-                            "is on {:?}, another device than the first's ({first:?})",
-                            t.device()
-                        ),
-                    ));
-                }
-                let (storage, layout) = t.storage_and_layout();
-                Ok(Lent {
-                    storage,
-                    layout,
-                    role,
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(Views { tensors })
+            };
+            views.tensors.push(Lent {
+                storage,
+                layout: t.layout(),
+                role,
+            });
+        }
+        Ok(views)
     }
 
     /// How many tensors are lent.
@@ -108,7 +121,7 @@ impl<'t> Views<'t> {
     /// When `i` is not below [`Views::len`].
     pub fn tensor<T: CandleElement>(&self, i: usize) -> Result<Tensor<'_, T>> {
         let lent = &self.tensors[i];
-        let storage = lent.cuda_storage()?;
+        let storage = self.cuda_storage(lent)?;
         let wanted = <T as WithDType>::DTYPE;
         if storage.dtype() != wanted {
             return Err(refused(
@@ -142,17 +155,15 @@ impl<'t> Views<'t> {
     /// own kernels on; `None` when none are lent.
     fn device(&self) -> Result<Option<&CudaDevice>> {
         match self.tensors.first() {
-            Some(lent) => Ok(Some(&lent.cuda_storage()?.device)),
+            Some(lent) => Ok(Some(&self.cuda_storage(lent)?.device)),
             None => Ok(None),
         }
     }
-}
 
-impl Lent<'_> {
-    fn cuda_storage(&self) -> Result<&CudaStorage> {
-        match &*self.storage {
+    fn cuda_storage(&self, lent: &Lent<'_>) -> Result<&CudaStorage> {
+        match &*self.storages[lent.storage].1 {
             Storage::Cuda(storage) => Ok(storage),
-            _ => Err(refused(&self.role, "is not in CUDA memory".to_owned())),
+            _ => Err(refused(&lent.role, "is not in CUDA memory".to_owned())),
         }
     }
 }
@@ -195,11 +206,13 @@ where
     let stream = device.cuda_stream();
     let inputs: [Tensor<'_, T>; I] = array((0..I).map(|i| views.tensor(i)))?;
     let mut slices: [(CudaSlice<T>, Shape); O] = array(outputs.iter().enumerate().map(|(i, dims)| {
-        let shape = matrix_of(&format!("output {i}"), dims)?;
+        let role = format!("output {i}");
+        let shape = matrix_of(&role, dims)?;
         // SAFETY: the memory is written by the launch before it is read (see
         // above); reading it unwritten reads some value of T, not undefined
         // behaviour, as every bit pattern of T is one.
-        let slice = unsafe { device.alloc::<T>(shape.len()?) }.map_err(candle_refusal("output"))?;
+        let slice = unsafe { device.alloc::<T>(shape.len()?) }
+            .map_err(|e| refused(&role, format!("could not be allocated: {e}")))?;
         Ok((slice, shape))
     }))?;
     {
@@ -254,10 +267,6 @@ fn refused(role: &str, reason: String) -> Error {
         tensor: role.to_owned(),
         reason,
     }
-}
-
-fn candle_refusal(role: &'static str) -> impl Fn(candle_core::Error) -> Error {
-    move |e| refused(role, e.to_string())
 }
 
 /// So that candle code can use `?` on fusion's calls.
