@@ -7,7 +7,7 @@
 //! | [`device`] | which compiled kernel variant runs on a GPU |
 //! | [`error`] | every way a call can be refused |
 //! | [`kernels`] | the built-in kernels compiled from `graphs/` (feature `kernels`) |
-//! | [`candle`](mod@candle) | fused graphs called on candle's CUDA tensors, in place (feature `candle`) |
+//! | `candle` | fused graphs called on candle's CUDA tensors, in place (feature `candle`) |
 //! | [`bench`](mod@bench) | `fusion bench`: fused kernels against cuBLASLt (features `cli` and `kernels`) |
 //! | [`cli`] | the `fusion` command line (feature `cli`) |
 //! | [`render`] | `fusion render`: units of a candidate list, with the kernel self-test (feature `cli`) |
