@@ -30,7 +30,13 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 }
 
 // A row-major [rows, cols] matrix of 16-bit elements, read in boxes of
-// box_rows x 64 columns with 128-byte swizzle.
+// box_rows x 64 columns with 128-byte swizzle. Rows whose stride is 16
+// bytes but not 32 bytes aligned (cols an odd multiple of 8) are promoted
+// into L2 128 bytes at a time, the others 256: on an H200 such rows made
+// the GEMM 1.4-1.6x slower than rows a few elements longer, and 128-byte
+// promotion takes back 12-17% of that time ((2000, 3000, 1000): 36.2 to 31.8 us),
+// while on aligned rows 256 bytes was level or up to 2% faster
+// (BENCHMARKS.md v22).
 template <typename T>
 cudaError_t encode_matrix(CUtensorMap* map, const T* base, int64_t rows, int64_t cols, uint32_t box_rows) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
@@ -39,11 +45,13 @@ cudaError_t encode_matrix(CUtensorMap* map, const T* base, int64_t rows, int64_t
       std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   const cuuint64_t dims[2] = {cuuint64_t(cols), cuuint64_t(rows)};
   const cuuint64_t strides[1] = {cuuint64_t(cols) * sizeof(T)};
+  const CUtensorMapL2promotion promotion =
+      strides[0] % 32 == 0 ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B : CU_TENSOR_MAP_L2_PROMOTION_L2_128B;
   const cuuint32_t box[2] = {64, box_rows};
   const cuuint32_t element_strides[2] = {1, 1};
   const CUresult r = encode(map, type, 2, const_cast<T*>(base), dims, strides, box, element_strides,
                             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+                            promotion, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 }  // namespace detail
