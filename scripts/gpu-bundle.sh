@@ -24,26 +24,24 @@ json=$(cargo test --release --features "$features" --tests --no-run --message-fo
 cargo build --release --features "$features" --bin fusion --example swiglu_ffn
 cargo build --release -p llama-ffn
 llama_json=$(cargo test --release -p llama-ffn --tests --no-run --message-format=json 2>/dev/null)
-for name in gpu gpu_errors gpu_graphs gpu_workspace gpu_safetensors gpu_run gpu_property gpu_stress; do
-  exe=$(echo "$json" | python3 -c "
+# executable NAME: the test binary named NAME in cargo's JSON messages on stdin.
+executable() {
+  python3 -c "
 import json, sys
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get('reason') == 'compiler-artifact' and m['target']['name'] == '$name' and m.get('executable'):
-        print(m['executable'])")
-  cp "$exe" "$dir/$name"
+    if m.get('reason') == 'compiler-artifact' and m['target']['name'] == sys.argv[1] and m.get('executable'):
+        print(m['executable'])" "$1"
+}
+for name in gpu gpu_errors gpu_graphs gpu_workspace gpu_safetensors gpu_run gpu_property gpu_stress; do
+  cp "$(echo "$json" | executable "$name")" "$dir/$name"
 done
 cp target/release/fusion "$dir/fusion"
 target/release/fusion render fusion-compiler/kernels/selftest/candidates.json --out "$dir/selftest"
 cp target/release/examples/swiglu_ffn "$dir/swiglu_ffn"
 cp target/release/llama-ffn "$dir/llama-ffn"
 # The example crate's own GPU test: its block bound from a safetensors file.
-cp "$(echo "$llama_json" | python3 -c "
-import json, sys
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get('reason') == 'compiler-artifact' and m['target']['name'] == 'safetensors' and m.get('executable'):
-        print(m['executable'])")" "$dir/llama_ffn_safetensors"
+cp "$(echo "$llama_json" | executable safetensors)" "$dir/llama_ffn_safetensors"
 # Feature `candle` (FUSION_BUNDLE_CANDLE=1): its GPU test and example, for
 # one compute capability (CUDA_COMPUTE_CAP, default 90). Where CUDA_HOME is
 # the compiler wheels alone, they link against stubs of the CUDA libraries
@@ -53,12 +51,7 @@ if [[ ${FUSION_BUNDLE_CANDLE:-0} == 1 ]]; then
   [[ -e ${CUDA_HOME:?}/lib/stubs/libcuda.so ]] || scripts/cuda-link-stubs.sh "$CUDA_HOME"
   candle_json=$(cargo test --release --features candle --test gpu_candle --no-run --message-format=json 2>/dev/null)
   cargo build --release --features candle --example candle_ffn
-  cp "$(echo "$candle_json" | python3 -c "
-import json, sys
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get('reason') == 'compiler-artifact' and m['target']['name'] == 'gpu_candle' and m.get('executable'):
-        print(m['executable'])")" "$dir/gpu_candle"
+  cp "$(echo "$candle_json" | executable gpu_candle)" "$dir/gpu_candle"
   cp target/release/examples/candle_ffn "$dir/candle_ffn"
   strip "$dir/gpu_candle" "$dir/candle_ffn"
   unset CUDA_COMPUTE_CAP

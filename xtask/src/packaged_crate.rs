@@ -8,11 +8,9 @@
 //! `--ignored` where there is a GPU).
 
 use crate::error::{Error, Result};
-use crate::process::{self, display_command};
 use crate::toolchain::Toolchain;
-use crate::user_crate::write_if_changed;
+use crate::user_crate::{cargo_with_nvcc, write_if_changed};
 use crate::workspace::Workspace;
-use std::process::Command;
 
 /// Its manifest: fusion from its package, with `testing` (the CPU
 /// reference its tests compare with) and no shipped kernels; the packages
@@ -60,12 +58,11 @@ const FILES: [&str; 6] = [
 ];
 
 /// Where the copy is written, under the workspace's `target/`.
-pub const FOLDER: &str = "packaged-llama-ffn";
+const FOLDER: &str = "packaged-llama-ffn";
 
 /// Writes the copy into `target/packaged-llama-ffn` and runs `cargo test`
-/// there (nvcc for sm90, the generations its default feature names), in the
-/// workspace's target folder so that crates.io's dependencies are not built
-/// again. Needs the `cargo package` step's packages.
+/// there (nvcc for sm90, the generations its default feature names). Needs
+/// the `cargo package` step's packages.
 pub fn check(workspace: &Workspace, toolchain: &Toolchain) -> Result<()> {
     let package = workspace.root.join("target").join("package");
     let version = env!("CARGO_PKG_VERSION");
@@ -79,25 +76,13 @@ pub fn check(workspace: &Workspace, toolchain: &Toolchain) -> Result<()> {
         }
     }
     let dir = write_copy(workspace, &package.display().to_string(), version)?;
-    let mut command = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
-    toolchain.apply_to(&mut command);
-    command
-        .current_dir(&dir)
-        .env("CARGO_TARGET_DIR", workspace.root.join("target"))
-        .env_remove("FUSION_SKIP_NVCC")
-        .env_remove("FUSION_ARCHS")
-        .env_remove("CUDA_COMPUTE_CAP")
-        .arg("test");
-    let status = process::run_inheriting(&mut command)?;
-    if status.success() {
-        Ok(())
-    } else {
-        Err(Error::new(format!(
-            "the example crate built against the packages: `{}` (in {}) ended with {status}",
-            display_command(&command),
-            workspace.display(&dir)
-        )))
-    }
+    cargo_with_nvcc(
+        workspace,
+        toolchain,
+        &dir,
+        &["test"],
+        "the example crate built against the packages",
+    )
 }
 
 /// Writes the manifest and copies the example's files; returns the folder.

@@ -226,23 +226,44 @@ pub fn check_warning_free(workspace: &Workspace, toolchain: &Toolchain) -> Resul
 /// own generation, not fusion's.
 pub fn check_own_archs(workspace: &Workspace, toolchain: &Toolchain) -> Result<()> {
     let dir = write_crate(workspace, "user-crate-archs", r#""kernels", "sm90""#)?;
+    cargo_with_nvcc(
+        workspace,
+        toolchain,
+        &dir,
+        &["test", "--lib", "--no-default-features", "--features", "sm80"],
+        "a crate built for other generations than fusion's",
+    )
+}
+
+/// Runs cargo with `args` in the crate at `dir`, its kernels built by nvcc
+/// for the generations its features name (none of the environment's
+/// overrides), in the workspace's target folder so that crates.io's
+/// dependencies are not built again; on failure the error names `what`
+/// failed, the command and the folder.
+pub fn cargo_with_nvcc(
+    workspace: &Workspace,
+    toolchain: &Toolchain,
+    dir: &Path,
+    args: &[&str],
+    what: &str,
+) -> Result<()> {
     let mut command = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
     toolchain.apply_to(&mut command);
     command
-        .current_dir(&dir)
+        .current_dir(dir)
         .env("CARGO_TARGET_DIR", workspace.root.join("target"))
         .env_remove("FUSION_SKIP_NVCC")
         .env_remove("FUSION_ARCHS")
         .env_remove("CUDA_COMPUTE_CAP")
-        .args(["test", "--lib", "--no-default-features", "--features", "sm80"]);
+        .args(args);
     let status = process::run_inheriting(&mut command)?;
     if status.success() {
         Ok(())
     } else {
         Err(Error::new(format!(
-            "a crate built for other generations than fusion's: `{}` (in {}) ended with {status}",
+            "{what}: `{}` (in {}) ended with {status}",
             display_command(&command),
-            workspace.display(&dir)
+            workspace.display(dir)
         )))
     }
 }
