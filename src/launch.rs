@@ -20,10 +20,11 @@ use crate::device::Arch;
 use crate::error::{Error, Result};
 use crate::tensor::{Element, Shape, Tensor, TensorMut};
 use cudarc::driver::sys::CUstreamCaptureStatus;
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
+use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
 use fusion_compiler::ir::DType;
 use std::ffi::{CStr, c_char, c_int, c_void};
 use std::sync::{Arc, Mutex, OnceLock, TryLockError, Weak};
+use std::thread::ThreadId;
 
 /// A launcher's C signature, for a params struct `P`.
 pub type Launcher<P> = unsafe extern "C" fn(*const P, *mut c_void) -> c_int;
@@ -65,9 +66,15 @@ pub struct TensorDecl {
 /// leave them at 0) and reused by every later call that fits. Dropping it
 /// frees them, ordered after the work that uses them.
 ///
-/// Calls on different streams may share one workspace: cudarc's
-/// `CudaSlice::device_ptr_mut(stream)` makes the second stream wait for the
-/// events recorded after the first one's use, so the two never overlap.
+/// Calls on different streams, or from different threads, may share one
+/// workspace: each call ([`Workspace::begin_call`]) records an event on its
+/// stream after its launches, and a call on another stream or from another
+/// thread first makes its stream wait for that event, so the two never
+/// overlap. cudarc's own events do not suffice: it tracks none while a
+/// context has made no second stream (one stream, or candle's per-thread
+/// default streams, one handle meaning another stream in every thread) or
+/// with event tracking turned off. Dropping a workspace waits for the last
+/// call that used it, wherever that ran, before freeing its buffers.
 ///
 /// A workspace is never grown while its stream is being captured into a
 /// CUDA graph ([`Error::WorkspaceGrowsInCapture`]): run the call once before
@@ -78,6 +85,16 @@ pub struct TensorDecl {
 pub struct Workspace {
     intermediates: Buffers,
     scratch: Buffers,
+    last_use: Option<LastUse>,
+}
+
+/// Where a workspace was last used, and the event recorded on that stream
+/// after the call's launches.
+#[derive(Debug)]
+struct LastUse {
+    stream: usize,
+    thread: ThreadId,
+    event: CudaEvent,
 }
 
 impl Workspace {
@@ -85,10 +102,30 @@ impl Workspace {
         Workspace::default()
     }
 
-    /// The intermediates' buffers and the scratch, for a call to borrow
-    /// separately.
-    pub fn parts(&mut self) -> (&mut Buffers, &mut Buffers) {
-        (&mut self.intermediates, &mut self.scratch)
+    /// The intermediates' buffers and the scratch for one call on `stream`,
+    /// ordered after the workspace's last use if that was on another stream
+    /// or from another thread, and the [`CallUse`] that records this use for
+    /// the next: [`CallUse::finish`] after the call's launches (dropped
+    /// unfinished, when the call fails part way, it records all the same).
+    /// While `stream` is being captured into a CUDA graph neither happens:
+    /// a replay is ordered by the stream it is launched on.
+    pub fn begin_call(
+        &mut self,
+        stream: &Arc<CudaStream>,
+    ) -> Result<(&mut Buffers, &mut Buffers, CallUse<'_>)> {
+        let capturing = Allocator::capturing(stream)?;
+        let here = (stream.cu_stream() as usize, std::thread::current().id());
+        if !capturing
+            && let Some(last) = &self.last_use
+            && (last.stream, last.thread) != here
+        {
+            stream.wait(&last.event)?;
+        }
+        let call_use = CallUse {
+            last_use: &mut self.last_use,
+            stream: (!capturing).then(|| (stream.clone(), here)),
+        };
+        Ok((&mut self.intermediates, &mut self.scratch, call_use))
     }
 
     /// Bytes of scratch held now (0 until a call needed some).
@@ -100,6 +137,59 @@ impl Workspace {
     /// second call allocates none.
     pub fn allocations(&self) -> usize {
         self.intermediates.allocations + self.scratch.allocations
+    }
+}
+
+/// One call's use of a [`Workspace`], recorded for the next call when
+/// finished or dropped.
+pub struct CallUse<'w> {
+    last_use: &'w mut Option<LastUse>,
+    /// The call's stream, thread and stream handle; `None` while capturing.
+    stream: Option<(Arc<CudaStream>, (usize, ThreadId))>,
+}
+
+impl CallUse<'_> {
+    /// Records the end of the call's launches on its stream.
+    pub fn finish(mut self) -> Result<()> {
+        self.record()
+    }
+
+    fn record(&mut self) -> Result<()> {
+        let Some((stream, (handle, thread))) = self.stream.take() else {
+            return Ok(());
+        };
+        // The event of the last use where it belongs to this stream's context.
+        let event = match self.last_use.take() {
+            Some(last) if last.event.context().cu_ctx() == stream.context().cu_ctx() => last.event,
+            _ => stream.context().new_event(None)?,
+        };
+        event.record(&stream)?;
+        *self.last_use = Some(LastUse {
+            stream: handle,
+            thread,
+            event,
+        });
+        Ok(())
+    }
+}
+
+impl Drop for CallUse<'_> {
+    fn drop(&mut self) {
+        // A call that failed part way: its error is the one reported.
+        let _ = self.record();
+    }
+}
+
+impl Drop for Workspace {
+    /// Each buffer is freed on the stream it was allocated on, which need
+    /// not be the one that last used it (nor, for a per-thread stream, the
+    /// same stream in this thread): wait for that use first.
+    fn drop(&mut self) {
+        if let Some(last) = &self.last_use {
+            // Nothing to do about a failure here: the buffers are freed
+            // either way, as cudarc frees them.
+            let _ = last.event.synchronize();
+        }
     }
 }
 

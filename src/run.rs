@@ -599,7 +599,7 @@ impl Runner<'_> {
         if call.is_empty() {
             return Ok(());
         }
-        let (intermediates, scratch) = workspace.parts();
+        let (intermediates, scratch, call_use) = workspace.begin_call(self.stream)?;
         if !self.temporaries.is_empty() {
             let decls = self.declared.of_ids(&self.temporaries);
             let buffers = call.intermediates::<T>(intermediates, &decls)?;
@@ -715,6 +715,7 @@ impl Runner<'_> {
             };
             call.launched(&loaded.label, code, loaded.error_string)?;
         }
+        call_use.finish()?;
         Ok(())
     }
 }

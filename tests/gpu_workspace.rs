@@ -3,7 +3,8 @@
 //! owned by Rust and handed to the launchers. A call computes what the
 //! reference says whether its scratch was just allocated or reused, a
 //! second identical call allocates nothing, streams get their own scratch
-//! (or, sharing a struct's, take turns). Captures are in gpu_graphs.rs,
+//! (or, sharing a struct's, take turns, also from threads on per-thread
+//! streams). Captures are in gpu_graphs.rs,
 //! whose tests turn cudarc's event tracking off for the whole context.
 //!
 //! Run on a machine with a GPU: `cargo test --release --test gpu_workspace --
@@ -134,4 +135,107 @@ fn streams_get_their_own_scratch_and_a_shared_struct_orders_them() {
     on_a.verify(&a);
     on_b.verify(&b);
     assert_eq!(gelu.workspace().allocations(), 1, "one scratch buffer, reused");
+}
+
+/// A host function that holds its stream until the channel it owns is
+/// sent to (or dropped, or 30 s have passed).
+unsafe extern "C" fn hold_until_released(data: *mut std::ffi::c_void) {
+    // SAFETY: `data` is the boxed receiver `hold_stream` gave away; this
+    // callback runs once and makes no CUDA calls.
+    let release = unsafe { Box::from_raw(data.cast::<std::sync::mpsc::Receiver<()>>()) };
+    let _ = release.recv_timeout(std::time::Duration::from_secs(30));
+}
+
+/// Holds `stream` (nothing queued after this runs) until the returned
+/// sender sends or is dropped.
+fn hold_stream(stream: &fusion::cudarc::driver::CudaStream) -> std::sync::mpsc::Sender<()> {
+    let (release, held) = std::sync::mpsc::channel::<()>();
+    let held = Box::into_raw(Box::new(held));
+    // SAFETY: the callback takes ownership of the boxed receiver and makes
+    // no CUDA calls; the stream belongs to a live context.
+    let launched = unsafe {
+        fusion::cudarc::driver::result::stream::launch_host_function(
+            stream.cu_stream(),
+            hold_until_released,
+            held.cast(),
+        )
+    };
+    if let Err(e) = launched {
+        // SAFETY: a failed launch never ran the callback: the box is ours.
+        drop(unsafe { Box::from_raw(held) });
+        panic!("cannot hold the stream: {e}");
+    }
+    release
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_struct_shared_by_threads_on_per_thread_streams_orders_its_workspace() {
+    // A context that makes no second stream, as candle's devices do: cudarc
+    // then tracks no events, and the per-thread default stream is one
+    // handle meaning another stream in every thread.
+    let ctx = fusion::testing::open_gpu(0).unwrap_or_else(|e| panic!("{e}"));
+    let main = ctx.per_thread_stream();
+    let graph = support::graph("swiglu_ffn", fusion::core::ir::DType::F16);
+    let dims = [("M", 2100)];
+    let draw =
+        || fusion::core::reference::random_bindings(&graph, &dims, &mut support::rng()).expect("bindings");
+    // Two input sets over the same weights.
+    let first = draw();
+    let mut second = draw();
+    for &w in &graph.weights {
+        let name = &graph.tensor(w).name;
+        second.insert(name.clone(), first[name].clone());
+    }
+    let weights = Case::<f16>::from_bindings(&main, graph.clone(), first.clone(), &dims).weight_copies(&main);
+    let ffn = std::sync::Mutex::new(
+        kernels::SwigluFfn::new(&main, Case::swiglu_ffn_weights(&weights)).expect("weights bind"),
+    );
+    main.synchronize().expect("weights copied");
+    // Thread A queues its call behind a hold on its stream; thread B then
+    // queues its own on its stream. While A is held B's call must not run
+    // (they share the workspace); once released, both compute their own.
+    let (a_queued, a_call) = std::sync::mpsc::channel();
+    std::thread::scope(|scope| {
+        let (ctx, ffn) = (&ctx, &ffn);
+        scope.spawn(move || {
+            let s = ctx.per_thread_stream();
+            // A graph holds no thread-shared parts: each thread loads its own.
+            let graph = support::graph("swiglu_ffn", fusion::core::ir::DType::F16);
+            let mut case = Case::<f16>::from_bindings(&s, graph, first, &dims);
+            let release = hold_stream(&s);
+            case.launch(|r, w| ffn.lock().expect("no thread panicked").run(&s, &r[0], &mut w[0]))
+                .expect("swiglu_ffn runs on thread A");
+            a_queued.send(release).expect("thread B waits");
+            if let Err(e) = case.try_verify(&s) {
+                panic!("thread A: {e}");
+            }
+        });
+        scope.spawn(move || {
+            let s = ctx.per_thread_stream();
+            let graph = support::graph("swiglu_ffn", fusion::core::ir::DType::F16);
+            let mut case = Case::<f16>::from_bindings(&s, graph, second, &dims);
+            s.synchronize().expect("inputs uploaded");
+            let release_a = a_call.recv().expect("thread A queued its call");
+            case.launch(|r, w| ffn.lock().expect("no thread panicked").run(&s, &r[0], &mut w[0]))
+                .expect("swiglu_ffn runs on thread B");
+            let b_done = s.record_event(None).expect("event");
+            // Ample time for the call (about a millisecond) to run if
+            // nothing orders it after thread A's.
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            let ran_while_a_held = b_done.is_complete();
+            drop(release_a);
+            assert!(
+                !ran_while_a_held,
+                "thread B's call ran while thread A's, queued first over the same workspace, had not"
+            );
+            if let Err(e) = case.try_verify(&s) {
+                panic!("thread B: {e}");
+            }
+        });
+    });
+    assert!(
+        !ctx.is_in_multi_stream_mode(),
+        "the test's context made a second stream: cudarc's events would order the calls"
+    );
 }

@@ -159,10 +159,11 @@ intermediates and the kernels' scratch (grown when a call needs more, never \
 while the stream is being captured into a CUDA graph: run once before \
 capturing), so the compiler already keeps two threads from running one \
 struct at once; to run a graph from several threads at the same time, give \
-each thread its own struct (or share one behind a `Mutex`). Calls from one \
-thread on different streams are ordered by the buffers' CUDA events, which \
-make the second stream wait for the first one's use of the workspace. \
-Dropping the struct frees the workspace.";
+each thread its own struct (or share one behind a `Mutex`). Calls on \
+different streams or from different threads are ordered: each records an \
+event on its stream after its launches, and the next call elsewhere makes \
+its stream wait for it before it uses the workspace. Dropping the struct \
+waits for its last call, then frees the workspace.";
 
 /// What every free function says about memory.
 const FREE_FN_MEMORY_DOC: &str = "\n# Memory\n\n\
@@ -606,13 +607,13 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
                 if __call.is_empty() {
                     return Ok(());
                 }
-                let (__intermediates, __scratch) = __workspace.parts();
+                let (__intermediates, __scratch, __use) = __workspace.begin_call(stream)?;
                 #intermediates
                 #gemm_flags
                 #(#kernel_params)*
                 #scratch
                 #(#launches)*
-                Ok(())
+                __use.finish()
             }
 
             /// Checks the weights and folds each kernel's norm into its

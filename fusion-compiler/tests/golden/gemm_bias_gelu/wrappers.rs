@@ -78,7 +78,7 @@ no tensor passes between kernels
 /**
 # Threads and memory
 
-The struct is `Send` and `Sync`: it owns nothing but device buffers. `run` takes `&mut self` because every call reuses the same workspace for the intermediates and the kernels' scratch (grown when a call needs more, never while the stream is being captured into a CUDA graph: run once before capturing), so the compiler already keeps two threads from running one struct at once; to run a graph from several threads at the same time, give each thread its own struct (or share one behind a `Mutex`). Calls from one thread on different streams are ordered by the buffers' CUDA events, which make the second stream wait for the first one's use of the workspace. Dropping the struct frees the workspace.*/
+The struct is `Send` and `Sync`: it owns nothing but device buffers. `run` takes `&mut self` because every call reuses the same workspace for the intermediates and the kernels' scratch (grown when a call needs more, never while the stream is being captured into a CUDA graph: run once before capturing), so the compiler already keeps two threads from running one struct at once; to run a graph from several threads at the same time, give each thread its own struct (or share one behind a `Mutex`). Calls on different streams or from different threads are ordered: each records an event on its stream after its launches, and the next call elsewhere makes its stream wait for it before it uses the workspace. Dropping the struct waits for its last call, then frees the workspace.*/
 #[derive(Debug)]
 #[allow(dead_code, reason = "a crate may call the free function instead")]
 pub struct GemmBiasGelu<'w, T: fusion::Element> {
@@ -459,7 +459,7 @@ mod __gemm_bias_gelu {
         if __call.is_empty() {
             return Ok(());
         }
-        let (__intermediates, __scratch) = __workspace.parts();
+        let (__intermediates, __scratch, __use) = __workspace.begin_call(stream)?;
         let __gemm_flags = __call
             .gemm_flags(ffi::FUSION_GEMM_NO_STREAM_K, ffi::FUSION_GEMM_STATIC_TILES)?;
         let mut __params_0 = {
@@ -506,7 +506,7 @@ mod __gemm_bias_gelu {
                 __code,
                 ffi::fusion_kernels_error_string,
             )?;
-        Ok(())
+        __use.finish()
     }
     /// Checks the weights and folds each kernel's norm into its
     /// weight where it can (`fusion::launch::FoldedWeights`): one
