@@ -64,7 +64,7 @@ pub struct TensorDecl {
 /// intermediate tensor and one of scratch for the launchers, each grown on
 /// demand (zeroed when grown: stream-K's flags must start at 0, and kernels
 /// leave them at 0) and reused by every later call that fits. Dropping it
-/// frees them, ordered after the work that uses them.
+/// waits for the last call that used it, wherever that ran, then frees them.
 ///
 /// Calls on different streams, or from different threads, may share one
 /// workspace: each call ([`Workspace::begin_call`]) records an event on its
@@ -73,8 +73,7 @@ pub struct TensorDecl {
 /// overlap. cudarc's own events do not suffice: it tracks none while a
 /// context has made no second stream (one stream, or candle's per-thread
 /// default streams, one handle meaning another stream in every thread) or
-/// with event tracking turned off. Dropping a workspace waits for the last
-/// call that used it, wherever that ran, before freeing its buffers.
+/// with event tracking turned off.
 ///
 /// A workspace is never grown while its stream is being captured into a
 /// CUDA graph ([`Error::WorkspaceGrowsInCapture`]): run the call once before
@@ -114,16 +113,15 @@ impl Workspace {
         stream: &Arc<CudaStream>,
     ) -> Result<(&mut Buffers, &mut Buffers, CallUse<'_>)> {
         let capturing = Allocator::capturing(stream)?;
-        let here = (stream.cu_stream() as usize, std::thread::current().id());
         if !capturing
             && let Some(last) = &self.last_use
-            && (last.stream, last.thread) != here
+            && (last.stream, last.thread) != use_site(stream)
         {
             stream.wait(&last.event)?;
         }
         let call_use = CallUse {
             last_use: &mut self.last_use,
-            stream: (!capturing).then(|| (stream.clone(), here)),
+            stream: (!capturing).then(|| stream.clone()),
         };
         Ok((&mut self.intermediates, &mut self.scratch, call_use))
     }
@@ -144,8 +142,14 @@ impl Workspace {
 /// finished or dropped.
 pub struct CallUse<'w> {
     last_use: &'w mut Option<LastUse>,
-    /// The call's stream, thread and stream handle; `None` while capturing.
-    stream: Option<(Arc<CudaStream>, (usize, ThreadId))>,
+    /// The call's stream; `None` while capturing.
+    stream: Option<Arc<CudaStream>>,
+}
+
+/// A stream handle and the thread using it: one real stream (the per-thread
+/// default stream's handle is another stream in every thread).
+fn use_site(stream: &CudaStream) -> (usize, ThreadId) {
+    (stream.cu_stream() as usize, std::thread::current().id())
 }
 
 impl CallUse<'_> {
@@ -155,7 +159,7 @@ impl CallUse<'_> {
     }
 
     fn record(&mut self) -> Result<()> {
-        let Some((stream, (handle, thread))) = self.stream.take() else {
+        let Some(stream) = self.stream.take() else {
             return Ok(());
         };
         // The event of the last use where it belongs to this stream's context.
@@ -164,8 +168,9 @@ impl CallUse<'_> {
             _ => stream.context().new_event(None)?,
         };
         event.record(&stream)?;
+        let (stream, thread) = use_site(&stream);
         *self.last_use = Some(LastUse {
-            stream: handle,
+            stream,
             thread,
             event,
         });
