@@ -51,9 +51,9 @@ run_tests() {
 # prologues and folded norms, residual, gated GEMMs per call and bound,
 # standalone norm and elementwise) without repeating
 # what only differs in an activation functor. racecheck is the slowest.
-memcheck_tests="gemm_bias_gelu gemm_silu gemm_bias_residual layernorm_gemm rmsnorm_gemm layernorm_gemm_folded rmsnorm_gemm_folded gemm_silu_glu gemm_silu_glu_bound gemm_gelu_glu_bound layernorm_gemm_silu_glu_residual layernorm_gemm_silu_glu_residual_bound silu mul silu_mul layernorm rmsnorm"
+memcheck_tests="gemm_bias_gelu gemm_bias_gelu_bound gemm_silu gemm_bias_silu_bound gemm_bias_residual layernorm_gemm rmsnorm_gemm layernorm_gemm_folded rmsnorm_gemm_folded gemm_silu_glu gemm_silu_glu_bound gemm_gelu_glu_bound layernorm_gemm_silu_glu_residual layernorm_gemm_silu_glu_residual_bound silu mul silu_mul layernorm rmsnorm"
 racecheck_tests="gemm_bias_gelu gemm_silu layernorm_gemm layernorm_gemm_folded gemm_silu_glu silu layernorm"
-initcheck_tests="gemm_bias_gelu gemm_silu layernorm_gemm rmsnorm_gemm layernorm_gemm_folded gemm_silu_glu gemm_gelu_glu_bound mul silu_mul rmsnorm"
+initcheck_tests="gemm_bias_gelu gemm_bias_gelu_bound gemm_silu layernorm_gemm rmsnorm_gemm layernorm_gemm_folded gemm_silu_glu gemm_gelu_glu_bound mul silu_mul rmsnorm"
 synccheck_tests="gemm_bias_gelu gemm_silu layernorm_gemm gemm_silu_glu layernorm"
 
 # sanitize ARCH TOOL TESTS...: one compute-sanitizer run of the chosen tests
@@ -76,8 +76,11 @@ for step in $steps; do
   case $step in
     tests) run_tests gpu-sm90.log any ./gpu --ignored --test-threads 8 --nocapture ;;
     ptx)
-      FUSION_FORCE_ARCH=sm80 FUSION_TEST_SIZE=quick run_tests gpu-sm80-ptx.log any ./gpu --ignored --test-threads 8 --nocapture
-      FUSION_FORCE_ARCH=sm75 FUSION_TEST_SIZE=quick run_tests gpu-sm75-ptx.log any ./gpu --ignored --test-threads 8 --nocapture ;;
+      # FUSION_PAD_WEIGHTS=all: the structs' padded weights there too, so
+      # that the strided B loads of sm80 and sm75 run (the free functions
+      # read dense rows).
+      FUSION_PAD_WEIGHTS=all FUSION_FORCE_ARCH=sm80 FUSION_TEST_SIZE=quick run_tests gpu-sm80-ptx.log any ./gpu --ignored --test-threads 8 --nocapture
+      FUSION_PAD_WEIGHTS=all FUSION_FORCE_ARCH=sm75 FUSION_TEST_SIZE=quick run_tests gpu-sm75-ptx.log any ./gpu --ignored --test-threads 8 --nocapture ;;
     counter) FUSION_TILE_COUNTER=1 FUSION_TEST_SIZE=quick run_tests gpu-sm90-counter.log any ./gpu --ignored --test-threads 8 --nocapture ;;
     errors)
       # The other-context case needs a second GPU.

@@ -91,6 +91,13 @@ pub enum Error {
     /// `FUSION_FORCE_ARCH` names a variant that is not usable here.
     #[error("FUSION_FORCE_ARCH={value}: {reason}")]
     ForcedArch { value: String, reason: String },
+    /// An environment variable fusion reads holds a value it does not take.
+    #[error("{variable}={value}: expected {expected}")]
+    Setting {
+        variable: &'static str,
+        value: String,
+        expected: &'static str,
+    },
     /// A call needed a larger workspace while its stream was being captured
     /// into a CUDA graph, where fusion never allocates.
     #[error(

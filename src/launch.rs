@@ -415,26 +415,35 @@ pub(crate) fn bind_dims(
 /// A GEMM's weight in the form its kernel reads, computed once when a
 /// graph struct binds its weights (`<symbol>_fold_weights`, abi.h): a norm
 /// folded in, W' = W·diag(gamma) in W's dtype and layout, with per output
-/// column the f32 pair (rowsum of W', W·beta); and a gated GEMM's gate and
-/// up weights interleaved into one (with no column terms when no norm
-/// folds). The struct owns it: one more copy of the weights, plus 8 bytes
-/// per column of terms, for as long as the struct lives.
+/// column the f32 pair (rowsum of W', W·beta); a gated GEMM's gate and up
+/// weights interleaved into one (with no column terms when no norm folds);
+/// and, where [`bound_row_stride`] says so, a plain weight copied with its
+/// rows padded. Each form's rows start [`bound_row_stride`] elements apart.
+/// The struct owns it: one more copy of the weights (plus the padding),
+/// plus 8 bytes per column of terms, for as long as the struct lives.
 #[derive(Debug)]
 pub struct FoldedWeights {
     weight: CudaSlice<u8>,
     col_terms: CudaSlice<f32>,
+    /// Elements from one row of `weight` to the next.
+    row_stride: usize,
 }
 
 impl FoldedWeights {
-    /// Allocates W' (`weight_bytes`) and the terms of `columns` columns,
-    /// then calls `fold(w_folded, col_terms)`, which enqueues the fold on
-    /// `call`'s stream and returns its code; `kernel` names it in errors.
+    /// Allocates W', `dims` = (rows, row length) of elements of
+    /// `element_bytes` each, its rows `bound_row_stride(arch, ..)` apart,
+    /// and the terms of `columns` columns, then calls `fold(w_folded,
+    /// col_terms, row_stride)`, which enqueues the fold on `call`'s stream
+    /// and returns its code; `kernel` names it in errors.
+    #[allow(clippy::too_many_arguments, reason = "the fold's sizes and its callback")]
     pub fn fold(
         call: &Call<'_>,
         kernel: &str,
-        weight_bytes: usize,
+        arch: Arch,
+        dims: (i64, i64),
+        element_bytes: usize,
         columns: usize,
-        fold: impl FnOnce(*mut c_void, *mut c_void) -> c_int,
+        fold: impl FnOnce(*mut c_void, *mut c_void, i64) -> c_int,
         error_string: ErrorString,
     ) -> Result<FoldedWeights> {
         let stream = call.stream;
@@ -442,18 +451,180 @@ impl FoldedWeights {
             what: format!("the folded column terms of {kernel}"),
             limit: "usize",
         })?;
-        let mut folded = FoldedWeights {
-            weight: stream.alloc_zeros::<u8>(weight_bytes.max(1))?,
-            col_terms: stream.alloc_zeros::<f32>(term_len.max(1))?,
-        };
+        let mut folded = Self::alloc(
+            call,
+            kernel,
+            arch,
+            rows_of(dims, kernel)?,
+            element_bytes,
+            term_len,
+        )?;
+        let stride = as_i64(folded.row_stride, kernel)?;
         let code = {
             let (weight, _weight_guard) = folded.weight.device_ptr_mut(stream);
             let (terms, _terms_guard) = folded.col_terms.device_ptr_mut(stream);
-            fold(weight as *mut c_void, terms as *mut c_void)
+            fold(weight as *mut c_void, terms as *mut c_void, stride)
         };
         call.launched(kernel, code, error_string)?;
         Ok(folded)
     }
+
+    /// A copy of the weight at device address `weight` (`dims` = (rows,
+    /// row length), dense, checked by `call`) with its rows
+    /// `bound_row_stride(arch, ..)` apart, enqueued on `call`'s stream; None
+    /// when that stride is the dense one, and the kernel reads the weight
+    /// as it is.
+    pub fn pad(
+        call: &Call<'_>,
+        kernel: &str,
+        arch: Arch,
+        weight: u64,
+        dims: (i64, i64),
+        element_bytes: usize,
+    ) -> Result<Option<FoldedWeights>> {
+        let (rows, row_length) = rows_of(dims, kernel)?;
+        if rows == 0 || bound_row_stride(arch, row_length, element_bytes)? == row_length {
+            return Ok(None);
+        }
+        let stream = call.stream;
+        let mut padded = Self::alloc(call, kernel, arch, (rows, row_length), element_bytes, 0)?;
+        let code = {
+            let (dst, _guard) = padded.weight.device_ptr_mut(stream);
+            // Every product fits: alloc sized rows x row_stride x element_bytes.
+            let copy = cudarc::driver::sys::CUDA_MEMCPY2D {
+                srcXInBytes: 0,
+                srcY: 0,
+                srcMemoryType: cudarc::driver::sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+                srcHost: std::ptr::null(),
+                srcDevice: weight,
+                srcArray: std::ptr::null_mut(),
+                srcPitch: row_length * element_bytes,
+                dstXInBytes: 0,
+                dstY: 0,
+                dstMemoryType: cudarc::driver::sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+                dstHost: std::ptr::null_mut(),
+                dstDevice: dst,
+                dstArray: std::ptr::null_mut(),
+                dstPitch: padded.row_stride * element_bytes,
+                WidthInBytes: row_length * element_bytes,
+                Height: rows,
+            };
+            // SAFETY: the source is the checked weight tensor (`call` holds
+            // its guard: rows x row_length elements), the destination was
+            // just allocated with rows x row_stride >= that, both in the
+            // stream's context; the copy is ordered on the stream.
+            unsafe { cudarc::driver::sys::cuMemcpy2DAsync_v2(&copy, stream.cu_stream()) }
+        };
+        code.result()?;
+        Ok(Some(padded))
+    }
+
+    /// Zeroed room for `rows` rows at the bound row stride and `term_len`
+    /// f32 terms (at least one element each: cudarc refuses empty buffers).
+    fn alloc(
+        call: &Call<'_>,
+        kernel: &str,
+        arch: Arch,
+        (rows, row_length): (usize, usize),
+        element_bytes: usize,
+        term_len: usize,
+    ) -> Result<FoldedWeights> {
+        let row_stride = bound_row_stride(arch, row_length, element_bytes)?;
+        let bytes = rows
+            .checked_mul(row_stride)
+            .and_then(|e| e.checked_mul(element_bytes))
+            .ok_or_else(|| Error::SizeOverflow {
+                what: format!("the prepared weight of {kernel}"),
+                limit: "usize",
+            })?;
+        let stream = call.stream;
+        Ok(FoldedWeights {
+            weight: stream.alloc_zeros::<u8>(bytes.max(1))?,
+            col_terms: stream.alloc_zeros::<f32>(term_len.max(1))?,
+            row_stride,
+        })
+    }
+}
+
+/// A prepared weight's (rows, row length) as the wrapper passes them (i64,
+/// as `Call::matrix` gives them) in usize.
+fn rows_of((rows, row_length): (i64, i64), kernel: &str) -> Result<(usize, usize)> {
+    let size = |n: i64| {
+        usize::try_from(n).map_err(|_| Error::SizeOverflow {
+            what: format!("the prepared weight of {kernel}"),
+            limit: "usize",
+        })
+    };
+    Ok((size(rows)?, size(row_length)?))
+}
+
+fn as_i64(value: usize, kernel: &str) -> Result<i64> {
+    i64::try_from(value).map_err(|_| Error::SizeOverflow {
+        what: format!("the prepared weight's row stride of {kernel}"),
+        limit: "i64",
+    })
+}
+
+/// The elements from one row of a bound weight's prepared copy to the next,
+/// for rows of `row_length` elements of `element_bytes` each on `arch`:
+/// rounded up to a multiple of [`BOUND_ROW_ALIGN_BYTES`] where the rows are
+/// not and padding adds at most an eighth, on sm90 (whose TMA loads of
+/// misaligned rows made the (2000, 3000, 1000) GEMM 0.81 of cuBLASLt on an
+/// H200, and 0.96 with B's rows padded: BENCHMARKS.md v23); else the dense
+/// `row_length`. `FUSION_PAD_WEIGHTS` (read once per process) overrides it:
+/// `0` never pads, `all` pads every such row on every generation (which the
+/// tests use to reach the strided loads of sm80 and sm75).
+pub fn bound_row_stride(arch: Arch, row_length: usize, element_bytes: usize) -> Result<usize> {
+    let setting = padding_setting()?;
+    Ok(row_stride_for(setting, arch, row_length, element_bytes))
+}
+
+/// The row alignment, in bytes, that a bound weight's rows are padded to:
+/// one 128-byte swizzled TMA box row of the sm90 mainloop.
+pub const BOUND_ROW_ALIGN_BYTES: usize = 128;
+
+/// Where bound weights' rows are padded (`FUSION_PAD_WEIGHTS`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Padding {
+    /// Where it measured faster: sm90, at most an eighth more memory.
+    Measured,
+    /// Never (`0`).
+    Never,
+    /// Every misaligned row on every generation (`all`).
+    All,
+}
+
+fn padding_setting() -> Result<Padding> {
+    static VALUE: OnceLock<Option<String>> = OnceLock::new();
+    padding_of(
+        VALUE
+            .get_or_init(|| std::env::var("FUSION_PAD_WEIGHTS").ok())
+            .as_deref(),
+    )
+}
+
+fn padding_of(value: Option<&str>) -> Result<Padding> {
+    match value {
+        None | Some("") => Ok(Padding::Measured),
+        Some("0") => Ok(Padding::Never),
+        Some("all") => Ok(Padding::All),
+        Some(other) => Err(Error::Setting {
+            variable: "FUSION_PAD_WEIGHTS",
+            value: other.to_owned(),
+            expected: "0 (never pad bound weights' rows) or all (pad them on every GPU generation), or unset",
+        }),
+    }
+}
+
+fn row_stride_for(padding: Padding, arch: Arch, row_length: usize, element_bytes: usize) -> usize {
+    let align = BOUND_ROW_ALIGN_BYTES / element_bytes.max(1);
+    let padded = row_length.div_ceil(align).saturating_mul(align);
+    let pads = match padding {
+        Padding::Never => false,
+        Padding::All => true,
+        Padding::Measured => arch == Arch::Sm90 && (padded - row_length) * 8 <= row_length,
+    };
+    if pads { padded } else { row_length }
 }
 
 /// The checks and pointers of one wrapper call.
@@ -649,14 +820,16 @@ impl<'s> Call<'s> {
         Ok((ptr as *mut c_void, len))
     }
 
-    /// The device addresses of folded weights a launch reads: `(W',
-    /// col_terms)`.
-    pub fn folded(&mut self, folded: &'s FoldedWeights) -> (u64, u64) {
+    /// The device addresses of prepared weights a launch reads and the
+    /// elements between W''s rows: `(W', col_terms, ldb)`.
+    pub fn folded(&mut self, folded: &'s FoldedWeights) -> (u64, u64, i64) {
         let (weight, guard) = folded.weight.device_ptr(self.stream);
         self.guards.push(guard);
         let (terms, guard) = folded.col_terms.device_ptr(self.stream);
         self.guards.push(guard);
-        (weight, terms)
+        // It was an i64 when the fold was given it, or the dense stride of
+        // a checked weight's rows.
+        (weight, terms, folded.row_stride as i64)
     }
 
     /// The stream as the launchers take it.
@@ -824,6 +997,51 @@ mod tests {
         assert!(check_aligned(&X, DeviceRange::new(&X, 8, 0).unwrap()).is_ok());
         let e = check_aligned(&X, DeviceRange::new(&X, 8, 16).unwrap()).unwrap_err();
         assert!(matches!(e, Error::Misaligned { address: 8, .. }), "{e}");
+    }
+
+    #[test]
+    fn bound_rows_are_padded_to_128_bytes_on_sm90_where_it_costs_at_most_an_eighth() {
+        let stride = |padding, arch, row| row_stride_for(padding, arch, row, 2);
+        // K = 1000 (2000-byte rows): 1024 on sm90, dense elsewhere.
+        assert_eq!(stride(Padding::Measured, Arch::Sm90, 1000), 1024);
+        assert_eq!(stride(Padding::Measured, Arch::Sm80, 1000), 1000);
+        assert_eq!(stride(Padding::Measured, Arch::Sm75, 1000), 1000);
+        // Aligned rows are never padded.
+        assert_eq!(stride(Padding::Measured, Arch::Sm90, 4096), 4096);
+        assert_eq!(stride(Padding::All, Arch::Sm75, 4096), 4096);
+        // Short rows would grow by more than an eighth: 136 -> 192.
+        assert_eq!(stride(Padding::Measured, Arch::Sm90, 136), 136);
+        assert_eq!(stride(Padding::Measured, Arch::Sm90, 456), 512);
+        assert_eq!(stride(Padding::Measured, Arch::Sm90, 440), 448);
+        assert_eq!(stride(Padding::Measured, Arch::Sm90, 392), 392);
+        assert_eq!(stride(Padding::All, Arch::Sm80, 136), 192);
+        assert_eq!(stride(Padding::Never, Arch::Sm90, 1000), 1000);
+        // Four-byte elements pad to 32 of them.
+        assert_eq!(row_stride_for(Padding::Measured, Arch::Sm90, 1000, 4), 1024);
+        assert_eq!(row_stride_for(Padding::Measured, Arch::Sm90, 1008, 4), 1024);
+    }
+
+    #[test]
+    fn the_padding_setting_takes_0_all_or_nothing() {
+        assert_eq!(padding_of(None).unwrap(), Padding::Measured);
+        assert_eq!(padding_of(Some("")).unwrap(), Padding::Measured);
+        assert_eq!(padding_of(Some("0")).unwrap(), Padding::Never);
+        assert_eq!(padding_of(Some("all")).unwrap(), Padding::All);
+        let e = padding_of(Some("yes")).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::Setting {
+                    variable: "FUSION_PAD_WEIGHTS",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(
+            e.to_string().starts_with("FUSION_PAD_WEIGHTS=yes: expected 0"),
+            "{e}"
+        );
     }
 
     use std::cell::Cell;

@@ -224,6 +224,7 @@ fn run_as<T: HostElement>(
         declared: &declared,
         kernels: &kernels,
         stream: &stream,
+        arch,
         temporaries: plan.temporaries(),
     };
     let started = Instant::now();
@@ -454,6 +455,8 @@ struct Runner<'r> {
     declared: &'r Declared,
     kernels: &'r [Kernel],
     stream: &'r Arc<CudaStream>,
+    /// The generation the kernels were built for.
+    arch: Arch,
     /// [`Plan::temporaries`], a workspace buffer each.
     temporaries: Vec<TensorId>,
 }
@@ -491,15 +494,31 @@ impl Runner<'_> {
         }
         let mut folded = Vec::new();
         for (kernel, loaded) in self.plan.kernels.iter().zip(self.kernels) {
-            let (Composition::Gemm(gemm), Launch::Gemm { fold: Some(fold), .. }) =
-                (&kernel.composition, &loaded.launch)
+            let (Composition::Gemm(gemm), Launch::Gemm { fold, .. }) = (&kernel.composition, &loaded.launch)
             else {
                 folded.push(None);
                 continue;
             };
+            let b = kernel.operand(Role::B).expect("a GEMM reads B");
+            let Some(fold) = fold else {
+                // A bound plain weight: copied into padded rows where that
+                // reads faster, as a graph struct does.
+                let padded = match address[b.0] {
+                    Some(weight) if kernel.binds_b(graph) => FoldedWeights::pad(
+                        &call,
+                        &loaded.label,
+                        self.arch,
+                        weight,
+                        call.matrix(self.declared.tensors[b.0])?,
+                        size_of::<T>(),
+                    )?,
+                    _ => None,
+                };
+                folded.push(padded);
+                continue;
+            };
             let foldable = kernel.norm_foldable(graph);
             let fields = kernel.gemm_operands().map(|o| address[o.tensor.0]);
-            let b = kernel.operand(Role::B).expect("a GEMM reads B");
             let (rows, cols) = call.matrix(self.declared.tensors[b.0])?;
             let (n, k) = match gemm.b_layout {
                 WeightLayout::NK => (rows, cols),
@@ -509,14 +528,20 @@ impl Runner<'_> {
             // Column terms only where a norm folds.
             let halves = if gemm.gate.is_some() { 2 } else { 1 };
             let columns = if foldable { halves * n as usize } else { 0 };
-            let bytes = halves * rows as usize * cols as usize * size_of::<T>();
+            // The weights were checked: twice their rows still fit an i64.
+            let stored = match gemm.b_layout {
+                WeightLayout::NK => (halves as i64 * rows, cols),
+                WeightLayout::KN => (rows, halves as i64 * cols),
+            };
             let stream = call.stream_ptr();
             let prepared = FoldedWeights::fold(
                 &call,
                 &loaded.label,
-                bytes,
+                self.arch,
+                stored,
+                size_of::<T>(),
                 columns,
-                |w_folded, col_terms| {
+                |w_folded, col_terms, ld_folded| {
                     let (gamma, beta) = if foldable {
                         (pointer(fields.gamma.flatten()), pointer(fields.beta.flatten()))
                     } else {
@@ -531,6 +556,7 @@ impl Runner<'_> {
                         col_terms,
                         n,
                         k,
+                        ld_folded,
                     };
                     // SAFETY: the weights were checked by `call` and the
                     // outputs were just allocated at the sizes the fold writes.
@@ -641,6 +667,7 @@ impl Runner<'_> {
                         m,
                         n,
                         k,
+                        ldb: 0,
                         eps: gemm.prologue.map_or(0.0, |p| p.eps) as f32,
                         flags,
                         workspace: std::ptr::null_mut(),
@@ -648,10 +675,13 @@ impl Runner<'_> {
                     };
                     let prepared = folded.get(index).and_then(Option::as_ref);
                     if let Some(weights) = prepared {
-                        let (b, col_terms) = call.folded(weights);
+                        let (b, col_terms, ldb) = call.folded(weights);
                         p.b = b as *const c_void;
-                        p.b_up = std::ptr::null();
-                        p.col_terms = col_terms as *const c_void;
+                        p.ldb = ldb;
+                        if kernel.prepares_weights(&self.plan.graph) {
+                            p.b_up = std::ptr::null();
+                            p.col_terms = col_terms as *const c_void;
+                        }
                     }
                     // With its norm folded into the weight, the kernel runs
                     // the folded launcher.

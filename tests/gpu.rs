@@ -71,6 +71,34 @@ pattern_test!(gemm_bias_sigmoid, "gemm_bias_sigmoid", |s, r, w| {
 pattern_test!(gemm_gelu_quick, "gemm_gelu_quick", |s, r, w| {
     kernels::gemm_gelu_quick(s, &r[0], &r[1], &mut w[0])
 });
+// Plain weights bound by a struct, which on sm90 (or with
+// FUSION_PAD_WEIGHTS=all) copies a weight whose rows are not a multiple of
+// 128 bytes into padded rows and runs the GEMM on that copy (K = 3000, 1032
+// and 632 for [N, K]; N = 3000, 5400, 776 and 17016 for [K, N]).
+pattern_test!(gemm_bound, "gemm", |s, r, w| {
+    kernels::Gemm::new(s, kernels::GemmWeights { w: r[1].clone() })?.run(s, &r[0], &mut w[0])
+});
+pattern_test!(gemm_bias_gelu_bound, "gemm_bias_gelu", |s, r, w| {
+    let weights = kernels::GemmBiasGeluWeights {
+        w: r[1].clone(),
+        b: r[2].clone(),
+    };
+    kernels::GemmBiasGelu::new(s, weights)?.run(s, &r[0], &mut w[0])
+});
+pattern_test!(gemm_bias_silu_bound, "gemm_bias_silu", |s, r, w| {
+    let weights = kernels::GemmBiasSiluWeights {
+        w: r[1].clone(),
+        b: r[2].clone(),
+    };
+    kernels::GemmBiasSilu::new(s, weights)?.run(s, &r[0], &mut w[0])
+});
+pattern_test!(gemm_bias_residual_bound, "gemm_bias_residual", |s, r, w| {
+    let weights = kernels::GemmBiasResidualWeights {
+        w: r[2].clone(),
+        b: r[3].clone(),
+    };
+    kernels::GemmBiasResidual::new(s, weights)?.run(s, &r[0], &r[1], &mut w[0])
+});
 // The free functions normalize A into T, then run the GEMM on it.
 pattern_test!(
     layernorm_gemm,

@@ -191,6 +191,17 @@ fn a_struct_shared_by_threads_on_per_thread_streams_orders_its_workspace() {
     let ffn = std::sync::Mutex::new(
         kernels::SwigluFfn::new(&main, Case::swiglu_ffn_weights(&weights)).expect("weights bind"),
     );
+    // One call before any hold: it loads the kernels and sizes the
+    // workspace. A kernel loaded lazily inside a held call waits for the
+    // context, so thread A's launch would block until its own hold ended.
+    let mut warm = Case::<f16>::from_bindings(&main, graph.clone(), first.clone(), &dims);
+    warm.launch(|r, w| {
+        ffn.lock()
+            .expect("no thread panicked")
+            .run(&main, &r[0], &mut w[0])
+    })
+    .expect("swiglu_ffn runs");
+    warm.verify(&main);
     main.synchronize().expect("weights copied");
     // Thread A queues its call behind a hold on its stream; thread B then
     // queues its own on its stream. While A is held B's call must not run
@@ -206,7 +217,8 @@ fn a_struct_shared_by_threads_on_per_thread_streams_orders_its_workspace() {
             let release = hold_stream(&s);
             case.launch(|r, w| ffn.lock().expect("no thread panicked").run(&s, &r[0], &mut w[0]))
                 .expect("swiglu_ffn runs on thread A");
-            a_queued.send(release).expect("thread B waits");
+            let a_done = s.record_event(None).expect("event");
+            a_queued.send((release, a_done)).expect("thread B waits");
             if let Err(e) = case.try_verify(&s) {
                 panic!("thread A: {e}");
             }
@@ -216,17 +228,21 @@ fn a_struct_shared_by_threads_on_per_thread_streams_orders_its_workspace() {
             let graph = support::graph("swiglu_ffn", fusion::core::ir::DType::F16);
             let mut case = Case::<f16>::from_bindings(&s, graph, second, &dims);
             s.synchronize().expect("inputs uploaded");
-            let release_a = a_call.recv().expect("thread A queued its call");
+            let (release_a, a_done) = a_call.recv().expect("thread A queued its call");
             case.launch(|r, w| ffn.lock().expect("no thread panicked").run(&s, &r[0], &mut w[0]))
                 .expect("swiglu_ffn runs on thread B");
             let b_done = s.record_event(None).expect("event");
             // Ample time for the call (about a millisecond) to run if
             // nothing orders it after thread A's.
             std::thread::sleep(std::time::Duration::from_millis(300));
-            let ran_while_a_held = b_done.is_complete();
+            let (a_ran, b_ran) = (a_done.is_complete(), b_done.is_complete());
             drop(release_a);
             assert!(
-                !ran_while_a_held,
+                !a_ran,
+                "thread A's call ran although its stream was held: the test proves nothing"
+            );
+            assert!(
+                !b_ran,
                 "thread B's call ran while thread A's, queued first over the same workspace, had not"
             );
             if let Err(e) = case.try_verify(&s) {

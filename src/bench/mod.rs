@@ -390,6 +390,89 @@ impl<T: BenchElement> NormWeights<T> {
     }
 }
 
+/// A pattern's graph struct with its weights bound, called as the bench
+/// calls every pattern: x, the residual (read only by gemm_bias_residual)
+/// and y.
+trait Bound<T: Element> {
+    fn call(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        x: &Tensor<'_, T>,
+        residual: &Tensor<'_, T>,
+        y: &mut TensorMut<'_, T>,
+    ) -> Result<()>;
+}
+
+/// [`Bound`] for the structs whose one input is x.
+macro_rules! bound_on_x {
+    ($($graph:ident),*) => {$(
+        impl<T: Element> Bound<T> for kernels::$graph<'_, T> {
+            fn call(
+                &mut self,
+                stream: &Arc<CudaStream>,
+                x: &Tensor<'_, T>,
+                _: &Tensor<'_, T>,
+                y: &mut TensorMut<'_, T>,
+            ) -> Result<()> {
+                self.run(stream, x, y)
+            }
+        }
+    )*};
+}
+bound_on_x!(
+    Gemm,
+    GemmBiasGelu,
+    GemmBiasRelu,
+    GemmBias,
+    GemmBiasSilu,
+    GemmGelu,
+    GemmSilu,
+    LayernormGemm,
+    RmsnormGemm
+);
+
+impl<T: Element> Bound<T> for kernels::GemmBiasResidual<'_, T> {
+    fn call(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        x: &Tensor<'_, T>,
+        residual: &Tensor<'_, T>,
+        y: &mut TensorMut<'_, T>,
+    ) -> Result<()> {
+        self.run(stream, x, residual, y)
+    }
+}
+
+/// `pattern`'s struct bound to w, the bias b and the norm's g and be (each
+/// read where the graph has it).
+fn bind<'w, T: Element>(
+    stream: &Arc<CudaStream>,
+    pattern: Pattern,
+    w: Tensor<'w, T>,
+    b: Tensor<'w, T>,
+    g: Tensor<'w, T>,
+    be: Tensor<'w, T>,
+) -> Result<Box<dyn Bound<T> + 'w>> {
+    use kernels::*;
+    Ok(match pattern {
+        Pattern::Gemm => Box::new(Gemm::new(stream, GemmWeights { w })?),
+        Pattern::GemmBiasGelu => Box::new(GemmBiasGelu::new(stream, GemmBiasGeluWeights { w, b })?),
+        Pattern::GemmBiasRelu => Box::new(GemmBiasRelu::new(stream, GemmBiasReluWeights { w, b })?),
+        Pattern::GemmBias => Box::new(GemmBias::new(stream, GemmBiasWeights { w, b })?),
+        Pattern::GemmBiasSilu => Box::new(GemmBiasSilu::new(stream, GemmBiasSiluWeights { w, b })?),
+        Pattern::GemmBiasResidual => {
+            Box::new(GemmBiasResidual::new(stream, GemmBiasResidualWeights { w, b })?)
+        }
+        Pattern::GemmGelu => Box::new(GemmGelu::new(stream, GemmGeluWeights { w })?),
+        Pattern::GemmSilu => Box::new(GemmSilu::new(stream, GemmSiluWeights { w })?),
+        Pattern::LayernormGemm => Box::new(LayernormGemm::new(stream, LayernormGemmWeights { g, b: be, w })?),
+        Pattern::RmsnormGemm => Box::new(RmsnormGemm::new(stream, RmsnormGemmWeights { g, w })?),
+        Pattern::LayernormGemmPerCall | Pattern::RmsnormGemmPerCall => {
+            unreachable!("a per-call norm binds only w, through its free function")
+        }
+    })
+}
+
 /// Everything one (pattern, shape) case allocates.
 struct GemmCase<T> {
     x: Rotated<T>,
@@ -486,64 +569,52 @@ fn pattern_case<T: BenchElement>(
     };
     let has_bias = epilogue != LtEpilogue::None && epilogue != LtEpilogue::Gelu;
     let shape = format!("{m},{n},{k}");
-    // The norm GEMMs run as a model runs them: one struct per input set,
-    // bound to that set's weights, which it folds into its own copy of w.
-    // Bound to equal copies (same seeds), since the case's own buffers are
-    // borrowed mutably below.
-    let is_norm = matches!(pattern, Pattern::LayernormGemm | Pattern::RmsnormGemm);
-    let norm_weights = is_norm
-        .then(|| NormWeights::<T>::random(stream, n, k, seed))
+    // Every pattern whose weights are weights runs as a model runs it: one
+    // struct per input set, bound to that set's weights (a norm folded into
+    // its own copy of w, a misaligned w copied into padded rows). Bound to
+    // equal copies (same seeds), since the case's own buffers are borrowed
+    // mutably below. The per-call norms take gamma and beta with each call.
+    let per_call = matches!(
+        pattern,
+        Pattern::LayernormGemmPerCall | Pattern::RmsnormGemmPerCall
+    );
+    let bound_weights = (!per_call)
+        .then(|| -> Result<_> {
+            Ok((
+                NormWeights::<T>::random(stream, n, k, seed)?,
+                Rotated::<T>::random(stream, n, 1.0, seed + 2)?,
+            ))
+        })
         .transpose()?;
-    let mut layernorm_gemms = Vec::new();
-    let mut rmsnorm_gemms = Vec::new();
-    for (i, norm_weights) in norm_weights
+    let mut bound: Vec<Box<dyn Bound<T> + '_>> = Vec::new();
+    for (i, (weights, bias)) in bound_weights
         .iter()
         .flat_map(|weights| (0..SETS).map(move |i| (i, weights)))
     {
-        let (w, g, be) = (
-            Tensor::new(norm_weights.w.get(i), w_shape)?,
-            vec_of(norm_weights.gamma.get(i), k)?,
-            vec_of(norm_weights.beta.get(i), k)?,
+        let (w, g, be, b) = (
+            Tensor::new(weights.w.get(i), w_shape)?,
+            vec_of(weights.gamma.get(i), k)?,
+            vec_of(weights.beta.get(i), k)?,
+            vec_of(bias.get(i), n)?,
         );
-        match pattern {
-            Pattern::LayernormGemm => layernorm_gemms.push(kernels::LayernormGemm::new(
-                stream,
-                kernels::LayernormGemmWeights { g, b: be, w },
-            )?),
-            Pattern::RmsnormGemm => rmsnorm_gemms.push(kernels::RmsnormGemm::new(
-                stream,
-                kernels::RmsnormGemmWeights { g, w },
-            )?),
-            _ => {}
-        }
+        bound.push(bind(stream, pattern, w, b, g, be)?);
     }
 
     let mut ours = |c: &mut GemmCase<T>, i: usize| -> Result<()> {
-        let (x, w, b) = (
-            mat(c.x.get(i), m, k)?,
-            Tensor::new(c.w.get(i), w_shape)?,
-            vec_of(c.bias.get(i), n)?,
-        );
+        let x = mat(c.x.get(i), m, k)?;
         let r = mat(c.residual.get(i), m, n)?;
         let mut y = TensorMut::new(c.ours.get_mut(i), [m, n])?;
+        if let Some(bound) = bound.get_mut(i % SETS) {
+            return bound.call(stream, &x, &r, &mut y);
+        }
+        let w = Tensor::new(c.w.get(i), w_shape)?;
+        let g = vec_of(c.gamma.get(i), k)?;
         match pattern {
-            Pattern::Gemm => kernels::gemm(stream, &x, &w, &mut y),
-            Pattern::GemmBiasGelu => kernels::gemm_bias_gelu(stream, &x, &w, &b, &mut y),
-            Pattern::GemmBiasRelu => kernels::gemm_bias_relu(stream, &x, &w, &b, &mut y),
-            Pattern::GemmBias => kernels::gemm_bias(stream, &x, &w, &b, &mut y),
-            Pattern::GemmBiasSilu => kernels::gemm_bias_silu(stream, &x, &w, &b, &mut y),
-            Pattern::GemmBiasResidual => kernels::gemm_bias_residual(stream, &x, &r, &w, &b, &mut y),
-            Pattern::GemmGelu => kernels::gemm_gelu(stream, &x, &w, &mut y),
-            Pattern::GemmSilu => kernels::gemm_silu(stream, &x, &w, &mut y),
-            Pattern::LayernormGemm => layernorm_gemms[i % SETS].run(stream, &x, &mut y),
-            Pattern::RmsnormGemm => rmsnorm_gemms[i % SETS].run(stream, &x, &mut y),
             Pattern::LayernormGemmPerCall => {
-                let (g, be) = (vec_of(c.gamma.get(i), k)?, vec_of(c.beta.get(i), k)?);
-                kernels::layernorm_gemm(stream, &x, &g, &be, &w, &mut y)
+                kernels::layernorm_gemm(stream, &x, &g, &vec_of(c.beta.get(i), k)?, &w, &mut y)
             }
-            Pattern::RmsnormGemmPerCall => {
-                kernels::rmsnorm_gemm(stream, &x, &vec_of(c.gamma.get(i), k)?, &w, &mut y)
-            }
+            Pattern::RmsnormGemmPerCall => kernels::rmsnorm_gemm(stream, &x, &g, &w, &mut y),
+            _ => unreachable!("every other pattern runs its bound struct"),
         }
     };
     let baseline = |c: &mut GemmCase<T>, lt: &mut cublaslt::LtGemm, i: usize| -> Result<()> {

@@ -242,6 +242,7 @@ impl<T: HostElement + ValidAsZeroBits> Case<T> {
                 col_terms: std::ptr::null_mut(),
                 n: self.n as i64,
                 k: self.k as i64,
+                ld_folded: 0,
             };
             // SAFETY: w and w_up hold n·k elements each and `out` 2·n·k, all
             // on this case's stream (see `Case`).
@@ -296,6 +297,7 @@ impl<T: HostElement + ValidAsZeroBits> Case<T> {
             m: self.m as i64,
             n: self.n as i64,
             k: self.k as i64,
+            ldb: 0,
             eps: self.eps,
             flags: 0,
             workspace,

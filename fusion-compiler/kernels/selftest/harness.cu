@@ -87,6 +87,7 @@ struct Options {
   bool quick = false;
   bool bench = false;
   bool check = true;
+  bool pad_b = false;  // --pad-b: the timed launches read B's rows padded (Inputs)
   int reps = 50;
   uint64_t seed = 0x5eed;
   std::string filter;
@@ -172,13 +173,26 @@ DeviceBuffer<uint16_t> filled(DType d, size_t n, uint64_t seed, float scale, flo
 // One input set of a unit at one shape, in the unit's element type (stored
 // as 16-bit words; the kernels below reinterpret them). A ~U(-1, 1) plus a
 // per-row offset for a norm prologue (so that the mean matters), B scaled
-// by 1/sqrt(K), C poisoned with NaN.
+// by 1/sqrt(K), C poisoned with NaN. With `pad_b`, the launch reads B from
+// a copy whose rows are `ldb` elements apart (rounded up to 64 as a graph
+// struct pads a bound weight, or 8 more where they already are), the
+// padding NaN, so that reading it fails the comparison; `b` stays dense
+// for cuBLASLt.
 struct Inputs {
-  DeviceBuffer<uint16_t> a, b, bias, residual, multiplier, gamma, beta, c;
+  DeviceBuffer<uint16_t> a, b, b_padded, bias, residual, multiplier, gamma, beta, c;
+  int64_t ldb = 0;
 
-  Inputs(const Unit& u, const Epilogue& epi, Shape s, uint64_t& seed) {
+  Inputs(const Unit& u, const Epilogue& epi, Shape s, uint64_t& seed, bool pad_b = false) {
     a = filled(u.dtype, size_t(s.m * s.k), ++seed, 1.0f, u.norm != Norm::None ? 2.0f : 0.0f, s.k);
     b = filled(u.dtype, size_t(s.n * s.k), ++seed, 1.0f / std::sqrt(float(s.k)), 0.0f, 0);
+    if (pad_b) {
+      const int64_t row = u.layout == Layout::KN ? s.n : s.k, rows = u.layout == Layout::KN ? s.k : s.n;
+      ldb = row % 64 != 0 ? (row + 63) / 64 * 64 : row + 8;
+      b_padded = DeviceBuffer<uint16_t>(size_t(rows * ldb));
+      b_padded.poison();
+      CHECK_CUDA(cudaMemcpy2D(b_padded.ptr, size_t(ldb) * 2, b.ptr, size_t(row) * 2, size_t(row) * 2, size_t(rows),
+                              cudaMemcpyDeviceToDevice));
+    }
     if (u.norm != Norm::None) {
       gamma = filled(u.dtype, size_t(s.k), ++seed, 0.5f, 1.0f, 0);
       beta = filled(u.dtype, size_t(s.k), ++seed, 0.5f, 0.0f, 0);
@@ -198,6 +212,7 @@ struct Inputs {
     p.bias = bias.ptr, p.residual = residual.ptr, p.multiplier = multiplier.ptr;
     p.gamma = gamma.ptr, p.beta = beta.ptr;
     p.m = s.m, p.n = s.n, p.k = s.k, p.eps = u.eps;
+    if (b_padded.ptr != nullptr) p.b = b_padded.ptr, p.ldb = ldb;
     return p;
   }
 };
@@ -264,12 +279,13 @@ __global__ void ref_gemm_kernel(const float* a, fusion_gemm_params p, Layout lay
   __shared__ float as[16][17], bs[16][17];
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int64_t M = p.m, N = p.n, K = p.k;
+  const int64_t ldb = p.ldb != 0 ? p.ldb : layout == Layout::KN ? N : K;
   const int64_t m = int64_t(blockIdx.y) * 16 + ty, n = int64_t(blockIdx.x) * 16 + tx;
   float acc = 0.0f;
   for (int64_t k0 = 0; k0 < K; k0 += 16) {
     as[ty][tx] = (m < M && k0 + tx < K) ? a[m * K + k0 + tx] : 0.0f;
     const int64_t k = k0 + ty;
-    bs[ty][tx] = (k < K && n < N) ? load<T>(p.b, layout == Layout::KN ? k * N + n : n * K + k) : 0.0f;
+    bs[ty][tx] = (k < K && n < N) ? load<T>(p.b, layout == Layout::KN ? k * ldb + n : n * ldb + k) : 0.0f;
     __syncthreads();
 #pragma unroll
     for (int kk = 0; kk < 16; ++kk) acc += as[ty][kk] * bs[kk][tx];
@@ -405,9 +421,10 @@ int launch(const Unit& u, fusion_gemm_params& p, Workspace& ws) {
 
 std::string status_name(int rc) { return std::string("returned ") + cudaGetErrorName(cudaError_t(rc)); }
 
-void check_one(Totals& totals, const Unit& u, const Epilogue& epi, Shape s, uint64_t& seed, Workspace& ws) {
-  const std::string name = unit_label(u) + " " + shape_label(s);
-  Inputs in(u, epi, s, seed);
+void check_one(Totals& totals, const Unit& u, const Epilogue& epi, Shape s, uint64_t& seed, Workspace& ws,
+               bool pad_b = false) {
+  const std::string name = unit_label(u) + " " + shape_label(s) + (pad_b ? " B rows padded" : "");
+  Inputs in(u, epi, s, seed, pad_b);
   fusion_gemm_params p = in.params(u, s);
   const int rc = launch(u, p, ws);
   if (rc != 0) return totals.record(name, false, status_name(rc));
@@ -449,6 +466,8 @@ void check_arguments(Totals& totals, const Unit& u, const Epilogue& epi, Shape s
   add("negative m").m = -1;
   add("misaligned a").a = in.a.ptr + 1;
   add("misaligned c").c = in.c.ptr + 4;
+  add("B's row stride shorter than its rows").ldb = (u.layout == Layout::KN ? s.n : s.k) - 8;
+  add("B's row stride not a multiple of 8").ldb = (u.layout == Layout::KN ? s.n : s.k) + 4;
   if (epi.uses(Step::Bias)) add("null bias").bias = nullptr;
   if (epi.uses(Step::Residual)) add("null residual").residual = nullptr;
   if (epi.uses(Step::Mul)) add("null multiplier").multiplier = nullptr;
@@ -491,10 +510,10 @@ cublasLtEpilogue_t baseline_of(const Epilogue& e, const char*& name) {
   return name = "plain", CUBLASLT_EPILOGUE_DEFAULT;
 }
 
-void bench_one(harness::LtGemm& lt, const Unit& u, const Epilogue& epi, Shape s, int reps, uint64_t& seed,
-               Workspace& ws) {
+void bench_one(harness::LtGemm& lt, const Unit& u, const Epilogue& epi, Shape s, int reps, bool pad_b,
+               uint64_t& seed, Workspace& ws) {
   std::vector<Inputs> sets;
-  for (int i = 0; i < 4; ++i) sets.emplace_back(u, epi, s, seed);
+  for (int i = 0; i < 4; ++i) sets.emplace_back(u, epi, s, seed, pad_b);
   std::vector<fusion_gemm_params> params;
   for (const Inputs& in : sets) params.push_back(in.params(u, s));
   const char* base_name = nullptr;
@@ -555,17 +574,19 @@ int main(int argc, char** argv) {
     if (arg == "--quick") opt.quick = true;
     else if (arg == "--bench") opt.bench = true;
     else if (arg == "--no-check") opt.check = false;
+    else if (arg == "--pad-b") opt.pad_b = true;
     else if (arg.rfind("--filter=", 0) == 0) opt.filter = arg.substr(9);
     else if (arg.rfind("--seed=", 0) == 0) opt.seed = std::strtoull(arg.c_str() + 7, nullptr, 0);
     else if (arg.rfind("--reps=", 0) == 0 && std::atoi(arg.c_str() + 7) > 0) opt.reps = std::atoi(arg.c_str() + 7);
     else if (arg.rfind("--shape=", 0) == 0 && parse_shape(arg.substr(8), shape)) opt.shapes.push_back(shape);
     else {
       std::fprintf(stderr,
-                   "usage: %s [--quick] [--bench] [--no-check] [--filter=SUBSTRING] [--seed=N] [--reps=N]\n"
-                   "          [--shape=M,N,K ...]\n"
+                   "usage: %s [--quick] [--bench] [--no-check] [--pad-b] [--filter=SUBSTRING] [--seed=N]\n"
+                   "          [--reps=N] [--shape=M,N,K ...]\n"
                    "  --quick      no 4096^3 checks; 20 timed runs\n"
                    "  --bench      time every unit against cuBLASLt\n"
                    "  --no-check   skip the argument and correctness checks\n"
+                   "  --pad-b      time our launches on B with padded rows, as a graph struct binds a weight\n"
                    "  --filter=S   only units whose label contains S (sm90 f16 NK gemm_bias_gelu [tile] #3)\n"
                    "  --shape=M,N,K  benchmark this shape (repeat for several); default 4096,4096,4096\n",
                    argv[0]);
@@ -619,6 +640,11 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < units.size(); ++i) {
       for (Shape s : {Shape{64, 64, 64}, Shape{1, 64, 64}}) check_arguments(totals, *units[i], epilogues[i], s, seed, ws);
       for (Shape s : shapes) check_one(totals, *units[i], epilogues[i], s, seed, ws);
+      // B read through a row stride, as a bound weight's padded copy: the
+      // regular kernel (K = 1032 and 136 are not multiples of 64; N = 3000
+      // and 520 neither, for [K, N]) and the decode kernel.
+      for (Shape s : {Shape{1000, 3000, 1032}, Shape{77, 520, 136}, Shape{7, 3000, 1032}, Shape{64, 64, 64}})
+        check_one(totals, *units[i], epilogues[i], s, seed, ws, true);
     }
     std::printf("correctness: %d passed, %d failed\n", totals.passed, totals.failed);
     for (const std::string& f : totals.failures) std::printf("  failed: %s\n", f.c_str());
@@ -631,7 +657,7 @@ int main(int argc, char** argv) {
     std::printf("%-96s %-20s %9s %9s %6s %7s %7s %s\n", "unit", "shape", "ours us", "Lt us", "ratio", "TF/s",
                 "GB/s", "Lt epilogue");
     for (Shape s : opt.shapes)
-      for (size_t i = 0; i < units.size(); ++i) bench_one(lt, *units[i], epilogues[i], s, opt.reps, seed, ws);
+      for (size_t i = 0; i < units.size(); ++i) bench_one(lt, *units[i], epilogues[i], s, opt.reps, opt.pad_b, seed, ws);
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("total time %.1f s\n", secs);

@@ -284,6 +284,14 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
     // weights then (gated pairs interleaved too).
     let foldable: Vec<bool> = plan.kernels.iter().map(|k| k.norm_foldable(graph)).collect();
     let prepared: Vec<bool> = plan.kernels.iter().map(|k| k.prepares_weights(graph)).collect();
+    // Kernels that read a bound plain weight as B, which a struct may copy
+    // into rows its kernel reads faster (`fusion::launch::FoldedWeights::pad`).
+    let padded: Vec<bool> = plan
+        .kernels
+        .iter()
+        .zip(&prepared)
+        .map(|(k, &prepared)| !prepared && k.binds_b(graph))
+        .collect();
     let fold_var = |index: usize| format_ident!("__fold_{index}");
     let dispatch = launchers.kernels.iter().enumerate().map(|(index, variants)| {
         let var = format_ident!("__launcher_{index}");
@@ -379,10 +387,21 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
                 let folded = if prepared[index] {
                     quote! {
                         if let Some(__weights) = __folded.get(#index).and_then(Option::as_ref) {
-                            let (b, col_terms) = __call.folded(__weights);
+                            let (b, col_terms, ldb) = __call.folded(__weights);
                             #var.b = b as *const core::ffi::c_void;
+                            #var.ldb = ldb;
                             #var.b_up = core::ptr::null();
                             #var.col_terms = col_terms as *const core::ffi::c_void;
+                        }
+                    }
+                } else if padded[index] {
+                    // A bound plain weight, read from its copy with padded
+                    // rows where the struct made one.
+                    quote! {
+                        if let Some(__weights) = __folded.get(#index).and_then(Option::as_ref) {
+                            let (b, _, ldb) = __call.folded(__weights);
+                            #var.b = b as *const core::ffi::c_void;
+                            #var.ldb = ldb;
                         }
                     }
                 } else {
@@ -395,7 +414,7 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
                         ffi::fusion_gemm_params {
                         a: #a, b: #b, b_up: #b_up, c: #out as *mut core::ffi::c_void,
                         bias: #bias, residual: #residual, multiplier: #multiplier,
-                            gamma: #gamma, beta: #beta, col_terms: core::ptr::null(), m, n, k, eps: #eps,
+                            gamma: #gamma, beta: #beta, col_terms: core::ptr::null(), m, n, k, ldb: 0, eps: #eps,
                             flags: __gemm_flags, workspace: core::ptr::null_mut(), workspace_bytes: 0,
                         }
                     };
@@ -514,6 +533,17 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
         let Composition::Gemm(gemm) = &kernel.composition else {
             return quote!(__folded.push(None);)
         };
+        let label = label(index);
+        let b_decl = tensor_const(kernel.operand(Role::B).unwrap_or(kernel.output));
+        if padded[index] {
+            let b = pointer_var(kernel.operand(Role::B).unwrap_or(kernel.output));
+            return quote! {
+                let (rows, cols) = __call.matrix(&#b_decl)?;
+                __folded.push(fusion::launch::FoldedWeights::pad(
+                    &__call, #label, __arch, #b, (rows, cols), core::mem::size_of::<#elem>(),
+                )?);
+            };
+        }
         if !prepared[index] {
             return quote!(__folded.push(None););
         }
@@ -539,12 +569,13 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
         } else {
             quote!(0)
         };
-        let b_decl = tensor_const(kernel.operand(Role::B).unwrap_or(kernel.output));
-        let n_k = match gemm.b_layout {
-            WeightLayout::NK => quote!((rows, cols)),
-            WeightLayout::KN => quote!((cols, rows)),
+        // (n, k) of the fold's params, and the rows and row length of the
+        // prepared weight (a gated pair's holds both).
+        let pair = halves as i64;
+        let (n_k, stored) = match gemm.b_layout {
+            WeightLayout::NK => (quote!((rows, cols)), quote!((#pair * rows, cols))),
+            WeightLayout::KN => (quote!((cols, rows)), quote!((rows, #pair * cols))),
         };
-        let label = label(index);
         quote! {
             let __fold: fusion::launch::FoldWeights<ffi::fusion_fold_params> = match (__dtype, __arch) {
                 #(#arms)*
@@ -552,18 +583,17 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
             };
             let (rows, cols) = __call.matrix(&#b_decl)?;
             let (n, k) = #n_k;
-            // The weights were checked: their bytes fit a usize.
-            let bytes = #halves * rows as usize * cols as usize * core::mem::size_of::<#elem>();
             let stream_ptr = __call.stream_ptr();
-            __folded.push(Some(fusion::launch::FoldedWeights::fold(&__call, #label, bytes, #term_columns, |w_folded, col_terms| {
-                let params = ffi::fusion_fold_params { w: #b, w_up: #b_up, gamma: #gamma, beta: #beta, w_folded, col_terms, n, k };
+            // The weights were checked: twice their rows still fit an i64.
+            __folded.push(Some(fusion::launch::FoldedWeights::fold(&__call, #label, __arch, #stored, core::mem::size_of::<#elem>(), #term_columns, |w_folded, col_terms, ld_folded| {
+                let params = ffi::fusion_fold_params { w: #b, w_up: #b_up, gamma: #gamma, beta: #beta, w_folded, col_terms, n, k, ld_folded };
                 // SAFETY: the weights were checked by `__call` and the
                 // outputs were just allocated at the sizes the fold writes.
                 unsafe { __fold(&params, stream_ptr) }
             }, ffi::#error_string)?));
         }
     });
-    let fold_body = if prepared.contains(&true) {
+    let fold_body = if prepared.contains(&true) || padded.contains(&true) {
         quote! {
             let mut __folded = Vec::new();
             #(#folds)*
@@ -616,9 +646,10 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
                 __use.finish()
             }
 
-            /// Checks the weights and folds each kernel's norm into its
-            /// weight where it can (`fusion::launch::FoldedWeights`): one
-            /// entry per kernel of the plan. Returns once the folds ran.
+            /// Checks the weights and prepares each kernel's where it can
+            /// (`fusion::launch::FoldedWeights`: a norm folded in, a gated
+            /// pair interleaved, rows padded): one entry per kernel of the
+            /// plan. Returns once that ran.
             pub(super) fn fold_weights #generics(
                 stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
                 #(#weight_args: &fusion::Tensor<'_, #elem>,)*
@@ -845,7 +876,12 @@ impl quote::ToTokens for BoundGraph {
                 /// what later calls need from them alone: a norm followed by a
                 /// GEMM whose gamma, beta and weight are all bound is folded
                 /// into a copy of that weight (`fusion::launch::FoldedWeights`),
-                /// which the struct keeps. Returns once that work is done.
+                /// a gated pair's two weights are interleaved into one, and a
+                /// plain weight whose rows are not a multiple of 128 bytes is
+                /// copied with its rows padded to that on sm90 (where such
+                /// rows read slower; at most an eighth more per row, and
+                /// `FUSION_PAD_WEIGHTS=0` turns it off): copies the struct
+                /// keeps beside the weights. Returns once that work is done.
                 pub fn new(
                     stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
                     weights: #weights_ident #args,

@@ -397,6 +397,13 @@ impl FusedKernel {
             || (gemm.gate.is_some() && self.is_weight(graph, Role::B) && self.is_weight(graph, Role::Up))
     }
 
+    /// Whether it is a GEMM whose B is a weight of `graph`, which a graph
+    /// struct binds once (and may keep in the row layout its kernel reads
+    /// best).
+    pub fn binds_b(&self, graph: &Graph) -> bool {
+        matches!(self.composition, Composition::Gemm(_)) && self.is_weight(graph, Role::B)
+    }
+
     /// Whether the tensor it reads in `role` is a weight of `graph`.
     fn is_weight(&self, graph: &Graph, role: Role) -> bool {
         self.operand(role).is_some_and(|t| graph.weights.contains(&t))

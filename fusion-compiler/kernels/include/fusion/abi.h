@@ -59,6 +59,9 @@ typedef struct fusion_gemm_params {
   const void* beta;       /* [k], LayerNorm's shift */
   const void* col_terms;  /* f32 pairs [n]: a folded norm's (rowsum of W', W·beta) */
   int64_t m, n, k;
+  int64_t ldb;              /* B's row stride in elements: 0 for dense rows (k for [n, k], n for [k, n];
+                             * a gated GEMM's prepared B counts its 2n columns), else at least that and a
+                             * multiple of 8, e.g. a bound weight's rows padded to 128 bytes */
   float eps;                /* the norm's epsilon */
   uint32_t flags;           /* FUSION_GEMM_* bits */
   void* workspace;          /* see <symbol>_workspace_bytes; null for none */
@@ -88,6 +91,7 @@ typedef struct fusion_fold_params {
   void* w_folded;    /* w's shape and layout; a gated GEMM's [2n, k] or [k, 2n] */
   void* col_terms;   /* f32 pairs [n] (a gated GEMM's [2n]) */
   int64_t n, k;
+  int64_t ld_folded; /* w_folded's row stride in elements, as fusion_gemm_params::ldb: 0 for dense */
 } fusion_fold_params;
 
 /* y = norm(x) over rows of length k. */

@@ -147,7 +147,7 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kMinBlocksPerSm)
   // 8), and its rows g and g + 8 of x (null past M).
   const T* w_row[kTiles];
 #pragma unroll
-  for (int r = 0; r < kTiles; ++r) w_row[r] = n0 + 8 * r < N ? args.b + (n0 + 8 * r + g) * K : nullptr;
+  for (int r = 0; r < kTiles; ++r) w_row[r] = n0 + 8 * r < N ? args.b + (n0 + 8 * r + g) * args.ldb : nullptr;
   const T* x_lo = g < M ? args.a + g * K : nullptr;
   const T* x_hi = g + 8 < M ? args.a + (g + 8) * K : nullptr;
 
@@ -250,7 +250,7 @@ struct DecodeGemm {
 
   // check_gemm_args, at most kDecodeMaxM rows, and a grid that fits.
   static cudaError_t check(const GemmArgs<T>& p) {
-    const cudaError_t err = check_gemm_args<Prologue, Epilogue>(p);
+    const cudaError_t err = check_gemm_args<Prologue, Epilogue, kLayout>(p);
     if (err != cudaSuccess) return err;
     if (p.m > kDecodeMaxM || (p.n + DecodeDeep::BN - 1) / DecodeDeep::BN > int64_t(INT32_MAX))
       return cudaErrorInvalidValue;

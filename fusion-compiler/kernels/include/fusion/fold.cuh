@@ -21,10 +21,12 @@
 
 namespace fusion {
 
-// [N, K]: one warp per row n of W, 16-byte chunks along K.
+// [N, K]: one warp per row n of W, 16-byte chunks along K; W''s rows
+// ld_out elements apart.
 template <NormKind kKind, typename T, typename Weight>
 __global__ void fold_rows_kernel(const Weight w, const T* __restrict__ gamma, const T* __restrict__ beta,
-                                 T* __restrict__ w_folded, float2* __restrict__ col_terms, int64_t N, int64_t K) {
+                                 T* __restrict__ w_folded, float2* __restrict__ col_terms, int64_t N, int64_t K,
+                                 int64_t ld_out) {
   const int warps_per_block = blockDim.x / 32;
   const int lane = threadIdx.x & 31;
   for (int64_t n = int64_t(blockIdx.x) * warps_per_block + threadIdx.x / 32; n < N;
@@ -37,7 +39,7 @@ __global__ void fold_rows_kernel(const Weight w, const T* __restrict__ gamma, co
 #pragma unroll
       for (int i = 0; i < 8; ++i) folded[i] = x[i] * g[i];
       const Vec8<T> rounded = float_to_vec8<T>(folded);
-      store_vec8(w_folded + n * K + k, rounded);
+      store_vec8(w_folded + n * ld_out + k, rounded);
       vec8_to_float(rounded, folded);
 #pragma unroll
       for (int i = 0; i < 8; ++i) u += folded[i];
@@ -58,10 +60,12 @@ __global__ void fold_rows_kernel(const Weight w, const T* __restrict__ gamma, co
 }
 
 // [K, N]: one thread per 8 consecutive columns n, down all of K (adjacent
-// threads read adjacent 16 bytes of each row).
+// threads read adjacent 16 bytes of each row); W''s rows ld_out elements
+// apart.
 template <NormKind kKind, typename T, typename Weight>
 __global__ void fold_columns_kernel(const Weight w, const T* __restrict__ gamma, const T* __restrict__ beta,
-                                    T* __restrict__ w_folded, float2* __restrict__ col_terms, int64_t N, int64_t K) {
+                                    T* __restrict__ w_folded, float2* __restrict__ col_terms, int64_t N, int64_t K,
+                                    int64_t ld_out) {
   const int64_t n0 = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * kVecElems;
   if (n0 >= N) return;
   float u[8] = {}, c[8] = {};
@@ -73,7 +77,7 @@ __global__ void fold_columns_kernel(const Weight w, const T* __restrict__ gamma,
 #pragma unroll
     for (int i = 0; i < 8; ++i) folded[i] = x[i] * g;
     const Vec8<T> rounded = float_to_vec8<T>(folded);
-    store_vec8(w_folded + k * N + n0, rounded);
+    store_vec8(w_folded + k * ld_out + n0, rounded);
     vec8_to_float(rounded, folded);
 #pragma unroll
     for (int i = 0; i < 8; ++i) u[i] += folded[i];
@@ -88,16 +92,19 @@ __global__ void fold_columns_kernel(const Weight w, const T* __restrict__ gamma,
 }
 
 // Host launcher: nothing for N = 0; cudaErrorInvalidValue for N or K not a
-// multiple of 8, K = 0, a null or misaligned pointer, or a LayerNorm
-// without beta. kGated: W is `w` and `w_up` (a gated GEMM's up weight, the
-// shape of `w`) interleaved, and W' has 2N columns and so many terms; else
-// `w_up` must be null.
+// multiple of 8, K = 0, a row stride of W' row_stride_of refuses (0 is
+// dense: W''s rows as long as W's), a null or misaligned pointer, or a
+// LayerNorm without beta. kGated: W is `w` and `w_up` (a gated GEMM's up
+// weight, the shape of `w`) interleaved, and W' has 2N columns and so many
+// terms; else `w_up` must be null.
 template <NormKind kKind, typename T, LayoutB kLayout, bool kGated = false>
 cudaError_t launch_fold_weights(const T* w, const T* w_up, const T* gamma, const T* beta, T* w_folded,
-                                float2* col_terms, int64_t N, int64_t K, cudaStream_t stream) {
+                                float2* col_terms, int64_t N, int64_t K, int64_t ld_folded, cudaStream_t stream) {
   if (N == 0) return cudaSuccess;  // a weight with no output columns: nothing to fold
   if (N < 0 || K <= 0 || N % kVecElems != 0 || K % kVecElems != 0) return cudaErrorInvalidValue;
   if (kGated != (w_up != nullptr)) return cudaErrorInvalidValue;
+  const int64_t columns = kGated ? 2 * N : N;
+  if (!row_stride_of(ld_folded, kLayout == LayoutB::NK ? K : columns, &ld_folded)) return cudaErrorInvalidValue;
   const void* pointers[] = {w, gamma, w_folded, col_terms, kKind == NormKind::LayerNorm ? beta : gamma,
                             kGated ? w_up : w};
   for (const void* p : pointers)
@@ -109,16 +116,15 @@ cudaError_t launch_fold_weights(const T* w, const T* w_up, const T* gamma, const
     else
       return PlainWeight<T>{w};
   }();
-  const int64_t columns = kGated ? 2 * N : N;
   if constexpr (kLayout == LayoutB::NK) {
     int64_t blocks = 0;
     const cudaError_t err = rows_grid(columns, &blocks);
     if (err != cudaSuccess) return err;
-    fold_rows_kernel<kKind, T><<<unsigned(blocks), 256, 0, stream>>>(weight, gamma, beta, w_folded, col_terms, columns, K);
+    fold_rows_kernel<kKind, T><<<unsigned(blocks), 256, 0, stream>>>(weight, gamma, beta, w_folded, col_terms, columns, K, ld_folded);
   } else {
     const int64_t threads = columns / kVecElems;
     fold_columns_kernel<kKind, T>
-        <<<unsigned((threads + 127) / 128), 128, 0, stream>>>(weight, gamma, beta, w_folded, col_terms, columns, K);
+        <<<unsigned((threads + 127) / 128), 128, 0, stream>>>(weight, gamma, beta, w_folded, col_terms, columns, K, ld_folded);
   }
   return cudaGetLastError();
 }

@@ -55,18 +55,19 @@ struct PlainWeight {
   __device__ __forceinline__ const T* columns(int64_t k, int64_t n0, int64_t N) const { return w + k * N + n0; }
 };
 
-// out = the interleaved weight, 16 bytes per thread and step.
+// out = the interleaved weight, 16 bytes per thread and step, its rows
+// ld_out elements apart.
 template <typename T, LayoutB kLayout>
-__global__ void interleave_kernel(GatedWeights<T> src, T* __restrict__ out, int64_t N, int64_t K) {
+__global__ void interleave_kernel(GatedWeights<T> src, T* __restrict__ out, int64_t N, int64_t K, int64_t ld_out) {
   const int64_t chunks_per_row = (kLayout == LayoutB::NK ? K : N) / kVecElems;
   const int64_t rows = kLayout == LayoutB::NK ? N : K;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < rows * chunks_per_row;
        i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = i / chunks_per_row, c = (i % chunks_per_row) * kVecElems;
     if constexpr (kLayout == LayoutB::NK)
-      store_vec8(out + r * K + c, load_vec8(src.row(r, K) + c));
+      store_vec8(out + r * ld_out + c, load_vec8(src.row(r, K) + c));
     else
-      store_vec8(out + r * N + c, load_vec8(src.columns(r, c, N)));
+      store_vec8(out + r * ld_out + c, load_vec8(src.columns(r, c, N)));
   }
 }
 
@@ -77,12 +78,16 @@ inline size_t interleaved_bytes(int64_t f, int64_t k) {
 }
 
 // Host launcher: `out` = gate and up ([f, k] or [k, f] each, as kLayout
-// says) interleaved; nothing for f = 0. cudaErrorInvalidValue for f or k
-// not a multiple of 8, k = 0, or a null or misaligned pointer.
+// says) interleaved, its rows `ld_out` elements apart (0: dense, k or 2f);
+// nothing for f = 0. cudaErrorInvalidValue for f or k not a multiple of 8,
+// k = 0, a row stride row_stride_of refuses, or a null or misaligned
+// pointer.
 template <typename T, LayoutB kLayout>
-cudaError_t launch_interleave(const T* gate, const T* up, T* out, int64_t f, int64_t k, cudaStream_t stream) {
+cudaError_t launch_interleave(const T* gate, const T* up, T* out, int64_t f, int64_t k, int64_t ld_out,
+                              cudaStream_t stream) {
   if (f == 0) return cudaSuccess;
   if (f < 0 || k <= 0 || f % kGateBlock != 0 || k % kVecElems != 0) return cudaErrorInvalidValue;
+  if (!row_stride_of(ld_out, kLayout == LayoutB::NK ? k : 2 * f, &ld_out)) return cudaErrorInvalidValue;
   const void* pointers[] = {gate, up, out};
   for (const void* p : pointers)
     if (p == nullptr || !is_aligned16(p)) return cudaErrorInvalidValue;
@@ -92,7 +97,7 @@ cudaError_t launch_interleave(const T* gate, const T* up, T* out, int64_t f, int
   int64_t blocks = 0;
   const cudaError_t err = rows_grid(8 * ((chunks + 255) / 256), &blocks);
   if (err != cudaSuccess) return err;
-  interleave_kernel<T, kLayout><<<unsigned(blocks), 256, 0, stream>>>(GatedWeights<T>{gate, up}, out, 2 * f, k);
+  interleave_kernel<T, kLayout><<<unsigned(blocks), 256, 0, stream>>>(GatedWeights<T>{gate, up}, out, 2 * f, k, ld_out);
   return cudaGetLastError();
 }
 

@@ -178,13 +178,17 @@ bool clearly_fewer_waves(int64_t m, int64_t n) {
 
 // What every GEMM kernel family relies on (FusedGemm, and the decode
 // kernel of decode.cuh). Returns cudaErrorInvalidValue when M is negative,
-// N or K is not a multiple of 8 (a gated GEMM's C columns too), K is 0, a
-// pointer the composition reads is null or not 16-byte aligned, or an up
-// weight comes with a chain that is not gated or with B already folded.
-template <typename Prologue, typename Epilogue, typename T>
+// N or K is not a multiple of 8 (a gated GEMM's C columns too), K is 0, B's
+// row stride is shorter than its rows or not a multiple of 8, a pointer the
+// composition reads is null or not 16-byte aligned, or an up weight comes
+// with a chain that is not gated, with B already folded or with B's rows
+// strided (the interleave reads dense ones).
+template <typename Prologue, typename Epilogue, LayoutB kLayout, typename T>
 cudaError_t check_gemm_args(const GemmArgs<T>& p) {
   if (p.m < 0 || p.n < 0 || p.k <= 0) return cudaErrorInvalidValue;
   if (p.n % (kVecElems * Epilogue::kGemmColsPerOutput) != 0 || p.k % kVecElems != 0) return cudaErrorInvalidValue;
+  if (p.ldb < b_row_length<kLayout>(p) || p.ldb % kVecElems != 0) return cudaErrorInvalidValue;
+  if (p.b_up != nullptr && p.ldb != b_row_length<kLayout>(p)) return cudaErrorInvalidValue;
   if (p.b_up != nullptr && (!Epilogue::kGated || Prologue::kRowStats || !is_aligned16(p.b_up)))
     return cudaErrorInvalidValue;
   if (p.a == nullptr || p.b == nullptr || p.c == nullptr) return cudaErrorInvalidValue;
@@ -226,10 +230,11 @@ cudaError_t prepare_operands(const GemmArgs<T>& p, const Workspace& workspace, c
   if constexpr (Epilogue::kGated) {
     if (p.b_up != nullptr) {
       T* interleaved = workspace.at<T>(layout.interleaved);
-      const cudaError_t err = launch_interleave<T, kLayout>(p.b, p.b_up, interleaved, p.n / 2, p.k, stream);
+      const cudaError_t err = launch_interleave<T, kLayout>(p.b, p.b_up, interleaved, p.n / 2, p.k, 0, stream);
       if (err != cudaSuccess) return err;
       args->b = interleaved;
       args->b_up = nullptr;
+      args->ldb = b_row_length<kLayout>(p);  // written dense
     }
   }
   return cudaSuccess;
@@ -278,7 +283,7 @@ struct FusedGemm {
   // Kernel-level checks of everything the kernel relies on (check_gemm_args)
   // and a grid that fits.
   static cudaError_t check(const GemmArgs<Element>& p) {
-    const cudaError_t err = check_gemm_args<Prologue, Epilogue>(p);
+    const cudaError_t err = check_gemm_args<Prologue, Epilogue, Mainloop::kLayout>(p);
     if (err != cudaSuccess) return err;
     const int64_t tiles = ((p.m + Mainloop::BM - 1) / Mainloop::BM) * ((p.n + Mainloop::BN - 1) / Mainloop::BN);
     if (tiles > int64_t(INT32_MAX)) return cudaErrorInvalidValue;

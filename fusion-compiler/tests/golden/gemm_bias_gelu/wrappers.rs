@@ -94,7 +94,12 @@ impl<'w, T: fusion::Element> GemmBiasGelu<'w, T> {
     /// what later calls need from them alone: a norm followed by a
     /// GEMM whose gamma, beta and weight are all bound is folded
     /// into a copy of that weight (`fusion::launch::FoldedWeights`),
-    /// which the struct keeps. Returns once that work is done.
+    /// a gated pair's two weights are interleaved into one, and a
+    /// plain weight whose rows are not a multiple of 128 bytes is
+    /// copied with its rows padded to that on sm90 (where such
+    /// rows read slower; at most an eighth more per row, and
+    /// `FUSION_PAD_WEIGHTS=0` turns it off): copies the struct
+    /// keeps beside the weights. Returns once that work is done.
     pub fn new(
         stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
         weights: GemmBiasGeluWeights<'w, T>,
@@ -479,12 +484,18 @@ mod __gemm_bias_gelu {
                 m,
                 n,
                 k,
+                ldb: 0,
                 eps: 0f32,
                 flags: __gemm_flags,
                 workspace: core::ptr::null_mut(),
                 workspace_bytes: 0,
             }
         };
+        if let Some(__weights) = __folded.get(0usize).and_then(Option::as_ref) {
+            let (b, _, ldb) = __call.folded(__weights);
+            __params_0.b = b as *const core::ffi::c_void;
+            __params_0.ldb = ldb;
+        }
         let mut __scratch_bytes = 0u64;
         __scratch_bytes = __scratch_bytes
             .max(
@@ -508,9 +519,10 @@ mod __gemm_bias_gelu {
             )?;
         __use.finish()
     }
-    /// Checks the weights and folds each kernel's norm into its
-    /// weight where it can (`fusion::launch::FoldedWeights`): one
-    /// entry per kernel of the plan. Returns once the folds ran.
+    /// Checks the weights and prepares each kernel's where it can
+    /// (`fusion::launch::FoldedWeights`: a norm folded in, a gated
+    /// pair interleaved, rows padded): one entry per kernel of the
+    /// plan. Returns once that ran.
     pub(super) fn fold_weights<T: fusion::Element>(
         stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
         w: &fusion::Tensor<'_, T>,
@@ -524,6 +536,20 @@ mod __gemm_bias_gelu {
         let mut __call = fusion::launch::Call::new(&__GRAPH, stream);
         let __ptr_1 = __call.input(&__TENSOR_1, w)?;
         let __ptr_2 = __call.input(&__TENSOR_2, b)?;
-        Ok(Vec::new())
+        let mut __folded = Vec::new();
+        let (rows, cols) = __call.matrix(&__TENSOR_1)?;
+        __folded
+            .push(
+                fusion::launch::FoldedWeights::pad(
+                    &__call,
+                    "kernel #0 (gemm_bias_gelu)",
+                    __arch,
+                    __ptr_1,
+                    (rows, cols),
+                    core::mem::size_of::<T>(),
+                )?,
+            );
+        stream.synchronize()?;
+        Ok(__folded)
     }
 }

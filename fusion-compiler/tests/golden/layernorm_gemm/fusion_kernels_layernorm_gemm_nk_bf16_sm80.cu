@@ -41,6 +41,7 @@ fusion::GemmArgs<Element> args_of(const fusion_gemm_params* p) {
   // The GEMM's columns: a gated GEMM has two per column of C.
   args.n = p->n * Chain::kGemmColsPerOutput;
   args.k = p->k;
+  args.ldb = p->ldb != 0 ? p->ldb : fusion::b_row_length<fusion::LayoutB::NK>(args);
   args.epilogue.bias = p->bias;
   args.epilogue.residual = p->residual;
   args.epilogue.multiplier = p->multiplier;
@@ -105,7 +106,7 @@ extern "C" int fusion_kernels_layernorm_gemm_nk_bf16_sm80_fold_weights(const fus
   if (w_up != nullptr) return int(cudaErrorInvalidValue);
   return int(fusion::launch_fold_weights<fusion::NormKind::LayerNorm, Element, fusion::LayoutB::NK, false>(
       w, w_up, static_cast<const Element*>(p->gamma), static_cast<const Element*>(p->beta), w_folded,
-      static_cast<float2*>(p->col_terms), p->n, p->k, s));
+      static_cast<float2*>(p->col_terms), p->n, p->k, p->ld_folded, s));
 }
 
 // What each tile config (and the decode kernel, when there is one) asks for

@@ -67,6 +67,7 @@ fusion::GemmArgs<Element> args_of(const fusion_gemm_params* p) {
   // The GEMM's columns: a gated GEMM has two per column of C.
   args.n = p->n * Chain::kGemmColsPerOutput;
   args.k = p->k;
+  args.ldb = p->ldb != 0 ? p->ldb : fusion::b_row_length<fusion::LayoutB::NK>(args);
   args.epilogue.bias = p->bias;
   args.epilogue.residual = p->residual;
   args.epilogue.multiplier = p->multiplier;
@@ -131,10 +132,11 @@ extern "C" int fusion_kernels_layernorm_gemm_silu_glu_residual_nk_bf16_sm90_fold
   const auto* w_up = static_cast<const Element*>(p->w_up);
   auto* w_folded = static_cast<Element*>(p->w_folded);
   const auto s = static_cast<cudaStream_t>(stream);
-  if (p->gamma == nullptr) return int(fusion::launch_interleave<Element, fusion::LayoutB::NK>(w, w_up, w_folded, p->n, p->k, s));
+  if (p->gamma == nullptr)
+    return int(fusion::launch_interleave<Element, fusion::LayoutB::NK>(w, w_up, w_folded, p->n, p->k, p->ld_folded, s));
   return int(fusion::launch_fold_weights<fusion::NormKind::LayerNorm, Element, fusion::LayoutB::NK, true>(
       w, w_up, static_cast<const Element*>(p->gamma), static_cast<const Element*>(p->beta), w_folded,
-      static_cast<float2*>(p->col_terms), p->n, p->k, s));
+      static_cast<float2*>(p->col_terms), p->n, p->k, p->ld_folded, s));
 }
 
 // What each tile config (and the decode kernel, when there is one) asks for

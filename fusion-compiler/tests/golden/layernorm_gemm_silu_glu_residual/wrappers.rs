@@ -117,7 +117,12 @@ impl<'w, T: fusion::Element> LayernormGemmSiluGluResidual<'w, T> {
     /// what later calls need from them alone: a norm followed by a
     /// GEMM whose gamma, beta and weight are all bound is folded
     /// into a copy of that weight (`fusion::launch::FoldedWeights`),
-    /// which the struct keeps. Returns once that work is done.
+    /// a gated pair's two weights are interleaved into one, and a
+    /// plain weight whose rows are not a multiple of 128 bytes is
+    /// copied with its rows padded to that on sm90 (where such
+    /// rows read slower; at most an eighth more per row, and
+    /// `FUSION_PAD_WEIGHTS=0` turns it off): copies the struct
+    /// keeps beside the weights. Returns once that work is done.
     pub fn new(
         stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
         weights: LayernormGemmSiluGluResidualWeights<'w, T>,
@@ -671,6 +676,7 @@ mod __layernorm_gemm_silu_glu_residual {
                 m,
                 n,
                 k,
+                ldb: 0,
                 eps: 0.00001f32,
                 flags: __gemm_flags,
                 workspace: core::ptr::null_mut(),
@@ -678,8 +684,9 @@ mod __layernorm_gemm_silu_glu_residual {
             }
         };
         if let Some(__weights) = __folded.get(0usize).and_then(Option::as_ref) {
-            let (b, col_terms) = __call.folded(__weights);
+            let (b, col_terms, ldb) = __call.folded(__weights);
             __params_0.b = b as *const core::ffi::c_void;
+            __params_0.ldb = ldb;
             __params_0.b_up = core::ptr::null();
             __params_0.col_terms = col_terms as *const core::ffi::c_void;
         }
@@ -706,9 +713,10 @@ mod __layernorm_gemm_silu_glu_residual {
             )?;
         __use.finish()
     }
-    /// Checks the weights and folds each kernel's norm into its
-    /// weight where it can (`fusion::launch::FoldedWeights`): one
-    /// entry per kernel of the plan. Returns once the folds ran.
+    /// Checks the weights and prepares each kernel's where it can
+    /// (`fusion::launch::FoldedWeights`: a norm folded in, a gated
+    /// pair interleaved, rows padded): one entry per kernel of the
+    /// plan. Returns once that ran.
     pub(super) fn fold_weights<T: fusion::Element>(
         stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
         g: &fusion::Tensor<'_, T>,
@@ -760,7 +768,6 @@ mod __layernorm_gemm_silu_glu_residual {
         };
         let (rows, cols) = __call.matrix(&__TENSOR_4)?;
         let (n, k) = (rows, cols);
-        let bytes = 2usize * rows as usize * cols as usize * core::mem::size_of::<T>();
         let stream_ptr = __call.stream_ptr();
         __folded
             .push(
@@ -768,9 +775,11 @@ mod __layernorm_gemm_silu_glu_residual {
                     fusion::launch::FoldedWeights::fold(
                         &__call,
                         "kernel #0 (layernorm_gemm_silu_glu_residual)",
-                        bytes,
+                        __arch,
+                        (2i64 * rows, cols),
+                        core::mem::size_of::<T>(),
                         2usize * n as usize,
-                        |w_folded, col_terms| {
+                        |w_folded, col_terms, ld_folded| {
                             let params = ffi::fusion_fold_params {
                                 w: __ptr_4 as *const core::ffi::c_void,
                                 w_up: __ptr_5 as *const core::ffi::c_void,
@@ -780,6 +789,7 @@ mod __layernorm_gemm_silu_glu_residual {
                                 col_terms,
                                 n,
                                 k,
+                                ld_folded,
                             };
                             unsafe { __fold(&params, stream_ptr) }
                         },

@@ -44,6 +44,7 @@ fusion::GemmArgs<Element> args_of(const fusion_gemm_params* p) {
   // The GEMM's columns: a gated GEMM has two per column of C.
   args.n = p->n * Chain::kGemmColsPerOutput;
   args.k = p->k;
+  args.ldb = p->ldb != 0 ? p->ldb : fusion::b_row_length<fusion::LayoutB::NK>(args);
   args.epilogue.bias = p->bias;
   args.epilogue.residual = p->residual;
   args.epilogue.multiplier = p->multiplier;

@@ -44,6 +44,7 @@ fusion::GemmArgs<Element> args_of(const fusion_gemm_params* p) {
   // The GEMM's columns: a gated GEMM has two per column of C.
   args.n = p->n * Chain::kGemmColsPerOutput;
   args.k = p->k;
+  args.ldb = p->ldb != 0 ? p->ldb : fusion::b_row_length<fusion::LayoutB::NK>(args);
   args.epilogue.bias = p->bias;
   args.epilogue.residual = p->residual;
   args.epilogue.multiplier = p->multiplier;
@@ -99,7 +100,8 @@ extern "C" int fusion_kernels_gemm_silu_glu_nk_f16_sm80_fold_weights(const fusio
   const auto* w_up = static_cast<const Element*>(p->w_up);
   auto* w_folded = static_cast<Element*>(p->w_folded);
   const auto s = static_cast<cudaStream_t>(stream);
-  if (p->gamma == nullptr) return int(fusion::launch_interleave<Element, fusion::LayoutB::NK>(w, w_up, w_folded, p->n, p->k, s));
+  if (p->gamma == nullptr)
+    return int(fusion::launch_interleave<Element, fusion::LayoutB::NK>(w, w_up, w_folded, p->n, p->k, p->ld_folded, s));
   return int(cudaErrorInvalidValue);  // no norm to fold
 }
 

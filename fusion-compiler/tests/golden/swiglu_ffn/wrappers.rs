@@ -116,7 +116,12 @@ impl<'w, T: fusion::Element> SwigluFfn<'w, T> {
     /// what later calls need from them alone: a norm followed by a
     /// GEMM whose gamma, beta and weight are all bound is folded
     /// into a copy of that weight (`fusion::launch::FoldedWeights`),
-    /// which the struct keeps. Returns once that work is done.
+    /// a gated pair's two weights are interleaved into one, and a
+    /// plain weight whose rows are not a multiple of 128 bytes is
+    /// copied with its rows padded to that on sm90 (where such
+    /// rows read slower; at most an eighth more per row, and
+    /// `FUSION_PAD_WEIGHTS=0` turns it off): copies the struct
+    /// keeps beside the weights. Returns once that work is done.
     pub fn new(
         stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
         weights: SwigluFfnWeights<'w, T>,
@@ -609,6 +614,7 @@ mod __swiglu_ffn {
                 m,
                 n,
                 k,
+                ldb: 0,
                 eps: 0f32,
                 flags: __gemm_flags,
                 workspace: core::ptr::null_mut(),
@@ -616,8 +622,9 @@ mod __swiglu_ffn {
             }
         };
         if let Some(__weights) = __folded.get(0usize).and_then(Option::as_ref) {
-            let (b, col_terms) = __call.folded(__weights);
+            let (b, col_terms, ldb) = __call.folded(__weights);
             __params_0.b = b as *const core::ffi::c_void;
+            __params_0.ldb = ldb;
             __params_0.b_up = core::ptr::null();
             __params_0.col_terms = col_terms as *const core::ffi::c_void;
         }
@@ -638,12 +645,18 @@ mod __swiglu_ffn {
                 m,
                 n,
                 k,
+                ldb: 0,
                 eps: 0f32,
                 flags: __gemm_flags,
                 workspace: core::ptr::null_mut(),
                 workspace_bytes: 0,
             }
         };
+        if let Some(__weights) = __folded.get(1usize).and_then(Option::as_ref) {
+            let (b, _, ldb) = __call.folded(__weights);
+            __params_1.b = b as *const core::ffi::c_void;
+            __params_1.ldb = ldb;
+        }
         let mut __scratch_bytes = 0u64;
         __scratch_bytes = __scratch_bytes
             .max(
@@ -686,9 +699,10 @@ mod __swiglu_ffn {
             )?;
         __use.finish()
     }
-    /// Checks the weights and folds each kernel's norm into its
-    /// weight where it can (`fusion::launch::FoldedWeights`): one
-    /// entry per kernel of the plan. Returns once the folds ran.
+    /// Checks the weights and prepares each kernel's where it can
+    /// (`fusion::launch::FoldedWeights`: a norm folded in, a gated
+    /// pair interleaved, rows padded): one entry per kernel of the
+    /// plan. Returns once that ran.
     pub(super) fn fold_weights<T: fusion::Element>(
         stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
         w_gate: &fusion::Tensor<'_, T>,
@@ -740,7 +754,6 @@ mod __swiglu_ffn {
         };
         let (rows, cols) = __call.matrix(&__TENSOR_1)?;
         let (n, k) = (rows, cols);
-        let bytes = 2usize * rows as usize * cols as usize * core::mem::size_of::<T>();
         let stream_ptr = __call.stream_ptr();
         __folded
             .push(
@@ -748,9 +761,11 @@ mod __swiglu_ffn {
                     fusion::launch::FoldedWeights::fold(
                         &__call,
                         "kernel #0 (gemm_silu_glu)",
-                        bytes,
+                        __arch,
+                        (2i64 * rows, cols),
+                        core::mem::size_of::<T>(),
                         0,
-                        |w_folded, col_terms| {
+                        |w_folded, col_terms, ld_folded| {
                             let params = ffi::fusion_fold_params {
                                 w: __ptr_1 as *const core::ffi::c_void,
                                 w_up: __ptr_2 as *const core::ffi::c_void,
@@ -760,6 +775,7 @@ mod __swiglu_ffn {
                                 col_terms,
                                 n,
                                 k,
+                                ld_folded,
                             };
                             unsafe { __fold(&params, stream_ptr) }
                         },
@@ -767,7 +783,18 @@ mod __swiglu_ffn {
                     )?,
                 ),
             );
-        __folded.push(None);
+        let (rows, cols) = __call.matrix(&__TENSOR_3)?;
+        __folded
+            .push(
+                fusion::launch::FoldedWeights::pad(
+                    &__call,
+                    "kernel #1 (gemm_bias_residual)",
+                    __arch,
+                    __ptr_3,
+                    (rows, cols),
+                    core::mem::size_of::<T>(),
+                )?,
+            );
         stream.synchronize()?;
         Ok(__folded)
     }

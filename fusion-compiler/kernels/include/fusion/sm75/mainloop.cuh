@@ -102,10 +102,10 @@ struct Mainloop {
       r.b[i].bits = make_uint4(0, 0, 0, 0);
       if constexpr (kBIsKN) {
         const int64_t k = k0 + row, n = tile.n0 + col;
-        if (k < p.k && n < p.n) r.b[i] = load_vec8(p.b + k * p.n + n);
+        if (k < p.k && n < p.n) r.b[i] = load_vec8(p.b + k * p.ldb + n);
       } else {
         const int64_t n = tile.n0 + row, k = k0 + col;
-        if (n < p.n && k < p.k) r.b[i] = load_vec8(p.b + n * p.k + k);
+        if (n < p.n && k < p.k) r.b[i] = load_vec8(p.b + n * p.ldb + k);
       }
     }
   }

@@ -157,11 +157,11 @@ struct Mainloop {
       if constexpr (kBIsKN) {
         const int64_t k = k0 + row, n = tile.n0 + chunk * 8;
         const bool valid = k < p.k && n < p.n;
-        cp_async16(sb + SwizzleB::offset(row, chunk), valid ? p.b + k * p.n + n : p.b, valid);
+        cp_async16(sb + SwizzleB::offset(row, chunk), valid ? p.b + k * p.ldb + n : p.b, valid);
       } else {
         const int64_t n = tile.n0 + row, k = k0 + chunk * 8;
         const bool valid = n < p.n && k < p.k;
-        cp_async16(sb + SwizzleB::offset(row, chunk), valid ? p.b + n * p.k + k : p.b, valid);
+        cp_async16(sb + SwizzleB::offset(row, chunk), valid ? p.b + n * p.ldb + k : p.b, valid);
       }
     }
   }
@@ -200,11 +200,11 @@ struct Mainloop {
       b_rows_in = 0;
       if constexpr (kBIsKN) {
         const int64_t n = tile.n0 + b_chunk * 8;
-        b = p.b + int64_t(b_row) * p.n + n;
+        b = p.b + int64_t(b_row) * p.ldb + n;
         b_k = b_row;
         b_rows_in = n < p.n ? ~0u : 0u;
       } else {
-        b = p.b + (tile.n0 + b_row) * p.k + b_chunk * 8;
+        b = p.b + (tile.n0 + b_row) * p.ldb + b_chunk * 8;
         b_k = b_chunk * 8;
 #pragma unroll
         for (int i = 0; i < kBChunksPerThread; ++i)
@@ -230,13 +230,13 @@ struct Mainloop {
         else
           valid = b_k < p.k && ((b_rows_in >> i) & 1u);
         cp_async16_prefetch<Tile::kL2PrefetchBytes>(
-            sb + b_dst + i * kBRowStep * kBCols, valid ? b + int64_t(i * kBRowStep) * (kBIsKN ? p.n : p.k) : p.b,
+            sb + b_dst + i * kBRowStep * kBCols, valid ? b + int64_t(i * kBRowStep) * p.ldb : p.b,
             valid);
       }
       a += BK;
       a_k += BK;
       if constexpr (kBIsKN)
-        b += int64_t(BK) * p.n;
+        b += int64_t(BK) * p.ldb;
       else
         b += BK;
       b_k += BK;

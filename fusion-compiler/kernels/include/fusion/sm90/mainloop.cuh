@@ -306,20 +306,21 @@ template <typename T, LayoutB kLayout, typename Config>
 template <typename Epilogue>
 cudaError_t Mainloop<T, kLayout, Config>::encode_maps(const GemmArgs<T>& p, CUtensorMap* map_a, CUtensorMap* map_b,
                                                       CUtensorMap* map_c, CUtensorMap* map_src) {
-  cudaError_t err = detail::encode_matrix(map_a, p.a, p.m, p.k, BM);
+  cudaError_t err = detail::encode_matrix(map_a, p.a, p.m, p.k, BM, p.k);
   if (err != cudaSuccess) return err;
-  err = detail::encode_matrix(map_c, p.c, p.m, p.n / Epilogue::kGemmColsPerOutput, 64);
+  err = detail::encode_matrix(map_c, p.c, p.m, p.n / Epilogue::kGemmColsPerOutput, 64,
+                             p.n / Epilogue::kGemmColsPerOutput);
   if (err != cudaSuccess) return err;
   // The source tile is read in C's boxes, into C's staging tile.
   *map_src = CUtensorMap{};
   if constexpr (Epilogue::kSourceTile) {
-    err = detail::encode_matrix(map_src, static_cast<const T*>(Epilogue::source(p.epilogue)), p.m, p.n, 64);
+    err = detail::encode_matrix(map_src, static_cast<const T*>(Epilogue::source(p.epilogue)), p.m, p.n, 64, p.n);
     if (err != cudaSuccess) return err;
   }
   if constexpr (kLayout == LayoutB::NK)
-    return detail::encode_matrix(map_b, p.b, p.n, p.k, Loop::kBRowsPerCta);
+    return detail::encode_matrix(map_b, p.b, p.n, p.k, Loop::kBRowsPerCta, p.ldb);
   else
-    return detail::encode_matrix(map_b, p.b, p.k, p.n, BK);
+    return detail::encode_matrix(map_b, p.b, p.k, p.n, BK, p.ldb);
 }
 
 // The grid and stream-K split of a launch for p with `flags` on `device`,

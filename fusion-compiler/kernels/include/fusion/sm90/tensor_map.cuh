@@ -29,7 +29,8 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return encode;
 }
 
-// A row-major [rows, cols] matrix of 16-bit elements, read in boxes of
+// A row-major [rows, cols] matrix of 16-bit elements whose rows start
+// `row_stride` elements apart (cols for dense rows), read in boxes of
 // box_rows x 64 columns with 128-byte swizzle. Rows whose stride is 16
 // bytes but not 32 bytes aligned (cols an odd multiple of 8) are promoted
 // into L2 128 bytes at a time, the others 256: on an H200 such rows made
@@ -38,13 +39,14 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 // while on aligned rows 256 bytes was level or up to 2% faster
 // (BENCHMARKS.md v22).
 template <typename T>
-cudaError_t encode_matrix(CUtensorMap* map, const T* base, int64_t rows, int64_t cols, uint32_t box_rows) {
+cudaError_t encode_matrix(CUtensorMap* map, const T* base, int64_t rows, int64_t cols, uint32_t box_rows,
+                          int64_t row_stride) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (encode == nullptr) return cudaErrorNotSupported;
   const CUtensorMapDataType type =
       std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   const cuuint64_t dims[2] = {cuuint64_t(cols), cuuint64_t(rows)};
-  const cuuint64_t strides[1] = {cuuint64_t(cols) * sizeof(T)};
+  const cuuint64_t strides[1] = {cuuint64_t(row_stride) * sizeof(T)};
   const CUtensorMapL2promotion promotion =
       strides[0] % 32 == 0 ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B : CU_TENSOR_MAP_L2_PROMOTION_L2_128B;
   const cuuint32_t box[2] = {64, box_rows};
