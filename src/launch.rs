@@ -635,7 +635,6 @@ pub struct Call<'s> {
     /// Each checked tensor's name and device bytes.
     reads: Vec<(&'static str, DeviceRange)>,
     writes: Vec<(&'static str, DeviceRange)>,
-    empty_output: bool,
     guards: Vec<SyncOnDrop<'s>>,
 }
 
@@ -647,7 +646,6 @@ impl<'s> Call<'s> {
             dims: vec![None; graph.dims.len()],
             reads: Vec::new(),
             writes: Vec::new(),
-            empty_output: false,
             guards: Vec::new(),
         }
     }
@@ -678,7 +676,6 @@ impl<'s> Call<'s> {
         let range = DeviceRange::new(decl, ptr, shape.bytes::<T>()?)?;
         check_aligned(decl, range)?;
         self.writes.push((decl.name, range));
-        self.empty_output |= shape.is_empty();
         Ok(ptr)
     }
 
@@ -697,49 +694,42 @@ impl<'s> Call<'s> {
         Ok(())
     }
 
-    /// An output has no elements (M = 0): there is nothing to launch.
+    /// Every output has no elements (M = 0, say): the call has nothing to
+    /// write, and launches nothing. One empty output among others that have
+    /// elements is not enough: the kernels writing the others still run
+    /// (see [`Call::has_elements`]).
     pub fn is_empty(&self) -> bool {
-        self.empty_output
+        writes_nothing(&self.writes)
+    }
+
+    /// Whether the declared tensor has elements once the dims are bound: a
+    /// kernel whose output has none is not launched, even when other
+    /// kernels of the call are. Its launcher would write nothing either,
+    /// but it checks its arguments before it looks at the sizes (abi.h's
+    /// launchers refuse a null or misaligned pointer, and a GEMM a K of 0,
+    /// whatever M and N are), and an empty tensor's need not pass: its
+    /// address is not checked for alignment (`check_aligned`) and may be a
+    /// zero-byte allocation's. Nothing a launched kernel reads comes from a
+    /// skipped one: a kernel reading an empty tensor has rows of it (then
+    /// its own output is empty too) or reduces over its empty rows (then
+    /// [`Call::reduced_matrix`] refuses the call).
+    pub fn has_elements(&self, decl: &TensorDecl) -> Result<bool> {
+        has_elements(&self.dims, decl)
     }
 
     /// `(rows, cols)` of a declared tensor once its dims are bound; a vector
     /// is one row. [`Error::SizeOverflow`] when either does not fit the
     /// `int64_t` the kernels take.
     pub fn matrix(&self, decl: &TensorDecl) -> Result<(i64, i64)> {
-        let extent = |d: &Dim| match *d {
-            Dim::Static(n) => n,
-            Dim::Dynamic(i) => self.dims[i].map_or(0, |b| b.value),
-        };
-        let extents: Vec<usize> = decl.shape.iter().map(extent).collect();
-        let (rows, cols) = match extents.as_slice() {
-            [rows @ .., cols] => (rows.iter().try_fold(1usize, |p, &r| p.checked_mul(r)), *cols),
-            [] => (Some(1), 1),
-        };
-        let as_i64 = |n: Option<usize>, what: &str| {
-            n.and_then(|n| i64::try_from(n).ok())
-                .ok_or_else(|| Error::SizeOverflow {
-                    what: format!("the {what} of `{}`", decl.name),
-                    limit: "i64",
-                })
-        };
-        Ok((as_i64(rows, "row count")?, as_i64(Some(cols), "row length")?))
+        matrix_of(&self.dims, decl)
     }
 
     /// `(rows, cols)` of a tensor whose rows a kernel reduces over (a GEMM's
     /// `A`, whose row length is K), as [`Call::matrix`];
-    /// [`Error::EmptyReduction`] when it has rows but they are empty.
-    pub fn reduced_matrix(&self, decl: &TensorDecl) -> Result<(i64, i64)> {
-        let (rows, cols) = self.matrix(decl)?;
-        if rows > 0 && cols == 0 {
-            return Err(Error::EmptyReduction {
-                tensor: decl.name.to_owned(),
-                dim: decl
-                    .shape
-                    .last()
-                    .map_or_else(String::new, |&d| dim_name(self.graph, d)),
-            });
-        }
-        Ok((rows, cols))
+    /// [`Error::EmptyReduction`] when they are empty and the kernel's
+    /// `output` has elements (an empty output is not launched).
+    pub fn reduced_matrix(&self, decl: &TensorDecl, output: &TensorDecl) -> Result<(i64, i64)> {
+        reduced_matrix_of(self.graph, &self.dims, decl, output)
     }
 
     /// Device buffers for the intermediates, in the order given, from
@@ -895,6 +885,60 @@ impl<'s> Call<'s> {
     }
 }
 
+/// Whether none of `writes` (a call's outputs) has a byte to write.
+fn writes_nothing(writes: &[(&str, DeviceRange)]) -> bool {
+    writes.iter().all(|(_, range)| range.is_empty())
+}
+
+/// `(rows, cols)` of `decl` with its dynamic dims from `dims` (an unbound
+/// one is 0), as [`Call::matrix`].
+fn matrix_of(dims: &[Option<Bound>], decl: &TensorDecl) -> Result<(i64, i64)> {
+    let extent = |d: &Dim| match *d {
+        Dim::Static(n) => n,
+        Dim::Dynamic(i) => dims[i].map_or(0, |b| b.value),
+    };
+    let extents: Vec<usize> = decl.shape.iter().map(extent).collect();
+    let (rows, cols) = match extents.as_slice() {
+        [rows @ .., cols] => (rows.iter().try_fold(1usize, |p, &r| p.checked_mul(r)), *cols),
+        [] => (Some(1), 1),
+    };
+    let as_i64 = |n: Option<usize>, what: &str| {
+        n.and_then(|n| i64::try_from(n).ok())
+            .ok_or_else(|| Error::SizeOverflow {
+                what: format!("the {what} of `{}`", decl.name),
+                limit: "i64",
+            })
+    };
+    Ok((as_i64(rows, "row count")?, as_i64(Some(cols), "row length")?))
+}
+
+/// Whether `decl` has elements with its dynamic dims from `dims`, as
+/// [`Call::has_elements`].
+fn has_elements(dims: &[Option<Bound>], decl: &TensorDecl) -> Result<bool> {
+    let (rows, cols) = matrix_of(dims, decl)?;
+    Ok(rows > 0 && cols > 0)
+}
+
+/// [`Call::reduced_matrix`] with its dynamic dims from `dims`.
+fn reduced_matrix_of(
+    graph: &GraphDecl,
+    dims: &[Option<Bound>],
+    decl: &TensorDecl,
+    output: &TensorDecl,
+) -> Result<(i64, i64)> {
+    let (rows, cols) = matrix_of(dims, decl)?;
+    if cols == 0 && has_elements(dims, output)? {
+        return Err(Error::EmptyReduction {
+            tensor: decl.name.to_owned(),
+            dim: decl
+                .shape
+                .last()
+                .map_or_else(String::new, |&d| dim_name(graph, d)),
+        });
+    }
+    Ok((rows, cols))
+}
+
 fn dim_name(graph: &GraphDecl, dim: Dim) -> String {
     match dim {
         Dim::Static(n) => n.to_string(),
@@ -990,6 +1034,68 @@ mod tests {
         assert!(!range(0, 0).overlaps(range(0, 16)), "empty");
         // Near the top of the address space, where `start + len` used to wrap.
         assert!(range(u64::MAX - 32, 32).overlaps(range(u64::MAX - 16, 16)));
+    }
+
+    /// A graph of two row counts, M and T, and a dynamic N and K.
+    static ROWS: GraphDecl = GraphDecl {
+        name: "g",
+        dims: &["M", "T", "N", "K"],
+    };
+    static A: TensorDecl = TensorDecl {
+        name: "a",
+        shape: &[Dim::Dynamic(0), Dim::Dynamic(3)],
+    };
+    static Y: TensorDecl = TensorDecl {
+        name: "y",
+        shape: &[Dim::Dynamic(0), Dim::Dynamic(2)],
+    };
+    static Z: TensorDecl = TensorDecl {
+        name: "z",
+        shape: &[Dim::Dynamic(1), Dim::Static(16)],
+    };
+
+    /// Dims bound from tensors of the given extents, as a call binds them.
+    fn bound(tensors: &[(&'static TensorDecl, &[usize])]) -> Vec<Option<Bound>> {
+        let mut dims = vec![None; ROWS.dims.len()];
+        for &(decl, extents) in tensors {
+            assert!(bind_dims(&ROWS, &mut dims, decl, extents).unwrap());
+        }
+        dims
+    }
+
+    #[test]
+    fn one_empty_output_skips_its_own_kernel_not_the_call() {
+        // y is [0, 8] (M = 0), z is [5, 16]: z is still written.
+        let dims = bound(&[(&Y, &[0, 8]), (&Z, &[5, 16])]);
+        let range = |decl, start, bytes| DeviceRange::new(decl, start, bytes).unwrap();
+        let writes = [("y", range(&Y, 0x1000, 0)), ("z", range(&Z, 0x2000, 5 * 16 * 2))];
+        assert!(!writes_nothing(&writes), "z has elements: the call runs");
+        assert!(!has_elements(&dims, &Y).unwrap(), "y's kernel is skipped");
+        assert!(has_elements(&dims, &Z).unwrap(), "z's kernel runs");
+        // Only when every output is empty is the call a no-op.
+        assert!(writes_nothing(&writes[..1]));
+        let empty_z = [writes[0], ("z", range(&Z, 0x2000, 0))];
+        assert!(writes_nothing(&empty_z));
+        // N = 0 empties an output as M = 0 does.
+        let dims = bound(&[(&Y, &[4, 0])]);
+        assert!(!has_elements(&dims, &Y).unwrap());
+    }
+
+    #[test]
+    fn an_empty_reduction_is_refused_only_where_the_output_has_elements() {
+        let reduced = |m: usize, n: usize, k: usize| {
+            let dims = bound(&[(&A, &[m, k]), (&Y, &[m, n])]);
+            reduced_matrix_of(&ROWS, &dims, &A, &Y)
+        };
+        let e = reduced(4, 8, 0).unwrap_err();
+        assert!(
+            matches!(&e, Error::EmptyReduction { tensor, dim } if tensor == "a" && dim == "K"),
+            "{e}"
+        );
+        // The output has no elements: its kernel is skipped, not refused.
+        assert_eq!(reduced(4, 0, 0).unwrap(), (4, 0));
+        assert_eq!(reduced(0, 8, 0).unwrap(), (0, 0));
+        assert_eq!(reduced(4, 8, 16).unwrap(), (4, 16));
     }
 
     #[test]

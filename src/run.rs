@@ -622,6 +622,8 @@ impl Runner<'_> {
             address[tensor.0] = Some(call.output(decl(*tensor), view)?);
         }
         call.check_aliasing()?;
+        // No output has an element: nothing to launch. (One empty output
+        // among others skips only its own kernel, below.)
         if call.is_empty() {
             return Ok(());
         }
@@ -651,7 +653,7 @@ impl Runner<'_> {
                     },
                 ) => {
                     let fields = kernel.gemm_operands().map(|o| o.tensor);
-                    let (m, k) = call.reduced_matrix(decl(fields.a.unwrap_or(kernel.output)))?;
+                    let (m, k) = call.reduced_matrix(decl(fields.a.unwrap_or(kernel.output)), out_decl)?;
                     let n = call.matrix(out_decl)?.1;
                     let mut p = fusion_gemm_params {
                         a: at(fields.a),
@@ -729,7 +731,12 @@ impl Runner<'_> {
             });
         }
         let (scratch_ptr, scratch_len) = call.scratch(scratch, scratch_bytes)?;
-        for (params, loaded) in params.iter_mut().zip(self.kernels) {
+        for ((params, loaded), kernel) in params.iter_mut().zip(self.kernels).zip(&self.plan.kernels) {
+            // A kernel whose own output is empty is not launched, while the
+            // others are (`Call::has_elements` says why).
+            if !call.has_elements(decl(kernel.output))? {
+                continue;
+            }
             // SAFETY (each launch): every pointer was checked by `call`
             // (shape, context, alignment, no output aliasing an input) and
             // stays borrowed until `call` is dropped; the launcher only

@@ -56,6 +56,26 @@ n = "layernorm(x, g, b)"
 y = "silu(x) * u"
 "#;
 
+/// Two outputs of two row counts: `y` has M rows and `z` T rows, so one
+/// can be empty while the other is not.
+const TWO_ROW_COUNTS: &str = r#"
+[graph]
+name = "two_row_counts"
+[dims]
+M = "dyn"
+T = "dyn"
+D = 16
+N = 8
+[inputs]
+x = "f16[M, D]"
+u = "f16[T, D]"
+[weights]
+w = "f16[N, D]"
+[outputs]
+y = "x @ w^T"
+z = "relu(u)"
+"#;
+
 fn folder(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("fusion-gpu-run-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
@@ -161,4 +181,58 @@ fn a_sublayer_runs_from_hugging_face_names_and_matches_the_reference() {
 #[ignore = "needs a CUDA GPU"]
 fn a_norm_and_an_elementwise_chain_run_and_match_the_reference() {
     run_and_compare(NORM_AND_CHAIN, 77, TensorNames::declared());
+}
+
+/// M = 0 empties `y`, whose GEMM is not launched; `z` (T = 5 rows) is
+/// still computed: the call was once skipped whole, leaving `z` as the
+/// run's NaN poison.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn an_empty_output_leaves_the_others_computed() {
+    let dir = folder("two-row-counts");
+    let graph_path = dir.join("graph.toml");
+    std::fs::write(&graph_path, TWO_ROW_COUNTS).expect("write the graph");
+    let graph = fusion::core::load_toml_graph(&graph_path).expect("the graph loads");
+    let t = 5;
+    let host = reference::random_bindings(&graph, &[("M", 0), ("T", t)], &mut rng()).expect("bindings");
+    let (inputs, weights, out) = (
+        dir.join("x.safetensors"),
+        dir.join("w.safetensors"),
+        dir.join("y.safetensors"),
+    );
+    let names = TensorNames::declared();
+    write(&inputs, &graph, &host, &graph.inputs, &names);
+    write(&weights, &graph, &host, &graph.weights, &names);
+    let settings = Settings {
+        graph: graph_path,
+        dtype: None,
+        inputs,
+        weights: Some(weights),
+        weight_names: names,
+        out: Some(out.clone()),
+        check: false,
+        time: None,
+        work: std::env::temp_dir().join(format!("fusion-gpu-run-work-{}", graph.name)),
+        jobs: std::thread::available_parallelism().map_or(1, |n| n.get()),
+    };
+    let mut said = Vec::new();
+    let result = run(&settings, &mut said);
+    eprintln!("{}", String::from_utf8_lossy(&said));
+    result.unwrap_or_else(|e| panic!("{e}"));
+
+    let file = TensorFile::open(&out).expect("the output file reads");
+    assert_eq!(file.get("y").expect("y").shape, [0, 8]);
+    let z = file.get("z").expect("z");
+    assert_eq!(z.shape, [t, 16]);
+    // ReLU is exact in f16.
+    let want: Vec<f32> = <f16 as TestElement>::encode(&host["u"])
+        .iter()
+        .map(|v| v.to_f32().max(0.0))
+        .collect();
+    let got: Vec<f32> = <f16 as Element>::from_le_bytes(z.bytes)
+        .iter()
+        .map(|v| v.to_f32())
+        .collect();
+    assert_eq!(got, want, "z = relu(u)");
+    std::fs::remove_dir_all(&dir).expect("remove the temp dir");
 }

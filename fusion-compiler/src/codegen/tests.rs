@@ -1028,3 +1028,73 @@ fn a_cached_config_the_checks_reject_is_a_warning_and_the_shipped_config() {
     assert_eq!(lib.units.len(), 1, "both graphs share the shipped unit");
     assert_eq!(lib.units[0].symbol, "k_gemm_bias_gelu_nk_f16_sm80");
 }
+
+#[test]
+fn each_kernel_is_launched_only_where_its_own_output_has_elements() {
+    // Two row counts: y can be empty (M = 0) while z is not (T > 0).
+    let source = r#"
+[graph]
+name = "two_row_counts"
+[dims]
+M = "dyn"
+T = "dyn"
+D = 16
+N = 8
+[inputs]
+x = "f16[M, D]"
+u = "f16[T, D]"
+[weights]
+w = "f16[N, D]"
+[outputs]
+y = "x @ w^T"
+z = "relu(u)"
+"#;
+    let graph = crate::graph_from_source(&crate::diagnostic::SourceFile::new("two.toml", source))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let plan = crate::fuse::plan(graph);
+    assert_eq!(plan.kernels.len(), 2);
+    let spec = GraphSpec {
+        plan: plan.clone(),
+        dtypes: F16.to_vec(),
+        origin: "two.toml".into(),
+        fingerprint: None,
+        declaration: String::new(),
+    };
+    let lib = render("fusion_kernels", &[Arch::Sm80], &[spec]).unwrap();
+    let rust = wrappers::generate(&lib, true, "/out/fusion_ffi.rs");
+    let compact: String = rust.split_whitespace().collect();
+    // The call returns early only where every output is empty (the rule is
+    // `fusion::launch::Call::is_empty`'s) …
+    assert_eq!(
+        compact.matches("if__call.is_empty(){returnOk(());}").count(),
+        1,
+        "{rust}"
+    );
+    // … and each launch is guarded by its own kernel's output, which a
+    // GEMM's empty reduction is also judged by.
+    for (index, kernel) in plan.kernels.iter().enumerate() {
+        let out = kernel.output.0;
+        let guard = format!("if__call.has_elements(&__TENSOR_{out})?{{");
+        let launch = format!("__launcher_{index}");
+        let guarded = compact.split(&guard).skip(1).any(|after| {
+            after
+                .split("__call.launched(")
+                .next()
+                .is_some_and(|l| l.contains(&launch))
+        });
+        assert!(
+            guarded,
+            "kernel {index}'s launch is not guarded by its output:\n{rust}"
+        );
+    }
+    let gemm = plan
+        .kernels
+        .iter()
+        .find(|k| k.gemm_operands().a.is_some())
+        .unwrap();
+    let (a, out) = (gemm.gemm_operands().a.unwrap().tensor.0, gemm.output.0);
+    assert!(
+        compact.contains(&format!("__call.reduced_matrix(&__TENSOR_{a},&__TENSOR_{out})?")),
+        "{rust}"
+    );
+}

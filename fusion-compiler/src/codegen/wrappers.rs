@@ -409,7 +409,7 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
                 };
                 quote! {
                     let mut #var = {
-                        let (m, k) = __call.reduced_matrix(&#a_decl)?;
+                        let (m, k) = __call.reduced_matrix(&#a_decl, &#out_decl)?;
                         let n = __call.matrix(&#out_decl)?.1;
                         ffi::fusion_gemm_params {
                         a: #a, b: #b, b_up: #b_up, c: #out as *mut core::ffi::c_void,
@@ -492,12 +492,17 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
         };
         let params = format_ident!("__params_{index}");
         let label = label(index);
+        let out_decl = tensor_const(kernel.output);
+        // A kernel whose own output is empty is not launched, while the
+        // others are (`fusion::launch::Call::has_elements` says why).
         quote! {
-            // SAFETY: every pointer was checked by `__call` (shape, context,
-            // alignment, no output aliasing an input) and stays borrowed
-            // until `__call` is dropped; the launcher only enqueues work.
-            let __code = unsafe { #launcher(&#params, __call.stream_ptr()) };
-            __call.launched(#label, __code, ffi::#error_string)?;
+            if __call.has_elements(&#out_decl)? {
+                // SAFETY: every pointer was checked by `__call` (shape, context,
+                // alignment, no output aliasing an input) and stays borrowed
+                // until `__call` is dropped; the launcher only enqueues work.
+                let __code = unsafe { #launcher(&#params, __call.stream_ptr()) };
+                __call.launched(#label, __code, ffi::#error_string)?;
+            }
         }
     });
 
@@ -634,6 +639,8 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
                 #(#input_checks)*
                 #(#output_checks)*
                 __call.check_aliasing()?;
+                // No output has an element: nothing to launch. (One empty
+                // output among others skips only its own kernel, below.)
                 if __call.is_empty() {
                     return Ok(());
                 }

@@ -660,7 +660,7 @@ mod __layernorm_gemm_silu_glu_residual {
         let __gemm_flags = __call
             .gemm_flags(ffi::FUSION_GEMM_NO_STREAM_K, ffi::FUSION_GEMM_STATIC_TILES)?;
         let mut __params_0 = {
-            let (m, k) = __call.reduced_matrix(&__TENSOR_0)?;
+            let (m, k) = __call.reduced_matrix(&__TENSOR_0, &__TENSOR_11)?;
             let n = __call.matrix(&__TENSOR_11)?.1;
             ffi::fusion_gemm_params {
                 a: __ptr_0 as *const core::ffi::c_void,
@@ -704,13 +704,15 @@ mod __layernorm_gemm_silu_glu_residual {
         let (__scratch_ptr, __scratch_len) = __call.scratch(__scratch, __scratch_bytes)?;
         __params_0.workspace = __scratch_ptr;
         __params_0.workspace_bytes = __scratch_len;
-        let __code = unsafe { __launcher_0.0(&__params_0, __call.stream_ptr()) };
-        __call
-            .launched(
-                "kernel #0 (layernorm_gemm_silu_glu_residual)",
-                __code,
-                ffi::fusion_kernels_error_string,
-            )?;
+        if __call.has_elements(&__TENSOR_11)? {
+            let __code = unsafe { __launcher_0.0(&__params_0, __call.stream_ptr()) };
+            __call
+                .launched(
+                    "kernel #0 (layernorm_gemm_silu_glu_residual)",
+                    __code,
+                    ffi::fusion_kernels_error_string,
+                )?;
+        }
         __use.finish()
     }
     /// Checks the weights and prepares each kernel's where it can

@@ -598,7 +598,7 @@ mod __swiglu_ffn {
         let __gemm_flags = __call
             .gemm_flags(ffi::FUSION_GEMM_NO_STREAM_K, ffi::FUSION_GEMM_STATIC_TILES)?;
         let mut __params_0 = {
-            let (m, k) = __call.reduced_matrix(&__TENSOR_0)?;
+            let (m, k) = __call.reduced_matrix(&__TENSOR_0, &__TENSOR_8)?;
             let n = __call.matrix(&__TENSOR_8)?.1;
             ffi::fusion_gemm_params {
                 a: __ptr_0 as *const core::ffi::c_void,
@@ -629,7 +629,7 @@ mod __swiglu_ffn {
             __params_0.col_terms = col_terms as *const core::ffi::c_void;
         }
         let mut __params_1 = {
-            let (m, k) = __call.reduced_matrix(&__TENSOR_8)?;
+            let (m, k) = __call.reduced_matrix(&__TENSOR_8, &__TENSOR_11)?;
             let n = __call.matrix(&__TENSOR_11)?.1;
             ffi::fusion_gemm_params {
                 a: __ptr_8 as *const core::ffi::c_void,
@@ -683,20 +683,24 @@ mod __swiglu_ffn {
         __params_0.workspace_bytes = __scratch_len;
         __params_1.workspace = __scratch_ptr;
         __params_1.workspace_bytes = __scratch_len;
-        let __code = unsafe { __launcher_0.0(&__params_0, __call.stream_ptr()) };
-        __call
-            .launched(
-                "kernel #0 (gemm_silu_glu)",
-                __code,
-                ffi::fusion_kernels_error_string,
-            )?;
-        let __code = unsafe { __launcher_1.0(&__params_1, __call.stream_ptr()) };
-        __call
-            .launched(
-                "kernel #1 (gemm_bias_residual)",
-                __code,
-                ffi::fusion_kernels_error_string,
-            )?;
+        if __call.has_elements(&__TENSOR_8)? {
+            let __code = unsafe { __launcher_0.0(&__params_0, __call.stream_ptr()) };
+            __call
+                .launched(
+                    "kernel #0 (gemm_silu_glu)",
+                    __code,
+                    ffi::fusion_kernels_error_string,
+                )?;
+        }
+        if __call.has_elements(&__TENSOR_11)? {
+            let __code = unsafe { __launcher_1.0(&__params_1, __call.stream_ptr()) };
+            __call
+                .launched(
+                    "kernel #1 (gemm_bias_residual)",
+                    __code,
+                    ffi::fusion_kernels_error_string,
+                )?;
+        }
         __use.finish()
     }
     /// Checks the weights and prepares each kernel's where it can
