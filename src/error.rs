@@ -124,6 +124,19 @@ pub enum Error {
     /// A tensor file could not be read, or is not a safetensors file.
     #[error("{file}: {reason}")]
     TensorFile { file: String, reason: String },
+    /// A tensor file is larger than [`TensorFile::open`](crate::TensorFile::open)
+    /// reads ([`MAX_TENSOR_FILE_BYTES`](crate::weights::MAX_TENSOR_FILE_BYTES)),
+    /// by its size or by what its header says it holds.
+    #[error(
+        "{file}: it holds {bytes} bytes ({by}), more than the {limit} a tensor file may have, since it is read whole into host memory; pass a file of the tensors the graph reads"
+    )]
+    TensorFileTooLarge {
+        file: String,
+        bytes: u64,
+        /// How it is known: `its size` or `as its header says`.
+        by: &'static str,
+        limit: u64,
+    },
     /// A tensor the graph needs is not in the file. (The graph's names are
     /// `&'static str`, which keeps `Error` small.)
     #[error("{file} has no tensor `{name}` (the graph's `{tensor}`); it holds {held}{hint}")]

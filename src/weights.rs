@@ -21,6 +21,7 @@ use cudarc::driver::CudaStream;
 use fusion_compiler::ir::DType;
 use safetensors::{Dtype, SafeTensors};
 use std::collections::BTreeMap;
+use std::io::Read;
 use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
@@ -78,16 +79,20 @@ pub fn file_dtype(dtype: DType) -> Dtype {
     }
 }
 
+/// The largest tensor file [`TensorFile::open`] reads, in bytes: the whole
+/// file is held in host memory. Four times an unsharded checkpoint of an
+/// 8B-parameter model in f16 (16 GB); Hugging Face checkpoints are sharded
+/// into files smaller than that.
+pub const MAX_TENSOR_FILE_BYTES: u64 = 64 << 30;
+
 impl TensorFile {
-    /// Reads and checks the file at `path`.
+    /// Reads and checks the file at `path`, of at most
+    /// [`MAX_TENSOR_FILE_BYTES`] ([`Error::TensorFileTooLarge`]). It reads
+    /// no further than the file's header says the file goes, so a file
+    /// that never ends (`/dev/zero`) is refused once its header is read
+    /// rather than read until memory runs out.
     pub fn open(path: impl AsRef<Path>) -> Result<TensorFile> {
-        let path = path.as_ref();
-        let label = path.display().to_string();
-        let bytes = std::fs::read(path).map_err(|e| Error::TensorFile {
-            file: label.clone(),
-            reason: format!("cannot read it: {e}"),
-        })?;
-        TensorFile::from_bytes(label, bytes)
+        open_within(path.as_ref(), MAX_TENSOR_FILE_BYTES)
     }
 
     /// Checks the bytes of a safetensors file; `label` names it in messages.
@@ -161,6 +166,73 @@ impl TensorFile {
             hint,
         }
     }
+}
+
+/// [`TensorFile::open`] with a limit of `limit` bytes.
+fn open_within(path: &Path, limit: u64) -> Result<TensorFile> {
+    let label = path.display().to_string();
+    let cannot_read = |e: std::io::Error| Error::TensorFile {
+        file: label.clone(),
+        reason: format!("cannot read it: {e}"),
+    };
+    let file = std::fs::File::open(path).map_err(cannot_read)?;
+    // A regular file says how long it is: one too long is refused unread.
+    let stated = file.metadata().map_err(cannot_read)?;
+    if stated.is_file() && stated.len() > limit {
+        return Err(Error::TensorFileTooLarge {
+            file: label,
+            bytes: stated.len(),
+            by: "its size",
+            limit,
+        });
+    }
+    let bytes = read_safetensors(&label, file, limit)?;
+    TensorFile::from_bytes(label, bytes)
+}
+
+/// The bytes of a safetensors file from `reader`, read no further than its
+/// header says the file goes (and one byte past that, so that a longer
+/// file is refused as one): its 8-byte header length, the header, then its
+/// tensors' bytes, which the header gives. A file whose header says it
+/// holds more than `limit` bytes is refused before its tensors are read.
+/// Bytes that do not make a header (a header longer than `limit`, or one
+/// safetensors does not take) are returned as read, for
+/// [`TensorFile::from_bytes`] to say why they are not safetensors.
+fn read_safetensors(label: &str, mut reader: impl Read, limit: u64) -> Result<Vec<u8>> {
+    let cannot_read = |e: std::io::Error| Error::TensorFile {
+        file: label.to_owned(),
+        reason: format!("cannot read it: {e}"),
+    };
+    let mut bytes = Vec::new();
+    let mut read_up_to = |bytes: &mut Vec<u8>, end: u64| {
+        let more = end.saturating_sub(bytes.len() as u64);
+        (&mut reader).take(more).read_to_end(bytes).map_err(cannot_read)
+    };
+    read_up_to(&mut bytes, 8)?;
+    let Ok(length) = <[u8; 8]>::try_from(bytes.as_slice()) else {
+        return Ok(bytes);
+    };
+    // A header longer than the limit is far longer than safetensors takes
+    // (100 MB): these are not safetensors bytes, which `from_bytes` says.
+    let header_end = u64::from_le_bytes(length).saturating_add(8);
+    if header_end > limit {
+        return Ok(bytes);
+    }
+    read_up_to(&mut bytes, header_end)?;
+    let Ok(header) = serde_json::from_slice::<safetensors::tensor::Metadata>(&bytes[8..]) else {
+        return Ok(bytes);
+    };
+    let end = header_end.saturating_add(header.data_len() as u64);
+    if end > limit {
+        return Err(Error::TensorFileTooLarge {
+            file: label.to_owned(),
+            bytes: end,
+            by: "as its header says",
+            limit,
+        });
+    }
+    read_up_to(&mut bytes, end.saturating_add(1))?;
+    Ok(bytes)
 }
 
 /// The name under which each of a graph's tensors is stored in a file.
@@ -399,6 +471,72 @@ mod tests {
             e.to_string()
                 .starts_with("/nonexistent/w.safetensors: cannot read it: "),
             "{e}"
+        );
+    }
+
+    #[test]
+    fn a_file_that_never_ends_is_refused_once_its_header_is_read() {
+        // /dev/zero: a header length of 0, so no header.
+        let e = TensorFile::open("/dev/zero").unwrap_err();
+        assert!(matches!(e, Error::TensorFile { .. }), "{e}");
+        assert!(
+            e.to_string().starts_with("/dev/zero: not a safetensors file: "),
+            "{e}"
+        );
+        // A header, then bytes without end: read up to one byte past where
+        // the header says the file ends.
+        let file = serialize(&[("a".into(), DType::F16, vec![8], f16_bytes(8))]).unwrap();
+        let mut endless = std::io::Read::chain(file.as_slice(), std::io::repeat(7));
+        let bytes = read_safetensors("w.safetensors", &mut endless, 1 << 20).unwrap();
+        assert_eq!(bytes.len(), file.len() + 1);
+        assert!(matches!(
+            TensorFile::from_bytes("w.safetensors", bytes),
+            Err(Error::TensorFile { .. })
+        ));
+    }
+
+    #[test]
+    fn a_file_larger_than_the_limit_is_refused_before_its_tensors_are_read() {
+        let file = serialize(&[("a".into(), DType::F16, vec![64], f16_bytes(64))]).unwrap();
+        let header_end = 8 + u64::from_le_bytes(file[..8].try_into().unwrap());
+        let whole = file.len() as u64;
+        // By its size, unread.
+        let path = std::env::temp_dir().join(format!("fusion-weights-{}.safetensors", std::process::id()));
+        std::fs::write(&path, &file).unwrap();
+        let e = open_within(&path, whole - 1).unwrap_err();
+        std::fs::remove_file(&path).unwrap();
+        assert!(
+            matches!(e, Error::TensorFileTooLarge { bytes, by: "its size", limit, .. } if bytes == whole && limit == whole - 1),
+            "{e}"
+        );
+        // By its header, from a stream of no stated size: nothing past the
+        // header is read.
+        let mut stream = file.as_slice();
+        let e = read_safetensors("w.safetensors", &mut stream, whole - 1).unwrap_err();
+        assert!(
+            matches!(e, Error::TensorFileTooLarge { bytes, by: "as its header says", .. } if bytes == whole),
+            "{e}"
+        );
+        assert_eq!(stream.len() as u64, whole - header_end);
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "w.safetensors: it holds {whole} bytes (as its header says), more than the {} a tensor file may have, \
+                 since it is read whole into host memory; pass a file of the tensors the graph reads",
+                whole - 1
+            )
+        );
+        // A header length past the limit: not safetensors, and only those
+        // 8 bytes are read.
+        let mut stream = file.as_slice();
+        let bytes = read_safetensors("w.safetensors", &mut stream, header_end - 1).unwrap();
+        assert_eq!(bytes, file[..8]);
+        assert_eq!(stream.len(), file.len() - 8);
+        // At the limit, it reads.
+        let mut stream = file.as_slice();
+        assert_eq!(
+            read_safetensors("w.safetensors", &mut stream, whole).unwrap(),
+            file
         );
     }
 

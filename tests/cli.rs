@@ -329,6 +329,13 @@ fn fusion_run_names_an_unreadable_or_mismatched_tensor_file_before_any_gpu_work(
     std::fs::write(&not_safetensors, b"not a safetensors file").unwrap();
     let stderr = run(&not_safetensors);
     assert!(stderr.contains("not a safetensors file"), "{stderr}");
+    // A file that never ends is refused once its header is read, not read
+    // until memory runs out.
+    let stderr = run(std::path::Path::new("/dev/zero"));
+    assert!(
+        stderr.starts_with("error: /dev/zero: not a safetensors file"),
+        "{stderr}"
+    );
 
     // gemm_bias takes x [M, K]: a vector is refused with both shapes named.
     let bytes =
