@@ -241,8 +241,7 @@ fn run_as<T: HostElement>(
     let reads: Vec<(TensorId, Tensor<'static, T>)> = inputs.into_iter().chain(weights).collect();
     let mut outputs = Vec::new();
     for (tensor, shape) in runner.output_shapes(&reads).map_err(|e| e.to_string())? {
-        // Poisoned, so that an element no kernel wrote reads as NaN.
-        let poison = vec![T::NAN; shape.rows() * shape.cols()];
+        let poison = poisoned::<T>(&plan.graph.tensor(tensor).name, shape)?;
         let slice = stream.clone_htod(&poison).map_err(gpu)?;
         outputs.push(Output { tensor, shape, slice });
     }
@@ -303,6 +302,21 @@ fn run_as<T: HostElement>(
         )?;
     }
     Ok(())
+}
+
+/// The host image of output `name` before the call: NaN everywhere, so
+/// that an element no kernel wrote reads back as NaN. Its element and byte
+/// counts are checked ([`Shape::bytes`]) and its memory asked for, not
+/// assumed: a shape too large for host memory is an error that names it.
+fn poisoned<T: HostElement>(name: &str, shape: Shape) -> Result<Vec<T>, String> {
+    let bytes = shape.bytes::<T>().map_err(|e| e.to_string())?;
+    let len = shape.len().map_err(|e| e.to_string())?;
+    let mut values = Vec::new();
+    values
+        .try_reserve_exact(len)
+        .map_err(|e| format!("cannot hold output `{name}` ({shape}, {bytes} bytes) in host memory: {e}"))?;
+    values.resize(len, T::NAN);
+    Ok(values)
 }
 
 fn say(out: &mut dyn Write, line: String) -> Result<(), String> {
@@ -987,5 +1001,31 @@ y = "rmsnorm(x, norm, eps = 1e-5) @ w_gate^T"
         assert_eq!(graph_dtype(&graph()), Ok(DType::F16));
         assert_eq!(library_name("ffn_Block"), "run_ffn_block");
         assert_eq!(library_name("Gemm2"), "run_gemm2");
+    }
+
+    #[test]
+    fn an_outputs_poison_has_checked_sizes() {
+        let poison = poisoned::<f16>("y", Shape::Matrix(3, 8)).unwrap();
+        assert_eq!(poison.len(), 24);
+        assert!(poison.iter().all(|v| v.is_nan()));
+        assert!(poisoned::<f16>("y", Shape::Matrix(0, 8)).unwrap().is_empty());
+        // The element count overflows: rows × cols wrapped (or panicked)
+        // before it was checked.
+        let error = poisoned::<f16>("y", Shape::Matrix(usize::MAX / 2 + 1, 2)).unwrap_err();
+        assert!(
+            error.starts_with("the element count of shape") && error.contains("overflows usize"),
+            "{error}"
+        );
+        // The byte count overflows.
+        let error = poisoned::<f16>("y", Shape::Vector(usize::MAX / 2 + 1)).unwrap_err();
+        assert!(error.starts_with("the byte count of shape"), "{error}");
+        // Both fit a usize, but no allocation can be that large.
+        let error = poisoned::<f16>("y", Shape::Matrix(usize::MAX / 4, 2)).unwrap_err();
+        assert!(
+            error.starts_with(
+                "cannot hold output `y` ([4611686018427387903, 2], 18446744073709551612 bytes) in host memory"
+            ),
+            "{error}"
+        );
     }
 }
