@@ -990,14 +990,18 @@ y = "rmsnorm(x, norm, eps = 1e-5) @ w_gate^T"
 
     #[test]
     fn a_graph_of_two_element_types_is_refused_and_names_are_symbol_safe() {
-        let mixed = GRAPH.replace("norm = \"f16[D]\"", "norm = \"bf16[D]\"");
-        let parsed = fusion_compiler::graph_from_source(&SourceFile::new("mixed.toml", mixed));
-        // The front end may refuse the mix itself; a graph it accepts is
-        // refused here, naming both tensors.
-        if let Ok(mixed) = parsed {
-            let error = graph_dtype(&mixed).unwrap_err();
-            assert!(error.contains("`norm` is bf16"), "{error}");
-        }
+        // The front end accepts two element types where no op mixes them:
+        // a bf16 input with an output of its own beside the f16 block.
+        let mixed = GRAPH
+            .replace("[weights]", "r = \"bf16[M, 16]\"\n[weights]")
+            .replace("[outputs]", "[outputs]\nz = \"relu(r)\"");
+        let mixed = fusion_compiler::graph_from_source(&SourceFile::new("mixed.toml", mixed))
+            .expect("the front end accepts ops that each take one element type");
+        let error = graph_dtype(&mixed).unwrap_err();
+        assert_eq!(
+            error,
+            "kernels take one element type per graph; `x` is f16 and `r` is bf16"
+        );
         assert_eq!(graph_dtype(&graph()), Ok(DType::F16));
         assert_eq!(library_name("ffn_Block"), "run_ffn_block");
         assert_eq!(library_name("Gemm2"), "run_gemm2");
