@@ -1,8 +1,10 @@
 //! The error catalogue (`docs/errors.md`) against the tests it names: every
-//! test it names, in any section, exists, and every `gpu_errors::…` or
-//! `device::…` test listed for an `Error` variant asserts that variant.
-//! Runs on the CPU, so a renamed test or a test that checks another error
-//! fails here rather than going unnoticed until a GPU run.
+//! test it names, in any section, exists, and every test of the run time's
+//! rows listed for an `Error` variant asserts that variant: the variant's
+//! path inside an `assert!` (such as `assert!(matches!(e, Error::Shape {
+//! .. }))`), not merely named. Runs on the CPU, so a renamed test or a test
+//! that checks another error fails here rather than going unnoticed until a
+//! GPU run.
 
 use std::path::Path;
 
@@ -17,6 +19,107 @@ fn function_body<'a>(source: &'a str, name: &str) -> Option<&'a str> {
     Some(&source[start..start + end])
 }
 
+/// Whether `body` asserts `Error::{variant}`: the path, followed by no more
+/// of an identifier (`Error::Shape` is not `Error::ShapeMismatch`), in code
+/// (not in a string or a comment) inside the parentheses of an `assert!`,
+/// `assert_eq!` or `assert_ne!`.
+fn asserts_variant(body: &str, variant: &str) -> bool {
+    let code = code_only(body);
+    let path = format!("Error::{variant}");
+    let assertions: Vec<(usize, usize)> = ["assert!(", "assert_eq!(", "assert_ne!("]
+        .iter()
+        .flat_map(|mac| {
+            let code = &code;
+            code.match_indices(mac).filter_map(move |(at, _)| {
+                let open = at + mac.len() - 1;
+                closing_paren(code, open).map(|close| (open, close))
+            })
+        })
+        .collect();
+    code.match_indices(&path).any(|(at, _)| {
+        let whole = !code[at + path.len()..].starts_with(|c: char| c.is_alphanumeric() || c == '_');
+        whole && assertions.iter().any(|&(open, close)| open < at && at < close)
+    })
+}
+
+/// `source` with the contents of its string literals and line comments
+/// blanked out, each byte a space, so that offsets stay as they were.
+fn code_only(source: &str) -> String {
+    let mut code = String::with_capacity(source.len());
+    let (mut in_string, mut in_comment, mut escaped) = (false, false, false);
+    let mut chars = source.chars().peekable();
+    while let Some(c) = chars.next() {
+        let blank = if in_comment {
+            in_comment = c != '\n';
+            in_comment
+        } else if in_string {
+            match c {
+                _ if escaped => escaped = false,
+                '\\' => escaped = true,
+                '"' => in_string = false,
+                _ => {}
+            }
+            in_string
+        } else {
+            match c {
+                '"' => in_string = true,
+                '/' if chars.peek() == Some(&'/') => in_comment = true,
+                _ => {}
+            }
+            in_comment
+        };
+        if blank {
+            code.extend(std::iter::repeat_n(' ', c.len_utf8()));
+        } else {
+            code.push(c);
+        }
+    }
+    code
+}
+
+/// The index of the `)` that closes the `(` at `open` in `code`.
+fn closing_paren(code: &str, open: usize) -> Option<usize> {
+    let mut depth = 0usize;
+    for (i, c) in code[open..].char_indices() {
+        match c {
+            '(' => depth += 1,
+            ')' => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(open + i);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+#[test]
+fn a_variant_counts_only_when_an_assertion_matches_it() {
+    let asserted = "let e = f().unwrap_err();\n    assert!(matches!(e, Error::Shape { .. }), \"{e} (\");";
+    assert!(asserts_variant(asserted, "Shape"));
+    let spread = "assert!(\n        matches!(\n            err,\n            Error::DimMismatch {\n                first_value: 4,\n                ..\n            }\n        ),\n        \"{err}\"\n    );";
+    assert!(asserts_variant(spread, "DimMismatch"));
+    assert!(asserts_variant(
+        "assert_eq!(r, Err(Error::Setting { .. }))",
+        "Setting"
+    ));
+    // Named, but not asserted.
+    for mention in [
+        "// Error::Shape is what a bad shape gets\n    let _ = f();",
+        "let e = Error::Shape { tensor, expected, actual };\n    assert!(e.to_string().contains(\"x\"));",
+        "if matches!(e, Error::Shape { .. }) {\n        return;\n    }",
+        "assert!(f().is_err(), \"Error::Shape (\");\n    let _ = Error::Shape;",
+    ] {
+        assert!(!asserts_variant(mention, "Shape"), "{mention}");
+    }
+    // Another variant whose name starts with this one's.
+    let longer = "assert!(matches!(e, Error::TensorFileTooLarge { .. }));";
+    assert!(!asserts_variant(longer, "TensorFile"));
+    assert!(asserts_variant(longer, "TensorFileTooLarge"));
+}
+
 /// A file of the repository, by its path from the root.
 fn read(path: &str) -> String {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -26,9 +129,14 @@ fn read(path: &str) -> String {
 #[test]
 fn every_runtime_error_row_names_a_test_that_asserts_its_variant() {
     let catalogue = read("docs/errors.md");
+    // The tests of `fusion::Error` values; not `cli` or `run::tests`, which
+    // check the messages `fusion run` prints.
     let sources = [
         ("gpu_errors", read("tests/gpu_errors.rs")),
+        ("gpu_graphs", read("tests/gpu_graphs.rs")),
         ("device", read("src/device.rs")),
+        ("tensor::tests", read("src/tensor.rs")),
+        ("launch::tests", read("src/launch.rs")),
         ("weights::tests", read("src/weights.rs")),
         ("gpu_safetensors", read("tests/gpu_safetensors.rs")),
         ("gpu_candle", read("tests/gpu_candle.rs")),
@@ -69,10 +177,7 @@ fn every_runtime_error_row_names_a_test_that_asserts_its_variant() {
                         "docs/errors.md names `{module}::{name}` for {variants:?}, but there is no such test"
                     )
                 });
-                let found: Vec<bool> = variants
-                    .iter()
-                    .map(|v| body.contains(&format!("Error::{v}")))
-                    .collect();
+                let found: Vec<bool> = variants.iter().map(|v| asserts_variant(body, v)).collect();
                 assert!(
                     found.contains(&true),
                     "`{module}::{name}` is catalogued for {variants:?} but asserts none of them"
@@ -120,6 +225,7 @@ const TEST_FILES: &[(&str, &str)] = &[
     ("tensor::tests", "src/tensor.rs"),
     ("launch::tests", "src/launch.rs"),
     ("weights::tests", "src/weights.rs"),
+    ("run::tests", "src/run.rs"),
     ("gpu", "tests/gpu.rs"),
     ("gpu_errors", "tests/gpu_errors.rs"),
     ("gpu_graphs", "tests/gpu_graphs.rs"),
@@ -127,6 +233,7 @@ const TEST_FILES: &[(&str, &str)] = &[
     ("gpu_stress", "tests/gpu_stress.rs"),
     ("gpu_workspace", "tests/gpu_workspace.rs"),
     ("gpu_safetensors", "tests/gpu_safetensors.rs"),
+    ("gpu_run", "tests/gpu_run.rs"),
     ("gpu_candle", "tests/gpu_candle.rs"),
 ];
 

@@ -213,10 +213,12 @@ fn candle_tensors_that_cannot_be_read_in_place_are_named() {
     let x = CandleTensor::ones((8, 16), CandleDType::F16, &device).expect("x");
     let refusal = |inputs: &[&CandleTensor], dims: &[usize]| -> String {
         let [a, b] = [inputs[0], inputs[inputs.len() - 1]];
-        match fusion::candle::call::<f16, 2, 1>([a, b], [dims], |_, _, _| panic!("launched")) {
-            Err(e @ fusion::Error::CandleTensor { .. }) => e.to_string(),
-            other => panic!("expected Error::CandleTensor, got {other:?}"),
-        }
+        let result = fusion::candle::call::<f16, 2, 1>([a, b], [dims], |_, _, _| panic!("launched"));
+        assert!(
+            matches!(result, Err(fusion::Error::CandleTensor { .. })),
+            "expected Error::CandleTensor, got {result:?}"
+        );
+        result.err().expect("refused").to_string()
     };
     let on_cpu = CandleTensor::ones((8, 16), CandleDType::F16, &Device::Cpu).expect("cpu");
     assert!(refusal(&[&x, &on_cpu], &[8, 16]).contains("input 1 is on Cpu"));
