@@ -59,6 +59,14 @@ pattern_test!(gemm_bias, "gemm_bias", |s, r, w| kernels::gemm_bias(
 pattern_test!(gemm_bias_residual, "gemm_bias_residual", |s, r, w| {
     kernels::gemm_bias_residual(s, &r[0], &r[1], &r[2], &r[3], &mut w[0])
 });
+// Without a bias (Llama's o_proj and down_proj), per call and bound.
+pattern_test!(gemm_residual, "gemm_residual", |s, r, w| {
+    kernels::gemm_residual(s, &r[0], &r[1], &r[2], &mut w[0])
+});
+pattern_test!(gemm_residual_bound, "gemm_residual", |s, r, w| {
+    let weights = kernels::GemmResidualWeights { w: r[2].clone() };
+    kernels::GemmResidual::new(s, weights)?.run(s, &r[0], &r[1], &mut w[0])
+});
 pattern_test!(gemm_gelu, "gemm_gelu", |s, r, w| kernels::gemm_gelu(
     s, &r[0], &r[1], &mut w[0]
 ));
@@ -369,6 +377,9 @@ standalone_test!(mul, "mul", "N", |s, r, w| kernels::mul(
 // silu(gate) * up as one kernel: a chain of two steps, the factor read at
 // the mul's step.
 standalone_test!(silu_mul, "silu_mul", "N", |s, r, w| kernels::silu_mul(
+    s, &r[0], &r[1], &mut w[0]
+));
+standalone_test!(gelu_mul, "gelu_mul", "N", |s, r, w| kernels::gelu_mul(
     s, &r[0], &r[1], &mut w[0]
 ));
 standalone_test!(layernorm, "layernorm", "K", |s, r, w| kernels::layernorm(

@@ -384,10 +384,10 @@ fn the_cublaslt_baseline_runs_each_candidate_and_names_it() {
 #[ignore = "needs a CUDA GPU"]
 fn the_stacked_cublaslt_baseline_writes_one_product_per_weight() {
     use fusion::bench::cublaslt::LtGemm;
-    use fusion::ir::DType;
+    use fusion::ir::{DType, WeightLayout};
     let s = stream();
     let (m, n, k) = (16, 8, 32);
-    let mut lt = LtGemm::new_stacked(&s, DType::F16, (m, n, k), 2, 1).unwrap();
+    let mut lt = LtGemm::new_stacked(&s, DType::F16, WeightLayout::NK, (m, n, k), 2, 1).unwrap();
     // Weight 0 all 0.25, weight 1 all 1.0, stacked [2N, K].
     let mut stacked = vec![f16::from_f32(0.25); n * k];
     stacked.extend(vec![f16::from_f32(1.0); n * k]);

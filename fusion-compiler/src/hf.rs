@@ -93,7 +93,7 @@ pub fn ffn_config(json: &str) -> Result<FfnConfig, String> {
 }
 
 /// The op for a Hugging Face activation name.
-fn activation(name: &str) -> Result<&'static str, String> {
+pub(crate) fn activation(name: &str) -> Result<&'static str, String> {
     Ok(match name {
         "silu" | "swish" => "silu",
         "gelu_new" | "gelu_pytorch_tanh" | "gelu_fast" => "gelu",

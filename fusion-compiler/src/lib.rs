@@ -14,6 +14,7 @@
 //! | [`reference`](mod@reference) | evaluates a graph on the CPU in f64: the oracle for GPU tests |
 //! | [`build`] | compiles generated CUDA with nvcc (cached), archives it, runs bindgen (feature `build`) |
 //! | [`hf`] | feed-forward block graphs from a Hugging Face `config.json` (`fusion graph --from-hf`) |
+//! | [`corpus`] | the linear layers of public models, derived from their configs (`fusion bench --corpus`) |
 //!
 //! [`arch`] names the GPU generations and which devices run each;
 //! [`names`] the Hugging Face names of a block's weights.
@@ -32,6 +33,8 @@ pub mod arch;
 pub mod build;
 #[cfg(feature = "compiler")]
 pub mod codegen;
+#[cfg(feature = "compiler")]
+pub mod corpus;
 pub mod diagnostic;
 #[cfg(feature = "compiler")]
 pub mod fuse;

@@ -132,6 +132,7 @@ fn every_shipped_graph_parses_and_lowers() {
         names,
         [
             "ffn_sublayer",
+            "gelu_mul",
             "gelu_quick",
             "gemm",
             "gemm_bias",
@@ -144,6 +145,7 @@ fn every_shipped_graph_parses_and_lowers() {
             "gemm_gelu",
             "gemm_gelu_glu",
             "gemm_gelu_quick",
+            "gemm_residual",
             "gemm_silu",
             "gemm_silu_glu",
             "gpt2_mlp",

@@ -112,8 +112,9 @@ impl LtGemm {
     }
 
     /// Plans `stack` products of one x `[M, K]` with `stack` weights
-    /// `[N, K]` stored one after the other (`[stack·N, K]`, as a stacked
-    /// `nn.Linear` holds them), without epilogue, writing `stack` outputs
+    /// `[N, K]` (or `[K, N]`, as `layout` says) stored one after the other
+    /// (`[stack·N, K]`, as a stacked `nn.Linear` holds them), without
+    /// epilogue, writing `stack` outputs
     /// `[M, N]` one after the other: one cuBLASLt call, a strided batch whose
     /// x has stride 0. For SwiGLU's gate and up projections, this is the one
     /// GEMM over the stacked weight a user would call, with gate and up each
@@ -121,6 +122,7 @@ impl LtGemm {
     pub fn new_stacked(
         stream: &Arc<CudaStream>,
         dtype: DType,
+        layout: WeightLayout,
         dims: (usize, usize, usize),
         stack: usize,
         candidates: usize,
@@ -128,7 +130,7 @@ impl LtGemm {
         Self::plan(
             stream,
             dtype,
-            WeightLayout::NK,
+            layout,
             dims,
             LtEpilogue::None,
             candidates,

@@ -167,8 +167,11 @@ fn time_copies(stream: &Arc<CudaStream>, bytes: usize, plan: TimingPlan) -> Resu
 pub fn gemm_bytes(pattern: Pattern, (m, n, k): (usize, usize, usize), element: usize) -> f64 {
     let vectors = match pattern {
         Pattern::Gemm | Pattern::GemmGelu | Pattern::GemmSilu => 0,
+        // The second weight of a gated pair.
+        Pattern::GemmSiluGlu | Pattern::GemmGeluGlu => n * k,
         Pattern::GemmBias | Pattern::GemmBiasGelu | Pattern::GemmBiasRelu | Pattern::GemmBiasSilu => n,
         Pattern::GemmBiasResidual => n + m * n,
+        Pattern::GemmResidual => m * n,
         Pattern::LayernormGemm | Pattern::LayernormGemmPerCall => 2 * k,
         Pattern::RmsnormGemm | Pattern::RmsnormGemmPerCall => k,
     };

@@ -21,6 +21,7 @@
 //! (`streams`). Each row also gets its floor: its bytes at the copy
 //! bandwidth measured once per run (`floor`).
 
+pub mod corpus;
 pub mod cublaslt;
 pub mod floor;
 pub mod report;
@@ -94,8 +95,16 @@ pub enum Pattern {
     GemmBias,
     GemmBiasSilu,
     GemmBiasResidual,
+    /// A projection without bias plus the residual (Llama's o_proj, down_proj).
+    GemmResidual,
     GemmGelu,
     GemmSilu,
+    /// A gated pair, act(x·W_gateᵀ)·(x·W_upᵀ), as one GEMM over the two
+    /// weights interleaved when bound; N is the width of each weight (and of
+    /// the output), so the GEMM computes 2N columns.
+    GemmSiluGlu,
+    /// The same with GELU, the weights stored `[K, N]` (`graphs/gemm_gelu_glu.toml`).
+    GemmGeluGlu,
     /// The graph's struct, with its weights bound and its norm folded.
     LayernormGemm,
     RmsnormGemm,
@@ -106,15 +115,18 @@ pub enum Pattern {
 }
 
 impl Pattern {
-    pub const ALL: [Pattern; 12] = [
+    pub const ALL: [Pattern; 15] = [
         Pattern::Gemm,
         Pattern::GemmBiasGelu,
         Pattern::GemmBiasRelu,
         Pattern::GemmBias,
         Pattern::GemmBiasSilu,
         Pattern::GemmBiasResidual,
+        Pattern::GemmResidual,
         Pattern::GemmGelu,
         Pattern::GemmSilu,
+        Pattern::GemmSiluGlu,
+        Pattern::GemmGeluGlu,
         Pattern::LayernormGemm,
         Pattern::RmsnormGemm,
         Pattern::LayernormGemmPerCall,
@@ -129,8 +141,11 @@ impl Pattern {
             Pattern::GemmBias => "gemm_bias",
             Pattern::GemmBiasSilu => "gemm_bias_silu",
             Pattern::GemmBiasResidual => "gemm_bias_residual",
+            Pattern::GemmResidual => "gemm_residual",
             Pattern::GemmGelu => "gemm_gelu",
             Pattern::GemmSilu => "gemm_silu",
+            Pattern::GemmSiluGlu => "gemm_silu_glu",
+            Pattern::GemmGeluGlu => "gemm_gelu_glu",
             Pattern::LayernormGemm => "layernorm_gemm",
             Pattern::RmsnormGemm => "rmsnorm_gemm",
             Pattern::LayernormGemmPerCall => "layernorm_gemm_per_call",
@@ -150,9 +165,29 @@ impl Pattern {
     /// The weight layout of the shipped graph (`graphs/<name>.toml`).
     fn layout(self) -> WeightLayout {
         match self {
-            Pattern::GemmBiasSilu | Pattern::GemmSilu => WeightLayout::KN,
+            Pattern::GemmBiasSilu | Pattern::GemmSilu | Pattern::GemmGeluGlu => WeightLayout::KN,
             _ => WeightLayout::NK,
         }
+    }
+
+    /// A gated pair's activation kernel for the baseline (silu·mul or
+    /// gelu·mul after the stacked GEMM); None for a single weight.
+    fn gated(self) -> Option<GatedAct> {
+        match self {
+            Pattern::GemmSiluGlu => Some(GatedAct::Silu),
+            Pattern::GemmGeluGlu => Some(GatedAct::Gelu),
+            _ => None,
+        }
+    }
+
+    /// The weights the GEMM reads: two for a gated pair.
+    fn weights(self) -> usize {
+        if self.gated().is_some() { 2 } else { 1 }
+    }
+
+    /// The multiply-adds of one call at (M, N, K), times two.
+    pub fn flop(self, (m, n, k): (usize, usize, usize)) -> f64 {
+        2.0 * (m * self.weights() * n * k) as f64
     }
 
     /// The cuBLASLt epilogue of the baseline, and the unfused step after it.
@@ -163,6 +198,9 @@ impl Pattern {
             Pattern::GemmBiasRelu => (LtEpilogue::ReluBias, ""),
             Pattern::GemmBias => (LtEpilogue::Bias, ""),
             Pattern::GemmBiasResidual => (LtEpilogue::Bias, " + beta·C"),
+            Pattern::GemmResidual => (LtEpilogue::None, " + beta·C"),
+            Pattern::GemmSiluGlu => (LtEpilogue::None, " stacked gate/up + silu·mul kernel"),
+            Pattern::GemmGeluGlu => (LtEpilogue::None, " stacked gate/up + gelu·mul kernel"),
             Pattern::GemmGelu => (LtEpilogue::Gelu, ""),
             Pattern::GemmBiasSilu => (LtEpilogue::Bias, " + silu kernel"),
             Pattern::GemmSilu => (LtEpilogue::None, " + silu kernel"),
@@ -180,6 +218,13 @@ impl Pattern {
     pub fn parse(name: &str) -> Option<Pattern> {
         Pattern::ALL.into_iter().find(|p| p.name() == name)
     }
+}
+
+/// The elementwise kernel after a gated pair's stacked GEMM in the baseline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum GatedAct {
+    Silu,
+    Gelu,
 }
 
 /// Random device data, the same in every rotated set (contents do not
@@ -326,6 +371,9 @@ pub struct BenchConfig {
     pub ffn_tokens: Vec<usize>,
     pub ffn_rows: Vec<FfnRow>,
     pub patterns: Vec<Pattern>,
+    /// Cases run after the shapes' (`--corpus`): a pattern at (M, N, K)
+    /// each.
+    pub corpus: Vec<corpus::Case>,
     pub timing: TimingPlan,
     /// `--streams N`: also time each row on N streams at once.
     pub streams: Option<usize>,
@@ -339,6 +387,7 @@ impl Default for BenchConfig {
             ffn_tokens: DEFAULT_FFN_TOKENS.to_vec(),
             ffn_rows: FfnRow::ALL.to_vec(),
             patterns: Pattern::ALL.to_vec(),
+            corpus: Vec::new(),
             timing: TimingPlan::default(),
             streams: None,
         }
@@ -347,7 +396,8 @@ impl Default for BenchConfig {
 
 impl BenchConfig {
     /// The single-GEMM cases in the order they run: each shape with every
-    /// pattern, then each decode shape with the decode patterns.
+    /// pattern, then each decode shape with the decode patterns, then the
+    /// corpus's cases.
     pub fn gemm_cases(&self) -> Vec<(Pattern, (usize, usize, usize))> {
         let every = self
             .shapes
@@ -359,7 +409,7 @@ impl BenchConfig {
                 .filter(|pattern| Pattern::DECODE.contains(pattern))
                 .map(move |&pattern| (pattern, shape))
         });
-        every.chain(decode).collect()
+        every.chain(decode).chain(self.corpus.iter().copied()).collect()
     }
 
     /// The FFN cases in the order they run, after the single-GEMM cases:
@@ -427,33 +477,49 @@ bound_on_x!(
     GemmBiasSilu,
     GemmGelu,
     GemmSilu,
+    GemmSiluGlu,
+    GemmGeluGlu,
     LayernormGemm,
     RmsnormGemm
 );
 
-impl<T: Element> Bound<T> for kernels::GemmBiasResidual<'_, T> {
-    fn call(
-        &mut self,
-        stream: &Arc<CudaStream>,
-        x: &Tensor<'_, T>,
-        residual: &Tensor<'_, T>,
-        y: &mut TensorMut<'_, T>,
-    ) -> Result<()> {
-        self.run(stream, x, residual, y)
-    }
+/// [`Bound`] for the structs whose inputs are x and the residual.
+macro_rules! bound_on_x_and_residual {
+    ($($graph:ident),*) => {$(
+        impl<T: Element> Bound<T> for kernels::$graph<'_, T> {
+            fn call(
+                &mut self,
+                stream: &Arc<CudaStream>,
+                x: &Tensor<'_, T>,
+                residual: &Tensor<'_, T>,
+                y: &mut TensorMut<'_, T>,
+            ) -> Result<()> {
+                self.run(stream, x, residual, y)
+            }
+        }
+    )*};
 }
+bound_on_x_and_residual!(GemmBiasResidual, GemmResidual);
 
-/// `pattern`'s struct bound to w, the bias b and the norm's g and be (each
-/// read where the graph has it).
+/// `pattern`'s struct bound to w (a gated pair's gate and up weights), the
+/// bias b and the norm's g and be (each read where the graph has it).
 fn bind<'w, T: Element>(
     stream: &Arc<CudaStream>,
     pattern: Pattern,
-    w: Tensor<'w, T>,
+    w: [Tensor<'w, T>; 2],
     b: Tensor<'w, T>,
     g: Tensor<'w, T>,
     be: Tensor<'w, T>,
 ) -> Result<Box<dyn Bound<T> + 'w>> {
     use kernels::*;
+    let [w, w_up] = w;
+    if let Some(act) = pattern.gated() {
+        let w_gate = w;
+        return Ok(match act {
+            GatedAct::Silu => Box::new(GemmSiluGlu::new(stream, GemmSiluGluWeights { w_gate, w_up })?),
+            GatedAct::Gelu => Box::new(GemmGeluGlu::new(stream, GemmGeluGluWeights { w_gate, w_up })?),
+        });
+    }
     Ok(match pattern {
         Pattern::Gemm => Box::new(Gemm::new(stream, GemmWeights { w })?),
         Pattern::GemmBiasGelu => Box::new(GemmBiasGelu::new(stream, GemmBiasGeluWeights { w, b })?),
@@ -463,6 +529,7 @@ fn bind<'w, T: Element>(
         Pattern::GemmBiasResidual => {
             Box::new(GemmBiasResidual::new(stream, GemmBiasResidualWeights { w, b })?)
         }
+        Pattern::GemmResidual => Box::new(GemmResidual::new(stream, GemmResidualWeights { w })?),
         Pattern::GemmGelu => Box::new(GemmGelu::new(stream, GemmGeluWeights { w })?),
         Pattern::GemmSilu => Box::new(GemmSilu::new(stream, GemmSiluWeights { w })?),
         Pattern::LayernormGemm => Box::new(LayernormGemm::new(stream, LayernormGemmWeights { g, b: be, w })?),
@@ -470,6 +537,7 @@ fn bind<'w, T: Element>(
         Pattern::LayernormGemmPerCall | Pattern::RmsnormGemmPerCall => {
             unreachable!("a per-call norm binds only w, through its free function")
         }
+        Pattern::GemmSiluGlu | Pattern::GemmGeluGlu => unreachable!("bound above"),
     })
 }
 
@@ -540,7 +608,10 @@ fn pattern_case<T: BenchElement>(
     run: Run<'_, '_>,
 ) -> Result<Option<Row>> {
     let seed = (m * 31 + n * 17 + k) as u64;
-    let NormWeights { w, gamma, beta } = NormWeights::random(stream, n, k, seed)?;
+    // A gated pair's two weights one after the other, as the stacked
+    // cuBLASLt call reads them; the struct binds a view of each.
+    let halves = pattern.weights();
+    let NormWeights { w, gamma, beta } = NormWeights::random(stream, halves * n, k, seed)?;
     let mut c = GemmCase::<T> {
         x: Rotated::random(stream, m * k, 1.0, seed)?,
         w,
@@ -550,18 +621,22 @@ fn pattern_case<T: BenchElement>(
         beta,
         ours: Rotated::zeros(stream, m * n)?,
         base: Rotated::zeros(stream, m * n)?,
-        scratch: Rotated::zeros(stream, m * n.max(k))?,
+        scratch: Rotated::zeros(stream, m * (halves * n).max(k))?,
     };
     let (epilogue, unfused) = pattern.baseline();
     let mut lt = LtPair::new(|candidates| {
-        cublaslt::LtGemm::new(
-            stream,
-            T::DTYPE,
-            pattern.layout(),
-            (m, n, k),
-            epilogue,
-            candidates,
-        )
+        if halves == 2 {
+            cublaslt::LtGemm::new_stacked(stream, T::DTYPE, pattern.layout(), (m, n, k), 2, candidates)
+        } else {
+            cublaslt::LtGemm::new(
+                stream,
+                T::DTYPE,
+                pattern.layout(),
+                (m, n, k),
+                epilogue,
+                candidates,
+            )
+        }
     })?;
     let w_shape = match pattern.layout() {
         WeightLayout::NK => [n, k],
@@ -581,7 +656,7 @@ fn pattern_case<T: BenchElement>(
     let bound_weights = (!per_call)
         .then(|| -> Result<_> {
             Ok((
-                NormWeights::<T>::random(stream, n, k, seed)?,
+                NormWeights::<T>::random(stream, halves * n, k, seed)?,
                 Rotated::<T>::random(stream, n, 1.0, seed + 2)?,
             ))
         })
@@ -591,8 +666,12 @@ fn pattern_case<T: BenchElement>(
         .iter()
         .flat_map(|weights| (0..SETS).map(move |i| (i, weights)))
     {
+        let w = weights.w.get(i);
         let (w, g, be, b) = (
-            Tensor::new(weights.w.get(i), w_shape)?,
+            [
+                Tensor::from_view(w.slice(..n * k), w_shape)?,
+                Tensor::from_view(w.slice((halves - 1) * n * k..halves * n * k), w_shape)?,
+            ],
             vec_of(weights.gamma.get(i), k)?,
             vec_of(weights.beta.get(i), k)?,
             vec_of(bias.get(i), n)?,
@@ -630,6 +709,17 @@ fn pattern_case<T: BenchElement>(
             ..
         } = c;
         let bias = Some(bias.get(i)).filter(|_| has_bias);
+        if let Some(act) = pattern.gated() {
+            // The stacked GEMM writes gate then up, each [M, N].
+            lt.run(stream, x.get(i), w.get(i), None, None, scratch.get_mut(i))?;
+            let gate = Tensor::from_view(scratch.get(i).slice(..m * n), [m, n])?;
+            let up = Tensor::from_view(scratch.get(i).slice(m * n..2 * m * n), [m, n])?;
+            let mut h = TensorMut::new(base.get_mut(i), [m, n])?;
+            return match act {
+                GatedAct::Silu => kernels::silu_mul(stream, &gate, &up, &mut h),
+                GatedAct::Gelu => kernels::gelu_mul(stream, &gate, &up, &mut h),
+            };
+        }
         match pattern {
             Pattern::GemmBiasSilu | Pattern::GemmSilu => {
                 lt.run(stream, x.get(i), w.get(i), bias, None, scratch.get_mut(i))?;
@@ -649,7 +739,7 @@ fn pattern_case<T: BenchElement>(
                 }
                 lt.run(stream, scratch.get(i), w.get(i), None, None, base.get_mut(i))
             }
-            Pattern::GemmBiasResidual => lt.run(
+            Pattern::GemmBiasResidual | Pattern::GemmResidual => lt.run(
                 stream,
                 x.get(i),
                 w.get(i),
@@ -686,19 +776,22 @@ fn pattern_case<T: BenchElement>(
     )?;
     {
         // The baseline's GEMM alone, on x (the norm patterns' GEMM reads the
-        // normalised x, of the same shape: the same work).
+        // normalised x, of the same shape: the same work), into the
+        // baseline's output, or its scratch for a gated pair's two.
         let GemmCase {
             x,
             w,
             bias,
             residual,
             base,
+            scratch,
             ..
         } = &mut c;
-        let residual = (pattern == Pattern::GemmBiasResidual).then_some(&*residual);
+        let residual =
+            matches!(pattern, Pattern::GemmBiasResidual | Pattern::GemmResidual).then_some(&*residual);
         lt.tune(
             stream,
-            base,
+            if halves == 2 { scratch } else { base },
             || head_start(stream, head),
             |gemm, out, i| {
                 let bias = Some(bias.get(i)).filter(|_| has_bias);
@@ -723,7 +816,7 @@ fn pattern_case<T: BenchElement>(
         shape,
         T::DTYPE,
         format!("{}{unfused}", epilogue.name()),
-        2.0 * (m * n * k) as f64,
+        pattern.flop((m, n, k)),
         Measured {
             ours: ours_t,
             first: first_t,
@@ -907,7 +1000,7 @@ fn ffn_case<T: BenchElement>(
     };
     let mut lt = if gate_up.stacked() {
         vec![LtPair::new(|candidates| {
-            cublaslt::LtGemm::new_stacked(stream, T::DTYPE, (m, F, D), 2, candidates)
+            cublaslt::LtGemm::new_stacked(stream, T::DTYPE, WeightLayout::NK, (m, F, D), 2, candidates)
         })?]
     } else {
         vec![

@@ -3,7 +3,7 @@
 //! feature, as what it times is `fusion::kernels`.
 
 use super::CliError;
-use crate::bench::{self, BenchConfig, FfnRow, Pattern};
+use crate::bench::{self, BenchConfig, FfnRow, Pattern, corpus};
 use clap::Args;
 use std::io::Write;
 use std::path::PathBuf;
@@ -39,6 +39,40 @@ pub struct BenchArgs {
     /// time: a second table of slowdowns.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=64))]
     pub streams: Option<u16>,
+    /// Time the layers of a model corpus (such as `benchmarks/corpus.toml`)
+    /// in place of the standard shapes and FFN rows, each with its model's
+    /// epilogue at each of the corpus's token counts, and print the ratios'
+    /// geometric mean, 10th percentile and minimum per kernel. `--kernel`
+    /// keeps only the layers of the kernels named.
+    #[arg(long, value_name = "FILE")]
+    pub corpus: Option<PathBuf>,
+    /// The token counts M of `--corpus` (comma-separated) in place of the file's.
+    #[arg(
+        long = "corpus-tokens",
+        value_name = "M,…",
+        value_delimiter = ',',
+        requires = "corpus"
+    )]
+    pub corpus_tokens: Vec<u64>,
+    /// Run part I of N of `--corpus`'s cases (every N-th, from the I-th), so
+    /// that a long run can be split over several; `--summary` reads the
+    /// parts' JSON files together.
+    #[arg(long, value_name = "I/N", value_parser = parse_shard, requires = "corpus")]
+    pub shard: Option<(usize, usize)>,
+    /// Print the summary of earlier runs' `--json` files (several are read
+    /// as one run, such as the shards of one) and time nothing.
+    #[arg(long, value_name = "FILE.json", num_args = 1.., conflicts_with_all = ["corpus", "shapes"])]
+    pub summary: Vec<PathBuf>,
+}
+
+fn parse_shard(text: &str) -> Result<(usize, usize), String> {
+    let bad = || format!("`{text}` is not I/N with 1 ≤ I ≤ N");
+    let (i, n) = text.split_once('/').ok_or_else(bad)?;
+    let (i, n) = (
+        i.trim().parse::<usize>().map_err(|_| bad())?,
+        n.trim().parse::<usize>().map_err(|_| bad())?,
+    );
+    if i == 0 || i > n { Err(bad()) } else { Ok((i, n)) }
 }
 
 fn parse_shape(text: &str) -> Result<(usize, usize, usize), String> {
@@ -58,8 +92,57 @@ fn parse_shape(text: &str) -> Result<(usize, usize, usize), String> {
 
 /// `fusion bench`: the table on `out`, progress on stderr, JSON on request.
 pub fn bench(args: &BenchArgs, out: &mut dyn Write) -> Result<(), CliError> {
+    if !args.summary.is_empty() {
+        return summarize_files(&args.summary, out);
+    }
     let config = config_of(args)?;
     run_bench(config, args, out)
+}
+
+/// `--summary`: the rows of every file, summarized as one run.
+fn summarize_files(paths: &[PathBuf], out: &mut dyn Write) -> Result<(), CliError> {
+    let mut rows = Vec::new();
+    for path in paths {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| CliError::Message(format!("cannot read {}: {e}", path.display())))?;
+        let report: bench::Report = serde_json::from_str(&text).map_err(|e| {
+            CliError::Message(format!("{}: not a fusion bench --json file: {e}", path.display()))
+        })?;
+        writeln!(
+            out,
+            "{}: {} rows, {} {}, fusion {}, {}",
+            path.display(),
+            report.rows.len(),
+            report.device,
+            report.dtype,
+            report.commit,
+            report.date
+        )
+        .map_err(CliError::from_stdout)?;
+        rows.extend(report.rows);
+    }
+    write!(out, "{}", corpus::summary_table(&corpus::summarize(&rows))).map_err(CliError::from_stdout)
+}
+
+/// The corpus's cases (`--corpus`, `--corpus-tokens`), those of the kernels
+/// named alone when some are.
+fn corpus_cases(path: &std::path::Path, args: &BenchArgs) -> Result<Vec<corpus::Case>, CliError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| CliError::Message(format!("cannot read {}: {e}", path.display())))?;
+    let parsed = fusion_compiler::corpus::Corpus::parse(&text)
+        .map_err(|e| CliError::Message(format!("{}: {e}", path.display())))?;
+    let tokens = (!args.corpus_tokens.is_empty()).then_some(args.corpus_tokens.as_slice());
+    if tokens.is_some_and(|t| t.contains(&0)) {
+        return Err(CliError::Message(
+            "--corpus-tokens: token counts must be positive".into(),
+        ));
+    }
+    let mut cases =
+        corpus::cases(&parsed, tokens).map_err(|e| CliError::Message(format!("{}: {e}", path.display())))?;
+    if !args.kernels.is_empty() {
+        cases.retain(|(pattern, _)| args.kernels.iter().any(|k| k == pattern.name()));
+    }
+    Ok(cases)
 }
 
 /// What `fusion bench` measures, from its arguments: the shapes, the kernels
@@ -110,6 +193,16 @@ fn config_of(args: &BenchArgs) -> Result<BenchConfig, CliError> {
         runs: args.runs.max(1),
     };
     config.streams = args.streams.map(usize::from);
+    if let Some(path) = &args.corpus {
+        // The corpus in place of the standard table.
+        config.corpus = corpus_cases(path, args)?;
+        config.shapes.clear();
+        config.decode_shapes.clear();
+        config.ffn_tokens.clear();
+    }
+    if let Some((index, parts)) = args.shard {
+        config.corpus = corpus::shard(std::mem::take(&mut config.corpus), index, parts);
+    }
     Ok(config)
 }
 
@@ -174,6 +267,10 @@ fn run_bench(config: BenchConfig, args: &BenchArgs, out: &mut dyn Write) -> Resu
     };
     drop(clock);
     write!(out, "{}", bench::table(&report)).map_err(CliError::from_stdout)?;
+    if args.corpus.is_some() {
+        write!(out, "{}", corpus::summary_table(&corpus::summarize(&report.rows)))
+            .map_err(CliError::from_stdout)?;
+    }
     if let Some(path) = &args.json {
         let text = serde_json::to_string_pretty(&report).expect("a report serialises");
         std::fs::write(path, text + "\n")
@@ -351,6 +448,62 @@ mod tests {
             [(Pattern::GemmBias, (1, 14336, 4096))]
         );
         assert_eq!(cases(&["--shape", "2,8,8"]).len(), Pattern::ALL.len());
+    }
+
+    #[test]
+    fn a_corpus_replaces_the_standard_table_and_shards_split_it() {
+        let corpus = concat!(env!("CARGO_MANIFEST_DIR"), "/benchmarks/corpus.toml");
+        let config = |extra: &[&str]| {
+            let cli =
+                Cli::try_parse_from(["fusion", "bench", "--corpus", corpus].iter().chain(extra)).unwrap();
+            let Command::Bench(args) = cli.command else {
+                panic!("bench")
+            };
+            config_of(&args).unwrap()
+        };
+        let all = config(&[]);
+        assert!(all.ffn_cases().is_empty());
+        assert_eq!(all.gemm_cases(), all.corpus);
+        assert!(all.corpus.len() > 500, "{}", all.corpus.len());
+        let residual = config(&["--kernel", "gemm_residual", "--corpus-tokens", "5,6"]);
+        assert!(!residual.corpus.is_empty());
+        assert!(
+            residual
+                .corpus
+                .iter()
+                .all(|(p, (m, _, _))| *p == Pattern::GemmResidual && [5, 6].contains(m))
+        );
+        let halves = [config(&["--shard", "1/2"]), config(&["--shard", "2/2"])];
+        assert_eq!(halves[0].corpus.len() + halves[1].corpus.len(), all.corpus.len());
+        assert_eq!(halves[1].corpus[0], all.corpus[1]);
+        assert_eq!(parse_shard("3/2").unwrap_err(), "`3/2` is not I/N with 1 ≤ I ≤ N");
+        assert!(parse_shard("0/2").is_err() && parse_shard("1").is_err());
+        // --shard and --corpus-tokens need a corpus.
+        assert!(Cli::try_parse_from(["fusion", "bench", "--shard", "1/2"]).is_err());
+    }
+
+    #[test]
+    fn a_summary_reads_bench_json_files_without_a_gpu() {
+        let dir = std::env::temp_dir().join(format!("fusion-summary-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let committed = concat!(env!("CARGO_MANIFEST_DIR"), "/benchmarks/2026-12-03-c1372dc.json");
+        let cli = Cli::try_parse_from(["fusion", "bench", "--summary", committed]).unwrap();
+        let mut out = Vec::new();
+        run(&cli, &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.contains("rows, NVIDIA H200"), "{text}");
+        assert!(
+            text.contains("gemm_bias_gelu") && text.contains("M ≥ 128"),
+            "{text}"
+        );
+        let bad = dir.join("bad.json");
+        std::fs::write(&bad, "{}").unwrap();
+        let cli = Cli::try_parse_from(["fusion", "bench", "--summary", bad.to_str().unwrap()]).unwrap();
+        let CliError::Message(e) = run(&cli, &mut Vec::new()).unwrap_err() else {
+            panic!("a message")
+        };
+        assert!(e.contains("not a fusion bench --json file"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

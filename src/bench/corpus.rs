@@ -1,0 +1,300 @@
+//! `fusion bench --corpus`: the layers of public models
+//! ([`fusion_compiler::corpus`]) as bench cases, and the summary a speed
+//! claim over them is stated in: per kernel family, the geometric mean, the
+//! 10th percentile and the minimum of the ratio to cuBLASLt, for the first
+//! algorithm and for the best of the top candidates, over small and large M.
+//!
+//! The summary reads rows alone, so it serves a run just made and the JSON
+//! files of earlier runs (`fusion bench --summary FILE.json`) alike.
+
+use super::{Pattern, Row};
+use fusion_compiler::corpus::Corpus;
+use std::collections::BTreeMap;
+
+/// One case: a pattern at (M, N, K).
+pub type Case = (Pattern, (usize, usize, usize));
+
+/// Every distinct layer of `corpus` at each token count (`tokens`, else
+/// the corpus's own), in the corpus's order, layer by layer. An error names
+/// a layer whose kernel is not a pattern of the bench.
+pub fn cases(corpus: &Corpus, tokens: Option<&[u64]>) -> Result<Vec<Case>, String> {
+    let tokens = tokens.unwrap_or(&corpus.tokens);
+    let mut cases = Vec::new();
+    for shape in corpus.shapes() {
+        let pattern = Pattern::parse(&shape.kernel).ok_or_else(|| {
+            format!(
+                "{} runs on `{}`, which fusion bench does not time",
+                shape.used_by.join(", "),
+                shape.kernel
+            )
+        })?;
+        for &m in tokens {
+            cases.push((pattern, (m as usize, shape.n as usize, shape.k as usize)));
+        }
+    }
+    Ok(cases)
+}
+
+/// Part `index` (from 1) of `parts` of `cases`: every `parts`-th case, so
+/// that each part has small and large shapes alike.
+pub fn shard(cases: Vec<Case>, index: usize, parts: usize) -> Vec<Case> {
+    cases
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| i % parts == index - 1)
+        .map(|(_, case)| case)
+        .collect()
+}
+
+/// M at or below this is the small-M class of the targets (decode and short
+/// prompts); above it, the large.
+pub const SMALL_M: usize = 64;
+
+/// The statistics of one set of ratios.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Spread {
+    pub count: usize,
+    pub geomean: f64,
+    /// The nearest-rank 10th percentile: the value a tenth of the ratios
+    /// are at or below.
+    pub p10: f64,
+    pub min: f64,
+}
+
+impl Spread {
+    /// None for no ratios.
+    pub fn of(ratios: &[f64]) -> Option<Spread> {
+        if ratios.is_empty() {
+            return None;
+        }
+        let mut sorted = ratios.to_vec();
+        sorted.sort_by(f64::total_cmp);
+        let rank = (sorted.len() as f64 * 0.1).ceil().max(1.0) as usize;
+        let log_sum: f64 = sorted.iter().map(|r| r.ln()).sum();
+        Some(Spread {
+            count: sorted.len(),
+            geomean: (log_sum / sorted.len() as f64).exp(),
+            p10: sorted[rank - 1],
+            min: sorted[0],
+        })
+    }
+}
+
+/// One line of the summary: a kernel family over an M class.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Summary {
+    pub kernel: String,
+    /// `M ≤ 64`, `M ≥ 128` (above [`SMALL_M`]) or `all M`.
+    pub class: &'static str,
+    pub first: Spread,
+    pub best: Spread,
+    /// The row of the lowest ratio to the first: its shape.
+    pub worst: String,
+}
+
+/// A class of token counts: its label, and whether M is in it.
+type MClass = (&'static str, fn(usize) -> bool);
+
+/// M of a row's `M,N,K` shape; None for the FFN rows' `M=… D=… F=…`.
+fn m_of(row: &Row) -> Option<usize> {
+    row.shape.split(',').next()?.parse().ok()
+}
+
+/// The summary of `rows`, kernel by kernel in the order they first appear:
+/// small M, large M and all, each where it has rows. Rows whose shape is
+/// not `M,N,K` (the FFN blocks) are left out.
+pub fn summarize(rows: &[Row]) -> Vec<Summary> {
+    let mut kernels: Vec<&str> = Vec::new();
+    let mut by_kernel: BTreeMap<&str, Vec<(usize, &Row)>> = BTreeMap::new();
+    for row in rows {
+        let Some(m) = m_of(row) else { continue };
+        if !kernels.contains(&row.kernel.as_str()) {
+            kernels.push(&row.kernel);
+        }
+        by_kernel.entry(&row.kernel).or_default().push((m, row));
+    }
+    let classes: [MClass; 3] = [
+        ("M ≤ 64", |m| m <= SMALL_M),
+        ("M ≥ 128", |m| m > SMALL_M),
+        ("all M", |_| true),
+    ];
+    let mut out = Vec::new();
+    for kernel in kernels {
+        let rows = &by_kernel[kernel];
+        for (class, within) in classes {
+            let chosen: Vec<&Row> = rows.iter().filter(|(m, _)| within(*m)).map(|(_, r)| *r).collect();
+            let ratios = |f: fn(&Row) -> f64| chosen.iter().map(|r| f(r)).collect::<Vec<_>>();
+            let (Some(first), Some(best)) = (
+                Spread::of(&ratios(|r| r.ratio)),
+                Spread::of(&ratios(|r| r.best_ratio)),
+            ) else {
+                continue;
+            };
+            let worst = chosen
+                .iter()
+                .min_by(|a, b| a.ratio.total_cmp(&b.ratio))
+                .map_or(String::new(), |r| r.shape.clone());
+            out.push(Summary {
+                kernel: kernel.to_string(),
+                class,
+                first,
+                best,
+                worst,
+            });
+        }
+    }
+    out
+}
+
+/// The summary as a text table.
+pub fn summary_table(summaries: &[Summary]) -> String {
+    let mut out = format!(
+        "{:<20} {:<8} {:>5}  {:>7} {:>7} {:>7}  {:>7} {:>7} {:>7}  {}\n",
+        "kernel", "M", "rows", "geomean", "p10", "min", "geomean", "p10", "min", "lowest (M,N,K)"
+    );
+    out.push_str(&format!(
+        "{:<20} {:<8} {:>5}  {:^23}  {:^23}\n",
+        "", "", "", "against first", "against best"
+    ));
+    for s in summaries {
+        out.push_str(&format!(
+            "{:<20} {:<8} {:>5}  {:>7.3} {:>7.3} {:>7.3}  {:>7.3} {:>7.3} {:>7.3}  {}\n",
+            s.kernel,
+            s.class,
+            s.first.count,
+            s.first.geomean,
+            s.first.p10,
+            s.first.min,
+            s.best.geomean,
+            s.best.p10,
+            s.best.min,
+            s.worst
+        ));
+    }
+    out.push_str(
+        "ratio = the cuBLASLt baseline's time / ours (above 1: fusion is faster); p10: the nearest-rank \
+         10th percentile\n",
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::timing::Timing;
+
+    fn row(kernel: &str, shape: &str, ratio: f64, best_ratio: f64) -> Row {
+        let t = Timing {
+            median_us: 1.0,
+            q1_us: 1.0,
+            q3_us: 1.0,
+            min_us: 1.0,
+            max_us: 1.0,
+        };
+        Row {
+            kernel: kernel.into(),
+            shape: shape.into(),
+            dtype: "f16".into(),
+            baseline: String::new(),
+            ours_us: 1.0,
+            baseline_us: ratio,
+            ratio,
+            ours_tflops: 0.0,
+            baseline_tflops: 0.0,
+            agreement: 0.0,
+            best_us: best_ratio,
+            best_ratio,
+            best_tflops: 0.0,
+            ours_timing: t,
+            baseline_timing: t,
+            best_timing: t,
+            algorithms: Vec::new(),
+            sm_clock: None,
+            concurrency: None,
+            floor: None,
+        }
+    }
+
+    #[test]
+    fn spread_is_the_geometric_mean_nearest_rank_p10_and_min() {
+        let s = Spread::of(&[2.0, 0.5, 1.0, 1.0]).unwrap();
+        assert_eq!(s.count, 4);
+        assert!((s.geomean - 1.0).abs() < 1e-12);
+        assert_eq!((s.p10, s.min), (0.5, 0.5));
+        // 20 ratios: the 2nd lowest is the 10th percentile.
+        let many: Vec<f64> = (1..=20).map(f64::from).collect();
+        assert_eq!(Spread::of(&many).unwrap().p10, 2.0);
+        assert!(Spread::of(&[]).is_none());
+    }
+
+    #[test]
+    fn rows_are_summarized_per_kernel_and_m_class() {
+        let rows = [
+            row("gemm", "1,4096,4096", 0.9, 0.8),
+            row("gemm", "64,4096,4096", 1.1, 1.0),
+            row("gemm", "128,4096,4096", 1.2, 1.0),
+            row("gemm_residual", "4096,4096,4096", 1.0, 0.95),
+            row("swiglu_ffn", "M=1 D=4096 F=14336", 1.0, 1.0),
+        ];
+        let s = summarize(&rows);
+        let lines: Vec<(&str, &str, usize)> = s
+            .iter()
+            .map(|s| (s.kernel.as_str(), s.class, s.first.count))
+            .collect();
+        assert_eq!(
+            lines,
+            [
+                ("gemm", "M ≤ 64", 2),
+                ("gemm", "M ≥ 128", 1),
+                ("gemm", "all M", 3),
+                ("gemm_residual", "M ≥ 128", 1),
+                ("gemm_residual", "all M", 1),
+            ]
+        );
+        assert_eq!(s[0].worst, "1,4096,4096");
+        assert_eq!((s[0].first.min, s[0].best.min), (0.9, 0.8));
+        let table = summary_table(&s);
+        assert!(table.contains("gemm_residual"), "{table}");
+    }
+
+    #[test]
+    fn the_committed_corpus_maps_to_bench_patterns_and_shards_cover_it() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/benchmarks/corpus.toml");
+        let corpus = Corpus::parse(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let all = cases(&corpus, None).unwrap();
+        assert_eq!(all.len(), corpus.shapes().len() * corpus.tokens.len());
+        let only_one = cases(&corpus, Some(&[7])).unwrap();
+        assert!(only_one.iter().all(|(_, (m, _, _))| *m == 7));
+        // Three parts: every case in exactly one, each part non-empty.
+        let parts: Vec<Vec<Case>> = (1..=3).map(|i| shard(all.clone(), i, 3)).collect();
+        assert_eq!(parts.iter().map(Vec::len).sum::<usize>(), all.len());
+        assert!(parts.iter().all(|p| !p.is_empty()));
+        assert_eq!(parts[0][..2], [all[0], all[3]]);
+        assert_eq!(parts[2][0], all[2]);
+    }
+
+    /// Every kernel a corpus model can be given is one the bench times.
+    #[test]
+    fn every_kernel_the_corpus_derives_is_a_bench_pattern() {
+        for (mlp, activation, bias) in [
+            ("gated", "silu", false),
+            ("gated", "gelu_pytorch_tanh", false),
+            ("plain", "gelu_new", true),
+            ("plain", "gelu", false),
+            ("plain", "relu", true),
+            ("plain", "silu", true),
+            ("plain", "silu", false),
+        ] {
+            for norm in ["layernorm", "rmsnorm"] {
+                let text = format!(
+                    "tokens = [1]\n[[model]]\nname = \"m\"\nsource = \"s\"\nhidden = 64\nintermediate = 128\n\
+                     heads = 2\nkv_heads = 1\nhead_dim = 32\nmlp = \"{mlp}\"\nactivation = \"{activation}\"\n\
+                     norm = \"{norm}\"\nqkv_bias = {bias}\nout_bias = {bias}\nmlp_bias = {bias}\n"
+                );
+                let corpus = Corpus::parse(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
+                let cases = cases(&corpus, None).unwrap_or_else(|e| panic!("{text}: {e}"));
+                assert_eq!(cases.len(), 4);
+            }
+        }
+    }
+}
