@@ -57,6 +57,8 @@ if [[ ${FUSION_BUNDLE_CANDLE:-0} == 1 ]]; then
   unset CUDA_COMPUTE_CAP
 fi
 cp -r graphs "$dir/"
+# The layer corpus of `fusion bench --corpus` (the suite's step `corpus`).
+cp benchmarks/corpus.toml "$dir/"
 cp scripts/gpu-suite.sh "$dir/"
 strip "$dir/gpu" "$dir/gpu_errors" "$dir/gpu_graphs" "$dir/gpu_workspace" "$dir/gpu_safetensors" "$dir/gpu_run" "$dir/gpu_property" "$dir/gpu_stress" "$dir/fusion" \
   "$dir/swiglu_ffn" "$dir/llama-ffn" "$dir/llama_ffn_safetensors"

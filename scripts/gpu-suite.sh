@@ -4,6 +4,7 @@
 #   steps: tests ptx counter errors graphs examples property stress sanitize bench (default: all)
 #   (candle: the feature `candle`'s GPU test and example, in a bundle that has them; not in the default)
 #   (counter: the sm90 tests with CTAs taking tiles from a counter, FUSION_TILE_COUNTER=1)
+#   (corpus: fusion bench --corpus over the bundle's corpus.toml: over a thousand rows; not in the default)
 #   (sanitize-quick: the sanitizers on the native variant only; selftest:
 #   builds the kernel self-test in ./selftest with nvcc, NVCC or nvcc on
 #   PATH, and cuBLASLt, then runs its quick checks; not in the default)
@@ -126,6 +127,7 @@ for step in $steps; do
         sanitize "$arch" synccheck $synccheck_tests
       done ;;
     bench) run bench.log ./fusion bench --json "$out/bench.json" ;;
+    corpus) run corpus.log ./fusion bench --corpus corpus.toml --json "$out/corpus.json" ;;
     selftest)
       run selftest-build.log make -C selftest -j "NVCC=${NVCC:-nvcc}"
       run selftest.log ./selftest/selftest --quick ;;
