@@ -566,14 +566,16 @@ fn as_i64(value: usize, kernel: &str) -> Result<i64> {
 }
 
 /// The elements from one row of a bound weight's prepared copy to the next,
-/// for rows of `row_length` elements of `element_bytes` each on `arch`:
-/// rounded up to a multiple of [`BOUND_ROW_ALIGN_BYTES`] where the rows are
-/// not and padding adds at most an eighth, on sm90 (whose TMA loads of
-/// misaligned rows made the (2000, 3000, 1000) GEMM 0.81 of cuBLASLt on an
-/// H200, and 0.96 with B's rows padded: BENCHMARKS.md v23); else the dense
-/// `row_length`. `FUSION_PAD_WEIGHTS` (read once per process) overrides it:
-/// `0` never pads, `all` pads every such row on every generation (which the
-/// tests use to reach the strided loads of sm80 and sm75).
+/// for rows of `row_length` elements of `element_bytes` each on `arch`, as
+/// `FUSION_PAD_WEIGHTS` (read once per process) says: unset or `0`, the
+/// dense `row_length` (the default while the strided reads await their
+/// check on a GPU); `sm90`, rounded up to a multiple of
+/// [`BOUND_ROW_ALIGN_BYTES`] where the rows are not and padding adds at most
+/// an eighth, on sm90 (whose TMA loads of misaligned rows made the (2000,
+/// 3000, 1000) GEMM 0.81 of cuBLASLt on an H200, and 0.96 with B's rows
+/// padded: BENCHMARKS.md v23); `all`, every such row padded on every
+/// generation (which the tests use to reach the strided loads of sm80 and
+/// sm75).
 pub fn bound_row_stride(arch: Arch, row_length: usize, element_bytes: usize) -> Result<usize> {
     let setting = padding_setting()?;
     Ok(row_stride_for(setting, arch, row_length, element_bytes))
@@ -586,9 +588,10 @@ pub const BOUND_ROW_ALIGN_BYTES: usize = 128;
 /// Where bound weights' rows are padded (`FUSION_PAD_WEIGHTS`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Padding {
-    /// Where it measured faster: sm90, at most an eighth more memory.
+    /// Where it measured faster: sm90, at most an eighth more memory
+    /// (`sm90`).
     Measured,
-    /// Never (`0`).
+    /// Never (unset, or `0`).
     Never,
     /// Every misaligned row on every generation (`all`).
     All,
@@ -605,13 +608,14 @@ fn padding_setting() -> Result<Padding> {
 
 fn padding_of(value: Option<&str>) -> Result<Padding> {
     match value {
-        None | Some("") => Ok(Padding::Measured),
-        Some("0") => Ok(Padding::Never),
+        None | Some("") | Some("0") => Ok(Padding::Never),
+        Some("sm90") => Ok(Padding::Measured),
         Some("all") => Ok(Padding::All),
         Some(other) => Err(Error::Setting {
             variable: "FUSION_PAD_WEIGHTS",
             value: other.to_owned(),
-            expected: "0 (never pad bound weights' rows) or all (pad them on every GPU generation), or unset",
+            expected: "sm90 (pad bound weights' misaligned rows on sm90), all (on every GPU generation), \
+                       or 0 (never, as when unset)",
         }),
     }
 }
@@ -1128,10 +1132,11 @@ mod tests {
     }
 
     #[test]
-    fn the_padding_setting_takes_0_all_or_nothing() {
-        assert_eq!(padding_of(None).unwrap(), Padding::Measured);
-        assert_eq!(padding_of(Some("")).unwrap(), Padding::Measured);
+    fn the_padding_setting_is_off_unless_sm90_or_all() {
+        assert_eq!(padding_of(None).unwrap(), Padding::Never);
+        assert_eq!(padding_of(Some("")).unwrap(), Padding::Never);
         assert_eq!(padding_of(Some("0")).unwrap(), Padding::Never);
+        assert_eq!(padding_of(Some("sm90")).unwrap(), Padding::Measured);
         assert_eq!(padding_of(Some("all")).unwrap(), Padding::All);
         let e = padding_of(Some("yes")).unwrap_err();
         assert!(
@@ -1145,7 +1150,7 @@ mod tests {
             "{e}"
         );
         assert!(
-            e.to_string().starts_with("FUSION_PAD_WEIGHTS=yes: expected 0"),
+            e.to_string().starts_with("FUSION_PAD_WEIGHTS=yes: expected sm90"),
             "{e}"
         );
     }
