@@ -218,7 +218,7 @@ fn candle_tensors_that_cannot_be_read_in_place_are_named() {
             matches!(result, Err(fusion::Error::CandleTensor { .. })),
             "expected Error::CandleTensor, got {result:?}"
         );
-        result.err().expect("refused").to_string()
+        result.expect_err("refused").to_string()
     };
     let on_cpu = CandleTensor::ones((8, 16), CandleDType::F16, &Device::Cpu).expect("cpu");
     assert!(refusal(&[&x, &on_cpu], &[8, 16]).contains("input 1 is on Cpu"));

@@ -107,15 +107,21 @@ fn write(
     std::fs::write(path, fusion::weights::serialize(&stored).expect("serializes")).expect("write");
 }
 
-/// Runs the graph `toml` with `--check --time 5` at `m` rows on random
-/// tensors, its weights under `names`, and compares each output file's
-/// tensor with the reference on sampled rows.
-fn run_and_compare(toml: &str, m: usize, names: TensorNames) {
-    let dir = folder(&format!("{}-{m}", toml.len()));
+/// The graph `toml` written to a fresh folder `name`, random tensors for
+/// `dims` written beside it (the weights under `names`), and the settings of
+/// a `fusion run` of it into `y.safetensors` there, without `--check` or
+/// `--time`.
+fn prepare(
+    name: &str,
+    toml: &str,
+    dims: &[(&str, usize)],
+    names: TensorNames,
+) -> (PathBuf, Graph, Bindings, Settings) {
+    let dir = folder(name);
     let graph_path = dir.join("graph.toml");
     std::fs::write(&graph_path, toml).expect("write the graph");
     let graph = fusion::core::load_toml_graph(&graph_path).expect("the graph loads");
-    let host = reference::random_bindings(&graph, &[("M", m)], &mut rng()).expect("bindings");
+    let host = reference::random_bindings(&graph, dims, &mut rng()).expect("bindings");
     let (inputs, weights, out) = (
         dir.join("x.safetensors"),
         dir.join("w.safetensors"),
@@ -129,14 +135,25 @@ fn run_and_compare(toml: &str, m: usize, names: TensorNames) {
         inputs,
         weights: Some(weights),
         weight_names: names,
-        out: Some(out.clone()),
-        check: true,
-        time: Some(5),
-        // One per graph: the two tests run at once. A graph's second run
+        out: Some(out),
+        check: false,
+        time: None,
+        // One per graph: the tests run at once. A graph's second run
         // (another M) finds its libraries built.
         work: std::env::temp_dir().join(format!("fusion-gpu-run-work-{}", graph.name)),
         jobs: std::thread::available_parallelism().map_or(1, |n| n.get()),
     };
+    (dir, graph, host, settings)
+}
+
+/// Runs the graph `toml` with `--check --time 5` at `m` rows on random
+/// tensors, its weights under `names`, and compares each output file's
+/// tensor with the reference on sampled rows.
+fn run_and_compare(toml: &str, m: usize, names: TensorNames) {
+    let (dir, graph, host, mut settings) = prepare(&format!("{}-{m}", toml.len()), toml, &[("M", m)], names);
+    let out = settings.out.clone().expect("an output file");
+    settings.check = true;
+    settings.time = Some(5);
     let mut said = Vec::new();
     let result = run(&settings, &mut said);
     let said = String::from_utf8_lossy(&said);
@@ -189,32 +206,14 @@ fn a_norm_and_an_elementwise_chain_run_and_match_the_reference() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn an_empty_output_leaves_the_others_computed() {
-    let dir = folder("two-row-counts");
-    let graph_path = dir.join("graph.toml");
-    std::fs::write(&graph_path, TWO_ROW_COUNTS).expect("write the graph");
-    let graph = fusion::core::load_toml_graph(&graph_path).expect("the graph loads");
     let t = 5;
-    let host = reference::random_bindings(&graph, &[("M", 0), ("T", t)], &mut rng()).expect("bindings");
-    let (inputs, weights, out) = (
-        dir.join("x.safetensors"),
-        dir.join("w.safetensors"),
-        dir.join("y.safetensors"),
+    let (dir, _, host, settings) = prepare(
+        "two-row-counts",
+        TWO_ROW_COUNTS,
+        &[("M", 0), ("T", t)],
+        TensorNames::declared(),
     );
-    let names = TensorNames::declared();
-    write(&inputs, &graph, &host, &graph.inputs, &names);
-    write(&weights, &graph, &host, &graph.weights, &names);
-    let settings = Settings {
-        graph: graph_path,
-        dtype: None,
-        inputs,
-        weights: Some(weights),
-        weight_names: names,
-        out: Some(out.clone()),
-        check: false,
-        time: None,
-        work: std::env::temp_dir().join(format!("fusion-gpu-run-work-{}", graph.name)),
-        jobs: std::thread::available_parallelism().map_or(1, |n| n.get()),
-    };
+    let out = settings.out.clone().expect("an output file");
     let mut said = Vec::new();
     let result = run(&settings, &mut said);
     eprintln!("{}", String::from_utf8_lossy(&said));

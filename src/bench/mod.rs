@@ -211,24 +211,16 @@ impl Pattern {
         }
     }
 
-    /// The patterns of the default table: every one but the three the
+    /// Whether the default table has it: every pattern but the three the
     /// corpus added (`gemm_residual` and the gated pairs), which run where
     /// `--kernel` names them or a corpus has them until their rows have been
     /// checked on a GPU.
-    pub const DEFAULT: [Pattern; 12] = [
-        Pattern::Gemm,
-        Pattern::GemmBiasGelu,
-        Pattern::GemmBiasRelu,
-        Pattern::GemmBias,
-        Pattern::GemmBiasSilu,
-        Pattern::GemmBiasResidual,
-        Pattern::GemmGelu,
-        Pattern::GemmSilu,
-        Pattern::LayernormGemm,
-        Pattern::RmsnormGemm,
-        Pattern::LayernormGemmPerCall,
-        Pattern::RmsnormGemmPerCall,
-    ];
+    pub fn in_default_table(self) -> bool {
+        !matches!(
+            self,
+            Pattern::GemmResidual | Pattern::GemmSiluGlu | Pattern::GemmGeluGlu
+        )
+    }
 
     /// The patterns timed at the decode shapes: the bare GEMM and the
     /// activations a decoder's projections carry.
@@ -405,7 +397,10 @@ impl Default for BenchConfig {
             decode_shapes: DEFAULT_DECODE_SHAPES.to_vec(),
             ffn_tokens: DEFAULT_FFN_TOKENS.to_vec(),
             ffn_rows: FfnRow::ALL.to_vec(),
-            patterns: Pattern::DEFAULT.to_vec(),
+            patterns: Pattern::ALL
+                .into_iter()
+                .filter(|p| p.in_default_table())
+                .collect(),
             corpus: Vec::new(),
             timing: TimingPlan::default(),
             streams: None,
@@ -460,7 +455,7 @@ impl<T: BenchElement> NormWeights<T> {
 }
 
 /// A pattern's graph struct with its weights bound, called as the bench
-/// calls every pattern: x, the residual (read only by gemm_bias_residual)
+/// calls every pattern: x, the residual (read only by the residual GEMMs)
 /// and y.
 trait Bound<T: Element> {
     fn call(
@@ -472,39 +467,10 @@ trait Bound<T: Element> {
     ) -> Result<()>;
 }
 
-/// [`Bound`] for the structs whose one input is x.
-macro_rules! bound_on_x {
-    ($($graph:ident),*) => {$(
-        impl<T: Element> Bound<T> for kernels::$graph<'_, T> {
-            fn call(
-                &mut self,
-                stream: &Arc<CudaStream>,
-                x: &Tensor<'_, T>,
-                _: &Tensor<'_, T>,
-                y: &mut TensorMut<'_, T>,
-            ) -> Result<()> {
-                self.run(stream, x, y)
-            }
-        }
-    )*};
-}
-bound_on_x!(
-    Gemm,
-    GemmBiasGelu,
-    GemmBiasRelu,
-    GemmBias,
-    GemmBiasSilu,
-    GemmGelu,
-    GemmSilu,
-    GemmSiluGlu,
-    GemmGeluGlu,
-    LayernormGemm,
-    RmsnormGemm
-);
-
-/// [`Bound`] for the structs whose inputs are x and the residual.
-macro_rules! bound_on_x_and_residual {
-    ($($graph:ident),*) => {$(
+/// [`Bound`] for the structs whose inputs are x alone (`x`) or x and the
+/// residual (`x_residual`).
+macro_rules! bound {
+    ($inputs:ident: $($graph:ident),*) => {$(
         impl<T: Element> Bound<T> for kernels::$graph<'_, T> {
             fn call(
                 &mut self,
@@ -513,12 +479,21 @@ macro_rules! bound_on_x_and_residual {
                 residual: &Tensor<'_, T>,
                 y: &mut TensorMut<'_, T>,
             ) -> Result<()> {
-                self.run(stream, x, residual, y)
+                bound!(@run $inputs self, stream, x, residual, y)
             }
         }
     )*};
+    (@run x $s:expr, $stream:expr, $x:expr, $residual:expr, $y:expr) => {{
+        let _ = $residual;
+        $s.run($stream, $x, $y)
+    }};
+    (@run x_residual $s:expr, $stream:expr, $x:expr, $residual:expr, $y:expr) => {
+        $s.run($stream, $x, $residual, $y)
+    };
 }
-bound_on_x_and_residual!(GemmBiasResidual, GemmResidual);
+bound!(x: Gemm, GemmBiasGelu, GemmBiasRelu, GemmBias, GemmBiasSilu, GemmGelu, GemmSilu, GemmSiluGlu, GemmGeluGlu,
+    LayernormGemm, RmsnormGemm);
+bound!(x_residual: GemmBiasResidual, GemmResidual);
 
 /// `pattern`'s struct bound to w (a gated pair's gate and up weights), the
 /// bias b and the norm's g and be (each read where the graph has it).

@@ -407,7 +407,9 @@ mod tests {
         };
         let is_decode = |shape: &(usize, usize, usize)| bench::DEFAULT_DECODE_SHAPES.contains(shape);
         let all = cases(&[]);
-        let standard = bench::DEFAULT_SHAPES.len() * Pattern::DEFAULT.len();
+        let default_table = Pattern::ALL.iter().filter(|p| p.in_default_table()).count();
+        assert_eq!(default_table, 12);
+        let standard = bench::DEFAULT_SHAPES.len() * default_table;
         assert_eq!(
             all.len(),
             standard + bench::DEFAULT_DECODE_SHAPES.len() * Pattern::DECODE.len()
@@ -415,7 +417,7 @@ mod tests {
         // Each standard shape with every pattern first, then the decode
         // shapes with the decode patterns alone.
         assert_eq!(all[0], (Pattern::Gemm, bench::DEFAULT_SHAPES[0]));
-        assert_eq!(all[Pattern::DEFAULT.len()].1, bench::DEFAULT_SHAPES[1]);
+        assert_eq!(all[default_table].1, bench::DEFAULT_SHAPES[1]);
         assert!(all[..standard].iter().all(|(_, shape)| !is_decode(shape)));
         assert!(
             all[standard..]
@@ -447,7 +449,7 @@ mod tests {
             cases(&["--shape", "1,14336,4096", "--kernel", "gemm_bias"]),
             [(Pattern::GemmBias, (1, 14336, 4096))]
         );
-        assert_eq!(cases(&["--shape", "2,8,8"]).len(), Pattern::DEFAULT.len());
+        assert_eq!(cases(&["--shape", "2,8,8"]).len(), default_table);
         // A kernel outside the default table runs where it is named.
         assert_eq!(
             cases(&["--shape", "2,8,8", "--kernel", "gemm_silu_glu"]),
