@@ -1,6 +1,7 @@
 //! End to end through the real nvcc: compile a tiny generated unit for
 //! sm_75, sm_80 and sm_90a, archive it, run bindgen, then build again and
-//! check that nothing reached nvcc or libclang the second time.
+//! check that nothing reached nvcc or libclang the second time, and link a
+//! shared library from the same cached object.
 //!
 //! nvcc is required: `cargo xtask test` installs it and exports `NVCC` and
 //! `LIBCLANG_PATH`; locally, set `NVCC` or run `cargo xtask toolchain`. No GPU
@@ -12,7 +13,8 @@
 #![cfg(feature = "build")]
 
 use fusion_compiler::build::{
-    BuildError, BuildMode, CompileOptions, CompiledLibrary, CudaSources, GeneratedFile, Unit, compile,
+    BuildError, BuildMode, CompileOptions, CompiledLibrary, CudaSources, GeneratedFile, Nvcc, SharedCompiler,
+    Unit, compile,
 };
 use fusion_compiler::target::Arch;
 use std::path::{Path, PathBuf};
@@ -137,9 +139,7 @@ fn compiles_archives_binds_and_then_serves_everything_from_the_cache() {
         archive.display()
     );
     assert!(
-        archive_bytes
-            .windows(b"fusion_probe".len())
-            .any(|w| w == b"fusion_probe"),
+        names_probe(&archive_bytes),
         "the archive does not define fusion_probe"
     );
     assert_eq!(
@@ -186,6 +186,36 @@ fn compiles_archives_binds_and_then_serves_everything_from_the_cache() {
     assert_eq!((other.units_compiled, other.units_cached), (0, 1));
     assert!(!other.bindings_generated);
     eprintln!("probe for sm_75+sm_80+sm_90a: cold build {cold_s:.2}s, warm build {warm_s:.3}s");
+
+    // A shared library (what `fusion tune` and `fusion run` load) from the
+    // same unit: its object is the archive's, so nvcc only links.
+    let objects = |dir: &Path| {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .filter(|e| e.as_ref().unwrap().path().extension().is_some_and(|e| e == "o"))
+            .count()
+    };
+    let cached_objects = objects(&ws.root.join("cache"));
+    let nvcc = Nvcc::find_from_current_dir().unwrap();
+    let mut shared_options = CompileOptions::new(ws.root.join("shared"));
+    shared_options.cache_dir = options.cache_dir.clone();
+    let compiler = SharedCompiler::new(&nvcc, &shared_options, &sources.headers_dir).unwrap();
+    let library = compiler.build("probe", &sources.units).unwrap();
+    assert_eq!(
+        objects(&ws.root.join("cache")),
+        cached_objects,
+        "no unit was compiled"
+    );
+    let library_bytes = std::fs::read(&library.path).unwrap();
+    assert!(
+        library_bytes.starts_with(b"\x7fELF"),
+        "{}",
+        library.path.display()
+    );
+    assert!(
+        names_probe(&library_bytes),
+        "the library does not define fusion_probe"
+    );
 
     // One changed byte in a kernel header: recompiled.
     std::fs::write(
@@ -234,6 +264,11 @@ fn compiles_archives_binds_and_then_serves_everything_from_the_cache() {
     assert!(matches!(err, BuildError::Nvcc { .. }), "{message}");
     assert!(message.contains(&source.display().to_string()), "{message}");
     assert!(message.contains("error"), "nvcc's own message is kept: {message}");
+}
+
+/// Whether `bytes` hold the launcher's name `fusion_probe`.
+fn names_probe(bytes: &[u8]) -> bool {
+    bytes.windows(b"fusion_probe".len()).any(|w| w == b"fusion_probe")
 }
 
 /// Whether `bytes` are a whole ELF64 object: the section header table the

@@ -1,5 +1,7 @@
 //! Running nvcc on the units that are not in the cache, and archiving every
-//! unit's object into the static library.
+//! unit's object into the static library. [`NvccCommand`] is the one nvcc
+//! command line and object key, also for the shared libraries of
+//! [`super::shared`].
 //!
 //! `cc` decides the compiler command (host compiler, `-fPIC`, `CXXFLAGS`,
 //! …), but each unit is compiled on its own: one source per nvcc call, no
@@ -13,13 +15,11 @@
 //! instead of on cargo's console.
 
 use super::cache::{CacheKey, HeaderTree, KeyHasher, Lookup, ObjectCache, write_if_changed};
-use super::nvcc::Env;
-use super::{BuildError, BuildLog, Cargo, CompileOptions, CudaSources, Unit};
+use super::nvcc::{Env, Nvcc};
+use super::{BuildError, BuildLog, Cargo, CompileOptions, CudaSources, Unit, parallel_map};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 /// Flags every unit is compiled with, after cc's own (`-O3`, `-fPIC` for the
@@ -35,7 +35,7 @@ pub const DEFAULT_NVCC_FLAGS: &[&str] = &[
 
 /// The nvcc command line shared by every unit, as `cc` builds it.
 pub struct NvccCommand {
-    program: PathBuf,
+    nvcc: Nvcc,
     args: Vec<OsString>,
     envs: Vec<(OsString, OsString)>,
     /// Everything besides the sources that decides what nvcc produces.
@@ -43,12 +43,7 @@ pub struct NvccCommand {
 }
 
 impl NvccCommand {
-    pub fn new(
-        nvcc: &Path,
-        version: &str,
-        opts: &CompileOptions,
-        env: &Env,
-    ) -> Result<NvccCommand, BuildError> {
+    pub fn new(nvcc: &Nvcc, opts: &CompileOptions, env: &Env) -> Result<NvccCommand, BuildError> {
         // `cc` picks nvcc's host compiler (`-ccbin`, from `CXX`), wraps host
         // flags in `-Xcompiler` and adds `CXXFLAGS`. It finds nvcc only through
         // `NVCC` or `PATH` (`Build::compiler` names the host compiler when
@@ -64,6 +59,10 @@ impl NvccCommand {
             // wants fast kernels, and one object serves every profile.
             .opt_level(3)
             .debug(false)
+            // Position-independent (cc's default on Linux, said here because
+            // it matters): one object serves a static archive and a shared
+            // library alike.
+            .pic(true)
             .cargo_metadata(opts.cargo_metadata)
             .cargo_warnings(false);
         for flag in DEFAULT_NVCC_FLAGS {
@@ -82,7 +81,7 @@ impl NvccCommand {
             .collect();
 
         let mut key_prefix = vec![
-            ("nvcc --version".to_owned(), version.as_bytes().to_vec()),
+            ("nvcc --version".to_owned(), nvcc.version.as_bytes().to_vec()),
             ("target".to_owned(), opts.target.as_bytes().to_vec()),
         ];
         for arg in &args {
@@ -100,18 +99,36 @@ impl NvccCommand {
             key_prefix.push((format!("env {name}"), value.as_encoded_bytes().to_vec()));
         }
         Ok(NvccCommand {
-            program: nvcc.to_owned(),
+            nvcc: nvcc.clone(),
             args,
             envs,
             key_prefix,
         })
     }
 
-    /// The command that compiles `source` to `object`.
-    fn command(&self, unit: &Unit, source: &Path, object: &Path, include_dirs: &[&Path]) -> Command {
-        let mut cmd = Command::new(&self.program);
+    pub fn nvcc(&self) -> &Nvcc {
+        &self.nvcc
+    }
+
+    /// nvcc with cc's arguments and environment.
+    pub(super) fn base_command(&self) -> Command {
+        let mut cmd = Command::new(&self.nvcc.program);
         cmd.args(&self.args);
         cmd.envs(self.envs.iter().map(|(k, v)| (k, v)));
+        cmd
+    }
+
+    /// Everything besides its inputs that decides what a command from
+    /// [`NvccCommand::base_command`] makes, for a key.
+    pub(super) fn key_fields(&self, hasher: &mut KeyHasher) {
+        for (label, value) in &self.key_prefix {
+            hasher.field(label, value);
+        }
+    }
+
+    /// The command that compiles `source` to `object`.
+    fn command(&self, unit: &Unit, source: &Path, object: &Path, include_dirs: &[&Path]) -> Command {
+        let mut cmd = self.base_command();
         for arch in &unit.archs {
             cmd.arg(arch.target().gencode);
         }
@@ -121,25 +138,59 @@ impl NvccCommand {
         cmd.arg("-c").arg(source).arg("-o").arg(object);
         cmd
     }
-}
 
-/// The cache key of one unit: its source, every file under the include root, the nvcc version, the full flag list and the
-/// targets. Include directories are not part of it, their contents are: one
-/// object then serves every profile and crate whose `OUT_DIR` differs.
-pub fn unit_key(unit: &Unit, headers: &HeaderTree, nvcc: &NvccCommand) -> CacheKey {
-    let mut hasher = KeyHasher::new("fusion-object-v1");
-    hasher.field("source", unit.source.as_bytes());
-    // Not the generated header: it lists every launcher, and no unit
-    // includes it, so keying on it would recompile every kernel whenever
-    // any graph is added or changed.
-    hasher.field("include tree", headers.digest.to_string().as_bytes());
-    for (label, value) in &nvcc.key_prefix {
-        hasher.field(label, value);
+    /// The cache key of one unit: its source, every file under the include
+    /// root, the nvcc version, the full flag list and the targets. Include
+    /// directories are not part of it, their contents are: one object then
+    /// serves every profile and crate whose `OUT_DIR` differs.
+    pub fn unit_key(&self, unit: &Unit, headers: &HeaderTree) -> CacheKey {
+        let mut hasher = KeyHasher::new("fusion-object-v1");
+        hasher.field("source", unit.source.as_bytes());
+        // Not the generated header: it lists every launcher, and no unit
+        // includes it, so keying on it would recompile every kernel whenever
+        // any graph is added or changed.
+        hasher.field("include tree", headers.digest.to_string().as_bytes());
+        self.key_fields(&mut hasher);
+        for arch in &unit.archs {
+            hasher.field("gencode", arch.target().gencode.as_bytes());
+        }
+        hasher.finish()
     }
-    for arch in &unit.archs {
-        hasher.field("gencode", arch.target().gencode.as_bytes());
+
+    /// Compiles `unit`, written at `source_path`, into `cache` under `key`.
+    pub fn compile(
+        &self,
+        unit: &Unit,
+        source_path: &Path,
+        key: CacheKey,
+        cache: &ObjectCache,
+        include_dirs: &[&Path],
+    ) -> Result<Compiled, BuildError> {
+        let started = Instant::now();
+        let temp = cache.temp_path(key);
+        let output = self
+            .command(unit, source_path, &temp, include_dirs)
+            .output()
+            .map_err(|e| BuildError::Config(format!("could not run {}: {e}", self.nvcc.program.display())))?;
+        let said = printed(&output);
+        if !output.status.success() {
+            let _ = std::fs::remove_file(&temp);
+            return Err(BuildError::Nvcc {
+                unit: unit.name.clone(),
+                source_path: source_path.to_owned(),
+                status: output.status.to_string(),
+                stderr: said.trim().to_owned(),
+            });
+        }
+        let object = cache
+            .commit(&temp, key)
+            .map_err(|e| BuildError::Config(format!("unit `{}`: {e}", unit.name)))?;
+        Ok(Compiled {
+            object,
+            elapsed: started.elapsed(),
+            output: said,
+        })
     }
-    hasher.finish()
 }
 
 /// Every unit's object, in unit order, and where each came from.
@@ -167,7 +218,7 @@ pub fn compile_units(
     for (index, unit) in sources.units.iter().enumerate() {
         let source_path = kernels_dir.join(format!("{}.cu", unit.name));
         write_if_changed(&source_path, unit.source.as_bytes())?;
-        let key = unit_key(unit, headers, nvcc);
+        let key = nvcc.unit_key(unit, headers);
         let targets = unit.archs.iter().map(|a| a.name()).collect::<Vec<_>>().join(",");
         match cache.lookup(key) {
             Lookup::Hit(path) => {
@@ -193,51 +244,35 @@ pub fn compile_units(
     super::manifest::write(&kernels_dir, &sources.units)?;
 
     let include_dirs = [headers.root.as_path(), opts.out_dir.as_path()];
-    let next = AtomicUsize::new(0);
-    let results: Vec<Mutex<Option<Result<Compiled, BuildError>>>> =
-        misses.iter().map(|_| Mutex::new(None)).collect();
-    let workers = opts.jobs.max(1).min(misses.len());
-    std::thread::scope(|scope| {
-        for _ in 0..workers {
-            scope.spawn(|| {
-                loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    let Some((index, source_path, key)) = misses.get(i) else {
-                        break;
-                    };
-                    let unit = &sources.units[*index];
-                    let result = compile_one(unit, source_path, *key, nvcc, cache, &include_dirs);
-                    *results[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(result);
-                }
-            });
-        }
-    });
+    let results = parallel_map(
+        &misses,
+        opts.jobs,
+        |(index, source_path, key)| {
+            nvcc.compile(&sources.units[*index], source_path, *key, cache, &include_dirs)
+        },
+        |_| {},
+    );
 
     let mut errors = Vec::new();
     for ((index, _, _), result) in misses.iter().zip(results) {
         let unit = &sources.units[*index];
-        let result = result.into_inner().unwrap_or_else(|e| e.into_inner());
         match result {
-            Some(Ok(compiled)) => {
+            Ok(compiled) => {
                 log.line(format!(
                     "unit {}: compiled in {:.2}s {}",
                     unit.name,
                     compiled.elapsed.as_secs_f64(),
                     objects[*index].0
                 ));
-                if !compiled.stderr.trim().is_empty() {
+                if !compiled.output.trim().is_empty() {
                     // nvcc succeeded, so what it printed are warnings (such as
                     // ptxas's register spills): worth showing once.
-                    cargo.warning(&format!("nvcc on `{}`:\n{}", unit.name, compiled.stderr.trim()));
-                    log.line(compiled.stderr.trim().to_owned());
+                    cargo.warning(&format!("nvcc on `{}`:\n{}", unit.name, compiled.output.trim()));
+                    log.line(compiled.output.trim().to_owned());
                 }
                 objects[*index].1 = Some(compiled.object);
             }
-            Some(Err(e)) => errors.push(e),
-            None => errors.push(BuildError::Config(format!(
-                "unit `{}` was not compiled",
-                unit.name
-            ))),
+            Err(e) => errors.push(e),
         }
     }
     match errors.len() {
@@ -262,45 +297,21 @@ pub fn compile_units(
     })
 }
 
-struct Compiled {
-    object: PathBuf,
-    elapsed: Duration,
-    stderr: String,
+/// What a process printed: its standard output, then its standard error.
+pub(super) fn printed(output: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
 }
 
-fn compile_one(
-    unit: &Unit,
-    source_path: &Path,
-    key: CacheKey,
-    nvcc: &NvccCommand,
-    cache: &ObjectCache,
-    include_dirs: &[&Path],
-) -> Result<Compiled, BuildError> {
-    let started = Instant::now();
-    let temp = cache.temp_path(key);
-    let output = nvcc
-        .command(unit, source_path, &temp, include_dirs)
-        .output()
-        .map_err(|e| BuildError::Config(format!("could not run {}: {e}", nvcc.program.display())))?;
-    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
-    if !output.status.success() {
-        let _ = std::fs::remove_file(&temp);
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        return Err(BuildError::Nvcc {
-            unit: unit.name.clone(),
-            source_path: source_path.to_owned(),
-            status: output.status.to_string(),
-            stderr: format!("{}{}", stdout, stderr).trim().to_owned(),
-        });
-    }
-    let object = cache
-        .commit(&temp, key)
-        .map_err(|e| BuildError::Config(format!("unit `{}`: {e}", unit.name)))?;
-    Ok(Compiled {
-        object,
-        elapsed: started.elapsed(),
-        stderr,
-    })
+/// An object nvcc wrote into the cache.
+pub struct Compiled {
+    pub object: PathBuf,
+    pub elapsed: Duration,
+    /// What nvcc printed (warnings, ptxas's reports).
+    pub output: String,
 }
 
 /// Archives the objects into `OUT_DIR/lib<name>.a` with `cc` (objects only:

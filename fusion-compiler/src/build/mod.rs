@@ -7,6 +7,10 @@
 //! archived into `lib<name>.a`, cargo is told how to link it with the static
 //! CUDA run time, and bindgen turns the generated C header into `fusion_ffi.rs`.
 //!
+//! The same units link the other way too: [`SharedCompiler`] compiles them
+//! with the same nvcc command line into the same object cache and links
+//! shared libraries, which `fusion tune` and `fusion run` load at run time.
+//!
 //! This module does not render anything and does not know about graphs: the
 //! code generator decides what the units contain and prints its own
 //! `rerun-if-changed` lines for graphs and templates.
@@ -31,17 +35,22 @@ mod cache;
 mod compile;
 mod manifest;
 pub mod nvcc;
+mod shared;
 mod sources;
 
 use crate::target::Arch;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 pub use crate::generated::MACRO_GRAPHS_DIR;
 pub use builder::{Builder, BuiltLibrary};
 pub use compile::DEFAULT_NVCC_FLAGS;
 pub use manifest::MANIFEST_FILE;
+pub use nvcc::Nvcc;
+pub use shared::{SharedCompiler, SharedLibrary};
 
 /// Everything the code generator produced for one library.
 #[derive(Clone, Debug)]
@@ -110,6 +119,17 @@ pub struct CompileOptions {
     pub cargo_metadata: bool,
     /// Flags appended after [`DEFAULT_NVCC_FLAGS`]; part of the cache key.
     pub extra_nvcc_flags: Vec<String>,
+}
+
+/// The object cache `opts` names: [`CompileOptions::cache_dir`], else
+/// `FUSION_CACHE_DIR`, else `<target dir>/fusion-cache`, else
+/// `<out_dir>/cache`.
+fn cache_dir(opts: &CompileOptions, env: &nvcc::Env, target_dir: Option<&Path>) -> PathBuf {
+    opts.cache_dir
+        .clone()
+        .or_else(|| env.get("FUSION_CACHE_DIR").map(PathBuf::from))
+        .or_else(|| target_dir.map(|t| t.join("fusion-cache")))
+        .unwrap_or_else(|| opts.out_dir.join("cache"))
 }
 
 impl CompileOptions {
@@ -204,6 +224,12 @@ pub enum BuildError {
         status: String,
         stderr: String,
     },
+    #[error("nvcc could not link {} ({status}):\n{output}", library.display())]
+    Link {
+        library: PathBuf,
+        status: String,
+        output: String,
+    },
     #[error("{} kernel units failed to compile:\n\n{}", .0.len(), join_errors(.0))]
     Several(Vec<BuildError>),
     #[error("bindgen could not translate {}: {reason}", header.display())]
@@ -276,12 +302,7 @@ pub fn compile(sources: &CudaSources, opts: &CompileOptions) -> Result<CompiledL
     if sources.headers_dir.exists() {
         cargo.line(&format!("rerun-if-changed={}", sources.headers_dir.display()));
     }
-    let cache_dir = opts
-        .cache_dir
-        .clone()
-        .or_else(|| env.get("FUSION_CACHE_DIR").map(PathBuf::from))
-        .or_else(|| target_dir.as_ref().map(|t| t.join("fusion-cache")))
-        .unwrap_or_else(|| opts.out_dir.join("cache"));
+    let cache_dir = cache_dir(opts, &env, target_dir.as_deref());
     let cache = cache::ObjectCache::open(&cache_dir)?;
     let mut log = BuildLog::default();
     log.line(format!("cache: {}", cache_dir.display()));
@@ -300,18 +321,16 @@ pub fn compile(sources: &CudaSources, opts: &CompileOptions) -> Result<CompiledL
         log.line("nvcc: skipped (DOCS_RS or FUSION_SKIP_NVCC=1); nothing is linked".to_owned());
         (BuildMode::NvccSkipped, 0, 0)
     } else {
-        let nvcc =
-            nvcc::find_nvcc(&env, &toolchain).map_err(|searched| BuildError::NvccNotFound { searched })?;
-        let version = nvcc::nvcc_version(&nvcc)?;
+        let nvcc = nvcc::Nvcc::find(&env, &toolchain)?;
         log.line(format!(
             "nvcc: {} ({})",
-            nvcc.display(),
-            version.lines().last().unwrap_or("")
+            nvcc.program.display(),
+            nvcc.version.lines().last().unwrap_or("")
         ));
-        let compiler = compile::NvccCommand::new(&nvcc, &version, opts, &env)?;
+        let compiler = compile::NvccCommand::new(&nvcc, opts, &env)?;
         let outcome = compile::compile_units(sources, &headers, &compiler, &cache, opts, &cargo, &mut log)?;
         compile::archive(&outcome.objects, opts, &mut log)?;
-        let cuda_lib = nvcc::cuda_lib_dir(&nvcc, &opts.target)?;
+        let cuda_lib = nvcc::cuda_lib_dir(&nvcc.program, &opts.target)?;
         cargo.line(&format!("rustc-link-search=native={}", opts.out_dir.display()));
         cargo.line(&format!("rustc-link-lib=static={}", opts.lib_name));
         cargo.line(&format!("rustc-link-search=native={}", cuda_lib.display()));
@@ -402,6 +421,41 @@ fn check_units(sources: &CudaSources) -> Result<(), BuildError> {
     Ok(())
 }
 
+/// `f` on every item, at most `workers` at a time (at least one), each
+/// result at its item's place; `done` hears how many have finished after
+/// each. The builds' units and `fusion tune`'s libraries go through it.
+pub fn parallel_map<T: Sync, R: Send>(
+    items: &[T],
+    workers: usize,
+    f: impl Fn(&T) -> R + Sync,
+    done: impl Fn(usize) + Sync,
+) -> Vec<R> {
+    let next = AtomicUsize::new(0);
+    let finished = AtomicUsize::new(0);
+    let results: Vec<Mutex<Option<R>>> = items.iter().map(|_| Mutex::new(None)).collect();
+    std::thread::scope(|scope| {
+        for _ in 0..workers.clamp(1, items.len().max(1)) {
+            scope.spawn(|| {
+                loop {
+                    let index = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(item) = items.get(index) else { break };
+                    let result = f(item);
+                    *results[index].lock().unwrap_or_else(|e| e.into_inner()) = Some(result);
+                    done(finished.fetch_add(1, Ordering::Relaxed) + 1);
+                }
+            });
+        }
+    });
+    results
+        .into_iter()
+        .map(|result| {
+            let result = result.into_inner().unwrap_or_else(|e| e.into_inner());
+            // A worker that panicked has made the scope panic already.
+            result.expect("every item ran")
+        })
+        .collect()
+}
+
 /// Prints `cargo:` lines when running inside a build script.
 #[derive(Clone, Copy)]
 struct Cargo {
@@ -463,6 +517,42 @@ fn host_triple() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A directory tree under the system temp dir, removed on drop.
+    pub(super) struct TempTree(pub(super) PathBuf);
+
+    impl TempTree {
+        pub(super) fn new(tag: &str) -> TempTree {
+            let dir = std::env::temp_dir().join(format!("fusion-build-test-{tag}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            TempTree(dir)
+        }
+
+        /// Creates an executable file at `rel`.
+        pub(super) fn exe(&self, rel: &str) -> PathBuf {
+            self.script(rel, "")
+        }
+
+        /// Creates an executable shell script at `rel` running `body`.
+        pub(super) fn script(&self, rel: &str, body: &str) -> PathBuf {
+            let path = self.0.join(rel);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(&path, format!("#!/bin/sh\n{body}")).unwrap();
+            #[cfg(unix)]
+            {
+                use std::os::unix::fs::PermissionsExt as _;
+                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+            }
+            path
+        }
+    }
+
+    impl Drop for TempTree {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
 
     fn sources(units: Vec<Unit>, header: &str) -> CudaSources {
         CudaSources {

@@ -217,8 +217,47 @@ fn is_executable(path: &Path) -> bool {
     }
 }
 
-/// The output of `nvcc --version`: part of every cache key, so a different
-/// nvcc never reuses another's objects.
+/// An nvcc found and asked for its version.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Nvcc {
+    pub program: PathBuf,
+    /// The output of `nvcc --version`: part of every cache key, so a
+    /// different nvcc never reuses another's objects.
+    pub version: String,
+}
+
+impl Nvcc {
+    /// [`find_nvcc`], then `nvcc --version`.
+    pub fn find(env: &Env, toolchain: &ToolchainFile) -> Result<Nvcc, BuildError> {
+        let program = find_nvcc(env, toolchain).map_err(|searched| BuildError::NvccNotFound { searched })?;
+        let version = nvcc_version(&program)?;
+        Ok(Nvcc { program, version })
+    }
+
+    /// The nvcc a build started in the current directory would use, for a
+    /// caller outside a build script: the process environment, then the
+    /// toolchain file under `CARGO_TARGET_DIR`, else `./target`.
+    pub fn find_from_current_dir() -> Result<Nvcc, BuildError> {
+        let env = Env::from_process();
+        let target = env
+            .get("CARGO_TARGET_DIR")
+            .map_or_else(|| PathBuf::from("target"), PathBuf::from);
+        Nvcc::find(&env, &ToolchainFile::load(Some(&target))?)
+    }
+
+    /// nvcc's release (`13.0.88`), else the last line of its version.
+    pub fn release(&self) -> &str {
+        release(&self.version).unwrap_or_else(|| self.version.lines().last().unwrap_or(""))
+    }
+}
+
+/// `13.0.88` from `nvcc --version`'s `… release 13.0, V13.0.88`.
+pub fn release(version: &str) -> Option<&str> {
+    let line = version.lines().find(|line| line.contains("release"))?;
+    Some(line.rsplit_once(", V")?.1.trim())
+}
+
+/// The output of `nvcc --version`.
 pub fn nvcc_version(nvcc: &Path) -> Result<String, BuildError> {
     let output = Command::new(nvcc).arg("--version").output().map_err(|e| {
         BuildError::Config(format!(
@@ -265,37 +304,7 @@ pub fn cuda_lib_dir(nvcc: &Path, target: &str) -> Result<PathBuf, BuildError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A directory tree under the system temp dir, removed on drop.
-    struct TempTree(PathBuf);
-
-    impl TempTree {
-        fn new(tag: &str) -> TempTree {
-            let dir = std::env::temp_dir().join(format!("fusion-nvcc-test-{tag}-{}", std::process::id()));
-            let _ = std::fs::remove_dir_all(&dir);
-            std::fs::create_dir_all(&dir).unwrap();
-            TempTree(dir)
-        }
-
-        /// Creates an executable file at `rel`.
-        fn exe(&self, rel: &str) -> PathBuf {
-            let path = self.0.join(rel);
-            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-            std::fs::write(&path, "#!/bin/sh\n").unwrap();
-            #[cfg(unix)]
-            {
-                use std::os::unix::fs::PermissionsExt as _;
-                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
-            }
-            path
-        }
-    }
-
-    impl Drop for TempTree {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
+    use crate::build::tests::TempTree;
 
     fn no_toolchain() -> ToolchainFile {
         ToolchainFile::default()
@@ -453,6 +462,19 @@ mod tests {
         assert_eq!(file.path, Some(t.0.join("toolchain/env")));
         assert_eq!(file.get("NVCC"), Some("/x/nvcc"));
         assert_eq!(file.get(""), None);
+    }
+
+    #[test]
+    fn the_release_is_read_from_the_version() {
+        let said = "nvcc: NVIDIA (R) Cuda compiler driver\nCuda compilation tools, release 13.0, V13.0.88\nBuild cuda_13.0";
+        assert_eq!(release(said), Some("13.0.88"));
+        assert_eq!(release("something else"), None);
+        let nvcc = |version: &str| Nvcc {
+            program: PathBuf::from("nvcc"),
+            version: version.to_owned(),
+        };
+        assert_eq!(nvcc(said).release(), "13.0.88");
+        assert_eq!(nvcc("a\nBuild cuda_13.0").release(), "Build cuda_13.0");
     }
 
     #[test]
