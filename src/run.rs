@@ -24,7 +24,7 @@ use crate::launch::{
     WorkspaceBytes,
 };
 use crate::testing::{self, HostElement};
-use crate::tune::compile::{self, Built, Job, Nvcc};
+use crate::tune::compile::{self, Built, Job};
 use crate::tune::library::SharedLibrary;
 use crate::weights::{Binder, TensorFile, TensorNames};
 use crate::{Arch, Shape, Tensor, TensorMut};
@@ -375,10 +375,10 @@ fn build(
                 (unit.symbol.clone(), unit.source.clone()),
                 library.error_unit.clone(),
             ],
-            gencode: arch.target().gencode,
+            arch,
         })
         .collect();
-    let nvcc = Nvcc::find()?;
+    let nvcc = compile::find_nvcc()?;
     let started = Instant::now();
     let built = compile::build_all_with_progress(&nvcc, &settings.work, &jobs, settings.jobs)?;
     say(
@@ -388,7 +388,7 @@ fn build(
             jobs.len(),
             if jobs.len() == 1 { "" } else { "s" },
             started.elapsed().as_secs_f64(),
-            nvcc.version,
+            nvcc.release(),
             settings.work.display()
         ),
     )?;

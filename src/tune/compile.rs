@@ -1,68 +1,31 @@
 //! The tuner's compiles: each candidate's one-kernel library (its unit and
-//! the unit with `<lib>_error_string`) built by nvcc into a shared library,
-//! several at once. Under the work folder: `src/<symbol>/` the sources,
-//! `include/` the CUDA headers, `lib/<symbol>.so` the library and
-//! `log/<symbol>.log` what nvcc and ptxas said (ptxas's resource report
-//! gives the registers). Each build is keyed by everything that decides
-//! its output (the sources, every CUDA header, nvcc's version, the flags,
-//! the gencode): a job whose key matches the last build's outcome
-//! (`lib/<symbol>.key` beside a library, `log/<symbol>.refused` for a
-//! refusal) is not built again, so a run that stopped resumes without
-//! compiling what it had, and a changed header or nvcc rebuilds.
+//! the unit with `<lib>_error_string`) built into a shared library by
+//! fusion-compiler's [`SharedCompiler`] (the build's nvcc, flags and object
+//! cache), several at once. Under the work folder: `include/` the CUDA
+//! headers, `src/<symbol>/` the sources and `lib/<symbol>.so` the library
+//! (see [`SharedCompiler`] for when one is reused), `cache/` the objects
+//! unless `FUSION_CACHE_DIR` names another, and `log/<symbol>.log` what
+//! nvcc and ptxas said (ptxas's resource report gives the registers). A
+//! refusal is remembered too (`log/<symbol>.refused` holds the library's
+//! key), so a run that stopped resumes without compiling what it had.
 
-use fusion_compiler::build::nvcc::{self, Env, ToolchainFile};
+use fusion_compiler::build::{BuildError, CompileOptions, Nvcc, SharedCompiler, Unit, parallel_map};
 use fusion_compiler::codegen::templates;
-use std::hash::{Hash, Hasher};
+use fusion_compiler::target::Arch;
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// The nvcc a tuning run compiles with.
-#[derive(Clone, Debug)]
-pub struct Nvcc {
-    pub program: PathBuf,
-    /// nvcc's release (`13.0.88`), for the cache's entries.
-    pub version: String,
-    /// Where `libcudart_static.a` is, when nvcc's own configuration may not
-    /// say (the PyPI layout).
-    lib_dir: Option<PathBuf>,
-}
-
-impl Nvcc {
-    /// The nvcc a build would use (`NVCC`, `CUDA_HOME`, `CUDA_PATH`, `PATH`,
-    /// the system CUDA), or an error saying where it looked.
-    pub fn find() -> Result<Nvcc, String> {
-        let program = nvcc::find_nvcc(&Env::from_process(), &toolchain_file()?).map_err(|searched| {
-            format!(
-                "`fusion tune` and `fusion run` compile kernels with nvcc at run time, which was not found; looked at {}. \
-                 Set NVCC to its path, or CUDA_HOME to the CUDA install holding bin/nvcc.",
-                searched.join(", ")
-            )
-        })?;
-        let version = nvcc::nvcc_version(&program).map_err(|e| e.to_string())?;
-        let version = release(&version).unwrap_or(version);
-        let lib_dir = nvcc::cuda_lib_dir(&program, std::env::consts::ARCH).ok();
-        Ok(Nvcc {
-            program,
-            version,
-            lib_dir,
-        })
-    }
-}
-
-/// What `cargo xtask toolchain` saved for the checkout a run is started in
-/// (`target/toolchain/env`, or under `CARGO_TARGET_DIR`), as a build reads
-/// it; none elsewhere.
-fn toolchain_file() -> Result<ToolchainFile, String> {
-    let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| PathBuf::from("target"), PathBuf::from);
-    ToolchainFile::load(Some(&target)).map_err(|e| e.to_string())
-}
-
-/// `13.0.88` from `nvcc --version`'s `… release 13.0, V13.0.88`.
-fn release(version: &str) -> Option<String> {
-    let line = version.lines().find(|line| line.contains("release"))?;
-    Some(line.rsplit_once(", V")?.1.trim().to_owned())
+/// The nvcc a build would use (`NVCC`, `CUDA_HOME`, `CUDA_PATH`, `PATH`,
+/// the system CUDA, the toolchain file of `./target`), or an error saying
+/// where it looked.
+pub fn find_nvcc() -> Result<Nvcc, String> {
+    Nvcc::find_from_current_dir().map_err(|e| match e {
+        BuildError::NvccNotFound { searched } => format!(
+            "`fusion tune` and `fusion run` compile kernels with nvcc at run time, which was not found; looked at {}. \
+             Set NVCC to its path, or CUDA_HOME to the CUDA install holding bin/nvcc.",
+            searched.join(", ")
+        ),
+        other => other.to_string(),
+    })
 }
 
 /// One library to build.
@@ -72,8 +35,23 @@ pub struct Job {
     pub symbol: String,
     /// `(file stem, CUDA source)`: the kernel's unit and its error-string unit.
     pub sources: Vec<(String, String)>,
-    /// The target's `-gencode` flag.
-    pub gencode: &'static str,
+    /// The generation it is compiled for.
+    pub arch: Arch,
+}
+
+impl Job {
+    fn units(&self) -> Vec<Unit> {
+        self.sources
+            .iter()
+            .map(|(name, source)| Unit {
+                name: name.clone(),
+                source: source.clone(),
+                archs: vec![self.arch],
+                used_by: Vec::new(),
+                tiles: Vec::new(),
+            })
+            .collect()
+    }
 }
 
 /// What became of a job.
@@ -82,8 +60,8 @@ pub enum Built {
     Library {
         path: PathBuf,
         /// The most registers per thread ptxas gave any of its kernels;
-        /// `None` when its report was not found (a reused library whose log
-        /// is gone).
+        /// `None` when its report was not found (the cache no longer
+        /// holds a unit's).
         registers: Option<u32>,
     },
     /// nvcc refused it: a tile rule or the shared-memory budget (a
@@ -104,32 +82,18 @@ pub fn build_all(
     let include = work.join("include");
     templates::write_headers(&include)
         .map_err(|e| format!("cannot write the CUDA headers under {}: {e}", include.display()))?;
-    for dir in ["src", "lib", "log"] {
-        std::fs::create_dir_all(work.join(dir))
-            .map_err(|e| format!("cannot create {}: {e}", work.join(dir).display()))?;
-    }
-    let next = AtomicUsize::new(0);
-    let finished = AtomicUsize::new(0);
-    let results: Mutex<Vec<Option<Built>>> = Mutex::new(vec![None; jobs.len()]);
-    std::thread::scope(|scope| {
-        for _ in 0..parallel.clamp(1, jobs.len().max(1)) {
-            scope.spawn(|| {
-                loop {
-                    let index = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(job) = jobs.get(index) else { break };
-                    let built = build_one(nvcc, work, &include, job);
-                    results.lock().expect("no builder panics holding it")[index] = Some(built);
-                    progress(finished.fetch_add(1, Ordering::Relaxed) + 1);
-                }
-            });
-        }
-    });
-    Ok(results
-        .into_inner()
-        .expect("no builder panics holding it")
-        .into_iter()
-        .map(|built| built.expect("every job was built"))
-        .collect())
+    let log_dir = work.join("log");
+    std::fs::create_dir_all(&log_dir).map_err(|e| format!("cannot create {}: {e}", log_dir.display()))?;
+    let mut options = CompileOptions::new(work);
+    // ptxas's resource report, for the registers.
+    options.extra_nvcc_flags.push("-Xptxas=-v".to_owned());
+    let compiler = SharedCompiler::new(nvcc, &options, &include).map_err(|e| e.to_string())?;
+    Ok(parallel_map(
+        jobs,
+        parallel,
+        |job| build_one(&compiler, &log_dir, job),
+        progress,
+    ))
 }
 
 /// [`build_all`] with a progress bar on standard error (`compiling`, the
@@ -149,124 +113,40 @@ pub fn build_all_with_progress(
     built
 }
 
-/// The flags every candidate is built with, after the build's own
-/// (`DEFAULT_NVCC_FLAGS`) and before its gencode.
-const FLAGS: [&str; 6] = ["-O3", "-shared", "-Xcompiler", "-fPIC", "-Xptxas", "-v"];
-
-/// A digest of everything that decides what nvcc makes of `job`.
-fn build_key(nvcc: &Nvcc, job: &Job) -> String {
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    nvcc.version.hash(&mut hasher);
-    fusion_compiler::build::DEFAULT_NVCC_FLAGS.hash(&mut hasher);
-    FLAGS.hash(&mut hasher);
-    job.gencode.hash(&mut hasher);
-    job.sources.hash(&mut hasher);
-    templates::HEADERS.hash(&mut hasher);
-    for name in ["NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "NVCC_CCBIN"] {
-        std::env::var_os(name).hash(&mut hasher);
-    }
-    format!("{:016x}", hasher.finish())
-}
-
-fn build_one(nvcc: &Nvcc, work: &Path, include: &Path, job: &Job) -> Built {
-    let src = work.join("src").join(&job.symbol);
-    let library = work.join("lib").join(format!("{}.so", job.symbol));
-    let key_file = work.join("lib").join(format!("{}.key", job.symbol));
-    let log = work.join("log").join(format!("{}.log", job.symbol));
-    let refused = work.join("log").join(format!("{}.refused", job.symbol));
-    let failed = |message: String| Built::Failed {
-        log: log.clone(),
-        message,
-    };
-    let key = build_key(nvcc, job);
-    let same_key = |file: &Path| std::fs::read_to_string(file).is_ok_and(|k| k == key);
-    if library.is_file() && same_key(&key_file) {
-        let registers = std::fs::read_to_string(&log)
-            .ok()
-            .and_then(|l| most_registers(&l));
-        return Built::Library {
-            path: library,
-            registers,
+fn build_one(compiler: &SharedCompiler, log_dir: &Path, job: &Job) -> Built {
+    let log = log_dir.join(format!("{}.log", job.symbol));
+    let refused = log_dir.join(format!("{}.refused", job.symbol));
+    let units = job.units();
+    let key = compiler.key(&units).to_string();
+    if std::fs::read_to_string(&refused).is_ok_and(|k| k == key) {
+        let said = std::fs::read_to_string(&log).unwrap_or_default();
+        return Built::Failed {
+            log,
+            message: first_error(&said),
         };
     }
-    if same_key(&refused) {
-        let said = std::fs::read_to_string(&log).unwrap_or_default();
-        return failed(first_error(&said));
-    }
-    if let Err(e) = std::fs::create_dir_all(&src) {
-        return failed(format!("cannot create {}: {e}", src.display()));
-    }
-    let mut files = Vec::new();
-    for (stem, source) in &job.sources {
-        let path = src.join(format!("{stem}.cu"));
-        if let Err(e) = write_whole(&path, source) {
-            return failed(format!("cannot write {}: {e}", path.display()));
+    let said = match compiler.build(&job.symbol, &units) {
+        Ok(library) => {
+            let _ = std::fs::write(&log, &library.output);
+            return Built::Library {
+                registers: most_registers(&library.output),
+                path: library.path,
+            };
         }
-        files.push(path);
-    }
-    // Built under another name and renamed when whole, so that a stopped
-    // run leaves no library that looks finished; the name is this
-    // process's, so that two runs building the same library at once (two
-    // `fusion run`s of one graph sharing the default folder) each write
-    // their own, and the second rename replaces the first with the same
-    // bytes (a process that loaded the first keeps its mapping).
-    let partial = work
-        .join("lib")
-        .join(format!("{}.so.{}.partial", job.symbol, std::process::id()));
-    let _ = std::fs::remove_file(&key_file);
-    let mut command = Command::new(&nvcc.program);
-    command
-        .args(fusion_compiler::build::DEFAULT_NVCC_FLAGS)
-        .args(FLAGS)
-        .arg(job.gencode)
-        .arg("-I")
-        .arg(include)
-        .arg("-o")
-        .arg(&partial)
-        .args(&files);
-    if let Some(dir) = &nvcc.lib_dir {
-        command.arg("-L").arg(dir);
-    }
-    let output = match command.output() {
-        Ok(output) => output,
-        Err(e) => return failed(format!("cannot run {}: {e}", nvcc.program.display())),
+        Err(BuildError::Nvcc { stderr, .. }) => stderr,
+        Err(BuildError::Link { output, .. }) => output,
+        Err(other) => other.to_string(),
     };
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let _ = std::fs::write(&log, &text);
-    if !output.status.success() {
-        let _ = std::fs::remove_file(&partial);
-        let _ = std::fs::remove_file(&library);
-        // Refused for what it is (a rule, the budget), not for a missing
-        // toolchain: the same key is refused again without a compile.
-        if text.contains("static assertion failed") {
-            let _ = std::fs::write(&refused, &key);
-        }
-        return failed(first_error(&text));
+    let _ = std::fs::write(&log, &said);
+    // Refused for what it is (a rule, the budget), not for a missing
+    // toolchain: the same key is refused again without a compile.
+    if said.contains("static assertion failed") {
+        let _ = std::fs::write(&refused, &key);
     }
-    if let Err(e) = std::fs::rename(&partial, &library).and_then(|()| std::fs::write(&key_file, &key)) {
-        return failed(format!("cannot keep {}: {e}", library.display()));
+    Built::Failed {
+        log,
+        message: first_error(&said),
     }
-    Built::Library {
-        path: library,
-        registers: most_registers(&text),
-    }
-}
-
-/// Writes `contents` to `path` unless it holds them already, through a
-/// file of this process's renamed over it: an nvcc of another run reading
-/// `path` sees the old file or the new one whole, never a truncated one.
-fn write_whole(path: &Path, contents: &str) -> std::io::Result<()> {
-    if std::fs::read(path).is_ok_and(|old| old == contents.as_bytes()) {
-        return Ok(());
-    }
-    let mut temp = path.as_os_str().to_owned();
-    temp.push(format!(".{}.tmp", std::process::id()));
-    std::fs::write(&temp, contents)?;
-    std::fs::rename(&temp, path)
 }
 
 /// The largest `Used N registers` of a ptxas report.
@@ -293,6 +173,7 @@ fn first_error(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
     #[test]
     fn the_registers_are_the_largest_any_kernel_of_the_report_uses() {
@@ -302,37 +183,6 @@ mod tests {
                       ptxas info    : Used 104 registers, used 1 barriers, 8192 bytes smem\n";
         assert_eq!(most_registers(report), Some(232));
         assert_eq!(most_registers("no report"), None);
-    }
-
-    #[test]
-    fn a_source_is_replaced_whole_and_left_alone_when_unchanged() {
-        let dir = std::env::temp_dir().join(format!("fusion-tune-write-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("unit.cu");
-        write_whole(&path, "int x;").unwrap();
-        let first = std::fs::metadata(&path).unwrap().modified().unwrap();
-        std::thread::sleep(std::time::Duration::from_millis(20));
-        write_whole(&path, "int x;").unwrap();
-        assert_eq!(
-            std::fs::metadata(&path).unwrap().modified().unwrap(),
-            first,
-            "unchanged: not rewritten"
-        );
-        write_whole(&path, "int y;").unwrap();
-        assert_eq!(std::fs::read_to_string(&path).unwrap(), "int y;");
-        let names: Vec<_> = std::fs::read_dir(&dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .collect();
-        assert_eq!(names, ["unit.cu"], "no temporary file is left");
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn the_version_is_nvccs_release() {
-        let said = "nvcc: NVIDIA (R) Cuda compiler driver\nCuda compilation tools, release 13.0, V13.0.88\nBuild cuda_13.0";
-        assert_eq!(release(said).as_deref(), Some("13.0.88"));
-        assert_eq!(release("something else"), None);
     }
 
     #[test]
@@ -346,82 +196,6 @@ mod tests {
         );
     }
 
-    /// With an "nvcc" that writes its `-o` file and counts its runs: a
-    /// second build of the same job reuses the library; a changed source
-    /// builds it again.
-    #[test]
-    #[cfg(unix)]
-    fn an_unchanged_job_is_not_built_again_and_a_changed_one_is() {
-        use std::os::unix::fs::PermissionsExt as _;
-        let work = std::env::temp_dir().join(format!("fusion-tune-reuse-{}", std::process::id()));
-        std::fs::create_dir_all(&work).unwrap();
-        let runs = work.join("runs");
-        let script = work.join("fake-nvcc");
-        std::fs::write(
-            &script,
-            format!(
-                "#!/bin/sh\necho run >> {}\nwhile [ $# -gt 0 ]; do [ \"$1\" = -o ] && : > \"$2\"; shift; done\necho 'ptxas info    : Used 40 registers'\n",
-                runs.display()
-            ),
-        )
-        .unwrap();
-        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let nvcc = Nvcc {
-            program: script,
-            version: "test".into(),
-            lib_dir: None,
-        };
-        let mut job = Job {
-            symbol: "cand0_gemm_nk_f16_sm90".into(),
-            sources: vec![("cand0_gemm_nk_f16_sm90".into(), "int x;".into())],
-            gencode: "-gencode=arch=compute_90a,code=sm_90a",
-        };
-        let build = |job: &Job| build_all(&nvcc, &work, std::slice::from_ref(job), 1, |_| {}).unwrap();
-        let count = || std::fs::read_to_string(&runs).unwrap().lines().count();
-        let library = work.join("lib/cand0_gemm_nk_f16_sm90.so");
-        let first = build(&job);
-        assert_eq!(
-            first,
-            [Built::Library {
-                path: library.clone(),
-                registers: Some(40)
-            }]
-        );
-        assert_eq!(build(&job), first);
-        assert_eq!(count(), 1, "the second build reused the library");
-        job.sources[0].1 = "int y;".into();
-        build(&job);
-        assert_eq!(count(), 2, "a changed source is built again");
-        std::fs::remove_dir_all(&work).unwrap();
-    }
-
-    #[test]
-    fn the_key_changes_with_the_sources_the_nvcc_and_the_gencode() {
-        let nvcc = Nvcc {
-            program: PathBuf::from("nvcc"),
-            version: "13.0.88".into(),
-            lib_dir: None,
-        };
-        let job = Job {
-            symbol: "s".into(),
-            sources: vec![("s".into(), "int x;".into())],
-            gencode: "-gencode=arch=compute_90a,code=sm_90a",
-        };
-        let key = build_key(&nvcc, &job);
-        assert_eq!(key, build_key(&nvcc, &job.clone()));
-        let mut other = job.clone();
-        other.sources[0].1 = "int y;".into();
-        assert_ne!(key, build_key(&nvcc, &other));
-        let mut other = job.clone();
-        other.gencode = "-gencode=arch=compute_80,code=[sm_80,compute_80]";
-        assert_ne!(key, build_key(&nvcc, &other));
-        let newer = Nvcc {
-            version: "13.1.0".into(),
-            ..nvcc.clone()
-        };
-        assert_ne!(key, build_key(&newer, &job));
-    }
-
     /// A job whose nvcc is `/bin/false`: the failure is reported, with its
     /// log, and no library is left behind.
     #[test]
@@ -430,12 +204,11 @@ mod tests {
         let nvcc = Nvcc {
             program: PathBuf::from("/bin/false"),
             version: "none".into(),
-            lib_dir: None,
         };
         let job = |symbol: &str| Job {
             symbol: symbol.into(),
             sources: vec![(symbol.into(), "int x;".into())],
-            gencode: "-gencode=arch=compute_90a,code=sm_90a",
+            arch: Arch::Sm90,
         };
         let symbols = ["cand0_gemm_nk_f16_sm90", "cand1_gemm_nk_f16_sm90"];
         let done = AtomicUsize::new(0);

@@ -24,9 +24,10 @@ mod measure;
 
 use crate::bench::timing::TimingPlan;
 use crate::testing::HostElement;
-use compile::{Built, Job, Nvcc};
+use compile::{Built, Job};
 use cudarc::driver::sys::CUdevice_attribute;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, ValidAsZeroBits};
+use fusion_compiler::build::Nvcc;
 use fusion_compiler::codegen::candidates::{self, KernelChoice};
 use fusion_compiler::fuse::{self, Composition, FusedKernel, GemmComposition, Plan};
 use fusion_compiler::ir::{DType, Extent, Graph};
@@ -90,7 +91,7 @@ pub fn tune(graphs: &[PathBuf], settings: &Settings, out: &mut dyn Write) -> Res
             "{} (fusion variant {}), {}, driver {}; cache {}",
             machine.gpu,
             machine.arch,
-            machine.nvcc.version,
+            machine.nvcc.release(),
             machine.driver,
             settings.cache.display()
         ),
@@ -140,7 +141,7 @@ fn open_machine(settings: &Settings) -> Result<Machine, String> {
             .ok_or_else(|| format!("no fusion variant runs on compute capability {major}.{minor}"))?,
     };
     let limits = device_limits(&ctx).map_err(gpu_error)?;
-    let nvcc = Nvcc::find()?;
+    let nvcc = compile::find_nvcc()?;
     let bus_id = crate::bench::smi::pci_bus_id(&ctx);
     let driver = bus_id
         .as_deref()
@@ -428,7 +429,7 @@ fn tune_kernel(
             cublaslt_time_us: cublaslt_us,
             gpu: machine.gpu.clone(),
             driver: machine.driver.clone(),
-            nvcc: machine.nvcc.version.clone(),
+            nvcc: machine.nvcc.release().to_owned(),
             date: machine.date.clone(),
         };
         TunedCache::write(&settings.cache, &IndexMap::from([(key, entry)]))
@@ -557,7 +558,7 @@ fn build_candidates(
         jobs.push(Job {
             symbol: units.unit.symbol.clone(),
             sources: vec![(units.unit.symbol.clone(), units.unit.source), units.error_unit],
-            gencode: arch.target().gencode,
+            arch,
         });
         lib_names.push(lib_name);
     }

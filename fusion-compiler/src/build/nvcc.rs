@@ -257,8 +257,7 @@ pub fn release(version: &str) -> Option<&str> {
     Some(line.rsplit_once(", V")?.1.trim())
 }
 
-/// The output of `nvcc --version`.
-pub fn nvcc_version(nvcc: &Path) -> Result<String, BuildError> {
+fn nvcc_version(nvcc: &Path) -> Result<String, BuildError> {
     let output = Command::new(nvcc).arg("--version").output().map_err(|e| {
         BuildError::Config(format!(
             "found nvcc at {} but could not run it: {e}",
