@@ -91,9 +91,39 @@ pub struct Workspace {
 /// after the call's launches.
 #[derive(Debug)]
 struct LastUse {
-    stream: usize,
-    thread: ThreadId,
+    site: UseSite<CudaStream>,
     event: CudaEvent,
+}
+
+/// One stream as a thread uses it: the stream by the identity of its `Arc`,
+/// the thread because a per-thread default stream's handle is another
+/// stream in every thread. Not by the raw handle: once a stream is
+/// destroyed (its work may still be queued) CUDA may give the handle to the
+/// next stream made, and a call there would skip the wait for that work.
+/// The `Weak` keeps the `Arc`'s allocation, so no other stream takes its
+/// address while the site is kept, and the stream itself is not kept alive.
+#[derive(Debug)]
+struct UseSite<S> {
+    stream: Weak<S>,
+    thread: ThreadId,
+}
+
+impl<S> UseSite<S> {
+    /// `stream` as the current thread uses it.
+    fn of(stream: &Arc<S>) -> UseSite<S> {
+        UseSite {
+            stream: Arc::downgrade(stream),
+            thread: std::thread::current().id(),
+        }
+    }
+
+    /// Whether a call on `stream` from the current thread runs here, so is
+    /// ordered after this use by the stream alone. Two `Arc`s of one
+    /// stream are two sites: a wait where none was needed, never the
+    /// reverse.
+    fn is(&self, stream: &Arc<S>) -> bool {
+        std::ptr::eq(self.stream.as_ptr(), Arc::as_ptr(stream)) && self.thread == std::thread::current().id()
+    }
 }
 
 impl Workspace {
@@ -115,7 +145,7 @@ impl Workspace {
         let capturing = Allocator::capturing(stream)?;
         if !capturing
             && let Some(last) = &self.last_use
-            && (last.stream, last.thread) != use_site(stream)
+            && !last.site.is(stream)
         {
             stream.wait(&last.event)?;
         }
@@ -146,12 +176,6 @@ pub struct CallUse<'w> {
     stream: Option<Arc<CudaStream>>,
 }
 
-/// A stream handle and the thread using it: one real stream (the per-thread
-/// default stream's handle is another stream in every thread).
-fn use_site(stream: &CudaStream) -> (usize, ThreadId) {
-    (stream.cu_stream() as usize, std::thread::current().id())
-}
-
 impl CallUse<'_> {
     /// Records the end of the call's launches on its stream.
     pub fn finish(mut self) -> Result<()> {
@@ -168,10 +192,8 @@ impl CallUse<'_> {
             _ => stream.context().new_event(None)?,
         };
         event.record(&stream)?;
-        let (stream, thread) = use_site(&stream);
         *self.last_use = Some(LastUse {
-            stream,
-            thread,
+            site: UseSite::of(&stream),
             event,
         });
         Ok(())
@@ -1228,6 +1250,40 @@ mod tests {
         assert!(e.to_string().contains("once"), "{e}");
         assert_eq!(capturing.allocated.get(), 0);
         assert_eq!(slots[0].as_ref().unwrap().len(), 128, "the old buffer is kept");
+    }
+
+    /// A stream as the workspace sees it: `handle` is what CUDA calls it,
+    /// and may give the next stream once this one is destroyed.
+    struct HostStream {
+        handle: usize,
+    }
+
+    #[test]
+    fn a_use_site_is_one_streams_arc_in_one_thread_not_a_handle() {
+        let stream = Arc::new(HostStream { handle: 7 });
+        let site = UseSite::of(&stream);
+        assert!(site.is(&stream));
+        assert!(site.is(&stream.clone()), "clones of one Arc are one stream");
+        std::thread::scope(|scope| {
+            let other_thread = scope.spawn(|| site.is(&stream));
+            assert!(
+                !other_thread.join().unwrap(),
+                "a per-thread stream's handle is another stream in every thread"
+            );
+        });
+        // Two Arcs of one handle: another site, so a wait too many.
+        assert!(!site.is(&Arc::new(HostStream { handle: 7 })));
+        // The stream destroyed with its work still queued, and new streams
+        // given its handle (as CUDA may), each allocated as the old one
+        // was freed: none may pass for the site of the queued work, which
+        // a key of the handle (or of a freed `Arc`'s address) would let
+        // them do.
+        drop(stream);
+        for _ in 0..64 {
+            let next = Arc::new(HostStream { handle: 7 });
+            assert_eq!(next.handle, 7);
+            assert!(!site.is(&next), "a new stream with the old one's handle");
+        }
     }
 
     /// A workspace that holds `Arc`s of its stream, as device buffers do.
