@@ -237,6 +237,216 @@ fn off_center<T: TestElement>(s: &Arc<CudaStream>, dims: &[(&str, usize)]) {
     });
 }
 
+/// How a norm kernel runs.
+#[derive(Clone, Copy, Debug)]
+enum NormLaunch {
+    /// A standalone norm: `y = norm(x)`.
+    Standalone,
+    /// A norm GEMM's free function: the norm kernel stores the normalized
+    /// rows in T, then the GEMM reads them.
+    PerCall,
+    /// A norm GEMM's struct, the norm folded into the weight.
+    Folded,
+}
+
+/// Every norm kernel, by graph and launch.
+const NORM_KERNELS: [(&str, NormLaunch); 9] = [
+    ("layernorm", NormLaunch::Standalone),
+    ("rmsnorm", NormLaunch::Standalone),
+    ("rmsnorm_eps1e5", NormLaunch::Standalone),
+    ("layernorm_gemm", NormLaunch::PerCall),
+    ("layernorm_gemm", NormLaunch::Folded),
+    ("rmsnorm_gemm", NormLaunch::PerCall),
+    ("rmsnorm_gemm", NormLaunch::Folded),
+    ("layernorm_gemm_silu_glu_residual", NormLaunch::PerCall),
+    ("layernorm_gemm_silu_glu_residual", NormLaunch::Folded),
+];
+
+impl NormLaunch {
+    /// What the reference rounds to compute what the launch computes.
+    fn intermediates(self) -> Intermediates {
+        match self {
+            NormLaunch::PerCall => Intermediates::RoundedNorms,
+            NormLaunch::Standalone | NormLaunch::Folded => Intermediates::Exact,
+        }
+    }
+
+    /// The sizes of its small-variance cases: (M, K) for a standalone norm,
+    /// (M, N, K) for a norm GEMM, rows of 8 to 3000 elements; M = 13 runs
+    /// the decode kernel where the GEMM's config has one.
+    fn dims(self) -> Vec<Vec<(&'static str, usize)>> {
+        let tiny = support::tiny();
+        match self {
+            NormLaunch::Standalone => {
+                let shapes: &[(usize, usize)] = if tiny {
+                    &[(1, 8), (77, 136)]
+                } else {
+                    &[(1, 8), (77, 136), (1000, 3000)]
+                };
+                shapes.iter().map(|&(m, k)| vec![("M", m), ("K", k)]).collect()
+            }
+            NormLaunch::PerCall | NormLaunch::Folded => {
+                let shapes: &[(usize, usize, usize)] = if tiny {
+                    &[(77, 136, 136)]
+                } else {
+                    &[(13, 520, 1032), (77, 136, 3000), (1000, 3000, 136)]
+                };
+                shapes
+                    .iter()
+                    .map(|&(m, n, k)| vec![("M", m), ("N", n), ("K", k)])
+                    .collect()
+            }
+        }
+    }
+}
+
+/// Launches the norm kernel of `graph` as `how` says, with `r` its inputs
+/// then weights and `w` its output.
+fn launch_norm<T: fusion::Element>(
+    s: &Arc<CudaStream>,
+    graph: &str,
+    how: NormLaunch,
+    r: &[Tensor<'_, T>],
+    w: &mut [TensorMut<'_, T>],
+) -> fusion::Result<()> {
+    let folded = matches!(how, NormLaunch::Folded);
+    match (graph, folded) {
+        ("layernorm", _) => kernels::layernorm(s, &r[0], &r[1], &r[2], &mut w[0]),
+        ("rmsnorm", _) => kernels::rmsnorm(s, &r[0], &r[1], &mut w[0]),
+        ("rmsnorm_eps1e5", _) => kernels::rmsnorm_eps1e5(s, &r[0], &r[1], &mut w[0]),
+        ("layernorm_gemm", false) => kernels::layernorm_gemm(s, &r[0], &r[1], &r[2], &r[3], &mut w[0]),
+        ("layernorm_gemm", true) => support::layernorm_gemm_folded(s, r, w),
+        ("rmsnorm_gemm", false) => kernels::rmsnorm_gemm(s, &r[0], &r[1], &r[2], &mut w[0]),
+        ("rmsnorm_gemm", true) => support::rmsnorm_gemm_folded(s, r, w),
+        ("layernorm_gemm_silu_glu_residual", false) => {
+            kernels::layernorm_gemm_silu_glu_residual(s, &r[0], &r[1], &r[2], &r[3], &r[4], &r[5], &mut w[0])
+        }
+        ("layernorm_gemm_silu_glu_residual", true) => {
+            let weights = kernels::LayernormGemmSiluGluResidualWeights {
+                g: r[2].clone(),
+                b: r[3].clone(),
+                w_gate: r[4].clone(),
+                w_up: r[5].clone(),
+            };
+            kernels::LayernormGemmSiluGluResidual::new(s, weights)?.run(s, &r[0], &r[1], &mut w[0])
+        }
+        _ => unreachable!("{graph} is not a norm kernel"),
+    }
+}
+
+/// Rows of small variance (`support::small_variance_norm_inputs`: x
+/// scaled by 1e-3), where the norm's eps, not the rows, sets the normalized
+/// rows' scale, through every norm kernel: the standalone norms, and each
+/// norm GEMM per call and folded. Everywhere else the rows' variance (about
+/// 1/3) hides the eps; here an eps dropped, or 1e-6 for 1e-5, scales the
+/// rows by 1.4x or more (`an_eps_off_fails_the_small_variance_norms`).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn norms_at_small_variance_are_scaled_by_their_eps() {
+    let s = stream();
+    for (graph, how) in NORM_KERNELS {
+        for dims in how.dims() {
+            small_variance::<f16>(&s, graph, how, &dims);
+            small_variance::<bf16>(&s, graph, how, &dims);
+        }
+    }
+}
+
+fn small_variance<T: TestElement>(s: &Arc<CudaStream>, graph: &str, how: NormLaunch, dims: &[(&str, usize)]) {
+    let rows = support::small_variance_norm_inputs;
+    check_adjusted::<T>(s, graph, dims, how.intermediates(), rows, |r, w| {
+        launch_norm(s, graph, how, r, w)
+    });
+}
+
+/// `graph` with every norm's eps set to `eps`.
+fn with_eps(graph: &fusion::ir::Graph, eps: f64) -> fusion::ir::Graph {
+    use fusion::ir::OpKind;
+    let mut graph = graph.clone();
+    for op in &mut graph.ops {
+        match &mut op.kind {
+            OpKind::LayerNorm { eps: e } | OpKind::RmsNorm { eps: e } => *e = eps,
+            _ => {}
+        }
+    }
+    graph
+}
+
+/// The eps of `graph`'s norm.
+fn norm_eps(graph: &fusion::ir::Graph) -> f64 {
+    use fusion::ir::OpKind;
+    graph
+        .ops
+        .iter()
+        .find_map(|op| match op.kind {
+            OpKind::LayerNorm { eps } | OpKind::RmsNorm { eps } => Some(eps),
+            _ => None,
+        })
+        .expect("a norm kernel's graph has a norm")
+}
+
+/// On the CPU, the reference in f64 at the inputs of
+/// [`norms_at_small_variance_are_scaled_by_their_eps`]: each norm kernel's
+/// graph with its eps dropped (0), or 1e-6 and 1e-5 swapped, fails the
+/// comparison the GPU test makes (`testing::compare`), its relative L2
+/// error over ten times the limit; with the right eps the reference rounded
+/// to the element type passes. The rows are independent, so 8 rows of each
+/// case's (N, K) stand for all of them.
+#[test]
+fn an_eps_off_fails_the_small_variance_norms() {
+    use fusion::core::reference::{evaluate_rows_with, random_bindings, relative_error};
+    use fusion::ir::DType;
+    use rand::SeedableRng;
+    for (seed, (name, how)) in NORM_KERNELS.into_iter().enumerate() {
+        for mut dims in how.dims() {
+            for dim in &mut dims {
+                if dim.0 == "M" {
+                    dim.1 = dim.1.min(8);
+                }
+            }
+            for dtype in [DType::F16, DType::BF16] {
+                let graph = support::graph(name, dtype);
+                let mut rng = rand::rngs::StdRng::seed_from_u64(seed as u64);
+                let mut host = random_bindings(&graph, &dims, &mut rng).expect("bindings");
+                support::small_variance_norm_inputs(&mut host);
+                for t in host.values_mut() {
+                    *t = t.rounded_to(dtype);
+                }
+                let m = dims.iter().find(|d| d.0 == "M").expect("a row dim").1;
+                let rows: Vec<usize> = (0..m).collect();
+                let output = graph.tensor(graph.outputs[0]).name.clone();
+                let reference = |graph: &fusion::ir::Graph| {
+                    evaluate_rows_with(graph, &host, &rows, how.intermediates()).expect("reference")[&output]
+                        .clone()
+                };
+                let want = reference(&graph);
+                let label = format!("{name} {how:?} {dtype} {dims:?}");
+                testing::compare(&want.rounded_to(dtype), &want, dtype, &rows)
+                    .unwrap_or_else(|e| panic!("{label}: the right eps fails: {e}"));
+                let eps = norm_eps(&graph);
+                let swapped = if eps == 1e-5 { 1e-6 } else { 1e-5 };
+                for wrong in [0.0, swapped] {
+                    let got = reference(&with_eps(&graph, wrong)).rounded_to(dtype);
+                    let error = relative_error(&got, &want);
+                    let limit = testing::relative_l2_limit(dtype);
+                    eprintln!(
+                        "{label}: eps {wrong:e} for {eps:e}: relative L2 error {error:.3e}, {:.0}x the limit",
+                        error / limit
+                    );
+                    assert!(
+                        testing::compare(&got, &want, dtype, &rows).is_err(),
+                        "{label}: eps {wrong:e} for {eps:e} passes"
+                    );
+                    assert!(
+                        error > 10.0 * limit,
+                        "{label}: eps {wrong:e} for {eps:e}: relative L2 error {error:.3e}, limit {limit:e}"
+                    );
+                }
+            }
+        }
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn swiglu_ffn() {
