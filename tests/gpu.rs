@@ -605,56 +605,122 @@ standalone_test!(rmsnorm_eps1e5, "rmsnorm_eps1e5", "K", |s, r, w| {
 
 // ---- each activation step alone, at its hardest inputs ---------------------
 
-/// Rows and columns of the activation cases; the GEMM's K equals N.
+/// Rows and columns of the standalone activation cases.
 const ACT_ROWS: usize = 64;
 const ACT_COLS: usize = 64;
+
+/// (rows, columns) of the activation cases through a GEMM, 4096 values
+/// but for one row: 64 x 64 on the tiles, and on the decode kernel
+/// (fusion-compiler/kernels/include/fusion/decode.cuh, which sm80 and sm90
+/// run for M <= 16 over [N, K] weights) 16 rows, both halves of its mma,
+/// and one. The GEMM's K is the column count (8 more for a gated GEMM).
+const ACT_SHAPES: [(usize, usize); 3] = [(64, 64), (16, 256), (1, 1024)];
 
 /// The values the last three columns' bias holds, so that the activation
 /// sees NaN, +Inf and -Inf there (x + bias, x finite).
 const SPECIAL_BIAS: [f64; 3] = [f64::NAN, f64::INFINITY, f64::NEG_INFINITY];
 
-/// Runs `graph` (`act(x @ w + b)` or `act(x @ w^T + b)`) with w the
-/// identity and b zero but for [`SPECIAL_BIAS`], so that the activation
-/// step alone maps `testing::activation_inputs` (and NaN, ±Inf) to the
-/// output, and compares element by element with the activation's own bound
-/// (`testing::compare_activation`), tight enough to tell tanh-GELU from
-/// erf-GELU. The expected values at NaN and ±Inf are PyTorch's on CUDA:
-/// NaN stays NaN (relu included), act(+Inf) = +Inf (sigmoid: 1),
-/// act(-Inf) = NaN for GELU and SiLU (−∞·0), 0 for ReLU and sigmoid.
+/// Runs `graph` with weights that make the GEMM pass `rows x cols`
+/// [`testing::activation_inputs`] to the activation unchanged (see
+/// [`activation_case`]), and compares element by element with the
+/// activation's own bound (`testing::compare_activation`), tight enough to
+/// tell tanh-GELU from erf-GELU. The expected values at NaN and ±Inf (in a
+/// graph with a bias) are PyTorch's on CUDA: NaN stays NaN (relu included),
+/// act(+Inf) = +Inf (sigmoid: 1), act(-Inf) = NaN for GELU and SiLU (−∞·0),
+/// 0 for ReLU and sigmoid.
 fn activation_alone<T: TestElement>(
     s: &Arc<CudaStream>,
     graph: &str,
+    (rows, cols): (usize, usize),
     launch: impl FnOnce(&[Tensor<'_, T>], &mut [TensorMut<'_, T>]) -> fusion::Result<()>,
 ) {
     let graph = support::graph(graph, T::DTYPE);
-    let (host, z, want) = activation_case(&graph);
+    let (host, z, want) = activation_case(&graph, rows, cols);
     check_activation(s, graph, host, &z, &want, launch);
 }
 
-/// The inputs and weights of an [`activation_alone`] case on `graph`, the
-/// activation's input and the reference output.
-fn activation_case(graph: &fusion::ir::Graph) -> (Bindings, HostTensor, HostTensor) {
+/// A weight of `graph` with `n` outputs of `k` inputs each, whose element
+/// for output i and input j is `value(i, j)`, in the layout the graph
+/// declares ([N, K] or [K, N]).
+fn weight_of(
+    graph: &fusion::ir::Graph,
+    name: &str,
+    (n, k): (usize, usize),
+    value: impl Fn(usize, usize) -> f64,
+) -> (String, HostTensor) {
+    let id = graph
+        .weights
+        .iter()
+        .copied()
+        .find(|&t| graph.tensor(t).name == name)
+        .unwrap_or_else(|| panic!("{}: no weight `{name}`", graph.name));
+    let n_first = match graph.tensor(id).shape[0] {
+        fusion::ir::Extent::Dynamic(d) => graph.dims[d.0].name == "N",
+        fusion::ir::Extent::Static(_) => panic!("{}: `{name}` has a static size", graph.name),
+    };
+    let (shape, data) = if n_first {
+        ([n, k], (0..n * k).map(|e| value(e / k, e % k)).collect())
+    } else {
+        ([k, n], (0..n * k).map(|e| value(e % n, e / n)).collect())
+    };
+    (name.to_string(), HostTensor::new(&shape, data).expect("a weight"))
+}
+
+/// The inputs and weights of an [`activation_alone`] case on `graph` with
+/// `rows x cols` activation inputs, the activation's input and the
+/// reference output. `act(x @ w + b)` (or `w^T`): w the identity, b zero
+/// but for [`SPECIAL_BIAS`] in the last columns; `act(x @ w)`: w the
+/// identity; a gated `act(x @ w_gate) * (x @ w_up)`: x's columns through
+/// the identity into the gate, and 8 more columns (row lengths stay
+/// multiples of 8), the first all ones, which w_up sends to every column:
+/// `act(x) * 1`. Every GEMM output is exact in f32: one product of x and
+/// 1, the rest zeros.
+fn activation_case(
+    graph: &fusion::ir::Graph,
+    rows: usize,
+    cols: usize,
+) -> (Bindings, HostTensor, HostTensor) {
     let dtype = graph.tensors[0].dtype;
-    let x = testing::activation_inputs(dtype, ACT_ROWS, ACT_COLS);
-    let mut identity = HostTensor::zeros(&[ACT_COLS, ACT_COLS]);
-    for i in 0..ACT_COLS {
-        identity.data[i * ACT_COLS + i] = 1.0;
-    }
-    let mut bias = HostTensor::zeros(&[ACT_COLS]);
-    bias.data[ACT_COLS - SPECIAL_BIAS.len()..].copy_from_slice(&SPECIAL_BIAS);
-    // The activation's input, exactly: the f32 accumulation of x times the
-    // identity is x itself.
+    let x = testing::activation_inputs(dtype, rows, cols);
+    let has = |name: &str| graph.weights.iter().any(|&t| graph.tensor(t).name == name);
+    let identity = |i: usize, j: usize| if i == j { 1.0 } else { 0.0 };
     let mut z = x.clone();
-    for row in z.data.chunks_mut(ACT_COLS) {
-        for (v, b) in row.iter_mut().zip(&bias.data) {
-            *v += b;
+    let host: Bindings = if has("w_gate") {
+        let k = cols + 8;
+        let mut padded = HostTensor::zeros(&[rows, k]);
+        for (to, from) in padded.data.chunks_mut(k).zip(x.data.chunks(cols)) {
+            to[..cols].copy_from_slice(from);
+            to[cols] = 1.0;
         }
-    }
-    let host: Bindings = [("x", x), ("w", identity), ("b", bias)]
+        let ones = |_: usize, j: usize| if j == cols { 1.0 } else { 0.0 };
+        [
+            ("x".to_string(), padded),
+            weight_of(graph, "w_gate", (cols, k), identity),
+            weight_of(graph, "w_up", (cols, k), ones),
+        ]
         .into_iter()
-        .map(|(name, t)| (name.to_string(), t))
+        .collect()
+    } else {
+        let mut host: Bindings = [
+            ("x".to_string(), x),
+            weight_of(graph, "w", (cols, cols), identity),
+        ]
+        .into_iter()
         .collect();
-    let want = reference::evaluate(graph, &host).expect("reference")["y"].clone();
+        if has("b") {
+            let mut bias = HostTensor::zeros(&[cols]);
+            bias.data[cols - SPECIAL_BIAS.len()..].copy_from_slice(&SPECIAL_BIAS);
+            for row in z.data.chunks_mut(cols) {
+                for (v, b) in row.iter_mut().zip(&bias.data) {
+                    *v += b;
+                }
+            }
+            host.insert("b".to_string(), bias);
+        }
+        host
+    };
+    let output = &graph.tensor(graph.outputs[0]).name;
+    let want = reference::evaluate(graph, &host).expect("reference")[output].clone();
     (host, z, want)
 }
 
@@ -672,20 +738,72 @@ fn activation_cases_expect_pytorchs_special_values() {
         ("gemm_bias_sigmoid", 1.0, 0.0),
     ] {
         for dtype in [DType::F16, DType::BF16] {
-            let (_, z, want) = activation_case(&support::graph(name, dtype));
-            for row in want.data.chunks(ACT_COLS) {
-                let [nan, plus, minus] = row[ACT_COLS - 3..] else {
-                    unreachable!()
-                };
-                assert!(nan.is_nan(), "{name}: act(NaN) = {nan}");
-                assert_eq!(plus, at_plus_infinity, "{name}: act(+Inf)");
-                assert!(
-                    minus == at_minus_infinity || (minus.is_nan() && at_minus_infinity.is_nan()),
-                    "{name}: act(-Inf) = {minus}"
-                );
+            for (rows, cols) in ACT_SHAPES {
+                let (_, z, want) = activation_case(&support::graph(name, dtype), rows, cols);
+                for row in want.data.chunks(cols) {
+                    let [nan, plus, minus] = row[cols - 3..] else {
+                        unreachable!()
+                    };
+                    assert!(nan.is_nan(), "{name}: act(NaN) = {nan}");
+                    assert_eq!(plus, at_plus_infinity, "{name}: act(+Inf)");
+                    assert!(
+                        minus == at_minus_infinity || (minus.is_nan() && at_minus_infinity.is_nan()),
+                        "{name}: act(-Inf) = {minus}"
+                    );
+                }
+                testing::compare_activation(&want.rounded_to(dtype), &want, &z, dtype, &[])
+                    .unwrap_or_else(|e| panic!("{name} {dtype} {rows}x{cols}: {e}"));
             }
-            testing::compare_activation(&want.rounded_to(dtype), &want, &z, dtype, &[])
-                .unwrap_or_else(|e| panic!("{name} {dtype}: {e}"));
+        }
+    }
+}
+
+/// The GELU graphs whose activation cases must tell tanh-GELU from
+/// erf-GELU: with a bias, without one, and gated.
+const GELU_GRAPHS: [&str; 4] = [
+    "gemm_bias_gelu",
+    "gemm_bias_gelu_erf",
+    "gemm_gelu",
+    "gemm_gelu_glu",
+];
+
+/// On the CPU: at every activation case of a GELU graph (each shape,
+/// through a bias, without one, gated), the graph's output computed with
+/// the other GELU formula, rounded to the element type, fails the bound the
+/// GPU test judges it by, while its own formula passes: a kernel with the
+/// wrong formula fails there. The formulas differ by 3.9e-4 to 4.7e-4 at
+/// 2.4 <= |x| <= 3.0, where every other input lies. At the negative ones
+/// GELU's outputs are small (under 0.04), so are their steps, and the bound
+/// is little more than the approximation's allowance, 6.1e-5·|x| <= 2e-4:
+/// each case has hundreds of values outside it (about 400 of 1024 at one
+/// row; at the positive ones the difference is under half an f16 step).
+#[test]
+fn gelu_activation_cases_tell_tanh_from_erf() {
+    use fusion::ir::{Activation, DType, OpKind};
+    for name in GELU_GRAPHS {
+        for dtype in [DType::F16, DType::BF16] {
+            let graph = support::graph(name, dtype);
+            let mut other = graph.clone();
+            for op in &mut other.ops {
+                if let OpKind::Activation(a) = &mut op.kind {
+                    *a = if *a == Activation::GELU {
+                        Activation::GELU_ERF
+                    } else {
+                        assert!(*a == Activation::GELU_ERF, "{name}: another activation");
+                        Activation::GELU
+                    };
+                }
+            }
+            let output = &graph.tensor(graph.outputs[0]).name;
+            for (rows, cols) in ACT_SHAPES {
+                let (host, z, want) = activation_case(&graph, rows, cols);
+                let label = format!("{name} {dtype} {rows}x{cols}");
+                testing::compare_activation(&want.rounded_to(dtype), &want, &z, dtype, &[])
+                    .unwrap_or_else(|e| panic!("{label}: its own formula fails: {e}"));
+                let wrong = reference::evaluate(&other, &host).expect("reference")[output].rounded_to(dtype);
+                let verdict = testing::compare_activation(&wrong, &want, &z, dtype, &[]);
+                assert!(verdict.is_err(), "{label}: the other GELU passes: {verdict:?}");
+            }
         }
     }
 }
@@ -716,7 +834,9 @@ fn check_activation<T: TestElement>(
     want: &HostTensor,
     launch: impl FnOnce(&[Tensor<'_, T>], &mut [TensorMut<'_, T>]) -> fusion::Result<()>,
 ) {
-    let dims = [("M", ACT_ROWS), ("N", ACT_COLS), ("K", ACT_COLS)];
+    // M and K from x, N from the output.
+    let (x, y) = (&host["x"].shape, &want.shape);
+    let dims = [("M", x[0]), ("N", y[1]), ("K", x[1])];
     let dims: Vec<_> = dims
         .into_iter()
         .filter(|(d, _)| graph.dim_by_name(d).is_some())
@@ -740,27 +860,49 @@ fn check_activation<T: TestElement>(
 }
 
 /// One test per activation case, f16 then bf16: `gemm WRAPPER` runs
-/// [`activation_alone`] through a `gemm_bias_*` wrapper, `elementwise
-/// WRAPPER` runs [`standalone_activation`] through a standalone kernel.
+/// [`activation_alone`] at every [`ACT_SHAPES`] through a wrapper of
+/// `(x, w, b)` or of a gated `(x, w_gate, w_up)`, `gemm_no_bias WRAPPER`
+/// through one of `(x, w)`, `gemm |s, r, w| CALL` through a call of its
+/// own (a struct's); `elementwise WRAPPER` runs [`standalone_activation`]
+/// through a standalone kernel.
 macro_rules! activation_test {
     ($test:ident, $graph:literal, gemm $wrapper:ident) => {
-        activation_test!(@ $test, activation_alone, $graph, |s, r, w| {
-            kernels::$wrapper(s, &r[0], &r[1], &r[2], &mut w[0])
-        });
+        activation_test!(
+            $test,
+            $graph,
+            gemm | s,
+            r,
+            w | { kernels::$wrapper(s, &r[0], &r[1], &r[2], &mut w[0]) }
+        );
     };
-    ($test:ident, $graph:literal, elementwise $wrapper:ident) => {
-        activation_test!(@ $test, standalone_activation, $graph, |s, r, w| {
-            kernels::$wrapper(s, &r[0], &mut w[0])
-        });
+    ($test:ident, $graph:literal, gemm_no_bias $wrapper:ident) => {
+        activation_test!(
+            $test,
+            $graph,
+            gemm | s,
+            r,
+            w | kernels::$wrapper(s, &r[0], &r[1], &mut w[0])
+        );
     };
-    (@ $test:ident, $case:ident, $graph:literal, |$s:ident, $r:ident, $w:ident| $call:expr) => {
+    ($test:ident, $graph:literal, gemm |$s:ident, $r:ident, $w:ident| $call:expr) => {
         #[test]
         #[ignore = "needs a CUDA GPU"]
         fn $test() {
             let stream = stream();
             let $s = &stream;
-            $case::<f16>($s, $graph, |$r, $w| $call);
-            $case::<bf16>($s, $graph, |$r, $w| $call);
+            for shape in ACT_SHAPES {
+                activation_alone::<f16>($s, $graph, shape, |$r, $w| $call);
+                activation_alone::<bf16>($s, $graph, shape, |$r, $w| $call);
+            }
+        }
+    };
+    ($test:ident, $graph:literal, elementwise $wrapper:ident) => {
+        #[test]
+        #[ignore = "needs a CUDA GPU"]
+        fn $test() {
+            let s = &stream();
+            standalone_activation::<f16>(s, $graph, |r, w| kernels::$wrapper(s, &r[0], &mut w[0]));
+            standalone_activation::<bf16>(s, $graph, |r, w| kernels::$wrapper(s, &r[0], &mut w[0]));
         }
     };
 }
@@ -770,6 +912,17 @@ activation_test!(gelu_erf_alone_at_its_hardest_inputs, "gemm_bias_gelu_erf", gem
 activation_test!(silu_step_alone_at_its_hardest_inputs, "gemm_bias_silu", gemm gemm_bias_silu);
 activation_test!(relu_alone_at_its_hardest_inputs, "gemm_bias_relu", gemm gemm_bias_relu);
 activation_test!(sigmoid_alone_at_its_hardest_inputs, "gemm_bias_sigmoid", gemm gemm_bias_sigmoid);
+// GELU without a bias (its epilogue has no bias step) and gated (the
+// gate's columns interleaved with up's), per call and bound.
+activation_test!(gelu_without_bias_at_its_hardest_inputs, "gemm_gelu", gemm_no_bias gemm_gelu);
+activation_test!(gated_gelu_at_its_hardest_inputs, "gemm_gelu_glu", gemm gemm_gelu_glu);
+activation_test!(
+    gated_gelu_bound_at_its_hardest_inputs,
+    "gemm_gelu_glu",
+    gemm | s,
+    r,
+    w | { support::gemm_gelu_glu_bound(s, &r[0], &r[1], &r[2], &mut w[0]) }
+);
 activation_test!(standalone_silu_at_its_hardest_inputs, "silu", elementwise silu);
 activation_test!(standalone_sigmoid_at_its_hardest_inputs, "sigmoid", elementwise sigmoid);
 activation_test!(standalone_gelu_quick_at_its_hardest_inputs, "gelu_quick", elementwise gelu_quick);
