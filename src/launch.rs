@@ -63,8 +63,11 @@ pub struct TensorDecl {
 /// The device memory a graph's calls keep between them: a buffer per
 /// intermediate tensor and one of scratch for the launchers, each grown on
 /// demand (zeroed when grown: stream-K's flags must start at 0, and kernels
-/// leave them at 0) and reused by every later call that fits. Dropping it
-/// waits for the last call that used it, wherever that ran, then frees them.
+/// leave them at 0) and reused by every later call that fits. A buffer
+/// replaced by a larger one is freed after the work queued on the growing
+/// call's stream, which follows the last use (below). Dropping the
+/// workspace waits for the last call that used it, wherever that ran, then
+/// frees them.
 ///
 /// Calls on different streams, or from different threads, may share one
 /// workspace: each call ([`Workspace::begin_call`]) records an event on its
@@ -91,9 +94,39 @@ pub struct Workspace {
 /// after the call's launches.
 #[derive(Debug)]
 struct LastUse {
-    stream: usize,
-    thread: ThreadId,
+    site: UseSite<CudaStream>,
     event: CudaEvent,
+}
+
+/// One stream as a thread uses it: the stream by the identity of its `Arc`,
+/// the thread because a per-thread default stream's handle is another
+/// stream in every thread. Not by the raw handle: once a stream is
+/// destroyed (its work may still be queued) CUDA may give the handle to the
+/// next stream made, and a call there would skip the wait for that work.
+/// The `Weak` keeps the `Arc`'s allocation, so no other stream takes its
+/// address while the site is kept, and the stream itself is not kept alive.
+#[derive(Debug)]
+struct UseSite<S> {
+    stream: Weak<S>,
+    thread: ThreadId,
+}
+
+impl<S> UseSite<S> {
+    /// `stream` as the current thread uses it.
+    fn of(stream: &Arc<S>) -> UseSite<S> {
+        UseSite {
+            stream: Arc::downgrade(stream),
+            thread: std::thread::current().id(),
+        }
+    }
+
+    /// Whether a call on `stream` from the current thread runs here, so is
+    /// ordered after this use by the stream alone. Two `Arc`s of one
+    /// stream are two sites: a wait where none was needed, never the
+    /// reverse.
+    fn is(&self, stream: &Arc<S>) -> bool {
+        std::ptr::eq(self.stream.as_ptr(), Arc::as_ptr(stream)) && self.thread == std::thread::current().id()
+    }
 }
 
 impl Workspace {
@@ -115,7 +148,7 @@ impl Workspace {
         let capturing = Allocator::capturing(stream)?;
         if !capturing
             && let Some(last) = &self.last_use
-            && (last.stream, last.thread) != use_site(stream)
+            && !last.site.is(stream)
         {
             stream.wait(&last.event)?;
         }
@@ -146,12 +179,6 @@ pub struct CallUse<'w> {
     stream: Option<Arc<CudaStream>>,
 }
 
-/// A stream handle and the thread using it: one real stream (the per-thread
-/// default stream's handle is another stream in every thread).
-fn use_site(stream: &CudaStream) -> (usize, ThreadId) {
-    (stream.cu_stream() as usize, std::thread::current().id())
-}
-
 impl CallUse<'_> {
     /// Records the end of the call's launches on its stream.
     pub fn finish(mut self) -> Result<()> {
@@ -168,10 +195,8 @@ impl CallUse<'_> {
             _ => stream.context().new_event(None)?,
         };
         event.record(&stream)?;
-        let (stream, thread) = use_site(&stream);
         *self.last_use = Some(LastUse {
-            stream,
-            thread,
+            site: UseSite::of(&stream),
             event,
         });
         Ok(())
@@ -224,6 +249,10 @@ trait Allocator {
     fn capturing(&self) -> Result<bool>;
     /// A new buffer of `bytes` bytes, all zero.
     fn alloc_zeroed(&self, bytes: usize) -> Result<Self::Buffer>;
+    /// Frees `old`, a buffer [`fit`] replaced, after the work queued so far
+    /// on the stream: that work follows the workspace's last use
+    /// ([`Workspace::begin_call`]), which may have read or written `old`.
+    fn free_after_queued_work(&self, old: Self::Buffer) -> Result<()>;
 }
 
 impl Allocator for Arc<CudaStream> {
@@ -237,12 +266,32 @@ impl Allocator for Arc<CudaStream> {
     fn alloc_zeroed(&self, bytes: usize) -> Result<CudaSlice<u8>> {
         Ok(self.alloc_zeros::<u8>(bytes)?)
     }
+    /// cudarc frees a buffer on the stream it was allocated on, ordered
+    /// after other streams' work only by its per-buffer events, which it
+    /// does not keep while a context has made one stream, nor with tracking
+    /// off: that stream waits for this one first. Where the two are one
+    /// stream the wait is a no-op; growing is rare enough not to tell them
+    /// apart.
+    fn free_after_queued_work(&self, old: CudaSlice<u8>) -> Result<()> {
+        let ordered = self
+            .record_event(None)
+            .and_then(|queued| old.stream().wait(&queued));
+        if let Err(e) = ordered {
+            // Freed unordered, it could be handed out again under the
+            // queued work: leaked instead, on a context already failing.
+            old.leak();
+            return Err(e.into());
+        }
+        drop(old);
+        Ok(())
+    }
 }
 
 /// Makes slot i of `slots` hold `sizes[i]` bytes (0: leave it as it is):
 /// a buffer that fits is kept, contents and all; one that does not is
-/// replaced by a larger, zeroed one. Refuses to allocate while the stream
-/// is being captured. Returns how many buffers it allocated.
+/// replaced by a larger, zeroed one, and freed after the work queued on
+/// `alloc`'s stream. Refuses to allocate while the stream is being
+/// captured. Returns how many buffers it allocated.
 fn fit<A: Allocator>(slots: &mut Vec<Option<A::Buffer>>, sizes: &[usize], alloc: &A) -> Result<usize> {
     if slots.len() < sizes.len() {
         slots.resize_with(sizes.len(), || None);
@@ -255,8 +304,10 @@ fn fit<A: Allocator>(slots: &mut Vec<Option<A::Buffer>>, sizes: &[usize], alloc:
         if alloc.capturing()? {
             return Err(Error::WorkspaceGrowsInCapture { bytes });
         }
-        // The old buffer is freed on its stream after the work that used it.
-        *slot = Some(alloc.alloc_zeroed(bytes)?);
+        let grown = alloc.alloc_zeroed(bytes)?;
+        if let Some(old) = slot.replace(grown) {
+            alloc.free_after_queued_work(old)?;
+        }
         allocated += 1;
     }
     Ok(allocated)
@@ -1155,14 +1206,16 @@ mod tests {
         );
     }
 
-    use std::cell::Cell;
+    use std::cell::{Cell, RefCell};
 
-    /// Host memory standing in for device memory: counts allocations and
-    /// can pretend the stream is being captured.
+    /// Host memory standing in for device memory: counts allocations, can
+    /// pretend the stream is being captured, and keeps the sizes of the
+    /// buffers it was given to free after the queued work.
     #[derive(Default)]
     struct HostAllocator {
         capturing: bool,
         allocated: Cell<usize>,
+        freed_after_queued_work: RefCell<Vec<usize>>,
     }
 
     impl Allocator for HostAllocator {
@@ -1176,6 +1229,10 @@ mod tests {
         fn alloc_zeroed(&self, bytes: usize) -> Result<Vec<u8>> {
             self.allocated.set(self.allocated.get() + 1);
             Ok(vec![0; bytes])
+        }
+        fn free_after_queued_work(&self, old: Vec<u8>) -> Result<()> {
+            self.freed_after_queued_work.borrow_mut().push(old.len());
+            Ok(())
         }
     }
 
@@ -1228,6 +1285,65 @@ mod tests {
         assert!(e.to_string().contains("once"), "{e}");
         assert_eq!(capturing.allocated.get(), 0);
         assert_eq!(slots[0].as_ref().unwrap().len(), 128, "the old buffer is kept");
+    }
+
+    #[test]
+    fn a_replaced_buffer_is_freed_after_the_work_queued_on_the_calls_stream() {
+        // A buffer may be in use on another stream than the one it was
+        // allocated on, which cudarc frees it on: dropped as it is
+        // replaced, its memory could be handed out again under that use.
+        let alloc = HostAllocator::default();
+        let freed = || alloc.freed_after_queued_work.borrow().clone();
+        let mut slots = Vec::new();
+        fit(&mut slots, &[64, 8], &alloc).unwrap();
+        fit(&mut slots, &[64, 8], &alloc).unwrap();
+        assert_eq!(freed(), Vec::<usize>::new(), "nothing was replaced");
+        fit(&mut slots, &[65, 8], &alloc).unwrap();
+        assert_eq!(freed(), [64], "the 64-byte buffer, through the allocator");
+        fit(&mut slots, &[128, 16, 4], &alloc).unwrap();
+        assert_eq!(freed(), [64, 65, 8]);
+        // A capture keeps what it has.
+        let capturing = HostAllocator {
+            capturing: true,
+            ..HostAllocator::default()
+        };
+        fit(&mut slots, &[256], &capturing).unwrap_err();
+        assert!(capturing.freed_after_queued_work.borrow().is_empty());
+        assert_eq!(slots[0].as_ref().unwrap().len(), 128);
+    }
+
+    /// A stream as the workspace sees it: `handle` is what CUDA calls it,
+    /// and may give the next stream once this one is destroyed.
+    struct HostStream {
+        handle: usize,
+    }
+
+    #[test]
+    fn a_use_site_is_one_streams_arc_in_one_thread_not_a_handle() {
+        let stream = Arc::new(HostStream { handle: 7 });
+        let site = UseSite::of(&stream);
+        assert!(site.is(&stream));
+        assert!(site.is(&stream.clone()), "clones of one Arc are one stream");
+        std::thread::scope(|scope| {
+            let other_thread = scope.spawn(|| site.is(&stream));
+            assert!(
+                !other_thread.join().unwrap(),
+                "a per-thread stream's handle is another stream in every thread"
+            );
+        });
+        // Two Arcs of one handle: another site, so a wait too many.
+        assert!(!site.is(&Arc::new(HostStream { handle: 7 })));
+        // The stream destroyed with its work still queued, and new streams
+        // given its handle (as CUDA may), each allocated as the old one
+        // was freed: none may pass for the site of the queued work, which
+        // a key of the handle (or of a freed `Arc`'s address) would let
+        // them do.
+        drop(stream);
+        for _ in 0..64 {
+            let next = Arc::new(HostStream { handle: 7 });
+            assert_eq!(next.handle, 7);
+            assert!(!site.is(&next), "a new stream with the old one's handle");
+        }
     }
 
     /// A workspace that holds `Arc`s of its stream, as device buffers do.

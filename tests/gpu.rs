@@ -237,6 +237,216 @@ fn off_center<T: TestElement>(s: &Arc<CudaStream>, dims: &[(&str, usize)]) {
     });
 }
 
+/// How a norm kernel runs.
+#[derive(Clone, Copy, Debug)]
+enum NormLaunch {
+    /// A standalone norm: `y = norm(x)`.
+    Standalone,
+    /// A norm GEMM's free function: the norm kernel stores the normalized
+    /// rows in T, then the GEMM reads them.
+    PerCall,
+    /// A norm GEMM's struct, the norm folded into the weight.
+    Folded,
+}
+
+/// Every norm kernel, by graph and launch.
+const NORM_KERNELS: [(&str, NormLaunch); 9] = [
+    ("layernorm", NormLaunch::Standalone),
+    ("rmsnorm", NormLaunch::Standalone),
+    ("rmsnorm_eps1e5", NormLaunch::Standalone),
+    ("layernorm_gemm", NormLaunch::PerCall),
+    ("layernorm_gemm", NormLaunch::Folded),
+    ("rmsnorm_gemm", NormLaunch::PerCall),
+    ("rmsnorm_gemm", NormLaunch::Folded),
+    ("layernorm_gemm_silu_glu_residual", NormLaunch::PerCall),
+    ("layernorm_gemm_silu_glu_residual", NormLaunch::Folded),
+];
+
+impl NormLaunch {
+    /// What the reference rounds to compute what the launch computes.
+    fn intermediates(self) -> Intermediates {
+        match self {
+            NormLaunch::PerCall => Intermediates::RoundedNorms,
+            NormLaunch::Standalone | NormLaunch::Folded => Intermediates::Exact,
+        }
+    }
+
+    /// The sizes of its small-variance cases: (M, K) for a standalone norm,
+    /// (M, N, K) for a norm GEMM, rows of 8 to 3000 elements; M = 13 runs
+    /// the decode kernel where the GEMM's config has one.
+    fn dims(self) -> Vec<Vec<(&'static str, usize)>> {
+        let tiny = support::tiny();
+        match self {
+            NormLaunch::Standalone => {
+                let shapes: &[(usize, usize)] = if tiny {
+                    &[(1, 8), (77, 136)]
+                } else {
+                    &[(1, 8), (77, 136), (1000, 3000)]
+                };
+                shapes.iter().map(|&(m, k)| vec![("M", m), ("K", k)]).collect()
+            }
+            NormLaunch::PerCall | NormLaunch::Folded => {
+                let shapes: &[(usize, usize, usize)] = if tiny {
+                    &[(77, 136, 136)]
+                } else {
+                    &[(13, 520, 1032), (77, 136, 3000), (1000, 3000, 136)]
+                };
+                shapes
+                    .iter()
+                    .map(|&(m, n, k)| vec![("M", m), ("N", n), ("K", k)])
+                    .collect()
+            }
+        }
+    }
+}
+
+/// Launches the norm kernel of `graph` as `how` says, with `r` its inputs
+/// then weights and `w` its output.
+fn launch_norm<T: fusion::Element>(
+    s: &Arc<CudaStream>,
+    graph: &str,
+    how: NormLaunch,
+    r: &[Tensor<'_, T>],
+    w: &mut [TensorMut<'_, T>],
+) -> fusion::Result<()> {
+    let folded = matches!(how, NormLaunch::Folded);
+    match (graph, folded) {
+        ("layernorm", _) => kernels::layernorm(s, &r[0], &r[1], &r[2], &mut w[0]),
+        ("rmsnorm", _) => kernels::rmsnorm(s, &r[0], &r[1], &mut w[0]),
+        ("rmsnorm_eps1e5", _) => kernels::rmsnorm_eps1e5(s, &r[0], &r[1], &mut w[0]),
+        ("layernorm_gemm", false) => kernels::layernorm_gemm(s, &r[0], &r[1], &r[2], &r[3], &mut w[0]),
+        ("layernorm_gemm", true) => support::layernorm_gemm_folded(s, r, w),
+        ("rmsnorm_gemm", false) => kernels::rmsnorm_gemm(s, &r[0], &r[1], &r[2], &mut w[0]),
+        ("rmsnorm_gemm", true) => support::rmsnorm_gemm_folded(s, r, w),
+        ("layernorm_gemm_silu_glu_residual", false) => {
+            kernels::layernorm_gemm_silu_glu_residual(s, &r[0], &r[1], &r[2], &r[3], &r[4], &r[5], &mut w[0])
+        }
+        ("layernorm_gemm_silu_glu_residual", true) => {
+            let weights = kernels::LayernormGemmSiluGluResidualWeights {
+                g: r[2].clone(),
+                b: r[3].clone(),
+                w_gate: r[4].clone(),
+                w_up: r[5].clone(),
+            };
+            kernels::LayernormGemmSiluGluResidual::new(s, weights)?.run(s, &r[0], &r[1], &mut w[0])
+        }
+        _ => unreachable!("{graph} is not a norm kernel"),
+    }
+}
+
+/// Rows of small variance (`support::small_variance_norm_inputs`: x
+/// scaled by 1e-3), where the norm's eps, not the rows, sets the normalized
+/// rows' scale, through every norm kernel: the standalone norms, and each
+/// norm GEMM per call and folded. Everywhere else the rows' variance (about
+/// 1/3) hides the eps; here an eps dropped, or 1e-6 for 1e-5, scales the
+/// rows by 1.4x or more (`an_eps_off_fails_the_small_variance_norms`).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn norms_at_small_variance_are_scaled_by_their_eps() {
+    let s = stream();
+    for (graph, how) in NORM_KERNELS {
+        for dims in how.dims() {
+            small_variance::<f16>(&s, graph, how, &dims);
+            small_variance::<bf16>(&s, graph, how, &dims);
+        }
+    }
+}
+
+fn small_variance<T: TestElement>(s: &Arc<CudaStream>, graph: &str, how: NormLaunch, dims: &[(&str, usize)]) {
+    let rows = support::small_variance_norm_inputs;
+    check_adjusted::<T>(s, graph, dims, how.intermediates(), rows, |r, w| {
+        launch_norm(s, graph, how, r, w)
+    });
+}
+
+/// `graph` with every norm's eps set to `eps`.
+fn with_eps(graph: &fusion::ir::Graph, eps: f64) -> fusion::ir::Graph {
+    use fusion::ir::OpKind;
+    let mut graph = graph.clone();
+    for op in &mut graph.ops {
+        match &mut op.kind {
+            OpKind::LayerNorm { eps: e } | OpKind::RmsNorm { eps: e } => *e = eps,
+            _ => {}
+        }
+    }
+    graph
+}
+
+/// The eps of `graph`'s norm.
+fn norm_eps(graph: &fusion::ir::Graph) -> f64 {
+    use fusion::ir::OpKind;
+    graph
+        .ops
+        .iter()
+        .find_map(|op| match op.kind {
+            OpKind::LayerNorm { eps } | OpKind::RmsNorm { eps } => Some(eps),
+            _ => None,
+        })
+        .expect("a norm kernel's graph has a norm")
+}
+
+/// On the CPU, the reference in f64 at the inputs of
+/// [`norms_at_small_variance_are_scaled_by_their_eps`]: each norm kernel's
+/// graph with its eps dropped (0), or 1e-6 and 1e-5 swapped, fails the
+/// comparison the GPU test makes (`testing::compare`), its relative L2
+/// error over ten times the limit; with the right eps the reference rounded
+/// to the element type passes. The rows are independent, so 8 rows of each
+/// case's (N, K) stand for all of them.
+#[test]
+fn an_eps_off_fails_the_small_variance_norms() {
+    use fusion::core::reference::{evaluate_rows_with, random_bindings, relative_error};
+    use fusion::ir::DType;
+    use rand::SeedableRng;
+    for (seed, (name, how)) in NORM_KERNELS.into_iter().enumerate() {
+        for mut dims in how.dims() {
+            for dim in &mut dims {
+                if dim.0 == "M" {
+                    dim.1 = dim.1.min(8);
+                }
+            }
+            for dtype in [DType::F16, DType::BF16] {
+                let graph = support::graph(name, dtype);
+                let mut rng = rand::rngs::StdRng::seed_from_u64(seed as u64);
+                let mut host = random_bindings(&graph, &dims, &mut rng).expect("bindings");
+                support::small_variance_norm_inputs(&mut host);
+                for t in host.values_mut() {
+                    *t = t.rounded_to(dtype);
+                }
+                let m = dims.iter().find(|d| d.0 == "M").expect("a row dim").1;
+                let rows: Vec<usize> = (0..m).collect();
+                let output = graph.tensor(graph.outputs[0]).name.clone();
+                let reference = |graph: &fusion::ir::Graph| {
+                    evaluate_rows_with(graph, &host, &rows, how.intermediates()).expect("reference")[&output]
+                        .clone()
+                };
+                let want = reference(&graph);
+                let label = format!("{name} {how:?} {dtype} {dims:?}");
+                testing::compare(&want.rounded_to(dtype), &want, dtype, &rows)
+                    .unwrap_or_else(|e| panic!("{label}: the right eps fails: {e}"));
+                let eps = norm_eps(&graph);
+                let swapped = if eps == 1e-5 { 1e-6 } else { 1e-5 };
+                for wrong in [0.0, swapped] {
+                    let got = reference(&with_eps(&graph, wrong)).rounded_to(dtype);
+                    let error = relative_error(&got, &want);
+                    let limit = testing::relative_l2_limit(dtype);
+                    eprintln!(
+                        "{label}: eps {wrong:e} for {eps:e}: relative L2 error {error:.3e}, {:.0}x the limit",
+                        error / limit
+                    );
+                    assert!(
+                        testing::compare(&got, &want, dtype, &rows).is_err(),
+                        "{label}: eps {wrong:e} for {eps:e} passes"
+                    );
+                    assert!(
+                        error > 10.0 * limit,
+                        "{label}: eps {wrong:e} for {eps:e}: relative L2 error {error:.3e}, limit {limit:e}"
+                    );
+                }
+            }
+        }
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn swiglu_ffn() {
@@ -395,56 +605,122 @@ standalone_test!(rmsnorm_eps1e5, "rmsnorm_eps1e5", "K", |s, r, w| {
 
 // ---- each activation step alone, at its hardest inputs ---------------------
 
-/// Rows and columns of the activation cases; the GEMM's K equals N.
+/// Rows and columns of the standalone activation cases.
 const ACT_ROWS: usize = 64;
 const ACT_COLS: usize = 64;
+
+/// (rows, columns) of the activation cases through a GEMM, 4096 values
+/// but for one row: 64 x 64 on the tiles, and on the decode kernel
+/// (fusion-compiler/kernels/include/fusion/decode.cuh, which sm80 and sm90
+/// run for M <= 16 over [N, K] weights) 16 rows, both halves of its mma,
+/// and one. The GEMM's K is the column count (8 more for a gated GEMM).
+const ACT_SHAPES: [(usize, usize); 3] = [(64, 64), (16, 256), (1, 1024)];
 
 /// The values the last three columns' bias holds, so that the activation
 /// sees NaN, +Inf and -Inf there (x + bias, x finite).
 const SPECIAL_BIAS: [f64; 3] = [f64::NAN, f64::INFINITY, f64::NEG_INFINITY];
 
-/// Runs `graph` (`act(x @ w + b)` or `act(x @ w^T + b)`) with w the
-/// identity and b zero but for [`SPECIAL_BIAS`], so that the activation
-/// step alone maps `testing::activation_inputs` (and NaN, ±Inf) to the
-/// output, and compares element by element with the activation's own bound
-/// (`testing::compare_activation`), tight enough to tell tanh-GELU from
-/// erf-GELU. The expected values at NaN and ±Inf are PyTorch's on CUDA:
-/// NaN stays NaN (relu included), act(+Inf) = +Inf (sigmoid: 1),
-/// act(-Inf) = NaN for GELU and SiLU (−∞·0), 0 for ReLU and sigmoid.
+/// Runs `graph` with weights that make the GEMM pass `rows x cols`
+/// [`testing::activation_inputs`] to the activation unchanged (see
+/// [`activation_case`]), and compares element by element with the
+/// activation's own bound (`testing::compare_activation`), tight enough to
+/// tell tanh-GELU from erf-GELU. The expected values at NaN and ±Inf (in a
+/// graph with a bias) are PyTorch's on CUDA: NaN stays NaN (relu included),
+/// act(+Inf) = +Inf (sigmoid: 1), act(-Inf) = NaN for GELU and SiLU (−∞·0),
+/// 0 for ReLU and sigmoid.
 fn activation_alone<T: TestElement>(
     s: &Arc<CudaStream>,
     graph: &str,
+    (rows, cols): (usize, usize),
     launch: impl FnOnce(&[Tensor<'_, T>], &mut [TensorMut<'_, T>]) -> fusion::Result<()>,
 ) {
     let graph = support::graph(graph, T::DTYPE);
-    let (host, z, want) = activation_case(&graph);
+    let (host, z, want) = activation_case(&graph, rows, cols);
     check_activation(s, graph, host, &z, &want, launch);
 }
 
-/// The inputs and weights of an [`activation_alone`] case on `graph`, the
-/// activation's input and the reference output.
-fn activation_case(graph: &fusion::ir::Graph) -> (Bindings, HostTensor, HostTensor) {
+/// A weight of `graph` with `n` outputs of `k` inputs each, whose element
+/// for output i and input j is `value(i, j)`, in the layout the graph
+/// declares ([N, K] or [K, N]).
+fn weight_of(
+    graph: &fusion::ir::Graph,
+    name: &str,
+    (n, k): (usize, usize),
+    value: impl Fn(usize, usize) -> f64,
+) -> (String, HostTensor) {
+    let id = graph
+        .weights
+        .iter()
+        .copied()
+        .find(|&t| graph.tensor(t).name == name)
+        .unwrap_or_else(|| panic!("{}: no weight `{name}`", graph.name));
+    let n_first = match graph.tensor(id).shape[0] {
+        fusion::ir::Extent::Dynamic(d) => graph.dims[d.0].name == "N",
+        fusion::ir::Extent::Static(_) => panic!("{}: `{name}` has a static size", graph.name),
+    };
+    let (shape, data) = if n_first {
+        ([n, k], (0..n * k).map(|e| value(e / k, e % k)).collect())
+    } else {
+        ([k, n], (0..n * k).map(|e| value(e % n, e / n)).collect())
+    };
+    (name.to_string(), HostTensor::new(&shape, data).expect("a weight"))
+}
+
+/// The inputs and weights of an [`activation_alone`] case on `graph` with
+/// `rows x cols` activation inputs, the activation's input and the
+/// reference output. `act(x @ w + b)` (or `w^T`): w the identity, b zero
+/// but for [`SPECIAL_BIAS`] in the last columns; `act(x @ w)`: w the
+/// identity; a gated `act(x @ w_gate) * (x @ w_up)`: x's columns through
+/// the identity into the gate, and 8 more columns (row lengths stay
+/// multiples of 8), the first all ones, which w_up sends to every column:
+/// `act(x) * 1`. Every GEMM output is exact in f32: one product of x and
+/// 1, the rest zeros.
+fn activation_case(
+    graph: &fusion::ir::Graph,
+    rows: usize,
+    cols: usize,
+) -> (Bindings, HostTensor, HostTensor) {
     let dtype = graph.tensors[0].dtype;
-    let x = testing::activation_inputs(dtype, ACT_ROWS, ACT_COLS);
-    let mut identity = HostTensor::zeros(&[ACT_COLS, ACT_COLS]);
-    for i in 0..ACT_COLS {
-        identity.data[i * ACT_COLS + i] = 1.0;
-    }
-    let mut bias = HostTensor::zeros(&[ACT_COLS]);
-    bias.data[ACT_COLS - SPECIAL_BIAS.len()..].copy_from_slice(&SPECIAL_BIAS);
-    // The activation's input, exactly: the f32 accumulation of x times the
-    // identity is x itself.
+    let x = testing::activation_inputs(dtype, rows, cols);
+    let has = |name: &str| graph.weights.iter().any(|&t| graph.tensor(t).name == name);
+    let identity = |i: usize, j: usize| if i == j { 1.0 } else { 0.0 };
     let mut z = x.clone();
-    for row in z.data.chunks_mut(ACT_COLS) {
-        for (v, b) in row.iter_mut().zip(&bias.data) {
-            *v += b;
+    let host: Bindings = if has("w_gate") {
+        let k = cols + 8;
+        let mut padded = HostTensor::zeros(&[rows, k]);
+        for (to, from) in padded.data.chunks_mut(k).zip(x.data.chunks(cols)) {
+            to[..cols].copy_from_slice(from);
+            to[cols] = 1.0;
         }
-    }
-    let host: Bindings = [("x", x), ("w", identity), ("b", bias)]
+        let ones = |_: usize, j: usize| if j == cols { 1.0 } else { 0.0 };
+        [
+            ("x".to_string(), padded),
+            weight_of(graph, "w_gate", (cols, k), identity),
+            weight_of(graph, "w_up", (cols, k), ones),
+        ]
         .into_iter()
-        .map(|(name, t)| (name.to_string(), t))
+        .collect()
+    } else {
+        let mut host: Bindings = [
+            ("x".to_string(), x),
+            weight_of(graph, "w", (cols, cols), identity),
+        ]
+        .into_iter()
         .collect();
-    let want = reference::evaluate(graph, &host).expect("reference")["y"].clone();
+        if has("b") {
+            let mut bias = HostTensor::zeros(&[cols]);
+            bias.data[cols - SPECIAL_BIAS.len()..].copy_from_slice(&SPECIAL_BIAS);
+            for row in z.data.chunks_mut(cols) {
+                for (v, b) in row.iter_mut().zip(&bias.data) {
+                    *v += b;
+                }
+            }
+            host.insert("b".to_string(), bias);
+        }
+        host
+    };
+    let output = &graph.tensor(graph.outputs[0]).name;
+    let want = reference::evaluate(graph, &host).expect("reference")[output].clone();
     (host, z, want)
 }
 
@@ -462,20 +738,72 @@ fn activation_cases_expect_pytorchs_special_values() {
         ("gemm_bias_sigmoid", 1.0, 0.0),
     ] {
         for dtype in [DType::F16, DType::BF16] {
-            let (_, z, want) = activation_case(&support::graph(name, dtype));
-            for row in want.data.chunks(ACT_COLS) {
-                let [nan, plus, minus] = row[ACT_COLS - 3..] else {
-                    unreachable!()
-                };
-                assert!(nan.is_nan(), "{name}: act(NaN) = {nan}");
-                assert_eq!(plus, at_plus_infinity, "{name}: act(+Inf)");
-                assert!(
-                    minus == at_minus_infinity || (minus.is_nan() && at_minus_infinity.is_nan()),
-                    "{name}: act(-Inf) = {minus}"
-                );
+            for (rows, cols) in ACT_SHAPES {
+                let (_, z, want) = activation_case(&support::graph(name, dtype), rows, cols);
+                for row in want.data.chunks(cols) {
+                    let [nan, plus, minus] = row[cols - 3..] else {
+                        unreachable!()
+                    };
+                    assert!(nan.is_nan(), "{name}: act(NaN) = {nan}");
+                    assert_eq!(plus, at_plus_infinity, "{name}: act(+Inf)");
+                    assert!(
+                        minus == at_minus_infinity || (minus.is_nan() && at_minus_infinity.is_nan()),
+                        "{name}: act(-Inf) = {minus}"
+                    );
+                }
+                testing::compare_activation(&want.rounded_to(dtype), &want, &z, dtype, &[])
+                    .unwrap_or_else(|e| panic!("{name} {dtype} {rows}x{cols}: {e}"));
             }
-            testing::compare_activation(&want.rounded_to(dtype), &want, &z, dtype, &[])
-                .unwrap_or_else(|e| panic!("{name} {dtype}: {e}"));
+        }
+    }
+}
+
+/// The GELU graphs whose activation cases must tell tanh-GELU from
+/// erf-GELU: with a bias, without one, and gated.
+const GELU_GRAPHS: [&str; 4] = [
+    "gemm_bias_gelu",
+    "gemm_bias_gelu_erf",
+    "gemm_gelu",
+    "gemm_gelu_glu",
+];
+
+/// On the CPU: at every activation case of a GELU graph (each shape,
+/// through a bias, without one, gated), the graph's output computed with
+/// the other GELU formula, rounded to the element type, fails the bound the
+/// GPU test judges it by, while its own formula passes: a kernel with the
+/// wrong formula fails there. The formulas differ by 3.9e-4 to 4.7e-4 at
+/// 2.4 <= |x| <= 3.0, where every other input lies. At the negative ones
+/// GELU's outputs are small (under 0.04), so are their steps, and the bound
+/// is little more than the approximation's allowance, 6.1e-5·|x| <= 2e-4:
+/// each case has hundreds of values outside it (about 400 of 1024 at one
+/// row; at the positive ones the difference is under half an f16 step).
+#[test]
+fn gelu_activation_cases_tell_tanh_from_erf() {
+    use fusion::ir::{Activation, DType, OpKind};
+    for name in GELU_GRAPHS {
+        for dtype in [DType::F16, DType::BF16] {
+            let graph = support::graph(name, dtype);
+            let mut other = graph.clone();
+            for op in &mut other.ops {
+                if let OpKind::Activation(a) = &mut op.kind {
+                    *a = if *a == Activation::GELU {
+                        Activation::GELU_ERF
+                    } else {
+                        assert!(*a == Activation::GELU_ERF, "{name}: another activation");
+                        Activation::GELU
+                    };
+                }
+            }
+            let output = &graph.tensor(graph.outputs[0]).name;
+            for (rows, cols) in ACT_SHAPES {
+                let (host, z, want) = activation_case(&graph, rows, cols);
+                let label = format!("{name} {dtype} {rows}x{cols}");
+                testing::compare_activation(&want.rounded_to(dtype), &want, &z, dtype, &[])
+                    .unwrap_or_else(|e| panic!("{label}: its own formula fails: {e}"));
+                let wrong = reference::evaluate(&other, &host).expect("reference")[output].rounded_to(dtype);
+                let verdict = testing::compare_activation(&wrong, &want, &z, dtype, &[]);
+                assert!(verdict.is_err(), "{label}: the other GELU passes: {verdict:?}");
+            }
         }
     }
 }
@@ -506,7 +834,9 @@ fn check_activation<T: TestElement>(
     want: &HostTensor,
     launch: impl FnOnce(&[Tensor<'_, T>], &mut [TensorMut<'_, T>]) -> fusion::Result<()>,
 ) {
-    let dims = [("M", ACT_ROWS), ("N", ACT_COLS), ("K", ACT_COLS)];
+    // M and K from x, N from the output.
+    let (x, y) = (&host["x"].shape, &want.shape);
+    let dims = [("M", x[0]), ("N", y[1]), ("K", x[1])];
     let dims: Vec<_> = dims
         .into_iter()
         .filter(|(d, _)| graph.dim_by_name(d).is_some())
@@ -530,27 +860,49 @@ fn check_activation<T: TestElement>(
 }
 
 /// One test per activation case, f16 then bf16: `gemm WRAPPER` runs
-/// [`activation_alone`] through a `gemm_bias_*` wrapper, `elementwise
-/// WRAPPER` runs [`standalone_activation`] through a standalone kernel.
+/// [`activation_alone`] at every [`ACT_SHAPES`] through a wrapper of
+/// `(x, w, b)` or of a gated `(x, w_gate, w_up)`, `gemm_no_bias WRAPPER`
+/// through one of `(x, w)`, `gemm |s, r, w| CALL` through a call of its
+/// own (a struct's); `elementwise WRAPPER` runs [`standalone_activation`]
+/// through a standalone kernel.
 macro_rules! activation_test {
     ($test:ident, $graph:literal, gemm $wrapper:ident) => {
-        activation_test!(@ $test, activation_alone, $graph, |s, r, w| {
-            kernels::$wrapper(s, &r[0], &r[1], &r[2], &mut w[0])
-        });
+        activation_test!(
+            $test,
+            $graph,
+            gemm | s,
+            r,
+            w | { kernels::$wrapper(s, &r[0], &r[1], &r[2], &mut w[0]) }
+        );
     };
-    ($test:ident, $graph:literal, elementwise $wrapper:ident) => {
-        activation_test!(@ $test, standalone_activation, $graph, |s, r, w| {
-            kernels::$wrapper(s, &r[0], &mut w[0])
-        });
+    ($test:ident, $graph:literal, gemm_no_bias $wrapper:ident) => {
+        activation_test!(
+            $test,
+            $graph,
+            gemm | s,
+            r,
+            w | kernels::$wrapper(s, &r[0], &r[1], &mut w[0])
+        );
     };
-    (@ $test:ident, $case:ident, $graph:literal, |$s:ident, $r:ident, $w:ident| $call:expr) => {
+    ($test:ident, $graph:literal, gemm |$s:ident, $r:ident, $w:ident| $call:expr) => {
         #[test]
         #[ignore = "needs a CUDA GPU"]
         fn $test() {
             let stream = stream();
             let $s = &stream;
-            $case::<f16>($s, $graph, |$r, $w| $call);
-            $case::<bf16>($s, $graph, |$r, $w| $call);
+            for shape in ACT_SHAPES {
+                activation_alone::<f16>($s, $graph, shape, |$r, $w| $call);
+                activation_alone::<bf16>($s, $graph, shape, |$r, $w| $call);
+            }
+        }
+    };
+    ($test:ident, $graph:literal, elementwise $wrapper:ident) => {
+        #[test]
+        #[ignore = "needs a CUDA GPU"]
+        fn $test() {
+            let s = &stream();
+            standalone_activation::<f16>(s, $graph, |r, w| kernels::$wrapper(s, &r[0], &mut w[0]));
+            standalone_activation::<bf16>(s, $graph, |r, w| kernels::$wrapper(s, &r[0], &mut w[0]));
         }
     };
 }
@@ -560,6 +912,17 @@ activation_test!(gelu_erf_alone_at_its_hardest_inputs, "gemm_bias_gelu_erf", gem
 activation_test!(silu_step_alone_at_its_hardest_inputs, "gemm_bias_silu", gemm gemm_bias_silu);
 activation_test!(relu_alone_at_its_hardest_inputs, "gemm_bias_relu", gemm gemm_bias_relu);
 activation_test!(sigmoid_alone_at_its_hardest_inputs, "gemm_bias_sigmoid", gemm gemm_bias_sigmoid);
+// GELU without a bias (its epilogue has no bias step) and gated (the
+// gate's columns interleaved with up's), per call and bound.
+activation_test!(gelu_without_bias_at_its_hardest_inputs, "gemm_gelu", gemm_no_bias gemm_gelu);
+activation_test!(gated_gelu_at_its_hardest_inputs, "gemm_gelu_glu", gemm gemm_gelu_glu);
+activation_test!(
+    gated_gelu_bound_at_its_hardest_inputs,
+    "gemm_gelu_glu",
+    gemm | s,
+    r,
+    w | { support::gemm_gelu_glu_bound(s, &r[0], &r[1], &r[2], &mut w[0]) }
+);
 activation_test!(standalone_silu_at_its_hardest_inputs, "silu", elementwise silu);
 activation_test!(standalone_sigmoid_at_its_hardest_inputs, "sigmoid", elementwise sigmoid);
 activation_test!(standalone_gelu_quick_at_its_hardest_inputs, "gelu_quick", elementwise gelu_quick);

@@ -4,7 +4,7 @@
 //! reference says whether its scratch was just allocated or reused, a
 //! second identical call allocates nothing, streams get their own scratch
 //! (or, sharing a struct's, take turns, also from threads on per-thread
-//! streams). Captures are in gpu_graphs.rs,
+//! streams), and a buffer a call outgrows is freed only after its last use. Captures are in gpu_graphs.rs,
 //! whose tests turn cudarc's event tracking off for the whole context.
 //!
 //! Run on a machine with a GPU: `cargo test --release --test gpu_workspace --
@@ -13,7 +13,9 @@
 mod support;
 
 use fusion::Tensor;
-use fusion::core::reference::Intermediates;
+use fusion::core::ir::DType;
+use fusion::core::reference::{Bindings, Intermediates, random_bindings};
+use fusion::cudarc::driver::CudaSlice;
 use fusion::half::f16;
 use fusion::kernels;
 use fusion::launch::with_stream_workspace;
@@ -254,4 +256,112 @@ fn a_struct_shared_by_threads_on_per_thread_streams_orders_its_workspace() {
         !ctx.is_in_multi_stream_mode(),
         "the test's context made a second stream: cudarc's events would order the calls"
     );
+}
+
+/// A [`kernels::Gpt2Mlp`]'s weights from [`Case::weight_copies`] of a
+/// `gpt2_mlp` case.
+fn gpt2_mlp_weights(copies: &[(CudaSlice<f16>, fusion::Shape)]) -> kernels::Gpt2MlpWeights<'_, f16> {
+    let view = |i: usize| Tensor::new(&copies[i].0, copies[i].1).expect("view");
+    kernels::Gpt2MlpWeights {
+        ln_g: view(0),
+        ln_b: view(1),
+        w_fc: view(2),
+        b_fc: view(3),
+        w_proj: view(4),
+        b_proj: view(5),
+    }
+}
+
+/// A buffer a call grows is replaced, and the old one is freed on the
+/// stream it was allocated on, where its last use, on another stream, may
+/// still be queued. Call 1 (on A) makes a struct's intermediates and scratch
+/// for 64 rows; call 2 (on B, held) uses them; call 3 (on B, 128 rows)
+/// replaces them. Freed at once on A, their memory would be free while
+/// call 2 waits: an event recorded on A after call 3 must not complete
+/// before B runs, and memory allocated and zeroed on A then (which the pool
+/// may hand out from the freed buffers) must not take call 2's writes.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_replaced_buffer_is_freed_after_its_last_use_on_another_stream() {
+    let a = stream();
+    // cudarc's per-buffer events would order the free by themselves; the
+    // workspace must not rely on them (a context with one stream, or
+    // candle's, has none).
+    unsafe { a.context().disable_event_tracking() };
+    let b = a.fork().expect("a second stream");
+    let graph = support::graph("gpt2_mlp", DType::F16);
+    let (small, large) = ([("M", 64)], [("M", 128)]);
+    let draw = |dims: &[(&str, usize)]| random_bindings(&graph, dims, &mut support::rng()).expect("bindings");
+    let first = draw(&small);
+    // Every case runs the first case's weights, which the struct binds.
+    let with_first_weights = |mut host: Bindings| {
+        for &w in &graph.weights {
+            let name = &graph.tensor(w).name;
+            host.insert(name.clone(), first[name].clone());
+        }
+        host
+    };
+    let (second, third) = (with_first_weights(draw(&small)), with_first_weights(draw(&large)));
+    let mut on_a = Case::<f16>::from_bindings(&a, graph.clone(), first.clone(), &small);
+    let weights = on_a.weight_copies(&a);
+    // Both sizes run once first, through a struct of their own: a kernel
+    // loaded lazily inside a held call waits for the context.
+    let mut warm = kernels::Gpt2Mlp::new(&a, gpt2_mlp_weights(&weights)).expect("weights bind");
+    for (host, dims) in [(&first, &small), (&third, &large)] {
+        let mut case = Case::<f16>::from_bindings(&a, graph.clone(), host.clone(), dims);
+        case.launch(|r, w| warm.run(&a, &r[0], &mut w[0]))
+            .expect("gpt2_mlp runs");
+        case.verify(&a);
+    }
+    let mut mlp = kernels::Gpt2Mlp::new(&a, gpt2_mlp_weights(&weights)).expect("weights bind");
+    on_a.launch(|r, w| mlp.run(&a, &r[0], &mut w[0]))
+        .expect("call 1 runs on A");
+    on_a.verify(&a);
+    let mut on_b = Case::<f16>::from_bindings(&b, graph.clone(), second, &small);
+    let mut grown_on_b = Case::<f16>::from_bindings(&b, graph.clone(), third, &large);
+    b.synchronize().expect("inputs uploaded");
+    let allocations = mlp.workspace().allocations();
+
+    let release = hold_stream(&b);
+    on_b.launch(|r, w| mlp.run(&b, &r[0], &mut w[0]))
+        .expect("call 2 queues on B");
+    grown_on_b
+        .launch(|r, w| mlp.run(&b, &r[0], &mut w[0]))
+        .expect("call 3 queues on B");
+    assert!(
+        mlp.workspace().allocations() > allocations,
+        "call 3 replaced nothing: the test proves nothing"
+    );
+    let b_done = b.record_event(None).expect("event");
+    // The size of call 1's intermediate (64 x 3072 f16), a few times over.
+    let fresh: Vec<CudaSlice<u8>> = (0..4)
+        .map(|_| a.alloc_zeros::<u8>(64 * 3072 * 2).expect("alloc"))
+        .collect();
+    let a_done = a.record_event(None).expect("event");
+    // Ample time for A's frees and memsets to run if nothing orders them
+    // after B's calls.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let (a_ran, b_ran) = (a_done.is_complete(), b_done.is_complete());
+    drop(release);
+    assert!(
+        !b_ran,
+        "B's calls ran although B was held: the test proves nothing"
+    );
+    assert!(
+        !a_ran,
+        "stream A freed the buffers call 2 uses (queued on B) before call 2 ran"
+    );
+    for case in [&on_b, &grown_on_b] {
+        if let Err(e) = case.try_verify(&b) {
+            panic!("on B: {e}");
+        }
+    }
+    a.synchronize().expect("A's work finished");
+    for buffer in &fresh {
+        let bytes = a.clone_dtoh(buffer).expect("download");
+        assert!(
+            bytes.iter().all(|&v| v == 0),
+            "call 2 wrote into memory freed under it and allocated again on A"
+        );
+    }
 }

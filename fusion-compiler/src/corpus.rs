@@ -105,6 +105,27 @@ pub struct Shape {
     pub used_by: Vec<String>,
 }
 
+/// One norm of the corpus (kind and row length K, the hidden size) with
+/// the models that have it: the norm before a model's q/k/v and MLP
+/// projections, which a graph folds into them, and which runs standalone
+/// where it cannot.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NormShape {
+    pub norm: Norm,
+    pub k: u64,
+    pub used_by: Vec<String>,
+}
+
+impl Norm {
+    /// The built-in graph of the standalone norm.
+    pub fn kernel(self) -> &'static str {
+        match self {
+            Norm::LayerNorm => "layernorm",
+            Norm::RmsNorm => "rmsnorm",
+        }
+    }
+}
+
 /// What is wrong with a corpus file.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CorpusError(pub String);
@@ -177,6 +198,28 @@ impl Corpus {
             }
         }
         shapes
+    }
+}
+
+impl Corpus {
+    /// The distinct norms (kind, hidden size) of the models, in the order
+    /// they first appear.
+    pub fn norms(&self) -> Vec<NormShape> {
+        let mut norms: Vec<NormShape> = Vec::new();
+        for model in &self.models {
+            match norms
+                .iter_mut()
+                .find(|n| n.norm == model.norm && n.k == model.hidden)
+            {
+                Some(shape) => shape.used_by.push(model.name.clone()),
+                None => norms.push(NormShape {
+                    norm: model.norm,
+                    k: model.hidden,
+                    used_by: vec![model.name.clone()],
+                }),
+            }
+        }
+        norms
     }
 }
 
@@ -422,6 +465,10 @@ mlp_bias = false
         let shapes = corpus.shapes();
         assert_eq!(shapes.len(), 4);
         assert_eq!(shapes[0].used_by, ["Llama-3-8B qkv", "Mistral-7B qkv"]);
+        let norms = corpus.norms();
+        assert_eq!(norms.len(), 1);
+        assert_eq!((norms[0].norm.kernel(), norms[0].k), ("rmsnorm", 4096));
+        assert_eq!(norms[0].used_by, ["Llama-3-8B", "Mistral-7B"]);
     }
 
     /// The committed corpus parses, lists the layers its values give, and

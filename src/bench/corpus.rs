@@ -7,16 +7,39 @@
 //! The summary reads rows alone, so it serves a run just made and the JSON
 //! files of earlier runs (`fusion bench --summary FILE.json`) alike.
 
-use super::{Pattern, Row};
-use fusion_compiler::corpus::Corpus;
+use super::{NormRow, Pattern, Row};
+use fusion_compiler::corpus::{Corpus, Norm};
 use std::collections::BTreeMap;
 
-/// One case: a pattern at (M, N, K).
-pub type Case = (Pattern, (usize, usize, usize));
+/// One case of a corpus run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Case {
+    /// A GEMM pattern at (M, N, K).
+    Gemm(Pattern, (usize, usize, usize)),
+    /// A standalone norm at (M, K).
+    Norm(NormRow, (usize, usize)),
+}
 
-/// Every distinct layer of `corpus` at each token count (`tokens`, else
-/// the corpus's own), in the corpus's order, layer by layer. An error names
-/// a layer whose kernel is not a pattern of the bench.
+impl Case {
+    /// The kernel's name, as `--kernel` names it.
+    pub fn kernel(self) -> &'static str {
+        match self {
+            Case::Gemm(pattern, _) => pattern.name(),
+            Case::Norm(norm, _) => norm.name(),
+        }
+    }
+
+    /// M, the token count.
+    pub fn m(self) -> usize {
+        match self {
+            Case::Gemm(_, (m, _, _)) | Case::Norm(_, (m, _)) => m,
+        }
+    }
+}
+
+/// Every distinct layer of `corpus`, then every distinct norm, at each
+/// token count (`tokens`, else the corpus's own), in the corpus's order. An
+/// error names a layer whose kernel is not a pattern of the bench.
 pub fn cases(corpus: &Corpus, tokens: Option<&[u64]>) -> Result<Vec<Case>, String> {
     let tokens = tokens.unwrap_or(&corpus.tokens);
     let mut cases = Vec::new();
@@ -29,7 +52,19 @@ pub fn cases(corpus: &Corpus, tokens: Option<&[u64]>) -> Result<Vec<Case>, Strin
             )
         })?;
         for &m in tokens {
-            cases.push((pattern, (m as usize, shape.n as usize, shape.k as usize)));
+            cases.push(Case::Gemm(
+                pattern,
+                (m as usize, shape.n as usize, shape.k as usize),
+            ));
+        }
+    }
+    for norm in corpus.norms() {
+        let row = match norm.norm {
+            Norm::LayerNorm => NormRow::LayerNorm,
+            Norm::RmsNorm => NormRow::RmsNorm,
+        };
+        for &m in tokens {
+            cases.push(Case::Norm(row, (m as usize, norm.k as usize)));
         }
     }
     Ok(cases)
@@ -262,9 +297,14 @@ mod tests {
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/benchmarks/corpus.toml");
         let corpus = Corpus::parse(&std::fs::read_to_string(path).unwrap()).unwrap();
         let all = cases(&corpus, None).unwrap();
-        assert_eq!(all.len(), corpus.shapes().len() * corpus.tokens.len());
+        assert_eq!(
+            all.len(),
+            (corpus.shapes().len() + corpus.norms().len()) * corpus.tokens.len()
+        );
+        assert!(all.iter().any(|c| c.kernel() == "layernorm"));
+        assert!(all.iter().any(|c| c.kernel() == "rmsnorm"));
         let only_one = cases(&corpus, Some(&[7])).unwrap();
-        assert!(only_one.iter().all(|(_, (m, _, _))| *m == 7));
+        assert!(only_one.iter().all(|c| c.m() == 7));
         // Three parts: every case in exactly one, each part non-empty.
         let parts: Vec<Vec<Case>> = (1..=3).map(|i| shard(all.clone(), i, 3)).collect();
         assert_eq!(parts.iter().map(Vec::len).sum::<usize>(), all.len());
@@ -293,7 +333,7 @@ mod tests {
                 );
                 let corpus = Corpus::parse(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
                 let cases = cases(&corpus, None).unwrap_or_else(|e| panic!("{text}: {e}"));
-                assert_eq!(cases.len(), 4);
+                assert_eq!(cases.len(), 5);
             }
         }
     }

@@ -18,7 +18,7 @@
 //! moves those bytes takes.
 
 use super::timing::{Timing, TimingPlan, time_calls};
-use super::{FfnRow, Pattern};
+use super::{FfnRow, NormRow, Pattern};
 use crate::error::Result;
 use cudarc::driver::CudaStream;
 use serde::{Deserialize, Serialize};
@@ -176,6 +176,12 @@ pub fn gemm_bytes(pattern: Pattern, (m, n, k): (usize, usize, usize), element: u
         Pattern::RmsnormGemm | Pattern::RmsnormGemmPerCall => k,
     };
     ((m * k + n * k + vectors + m * n) * element) as f64
+}
+
+/// The least bytes a standalone norm at (M, K) reads and writes: x, y and
+/// its `[K]` vectors.
+pub fn norm_bytes(norm: NormRow, (m, k): (usize, usize), element: usize) -> f64 {
+    ((2 * m * k + norm.vectors() * k) * element) as f64
 }
 
 /// The least bytes an FFN row's block at M tokens (width D, hidden F)

@@ -382,8 +382,8 @@ pub struct BenchConfig {
     pub ffn_tokens: Vec<usize>,
     pub ffn_rows: Vec<FfnRow>,
     pub patterns: Vec<Pattern>,
-    /// Cases run after the shapes' (`--corpus`): a pattern at (M, N, K)
-    /// each.
+    /// Cases run after the shapes' (`--corpus`): a pattern at (M, N, K) or
+    /// a standalone norm at (M, K) each.
     pub corpus: Vec<corpus::Case>,
     pub timing: TimingPlan,
     /// `--streams N`: also time each row on N streams at once.
@@ -423,7 +423,23 @@ impl BenchConfig {
                 .filter(|pattern| Pattern::DECODE.contains(pattern))
                 .map(move |&pattern| (pattern, shape))
         });
-        every.chain(decode).chain(self.corpus.iter().copied()).collect()
+        let corpus = self.corpus.iter().filter_map(|case| match *case {
+            corpus::Case::Gemm(pattern, shape) => Some((pattern, shape)),
+            corpus::Case::Norm(..) => None,
+        });
+        every.chain(decode).chain(corpus).collect()
+    }
+
+    /// The standalone norm cases, after the GEMM and FFN cases: the
+    /// corpus's.
+    pub fn norm_cases(&self) -> Vec<(NormRow, (usize, usize))> {
+        self.corpus
+            .iter()
+            .filter_map(|case| match *case {
+                corpus::Case::Norm(norm, shape) => Some((norm, shape)),
+                corpus::Case::Gemm(..) => None,
+            })
+            .collect()
     }
 
     /// The FFN cases in the order they run, after the single-GEMM cases:
@@ -1270,7 +1286,8 @@ pub fn run<T: BenchElement>(
 ) -> Result<Vec<Row>> {
     let gemm_cases = config.gemm_cases();
     let ffn_cases = config.ffn_cases();
-    let total = gemm_cases.len() + ffn_cases.len();
+    let norm_cases = config.norm_cases();
+    let total = gemm_cases.len() + ffn_cases.len() + norm_cases.len();
     let element = std::mem::size_of::<T>();
     let mut head = stream.alloc_zeros::<u8>(HEAD_START_BYTES)?;
     let mut rows = Vec::with_capacity(total);
@@ -1315,6 +1332,155 @@ pub fn run<T: BenchElement>(
             })
         })?;
     }
+    // Norm rows have no --streams measurement: their baseline is a copy.
+    for (norm, shape) in norm_cases {
+        let bytes = floor::norm_bytes(norm, shape, element);
+        measure(&format!("{} {shape:?}", norm.name()), bytes, &mut |head| {
+            bench_norm::<T>(stream, norm, shape, config.timing, head)
+        })?;
+    }
     progress(rows.len(), total, "done");
     Ok(rows)
+}
+
+/// A standalone norm of the built-in library (`graphs/layernorm.toml`,
+/// `graphs/rmsnorm.toml`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NormRow {
+    LayerNorm,
+    RmsNorm,
+}
+
+impl NormRow {
+    /// The graph's name, as `--kernel` names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            NormRow::LayerNorm => "layernorm",
+            NormRow::RmsNorm => "rmsnorm",
+        }
+    }
+
+    /// The `[K]` vectors it reads besides x: gamma, and LayerNorm's beta.
+    pub fn vectors(self) -> usize {
+        match self {
+            NormRow::LayerNorm => 2,
+            NormRow::RmsNorm => 1,
+        }
+    }
+}
+
+/// Times a standalone norm at (M, K) against one device copy of x into y
+/// (the same bytes read and written, bar gamma and beta): ratio = the
+/// copy's time over ours, so 1 is the norm at copy speed. Both baselines
+/// are that copy. Before timing, ours is checked against the CPU reference
+/// on sampled rows of input set 0.
+pub fn bench_norm<T: BenchElement>(
+    stream: &Arc<CudaStream>,
+    norm: NormRow,
+    (m, k): (usize, usize),
+    plan: TimingPlan,
+    head: &mut CudaSlice<u8>,
+) -> Result<Row> {
+    let seed = (m * 13 + k) as u64;
+    let x_host = T::random(m * k, 1.0, seed);
+    let x = Rotated::<T>::from_host(stream, &x_host)?;
+    let gamma_host = T::random(k, 1.0, seed + 1);
+    let beta_host = T::random(k, 1.0, seed + 2);
+    let (gamma, beta) = (stream.clone_htod(&gamma_host)?, stream.clone_htod(&beta_host)?);
+    let mut ours_y = Rotated::<T>::zeros(stream, m * k)?;
+    let mut copy_y = Rotated::<T>::zeros(stream, m * k)?;
+    let g = vec_of(&gamma, k)?;
+    let b = vec_of(&beta, k)?;
+    let ours = |y: &mut Rotated<T>, i: usize| -> Result<()> {
+        let xi = mat(x.get(i), m, k)?;
+        let mut yi = TensorMut::new(y.get_mut(i), [m, k])?;
+        match norm {
+            NormRow::LayerNorm => kernels::layernorm(stream, &xi, &g, &b, &mut yi),
+            NormRow::RmsNorm => kernels::rmsnorm(stream, &xi, &g, &mut yi),
+        }
+    };
+    ours(&mut ours_y, 0)?;
+    let agreement = check_norm::<T>(
+        stream,
+        norm,
+        (m, k),
+        [&x_host, &gamma_host, &beta_host],
+        ours_y.get(0),
+    )?;
+    let copy =
+        |y: &mut Rotated<T>, i: usize| -> Result<()> { Ok(stream.memcpy_dtod(x.get(i), y.get_mut(i))?) };
+    let (ours_y, copy_y) = (RefCell::new(ours_y), RefCell::new(&mut copy_y));
+    let [ours_t, copy_t, again_t] = time_interleaved(
+        stream,
+        plan,
+        || head_start(stream, head),
+        [
+            &mut |i| ours(&mut ours_y.borrow_mut(), i),
+            &mut |i| copy(&mut copy_y.borrow_mut(), i),
+            &mut |i| copy(&mut copy_y.borrow_mut(), i),
+        ],
+    )?;
+    Ok(Row::new(
+        norm.name(),
+        format!("{m},{k}"),
+        T::DTYPE,
+        "device copy of x into y".into(),
+        0.0,
+        Measured {
+            ours: ours_t,
+            first: copy_t,
+            best: again_t,
+            agreement,
+            algorithms: Vec::new(),
+        },
+    ))
+}
+
+/// ‖ours − reference‖ / ‖reference‖ over sampled rows of a norm's output,
+/// the reference evaluating the norm's graph on the CPU from the same host
+/// inputs (x, gamma, beta); an error where it exceeds the dtype's limit.
+fn check_norm<T: BenchElement>(
+    stream: &Arc<CudaStream>,
+    norm: NormRow,
+    (m, k): (usize, usize),
+    [x, gamma, beta]: [&[T]; 3],
+    ours: &CudaSlice<T>,
+) -> Result<f64> {
+    use fusion_compiler::reference::{self, HostTensor};
+    let graph = match norm {
+        NormRow::LayerNorm => kernels::Layernorm::<T>::graph(),
+        NormRow::RmsNorm => kernels::Rmsnorm::<T>::graph(),
+    };
+    let host = |shape: &[usize], values: &[T]| {
+        HostTensor::new(shape, values.iter().map(|v| v.to_f64()).collect()).expect("a shape of its length")
+    };
+    let mut bindings = reference::Bindings::new();
+    bindings.insert("x".into(), host(&[m, k], x));
+    bindings.insert("g".into(), host(&[k], gamma));
+    if norm == NormRow::LayerNorm {
+        bindings.insert("b".into(), host(&[k], beta));
+    }
+    let mut rows = vec![0, m / 2, m - 1];
+    rows.dedup();
+    let want = reference::evaluate_rows(&graph, &bindings, &rows)
+        .expect("the norm's graph evaluates on its own tensors");
+    let want = &want["y"];
+    let got = stream.clone_dtoh(ours)?;
+    let (mut diff, mut norm_sq) = (0.0f64, 0.0f64);
+    for (i, &row) in rows.iter().enumerate() {
+        for c in 0..k {
+            let (g, w) = (got[row * k + c].to_f64(), want.data[i * k + c]);
+            diff += (g - w) * (g - w);
+            norm_sq += w * w;
+        }
+    }
+    let relative = (diff / norm_sq).sqrt();
+    if relative.is_nan() || relative > agreement_limit(T::DTYPE) {
+        return Err(Error::BenchDisagreement {
+            kernel: norm.name().into(),
+            shape: format!("{m},{k}"),
+            relative,
+        });
+    }
+    Ok(relative)
 }

@@ -3,7 +3,11 @@
 //! feature, as what it times is `fusion::kernels`.
 
 use super::CliError;
-use crate::bench::{self, BenchConfig, FfnRow, Pattern, corpus};
+use crate::bench::{self, BenchConfig, FfnRow, NormRow, Pattern, corpus};
+
+/// The standalone norms, which a corpus run times at its models' hidden
+/// sizes.
+const NORMS: [NormRow; 2] = [NormRow::LayerNorm, NormRow::RmsNorm];
 use clap::Args;
 use std::io::Write;
 use std::path::PathBuf;
@@ -140,7 +144,7 @@ fn corpus_cases(path: &std::path::Path, args: &BenchArgs) -> Result<Vec<corpus::
     let mut cases =
         corpus::cases(&parsed, tokens).map_err(|e| CliError::Message(format!("{}: {e}", path.display())))?;
     if !args.kernels.is_empty() {
-        cases.retain(|(pattern, _)| args.kernels.iter().any(|k| k == pattern.name()));
+        cases.retain(|case| args.kernels.iter().any(|k| k == case.kernel()));
     }
     Ok(cases)
 }
@@ -162,16 +166,25 @@ fn config_of(args: &BenchArgs) -> Result<BenchConfig, CliError> {
     }
     if !args.kernels.is_empty() {
         let is_ffn = |k: &str| FfnRow::ALL.iter().any(|row| row.name() == k);
+        let is_norm = |k: &str| NORMS.iter().any(|norm| norm.name() == k);
+        if let Some(norm) = args.kernels.iter().find(|k| is_norm(k))
+            && args.corpus.is_none()
+        {
+            return Err(CliError::Message(format!(
+                "`{norm}` is timed in a corpus run alone (--corpus FILE), at its models' hidden sizes"
+            )));
+        }
         config.patterns = args
             .kernels
             .iter()
-            .filter(|k| !is_ffn(k))
+            .filter(|k| !is_ffn(k) && !is_norm(k))
             .map(|k| {
                 Pattern::parse(k).ok_or_else(|| {
                     let mut known: Vec<&str> = Pattern::ALL.iter().map(|p| p.name()).collect();
                     // An FFN block's rows are adjacent in `FfnRow::ALL`: one name each.
                     known.extend(FfnRow::ALL.iter().map(|row| row.name()));
                     known.dedup();
+                    known.extend(NORMS.iter().map(|norm| norm.name()));
                     CliError::Message(format!("unknown kernel `{k}`: known are {}", known.join(", ")))
                 })
             })
@@ -470,7 +483,8 @@ mod tests {
         };
         let all = config(&[]);
         assert!(all.ffn_cases().is_empty());
-        assert_eq!(all.gemm_cases(), all.corpus);
+        assert_eq!(all.gemm_cases().len() + all.norm_cases().len(), all.corpus.len());
+        assert!(!all.norm_cases().is_empty());
         assert!(all.corpus.len() > 500, "{}", all.corpus.len());
         let residual = config(&["--kernel", "gemm_residual", "--corpus-tokens", "5,6"]);
         assert!(!residual.corpus.is_empty());
@@ -478,8 +492,16 @@ mod tests {
             residual
                 .corpus
                 .iter()
-                .all(|(p, (m, _, _))| *p == Pattern::GemmResidual && [5, 6].contains(m))
+                .all(|c| c.kernel() == "gemm_residual" && [5, 6].contains(&c.m()))
         );
+        let norms = config(&["--kernel", "rmsnorm"]);
+        assert!(norms.gemm_cases().is_empty() && !norms.norm_cases().is_empty());
+        // A norm named without a corpus is refused, not silently skipped.
+        let cli = Cli::try_parse_from(["fusion", "bench", "--kernel", "layernorm"]).unwrap();
+        let Command::Bench(args) = cli.command else {
+            panic!("bench")
+        };
+        assert!(matches!(config_of(&args), Err(CliError::Message(m)) if m.contains("corpus run alone")));
         let halves = [config(&["--shard", "1/2"]), config(&["--shard", "2/2"])];
         assert_eq!(halves[0].corpus.len() + halves[1].corpus.len(), all.corpus.len());
         assert_eq!(halves[1].corpus[0], all.corpus[1]);
@@ -523,7 +545,7 @@ mod tests {
         assert!(
             text.contains("unknown kernel `gemm_tanh`")
                 && text.contains("gemm_bias_gelu")
-                && text.ends_with("swiglu_ffn, ffn_sublayer"),
+                && text.ends_with("swiglu_ffn, ffn_sublayer, layernorm, rmsnorm"),
             "{text}"
         );
     }

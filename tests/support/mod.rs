@@ -314,6 +314,43 @@ pub fn off_center_norm_inputs(host: &mut Bindings, mean: f64) {
     }
 }
 
+/// What [`small_variance_norm_inputs`] scales a norm's rows by.
+pub const SMALL_VARIANCE_SCALE: f64 = 1e-3;
+
+/// Scales a norm's rows `x` by [`SMALL_VARIANCE_SCALE`], so that the norm's
+/// eps, not the rows, sets the output's scale. Drawn from U(−1, 1), the rows
+/// become U(−s, s) with s = 1e-3: every row's variance or mean square v is
+/// at most s² = 1e-6 (about s²/3 = 3.3e-7), no more than the norms' eps
+/// (1e-6 for `rmsnorm`, 1e-5 for the others), and the normalized row is the
+/// row times 1/√(v + eps). A kernel that uses eps′ instead scales each
+/// normalized row by √(v + eps)/√(v + eps′), all its elements alike:
+/// - eps 1e-5, eps′ 0: at least √(1.1e-5 / 1e-6) = 3.3 (about 5.6);
+/// - eps 1e-5, eps′ 1e-6: at least √(1.1e-5 / 2e-6) = 2.3 (about 2.8);
+/// - eps 1e-6, eps′ 0: at least √(2e-6 / 1e-6) = 1.41 (about 2.0);
+/// - eps 1e-6, eps′ 1e-5: at most 1 / 2.3 (about 1 / 2.8).
+///
+/// So every normalized row is off by 41% or more of itself, and so is
+/// every row of a GEMM's output over it: 400 times the f16 relative L2
+/// limit (1e-3) and 50 times the bf16 one (8e-3) of `fusion::testing::compare`.
+/// A LayerNorm's beta, added after the scaling, dilutes that (to 0.3 of the
+/// output for eps′ 1e-6, 40 times the bf16 limit), and so would a residual
+/// added after the GEMM, which is scaled as well;
+/// `an_eps_off_fails_the_small_variance_norms` (tests/gpu.rs) computes each
+/// case's error with the CPU reference. At U(−1, 1) the same eps′ moves
+/// v + eps ≈ 0.33 by at most 1e-5, the outputs by 1.5e-5 of themselves: far
+/// inside either bound, so no other test fails on an eps. (In f16 the rows'
+/// values under 6.1e-5 are subnormal; the kernels read them as f32, and the
+/// reference reads them as rounded to T.)
+pub fn small_variance_norm_inputs(host: &mut Bindings) {
+    let x = host.get_mut("x").expect("the graph reads x");
+    x.data.iter_mut().for_each(|v| *v *= SMALL_VARIANCE_SCALE);
+    // A residual added after the GEMM (layernorm_gemm_silu_glu_residual's
+    // r) would be most of the output, and hide most of a wrong scale.
+    if let Some(r) = host.get_mut("r") {
+        r.data.iter_mut().for_each(|v| *v *= SMALL_VARIANCE_SCALE);
+    }
+}
+
 /// `layernorm_gemm` through its struct, bound to `r`'s weights (g, b, w):
 /// the norm folded into w.
 pub fn layernorm_gemm_folded<T: Element>(

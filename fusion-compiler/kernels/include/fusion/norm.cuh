@@ -1,9 +1,12 @@
 // Row normalization: LayerNorm and RMSNorm over the last dimension of a
-// row-major [M, K] tensor. Two users: the standalone `norm_rows_kernel` for
-// norms the planner leaves unfused, and the GEMM norm prologue
-// (prologue.cuh; on sm90 its statistics come from `row_stats_kernel`), which
-// shares `warp_row_stats` and `normalize8` so the paths compute the same
-// function.
+// row-major [M, K] tensor. Two users: the standalone launcher
+// (`launch_norm_rows`: a block per row with the row in registers,
+// `norm_row_blocks_kernel`, or a warp per row for longer rows), for norms
+// the planner leaves unfused and a per-call norm before a GEMM; and the
+// GEMM norm prologue (prologue.cuh; on sm90 its statistics come from
+// `row_stats_kernel`), which shares `warp_row_stats` and `normalize8` with
+// the warp-per-row kernel. Every path computes the same function; the
+// order of their f32 sums differs.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -103,8 +106,88 @@ inline bool norm_args_valid(const NormArgs& a) {
   return true;
 }
 
+// The sum of `v` over the block, in every thread (blockDim.x a multiple of
+// 32). `scratch` holds a float per warp; it is free again on return.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  const int lane = threadIdx.x & 31;
+  if (lane == 0) scratch[threadIdx.x / 32] = v;
+  __syncthreads();
+  v = lane < int(blockDim.x / 32) ? scratch[lane] : 0.0f;
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  __syncthreads();
+  return v;
+}
+
+// The most threads of a block-per-row launch, and 16-byte chunks of a row
+// per thread at most: rows of up to 512 * 8 * 8 = 32768 elements are held
+// in registers (64 floats a thread).
+constexpr int kRowBlockThreads = 512;
+constexpr int kRowBlockMaxChunks = 8;
+
+// y = norm(x) with one block per row (grid-stride over rows): each thread
+// loads kChunks 16-byte chunks of the row into registers (chunk i of
+// thread t is chunk t + i * blockDim.x), the block reduces them, and each
+// thread normalizes and stores its own, so x is read once and y written
+// once: a copy's traffic. LayerNorm's variance is the mean of the squared
+// deviations from the mean, both from registers. Rows short enough for
+// a warp are spread over more SMs this way too than by norm_rows_kernel,
+// whose one warp per row leaves most SMs idle at a few hundred rows.
+template <NormKind kKind, typename T, int kChunks>
+__global__ void __launch_bounds__(kRowBlockThreads) norm_row_blocks_kernel(const T* __restrict__ x, T* __restrict__ y,
+                                                                           NormArgs args, int64_t M, int64_t K) {
+  __shared__ float scratch[kRowBlockThreads / 32];
+  const int64_t chunks = K / kVecElems;
+  const float inv_k = 1.0f / float(K);
+  for (int64_t row = blockIdx.x; row < M; row += gridDim.x) {
+    const T* in = x + row * K;
+    T* out = y + row * K;
+    float v[kChunks][8];
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kChunks; ++i) {
+      const int64_t c = threadIdx.x + int64_t(i) * blockDim.x;
+      if (c < chunks) {
+        vec8_to_float(load_vec8(in + c * kVecElems), v[i]);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[i][e] = 0.0f;
+      }
+#pragma unroll
+      for (int e = 0; e < 8; ++e) sum += kKind == NormKind::LayerNorm ? v[i][e] : v[i][e] * v[i][e];
+    }
+    RowStats s{0.0f, 0.0f};
+    if constexpr (kKind == NormKind::LayerNorm) {
+      s.mean = block_sum(sum, scratch) * inv_k;
+      float squares = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kChunks; ++i) {
+        if (threadIdx.x + int64_t(i) * blockDim.x >= chunks) continue;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          const float d = v[i][e] - s.mean;
+          squares += d * d;
+        }
+      }
+      s.rstd = rsqrtf(block_sum(squares, scratch) * inv_k + args.eps);
+    } else {
+      s.rstd = rsqrtf(block_sum(sum, scratch) * inv_k + args.eps);
+    }
+#pragma unroll
+    for (int i = 0; i < kChunks; ++i) {
+      const int64_t c = threadIdx.x + int64_t(i) * blockDim.x;
+      if (c >= chunks) continue;
+      normalize8<kKind, T>(v[i], s, c * kVecElems, args);
+      store_vec8(out + c * kVecElems, float_to_vec8<T>(v[i]));
+    }
+  }
+}
+
 // y = norm(x) row by row; one warp per row, grid-stride over rows. The
-// second pass re-reads the row, which the first pass left in L1/L2.
+// second pass re-reads the row, which the first pass left in L1/L2. For
+// rows longer than norm_row_blocks_kernel holds.
 template <NormKind kKind, typename T>
 __global__ void norm_rows_kernel(const T* __restrict__ x, T* __restrict__ y, NormArgs args, int64_t M, int64_t K) {
   const int warps_per_block = blockDim.x / 32;
@@ -172,10 +255,33 @@ cudaError_t launch_norm_rows(const T* x, T* y, const NormArgs& args, int64_t M, 
   if (x == nullptr || y == nullptr || !is_aligned16(x) || !is_aligned16(y)) return cudaErrorInvalidValue;
   if (!norm_args_valid<kKind>(args)) return cudaErrorInvalidValue;
   if (M == 0) return cudaSuccess;
-  int64_t blocks = 0;
-  const cudaError_t err = rows_grid(M, &blocks);
+  const int64_t chunks = K / kVecElems;
+  if (chunks > int64_t(kRowBlockThreads) * kRowBlockMaxChunks) {
+    int64_t blocks = 0;
+    const cudaError_t err = rows_grid(M, &blocks);
+    if (err != cudaSuccess) return err;
+    norm_rows_kernel<kKind, T><<<unsigned(blocks), 256, 0, stream>>>(x, y, args, M, K);
+    return cudaGetLastError();
+  }
+  // The fewest chunks per thread that a block of at most kRowBlockThreads
+  // covers, and the fewest whole warps for them.
+  int per_thread = 1;
+  while (chunks > int64_t(kRowBlockThreads) * per_thread) per_thread *= 2;
+  const int64_t threads = ((chunks + per_thread - 1) / per_thread + 31) / 32 * 32;
+  int device = 0, sms = 0, resident = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&resident, cudaDevAttrMaxThreadsPerMultiProcessor, device);
   if (err != cudaSuccess) return err;
-  norm_rows_kernel<kKind, T><<<unsigned(blocks), 256, 0, stream>>>(x, y, args, M, K);
+  // One row per block, and no more blocks than the SMs hold at once.
+  const int64_t fit = int64_t(sms) * (resident / threads > 0 ? resident / threads : 1);
+  const unsigned grid = unsigned(M < fit ? M : fit);
+  switch (per_thread) {
+    case 1: norm_row_blocks_kernel<kKind, T, 1><<<grid, unsigned(threads), 0, stream>>>(x, y, args, M, K); break;
+    case 2: norm_row_blocks_kernel<kKind, T, 2><<<grid, unsigned(threads), 0, stream>>>(x, y, args, M, K); break;
+    case 4: norm_row_blocks_kernel<kKind, T, 4><<<grid, unsigned(threads), 0, stream>>>(x, y, args, M, K); break;
+    default: norm_row_blocks_kernel<kKind, T, 8><<<grid, unsigned(threads), 0, stream>>>(x, y, args, M, K); break;
+  }
   return cudaGetLastError();
 }
 
