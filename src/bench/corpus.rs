@@ -213,6 +213,31 @@ pub fn summary_table(summaries: &[Summary]) -> String {
     out
 }
 
+/// The summary as a Markdown table, for a document that quotes a run
+/// (BENCHMARKS.md's head).
+pub fn summary_markdown(summaries: &[Summary]) -> String {
+    let mut out = String::from(
+        "| kernel | M | rows | first: geomean | p10 | min | best: geomean | p10 | min | lowest (M,N,K) |\n\
+         | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n",
+    );
+    for s in summaries {
+        out.push_str(&format!(
+            "| {} | {} | {} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {} |\n",
+            s.kernel,
+            s.class,
+            s.first.count,
+            s.first.geomean,
+            s.first.p10,
+            s.first.min,
+            s.best.geomean,
+            s.best.p10,
+            s.best.min,
+            s.worst
+        ));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -290,6 +315,14 @@ mod tests {
         assert_eq!((s[0].first.min, s[0].best.min), (0.9, 0.8));
         let table = summary_table(&s);
         assert!(table.contains("gemm_residual"), "{table}");
+        let markdown = summary_markdown(&s);
+        assert_eq!(markdown.lines().count(), 2 + s.len());
+        assert!(
+            markdown.contains(
+                "| gemm | M ≤ 64 | 2 | 0.995 | 0.900 | 0.900 | 0.894 | 0.800 | 0.800 | 1,4096,4096 |"
+            ),
+            "{markdown}"
+        );
     }
 
     #[test]

@@ -67,6 +67,9 @@ pub struct BenchArgs {
     /// as one run, such as the shards of one) and time nothing.
     #[arg(long, value_name = "FILE.json", num_args = 1.., conflicts_with_all = ["corpus", "shapes"])]
     pub summary: Vec<PathBuf>,
+    /// With `--summary`: the summary as a Markdown table (BENCHMARKS.md's head).
+    #[arg(long, requires = "summary")]
+    pub markdown: bool,
 }
 
 fn parse_shard(text: &str) -> Result<(usize, usize), String> {
@@ -97,14 +100,15 @@ fn parse_shape(text: &str) -> Result<(usize, usize, usize), String> {
 /// `fusion bench`: the table on `out`, progress on stderr, JSON on request.
 pub fn bench(args: &BenchArgs, out: &mut dyn Write) -> Result<(), CliError> {
     if !args.summary.is_empty() {
-        return summarize_files(&args.summary, out);
+        return summarize_files(&args.summary, args.markdown, out);
     }
     let config = config_of(args)?;
     run_bench(config, args, out)
 }
 
-/// `--summary`: the rows of every file, summarized as one run.
-fn summarize_files(paths: &[PathBuf], out: &mut dyn Write) -> Result<(), CliError> {
+/// `--summary`: the rows of every file, summarized as one run, as text or
+/// as Markdown.
+fn summarize_files(paths: &[PathBuf], markdown: bool, out: &mut dyn Write) -> Result<(), CliError> {
     let mut rows = Vec::new();
     for path in paths {
         let text = std::fs::read_to_string(path)
@@ -112,20 +116,30 @@ fn summarize_files(paths: &[PathBuf], out: &mut dyn Write) -> Result<(), CliErro
         let report: bench::Report = serde_json::from_str(&text).map_err(|e| {
             CliError::Message(format!("{}: not a fusion bench --json file: {e}", path.display()))
         })?;
+        let name = if markdown {
+            format!("From `{}`", path.display())
+        } else {
+            path.display().to_string()
+        };
         writeln!(
             out,
-            "{}: {} rows, {} {}, fusion {}, {}",
-            path.display(),
+            "{name}: {} rows, {} {}, fusion {}, {}",
             report.rows.len(),
             report.device,
             report.dtype,
             report.commit,
-            report.date
+            report.date,
         )
         .map_err(CliError::from_stdout)?;
         rows.extend(report.rows);
     }
-    write!(out, "{}", corpus::summary_table(&corpus::summarize(&rows))).map_err(CliError::from_stdout)
+    let summaries = corpus::summarize(&rows);
+    let text = if markdown {
+        format!("\n{}", corpus::summary_markdown(&summaries))
+    } else {
+        corpus::summary_table(&summaries)
+    };
+    write!(out, "{text}").map_err(CliError::from_stdout)
 }
 
 /// The corpus's cases (`--corpus`, `--corpus-tokens`), those of the kernels
@@ -525,6 +539,12 @@ mod tests {
             text.contains("gemm_bias_gelu") && text.contains("M ≥ 128"),
             "{text}"
         );
+        let cli = Cli::try_parse_from(["fusion", "bench", "--summary", committed, "--markdown"]).unwrap();
+        let mut out = Vec::new();
+        run(&cli, &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.starts_with("From `"), "{text}");
+        assert!(text.contains("| gemm_bias_gelu | M ≥ 128 |"), "{text}");
         let bad = dir.join("bad.json");
         std::fs::write(&bad, "{}").unwrap();
         let cli = Cli::try_parse_from(["fusion", "bench", "--summary", bad.to_str().unwrap()]).unwrap();
