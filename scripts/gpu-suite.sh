@@ -75,9 +75,9 @@ sanitize() {
 
 for step in $steps; do
   case $step in
-    # FUSION_PAD_WEIGHTS=sm90: the structs read misaligned weights from padded
-    # copies (off by default), so that the strided reads run; the free
-    # functions, the counter and the sanitizer steps read dense rows.
+    # The structs read misaligned weights from padded copies on sm90 (the
+    # default, FUSION_PAD_WEIGHTS=sm90), so the strided reads run here; the
+    # free functions read dense rows.
     tests) FUSION_PAD_WEIGHTS=sm90 run_tests gpu-sm90.log any ./gpu --ignored --test-threads 8 --nocapture ;;
     ptx)
       # FUSION_PAD_WEIGHTS=all: the structs' padded weights there too, so

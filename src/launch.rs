@@ -618,15 +618,13 @@ fn as_i64(value: usize, kernel: &str) -> Result<i64> {
 
 /// The elements from one row of a bound weight's prepared copy to the next,
 /// for rows of `row_length` elements of `element_bytes` each on `arch`, as
-/// `FUSION_PAD_WEIGHTS` (read once per process) says: unset or `0`, the
-/// dense `row_length` (the default while the strided reads await their
-/// check on a GPU); `sm90`, rounded up to a multiple of
-/// [`BOUND_ROW_ALIGN_BYTES`] where the rows are not and padding adds at most
-/// an eighth, on sm90 (whose TMA loads of misaligned rows made the (2000,
-/// 3000, 1000) GEMM 0.81 of cuBLASLt on an H200, and 0.96 with B's rows
-/// padded: BENCHMARKS.md v23); `all`, every such row padded on every
-/// generation (which the tests use to reach the strided loads of sm80 and
-/// sm75).
+/// `FUSION_PAD_WEIGHTS` (read once per process) says: unset or `sm90`,
+/// rounded up to a multiple of [`BOUND_ROW_ALIGN_BYTES`] where the rows are
+/// not and padding adds at most an eighth, on sm90 (whose TMA loads of
+/// misaligned rows ran the (2000, 3000, 1000) GEMM at 0.84 of cuBLASLt on an
+/// H200, and at 1.02 from padded rows: BENCHMARKS.md v24); `0`, the dense
+/// `row_length` always; `all`, every such row padded on every generation
+/// (which the tests use to reach the strided loads of sm80 and sm75).
 pub fn bound_row_stride(arch: Arch, row_length: usize, element_bytes: usize) -> Result<usize> {
     let setting = padding_setting()?;
     Ok(row_stride_for(setting, arch, row_length, element_bytes))
@@ -640,9 +638,9 @@ pub const BOUND_ROW_ALIGN_BYTES: usize = 128;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Padding {
     /// Where it measured faster: sm90, at most an eighth more memory
-    /// (`sm90`).
+    /// (unset, or `sm90`).
     Measured,
-    /// Never (unset, or `0`).
+    /// Never (`0`).
     Never,
     /// Every misaligned row on every generation (`all`).
     All,
@@ -659,14 +657,14 @@ fn padding_setting() -> Result<Padding> {
 
 fn padding_of(value: Option<&str>) -> Result<Padding> {
     match value {
-        None | Some("") | Some("0") => Ok(Padding::Never),
-        Some("sm90") => Ok(Padding::Measured),
+        None | Some("") | Some("sm90") => Ok(Padding::Measured),
+        Some("0") => Ok(Padding::Never),
         Some("all") => Ok(Padding::All),
         Some(other) => Err(Error::Setting {
             variable: "FUSION_PAD_WEIGHTS",
             value: other.to_owned(),
-            expected: "sm90 (pad bound weights' misaligned rows on sm90), all (on every GPU generation), \
-                       or 0 (never, as when unset)",
+            expected: "sm90 (pad bound weights' misaligned rows on sm90, as when unset), all (on every GPU \
+                       generation), or 0 (never)",
         }),
     }
 }
@@ -1183,9 +1181,9 @@ mod tests {
     }
 
     #[test]
-    fn the_padding_setting_is_off_unless_sm90_or_all() {
-        assert_eq!(padding_of(None).unwrap(), Padding::Never);
-        assert_eq!(padding_of(Some("")).unwrap(), Padding::Never);
+    fn the_padding_setting_is_sm90_unless_0_or_all() {
+        assert_eq!(padding_of(None).unwrap(), Padding::Measured);
+        assert_eq!(padding_of(Some("")).unwrap(), Padding::Measured);
         assert_eq!(padding_of(Some("0")).unwrap(), Padding::Never);
         assert_eq!(padding_of(Some("sm90")).unwrap(), Padding::Measured);
         assert_eq!(padding_of(Some("all")).unwrap(), Padding::All);

@@ -79,8 +79,8 @@ pattern_test!(gemm_bias_sigmoid, "gemm_bias_sigmoid", |s, r, w| {
 pattern_test!(gemm_gelu_quick, "gemm_gelu_quick", |s, r, w| {
     kernels::gemm_gelu_quick(s, &r[0], &r[1], &mut w[0])
 });
-// Plain weights bound by a struct, which with FUSION_PAD_WEIGHTS=sm90 (or
-// all, on every generation) copies a weight whose rows are not a multiple of
+// Plain weights bound by a struct, which on sm90 (FUSION_PAD_WEIGHTS=sm90,
+// the default; all: on every generation) copies a weight whose rows are not a multiple of
 // 128 bytes into padded rows and runs the GEMM on that copy (K = 3000, 1032
 // and 632 for [N, K]; N = 3000, 5400, 776 and 17016 for [K, N]).
 pattern_test!(gemm_bound, "gemm", |s, r, w| {

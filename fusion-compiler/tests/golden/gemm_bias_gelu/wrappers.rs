@@ -94,12 +94,12 @@ impl<'w, T: fusion::Element> GemmBiasGelu<'w, T> {
     /// what later calls need from them alone: a norm followed by a
     /// GEMM whose gamma, beta and weight are all bound is folded
     /// into a copy of that weight (`fusion::launch::FoldedWeights`),
-    /// a gated pair's two weights are interleaved into one, and,
-    /// with `FUSION_PAD_WEIGHTS=sm90`, a plain weight whose rows
-    /// are not a multiple of 128 bytes is copied with its rows
-    /// padded to that on sm90 (where such rows read slower; at
-    /// most an eighth more per row): copies the struct keeps
-    /// beside the weights. Returns once that work is done.
+    /// a gated pair's two weights are interleaved into one, and a
+    /// plain weight whose rows are not a multiple of 128 bytes is
+    /// copied with its rows padded to that on sm90 (where such
+    /// rows read slower; at most an eighth more per row;
+    /// `FUSION_PAD_WEIGHTS=0` turns it off): copies the struct
+    /// keeps beside the weights. Returns once that work is done.
     pub fn new(
         stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
         weights: GemmBiasGeluWeights<'w, T>,
