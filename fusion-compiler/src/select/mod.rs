@@ -29,6 +29,7 @@
 //!
 //! Not here: measuring configs (the tuner writes the cache this reads).
 
+pub mod model;
 mod tuned;
 mod tuned_cache;
 

@@ -1,0 +1,258 @@
+use super::*;
+use crate::select::{Arch, KernelKind, select};
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn shape(m: u64, n: u64, k: u64) -> GemmShape {
+    GemmShape { m, n, k }
+}
+
+// The examples tile_scheduler.cuh's comments give.
+#[test]
+fn work_repeats_the_schedulers_plan() {
+    // (128, 4096, 14336) in 64x128 tiles: 64 tiles of 224 k-blocks on 132
+    // SMs, every CTA half a tile.
+    let w = work(64, 128, 1, shape(128, 4096, 14336), 132, true);
+    assert_eq!((w.tiles, w.k_blocks, w.grid), (64, 224, 128));
+    assert_eq!(w.split, Split::SplitK { ctas_per_tile: 2 });
+    assert_eq!((w.busiest_k_blocks, w.partials), (112, 1));
+    // 4096^3 in 128x256 tiles: the remainder's 57 k-blocks against 64 gain
+    // less than their fixups cost, so 128 CTAs run 4 whole tiles each.
+    let w = work(128, 256, 2, shape(4096, 4096, 4096), 132, true);
+    assert_eq!((w.tiles, w.grid, w.split), (512, 128, Split::Whole));
+    assert_eq!((w.busiest_k_blocks, w.rounds), (256, 4));
+    // Without stream-K the same split-K shape runs whole tiles.
+    let w = work(64, 128, 1, shape(128, 4096, 14336), 132, false);
+    assert_eq!((w.grid, w.busiest_k_blocks, w.split), (64, 224, Split::Whole));
+    // 160 tiles: 28 over a wave, under half of one, so the last full wave
+    // joins it and all 160 are shared out.
+    let w = work(128, 256, 2, shape(512, 10240, 8192), 132, true);
+    assert_eq!((w.tiles, w.split), (160, Split::StreamK));
+    assert_eq!(w.busiest_k_blocks, (160 * 128u64).div_ceil(132));
+    assert!(w.partials >= 1);
+}
+
+fn sm90_config(kernel: &str) -> (KernelKind, KernelConfig) {
+    let graph = crate::load_toml_graph(&repo_root().join("graphs").join(format!("{kernel}.toml"))).unwrap();
+    let dtype = graph.tensors.iter().map(|t| t.dtype).next().unwrap();
+    let plan = crate::fuse::plan(graph);
+    let composition = plan
+        .kernels
+        .iter()
+        .find_map(|k| match &k.composition {
+            crate::fuse::Composition::Gemm(g) => Some(g.clone()),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("graphs/{kernel}.toml has a GEMM"));
+    let kind = KernelKind::of(&composition, dtype);
+    let config = select(Arch::Sm90, &kind).unwrap();
+    (kind, config)
+}
+
+// The examples gemm.cuh's comments give for fewer_waves and
+// clearly_fewer_waves.
+#[test]
+fn launched_tile_repeats_the_launchers_choice() {
+    let (kind, config) = sm90_config("gemm");
+    let decode = config.decode_for(kind.layout).is_some();
+    let tile = |m, n| config.launched_tile(m, n, 132, decode).map(|t| (t.bm, t.bn));
+    assert_eq!(tile(128, 14336), Some((128, 128)));
+    assert_eq!(tile(128, 4096), Some((64, 128)));
+    assert_eq!(tile(1000, 18944), Some((128, 192)));
+    assert_eq!(tile(8192, 8192), Some((128, 256)));
+    assert_eq!(tile(16, 4096), None);
+}
+
+/// The measured rows of a bench JSON as samples: every GEMM row whose
+/// kernel is a built-in graph, with the tile its launch ran.
+fn samples_of(file: &str) -> Vec<Sample> {
+    let text = std::fs::read_to_string(repo_root().join(file)).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let mut samples = Vec::new();
+    for row in json["rows"].as_array().unwrap() {
+        let kernel = row["kernel"].as_str().unwrap();
+        if !repo_root().join("graphs").join(format!("{kernel}.toml")).exists() || kernel.ends_with("norm") {
+            continue;
+        }
+        let dims: Vec<u64> = row["shape"]
+            .as_str()
+            .unwrap()
+            .split(',')
+            .map(|d| d.parse().unwrap())
+            .collect();
+        let (kind, config) = sm90_config(kernel);
+        let n = if kind.gated { 2 * dims[1] } else { dims[1] };
+        let decode = config.decode_for(kind.layout).is_some();
+        let Some(tile) = config.launched_tile(dims[0], n, SM90_SMS, decode) else {
+            continue;
+        };
+        samples.push(Sample {
+            shape: shape(dims[0], n, dims[2]),
+            tile: TileShape::of(&tile),
+            source_tile: kind.source_tile,
+            us: row["ours_us"].as_f64().unwrap(),
+        });
+    }
+    samples
+}
+
+/// What the bench JSON files record of their run: the GPU, driver, commit
+/// and date (all files must agree on the GPU).
+fn provenance_of(files: &[String]) -> Provenance {
+    let read = |file: &String| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(repo_root().join(file)).unwrap()).unwrap()
+    };
+    let first = read(&files[0]);
+    for file in files {
+        assert_eq!(read(file)["device"], first["device"], "{file} ran on another GPU");
+    }
+    let field = |name: &str| first[name].as_str().unwrap_or_default().to_owned();
+    Provenance {
+        files: files.to_vec(),
+        gpu: field("device"),
+        driver: field("driver"),
+        commit: field("commit"),
+        date: field("date"),
+    }
+}
+
+fn relative_errors(calibration: &Calibration, samples: &[Sample]) -> Vec<f64> {
+    let mut errors: Vec<f64> = samples
+        .iter()
+        .map(|s| (calibration.predict(s.tile, s.shape, s.source_tile) / s.us - 1.0).abs())
+        .collect();
+    errors.sort_by(f64::total_cmp);
+    errors
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+/// The shipped calibration is the fit of the files it names: refitting
+/// them gives the same costs (after an intended change, regenerate it with
+/// `FUSION_BLESS=1 cargo test -p fusion-compiler model_calibration`).
+#[test]
+fn model_calibration_is_the_fit_of_its_files() {
+    let shipped = Calibration::shipped_sm90();
+    let samples: Vec<Sample> = shipped
+        .provenance
+        .files
+        .iter()
+        .flat_map(|f| samples_of(f))
+        .collect();
+    let refit = fit(&samples, shipped.sms, provenance_of(&shipped.provenance.files)).unwrap();
+    if std::env::var_os("FUSION_BLESS").is_some_and(|v| v == "1") {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels/tuned/sm90.model.json");
+        std::fs::write(path, serde_json::to_string_pretty(&refit).unwrap() + "\n").unwrap();
+        return;
+    }
+    assert_eq!(shipped.provenance, refit.provenance);
+    assert_eq!(shipped.note, refit.note);
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1.0);
+    assert_eq!(shipped.tiles, refit.tiles);
+    for (a, b) in shipped.costs().iter().zip(refit.costs()) {
+        assert!(close(*a, b), "shipped {shipped:?}\nrefit {refit:?}");
+    }
+}
+
+/// The model explains the times it was fitted to, and predicts layers it
+/// was not fitted to about as well: fitted on four fifths of the (N, K)
+/// pairs, its error on the other fifth stays near its error on its own.
+#[test]
+fn model_predicts_layers_it_was_not_fitted_to() {
+    let shipped = Calibration::shipped_sm90();
+    let samples: Vec<Sample> = shipped
+        .provenance
+        .files
+        .iter()
+        .flat_map(|f| samples_of(f))
+        .collect();
+    assert!(samples.len() >= 200, "{} samples", samples.len());
+    let own = relative_errors(&shipped, &samples);
+    let (median, p90) = (percentile(&own, 0.5), percentile(&own, 0.9));
+    eprintln!(
+        "fitted: {} samples, relative error median {median:.3}, p90 {p90:.3}",
+        own.len()
+    );
+    assert!(
+        median < 0.08 && p90 < 0.2,
+        "fitted: median {median:.3}, p90 {p90:.3}"
+    );
+    let pairs: BTreeSet<(u64, u64)> = samples.iter().map(|s| (s.shape.n, s.shape.k)).collect();
+    let mut held_out_errors = Vec::new();
+    for fold in 0..5 {
+        let held: BTreeSet<(u64, u64)> = pairs.iter().copied().skip(fold).step_by(5).collect();
+        let (test, train): (Vec<Sample>, Vec<Sample>) = samples
+            .iter()
+            .partition(|s| held.contains(&(s.shape.n, s.shape.k)));
+        let model = fit(&train, shipped.sms, shipped.provenance.clone()).unwrap();
+        held_out_errors.extend(relative_errors(&model, &test));
+    }
+    held_out_errors.sort_by(f64::total_cmp);
+    let (median, p90) = (
+        percentile(&held_out_errors, 0.5),
+        percentile(&held_out_errors, 0.9),
+    );
+    eprintln!("held out: relative error median {median:.3}, p90 {p90:.3}");
+    assert!(
+        median < 0.1 && p90 < 0.25,
+        "held out: median {median:.3}, p90 {p90:.3}"
+    );
+}
+
+#[test]
+fn fastest_picks_the_candidate_of_least_predicted_time() {
+    let model = Calibration::shipped_sm90();
+    let tile = |bm, bn| TileConfig::sm90(bm, bn, 4, None);
+    assert!(model.fastest(&[], MBucket::of(4096), 4096, 4096, false).is_none());
+    // A deep, wide GEMM of many waves: the widest tile, whose k-blocks cost
+    // least per flop.
+    let candidates = [tile(64, 128), tile(128, 128), tile(128, 256)];
+    let (best, us) = model
+        .fastest(&candidates, MBucket::of(8192), 14336, 4096, false)
+        .unwrap();
+    assert_eq!((best.bm, best.bn), (128, 256));
+    for other in &candidates[..2] {
+        let (_, other_us) = model
+            .fastest(&[*other], MBucket::of(8192), 14336, 4096, false)
+            .unwrap();
+        assert!(us < other_us);
+    }
+    // 128 rows of a narrow GEMM: 128-row tiles leave most SMs idle, and
+    // 64-row ones fill twice as many.
+    let (best, _) = model
+        .fastest(
+            &[tile(64, 128), tile(128, 256)],
+            MBucket::of(128),
+            2048,
+            2048,
+            false,
+        )
+        .unwrap();
+    assert_eq!((best.bm, best.bn), (64, 128));
+}
+
+#[test]
+fn solve_finds_the_solution_and_refuses_a_singular_system() {
+    let x = solve(vec![vec![2.0, 1.0, 5.0], vec![1.0, 3.0, 10.0]]).unwrap();
+    assert!((x[0] - 1.0).abs() < 1e-12 && (x[1] - 3.0).abs() < 1e-12, "{x:?}");
+    assert!(solve(vec![vec![1.0, 2.0, 3.0], vec![2.0, 4.0, 6.0]]).is_none());
+}
+
+#[test]
+fn fit_refuses_samples_that_do_not_tell_the_costs_apart() {
+    let provenance = Calibration::shipped_sm90().provenance;
+    let sample = Sample {
+        shape: shape(4096, 4096, 4096),
+        tile: TileShape { bm: 128, bn: 256 },
+        source_tile: false,
+        us: 180.0,
+    };
+    let error = fit(&[sample; 3], 132, provenance).unwrap_err();
+    assert!(error.0.contains("3 samples"), "{error}");
+}
