@@ -551,6 +551,7 @@ fn build_candidates(
             small_m_alt: None,
             large_alt: None,
             decode_max_m: None,
+            by_m: None,
         });
         let table = format!("fusion tune, candidate {candidate}");
         let units =

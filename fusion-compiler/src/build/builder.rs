@@ -42,7 +42,7 @@ use crate::codegen::{self, GraphSpec, KernelKey, templates};
 use crate::diagnostic::{Diagnostic, SourceFile, Span};
 use crate::generated::{MACRO_GRAPHS_DIR, struct_name};
 use crate::ir::DType;
-use crate::select::{Arch, TUNED_ENV, TunedCache};
+use crate::select::{Arch, SELECT_ENV, TUNED_ENV, TunedCache};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -186,7 +186,7 @@ impl Builder {
         let files = self.collect(cargo)?;
         let tuned = self.tuned_path();
         if cargo {
-            for name in Arch::BUILD_ENV.into_iter().chain([TUNED_ENV]) {
+            for name in Arch::BUILD_ENV.into_iter().chain([TUNED_ENV, SELECT_ENV]) {
                 println!("cargo:rerun-if-env-changed={name}");
             }
             if let Some(path) = &tuned {
@@ -236,7 +236,8 @@ impl Builder {
                     .to_owned(),
             ));
         }
-        let cache = tuned.map(|path| TunedCache::read(&path)).unwrap_or_default();
+        let mut cache = tuned.map(|path| TunedCache::read(&path)).unwrap_or_default();
+        cache.model = select_by_model()?.then(crate::select::model::Calibration::shipped_sm90);
         codegen::render_tuned(lib_name, &archs, &specs, &[], &cache)
             .map_err(|e| BuildError::Config(e.to_string()))
     }
@@ -449,9 +450,25 @@ fn write_if_changed(path: &Path, text: &str) -> Result<(), BuildError> {
     Ok(())
 }
 
+/// Whether `FUSION_SELECT` ([`SELECT_ENV`]) asks for the model's tiles:
+/// `model` yes; unset, empty or `tables` no; anything else is an error
+/// naming the values it takes.
+fn select_by_model() -> Result<bool, BuildError> {
+    match std::env::var(SELECT_ENV).as_deref() {
+        Ok("model") => Ok(true),
+        Ok("" | "tables") | Err(std::env::VarError::NotPresent) => Ok(false),
+        Ok(other) => Err(BuildError::Config(format!(
+            "{SELECT_ENV}={other:?}: it takes `model` (one sm90 tile per M bucket for GEMMs with static N and K, by the model of their time) or `tables` (the shipped tables, the default)"
+        ))),
+        Err(std::env::VarError::NotUnicode(value)) => Err(BuildError::Config(format!(
+            "{SELECT_ENV}={value:?} is not Unicode: it takes `model` or `tables`"
+        ))),
+    }
+}
+
 /// A GEMM unit's tile configs, `large: 128x256x64 (...)` and the small-M
-/// ones, and its decode kernel's threshold (`decode: m <= 16`), for the
-/// manifest.
+/// ones or those per M bucket (`m <= 512: ...`), and its decode kernel's
+/// threshold (`decode: m <= 16`), for the manifest.
 fn tiles_of(key: &KernelKey) -> Vec<String> {
     let KernelKey::Gemm {
         mainloop,
@@ -470,6 +487,10 @@ fn tiles_of(key: &KernelKey) -> Vec<String> {
     ]
     .into_iter()
     .filter_map(|(which, tile)| Some(format!("{which}: {}", tile?.summary(*mainloop))))
+    .chain(config.tiers_by_m().into_iter().map(|(max_m, tile)| match max_m {
+        Some(max_m) => format!("m <= {max_m}: {}", tile.summary(*mainloop)),
+        None => format!("larger m: {}", tile.summary(*mainloop)),
+    }))
     .chain(
         config
             .decode_for(*layout)

@@ -22,6 +22,8 @@
 //! | `NVCC`, `CUDA_HOME`, `CUDA_PATH`, `PATH` | where nvcc is found, in that order (see [`nvcc`]) |
 //! | `LIBCLANG_PATH` | the directory holding `libclang.so`, for bindgen |
 //! | `FUSION_CACHE_DIR` | the object cache; default `<target dir>/fusion-cache` |
+//! | `FUSION_TUNED` | a tuned cache whose tiles replace the shipped tables' ([`Builder::tuned`]) |
+//! | `FUSION_SELECT` | `model`: one sm90 tile per M bucket for GEMMs with static N and K, chosen by the fitted model of the kernel's time ([`crate::select::model`]); `tables` or unset: the shipped tables' tiers, chosen among at launch |
 //! | `DOCS_RS`, `FUSION_SKIP_NVCC=1` | compile nothing, link nothing, still write the bindings ([`BuildMode::NvccSkipped`]) |
 //! | `NVCC_CCBIN`, `NVCC_PREPEND_FLAGS`, `NVCC_APPEND_FLAGS` | read by nvcc itself, so part of the cache key |
 //!

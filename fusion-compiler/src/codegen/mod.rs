@@ -616,13 +616,37 @@ fn render_unit(
                 Mainloop::Sm80 => "fusion::sm80::kSmemPerBlock",
                 Mainloop::Sm75 => "fusion::sm75::kSmemPerBlock",
             };
+            // A tile per M bucket (the model's choice): each tile other
+            // than the large one once, as `MTile<i>`, and the Ms each serves.
+            let mut by_m_tiles: Vec<TileConfig> = Vec::new();
+            let mut by_m = Vec::new();
+            for (max_m, tile) in config.tiers_by_m() {
+                let alias = if tile == config.large {
+                    "LargeTile".to_owned()
+                } else {
+                    let index = by_m_tiles.iter().position(|t| *t == tile).unwrap_or_else(|| {
+                        by_m_tiles.push(tile);
+                        by_m_tiles.len() - 1
+                    });
+                    format!("MTile{index}")
+                };
+                if let Some(max_m) = max_m {
+                    by_m.push(json!({ "max_m": max_m, "alias": alias }));
+                }
+            }
+            let by_m_aliases: Vec<(String, TileConfig)> = by_m_tiles
+                .iter()
+                .enumerate()
+                .map(|(i, tile)| (format!("MTile{i}"), *tile))
+                .collect();
             let tiles: Vec<_> = [
-                ("LargeTile", "large", Some(config.large)),
-                ("LargeAltTile", "large_alt", config.large_alt),
-                ("SmallTile", "small_m", config.small().map(|(tile, _)| tile)),
-                ("SmallAltTile", "small_m_alt", config.small().and(config.small_m_alt)),
+                ("LargeTile".to_owned(), "large", Some(config.large)),
+                ("LargeAltTile".to_owned(), "large_alt", config.large_alt),
+                ("SmallTile".to_owned(), "small_m", config.small().map(|(tile, _)| tile)),
+                ("SmallAltTile".to_owned(), "small_m_alt", config.small().and(config.small_m_alt)),
             ]
             .into_iter()
+            .chain(by_m_aliases.iter().map(|(alias, tile)| (alias.clone(), "by_m", Some(*tile))))
             .filter_map(|(alias, which, tile)| {
                 let tile = tile?;
                 // In quotes rather than backticks, which nvcc prints as `?`.
@@ -681,6 +705,11 @@ fn render_unit(
                     json!({ "tile": tile_type(*mainloop, &alt), "tile_doc": alt.summary(*mainloop) })
                 }),
                 "small": small.unwrap_or(serde_json::Value::Bool(false)),
+                "by_m_tiles": by_m_aliases
+                    .iter()
+                    .map(|(alias, tile)| json!({ "alias": alias, "tile": tile_type(*mainloop, tile), "tile_doc": tile.summary(*mainloop) }))
+                    .collect::<Vec<_>>(),
+                "by_m": by_m,
                 "folded": folded.unwrap_or(serde_json::Value::Bool(false)),
             });
             merge(&mut context, extra);

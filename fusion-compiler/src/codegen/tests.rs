@@ -973,6 +973,94 @@ fn a_tuned_cache_gives_static_kernels_its_tiles_and_leaves_dynamic_ones_alone() 
     assert_eq!(plain.units.len(), lib.units.len() - 1);
 }
 
+/// With the model ([`TunedCache::model`]), a static GEMM's sm90 unit runs
+/// one tile per M bucket, each a tile of the shipped table's tiers, in the
+/// order of the buckets and after the decode kernel; the dynamic one keeps
+/// the shipped tiers, and an entry of the cache still wins over the model.
+#[test]
+fn the_model_gives_static_sm90_kernels_a_tile_per_m_bucket() {
+    let mut cache = TunedCache::default();
+    cache.model = Some(crate::select::model::Calibration::shipped_sm90());
+    let graphs = [static_gemm_bias_gelu(), spec("gemm_bias_gelu.toml", F16)];
+    let lib = render_tuned("k", &[Arch::Sm90], &graphs, &[], &cache).unwrap();
+    assert_eq!(lib.warnings, Vec::<String>::new());
+    let unit = |symbol: &str| {
+        lib.units
+            .iter()
+            .find(|u| u.symbol == symbol)
+            .unwrap_or_else(|| panic!("no unit {symbol}"))
+            .source
+            .clone()
+    };
+    let modelled = unit("k_gemm_bias_gelu_nk_f16_sm90_n3000_k1000");
+    assert!(
+        modelled.contains(
+            "tile config from kernels/tuned/sm90.model.json, entry 'gemm_bias_gelu.f16.n3000.k1000'"
+        ),
+        "{modelled}"
+    );
+    assert!(!modelled.contains("fewer_waves"), "{modelled}");
+    let decode = modelled.find("fusion::DecodeFor").unwrap();
+    let mut last_bound = 0;
+    let mut position = decode;
+    for line in modelled.lines().filter(|l| {
+        l.trim_start().starts_with("if (p->m <= ") && l.contains("K<") && !l.contains("DecodeFor")
+    }) {
+        let bound: u32 = line.trim_start()["if (p->m <= ".len()..]
+            .split(')')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(bound > last_bound, "bounds out of order in:\n{modelled}");
+        last_bound = bound;
+        let at = modelled.find(line).unwrap();
+        assert!(at > position, "{modelled}");
+        position = at;
+    }
+    assert!(modelled.contains("  return f(K<LargeTile>{});"), "{modelled}");
+    let shipped = unit("k_gemm_bias_gelu_nk_f16_sm90");
+    assert!(
+        shipped.contains("fusion::fewer_waves<SmallAltTile, SmallTile>"),
+        "{shipped}"
+    );
+    // The tiles it chose are among the shipped tiers' for this kind.
+    let select::Selected { config, .. } = select::select_tuned(
+        &TunedTable::shipped(Arch::Sm90).unwrap(),
+        &cache,
+        Arch::Sm90,
+        &KernelKind::of(gemm_composition(&graphs[0]), DType::F16),
+        Some(3000),
+        Some(1000),
+    )
+    .unwrap();
+    let tiers = select::select(
+        Arch::Sm90,
+        &KernelKind::of(gemm_composition(&graphs[0]), DType::F16),
+    )
+    .unwrap();
+    let allowed = [
+        Some(tiers.large),
+        tiers.large_alt,
+        tiers.small_m,
+        tiers.small_m_alt,
+    ];
+    for tile in config.by_m.unwrap() {
+        assert!(allowed.contains(&Some(tile)), "{tile:?}");
+    }
+}
+
+fn gemm_composition(spec: &GraphSpec) -> &crate::fuse::GemmComposition {
+    spec.plan
+        .kernels
+        .iter()
+        .find_map(|k| match &k.composition {
+            Composition::Gemm(g) => Some(g),
+            _ => None,
+        })
+        .unwrap()
+}
+
 /// A cached config the table's checks reject as a whole is a warning that
 /// names the cache file and the kernel's entries, and the shipped config.
 #[test]

@@ -35,7 +35,7 @@ mod tuned_cache;
 
 pub use crate::target::Arch;
 pub use tuned::{GATED_DEFAULT, SOURCE_TILE_DEFAULT, TunedTable};
-pub use tuned_cache::{CacheEntry, CacheKey, M_BUCKET_BOUNDS, MBucket, TUNED_ENV, TunedCache};
+pub use tuned_cache::{CacheEntry, CacheKey, M_BUCKET_BOUNDS, MBucket, SELECT_ENV, TUNED_ENV, TunedCache};
 
 use crate::fuse::GemmComposition;
 use crate::ir::{DType, WeightLayout};
@@ -273,12 +273,33 @@ pub struct KernelConfig {
     /// asserted by each unit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decode_max_m: Option<u32>,
+    /// One tile per M bucket ([`MBucket`], smallest M first), chosen at
+    /// build time for a GEMM whose N and K are static by the model of the
+    /// kernel's time ([`model::choose_by_m`]): the launcher runs the
+    /// bucket's tile for the Ms the decode kernel does not take. With it,
+    /// `large` is the last bucket's tile and the other tiers are absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by_m: Option<[TileConfig; MBucket::COUNT]>,
 }
 
 impl KernelConfig {
     /// The small-M config and its threshold, when both are present.
     pub fn small(&self) -> Option<(TileConfig, u32)> {
         Some((self.small_m?, self.small_m_max?))
+    }
+
+    /// The tiles of [`KernelConfig::by_m`] with the largest M each serves
+    /// (`None`: every M above), neighbouring buckets of one tile merged;
+    /// empty without it.
+    pub fn tiers_by_m(&self) -> Vec<(Option<u32>, TileConfig)> {
+        let mut tiers: Vec<(Option<u32>, TileConfig)> = Vec::new();
+        for (bucket, tile) in MBucket::all().zip(self.by_m.iter().flatten()) {
+            match tiers.last_mut() {
+                Some((max_m, last)) if last == tile => *max_m = bucket.max_m(),
+                _ => tiers.push((bucket.max_m(), *tile)),
+            }
+        }
+        tiers
     }
 
     /// Up to which M a kernel with B in `layout` runs the decode kernel:
@@ -375,7 +396,9 @@ pub struct Selected {
 /// The config for a kernel whose GEMM has static `n` and `k` (`None`:
 /// dynamic): `cache`'s, mapped onto tiers ([`TunedCache::config_for`]),
 /// where N and K are static and it has entries for the kernel on `arch`;
-/// else `table`'s ([`select_sourced`]). A cached config that fails the
+/// else, where N and K are static and the cache carries a model
+/// ([`TunedCache::model`]), one tile per M bucket by the model
+/// ([`model::select_by_model`]); else `table`'s ([`select_sourced`]). A cached config that fails the
 /// table's checks ([`check_config`]) is a warning, and the table's config.
 pub fn select_tuned(
     table: &TunedTable,
@@ -395,7 +418,10 @@ pub fn select_tuned(
     let (Some(n), Some(k)) = (n, k) else {
         return Ok(shipped);
     };
-    let Some((tuned, tuned_origin)) = cache.config_for(arch, kernel, n, k, &shipped.config) else {
+    let Some((tuned, tuned_origin)) = cache
+        .config_for(arch, kernel, n, k, &shipped.config)
+        .or_else(|| model::select_by_model(cache.model.as_ref()?, arch, kernel, n, k, &shipped.config))
+    else {
         return Ok(shipped);
     };
     Ok(match check_config(&tuned, &tuned_origin, arch, kernel) {
@@ -448,6 +474,18 @@ pub fn check_config(
         ),
         (config.large_alt, "large_alt", true, ""),
     ];
+    if let Some(tiles) = &config.by_m {
+        for tile in tiles {
+            tile.check(arch, kernel).map_err(|r| fail("by_m", r))?;
+        }
+        let tiered = config.small_m.is_some() || config.small_m_alt.is_some() || config.large_alt.is_some();
+        if tiered || tiles[MBucket::COUNT - 1] != config.large {
+            return Err(fail(
+                "by_m",
+                "`by_m` gives every M's tile: `large` is its last and the other tiers are left out".into(),
+            ));
+        }
+    }
     if let Some(max_m) = config.decode_max_m {
         if !arch.target().decode {
             return Err(fail(

@@ -23,7 +23,7 @@
 //! Not here: which candidates a kernel may run (the tuned table's tiles for
 //! its kind, [`super::select`]) and what the build renders from the choice.
 
-use super::{KernelConfig, M_BUCKET_BOUNDS, MBucket, TileConfig};
+use super::{Arch, ConfigSource, KernelConfig, KernelKind, M_BUCKET_BOUNDS, MBucket, TileConfig};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
@@ -455,6 +455,76 @@ fn solve(mut rows: Vec<Vec<f64>>) -> Option<Vec<f64>> {
     Some(x)
 }
 
+/// The shipped calibration's file, for a config's origin.
+pub const SM90_CALIBRATION_FILE: &str = "kernels/tuned/sm90.model.json";
+
+/// `shipped` with one tile per M bucket ([`KernelConfig::by_m`]): in each
+/// bucket, the one of `shipped`'s tiles (its large, large_alt, small_m and
+/// small_m_alt, each a tile the kernel's kind was checked to take) that
+/// `model` predicts fastest for a GEMM of `kernel`'s kind with static `n`
+/// (C's columns) and `k`. The decode kernel keeps its Ms.
+pub fn choose_by_m(
+    model: &Calibration,
+    kernel: &KernelKind,
+    n: u64,
+    k: u64,
+    shipped: &KernelConfig,
+) -> KernelConfig {
+    let mut candidates: Vec<TileConfig> = Vec::new();
+    for tile in [
+        Some(shipped.large),
+        shipped.large_alt,
+        shipped.small_m,
+        shipped.small_m_alt,
+    ]
+    .into_iter()
+    .flatten()
+    {
+        if !candidates.contains(&tile) {
+            candidates.push(tile);
+        }
+    }
+    let gemm_n = if kernel.gated { 2 * n } else { n };
+    let mut tiles = [shipped.large; MBucket::COUNT];
+    for bucket in MBucket::all() {
+        if let Some((tile, _)) = model.fastest(&candidates, bucket, gemm_n, k, kernel.source_tile) {
+            tiles[bucket.index()] = tile;
+        }
+    }
+    KernelConfig {
+        large: tiles[MBucket::COUNT - 1],
+        small_m: None,
+        small_m_max: None,
+        small_m_alt: None,
+        large_alt: None,
+        decode_max_m: shipped.decode_max_m,
+        by_m: Some(tiles),
+    }
+}
+
+/// [`choose_by_m`] for a kernel on `arch` whose N and K are static, with
+/// the origin a unit's messages name; `None` where the model does not
+/// apply: another arch than sm90, whose mainloop it models, or a dynamic N
+/// or K.
+pub fn select_by_model(
+    model: &Calibration,
+    arch: Arch,
+    kernel: &KernelKind,
+    n: u64,
+    k: u64,
+    shipped: &KernelConfig,
+) -> Option<(KernelConfig, ConfigSource)> {
+    if arch != Arch::Sm90 {
+        return None;
+    }
+    let config = choose_by_m(model, kernel, n, k, shipped);
+    let origin = ConfigSource {
+        file: SM90_CALIBRATION_FILE.to_owned(),
+        entry: format!("{}.{}.n{n}.k{k}", kernel.name, kernel.dtype.name()),
+    };
+    Some((config, origin))
+}
+
 impl KernelConfig {
     /// The tile the sm90 launcher runs for an `m` x `n` output (GEMM
     /// columns) on `sms` SMs, as the unit's `with_kernel` chooses it
@@ -468,6 +538,9 @@ impl KernelConfig {
         };
         if decode && self.decode_max_m.is_some_and(|max| m <= u64::from(max)) {
             return None;
+        }
+        if let Some(tiles) = &self.by_m {
+            return Some(tiles[MBucket::of(u32::try_from(m).unwrap_or(u32::MAX)).index()]);
         }
         if let Some((small, max_m)) = self.small()
             && m <= u64::from(max_m)

@@ -40,6 +40,12 @@ use std::path::Path;
 /// build script does not call `Builder::tuned`.
 pub const TUNED_ENV: &str = "FUSION_TUNED";
 
+/// The environment variable that chooses how a build selects the sm90
+/// tiles of a GEMM whose N and K are static: `model` by the fitted model of
+/// the kernel's time, one tile per M bucket ([`super::model`]); unset or
+/// `tables`, the shipped tables' tiers, chosen among at launch.
+pub const SELECT_ENV: &str = "FUSION_SELECT";
+
 /// The file format's version; a file of another is ignored with a warning.
 const VERSION: u32 = 1;
 
@@ -58,6 +64,14 @@ pub struct MBucket {
 }
 
 impl MBucket {
+    /// How many buckets there are: one per bound and one above the last.
+    pub const COUNT: usize = M_BUCKET_BOUNDS.len() + 1;
+
+    /// Its place among [`MBucket::all`], from 0.
+    pub fn index(self) -> usize {
+        self.index
+    }
+
     /// Every bucket, smallest M first.
     pub fn all() -> impl Iterator<Item = MBucket> {
         (0..=M_BUCKET_BOUNDS.len()).map(|index| MBucket { index })
@@ -259,6 +273,11 @@ pub struct TunedCache {
     rejected: BTreeSet<String>,
     /// One sentence per problem, naming the file (and the key).
     pub warnings: Vec<String>,
+    /// The model that chooses a tile per M bucket for the sm90 kernels whose
+    /// N and K are static and which the entries do not cover
+    /// ([`super::model`]); `None`: the shipped table's tiers serve them.
+    /// A build sets it for `FUSION_SELECT=model` ([`SELECT_ENV`]).
+    pub model: Option<super::model::Calibration>,
 }
 
 impl TunedCache {
@@ -428,6 +447,7 @@ impl TunedCache {
             small_m_alt: None,
             large_alt: None,
             decode_max_m: shipped.decode_max_m,
+            by_m: None,
         };
         if let Some(last_small) = buckets.iter().rposition(|(_, tile)| *tile != large) {
             let small = &buckets[..=last_small];

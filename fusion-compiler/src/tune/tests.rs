@@ -79,6 +79,7 @@ fn every_candidate_passes_the_check_of_the_shipped_tables() {
                     small_m_alt: None,
                     large_alt: None,
                     decode_max_m: None,
+                    by_m: None,
                 };
                 check_config(&config, &source, arch, &kind).unwrap();
             }

@@ -349,6 +349,7 @@ fn buckets_map_onto_the_large_and_small_m_tiers() {
             // The shipped narrower tile is not one the tuner measured here.
             large_alt: None,
             decode_max_m: Some(16),
+            by_m: None,
         }
     );
     assert!(shipped.large_alt.is_some());
