@@ -5,6 +5,7 @@
 #   (candle: the feature `candle`'s GPU test and example, in a bundle that has them; not in the default)
 #   (counter: the sm90 tests with CTAs taking tiles from a counter, FUSION_TILE_COUNTER=1)
 #   (corpus: fusion bench --corpus over the bundle's corpus.toml: over a thousand rows; not in the default)
+#   (tiles: the corpus once per tile tier, FUSION_GEMM_TILE=<tier>, for the model's calibration; not in the default)
 #   (sanitize-quick: the sanitizers on the native variant only; selftest:
 #   builds the kernel self-test in ./selftest with nvcc, NVCC or nvcc on
 #   PATH, and cuBLASLt, then runs its quick checks; not in the default)
@@ -131,6 +132,15 @@ for step in $steps; do
       done ;;
     bench) run bench.log ./fusion bench --json "$out/bench.json" ;;
     corpus) run corpus.log ./fusion bench --corpus corpus.toml --json "$out/corpus.json" ;;
+    tiles)
+      # Each tile tier of the GEMM units at every corpus layer (FUSION_GEMM_TILE):
+      # the measurements the model of the kernel's time is fitted to
+      # (fusion-compiler's select::model; its calibration names the files).
+      for tier in large large_alt small_m small_m_alt; do
+        FUSION_GEMM_TILE=$tier run "tiles-$tier.log" ./fusion bench --corpus corpus.toml \
+          --corpus-tokens "${FUSION_TILES_TOKENS:-128,512,2048}" \
+          --runs "${FUSION_TILES_RUNS:-10}" --warmup 3 --json "$out/tiles-$tier.json"
+      done ;;
     selftest)
       run selftest-build.log make -C selftest -j "NVCC=${NVCC:-nvcc}"
       run selftest.log ./selftest/selftest --quick ;;

@@ -680,6 +680,84 @@ fn row_stride_for(padding: Padding, arch: Arch, row_length: usize, element_bytes
     if pads { padded } else { row_length }
 }
 
+/// A tile tier of a GEMM unit (`FUSION_GEMM_TILE`), named in its launch's
+/// flags so that each tier can be measured at any shape, which the
+/// fitted model of the kernel's time needs (fusion-compiler's
+/// `select::model`). A unit without the tier makes its own choice.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GemmTile {
+    /// The tuned table's `large` tile.
+    Large,
+    /// `large_alt`.
+    LargeAlt,
+    /// `small_m`.
+    SmallM,
+    /// `small_m_alt`.
+    SmallMAlt,
+}
+
+/// Where the tier's code sits in `fusion_gemm_params::flags`
+/// (abi.h's `FUSION_GEMM_TILE_SHIFT`).
+pub(crate) const GEMM_TILE_SHIFT: u32 = 2;
+
+impl GemmTile {
+    /// Every tier, as the tuned tables name them.
+    pub const ALL: [GemmTile; 4] = [
+        GemmTile::Large,
+        GemmTile::LargeAlt,
+        GemmTile::SmallM,
+        GemmTile::SmallMAlt,
+    ];
+
+    /// `large_alt`: the tuned tables' name, which `FUSION_GEMM_TILE` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            GemmTile::Large => "large",
+            GemmTile::LargeAlt => "large_alt",
+            GemmTile::SmallM => "small_m",
+            GemmTile::SmallMAlt => "small_m_alt",
+        }
+    }
+
+    /// abi.h's `FUSION_GEMM_TILE_<TIER>`.
+    pub(crate) fn code(self) -> u32 {
+        match self {
+            GemmTile::Large => 1,
+            GemmTile::LargeAlt => 2,
+            GemmTile::SmallM => 3,
+            GemmTile::SmallMAlt => 4,
+        }
+    }
+}
+
+/// The tier `FUSION_GEMM_TILE` names for every GEMM launch (read once);
+/// `None` when it is unset or empty, the launcher's own choice. Another
+/// value is [`Error::Setting`].
+pub fn forced_gemm_tile() -> Result<Option<GemmTile>> {
+    static VALUE: OnceLock<Option<String>> = OnceLock::new();
+    gemm_tile_of(
+        VALUE
+            .get_or_init(|| std::env::var("FUSION_GEMM_TILE").ok())
+            .as_deref(),
+    )
+}
+
+fn gemm_tile_of(value: Option<&str>) -> Result<Option<GemmTile>> {
+    match value {
+        None | Some("") => Ok(None),
+        Some(name) => GemmTile::ALL
+            .into_iter()
+            .find(|tier| tier.name() == name)
+            .map(Some)
+            .ok_or_else(|| Error::Setting {
+                variable: "FUSION_GEMM_TILE",
+                value: name.to_owned(),
+                expected: "large, large_alt, small_m or small_m_alt (the tuned tables' tiers), or unset for the \
+                           launcher's own choice",
+            }),
+    }
+}
+
 /// The checks and pointers of one wrapper call.
 pub struct Call<'s> {
     graph: &'static GraphDecl,
@@ -817,9 +895,12 @@ impl<'s> Call<'s> {
     /// into a graph (the graph could be replayed on another stream, or
     /// twice at once, beside launches that share its workspace's counters
     /// and partials).
+    ///
+    /// With `FUSION_GEMM_TILE` set, the flags also name that tile tier
+    /// ([`forced_gemm_tile`]).
     pub fn gemm_flags(&self, no_stream_k: u32, static_tiles: u32) -> Result<u32> {
         let capturing = self.stream.capturing()?;
-        let mut flags = 0;
+        let mut flags = forced_gemm_tile()?.map_or(0, |tier| tier.code() << GEMM_TILE_SHIFT);
         if capturing || !stream_k_enabled() {
             flags |= no_stream_k;
         }
@@ -1178,6 +1259,31 @@ mod tests {
         // Four-byte elements pad to 32 of them.
         assert_eq!(row_stride_for(Padding::Measured, Arch::Sm90, 1000, 4), 1024);
         assert_eq!(row_stride_for(Padding::Measured, Arch::Sm90, 1008, 4), 1024);
+    }
+
+    #[test]
+    fn the_gemm_tile_setting_names_a_tier_or_nothing() {
+        assert_eq!(gemm_tile_of(None).unwrap(), None);
+        assert_eq!(gemm_tile_of(Some("")).unwrap(), None);
+        for tier in GemmTile::ALL {
+            assert_eq!(gemm_tile_of(Some(tier.name())).unwrap(), Some(tier));
+        }
+        let e = gemm_tile_of(Some("huge")).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::Setting {
+                    variable: "FUSION_GEMM_TILE",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(
+            e.to_string()
+                .starts_with("FUSION_GEMM_TILE=huge: expected large,"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -149,6 +149,10 @@ pub struct Report {
     /// measured once at the start of the run; absent in earlier files.
     #[serde(default)]
     pub copy: Option<CopyBandwidth>,
+    /// The tile tier every GEMM launch of the run was told to take
+    /// (`FUSION_GEMM_TILE`); absent: the launchers chose.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gemm_tile: Option<String>,
 }
 
 /// How the numbers of a report were made.
@@ -454,6 +458,7 @@ mod tests {
             timing: TimingDescription::new(TimingPlan { warmup: 10, runs: 50 }),
             sm_clock: clock,
             copy: Some(copy()),
+            gemm_tile: None,
         }
     }
 

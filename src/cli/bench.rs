@@ -291,6 +291,9 @@ fn run_bench(config: BenchConfig, args: &BenchArgs, out: &mut dyn Write) -> Resu
         timing: bench::TimingDescription::new(config.timing),
         sm_clock: clock.as_ref().and_then(|c| c.overall()),
         copy: Some(copy),
+        gemm_tile: crate::launch::forced_gemm_tile()
+            .map_err(|e| CliError::Message(e.to_string()))?
+            .map(|tier| tier.name().to_owned()),
     };
     drop(clock);
     write!(out, "{}", bench::table(&report)).map_err(CliError::from_stdout)?;

@@ -884,7 +884,8 @@ fn nk_units_run_the_decode_kernel_first_for_small_m_and_kn_units_never() {
         }
         // Ahead of the small-M tiles, which would otherwise take those m.
         let decode_at = source.find(&branch).unwrap();
-        let small_at = source.find("return f(K<SmallTile>{})").unwrap();
+        // (The last: a caller-named tier, FUSION_GEMM_TILE, comes first.)
+        let small_at = source.rfind("return f(K<SmallTile>{})").unwrap();
         assert!(decode_at < small_at, "{source}");
     }
     // gemm_bias_silu's B is [K, N]; sm75 has no decode kernel.

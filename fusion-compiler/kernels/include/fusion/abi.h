@@ -77,6 +77,17 @@ typedef struct fusion_gemm_params {
  * sm90 kernel's CTAs take whole tiles from a counter as they get to them,
  * so that CTAs delayed by another stream's kernels take fewer. */
 #define FUSION_GEMM_STATIC_TILES 2u
+/* fusion_gemm_params::flags, bits 2-4: a tile tier the caller names, for
+ * measuring each tier of a unit at any shape (the run time's
+ * FUSION_GEMM_TILE): FUSION_GEMM_TILE_<TIER> << FUSION_GEMM_TILE_SHIFT. 0,
+ * or a tier the unit does not have, leaves the choice to the launcher; a
+ * named tier runs ahead of the decode kernel. */
+#define FUSION_GEMM_TILE_SHIFT 2u
+#define FUSION_GEMM_TILE_MASK (7u << FUSION_GEMM_TILE_SHIFT)
+#define FUSION_GEMM_TILE_LARGE 1u
+#define FUSION_GEMM_TILE_LARGE_ALT 2u
+#define FUSION_GEMM_TILE_SMALL_M 3u
+#define FUSION_GEMM_TILE_SMALL_M_ALT 4u
 
 /* A norm folded into the weight of the GEMM after it: w_folded =
  * w·diag(gamma) in w's layout, col_terms[j] = (Σ_k w_folded[j, k],

@@ -68,10 +68,13 @@ fn launched_tile_repeats_the_launchers_choice() {
 }
 
 /// The measured rows of a bench JSON as samples: every GEMM row whose
-/// kernel is a built-in graph, with the tile its launch ran.
+/// kernel is a built-in graph, with the tile its launch ran: the tier the
+/// run named (`gemm_tile`, `FUSION_GEMM_TILE`) where the kernel has it,
+/// else the launcher's own choice.
 fn samples_of(file: &str) -> Vec<Sample> {
     let text = std::fs::read_to_string(repo_root().join(file)).unwrap();
     let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let named = json["gemm_tile"].as_str();
     let mut samples = Vec::new();
     for row in json["rows"].as_array().unwrap() {
         let kernel = row["kernel"].as_str().unwrap();
@@ -87,7 +90,15 @@ fn samples_of(file: &str) -> Vec<Sample> {
         let (kind, config) = sm90_config(kernel);
         let n = if kind.gated { 2 * dims[1] } else { dims[1] };
         let decode = config.decode_for(kind.layout).is_some();
-        let Some(tile) = config.launched_tile(dims[0], n, SM90_SMS, decode) else {
+        let tier = match named {
+            Some("large") => Some(config.large),
+            Some("large_alt") => config.large_alt,
+            Some("small_m") => config.small_m,
+            Some("small_m_alt") => config.small_m_alt,
+            Some(other) => panic!("{file}: gemm_tile {other:?} is no tier"),
+            None => None,
+        };
+        let Some(tile) = tier.or_else(|| config.launched_tile(dims[0], n, SM90_SMS, decode)) else {
             continue;
         };
         samples.push(Sample {

@@ -59,6 +59,15 @@ fusion::GemmArgs<Element> args_of(const fusion_gemm_params* p) {
 // the launch and its workspace query.
 template <template <typename> class K, typename F>
 cudaError_t with_kernel(const fusion_gemm_params* p, F&& f) {
+  // A tier the caller names (abi.h, FUSION_GEMM_TILE_*), for measuring it.
+  switch ((p->flags & FUSION_GEMM_TILE_MASK) >> FUSION_GEMM_TILE_SHIFT) {
+    case FUSION_GEMM_TILE_LARGE:
+      return f(K<LargeTile>{});
+    case FUSION_GEMM_TILE_SMALL_M:
+      return f(K<SmallTile>{});
+    default:
+      break;
+  }
   if (p->m <= 16) return f(fusion::DecodeFor<K<LargeTile>>{});
   if (p->m <= 512) return f(K<SmallTile>{});
   return f(K<LargeTile>{});
