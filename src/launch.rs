@@ -50,6 +50,12 @@ pub struct TensorDecl {
     pub shape: &'static [Dim],
 }
 
+impl TensorDecl {
+    pub const fn new(name: &'static str, shape: &'static [Dim]) -> TensorDecl {
+        TensorDecl { name, shape }
+    }
+}
+
 /// The device memory a graph's calls keep between them: a buffer per
 /// intermediate tensor and one of scratch for the launchers, each grown on
 /// demand (zeroed when grown: stream-K's flags must start at 0, and kernels

@@ -25,7 +25,7 @@ use crate::launch::{Call, FoldedWeights, GraphDecl, TensorDecl, Workspace, not_c
 use crate::tensor::{Element, Tensor, TensorMut};
 use crate::weights::{Binder, TensorFile, TensorNames};
 use cudarc::driver::CudaStream;
-use fusion_compiler::ir::DType;
+use fusion_compiler::ir::{DType, WeightLayout};
 use std::ffi::c_void;
 use std::sync::Arc;
 
@@ -65,6 +65,11 @@ pub struct PlanTable {
     /// The intermediates written between kernels: a workspace buffer each.
     pub temporaries: &'static [usize],
     pub kernels: &'static [KernelEntry],
+    /// The (dtype, arch) of each kernel's launchers, index for index.
+    pub variants: &'static [(DType, Arch)],
+    /// The library's `<lib>_error_string`; `None` where no launcher was
+    /// compiled.
+    pub error_string: Option<ErrorString>,
     /// The generations the launchers were compiled for; `None`: none were
     /// (a build without nvcc), and a call fails as the run time's own
     /// dispatch would.
@@ -81,8 +86,8 @@ pub struct KernelEntry {
     /// The tensor it writes.
     pub output: usize,
     pub op: KernelOp,
-    /// Its launchers per (dtype, arch).
-    pub variants: &'static [Variant],
+    /// Its launchers, one per [`PlanTable::variants`].
+    pub launchers: Launchers,
 }
 
 /// What a kernel computes, as the fields of its params struct take it:
@@ -104,7 +109,7 @@ pub enum KernelOp {
 }
 
 /// A GEMM: the operand of each pointer field of `fusion_gemm_params`.
-#[derive(Debug)]
+#[derive(Clone, Copy, Debug)]
 pub struct GemmOp {
     pub a: Option<usize>,
     pub b: Option<usize>,
@@ -116,8 +121,28 @@ pub struct GemmOp {
     pub beta: Option<usize>,
     /// The norm prologue's epsilon (0 without one).
     pub eps: f32,
+    /// How B is stored.
+    pub b_layout: WeightLayout,
     /// What binding the weights computes for it.
     pub bind: Bind,
+}
+
+impl GemmOp {
+    /// No operand, no norm, `[N, K]` weights, nothing bound: what a table
+    /// entry's fields start from (`..GemmOp::EMPTY`).
+    pub const EMPTY: GemmOp = GemmOp {
+        a: None,
+        b: None,
+        b_up: None,
+        bias: None,
+        residual: None,
+        multiplier: None,
+        gamma: None,
+        beta: None,
+        eps: 0.0,
+        b_layout: WeightLayout::NK,
+        bind: Bind::Nothing,
+    };
 }
 
 /// What a graph struct computes once for a GEMM when it binds the weights.
@@ -128,40 +153,194 @@ pub enum Bind {
     /// B is a plain bound weight, copied with its rows padded where that
     /// reads faster ([`FoldedWeights::pad`]).
     Pad,
-    /// `_fold_weights` prepares B: a gated pair interleaved (`gated`), the
-    /// norm folded in (`norm`; the kernel then runs its folded launcher).
-    Fold {
-        norm: bool,
-        gated: bool,
-        /// B's layout is `[K, N]` (else `[N, K]`).
-        kn: bool,
-    },
+    /// `_fold_weights` prepares B (the kernel then reads it with `b_up`
+    /// null).
+    Fold(Fold),
 }
 
-/// The launchers of one kernel for one (dtype, arch).
-#[derive(Debug)]
-pub struct Variant {
-    pub dtype: DType,
-    pub arch: Arch,
-    pub launch: Launch,
-    /// The library's `<lib>_error_string`.
-    pub error_string: ErrorString,
+/// What `_fold_weights` does to a GEMM's bound weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fold {
+    /// The norm prologue folded into B (the kernel then runs its folded
+    /// launcher).
+    Norm,
+    /// A gated pair's gate and up weights interleaved into one.
+    Interleave,
+    /// Both: the norm folded into the interleaved pair.
+    NormInterleave,
 }
 
-/// A kernel's launcher and what comes with it.
+impl Fold {
+    fn norm(self) -> bool {
+        matches!(self, Fold::Norm | Fold::NormInterleave)
+    }
+    fn gated(self) -> bool {
+        matches!(self, Fold::Interleave | Fold::NormInterleave)
+    }
+}
+
+/// A kernel's launchers, one per (dtype, arch) of [`PlanTable::variants`].
 #[derive(Clone, Copy, Debug)]
-pub enum Launch {
+pub enum Launchers {
+    Gemm {
+        launch: &'static [Launcher<fusion_gemm_params>],
+        query: &'static [WorkspaceBytes<fusion_gemm_params>],
+        /// The folded form's launcher and query, for a kernel whose norm
+        /// folds into its weight (else empty).
+        folded: &'static [(Launcher<fusion_gemm_params>, WorkspaceBytes<fusion_gemm_params>)],
+        /// `_fold_weights`, for a kernel that prepares its weights (else
+        /// empty).
+        fold: &'static [FoldWeights<fusion_fold_params>],
+    },
+    Norm(&'static [Launcher<fusion_norm_params>]),
+    Elementwise(&'static [Launcher<fusion_elementwise_params>]),
+}
+
+/// One kernel's launchers for the call's (dtype, arch).
+#[derive(Clone, Copy, Debug)]
+enum Launch {
     Gemm {
         launch: Launcher<fusion_gemm_params>,
         query: WorkspaceBytes<fusion_gemm_params>,
-        /// The folded form's launcher and query, for a kernel whose norm
-        /// folds into its weight.
         folded: Option<(Launcher<fusion_gemm_params>, WorkspaceBytes<fusion_gemm_params>)>,
-        /// `_fold_weights`, for a kernel that prepares its weights.
         fold: Option<FoldWeights<fusion_fold_params>>,
     },
     Norm(Launcher<fusion_norm_params>),
     Elementwise(Launcher<fusion_elementwise_params>),
+}
+
+impl Launchers {
+    /// The launchers of variant `index`.
+    fn get(&self, index: usize) -> Launch {
+        match *self {
+            Launchers::Gemm {
+                launch,
+                query,
+                folded,
+                fold,
+            } => Launch::Gemm {
+                launch: launch[index],
+                query: query[index],
+                folded: folded.get(index).copied(),
+                fold: fold.get(index).copied(),
+            },
+            Launchers::Norm(launch) => Launch::Norm(launch[index]),
+            Launchers::Elementwise(launch) => Launch::Elementwise(launch[index]),
+        }
+    }
+}
+
+/// What a generated struct's `graph()` returns, beside its plan table
+/// (which has the tensors' names and shapes): the rest of the graph as the
+/// build script checked it.
+#[derive(Debug)]
+pub struct DeclaredGraph {
+    pub doc: Option<&'static str>,
+    /// Every dim in declaration order, `None` for a dynamic one.
+    pub dims: &'static [(&'static str, Option<u64>)],
+    /// Each tensor's element type as declared, by tensor id.
+    pub dtypes: &'static [DType],
+    /// Each op's kind, inputs and output (tensor ids), in order.
+    pub ops: &'static [(OpCode, &'static [usize], usize)],
+}
+
+/// [`fusion_compiler::ir::OpKind`] as a `static` can hold it: an
+/// activation by its name in the op table.
+#[derive(Clone, Copy, Debug)]
+pub enum OpCode {
+    MatMul(WeightLayout),
+    BiasAdd,
+    Add,
+    Mul,
+    Activation(&'static str),
+    LayerNorm(f64),
+    RmsNorm(f64),
+}
+
+/// The graph `table` runs, from its declarations and `declared`: what a
+/// generated struct's `graph()` returns. Nothing is parsed.
+///
+/// # Panics
+///
+/// Where `declared` names an activation the op table lacks, which the
+/// build script that wrote it read from the same table.
+pub fn graph(table: &PlanTable, declared: &DeclaredGraph) -> fusion_compiler::ir::Graph {
+    use crate::launch::Dim;
+    use fusion_compiler::diagnostic::Span;
+    use fusion_compiler::ir::{
+        Activation, DimDef, DimId, Extent, Graph, Op, OpKind, TensorDesc, TensorId, TensorKind,
+    };
+    // The graph's index of each dynamic dim.
+    let dynamic: Vec<usize> = (0..declared.dims.len())
+        .filter(|&d| declared.dims[d].1.is_none())
+        .collect();
+    let ids = |ids: &[usize]| ids.iter().map(|&t| TensorId(t)).collect::<Vec<_>>();
+    let tensors = table
+        .tensors
+        .iter()
+        .zip(declared.dtypes)
+        .enumerate()
+        .map(|(t, (decl, &dtype))| TensorDesc {
+            name: decl.name.to_owned(),
+            dtype,
+            shape: decl
+                .shape
+                .iter()
+                .map(|&d| match d {
+                    Dim::Static(n) => Extent::Static(n as u64),
+                    Dim::Dynamic(i) => Extent::Dynamic(DimId(dynamic[i])),
+                })
+                .collect(),
+            kind: if table.inputs.contains(&t) {
+                TensorKind::Input
+            } else if table.weights.contains(&t) {
+                TensorKind::Weight
+            } else if table.outputs.contains(&t) {
+                TensorKind::Output
+            } else {
+                TensorKind::Intermediate
+            },
+            span: Span::None,
+        })
+        .collect();
+    let ops = declared
+        .ops
+        .iter()
+        .map(|&(kind, inputs, output)| Op {
+            kind: match kind {
+                OpCode::MatMul(b_layout) => OpKind::MatMul { b_layout },
+                OpCode::BiasAdd => OpKind::BiasAdd,
+                OpCode::Add => OpKind::Add,
+                OpCode::Mul => OpKind::Mul,
+                OpCode::Activation(name) => OpKind::Activation(
+                    Activation::named(name).expect("the build script's op table has this activation"),
+                ),
+                OpCode::LayerNorm(eps) => OpKind::LayerNorm { eps },
+                OpCode::RmsNorm(eps) => OpKind::RmsNorm { eps },
+            },
+            inputs: ids(inputs),
+            output: TensorId(output),
+            span: Span::None,
+        })
+        .collect();
+    Graph {
+        name: table.graph.name.to_owned(),
+        doc: declared.doc.map(str::to_owned),
+        dims: declared
+            .dims
+            .iter()
+            .map(|&(name, size)| DimDef {
+                name: name.to_owned(),
+                size,
+                span: Span::None,
+            })
+            .collect(),
+        tensors,
+        ops,
+        inputs: ids(table.inputs),
+        weights: ids(table.weights),
+        outputs: ids(table.outputs),
+    }
 }
 
 /// One kernel's filled params.
@@ -192,19 +371,19 @@ impl Extents for Call<'_> {
 }
 
 impl PlanTable {
-    /// Each kernel's variant for `dtype` on `arch`, or the error that says
-    /// what was compiled instead.
-    fn variants(&self, dtype: DType, arch: Arch) -> Result<Vec<&'static Variant>> {
-        self.kernels
+    /// The index of `dtype` on `arch` among the variants, or the error that
+    /// says what was compiled instead.
+    fn variant(&self, dtype: DType, arch: Arch) -> Result<usize> {
+        self.variants
             .iter()
-            .map(|kernel| {
-                kernel
-                    .variants
-                    .iter()
-                    .find(|v| v.dtype == dtype && v.arch == arch)
-                    .ok_or_else(|| not_compiled(self.graph.name, dtype, arch, self.compiled))
-            })
-            .collect()
+            .position(|&v| v == (dtype, arch))
+            .ok_or_else(|| not_compiled(self.graph.name, dtype, arch, self.compiled))
+    }
+
+    /// The library's error string; there is one wherever a variant is.
+    fn error_string(&self) -> ErrorString {
+        self.error_string
+            .expect("a table with variants names its library's error string")
     }
 
     /// The generation a call on `stream` runs.
@@ -278,7 +457,7 @@ pub fn fill(
             match (gemm.bind, prepared) {
                 // B is its prepared form, which a gated GEMM's up weight
                 // is part of.
-                (Bind::Fold { .. }, Some((b, col_terms, ldb))) => {
+                (Bind::Fold(_), Some((b, col_terms, ldb))) => {
                     p.b = b as *const c_void;
                     p.ldb = ldb;
                     p.b_up = std::ptr::null();
@@ -440,13 +619,11 @@ pub fn bind<T: Element>(
                     size_of::<T>(),
                 )?);
             }
-            Bind::Fold { norm, gated, kn } => {
-                let variant = kernel
-                    .variants
-                    .iter()
-                    .find(|v| v.dtype == dtype && v.arch == arch)
-                    .ok_or_else(|| not_compiled(table.graph.name, dtype, arch, table.compiled))?;
-                let Launch::Gemm { fold: Some(fold), .. } = variant.launch else {
+            Bind::Fold(fold_kind) => {
+                let (norm, gated) = (fold_kind.norm(), fold_kind.gated());
+                let kn = gemm.b_layout == WeightLayout::KN;
+                let variant = table.variant(dtype, arch)?;
+                let Launch::Gemm { fold: Some(fold), .. } = kernel.launchers.get(variant) else {
                     unreachable!("a kernel that folds its weights has `_fold_weights`")
                 };
                 let (rows, cols) = call.matrix(table.decl(b))?;
@@ -496,7 +673,7 @@ pub fn bind<T: Element>(
                         // writes.
                         unsafe { fold(&params, stream_ptr) }
                     },
-                    variant.error_string,
+                    table.error_string(),
                 )?));
             }
         }
@@ -531,7 +708,9 @@ pub fn run<T: Element>(
     );
     table.check_schema()?;
     let arch = table.arch(stream)?;
-    let variants = table.variants(T::DTYPE, arch)?;
+    let variant = table.variant(T::DTYPE, arch)?;
+    let error_string = table.error_string();
+    let launches: Vec<Launch> = table.kernels.iter().map(|k| k.launchers.get(variant)).collect();
     let mut call = Call::new(table.graph, stream);
     let mut address: Vec<Option<u64>> = vec![None; table.tensors.len()];
     for (&t, &tensor) in table.inputs.iter().chain(table.weights).zip(reads) {
@@ -564,25 +743,24 @@ pub fn run<T: Element>(
     // and shared, since the kernels run one after another on the stream.
     let mut params = Vec::with_capacity(table.kernels.len());
     let mut scratch_bytes = 0u64;
-    for (index, (kernel, variant)) in table.kernels.iter().zip(&variants).enumerate() {
+    for (index, (kernel, launch)) in table.kernels.iter().zip(&launches).enumerate() {
         let bound = prepared.get(index).and_then(Option::as_ref);
         let weights = bound.map(|w| call.folded(w));
         let filled = fill(table, kernel, &call, &address, flags, weights)?;
-        if let (Params::Gemm(p), Launch::Gemm { query, folded, .. }) = (&filled, variant.launch) {
+        if let (Params::Gemm(p), Launch::Gemm { query, folded, .. }) = (&filled, *launch) {
             // With its norm folded into the weight, the kernel runs the
             // folded launcher.
             let query = match (bound, folded) {
                 (Some(_), Some((_, folded_query))) => folded_query,
                 _ => query,
             };
-            scratch_bytes =
-                scratch_bytes.max(call.workspace_bytes(kernel.label, query, p, variant.error_string)?);
+            scratch_bytes = scratch_bytes.max(call.workspace_bytes(kernel.label, query, p, error_string)?);
         }
         params.push(filled);
     }
     let (scratch_ptr, scratch_len) = call.scratch(scratch, scratch_bytes)?;
-    for (index, ((kernel, variant), params)) in
-        table.kernels.iter().zip(&variants).zip(&mut params).enumerate()
+    for (index, ((kernel, launch), params)) in
+        table.kernels.iter().zip(&launches).zip(&mut params).enumerate()
     {
         // A kernel whose own output is empty is not launched, while the
         // others are (`Call::has_elements` says why).
@@ -595,7 +773,7 @@ pub fn run<T: Element>(
         // borrowed until `call` is dropped; the params are the launcher's
         // own struct (the table pairs them by kind); the launcher only
         // enqueues work.
-        let code = match (params, variant.launch) {
+        let code = match (params, *launch) {
             (Params::Gemm(p), Launch::Gemm { launch, folded, .. }) => {
                 p.workspace = scratch_ptr;
                 p.workspace_bytes = scratch_len;
@@ -610,7 +788,114 @@ pub fn run<T: Element>(
             (Params::Elementwise(p), Launch::Elementwise(launch)) => unsafe { launch(p, stream_ptr) },
             _ => unreachable!("a kernel's launcher takes the params of its op"),
         };
-        call.launched(kernel.label, code, variant.error_string)?;
+        call.launched(kernel.label, code, error_string)?;
     }
     call_use.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::launch::{Dim, ShapeDims};
+
+    static GRAPH: GraphDecl = GraphDecl {
+        name: "g",
+        dims: &["M"],
+    };
+    /// x [M, 64] @ w [32, 64]^T + bias [32] -> y [M, 32], with w, up and
+    /// bias weights.
+    static TENSORS: [TensorDecl; 5] = [
+        TensorDecl::new("x", &[Dim::Dynamic(0), Dim::Static(64)]),
+        TensorDecl::new("w", &[Dim::Static(32), Dim::Static(64)]),
+        TensorDecl::new("up", &[Dim::Static(32), Dim::Static(64)]),
+        TensorDecl::new("bias", &[Dim::Static(32)]),
+        TensorDecl::new("y", &[Dim::Dynamic(0), Dim::Static(32)]),
+    ];
+
+    fn table(schema: u32, bind: Bind) -> &'static PlanTable {
+        let kernels = Box::leak(Box::new([KernelEntry {
+            label: "kernel #0 (gemm)",
+            output: 4,
+            op: KernelOp::Gemm(GemmOp {
+                a: Some(0),
+                b: Some(1),
+                b_up: Some(2),
+                bias: Some(3),
+                bind,
+                ..GemmOp::EMPTY
+            }),
+            launchers: Launchers::Gemm {
+                launch: &[],
+                query: &[],
+                folded: &[],
+                fold: &[],
+            },
+        }]));
+        Box::leak(Box::new(PlanTable {
+            schema,
+            graph: &GRAPH,
+            tensors: &TENSORS,
+            inputs: &[0],
+            weights: &[1, 2, 3],
+            outputs: &[4],
+            temporaries: &[],
+            kernels,
+            variants: &[],
+            error_string: None,
+            archs: None,
+            compiled: "nothing",
+        }))
+    }
+
+    fn gemm(table: &PlanTable, prepared: Option<(u64, u64, i64)>) -> fusion_gemm_params {
+        let mut dims = ShapeDims::new(table.graph);
+        assert!(dims.bind(&TENSORS[0], &[5, 64]).unwrap());
+        let address: Vec<Option<u64>> = (1..=5).map(|t| Some(t << 12)).collect();
+        match fill(table, &table.kernels[0], &dims, &address, 3, prepared).unwrap() {
+            Params::Gemm(p) => p,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_gemms_params_take_each_operand_and_the_bound_sizes() {
+        let p = gemm(table(SCHEMA_VERSION, Bind::Nothing), None);
+        assert_eq!(
+            (p.a, p.b, p.b_up, p.bias, p.c.cast_const()),
+            (0x1000 as _, 0x2000 as _, 0x3000 as _, 0x4000 as _, 0x5000 as _)
+        );
+        assert!(p.residual.is_null() && p.gamma.is_null() && p.col_terms.is_null());
+        assert_eq!((p.m, p.n, p.k, p.ldb, p.flags), (5, 32, 64, 0, 3));
+        assert!(p.workspace.is_null());
+    }
+
+    #[test]
+    fn prepared_weights_replace_b_as_their_binding_says() {
+        let prepared = Some((0xa000, 0xb000, 72));
+        // A folded or interleaved B: read alone, with its terms.
+        let p = gemm(table(SCHEMA_VERSION, Bind::Fold(Fold::Interleave)), prepared);
+        assert_eq!((p.b, p.ldb, p.col_terms), (0xa000 as _, 72, 0xb000 as _));
+        assert!(p.b_up.is_null());
+        // A padded B: its copy, no terms, the rest as given.
+        let p = gemm(table(SCHEMA_VERSION, Bind::Pad), prepared);
+        assert_eq!((p.b, p.ldb, p.b_up), (0xa000 as _, 72, 0x3000 as _));
+        assert!(p.col_terms.is_null());
+        // Nothing bound: the weights as given (a struct's table never
+        // prepares such a kernel's; a stale entry is not read).
+        let p = gemm(table(SCHEMA_VERSION, Bind::Nothing), prepared);
+        assert_eq!((p.b, p.ldb), (0x2000 as _, 0));
+    }
+
+    #[test]
+    fn a_table_of_another_schema_is_refused_by_name() {
+        assert!(table(SCHEMA_VERSION, Bind::Nothing).check_schema().is_ok());
+        let e = table(SCHEMA_VERSION + 1, Bind::Nothing)
+            .check_schema()
+            .unwrap_err();
+        assert!(
+            matches!(&e, Error::PlanSchema { graph, table, runtime }
+                if graph == "g" && *table == SCHEMA_VERSION + 1 && *runtime == SCHEMA_VERSION),
+            "{e}"
+        );
+    }
 }

@@ -17,7 +17,7 @@
 use crate::bench::timing::{self, TimingPlan};
 use crate::error::Result as GpuResult;
 use crate::launch::{Call, Dim, ErrorString, FoldedWeights, GraphDecl, TensorDecl, Workspace};
-use crate::plan::{self, Bind, GemmOp, KernelEntry, KernelOp, Launch, PlanTable, Variant};
+use crate::plan::{self, Bind, Fold, GemmOp, KernelEntry, KernelOp, Launchers, PlanTable};
 use crate::testing::{self, HostElement};
 use crate::tune::compile::{self, Built, Job};
 use crate::tune::library::SharedLibrary;
@@ -26,7 +26,7 @@ use crate::{Arch, Shape, Tensor, TensorMut};
 use cudarc::driver::{CudaSlice, CudaStream};
 use fusion_compiler::codegen::{self, GraphSpec};
 use fusion_compiler::fuse::{self, Composition, FusedKernel, Plan, Role};
-use fusion_compiler::ir::{DType, Extent, Graph, TensorId, WeightLayout};
+use fusion_compiler::ir::{DType, Extent, Graph, TensorId};
 use fusion_compiler::reference::{self, Bindings, HostTensor, Intermediates};
 use half::{bf16, f16};
 use std::io::Write;
@@ -322,7 +322,7 @@ fn build(
     dtype: DType,
     arch: Arch,
     out: &mut dyn Write,
-) -> Result<Vec<(Launch, ErrorString)>, String> {
+) -> Result<Vec<(Launchers, ErrorString)>, String> {
     let lib_name = library_name(&plan.graph.name);
     let spec = GraphSpec {
         plan: plan.clone(),
@@ -394,31 +394,36 @@ fn build(
             // which fusion's templates render for this kind of kernel.
             let launch = unsafe {
                 match kernel.composition {
-                    Composition::Gemm(_) => Launch::Gemm {
-                        launch: lib.get(symbol)?,
-                        query: lib.get(&format!("{symbol}_workspace_bytes"))?,
+                    Composition::Gemm(_) => Launchers::Gemm {
+                        launch: one(lib.get(symbol)?),
+                        query: one(lib.get(&format!("{symbol}_workspace_bytes"))?),
                         folded: if kernel.norm_foldable(&plan.graph) {
-                            Some((
+                            one((
                                 lib.get(&format!("{symbol}_folded"))?,
                                 lib.get(&format!("{symbol}_folded_workspace_bytes"))?,
                             ))
                         } else {
-                            None
+                            &[]
                         },
                         fold: if kernel.prepares_weights(&plan.graph) {
-                            Some(lib.get(&format!("{symbol}_fold_weights"))?)
+                            one(lib.get(&format!("{symbol}_fold_weights"))?)
                         } else {
-                            None
+                            &[]
                         },
                     },
-                    Composition::Norm(_) => Launch::Norm(lib.get(symbol)?),
-                    Composition::Elementwise(_) => Launch::Elementwise(lib.get(symbol)?),
+                    Composition::Norm(_) => Launchers::Norm(one(lib.get(symbol)?)),
+                    Composition::Elementwise(_) => Launchers::Elementwise(one(lib.get(symbol)?)),
                 }
             };
             // SAFETY: abi.h's `const char* <lib>_error_string(int)`.
             Ok((launch, unsafe { lib.get(&error_name) }?))
         })
         .collect()
+}
+
+/// A table's list of one item, kept for the process (as the table is).
+fn one<T>(item: T) -> &'static [T] {
+    Box::leak(Box::new([item]))
 }
 
 /// The library name of a graph's kernels: `run_` and the graph's name as
@@ -437,28 +442,25 @@ fn plan_table(
     declared: &Declared,
     dtype: DType,
     arch: Arch,
-    kernels: Vec<(Launch, ErrorString)>,
+    kernels: Vec<(Launchers, ErrorString)>,
 ) -> &'static PlanTable {
     fn leak<T>(items: Vec<T>) -> &'static [T] {
         Box::leak(items.into_boxed_slice())
     }
     let graph = &plan.graph;
     let ids = |ids: &[TensorId]| leak(ids.iter().map(|t| t.0).collect());
+    // Every unit's library has the same `_error_string`.
+    let error_string = kernels.first().map(|&(_, error_string)| error_string);
     let entries = plan
         .kernels
         .iter()
         .zip(kernels)
         .enumerate()
-        .map(|(index, (kernel, (launch, error_string)))| KernelEntry {
+        .map(|(index, (kernel, (launchers, _)))| KernelEntry {
             label: Box::leak(plan.kernel_label(index).into_boxed_str()),
             output: kernel.output.0,
             op: kernel_op(graph, kernel),
-            variants: leak(vec![Variant {
-                dtype,
-                arch,
-                launch,
-                error_string,
-            }]),
+            launchers,
         })
         .collect();
     Box::leak(Box::new(PlanTable {
@@ -470,7 +472,9 @@ fn plan_table(
         outputs: ids(&graph.outputs),
         temporaries: ids(&plan.temporaries()),
         kernels: leak(entries),
-        archs: Some(leak(vec![arch])),
+        variants: one((dtype, arch)),
+        error_string,
+        archs: Some(one(arch)),
         compiled: Box::leak(format!("{dtype} on {}", arch.name()).into_boxed_str()),
     }))
 }
@@ -484,11 +488,11 @@ fn kernel_op(graph: &Graph, kernel: &FusedKernel) -> KernelOp {
         Composition::Gemm(gemm) => {
             let f = kernel.gemm_operands().map(|o| o.tensor.0);
             let bind = if kernel.prepares_weights(graph) {
-                Bind::Fold {
-                    norm: kernel.norm_foldable(graph),
-                    gated: gemm.gate.is_some(),
-                    kn: gemm.b_layout == WeightLayout::KN,
-                }
+                Bind::Fold(match (kernel.norm_foldable(graph), gemm.gate.is_some()) {
+                    (true, true) => Fold::NormInterleave,
+                    (true, false) => Fold::Norm,
+                    (false, _) => Fold::Interleave,
+                })
             } else if kernel.binds_b(graph) {
                 Bind::Pad
             } else {
@@ -504,6 +508,7 @@ fn kernel_op(graph: &Graph, kernel: &FusedKernel) -> KernelOp {
                 gamma: f.gamma,
                 beta: f.beta,
                 eps: gemm.prologue.map_or(0.0, |p| p.eps) as f32,
+                b_layout: gemm.b_layout,
                 bind,
             })
         }
@@ -767,18 +772,22 @@ y = "rmsnorm(x, norm, eps = 1e-5) @ w_gate^T"
             .iter()
             .map(|kernel| {
                 let launch = match kernel.composition {
-                    Composition::Gemm(_) => Launch::Gemm {
-                        launch: stand_ins::gemm,
-                        query: stand_ins::query,
-                        folded: kernel
-                            .norm_foldable(&plan.graph)
-                            .then_some((stand_ins::gemm as _, stand_ins::query as _)),
-                        fold: kernel
-                            .prepares_weights(&plan.graph)
-                            .then_some(stand_ins::fold as _),
+                    Composition::Gemm(_) => Launchers::Gemm {
+                        launch: &[stand_ins::gemm],
+                        query: &[stand_ins::query],
+                        folded: if kernel.norm_foldable(&plan.graph) {
+                            &[(stand_ins::gemm, stand_ins::query)]
+                        } else {
+                            &[]
+                        },
+                        fold: if kernel.prepares_weights(&plan.graph) {
+                            &[stand_ins::fold]
+                        } else {
+                            &[]
+                        },
                     },
-                    Composition::Norm(_) => Launch::Norm(stand_ins::norm),
-                    Composition::Elementwise(_) => Launch::Elementwise(stand_ins::elementwise),
+                    Composition::Norm(_) => Launchers::Norm(&[stand_ins::norm]),
+                    Composition::Elementwise(_) => Launchers::Elementwise(&[stand_ins::elementwise]),
                 };
                 (launch, stand_ins::error_string as ErrorString)
             })
@@ -881,7 +890,7 @@ y = "rmsnorm(x, norm, eps = 1e-5) @ w_gate^T"
             assert_eq!(ours.kernels.len(), table.kernels.len(), "{name}");
             for (a, b) in ours.kernels.iter().zip(table.kernels) {
                 let bind = |k: &KernelEntry| match &k.op {
-                    KernelOp::Gemm(g) => Some(g.bind),
+                    KernelOp::Gemm(g) => Some((g.bind, g.b_layout)),
                     _ => None,
                 };
                 assert_eq!(

@@ -30,7 +30,7 @@ use crate::fuse::{Composition, Role};
 use crate::generated::struct_name;
 use crate::ir::{DType, Extent, Graph, TensorId, WeightLayout};
 use crate::select::Arch;
-use proc_macro2::{Ident, Span, TokenStream};
+use proc_macro2::{Ident, Literal, Span, TokenStream};
 use quote::{format_ident, quote};
 
 /// Rust source for the wrappers. `linked` is false when nvcc did not run:
@@ -113,14 +113,6 @@ fn unparse(tokens: TokenStream) -> String {
 
 fn arg_ident(graph: &Graph, t: TensorId) -> Ident {
     Ident::new(&graph.tensor(t).name, Span::call_site())
-}
-
-fn dtype_tokens(d: DType) -> TokenStream {
-    match d {
-        DType::F16 => quote!(fusion::core::ir::DType::F16),
-        DType::BF16 => quote!(fusion::core::ir::DType::BF16),
-        DType::F32 => quote!(fusion::core::ir::DType::F32),
-    }
 }
 
 fn element_tokens(d: DType) -> TokenStream {
@@ -271,14 +263,18 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
     };
 
     let clippy = internal_lint_allows();
+    let schema = Literal::u32_unsuffixed(PLAN_SCHEMA);
     let module_items = quote! {
         #[allow(dead_code, unused_imports, #clippy)]
         mod #module {
             use super::ffi;
-            use fusion::launch::{Dim, TensorDecl};
-            use fusion::plan::{Bind, GemmOp, KernelEntry, KernelOp, Launch, Variant};
+            use fusion::core::ir::DType;
+            use fusion::launch::Dim::{Dynamic, Static};
+            use fusion::launch::TensorDecl;
+            use fusion::plan::{Bind, GemmOp, KernelEntry, KernelOp, Launchers, OpCode};
+            use fusion::Arch;
 
-            const _: () = fusion::plan::expect_schema(#PLAN_SCHEMA);
+            const _: () = fusion::plan::expect_schema(#schema);
 
             #table
         }
@@ -290,6 +286,7 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
         } else {
             quote!()
         };
+        let graph_fn = graph_fn(&module);
         let bound = BoundGraph {
             struct_ident,
             module,
@@ -300,14 +297,14 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
             weights: graph.weights.iter().map(|&t| arg_ident(graph, t)).collect(),
             outputs: write_args,
             declaration: spec.fingerprint.map(|_| spec.declaration.clone()),
-            graph_fn: graph_fn(graph),
+            graph_fn,
             archs_const,
             struct_allows: one_of_two_ways(&free_fn),
         };
         return quote!(#bound #free_fn #module_items);
     }
     let struct_allows = one_of_two_ways(&free_fn);
-    let graph_fn = graph_fn(graph);
+    let graph_fn = graph_fn(&module);
     let run = run_per_call(quote!(&mut self.workspace));
     quote! {
         #[doc = #doc]
@@ -364,7 +361,7 @@ pub const PLAN_SCHEMA: u32 = 1;
 fn tensor_option(tensor: Option<TensorId>) -> TokenStream {
     match tensor {
         Some(t) => {
-            let i = t.0;
+            let i = Literal::usize_unsuffixed(t.0);
             quote!(Some(#i))
         }
         None => quote!(None),
@@ -382,55 +379,91 @@ fn plan_table(
     let plan = &launchers.spec.plan;
     let graph = &plan.graph;
     let name = &graph.name;
+    let schema = Literal::u32_unsuffixed(PLAN_SCHEMA);
     let dim_names = graph.dynamic_dims().map(|d| d.name.as_str());
     let tensors = graph.tensors.iter().map(|desc| {
         let tensor_name = &desc.name;
         let dims = desc.shape.iter().map(|e| match e {
             Extent::Static(n) => {
-                let n = *n as usize;
-                quote!(Dim::Static(#n))
+                let n = Literal::u64_unsuffixed(*n);
+                quote!(Static(#n))
             }
             Extent::Dynamic(d) => {
                 let index = graph
                     .dynamic_index(*d)
                     .expect("a dynamic extent names a dynamic dim");
-                quote!(Dim::Dynamic(#index))
+                let index = Literal::usize_unsuffixed(index);
+                quote!(Dynamic(#index))
             }
         });
-        quote!(TensorDecl { name: #tensor_name, shape: &[#(#dims),*] })
+        quote!(TensorDecl::new(#tensor_name, &[#(#dims),*]))
     });
     let ids = |ids: &[TensorId]| {
-        let ids = ids.iter().map(|t| t.0);
+        let ids = ids.iter().map(|t| Literal::usize_unsuffixed(t.0));
         quote!(&[#(#ids),*])
     };
     let (inputs, weights, outputs) = (ids(&graph.inputs), ids(&graph.weights), ids(&graph.outputs));
     let temporaries = ids(&plan.temporaries());
-    let error_string = format_ident!("{}_error_string", library.lib_name);
+    // The (dtype, arch) of every kernel's launchers, index for index.
+    let kinds: Vec<(DType, Arch)> = launchers
+        .kernels
+        .first()
+        .map(|k| k.variants.iter().map(|&(d, a, _)| (d, a)).collect())
+        .unwrap_or_default();
+    let variants = kinds.iter().filter(|_| linked).map(|&(d, a)| {
+        let (d, a) = (format_ident!("{}", format!("{d:?}")), format_ident!("{a:?}"));
+        quote!((DType::#d, Arch::#a))
+    });
+    let error_string = if linked {
+        let name = format_ident!("{}_error_string", library.lib_name);
+        quote!(Some(ffi::#name))
+    } else {
+        quote!(None)
+    };
     let kernels = plan.kernels.iter().enumerate().map(|(index, kernel)| {
         let label = plan.kernel_label(index);
-        let output = kernel.output.0;
+        let output = Literal::usize_unsuffixed(kernel.output.0);
         let operand = |role: Role| tensor_option(kernel.operand(role));
         let foldable = kernel.norm_foldable(graph);
         let prepares = kernel.prepares_weights(graph);
         let op = match &kernel.composition {
             Composition::Gemm(gemm) => {
                 let f = kernel.gemm_operands().map(|o| o.tensor);
-                let [a, b, b_up, bias, residual, multiplier, gamma, beta] =
-                    [f.a, f.b, f.b_up, f.bias, f.residual, f.multiplier, f.gamma, f.beta].map(tensor_option);
-                let eps = gemm.prologue.map_or(0.0, |p| p.eps) as f32;
-                let bind = if prepares {
-                    let gated = gemm.gate.is_some();
-                    let kn = gemm.b_layout == WeightLayout::KN;
-                    quote!(Bind::Fold { norm: #foldable, gated: #gated, kn: #kn })
+                // Only what differs from `GemmOp::EMPTY` is written.
+                let mut fields = Vec::new();
+                for (field, tensor) in [
+                    ("a", f.a),
+                    ("b", f.b),
+                    ("b_up", f.b_up),
+                    ("bias", f.bias),
+                    ("residual", f.residual),
+                    ("multiplier", f.multiplier),
+                    ("gamma", f.gamma),
+                    ("beta", f.beta),
+                ] {
+                    if tensor.is_some() {
+                        let (field, value) = (format_ident!("{field}"), tensor_option(tensor));
+                        fields.push(quote!(#field: #value));
+                    }
+                }
+                if let Some(norm) = gemm.prologue {
+                    let eps = norm.eps as f32;
+                    fields.push(quote!(eps: #eps));
+                }
+                if gemm.b_layout == WeightLayout::KN {
+                    fields.push(quote!(b_layout: fusion::ir::WeightLayout::KN));
+                }
+                if prepares {
+                    let fold = match (foldable, gemm.gate.is_some()) {
+                        (true, true) => quote!(NormInterleave),
+                        (true, false) => quote!(Norm),
+                        (false, _) => quote!(Interleave),
+                    };
+                    fields.push(quote!(bind: Bind::Fold(fusion::plan::Fold::#fold)));
                 } else if kernel.binds_b(graph) {
-                    quote!(Bind::Pad)
-                } else {
-                    quote!(Bind::Nothing)
-                };
-                quote!(KernelOp::Gemm(GemmOp {
-                    a: #a, b: #b, b_up: #b_up, bias: #bias, residual: #residual,
-                    multiplier: #multiplier, gamma: #gamma, beta: #beta, eps: #eps, bind: #bind,
-                }))
+                    fields.push(quote!(bind: Bind::Pad));
+                }
+                quote!(KernelOp::Gemm(GemmOp { #(#fields,)* ..GemmOp::EMPTY }))
             }
             Composition::Norm(norm) => {
                 let (x, gamma, beta) = (operand(Role::X), operand(Role::Gamma), operand(Role::Beta));
@@ -443,47 +476,70 @@ fn plan_table(
                 quote!(KernelOp::Elementwise { x: #x, operands: [#(#steps),*] })
             }
         };
-        let variants = launchers.kernels[index].variants.iter().filter(|_| linked).map(|(dtype, arch, symbol)| {
-            let (d, a) = (dtype_tokens(*dtype), arch_tokens(*arch));
-            let launcher = format_ident!("{symbol}");
-            let launch = match params_kind(&kernel.composition) {
-                ParamsKind::Gemm => {
-                    let query = format_ident!("{symbol}_workspace_bytes");
-                    let folded = if foldable {
-                        let (folded, folded_query) =
-                            (format_ident!("{symbol}_folded"), format_ident!("{symbol}_folded_workspace_bytes"));
-                        quote!(Some((ffi::#folded, ffi::#folded_query)))
-                    } else {
-                        quote!(None)
-                    };
-                    let fold = if prepares {
-                        let fold = format_ident!("{symbol}_fold_weights");
-                        quote!(Some(ffi::#fold))
-                    } else {
-                        quote!(None)
-                    };
-                    quote!(Launch::Gemm { launch: ffi::#launcher, query: ffi::#query, folded: #folded, fold: #fold })
-                }
-                ParamsKind::Norm => quote!(Launch::Norm(ffi::#launcher)),
-                ParamsKind::Elementwise => quote!(Launch::Elementwise(ffi::#launcher)),
-            };
-            quote!(Variant { dtype: #d, arch: #a, launch: #launch, error_string: ffi::#error_string })
-        });
-        quote!(KernelEntry { label: #label, output: #output, op: #op, variants: &[#(#variants),*] })
+        let variants = &launchers.kernels[index].variants;
+        assert!(
+            variants
+                .iter()
+                .map(|(d, a, _)| (d, a))
+                .eq(kinds.iter().map(|(d, a)| (d, a))),
+            "every kernel of a graph has the graph's variants"
+        );
+        let symbols: Vec<&str> = variants
+            .iter()
+            .filter(|_| linked)
+            .map(|(_, _, s)| s.as_str())
+            .collect();
+        let each = |suffix: &str| {
+            let names = symbols.iter().map(|symbol| format_ident!("{symbol}{suffix}"));
+            quote!(&[#(ffi::#names),*])
+        };
+        let launchers = match params_kind(&kernel.composition) {
+            ParamsKind::Gemm => {
+                let (launch, query) = (each(""), each("_workspace_bytes"));
+                let folded = if foldable {
+                    let pairs = symbols.iter().map(|symbol| {
+                        let (folded, query) = (
+                            format_ident!("{symbol}_folded"),
+                            format_ident!("{symbol}_folded_workspace_bytes"),
+                        );
+                        quote!((ffi::#folded, ffi::#query))
+                    });
+                    quote!(&[#(#pairs),*])
+                } else {
+                    quote!(&[])
+                };
+                let fold = if prepares {
+                    each("_fold_weights")
+                } else {
+                    quote!(&[])
+                };
+                quote!(Launchers::Gemm { launch: #launch, query: #query, folded: #folded, fold: #fold })
+            }
+            ParamsKind::Norm => {
+                let launch = each("");
+                quote!(Launchers::Norm(#launch))
+            }
+            ParamsKind::Elementwise => {
+                let launch = each("");
+                quote!(Launchers::Elementwise(#launch))
+            }
+        };
+        quote!(KernelEntry { label: #label, output: #output, op: #op, launchers: #launchers })
     });
     let archs = if linked {
-        let archs = library.archs.iter().map(|&a| arch_tokens(a));
-        quote!(Some(&[#(#archs),*]))
+        let archs = library.archs.iter().map(|a| format_ident!("{a:?}"));
+        quote!(Some(&[#(Arch::#archs),*]))
     } else {
         quote!(None)
     };
+    let declared = graph_literal::declared_graph(graph);
     quote! {
         pub(super) static __GRAPH: fusion::launch::GraphDecl = fusion::launch::GraphDecl {
             name: #name,
             dims: &[#(#dim_names),*],
         };
         pub(super) static __PLAN: fusion::plan::PlanTable = fusion::plan::PlanTable {
-            schema: #PLAN_SCHEMA,
+            schema: #schema,
             graph: &__GRAPH,
             tensors: &[#(#tensors),*],
             inputs: #inputs,
@@ -491,9 +547,12 @@ fn plan_table(
             outputs: #outputs,
             temporaries: #temporaries,
             kernels: &[#(#kernels),*],
+            variants: &[#(#variants),*],
+            error_string: #error_string,
             archs: #archs,
             compiled: #compiled,
         };
+        #declared
     }
 }
 
@@ -518,10 +577,9 @@ struct BoundGraph {
     struct_allows: TokenStream,
 }
 
-/// A struct's `graph()`: the graph it runs, written out as data
-/// ([`graph_literal`]).
-fn graph_fn(graph: &Graph) -> TokenStream {
-    let expr = graph_literal::graph_expr(graph);
+/// A struct's `graph()`: the graph it runs, from its plan table and
+/// `__DECLARED` ([`graph_literal`]).
+fn graph_fn(module: &Ident) -> TokenStream {
     quote! {
         /// The graph this struct runs, as the build script checked it, built
         /// from data written then (nothing is parsed at run time): for the
@@ -534,9 +592,8 @@ fn graph_fn(graph: &Graph) -> TokenStream {
         /// build script read, which this crate's fusion shares.
         #[must_use]
         #[allow(dead_code, reason = #ACCESSORS_UNUSED)]
-        #[allow(clippy::too_many_lines, reason = "one expression, a field per line")]
         pub fn graph() -> fusion::ir::Graph {
-            #expr
+            fusion::plan::graph(&#module::__PLAN, &#module::__DECLARED)
         }
     }
 }

@@ -166,130 +166,8 @@ impl<'w, T: fusion::Element> GemmBiasGelu<'w, T> {
     /// build script read, which this crate's fusion shares.
     #[must_use]
     #[allow(dead_code, reason = "accessors a crate may not call")]
-    #[allow(clippy::too_many_lines, reason = "one expression, a field per line")]
     pub fn graph() -> fusion::ir::Graph {
-        {
-            #[allow(
-                unused_imports,
-                reason = "the graph's ops may not need each of them"
-            )]
-            use fusion::ir::{
-                Activation, DType, DimDef, DimId, Extent, Graph, Op, OpKind, TensorDesc,
-                TensorId, TensorKind, WeightLayout,
-            };
-            use fusion::core::diagnostic::Span;
-            Graph {
-                name: "gemm_bias_gelu".to_owned(),
-                doc: Some(
-                    "y = gelu(x @ w^T + b): nn.Linear with bias, then GELU (tanh approximation)."
-                        .to_owned(),
-                ),
-                dims: vec![
-                    DimDef {
-                        name: "M".to_owned(),
-                        size: None,
-                        span: Span::None,
-                    },
-                    DimDef {
-                        name: "K".to_owned(),
-                        size: None,
-                        span: Span::None,
-                    },
-                    DimDef {
-                        name: "N".to_owned(),
-                        size: None,
-                        span: Span::None,
-                    },
-                ],
-                tensors: vec![
-                    TensorDesc {
-                        name: "x".to_owned(),
-                        dtype: DType::F16,
-                        shape: vec![
-                            Extent::Dynamic(DimId(0)),
-                            Extent::Dynamic(DimId(1)),
-                        ],
-                        kind: TensorKind::Input,
-                        span: Span::None,
-                    },
-                    TensorDesc {
-                        name: "w".to_owned(),
-                        dtype: DType::F16,
-                        shape: vec![
-                            Extent::Dynamic(DimId(2)),
-                            Extent::Dynamic(DimId(1)),
-                        ],
-                        kind: TensorKind::Weight,
-                        span: Span::None,
-                    },
-                    TensorDesc {
-                        name: "b".to_owned(),
-                        dtype: DType::F16,
-                        shape: vec![Extent::Dynamic(DimId(2))],
-                        kind: TensorKind::Weight,
-                        span: Span::None,
-                    },
-                    TensorDesc {
-                        name: "%1".to_owned(),
-                        dtype: DType::F16,
-                        shape: vec![
-                            Extent::Dynamic(DimId(0)),
-                            Extent::Dynamic(DimId(2)),
-                        ],
-                        kind: TensorKind::Intermediate,
-                        span: Span::None,
-                    },
-                    TensorDesc {
-                        name: "%2".to_owned(),
-                        dtype: DType::F16,
-                        shape: vec![
-                            Extent::Dynamic(DimId(0)),
-                            Extent::Dynamic(DimId(2)),
-                        ],
-                        kind: TensorKind::Intermediate,
-                        span: Span::None,
-                    },
-                    TensorDesc {
-                        name: "y".to_owned(),
-                        dtype: DType::F16,
-                        shape: vec![
-                            Extent::Dynamic(DimId(0)),
-                            Extent::Dynamic(DimId(2)),
-                        ],
-                        kind: TensorKind::Output,
-                        span: Span::None,
-                    },
-                ],
-                ops: vec![
-                    Op {
-                        kind: OpKind::MatMul {
-                            b_layout: WeightLayout::NK,
-                        },
-                        inputs: vec![TensorId(0), TensorId(1)],
-                        output: TensorId(3),
-                        span: Span::None,
-                    },
-                    Op {
-                        kind: OpKind::BiasAdd,
-                        inputs: vec![TensorId(3), TensorId(2)],
-                        output: TensorId(4),
-                        span: Span::None,
-                    },
-                    Op {
-                        kind: OpKind::Activation(
-                            Activation::named("gelu")
-                                .expect("the build script's op table has this activation"),
-                        ),
-                        inputs: vec![TensorId(4)],
-                        output: TensorId(5),
-                        span: Span::None,
-                    },
-                ],
-                inputs: vec![TensorId(0)],
-                weights: vec![TensorId(1), TensorId(2)],
-                outputs: vec![TensorId(5)],
-            }
-        }
+        fusion::plan::graph(&__gemm_bias_gelu::__PLAN, &__gemm_bias_gelu::__DECLARED)
     }
     /// The plan this struct runs, as data (`fusion::plan`).
     #[doc(hidden)]
@@ -360,111 +238,80 @@ pub fn gemm_bias_gelu<T: fusion::Element>(
 #[allow(dead_code, unused_imports, clippy::all, clippy::pedantic, clippy::nursery)]
 mod __gemm_bias_gelu {
     use super::ffi;
-    use fusion::launch::{Dim, TensorDecl};
-    use fusion::plan::{Bind, GemmOp, KernelEntry, KernelOp, Launch, Variant};
-    const _: () = fusion::plan::expect_schema(1u32);
+    use fusion::core::ir::DType;
+    use fusion::launch::Dim::{Dynamic, Static};
+    use fusion::launch::TensorDecl;
+    use fusion::plan::{Bind, GemmOp, KernelEntry, KernelOp, Launchers, OpCode};
+    use fusion::Arch;
+    const _: () = fusion::plan::expect_schema(1);
     pub(super) static __GRAPH: fusion::launch::GraphDecl = fusion::launch::GraphDecl {
         name: "gemm_bias_gelu",
         dims: &["M", "K", "N"],
     };
     pub(super) static __PLAN: fusion::plan::PlanTable = fusion::plan::PlanTable {
-        schema: 1u32,
+        schema: 1,
         graph: &__GRAPH,
         tensors: &[
-            TensorDecl {
-                name: "x",
-                shape: &[Dim::Dynamic(0usize), Dim::Dynamic(1usize)],
-            },
-            TensorDecl {
-                name: "w",
-                shape: &[Dim::Dynamic(2usize), Dim::Dynamic(1usize)],
-            },
-            TensorDecl {
-                name: "b",
-                shape: &[Dim::Dynamic(2usize)],
-            },
-            TensorDecl {
-                name: "%1",
-                shape: &[Dim::Dynamic(0usize), Dim::Dynamic(2usize)],
-            },
-            TensorDecl {
-                name: "%2",
-                shape: &[Dim::Dynamic(0usize), Dim::Dynamic(2usize)],
-            },
-            TensorDecl {
-                name: "y",
-                shape: &[Dim::Dynamic(0usize), Dim::Dynamic(2usize)],
-            },
+            TensorDecl::new("x", &[Dynamic(0), Dynamic(1)]),
+            TensorDecl::new("w", &[Dynamic(2), Dynamic(1)]),
+            TensorDecl::new("b", &[Dynamic(2)]),
+            TensorDecl::new("%1", &[Dynamic(0), Dynamic(2)]),
+            TensorDecl::new("%2", &[Dynamic(0), Dynamic(2)]),
+            TensorDecl::new("y", &[Dynamic(0), Dynamic(2)]),
         ],
-        inputs: &[0usize],
-        weights: &[1usize, 2usize],
-        outputs: &[5usize],
+        inputs: &[0],
+        weights: &[1, 2],
+        outputs: &[5],
         temporaries: &[],
         kernels: &[
             KernelEntry {
                 label: "kernel #0 (gemm_bias_gelu)",
-                output: 5usize,
+                output: 5,
                 op: KernelOp::Gemm(GemmOp {
-                    a: Some(0usize),
-                    b: Some(1usize),
-                    b_up: None,
-                    bias: Some(2usize),
-                    residual: None,
-                    multiplier: None,
-                    gamma: None,
-                    beta: None,
-                    eps: 0f32,
+                    a: Some(0),
+                    b: Some(1),
+                    bias: Some(2),
                     bind: Bind::Pad,
+                    ..GemmOp::EMPTY
                 }),
-                variants: &[
-                    Variant {
-                        dtype: fusion::core::ir::DType::F16,
-                        arch: fusion::Arch::Sm80,
-                        launch: Launch::Gemm {
-                            launch: ffi::fusion_kernels_gemm_bias_gelu_nk_f16_sm80,
-                            query: ffi::fusion_kernels_gemm_bias_gelu_nk_f16_sm80_workspace_bytes,
-                            folded: None,
-                            fold: None,
-                        },
-                        error_string: ffi::fusion_kernels_error_string,
-                    },
-                    Variant {
-                        dtype: fusion::core::ir::DType::F16,
-                        arch: fusion::Arch::Sm90,
-                        launch: Launch::Gemm {
-                            launch: ffi::fusion_kernels_gemm_bias_gelu_nk_f16_sm90,
-                            query: ffi::fusion_kernels_gemm_bias_gelu_nk_f16_sm90_workspace_bytes,
-                            folded: None,
-                            fold: None,
-                        },
-                        error_string: ffi::fusion_kernels_error_string,
-                    },
-                    Variant {
-                        dtype: fusion::core::ir::DType::BF16,
-                        arch: fusion::Arch::Sm80,
-                        launch: Launch::Gemm {
-                            launch: ffi::fusion_kernels_gemm_bias_gelu_nk_bf16_sm80,
-                            query: ffi::fusion_kernels_gemm_bias_gelu_nk_bf16_sm80_workspace_bytes,
-                            folded: None,
-                            fold: None,
-                        },
-                        error_string: ffi::fusion_kernels_error_string,
-                    },
-                    Variant {
-                        dtype: fusion::core::ir::DType::BF16,
-                        arch: fusion::Arch::Sm90,
-                        launch: Launch::Gemm {
-                            launch: ffi::fusion_kernels_gemm_bias_gelu_nk_bf16_sm90,
-                            query: ffi::fusion_kernels_gemm_bias_gelu_nk_bf16_sm90_workspace_bytes,
-                            folded: None,
-                            fold: None,
-                        },
-                        error_string: ffi::fusion_kernels_error_string,
-                    },
-                ],
+                launchers: Launchers::Gemm {
+                    launch: &[
+                        ffi::fusion_kernels_gemm_bias_gelu_nk_f16_sm80,
+                        ffi::fusion_kernels_gemm_bias_gelu_nk_f16_sm90,
+                        ffi::fusion_kernels_gemm_bias_gelu_nk_bf16_sm80,
+                        ffi::fusion_kernels_gemm_bias_gelu_nk_bf16_sm90,
+                    ],
+                    query: &[
+                        ffi::fusion_kernels_gemm_bias_gelu_nk_f16_sm80_workspace_bytes,
+                        ffi::fusion_kernels_gemm_bias_gelu_nk_f16_sm90_workspace_bytes,
+                        ffi::fusion_kernels_gemm_bias_gelu_nk_bf16_sm80_workspace_bytes,
+                        ffi::fusion_kernels_gemm_bias_gelu_nk_bf16_sm90_workspace_bytes,
+                    ],
+                    folded: &[],
+                    fold: &[],
+                },
             },
         ],
-        archs: Some(&[fusion::Arch::Sm80, fusion::Arch::Sm90]),
+        variants: &[
+            (DType::F16, Arch::Sm80),
+            (DType::F16, Arch::Sm90),
+            (DType::BF16, Arch::Sm80),
+            (DType::BF16, Arch::Sm90),
+        ],
+        error_string: Some(ffi::fusion_kernels_error_string),
+        archs: Some(&[Arch::Sm80, Arch::Sm90]),
         compiled: "f16 on sm80, sm90; bf16 on sm80, sm90",
+    };
+    pub(super) static __DECLARED: fusion::plan::DeclaredGraph = fusion::plan::DeclaredGraph {
+        doc: Some(
+            "y = gelu(x @ w^T + b): nn.Linear with bias, then GELU (tanh approximation).",
+        ),
+        dims: &[("M", None), ("K", None), ("N", None)],
+        dtypes: &[DType::F16; 6],
+        ops: &[
+            (OpCode::MatMul(fusion::ir::WeightLayout::NK), &[0, 1], 3),
+            (OpCode::BiasAdd, &[3, 2], 4),
+            (OpCode::Activation("gelu"), &[4], 5),
+        ],
     };
 }

@@ -171,120 +171,8 @@ impl<'w, T: fusion::Element> LayernormGemm<'w, T> {
     /// build script read, which this crate's fusion shares.
     #[must_use]
     #[allow(dead_code, reason = "accessors a crate may not call")]
-    #[allow(clippy::too_many_lines, reason = "one expression, a field per line")]
     pub fn graph() -> fusion::ir::Graph {
-        {
-            #[allow(
-                unused_imports,
-                reason = "the graph's ops may not need each of them"
-            )]
-            use fusion::ir::{
-                Activation, DType, DimDef, DimId, Extent, Graph, Op, OpKind, TensorDesc,
-                TensorId, TensorKind, WeightLayout,
-            };
-            use fusion::core::diagnostic::Span;
-            Graph {
-                name: "layernorm_gemm".to_owned(),
-                doc: Some(
-                    "y = layernorm(x, g, b) @ w^T: LayerNorm with scale g and shift b, then nn.Linear without bias."
-                        .to_owned(),
-                ),
-                dims: vec![
-                    DimDef {
-                        name: "M".to_owned(),
-                        size: None,
-                        span: Span::None,
-                    },
-                    DimDef {
-                        name: "K".to_owned(),
-                        size: None,
-                        span: Span::None,
-                    },
-                    DimDef {
-                        name: "N".to_owned(),
-                        size: None,
-                        span: Span::None,
-                    },
-                ],
-                tensors: vec![
-                    TensorDesc {
-                        name: "x".to_owned(),
-                        dtype: DType::F16,
-                        shape: vec![
-                            Extent::Dynamic(DimId(0)),
-                            Extent::Dynamic(DimId(1)),
-                        ],
-                        kind: TensorKind::Input,
-                        span: Span::None,
-                    },
-                    TensorDesc {
-                        name: "g".to_owned(),
-                        dtype: DType::F16,
-                        shape: vec![Extent::Dynamic(DimId(1))],
-                        kind: TensorKind::Weight,
-                        span: Span::None,
-                    },
-                    TensorDesc {
-                        name: "b".to_owned(),
-                        dtype: DType::F16,
-                        shape: vec![Extent::Dynamic(DimId(1))],
-                        kind: TensorKind::Weight,
-                        span: Span::None,
-                    },
-                    TensorDesc {
-                        name: "w".to_owned(),
-                        dtype: DType::F16,
-                        shape: vec![
-                            Extent::Dynamic(DimId(2)),
-                            Extent::Dynamic(DimId(1)),
-                        ],
-                        kind: TensorKind::Weight,
-                        span: Span::None,
-                    },
-                    TensorDesc {
-                        name: "%1".to_owned(),
-                        dtype: DType::F16,
-                        shape: vec![
-                            Extent::Dynamic(DimId(0)),
-                            Extent::Dynamic(DimId(1)),
-                        ],
-                        kind: TensorKind::Intermediate,
-                        span: Span::None,
-                    },
-                    TensorDesc {
-                        name: "y".to_owned(),
-                        dtype: DType::F16,
-                        shape: vec![
-                            Extent::Dynamic(DimId(0)),
-                            Extent::Dynamic(DimId(2)),
-                        ],
-                        kind: TensorKind::Output,
-                        span: Span::None,
-                    },
-                ],
-                ops: vec![
-                    Op {
-                        kind: OpKind::LayerNorm {
-                            eps: 0.00001f64,
-                        },
-                        inputs: vec![TensorId(0), TensorId(1), TensorId(2)],
-                        output: TensorId(4),
-                        span: Span::None,
-                    },
-                    Op {
-                        kind: OpKind::MatMul {
-                            b_layout: WeightLayout::NK,
-                        },
-                        inputs: vec![TensorId(4), TensorId(3)],
-                        output: TensorId(5),
-                        span: Span::None,
-                    },
-                ],
-                inputs: vec![TensorId(0)],
-                weights: vec![TensorId(1), TensorId(2), TensorId(3)],
-                outputs: vec![TensorId(5)],
-            }
-        }
+        fusion::plan::graph(&__layernorm_gemm::__PLAN, &__layernorm_gemm::__DECLARED)
     }
     /// The plan this struct runs, as data (`fusion::plan`).
     #[doc(hidden)]
@@ -361,135 +249,103 @@ pub fn layernorm_gemm<T: fusion::Element>(
 #[allow(dead_code, unused_imports, clippy::all, clippy::pedantic, clippy::nursery)]
 mod __layernorm_gemm {
     use super::ffi;
-    use fusion::launch::{Dim, TensorDecl};
-    use fusion::plan::{Bind, GemmOp, KernelEntry, KernelOp, Launch, Variant};
-    const _: () = fusion::plan::expect_schema(1u32);
+    use fusion::core::ir::DType;
+    use fusion::launch::Dim::{Dynamic, Static};
+    use fusion::launch::TensorDecl;
+    use fusion::plan::{Bind, GemmOp, KernelEntry, KernelOp, Launchers, OpCode};
+    use fusion::Arch;
+    const _: () = fusion::plan::expect_schema(1);
     pub(super) static __GRAPH: fusion::launch::GraphDecl = fusion::launch::GraphDecl {
         name: "layernorm_gemm",
         dims: &["M", "K", "N"],
     };
     pub(super) static __PLAN: fusion::plan::PlanTable = fusion::plan::PlanTable {
-        schema: 1u32,
+        schema: 1,
         graph: &__GRAPH,
         tensors: &[
-            TensorDecl {
-                name: "x",
-                shape: &[Dim::Dynamic(0usize), Dim::Dynamic(1usize)],
-            },
-            TensorDecl {
-                name: "g",
-                shape: &[Dim::Dynamic(1usize)],
-            },
-            TensorDecl {
-                name: "b",
-                shape: &[Dim::Dynamic(1usize)],
-            },
-            TensorDecl {
-                name: "w",
-                shape: &[Dim::Dynamic(2usize), Dim::Dynamic(1usize)],
-            },
-            TensorDecl {
-                name: "%1",
-                shape: &[Dim::Dynamic(0usize), Dim::Dynamic(1usize)],
-            },
-            TensorDecl {
-                name: "y",
-                shape: &[Dim::Dynamic(0usize), Dim::Dynamic(2usize)],
-            },
+            TensorDecl::new("x", &[Dynamic(0), Dynamic(1)]),
+            TensorDecl::new("g", &[Dynamic(1)]),
+            TensorDecl::new("b", &[Dynamic(1)]),
+            TensorDecl::new("w", &[Dynamic(2), Dynamic(1)]),
+            TensorDecl::new("%1", &[Dynamic(0), Dynamic(1)]),
+            TensorDecl::new("y", &[Dynamic(0), Dynamic(2)]),
         ],
-        inputs: &[0usize],
-        weights: &[1usize, 2usize, 3usize],
-        outputs: &[5usize],
+        inputs: &[0],
+        weights: &[1, 2, 3],
+        outputs: &[5],
         temporaries: &[],
         kernels: &[
             KernelEntry {
                 label: "kernel #0 (layernorm_gemm)",
-                output: 5usize,
+                output: 5,
                 op: KernelOp::Gemm(GemmOp {
-                    a: Some(0usize),
-                    b: Some(3usize),
-                    b_up: None,
-                    bias: None,
-                    residual: None,
-                    multiplier: None,
-                    gamma: Some(1usize),
-                    beta: Some(2usize),
+                    a: Some(0),
+                    b: Some(3),
+                    gamma: Some(1),
+                    beta: Some(2),
                     eps: 0.00001f32,
-                    bind: Bind::Fold {
-                        norm: true,
-                        gated: false,
-                        kn: false,
-                    },
+                    bind: Bind::Fold(fusion::plan::Fold::Norm),
+                    ..GemmOp::EMPTY
                 }),
-                variants: &[
-                    Variant {
-                        dtype: fusion::core::ir::DType::F16,
-                        arch: fusion::Arch::Sm80,
-                        launch: Launch::Gemm {
-                            launch: ffi::fusion_kernels_layernorm_gemm_nk_f16_sm80,
-                            query: ffi::fusion_kernels_layernorm_gemm_nk_f16_sm80_workspace_bytes,
-                            folded: Some((
-                                ffi::fusion_kernels_layernorm_gemm_nk_f16_sm80_folded,
-                                ffi::fusion_kernels_layernorm_gemm_nk_f16_sm80_folded_workspace_bytes,
-                            )),
-                            fold: Some(
-                                ffi::fusion_kernels_layernorm_gemm_nk_f16_sm80_fold_weights,
-                            ),
-                        },
-                        error_string: ffi::fusion_kernels_error_string,
-                    },
-                    Variant {
-                        dtype: fusion::core::ir::DType::F16,
-                        arch: fusion::Arch::Sm90,
-                        launch: Launch::Gemm {
-                            launch: ffi::fusion_kernels_layernorm_gemm_nk_f16_sm90,
-                            query: ffi::fusion_kernels_layernorm_gemm_nk_f16_sm90_workspace_bytes,
-                            folded: Some((
-                                ffi::fusion_kernels_layernorm_gemm_nk_f16_sm90_folded,
-                                ffi::fusion_kernels_layernorm_gemm_nk_f16_sm90_folded_workspace_bytes,
-                            )),
-                            fold: Some(
-                                ffi::fusion_kernels_layernorm_gemm_nk_f16_sm90_fold_weights,
-                            ),
-                        },
-                        error_string: ffi::fusion_kernels_error_string,
-                    },
-                    Variant {
-                        dtype: fusion::core::ir::DType::BF16,
-                        arch: fusion::Arch::Sm80,
-                        launch: Launch::Gemm {
-                            launch: ffi::fusion_kernels_layernorm_gemm_nk_bf16_sm80,
-                            query: ffi::fusion_kernels_layernorm_gemm_nk_bf16_sm80_workspace_bytes,
-                            folded: Some((
-                                ffi::fusion_kernels_layernorm_gemm_nk_bf16_sm80_folded,
-                                ffi::fusion_kernels_layernorm_gemm_nk_bf16_sm80_folded_workspace_bytes,
-                            )),
-                            fold: Some(
-                                ffi::fusion_kernels_layernorm_gemm_nk_bf16_sm80_fold_weights,
-                            ),
-                        },
-                        error_string: ffi::fusion_kernels_error_string,
-                    },
-                    Variant {
-                        dtype: fusion::core::ir::DType::BF16,
-                        arch: fusion::Arch::Sm90,
-                        launch: Launch::Gemm {
-                            launch: ffi::fusion_kernels_layernorm_gemm_nk_bf16_sm90,
-                            query: ffi::fusion_kernels_layernorm_gemm_nk_bf16_sm90_workspace_bytes,
-                            folded: Some((
-                                ffi::fusion_kernels_layernorm_gemm_nk_bf16_sm90_folded,
-                                ffi::fusion_kernels_layernorm_gemm_nk_bf16_sm90_folded_workspace_bytes,
-                            )),
-                            fold: Some(
-                                ffi::fusion_kernels_layernorm_gemm_nk_bf16_sm90_fold_weights,
-                            ),
-                        },
-                        error_string: ffi::fusion_kernels_error_string,
-                    },
-                ],
+                launchers: Launchers::Gemm {
+                    launch: &[
+                        ffi::fusion_kernels_layernorm_gemm_nk_f16_sm80,
+                        ffi::fusion_kernels_layernorm_gemm_nk_f16_sm90,
+                        ffi::fusion_kernels_layernorm_gemm_nk_bf16_sm80,
+                        ffi::fusion_kernels_layernorm_gemm_nk_bf16_sm90,
+                    ],
+                    query: &[
+                        ffi::fusion_kernels_layernorm_gemm_nk_f16_sm80_workspace_bytes,
+                        ffi::fusion_kernels_layernorm_gemm_nk_f16_sm90_workspace_bytes,
+                        ffi::fusion_kernels_layernorm_gemm_nk_bf16_sm80_workspace_bytes,
+                        ffi::fusion_kernels_layernorm_gemm_nk_bf16_sm90_workspace_bytes,
+                    ],
+                    folded: &[
+                        (
+                            ffi::fusion_kernels_layernorm_gemm_nk_f16_sm80_folded,
+                            ffi::fusion_kernels_layernorm_gemm_nk_f16_sm80_folded_workspace_bytes,
+                        ),
+                        (
+                            ffi::fusion_kernels_layernorm_gemm_nk_f16_sm90_folded,
+                            ffi::fusion_kernels_layernorm_gemm_nk_f16_sm90_folded_workspace_bytes,
+                        ),
+                        (
+                            ffi::fusion_kernels_layernorm_gemm_nk_bf16_sm80_folded,
+                            ffi::fusion_kernels_layernorm_gemm_nk_bf16_sm80_folded_workspace_bytes,
+                        ),
+                        (
+                            ffi::fusion_kernels_layernorm_gemm_nk_bf16_sm90_folded,
+                            ffi::fusion_kernels_layernorm_gemm_nk_bf16_sm90_folded_workspace_bytes,
+                        ),
+                    ],
+                    fold: &[
+                        ffi::fusion_kernels_layernorm_gemm_nk_f16_sm80_fold_weights,
+                        ffi::fusion_kernels_layernorm_gemm_nk_f16_sm90_fold_weights,
+                        ffi::fusion_kernels_layernorm_gemm_nk_bf16_sm80_fold_weights,
+                        ffi::fusion_kernels_layernorm_gemm_nk_bf16_sm90_fold_weights,
+                    ],
+                },
             },
         ],
-        archs: Some(&[fusion::Arch::Sm80, fusion::Arch::Sm90]),
+        variants: &[
+            (DType::F16, Arch::Sm80),
+            (DType::F16, Arch::Sm90),
+            (DType::BF16, Arch::Sm80),
+            (DType::BF16, Arch::Sm90),
+        ],
+        error_string: Some(ffi::fusion_kernels_error_string),
+        archs: Some(&[Arch::Sm80, Arch::Sm90]),
         compiled: "f16 on sm80, sm90; bf16 on sm80, sm90",
+    };
+    pub(super) static __DECLARED: fusion::plan::DeclaredGraph = fusion::plan::DeclaredGraph {
+        doc: Some(
+            "y = layernorm(x, g, b) @ w^T: LayerNorm with scale g and shift b, then nn.Linear without bias.",
+        ),
+        dims: &[("M", None), ("K", None), ("N", None)],
+        dtypes: &[DType::F16; 6],
+        ops: &[
+            (OpCode::LayerNorm(0.00001f64), &[0, 1, 2], 4),
+            (OpCode::MatMul(fusion::ir::WeightLayout::NK), &[4, 3], 5),
+        ],
     };
 }

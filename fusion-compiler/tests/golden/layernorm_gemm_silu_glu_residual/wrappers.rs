@@ -182,209 +182,11 @@ impl<'w, T: fusion::Element> LayernormGemmSiluGluResidual<'w, T> {
     /// build script read, which this crate's fusion shares.
     #[must_use]
     #[allow(dead_code, reason = "accessors a crate may not call")]
-    #[allow(clippy::too_many_lines, reason = "one expression, a field per line")]
     pub fn graph() -> fusion::ir::Graph {
-        {
-            #[allow(
-                unused_imports,
-                reason = "the graph's ops may not need each of them"
-            )]
-            use fusion::ir::{
-                Activation, DType, DimDef, DimId, Extent, Graph, Op, OpKind, TensorDesc,
-                TensorId, TensorKind, WeightLayout,
-            };
-            use fusion::core::diagnostic::Span;
-            Graph {
-                name: "layernorm_gemm_silu_glu_residual".to_owned(),
-                doc: Some(
-                    "h = silu(n @ w_gate^T) * (n @ w_up^T) + r with n = layernorm(x, g, b): a gated GEMM whose LayerNorm folds into the interleaved weight (both its terms over 2N columns) and whose epilogue adds a tensor on C's columns."
-                        .to_owned(),
-                ),
-                dims: vec![
-                    DimDef {
-                        name: "M".to_owned(),
-                        size: None,
-                        span: Span::None,
-                    },
-                    DimDef {
-                        name: "K".to_owned(),
-                        size: None,
-                        span: Span::None,
-                    },
-                    DimDef {
-                        name: "N".to_owned(),
-                        size: None,
-                        span: Span::None,
-                    },
-                ],
-                tensors: vec![
-                    TensorDesc {
-                        name: "x".to_owned(),
-                        dtype: DType::F16,
-                        shape: vec![
-                            Extent::Dynamic(DimId(0)),
-                            Extent::Dynamic(DimId(1)),
-                        ],
-                        kind: TensorKind::Input,
-                        span: Span::None,
-                    },
-                    TensorDesc {
-                        name: "r".to_owned(),
-                        dtype: DType::F16,
-                        shape: vec![
-                            Extent::Dynamic(DimId(0)),
-                            Extent::Dynamic(DimId(2)),
-                        ],
-                        kind: TensorKind::Input,
-                        span: Span::None,
-                    },
-                    TensorDesc {
-                        name: "g".to_owned(),
-                        dtype: DType::F16,
-                        shape: vec![Extent::Dynamic(DimId(1))],
-                        kind: TensorKind::Weight,
-                        span: Span::None,
-                    },
-                    TensorDesc {
-                        name: "b".to_owned(),
-                        dtype: DType::F16,
-                        shape: vec![Extent::Dynamic(DimId(1))],
-                        kind: TensorKind::Weight,
-                        span: Span::None,
-                    },
-                    TensorDesc {
-                        name: "w_gate".to_owned(),
-                        dtype: DType::F16,
-                        shape: vec![
-                            Extent::Dynamic(DimId(2)),
-                            Extent::Dynamic(DimId(1)),
-                        ],
-                        kind: TensorKind::Weight,
-                        span: Span::None,
-                    },
-                    TensorDesc {
-                        name: "w_up".to_owned(),
-                        dtype: DType::F16,
-                        shape: vec![
-                            Extent::Dynamic(DimId(2)),
-                            Extent::Dynamic(DimId(1)),
-                        ],
-                        kind: TensorKind::Weight,
-                        span: Span::None,
-                    },
-                    TensorDesc {
-                        name: "n".to_owned(),
-                        dtype: DType::F16,
-                        shape: vec![
-                            Extent::Dynamic(DimId(0)),
-                            Extent::Dynamic(DimId(1)),
-                        ],
-                        kind: TensorKind::Intermediate,
-                        span: Span::None,
-                    },
-                    TensorDesc {
-                        name: "%2".to_owned(),
-                        dtype: DType::F16,
-                        shape: vec![
-                            Extent::Dynamic(DimId(0)),
-                            Extent::Dynamic(DimId(2)),
-                        ],
-                        kind: TensorKind::Intermediate,
-                        span: Span::None,
-                    },
-                    TensorDesc {
-                        name: "%3".to_owned(),
-                        dtype: DType::F16,
-                        shape: vec![
-                            Extent::Dynamic(DimId(0)),
-                            Extent::Dynamic(DimId(2)),
-                        ],
-                        kind: TensorKind::Intermediate,
-                        span: Span::None,
-                    },
-                    TensorDesc {
-                        name: "%4".to_owned(),
-                        dtype: DType::F16,
-                        shape: vec![
-                            Extent::Dynamic(DimId(0)),
-                            Extent::Dynamic(DimId(2)),
-                        ],
-                        kind: TensorKind::Intermediate,
-                        span: Span::None,
-                    },
-                    TensorDesc {
-                        name: "%5".to_owned(),
-                        dtype: DType::F16,
-                        shape: vec![
-                            Extent::Dynamic(DimId(0)),
-                            Extent::Dynamic(DimId(2)),
-                        ],
-                        kind: TensorKind::Intermediate,
-                        span: Span::None,
-                    },
-                    TensorDesc {
-                        name: "h".to_owned(),
-                        dtype: DType::F16,
-                        shape: vec![
-                            Extent::Dynamic(DimId(0)),
-                            Extent::Dynamic(DimId(2)),
-                        ],
-                        kind: TensorKind::Output,
-                        span: Span::None,
-                    },
-                ],
-                ops: vec![
-                    Op {
-                        kind: OpKind::LayerNorm {
-                            eps: 0.00001f64,
-                        },
-                        inputs: vec![TensorId(0), TensorId(2), TensorId(3)],
-                        output: TensorId(6),
-                        span: Span::None,
-                    },
-                    Op {
-                        kind: OpKind::MatMul {
-                            b_layout: WeightLayout::NK,
-                        },
-                        inputs: vec![TensorId(6), TensorId(4)],
-                        output: TensorId(7),
-                        span: Span::None,
-                    },
-                    Op {
-                        kind: OpKind::Activation(
-                            Activation::named("silu")
-                                .expect("the build script's op table has this activation"),
-                        ),
-                        inputs: vec![TensorId(7)],
-                        output: TensorId(8),
-                        span: Span::None,
-                    },
-                    Op {
-                        kind: OpKind::MatMul {
-                            b_layout: WeightLayout::NK,
-                        },
-                        inputs: vec![TensorId(6), TensorId(5)],
-                        output: TensorId(9),
-                        span: Span::None,
-                    },
-                    Op {
-                        kind: OpKind::Mul,
-                        inputs: vec![TensorId(8), TensorId(9)],
-                        output: TensorId(10),
-                        span: Span::None,
-                    },
-                    Op {
-                        kind: OpKind::Add,
-                        inputs: vec![TensorId(10), TensorId(1)],
-                        output: TensorId(11),
-                        span: Span::None,
-                    },
-                ],
-                inputs: vec![TensorId(0), TensorId(1)],
-                weights: vec![TensorId(2), TensorId(3), TensorId(4), TensorId(5)],
-                outputs: vec![TensorId(11)],
-            }
-        }
+        fusion::plan::graph(
+            &__layernorm_gemm_silu_glu_residual::__PLAN,
+            &__layernorm_gemm_silu_glu_residual::__DECLARED,
+        )
     }
     /// The plan this struct runs, as data (`fusion::plan`).
     #[doc(hidden)]
@@ -468,159 +270,115 @@ pub fn layernorm_gemm_silu_glu_residual<T: fusion::Element>(
 #[allow(dead_code, unused_imports, clippy::all, clippy::pedantic, clippy::nursery)]
 mod __layernorm_gemm_silu_glu_residual {
     use super::ffi;
-    use fusion::launch::{Dim, TensorDecl};
-    use fusion::plan::{Bind, GemmOp, KernelEntry, KernelOp, Launch, Variant};
-    const _: () = fusion::plan::expect_schema(1u32);
+    use fusion::core::ir::DType;
+    use fusion::launch::Dim::{Dynamic, Static};
+    use fusion::launch::TensorDecl;
+    use fusion::plan::{Bind, GemmOp, KernelEntry, KernelOp, Launchers, OpCode};
+    use fusion::Arch;
+    const _: () = fusion::plan::expect_schema(1);
     pub(super) static __GRAPH: fusion::launch::GraphDecl = fusion::launch::GraphDecl {
         name: "layernorm_gemm_silu_glu_residual",
         dims: &["M", "K", "N"],
     };
     pub(super) static __PLAN: fusion::plan::PlanTable = fusion::plan::PlanTable {
-        schema: 1u32,
+        schema: 1,
         graph: &__GRAPH,
         tensors: &[
-            TensorDecl {
-                name: "x",
-                shape: &[Dim::Dynamic(0usize), Dim::Dynamic(1usize)],
-            },
-            TensorDecl {
-                name: "r",
-                shape: &[Dim::Dynamic(0usize), Dim::Dynamic(2usize)],
-            },
-            TensorDecl {
-                name: "g",
-                shape: &[Dim::Dynamic(1usize)],
-            },
-            TensorDecl {
-                name: "b",
-                shape: &[Dim::Dynamic(1usize)],
-            },
-            TensorDecl {
-                name: "w_gate",
-                shape: &[Dim::Dynamic(2usize), Dim::Dynamic(1usize)],
-            },
-            TensorDecl {
-                name: "w_up",
-                shape: &[Dim::Dynamic(2usize), Dim::Dynamic(1usize)],
-            },
-            TensorDecl {
-                name: "n",
-                shape: &[Dim::Dynamic(0usize), Dim::Dynamic(1usize)],
-            },
-            TensorDecl {
-                name: "%2",
-                shape: &[Dim::Dynamic(0usize), Dim::Dynamic(2usize)],
-            },
-            TensorDecl {
-                name: "%3",
-                shape: &[Dim::Dynamic(0usize), Dim::Dynamic(2usize)],
-            },
-            TensorDecl {
-                name: "%4",
-                shape: &[Dim::Dynamic(0usize), Dim::Dynamic(2usize)],
-            },
-            TensorDecl {
-                name: "%5",
-                shape: &[Dim::Dynamic(0usize), Dim::Dynamic(2usize)],
-            },
-            TensorDecl {
-                name: "h",
-                shape: &[Dim::Dynamic(0usize), Dim::Dynamic(2usize)],
-            },
+            TensorDecl::new("x", &[Dynamic(0), Dynamic(1)]),
+            TensorDecl::new("r", &[Dynamic(0), Dynamic(2)]),
+            TensorDecl::new("g", &[Dynamic(1)]),
+            TensorDecl::new("b", &[Dynamic(1)]),
+            TensorDecl::new("w_gate", &[Dynamic(2), Dynamic(1)]),
+            TensorDecl::new("w_up", &[Dynamic(2), Dynamic(1)]),
+            TensorDecl::new("n", &[Dynamic(0), Dynamic(1)]),
+            TensorDecl::new("%2", &[Dynamic(0), Dynamic(2)]),
+            TensorDecl::new("%3", &[Dynamic(0), Dynamic(2)]),
+            TensorDecl::new("%4", &[Dynamic(0), Dynamic(2)]),
+            TensorDecl::new("%5", &[Dynamic(0), Dynamic(2)]),
+            TensorDecl::new("h", &[Dynamic(0), Dynamic(2)]),
         ],
-        inputs: &[0usize, 1usize],
-        weights: &[2usize, 3usize, 4usize, 5usize],
-        outputs: &[11usize],
+        inputs: &[0, 1],
+        weights: &[2, 3, 4, 5],
+        outputs: &[11],
         temporaries: &[],
         kernels: &[
             KernelEntry {
                 label: "kernel #0 (layernorm_gemm_silu_glu_residual)",
-                output: 11usize,
+                output: 11,
                 op: KernelOp::Gemm(GemmOp {
-                    a: Some(0usize),
-                    b: Some(4usize),
-                    b_up: Some(5usize),
-                    bias: None,
-                    residual: Some(1usize),
-                    multiplier: None,
-                    gamma: Some(2usize),
-                    beta: Some(3usize),
+                    a: Some(0),
+                    b: Some(4),
+                    b_up: Some(5),
+                    residual: Some(1),
+                    gamma: Some(2),
+                    beta: Some(3),
                     eps: 0.00001f32,
-                    bind: Bind::Fold {
-                        norm: true,
-                        gated: true,
-                        kn: false,
-                    },
+                    bind: Bind::Fold(fusion::plan::Fold::NormInterleave),
+                    ..GemmOp::EMPTY
                 }),
-                variants: &[
-                    Variant {
-                        dtype: fusion::core::ir::DType::F16,
-                        arch: fusion::Arch::Sm80,
-                        launch: Launch::Gemm {
-                            launch: ffi::fusion_kernels_layernorm_gemm_silu_glu_residual_nk_f16_sm80,
-                            query: ffi::fusion_kernels_layernorm_gemm_silu_glu_residual_nk_f16_sm80_workspace_bytes,
-                            folded: Some((
-                                ffi::fusion_kernels_layernorm_gemm_silu_glu_residual_nk_f16_sm80_folded,
-                                ffi::fusion_kernels_layernorm_gemm_silu_glu_residual_nk_f16_sm80_folded_workspace_bytes,
-                            )),
-                            fold: Some(
-                                ffi::fusion_kernels_layernorm_gemm_silu_glu_residual_nk_f16_sm80_fold_weights,
-                            ),
-                        },
-                        error_string: ffi::fusion_kernels_error_string,
-                    },
-                    Variant {
-                        dtype: fusion::core::ir::DType::F16,
-                        arch: fusion::Arch::Sm90,
-                        launch: Launch::Gemm {
-                            launch: ffi::fusion_kernels_layernorm_gemm_silu_glu_residual_nk_f16_sm90,
-                            query: ffi::fusion_kernels_layernorm_gemm_silu_glu_residual_nk_f16_sm90_workspace_bytes,
-                            folded: Some((
-                                ffi::fusion_kernels_layernorm_gemm_silu_glu_residual_nk_f16_sm90_folded,
-                                ffi::fusion_kernels_layernorm_gemm_silu_glu_residual_nk_f16_sm90_folded_workspace_bytes,
-                            )),
-                            fold: Some(
-                                ffi::fusion_kernels_layernorm_gemm_silu_glu_residual_nk_f16_sm90_fold_weights,
-                            ),
-                        },
-                        error_string: ffi::fusion_kernels_error_string,
-                    },
-                    Variant {
-                        dtype: fusion::core::ir::DType::BF16,
-                        arch: fusion::Arch::Sm80,
-                        launch: Launch::Gemm {
-                            launch: ffi::fusion_kernels_layernorm_gemm_silu_glu_residual_nk_bf16_sm80,
-                            query: ffi::fusion_kernels_layernorm_gemm_silu_glu_residual_nk_bf16_sm80_workspace_bytes,
-                            folded: Some((
-                                ffi::fusion_kernels_layernorm_gemm_silu_glu_residual_nk_bf16_sm80_folded,
-                                ffi::fusion_kernels_layernorm_gemm_silu_glu_residual_nk_bf16_sm80_folded_workspace_bytes,
-                            )),
-                            fold: Some(
-                                ffi::fusion_kernels_layernorm_gemm_silu_glu_residual_nk_bf16_sm80_fold_weights,
-                            ),
-                        },
-                        error_string: ffi::fusion_kernels_error_string,
-                    },
-                    Variant {
-                        dtype: fusion::core::ir::DType::BF16,
-                        arch: fusion::Arch::Sm90,
-                        launch: Launch::Gemm {
-                            launch: ffi::fusion_kernels_layernorm_gemm_silu_glu_residual_nk_bf16_sm90,
-                            query: ffi::fusion_kernels_layernorm_gemm_silu_glu_residual_nk_bf16_sm90_workspace_bytes,
-                            folded: Some((
-                                ffi::fusion_kernels_layernorm_gemm_silu_glu_residual_nk_bf16_sm90_folded,
-                                ffi::fusion_kernels_layernorm_gemm_silu_glu_residual_nk_bf16_sm90_folded_workspace_bytes,
-                            )),
-                            fold: Some(
-                                ffi::fusion_kernels_layernorm_gemm_silu_glu_residual_nk_bf16_sm90_fold_weights,
-                            ),
-                        },
-                        error_string: ffi::fusion_kernels_error_string,
-                    },
-                ],
+                launchers: Launchers::Gemm {
+                    launch: &[
+                        ffi::fusion_kernels_layernorm_gemm_silu_glu_residual_nk_f16_sm80,
+                        ffi::fusion_kernels_layernorm_gemm_silu_glu_residual_nk_f16_sm90,
+                        ffi::fusion_kernels_layernorm_gemm_silu_glu_residual_nk_bf16_sm80,
+                        ffi::fusion_kernels_layernorm_gemm_silu_glu_residual_nk_bf16_sm90,
+                    ],
+                    query: &[
+                        ffi::fusion_kernels_layernorm_gemm_silu_glu_residual_nk_f16_sm80_workspace_bytes,
+                        ffi::fusion_kernels_layernorm_gemm_silu_glu_residual_nk_f16_sm90_workspace_bytes,
+                        ffi::fusion_kernels_layernorm_gemm_silu_glu_residual_nk_bf16_sm80_workspace_bytes,
+                        ffi::fusion_kernels_layernorm_gemm_silu_glu_residual_nk_bf16_sm90_workspace_bytes,
+                    ],
+                    folded: &[
+                        (
+                            ffi::fusion_kernels_layernorm_gemm_silu_glu_residual_nk_f16_sm80_folded,
+                            ffi::fusion_kernels_layernorm_gemm_silu_glu_residual_nk_f16_sm80_folded_workspace_bytes,
+                        ),
+                        (
+                            ffi::fusion_kernels_layernorm_gemm_silu_glu_residual_nk_f16_sm90_folded,
+                            ffi::fusion_kernels_layernorm_gemm_silu_glu_residual_nk_f16_sm90_folded_workspace_bytes,
+                        ),
+                        (
+                            ffi::fusion_kernels_layernorm_gemm_silu_glu_residual_nk_bf16_sm80_folded,
+                            ffi::fusion_kernels_layernorm_gemm_silu_glu_residual_nk_bf16_sm80_folded_workspace_bytes,
+                        ),
+                        (
+                            ffi::fusion_kernels_layernorm_gemm_silu_glu_residual_nk_bf16_sm90_folded,
+                            ffi::fusion_kernels_layernorm_gemm_silu_glu_residual_nk_bf16_sm90_folded_workspace_bytes,
+                        ),
+                    ],
+                    fold: &[
+                        ffi::fusion_kernels_layernorm_gemm_silu_glu_residual_nk_f16_sm80_fold_weights,
+                        ffi::fusion_kernels_layernorm_gemm_silu_glu_residual_nk_f16_sm90_fold_weights,
+                        ffi::fusion_kernels_layernorm_gemm_silu_glu_residual_nk_bf16_sm80_fold_weights,
+                        ffi::fusion_kernels_layernorm_gemm_silu_glu_residual_nk_bf16_sm90_fold_weights,
+                    ],
+                },
             },
         ],
-        archs: Some(&[fusion::Arch::Sm80, fusion::Arch::Sm90]),
+        variants: &[
+            (DType::F16, Arch::Sm80),
+            (DType::F16, Arch::Sm90),
+            (DType::BF16, Arch::Sm80),
+            (DType::BF16, Arch::Sm90),
+        ],
+        error_string: Some(ffi::fusion_kernels_error_string),
+        archs: Some(&[Arch::Sm80, Arch::Sm90]),
         compiled: "f16 on sm80, sm90; bf16 on sm80, sm90",
+    };
+    pub(super) static __DECLARED: fusion::plan::DeclaredGraph = fusion::plan::DeclaredGraph {
+        doc: Some(
+            "h = silu(n @ w_gate^T) * (n @ w_up^T) + r with n = layernorm(x, g, b): a gated GEMM whose LayerNorm folds into the interleaved weight (both its terms over 2N columns) and whose epilogue adds a tensor on C's columns.",
+        ),
+        dims: &[("M", None), ("K", None), ("N", None)],
+        dtypes: &[DType::F16; 12],
+        ops: &[
+            (OpCode::LayerNorm(0.00001f64), &[0, 2, 3], 6),
+            (OpCode::MatMul(fusion::ir::WeightLayout::NK), &[6, 4], 7),
+            (OpCode::Activation("silu"), &[7], 8),
+            (OpCode::MatMul(fusion::ir::WeightLayout::NK), &[6, 5], 9),
+            (OpCode::Mul, &[8, 9], 10),
+            (OpCode::Add, &[10, 1], 11),
+        ],
     };
 }

@@ -184,185 +184,8 @@ impl<'w, T: fusion::Element> SwigluFfn<'w, T> {
     /// build script read, which this crate's fusion shares.
     #[must_use]
     #[allow(dead_code, reason = "accessors a crate may not call")]
-    #[allow(clippy::too_many_lines, reason = "one expression, a field per line")]
     pub fn graph() -> fusion::ir::Graph {
-        {
-            #[allow(
-                unused_imports,
-                reason = "the graph's ops may not need each of them"
-            )]
-            use fusion::ir::{
-                Activation, DType, DimDef, DimId, Extent, Graph, Op, OpKind, TensorDesc,
-                TensorId, TensorKind, WeightLayout,
-            };
-            use fusion::core::diagnostic::Span;
-            Graph {
-                name: "swiglu_ffn".to_owned(),
-                doc: Some(
-                    "Llama-3-8B SwiGLU feed-forward block: bias on the down projection, residual add."
-                        .to_owned(),
-                ),
-                dims: vec![
-                    DimDef {
-                        name: "M".to_owned(),
-                        size: None,
-                        span: Span::None,
-                    },
-                    DimDef {
-                        name: "D".to_owned(),
-                        size: Some(4096u64),
-                        span: Span::None,
-                    },
-                    DimDef {
-                        name: "F".to_owned(),
-                        size: Some(14336u64),
-                        span: Span::None,
-                    },
-                ],
-                tensors: vec![
-                    TensorDesc {
-                        name: "x".to_owned(),
-                        dtype: DType::F16,
-                        shape: vec![Extent::Dynamic(DimId(0)), Extent::Static(4096u64)],
-                        kind: TensorKind::Input,
-                        span: Span::None,
-                    },
-                    TensorDesc {
-                        name: "w_gate".to_owned(),
-                        dtype: DType::F16,
-                        shape: vec![Extent::Static(14336u64), Extent::Static(4096u64)],
-                        kind: TensorKind::Weight,
-                        span: Span::None,
-                    },
-                    TensorDesc {
-                        name: "w_up".to_owned(),
-                        dtype: DType::F16,
-                        shape: vec![Extent::Static(14336u64), Extent::Static(4096u64)],
-                        kind: TensorKind::Weight,
-                        span: Span::None,
-                    },
-                    TensorDesc {
-                        name: "w_down".to_owned(),
-                        dtype: DType::F16,
-                        shape: vec![Extent::Static(4096u64), Extent::Static(14336u64)],
-                        kind: TensorKind::Weight,
-                        span: Span::None,
-                    },
-                    TensorDesc {
-                        name: "b_down".to_owned(),
-                        dtype: DType::F16,
-                        shape: vec![Extent::Static(4096u64)],
-                        kind: TensorKind::Weight,
-                        span: Span::None,
-                    },
-                    TensorDesc {
-                        name: "%1".to_owned(),
-                        dtype: DType::F16,
-                        shape: vec![Extent::Dynamic(DimId(0)), Extent::Static(14336u64)],
-                        kind: TensorKind::Intermediate,
-                        span: Span::None,
-                    },
-                    TensorDesc {
-                        name: "gate".to_owned(),
-                        dtype: DType::F16,
-                        shape: vec![Extent::Dynamic(DimId(0)), Extent::Static(14336u64)],
-                        kind: TensorKind::Intermediate,
-                        span: Span::None,
-                    },
-                    TensorDesc {
-                        name: "%3".to_owned(),
-                        dtype: DType::F16,
-                        shape: vec![Extent::Dynamic(DimId(0)), Extent::Static(14336u64)],
-                        kind: TensorKind::Intermediate,
-                        span: Span::None,
-                    },
-                    TensorDesc {
-                        name: "h".to_owned(),
-                        dtype: DType::F16,
-                        shape: vec![Extent::Dynamic(DimId(0)), Extent::Static(14336u64)],
-                        kind: TensorKind::Intermediate,
-                        span: Span::None,
-                    },
-                    TensorDesc {
-                        name: "%5".to_owned(),
-                        dtype: DType::F16,
-                        shape: vec![Extent::Dynamic(DimId(0)), Extent::Static(4096u64)],
-                        kind: TensorKind::Intermediate,
-                        span: Span::None,
-                    },
-                    TensorDesc {
-                        name: "%6".to_owned(),
-                        dtype: DType::F16,
-                        shape: vec![Extent::Dynamic(DimId(0)), Extent::Static(4096u64)],
-                        kind: TensorKind::Intermediate,
-                        span: Span::None,
-                    },
-                    TensorDesc {
-                        name: "y".to_owned(),
-                        dtype: DType::F16,
-                        shape: vec![Extent::Dynamic(DimId(0)), Extent::Static(4096u64)],
-                        kind: TensorKind::Output,
-                        span: Span::None,
-                    },
-                ],
-                ops: vec![
-                    Op {
-                        kind: OpKind::MatMul {
-                            b_layout: WeightLayout::NK,
-                        },
-                        inputs: vec![TensorId(0), TensorId(1)],
-                        output: TensorId(5),
-                        span: Span::None,
-                    },
-                    Op {
-                        kind: OpKind::Activation(
-                            Activation::named("silu")
-                                .expect("the build script's op table has this activation"),
-                        ),
-                        inputs: vec![TensorId(5)],
-                        output: TensorId(6),
-                        span: Span::None,
-                    },
-                    Op {
-                        kind: OpKind::MatMul {
-                            b_layout: WeightLayout::NK,
-                        },
-                        inputs: vec![TensorId(0), TensorId(2)],
-                        output: TensorId(7),
-                        span: Span::None,
-                    },
-                    Op {
-                        kind: OpKind::Mul,
-                        inputs: vec![TensorId(6), TensorId(7)],
-                        output: TensorId(8),
-                        span: Span::None,
-                    },
-                    Op {
-                        kind: OpKind::MatMul {
-                            b_layout: WeightLayout::NK,
-                        },
-                        inputs: vec![TensorId(8), TensorId(3)],
-                        output: TensorId(9),
-                        span: Span::None,
-                    },
-                    Op {
-                        kind: OpKind::BiasAdd,
-                        inputs: vec![TensorId(9), TensorId(4)],
-                        output: TensorId(10),
-                        span: Span::None,
-                    },
-                    Op {
-                        kind: OpKind::Add,
-                        inputs: vec![TensorId(10), TensorId(0)],
-                        output: TensorId(11),
-                        span: Span::None,
-                    },
-                ],
-                inputs: vec![TensorId(0)],
-                weights: vec![TensorId(1), TensorId(2), TensorId(3), TensorId(4)],
-                outputs: vec![TensorId(11)],
-            }
-        }
+        fusion::plan::graph(&__swiglu_ffn::__PLAN, &__swiglu_ffn::__DECLARED)
     }
     /// The plan this struct runs, as data (`fusion::plan`).
     #[doc(hidden)]
@@ -382,209 +205,123 @@ impl<'w, T: fusion::Element> SwigluFfn<'w, T> {
 #[allow(dead_code, unused_imports, clippy::all, clippy::pedantic, clippy::nursery)]
 mod __swiglu_ffn {
     use super::ffi;
-    use fusion::launch::{Dim, TensorDecl};
-    use fusion::plan::{Bind, GemmOp, KernelEntry, KernelOp, Launch, Variant};
-    const _: () = fusion::plan::expect_schema(1u32);
+    use fusion::core::ir::DType;
+    use fusion::launch::Dim::{Dynamic, Static};
+    use fusion::launch::TensorDecl;
+    use fusion::plan::{Bind, GemmOp, KernelEntry, KernelOp, Launchers, OpCode};
+    use fusion::Arch;
+    const _: () = fusion::plan::expect_schema(1);
     pub(super) static __GRAPH: fusion::launch::GraphDecl = fusion::launch::GraphDecl {
         name: "swiglu_ffn",
         dims: &["M"],
     };
     pub(super) static __PLAN: fusion::plan::PlanTable = fusion::plan::PlanTable {
-        schema: 1u32,
+        schema: 1,
         graph: &__GRAPH,
         tensors: &[
-            TensorDecl {
-                name: "x",
-                shape: &[Dim::Dynamic(0usize), Dim::Static(4096usize)],
-            },
-            TensorDecl {
-                name: "w_gate",
-                shape: &[Dim::Static(14336usize), Dim::Static(4096usize)],
-            },
-            TensorDecl {
-                name: "w_up",
-                shape: &[Dim::Static(14336usize), Dim::Static(4096usize)],
-            },
-            TensorDecl {
-                name: "w_down",
-                shape: &[Dim::Static(4096usize), Dim::Static(14336usize)],
-            },
-            TensorDecl {
-                name: "b_down",
-                shape: &[Dim::Static(4096usize)],
-            },
-            TensorDecl {
-                name: "%1",
-                shape: &[Dim::Dynamic(0usize), Dim::Static(14336usize)],
-            },
-            TensorDecl {
-                name: "gate",
-                shape: &[Dim::Dynamic(0usize), Dim::Static(14336usize)],
-            },
-            TensorDecl {
-                name: "%3",
-                shape: &[Dim::Dynamic(0usize), Dim::Static(14336usize)],
-            },
-            TensorDecl {
-                name: "h",
-                shape: &[Dim::Dynamic(0usize), Dim::Static(14336usize)],
-            },
-            TensorDecl {
-                name: "%5",
-                shape: &[Dim::Dynamic(0usize), Dim::Static(4096usize)],
-            },
-            TensorDecl {
-                name: "%6",
-                shape: &[Dim::Dynamic(0usize), Dim::Static(4096usize)],
-            },
-            TensorDecl {
-                name: "y",
-                shape: &[Dim::Dynamic(0usize), Dim::Static(4096usize)],
-            },
+            TensorDecl::new("x", &[Dynamic(0), Static(4096)]),
+            TensorDecl::new("w_gate", &[Static(14336), Static(4096)]),
+            TensorDecl::new("w_up", &[Static(14336), Static(4096)]),
+            TensorDecl::new("w_down", &[Static(4096), Static(14336)]),
+            TensorDecl::new("b_down", &[Static(4096)]),
+            TensorDecl::new("%1", &[Dynamic(0), Static(14336)]),
+            TensorDecl::new("gate", &[Dynamic(0), Static(14336)]),
+            TensorDecl::new("%3", &[Dynamic(0), Static(14336)]),
+            TensorDecl::new("h", &[Dynamic(0), Static(14336)]),
+            TensorDecl::new("%5", &[Dynamic(0), Static(4096)]),
+            TensorDecl::new("%6", &[Dynamic(0), Static(4096)]),
+            TensorDecl::new("y", &[Dynamic(0), Static(4096)]),
         ],
-        inputs: &[0usize],
-        weights: &[1usize, 2usize, 3usize, 4usize],
-        outputs: &[11usize],
-        temporaries: &[8usize],
+        inputs: &[0],
+        weights: &[1, 2, 3, 4],
+        outputs: &[11],
+        temporaries: &[8],
         kernels: &[
             KernelEntry {
                 label: "kernel #0 (gemm_silu_glu)",
-                output: 8usize,
+                output: 8,
                 op: KernelOp::Gemm(GemmOp {
-                    a: Some(0usize),
-                    b: Some(1usize),
-                    b_up: Some(2usize),
-                    bias: None,
-                    residual: None,
-                    multiplier: None,
-                    gamma: None,
-                    beta: None,
-                    eps: 0f32,
-                    bind: Bind::Fold {
-                        norm: false,
-                        gated: true,
-                        kn: false,
-                    },
+                    a: Some(0),
+                    b: Some(1),
+                    b_up: Some(2),
+                    bind: Bind::Fold(fusion::plan::Fold::Interleave),
+                    ..GemmOp::EMPTY
                 }),
-                variants: &[
-                    Variant {
-                        dtype: fusion::core::ir::DType::F16,
-                        arch: fusion::Arch::Sm80,
-                        launch: Launch::Gemm {
-                            launch: ffi::fusion_kernels_gemm_silu_glu_nk_f16_sm80,
-                            query: ffi::fusion_kernels_gemm_silu_glu_nk_f16_sm80_workspace_bytes,
-                            folded: None,
-                            fold: Some(
-                                ffi::fusion_kernels_gemm_silu_glu_nk_f16_sm80_fold_weights,
-                            ),
-                        },
-                        error_string: ffi::fusion_kernels_error_string,
-                    },
-                    Variant {
-                        dtype: fusion::core::ir::DType::F16,
-                        arch: fusion::Arch::Sm90,
-                        launch: Launch::Gemm {
-                            launch: ffi::fusion_kernels_gemm_silu_glu_nk_f16_sm90,
-                            query: ffi::fusion_kernels_gemm_silu_glu_nk_f16_sm90_workspace_bytes,
-                            folded: None,
-                            fold: Some(
-                                ffi::fusion_kernels_gemm_silu_glu_nk_f16_sm90_fold_weights,
-                            ),
-                        },
-                        error_string: ffi::fusion_kernels_error_string,
-                    },
-                    Variant {
-                        dtype: fusion::core::ir::DType::BF16,
-                        arch: fusion::Arch::Sm80,
-                        launch: Launch::Gemm {
-                            launch: ffi::fusion_kernels_gemm_silu_glu_nk_bf16_sm80,
-                            query: ffi::fusion_kernels_gemm_silu_glu_nk_bf16_sm80_workspace_bytes,
-                            folded: None,
-                            fold: Some(
-                                ffi::fusion_kernels_gemm_silu_glu_nk_bf16_sm80_fold_weights,
-                            ),
-                        },
-                        error_string: ffi::fusion_kernels_error_string,
-                    },
-                    Variant {
-                        dtype: fusion::core::ir::DType::BF16,
-                        arch: fusion::Arch::Sm90,
-                        launch: Launch::Gemm {
-                            launch: ffi::fusion_kernels_gemm_silu_glu_nk_bf16_sm90,
-                            query: ffi::fusion_kernels_gemm_silu_glu_nk_bf16_sm90_workspace_bytes,
-                            folded: None,
-                            fold: Some(
-                                ffi::fusion_kernels_gemm_silu_glu_nk_bf16_sm90_fold_weights,
-                            ),
-                        },
-                        error_string: ffi::fusion_kernels_error_string,
-                    },
-                ],
+                launchers: Launchers::Gemm {
+                    launch: &[
+                        ffi::fusion_kernels_gemm_silu_glu_nk_f16_sm80,
+                        ffi::fusion_kernels_gemm_silu_glu_nk_f16_sm90,
+                        ffi::fusion_kernels_gemm_silu_glu_nk_bf16_sm80,
+                        ffi::fusion_kernels_gemm_silu_glu_nk_bf16_sm90,
+                    ],
+                    query: &[
+                        ffi::fusion_kernels_gemm_silu_glu_nk_f16_sm80_workspace_bytes,
+                        ffi::fusion_kernels_gemm_silu_glu_nk_f16_sm90_workspace_bytes,
+                        ffi::fusion_kernels_gemm_silu_glu_nk_bf16_sm80_workspace_bytes,
+                        ffi::fusion_kernels_gemm_silu_glu_nk_bf16_sm90_workspace_bytes,
+                    ],
+                    folded: &[],
+                    fold: &[
+                        ffi::fusion_kernels_gemm_silu_glu_nk_f16_sm80_fold_weights,
+                        ffi::fusion_kernels_gemm_silu_glu_nk_f16_sm90_fold_weights,
+                        ffi::fusion_kernels_gemm_silu_glu_nk_bf16_sm80_fold_weights,
+                        ffi::fusion_kernels_gemm_silu_glu_nk_bf16_sm90_fold_weights,
+                    ],
+                },
             },
             KernelEntry {
                 label: "kernel #1 (gemm_bias_residual)",
-                output: 11usize,
+                output: 11,
                 op: KernelOp::Gemm(GemmOp {
-                    a: Some(8usize),
-                    b: Some(3usize),
-                    b_up: None,
-                    bias: Some(4usize),
-                    residual: Some(0usize),
-                    multiplier: None,
-                    gamma: None,
-                    beta: None,
-                    eps: 0f32,
+                    a: Some(8),
+                    b: Some(3),
+                    bias: Some(4),
+                    residual: Some(0),
                     bind: Bind::Pad,
+                    ..GemmOp::EMPTY
                 }),
-                variants: &[
-                    Variant {
-                        dtype: fusion::core::ir::DType::F16,
-                        arch: fusion::Arch::Sm80,
-                        launch: Launch::Gemm {
-                            launch: ffi::fusion_kernels_gemm_bias_residual_nk_f16_sm80,
-                            query: ffi::fusion_kernels_gemm_bias_residual_nk_f16_sm80_workspace_bytes,
-                            folded: None,
-                            fold: None,
-                        },
-                        error_string: ffi::fusion_kernels_error_string,
-                    },
-                    Variant {
-                        dtype: fusion::core::ir::DType::F16,
-                        arch: fusion::Arch::Sm90,
-                        launch: Launch::Gemm {
-                            launch: ffi::fusion_kernels_gemm_bias_residual_nk_f16_sm90,
-                            query: ffi::fusion_kernels_gemm_bias_residual_nk_f16_sm90_workspace_bytes,
-                            folded: None,
-                            fold: None,
-                        },
-                        error_string: ffi::fusion_kernels_error_string,
-                    },
-                    Variant {
-                        dtype: fusion::core::ir::DType::BF16,
-                        arch: fusion::Arch::Sm80,
-                        launch: Launch::Gemm {
-                            launch: ffi::fusion_kernels_gemm_bias_residual_nk_bf16_sm80,
-                            query: ffi::fusion_kernels_gemm_bias_residual_nk_bf16_sm80_workspace_bytes,
-                            folded: None,
-                            fold: None,
-                        },
-                        error_string: ffi::fusion_kernels_error_string,
-                    },
-                    Variant {
-                        dtype: fusion::core::ir::DType::BF16,
-                        arch: fusion::Arch::Sm90,
-                        launch: Launch::Gemm {
-                            launch: ffi::fusion_kernels_gemm_bias_residual_nk_bf16_sm90,
-                            query: ffi::fusion_kernels_gemm_bias_residual_nk_bf16_sm90_workspace_bytes,
-                            folded: None,
-                            fold: None,
-                        },
-                        error_string: ffi::fusion_kernels_error_string,
-                    },
-                ],
+                launchers: Launchers::Gemm {
+                    launch: &[
+                        ffi::fusion_kernels_gemm_bias_residual_nk_f16_sm80,
+                        ffi::fusion_kernels_gemm_bias_residual_nk_f16_sm90,
+                        ffi::fusion_kernels_gemm_bias_residual_nk_bf16_sm80,
+                        ffi::fusion_kernels_gemm_bias_residual_nk_bf16_sm90,
+                    ],
+                    query: &[
+                        ffi::fusion_kernels_gemm_bias_residual_nk_f16_sm80_workspace_bytes,
+                        ffi::fusion_kernels_gemm_bias_residual_nk_f16_sm90_workspace_bytes,
+                        ffi::fusion_kernels_gemm_bias_residual_nk_bf16_sm80_workspace_bytes,
+                        ffi::fusion_kernels_gemm_bias_residual_nk_bf16_sm90_workspace_bytes,
+                    ],
+                    folded: &[],
+                    fold: &[],
+                },
             },
         ],
-        archs: Some(&[fusion::Arch::Sm80, fusion::Arch::Sm90]),
+        variants: &[
+            (DType::F16, Arch::Sm80),
+            (DType::F16, Arch::Sm90),
+            (DType::BF16, Arch::Sm80),
+            (DType::BF16, Arch::Sm90),
+        ],
+        error_string: Some(ffi::fusion_kernels_error_string),
+        archs: Some(&[Arch::Sm80, Arch::Sm90]),
         compiled: "f16 on sm80, sm90; bf16 on sm80, sm90",
+    };
+    pub(super) static __DECLARED: fusion::plan::DeclaredGraph = fusion::plan::DeclaredGraph {
+        doc: Some(
+            "Llama-3-8B SwiGLU feed-forward block: bias on the down projection, residual add.",
+        ),
+        dims: &[("M", None), ("D", Some(4096)), ("F", Some(14336))],
+        dtypes: &[DType::F16; 12],
+        ops: &[
+            (OpCode::MatMul(fusion::ir::WeightLayout::NK), &[0, 1], 5),
+            (OpCode::Activation("silu"), &[5], 6),
+            (OpCode::MatMul(fusion::ir::WeightLayout::NK), &[0, 2], 7),
+            (OpCode::Mul, &[6, 7], 8),
+            (OpCode::MatMul(fusion::ir::WeightLayout::NK), &[8, 3], 9),
+            (OpCode::BiasAdd, &[9, 4], 10),
+            (OpCode::Add, &[10, 0], 11),
+        ],
     };
 }
