@@ -13,17 +13,25 @@
 //! scratch from the workspace the run time keeps per stream
 //! (`fusion::launch::with_stream_workspace`).
 //! Generic over `T: fusion::Element` when the graph was compiled for several
-//! dtypes. The generated code only declares tensors and copies pointers; the
-//! checks live in the run-time crate's `fusion::launch`.
+//! dtypes.
+//!
+//! The plan itself is data: a `static __PLAN: fusion::plan::PlanTable` per
+//! graph (the kernels in order, the operand of each params field, what
+//! binding computes, the intermediates, the launchers per (dtype, arch))
+//! and `__DECLARED` for `graph()`. The structs and functions are typed
+//! shells that hand their tensors to the run time's one executor
+//! (`fusion::plan::bind` and `fusion::plan::run`), which `fusion run` also
+//! calls with a table of its own; the checks live there and in
+//! `fusion::launch`. The table's schema is asserted at compile time
+//! (`fusion::plan::expect_schema`, [`PLAN_SCHEMA`]).
 //!
 //! The code expects the bindgen output of the library's header in a sibling
 //! module `ffi` (see [`generate`]).
 //!
 //! Tensor names become parameters, so every other name the generated code
-//! declares where they are read (the function's other parameters and locals,
-//! the module's statics) starts with `__`, which the front end refuses in a
-//! user's name; `stream`, `self` and keywords are reserved words there. (A
-//! launch block's `m`, `n`, `k`, `params` and `code` shadow nothing it reads.)
+//! declares where they are read (the function's other parameters and the
+//! module's statics) starts with `__`, which the front end refuses in a
+//! user's name; `stream`, `self` and keywords are reserved words there.
 
 use super::{GraphLaunchers, KernelLibrary, ParamsKind, graph_literal};
 use crate::fuse::{Composition, Role};
