@@ -175,6 +175,13 @@ pub enum Error {
     /// or of rank 0.
     #[error("candle {tensor} {reason}")]
     CandleTensor { tensor: String, reason: String },
+    /// A plan table written for another version of the run time's plan
+    /// tables (`fusion::plan::SCHEMA_VERSION`) than this one reads.
+    #[error(
+        "the plan table of graph `{graph}` has schema {table}, but this fusion runs schema {runtime}: rebuild the \
+         crate that generated it with the fusion-compiler that matches this fusion"
+    )]
+    PlanSchema { graph: String, table: u32, runtime: u32 },
     /// The CUDA driver refused something (allocation, copy, query).
     #[error("CUDA driver: {0}")]
     Driver(#[from] cudarc::driver::DriverError),

@@ -8,15 +8,6 @@
 
 include!(concat!(env!("OUT_DIR"), "/fusion_kernels.rs"));
 
-/// The launcher ABI's structs and flags (abi.h), for `fusion tune` and
-/// `fusion run`, which call the launchers of libraries they load at run
-/// time.
-#[cfg(feature = "cli")]
-pub(crate) use ffi::{
-    FUSION_GEMM_NO_STREAM_K, FUSION_GEMM_STATIC_TILES, fusion_elementwise_params, fusion_fold_params,
-    fusion_gemm_params, fusion_norm_params, fusion_tile_resources,
-};
-
 #[cfg(test)]
 mod tests {
     /// The tile tiers' codes and their place in the flags

@@ -22,21 +22,11 @@ use crate::tensor::{Element, Shape, Tensor, TensorMut};
 use cudarc::driver::sys::CUstreamCaptureStatus;
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
 use fusion_compiler::ir::DType;
-use std::ffi::{CStr, c_char, c_int, c_void};
+use std::ffi::{CStr, c_int, c_void};
 use std::sync::{Arc, Mutex, OnceLock, TryLockError, Weak};
 use std::thread::ThreadId;
 
-/// A launcher's C signature, for a params struct `P`.
-pub type Launcher<P> = unsafe extern "C" fn(*const P, *mut c_void) -> c_int;
-
-/// A launcher's workspace query, `<symbol>_workspace_bytes` (abi.h).
-pub type WorkspaceBytes<P> = unsafe extern "C" fn(*const P, *mut c_void, *mut u64) -> c_int;
-
-/// The library's `<lib>_error_string`.
-pub type ErrorString = unsafe extern "C" fn(c_int) -> *const c_char;
-
-/// A unit's `<symbol>_fold_weights` (abi.h), for a params struct `P`.
-pub type FoldWeights<P> = unsafe extern "C" fn(*const P, *mut c_void) -> c_int;
+pub use crate::abi::{ErrorString, FoldWeights, Launcher, WorkspaceBytes};
 
 /// One axis of a declared tensor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,6 +48,12 @@ pub struct GraphDecl {
 pub struct TensorDecl {
     pub name: &'static str,
     pub shape: &'static [Dim],
+}
+
+impl TensorDecl {
+    pub const fn new(name: &'static str, shape: &'static [Dim]) -> TensorDecl {
+        TensorDecl { name, shape }
+    }
 }
 
 /// The device memory a graph's calls keep between them: a buffer per
@@ -461,6 +457,38 @@ pub(crate) fn bind_dims(
         }
     }
     Ok(true)
+}
+
+/// A call's dims bound from tensor shapes alone, with no device: what
+/// [`crate::plan::fill`] reads where no [`Call`] is made, to compare the
+/// params two paths build.
+pub struct ShapeDims {
+    graph: &'static GraphDecl,
+    dims: Vec<Option<Bound>>,
+}
+
+impl ShapeDims {
+    pub fn new(graph: &'static GraphDecl) -> ShapeDims {
+        ShapeDims {
+            graph,
+            dims: vec![None; graph.dims.len()],
+        }
+    }
+
+    /// Binds `decl`'s dims from `extents`, as [`Call`] does for a tensor;
+    /// `Ok(false)` where a static dim differs.
+    pub fn bind(&mut self, decl: &'static TensorDecl, extents: &[usize]) -> Result<bool> {
+        bind_dims(self.graph, &mut self.dims, decl, extents)
+    }
+}
+
+impl crate::plan::Extents for ShapeDims {
+    fn matrix(&self, decl: &TensorDecl) -> Result<(i64, i64)> {
+        matrix_of(&self.dims, decl)
+    }
+    fn reduced_matrix(&self, decl: &TensorDecl, output: &TensorDecl) -> Result<(i64, i64)> {
+        reduced_matrix_of(self.graph, &self.dims, decl, output)
+    }
 }
 
 /// A GEMM's weight in the form its kernel reads, computed once when a

@@ -25,6 +25,8 @@
 // Generated wrappers name this crate `fusion::`, also from inside it.
 extern crate self as fusion;
 
+#[doc(hidden)]
+pub mod abi;
 #[cfg(all(feature = "cli", feature = "kernels"))]
 pub mod bench;
 #[cfg(feature = "candle")]
@@ -37,6 +39,8 @@ pub mod error;
 pub mod kernels;
 #[doc(hidden)]
 pub mod launch;
+#[doc(hidden)]
+pub mod plan;
 #[cfg(feature = "cli")]
 pub mod render;
 #[cfg(all(feature = "cli", feature = "kernels"))]

@@ -5,24 +5,19 @@
 //! as a build renders them, then built by nvcc into one shared library per
 //! kernel on first use (the tuner's compiles, which a later run reuses while
 //! the sources, headers, nvcc and flags are unchanged) and loaded. A call
-//! goes through the checks a generated wrapper makes
-//! ([`crate::launch::Call`]: shapes, dims, alignment, aliasing) and the
-//! same workspace; the weights are bound once first, as a graph struct
-//! binds them (a norm folded into the weight after it, a gated pair
-//! interleaved). Every tensor of the files is checked against the
+//! is the plan as a table ([`crate::plan::PlanTable`]) run by the executor
+//! generated wrappers run theirs with ([`crate::plan::run`]): the same
+//! checks (shapes, dims, alignment, aliasing), the same workspace, the same
+//! params; the weights are bound once first, as a graph struct binds them
+//! ([`crate::plan::bind`]: a norm folded into the weight after it, a gated
+//! pair interleaved, rows padded). Every tensor of the files is checked against the
 //! declaration before anything reaches the device, and each refusal names
 //! the file, the tensor and what was expected.
 
 use crate::bench::timing::{self, TimingPlan};
 use crate::error::Result as GpuResult;
-use crate::kernels::{
-    FUSION_GEMM_NO_STREAM_K, FUSION_GEMM_STATIC_TILES, fusion_elementwise_params, fusion_fold_params,
-    fusion_gemm_params, fusion_norm_params,
-};
-use crate::launch::{
-    Call, Dim, ErrorString, FoldWeights, FoldedWeights, GraphDecl, Launcher, TensorDecl, Workspace,
-    WorkspaceBytes,
-};
+use crate::launch::{Call, Dim, ErrorString, FoldedWeights, GraphDecl, TensorDecl, Workspace};
+use crate::plan::{self, Bind, Fold, GemmOp, KernelEntry, KernelOp, Launchers, PlanTable};
 use crate::testing::{self, HostElement};
 use crate::tune::compile::{self, Built, Job};
 use crate::tune::library::SharedLibrary;
@@ -30,11 +25,10 @@ use crate::weights::{Binder, TensorFile, TensorNames};
 use crate::{Arch, Shape, Tensor, TensorMut};
 use cudarc::driver::{CudaSlice, CudaStream};
 use fusion_compiler::codegen::{self, GraphSpec};
-use fusion_compiler::fuse::{self, Composition, Plan, Role};
-use fusion_compiler::ir::{DType, Extent, Graph, TensorId, WeightLayout};
+use fusion_compiler::fuse::{self, Composition, FusedKernel, Plan, Role};
+use fusion_compiler::ir::{DType, Extent, Graph, TensorId};
 use fusion_compiler::reference::{self, Bindings, HostTensor, Intermediates};
 use half::{bf16, f16};
-use std::ffi::c_void;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -117,7 +111,7 @@ fn graph_dtype(graph: &Graph) -> Result<DType, String> {
 struct Declared {
     graph: &'static GraphDecl,
     /// By tensor id.
-    tensors: Vec<&'static TensorDecl>,
+    tensors: &'static [TensorDecl],
 }
 
 impl Declared {
@@ -130,7 +124,7 @@ impl Declared {
             name: leak(&graph.name),
             dims: Box::leak(dims.into_boxed_slice()),
         }));
-        let tensors = graph
+        let tensors: Vec<TensorDecl> = graph
             .tensors
             .iter()
             .map(|tensor| {
@@ -146,17 +140,21 @@ impl Declared {
                         ),
                     })
                     .collect();
-                &*Box::leak(Box::new(TensorDecl {
+                TensorDecl {
                     name: leak(&tensor.name),
                     shape: Box::leak(shape.into_boxed_slice()),
-                }))
+                }
             })
             .collect();
-        Declared { graph: decl, tensors }
+        Declared {
+            graph: decl,
+            tensors: Box::leak(tensors.into_boxed_slice()),
+        }
     }
 
     fn of_ids(&self, ids: &[TensorId]) -> Vec<&'static TensorDecl> {
-        ids.iter().map(|t| self.tensors[t.0]).collect()
+        let tensors = self.tensors;
+        ids.iter().map(|t| &tensors[t.0]).collect()
     }
 }
 
@@ -211,7 +209,7 @@ fn run_as<T: HostElement>(
                 Ok((
                     t,
                     binder
-                        .upload::<T>(&stream, declared.tensors[t.0])
+                        .upload::<T>(&stream, &declared.tensors[t.0])
                         .map_err(|e| e.to_string())?,
                 ))
             })
@@ -219,16 +217,10 @@ fn run_as<T: HostElement>(
     };
     let weights = upload(files.weights, files.weight_names, &plan.graph.weights)?;
     let inputs = upload(files.inputs, &declared_names, &plan.graph.inputs)?;
-    let runner = Runner {
-        plan: &plan,
-        declared: &declared,
-        kernels: &kernels,
-        stream: &stream,
-        arch,
-        temporaries: plan.temporaries(),
-    };
+    let table = plan_table(&plan, &declared, T::DTYPE, arch, kernels);
     let started = Instant::now();
-    let folded = runner.bind(&weights).map_err(|e| e.to_string())?;
+    let weight_refs: Vec<&Tensor<'static, T>> = weights.iter().map(|(_, w)| w).collect();
+    let folded = plan::bind(table, &stream, &weight_refs).map_err(|e| e.to_string())?;
     if folded.iter().any(Option::is_some) {
         say(
             out,
@@ -240,15 +232,13 @@ fn run_as<T: HostElement>(
     }
     let reads: Vec<(TensorId, Tensor<'static, T>)> = inputs.into_iter().chain(weights).collect();
     let mut outputs = Vec::new();
-    for (tensor, shape) in runner.output_shapes(&reads).map_err(|e| e.to_string())? {
+    for (tensor, shape) in output_shapes(table, &stream, &reads).map_err(|e| e.to_string())? {
         let poison = poisoned::<T>(&plan.graph.tensor(tensor).name, shape)?;
         let slice = stream.clone_htod(&poison).map_err(gpu)?;
         outputs.push(Output { tensor, shape, slice });
     }
     let mut workspace = Workspace::new();
-    runner
-        .call(&mut workspace, &folded, &reads, &mut outputs)
-        .map_err(|e| e.to_string())?;
+    call(table, &mut workspace, &folded, &stream, &reads, &mut outputs).map_err(|e| e.to_string())?;
     let mut results = Vec::new();
     for output in &outputs {
         let values = stream.clone_dtoh(&output.slice).map_err(gpu)?;
@@ -287,7 +277,7 @@ fn run_as<T: HostElement>(
                 runs: calls.max(1),
             },
             || crate::bench::head_start(&head_stream, &mut head),
-            |_| runner.call(&mut workspace, &folded, &reads, &mut outputs),
+            |_| call(table, &mut workspace, &folded, &stream, &reads, &mut outputs),
         )
         .map_err(|e| e.to_string())?;
         say(
@@ -323,37 +313,16 @@ fn say(out: &mut dyn Write, line: String) -> Result<(), String> {
     writeln!(out, "{line}").map_err(|e| format!("cannot write to standard output: {e}"))
 }
 
-/// One kernel of the plan, loaded: its launcher and what comes with it.
-enum Launch {
-    Gemm {
-        launch: Launcher<fusion_gemm_params>,
-        query: WorkspaceBytes<fusion_gemm_params>,
-        /// The launcher and query of the folded form, for a kernel whose
-        /// norm folds into its weight.
-        folded: Option<(Launcher<fusion_gemm_params>, WorkspaceBytes<fusion_gemm_params>)>,
-        /// `_fold_weights`, for a kernel that prepares its weights.
-        fold: Option<FoldWeights<fusion_fold_params>>,
-    },
-    Norm(Launcher<fusion_norm_params>),
-    Elementwise(Launcher<fusion_elementwise_params>),
-}
-
-struct Kernel {
-    /// `kernel #0 (gemm_bias_gelu)`, as wrappers name it in errors.
-    label: String,
-    launch: Launch,
-    error_string: ErrorString,
-}
-
 /// Renders the plan's kernels for `dtype` on `arch`, builds each into a
-/// shared library (or finds it built) and loads them, in plan order.
+/// shared library (or finds it built) and loads them, in plan order: each
+/// kernel's launchers and its library's `_error_string`.
 fn build(
     settings: &Settings,
     plan: &Plan,
     dtype: DType,
     arch: Arch,
     out: &mut dyn Write,
-) -> Result<Vec<Kernel>, String> {
+) -> Result<Vec<(Launchers, ErrorString)>, String> {
     let lib_name = library_name(&plan.graph.name);
     let spec = GraphSpec {
         plan: plan.clone(),
@@ -425,35 +394,36 @@ fn build(
             // which fusion's templates render for this kind of kernel.
             let launch = unsafe {
                 match kernel.composition {
-                    Composition::Gemm(_) => Launch::Gemm {
-                        launch: lib.get(symbol)?,
-                        query: lib.get(&format!("{symbol}_workspace_bytes"))?,
+                    Composition::Gemm(_) => Launchers::Gemm {
+                        launch: one(lib.get(symbol)?),
+                        query: one(lib.get(&format!("{symbol}_workspace_bytes"))?),
                         folded: if kernel.norm_foldable(&plan.graph) {
-                            Some((
+                            one((
                                 lib.get(&format!("{symbol}_folded"))?,
                                 lib.get(&format!("{symbol}_folded_workspace_bytes"))?,
                             ))
                         } else {
-                            None
+                            &[]
                         },
                         fold: if kernel.prepares_weights(&plan.graph) {
-                            Some(lib.get(&format!("{symbol}_fold_weights"))?)
+                            one(lib.get(&format!("{symbol}_fold_weights"))?)
                         } else {
-                            None
+                            &[]
                         },
                     },
-                    Composition::Norm(_) => Launch::Norm(lib.get(symbol)?),
-                    Composition::Elementwise(_) => Launch::Elementwise(lib.get(symbol)?),
+                    Composition::Norm(_) => Launchers::Norm(one(lib.get(symbol)?)),
+                    Composition::Elementwise(_) => Launchers::Elementwise(one(lib.get(symbol)?)),
                 }
             };
-            Ok(Kernel {
-                label: plan.kernel_label(index),
-                launch,
-                // SAFETY: abi.h's `const char* <lib>_error_string(int)`.
-                error_string: unsafe { lib.get(&error_name) }?,
-            })
+            // SAFETY: abi.h's `const char* <lib>_error_string(int)`.
+            Ok((launch, unsafe { lib.get(&error_name) }?))
         })
         .collect()
+}
+
+/// A table's list of one item, kept for the process (as the table is).
+fn one<T>(item: T) -> &'static [T] {
+    Box::leak(Box::new([item]))
 }
 
 /// The library name of a graph's kernels: `run_` and the graph's name as
@@ -462,17 +432,97 @@ fn library_name(graph: &str) -> String {
     codegen::library_name(&format!("run_{graph}"))
 }
 
-/// A planned graph with its kernels loaded: what a generated module's
-/// `fold_weights` and `run` do, driven by the plan at run time.
-struct Runner<'r> {
-    plan: &'r Plan,
-    declared: &'r Declared,
-    kernels: &'r [Kernel],
-    stream: &'r Arc<CudaStream>,
-    /// The generation the kernels were built for.
+/// The plan as the table a generated wrapper's `__PLAN` holds, for `dtype`
+/// on `arch` with `kernels` (in plan order, from [`build`]) as its one
+/// variant each: what [`plan::bind`] and [`plan::run`] take. Made once per
+/// run, and kept for the process (the checks take declarations as
+/// `'static`).
+fn plan_table(
+    plan: &Plan,
+    declared: &Declared,
+    dtype: DType,
     arch: Arch,
-    /// [`Plan::temporaries`], a workspace buffer each.
-    temporaries: Vec<TensorId>,
+    kernels: Vec<(Launchers, ErrorString)>,
+) -> &'static PlanTable {
+    fn leak<T>(items: Vec<T>) -> &'static [T] {
+        Box::leak(items.into_boxed_slice())
+    }
+    let graph = &plan.graph;
+    let ids = |ids: &[TensorId]| leak(ids.iter().map(|t| t.0).collect());
+    // Every unit's library has the same `_error_string`.
+    let error_string = kernels.first().map(|&(_, error_string)| error_string);
+    let entries = plan
+        .kernels
+        .iter()
+        .zip(kernels)
+        .enumerate()
+        .map(|(index, (kernel, (launchers, _)))| KernelEntry {
+            label: Box::leak(plan.kernel_label(index).into_boxed_str()),
+            output: kernel.output.0,
+            op: kernel_op(graph, kernel),
+            launchers,
+        })
+        .collect();
+    Box::leak(Box::new(PlanTable {
+        schema: plan::SCHEMA_VERSION,
+        graph: declared.graph,
+        tensors: declared.tensors,
+        inputs: ids(&graph.inputs),
+        weights: ids(&graph.weights),
+        outputs: ids(&graph.outputs),
+        temporaries: ids(&plan.temporaries()),
+        kernels: leak(entries),
+        variants: one((dtype, arch)),
+        error_string,
+        archs: Some(one(arch)),
+        compiled: Box::leak(format!("{dtype} on {}", arch.name()).into_boxed_str()),
+    }))
+}
+
+/// A kernel's entry in the plan table: the operand of each params field
+/// (`FusedKernel::gemm_operands`, `step_operands`) and what binding the
+/// weights computes for it, as the generated wrappers' table has them.
+fn kernel_op(graph: &Graph, kernel: &FusedKernel) -> KernelOp {
+    let id = |t: Option<TensorId>| t.map(|t| t.0);
+    match &kernel.composition {
+        Composition::Gemm(gemm) => {
+            let f = kernel.gemm_operands().map(|o| o.tensor.0);
+            let bind = if kernel.prepares_weights(graph) {
+                Bind::Fold(match (kernel.norm_foldable(graph), gemm.gate.is_some()) {
+                    (true, true) => Fold::NormInterleave,
+                    (true, false) => Fold::Norm,
+                    (false, _) => Fold::Interleave,
+                })
+            } else if kernel.binds_b(graph) {
+                Bind::Pad
+            } else {
+                Bind::Nothing
+            };
+            KernelOp::Gemm(GemmOp {
+                a: f.a,
+                b: f.b,
+                b_up: f.b_up,
+                bias: f.bias,
+                residual: f.residual,
+                multiplier: f.multiplier,
+                gamma: f.gamma,
+                beta: f.beta,
+                eps: gemm.prologue.map_or(0.0, |p| p.eps) as f32,
+                b_layout: gemm.b_layout,
+                bind,
+            })
+        }
+        Composition::Norm(norm) => KernelOp::Norm {
+            x: id(kernel.operand(Role::X)),
+            gamma: id(kernel.operand(Role::Gamma)),
+            beta: id(kernel.operand(Role::Beta)),
+            eps: norm.eps as f32,
+        },
+        Composition::Elementwise(_) => KernelOp::Elementwise {
+            x: id(kernel.operand(Role::X)),
+            operands: kernel.step_operands().map(|o| o.map(|o| o.tensor.0)),
+        },
+    }
 }
 
 /// An output's device buffer and shape.
@@ -482,293 +532,51 @@ struct Output<T> {
     slice: CudaSlice<T>,
 }
 
-/// One kernel's params and the launcher that takes them, ready to launch.
-enum Params {
-    Gemm(fusion_gemm_params, Launcher<fusion_gemm_params>),
-    Norm(fusion_norm_params, Launcher<fusion_norm_params>),
-    Elementwise(fusion_elementwise_params, Launcher<fusion_elementwise_params>),
-}
-
-fn pointer(address: Option<u64>) -> *const c_void {
-    address.map_or(std::ptr::null(), |a| a as *const c_void)
-}
-
-impl Runner<'_> {
-    /// Prepares each kernel's weights that can be prepared (abi.h's
-    /// `_fold_weights`): one entry per kernel; returns once the folds ran.
-    fn bind<T: HostElement>(
-        &self,
-        weights: &[(TensorId, Tensor<'static, T>)],
-    ) -> GpuResult<Vec<Option<FoldedWeights>>> {
-        let graph = &self.plan.graph;
-        let mut call = Call::new(self.declared.graph, self.stream);
-        let mut address = vec![None; graph.tensors.len()];
-        for (tensor, value) in weights {
-            address[tensor.0] = Some(call.input(self.declared.tensors[tensor.0], value)?);
-        }
-        let mut folded = Vec::new();
-        for (kernel, loaded) in self.plan.kernels.iter().zip(self.kernels) {
-            let (Composition::Gemm(gemm), Launch::Gemm { fold, .. }) = (&kernel.composition, &loaded.launch)
-            else {
-                folded.push(None);
-                continue;
-            };
-            let b = kernel.operand(Role::B).expect("a GEMM reads B");
-            let Some(fold) = fold else {
-                // A bound plain weight: copied into padded rows where that
-                // reads faster, as a graph struct does.
-                let padded = match address[b.0] {
-                    Some(weight) if kernel.binds_b(graph) => FoldedWeights::pad(
-                        &call,
-                        &loaded.label,
-                        self.arch,
-                        weight,
-                        call.matrix(self.declared.tensors[b.0])?,
-                        size_of::<T>(),
-                    )?,
-                    _ => None,
-                };
-                folded.push(padded);
-                continue;
-            };
-            let foldable = kernel.norm_foldable(graph);
-            let fields = kernel.gemm_operands().map(|o| address[o.tensor.0]);
-            let (rows, cols) = call.matrix(self.declared.tensors[b.0])?;
-            let (n, k) = match gemm.b_layout {
-                WeightLayout::NK => (rows, cols),
-                WeightLayout::KN => (cols, rows),
-            };
-            // A gated pair's prepared weight holds both: twice the columns.
-            // Column terms only where a norm folds.
-            let halves = if gemm.gate.is_some() { 2 } else { 1 };
-            let columns = if foldable { halves * n as usize } else { 0 };
-            // The weights were checked: twice their rows still fit an i64.
-            let stored = match gemm.b_layout {
-                WeightLayout::NK => (halves as i64 * rows, cols),
-                WeightLayout::KN => (rows, halves as i64 * cols),
-            };
-            let stream = call.stream_ptr();
-            let prepared = FoldedWeights::fold(
-                &call,
-                &loaded.label,
-                self.arch,
-                stored,
-                size_of::<T>(),
-                columns,
-                |w_folded, col_terms, ld_folded| {
-                    let (gamma, beta) = if foldable {
-                        (pointer(fields.gamma.flatten()), pointer(fields.beta.flatten()))
-                    } else {
-                        (std::ptr::null(), std::ptr::null())
-                    };
-                    let params = fusion_fold_params {
-                        w: pointer(fields.b.flatten()),
-                        w_up: pointer(fields.b_up.flatten()),
-                        gamma,
-                        beta,
-                        w_folded,
-                        col_terms,
-                        n,
-                        k,
-                        ld_folded,
-                    };
-                    // SAFETY: the weights were checked by `call` and the
-                    // outputs were just allocated at the sizes the fold writes.
-                    unsafe { fold(&params, stream) }
+/// Each output's shape once the dims of `reads` are bound.
+fn output_shapes<T: HostElement>(
+    table: &'static PlanTable,
+    stream: &Arc<CudaStream>,
+    reads: &[(TensorId, Tensor<'static, T>)],
+) -> GpuResult<Vec<(TensorId, Shape)>> {
+    let mut call = Call::new(table.graph, stream);
+    for (tensor, value) in reads {
+        call.input(&table.tensors[tensor.0], value)?;
+    }
+    table
+        .outputs
+        .iter()
+        .map(|&t| {
+            let decl = &table.tensors[t];
+            // Both fit an i64, so both fit a usize.
+            let (rows, cols) = call.matrix(decl)?;
+            Ok((
+                TensorId(t),
+                match decl.shape.len() {
+                    1 => Shape::Vector(cols as usize),
+                    _ => Shape::Matrix(rows as usize, cols as usize),
                 },
-                loaded.error_string,
-            )?;
-            folded.push(Some(prepared));
-        }
-        self.stream.synchronize()?;
-        Ok(folded)
-    }
+            ))
+        })
+        .collect()
+}
 
-    /// Each output's shape once the dims of `reads` are bound.
-    fn output_shapes<T: HostElement>(
-        &self,
-        reads: &[(TensorId, Tensor<'static, T>)],
-    ) -> GpuResult<Vec<(TensorId, Shape)>> {
-        let mut call = Call::new(self.declared.graph, self.stream);
-        for (tensor, value) in reads {
-            call.input(self.declared.tensors[tensor.0], value)?;
-        }
-        self.plan
-            .graph
-            .outputs
-            .iter()
-            .map(|&t| {
-                let decl = self.declared.tensors[t.0];
-                // Both fit an i64, so both fit a usize.
-                let (rows, cols) = call.matrix(decl)?;
-                Ok((
-                    t,
-                    match decl.shape.len() {
-                        1 => Shape::Vector(cols as usize),
-                        _ => Shape::Matrix(rows as usize, cols as usize),
-                    },
-                ))
-            })
-            .collect()
+/// One call of the graph through the executor: `reads` (the inputs, then
+/// the weights, as [`run_as`] lists them) and the outputs.
+fn call<T: HostElement>(
+    table: &'static PlanTable,
+    workspace: &mut Workspace,
+    folded: &[Option<FoldedWeights>],
+    stream: &Arc<CudaStream>,
+    reads: &[(TensorId, Tensor<'static, T>)],
+    outputs: &mut [Output<T>],
+) -> GpuResult<()> {
+    let reads: Vec<&Tensor<'static, T>> = reads.iter().map(|(_, t)| t).collect();
+    let mut views = Vec::with_capacity(outputs.len());
+    for output in outputs.iter_mut() {
+        views.push(TensorMut::new(&mut output.slice, output.shape)?);
     }
-
-    /// One call of the graph: `reads` (inputs and weights) checked, the
-    /// outputs written, every kernel queued on the stream.
-    fn call<T: HostElement>(
-        &self,
-        workspace: &mut Workspace,
-        folded: &[Option<FoldedWeights>],
-        reads: &[(TensorId, Tensor<'static, T>)],
-        outputs: &mut [Output<T>],
-    ) -> GpuResult<()> {
-        let graph = &self.plan.graph;
-        let decl = |t: TensorId| self.declared.tensors[t.0];
-        let mut views = Vec::with_capacity(outputs.len());
-        for output in outputs.iter_mut() {
-            views.push((output.tensor, TensorMut::new(&mut output.slice, output.shape)?));
-        }
-        let mut call = Call::new(self.declared.graph, self.stream);
-        let mut address: Vec<Option<u64>> = vec![None; graph.tensors.len()];
-        for (tensor, value) in reads {
-            address[tensor.0] = Some(call.input(decl(*tensor), value)?);
-        }
-        for (tensor, view) in views.iter_mut() {
-            address[tensor.0] = Some(call.output(decl(*tensor), view)?);
-        }
-        call.check_aliasing()?;
-        // No output has an element: nothing to launch. (One empty output
-        // among others skips only its own kernel, below.)
-        if call.is_empty() {
-            return Ok(());
-        }
-        let (intermediates, scratch, call_use) = workspace.begin_call(self.stream)?;
-        if !self.temporaries.is_empty() {
-            let decls = self.declared.of_ids(&self.temporaries);
-            let buffers = call.intermediates::<T>(intermediates, &decls)?;
-            for (tensor, buffer) in self.temporaries.iter().zip(buffers) {
-                address[tensor.0] = Some(buffer);
-            }
-        }
-        let flags = call.gemm_flags(FUSION_GEMM_NO_STREAM_K, FUSION_GEMM_STATIC_TILES)?;
-        let mut params = Vec::with_capacity(self.kernels.len());
-        let mut scratch_bytes = 0u64;
-        for (index, (kernel, loaded)) in self.plan.kernels.iter().zip(self.kernels).enumerate() {
-            let at = |t: Option<TensorId>| pointer(t.and_then(|t| address[t.0]));
-            let out = address[kernel.output.0].unwrap_or_default() as *mut c_void;
-            let out_decl = decl(kernel.output);
-            params.push(match (&kernel.composition, &loaded.launch) {
-                (
-                    Composition::Gemm(gemm),
-                    Launch::Gemm {
-                        launch,
-                        query,
-                        folded: folded_form,
-                        ..
-                    },
-                ) => {
-                    let fields = kernel.gemm_operands().map(|o| o.tensor);
-                    let (m, k) = call.reduced_matrix(decl(fields.a.unwrap_or(kernel.output)), out_decl)?;
-                    let n = call.matrix(out_decl)?.1;
-                    let mut p = fusion_gemm_params {
-                        a: at(fields.a),
-                        b: at(fields.b),
-                        b_up: at(fields.b_up),
-                        c: out,
-                        bias: at(fields.bias),
-                        residual: at(fields.residual),
-                        multiplier: at(fields.multiplier),
-                        gamma: at(fields.gamma),
-                        beta: at(fields.beta),
-                        col_terms: std::ptr::null(),
-                        m,
-                        n,
-                        k,
-                        ldb: 0,
-                        eps: gemm.prologue.map_or(0.0, |p| p.eps) as f32,
-                        flags,
-                        workspace: std::ptr::null_mut(),
-                        workspace_bytes: 0,
-                    };
-                    let prepared = folded.get(index).and_then(Option::as_ref);
-                    if let Some(weights) = prepared {
-                        let (b, col_terms, ldb) = call.folded(weights);
-                        p.b = b as *const c_void;
-                        p.ldb = ldb;
-                        if kernel.prepares_weights(&self.plan.graph) {
-                            p.b_up = std::ptr::null();
-                            p.col_terms = col_terms as *const c_void;
-                        }
-                    }
-                    // With its norm folded into the weight, the kernel runs
-                    // the folded launcher.
-                    let (launch, query) = match (prepared, folded_form) {
-                        (Some(_), Some(form)) => *form,
-                        _ => (*launch, *query),
-                    };
-                    scratch_bytes = scratch_bytes.max(call.workspace_bytes(
-                        &loaded.label,
-                        query,
-                        &p,
-                        loaded.error_string,
-                    )?);
-                    Params::Gemm(p, launch)
-                }
-                (Composition::Norm(norm), Launch::Norm(launch)) => {
-                    let (m, k) = call.matrix(out_decl)?;
-                    Params::Norm(
-                        fusion_norm_params {
-                            x: at(kernel.operand(Role::X)),
-                            y: out,
-                            gamma: at(kernel.operand(Role::Gamma)),
-                            beta: at(kernel.operand(Role::Beta)),
-                            m,
-                            k,
-                            eps: norm.eps as f32,
-                        },
-                        *launch,
-                    )
-                }
-                (Composition::Elementwise(_), Launch::Elementwise(launch)) => {
-                    let (m, n) = call.matrix(out_decl)?;
-                    Params::Elementwise(
-                        fusion_elementwise_params {
-                            x: at(kernel.operand(Role::X)),
-                            y: out,
-                            operands: kernel.step_operands().map(|o| at(o.map(|o| o.tensor))),
-                            m,
-                            n,
-                        },
-                        *launch,
-                    )
-                }
-                _ => unreachable!("each kernel is loaded for its composition"),
-            });
-        }
-        let (scratch_ptr, scratch_len) = call.scratch(scratch, scratch_bytes)?;
-        for ((params, loaded), kernel) in params.iter_mut().zip(self.kernels).zip(&self.plan.kernels) {
-            // A kernel whose own output is empty is not launched, while the
-            // others are (`Call::has_elements` says why).
-            if !call.has_elements(decl(kernel.output))? {
-                continue;
-            }
-            // SAFETY (each launch): every pointer was checked by `call`
-            // (shape, context, alignment, no output aliasing an input) and
-            // stays borrowed until `call` is dropped; the launcher only
-            // enqueues work.
-            let code = match params {
-                Params::Gemm(p, launch) => {
-                    p.workspace = scratch_ptr;
-                    p.workspace_bytes = scratch_len;
-                    unsafe { launch(p, call.stream_ptr()) }
-                }
-                Params::Norm(p, launch) => unsafe { launch(p, call.stream_ptr()) },
-                Params::Elementwise(p, launch) => unsafe { launch(p, call.stream_ptr()) },
-            };
-            call.launched(&loaded.label, code, loaded.error_string)?;
-        }
-        call_use.finish()?;
-        Ok(())
-    }
+    let mut writes: Vec<&mut TensorMut<'_, T>> = views.iter_mut().collect();
+    plan::run(table, workspace, folded, stream, &reads, &mut writes)
 }
 
 /// An output as the run read it back.
@@ -881,6 +689,7 @@ fn check<T: HostElement>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::abi::{FUSION_GEMM_NO_STREAM_K, FUSION_GEMM_STATIC_TILES};
     use fusion_compiler::diagnostic::SourceFile;
 
     const GRAPH: &str = r#"
@@ -923,6 +732,184 @@ y = "rmsnorm(x, norm, eps = 1e-5) @ w_gate^T"
             weight_names: names,
         };
         check_files::<f16>(&graph, &declared, files).map_err(|e| e.to_string())
+    }
+
+    /// Stand-ins for loaded launchers: the params are filled without a
+    /// device, and nothing is launched.
+    mod stand_ins {
+        use crate::abi::{
+            fusion_elementwise_params, fusion_fold_params, fusion_gemm_params, fusion_norm_params,
+        };
+        use std::ffi::{c_char, c_int, c_void};
+        pub unsafe extern "C" fn gemm(_: *const fusion_gemm_params, _: *mut c_void) -> c_int {
+            1
+        }
+        pub unsafe extern "C" fn query(_: *const fusion_gemm_params, _: *mut c_void, _: *mut u64) -> c_int {
+            1
+        }
+        pub unsafe extern "C" fn fold(_: *const fusion_fold_params, _: *mut c_void) -> c_int {
+            1
+        }
+        pub unsafe extern "C" fn norm(_: *const fusion_norm_params, _: *mut c_void) -> c_int {
+            1
+        }
+        pub unsafe extern "C" fn elementwise(_: *const fusion_elementwise_params, _: *mut c_void) -> c_int {
+            1
+        }
+        pub unsafe extern "C" fn error_string(_: c_int) -> *const c_char {
+            c"stand-in".as_ptr()
+        }
+    }
+
+    /// The table `fusion run` makes for `graph` (planned as a build for
+    /// `archs` plans it), with stand-in launchers.
+    fn run_table(graph: Graph, archs: &[Arch]) -> &'static PlanTable {
+        let rules = fusion_compiler::select::split_rules(archs).unwrap();
+        let plan = fuse::plan_with(graph, &rules);
+        let declared = Declared::of(&plan.graph);
+        let kernels = plan
+            .kernels
+            .iter()
+            .map(|kernel| {
+                let launch = match kernel.composition {
+                    Composition::Gemm(_) => Launchers::Gemm {
+                        launch: &[stand_ins::gemm],
+                        query: &[stand_ins::query],
+                        folded: if kernel.norm_foldable(&plan.graph) {
+                            &[(stand_ins::gemm, stand_ins::query)]
+                        } else {
+                            &[]
+                        },
+                        fold: if kernel.prepares_weights(&plan.graph) {
+                            &[stand_ins::fold]
+                        } else {
+                            &[]
+                        },
+                    },
+                    Composition::Norm(_) => Launchers::Norm(&[stand_ins::norm]),
+                    Composition::Elementwise(_) => Launchers::Elementwise(&[stand_ins::elementwise]),
+                };
+                (launch, stand_ins::error_string as ErrorString)
+            })
+            .collect();
+        plan_table(&plan, &declared, DType::F16, archs[archs.len() - 1], kernels)
+    }
+
+    /// Each kernel's params as `table` fills them for one call: every
+    /// dynamic dim bound from the tensors' shapes (the `i`th dim `24 + 8 i`),
+    /// tensor `t` at address `(t + 1) << 12`, the flags given, and the
+    /// weights prepared (at fixed addresses) where the table binds them.
+    fn filled(table: &'static PlanTable, flags: u32, prepared: bool) -> Vec<(String, Vec<u8>)> {
+        let mut dims = crate::launch::ShapeDims::new(table.graph);
+        let extent = |d: &Dim| match *d {
+            Dim::Static(n) => n,
+            Dim::Dynamic(i) => 24 + 8 * i,
+        };
+        for &t in table.inputs.iter().chain(table.weights).chain(table.outputs) {
+            let decl = &table.tensors[t];
+            let extents: Vec<usize> = decl.shape.iter().map(extent).collect();
+            assert!(dims.bind(decl, &extents).unwrap());
+        }
+        let address: Vec<Option<u64>> = (0..table.tensors.len())
+            .map(|t| Some((t as u64 + 1) << 12))
+            .collect();
+        table
+            .kernels
+            .iter()
+            .map(|kernel| {
+                let binds = matches!(&kernel.op, KernelOp::Gemm(g) if g.bind != Bind::Nothing);
+                let weights = (prepared && binds).then_some((0xa000_0000, 0xb000_0000, 4160));
+                let params = plan::fill(table, kernel, &dims, &address, flags, weights).unwrap();
+                (kernel.label.to_owned(), params.field_bytes())
+            })
+            .collect()
+    }
+
+    /// The generated wrappers and `fusion run` call one executor with a
+    /// table each: for the shipped graphs, the two tables fill every
+    /// kernel's params to the same bytes, per call and with bound weights.
+    #[test]
+    fn generated_structs_and_fusion_run_fill_the_same_params() {
+        use crate::kernels as k;
+        let generated: [(&'static PlanTable, Graph, &[Arch]); 8] = [
+            (
+                k::SwigluFfn::<f16>::PLAN,
+                k::SwigluFfn::<f16>::graph(),
+                k::SwigluFfn::<f16>::ARCHS,
+            ),
+            (
+                k::FfnSublayer::<f16>::PLAN,
+                k::FfnSublayer::<f16>::graph(),
+                k::FfnSublayer::<f16>::ARCHS,
+            ),
+            (
+                k::LayernormGemmSiluGluResidual::<f16>::PLAN,
+                k::LayernormGemmSiluGluResidual::<f16>::graph(),
+                k::LayernormGemmSiluGluResidual::<f16>::ARCHS,
+            ),
+            (
+                k::LayernormGemm::<f16>::PLAN,
+                k::LayernormGemm::<f16>::graph(),
+                k::LayernormGemm::<f16>::ARCHS,
+            ),
+            (
+                k::GemmBiasGelu::<f16>::PLAN,
+                k::GemmBiasGelu::<f16>::graph(),
+                k::GemmBiasGelu::<f16>::ARCHS,
+            ),
+            (
+                k::Gpt2Mlp::<f16>::PLAN,
+                k::Gpt2Mlp::<f16>::graph(),
+                k::Gpt2Mlp::<f16>::ARCHS,
+            ),
+            (k::SiluMul::PLAN, k::SiluMul::graph(), k::SiluMul::ARCHS),
+            (
+                k::Layernorm::<f16>::PLAN,
+                k::Layernorm::<f16>::graph(),
+                k::Layernorm::<f16>::ARCHS,
+            ),
+        ];
+        let mut compared = 0;
+        for (table, graph, archs) in generated {
+            let name = table.graph.name;
+            if archs.is_empty() {
+                // A build without nvcc: no variants to compare against.
+                continue;
+            }
+            compared += 1;
+            let ours = run_table(graph, archs);
+            assert_eq!(ours.tensors.len(), table.tensors.len(), "{name}");
+            for (a, b) in ours.tensors.iter().zip(table.tensors) {
+                assert_eq!((a.name, a.shape), (b.name, b.shape), "{name}");
+            }
+            assert_eq!(
+                (ours.inputs, ours.weights, ours.outputs, ours.temporaries),
+                (table.inputs, table.weights, table.outputs, table.temporaries),
+                "{name}"
+            );
+            assert_eq!(ours.kernels.len(), table.kernels.len(), "{name}");
+            for (a, b) in ours.kernels.iter().zip(table.kernels) {
+                let bind = |k: &KernelEntry| match &k.op {
+                    KernelOp::Gemm(g) => Some((g.bind, g.b_layout)),
+                    _ => None,
+                };
+                assert_eq!(
+                    (a.label, a.output, bind(a)),
+                    (b.label, b.output, bind(b)),
+                    "{name}"
+                );
+            }
+            for flags in [0, FUSION_GEMM_NO_STREAM_K | FUSION_GEMM_STATIC_TILES] {
+                for prepared in [false, true] {
+                    assert_eq!(
+                        filled(ours, flags, prepared),
+                        filled(table, flags, prepared),
+                        "{name}: flags {flags}, prepared {prepared}"
+                    );
+                }
+            }
+        }
+        assert!(compared == 8 || crate::device::compiled().is_empty());
     }
 
     #[test]

@@ -235,3 +235,62 @@ fn an_empty_output_leaves_the_others_computed() {
     assert_eq!(got, want, "z = relu(u)");
     std::fs::remove_dir_all(&dir).expect("remove the temp dir");
 }
+
+/// The struct a build generates and `fusion run` of the same TOML file run
+/// their plans through one executor (`fusion::plan`): bound from the same
+/// files, they write the same bits.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn fusion_run_and_the_generated_struct_write_the_same_bits() {
+    use fusion::kernels::LayernormGemmSiluGluResidual as Block;
+    use fusion::{Shape, Tensor, TensorMut};
+    let toml = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/graphs/layernorm_gemm_silu_glu_residual.toml"
+    ))
+    .expect("the shipped graph");
+    let (m, k, n) = (300, 256, 512);
+    let (dir, _, _, settings) = prepare(
+        "same-bits",
+        &toml,
+        &[("M", m), ("K", k), ("N", n)],
+        TensorNames::declared(),
+    );
+    let mut said = Vec::new();
+    let result = run(&settings, &mut said);
+    eprintln!("{}", String::from_utf8_lossy(&said));
+    result.unwrap_or_else(|e| panic!("{e}"));
+    let ran =
+        TensorFile::open(settings.out.as_ref().expect("an output file")).expect("the output file reads");
+
+    let ctx = testing::open_gpu(0).expect("a GPU");
+    let stream = ctx.new_stream().expect("a stream");
+    let weights = TensorFile::open(settings.weights.as_ref().expect("a weights file")).expect("weights");
+    let mut block =
+        Block::<f16>::from_safetensors(&stream, &weights, &TensorNames::declared()).expect("binds");
+    let inputs = TensorFile::open(&settings.inputs).expect("inputs");
+    let upload = |name: &str| {
+        let view = inputs.get(name).expect("an input");
+        let values = <f16 as Element>::from_le_bytes(view.bytes);
+        let shape = Shape::Matrix(view.shape[0], view.shape[1]);
+        (stream.clone_htod(&values).expect("copies"), shape)
+    };
+    let ((x, x_shape), (r, r_shape)) = (upload("x"), upload("r"));
+    let mut h = stream.alloc_zeros::<f16>(m * n).expect("allocates");
+    block
+        .run(
+            &stream,
+            &Tensor::new(&x, x_shape).expect("x"),
+            &Tensor::new(&r, r_shape).expect("r"),
+            &mut TensorMut::new(&mut h, Shape::Matrix(m, n)).expect("h"),
+        )
+        .expect("runs");
+    let got = stream.clone_dtoh(&h).expect("reads back");
+    let want = ran.get("h").expect("`h` in the run's output file");
+    assert_eq!(want.shape, [m, n]);
+    assert!(
+        <f16 as Element>::to_le_bytes(&got) == want.bytes,
+        "the struct's `h` differs from fusion run's"
+    );
+    std::fs::remove_dir_all(&dir).expect("remove the temp dir");
+}

@@ -4,10 +4,10 @@
 //! the bench's method (warm-up, CUDA events, median, input sets rotated).
 
 use super::library::LoadedUnit;
+use crate::abi::{fusion_fold_params, fusion_gemm_params};
 use crate::bench::cublaslt::{LtEpilogue, LtGemm};
 use crate::bench::timing::{self, Timing, TimingPlan};
 use crate::error::Result as GpuResult;
-use crate::kernels::{fusion_fold_params, fusion_gemm_params};
 use crate::testing::{self, HostElement};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, ValidAsZeroBits};
 use fusion_compiler::fuse::{EpilogueStep, FusedKernel, GemmComposition, GemmOperands, Role};

@@ -30,7 +30,7 @@ pub struct BindingsRequest<'a> {
 
 /// Bumped whenever the bindgen options below change, so cached bindings made
 /// with other options are not reused.
-const BINDGEN_OPTIONS_VERSION: &str = "bindgen 0.72; fusion options v2";
+const BINDGEN_OPTIONS_VERSION: &str = "bindgen 0.72; fusion options v3";
 
 /// Writes the bindings to `request.output`. Returns whether bindgen ran
 /// (false: they came from the cache).
@@ -62,6 +62,9 @@ pub fn write_bindings(request: &BindingsRequest<'_>) -> Result<bool, BuildError>
         .allowlist_function(format!("fusion_.*|{}_.*", request.lib_name))
         .allowlist_type("fusion_.*")
         .allowlist_var("(fusion|FUSION)_.*")
+        // The ABI's structs are the run time's (`fusion::abi`), which the
+        // generated `ffi` module imports: one declaration of each layout.
+        .blocklist_type("fusion_(gemm|fold|norm|elementwise)_params|fusion_tile_resources")
         .derive_debug(true)
         .derive_default(true)
         .derive_copy(true)

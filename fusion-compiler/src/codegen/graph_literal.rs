@@ -1,93 +1,61 @@
-//! A graph as Rust code that builds it: the body of a generated struct's
-//! `graph()`, so that a program carries its graph as data fixed when its
-//! build script ran, not as a declaration parsed again at run time.
+//! A graph as data its generated struct carries: `__DECLARED`, a
+//! `fusion::plan::DeclaredGraph` that, with the plan table's tensors
+//! (names and shapes), is what the struct's `graph()` returns
+//! (`fusion::plan::graph`), so that a program carries its graph as fixed
+//! when its build script ran, not as a declaration parsed again at run time.
 //!
-//! Every field is written out (spans aside, which become `Span::None`: the
-//! graph has been checked, no error will point into it). The matches below
-//! name every variant, so a new kind of op or extent fails to compile here
-//! until it is written out too.
+//! The matches below name every variant, so a new kind of op fails to
+//! compile here until it is written out too.
 
-use crate::ir::{DType, Extent, Graph, OpKind, TensorKind, WeightLayout};
+use crate::ir::{DType, Graph, OpKind, WeightLayout};
 use proc_macro2::{Literal, TokenStream};
 use quote::quote;
 
-/// An expression of type `fusion::ir::Graph` equal to `graph`: a block that
-/// names the IR's types and builds it.
-pub fn graph_expr(graph: &Graph) -> TokenStream {
-    let name = &graph.name;
+/// The `__DECLARED` static of `graph`: its doc, dims, element types and ops.
+pub fn declared_graph(graph: &Graph) -> TokenStream {
     let doc = match &graph.doc {
-        Some(doc) => quote!(Some(#doc.to_owned())),
+        Some(doc) => quote!(Some(#doc)),
         None => quote!(None),
     };
     let dims = graph.dims.iter().map(|d| {
         let name = &d.name;
         let size = match d.size {
-            Some(n) => quote!(Some(#n)),
+            Some(n) => {
+                let n = Literal::u64_unsuffixed(n);
+                quote!(Some(#n))
+            }
             None => quote!(None),
         };
-        quote!(DimDef { name: #name.to_owned(), size: #size, span: Span::None })
+        quote!((#name, #size))
     });
-    let tensors = graph.tensors.iter().map(|t| {
-        let name = &t.name;
-        let dtype = dtype_tokens(t.dtype);
-        let shape = t.shape.iter().map(|&e| extent_tokens(e));
-        let kind = match t.kind {
-            TensorKind::Input => quote!(Input),
-            TensorKind::Weight => quote!(Weight),
-            TensorKind::Intermediate => quote!(Intermediate),
-            TensorKind::Output => quote!(Output),
-        };
-        quote! {
-            TensorDesc {
-                name: #name.to_owned(),
-                dtype: #dtype,
-                shape: vec![#(#shape),*],
-                kind: TensorKind::#kind,
-                span: Span::None,
-            }
+    // One element type for every tensor (the common case) is written once.
+    let dtypes = match graph.tensors.first() {
+        Some(first) if graph.tensors.iter().all(|t| t.dtype == first.dtype) => {
+            let (dtype, count) = (
+                dtype_tokens(first.dtype),
+                Literal::usize_unsuffixed(graph.tensors.len()),
+            );
+            quote!(&[#dtype; #count])
         }
-    });
+        _ => {
+            let each = graph.tensors.iter().map(|t| dtype_tokens(t.dtype));
+            quote!(&[#(#each),*])
+        }
+    };
     let ops = graph.ops.iter().map(|op| {
         let kind = op_kind_tokens(&op.kind);
-        let inputs = op.inputs.iter().map(|t| tensor_id(t.0));
-        let output = tensor_id(op.output.0);
-        quote! {
-            Op {
-                kind: #kind,
-                inputs: vec![#(#inputs),*],
-                output: #output,
-                span: Span::None,
-            }
-        }
+        let inputs = op.inputs.iter().map(|t| Literal::usize_unsuffixed(t.0));
+        let output = Literal::usize_unsuffixed(op.output.0);
+        quote!((#kind, &[#(#inputs),*], #output))
     });
-    let ids = |list: &[crate::ir::TensorId]| {
-        let ids = list.iter().map(|t| tensor_id(t.0));
-        quote!(vec![#(#ids),*])
-    };
-    let (inputs, weights, outputs) = (ids(&graph.inputs), ids(&graph.weights), ids(&graph.outputs));
-    quote! {{
-        #[allow(unused_imports, reason = "the graph's ops may not need each of them")]
-        use fusion::ir::{
-            Activation, DType, DimDef, DimId, Extent, Graph, Op, OpKind, TensorDesc, TensorId, TensorKind,
-            WeightLayout,
-        };
-        use fusion::core::diagnostic::Span;
-        Graph {
-            name: #name.to_owned(),
+    quote! {
+        pub(super) static __DECLARED: fusion::plan::DeclaredGraph = fusion::plan::DeclaredGraph {
             doc: #doc,
-            dims: vec![#(#dims),*],
-            tensors: vec![#(#tensors),*],
-            ops: vec![#(#ops),*],
-            inputs: #inputs,
-            weights: #weights,
-            outputs: #outputs,
-        }
-    }}
-}
-
-fn tensor_id(index: usize) -> TokenStream {
-    let index = Literal::usize_unsuffixed(index);
-    quote!(TensorId(#index))
+            dims: &[#(#dims),*],
+            dtypes: #dtypes,
+            ops: &[#(#ops),*],
+        };
+    }
 }
 
 fn dtype_tokens(dtype: DType) -> TokenStream {
@@ -98,16 +66,6 @@ fn dtype_tokens(dtype: DType) -> TokenStream {
     }
 }
 
-fn extent_tokens(extent: Extent) -> TokenStream {
-    match extent {
-        Extent::Static(n) => quote!(Extent::Static(#n)),
-        Extent::Dynamic(d) => {
-            let index = Literal::usize_unsuffixed(d.0);
-            quote!(Extent::Dynamic(DimId(#index)))
-        }
-    }
-}
-
 fn op_kind_tokens(kind: &OpKind) -> TokenStream {
     match *kind {
         OpKind::MatMul { b_layout } => {
@@ -115,29 +73,24 @@ fn op_kind_tokens(kind: &OpKind) -> TokenStream {
                 WeightLayout::KN => quote!(KN),
                 WeightLayout::NK => quote!(NK),
             };
-            quote!(OpKind::MatMul { b_layout: WeightLayout::#layout })
+            quote!(OpCode::MatMul(fusion::ir::WeightLayout::#layout))
         }
-        OpKind::BiasAdd => quote!(OpKind::BiasAdd),
-        OpKind::Add => quote!(OpKind::Add),
-        OpKind::Mul => quote!(OpKind::Mul),
+        OpKind::BiasAdd => quote!(OpCode::BiasAdd),
+        OpKind::Add => quote!(OpCode::Add),
+        OpKind::Mul => quote!(OpCode::Mul),
         // The op table's row by its name: the rows are statics of the table,
         // which a literal cannot name.
         OpKind::Activation(activation) => {
             let name = activation.name();
-            quote! {
-                OpKind::Activation(
-                    Activation::named(#name)
-                        .expect("the build script's op table has this activation")
-                )
-            }
+            quote!(OpCode::Activation(#name))
         }
         OpKind::LayerNorm { eps } => {
             let eps = Literal::f64_suffixed(eps);
-            quote!(OpKind::LayerNorm { eps: #eps })
+            quote!(OpCode::LayerNorm(#eps))
         }
         OpKind::RmsNorm { eps } => {
             let eps = Literal::f64_suffixed(eps);
-            quote!(OpKind::RmsNorm { eps: #eps })
+            quote!(OpCode::RmsNorm(#eps))
         }
     }
 }
@@ -171,17 +124,15 @@ w = "f16[D, D]"
 y = "gelu(rmsnorm(x, gamma, eps = 0.00001) @ w^T)"
 "#,
         );
-        let text = graph_expr(&g).to_string();
+        let text = declared_graph(&g).to_string();
         for part in [
-            "\"norm_gelu\"",
             "\"A norm, a GEMM and GELU.\"",
-            "size : None",
-            "size : Some (64u64)",
-            "RmsNorm { eps : 0.00001f64 }",
-            "MatMul { b_layout : WeightLayout :: NK }",
-            "Activation :: named (\"gelu\")",
-            "Extent :: Dynamic (DimId (0))",
-            "TensorKind :: Weight",
+            "(\"M\" , None)",
+            "(\"D\" , Some (64))",
+            "OpCode :: RmsNorm (0.00001f64)",
+            "OpCode :: MatMul (fusion :: ir :: WeightLayout :: NK)",
+            "OpCode :: Activation (\"gelu\")",
+            "DType :: F16",
         ] {
             assert!(text.contains(part), "`{part}` missing from {text}");
         }

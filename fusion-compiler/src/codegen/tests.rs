@@ -374,24 +374,23 @@ fn wrappers_parse_and_name_the_graph() {
     // the run then passes that one weight and no up weight.
     assert!(rust.contains("ffi::fusion_kernels_gemm_silu_glu_nk_f16_sm80_fold_weights"));
     let compact: String = rust.split_whitespace().collect();
-    assert!(compact.contains("__params_0.b_up=core::ptr::null();"), "{rust}");
-    assert!(rust.contains("as fusion::launch::WorkspaceBytes<"));
-    assert!(rust.contains("__call.scratch(__scratch, __scratch_bytes)"));
-    assert!(rust.contains("fusion::launch::with_stream_workspace("));
     assert!(
-        compact.contains("__call.gemm_flags(ffi::FUSION_GEMM_NO_STREAM_K,ffi::FUSION_GEMM_STATIC_TILES)?")
+        compact.contains("bind:Bind::Fold(fusion::plan::Fold::Interleave)"),
+        "{rust}"
     );
-    // Without nvcc no launcher is named.
+    // The plan is a table the run time's executor runs.
+    assert!(rust.contains("static __PLAN: fusion::plan::PlanTable"));
+    assert!(compact.contains("fusion::plan::bind(&__swiglu_ffn::__PLAN,stream,"));
+    assert!(compact.contains("fusion::plan::run(&__swiglu_ffn::__PLAN,"));
+    assert!(rust.contains("fusion::launch::with_stream_workspace("));
+    assert!(rust.contains("const _: () = fusion::plan::expect_schema("));
+    // Without nvcc no launcher is named, and the table has no variants.
     let skipped = wrappers::generate(&lib, false, "/out/fusion_ffi.rs");
     assert!(!skipped.contains("ffi::fusion_kernels_gemm_"));
     assert!(skipped.contains("this build skipped nvcc"));
-    // With no launcher to name, the match's type comes from the binding
-    // (without it the skipped build did not compile: E0282).
     let compact: String = skipped.split_whitespace().collect();
-    assert!(compact.contains(
-        "let__launcher_0:(fusion::launch::Launcher<ffi::fusion_gemm_params>,\
-         fusion::launch::WorkspaceBytes<ffi::fusion_gemm_params>,)=match"
-    ));
+    assert!(compact.contains("variants:&[]"), "{skipped}");
+    assert!(compact.contains("archs:None"), "{skipped}");
 }
 
 #[test]
@@ -553,7 +552,7 @@ fn elementwise_operands(lib: &KernelLibrary) -> Vec<Option<usize>> {
     list.split(',')
         .filter(|item| !item.is_empty())
         .map(|item| {
-            item.strip_prefix("__ptr_").map(|rest| {
+            item.strip_prefix("Some(").map(|rest| {
                 rest.split(|c: char| !c.is_ascii_digit())
                     .next()
                     .unwrap()
@@ -849,8 +848,12 @@ fn only_gemm_launchers_have_a_workspace_query() {
         assert_eq!(unit.source.contains(&query), unit.params == ParamsKind::Gemm);
     }
     let rust = wrappers::generate(&lib, true, "/out/fusion_ffi.rs");
-    // The norm and elementwise kernels ask for no scratch and set no flags.
-    assert_eq!(rust.matches("__call.scratch(").count(), 1, "{rust}");
+    // The norm and elementwise kernels' table entries have no query.
+    assert_eq!(rust.matches("Launchers::Gemm {").count(), 1, "{rust}");
+    assert_eq!(rust.matches("query: &[").count(), 1, "{rust}");
+    assert_eq!(rust.matches("_workspace_bytes").count(), 1, "{rust}");
+    assert_eq!(rust.matches("Launchers::Norm(").count(), 1, "{rust}");
+    assert_eq!(rust.matches("Launchers::Elementwise(").count(), 1, "{rust}");
 }
 
 #[test]
@@ -1152,38 +1155,26 @@ z = "relu(u)"
     let lib = render("fusion_kernels", &[Arch::Sm80], &[spec]).unwrap();
     let rust = wrappers::generate(&lib, true, "/out/fusion_ffi.rs");
     let compact: String = rust.split_whitespace().collect();
-    // The call returns early only where every output is empty (the rule is
-    // `fusion::launch::Call::is_empty`'s) …
-    assert_eq!(
-        compact.matches("if__call.is_empty(){returnOk(());}").count(),
-        1,
-        "{rust}"
-    );
-    // … and each launch is guarded by its own kernel's output, which a
-    // GEMM's empty reduction is also judged by.
+    // Each kernel's entry names its own output, by which the executor
+    // skips its launch where that output is empty
+    // (`fusion::plan::run`, `fusion::launch::Call::has_elements`), and a
+    // GEMM its A, whose empty rows refuse the call.
     for (index, kernel) in plan.kernels.iter().enumerate() {
-        let out = kernel.output.0;
-        let guard = format!("if__call.has_elements(&__TENSOR_{out})?{{");
-        let launch = format!("__launcher_{index}");
-        let guarded = compact.split(&guard).skip(1).any(|after| {
-            after
-                .split("__call.launched(")
-                .next()
-                .is_some_and(|l| l.contains(&launch))
-        });
-        assert!(
-            guarded,
-            "kernel {index}'s launch is not guarded by its output:\n{rust}"
+        let entry = format!(
+            "label:\"{}\",output:{},",
+            plan.kernel_label(index).replace(' ', ""),
+            kernel.output.0
         );
+        assert!(compact.contains(&entry), "no `{entry}`:\n{rust}");
     }
     let gemm = plan
         .kernels
         .iter()
         .find(|k| k.gemm_operands().a.is_some())
         .unwrap();
-    let (a, out) = (gemm.gemm_operands().a.unwrap().tensor.0, gemm.output.0);
+    let a = gemm.gemm_operands().a.unwrap().tensor.0;
     assert!(
-        compact.contains(&format!("__call.reduced_matrix(&__TENSOR_{a},&__TENSOR_{out})?")),
+        compact.contains(&format!("KernelOp::Gemm(GemmOp{{a:Some({a}),")),
         "{rust}"
     );
 }

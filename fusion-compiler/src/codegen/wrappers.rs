@@ -13,24 +13,32 @@
 //! scratch from the workspace the run time keeps per stream
 //! (`fusion::launch::with_stream_workspace`).
 //! Generic over `T: fusion::Element` when the graph was compiled for several
-//! dtypes. The generated code only declares tensors and copies pointers; the
-//! checks live in the run-time crate's `fusion::launch`.
+//! dtypes.
+//!
+//! The plan itself is data: a `static __PLAN: fusion::plan::PlanTable` per
+//! graph (the kernels in order, the operand of each params field, what
+//! binding computes, the intermediates, the launchers per (dtype, arch))
+//! and `__DECLARED` for `graph()`. The structs and functions are typed
+//! shells that hand their tensors to the run time's one executor
+//! (`fusion::plan::bind` and `fusion::plan::run`), which `fusion run` also
+//! calls with a table of its own; the checks live there and in
+//! `fusion::launch`. The table's schema is asserted at compile time
+//! (`fusion::plan::expect_schema`, [`PLAN_SCHEMA`]).
 //!
 //! The code expects the bindgen output of the library's header in a sibling
 //! module `ffi` (see [`generate`]).
 //!
 //! Tensor names become parameters, so every other name the generated code
-//! declares where they are read (the function's other parameters and locals,
-//! the module's statics) starts with `__`, which the front end refuses in a
-//! user's name; `stream`, `self` and keywords are reserved words there. (A
-//! launch block's `m`, `n`, `k`, `params` and `code` shadow nothing it reads.)
+//! declares where they are read (the function's other parameters and the
+//! module's statics) starts with `__`, which the front end refuses in a
+//! user's name; `stream`, `self` and keywords are reserved words there.
 
 use super::{GraphLaunchers, KernelLibrary, ParamsKind, graph_literal};
 use crate::fuse::{Composition, Role};
 use crate::generated::struct_name;
 use crate::ir::{DType, Extent, Graph, TensorId, WeightLayout};
 use crate::select::Arch;
-use proc_macro2::{Ident, Span, TokenStream};
+use proc_macro2::{Ident, Literal, Span, TokenStream};
 use quote::{format_ident, quote};
 
 /// Rust source for the wrappers. `linked` is false when nvcc did not run:
@@ -88,11 +96,18 @@ fn internal_lint_allows() -> TokenStream {
 }
 
 /// The bindgen declarations, `include!`d into the private module `ffi`.
+/// They name the launcher ABI's structs, which bindgen leaves out
+/// (`build::bindings`): the run time's (`fusion::abi`) are the ones they
+/// take, so the plan table holds each launcher without a cast.
 fn ffi_module(ffi_rs: &str) -> TokenStream {
     let clippy = internal_lint_allows();
     quote! {
         #[allow(non_camel_case_types, non_snake_case, non_upper_case_globals, dead_code, unused_imports, #clippy)]
         mod ffi {
+            use fusion::abi::{
+                fusion_elementwise_params, fusion_fold_params, fusion_gemm_params, fusion_norm_params,
+                fusion_tile_resources,
+            };
             include!(#ffi_rs);
         }
     }
@@ -104,36 +119,8 @@ fn unparse(tokens: TokenStream) -> String {
     prettyplease::unparse(&file)
 }
 
-fn tensor_const(t: TensorId) -> Ident {
-    format_ident!("__TENSOR_{}", t.0)
-}
-
-fn pointer_var(t: TensorId) -> Ident {
-    format_ident!("__ptr_{}", t.0)
-}
-
 fn arg_ident(graph: &Graph, t: TensorId) -> Ident {
     Ident::new(&graph.tensor(t).name, Span::call_site())
-}
-
-/// A kernel operand's checked device address as the C params take it, or
-/// null when the kernel has no such operand.
-fn operand_ptr(tensor: Option<TensorId>) -> TokenStream {
-    match tensor {
-        Some(t) => {
-            let p = pointer_var(t);
-            quote!(#p as *const core::ffi::c_void)
-        }
-        None => quote!(core::ptr::null()),
-    }
-}
-
-fn dtype_tokens(d: DType) -> TokenStream {
-    match d {
-        DType::F16 => quote!(fusion::core::ir::DType::F16),
-        DType::BF16 => quote!(fusion::core::ir::DType::BF16),
-        DType::F32 => quote!(fusion::core::ir::DType::F32),
-    }
 }
 
 fn element_tokens(d: DType) -> TokenStream {
@@ -217,7 +204,6 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
     } else {
         (quote!(), element_tokens(spec.dtypes[0]))
     };
-    let turbofish = if generic { quote!(::<T>) } else { quote!() };
 
     // Arguments: inputs, weights, then outputs.
     let reads: Vec<TensorId> = graph.inputs.iter().chain(&graph.weights).copied().collect();
@@ -228,46 +214,19 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
         #(#read_args: &fusion::Tensor<'_, #elem>,)*
         #(#write_args: &mut fusion::TensorMut<'_, #elem>,)*
     };
-    let args = quote!(stream, #(#read_args,)* #(#write_args,)*);
+    let plan_ref = quote!(&#module::__PLAN);
+    let run_per_call = |workspace: TokenStream| quote!(fusion::plan::run(#plan_ref, #workspace, &[], stream, &[#(#read_args),*], &mut [#(#write_args),*]));
 
-    // Declarations of every tensor a kernel touches.
-    let dim_names: Vec<&str> = graph.dynamic_dims().map(|d| d.name.as_str()).collect();
-    let tensor_decls = (0..graph.tensors.len()).map(|i| {
-        let desc = &graph.tensors[i];
-        let ident = tensor_const(TensorId(i));
-        let tensor_name = &desc.name;
-        let dims = desc.shape.iter().map(|e| match e {
-            Extent::Static(n) => {
-                let n = *n as usize;
-                quote!(fusion::launch::Dim::Static(#n))
-            }
-            Extent::Dynamic(d) => {
-                let index = graph
-                    .dynamic_index(*d)
-                    .expect("a dynamic extent names a dynamic dim");
-                quote!(fusion::launch::Dim::Dynamic(#index))
-            }
-        });
-        quote! {
-            pub(super) const #ident: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
-                name: #tensor_name,
-                shape: &[#(#dims),*],
-            };
-        }
-    });
-
-    // Which launcher each kernel calls, per (dtype, arch).
     let compiled = compiled_summary(launchers, linked);
-    // The variants this library has: the wrapper chooses among them, not
+    // The variants this library has: the executor chooses among them, not
     // among the run-time crate's features. A build without nvcc has none,
     // and chooses as the run time's would, so that its error is the
     // dispatch's "not compiled".
-    let (own_archs, library_archs) = if linked {
+    let own_archs = if linked {
         let archs = library.archs.iter().map(|&a| arch_tokens(a));
-        let archs = quote!(&[#(#archs),*]);
-        (archs.clone(), archs)
+        quote!(&[#(#archs),*])
     } else {
-        (quote!(&[]), quote!(&fusion::device::compiled()))
+        quote!(&[])
     };
     let archs_const = quote! {
         /// The GPU generations this struct's kernels were compiled for, as
@@ -279,236 +238,12 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
         #[allow(dead_code, reason = #ACCESSORS_UNUSED)]
         pub const ARCHS: &'static [fusion::Arch] = #own_archs;
     };
-    // Kernels whose norm is folded into their weight when a struct binds
-    // them (which then run the folded launcher), and all that prepare their
-    // weights then (gated pairs interleaved too).
-    let foldable: Vec<bool> = plan.kernels.iter().map(|k| k.norm_foldable(graph)).collect();
-    let prepared: Vec<bool> = plan.kernels.iter().map(|k| k.prepares_weights(graph)).collect();
-    // Kernels that read a bound plain weight as B, which a struct may copy
-    // into rows its kernel reads faster (`fusion::launch::FoldedWeights::pad`).
-    let padded: Vec<bool> = plan
-        .kernels
-        .iter()
-        .zip(&prepared)
-        .map(|(k, &prepared)| !prepared && k.binds_b(graph))
-        .collect();
-    let fold_var = |index: usize| format_ident!("__fold_{index}");
-    let dispatch = launchers.kernels.iter().enumerate().map(|(index, variants)| {
-        let var = format_ident!("__launcher_{index}");
-        let params_kind = params_kind(&plan.kernels[index].composition);
-        let params_ty = format_ident!("{}", params_kind.c_name());
-        let launcher_ty = quote!(fusion::launch::Launcher<ffi::#params_ty>);
-        let query_ty = quote!(fusion::launch::WorkspaceBytes<ffi::#params_ty>);
-        let arms = variants
-            .variants
-            .iter()
-            .filter(|_| linked)
-            .map(|(dtype, arch, symbol)| {
-                let (d, a) = (dtype_tokens(*dtype), arch_tokens(*arch));
-                let launcher = format_ident!("{symbol}");
-                let launcher = quote!(ffi::#launcher as #launcher_ty);
-                if foldable[index] {
-                    let query = format_ident!("{symbol}_workspace_bytes");
-                    let folded = format_ident!("{symbol}_folded");
-                    let folded_query = format_ident!("{symbol}_folded_workspace_bytes");
-                    quote!((#d, #a) => (#launcher, ffi::#query as #query_ty, ffi::#folded as #launcher_ty, ffi::#folded_query as #query_ty),)
-                } else if params_kind.has_workspace() {
-                    let query = format_ident!("{symbol}_workspace_bytes");
-                    quote!((#d, #a) => (#launcher, ffi::#query as #query_ty),)
-                } else {
-                    quote!((#d, #a) => #launcher,)
-                }
-            });
-        // Typed, so that a build without launchers (FUSION_SKIP_NVCC) infers it.
-        let ty = if foldable[index] {
-            quote!((#launcher_ty, #query_ty, #launcher_ty, #query_ty))
-        } else if params_kind.has_workspace() {
-            quote!((#launcher_ty, #query_ty))
-        } else {
-            quote!(#launcher_ty)
-        };
-        // With its weights folded, the kernel runs the folded launcher.
-        let pick = if foldable[index] {
-            let fold = fold_var(index);
-            quote! {
-                let #fold = __folded.get(#index).and_then(Option::as_ref);
-                let #var = if #fold.is_some() { (#var.2, #var.3) } else { (#var.0, #var.1) };
-            }
-        } else {
-            quote!()
-        };
-        quote! {
-            let #var: #ty = match (__dtype, __arch) {
-                #(#arms)*
-                _ => return Err(fusion::launch::not_compiled(#name, __dtype, __arch, #compiled)),
-            };
-            #pick
-        }
-    });
-
-    let input_checks = reads.iter().map(|&t| {
-        let (decl, ptr, arg) = (tensor_const(t), pointer_var(t), arg_ident(graph, t));
-        quote!(let #ptr = __call.input(&#decl, #arg)?;)
-    });
-    let output_checks = graph.outputs.iter().map(|&t| {
-        let (decl, ptr, arg) = (tensor_const(t), pointer_var(t), arg_ident(graph, t));
-        quote!(let #ptr = __call.output(&#decl, #arg)?;)
-    });
-    let temporaries = plan.temporaries();
-    let intermediates = if temporaries.is_empty() {
-        quote!()
-    } else {
-        let decls = temporaries.iter().map(|&t| tensor_const(t));
-        let ptrs = temporaries.iter().map(|&t| pointer_var(t));
-        quote! {
-            let [#(#ptrs),*] = __call.intermediates::<#elem>(__intermediates, &[#(&#decls),*])?[..] else {
-                unreachable!("one buffer per intermediate")
-            };
-        }
-    };
-    let error_string = format_ident!("{}_error_string", library.lib_name);
-    let label = |index: usize| plan.kernel_label(index);
-    let kernel_params = plan.kernels.iter().enumerate().map(|(index, kernel)| {
-        let var = format_ident!("__params_{index}");
-        let ptr = |role: Role| operand_ptr(kernel.operand(role));
-        let out = pointer_var(kernel.output);
-        let out_decl = tensor_const(kernel.output);
-        match &kernel.composition {
-            Composition::Gemm(gemm) => {
-                let fields = kernel.gemm_operands().map(|o| o.tensor);
-                let (a, b, b_up) = (operand_ptr(fields.a), operand_ptr(fields.b), operand_ptr(fields.b_up));
-                let (bias, residual, multiplier) =
-                    (operand_ptr(fields.bias), operand_ptr(fields.residual), operand_ptr(fields.multiplier));
-                let (gamma, beta) = (operand_ptr(fields.gamma), operand_ptr(fields.beta));
-                let a_decl = tensor_const(kernel.operand(Role::A).unwrap_or(kernel.output));
-                let eps = gemm.prologue.map_or(0.0, |p| p.eps) as f32;
-                // Bound weights, prepared: B is their prepared form, which a
-                // gated GEMM's up weight is part of.
-                let folded = if prepared[index] {
-                    quote! {
-                        if let Some(__weights) = __folded.get(#index).and_then(Option::as_ref) {
-                            let (b, col_terms, ldb) = __call.folded(__weights);
-                            #var.b = b as *const core::ffi::c_void;
-                            #var.ldb = ldb;
-                            #var.b_up = core::ptr::null();
-                            #var.col_terms = col_terms as *const core::ffi::c_void;
-                        }
-                    }
-                } else if padded[index] {
-                    // A bound plain weight, read from its copy with padded
-                    // rows where the struct made one.
-                    quote! {
-                        if let Some(__weights) = __folded.get(#index).and_then(Option::as_ref) {
-                            let (b, _, ldb) = __call.folded(__weights);
-                            #var.b = b as *const core::ffi::c_void;
-                            #var.ldb = ldb;
-                        }
-                    }
-                } else {
-                    quote!()
-                };
-                quote! {
-                    let mut #var = {
-                        let (m, k) = __call.reduced_matrix(&#a_decl, &#out_decl)?;
-                        let n = __call.matrix(&#out_decl)?.1;
-                        ffi::fusion_gemm_params {
-                        a: #a, b: #b, b_up: #b_up, c: #out as *mut core::ffi::c_void,
-                        bias: #bias, residual: #residual, multiplier: #multiplier,
-                            gamma: #gamma, beta: #beta, col_terms: core::ptr::null(), m, n, k, ldb: 0, eps: #eps,
-                            flags: __gemm_flags, workspace: core::ptr::null_mut(), workspace_bytes: 0,
-                        }
-                    };
-                    #folded
-                }
-            }
-            Composition::Norm(norm) => {
-                let (x, gamma, beta) = (ptr(Role::X), ptr(Role::Gamma), ptr(Role::Beta));
-                let eps = norm.eps as f32;
-                quote! {
-                    let #var = {
-                        let (m, k) = __call.matrix(&#out_decl)?;
-                        ffi::fusion_norm_params {
-                            x: #x, y: #out as *mut core::ffi::c_void, gamma: #gamma, beta: #beta, m, k, eps: #eps,
-                        }
-                    };
-                }
-            }
-            Composition::Elementwise(_) => {
-                let x = ptr(Role::X);
-                // Step i's operand at index i (abi.h), null where it reads none.
-                let step_operands = kernel.step_operands().map(|o| operand_ptr(o.map(|o| o.tensor)));
-                quote! {
-                    let #var = {
-                        let (m, n) = __call.matrix(&#out_decl)?;
-                        ffi::fusion_elementwise_params {
-                            x: #x, y: #out as *mut core::ffi::c_void, operands: [#(#step_operands),*], m, n,
-                        }
-                    };
-                }
-            }
-        }
-    });
-    // The GEMMs ask for their scratch; the most any asks for is taken once
-    // and shared, since the kernels run one after another on the stream.
-    let gemms: Vec<usize> = (0..plan.kernels.len())
-        .filter(|&i| params_kind(&plan.kernels[i].composition).has_workspace())
-        .collect();
-    let scratch = if gemms.is_empty() {
-        quote!()
-    } else {
-        let queries = gemms.iter().map(|&index| {
-            let (var, params, label) = (format_ident!("__launcher_{index}"), format_ident!("__params_{index}"), label(index));
-            quote! {
-                __scratch_bytes = __scratch_bytes.max(__call.workspace_bytes(#label, #var.1, &#params, ffi::#error_string)?);
-            }
-        });
-        let params: Vec<Ident> = gemms
-            .iter()
-            .map(|&index| format_ident!("__params_{index}"))
-            .collect();
-        quote! {
-            let mut __scratch_bytes = 0u64;
-            #(#queries)*
-            let (__scratch_ptr, __scratch_len) = __call.scratch(__scratch, __scratch_bytes)?;
-            #(
-                #params.workspace = __scratch_ptr;
-                #params.workspace_bytes = __scratch_len;
-            )*
-        }
-    };
-    let gemm_flags = if gemms.is_empty() {
-        quote!()
-    } else {
-        quote! {
-            let __gemm_flags = __call.gemm_flags(ffi::FUSION_GEMM_NO_STREAM_K, ffi::FUSION_GEMM_STATIC_TILES)?;
-        }
-    };
-    let launches = plan.kernels.iter().enumerate().map(|(index, kernel)| {
-        let var = format_ident!("__launcher_{index}");
-        let launcher = if params_kind(&kernel.composition).has_workspace() {
-            quote!(#var.0)
-        } else {
-            quote!(#var)
-        };
-        let params = format_ident!("__params_{index}");
-        let label = label(index);
-        let out_decl = tensor_const(kernel.output);
-        // A kernel whose own output is empty is not launched, while the
-        // others are (`fusion::launch::Call::has_elements` says why).
-        quote! {
-            if __call.has_elements(&#out_decl)? {
-                // SAFETY: every pointer was checked by `__call` (shape, context,
-                // alignment, no output aliasing an input) and stays borrowed
-                // until `__call` is dropped; the launcher only enqueues work.
-                let __code = unsafe { #launcher(&#params, __call.stream_ptr()) };
-                __call.launched(#label, __code, ffi::#error_string)?;
-            }
-        }
-    });
+    let table = plan_table(library, launchers, linked, &compiled);
 
     let single = plan.kernels.len() == 1;
+    let prepared = plan.kernels.iter().any(|k| k.prepares_weights(graph));
     // What the free function repeats per call that the struct does once.
-    let per_call_doc = if prepared.contains(&true) {
+    let per_call_doc = if prepared {
         "\n\nIt takes the weights with each call, so what the struct computes once \
          when it binds them runs on every call here: a norm folds into no weight \
          (A is normalized into the scratch first) and a gated pair's two weights \
@@ -520,6 +255,7 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
     };
     let free_fn = if single {
         let fn_ident = format_ident!("{}", name);
+        let run = run_per_call(quote!(__workspace));
         quote! {
             #[doc = #doc]
             #[doc = #FREE_FN_MEMORY_DOC]
@@ -527,146 +263,28 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
             #[allow(clippy::too_many_arguments, reason = "one argument per graph tensor")]
             #[allow(dead_code, reason = "a crate may run the graph through its struct instead")]
             pub fn #fn_ident #generics(#params) -> fusion::Result<()> {
-                fusion::launch::with_stream_workspace(stream, |__workspace| #module::run #turbofish(__workspace, &[], #args))
+                fusion::launch::with_stream_workspace(stream, |__workspace| #run)
             }
         }
     } else {
         quote!()
     };
-    // Per kernel of the plan: its weights prepared (see `prepared`), or None.
-    let folds = plan.kernels.iter().enumerate().map(|(index, kernel)| {
-        let Composition::Gemm(gemm) = &kernel.composition else {
-            return quote!(__folded.push(None);)
-        };
-        let label = label(index);
-        let b_decl = tensor_const(kernel.operand(Role::B).unwrap_or(kernel.output));
-        if padded[index] {
-            let b = pointer_var(kernel.operand(Role::B).unwrap_or(kernel.output));
-            return quote! {
-                let (rows, cols) = __call.matrix(&#b_decl)?;
-                __folded.push(fusion::launch::FoldedWeights::pad(
-                    &__call, #label, __arch, #b, (rows, cols), core::mem::size_of::<#elem>(),
-                )?);
-            };
-        }
-        if !prepared[index] {
-            return quote!(__folded.push(None););
-        }
-        let arms = launchers.kernels[index].variants.iter().filter(|_| linked).map(|(dtype, arch, symbol)| {
-            let (d, a) = (dtype_tokens(*dtype), arch_tokens(*arch));
-            let fold = format_ident!("{symbol}_fold_weights");
-            quote!((#d, #a) => ffi::#fold as fusion::launch::FoldWeights<ffi::fusion_fold_params>,)
-        });
-        let ptr = |role: Role| operand_ptr(kernel.operand(role));
-        let (b, b_up) = (ptr(Role::B), ptr(Role::Up));
-        // The norm's parameters only where it folds: a gated pair whose norm
-        // comes with each call is only interleaved.
-        let (gamma, beta) = if foldable[index] {
-            (ptr(Role::Gamma), ptr(Role::Beta))
-        } else {
-            (operand_ptr(None), operand_ptr(None))
-        };
-        // A gated pair's prepared weight holds both: twice the columns. Column
-        // terms only where a norm folds (an interleave alone writes none).
-        let halves = if gemm.gate.is_some() { 2usize } else { 1 };
-        let term_columns = if foldable[index] {
-            quote!(#halves * n as usize)
-        } else {
-            quote!(0)
-        };
-        // (n, k) of the fold's params, and the rows and row length of the
-        // prepared weight (a gated pair's holds both).
-        let pair = halves as i64;
-        let (n_k, stored) = match gemm.b_layout {
-            WeightLayout::NK => (quote!((rows, cols)), quote!((#pair * rows, cols))),
-            WeightLayout::KN => (quote!((cols, rows)), quote!((rows, #pair * cols))),
-        };
-        quote! {
-            let __fold: fusion::launch::FoldWeights<ffi::fusion_fold_params> = match (__dtype, __arch) {
-                #(#arms)*
-                _ => return Err(fusion::launch::not_compiled(#name, __dtype, __arch, #compiled)),
-            };
-            let (rows, cols) = __call.matrix(&#b_decl)?;
-            let (n, k) = #n_k;
-            let stream_ptr = __call.stream_ptr();
-            // The weights were checked: twice their rows still fit an i64.
-            __folded.push(Some(fusion::launch::FoldedWeights::fold(&__call, #label, __arch, #stored, core::mem::size_of::<#elem>(), #term_columns, |w_folded, col_terms, ld_folded| {
-                let params = ffi::fusion_fold_params { w: #b, w_up: #b_up, gamma: #gamma, beta: #beta, w_folded, col_terms, n, k, ld_folded };
-                // SAFETY: the weights were checked by `__call` and the
-                // outputs were just allocated at the sizes the fold writes.
-                unsafe { __fold(&params, stream_ptr) }
-            }, ffi::#error_string)?));
-        }
-    });
-    let fold_body = if prepared.contains(&true) || padded.contains(&true) {
-        quote! {
-            let mut __folded = Vec::new();
-            #(#folds)*
-            stream.synchronize()?;
-            Ok(__folded)
-        }
-    } else {
-        quote!(Ok(Vec::new()))
-    };
-    let weight_ptrs = graph.weights.iter().map(|&t| {
-        let (decl, ptr, arg) = (tensor_const(t), pointer_var(t), arg_ident(graph, t));
-        quote!(let #ptr = __call.input(&#decl, #arg)?;)
-    });
-    let dims_decl = quote!(&[#(#dim_names),*]);
-    let weight_args: Vec<Ident> = graph.weights.iter().map(|&t| arg_ident(graph, t)).collect();
 
     let clippy = internal_lint_allows();
+    let schema = Literal::u32_unsuffixed(PLAN_SCHEMA);
     let module_items = quote! {
-        #[allow(unreachable_code, unused_variables, unused_mut, dead_code, #clippy)]
+        #[allow(dead_code, unused_imports, #clippy)]
         mod #module {
             use super::ffi;
+            use fusion::core::ir::DType;
+            use fusion::launch::Dim::{Dynamic, Static};
+            use fusion::launch::TensorDecl;
+            use fusion::plan::{Bind, GemmOp, KernelEntry, KernelOp, Launchers, OpCode};
+            use fusion::Arch;
 
-            pub(super) static __GRAPH: fusion::launch::GraphDecl = fusion::launch::GraphDecl {
-                name: #name,
-                dims: #dims_decl,
-            };
-            #(#tensor_decls)*
+            const _: () = fusion::plan::expect_schema(#schema);
 
-            pub(super) fn run #generics(
-                __workspace: &mut fusion::launch::Workspace,
-                __folded: &[Option<fusion::launch::FoldedWeights>],
-                #params
-            ) -> fusion::Result<()> {
-                let __dtype = <#elem as fusion::Element>::DTYPE;
-                let __arch = fusion::device::arch_among(stream, #library_archs)?;
-                #(#dispatch)*
-                let mut __call = fusion::launch::Call::new(&__GRAPH, stream);
-                #(#input_checks)*
-                #(#output_checks)*
-                __call.check_aliasing()?;
-                // No output has an element: nothing to launch. (One empty
-                // output among others skips only its own kernel, below.)
-                if __call.is_empty() {
-                    return Ok(());
-                }
-                let (__intermediates, __scratch, __use) = __workspace.begin_call(stream)?;
-                #intermediates
-                #gemm_flags
-                #(#kernel_params)*
-                #scratch
-                #(#launches)*
-                __use.finish()
-            }
-
-            /// Checks the weights and prepares each kernel's where it can
-            /// (`fusion::launch::FoldedWeights`: a norm folded in, a gated
-            /// pair interleaved, rows padded): one entry per kernel of the
-            /// plan. Returns once that ran.
-            pub(super) fn fold_weights #generics(
-                stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
-                #(#weight_args: &fusion::Tensor<'_, #elem>,)*
-            ) -> fusion::Result<Vec<Option<fusion::launch::FoldedWeights>>> {
-                let __dtype = <#elem as fusion::Element>::DTYPE;
-                let __arch = fusion::device::arch_among(stream, #library_archs)?;
-                let mut __call = fusion::launch::Call::new(&__GRAPH, stream);
-                #(#weight_ptrs)*
-                #fold_body
-            }
+            #table
         }
     };
     if !graph.weights.is_empty() {
@@ -676,6 +294,7 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
         } else {
             quote!()
         };
+        let graph_fn = graph_fn(&module);
         let bound = BoundGraph {
             struct_ident,
             module,
@@ -683,18 +302,18 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
             generic,
             elem,
             inputs: graph.inputs.iter().map(|&t| arg_ident(graph, t)).collect(),
-            weights: weight_args,
-            weight_decls: graph.weights.iter().map(|&t| tensor_const(t)).collect(),
+            weights: graph.weights.iter().map(|&t| arg_ident(graph, t)).collect(),
             outputs: write_args,
             declaration: spec.fingerprint.map(|_| spec.declaration.clone()),
-            graph_fn: graph_fn(graph),
+            graph_fn,
             archs_const,
             struct_allows: one_of_two_ways(&free_fn),
         };
         return quote!(#bound #free_fn #module_items);
     }
     let struct_allows = one_of_two_ways(&free_fn);
-    let graph_fn = graph_fn(graph);
+    let graph_fn = graph_fn(&module);
+    let run = run_per_call(quote!(&mut self.workspace));
     quote! {
         #[doc = #doc]
         #[doc = #THREADS_DOC]
@@ -715,6 +334,11 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
 
             #graph_fn
 
+            /// The plan this struct runs, as data (`fusion::plan`).
+            #[doc(hidden)]
+            #[allow(dead_code, reason = #ACCESSORS_UNUSED)]
+            pub const PLAN: &'static fusion::plan::PlanTable = #plan_ref;
+
             /// The device memory kept between calls: the intermediates and
             /// the kernels' scratch (see `fusion::launch::Workspace`).
             #[must_use]
@@ -727,13 +351,216 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
             /// on `stream`. Returns once they are enqueued.
             #[allow(clippy::too_many_arguments, reason = "one argument per graph tensor")]
             pub fn run #generics(&mut self, #params) -> fusion::Result<()> {
-                #module::run #turbofish(&mut self.workspace, &[], #args)
+                #run
             }
         }
 
         #free_fn
 
         #module_items
+    }
+}
+
+/// The plan-table schema the generated code is written for:
+/// `fusion::plan::SCHEMA_VERSION` of the run time it pairs with.
+pub const PLAN_SCHEMA: u32 = 1;
+
+/// `Some(3)` or `None`, for a table's operand.
+fn tensor_option(tensor: Option<TensorId>) -> TokenStream {
+    match tensor {
+        Some(t) => {
+            let i = Literal::usize_unsuffixed(t.0);
+            quote!(Some(#i))
+        }
+        None => quote!(None),
+    }
+}
+
+/// The graph's `__GRAPH` and `__PLAN` statics: its declarations and its plan
+/// as a `fusion::plan::PlanTable`.
+fn plan_table(
+    library: &KernelLibrary,
+    launchers: &GraphLaunchers,
+    linked: bool,
+    compiled: &str,
+) -> TokenStream {
+    let plan = &launchers.spec.plan;
+    let graph = &plan.graph;
+    let name = &graph.name;
+    let schema = Literal::u32_unsuffixed(PLAN_SCHEMA);
+    let dim_names = graph.dynamic_dims().map(|d| d.name.as_str());
+    let tensors = graph.tensors.iter().map(|desc| {
+        let tensor_name = &desc.name;
+        let dims = desc.shape.iter().map(|e| match e {
+            Extent::Static(n) => {
+                let n = Literal::u64_unsuffixed(*n);
+                quote!(Static(#n))
+            }
+            Extent::Dynamic(d) => {
+                let index = graph
+                    .dynamic_index(*d)
+                    .expect("a dynamic extent names a dynamic dim");
+                let index = Literal::usize_unsuffixed(index);
+                quote!(Dynamic(#index))
+            }
+        });
+        quote!(TensorDecl::new(#tensor_name, &[#(#dims),*]))
+    });
+    let ids = |ids: &[TensorId]| {
+        let ids = ids.iter().map(|t| Literal::usize_unsuffixed(t.0));
+        quote!(&[#(#ids),*])
+    };
+    let (inputs, weights, outputs) = (ids(&graph.inputs), ids(&graph.weights), ids(&graph.outputs));
+    let temporaries = ids(&plan.temporaries());
+    // The (dtype, arch) of every kernel's launchers, index for index.
+    let kinds: Vec<(DType, Arch)> = launchers
+        .kernels
+        .first()
+        .map(|k| k.variants.iter().map(|&(d, a, _)| (d, a)).collect())
+        .unwrap_or_default();
+    let variants = kinds.iter().filter(|_| linked).map(|&(d, a)| {
+        let (d, a) = (format_ident!("{}", format!("{d:?}")), format_ident!("{a:?}"));
+        quote!((DType::#d, Arch::#a))
+    });
+    let error_string = if linked {
+        let name = format_ident!("{}_error_string", library.lib_name);
+        quote!(Some(ffi::#name))
+    } else {
+        quote!(None)
+    };
+    let kernels = plan.kernels.iter().enumerate().map(|(index, kernel)| {
+        let label = plan.kernel_label(index);
+        let output = Literal::usize_unsuffixed(kernel.output.0);
+        let operand = |role: Role| tensor_option(kernel.operand(role));
+        let foldable = kernel.norm_foldable(graph);
+        let prepares = kernel.prepares_weights(graph);
+        let op = match &kernel.composition {
+            Composition::Gemm(gemm) => {
+                let f = kernel.gemm_operands().map(|o| o.tensor);
+                // Only what differs from `GemmOp::EMPTY` is written.
+                let mut fields = Vec::new();
+                for (field, tensor) in [
+                    ("a", f.a),
+                    ("b", f.b),
+                    ("b_up", f.b_up),
+                    ("bias", f.bias),
+                    ("residual", f.residual),
+                    ("multiplier", f.multiplier),
+                    ("gamma", f.gamma),
+                    ("beta", f.beta),
+                ] {
+                    if tensor.is_some() {
+                        let (field, value) = (format_ident!("{field}"), tensor_option(tensor));
+                        fields.push(quote!(#field: #value));
+                    }
+                }
+                if let Some(norm) = gemm.prologue {
+                    let eps = norm.eps as f32;
+                    fields.push(quote!(eps: #eps));
+                }
+                if gemm.b_layout == WeightLayout::KN {
+                    fields.push(quote!(b_layout: fusion::ir::WeightLayout::KN));
+                }
+                if prepares {
+                    let fold = match (foldable, gemm.gate.is_some()) {
+                        (true, true) => quote!(NormInterleave),
+                        (true, false) => quote!(Norm),
+                        (false, _) => quote!(Interleave),
+                    };
+                    fields.push(quote!(bind: Bind::Fold(fusion::plan::Fold::#fold)));
+                } else if kernel.binds_b(graph) {
+                    fields.push(quote!(bind: Bind::Pad));
+                }
+                quote!(KernelOp::Gemm(GemmOp { #(#fields,)* ..GemmOp::EMPTY }))
+            }
+            Composition::Norm(norm) => {
+                let (x, gamma, beta) = (operand(Role::X), operand(Role::Gamma), operand(Role::Beta));
+                let eps = norm.eps as f32;
+                quote!(KernelOp::Norm { x: #x, gamma: #gamma, beta: #beta, eps: #eps })
+            }
+            Composition::Elementwise(_) => {
+                let x = operand(Role::X);
+                let steps = kernel.step_operands().map(|o| tensor_option(o.map(|o| o.tensor)));
+                quote!(KernelOp::Elementwise { x: #x, operands: [#(#steps),*] })
+            }
+        };
+        let variants = &launchers.kernels[index].variants;
+        assert!(
+            variants
+                .iter()
+                .map(|(d, a, _)| (d, a))
+                .eq(kinds.iter().map(|(d, a)| (d, a))),
+            "every kernel of a graph has the graph's variants"
+        );
+        let symbols: Vec<&str> = variants
+            .iter()
+            .filter(|_| linked)
+            .map(|(_, _, s)| s.as_str())
+            .collect();
+        let each = |suffix: &str| {
+            let names = symbols.iter().map(|symbol| format_ident!("{symbol}{suffix}"));
+            quote!(&[#(ffi::#names),*])
+        };
+        let launchers = match params_kind(&kernel.composition) {
+            ParamsKind::Gemm => {
+                let (launch, query) = (each(""), each("_workspace_bytes"));
+                let folded = if foldable {
+                    let pairs = symbols.iter().map(|symbol| {
+                        let (folded, query) = (
+                            format_ident!("{symbol}_folded"),
+                            format_ident!("{symbol}_folded_workspace_bytes"),
+                        );
+                        quote!((ffi::#folded, ffi::#query))
+                    });
+                    quote!(&[#(#pairs),*])
+                } else {
+                    quote!(&[])
+                };
+                let fold = if prepares {
+                    each("_fold_weights")
+                } else {
+                    quote!(&[])
+                };
+                quote!(Launchers::Gemm { launch: #launch, query: #query, folded: #folded, fold: #fold })
+            }
+            ParamsKind::Norm => {
+                let launch = each("");
+                quote!(Launchers::Norm(#launch))
+            }
+            ParamsKind::Elementwise => {
+                let launch = each("");
+                quote!(Launchers::Elementwise(#launch))
+            }
+        };
+        quote!(KernelEntry { label: #label, output: #output, op: #op, launchers: #launchers })
+    });
+    let archs = if linked {
+        let archs = library.archs.iter().map(|a| format_ident!("{a:?}"));
+        quote!(Some(&[#(Arch::#archs),*]))
+    } else {
+        quote!(None)
+    };
+    let declared = graph_literal::declared_graph(graph);
+    quote! {
+        pub(super) static __GRAPH: fusion::launch::GraphDecl = fusion::launch::GraphDecl {
+            name: #name,
+            dims: &[#(#dim_names),*],
+        };
+        pub(super) static __PLAN: fusion::plan::PlanTable = fusion::plan::PlanTable {
+            schema: #schema,
+            graph: &__GRAPH,
+            tensors: &[#(#tensors),*],
+            inputs: #inputs,
+            weights: #weights,
+            outputs: #outputs,
+            temporaries: #temporaries,
+            kernels: &[#(#kernels),*],
+            variants: &[#(#variants),*],
+            error_string: #error_string,
+            archs: #archs,
+            compiled: #compiled,
+        };
+        #declared
     }
 }
 
@@ -747,8 +574,6 @@ struct BoundGraph {
     elem: TokenStream,
     inputs: Vec<Ident>,
     weights: Vec<Ident>,
-    /// The weights' declarations in the graph's module.
-    weight_decls: Vec<Ident>,
     outputs: Vec<Ident>,
     /// A `fusion_graph!` declaration, for `DECLARATION`.
     declaration: Option<String>,
@@ -760,10 +585,9 @@ struct BoundGraph {
     struct_allows: TokenStream,
 }
 
-/// A struct's `graph()`: the graph it runs, written out as data
-/// ([`graph_literal`]).
-fn graph_fn(graph: &Graph) -> TokenStream {
-    let expr = graph_literal::graph_expr(graph);
+/// A struct's `graph()`: the graph it runs, from its plan table and
+/// `__DECLARED` ([`graph_literal`]).
+fn graph_fn(module: &Ident) -> TokenStream {
     quote! {
         /// The graph this struct runs, as the build script checked it, built
         /// from data written then (nothing is parsed at run time): for the
@@ -776,9 +600,8 @@ fn graph_fn(graph: &Graph) -> TokenStream {
         /// build script read, which this crate's fusion shares.
         #[must_use]
         #[allow(dead_code, reason = #ACCESSORS_UNUSED)]
-        #[allow(clippy::too_many_lines, reason = "one expression, a field per line")]
         pub fn graph() -> fusion::ir::Graph {
-            #expr
+            fusion::plan::graph(&#module::__PLAN, &#module::__DECLARED)
         }
     }
 }
@@ -804,7 +627,6 @@ impl quote::ToTokens for BoundGraph {
             elem,
             inputs,
             weights,
-            weight_decls,
             outputs,
             declaration,
             graph_fn,
@@ -820,10 +642,10 @@ impl quote::ToTokens for BoundGraph {
             },
             None => quote!(),
         };
-        let (params, args, turbofish) = if *generic {
-            (quote!(<'w, T: fusion::Element>), quote!(<'w, T>), quote!(::<T>))
+        let (params, args) = if *generic {
+            (quote!(<'w, T: fusion::Element>), quote!(<'w, T>))
         } else {
-            (quote!(<'w>), quote!(<'w>), quote!())
+            (quote!(<'w>), quote!(<'w>))
         };
         // The owned form: `'static` tensors that hold their memory.
         let (owned_params, owned_args) = if *generic {
@@ -859,9 +681,8 @@ impl quote::ToTokens for BoundGraph {
                     file: &fusion::TensorFile,
                     names: &fusion::TensorNames,
                 ) -> fusion::Result<Self> {
-                    let mut __binder = fusion::weights::Binder::new(&#module::__GRAPH, file, names);
-                    __binder.check::<#elem>(&[#(&#module::#weight_decls),*])?;
-                    Ok(Self { #(#weights: __binder.upload(stream, &#module::#weight_decls)?,)* })
+                    let [#(#weights),*] = fusion::plan::load_weights(&#module::__PLAN, stream, file, names)?;
+                    Ok(Self { #(#weights),* })
                 }
             }
 
@@ -893,7 +714,7 @@ impl quote::ToTokens for BoundGraph {
                     stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
                     weights: #weights_ident #args,
                 ) -> fusion::Result<Self> {
-                    let folded = #module::fold_weights #turbofish(stream, #(&weights.#weights),*)?;
+                    let folded = fusion::plan::bind(&#module::__PLAN, stream, &[#(&weights.#weights),*])?;
                     Ok(Self { weights, folded, workspace: fusion::launch::Workspace::new() })
                 }
 
@@ -908,7 +729,7 @@ impl quote::ToTokens for BoundGraph {
                     #(#outputs: &mut fusion::TensorMut<'_, #elem>,)*
                 ) -> fusion::Result<()> {
                     let #weights_ident { #(#weights),* } = &self.weights;
-                    #module::run #turbofish(&mut self.workspace, &self.folded, stream, #(#inputs,)* #(#weights,)* #(#outputs,)*)
+                    fusion::plan::run(&#module::__PLAN, &mut self.workspace, &self.folded, stream, &[#(#inputs,)* #(#weights),*], &mut [#(#outputs),*])
                 }
             }
 
@@ -931,6 +752,10 @@ impl quote::ToTokens for BoundGraph {
                 #archs_const
 
                 #graph_fn
+
+                /// The plan this struct runs, as data (`fusion::plan`).
+                #[doc(hidden)]
+                pub const PLAN: &'static fusion::plan::PlanTable = &#module::__PLAN;
 
                 /// The bound weights.
                 #[must_use]

@@ -11,6 +11,10 @@
     clippy::nursery
 )]
 mod ffi {
+    use fusion::abi::{
+        fusion_elementwise_params, fusion_fold_params, fusion_gemm_params,
+        fusion_norm_params, fusion_tile_resources,
+    };
     include!("fusion_ffi.rs");
 }
 ///The weights of [`GemmBiasGelu`], as device tensors: borrowed (`fusion::Tensor::new`) or, as `GemmBiasGeluWeights<'static, …>`, owned ([`Self::from_safetensors`], `fusion::Tensor::owned`). `new` checks each one's shape against the declaration.
@@ -35,19 +39,13 @@ impl<T: fusion::Element> GemmBiasGeluWeights<'static, T> {
         file: &fusion::TensorFile,
         names: &fusion::TensorNames,
     ) -> fusion::Result<Self> {
-        let mut __binder = fusion::weights::Binder::new(
-            &__gemm_bias_gelu::__GRAPH,
+        let [w, b] = fusion::plan::load_weights(
+            &__gemm_bias_gelu::__PLAN,
+            stream,
             file,
             names,
-        );
-        __binder
-            .check::<
-                T,
-            >(&[&__gemm_bias_gelu::__TENSOR_1, &__gemm_bias_gelu::__TENSOR_2])?;
-        Ok(Self {
-            w: __binder.upload(stream, &__gemm_bias_gelu::__TENSOR_1)?,
-            b: __binder.upload(stream, &__gemm_bias_gelu::__TENSOR_2)?,
-        })
+        )?;
+        Ok(Self { w, b })
     }
 }
 /**y = gelu(x @ w^T + b): nn.Linear with bias, then GELU (tanh approximation).
@@ -104,9 +102,11 @@ impl<'w, T: fusion::Element> GemmBiasGelu<'w, T> {
         stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
         weights: GemmBiasGeluWeights<'w, T>,
     ) -> fusion::Result<Self> {
-        let folded = __gemm_bias_gelu::fold_weights::<
-            T,
-        >(stream, &weights.w, &weights.b)?;
+        let folded = fusion::plan::bind(
+            &__gemm_bias_gelu::__PLAN,
+            stream,
+            &[&weights.w, &weights.b],
+        )?;
         Ok(Self {
             weights,
             folded,
@@ -124,7 +124,14 @@ impl<'w, T: fusion::Element> GemmBiasGelu<'w, T> {
         y: &mut fusion::TensorMut<'_, T>,
     ) -> fusion::Result<()> {
         let GemmBiasGeluWeights { w, b } = &self.weights;
-        __gemm_bias_gelu::run::<T>(&mut self.workspace, &self.folded, stream, x, w, b, y)
+        fusion::plan::run(
+            &__gemm_bias_gelu::__PLAN,
+            &mut self.workspace,
+            &self.folded,
+            stream,
+            &[x, w, b],
+            &mut [y],
+        )
     }
 }
 #[allow(dead_code, reason = "a crate may bind weights it made itself with `new`")]
@@ -159,131 +166,12 @@ impl<'w, T: fusion::Element> GemmBiasGelu<'w, T> {
     /// build script read, which this crate's fusion shares.
     #[must_use]
     #[allow(dead_code, reason = "accessors a crate may not call")]
-    #[allow(clippy::too_many_lines, reason = "one expression, a field per line")]
     pub fn graph() -> fusion::ir::Graph {
-        {
-            #[allow(
-                unused_imports,
-                reason = "the graph's ops may not need each of them"
-            )]
-            use fusion::ir::{
-                Activation, DType, DimDef, DimId, Extent, Graph, Op, OpKind, TensorDesc,
-                TensorId, TensorKind, WeightLayout,
-            };
-            use fusion::core::diagnostic::Span;
-            Graph {
-                name: "gemm_bias_gelu".to_owned(),
-                doc: Some(
-                    "y = gelu(x @ w^T + b): nn.Linear with bias, then GELU (tanh approximation)."
-                        .to_owned(),
-                ),
-                dims: vec![
-                    DimDef {
-                        name: "M".to_owned(),
-                        size: None,
-                        span: Span::None,
-                    },
-                    DimDef {
-                        name: "K".to_owned(),
-                        size: None,
-                        span: Span::None,
-                    },
-                    DimDef {
-                        name: "N".to_owned(),
-                        size: None,
-                        span: Span::None,
-                    },
-                ],
-                tensors: vec![
-                    TensorDesc {
-                        name: "x".to_owned(),
-                        dtype: DType::F16,
-                        shape: vec![
-                            Extent::Dynamic(DimId(0)),
-                            Extent::Dynamic(DimId(1)),
-                        ],
-                        kind: TensorKind::Input,
-                        span: Span::None,
-                    },
-                    TensorDesc {
-                        name: "w".to_owned(),
-                        dtype: DType::F16,
-                        shape: vec![
-                            Extent::Dynamic(DimId(2)),
-                            Extent::Dynamic(DimId(1)),
-                        ],
-                        kind: TensorKind::Weight,
-                        span: Span::None,
-                    },
-                    TensorDesc {
-                        name: "b".to_owned(),
-                        dtype: DType::F16,
-                        shape: vec![Extent::Dynamic(DimId(2))],
-                        kind: TensorKind::Weight,
-                        span: Span::None,
-                    },
-                    TensorDesc {
-                        name: "%1".to_owned(),
-                        dtype: DType::F16,
-                        shape: vec![
-                            Extent::Dynamic(DimId(0)),
-                            Extent::Dynamic(DimId(2)),
-                        ],
-                        kind: TensorKind::Intermediate,
-                        span: Span::None,
-                    },
-                    TensorDesc {
-                        name: "%2".to_owned(),
-                        dtype: DType::F16,
-                        shape: vec![
-                            Extent::Dynamic(DimId(0)),
-                            Extent::Dynamic(DimId(2)),
-                        ],
-                        kind: TensorKind::Intermediate,
-                        span: Span::None,
-                    },
-                    TensorDesc {
-                        name: "y".to_owned(),
-                        dtype: DType::F16,
-                        shape: vec![
-                            Extent::Dynamic(DimId(0)),
-                            Extent::Dynamic(DimId(2)),
-                        ],
-                        kind: TensorKind::Output,
-                        span: Span::None,
-                    },
-                ],
-                ops: vec![
-                    Op {
-                        kind: OpKind::MatMul {
-                            b_layout: WeightLayout::NK,
-                        },
-                        inputs: vec![TensorId(0), TensorId(1)],
-                        output: TensorId(3),
-                        span: Span::None,
-                    },
-                    Op {
-                        kind: OpKind::BiasAdd,
-                        inputs: vec![TensorId(3), TensorId(2)],
-                        output: TensorId(4),
-                        span: Span::None,
-                    },
-                    Op {
-                        kind: OpKind::Activation(
-                            Activation::named("gelu")
-                                .expect("the build script's op table has this activation"),
-                        ),
-                        inputs: vec![TensorId(4)],
-                        output: TensorId(5),
-                        span: Span::None,
-                    },
-                ],
-                inputs: vec![TensorId(0)],
-                weights: vec![TensorId(1), TensorId(2)],
-                outputs: vec![TensorId(5)],
-            }
-        }
+        fusion::plan::graph(&__gemm_bias_gelu::__PLAN, &__gemm_bias_gelu::__DECLARED)
     }
+    /// The plan this struct runs, as data (`fusion::plan`).
+    #[doc(hidden)]
+    pub const PLAN: &'static fusion::plan::PlanTable = &__gemm_bias_gelu::__PLAN;
     /// The bound weights.
     #[must_use]
     pub fn weights(&self) -> &GemmBiasGeluWeights<'w, T> {
@@ -337,221 +225,93 @@ pub fn gemm_bias_gelu<T: fusion::Element>(
 ) -> fusion::Result<()> {
     fusion::launch::with_stream_workspace(
         stream,
-        |__workspace| __gemm_bias_gelu::run::<T>(__workspace, &[], stream, x, w, b, y),
+        |__workspace| fusion::plan::run(
+            &__gemm_bias_gelu::__PLAN,
+            __workspace,
+            &[],
+            stream,
+            &[x, w, b],
+            &mut [y],
+        ),
     )
 }
-#[allow(
-    unreachable_code,
-    unused_variables,
-    unused_mut,
-    dead_code,
-    clippy::all,
-    clippy::pedantic,
-    clippy::nursery
-)]
+#[allow(dead_code, unused_imports, clippy::all, clippy::pedantic, clippy::nursery)]
 mod __gemm_bias_gelu {
     use super::ffi;
+    use fusion::core::ir::DType;
+    use fusion::launch::Dim::{Dynamic, Static};
+    use fusion::launch::TensorDecl;
+    use fusion::plan::{Bind, GemmOp, KernelEntry, KernelOp, Launchers, OpCode};
+    use fusion::Arch;
+    const _: () = fusion::plan::expect_schema(1);
     pub(super) static __GRAPH: fusion::launch::GraphDecl = fusion::launch::GraphDecl {
         name: "gemm_bias_gelu",
         dims: &["M", "K", "N"],
     };
-    pub(super) const __TENSOR_0: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
-        name: "x",
-        shape: &[
-            fusion::launch::Dim::Dynamic(0usize),
-            fusion::launch::Dim::Dynamic(1usize),
+    pub(super) static __PLAN: fusion::plan::PlanTable = fusion::plan::PlanTable {
+        schema: 1,
+        graph: &__GRAPH,
+        tensors: &[
+            TensorDecl::new("x", &[Dynamic(0), Dynamic(1)]),
+            TensorDecl::new("w", &[Dynamic(2), Dynamic(1)]),
+            TensorDecl::new("b", &[Dynamic(2)]),
+            TensorDecl::new("%1", &[Dynamic(0), Dynamic(2)]),
+            TensorDecl::new("%2", &[Dynamic(0), Dynamic(2)]),
+            TensorDecl::new("y", &[Dynamic(0), Dynamic(2)]),
+        ],
+        inputs: &[0],
+        weights: &[1, 2],
+        outputs: &[5],
+        temporaries: &[],
+        kernels: &[
+            KernelEntry {
+                label: "kernel #0 (gemm_bias_gelu)",
+                output: 5,
+                op: KernelOp::Gemm(GemmOp {
+                    a: Some(0),
+                    b: Some(1),
+                    bias: Some(2),
+                    bind: Bind::Pad,
+                    ..GemmOp::EMPTY
+                }),
+                launchers: Launchers::Gemm {
+                    launch: &[
+                        ffi::fusion_kernels_gemm_bias_gelu_nk_f16_sm80,
+                        ffi::fusion_kernels_gemm_bias_gelu_nk_f16_sm90,
+                        ffi::fusion_kernels_gemm_bias_gelu_nk_bf16_sm80,
+                        ffi::fusion_kernels_gemm_bias_gelu_nk_bf16_sm90,
+                    ],
+                    query: &[
+                        ffi::fusion_kernels_gemm_bias_gelu_nk_f16_sm80_workspace_bytes,
+                        ffi::fusion_kernels_gemm_bias_gelu_nk_f16_sm90_workspace_bytes,
+                        ffi::fusion_kernels_gemm_bias_gelu_nk_bf16_sm80_workspace_bytes,
+                        ffi::fusion_kernels_gemm_bias_gelu_nk_bf16_sm90_workspace_bytes,
+                    ],
+                    folded: &[],
+                    fold: &[],
+                },
+            },
+        ],
+        variants: &[
+            (DType::F16, Arch::Sm80),
+            (DType::F16, Arch::Sm90),
+            (DType::BF16, Arch::Sm80),
+            (DType::BF16, Arch::Sm90),
+        ],
+        error_string: Some(ffi::fusion_kernels_error_string),
+        archs: Some(&[Arch::Sm80, Arch::Sm90]),
+        compiled: "f16 on sm80, sm90; bf16 on sm80, sm90",
+    };
+    pub(super) static __DECLARED: fusion::plan::DeclaredGraph = fusion::plan::DeclaredGraph {
+        doc: Some(
+            "y = gelu(x @ w^T + b): nn.Linear with bias, then GELU (tanh approximation).",
+        ),
+        dims: &[("M", None), ("K", None), ("N", None)],
+        dtypes: &[DType::F16; 6],
+        ops: &[
+            (OpCode::MatMul(fusion::ir::WeightLayout::NK), &[0, 1], 3),
+            (OpCode::BiasAdd, &[3, 2], 4),
+            (OpCode::Activation("gelu"), &[4], 5),
         ],
     };
-    pub(super) const __TENSOR_1: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
-        name: "w",
-        shape: &[
-            fusion::launch::Dim::Dynamic(2usize),
-            fusion::launch::Dim::Dynamic(1usize),
-        ],
-    };
-    pub(super) const __TENSOR_2: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
-        name: "b",
-        shape: &[fusion::launch::Dim::Dynamic(2usize)],
-    };
-    pub(super) const __TENSOR_3: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
-        name: "%1",
-        shape: &[
-            fusion::launch::Dim::Dynamic(0usize),
-            fusion::launch::Dim::Dynamic(2usize),
-        ],
-    };
-    pub(super) const __TENSOR_4: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
-        name: "%2",
-        shape: &[
-            fusion::launch::Dim::Dynamic(0usize),
-            fusion::launch::Dim::Dynamic(2usize),
-        ],
-    };
-    pub(super) const __TENSOR_5: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
-        name: "y",
-        shape: &[
-            fusion::launch::Dim::Dynamic(0usize),
-            fusion::launch::Dim::Dynamic(2usize),
-        ],
-    };
-    pub(super) fn run<T: fusion::Element>(
-        __workspace: &mut fusion::launch::Workspace,
-        __folded: &[Option<fusion::launch::FoldedWeights>],
-        stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
-        x: &fusion::Tensor<'_, T>,
-        w: &fusion::Tensor<'_, T>,
-        b: &fusion::Tensor<'_, T>,
-        y: &mut fusion::TensorMut<'_, T>,
-    ) -> fusion::Result<()> {
-        let __dtype = <T as fusion::Element>::DTYPE;
-        let __arch = fusion::device::arch_among(
-            stream,
-            &[fusion::Arch::Sm80, fusion::Arch::Sm90],
-        )?;
-        let __launcher_0: (
-            fusion::launch::Launcher<ffi::fusion_gemm_params>,
-            fusion::launch::WorkspaceBytes<ffi::fusion_gemm_params>,
-        ) = match (__dtype, __arch) {
-            (fusion::core::ir::DType::F16, fusion::Arch::Sm80) => {
-                (
-                    ffi::fusion_kernels_gemm_bias_gelu_nk_f16_sm80
-                        as fusion::launch::Launcher<ffi::fusion_gemm_params>,
-                    ffi::fusion_kernels_gemm_bias_gelu_nk_f16_sm80_workspace_bytes
-                        as fusion::launch::WorkspaceBytes<ffi::fusion_gemm_params>,
-                )
-            }
-            (fusion::core::ir::DType::F16, fusion::Arch::Sm90) => {
-                (
-                    ffi::fusion_kernels_gemm_bias_gelu_nk_f16_sm90
-                        as fusion::launch::Launcher<ffi::fusion_gemm_params>,
-                    ffi::fusion_kernels_gemm_bias_gelu_nk_f16_sm90_workspace_bytes
-                        as fusion::launch::WorkspaceBytes<ffi::fusion_gemm_params>,
-                )
-            }
-            (fusion::core::ir::DType::BF16, fusion::Arch::Sm80) => {
-                (
-                    ffi::fusion_kernels_gemm_bias_gelu_nk_bf16_sm80
-                        as fusion::launch::Launcher<ffi::fusion_gemm_params>,
-                    ffi::fusion_kernels_gemm_bias_gelu_nk_bf16_sm80_workspace_bytes
-                        as fusion::launch::WorkspaceBytes<ffi::fusion_gemm_params>,
-                )
-            }
-            (fusion::core::ir::DType::BF16, fusion::Arch::Sm90) => {
-                (
-                    ffi::fusion_kernels_gemm_bias_gelu_nk_bf16_sm90
-                        as fusion::launch::Launcher<ffi::fusion_gemm_params>,
-                    ffi::fusion_kernels_gemm_bias_gelu_nk_bf16_sm90_workspace_bytes
-                        as fusion::launch::WorkspaceBytes<ffi::fusion_gemm_params>,
-                )
-            }
-            _ => {
-                return Err(
-                    fusion::launch::not_compiled(
-                        "gemm_bias_gelu",
-                        __dtype,
-                        __arch,
-                        "f16 on sm80, sm90; bf16 on sm80, sm90",
-                    ),
-                );
-            }
-        };
-        let mut __call = fusion::launch::Call::new(&__GRAPH, stream);
-        let __ptr_0 = __call.input(&__TENSOR_0, x)?;
-        let __ptr_1 = __call.input(&__TENSOR_1, w)?;
-        let __ptr_2 = __call.input(&__TENSOR_2, b)?;
-        let __ptr_5 = __call.output(&__TENSOR_5, y)?;
-        __call.check_aliasing()?;
-        if __call.is_empty() {
-            return Ok(());
-        }
-        let (__intermediates, __scratch, __use) = __workspace.begin_call(stream)?;
-        let __gemm_flags = __call
-            .gemm_flags(ffi::FUSION_GEMM_NO_STREAM_K, ffi::FUSION_GEMM_STATIC_TILES)?;
-        let mut __params_0 = {
-            let (m, k) = __call.reduced_matrix(&__TENSOR_0, &__TENSOR_5)?;
-            let n = __call.matrix(&__TENSOR_5)?.1;
-            ffi::fusion_gemm_params {
-                a: __ptr_0 as *const core::ffi::c_void,
-                b: __ptr_1 as *const core::ffi::c_void,
-                b_up: core::ptr::null(),
-                c: __ptr_5 as *mut core::ffi::c_void,
-                bias: __ptr_2 as *const core::ffi::c_void,
-                residual: core::ptr::null(),
-                multiplier: core::ptr::null(),
-                gamma: core::ptr::null(),
-                beta: core::ptr::null(),
-                col_terms: core::ptr::null(),
-                m,
-                n,
-                k,
-                ldb: 0,
-                eps: 0f32,
-                flags: __gemm_flags,
-                workspace: core::ptr::null_mut(),
-                workspace_bytes: 0,
-            }
-        };
-        if let Some(__weights) = __folded.get(0usize).and_then(Option::as_ref) {
-            let (b, _, ldb) = __call.folded(__weights);
-            __params_0.b = b as *const core::ffi::c_void;
-            __params_0.ldb = ldb;
-        }
-        let mut __scratch_bytes = 0u64;
-        __scratch_bytes = __scratch_bytes
-            .max(
-                __call
-                    .workspace_bytes(
-                        "kernel #0 (gemm_bias_gelu)",
-                        __launcher_0.1,
-                        &__params_0,
-                        ffi::fusion_kernels_error_string,
-                    )?,
-            );
-        let (__scratch_ptr, __scratch_len) = __call.scratch(__scratch, __scratch_bytes)?;
-        __params_0.workspace = __scratch_ptr;
-        __params_0.workspace_bytes = __scratch_len;
-        if __call.has_elements(&__TENSOR_5)? {
-            let __code = unsafe { __launcher_0.0(&__params_0, __call.stream_ptr()) };
-            __call
-                .launched(
-                    "kernel #0 (gemm_bias_gelu)",
-                    __code,
-                    ffi::fusion_kernels_error_string,
-                )?;
-        }
-        __use.finish()
-    }
-    /// Checks the weights and prepares each kernel's where it can
-    /// (`fusion::launch::FoldedWeights`: a norm folded in, a gated
-    /// pair interleaved, rows padded): one entry per kernel of the
-    /// plan. Returns once that ran.
-    pub(super) fn fold_weights<T: fusion::Element>(
-        stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
-        w: &fusion::Tensor<'_, T>,
-        b: &fusion::Tensor<'_, T>,
-    ) -> fusion::Result<Vec<Option<fusion::launch::FoldedWeights>>> {
-        let __dtype = <T as fusion::Element>::DTYPE;
-        let __arch = fusion::device::arch_among(
-            stream,
-            &[fusion::Arch::Sm80, fusion::Arch::Sm90],
-        )?;
-        let mut __call = fusion::launch::Call::new(&__GRAPH, stream);
-        let __ptr_1 = __call.input(&__TENSOR_1, w)?;
-        let __ptr_2 = __call.input(&__TENSOR_2, b)?;
-        let mut __folded = Vec::new();
-        let (rows, cols) = __call.matrix(&__TENSOR_1)?;
-        __folded
-            .push(
-                fusion::launch::FoldedWeights::pad(
-                    &__call,
-                    "kernel #0 (gemm_bias_gelu)",
-                    __arch,
-                    __ptr_1,
-                    (rows, cols),
-                    core::mem::size_of::<T>(),
-                )?,
-            );
-        stream.synchronize()?;
-        Ok(__folded)
-    }
 }

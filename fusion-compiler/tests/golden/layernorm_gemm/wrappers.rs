@@ -11,6 +11,10 @@
     clippy::nursery
 )]
 mod ffi {
+    use fusion::abi::{
+        fusion_elementwise_params, fusion_fold_params, fusion_gemm_params,
+        fusion_norm_params, fusion_tile_resources,
+    };
     include!("fusion_ffi.rs");
 }
 ///The weights of [`LayernormGemm`], as device tensors: borrowed (`fusion::Tensor::new`) or, as `LayernormGemmWeights<'static, …>`, owned ([`Self::from_safetensors`], `fusion::Tensor::owned`). `new` checks each one's shape against the declaration.
@@ -37,26 +41,13 @@ impl<T: fusion::Element> LayernormGemmWeights<'static, T> {
         file: &fusion::TensorFile,
         names: &fusion::TensorNames,
     ) -> fusion::Result<Self> {
-        let mut __binder = fusion::weights::Binder::new(
-            &__layernorm_gemm::__GRAPH,
+        let [g, b, w] = fusion::plan::load_weights(
+            &__layernorm_gemm::__PLAN,
+            stream,
             file,
             names,
-        );
-        __binder
-            .check::<
-                T,
-            >(
-                &[
-                    &__layernorm_gemm::__TENSOR_1,
-                    &__layernorm_gemm::__TENSOR_2,
-                    &__layernorm_gemm::__TENSOR_3,
-                ],
-            )?;
-        Ok(Self {
-            g: __binder.upload(stream, &__layernorm_gemm::__TENSOR_1)?,
-            b: __binder.upload(stream, &__layernorm_gemm::__TENSOR_2)?,
-            w: __binder.upload(stream, &__layernorm_gemm::__TENSOR_3)?,
-        })
+        )?;
+        Ok(Self { g, b, w })
     }
 }
 /**y = layernorm(x, g, b) @ w^T: LayerNorm with scale g and shift b, then nn.Linear without bias.
@@ -116,9 +107,11 @@ impl<'w, T: fusion::Element> LayernormGemm<'w, T> {
         stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
         weights: LayernormGemmWeights<'w, T>,
     ) -> fusion::Result<Self> {
-        let folded = __layernorm_gemm::fold_weights::<
-            T,
-        >(stream, &weights.g, &weights.b, &weights.w)?;
+        let folded = fusion::plan::bind(
+            &__layernorm_gemm::__PLAN,
+            stream,
+            &[&weights.g, &weights.b, &weights.w],
+        )?;
         Ok(Self {
             weights,
             folded,
@@ -136,9 +129,14 @@ impl<'w, T: fusion::Element> LayernormGemm<'w, T> {
         y: &mut fusion::TensorMut<'_, T>,
     ) -> fusion::Result<()> {
         let LayernormGemmWeights { g, b, w } = &self.weights;
-        __layernorm_gemm::run::<
-            T,
-        >(&mut self.workspace, &self.folded, stream, x, g, b, w, y)
+        fusion::plan::run(
+            &__layernorm_gemm::__PLAN,
+            &mut self.workspace,
+            &self.folded,
+            stream,
+            &[x, g, b, w],
+            &mut [y],
+        )
     }
 }
 #[allow(dead_code, reason = "a crate may bind weights it made itself with `new`")]
@@ -173,121 +171,12 @@ impl<'w, T: fusion::Element> LayernormGemm<'w, T> {
     /// build script read, which this crate's fusion shares.
     #[must_use]
     #[allow(dead_code, reason = "accessors a crate may not call")]
-    #[allow(clippy::too_many_lines, reason = "one expression, a field per line")]
     pub fn graph() -> fusion::ir::Graph {
-        {
-            #[allow(
-                unused_imports,
-                reason = "the graph's ops may not need each of them"
-            )]
-            use fusion::ir::{
-                Activation, DType, DimDef, DimId, Extent, Graph, Op, OpKind, TensorDesc,
-                TensorId, TensorKind, WeightLayout,
-            };
-            use fusion::core::diagnostic::Span;
-            Graph {
-                name: "layernorm_gemm".to_owned(),
-                doc: Some(
-                    "y = layernorm(x, g, b) @ w^T: LayerNorm with scale g and shift b, then nn.Linear without bias."
-                        .to_owned(),
-                ),
-                dims: vec![
-                    DimDef {
-                        name: "M".to_owned(),
-                        size: None,
-                        span: Span::None,
-                    },
-                    DimDef {
-                        name: "K".to_owned(),
-                        size: None,
-                        span: Span::None,
-                    },
-                    DimDef {
-                        name: "N".to_owned(),
-                        size: None,
-                        span: Span::None,
-                    },
-                ],
-                tensors: vec![
-                    TensorDesc {
-                        name: "x".to_owned(),
-                        dtype: DType::F16,
-                        shape: vec![
-                            Extent::Dynamic(DimId(0)),
-                            Extent::Dynamic(DimId(1)),
-                        ],
-                        kind: TensorKind::Input,
-                        span: Span::None,
-                    },
-                    TensorDesc {
-                        name: "g".to_owned(),
-                        dtype: DType::F16,
-                        shape: vec![Extent::Dynamic(DimId(1))],
-                        kind: TensorKind::Weight,
-                        span: Span::None,
-                    },
-                    TensorDesc {
-                        name: "b".to_owned(),
-                        dtype: DType::F16,
-                        shape: vec![Extent::Dynamic(DimId(1))],
-                        kind: TensorKind::Weight,
-                        span: Span::None,
-                    },
-                    TensorDesc {
-                        name: "w".to_owned(),
-                        dtype: DType::F16,
-                        shape: vec![
-                            Extent::Dynamic(DimId(2)),
-                            Extent::Dynamic(DimId(1)),
-                        ],
-                        kind: TensorKind::Weight,
-                        span: Span::None,
-                    },
-                    TensorDesc {
-                        name: "%1".to_owned(),
-                        dtype: DType::F16,
-                        shape: vec![
-                            Extent::Dynamic(DimId(0)),
-                            Extent::Dynamic(DimId(1)),
-                        ],
-                        kind: TensorKind::Intermediate,
-                        span: Span::None,
-                    },
-                    TensorDesc {
-                        name: "y".to_owned(),
-                        dtype: DType::F16,
-                        shape: vec![
-                            Extent::Dynamic(DimId(0)),
-                            Extent::Dynamic(DimId(2)),
-                        ],
-                        kind: TensorKind::Output,
-                        span: Span::None,
-                    },
-                ],
-                ops: vec![
-                    Op {
-                        kind: OpKind::LayerNorm {
-                            eps: 0.00001f64,
-                        },
-                        inputs: vec![TensorId(0), TensorId(1), TensorId(2)],
-                        output: TensorId(4),
-                        span: Span::None,
-                    },
-                    Op {
-                        kind: OpKind::MatMul {
-                            b_layout: WeightLayout::NK,
-                        },
-                        inputs: vec![TensorId(4), TensorId(3)],
-                        output: TensorId(5),
-                        span: Span::None,
-                    },
-                ],
-                inputs: vec![TensorId(0)],
-                weights: vec![TensorId(1), TensorId(2), TensorId(3)],
-                outputs: vec![TensorId(5)],
-            }
-        }
+        fusion::plan::graph(&__layernorm_gemm::__PLAN, &__layernorm_gemm::__DECLARED)
     }
+    /// The plan this struct runs, as data (`fusion::plan`).
+    #[doc(hidden)]
+    pub const PLAN: &'static fusion::plan::PlanTable = &__layernorm_gemm::__PLAN;
     /// The bound weights.
     #[must_use]
     pub fn weights(&self) -> &LayernormGemmWeights<'w, T> {
@@ -347,298 +236,116 @@ pub fn layernorm_gemm<T: fusion::Element>(
 ) -> fusion::Result<()> {
     fusion::launch::with_stream_workspace(
         stream,
-        |__workspace| __layernorm_gemm::run::<T>(__workspace, &[], stream, x, g, b, w, y),
+        |__workspace| fusion::plan::run(
+            &__layernorm_gemm::__PLAN,
+            __workspace,
+            &[],
+            stream,
+            &[x, g, b, w],
+            &mut [y],
+        ),
     )
 }
-#[allow(
-    unreachable_code,
-    unused_variables,
-    unused_mut,
-    dead_code,
-    clippy::all,
-    clippy::pedantic,
-    clippy::nursery
-)]
+#[allow(dead_code, unused_imports, clippy::all, clippy::pedantic, clippy::nursery)]
 mod __layernorm_gemm {
     use super::ffi;
+    use fusion::core::ir::DType;
+    use fusion::launch::Dim::{Dynamic, Static};
+    use fusion::launch::TensorDecl;
+    use fusion::plan::{Bind, GemmOp, KernelEntry, KernelOp, Launchers, OpCode};
+    use fusion::Arch;
+    const _: () = fusion::plan::expect_schema(1);
     pub(super) static __GRAPH: fusion::launch::GraphDecl = fusion::launch::GraphDecl {
         name: "layernorm_gemm",
         dims: &["M", "K", "N"],
     };
-    pub(super) const __TENSOR_0: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
-        name: "x",
-        shape: &[
-            fusion::launch::Dim::Dynamic(0usize),
-            fusion::launch::Dim::Dynamic(1usize),
+    pub(super) static __PLAN: fusion::plan::PlanTable = fusion::plan::PlanTable {
+        schema: 1,
+        graph: &__GRAPH,
+        tensors: &[
+            TensorDecl::new("x", &[Dynamic(0), Dynamic(1)]),
+            TensorDecl::new("g", &[Dynamic(1)]),
+            TensorDecl::new("b", &[Dynamic(1)]),
+            TensorDecl::new("w", &[Dynamic(2), Dynamic(1)]),
+            TensorDecl::new("%1", &[Dynamic(0), Dynamic(1)]),
+            TensorDecl::new("y", &[Dynamic(0), Dynamic(2)]),
+        ],
+        inputs: &[0],
+        weights: &[1, 2, 3],
+        outputs: &[5],
+        temporaries: &[],
+        kernels: &[
+            KernelEntry {
+                label: "kernel #0 (layernorm_gemm)",
+                output: 5,
+                op: KernelOp::Gemm(GemmOp {
+                    a: Some(0),
+                    b: Some(3),
+                    gamma: Some(1),
+                    beta: Some(2),
+                    eps: 0.00001f32,
+                    bind: Bind::Fold(fusion::plan::Fold::Norm),
+                    ..GemmOp::EMPTY
+                }),
+                launchers: Launchers::Gemm {
+                    launch: &[
+                        ffi::fusion_kernels_layernorm_gemm_nk_f16_sm80,
+                        ffi::fusion_kernels_layernorm_gemm_nk_f16_sm90,
+                        ffi::fusion_kernels_layernorm_gemm_nk_bf16_sm80,
+                        ffi::fusion_kernels_layernorm_gemm_nk_bf16_sm90,
+                    ],
+                    query: &[
+                        ffi::fusion_kernels_layernorm_gemm_nk_f16_sm80_workspace_bytes,
+                        ffi::fusion_kernels_layernorm_gemm_nk_f16_sm90_workspace_bytes,
+                        ffi::fusion_kernels_layernorm_gemm_nk_bf16_sm80_workspace_bytes,
+                        ffi::fusion_kernels_layernorm_gemm_nk_bf16_sm90_workspace_bytes,
+                    ],
+                    folded: &[
+                        (
+                            ffi::fusion_kernels_layernorm_gemm_nk_f16_sm80_folded,
+                            ffi::fusion_kernels_layernorm_gemm_nk_f16_sm80_folded_workspace_bytes,
+                        ),
+                        (
+                            ffi::fusion_kernels_layernorm_gemm_nk_f16_sm90_folded,
+                            ffi::fusion_kernels_layernorm_gemm_nk_f16_sm90_folded_workspace_bytes,
+                        ),
+                        (
+                            ffi::fusion_kernels_layernorm_gemm_nk_bf16_sm80_folded,
+                            ffi::fusion_kernels_layernorm_gemm_nk_bf16_sm80_folded_workspace_bytes,
+                        ),
+                        (
+                            ffi::fusion_kernels_layernorm_gemm_nk_bf16_sm90_folded,
+                            ffi::fusion_kernels_layernorm_gemm_nk_bf16_sm90_folded_workspace_bytes,
+                        ),
+                    ],
+                    fold: &[
+                        ffi::fusion_kernels_layernorm_gemm_nk_f16_sm80_fold_weights,
+                        ffi::fusion_kernels_layernorm_gemm_nk_f16_sm90_fold_weights,
+                        ffi::fusion_kernels_layernorm_gemm_nk_bf16_sm80_fold_weights,
+                        ffi::fusion_kernels_layernorm_gemm_nk_bf16_sm90_fold_weights,
+                    ],
+                },
+            },
+        ],
+        variants: &[
+            (DType::F16, Arch::Sm80),
+            (DType::F16, Arch::Sm90),
+            (DType::BF16, Arch::Sm80),
+            (DType::BF16, Arch::Sm90),
+        ],
+        error_string: Some(ffi::fusion_kernels_error_string),
+        archs: Some(&[Arch::Sm80, Arch::Sm90]),
+        compiled: "f16 on sm80, sm90; bf16 on sm80, sm90",
+    };
+    pub(super) static __DECLARED: fusion::plan::DeclaredGraph = fusion::plan::DeclaredGraph {
+        doc: Some(
+            "y = layernorm(x, g, b) @ w^T: LayerNorm with scale g and shift b, then nn.Linear without bias.",
+        ),
+        dims: &[("M", None), ("K", None), ("N", None)],
+        dtypes: &[DType::F16; 6],
+        ops: &[
+            (OpCode::LayerNorm(0.00001f64), &[0, 1, 2], 4),
+            (OpCode::MatMul(fusion::ir::WeightLayout::NK), &[4, 3], 5),
         ],
     };
-    pub(super) const __TENSOR_1: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
-        name: "g",
-        shape: &[fusion::launch::Dim::Dynamic(1usize)],
-    };
-    pub(super) const __TENSOR_2: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
-        name: "b",
-        shape: &[fusion::launch::Dim::Dynamic(1usize)],
-    };
-    pub(super) const __TENSOR_3: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
-        name: "w",
-        shape: &[
-            fusion::launch::Dim::Dynamic(2usize),
-            fusion::launch::Dim::Dynamic(1usize),
-        ],
-    };
-    pub(super) const __TENSOR_4: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
-        name: "%1",
-        shape: &[
-            fusion::launch::Dim::Dynamic(0usize),
-            fusion::launch::Dim::Dynamic(1usize),
-        ],
-    };
-    pub(super) const __TENSOR_5: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
-        name: "y",
-        shape: &[
-            fusion::launch::Dim::Dynamic(0usize),
-            fusion::launch::Dim::Dynamic(2usize),
-        ],
-    };
-    pub(super) fn run<T: fusion::Element>(
-        __workspace: &mut fusion::launch::Workspace,
-        __folded: &[Option<fusion::launch::FoldedWeights>],
-        stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
-        x: &fusion::Tensor<'_, T>,
-        g: &fusion::Tensor<'_, T>,
-        b: &fusion::Tensor<'_, T>,
-        w: &fusion::Tensor<'_, T>,
-        y: &mut fusion::TensorMut<'_, T>,
-    ) -> fusion::Result<()> {
-        let __dtype = <T as fusion::Element>::DTYPE;
-        let __arch = fusion::device::arch_among(
-            stream,
-            &[fusion::Arch::Sm80, fusion::Arch::Sm90],
-        )?;
-        let __launcher_0: (
-            fusion::launch::Launcher<ffi::fusion_gemm_params>,
-            fusion::launch::WorkspaceBytes<ffi::fusion_gemm_params>,
-            fusion::launch::Launcher<ffi::fusion_gemm_params>,
-            fusion::launch::WorkspaceBytes<ffi::fusion_gemm_params>,
-        ) = match (__dtype, __arch) {
-            (fusion::core::ir::DType::F16, fusion::Arch::Sm80) => {
-                (
-                    ffi::fusion_kernels_layernorm_gemm_nk_f16_sm80
-                        as fusion::launch::Launcher<ffi::fusion_gemm_params>,
-                    ffi::fusion_kernels_layernorm_gemm_nk_f16_sm80_workspace_bytes
-                        as fusion::launch::WorkspaceBytes<ffi::fusion_gemm_params>,
-                    ffi::fusion_kernels_layernorm_gemm_nk_f16_sm80_folded
-                        as fusion::launch::Launcher<ffi::fusion_gemm_params>,
-                    ffi::fusion_kernels_layernorm_gemm_nk_f16_sm80_folded_workspace_bytes
-                        as fusion::launch::WorkspaceBytes<ffi::fusion_gemm_params>,
-                )
-            }
-            (fusion::core::ir::DType::F16, fusion::Arch::Sm90) => {
-                (
-                    ffi::fusion_kernels_layernorm_gemm_nk_f16_sm90
-                        as fusion::launch::Launcher<ffi::fusion_gemm_params>,
-                    ffi::fusion_kernels_layernorm_gemm_nk_f16_sm90_workspace_bytes
-                        as fusion::launch::WorkspaceBytes<ffi::fusion_gemm_params>,
-                    ffi::fusion_kernels_layernorm_gemm_nk_f16_sm90_folded
-                        as fusion::launch::Launcher<ffi::fusion_gemm_params>,
-                    ffi::fusion_kernels_layernorm_gemm_nk_f16_sm90_folded_workspace_bytes
-                        as fusion::launch::WorkspaceBytes<ffi::fusion_gemm_params>,
-                )
-            }
-            (fusion::core::ir::DType::BF16, fusion::Arch::Sm80) => {
-                (
-                    ffi::fusion_kernels_layernorm_gemm_nk_bf16_sm80
-                        as fusion::launch::Launcher<ffi::fusion_gemm_params>,
-                    ffi::fusion_kernels_layernorm_gemm_nk_bf16_sm80_workspace_bytes
-                        as fusion::launch::WorkspaceBytes<ffi::fusion_gemm_params>,
-                    ffi::fusion_kernels_layernorm_gemm_nk_bf16_sm80_folded
-                        as fusion::launch::Launcher<ffi::fusion_gemm_params>,
-                    ffi::fusion_kernels_layernorm_gemm_nk_bf16_sm80_folded_workspace_bytes
-                        as fusion::launch::WorkspaceBytes<ffi::fusion_gemm_params>,
-                )
-            }
-            (fusion::core::ir::DType::BF16, fusion::Arch::Sm90) => {
-                (
-                    ffi::fusion_kernels_layernorm_gemm_nk_bf16_sm90
-                        as fusion::launch::Launcher<ffi::fusion_gemm_params>,
-                    ffi::fusion_kernels_layernorm_gemm_nk_bf16_sm90_workspace_bytes
-                        as fusion::launch::WorkspaceBytes<ffi::fusion_gemm_params>,
-                    ffi::fusion_kernels_layernorm_gemm_nk_bf16_sm90_folded
-                        as fusion::launch::Launcher<ffi::fusion_gemm_params>,
-                    ffi::fusion_kernels_layernorm_gemm_nk_bf16_sm90_folded_workspace_bytes
-                        as fusion::launch::WorkspaceBytes<ffi::fusion_gemm_params>,
-                )
-            }
-            _ => {
-                return Err(
-                    fusion::launch::not_compiled(
-                        "layernorm_gemm",
-                        __dtype,
-                        __arch,
-                        "f16 on sm80, sm90; bf16 on sm80, sm90",
-                    ),
-                );
-            }
-        };
-        let __fold_0 = __folded.get(0usize).and_then(Option::as_ref);
-        let __launcher_0 = if __fold_0.is_some() {
-            (__launcher_0.2, __launcher_0.3)
-        } else {
-            (__launcher_0.0, __launcher_0.1)
-        };
-        let mut __call = fusion::launch::Call::new(&__GRAPH, stream);
-        let __ptr_0 = __call.input(&__TENSOR_0, x)?;
-        let __ptr_1 = __call.input(&__TENSOR_1, g)?;
-        let __ptr_2 = __call.input(&__TENSOR_2, b)?;
-        let __ptr_3 = __call.input(&__TENSOR_3, w)?;
-        let __ptr_5 = __call.output(&__TENSOR_5, y)?;
-        __call.check_aliasing()?;
-        if __call.is_empty() {
-            return Ok(());
-        }
-        let (__intermediates, __scratch, __use) = __workspace.begin_call(stream)?;
-        let __gemm_flags = __call
-            .gemm_flags(ffi::FUSION_GEMM_NO_STREAM_K, ffi::FUSION_GEMM_STATIC_TILES)?;
-        let mut __params_0 = {
-            let (m, k) = __call.reduced_matrix(&__TENSOR_0, &__TENSOR_5)?;
-            let n = __call.matrix(&__TENSOR_5)?.1;
-            ffi::fusion_gemm_params {
-                a: __ptr_0 as *const core::ffi::c_void,
-                b: __ptr_3 as *const core::ffi::c_void,
-                b_up: core::ptr::null(),
-                c: __ptr_5 as *mut core::ffi::c_void,
-                bias: core::ptr::null(),
-                residual: core::ptr::null(),
-                multiplier: core::ptr::null(),
-                gamma: __ptr_1 as *const core::ffi::c_void,
-                beta: __ptr_2 as *const core::ffi::c_void,
-                col_terms: core::ptr::null(),
-                m,
-                n,
-                k,
-                ldb: 0,
-                eps: 0.00001f32,
-                flags: __gemm_flags,
-                workspace: core::ptr::null_mut(),
-                workspace_bytes: 0,
-            }
-        };
-        if let Some(__weights) = __folded.get(0usize).and_then(Option::as_ref) {
-            let (b, col_terms, ldb) = __call.folded(__weights);
-            __params_0.b = b as *const core::ffi::c_void;
-            __params_0.ldb = ldb;
-            __params_0.b_up = core::ptr::null();
-            __params_0.col_terms = col_terms as *const core::ffi::c_void;
-        }
-        let mut __scratch_bytes = 0u64;
-        __scratch_bytes = __scratch_bytes
-            .max(
-                __call
-                    .workspace_bytes(
-                        "kernel #0 (layernorm_gemm)",
-                        __launcher_0.1,
-                        &__params_0,
-                        ffi::fusion_kernels_error_string,
-                    )?,
-            );
-        let (__scratch_ptr, __scratch_len) = __call.scratch(__scratch, __scratch_bytes)?;
-        __params_0.workspace = __scratch_ptr;
-        __params_0.workspace_bytes = __scratch_len;
-        if __call.has_elements(&__TENSOR_5)? {
-            let __code = unsafe { __launcher_0.0(&__params_0, __call.stream_ptr()) };
-            __call
-                .launched(
-                    "kernel #0 (layernorm_gemm)",
-                    __code,
-                    ffi::fusion_kernels_error_string,
-                )?;
-        }
-        __use.finish()
-    }
-    /// Checks the weights and prepares each kernel's where it can
-    /// (`fusion::launch::FoldedWeights`: a norm folded in, a gated
-    /// pair interleaved, rows padded): one entry per kernel of the
-    /// plan. Returns once that ran.
-    pub(super) fn fold_weights<T: fusion::Element>(
-        stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
-        g: &fusion::Tensor<'_, T>,
-        b: &fusion::Tensor<'_, T>,
-        w: &fusion::Tensor<'_, T>,
-    ) -> fusion::Result<Vec<Option<fusion::launch::FoldedWeights>>> {
-        let __dtype = <T as fusion::Element>::DTYPE;
-        let __arch = fusion::device::arch_among(
-            stream,
-            &[fusion::Arch::Sm80, fusion::Arch::Sm90],
-        )?;
-        let mut __call = fusion::launch::Call::new(&__GRAPH, stream);
-        let __ptr_1 = __call.input(&__TENSOR_1, g)?;
-        let __ptr_2 = __call.input(&__TENSOR_2, b)?;
-        let __ptr_3 = __call.input(&__TENSOR_3, w)?;
-        let mut __folded = Vec::new();
-        let __fold: fusion::launch::FoldWeights<ffi::fusion_fold_params> = match (
-            __dtype,
-            __arch,
-        ) {
-            (fusion::core::ir::DType::F16, fusion::Arch::Sm80) => {
-                ffi::fusion_kernels_layernorm_gemm_nk_f16_sm80_fold_weights
-                    as fusion::launch::FoldWeights<ffi::fusion_fold_params>
-            }
-            (fusion::core::ir::DType::F16, fusion::Arch::Sm90) => {
-                ffi::fusion_kernels_layernorm_gemm_nk_f16_sm90_fold_weights
-                    as fusion::launch::FoldWeights<ffi::fusion_fold_params>
-            }
-            (fusion::core::ir::DType::BF16, fusion::Arch::Sm80) => {
-                ffi::fusion_kernels_layernorm_gemm_nk_bf16_sm80_fold_weights
-                    as fusion::launch::FoldWeights<ffi::fusion_fold_params>
-            }
-            (fusion::core::ir::DType::BF16, fusion::Arch::Sm90) => {
-                ffi::fusion_kernels_layernorm_gemm_nk_bf16_sm90_fold_weights
-                    as fusion::launch::FoldWeights<ffi::fusion_fold_params>
-            }
-            _ => {
-                return Err(
-                    fusion::launch::not_compiled(
-                        "layernorm_gemm",
-                        __dtype,
-                        __arch,
-                        "f16 on sm80, sm90; bf16 on sm80, sm90",
-                    ),
-                );
-            }
-        };
-        let (rows, cols) = __call.matrix(&__TENSOR_3)?;
-        let (n, k) = (rows, cols);
-        let stream_ptr = __call.stream_ptr();
-        __folded
-            .push(
-                Some(
-                    fusion::launch::FoldedWeights::fold(
-                        &__call,
-                        "kernel #0 (layernorm_gemm)",
-                        __arch,
-                        (1i64 * rows, cols),
-                        core::mem::size_of::<T>(),
-                        1usize * n as usize,
-                        |w_folded, col_terms, ld_folded| {
-                            let params = ffi::fusion_fold_params {
-                                w: __ptr_3 as *const core::ffi::c_void,
-                                w_up: core::ptr::null(),
-                                gamma: __ptr_1 as *const core::ffi::c_void,
-                                beta: __ptr_2 as *const core::ffi::c_void,
-                                w_folded,
-                                col_terms,
-                                n,
-                                k,
-                                ld_folded,
-                            };
-                            unsafe { __fold(&params, stream_ptr) }
-                        },
-                        ffi::fusion_kernels_error_string,
-                    )?,
-                ),
-            );
-        stream.synchronize()?;
-        Ok(__folded)
-    }
 }

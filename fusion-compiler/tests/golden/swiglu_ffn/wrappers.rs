@@ -11,6 +11,10 @@
     clippy::nursery
 )]
 mod ffi {
+    use fusion::abi::{
+        fusion_elementwise_params, fusion_fold_params, fusion_gemm_params,
+        fusion_norm_params, fusion_tile_resources,
+    };
     include!("fusion_ffi.rs");
 }
 ///The weights of [`SwigluFfn`], as device tensors: borrowed (`fusion::Tensor::new`) or, as `SwigluFfnWeights<'static, …>`, owned ([`Self::from_safetensors`], `fusion::Tensor::owned`). `new` checks each one's shape against the declaration.
@@ -38,27 +42,17 @@ impl<T: fusion::Element> SwigluFfnWeights<'static, T> {
         file: &fusion::TensorFile,
         names: &fusion::TensorNames,
     ) -> fusion::Result<Self> {
-        let mut __binder = fusion::weights::Binder::new(
-            &__swiglu_ffn::__GRAPH,
+        let [w_gate, w_up, w_down, b_down] = fusion::plan::load_weights(
+            &__swiglu_ffn::__PLAN,
+            stream,
             file,
             names,
-        );
-        __binder
-            .check::<
-                T,
-            >(
-                &[
-                    &__swiglu_ffn::__TENSOR_1,
-                    &__swiglu_ffn::__TENSOR_2,
-                    &__swiglu_ffn::__TENSOR_3,
-                    &__swiglu_ffn::__TENSOR_4,
-                ],
-            )?;
+        )?;
         Ok(Self {
-            w_gate: __binder.upload(stream, &__swiglu_ffn::__TENSOR_1)?,
-            w_up: __binder.upload(stream, &__swiglu_ffn::__TENSOR_2)?,
-            w_down: __binder.upload(stream, &__swiglu_ffn::__TENSOR_3)?,
-            b_down: __binder.upload(stream, &__swiglu_ffn::__TENSOR_4)?,
+            w_gate,
+            w_up,
+            w_down,
+            b_down,
         })
     }
 }
@@ -126,9 +120,11 @@ impl<'w, T: fusion::Element> SwigluFfn<'w, T> {
         stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
         weights: SwigluFfnWeights<'w, T>,
     ) -> fusion::Result<Self> {
-        let folded = __swiglu_ffn::fold_weights::<
-            T,
-        >(stream, &weights.w_gate, &weights.w_up, &weights.w_down, &weights.b_down)?;
+        let folded = fusion::plan::bind(
+            &__swiglu_ffn::__PLAN,
+            stream,
+            &[&weights.w_gate, &weights.w_up, &weights.w_down, &weights.b_down],
+        )?;
         Ok(Self {
             weights,
             folded,
@@ -146,9 +142,14 @@ impl<'w, T: fusion::Element> SwigluFfn<'w, T> {
         y: &mut fusion::TensorMut<'_, T>,
     ) -> fusion::Result<()> {
         let SwigluFfnWeights { w_gate, w_up, w_down, b_down } = &self.weights;
-        __swiglu_ffn::run::<
-            T,
-        >(&mut self.workspace, &self.folded, stream, x, w_gate, w_up, w_down, b_down, y)
+        fusion::plan::run(
+            &__swiglu_ffn::__PLAN,
+            &mut self.workspace,
+            &self.folded,
+            stream,
+            &[x, w_gate, w_up, w_down, b_down],
+            &mut [y],
+        )
     }
 }
 #[allow(dead_code, reason = "a crate may bind weights it made itself with `new`")]
@@ -183,186 +184,12 @@ impl<'w, T: fusion::Element> SwigluFfn<'w, T> {
     /// build script read, which this crate's fusion shares.
     #[must_use]
     #[allow(dead_code, reason = "accessors a crate may not call")]
-    #[allow(clippy::too_many_lines, reason = "one expression, a field per line")]
     pub fn graph() -> fusion::ir::Graph {
-        {
-            #[allow(
-                unused_imports,
-                reason = "the graph's ops may not need each of them"
-            )]
-            use fusion::ir::{
-                Activation, DType, DimDef, DimId, Extent, Graph, Op, OpKind, TensorDesc,
-                TensorId, TensorKind, WeightLayout,
-            };
-            use fusion::core::diagnostic::Span;
-            Graph {
-                name: "swiglu_ffn".to_owned(),
-                doc: Some(
-                    "Llama-3-8B SwiGLU feed-forward block: bias on the down projection, residual add."
-                        .to_owned(),
-                ),
-                dims: vec![
-                    DimDef {
-                        name: "M".to_owned(),
-                        size: None,
-                        span: Span::None,
-                    },
-                    DimDef {
-                        name: "D".to_owned(),
-                        size: Some(4096u64),
-                        span: Span::None,
-                    },
-                    DimDef {
-                        name: "F".to_owned(),
-                        size: Some(14336u64),
-                        span: Span::None,
-                    },
-                ],
-                tensors: vec![
-                    TensorDesc {
-                        name: "x".to_owned(),
-                        dtype: DType::F16,
-                        shape: vec![Extent::Dynamic(DimId(0)), Extent::Static(4096u64)],
-                        kind: TensorKind::Input,
-                        span: Span::None,
-                    },
-                    TensorDesc {
-                        name: "w_gate".to_owned(),
-                        dtype: DType::F16,
-                        shape: vec![Extent::Static(14336u64), Extent::Static(4096u64)],
-                        kind: TensorKind::Weight,
-                        span: Span::None,
-                    },
-                    TensorDesc {
-                        name: "w_up".to_owned(),
-                        dtype: DType::F16,
-                        shape: vec![Extent::Static(14336u64), Extent::Static(4096u64)],
-                        kind: TensorKind::Weight,
-                        span: Span::None,
-                    },
-                    TensorDesc {
-                        name: "w_down".to_owned(),
-                        dtype: DType::F16,
-                        shape: vec![Extent::Static(4096u64), Extent::Static(14336u64)],
-                        kind: TensorKind::Weight,
-                        span: Span::None,
-                    },
-                    TensorDesc {
-                        name: "b_down".to_owned(),
-                        dtype: DType::F16,
-                        shape: vec![Extent::Static(4096u64)],
-                        kind: TensorKind::Weight,
-                        span: Span::None,
-                    },
-                    TensorDesc {
-                        name: "%1".to_owned(),
-                        dtype: DType::F16,
-                        shape: vec![Extent::Dynamic(DimId(0)), Extent::Static(14336u64)],
-                        kind: TensorKind::Intermediate,
-                        span: Span::None,
-                    },
-                    TensorDesc {
-                        name: "gate".to_owned(),
-                        dtype: DType::F16,
-                        shape: vec![Extent::Dynamic(DimId(0)), Extent::Static(14336u64)],
-                        kind: TensorKind::Intermediate,
-                        span: Span::None,
-                    },
-                    TensorDesc {
-                        name: "%3".to_owned(),
-                        dtype: DType::F16,
-                        shape: vec![Extent::Dynamic(DimId(0)), Extent::Static(14336u64)],
-                        kind: TensorKind::Intermediate,
-                        span: Span::None,
-                    },
-                    TensorDesc {
-                        name: "h".to_owned(),
-                        dtype: DType::F16,
-                        shape: vec![Extent::Dynamic(DimId(0)), Extent::Static(14336u64)],
-                        kind: TensorKind::Intermediate,
-                        span: Span::None,
-                    },
-                    TensorDesc {
-                        name: "%5".to_owned(),
-                        dtype: DType::F16,
-                        shape: vec![Extent::Dynamic(DimId(0)), Extent::Static(4096u64)],
-                        kind: TensorKind::Intermediate,
-                        span: Span::None,
-                    },
-                    TensorDesc {
-                        name: "%6".to_owned(),
-                        dtype: DType::F16,
-                        shape: vec![Extent::Dynamic(DimId(0)), Extent::Static(4096u64)],
-                        kind: TensorKind::Intermediate,
-                        span: Span::None,
-                    },
-                    TensorDesc {
-                        name: "y".to_owned(),
-                        dtype: DType::F16,
-                        shape: vec![Extent::Dynamic(DimId(0)), Extent::Static(4096u64)],
-                        kind: TensorKind::Output,
-                        span: Span::None,
-                    },
-                ],
-                ops: vec![
-                    Op {
-                        kind: OpKind::MatMul {
-                            b_layout: WeightLayout::NK,
-                        },
-                        inputs: vec![TensorId(0), TensorId(1)],
-                        output: TensorId(5),
-                        span: Span::None,
-                    },
-                    Op {
-                        kind: OpKind::Activation(
-                            Activation::named("silu")
-                                .expect("the build script's op table has this activation"),
-                        ),
-                        inputs: vec![TensorId(5)],
-                        output: TensorId(6),
-                        span: Span::None,
-                    },
-                    Op {
-                        kind: OpKind::MatMul {
-                            b_layout: WeightLayout::NK,
-                        },
-                        inputs: vec![TensorId(0), TensorId(2)],
-                        output: TensorId(7),
-                        span: Span::None,
-                    },
-                    Op {
-                        kind: OpKind::Mul,
-                        inputs: vec![TensorId(6), TensorId(7)],
-                        output: TensorId(8),
-                        span: Span::None,
-                    },
-                    Op {
-                        kind: OpKind::MatMul {
-                            b_layout: WeightLayout::NK,
-                        },
-                        inputs: vec![TensorId(8), TensorId(3)],
-                        output: TensorId(9),
-                        span: Span::None,
-                    },
-                    Op {
-                        kind: OpKind::BiasAdd,
-                        inputs: vec![TensorId(9), TensorId(4)],
-                        output: TensorId(10),
-                        span: Span::None,
-                    },
-                    Op {
-                        kind: OpKind::Add,
-                        inputs: vec![TensorId(10), TensorId(0)],
-                        output: TensorId(11),
-                        span: Span::None,
-                    },
-                ],
-                inputs: vec![TensorId(0)],
-                weights: vec![TensorId(1), TensorId(2), TensorId(3), TensorId(4)],
-                outputs: vec![TensorId(11)],
-            }
-        }
+        fusion::plan::graph(&__swiglu_ffn::__PLAN, &__swiglu_ffn::__DECLARED)
     }
+    /// The plan this struct runs, as data (`fusion::plan`).
+    #[doc(hidden)]
+    pub const PLAN: &'static fusion::plan::PlanTable = &__swiglu_ffn::__PLAN;
     /// The bound weights.
     #[must_use]
     pub fn weights(&self) -> &SwigluFfnWeights<'w, T> {
@@ -375,431 +202,126 @@ impl<'w, T: fusion::Element> SwigluFfn<'w, T> {
         &self.workspace
     }
 }
-#[allow(
-    unreachable_code,
-    unused_variables,
-    unused_mut,
-    dead_code,
-    clippy::all,
-    clippy::pedantic,
-    clippy::nursery
-)]
+#[allow(dead_code, unused_imports, clippy::all, clippy::pedantic, clippy::nursery)]
 mod __swiglu_ffn {
     use super::ffi;
+    use fusion::core::ir::DType;
+    use fusion::launch::Dim::{Dynamic, Static};
+    use fusion::launch::TensorDecl;
+    use fusion::plan::{Bind, GemmOp, KernelEntry, KernelOp, Launchers, OpCode};
+    use fusion::Arch;
+    const _: () = fusion::plan::expect_schema(1);
     pub(super) static __GRAPH: fusion::launch::GraphDecl = fusion::launch::GraphDecl {
         name: "swiglu_ffn",
         dims: &["M"],
     };
-    pub(super) const __TENSOR_0: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
-        name: "x",
-        shape: &[
-            fusion::launch::Dim::Dynamic(0usize),
-            fusion::launch::Dim::Static(4096usize),
+    pub(super) static __PLAN: fusion::plan::PlanTable = fusion::plan::PlanTable {
+        schema: 1,
+        graph: &__GRAPH,
+        tensors: &[
+            TensorDecl::new("x", &[Dynamic(0), Static(4096)]),
+            TensorDecl::new("w_gate", &[Static(14336), Static(4096)]),
+            TensorDecl::new("w_up", &[Static(14336), Static(4096)]),
+            TensorDecl::new("w_down", &[Static(4096), Static(14336)]),
+            TensorDecl::new("b_down", &[Static(4096)]),
+            TensorDecl::new("%1", &[Dynamic(0), Static(14336)]),
+            TensorDecl::new("gate", &[Dynamic(0), Static(14336)]),
+            TensorDecl::new("%3", &[Dynamic(0), Static(14336)]),
+            TensorDecl::new("h", &[Dynamic(0), Static(14336)]),
+            TensorDecl::new("%5", &[Dynamic(0), Static(4096)]),
+            TensorDecl::new("%6", &[Dynamic(0), Static(4096)]),
+            TensorDecl::new("y", &[Dynamic(0), Static(4096)]),
+        ],
+        inputs: &[0],
+        weights: &[1, 2, 3, 4],
+        outputs: &[11],
+        temporaries: &[8],
+        kernels: &[
+            KernelEntry {
+                label: "kernel #0 (gemm_silu_glu)",
+                output: 8,
+                op: KernelOp::Gemm(GemmOp {
+                    a: Some(0),
+                    b: Some(1),
+                    b_up: Some(2),
+                    bind: Bind::Fold(fusion::plan::Fold::Interleave),
+                    ..GemmOp::EMPTY
+                }),
+                launchers: Launchers::Gemm {
+                    launch: &[
+                        ffi::fusion_kernels_gemm_silu_glu_nk_f16_sm80,
+                        ffi::fusion_kernels_gemm_silu_glu_nk_f16_sm90,
+                        ffi::fusion_kernels_gemm_silu_glu_nk_bf16_sm80,
+                        ffi::fusion_kernels_gemm_silu_glu_nk_bf16_sm90,
+                    ],
+                    query: &[
+                        ffi::fusion_kernels_gemm_silu_glu_nk_f16_sm80_workspace_bytes,
+                        ffi::fusion_kernels_gemm_silu_glu_nk_f16_sm90_workspace_bytes,
+                        ffi::fusion_kernels_gemm_silu_glu_nk_bf16_sm80_workspace_bytes,
+                        ffi::fusion_kernels_gemm_silu_glu_nk_bf16_sm90_workspace_bytes,
+                    ],
+                    folded: &[],
+                    fold: &[
+                        ffi::fusion_kernels_gemm_silu_glu_nk_f16_sm80_fold_weights,
+                        ffi::fusion_kernels_gemm_silu_glu_nk_f16_sm90_fold_weights,
+                        ffi::fusion_kernels_gemm_silu_glu_nk_bf16_sm80_fold_weights,
+                        ffi::fusion_kernels_gemm_silu_glu_nk_bf16_sm90_fold_weights,
+                    ],
+                },
+            },
+            KernelEntry {
+                label: "kernel #1 (gemm_bias_residual)",
+                output: 11,
+                op: KernelOp::Gemm(GemmOp {
+                    a: Some(8),
+                    b: Some(3),
+                    bias: Some(4),
+                    residual: Some(0),
+                    bind: Bind::Pad,
+                    ..GemmOp::EMPTY
+                }),
+                launchers: Launchers::Gemm {
+                    launch: &[
+                        ffi::fusion_kernels_gemm_bias_residual_nk_f16_sm80,
+                        ffi::fusion_kernels_gemm_bias_residual_nk_f16_sm90,
+                        ffi::fusion_kernels_gemm_bias_residual_nk_bf16_sm80,
+                        ffi::fusion_kernels_gemm_bias_residual_nk_bf16_sm90,
+                    ],
+                    query: &[
+                        ffi::fusion_kernels_gemm_bias_residual_nk_f16_sm80_workspace_bytes,
+                        ffi::fusion_kernels_gemm_bias_residual_nk_f16_sm90_workspace_bytes,
+                        ffi::fusion_kernels_gemm_bias_residual_nk_bf16_sm80_workspace_bytes,
+                        ffi::fusion_kernels_gemm_bias_residual_nk_bf16_sm90_workspace_bytes,
+                    ],
+                    folded: &[],
+                    fold: &[],
+                },
+            },
+        ],
+        variants: &[
+            (DType::F16, Arch::Sm80),
+            (DType::F16, Arch::Sm90),
+            (DType::BF16, Arch::Sm80),
+            (DType::BF16, Arch::Sm90),
+        ],
+        error_string: Some(ffi::fusion_kernels_error_string),
+        archs: Some(&[Arch::Sm80, Arch::Sm90]),
+        compiled: "f16 on sm80, sm90; bf16 on sm80, sm90",
+    };
+    pub(super) static __DECLARED: fusion::plan::DeclaredGraph = fusion::plan::DeclaredGraph {
+        doc: Some(
+            "Llama-3-8B SwiGLU feed-forward block: bias on the down projection, residual add.",
+        ),
+        dims: &[("M", None), ("D", Some(4096)), ("F", Some(14336))],
+        dtypes: &[DType::F16; 12],
+        ops: &[
+            (OpCode::MatMul(fusion::ir::WeightLayout::NK), &[0, 1], 5),
+            (OpCode::Activation("silu"), &[5], 6),
+            (OpCode::MatMul(fusion::ir::WeightLayout::NK), &[0, 2], 7),
+            (OpCode::Mul, &[6, 7], 8),
+            (OpCode::MatMul(fusion::ir::WeightLayout::NK), &[8, 3], 9),
+            (OpCode::BiasAdd, &[9, 4], 10),
+            (OpCode::Add, &[10, 0], 11),
         ],
     };
-    pub(super) const __TENSOR_1: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
-        name: "w_gate",
-        shape: &[
-            fusion::launch::Dim::Static(14336usize),
-            fusion::launch::Dim::Static(4096usize),
-        ],
-    };
-    pub(super) const __TENSOR_2: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
-        name: "w_up",
-        shape: &[
-            fusion::launch::Dim::Static(14336usize),
-            fusion::launch::Dim::Static(4096usize),
-        ],
-    };
-    pub(super) const __TENSOR_3: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
-        name: "w_down",
-        shape: &[
-            fusion::launch::Dim::Static(4096usize),
-            fusion::launch::Dim::Static(14336usize),
-        ],
-    };
-    pub(super) const __TENSOR_4: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
-        name: "b_down",
-        shape: &[fusion::launch::Dim::Static(4096usize)],
-    };
-    pub(super) const __TENSOR_5: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
-        name: "%1",
-        shape: &[
-            fusion::launch::Dim::Dynamic(0usize),
-            fusion::launch::Dim::Static(14336usize),
-        ],
-    };
-    pub(super) const __TENSOR_6: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
-        name: "gate",
-        shape: &[
-            fusion::launch::Dim::Dynamic(0usize),
-            fusion::launch::Dim::Static(14336usize),
-        ],
-    };
-    pub(super) const __TENSOR_7: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
-        name: "%3",
-        shape: &[
-            fusion::launch::Dim::Dynamic(0usize),
-            fusion::launch::Dim::Static(14336usize),
-        ],
-    };
-    pub(super) const __TENSOR_8: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
-        name: "h",
-        shape: &[
-            fusion::launch::Dim::Dynamic(0usize),
-            fusion::launch::Dim::Static(14336usize),
-        ],
-    };
-    pub(super) const __TENSOR_9: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
-        name: "%5",
-        shape: &[
-            fusion::launch::Dim::Dynamic(0usize),
-            fusion::launch::Dim::Static(4096usize),
-        ],
-    };
-    pub(super) const __TENSOR_10: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
-        name: "%6",
-        shape: &[
-            fusion::launch::Dim::Dynamic(0usize),
-            fusion::launch::Dim::Static(4096usize),
-        ],
-    };
-    pub(super) const __TENSOR_11: fusion::launch::TensorDecl = fusion::launch::TensorDecl {
-        name: "y",
-        shape: &[
-            fusion::launch::Dim::Dynamic(0usize),
-            fusion::launch::Dim::Static(4096usize),
-        ],
-    };
-    pub(super) fn run<T: fusion::Element>(
-        __workspace: &mut fusion::launch::Workspace,
-        __folded: &[Option<fusion::launch::FoldedWeights>],
-        stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
-        x: &fusion::Tensor<'_, T>,
-        w_gate: &fusion::Tensor<'_, T>,
-        w_up: &fusion::Tensor<'_, T>,
-        w_down: &fusion::Tensor<'_, T>,
-        b_down: &fusion::Tensor<'_, T>,
-        y: &mut fusion::TensorMut<'_, T>,
-    ) -> fusion::Result<()> {
-        let __dtype = <T as fusion::Element>::DTYPE;
-        let __arch = fusion::device::arch_among(
-            stream,
-            &[fusion::Arch::Sm80, fusion::Arch::Sm90],
-        )?;
-        let __launcher_0: (
-            fusion::launch::Launcher<ffi::fusion_gemm_params>,
-            fusion::launch::WorkspaceBytes<ffi::fusion_gemm_params>,
-        ) = match (__dtype, __arch) {
-            (fusion::core::ir::DType::F16, fusion::Arch::Sm80) => {
-                (
-                    ffi::fusion_kernels_gemm_silu_glu_nk_f16_sm80
-                        as fusion::launch::Launcher<ffi::fusion_gemm_params>,
-                    ffi::fusion_kernels_gemm_silu_glu_nk_f16_sm80_workspace_bytes
-                        as fusion::launch::WorkspaceBytes<ffi::fusion_gemm_params>,
-                )
-            }
-            (fusion::core::ir::DType::F16, fusion::Arch::Sm90) => {
-                (
-                    ffi::fusion_kernels_gemm_silu_glu_nk_f16_sm90
-                        as fusion::launch::Launcher<ffi::fusion_gemm_params>,
-                    ffi::fusion_kernels_gemm_silu_glu_nk_f16_sm90_workspace_bytes
-                        as fusion::launch::WorkspaceBytes<ffi::fusion_gemm_params>,
-                )
-            }
-            (fusion::core::ir::DType::BF16, fusion::Arch::Sm80) => {
-                (
-                    ffi::fusion_kernels_gemm_silu_glu_nk_bf16_sm80
-                        as fusion::launch::Launcher<ffi::fusion_gemm_params>,
-                    ffi::fusion_kernels_gemm_silu_glu_nk_bf16_sm80_workspace_bytes
-                        as fusion::launch::WorkspaceBytes<ffi::fusion_gemm_params>,
-                )
-            }
-            (fusion::core::ir::DType::BF16, fusion::Arch::Sm90) => {
-                (
-                    ffi::fusion_kernels_gemm_silu_glu_nk_bf16_sm90
-                        as fusion::launch::Launcher<ffi::fusion_gemm_params>,
-                    ffi::fusion_kernels_gemm_silu_glu_nk_bf16_sm90_workspace_bytes
-                        as fusion::launch::WorkspaceBytes<ffi::fusion_gemm_params>,
-                )
-            }
-            _ => {
-                return Err(
-                    fusion::launch::not_compiled(
-                        "swiglu_ffn",
-                        __dtype,
-                        __arch,
-                        "f16 on sm80, sm90; bf16 on sm80, sm90",
-                    ),
-                );
-            }
-        };
-        let __launcher_1: (
-            fusion::launch::Launcher<ffi::fusion_gemm_params>,
-            fusion::launch::WorkspaceBytes<ffi::fusion_gemm_params>,
-        ) = match (__dtype, __arch) {
-            (fusion::core::ir::DType::F16, fusion::Arch::Sm80) => {
-                (
-                    ffi::fusion_kernels_gemm_bias_residual_nk_f16_sm80
-                        as fusion::launch::Launcher<ffi::fusion_gemm_params>,
-                    ffi::fusion_kernels_gemm_bias_residual_nk_f16_sm80_workspace_bytes
-                        as fusion::launch::WorkspaceBytes<ffi::fusion_gemm_params>,
-                )
-            }
-            (fusion::core::ir::DType::F16, fusion::Arch::Sm90) => {
-                (
-                    ffi::fusion_kernels_gemm_bias_residual_nk_f16_sm90
-                        as fusion::launch::Launcher<ffi::fusion_gemm_params>,
-                    ffi::fusion_kernels_gemm_bias_residual_nk_f16_sm90_workspace_bytes
-                        as fusion::launch::WorkspaceBytes<ffi::fusion_gemm_params>,
-                )
-            }
-            (fusion::core::ir::DType::BF16, fusion::Arch::Sm80) => {
-                (
-                    ffi::fusion_kernels_gemm_bias_residual_nk_bf16_sm80
-                        as fusion::launch::Launcher<ffi::fusion_gemm_params>,
-                    ffi::fusion_kernels_gemm_bias_residual_nk_bf16_sm80_workspace_bytes
-                        as fusion::launch::WorkspaceBytes<ffi::fusion_gemm_params>,
-                )
-            }
-            (fusion::core::ir::DType::BF16, fusion::Arch::Sm90) => {
-                (
-                    ffi::fusion_kernels_gemm_bias_residual_nk_bf16_sm90
-                        as fusion::launch::Launcher<ffi::fusion_gemm_params>,
-                    ffi::fusion_kernels_gemm_bias_residual_nk_bf16_sm90_workspace_bytes
-                        as fusion::launch::WorkspaceBytes<ffi::fusion_gemm_params>,
-                )
-            }
-            _ => {
-                return Err(
-                    fusion::launch::not_compiled(
-                        "swiglu_ffn",
-                        __dtype,
-                        __arch,
-                        "f16 on sm80, sm90; bf16 on sm80, sm90",
-                    ),
-                );
-            }
-        };
-        let mut __call = fusion::launch::Call::new(&__GRAPH, stream);
-        let __ptr_0 = __call.input(&__TENSOR_0, x)?;
-        let __ptr_1 = __call.input(&__TENSOR_1, w_gate)?;
-        let __ptr_2 = __call.input(&__TENSOR_2, w_up)?;
-        let __ptr_3 = __call.input(&__TENSOR_3, w_down)?;
-        let __ptr_4 = __call.input(&__TENSOR_4, b_down)?;
-        let __ptr_11 = __call.output(&__TENSOR_11, y)?;
-        __call.check_aliasing()?;
-        if __call.is_empty() {
-            return Ok(());
-        }
-        let (__intermediates, __scratch, __use) = __workspace.begin_call(stream)?;
-        let [__ptr_8] = __call.intermediates::<T>(__intermediates, &[&__TENSOR_8])?[..]
-        else { unreachable!("one buffer per intermediate") };
-        let __gemm_flags = __call
-            .gemm_flags(ffi::FUSION_GEMM_NO_STREAM_K, ffi::FUSION_GEMM_STATIC_TILES)?;
-        let mut __params_0 = {
-            let (m, k) = __call.reduced_matrix(&__TENSOR_0, &__TENSOR_8)?;
-            let n = __call.matrix(&__TENSOR_8)?.1;
-            ffi::fusion_gemm_params {
-                a: __ptr_0 as *const core::ffi::c_void,
-                b: __ptr_1 as *const core::ffi::c_void,
-                b_up: __ptr_2 as *const core::ffi::c_void,
-                c: __ptr_8 as *mut core::ffi::c_void,
-                bias: core::ptr::null(),
-                residual: core::ptr::null(),
-                multiplier: core::ptr::null(),
-                gamma: core::ptr::null(),
-                beta: core::ptr::null(),
-                col_terms: core::ptr::null(),
-                m,
-                n,
-                k,
-                ldb: 0,
-                eps: 0f32,
-                flags: __gemm_flags,
-                workspace: core::ptr::null_mut(),
-                workspace_bytes: 0,
-            }
-        };
-        if let Some(__weights) = __folded.get(0usize).and_then(Option::as_ref) {
-            let (b, col_terms, ldb) = __call.folded(__weights);
-            __params_0.b = b as *const core::ffi::c_void;
-            __params_0.ldb = ldb;
-            __params_0.b_up = core::ptr::null();
-            __params_0.col_terms = col_terms as *const core::ffi::c_void;
-        }
-        let mut __params_1 = {
-            let (m, k) = __call.reduced_matrix(&__TENSOR_8, &__TENSOR_11)?;
-            let n = __call.matrix(&__TENSOR_11)?.1;
-            ffi::fusion_gemm_params {
-                a: __ptr_8 as *const core::ffi::c_void,
-                b: __ptr_3 as *const core::ffi::c_void,
-                b_up: core::ptr::null(),
-                c: __ptr_11 as *mut core::ffi::c_void,
-                bias: __ptr_4 as *const core::ffi::c_void,
-                residual: __ptr_0 as *const core::ffi::c_void,
-                multiplier: core::ptr::null(),
-                gamma: core::ptr::null(),
-                beta: core::ptr::null(),
-                col_terms: core::ptr::null(),
-                m,
-                n,
-                k,
-                ldb: 0,
-                eps: 0f32,
-                flags: __gemm_flags,
-                workspace: core::ptr::null_mut(),
-                workspace_bytes: 0,
-            }
-        };
-        if let Some(__weights) = __folded.get(1usize).and_then(Option::as_ref) {
-            let (b, _, ldb) = __call.folded(__weights);
-            __params_1.b = b as *const core::ffi::c_void;
-            __params_1.ldb = ldb;
-        }
-        let mut __scratch_bytes = 0u64;
-        __scratch_bytes = __scratch_bytes
-            .max(
-                __call
-                    .workspace_bytes(
-                        "kernel #0 (gemm_silu_glu)",
-                        __launcher_0.1,
-                        &__params_0,
-                        ffi::fusion_kernels_error_string,
-                    )?,
-            );
-        __scratch_bytes = __scratch_bytes
-            .max(
-                __call
-                    .workspace_bytes(
-                        "kernel #1 (gemm_bias_residual)",
-                        __launcher_1.1,
-                        &__params_1,
-                        ffi::fusion_kernels_error_string,
-                    )?,
-            );
-        let (__scratch_ptr, __scratch_len) = __call.scratch(__scratch, __scratch_bytes)?;
-        __params_0.workspace = __scratch_ptr;
-        __params_0.workspace_bytes = __scratch_len;
-        __params_1.workspace = __scratch_ptr;
-        __params_1.workspace_bytes = __scratch_len;
-        if __call.has_elements(&__TENSOR_8)? {
-            let __code = unsafe { __launcher_0.0(&__params_0, __call.stream_ptr()) };
-            __call
-                .launched(
-                    "kernel #0 (gemm_silu_glu)",
-                    __code,
-                    ffi::fusion_kernels_error_string,
-                )?;
-        }
-        if __call.has_elements(&__TENSOR_11)? {
-            let __code = unsafe { __launcher_1.0(&__params_1, __call.stream_ptr()) };
-            __call
-                .launched(
-                    "kernel #1 (gemm_bias_residual)",
-                    __code,
-                    ffi::fusion_kernels_error_string,
-                )?;
-        }
-        __use.finish()
-    }
-    /// Checks the weights and prepares each kernel's where it can
-    /// (`fusion::launch::FoldedWeights`: a norm folded in, a gated
-    /// pair interleaved, rows padded): one entry per kernel of the
-    /// plan. Returns once that ran.
-    pub(super) fn fold_weights<T: fusion::Element>(
-        stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
-        w_gate: &fusion::Tensor<'_, T>,
-        w_up: &fusion::Tensor<'_, T>,
-        w_down: &fusion::Tensor<'_, T>,
-        b_down: &fusion::Tensor<'_, T>,
-    ) -> fusion::Result<Vec<Option<fusion::launch::FoldedWeights>>> {
-        let __dtype = <T as fusion::Element>::DTYPE;
-        let __arch = fusion::device::arch_among(
-            stream,
-            &[fusion::Arch::Sm80, fusion::Arch::Sm90],
-        )?;
-        let mut __call = fusion::launch::Call::new(&__GRAPH, stream);
-        let __ptr_1 = __call.input(&__TENSOR_1, w_gate)?;
-        let __ptr_2 = __call.input(&__TENSOR_2, w_up)?;
-        let __ptr_3 = __call.input(&__TENSOR_3, w_down)?;
-        let __ptr_4 = __call.input(&__TENSOR_4, b_down)?;
-        let mut __folded = Vec::new();
-        let __fold: fusion::launch::FoldWeights<ffi::fusion_fold_params> = match (
-            __dtype,
-            __arch,
-        ) {
-            (fusion::core::ir::DType::F16, fusion::Arch::Sm80) => {
-                ffi::fusion_kernels_gemm_silu_glu_nk_f16_sm80_fold_weights
-                    as fusion::launch::FoldWeights<ffi::fusion_fold_params>
-            }
-            (fusion::core::ir::DType::F16, fusion::Arch::Sm90) => {
-                ffi::fusion_kernels_gemm_silu_glu_nk_f16_sm90_fold_weights
-                    as fusion::launch::FoldWeights<ffi::fusion_fold_params>
-            }
-            (fusion::core::ir::DType::BF16, fusion::Arch::Sm80) => {
-                ffi::fusion_kernels_gemm_silu_glu_nk_bf16_sm80_fold_weights
-                    as fusion::launch::FoldWeights<ffi::fusion_fold_params>
-            }
-            (fusion::core::ir::DType::BF16, fusion::Arch::Sm90) => {
-                ffi::fusion_kernels_gemm_silu_glu_nk_bf16_sm90_fold_weights
-                    as fusion::launch::FoldWeights<ffi::fusion_fold_params>
-            }
-            _ => {
-                return Err(
-                    fusion::launch::not_compiled(
-                        "swiglu_ffn",
-                        __dtype,
-                        __arch,
-                        "f16 on sm80, sm90; bf16 on sm80, sm90",
-                    ),
-                );
-            }
-        };
-        let (rows, cols) = __call.matrix(&__TENSOR_1)?;
-        let (n, k) = (rows, cols);
-        let stream_ptr = __call.stream_ptr();
-        __folded
-            .push(
-                Some(
-                    fusion::launch::FoldedWeights::fold(
-                        &__call,
-                        "kernel #0 (gemm_silu_glu)",
-                        __arch,
-                        (2i64 * rows, cols),
-                        core::mem::size_of::<T>(),
-                        0,
-                        |w_folded, col_terms, ld_folded| {
-                            let params = ffi::fusion_fold_params {
-                                w: __ptr_1 as *const core::ffi::c_void,
-                                w_up: __ptr_2 as *const core::ffi::c_void,
-                                gamma: core::ptr::null(),
-                                beta: core::ptr::null(),
-                                w_folded,
-                                col_terms,
-                                n,
-                                k,
-                                ld_folded,
-                            };
-                            unsafe { __fold(&params, stream_ptr) }
-                        },
-                        ffi::fusion_kernels_error_string,
-                    )?,
-                ),
-            );
-        let (rows, cols) = __call.matrix(&__TENSOR_3)?;
-        __folded
-            .push(
-                fusion::launch::FoldedWeights::pad(
-                    &__call,
-                    "kernel #1 (gemm_bias_residual)",
-                    __arch,
-                    __ptr_3,
-                    (rows, cols),
-                    core::mem::size_of::<T>(),
-                )?,
-            );
-        stream.synchronize()?;
-        Ok(__folded)
-    }
 }

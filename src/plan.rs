@@ -1,0 +1,901 @@
+//! A graph's plan as data, and the one executor that runs any such plan.
+//!
+//! The build writes a [`PlanTable`] per graph (`static` data in the
+//! generated wrappers): the kernels in order, each with the operand of every
+//! pointer field of its params struct, what binding the weights computes
+//! for it (a norm folded into its weight, a gated pair interleaved, rows
+//! padded), the intermediates the workspace holds, and per (dtype, arch)
+//! the launchers compiled for it. `fusion run` builds the same table at run
+//! time from a plan it renders and loads. [`bind`] and [`run`] then do what
+//! a call does for every graph, whoever made the table: every check of
+//! [`crate::launch::Call`], the workspace, the params ([`fill`], which needs
+//! no device) and the launches.
+//!
+//! Not the API users call (they call the generated structs); public so that
+//! generated code in another crate and the command-line tools reach it.
+
+use crate::abi::{
+    ErrorString, FUSION_ELEMENTWISE_MAX_STEPS, FUSION_GEMM_NO_STREAM_K, FUSION_GEMM_STATIC_TILES,
+    FoldWeights, Launcher, WorkspaceBytes, fusion_elementwise_params, fusion_fold_params, fusion_gemm_params,
+    fusion_norm_params,
+};
+use crate::device::Arch;
+use crate::error::{Error, Result};
+use crate::launch::{Call, FoldedWeights, GraphDecl, TensorDecl, Workspace, not_compiled};
+use crate::tensor::{Element, Tensor, TensorMut};
+use crate::weights::{Binder, TensorFile, TensorNames};
+use cudarc::driver::CudaStream;
+use fusion_compiler::ir::{DType, WeightLayout};
+use std::ffi::c_void;
+use std::sync::Arc;
+
+/// The version of [`PlanTable`]'s layout and of the launcher ABI
+/// ([`crate::abi`]) its launchers take. Generated code asserts it at compile
+/// time ([`expect_schema`]); [`run`] and [`bind`] refuse a table of another
+/// ([`Error::PlanSchema`]).
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// Fails the build of generated code written for another schema: generated
+/// code says `const _: () = fusion::plan::expect_schema(1);`.
+///
+/// # Panics
+///
+/// At compile time, where `version` is not [`SCHEMA_VERSION`].
+pub const fn expect_schema(version: u32) {
+    assert!(
+        version == SCHEMA_VERSION,
+        "this generated code was written for another version of fusion's plan tables: rebuild it with the \
+         fusion-compiler that matches this fusion"
+    );
+}
+
+/// One graph's plan, as its kernels are called.
+#[derive(Debug)]
+pub struct PlanTable {
+    /// [`SCHEMA_VERSION`] of the code that wrote it.
+    pub schema: u32,
+    pub graph: &'static GraphDecl,
+    /// Every tensor of the graph, by tensor id.
+    pub tensors: &'static [TensorDecl],
+    /// Tensor ids of the inputs, the weights and the outputs, in the order
+    /// calls pass them (inputs, then weights, then outputs).
+    pub inputs: &'static [usize],
+    pub weights: &'static [usize],
+    pub outputs: &'static [usize],
+    /// The intermediates written between kernels: a workspace buffer each.
+    pub temporaries: &'static [usize],
+    pub kernels: &'static [KernelEntry],
+    /// The (dtype, arch) of each kernel's launchers, index for index.
+    pub variants: &'static [(DType, Arch)],
+    /// The library's `<lib>_error_string`; `None` where no launcher was
+    /// compiled.
+    pub error_string: Option<ErrorString>,
+    /// The generations the launchers were compiled for; `None`: none were
+    /// (a build without nvcc), and a call fails as the run time's own
+    /// dispatch would.
+    pub archs: Option<&'static [Arch]>,
+    /// What was compiled, for [`not_compiled`]: `f16 on sm80, sm90`.
+    pub compiled: &'static str,
+}
+
+/// One kernel of the plan.
+#[derive(Debug)]
+pub struct KernelEntry {
+    /// `kernel #0 (gemm_bias_gelu)`, as errors name it.
+    pub label: &'static str,
+    /// The tensor it writes.
+    pub output: usize,
+    pub op: KernelOp,
+    /// Its launchers, one per [`PlanTable::variants`].
+    pub launchers: Launchers,
+}
+
+/// What a kernel computes, as the fields of its params struct take it:
+/// each operand is a tensor id, `None` for a null pointer.
+#[derive(Debug)]
+pub enum KernelOp {
+    Gemm(GemmOp),
+    Norm {
+        x: Option<usize>,
+        gamma: Option<usize>,
+        beta: Option<usize>,
+        eps: f32,
+    },
+    Elementwise {
+        x: Option<usize>,
+        /// Step i's operand at index i (abi.h).
+        operands: [Option<usize>; FUSION_ELEMENTWISE_MAX_STEPS],
+    },
+}
+
+/// A GEMM: the operand of each pointer field of `fusion_gemm_params`.
+#[derive(Clone, Copy, Debug)]
+pub struct GemmOp {
+    pub a: Option<usize>,
+    pub b: Option<usize>,
+    pub b_up: Option<usize>,
+    pub bias: Option<usize>,
+    pub residual: Option<usize>,
+    pub multiplier: Option<usize>,
+    pub gamma: Option<usize>,
+    pub beta: Option<usize>,
+    /// The norm prologue's epsilon (0 without one).
+    pub eps: f32,
+    /// How B is stored.
+    pub b_layout: WeightLayout,
+    /// What binding the weights computes for it.
+    pub bind: Bind,
+}
+
+impl GemmOp {
+    /// No operand, no norm, `[N, K]` weights, nothing bound: what a table
+    /// entry's fields start from (`..GemmOp::EMPTY`).
+    pub const EMPTY: GemmOp = GemmOp {
+        a: None,
+        b: None,
+        b_up: None,
+        bias: None,
+        residual: None,
+        multiplier: None,
+        gamma: None,
+        beta: None,
+        eps: 0.0,
+        b_layout: WeightLayout::NK,
+        bind: Bind::Nothing,
+    };
+}
+
+/// What a graph struct computes once for a GEMM when it binds the weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bind {
+    /// Nothing: B is not a weight.
+    Nothing,
+    /// B is a plain bound weight, copied with its rows padded where that
+    /// reads faster ([`FoldedWeights::pad`]).
+    Pad,
+    /// `_fold_weights` prepares B (the kernel then reads it with `b_up`
+    /// null).
+    Fold(Fold),
+}
+
+/// What `_fold_weights` does to a GEMM's bound weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fold {
+    /// The norm prologue folded into B (the kernel then runs its folded
+    /// launcher).
+    Norm,
+    /// A gated pair's gate and up weights interleaved into one.
+    Interleave,
+    /// Both: the norm folded into the interleaved pair.
+    NormInterleave,
+}
+
+impl Fold {
+    fn norm(self) -> bool {
+        matches!(self, Fold::Norm | Fold::NormInterleave)
+    }
+    fn gated(self) -> bool {
+        matches!(self, Fold::Interleave | Fold::NormInterleave)
+    }
+}
+
+/// A kernel's launchers, one per (dtype, arch) of [`PlanTable::variants`].
+#[derive(Clone, Copy, Debug)]
+pub enum Launchers {
+    Gemm {
+        launch: &'static [Launcher<fusion_gemm_params>],
+        query: &'static [WorkspaceBytes<fusion_gemm_params>],
+        /// The folded form's launcher and query, for a kernel whose norm
+        /// folds into its weight (else empty).
+        folded: &'static [(Launcher<fusion_gemm_params>, WorkspaceBytes<fusion_gemm_params>)],
+        /// `_fold_weights`, for a kernel that prepares its weights (else
+        /// empty).
+        fold: &'static [FoldWeights<fusion_fold_params>],
+    },
+    Norm(&'static [Launcher<fusion_norm_params>]),
+    Elementwise(&'static [Launcher<fusion_elementwise_params>]),
+}
+
+/// One kernel's launchers for the call's (dtype, arch).
+#[derive(Clone, Copy, Debug)]
+enum Launch {
+    Gemm {
+        launch: Launcher<fusion_gemm_params>,
+        query: WorkspaceBytes<fusion_gemm_params>,
+        folded: Option<(Launcher<fusion_gemm_params>, WorkspaceBytes<fusion_gemm_params>)>,
+        fold: Option<FoldWeights<fusion_fold_params>>,
+    },
+    Norm(Launcher<fusion_norm_params>),
+    Elementwise(Launcher<fusion_elementwise_params>),
+}
+
+impl Launchers {
+    /// The launchers of variant `index`.
+    fn get(&self, index: usize) -> Launch {
+        match *self {
+            Launchers::Gemm {
+                launch,
+                query,
+                folded,
+                fold,
+            } => Launch::Gemm {
+                launch: launch[index],
+                query: query[index],
+                folded: folded.get(index).copied(),
+                fold: fold.get(index).copied(),
+            },
+            Launchers::Norm(launch) => Launch::Norm(launch[index]),
+            Launchers::Elementwise(launch) => Launch::Elementwise(launch[index]),
+        }
+    }
+}
+
+/// What a generated struct's `graph()` returns, beside its plan table
+/// (which has the tensors' names and shapes): the rest of the graph as the
+/// build script checked it.
+#[derive(Debug)]
+pub struct DeclaredGraph {
+    pub doc: Option<&'static str>,
+    /// Every dim in declaration order, `None` for a dynamic one.
+    pub dims: &'static [(&'static str, Option<u64>)],
+    /// Each tensor's element type as declared, by tensor id.
+    pub dtypes: &'static [DType],
+    /// Each op's kind, inputs and output (tensor ids), in order.
+    pub ops: &'static [(OpCode, &'static [usize], usize)],
+}
+
+/// [`fusion_compiler::ir::OpKind`] as a `static` can hold it: an
+/// activation by its name in the op table.
+#[derive(Clone, Copy, Debug)]
+pub enum OpCode {
+    MatMul(WeightLayout),
+    BiasAdd,
+    Add,
+    Mul,
+    Activation(&'static str),
+    LayerNorm(f64),
+    RmsNorm(f64),
+}
+
+/// The graph `table` runs, from its declarations and `declared`: what a
+/// generated struct's `graph()` returns. Nothing is parsed.
+///
+/// # Panics
+///
+/// Where `declared` names an activation the op table lacks, which the
+/// build script that wrote it read from the same table.
+pub fn graph(table: &PlanTable, declared: &DeclaredGraph) -> fusion_compiler::ir::Graph {
+    use crate::launch::Dim;
+    use fusion_compiler::diagnostic::Span;
+    use fusion_compiler::ir::{
+        Activation, DimDef, DimId, Extent, Graph, Op, OpKind, TensorDesc, TensorId, TensorKind,
+    };
+    // The graph's index of each dynamic dim.
+    let dynamic: Vec<usize> = (0..declared.dims.len())
+        .filter(|&d| declared.dims[d].1.is_none())
+        .collect();
+    let ids = |ids: &[usize]| ids.iter().map(|&t| TensorId(t)).collect::<Vec<_>>();
+    let tensors = table
+        .tensors
+        .iter()
+        .zip(declared.dtypes)
+        .enumerate()
+        .map(|(t, (decl, &dtype))| TensorDesc {
+            name: decl.name.to_owned(),
+            dtype,
+            shape: decl
+                .shape
+                .iter()
+                .map(|&d| match d {
+                    Dim::Static(n) => Extent::Static(n as u64),
+                    Dim::Dynamic(i) => Extent::Dynamic(DimId(dynamic[i])),
+                })
+                .collect(),
+            kind: if table.inputs.contains(&t) {
+                TensorKind::Input
+            } else if table.weights.contains(&t) {
+                TensorKind::Weight
+            } else if table.outputs.contains(&t) {
+                TensorKind::Output
+            } else {
+                TensorKind::Intermediate
+            },
+            span: Span::None,
+        })
+        .collect();
+    let ops = declared
+        .ops
+        .iter()
+        .map(|&(kind, inputs, output)| Op {
+            kind: match kind {
+                OpCode::MatMul(b_layout) => OpKind::MatMul { b_layout },
+                OpCode::BiasAdd => OpKind::BiasAdd,
+                OpCode::Add => OpKind::Add,
+                OpCode::Mul => OpKind::Mul,
+                OpCode::Activation(name) => OpKind::Activation(
+                    Activation::named(name).expect("the build script's op table has this activation"),
+                ),
+                OpCode::LayerNorm(eps) => OpKind::LayerNorm { eps },
+                OpCode::RmsNorm(eps) => OpKind::RmsNorm { eps },
+            },
+            inputs: ids(inputs),
+            output: TensorId(output),
+            span: Span::None,
+        })
+        .collect();
+    Graph {
+        name: table.graph.name.to_owned(),
+        doc: declared.doc.map(str::to_owned),
+        dims: declared
+            .dims
+            .iter()
+            .map(|&(name, size)| DimDef {
+                name: name.to_owned(),
+                size,
+                span: Span::None,
+            })
+            .collect(),
+        tensors,
+        ops,
+        inputs: ids(table.inputs),
+        weights: ids(table.weights),
+        outputs: ids(table.outputs),
+    }
+}
+
+/// One kernel's filled params.
+#[derive(Clone, Copy, Debug)]
+pub enum Params {
+    Gemm(fusion_gemm_params),
+    Norm(fusion_norm_params),
+    Elementwise(fusion_elementwise_params),
+}
+
+/// The extents a call has bound, as [`fill`] reads them: a
+/// [`Call`]'s, or dims bound from shapes alone (for checking params
+/// without a device).
+pub trait Extents {
+    /// [`Call::matrix`].
+    fn matrix(&self, decl: &TensorDecl) -> Result<(i64, i64)>;
+    /// [`Call::reduced_matrix`].
+    fn reduced_matrix(&self, decl: &TensorDecl, output: &TensorDecl) -> Result<(i64, i64)>;
+}
+
+impl Extents for Call<'_> {
+    fn matrix(&self, decl: &TensorDecl) -> Result<(i64, i64)> {
+        Call::matrix(self, decl)
+    }
+    fn reduced_matrix(&self, decl: &TensorDecl, output: &TensorDecl) -> Result<(i64, i64)> {
+        Call::reduced_matrix(self, decl, output)
+    }
+}
+
+impl PlanTable {
+    /// The index of `dtype` on `arch` among the variants, or the error that
+    /// says what was compiled instead.
+    fn variant(&self, dtype: DType, arch: Arch) -> Result<usize> {
+        self.variants
+            .iter()
+            .position(|&v| v == (dtype, arch))
+            .ok_or_else(|| not_compiled(self.graph.name, dtype, arch, self.compiled))
+    }
+
+    /// The library's error string; there is one wherever a variant is.
+    fn error_string(&self) -> ErrorString {
+        self.error_string
+            .expect("a table with variants names its library's error string")
+    }
+
+    /// The generation a call on `stream` runs.
+    fn arch(&self, stream: &CudaStream) -> Result<Arch> {
+        match self.archs {
+            Some(archs) => crate::device::arch_among(stream, archs),
+            None => crate::device::arch_among(stream, &crate::device::compiled()),
+        }
+    }
+
+    fn check_schema(&self) -> Result<()> {
+        if self.schema == SCHEMA_VERSION {
+            return Ok(());
+        }
+        Err(Error::PlanSchema {
+            graph: self.graph.name.to_owned(),
+            table: self.schema,
+            runtime: SCHEMA_VERSION,
+        })
+    }
+
+    fn decl(&'static self, tensor: usize) -> &'static TensorDecl {
+        &self.tensors[tensor]
+    }
+}
+
+fn pointer(address: Option<u64>) -> *const c_void {
+    address.map_or(std::ptr::null(), |a| a as *const c_void)
+}
+
+/// `kernel`'s params: its operands' device addresses from `address` (by
+/// tensor id; an operand without one is null), its sizes from `extents`,
+/// the GEMM `flags`, and where binding prepared its weight, that weight's
+/// `(address, column terms, row stride)`. The workspace fields stay empty:
+/// [`run`] fills them once every kernel has said what it needs.
+pub fn fill(
+    table: &PlanTable,
+    kernel: &KernelEntry,
+    extents: &dyn Extents,
+    address: &[Option<u64>],
+    flags: u32,
+    prepared: Option<(u64, u64, i64)>,
+) -> Result<Params> {
+    let at = |t: Option<usize>| pointer(t.and_then(|t| address[t]));
+    let out = address[kernel.output].unwrap_or_default() as *mut c_void;
+    let out_decl = &table.tensors[kernel.output];
+    Ok(match &kernel.op {
+        KernelOp::Gemm(gemm) => {
+            let (m, k) = extents.reduced_matrix(&table.tensors[gemm.a.unwrap_or(kernel.output)], out_decl)?;
+            let n = extents.matrix(out_decl)?.1;
+            let mut p = fusion_gemm_params {
+                a: at(gemm.a),
+                b: at(gemm.b),
+                b_up: at(gemm.b_up),
+                c: out,
+                bias: at(gemm.bias),
+                residual: at(gemm.residual),
+                multiplier: at(gemm.multiplier),
+                gamma: at(gemm.gamma),
+                beta: at(gemm.beta),
+                col_terms: std::ptr::null(),
+                m,
+                n,
+                k,
+                ldb: 0,
+                eps: gemm.eps,
+                flags,
+                workspace: std::ptr::null_mut(),
+                workspace_bytes: 0,
+            };
+            match (gemm.bind, prepared) {
+                // B is its prepared form, which a gated GEMM's up weight
+                // is part of.
+                (Bind::Fold(_), Some((b, col_terms, ldb))) => {
+                    p.b = b as *const c_void;
+                    p.ldb = ldb;
+                    p.b_up = std::ptr::null();
+                    p.col_terms = col_terms as *const c_void;
+                }
+                // A plain weight, read from its copy with padded rows.
+                (Bind::Pad, Some((b, _, ldb))) => {
+                    p.b = b as *const c_void;
+                    p.ldb = ldb;
+                }
+                _ => {}
+            }
+            Params::Gemm(p)
+        }
+        KernelOp::Norm { x, gamma, beta, eps } => {
+            let (m, k) = extents.matrix(out_decl)?;
+            Params::Norm(fusion_norm_params {
+                x: at(*x),
+                y: out,
+                gamma: at(*gamma),
+                beta: at(*beta),
+                m,
+                k,
+                eps: *eps,
+            })
+        }
+        KernelOp::Elementwise { x, operands } => {
+            let (m, n) = extents.matrix(out_decl)?;
+            Params::Elementwise(fusion_elementwise_params {
+                x: at(*x),
+                y: out,
+                operands: operands.map(at),
+                m,
+                n,
+            })
+        }
+    })
+}
+
+impl Params {
+    /// Every field's bytes in declaration order (no padding), to compare
+    /// the params of two paths.
+    pub fn field_bytes(&self) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        let mut ptr = |p: *const c_void| bytes.extend_from_slice(&(p as u64).to_ne_bytes());
+        match self {
+            Params::Gemm(p) => {
+                for field in [
+                    p.a,
+                    p.b,
+                    p.b_up,
+                    p.c.cast_const(),
+                    p.bias,
+                    p.residual,
+                    p.multiplier,
+                    p.gamma,
+                    p.beta,
+                    p.col_terms,
+                ] {
+                    ptr(field);
+                }
+                ptr(p.workspace.cast_const());
+                for n in [p.m, p.n, p.k, p.ldb] {
+                    bytes.extend_from_slice(&n.to_ne_bytes());
+                }
+                bytes.extend_from_slice(&p.eps.to_ne_bytes());
+                bytes.extend_from_slice(&p.flags.to_ne_bytes());
+                bytes.extend_from_slice(&p.workspace_bytes.to_ne_bytes());
+            }
+            Params::Norm(p) => {
+                for field in [p.x, p.y.cast_const(), p.gamma, p.beta] {
+                    ptr(field);
+                }
+                for n in [p.m, p.k] {
+                    bytes.extend_from_slice(&n.to_ne_bytes());
+                }
+                bytes.extend_from_slice(&p.eps.to_ne_bytes());
+            }
+            Params::Elementwise(p) => {
+                for field in [p.x, p.y.cast_const()].into_iter().chain(p.operands) {
+                    ptr(field);
+                }
+                for n in [p.m, p.n] {
+                    bytes.extend_from_slice(&n.to_ne_bytes());
+                }
+            }
+        }
+        bytes
+    }
+}
+
+/// Reads a graph's weights from a safetensors file, each under the name
+/// `names` gives it, all checked (present, element type, shape) before any
+/// is copied to `stream`'s device. `N` is the number of weights.
+pub fn load_weights<T: Element, const N: usize>(
+    table: &'static PlanTable,
+    stream: &Arc<CudaStream>,
+    file: &TensorFile,
+    names: &TensorNames,
+) -> Result<[Tensor<'static, T>; N]> {
+    assert_eq!(table.weights.len(), N, "one tensor per weight of the plan table");
+    let mut binder = Binder::new(table.graph, file, names);
+    let decls: Vec<&'static TensorDecl> = table.weights.iter().map(|&t| table.decl(t)).collect();
+    binder.check::<T>(&decls)?;
+    let mut uploaded = Vec::with_capacity(N);
+    for decl in decls {
+        uploaded.push(binder.upload(stream, decl)?);
+    }
+    Ok(uploaded
+        .try_into()
+        .unwrap_or_else(|_| unreachable!("one tensor per weight")))
+}
+
+/// Binds the weights (`weights`, in the table's order): checks each (shape,
+/// dims, context, alignment) and computes once what the kernels need from
+/// them alone: a norm folded into its GEMM's weight, a gated pair
+/// interleaved, a plain weight's rows padded. One entry per kernel (empty
+/// when no kernel prepares anything); returns once that work is done.
+pub fn bind<T: Element>(
+    table: &'static PlanTable,
+    stream: &Arc<CudaStream>,
+    weights: &[&Tensor<'_, T>],
+) -> Result<Vec<Option<FoldedWeights>>> {
+    assert_eq!(
+        weights.len(),
+        table.weights.len(),
+        "one tensor per weight of the plan table"
+    );
+    table.check_schema()?;
+    let dtype = T::DTYPE;
+    let arch = table.arch(stream)?;
+    let mut call = Call::new(table.graph, stream);
+    let mut address = vec![None; table.tensors.len()];
+    for (&t, &tensor) in table.weights.iter().zip(weights) {
+        address[t] = Some(call.input(table.decl(t), tensor)?);
+    }
+    let binds = |k: &KernelEntry| matches!(&k.op, KernelOp::Gemm(g) if g.bind != Bind::Nothing);
+    if !table.kernels.iter().any(binds) {
+        return Ok(Vec::new());
+    }
+    let mut prepared = Vec::with_capacity(table.kernels.len());
+    for kernel in table.kernels {
+        let KernelOp::Gemm(gemm) = &kernel.op else {
+            prepared.push(None);
+            continue;
+        };
+        let b = gemm.b.expect("a GEMM reads B");
+        match gemm.bind {
+            Bind::Nothing => prepared.push(None),
+            Bind::Pad => {
+                let weight = address[b].expect("a padded B is a weight");
+                let dims = call.matrix(table.decl(b))?;
+                prepared.push(FoldedWeights::pad(
+                    &call,
+                    kernel.label,
+                    arch,
+                    weight,
+                    dims,
+                    size_of::<T>(),
+                )?);
+            }
+            Bind::Fold(fold_kind) => {
+                let (norm, gated) = (fold_kind.norm(), fold_kind.gated());
+                let kn = gemm.b_layout == WeightLayout::KN;
+                let variant = table.variant(dtype, arch)?;
+                let Launch::Gemm { fold: Some(fold), .. } = kernel.launchers.get(variant) else {
+                    unreachable!("a kernel that folds its weights has `_fold_weights`")
+                };
+                let (rows, cols) = call.matrix(table.decl(b))?;
+                let (n, k) = if kn { (cols, rows) } else { (rows, cols) };
+                // A gated pair's prepared weight holds both: twice the
+                // columns. Column terms only where a norm folds (an
+                // interleave alone writes none).
+                let halves: i64 = if gated { 2 } else { 1 };
+                let columns = if norm { halves as usize * n as usize } else { 0 };
+                // The weights were checked: twice their rows still fit an i64.
+                let stored = if kn {
+                    (rows, halves * cols)
+                } else {
+                    (halves * rows, cols)
+                };
+                let at = |t: Option<usize>| pointer(t.and_then(|t| address[t]));
+                // The norm's parameters only where it folds: a gated pair
+                // whose norm comes with each call is only interleaved.
+                let (gamma, beta) = if norm {
+                    (at(gemm.gamma), at(gemm.beta))
+                } else {
+                    (std::ptr::null(), std::ptr::null())
+                };
+                let (w, w_up) = (at(gemm.b), at(gemm.b_up));
+                let stream_ptr = call.stream_ptr();
+                prepared.push(Some(FoldedWeights::fold(
+                    &call,
+                    kernel.label,
+                    arch,
+                    stored,
+                    size_of::<T>(),
+                    columns,
+                    |w_folded, col_terms, ld_folded| {
+                        let params = fusion_fold_params {
+                            w,
+                            w_up,
+                            gamma,
+                            beta,
+                            w_folded,
+                            col_terms,
+                            n,
+                            k,
+                            ld_folded,
+                        };
+                        // SAFETY: the weights were checked by `call` and the
+                        // outputs were just allocated at the sizes the fold
+                        // writes.
+                        unsafe { fold(&params, stream_ptr) }
+                    },
+                    table.error_string(),
+                )?));
+            }
+        }
+    }
+    stream.synchronize()?;
+    Ok(prepared)
+}
+
+/// One call of the graph: `reads` (the inputs, then the weights, in the
+/// table's order) and `writes` (the outputs) checked, the intermediates and
+/// the kernels' scratch taken from `workspace`, every kernel queued on
+/// `stream` in order (a kernel whose own output is empty is skipped).
+/// `prepared` is what [`bind`] returned, or empty for weights given per
+/// call. Returns once the kernels are enqueued.
+pub fn run<T: Element>(
+    table: &'static PlanTable,
+    workspace: &mut Workspace,
+    prepared: &[Option<FoldedWeights>],
+    stream: &Arc<CudaStream>,
+    reads: &[&Tensor<'_, T>],
+    writes: &mut [&mut TensorMut<'_, T>],
+) -> Result<()> {
+    assert_eq!(
+        reads.len(),
+        table.inputs.len() + table.weights.len(),
+        "one tensor per input and weight of the plan table"
+    );
+    assert_eq!(
+        writes.len(),
+        table.outputs.len(),
+        "one tensor per output of the plan table"
+    );
+    table.check_schema()?;
+    let arch = table.arch(stream)?;
+    let variant = table.variant(T::DTYPE, arch)?;
+    let error_string = table.error_string();
+    let launches: Vec<Launch> = table.kernels.iter().map(|k| k.launchers.get(variant)).collect();
+    let mut call = Call::new(table.graph, stream);
+    let mut address: Vec<Option<u64>> = vec![None; table.tensors.len()];
+    for (&t, &tensor) in table.inputs.iter().chain(table.weights).zip(reads) {
+        address[t] = Some(call.input(table.decl(t), tensor)?);
+    }
+    for (&t, tensor) in table.outputs.iter().zip(writes.iter_mut()) {
+        address[t] = Some(call.output(table.decl(t), tensor)?);
+    }
+    call.check_aliasing()?;
+    // No output has an element: nothing to launch. (One empty output among
+    // others skips only its own kernel, below.)
+    if call.is_empty() {
+        return Ok(());
+    }
+    let (intermediates, scratch, call_use) = workspace.begin_call(stream)?;
+    if !table.temporaries.is_empty() {
+        let decls: Vec<&'static TensorDecl> = table.temporaries.iter().map(|&t| table.decl(t)).collect();
+        let buffers = call.intermediates::<T>(intermediates, &decls)?;
+        for (&t, buffer) in table.temporaries.iter().zip(buffers) {
+            address[t] = Some(buffer);
+        }
+    }
+    let has_gemm = table.kernels.iter().any(|k| matches!(k.op, KernelOp::Gemm(_)));
+    let flags = if has_gemm {
+        call.gemm_flags(FUSION_GEMM_NO_STREAM_K, FUSION_GEMM_STATIC_TILES)?
+    } else {
+        0
+    };
+    // The GEMMs ask for their scratch; the most any asks for is taken once
+    // and shared, since the kernels run one after another on the stream.
+    let mut params = Vec::with_capacity(table.kernels.len());
+    let mut scratch_bytes = 0u64;
+    for (index, (kernel, launch)) in table.kernels.iter().zip(&launches).enumerate() {
+        let bound = prepared.get(index).and_then(Option::as_ref);
+        let weights = bound.map(|w| call.folded(w));
+        let filled = fill(table, kernel, &call, &address, flags, weights)?;
+        if let (Params::Gemm(p), Launch::Gemm { query, folded, .. }) = (&filled, *launch) {
+            // With its norm folded into the weight, the kernel runs the
+            // folded launcher.
+            let query = match (bound, folded) {
+                (Some(_), Some((_, folded_query))) => folded_query,
+                _ => query,
+            };
+            scratch_bytes = scratch_bytes.max(call.workspace_bytes(kernel.label, query, p, error_string)?);
+        }
+        params.push(filled);
+    }
+    let (scratch_ptr, scratch_len) = call.scratch(scratch, scratch_bytes)?;
+    for (index, ((kernel, launch), params)) in
+        table.kernels.iter().zip(&launches).zip(&mut params).enumerate()
+    {
+        // A kernel whose own output is empty is not launched, while the
+        // others are (`Call::has_elements` says why).
+        if !call.has_elements(table.decl(kernel.output))? {
+            continue;
+        }
+        let stream_ptr = call.stream_ptr();
+        // SAFETY (each launch): every pointer was checked by `call` (shape,
+        // context, alignment, no output aliasing an input) and stays
+        // borrowed until `call` is dropped; the params are the launcher's
+        // own struct (the table pairs them by kind); the launcher only
+        // enqueues work.
+        let code = match (params, *launch) {
+            (Params::Gemm(p), Launch::Gemm { launch, folded, .. }) => {
+                p.workspace = scratch_ptr;
+                p.workspace_bytes = scratch_len;
+                let bound = prepared.get(index).and_then(Option::as_ref);
+                let launch = match (bound, folded) {
+                    (Some(_), Some((folded_launch, _))) => folded_launch,
+                    _ => launch,
+                };
+                unsafe { launch(p, stream_ptr) }
+            }
+            (Params::Norm(p), Launch::Norm(launch)) => unsafe { launch(p, stream_ptr) },
+            (Params::Elementwise(p), Launch::Elementwise(launch)) => unsafe { launch(p, stream_ptr) },
+            _ => unreachable!("a kernel's launcher takes the params of its op"),
+        };
+        call.launched(kernel.label, code, error_string)?;
+    }
+    call_use.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::launch::{Dim, ShapeDims};
+
+    static GRAPH: GraphDecl = GraphDecl {
+        name: "g",
+        dims: &["M"],
+    };
+    /// x [M, 64] @ w [32, 64]^T + bias [32] -> y [M, 32], with w, up and
+    /// bias weights.
+    static TENSORS: [TensorDecl; 5] = [
+        TensorDecl::new("x", &[Dim::Dynamic(0), Dim::Static(64)]),
+        TensorDecl::new("w", &[Dim::Static(32), Dim::Static(64)]),
+        TensorDecl::new("up", &[Dim::Static(32), Dim::Static(64)]),
+        TensorDecl::new("bias", &[Dim::Static(32)]),
+        TensorDecl::new("y", &[Dim::Dynamic(0), Dim::Static(32)]),
+    ];
+
+    fn table(schema: u32, bind: Bind) -> &'static PlanTable {
+        let kernels = Box::leak(Box::new([KernelEntry {
+            label: "kernel #0 (gemm)",
+            output: 4,
+            op: KernelOp::Gemm(GemmOp {
+                a: Some(0),
+                b: Some(1),
+                b_up: Some(2),
+                bias: Some(3),
+                bind,
+                ..GemmOp::EMPTY
+            }),
+            launchers: Launchers::Gemm {
+                launch: &[],
+                query: &[],
+                folded: &[],
+                fold: &[],
+            },
+        }]));
+        Box::leak(Box::new(PlanTable {
+            schema,
+            graph: &GRAPH,
+            tensors: &TENSORS,
+            inputs: &[0],
+            weights: &[1, 2, 3],
+            outputs: &[4],
+            temporaries: &[],
+            kernels,
+            variants: &[],
+            error_string: None,
+            archs: None,
+            compiled: "nothing",
+        }))
+    }
+
+    fn gemm(table: &PlanTable, prepared: Option<(u64, u64, i64)>) -> fusion_gemm_params {
+        let mut dims = ShapeDims::new(table.graph);
+        assert!(dims.bind(&TENSORS[0], &[5, 64]).unwrap());
+        let address: Vec<Option<u64>> = (1..=5).map(|t| Some(t << 12)).collect();
+        match fill(table, &table.kernels[0], &dims, &address, 3, prepared).unwrap() {
+            Params::Gemm(p) => p,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_gemms_params_take_each_operand_and_the_bound_sizes() {
+        let p = gemm(table(SCHEMA_VERSION, Bind::Nothing), None);
+        assert_eq!(
+            (p.a, p.b, p.b_up, p.bias, p.c.cast_const()),
+            (0x1000 as _, 0x2000 as _, 0x3000 as _, 0x4000 as _, 0x5000 as _)
+        );
+        assert!(p.residual.is_null() && p.gamma.is_null() && p.col_terms.is_null());
+        assert_eq!((p.m, p.n, p.k, p.ldb, p.flags), (5, 32, 64, 0, 3));
+        assert!(p.workspace.is_null());
+    }
+
+    #[test]
+    fn prepared_weights_replace_b_as_their_binding_says() {
+        let prepared = Some((0xa000, 0xb000, 72));
+        // A folded or interleaved B: read alone, with its terms.
+        let p = gemm(table(SCHEMA_VERSION, Bind::Fold(Fold::Interleave)), prepared);
+        assert_eq!((p.b, p.ldb, p.col_terms), (0xa000 as _, 72, 0xb000 as _));
+        assert!(p.b_up.is_null());
+        // A padded B: its copy, no terms, the rest as given.
+        let p = gemm(table(SCHEMA_VERSION, Bind::Pad), prepared);
+        assert_eq!((p.b, p.ldb, p.b_up), (0xa000 as _, 72, 0x3000 as _));
+        assert!(p.col_terms.is_null());
+        // Nothing bound: the weights as given (a struct's table never
+        // prepares such a kernel's; a stale entry is not read).
+        let p = gemm(table(SCHEMA_VERSION, Bind::Nothing), prepared);
+        assert_eq!((p.b, p.ldb), (0x2000 as _, 0));
+    }
+
+    #[test]
+    fn a_table_of_another_schema_is_refused_by_name() {
+        assert!(table(SCHEMA_VERSION, Bind::Nothing).check_schema().is_ok());
+        let e = table(SCHEMA_VERSION + 1, Bind::Nothing)
+            .check_schema()
+            .unwrap_err();
+        assert!(
+            matches!(&e, Error::PlanSchema { graph, table, runtime }
+                if graph == "g" && *table == SCHEMA_VERSION + 1 && *runtime == SCHEMA_VERSION),
+            "{e}"
+        );
+    }
+}
