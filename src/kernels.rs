@@ -8,11 +8,11 @@
 
 include!(concat!(env!("OUT_DIR"), "/fusion_kernels.rs"));
 
-/// The launcher ABI's structs and flags (abi.h), for `fusion tune` and
-/// `fusion run`, which call the launchers of libraries they load at run
-/// time.
-#[cfg(feature = "cli")]
-pub(crate) use ffi::{
+/// The launcher ABI's structs and flags (abi.h), for fusion-cli's `fusion
+/// tune` and `fusion run`, which call the launchers of libraries they load
+/// at run time.
+#[doc(hidden)]
+pub use ffi::{
     FUSION_GEMM_NO_STREAM_K, FUSION_GEMM_STATIC_TILES, fusion_elementwise_params, fusion_fold_params,
     fusion_gemm_params, fusion_norm_params, fusion_tile_resources,
 };

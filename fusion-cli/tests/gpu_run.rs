@@ -4,13 +4,14 @@
 //! beside the run's own `--check`. GPU and nvcc only (`#[ignore]`d; the
 //! checks of the files without a GPU are `fusion::run`'s unit tests).
 
+#[path = "../../tests/support/mod.rs"]
 mod support;
 
 use fusion::core::ir::Graph;
 use fusion::core::reference::{self, Bindings};
 use fusion::half::f16;
-use fusion::run::{Settings, run};
 use fusion::{Element, TensorFile, TensorNames, testing};
+use fusion_cli::run::{Settings, run};
 use std::path::{Path, PathBuf};
 use support::{TestElement, rng};
 

@@ -10,9 +10,9 @@
 //! two disagree by more than f16's precision allows.
 
 use candle_core::{DType, Device, Tensor};
-use fusion::bench::timing::{TimingPlan, time_interleaved};
 use fusion::half::f16;
 use fusion::kernels::{SwigluFfn, SwigluFfnWeights};
+use fusion_cli::bench::timing::{TimingPlan, time_interleaved};
 use std::process::ExitCode;
 
 const HIDDEN: usize = 4096;

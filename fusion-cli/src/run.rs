@@ -6,7 +6,7 @@
 //! kernel on first use (the tuner's compiles, which a later run reuses while
 //! the sources, headers, nvcc and flags are unchanged) and loaded. A call
 //! goes through the checks a generated wrapper makes
-//! ([`crate::launch::Call`]: shapes, dims, alignment, aliasing) and the
+//! ([`fusion::launch::Call`]: shapes, dims, alignment, aliasing) and the
 //! same workspace; the weights are bound once first, as a graph struct
 //! binds them (a norm folded into the weight after it, a gated pair
 //! interleaved). Every tensor of the files is checked against the
@@ -14,21 +14,21 @@
 //! the file, the tensor and what was expected.
 
 use crate::bench::timing::{self, TimingPlan};
-use crate::error::Result as GpuResult;
-use crate::kernels::{
+use crate::tune::compile::{self, Built, Job};
+use crate::tune::library::SharedLibrary;
+use cudarc::driver::{CudaSlice, CudaStream};
+use fusion::error::Result as GpuResult;
+use fusion::kernels::{
     FUSION_GEMM_NO_STREAM_K, FUSION_GEMM_STATIC_TILES, fusion_elementwise_params, fusion_fold_params,
     fusion_gemm_params, fusion_norm_params,
 };
-use crate::launch::{
+use fusion::launch::{
     Call, Dim, ErrorString, FoldWeights, FoldedWeights, GraphDecl, Launcher, TensorDecl, Workspace,
     WorkspaceBytes,
 };
-use crate::testing::{self, HostElement};
-use crate::tune::compile::{self, Built, Job};
-use crate::tune::library::SharedLibrary;
-use crate::weights::{Binder, TensorFile, TensorNames};
-use crate::{Arch, Shape, Tensor, TensorMut};
-use cudarc::driver::{CudaSlice, CudaStream};
+use fusion::testing::{self, HostElement};
+use fusion::weights::{Binder, TensorFile, TensorNames};
+use fusion::{Arch, Shape, Tensor, TensorMut};
 use fusion_compiler::codegen::{self, GraphSpec};
 use fusion_compiler::fuse::{self, Composition, Plan, Role};
 use fusion_compiler::ir::{DType, Extent, Graph, TensorId, WeightLayout};
@@ -182,7 +182,7 @@ fn run_as<T: HostElement>(
     let ctx = testing::open_gpu(0)?;
     let gpu = |e: cudarc::driver::DriverError| e.to_string();
     let stream = ctx.new_stream().map_err(gpu)?;
-    let arch = crate::device::arch_among(&stream, &Arch::ALL).map_err(|e| e.to_string())?;
+    let arch = fusion::device::arch_among(&stream, &Arch::ALL).map_err(|e| e.to_string())?;
     if !arch.supports(T::DTYPE) {
         return Err(format!("{arch} kernels do not take {}", T::DTYPE));
     }
@@ -792,7 +792,7 @@ fn write_outputs<T: HostElement>(path: &Path, results: &[Computed<T>]) -> Result
             (r.name.clone(), T::DTYPE, shape, T::to_le_bytes(&r.values))
         })
         .collect();
-    let bytes = crate::weights::serialize(&tensors)?;
+    let bytes = fusion::weights::serialize(&tensors)?;
     let partial = path.with_extension("safetensors.partial");
     std::fs::write(&partial, bytes)
         .and_then(|()| std::fs::rename(&partial, path))
@@ -911,7 +911,7 @@ y = "rmsnorm(x, norm, eps = 1e-5) @ w_gate^T"
                 (name.to_owned(), dtype, shape.to_vec(), bytes)
             })
             .collect();
-        TensorFile::from_bytes(label, crate::weights::serialize(&tensors).unwrap()).unwrap()
+        TensorFile::from_bytes(label, fusion::weights::serialize(&tensors).unwrap()).unwrap()
     }
 
     fn checked(inputs: &TensorFile, weights: &TensorFile, names: &TensorNames) -> Result<(), String> {
