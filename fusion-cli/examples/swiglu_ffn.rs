@@ -2,7 +2,7 @@
 //! and bf16: random inputs, outputs poisoned with NaN, one call of the fused
 //! kernels checked against the CPU reference, then the time per call.
 //!
-//! `cargo run --release --example swiglu_ffn [-- M]` (M tokens, default 512).
+//! `cargo run --release -p fusion-cli --example swiglu_ffn [-- M]` (M tokens, default 512).
 //! Exits non-zero when a result is outside the bounds of
 //! `fusion::testing::compare`.
 

@@ -2,7 +2,7 @@
 //! safetensors files it writes, with the kernels built by nvcc at run time.
 //! Each output file is read back and compared with the CPU reference here,
 //! beside the run's own `--check`. GPU and nvcc only (`#[ignore]`d; the
-//! checks of the files without a GPU are `fusion::run`'s unit tests).
+//! checks of the files without a GPU are `fusion_cli::run`'s unit tests).
 
 #[path = "../../tests/support/mod.rs"]
 mod support;
