@@ -1,5 +1,6 @@
-//! fusion-cli: the `fusion` command line, beside the run-time crate
-//! [`fusion`] as a code generator's tool sits beside its library.
+//! fusion-cli: the `fusion` command line. [`fusion`] is the run time a
+//! program links; this crate is the tool beside it, which plans, renders,
+//! benchmarks, tunes and runs graphs.
 //!
 //! | module | what it is |
 //! | --- | --- |
@@ -11,8 +12,9 @@
 //!
 //! The feature `kernels` (default) builds fusion's shipped graphs
 //! (`fusion::kernels`), which the bench times and whose launcher ABI the
-//! tuner and `fusion run` call; without it the binary plans, renders and
-//! draws graphs and runs no nvcc at build time.
+//! tuner and `fusion run` call. Without it the build runs no nvcc, and the
+//! binary plans and renders graphs, writes them from Hugging Face configs
+//! and lists tuning candidates.
 
 #[cfg(feature = "kernels")]
 pub mod bench;
