@@ -1,7 +1,7 @@
 //! Builds the GPT-2 MLP block with the programmatic API (no TOML), plans its
 //! fused kernels and checks one output row against the CPU reference.
 //!
-//! Run with `cargo run --example plan_from_code`.
+//! Run with `cargo run --features testing --example plan_from_code`.
 
 use fusion::core::fuse;
 use fusion::core::ir::{DType, GraphBuilder, WeightLayout};

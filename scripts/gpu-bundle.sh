@@ -17,11 +17,15 @@ cd "$(dirname "$0")/.."
 dir=${1:?usage: scripts/gpu-bundle.sh DIR}
 mkdir -p "$dir"
 features=${FUSION_FEATURES:-sm75,sm80,sm90}
+# The same generations for fusion's own tests, which also need its shipped
+# kernels and `fusion::testing` (fusion-cli's features name fusion's).
+fusion_features=kernels,testing,$features
+fusion_features=fusion/${fusion_features//,/,fusion/}
 if [[ -f target/toolchain/env ]]; then
   set -a; source <(grep -E '^(NVCC|LIBCLANG_PATH|CUDA_HOME)=' target/toolchain/env); set +a
 fi
-json=$(cargo test --release --features "$features" --tests --no-run --message-format=json 2>/dev/null)
-cargo build --release --features "$features" --bin fusion --example swiglu_ffn
+json=$(cargo test --release -p fusion -p fusion-cli --features "$fusion_features" --tests --no-run --message-format=json 2>/dev/null)
+cargo build --release -p fusion-cli --features "$features" --bin fusion --example swiglu_ffn
 cargo build --release -p llama-ffn
 llama_json=$(cargo test --release -p llama-ffn --tests --no-run --message-format=json 2>/dev/null)
 # executable NAME: the test binary named NAME in cargo's JSON messages on stdin.
@@ -33,7 +37,7 @@ for line in sys.stdin:
     if m.get('reason') == 'compiler-artifact' and m['target']['name'] == sys.argv[1] and m.get('executable'):
         print(m['executable'])" "$1"
 }
-for name in gpu gpu_errors gpu_graphs gpu_workspace gpu_safetensors gpu_run gpu_property gpu_stress; do
+for name in gpu gpu_errors gpu_cublaslt gpu_graphs gpu_workspace gpu_safetensors gpu_run gpu_property gpu_stress; do
   cp "$(echo "$json" | executable "$name")" "$dir/$name"
 done
 cp target/release/fusion "$dir/fusion"
@@ -49,8 +53,8 @@ cp "$(echo "$llama_json" | executable safetensors)" "$dir/llama_ffn_safetensors"
 if [[ ${FUSION_BUNDLE_CANDLE:-0} == 1 ]]; then
   export CUDA_COMPUTE_CAP=${CUDA_COMPUTE_CAP:-90}
   [[ -e ${CUDA_HOME:?}/lib/stubs/libcuda.so ]] || scripts/cuda-link-stubs.sh "$CUDA_HOME"
-  candle_json=$(cargo test --release --features candle --test gpu_candle --no-run --message-format=json 2>/dev/null)
-  cargo build --release --features candle --example candle_ffn
+  candle_json=$(cargo test --release -p fusion --features candle,kernels,testing --test gpu_candle --no-run --message-format=json 2>/dev/null)
+  cargo build --release -p fusion-cli --features candle --example candle_ffn
   cp "$(echo "$candle_json" | executable gpu_candle)" "$dir/gpu_candle"
   cp target/release/examples/candle_ffn "$dir/candle_ffn"
   strip "$dir/gpu_candle" "$dir/candle_ffn"
@@ -60,6 +64,6 @@ cp -r graphs "$dir/"
 # The layer corpus of `fusion bench --corpus` (the suite's step `corpus`).
 cp benchmarks/corpus.toml "$dir/"
 cp scripts/gpu-suite.sh "$dir/"
-strip "$dir/gpu" "$dir/gpu_errors" "$dir/gpu_graphs" "$dir/gpu_workspace" "$dir/gpu_safetensors" "$dir/gpu_run" "$dir/gpu_property" "$dir/gpu_stress" "$dir/fusion" \
+strip "$dir/gpu" "$dir/gpu_errors" "$dir/gpu_cublaslt" "$dir/gpu_graphs" "$dir/gpu_workspace" "$dir/gpu_safetensors" "$dir/gpu_run" "$dir/gpu_property" "$dir/gpu_stress" "$dir/fusion" \
   "$dir/swiglu_ffn" "$dir/llama-ffn" "$dir/llama_ffn_safetensors"
 du -sh "$dir"

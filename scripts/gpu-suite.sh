@@ -95,7 +95,9 @@ for step in $steps; do
       run_tests gpu-errors.log any ./gpu_errors --ignored "${skip[@]}"
       # A forced variant that does not exist: the wrapper refuses with ForcedArch.
       FUSION_FORCE_ARCH=sm61 run_tests gpu-errors-forced.log 1 ./gpu_errors --ignored --exact \
-        a_forced_variant_that_cannot_run_is_refused_by_the_wrapper ;;
+        a_forced_variant_that_cannot_run_is_refused_by_the_wrapper
+      # fusion bench's cuBLASLt baseline refuses buffers that do not match its plan.
+      run_tests gpu-cublaslt.log 3 ./gpu_cublaslt --ignored ;;
     graphs)
       run_tests gpu-graphs.log any ./gpu_graphs --ignored --nocapture
       run_tests gpu-workspace.log any ./gpu_workspace --ignored --test-threads 1 --nocapture

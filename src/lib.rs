@@ -8,31 +8,24 @@
 //! | [`error`] | every way a call can be refused |
 //! | [`kernels`] | the built-in kernels compiled from `graphs/` (feature `kernels`) |
 //! | `candle` | fused graphs called on candle's CUDA tensors, in place (feature `candle`) |
-//! | [`bench`](mod@bench) | `fusion bench`: fused kernels against cuBLASLt (features `cli` and `kernels`) |
-//! | [`cli`] | the `fusion` command line (feature `cli`) |
-//! | [`render`] | `fusion render`: units of a candidate list, with the kernel self-test (feature `cli`) |
-//! | [`run`](mod@run) | `fusion run`: a TOML graph on tensors from safetensors files (features `cli` and `kernels`) |
 //! | [`testing`] | checking kernels on a GPU against the CPU reference (feature `testing`) |
 //! | [`weights`] | tensors from safetensors files, checked against a graph |
 //!
 //! The compiler itself (parsing, planning, code generation) is
-//! [`fusion_compiler`], re-exported as [`core`]. Without the features `cli`
-//! and `testing` (both default, through `cli`) it is only the part the run
-//! time and generated wrappers read: the IR, the GPU generations and the
-//! weight names; the crate then depends on cudarc, half, thiserror,
-//! safetensors and the `fusion_graph!` macro alone.
+//! [`fusion_compiler`], re-exported as [`core`]. Without the feature
+//! `testing` it is only the part the run time and generated wrappers read:
+//! the IR, the GPU generations and the weight names; with the default
+//! features the crate depends on cudarc, half, thiserror, safetensors and
+//! the `fusion_graph!` macro alone. The `fusion` command line (plan, bench,
+//! tune, run) is the crate fusion-cli.
 
 // Generated wrappers name this crate `fusion::`, also from inside it.
 extern crate self as fusion;
 
 #[doc(hidden)]
 pub mod abi;
-#[cfg(all(feature = "cli", feature = "kernels"))]
-pub mod bench;
 #[cfg(feature = "candle")]
 pub mod candle;
-#[cfg(feature = "cli")]
-pub mod cli;
 pub mod device;
 pub mod error;
 #[cfg(feature = "kernels")]
@@ -41,15 +34,9 @@ pub mod kernels;
 pub mod launch;
 #[doc(hidden)]
 pub mod plan;
-#[cfg(feature = "cli")]
-pub mod render;
-#[cfg(all(feature = "cli", feature = "kernels"))]
-pub mod run;
 pub mod tensor;
 #[cfg(feature = "testing")]
 pub mod testing;
-#[cfg(all(feature = "cli", feature = "kernels"))]
-pub mod tune;
 pub mod weights;
 
 pub use device::Arch;

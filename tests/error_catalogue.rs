@@ -133,6 +133,7 @@ fn every_runtime_error_row_names_a_test_that_asserts_its_variant() {
     // check the messages `fusion run` prints.
     let sources = [
         ("gpu_errors", read("tests/gpu_errors.rs")),
+        ("gpu_cublaslt", read("fusion-cli/tests/gpu_cublaslt.rs")),
         ("gpu_graphs", read("tests/gpu_graphs.rs")),
         ("device", read("src/device.rs")),
         ("tensor::tests", read("src/tensor.rs")),
@@ -220,12 +221,12 @@ const TEST_FILES: &[(&str, &str)] = &[
     ("build::builder::tests", "fusion-compiler/src/build/builder.rs"),
     ("cache", "fusion-compiler/src/build/cache.rs"),
     ("nvcc", "fusion-compiler/src/build/nvcc.rs"),
-    ("cli", "tests/cli.rs"),
+    ("cli", "fusion-cli/tests/cli.rs"),
     ("device", "src/device.rs"),
     ("tensor::tests", "src/tensor.rs"),
     ("launch::tests", "src/launch.rs"),
     ("weights::tests", "src/weights.rs"),
-    ("run::tests", "src/run.rs"),
+    ("run::tests", "fusion-cli/src/run.rs"),
     ("gpu", "tests/gpu.rs"),
     ("gpu_errors", "tests/gpu_errors.rs"),
     ("gpu_graphs", "tests/gpu_graphs.rs"),
@@ -233,7 +234,8 @@ const TEST_FILES: &[(&str, &str)] = &[
     ("gpu_stress", "tests/gpu_stress.rs"),
     ("gpu_workspace", "tests/gpu_workspace.rs"),
     ("gpu_safetensors", "tests/gpu_safetensors.rs"),
-    ("gpu_run", "tests/gpu_run.rs"),
+    ("gpu_run", "fusion-cli/tests/gpu_run.rs"),
+    ("gpu_cublaslt", "fusion-cli/tests/gpu_cublaslt.rs"),
     ("gpu_candle", "tests/gpu_candle.rs"),
 ];
 

@@ -5,7 +5,7 @@
 //! hardest inputs (its expectations checked on the CPU); and the run-time
 //! checks that refuse bad arguments before anything is launched.
 //!
-//! Run on a machine with a GPU: `cargo test --release --test gpu -- --ignored`
+//! Run on a machine with a GPU: `cargo test --release --features kernels,testing --test gpu -- --ignored`
 //! (see tests/support for the environment variables).
 
 mod support;

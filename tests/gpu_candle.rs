@@ -6,7 +6,7 @@
 //! tensors a fused graph cannot read in place, refused by name.
 //!
 //! Run on a machine with a GPU:
-//! `cargo test --release --features candle --test gpu_candle -- --ignored`.
+//! `cargo test --release --features candle,kernels,testing --test gpu_candle -- --ignored`.
 
 mod support;
 

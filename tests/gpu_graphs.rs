@@ -9,8 +9,8 @@
 //! A call that would have to grow its workspace during a capture is refused
 //! with `Error::WorkspaceGrowsInCapture`.
 //!
-//! Run on a machine with a GPU: `cargo test --release --test gpu_graphs --
-//! --ignored` (see tests/support for the environment).
+//! Run on a machine with a GPU: `cargo test --release --features kernels,testing --test
+//! gpu_graphs -- --ignored` (see tests/support for the environment).
 
 mod support;
 

@@ -6,8 +6,8 @@
 //! elements, where a 32-bit index anywhere in a kernel would write to the
 //! wrong place.
 //!
-//! Run on a machine with a GPU: `cargo test --release --test gpu_stress --
-//! --ignored --test-threads 1` (see tests/support for the environment).
+//! Run on a machine with a GPU: `cargo test --release --features kernels,testing --test
+//! gpu_stress -- --ignored --test-threads 1` (see tests/support for the environment).
 
 mod support;
 

@@ -7,8 +7,8 @@
 //! streams), and a buffer a call outgrows is freed only after its last use. Captures are in gpu_graphs.rs,
 //! whose tests turn cudarc's event tracking off for the whole context.
 //!
-//! Run on a machine with a GPU: `cargo test --release --test gpu_workspace --
-//! --ignored` (see tests/support for the environment).
+//! Run on a machine with a GPU: `cargo test --release --features kernels,testing --test
+//! gpu_workspace -- --ignored` (see tests/support for the environment).
 
 mod support;
 

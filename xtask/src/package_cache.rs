@@ -14,7 +14,7 @@ use crate::workspace::Workspace;
 use std::path::{Path, PathBuf};
 
 /// The published crates, whose packages the step verifies.
-const PUBLISHED: [&str; 3] = ["fusion-compiler", "fusion-macros", "fusion"];
+const PUBLISHED: [&str; 4] = ["fusion-compiler", "fusion-macros", "fusion", "fusion-cli"];
 
 /// Removes `<crate>-<version>` of each published crate from every local
 /// registry's extractions (the folders of `registry/src` named `-<hash>`:

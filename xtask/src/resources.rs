@@ -174,7 +174,7 @@ fn newest_release_out_dir(workspace: &Workspace) -> Result<PathBuf> {
         .max_by_key(|(modified, _): &(SystemTime, PathBuf)| *modified);
     newest.map(|(_, out)| out).ok_or_else(|| {
         Error::new(format!(
-            "no rendered kernels under {}/fusion-*/out/kernels ({MANIFEST}): build first with `cargo build --release -p fusion`",
+            "no rendered kernels under {}/fusion-*/out/kernels ({MANIFEST}): build first with `cargo build --release -p fusion-cli`",
             workspace.display(&build_dir)
         ))
     })

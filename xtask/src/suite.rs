@@ -35,16 +35,18 @@ fn suite_steps() -> Vec<Step> {
             ]),
         ),
         Step::new(
-            "cargo clippy fusion with the feature `candle` (its module, example and GPU test; builds candle's CUDA kernels)",
+            "cargo clippy fusion and fusion-cli with the feature `candle` (its module, GPU test and example; builds candle's CUDA kernels)",
             Action::CargoWithEnv(
                 CANDLE_BUILD,
                 vec![
                     "clippy",
                     "-p",
                     "fusion",
+                    "-p",
+                    "fusion-cli",
                     "--all-targets",
                     "--features",
-                    "candle",
+                    "fusion/candle,fusion/kernels,fusion/testing,fusion-cli/candle",
                     "--",
                     "-D",
                     "warnings",
@@ -81,7 +83,7 @@ fn suite_steps() -> Vec<Step> {
             ),
         ),
         Step::new(
-            "the lean run time's dependencies (fusion with kernels, sm80, sm90 and no default features): none of the command line's or the compiler's",
+            "the lean run time's dependencies (fusion with its default features, and with kernels): none of the command line's or the compiler's",
             Action::Function(lean_runtime::check),
         ),
         Step::new(
@@ -93,10 +95,10 @@ fn suite_steps() -> Vec<Step> {
                 EVERY_FEATURE_BUT_CANDLE,
             ]),
         ),
-        // Planning needs no kernel library: a build without the feature
-        // `kernels` and without nvcc plans every graph.
+        // Planning needs no kernel library: fusion-cli built without the
+        // feature `kernels` and without nvcc plans every graph.
         Step::new(
-            "fusion plan on every graphs/*.toml, built without the shipped kernels and without nvcc",
+            "fusion plan on every graphs/*.toml, fusion-cli built without the shipped kernels and without nvcc",
             Action::PlanEveryGraph(&[NO_NVCC]),
         ),
         // What docs.rs does, on a machine without CUDA: the build scripts
@@ -127,7 +129,7 @@ fn suite_steps() -> Vec<Step> {
         // a file a crate embeds but leaves out of its include list fails
         // here. Without nvcc, as above, so it reuses that step's build.
         Step::new(
-            "cargo package of every published crate (fusion-compiler, fusion-macros, fusion), each built from its package",
+            "cargo package of every published crate (fusion-compiler, fusion-macros, fusion, fusion-cli), each built from its package",
             Action::CargoWithEnv(
                 WITHOUT_NVCC_SKIP,
                 vec![
@@ -141,6 +143,8 @@ fn suite_steps() -> Vec<Step> {
                     "fusion-macros",
                     "-p",
                     "fusion",
+                    "-p",
+                    "fusion-cli",
                 ],
             ),
         ),
@@ -155,13 +159,13 @@ fn suite_steps() -> Vec<Step> {
     ]
 }
 
-/// Every feature of the workspace's crates (the defaults are theirs
-/// already) but fusion's `candle`: candle's CUDA backend links the CUDA
-/// libraries, which a machine without a GPU driver cannot load, so its
-/// test binaries could not start here. The `candle` step checks that code
-/// without linking it.
-const EVERY_FEATURE_BUT_CANDLE: &str =
-    "fusion/sm75,fusion/sm80,fusion/sm90,llama-ffn/sm75,llama-ffn/sm80,llama-ffn/sm90";
+/// Every feature of the workspace's crates (fusion-cli's defaults, its
+/// `kernels` among them, are its own already) but `candle`: candle's CUDA
+/// backend links the CUDA libraries, which a machine without a GPU driver
+/// cannot load, so its test binaries could not start here. The `candle`
+/// step checks that code without linking it.
+const EVERY_FEATURE_BUT_CANDLE: &str = "fusion/kernels,fusion/testing,fusion/sm75,fusion/sm80,fusion/sm90,\
+    llama-ffn/sm75,llama-ffn/sm80,llama-ffn/sm90";
 
 /// candle's kernels are built for one compute capability, which its build
 /// script reads from `CUDA_COMPUTE_CAP` where there is no GPU to ask; 90 also

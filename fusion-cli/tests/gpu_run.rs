@@ -2,15 +2,16 @@
 //! safetensors files it writes, with the kernels built by nvcc at run time.
 //! Each output file is read back and compared with the CPU reference here,
 //! beside the run's own `--check`. GPU and nvcc only (`#[ignore]`d; the
-//! checks of the files without a GPU are `fusion::run`'s unit tests).
+//! checks of the files without a GPU are `fusion_cli::run`'s unit tests).
 
+#[path = "../../tests/support/mod.rs"]
 mod support;
 
 use fusion::core::ir::Graph;
 use fusion::core::reference::{self, Bindings};
 use fusion::half::f16;
-use fusion::run::{Settings, run};
 use fusion::{Element, TensorFile, TensorNames, testing};
+use fusion_cli::run::{Settings, run};
 use std::path::{Path, PathBuf};
 use support::{TestElement, rng};
 

@@ -3,8 +3,8 @@
 //! and input sets rotated between calls so that no contender is timed out of
 //! a warm L2 cache.
 
-use crate::error::Result;
 use cudarc::driver::{CudaStream, sys::CUevent_flags};
+use fusion::error::Result;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 

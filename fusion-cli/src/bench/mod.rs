@@ -30,12 +30,12 @@ pub mod streams;
 pub mod timing;
 pub mod vendor;
 
-use crate::error::{Error, Result};
-use crate::ir::{DType, WeightLayout};
-use crate::kernels;
-use crate::tensor::{Element, Tensor, TensorMut};
 use cublaslt::LtEpilogue;
 use cudarc::driver::{CudaSlice, CudaStream};
+use fusion::error::{Error, Result};
+use fusion::ir::{DType, WeightLayout};
+use fusion::kernels;
+use fusion::tensor::{Element, Tensor, TensorMut};
 use report::Measured;
 pub use report::{Concurrency, Report, Row, Slowdown, TimingDescription, table};
 use std::cell::RefCell;
@@ -330,7 +330,7 @@ pub fn relative_difference<T: BenchElement>(got: &[T], want: &[T]) -> f64 {
 /// (run D of BENCHMARKS.md: at most 3.7e-4 for f16, limit 1e-3), and a
 /// wrong tile, column or rounding to a coarser type is far above it.
 pub fn agreement_limit(dtype: DType) -> f64 {
-    crate::testing::relative_l2_limit(dtype)
+    fusion::testing::relative_l2_limit(dtype)
 }
 
 /// Copies both outputs to the host and compares them; an error when they

@@ -19,8 +19,8 @@
 
 use super::timing::{Timing, TimingPlan, time_calls};
 use super::{FfnRow, NormRow, Pattern};
-use crate::error::Result;
 use cudarc::driver::CudaStream;
+use fusion::error::Result;
 use serde::{Deserialize, Serialize};
 use std::cell::RefCell;
 use std::sync::Arc;

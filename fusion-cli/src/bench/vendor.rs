@@ -9,8 +9,8 @@
 
 use super::timing::{Timing, TimingPlan, time_calls};
 use super::{BenchElement, Rotated, agreement_limit, relative_difference};
-use crate::error::Result;
 use cudarc::driver::{CudaSlice, CudaStream};
+use fusion::error::Result;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 

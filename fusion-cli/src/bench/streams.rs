@@ -15,8 +15,8 @@
 
 use super::report::{Concurrency, Slowdown};
 use super::timing::{TimingPlan, percentile};
-use crate::error::{Error, Result};
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, sys::CUevent_flags};
+use fusion::error::{Error, Result};
 use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier, Mutex};

@@ -6,8 +6,8 @@
 //! Libraries are never unloaded: each carries its own CUDA run time, whose
 //! exit handlers must find its code still mapped when the process ends.
 
-use crate::abi::{fusion_fold_params, fusion_gemm_params, fusion_tile_resources};
-use crate::launch::{ErrorString, FoldWeights, Launcher, WorkspaceBytes};
+use fusion::abi::{fusion_fold_params, fusion_gemm_params, fusion_tile_resources};
+use fusion::launch::{ErrorString, FoldWeights, Launcher, WorkspaceBytes};
 use std::ffi::{CStr, c_int, c_void};
 use std::path::{Path, PathBuf};
 

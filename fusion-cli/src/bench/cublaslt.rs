@@ -7,11 +7,11 @@
 //! heuristic's first unless [`LtGemm::choose`] picked another
 //! (`bench::vendor` times them).
 
-use crate::error::{Error, Result};
-use crate::ir::{DType, WeightLayout};
-use crate::tensor::{Element, Shape};
 use cudarc::cublaslt::{result, sys};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use fusion::error::{Error, Result};
+use fusion::ir::{DType, WeightLayout};
+use fusion::tensor::{Element, Shape};
 use serde::{Deserialize, Serialize};
 use std::ffi::c_void;
 use std::mem::size_of;

@@ -5,14 +5,14 @@
 //! with candle's own ops (cuBLAS matmuls, then silu, mul, bias and residual
 //! kernels) to compare with and to time against.
 //!
-//! `cargo run --release --features candle --example candle_ffn [-- TOKENS]`
+//! `cargo run --release -p fusion-cli --features candle --example candle_ffn [-- TOKENS]`
 //! (default 512 tokens, as a batch of 4 sequences). Exits non-zero when the
 //! two disagree by more than f16's precision allows.
 
 use candle_core::{DType, Device, Tensor};
-use fusion::bench::timing::{TimingPlan, time_interleaved};
 use fusion::half::f16;
 use fusion::kernels::{SwigluFfn, SwigluFfnWeights};
+use fusion_cli::bench::timing::{TimingPlan, time_interleaved};
 use std::process::ExitCode;
 
 const HIDDEN: usize = 4096;

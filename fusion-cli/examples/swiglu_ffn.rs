@@ -2,17 +2,17 @@
 //! and bf16: random inputs, outputs poisoned with NaN, one call of the fused
 //! kernels checked against the CPU reference, then the time per call.
 //!
-//! `cargo run --release --example swiglu_ffn [-- M]` (M tokens, default 512).
+//! `cargo run --release -p fusion-cli --example swiglu_ffn [-- M]` (M tokens, default 512).
 //! Exits non-zero when a result is outside the bounds of
 //! `fusion::testing::compare`.
 
-use fusion::bench::timing::{TimingPlan, time_calls};
 use fusion::core::reference::{self, Bindings};
 use fusion::cudarc::driver::{CudaSlice, CudaStream};
 use fusion::half::{bf16, f16};
 use fusion::kernels::{SwigluFfn, SwigluFfnWeights};
 use fusion::testing::{self, HostElement};
 use fusion::{Tensor, TensorMut};
+use fusion_cli::bench::timing::{TimingPlan, time_calls};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use std::process::ExitCode;

@@ -327,7 +327,7 @@ mod tests {
 
     #[test]
     fn the_committed_corpus_maps_to_bench_patterns_and_shards_cover_it() {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/benchmarks/corpus.toml");
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../benchmarks/corpus.toml");
         let corpus = Corpus::parse(&std::fs::read_to_string(path).unwrap()).unwrap();
         let all = cases(&corpus, None).unwrap();
         assert_eq!(

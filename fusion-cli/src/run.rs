@@ -5,25 +5,25 @@
 //! as a build renders them, then built by nvcc into one shared library per
 //! kernel on first use (the tuner's compiles, which a later run reuses while
 //! the sources, headers, nvcc and flags are unchanged) and loaded. A call
-//! is the plan as a table ([`crate::plan::PlanTable`]) run by the executor
-//! generated wrappers run theirs with ([`crate::plan::run`]): the same
+//! is the plan as a table ([`fusion::plan::PlanTable`]) run by the executor
+//! generated wrappers run theirs with ([`fusion::plan::run`]): the same
 //! checks (shapes, dims, alignment, aliasing), the same workspace, the same
 //! params; the weights are bound once first, as a graph struct binds them
-//! ([`crate::plan::bind`]: a norm folded into the weight after it, a gated
+//! ([`fusion::plan::bind`]: a norm folded into the weight after it, a gated
 //! pair interleaved, rows padded). Every tensor of the files is checked against the
 //! declaration before anything reaches the device, and each refusal names
 //! the file, the tensor and what was expected.
 
 use crate::bench::timing::{self, TimingPlan};
-use crate::error::Result as GpuResult;
-use crate::launch::{Call, Dim, ErrorString, FoldedWeights, GraphDecl, TensorDecl, Workspace};
-use crate::plan::{self, Bind, Fold, GemmOp, KernelEntry, KernelOp, Launchers, PlanTable};
-use crate::testing::{self, HostElement};
 use crate::tune::compile::{self, Built, Job};
 use crate::tune::library::SharedLibrary;
-use crate::weights::{Binder, TensorFile, TensorNames};
-use crate::{Arch, Shape, Tensor, TensorMut};
 use cudarc::driver::{CudaSlice, CudaStream};
+use fusion::error::Result as GpuResult;
+use fusion::launch::{Call, Dim, ErrorString, FoldedWeights, GraphDecl, TensorDecl, Workspace};
+use fusion::plan::{self, Bind, Fold, GemmOp, KernelEntry, KernelOp, Launchers, PlanTable};
+use fusion::testing::{self, HostElement};
+use fusion::weights::{Binder, TensorFile, TensorNames};
+use fusion::{Arch, Shape, Tensor, TensorMut};
 use fusion_compiler::codegen::{self, GraphSpec};
 use fusion_compiler::fuse::{self, Composition, FusedKernel, Plan, Role};
 use fusion_compiler::ir::{DType, Extent, Graph, TensorId};
@@ -180,7 +180,7 @@ fn run_as<T: HostElement>(
     let ctx = testing::open_gpu(0)?;
     let gpu = |e: cudarc::driver::DriverError| e.to_string();
     let stream = ctx.new_stream().map_err(gpu)?;
-    let arch = crate::device::arch_among(&stream, &Arch::ALL).map_err(|e| e.to_string())?;
+    let arch = fusion::device::arch_among(&stream, &Arch::ALL).map_err(|e| e.to_string())?;
     if !arch.supports(T::DTYPE) {
         return Err(format!("{arch} kernels do not take {}", T::DTYPE));
     }
@@ -600,7 +600,7 @@ fn write_outputs<T: HostElement>(path: &Path, results: &[Computed<T>]) -> Result
             (r.name.clone(), T::DTYPE, shape, T::to_le_bytes(&r.values))
         })
         .collect();
-    let bytes = crate::weights::serialize(&tensors)?;
+    let bytes = fusion::weights::serialize(&tensors)?;
     let partial = path.with_extension("safetensors.partial");
     std::fs::write(&partial, bytes)
         .and_then(|()| std::fs::rename(&partial, path))
@@ -689,7 +689,7 @@ fn check<T: HostElement>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::abi::{FUSION_GEMM_NO_STREAM_K, FUSION_GEMM_STATIC_TILES};
+    use fusion::abi::{FUSION_GEMM_NO_STREAM_K, FUSION_GEMM_STATIC_TILES};
     use fusion_compiler::diagnostic::SourceFile;
 
     const GRAPH: &str = r#"
@@ -720,7 +720,7 @@ y = "rmsnorm(x, norm, eps = 1e-5) @ w_gate^T"
                 (name.to_owned(), dtype, shape.to_vec(), bytes)
             })
             .collect();
-        TensorFile::from_bytes(label, crate::weights::serialize(&tensors).unwrap()).unwrap()
+        TensorFile::from_bytes(label, fusion::weights::serialize(&tensors).unwrap()).unwrap()
     }
 
     fn checked(inputs: &TensorFile, weights: &TensorFile, names: &TensorNames) -> Result<(), String> {
@@ -737,7 +737,7 @@ y = "rmsnorm(x, norm, eps = 1e-5) @ w_gate^T"
     /// Stand-ins for loaded launchers: the params are filled without a
     /// device, and nothing is launched.
     mod stand_ins {
-        use crate::abi::{
+        use fusion::abi::{
             fusion_elementwise_params, fusion_fold_params, fusion_gemm_params, fusion_norm_params,
         };
         use std::ffi::{c_char, c_int, c_void};
@@ -800,7 +800,7 @@ y = "rmsnorm(x, norm, eps = 1e-5) @ w_gate^T"
     /// tensor `t` at address `(t + 1) << 12`, the flags given, and the
     /// weights prepared (at fixed addresses) where the table binds them.
     fn filled(table: &'static PlanTable, flags: u32, prepared: bool) -> Vec<(String, Vec<u8>)> {
-        let mut dims = crate::launch::ShapeDims::new(table.graph);
+        let mut dims = fusion::launch::ShapeDims::new(table.graph);
         let extent = |d: &Dim| match *d {
             Dim::Static(n) => n,
             Dim::Dynamic(i) => 24 + 8 * i,
@@ -830,7 +830,7 @@ y = "rmsnorm(x, norm, eps = 1e-5) @ w_gate^T"
     /// kernel's params to the same bytes, per call and with bound weights.
     #[test]
     fn generated_structs_and_fusion_run_fill_the_same_params() {
-        use crate::kernels as k;
+        use fusion::kernels as k;
         let generated: [(&'static PlanTable, Graph, &[Arch]); 8] = [
             (
                 k::SwigluFfn::<f16>::PLAN,
@@ -909,7 +909,7 @@ y = "rmsnorm(x, norm, eps = 1e-5) @ w_gate^T"
                 }
             }
         }
-        assert!(compared == 8 || crate::device::compiled().is_empty());
+        assert!(compared == 8 || fusion::device::compiled().is_empty());
     }
 
     #[test]

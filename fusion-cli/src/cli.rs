@@ -180,7 +180,7 @@ pub fn run(cli: &Cli, out: &mut dyn Write) -> Result<(), CliError> {
         #[cfg(feature = "kernels")]
         Command::Bench(args) => bench(args, out),
         Command::Render(args) => {
-            let graphs = args.graphs.clone().unwrap_or_else(crate::testing::graphs_dir);
+            let graphs = args.graphs.clone().unwrap_or_else(fusion::testing::graphs_dir);
             crate::render::render(&args.list, &graphs, &args.out, out)
         }
         Command::Graph(args) => graph_from_hf(args, out),
@@ -239,7 +239,7 @@ pub fn graph_from_hf(args: &GraphArgs, out: &mut dyn Write) -> Result<(), CliErr
 pub fn plan_graph(graph: Graph, dot: Option<&Path>, json: bool, out: &mut dyn Write) -> Result<(), CliError> {
     // As a build for this library's archs plans it: without the fusions
     // their tuned tables measured to lose.
-    let rules = fusion_compiler::select::split_rules(&crate::device::compiled())
+    let rules = fusion_compiler::select::split_rules(&fusion::device::compiled())
         .map_err(|e| CliError::Message(e.to_string()))?;
     let plan = fuse::plan_with(graph, &rules);
     if json {

@@ -236,11 +236,11 @@ fn config_of(args: &BenchArgs) -> Result<BenchConfig, CliError> {
 fn run_bench(config: BenchConfig, args: &BenchArgs, out: &mut dyn Write) -> Result<(), CliError> {
     // Refused before the GPU is touched (the copy measurement allocates 1 GiB).
     let bf16 = super::kernel_dtype(&args.dtype)? == fusion_compiler::ir::DType::BF16;
-    let gpu = |e: crate::Error| CliError::Message(e.to_string());
-    let ctx = crate::testing::open_gpu(0).map_err(CliError::Message)?;
+    let gpu = |e: fusion::Error| CliError::Message(e.to_string());
+    let ctx = fusion::testing::open_gpu(0).map_err(CliError::Message)?;
     let stream = ctx.new_stream().map_err(|e| gpu(e.into()))?;
     let (major, minor) = ctx.compute_capability().map_err(|e| gpu(e.into()))?;
-    let arch = crate::device::arch_for(&stream).map_err(gpu)?;
+    let arch = fusion::device::arch_for(&stream).map_err(gpu)?;
     let device = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
     let date = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -291,7 +291,7 @@ fn run_bench(config: BenchConfig, args: &BenchArgs, out: &mut dyn Write) -> Resu
         timing: bench::TimingDescription::new(config.timing),
         sm_clock: clock.as_ref().and_then(|c| c.overall()),
         copy: Some(copy),
-        gemm_tile: crate::launch::forced_gemm_tile()
+        gemm_tile: fusion::launch::forced_gemm_tile()
             .map_err(|e| CliError::Message(e.to_string()))?
             .map(|tier| tier.name().to_owned()),
     };
@@ -489,7 +489,7 @@ mod tests {
 
     #[test]
     fn a_corpus_replaces_the_standard_table_and_shards_split_it() {
-        let corpus = concat!(env!("CARGO_MANIFEST_DIR"), "/benchmarks/corpus.toml");
+        let corpus = concat!(env!("CARGO_MANIFEST_DIR"), "/../benchmarks/corpus.toml");
         let config = |extra: &[&str]| {
             let cli =
                 Cli::try_parse_from(["fusion", "bench", "--corpus", corpus].iter().chain(extra)).unwrap();
@@ -532,7 +532,10 @@ mod tests {
     fn a_summary_reads_bench_json_files_without_a_gpu() {
         let dir = std::env::temp_dir().join(format!("fusion-summary-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let committed = concat!(env!("CARGO_MANIFEST_DIR"), "/benchmarks/2026-12-03-c1372dc.json");
+        let committed = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../benchmarks/2026-12-03-c1372dc.json"
+        );
         let cli = Cli::try_parse_from(["fusion", "bench", "--summary", committed]).unwrap();
         let mut out = Vec::new();
         run(&cli, &mut out).unwrap();

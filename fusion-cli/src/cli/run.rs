@@ -58,8 +58,8 @@ pub fn run(args: &RunArgs, out: &mut dyn Write) -> Result<(), CliError> {
         inputs: args.inputs.clone(),
         weights: args.weights.clone(),
         weight_names: args.hf_layer.map_or_else(
-            crate::weights::TensorNames::declared,
-            crate::weights::TensorNames::hugging_face,
+            fusion::weights::TensorNames::declared,
+            fusion::weights::TensorNames::hugging_face,
         ),
         out: args.out.clone(),
         check: args.check,

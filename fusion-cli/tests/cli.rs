@@ -28,7 +28,7 @@ fn plan_without_a_graph_is_a_usage_error() {
 }
 
 fn graphs() -> Vec<std::path::PathBuf> {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("graphs");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../graphs");
     let mut files: Vec<_> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -62,7 +62,7 @@ fn plan_of_the_ffn_shows_two_kernels_and_writes_dot() {
     let output = fusion()
         .args(["plan", "graphs/swiglu_ffn.toml", "--dot"])
         .arg(&dot)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
         .output()
         .unwrap();
     assert!(output.status.success());
@@ -196,7 +196,7 @@ fn a_bad_bench_dtype_is_refused_before_any_gpu_work() {
 
 #[test]
 fn tune_list_prints_each_gemm_kernels_candidates_and_pruning_counts() {
-    let graph = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("graphs/gemm_bias_gelu.toml");
+    let graph = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../graphs/gemm_bias_gelu.toml");
     let output = fusion()
         .args(["tune", "--list", "--arch", "sm75,sm90"])
         .arg(&graph)
@@ -225,7 +225,7 @@ fn tune_list_prints_each_gemm_kernels_candidates_and_pruning_counts() {
 
 #[test]
 fn a_tuning_run_is_for_one_arch_and_is_refused_before_the_gpu() {
-    let graph = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("graphs/gemm.toml");
+    let graph = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../graphs/gemm.toml");
     let output = fusion()
         .args(["tune", "--arch", "sm80,sm90"])
         .arg(&graph)
@@ -302,7 +302,7 @@ fn tune_report_prints_a_caches_entries_against_shipped_and_cublaslt() {
 /// GPU or nvcc work, so these fail the same on a machine without either.
 #[test]
 fn fusion_run_names_an_unreadable_or_mismatched_tensor_file_before_any_gpu_work() {
-    let graph = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("graphs/gemm_bias.toml");
+    let graph = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../graphs/gemm_bias.toml");
     let dir = std::env::temp_dir().join(format!("fusion-cli-run-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let run = |inputs: &std::path::Path| {

@@ -4,12 +4,12 @@
 //! the bench's method (warm-up, CUDA events, median, input sets rotated).
 
 use super::library::LoadedUnit;
-use crate::abi::{fusion_fold_params, fusion_gemm_params};
 use crate::bench::cublaslt::{LtEpilogue, LtGemm};
 use crate::bench::timing::{self, Timing, TimingPlan};
-use crate::error::Result as GpuResult;
-use crate::testing::{self, HostElement};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, ValidAsZeroBits};
+use fusion::error::Result as GpuResult;
+use fusion::abi::{fusion_fold_params, fusion_gemm_params};
+use fusion::testing::{self, HostElement};
 use fusion_compiler::fuse::{EpilogueStep, FusedKernel, GemmComposition, GemmOperands, Role};
 use fusion_compiler::ir::{Activation, Graph, WeightLayout};
 use fusion_compiler::reference::{self, HostTensor, Intermediates};
@@ -384,10 +384,12 @@ impl<T: HostElement + ValidAsZeroBits> Case<T> {
             calls.push(Box::new(move |i| {
                 // SAFETY: each params points at this case's buffers, on its
                 // stream (see `Case`), with the sizes the params say.
-                unsafe { unit.launch(&params[i % sets], cu_stream) }.map_err(|message| crate::Error::Launch {
-                    kernel: "a tuning candidate".into(),
-                    code: -1,
-                    message,
+                unsafe { unit.launch(&params[i % sets], cu_stream) }.map_err(|message| {
+                    fusion::Error::Launch {
+                        kernel: "a tuning candidate".into(),
+                        code: -1,
+                        message,
+                    }
                 })
             }));
         }

@@ -235,7 +235,7 @@ mod tests {
         )
         .unwrap();
         let mut said = Vec::new();
-        render(&list, &crate::testing::graphs_dir(), &dir, &mut said).unwrap();
+        render(&list, &fusion::testing::graphs_dir(), &dir, &mut said).unwrap();
         let said = String::from_utf8(said).unwrap();
         assert!(said.starts_with("wrote 3 units of 2 candidates"), "{said}");
 
@@ -288,7 +288,7 @@ mod tests {
     fn a_missing_list_is_an_error_that_names_it() {
         let err = render(
             Path::new("no/such/list.json"),
-            &crate::testing::graphs_dir(),
+            &fusion::testing::graphs_dir(),
             &scratch("none"),
             &mut Vec::new(),
         )

@@ -23,10 +23,10 @@ pub(crate) mod library;
 mod measure;
 
 use crate::bench::timing::TimingPlan;
-use crate::testing::HostElement;
 use compile::{Built, Job};
 use cudarc::driver::sys::CUdevice_attribute;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, ValidAsZeroBits};
+use fusion::testing::HostElement;
 use fusion_compiler::build::Nvcc;
 use fusion_compiler::codegen::candidates::{self, KernelChoice};
 use fusion_compiler::fuse::{self, Composition, FusedKernel, GemmComposition, Plan};
@@ -98,7 +98,7 @@ pub fn tune(graphs: &[PathBuf], settings: &Settings, out: &mut dyn Write) -> Res
     )?;
     for path in graphs {
         let graph = match settings.dtype {
-            Some(dtype) => crate::testing::load_graph_as(path, dtype),
+            Some(dtype) => fusion::testing::load_graph_as(path, dtype),
             None => fusion_compiler::load_toml_graph(path),
         }
         .map_err(|e| format!("{}: {e}", path.display()))?;
@@ -126,7 +126,7 @@ fn say(out: &mut dyn Write, line: String) -> Result<(), String> {
 }
 
 fn open_machine(settings: &Settings) -> Result<Machine, String> {
-    let ctx = crate::testing::open_gpu(0)?;
+    let ctx = fusion::testing::open_gpu(0)?;
     let gpu_error = |e: cudarc::driver::DriverError| e.to_string();
     let stream = ctx.new_stream().map_err(gpu_error)?;
     let (major, minor) = ctx.compute_capability().map_err(gpu_error)?;
@@ -850,7 +850,7 @@ mod tests {
     use super::*;
 
     fn plan_of(name: &str) -> Plan {
-        let path = crate::testing::graphs_dir().join(format!("{name}.toml"));
+        let path = fusion::testing::graphs_dir().join(format!("{name}.toml"));
         fuse::plan(fusion_compiler::load_toml_graph(&path).unwrap())
     }
 

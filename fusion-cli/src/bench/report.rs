@@ -9,7 +9,7 @@ use super::floor::{CopyBandwidth, Floor};
 use super::smi::{self, ClockSummary};
 use super::timing::{Timing, TimingPlan};
 use super::vendor::{self, GemmChoice};
-use crate::ir::DType;
+use fusion::ir::DType;
 use serde::{Deserialize, Serialize};
 
 /// One line of the table.
