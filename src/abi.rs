@@ -22,6 +22,16 @@ use std::ffi::{c_char, c_int, c_void};
 pub const FUSION_GEMM_NO_STREAM_K: u32 = 1;
 /// `fusion_gemm_params::flags`: each CTA's whole tiles fixed at launch.
 pub const FUSION_GEMM_STATIC_TILES: u32 = 2;
+/// `fusion_gemm_params::flags`: where a caller-named tile tier's code sits.
+pub const FUSION_GEMM_TILE_SHIFT: u32 = 2;
+/// A tile tier's code: the tuned table's `large` tile.
+pub const FUSION_GEMM_TILE_LARGE: u32 = 1;
+/// A tile tier's code: `large_alt`.
+pub const FUSION_GEMM_TILE_LARGE_ALT: u32 = 2;
+/// A tile tier's code: `small_m`.
+pub const FUSION_GEMM_TILE_SMALL_M: u32 = 3;
+/// A tile tier's code: `small_m_alt`.
+pub const FUSION_GEMM_TILE_SMALL_M_ALT: u32 = 4;
 /// The most steps an elementwise launcher chains.
 pub const FUSION_ELEMENTWISE_MAX_STEPS: usize = 4;
 
@@ -167,5 +177,20 @@ mod tests {
         assert!(abi.contains(&format!(
             "#define FUSION_GEMM_STATIC_TILES {FUSION_GEMM_STATIC_TILES}u\n"
         )));
+        for (name, value) in [
+            ("SHIFT", FUSION_GEMM_TILE_SHIFT),
+            ("LARGE", FUSION_GEMM_TILE_LARGE),
+            ("LARGE_ALT", FUSION_GEMM_TILE_LARGE_ALT),
+            ("SMALL_M", FUSION_GEMM_TILE_SMALL_M),
+            ("SMALL_M_ALT", FUSION_GEMM_TILE_SMALL_M_ALT),
+        ] {
+            let line = format!("#define FUSION_GEMM_TILE_{name} {value}u\n");
+            assert!(abi.contains(&line), "abi.h lacks `{}`", line.trim());
+        }
+        // The tier's bits are clear of the other flags.
+        assert_eq!(
+            (7 << FUSION_GEMM_TILE_SHIFT) & (FUSION_GEMM_NO_STREAM_K | FUSION_GEMM_STATIC_TILES),
+            0
+        );
     }
 }

@@ -10,26 +10,6 @@ include!(concat!(env!("OUT_DIR"), "/fusion_kernels.rs"));
 
 #[cfg(test)]
 mod tests {
-    /// The tile tiers' codes and their place in the flags
-    /// (`crate::launch::GemmTile`) are abi.h's, as the bindings have them.
-    #[test]
-    fn the_gemm_tile_codes_are_abi_hs() {
-        use super::ffi;
-        use crate::launch::{GEMM_TILE_SHIFT, GemmTile};
-        assert_eq!(GEMM_TILE_SHIFT, ffi::FUSION_GEMM_TILE_SHIFT);
-        let codes = [
-            ffi::FUSION_GEMM_TILE_LARGE,
-            ffi::FUSION_GEMM_TILE_LARGE_ALT,
-            ffi::FUSION_GEMM_TILE_SMALL_M,
-            ffi::FUSION_GEMM_TILE_SMALL_M_ALT,
-        ];
-        for (tier, code) in GemmTile::ALL.into_iter().zip(codes) {
-            assert_eq!(tier.code(), code, "{tier:?}");
-        }
-        let other_flags = ffi::FUSION_GEMM_NO_STREAM_K | ffi::FUSION_GEMM_STATIC_TILES;
-        assert_eq!((7 << GEMM_TILE_SHIFT) & other_flags, 0);
-    }
-
     use fusion_compiler::diagnostic::SourceFile;
     use half::f16;
 

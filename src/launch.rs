@@ -16,6 +16,7 @@
 //! graph struct, or, for the free functions of one-kernel graphs, from the
 //! workspace this module keeps per stream ([`with_stream_workspace`]).
 
+use crate::abi;
 use crate::device::Arch;
 use crate::error::{Error, Result};
 use crate::tensor::{Element, Shape, Tensor, TensorMut};
@@ -724,10 +725,6 @@ pub enum GemmTile {
     SmallMAlt,
 }
 
-/// Where the tier's code sits in `fusion_gemm_params::flags`
-/// (abi.h's `FUSION_GEMM_TILE_SHIFT`).
-pub(crate) const GEMM_TILE_SHIFT: u32 = 2;
-
 impl GemmTile {
     /// Every tier, as the tuned tables name them.
     pub const ALL: [GemmTile; 4] = [
@@ -748,12 +745,12 @@ impl GemmTile {
     }
 
     /// abi.h's `FUSION_GEMM_TILE_<TIER>`.
-    pub(crate) fn code(self) -> u32 {
+    fn code(self) -> u32 {
         match self {
-            GemmTile::Large => 1,
-            GemmTile::LargeAlt => 2,
-            GemmTile::SmallM => 3,
-            GemmTile::SmallMAlt => 4,
+            GemmTile::Large => abi::FUSION_GEMM_TILE_LARGE,
+            GemmTile::LargeAlt => abi::FUSION_GEMM_TILE_LARGE_ALT,
+            GemmTile::SmallM => abi::FUSION_GEMM_TILE_SMALL_M,
+            GemmTile::SmallMAlt => abi::FUSION_GEMM_TILE_SMALL_M_ALT,
         }
     }
 }
@@ -916,24 +913,24 @@ impl<'s> Call<'s> {
         Ok(pointers)
     }
 
-    /// The `flags` of this call's GEMM launches, from the launcher ABI's
-    /// bits: `no_stream_k` (no split-K or stream-K) when
-    /// `FUSION_STREAM_K=0`, `static_tiles` (no tile counter) unless
-    /// `FUSION_TILE_COUNTER=1`, and both while the stream is being captured
+    /// The `flags` of this call's GEMM launches (abi.h's bits):
+    /// `FUSION_GEMM_NO_STREAM_K` (no split-K or stream-K) when
+    /// `FUSION_STREAM_K=0`, `FUSION_GEMM_STATIC_TILES` (no tile counter)
+    /// unless `FUSION_TILE_COUNTER=1`, and both while the stream is being captured
     /// into a graph (the graph could be replayed on another stream, or
     /// twice at once, beside launches that share its workspace's counters
     /// and partials).
     ///
     /// With `FUSION_GEMM_TILE` set, the flags also name that tile tier
     /// ([`forced_gemm_tile`]).
-    pub fn gemm_flags(&self, no_stream_k: u32, static_tiles: u32) -> Result<u32> {
+    pub fn gemm_flags(&self) -> Result<u32> {
         let capturing = self.stream.capturing()?;
-        let mut flags = forced_gemm_tile()?.map_or(0, |tier| tier.code() << GEMM_TILE_SHIFT);
+        let mut flags = forced_gemm_tile()?.map_or(0, |tier| tier.code() << abi::FUSION_GEMM_TILE_SHIFT);
         if capturing || !stream_k_enabled() {
-            flags |= no_stream_k;
+            flags |= abi::FUSION_GEMM_NO_STREAM_K;
         }
         if capturing || !tile_counter_enabled() {
-            flags |= static_tiles;
+            flags |= abi::FUSION_GEMM_STATIC_TILES;
         }
         Ok(flags)
     }

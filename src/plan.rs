@@ -15,9 +15,8 @@
 //! generated code in another crate and the command-line tools reach it.
 
 use crate::abi::{
-    ErrorString, FUSION_ELEMENTWISE_MAX_STEPS, FUSION_GEMM_NO_STREAM_K, FUSION_GEMM_STATIC_TILES,
-    FoldWeights, Launcher, WorkspaceBytes, fusion_elementwise_params, fusion_fold_params, fusion_gemm_params,
-    fusion_norm_params,
+    ErrorString, FUSION_ELEMENTWISE_MAX_STEPS, FoldWeights, Launcher, WorkspaceBytes,
+    fusion_elementwise_params, fusion_fold_params, fusion_gemm_params, fusion_norm_params,
 };
 use crate::device::Arch;
 use crate::error::{Error, Result};
@@ -734,11 +733,7 @@ pub fn run<T: Element>(
         }
     }
     let has_gemm = table.kernels.iter().any(|k| matches!(k.op, KernelOp::Gemm(_)));
-    let flags = if has_gemm {
-        call.gemm_flags(FUSION_GEMM_NO_STREAM_K, FUSION_GEMM_STATIC_TILES)?
-    } else {
-        0
-    };
+    let flags = if has_gemm { call.gemm_flags()? } else { 0 };
     // The GEMMs ask for their scratch; the most any asks for is taken once
     // and shared, since the kernels run one after another on the stream.
     let mut params = Vec::with_capacity(table.kernels.len());
