@@ -19,8 +19,9 @@
 //! [`fusion_compiler`], re-exported as [`core`]. Without the features `cli`
 //! and `testing` (both default, through `cli`) it is only the part the run
 //! time and generated wrappers read: the IR, the GPU generations and the
-//! weight names; the crate then depends on cudarc, half, thiserror,
-//! safetensors and the `fusion_graph!` macro alone.
+//! weight names; the crate then depends on it, cudarc, half, thiserror,
+//! safetensors, serde_json (which reads a safetensors file's header) and the
+//! `fusion_graph!` macro alone.
 
 // Generated wrappers name this crate `fusion::`, also from inside it.
 extern crate self as fusion;

@@ -6,10 +6,10 @@
 //! mainloop × epilogue chain) with a `B` layout, a dtype, a mainloop and its
 //! tile configs. Kernels that agree on all of these share one unit and one
 //! launcher symbol, whichever graphs and kernel positions use them (the
-//! `gemm_bias_residual` of three graphs is compiled once), and targets whose
-//! mainloop and configs agree (a norm composition on sm80 and sm90 with the
-//! same sm80 tiles) share one unit compiled for both; the mainloop is part of
-//! the key, so an sm80 and an sm90 mainloop never share a unit. Symbols start with the library name, so two crates' libraries
+//! `gemm_bias_residual` of three graphs is compiled once). The mainloop is
+//! part of a GEMM's key and every generation has its own, so a GEMM unit
+//! serves one generation; a standalone norm or elementwise kernel has no
+//! mainloop, and its one unit is compiled for every generation built. Symbols start with the library name, so two crates' libraries
 //! link side by side.
 //!
 //! The templates (`kernels/*.hbs`, see [`templates`]) only pick C++ types

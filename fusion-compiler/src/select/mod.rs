@@ -2,11 +2,13 @@
 //! with, per target architecture.
 //!
 //! The pre-tuned table for the architecture (`kernels/tuned/<arch>.json`,
-//! embedded in this crate so a build needs no GPU) is the only source: its
-//! entry for the composition name and dtype, else for the composition name,
-//! else its `default` entry. A table with none of these is a build error
-//! naming the file. Selection checks that an entry gives the fields its
-//! mainloop takes; whether the tile fits the mainloop and the block's limits
+//! embedded in this crate so a build needs no GPU) is the source unless a
+//! tuned cache has measured the kernel (below): its entry for the
+//! composition name and dtype, else for the composition name, else
+//! `default.source_tile` for a composition that reads a residual or
+//! multiplier tile or `default.gated` for a gated GEMM, else its `default`
+//! entry. A table with none of these is a build error naming the file.
+//! Selection checks that an entry gives the fields its mainloop takes; whether the tile fits the mainloop and the block's limits
 //! (its shape rules, threads, registers, shared memory) is checked by nvcc:
 //! codegen renders `static_assert`s of the header's own rules (`tile_valid`)
 //! and sizes (sm90: `sizeof(SharedStorage)`) into the unit, their messages
@@ -19,8 +21,10 @@
 //! norm compositions included, and each config is checked by that arch's
 //! [`Target::check`](crate::target::Target::check).
 //!
-//! M is only known at run time, so a kernel gets one config for every M plus,
-//! optionally, a second one its launcher picks for small M.
+//! M is only known at run time, so a kernel's [`KernelConfig`] holds a tile
+//! for every M and, optionally, tiles its launcher picks among by M and the
+//! device's SMs: a narrower large tile (`large_alt`), one or two small-M
+//! tiles (`small_m`, `small_m_alt`) and the decode kernel (`decode_max_m`).
 //!
 //! A user's tuned cache ([`TunedCache`], `Builder::tuned` or `FUSION_TUNED`)
 //! replaces the table's tiles for a kernel whose N and K are static and
