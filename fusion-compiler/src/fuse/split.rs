@@ -22,7 +22,7 @@ pub struct SplitRule {
     pub k: DimBounds,
     /// What was measured, for `fusion plan` (a sentence, with where it is
     /// recorded: "0.88 of cuBLASLt BIAS + beta·C at (512, 2048, 2048),
-    /// BENCHMARKS.md v13").
+    /// benchmarks/HISTORY.md v13").
     pub reason: String,
     /// The table it comes from: `kernels/tuned/sm90.json`.
     pub origin: String,

@@ -113,7 +113,7 @@ pub struct TileConfig {
     pub min_blocks_per_sm: u32,
     /// The sm80 mainloop's pipelined K loop (A/B fragments double-buffered
     /// in registers, the stage barrier inside the last k16 step): 1.4-1.6x
-    /// the per-stage loop on an H200 (BENCHMARKS.md, sweep of 2026-11-29).
+    /// the per-stage loop on an H200 (benchmarks/HISTORY.md, sweep of 2026-11-29).
     #[serde(default)]
     pub pipelined: bool,
     /// The sm80 mainloop's staged store: the epilogue runs on every fragment
