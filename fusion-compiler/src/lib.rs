@@ -28,6 +28,8 @@
 //! `codegen` and `reference` need the feature `compiler`, and `build` the feature `build`
 //! (which includes `compiler`); both are on by default.
 
+#![warn(missing_docs)]
+
 pub mod arch;
 #[cfg(feature = "build")]
 pub mod build;

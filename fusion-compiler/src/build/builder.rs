@@ -67,6 +67,7 @@ impl Default for Builder {
 }
 
 impl Builder {
+    /// A builder with nothing to compile yet.
     pub fn new() -> Builder {
         Builder {
             graphs_dirs: Vec::new(),

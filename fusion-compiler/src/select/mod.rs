@@ -96,12 +96,15 @@ impl Schedule {
 pub struct TileConfig {
     /// Rows and columns of C one block computes, and the K step.
     pub bm: u32,
+    /// Columns of C one block computes.
     pub bn: u32,
+    /// The K step of one stage.
     pub bk: u32,
     /// Rows and columns of C one warp computes (sm75 and sm80; 0 when left
     /// out, which only the sm90 mainloop accepts).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub warp_m: u32,
+    /// Columns of C one warp computes (see `warp_m`).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub warp_n: u32,
     /// Shared-memory pipeline depth (the sm75 mainloop's template fixes it).
@@ -203,7 +206,9 @@ impl TileConfig {
 pub struct KernelKind {
     /// The composition's name (`gemm_bias_gelu`): the tuned table's key.
     pub name: String,
+    /// The element type.
     pub dtype: DType,
+    /// How B is stored.
     pub layout: WeightLayout,
     /// Has a norm before the GEMM (folded into B, or normalized into
     /// scratch first: kernels/include/fusion/prologue.cuh).
@@ -218,6 +223,7 @@ pub struct KernelKind {
 }
 
 impl KernelKind {
+    /// The kind of a planned GEMM composition in `dtype`.
     pub fn of(composition: &GemmComposition, dtype: DType) -> KernelKind {
         KernelKind {
             name: composition.name(),
@@ -252,6 +258,7 @@ pub struct KernelConfig {
     /// Used when `m <= small_m_max`.
     #[serde(default)]
     pub small_m: Option<TileConfig>,
+    /// The largest M the small-M tiles serve.
     #[serde(default)]
     pub small_m_max: Option<u32>,
     /// A second tile for `m <= small_m_max`, with more rows than `small_m`.
@@ -295,7 +302,9 @@ impl KernelConfig {
 /// `kernels/tuned/sm80.json`, entry `gemm_bias_gelu.f16`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ConfigSource {
+    /// The table's file (`kernels/tuned/sm80.json`).
     pub file: String,
+    /// The entry's key (`gemm_bias_gelu.f16`).
     pub entry: String,
 }
 
@@ -310,25 +319,38 @@ impl fmt::Display for ConfigSource {
 pub enum SelectError {
     /// A tuned table is not valid JSON of the expected form.
     #[error("{file}: {reason}")]
-    Table { file: String, reason: String },
+    Table {
+        /// The table's file.
+        file: String,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// The table has no entry for the kernel and no `default`.
     #[error(
         "{file} has no entry `{kernel}.{dtype}`, `{kernel}` or `default` for a kernel of {arch}: add one"
     )]
     NoEntry {
+        /// The table's file.
         file: String,
+        /// The kernel's composition name.
         kernel: String,
+        /// Its element type.
         dtype: DType,
+        /// The arch it was chosen for.
         arch: Arch,
     },
     /// A config does not fit the architecture or the mainloop.
     #[error("tile config from {origin} for `{kernel}` ({which}) does not fit {arch}: {reason}")]
     Invalid {
+        /// The entry the config came from.
         origin: ConfigSource,
+        /// The kernel's composition name.
         kernel: String,
+        /// The arch it does not fit.
         arch: Arch,
         /// `large`, `large_alt`, `small_m`, `small_m_alt` or `decode_max_m`.
         which: &'static str,
+        /// Which rule it breaks.
         reason: String,
     },
 }
@@ -366,7 +388,9 @@ pub fn select_sourced(
 /// What [`select_tuned`] chose for one kernel.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Selected {
+    /// The config.
     pub config: KernelConfig,
+    /// Where it came from.
     pub origin: ConfigSource,
     /// The static N and K the config was tuned for, when it came from a
     /// tuned cache (a shipped table's config serves every shape).
