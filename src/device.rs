@@ -27,6 +27,7 @@ pub fn compiled() -> Vec<Arch> {
     Arch::ALL.into_iter().filter(|&a| is_compiled(a)).collect()
 }
 
+/// Whether the built-in library has a variant for `arch`.
 pub fn is_compiled(arch: Arch) -> bool {
     COMPILED_ARCHS.split(',').any(|name| name == arch.name())
 }

@@ -87,6 +87,7 @@ pub fn graphs_dir() -> std::path::PathBuf {
     )
 }
 
+/// A TOML graph with every tensor re-typed to `dtype`, as a build compiles it in each dtype.
 pub fn load_graph_as(path: &Path, dtype: DType) -> Result<Graph, String> {
     let mut graph = fusion_compiler::load_toml_graph(path)?;
     for tensor in &mut graph.tensors {
