@@ -106,8 +106,8 @@ pub enum KernelKey {
         mainloop: Mainloop,
         /// Its tile configs.
         config: KernelConfig,
-        /// The tuned table entry (or the heuristic) `config` came from, which
-        /// the unit's resource checks name.
+        /// The tuned table entry (or the tuned cache's entries) `config` came
+        /// from, which the unit's resource checks name.
         origin: ConfigSource,
         /// The static N and K `config` was tuned for, when it came from a
         /// tuned cache: kernels of one composition at other shapes are

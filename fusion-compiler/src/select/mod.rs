@@ -302,9 +302,10 @@ impl KernelConfig {
 /// `kernels/tuned/sm80.json`, entry `gemm_bias_gelu.f16`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ConfigSource {
-    /// The table's file (`kernels/tuned/sm80.json`).
+    /// The table's file (`kernels/tuned/sm80.json`), or the tuned cache's.
     pub file: String,
-    /// The entry's key (`gemm_bias_gelu.f16`).
+    /// The entry's key (`gemm_bias_gelu.f16`); for a tuned cache, the
+    /// entries' keys.
     pub entry: String,
 }
 
