@@ -64,7 +64,7 @@ synccheck_tests="gemm_bias_gelu gemm_silu layernorm_gemm gemm_silu_glu layernorm
 # reports the consumers' reads of the piece posted beside a stage against
 # the producer's next post there once a CTA's stream-K pieces wrap the ring
 # (the tiny 61 x 17016 x 632), though the stage's empty barrier orders them
-# (BENCHMARKS.md v21); memcheck, initcheck and synccheck run those pieces.
+# (benchmarks/HISTORY.md v21); memcheck, initcheck and synccheck run those pieces.
 sanitize() {
   local arch=$1 tool=$2; shift 2
   local stream_k=1

@@ -1,8 +1,9 @@
 //! Which compiled kernel variant runs on a device.
 //!
-//! The built-in library carries one variant per enabled cargo feature
-//! (`sm75`, `sm80`, `sm90`: one per generation in `fusion_compiler::target`; the
-//! build script passes the enabled ones in `FUSION_COMPILED_ARCHS`); a crate
+//! The built-in library carries one variant per generation it was built for
+//! (`sm75`, `sm80`, `sm90`: the enabled cargo features, or `FUSION_ARCHS` or
+//! `CUDA_COMPUTE_CAP`, which replace them; the build script passes the
+//! generations in `FUSION_COMPILED_ARCHS`); a crate
 //! that compiles its own graphs carries the variants its build script built,
 //! which may be others. Each wrapper asks for the best variant among its own
 //! ([`arch_among`]). The device's compute capability is read once per
@@ -17,15 +18,16 @@ use std::sync::{Mutex, OnceLock};
 /// compiler's own type; what runs where is `Arch::runs_on`).
 pub use fusion_compiler::arch::Arch;
 
-/// The names of the generations whose cargo feature this build enabled,
-/// comma-separated, as the build script found them.
+/// The names of the generations the built-in library was compiled for,
+/// comma-separated, as the build script chose them (`Arch::for_build`).
 const COMPILED_ARCHS: &str = env!("FUSION_COMPILED_ARCHS");
 
-/// Variants compiled into this build, by cargo feature.
+/// Variants compiled into the built-in library.
 pub fn compiled() -> Vec<Arch> {
     Arch::ALL.into_iter().filter(|&a| is_compiled(a)).collect()
 }
 
+/// Whether the built-in library has a variant for `arch`.
 pub fn is_compiled(arch: Arch) -> bool {
     COMPILED_ARCHS.split(',').any(|name| name == arch.name())
 }

@@ -322,7 +322,7 @@ fn stream_k_enabled() -> bool {
 /// CTA's being fixed at launch. Off by default: on an H200 it cut the
 /// slowdown of 4 streams at once (1.33x to 1.02-1.06x at 8192^3) but costs
 /// one stream up to 11% where a CTA runs few tiles (14.1 against 12.7 us at
-/// (512, 2048, 2048), one tile per CTA; BENCHMARKS.md v18, v19).
+/// (512, 2048, 2048), one tile per CTA; benchmarks/HISTORY.md v18, v19).
 fn tile_counter_enabled() -> bool {
     static ENABLED: OnceLock<bool> = OnceLock::new();
     *ENABLED.get_or_init(|| std::env::var("FUSION_TILE_COUNTER").ok().as_deref() == Some("1"))
@@ -651,7 +651,7 @@ fn as_i64(value: usize, kernel: &str) -> Result<i64> {
 /// rounded up to a multiple of [`BOUND_ROW_ALIGN_BYTES`] where the rows are
 /// not and padding adds at most an eighth, on sm90 (whose TMA loads of
 /// misaligned rows ran the (2000, 3000, 1000) GEMM at 0.84 of cuBLASLt on an
-/// H200, and at 1.02 from padded rows: BENCHMARKS.md v24); `0`, the dense
+/// H200, and at 1.02 from padded rows: benchmarks/HISTORY.md v24); `0`, the dense
 /// `row_length` always; `all`, every such row padded on every generation
 /// (which the tests use to reach the strided loads of sm80 and sm75).
 pub fn bound_row_stride(arch: Arch, row_length: usize, element_bytes: usize) -> Result<usize> {

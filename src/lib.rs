@@ -15,8 +15,9 @@
 //! [`fusion_compiler`], re-exported as [`core`]. Without the feature
 //! `testing` it is only the part the run time and generated wrappers read:
 //! the IR, the GPU generations and the weight names; with the default
-//! features the crate depends on cudarc, half, thiserror, safetensors and
-//! the `fusion_graph!` macro alone. The `fusion` command line (plan, bench,
+//! features the crate depends on it, cudarc, half, thiserror, safetensors,
+//! serde_json (which reads a safetensors file's header) and the
+//! `fusion_graph!` macro alone. The `fusion` command line (plan, bench,
 //! tune, run) is the crate fusion-cli.
 
 // Generated wrappers name this crate `fusion::`, also from inside it.

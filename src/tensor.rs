@@ -33,6 +33,7 @@ use std::sync::Arc;
 
 /// An element type kernels are compiled for.
 pub trait Element: DeviceRepr + Copy + Send + Sync + 'static {
+    /// The graph element type it is.
     const DTYPE: DType;
     /// Elements from their little-endian bytes, as safetensors files hold
     /// them; `bytes.len()` is a multiple of the element's size.
@@ -68,7 +69,9 @@ element!(f32, F32);
 /// A row vector `[n]` or a row-major matrix `[rows, cols]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Shape {
+    /// A row vector of this many elements.
     Vector(usize),
+    /// A matrix of this many rows and columns.
     Matrix(usize, usize),
 }
 
@@ -196,6 +199,7 @@ impl<'a, T: Element> Tensor<'a, T> {
         })
     }
 
+    /// Its shape.
     pub fn shape(&self) -> Shape {
         self.shape
     }
@@ -246,16 +250,19 @@ pub struct TensorMut<'a, T> {
 }
 
 impl<'a, T: Element> TensorMut<'a, T> {
+    /// Views a whole allocation with a shape; its length must match.
     pub fn new(slice: &'a mut CudaSlice<T>, shape: impl Into<Shape>) -> Result<Self> {
         TensorMut::from_view(slice.as_view_mut(), shape)
     }
 
+    /// Views part of an allocation (`slice.slice_mut(a..b)`) with a shape.
     pub fn from_view(view: CudaViewMut<'a, T>, shape: impl Into<Shape>) -> Result<Self> {
         let shape = shape.into();
         check_len(shape, view.len())?;
         Ok(TensorMut { view, shape })
     }
 
+    /// Its shape.
     pub fn shape(&self) -> Shape {
         self.shape
     }

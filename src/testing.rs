@@ -75,8 +75,6 @@ impl HostElement for bf16 {
     }
 }
 
-/// The graph in the TOML file at `path` with every tensor re-typed to
-/// `dtype` (the shipped graphs are written in f16).
 /// Where the shipped `graphs/*.toml` are: `FUSION_GRAPHS_DIR` when a binary
 /// runs away from its checkout (a bundle copied to a GPU machine), else the
 /// checkout's `graphs/`.
@@ -87,6 +85,8 @@ pub fn graphs_dir() -> std::path::PathBuf {
     )
 }
 
+/// The graph in the TOML file at `path` with every tensor re-typed to
+/// `dtype` (the shipped graphs are written in f16).
 pub fn load_graph_as(path: &Path, dtype: DType) -> Result<Graph, String> {
     let mut graph = fusion_compiler::load_toml_graph(path)?;
     for tensor in &mut graph.tensors {

@@ -48,6 +48,7 @@ struct StoredTensor {
 pub struct StoredView<'f> {
     /// Its element type as the file names it (`F16`, `BF16`, `I64`, …).
     pub dtype: Dtype,
+    /// Its shape, outermost axis first.
     pub shape: &'f [usize],
     /// Its elements, little-endian, row-major.
     pub bytes: &'f [u8],
@@ -304,6 +305,7 @@ pub struct Binder<'f> {
 }
 
 impl<'f> Binder<'f> {
+    /// A binder for `graph`'s tensors in `file`, looked up under `names`.
     pub fn new(graph: &'static GraphDecl, file: &'f TensorFile, names: &'f TensorNames) -> Binder<'f> {
         Binder {
             graph,

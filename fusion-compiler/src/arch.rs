@@ -28,6 +28,7 @@ pub enum RunsOn {
 }
 
 impl RunsOn {
+    /// Whether a device of compute capability `major.minor` runs the code.
     pub fn includes(self, major: i32, minor: i32) -> bool {
         match self {
             RunsOn::Exactly(ma, mi) => (major, minor) == (ma, mi),
@@ -37,6 +38,7 @@ impl RunsOn {
 }
 
 impl Arch {
+    /// Every generation, oldest first.
     pub const ALL: [Arch; 3] = [Arch::Sm75, Arch::Sm80, Arch::Sm90];
 
     /// `sm80`: the cargo feature, the tuned table's stem, the suffix of its

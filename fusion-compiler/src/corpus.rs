@@ -33,6 +33,7 @@ use std::fmt;
 pub struct Corpus {
     /// M values, in the file's order.
     pub tokens: Vec<u64>,
+    /// The models, in the file's order.
     pub models: Vec<Model>,
 }
 
@@ -45,20 +46,29 @@ pub struct Model {
     /// Where the values come from, such as the Hugging Face repository whose
     /// config.json gives them.
     pub source: String,
+    /// `hidden_size`: the width of the residual stream.
     pub hidden: u64,
+    /// `intermediate_size`: the MLP's inner width.
     pub intermediate: u64,
+    /// `num_attention_heads`.
     pub heads: u64,
+    /// `num_key_value_heads` (as `heads` without grouped-query attention).
     pub kv_heads: u64,
+    /// Each head's width.
     pub head_dim: u64,
+    /// Gated or plain.
     pub mlp: Mlp,
     /// The activation as the config names it (`silu`, `gelu_new`,
     /// `gelu_pytorch_tanh`, `gelu`, `relu`).
     pub activation: String,
+    /// LayerNorm or RMSNorm.
     pub norm: Norm,
     /// Whether q, k and v, the attention's output projection, and the MLP's
     /// projections carry a bias.
     pub qkv_bias: bool,
+    /// Whether the attention's output projection carries a bias.
     pub out_bias: bool,
+    /// Whether the MLP's projections carry a bias.
     pub mlp_bias: bool,
     /// The layers derived from the values above ([`Model::layers`]); the
     /// file lists them so that a reader sees the shapes.
@@ -80,7 +90,9 @@ pub enum Mlp {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Norm {
+    /// LayerNorm (`layernorm`).
     LayerNorm,
+    /// RMSNorm (`rmsnorm`).
     RmsNorm,
 }
 
@@ -89,17 +101,24 @@ pub enum Norm {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Layer {
+    /// Its role in the model (`qkv`, `out`, `down`, …).
     pub layer: String,
+    /// The built-in graph that runs it.
     pub kernel: String,
+    /// Its static N (output features).
     pub n: u64,
+    /// Its static K (input features).
     pub k: u64,
 }
 
 /// One (kernel, N, K) of the corpus with the models that have it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Shape {
+    /// The built-in graph that runs it.
     pub kernel: String,
+    /// Its N.
     pub n: u64,
+    /// Its K.
     pub k: u64,
     /// `model layer`, for each model layer with this kernel and shape.
     pub used_by: Vec<String>,
@@ -111,8 +130,11 @@ pub struct Shape {
 /// where it cannot.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NormShape {
+    /// LayerNorm or RMSNorm.
     pub norm: Norm,
+    /// The row length (the hidden size).
     pub k: u64,
+    /// `model`, for each model with this norm and size.
     pub used_by: Vec<String>,
 }
 

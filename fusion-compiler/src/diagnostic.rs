@@ -16,7 +16,12 @@ use std::path::{Path, PathBuf};
 #[derive(Clone, Copy, Debug, Default)]
 pub enum Span {
     /// A byte range in a [`SourceFile`] (the TOML front end).
-    Source { lo: usize, hi: usize },
+    Source {
+        /// The first byte.
+        lo: usize,
+        /// One past the last byte.
+        hi: usize,
+    },
     /// A token's span: the compiler's inside `fusion_graph!`, or proc-macro2's
     /// own (with line and column) when a build script parses Rust source.
     Tokens(proc_macro2::Span),
@@ -54,7 +59,9 @@ impl Span {
 /// One problem, with where it was found.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Diagnostic {
+    /// What is wrong, as one sentence.
     pub message: String,
+    /// Where it is wrong.
     pub span: Span,
     /// Extra sentences: what to do about it.
     pub notes: Vec<String>,
@@ -63,6 +70,7 @@ pub struct Diagnostic {
 }
 
 impl Diagnostic {
+    /// A problem at `span`, without notes or labels.
     pub fn new(span: Span, message: impl Into<String>) -> Diagnostic {
         Diagnostic {
             message: message.into(),
@@ -72,11 +80,13 @@ impl Diagnostic {
         }
     }
 
+    /// Adds another place that matters, with what it is.
     pub fn with_label(mut self, span: Span, label: impl Into<String>) -> Diagnostic {
         self.labels.push((span, label.into()));
         self
     }
 
+    /// Adds a sentence saying what to do about it.
     pub fn with_note(mut self, note: impl Into<String>) -> Diagnostic {
         self.notes.push(note.into());
         self
@@ -103,6 +113,7 @@ pub const MAX_RENDERED: usize = 50;
 pub struct Diagnostics(pub Vec<Diagnostic>);
 
 impl Diagnostics {
+    /// The diagnostics, in the order found.
     pub fn iter(&self) -> std::slice::Iter<'_, Diagnostic> {
         self.0.iter()
     }
@@ -152,7 +163,9 @@ impl std::error::Error for Diagnostics {}
 /// A 1-based line and column (columns count characters, not bytes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LineCol {
+    /// The line, from 1.
     pub line: usize,
+    /// The column, from 1, in characters.
     pub column: usize,
 }
 
@@ -164,11 +177,14 @@ pub const MAX_SOURCE_BYTES: u64 = 1024 * 1024;
 /// A graph's source text and the path it was read from.
 #[derive(Clone, Debug)]
 pub struct SourceFile {
+    /// Where it was read from, as diagnostics print it.
     pub path: PathBuf,
+    /// The whole text.
     pub text: String,
 }
 
 impl SourceFile {
+    /// A source text and the path its diagnostics name.
     pub fn new(path: impl Into<PathBuf>, text: impl Into<String>) -> SourceFile {
         SourceFile {
             path: path.into(),

@@ -21,6 +21,7 @@ use serde_json::Value;
 pub struct FfnConfig {
     /// The config's `model_type`, e.g. `llama`.
     pub model_type: String,
+    /// Which block it is.
     pub family: Family,
     /// D, the hidden size.
     pub hidden: u64,
@@ -32,6 +33,7 @@ pub struct FfnConfig {
     pub eps: f64,
 }
 
+/// The kinds of feed-forward block a config can describe.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Family {
     /// RMSNorm and a gated MLP (Llama, Mistral, Qwen2, Qwen3).

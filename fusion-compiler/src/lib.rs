@@ -7,8 +7,8 @@
 //! | [`syntax`] | parses a graph from TOML or from `fusion_graph!` tokens into one AST |
 //! | [`ir`] | resolves and checks it: a [`ir::Graph`] with shapes and dtypes; the op table ([`ir::ops`]) every later stage reads |
 //! | [`fuse`] | splits the graph into fused kernels: a [`fuse::Plan`] |
-//! | [`codegen`] | renders CUDA units, the C header and typed Rust wrappers |
 //! | [`select`] | picks and checks a tile config per kernel and target arch |
+//! | [`codegen`] | renders CUDA units, the C header and typed Rust wrappers |
 //! | [`target`] | one module per GPU generation: gencode, devices, budgets, dtypes, mainloop, checks, tuned table, tile space |
 //! | [`tune`] | the tuner's candidates per kernel and arch, pruned before any compile |
 //! | [`reference`](mod@reference) | evaluates a graph on the CPU in f64: the oracle for GPU tests |
@@ -27,6 +27,8 @@
 //! link. `fuse`, `select`, `target`, `tune`,
 //! `codegen` and `reference` need the feature `compiler`, and `build` the feature `build`
 //! (which includes `compiler`); both are on by default.
+
+#![warn(missing_docs)]
 
 pub mod arch;
 #[cfg(feature = "build")]

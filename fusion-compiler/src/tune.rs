@@ -99,7 +99,9 @@ pub const AFTER_SEARCH: &[PruneReason] = &[
 /// compile.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SearchSpace {
+    /// The arch it is for.
     pub arch: Arch,
+    /// The kernel it is for.
     pub kernel: KernelKind,
     /// The configs to compile, in the space's order ([`TileSpace::tiles`]).
     pub candidates: Vec<TileConfig>,
@@ -117,6 +119,7 @@ impl SearchSpace {
         self.candidates.len() + self.pruned_total()
     }
 
+    /// How many configs were pruned before any compile.
     pub fn pruned_total(&self) -> usize {
         self.pruned.values().sum()
     }
@@ -213,8 +216,11 @@ fn prune_before_compile(
 /// registers per thread (absent where it was not read).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TileResources {
+    /// Dynamic shared memory per block, in bytes.
     pub smem_bytes: u32,
+    /// Threads per block.
     pub threads: u32,
+    /// Registers per thread, as ptxas reported them.
     pub registers_per_thread: Option<u32>,
 }
 

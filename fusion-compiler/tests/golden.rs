@@ -1,4 +1,4 @@
-//! Golden files of generated code: for three shipped graphs, the CUDA units
+//! Golden files of generated code: for four shipped graphs, the CUDA units
 //! and the Rust wrappers that codegen renders, compared byte for byte with
 //! the files checked in under `tests/golden/<graph>/`. A change to the
 //! templates, headers' callers, tile tables or wrappers shows up here as a

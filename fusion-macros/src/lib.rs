@@ -34,6 +34,8 @@
 //! mlp.run(&stream, &x, &mut y)?;
 //! ```
 
+#![warn(missing_docs)]
+
 use fusion_compiler::diagnostic::{Diagnostics, Span};
 use fusion_compiler::generated::{MACRO_GRAPHS_DIR, struct_name};
 use proc_macro::TokenStream;

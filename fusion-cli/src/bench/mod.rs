@@ -327,7 +327,7 @@ pub fn relative_difference<T: BenchElement>(got: &[T], want: &[T]) -> f64 {
 /// output against the exact reference (`testing::relative_l2_limit`, about
 /// 5x the error measured for f32-accumulating GEMMs). Two independent such
 /// outputs differ by about √2 times either's error, still well within it
-/// (run D of BENCHMARKS.md: at most 3.7e-4 for f16, limit 1e-3), and a
+/// (run D of benchmarks/HISTORY.md: at most 3.7e-4 for f16, limit 1e-3), and a
 /// wrong tile, column or rounding to a coarser type is far above it.
 pub fn agreement_limit(dtype: DType) -> f64 {
     fusion::testing::relative_l2_limit(dtype)

@@ -10,7 +10,9 @@
 //!     .unwrap_or_else(|e| panic!("{e}"));
 //! ```
 //!
-//! and in the crate: `include!(concat!(env!("OUT_DIR"), "/fusion_kernels.rs"));`.
+//! and in the crate: `include!(concat!(env!("OUT_DIR"), "/<name>.rs"));`, where
+//! `<name>` is [`Builder::lib_name`]'s (by default `<package>_kernels`:
+//! `fusion_kernels.rs` for fusion itself).
 //!
 //! A crate that declares its graphs with `fusion_graph!` lists the files that
 //! hold them instead:
@@ -65,6 +67,7 @@ impl Default for Builder {
 }
 
 impl Builder {
+    /// A builder with nothing to compile yet.
     pub fn new() -> Builder {
         Builder {
             graphs_dirs: Vec::new(),

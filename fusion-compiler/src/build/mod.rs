@@ -93,6 +93,7 @@ pub struct Unit {
 pub struct GeneratedFile {
     /// File name, written into `OUT_DIR` (which is on nvcc's include path).
     pub name: String,
+    /// The file's text.
     pub contents: String,
 }
 
@@ -113,6 +114,7 @@ pub struct CompileOptions {
     pub jobs: usize,
     /// Rust target and host triples, for `cc` (host compiler flags, `ar`).
     pub target: String,
+    /// The host triple (`HOST`).
     pub host: String,
     /// Compile and link nothing; only write the bindings.
     pub skip_nvcc: bool,
@@ -191,11 +193,13 @@ pub enum BuildMode {
 /// What [`compile`] produced.
 #[derive(Clone, Debug)]
 pub struct CompiledLibrary {
+    /// Whether anything was compiled and linked.
     pub mode: BuildMode,
     /// bindgen's output for the generated header: `OUT_DIR/fusion_ffi.rs`.
     pub ffi_rs: PathBuf,
     /// The archive's name (`-l static=<lib_name>`) and directory.
     pub lib_name: String,
+    /// The directory that holds the archive.
     pub lib_dir: PathBuf,
     /// Units that went through nvcc in this call.
     pub units_compiled: usize,
@@ -210,38 +214,70 @@ pub struct CompiledLibrary {
 /// Why the kernels could not be built. Every message says what to do.
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
+    /// No nvcc was found.
     #[error(
         "nvcc was not found (searched: {}): run `cargo xtask toolchain` to install CUDA 13.0's nvcc into target/toolchain, or set NVCC",
         searched.join("; ")
     )]
-    NvccNotFound { searched: Vec<String> },
+    NvccNotFound {
+        /// Every place searched, in order.
+        searched: Vec<String>,
+    },
+    /// bindgen could not load libclang.
     #[error(
         "libclang, which bindgen needs to read {header}, could not be loaded: {reason}. Set LIBCLANG_PATH to the directory that holds libclang.so, or run `cargo xtask toolchain` to install one into target/toolchain."
     )]
-    LibclangNotFound { header: PathBuf, reason: String },
+    LibclangNotFound {
+        /// The header bindgen was to read.
+        header: PathBuf,
+        /// Why libclang could not be loaded.
+        reason: String,
+    },
+    /// nvcc refused a unit.
     #[error("nvcc failed on {} (unit `{unit}`, {status}):\n{stderr}", source_path.display())]
     Nvcc {
+        /// The unit's name.
         unit: String,
+        /// Its source file.
         source_path: PathBuf,
+        /// How nvcc exited.
         status: String,
+        /// What nvcc printed.
         stderr: String,
     },
+    /// nvcc could not link a shared library.
     #[error("nvcc could not link {} ({status}):\n{output}", library.display())]
     Link {
+        /// The library it was linking.
         library: PathBuf,
+        /// How nvcc exited.
         status: String,
+        /// What nvcc printed.
         output: String,
     },
+    /// Several units failed, each with its error.
     #[error("{} kernel units failed to compile:\n\n{}", .0.len(), join_errors(.0))]
     Several(Vec<BuildError>),
+    /// bindgen could not translate the generated header.
     #[error("bindgen could not translate {}: {reason}", header.display())]
-    Bindgen { header: PathBuf, reason: String },
+    Bindgen {
+        /// The header.
+        header: PathBuf,
+        /// bindgen's message.
+        reason: String,
+    },
+    /// A file could not be read, written or created.
     #[error("{action} {}: {source}", path.display())]
     Io {
+        /// What was being done (`cannot write`).
         action: &'static str,
+        /// The file.
         path: PathBuf,
+        /// The error the system gave.
         source: std::io::Error,
     },
+    /// A setting (an environment variable, a graph file, a tuned table) is
+    /// wrong; the message says which and how.
     #[error("{0}")]
     Config(String),
 }

@@ -37,6 +37,7 @@ impl Env {
         "NVCC_APPEND_FLAGS",
     ];
 
+    /// The variables discovery reads, as the process has them.
     pub fn from_process() -> Env {
         Env::from_pairs(
             Env::NAMES
@@ -45,6 +46,7 @@ impl Env {
         )
     }
 
+    /// Variables given as pairs (for tests), with the system nvcc looked for at [`Env::SYSTEM_NVCC`].
     pub fn from_pairs<K: Into<String>, V: Into<OsString>>(pairs: impl IntoIterator<Item = (K, V)>) -> Env {
         Env {
             vars: pairs.into_iter().map(|(k, v)| (k.into(), v.into())).collect(),
@@ -117,6 +119,7 @@ impl ToolchainFile {
         }
     }
 
+    /// The value of `key`, if set.
     pub fn get(&self, key: &str) -> Option<&str> {
         self.vars.get(key).map(String::as_str)
     }
@@ -220,6 +223,7 @@ fn is_executable(path: &Path) -> bool {
 /// An nvcc found and asked for its version.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Nvcc {
+    /// The nvcc executable.
     pub program: PathBuf,
     /// The output of `nvcc --version`: part of every cache key, so a
     /// different nvcc never reuses another's objects.

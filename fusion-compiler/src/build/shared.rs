@@ -36,6 +36,7 @@ pub struct SharedCompiler {
 /// A library [`SharedCompiler::build`] made or found made.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SharedLibrary {
+    /// The shared library's path.
     pub path: PathBuf,
     /// What nvcc printed compiling each unit (for an object from the cache,
     /// when it was compiled) and linking them.
@@ -58,6 +59,7 @@ impl SharedCompiler {
         })
     }
 
+    /// The nvcc it compiles with.
     pub fn nvcc(&self) -> &Nvcc {
         self.command.nvcc()
     }

@@ -63,6 +63,7 @@ pub struct CandidateList {
     #[serde(default)]
     #[allow(dead_code, reason = "documentation for people reading the file")]
     note: Option<String>,
+    /// The candidates, each rendered as its own units.
     pub candidates: Vec<Candidate>,
 }
 
@@ -79,10 +80,15 @@ impl CandidateList {
 pub struct CandidateUnit {
     /// Its candidate's index in the list.
     pub candidate: usize,
+    /// The arch it is rendered for.
     pub arch: Arch,
+    /// Its element type.
     pub dtype: DType,
+    /// The GEMM it computes.
     pub composition: GemmComposition,
+    /// Its tile configs.
     pub config: KernelConfig,
+    /// The rendered unit.
     pub unit: RenderedUnit,
 }
 
@@ -187,11 +193,15 @@ fn parse_all<T>(names: &[String], what: &str, parse: impl Fn(&str) -> Option<T>)
 /// render it for.
 #[derive(Clone, Copy, Debug)]
 pub struct KernelChoice<'a> {
+    /// The plan the kernel is in.
     pub plan: &'a Plan,
     /// The kernel's index in `plan`.
     pub kernel_index: usize,
+    /// The kernel's composition.
     pub composition: &'a GemmComposition,
+    /// The element type to render it in.
     pub dtype: DType,
+    /// The arch to render it for.
     pub arch: Arch,
 }
 
@@ -199,7 +209,9 @@ pub struct KernelChoice<'a> {
 /// `<lib>_error_string`, `(file stem, source)`.
 #[derive(Clone, Debug)]
 pub struct KernelUnits {
+    /// The kernel's unit.
     pub unit: RenderedUnit,
+    /// The unit with `<lib>_error_string`, `(file stem, source)`.
     pub error_unit: (String, String),
 }
 

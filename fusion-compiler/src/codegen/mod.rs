@@ -6,10 +6,10 @@
 //! mainloop × epilogue chain) with a `B` layout, a dtype, a mainloop and its
 //! tile configs. Kernels that agree on all of these share one unit and one
 //! launcher symbol, whichever graphs and kernel positions use them (the
-//! `gemm_bias_residual` of three graphs is compiled once), and targets whose
-//! mainloop and configs agree (a norm composition on sm80 and sm90 with the
-//! same sm80 tiles) share one unit compiled for both; the mainloop is part of
-//! the key, so an sm80 and an sm90 mainloop never share a unit. Symbols start with the library name, so two crates' libraries
+//! `gemm_bias_residual` of three graphs is compiled once). The mainloop is
+//! part of a GEMM's key and every generation has its own, so a GEMM unit
+//! serves one generation; a standalone norm or elementwise kernel has no
+//! mainloop, and its one unit is compiled for every generation built. Symbols start with the library name, so two crates' libraries
 //! link side by side.
 //!
 //! The templates (`kernels/*.hbs`, see [`templates`]) only pick C++ types
@@ -68,6 +68,7 @@ fn tile_type(mainloop: Mainloop, c: &TileConfig) -> String {
 /// One graph to compile, and the element types to compile it for.
 #[derive(Clone, Debug)]
 pub struct GraphSpec {
+    /// Its plan.
     pub plan: Plan,
     /// Each one re-types the whole graph; every kernel gets a variant per dtype.
     pub dtypes: Vec<DType>,
@@ -89,29 +90,42 @@ pub struct GraphSpec {
 #[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum KernelKey {
+    /// A fused GEMM.
     Gemm {
+        /// The norm before the GEMM, if any.
         prologue: Option<NormKind>,
+        /// How B is stored.
         layout: WeightLayout,
         /// A gated GEMM's activation ([`crate::fuse::GemmComposition::gate`]).
         gate: Option<Activation>,
+        /// The epilogue chain.
         steps: Vec<EpilogueStep>,
+        /// The element type.
         dtype: DType,
+        /// The mainloop it runs.
         mainloop: Mainloop,
+        /// Its tile configs.
         config: KernelConfig,
-        /// The tuned table entry (or the heuristic) `config` came from, which
-        /// the unit's resource checks name.
+        /// The tuned table entry (or the tuned cache's entries) `config` came
+        /// from, which the unit's resource checks name.
         origin: ConfigSource,
         /// The static N and K `config` was tuned for, when it came from a
         /// tuned cache: kernels of one composition at other shapes are
         /// other units.
         tuned_for: Option<(u64, u64)>,
     },
+    /// A standalone norm.
     Norm {
+        /// LayerNorm or RMSNorm.
         kind: NormKind,
+        /// The element type.
         dtype: DType,
     },
+    /// A standalone chain of elementwise steps.
     Elementwise {
+        /// The steps, in order.
         steps: Vec<EpilogueStep>,
+        /// The element type.
         dtype: DType,
     },
 }
@@ -119,8 +133,11 @@ pub enum KernelKey {
 /// Which C params struct a launcher takes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ParamsKind {
+    /// `fusion_gemm_params`.
     Gemm,
+    /// `fusion_norm_params`.
     Norm,
+    /// `fusion_elementwise_params`.
     Elementwise,
 }
 
@@ -147,13 +164,16 @@ impl ParamsKind {
 pub struct RenderedUnit {
     /// The launcher's `extern "C"` name, also the unit's file stem.
     pub symbol: String,
+    /// What the unit computes.
     pub key: KernelKey,
+    /// The params struct its launcher takes.
     pub params: ParamsKind,
     /// The architectures it is compiled for, ascending.
     pub archs: Vec<Arch>,
     /// The graph kernels it serves, `swiglu_ffn#0` (the kernel's index in
     /// the graph's plan).
     pub used_by: Vec<String>,
+    /// The CUDA source.
     pub source: String,
 }
 
@@ -180,10 +200,12 @@ impl RenderedUnit {
 /// The launcher each (dtype, arch) of one planned kernel calls.
 #[derive(Clone, Debug, Default)]
 pub struct KernelVariants {
+    /// `(dtype, arch, launcher symbol)`, one per variant built.
     pub variants: Vec<(DType, Arch, String)>,
 }
 
 impl KernelVariants {
+    /// The launcher of the variant for `dtype` on `arch`, if it was built.
     pub fn symbol(&self, dtype: DType, arch: Arch) -> Option<&str> {
         self.variants
             .iter()
@@ -195,14 +217,18 @@ impl KernelVariants {
 /// One compiled graph: its plan and, per kernel of the plan, its launchers.
 #[derive(Clone, Debug)]
 pub struct GraphLaunchers {
+    /// The graph, as given to [`render`].
     pub spec: GraphSpec,
+    /// Per kernel of the plan, in plan order, its launchers.
     pub kernels: Vec<KernelVariants>,
 }
 
 /// Everything rendered for one library.
 #[derive(Clone, Debug)]
 pub struct KernelLibrary {
+    /// The library's name: the prefix of every symbol.
     pub lib_name: String,
+    /// The generations it was rendered for, ascending.
     pub archs: Vec<Arch>,
     /// Kernel units, then the unit with `<lib>_error_string`.
     pub units: Vec<RenderedUnit>,
@@ -210,6 +236,7 @@ pub struct KernelLibrary {
     pub error_unit: (String, String),
     /// `<lib>.h` and its contents.
     pub header: (String, String),
+    /// The graphs it compiles, in the order given.
     pub graphs: Vec<GraphLaunchers>,
     /// What the build should tell the user: problems with the tuned cache,
     /// each naming its file (and the entry), each once.
@@ -219,16 +246,30 @@ pub struct KernelLibrary {
 /// Why code could not be generated.
 #[derive(Debug, thiserror::Error)]
 pub enum CodegenError {
+    /// No tile config could be chosen.
     #[error(transparent)]
     Select(#[from] SelectError),
+    /// A graph asks for something the code generator cannot render.
     #[error("graph `{graph}`: {message}")]
-    Unsupported { graph: String, message: String },
+    Unsupported {
+        /// The graph's name.
+        graph: String,
+        /// What it asks for.
+        message: String,
+    },
     #[error(
         "`{0}` is not a valid library name: use lowercase letters, digits and `_`, starting with a letter"
     )]
+    /// The library name is not usable in C symbols.
     LibName(String),
+    /// A template failed to render.
     #[error("rendering {template}: {message}")]
-    Template { template: String, message: String },
+    Template {
+        /// The template's name.
+        template: String,
+        /// Handlebars' message.
+        message: String,
+    },
 }
 
 /// `text` as a library name [`render`] accepts: lowercase ASCII letters,

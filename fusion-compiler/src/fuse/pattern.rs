@@ -13,14 +13,23 @@ use std::fmt;
 /// (and so names users know, cuBLASLt epilogue equivalents, tuned configs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum NamedPattern {
+    /// `gelu(x @ w^T + b)`.
     GemmBiasGelu,
+    /// `silu(x @ w^T + b)`.
     GemmBiasSilu,
+    /// `relu(x @ w^T + b)`.
     GemmBiasRelu,
+    /// `x @ w^T + b`.
     GemmBias,
+    /// `x @ w^T + b + r`.
     GemmBiasResidual,
+    /// `gelu(x @ w^T)`.
     GemmGelu,
+    /// `silu(x @ w^T)`.
     GemmSilu,
+    /// `layernorm(x, gamma, beta) @ w^T`.
     LayerNormGemm,
+    /// `rmsnorm(x, gamma) @ w^T`.
     RmsNormGemm,
 }
 
@@ -29,6 +38,7 @@ const SILU: EpilogueStep = EpilogueStep::Activation(Activation::SILU);
 const RELU: EpilogueStep = EpilogueStep::Activation(Activation::RELU);
 
 impl NamedPattern {
+    /// All nine, in the order above.
     pub const ALL: [NamedPattern; 9] = [
         NamedPattern::GemmBiasGelu,
         NamedPattern::GemmBiasSilu,

@@ -14,6 +14,7 @@ use std::fmt;
 /// and a kernel comes after every kernel that computes one of its inputs.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Plan {
+    /// The graph it splits.
     pub graph: Graph,
     /// In an order that respects data dependencies: launch them in turn.
     pub kernels: Vec<FusedKernel>,
@@ -29,6 +30,7 @@ pub struct FusedKernel {
     /// The composition's name (`gemm_bias_gelu`, `gemm_silu_mul`, `add`).
     /// Not unique within a plan: see [`Plan::kernel_symbol`].
     pub name: String,
+    /// What it computes.
     pub composition: Composition,
     /// The ops it computes, in dataflow order (which is also topological
     /// order): the prologue norm, the matmul, a gated GEMM's activation, up
@@ -81,10 +83,13 @@ pub struct GemmComposition {
 /// A row normalisation and its epsilon.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Norm {
+    /// LayerNorm or RMSNorm.
     pub kind: NormKind,
+    /// Added to the variance (or mean square) under the root.
     pub eps: f64,
 }
 
+/// Which row normalisation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum NormKind {
     /// Reads `gamma` and `beta`.
@@ -98,6 +103,7 @@ pub enum NormKind {
 pub enum EpilogueStep {
     /// Adds a `[N]` row to every row: reads a [`Role::Bias`] operand.
     Bias,
+    /// Applies an activation to each value.
     Activation(Activation),
     /// Adds a tensor of the accumulator's shape: reads a [`Role::Residual`].
     Residual,
@@ -109,7 +115,9 @@ pub enum EpilogueStep {
 /// A tensor a kernel reads, and what for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Operand {
+    /// What the kernel reads it for.
     pub role: Role,
+    /// The tensor.
     pub tensor: TensorId,
 }
 
@@ -118,13 +126,21 @@ pub struct Operand {
 /// caller passes (a variable's tokens, a device address).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GemmOperands<T> {
+    /// `A`, the activations.
     pub a: Option<T>,
+    /// `B`, the weight (a gated GEMM's gate weight).
     pub b: Option<T>,
+    /// A gated GEMM's up weight.
     pub b_up: Option<T>,
+    /// The `[N]` bias.
     pub bias: Option<T>,
+    /// The `[M, N]` tensor a residual step adds.
     pub residual: Option<T>,
+    /// The `[M, N]` tensor a mul step multiplies by.
     pub multiplier: Option<T>,
+    /// The norm prologue's gamma.
     pub gamma: Option<T>,
+    /// LayerNorm's beta.
     pub beta: Option<T>,
 }
 
@@ -162,11 +178,20 @@ pub enum Role {
     /// The input of a standalone norm, or of an elementwise chain's first op.
     X,
     /// The `[N]` row of the epilogue step at index `step`.
-    Bias { step: usize },
+    Bias {
+        /// The step's index in the epilogue chain.
+        step: usize,
+    },
     /// The tensor the epilogue step at index `step` adds.
-    Residual { step: usize },
+    Residual {
+        /// The step's index in the epilogue chain.
+        step: usize,
+    },
     /// The tensor the epilogue step at index `step` multiplies by.
-    MulOperand { step: usize },
+    MulOperand {
+        /// The step's index in the epilogue chain.
+        step: usize,
+    },
 }
 
 impl Role {
@@ -422,6 +447,7 @@ impl FusedKernel {
 /// memory between launches.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CrossingTensor {
+    /// The tensor.
     pub tensor: TensorId,
     /// Index of the kernel that writes it.
     pub producer: usize,

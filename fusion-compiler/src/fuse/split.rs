@@ -18,11 +18,13 @@ use super::plan::GemmComposition;
 pub struct SplitRule {
     /// The composition's name (`gemm_bias_residual`).
     pub composition: String,
+    /// Bounds on the GEMM's static N.
     pub n: DimBounds,
+    /// Bounds on the GEMM's static K.
     pub k: DimBounds,
     /// What was measured, for `fusion plan` (a sentence, with where it is
     /// recorded: "0.88 of cuBLASLt BIAS + beta·C at (512, 2048, 2048),
-    /// BENCHMARKS.md v13").
+    /// benchmarks/HISTORY.md v13").
     pub reason: String,
     /// The table it comes from: `kernels/tuned/sm90.json`.
     pub origin: String,
@@ -31,7 +33,9 @@ pub struct SplitRule {
 /// Bounds on one static dim of a GEMM.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DimBounds {
+    /// The smallest size within, if any.
     pub min: Option<u64>,
+    /// The largest size within, if any.
     pub max: Option<u64>,
 }
 
@@ -67,6 +71,8 @@ pub struct Split {
     /// The composition it formed in its place (`gemm_bias`); the ops left
     /// out run as kernels of their own.
     pub kept: String,
+    /// The rule's reason ([`SplitRule::reason`]).
     pub reason: String,
+    /// The table the rule comes from.
     pub origin: String,
 }

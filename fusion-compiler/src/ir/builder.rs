@@ -54,6 +54,7 @@ pub struct GraphBuilder {
 }
 
 impl GraphBuilder {
+    /// An empty graph named `name`.
     pub fn new(name: impl Into<String>) -> GraphBuilder {
         GraphBuilder {
             graph: Graph {
@@ -79,6 +80,7 @@ impl GraphBuilder {
         self
     }
 
+    /// Sets the graph's documentation.
     pub fn doc(&mut self, doc: impl Into<String>) -> &mut Self {
         self.graph.doc = Some(doc.into());
         self
@@ -438,10 +440,12 @@ impl GraphBuilder {
         self.activation(Activation::GELU_ERF, x)
     }
 
+    /// SiLU: x·sigmoid(x).
     pub fn silu(&mut self, x: TensorId) -> Result<TensorId, Diagnostic> {
         self.activation(Activation::SILU, x)
     }
 
+    /// ReLU: max(x, 0).
     pub fn relu(&mut self, x: TensorId) -> Result<TensorId, Diagnostic> {
         self.activation(Activation::RELU, x)
     }

@@ -22,12 +22,16 @@ use std::str::FromStr;
 /// Element type of a tensor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DType {
+    /// IEEE half precision.
     F16,
+    /// bfloat16.
     BF16,
+    /// IEEE single precision.
     F32,
 }
 
 impl DType {
+    /// Every dtype, in the order the parser lists them.
     pub const ALL: [DType; 3] = [DType::F16, DType::BF16, DType::F32];
 
     /// The name used in graph declarations (`f16`).
@@ -39,6 +43,7 @@ impl DType {
         }
     }
 
+    /// Bytes per element.
     pub fn size_bytes(self) -> usize {
         match self {
             DType::F16 | DType::BF16 => 2,
@@ -78,15 +83,18 @@ pub struct OpId(pub usize);
 /// A named dim of the graph.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DimDef {
+    /// The dim's name (`M`).
     pub name: String,
     /// `None` for a dynamic dim, known only at run time.
     pub size: Option<u64>,
+    /// Where it was declared.
     pub span: Span,
 }
 
 /// The size of one axis of a tensor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Extent {
+    /// A size known when the graph is compiled.
     Static(u64),
     /// A dynamic dim: two axes with the same `DimId` have the same size at
     /// run time.
@@ -109,10 +117,15 @@ pub enum TensorKind {
 /// A tensor: row-major over its shape.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TensorDesc {
+    /// The tensor's name, unique in the graph (`%<n>` for an unnamed intermediate).
     pub name: String,
+    /// Its element type.
     pub dtype: DType,
+    /// One extent per axis, outermost first.
     pub shape: Vec<Extent>,
+    /// Input, weight, intermediate or output.
     pub kind: TensorKind,
+    /// Where it was declared or computed.
     pub span: Span,
 }
 
@@ -130,7 +143,10 @@ pub enum WeightLayout {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum OpKind {
     /// `[a, b]`: a `[M, K]` times b (`[K, N]` or `[N, K]`) → `[M, N]`.
-    MatMul { b_layout: WeightLayout },
+    MatMul {
+        /// How b is stored.
+        b_layout: WeightLayout,
+    },
     /// `[x, bias]`: x `[M, N]` plus bias `[N]` on every row.
     BiasAdd,
     /// `[a, b]`: elementwise sum of equal shapes.
@@ -140,9 +156,15 @@ pub enum OpKind {
     /// `[x]`: the activation's formula of each value (see [`ops`]).
     Activation(Activation),
     /// `[x, gamma, beta]`: per row, (x − mean)/√(var + eps)·gamma + beta.
-    LayerNorm { eps: f64 },
+    LayerNorm {
+        /// Added to the variance under the root.
+        eps: f64,
+    },
     /// `[x, gamma]`: per row, x/√(mean(x²) + eps)·gamma.
-    RmsNorm { eps: f64 },
+    RmsNorm {
+        /// Added to the mean square under the root.
+        eps: f64,
+    },
 }
 
 impl OpKind {
@@ -174,19 +196,28 @@ impl OpKind {
 /// One op: reads `inputs`, defines `output`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Op {
+    /// What it computes, with its parameters.
     pub kind: OpKind,
+    /// Its operands, in the order the op table gives them.
     pub inputs: Vec<TensorId>,
+    /// The tensor it defines.
     pub output: TensorId,
+    /// The expression it came from.
     pub span: Span,
 }
 
 /// A valid dataflow graph. Ops are in topological order.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Graph {
+    /// The graph's name.
     pub name: String,
+    /// Its documentation, from the declaration.
     pub doc: Option<String>,
+    /// Its named dims, indexed by [`DimId`].
     pub dims: Vec<DimDef>,
+    /// Every tensor, indexed by [`TensorId`].
     pub tensors: Vec<TensorDesc>,
+    /// Every op, indexed by [`OpId`], in topological order.
     pub ops: Vec<Op>,
     /// Declared inputs, in declaration order.
     pub inputs: Vec<TensorId>,
@@ -197,14 +228,17 @@ pub struct Graph {
 }
 
 impl Graph {
+    /// The tensor `id`.
     pub fn tensor(&self, id: TensorId) -> &TensorDesc {
         &self.tensors[id.0]
     }
 
+    /// The op `id`.
     pub fn op(&self, id: OpId) -> &Op {
         &self.ops[id.0]
     }
 
+    /// Every op's id, in topological order.
     pub fn op_ids(&self) -> impl Iterator<Item = OpId> + '_ {
         (0..self.ops.len()).map(OpId)
     }
@@ -224,10 +258,12 @@ impl Graph {
             .then(|| self.dims[..dim.0].iter().filter(|d| d.size.is_none()).count())
     }
 
+    /// The tensor named `name`.
     pub fn tensor_by_name(&self, name: &str) -> Option<TensorId> {
         self.tensors.iter().position(|t| t.name == name).map(TensorId)
     }
 
+    /// The dim named `name`.
     pub fn dim_by_name(&self, name: &str) -> Option<DimId> {
         self.dims.iter().position(|d| d.name == name).map(DimId)
     }

@@ -25,6 +25,7 @@ pub struct OpDef {
     pub arity: usize,
     /// Keyword arguments, each optional.
     pub keywords: &'static [Keyword],
+    /// What kind of computation it is.
     pub form: OpForm,
     /// How the CPU reference computes it.
     pub reference: Formula,
@@ -33,11 +34,13 @@ pub struct OpDef {
 /// A keyword argument, such as a norm's `eps`.
 #[derive(Debug)]
 pub struct Keyword {
+    /// As written in a call: `eps`.
     pub name: &'static str,
     /// Used when the call leaves it out.
     pub default: f64,
     /// The values it accepts, in words: "a positive number".
     pub allowed: &'static str,
+    /// Whether a value is one of those [`Keyword::allowed`] describes.
     pub accepts: fn(f64) -> bool,
 }
 
@@ -57,6 +60,7 @@ pub enum OpForm {
 /// What an elementwise op is in an epilogue chain.
 #[derive(Debug)]
 pub struct StepDef {
+    /// Which operand, if any, it reads besides the accumulator.
     pub kind: StepKind,
     /// The word it adds to a composed kernel name (`bias` in
     /// `gemm_bias_gelu`); tuned tables and launcher symbols are keyed by
@@ -111,6 +115,7 @@ const fn eps(default: f64) -> Keyword {
     }
 }
 
+/// `matmul(a, b)`, `a @ b`: a matrix product, the mainloop of a fused GEMM.
 pub const MATMUL: OpDef = OpDef {
     name: "matmul",
     arity: 2,
@@ -141,6 +146,7 @@ const fn step(
     }
 }
 
+/// `add(a, b)`, `a + b` of two tensors of one shape: a residual add in an epilogue.
 pub const ADD: OpDef = step(
     "add",
     2,
@@ -150,6 +156,7 @@ pub const ADD: OpDef = step(
     Formula::Binary(|a, b| a + b),
 );
 
+/// `mul(a, b)`, `a * b`: an elementwise product (SwiGLU's gate times up).
 pub const MUL: OpDef = step(
     "mul",
     2,
@@ -159,6 +166,7 @@ pub const MUL: OpDef = step(
     Formula::Binary(|a, b| a * b),
 );
 
+/// `bias_add(x, b)`, `x + b` with `b` a row vector `[N]`: a bias added to every row.
 pub const BIAS_ADD: OpDef = step(
     "bias_add",
     2,
@@ -180,11 +188,17 @@ const fn activation(name: &'static str, cuda_type: &'static str, formula: fn(f64
     )
 }
 
+/// `gelu(x)`: GELU, tanh approximation.
 pub const GELU: OpDef = activation("gelu", "fusion::Gelu", gelu_tanh);
+/// `gelu_erf(x)`: GELU, exact (erf).
 pub const GELU_ERF: OpDef = activation("gelu_erf", "fusion::GeluErf", gelu_erf);
+/// `silu(x)`: x·sigmoid(x).
 pub const SILU: OpDef = activation("silu", "fusion::Silu", silu);
+/// `relu(x)`: max(x, 0).
 pub const RELU: OpDef = activation("relu", "fusion::Relu", relu);
+/// `sigmoid(x)`: 1/(1 + e^−x).
 pub const SIGMOID: OpDef = activation("sigmoid", "fusion::Sigmoid", sigmoid);
+/// `gelu_quick(x)`: CLIP's quick GELU, x·sigmoid(1.702·x).
 pub const GELU_QUICK: OpDef = activation("gelu_quick", "fusion::GeluQuick", gelu_quick);
 
 /// A row normalisation's row.
@@ -202,7 +216,9 @@ const fn norm(name: &'static str, arity: usize, keywords: &'static [Keyword], fo
 const LAYERNORM_KEYWORDS: &[Keyword] = &[eps(1e-5)];
 const RMSNORM_KEYWORDS: &[Keyword] = &[eps(1e-6)];
 
+/// `layernorm(x, gamma, beta, eps = 1e-5)`: LayerNorm over each row.
 pub const LAYERNORM: OpDef = norm("layernorm", 3, LAYERNORM_KEYWORDS, OpForm::LayerNorm);
+/// `rmsnorm(x, gamma, eps = 1e-6)`: RMSNorm over each row.
 pub const RMSNORM: OpDef = norm("rmsnorm", 2, RMSNORM_KEYWORDS, OpForm::RmsNorm);
 
 /// Every op, in the order error notes list them.
@@ -233,9 +249,13 @@ pub fn op_named(name: &str) -> Option<&'static OpDef> {
 pub struct Activation(&'static OpDef);
 
 impl Activation {
+    /// [`GELU`]'s row as an activation.
     pub const GELU: Activation = Activation(&GELU);
+    /// [`GELU_ERF`]'s row as an activation.
     pub const GELU_ERF: Activation = Activation(&GELU_ERF);
+    /// [`SILU`]'s row as an activation.
     pub const SILU: Activation = Activation(&SILU);
+    /// [`RELU`]'s row as an activation.
     pub const RELU: Activation = Activation(&RELU);
 
     /// The activation a row is, if it is one.
@@ -253,6 +273,7 @@ impl Activation {
         OPS.iter().copied().filter_map(Activation::of)
     }
 
+    /// Its row of the op table.
     pub fn def(self) -> &'static OpDef {
         self.0
     }

@@ -74,61 +74,115 @@ pub type Outputs = IndexMap<String, HostTensor>;
 /// Why a graph could not be evaluated, or a tensor could not be made.
 #[derive(Clone, Debug, PartialEq, Error)]
 pub enum ReferenceError {
+    /// A declared input or weight was not given.
     #[error("`{name}` is an input or weight of graph `{graph}` but was not given")]
-    MissingInput { graph: String, name: String },
+    MissingInput {
+        /// The graph's name.
+        graph: String,
+        /// The tensor's name.
+        name: String,
+    },
 
+    /// A tensor was given that the graph does not take.
     #[error("`{name}` was given but is not an input or weight of graph `{graph}`; it has: {expected}")]
     UnexpectedInput {
+        /// The graph's name.
         graph: String,
+        /// The name given.
         name: String,
         /// The names the graph does take, comma-separated.
         expected: String,
     },
 
+    /// A tensor's shape is not the declared one.
     #[error("`{name}` has shape [{got}] but graph `{graph}` declares it as [{expected}]")]
     WrongShape {
+        /// The graph's name.
         graph: String,
+        /// The tensor's name.
         name: String,
         /// The declared shape, dynamic dims by name: `M, 4096`.
         expected: String,
+        /// The shape given.
         got: String,
     },
 
+    /// Two tensors give a dynamic dim different sizes.
     #[error(
         "dynamic dim `{dim}` disagrees across inputs: it is {first_size} in `{first_tensor}` but {second_size} in `{second_tensor}`"
     )]
     DimsDisagree {
+        /// The dim's name.
         dim: String,
+        /// The first tensor that set it.
         first_tensor: String,
+        /// The size that tensor gave it.
         first_size: usize,
+        /// A later tensor that disagrees.
         second_tensor: String,
+        /// The size that tensor gives it.
         second_size: usize,
     },
 
+    /// A row was asked for beyond the tensors' rows.
     #[error("row {row} is out of range: dim `{dim}` has {rows} rows")]
-    RowOutOfRange { row: usize, dim: String, rows: usize },
-
-    #[error("cannot evaluate selected rows of graph `{graph}`: {reason}")]
-    NotRowLocal { graph: String, reason: String },
-
-    #[error("a tensor of shape {shape:?} holds {expected} values, but {got} were given")]
-    DataLength {
-        shape: Vec<usize>,
-        expected: usize,
-        got: usize,
+    RowOutOfRange {
+        /// The row asked for.
+        row: usize,
+        /// The dim that counts rows.
+        dim: String,
+        /// Its size.
+        rows: usize,
     },
 
-    #[error("cannot draw {dtype} values uniformly from [{lo}, {hi}]: {reason}")]
-    InvalidRange {
-        dtype: DType,
-        lo: f64,
-        hi: f64,
+    /// Rows were selected in a graph whose rows depend on each other.
+    #[error("cannot evaluate selected rows of graph `{graph}`: {reason}")]
+    NotRowLocal {
+        /// The graph's name.
+        graph: String,
+        /// Why its rows are not independent.
         reason: String,
     },
 
-    #[error("dynamic dim `{dim}` of graph `{graph}` needs a size")]
-    MissingDimSize { graph: String, dim: String },
+    /// A tensor's values do not fill its shape.
+    #[error("a tensor of shape {shape:?} holds {expected} values, but {got} were given")]
+    DataLength {
+        /// The shape.
+        shape: Vec<usize>,
+        /// How many values it holds.
+        expected: usize,
+        /// How many were given.
+        got: usize,
+    },
 
+    /// Random values cannot be drawn from a range.
+    #[error("cannot draw {dtype} values uniformly from [{lo}, {hi}]: {reason}")]
+    InvalidRange {
+        /// The element type to draw.
+        dtype: DType,
+        /// The range's lower end.
+        lo: f64,
+        /// Its upper end.
+        hi: f64,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// A dynamic dim that no tensor sizes was given no size.
+    #[error("dynamic dim `{dim}` of graph `{graph}` needs a size")]
+    MissingDimSize {
+        /// The graph's name.
+        graph: String,
+        /// The dim's name.
+        dim: String,
+    },
+
+    /// A size was given for a name that is not a dynamic dim.
     #[error("`{dim}` is not a dynamic dim of graph `{graph}`")]
-    UnknownDim { graph: String, dim: String },
+    UnknownDim {
+        /// The graph's name.
+        graph: String,
+        /// The name given.
+        dim: String,
+    },
 }

@@ -10,7 +10,9 @@ use rand::Rng;
 /// constructors check it, and so does every function that takes a tensor.
 #[derive(Clone, Debug, PartialEq)]
 pub struct HostTensor {
+    /// Its shape, outermost axis first.
     pub shape: Vec<usize>,
+    /// Its values, row-major.
     pub data: Vec<f64>,
 }
 
@@ -30,6 +32,7 @@ impl HostTensor {
         Ok(tensor)
     }
 
+    /// A tensor of `shape` filled with 0.
     pub fn zeros(shape: &[usize]) -> HostTensor {
         HostTensor {
             shape: shape.to_vec(),
@@ -50,14 +53,17 @@ impl HostTensor {
         Ok(())
     }
 
+    /// A tensor of f16 values, widened exactly.
     pub fn from_f16(shape: &[usize], values: &[f16]) -> Result<HostTensor, ReferenceError> {
         HostTensor::new(shape, values.iter().map(|v| v.to_f64()).collect())
     }
 
+    /// A tensor of bf16 values, widened exactly.
     pub fn from_bf16(shape: &[usize], values: &[bf16]) -> Result<HostTensor, ReferenceError> {
         HostTensor::new(shape, values.iter().map(|v| v.to_f64()).collect())
     }
 
+    /// A tensor of f32 values, widened exactly.
     pub fn from_f32(shape: &[usize], values: &[f32]) -> Result<HostTensor, ReferenceError> {
         HostTensor::new(shape, values.iter().map(|&v| f64::from(v)).collect())
     }

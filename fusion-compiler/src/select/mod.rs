@@ -2,11 +2,13 @@
 //! with, per target architecture.
 //!
 //! The pre-tuned table for the architecture (`kernels/tuned/<arch>.json`,
-//! embedded in this crate so a build needs no GPU) is the only source: its
-//! entry for the composition name and dtype, else for the composition name,
-//! else its `default` entry. A table with none of these is a build error
-//! naming the file. Selection checks that an entry gives the fields its
-//! mainloop takes; whether the tile fits the mainloop and the block's limits
+//! embedded in this crate so a build needs no GPU) is the source unless a
+//! tuned cache has measured the kernel (below): its entry for the
+//! composition name and dtype, else for the composition name, else
+//! `default.source_tile` for a composition that reads a residual or
+//! multiplier tile or `default.gated` for a gated GEMM, else its `default`
+//! entry. A table with none of these is a build error naming the file.
+//! Selection checks that an entry gives the fields its mainloop takes; whether the tile fits the mainloop and the block's limits
 //! (its shape rules, threads, registers, shared memory) is checked by nvcc:
 //! codegen renders `static_assert`s of the header's own rules (`tile_valid`)
 //! and sizes (sm90: `sizeof(SharedStorage)`) into the unit, their messages
@@ -19,8 +21,10 @@
 //! norm compositions included, and each config is checked by that arch's
 //! [`Target::check`](crate::target::Target::check).
 //!
-//! M is only known at run time, so a kernel gets one config for every M plus,
-//! optionally, a second one its launcher picks for small M.
+//! M is only known at run time, so a kernel's [`KernelConfig`] holds a tile
+//! for every M and, optionally, tiles its launcher picks among by M and the
+//! device's SMs: a narrower large tile (`large_alt`), one or two small-M
+//! tiles (`small_m`, `small_m_alt`) and the decode kernel (`decode_max_m`).
 //!
 //! A user's tuned cache ([`TunedCache`], `Builder::tuned` or `FUSION_TUNED`)
 //! replaces the table's tiles for a kernel whose N and K are static and
@@ -93,12 +97,15 @@ impl Schedule {
 pub struct TileConfig {
     /// Rows and columns of C one block computes, and the K step.
     pub bm: u32,
+    /// Columns of C one block computes.
     pub bn: u32,
+    /// The K step of one stage.
     pub bk: u32,
     /// Rows and columns of C one warp computes (sm75 and sm80; 0 when left
     /// out, which only the sm90 mainloop accepts).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub warp_m: u32,
+    /// Columns of C one warp computes (see `warp_m`).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub warp_n: u32,
     /// Shared-memory pipeline depth (the sm75 mainloop's template fixes it).
@@ -110,7 +117,7 @@ pub struct TileConfig {
     pub min_blocks_per_sm: u32,
     /// The sm80 mainloop's pipelined K loop (A/B fragments double-buffered
     /// in registers, the stage barrier inside the last k16 step): 1.4-1.6x
-    /// the per-stage loop on an H200 (BENCHMARKS.md, sweep of 2026-11-29).
+    /// the per-stage loop on an H200 (benchmarks/HISTORY.md, sweep of 2026-11-29).
     #[serde(default)]
     pub pipelined: bool,
     /// The sm80 mainloop's staged store: the epilogue runs on every fragment
@@ -200,7 +207,9 @@ impl TileConfig {
 pub struct KernelKind {
     /// The composition's name (`gemm_bias_gelu`): the tuned table's key.
     pub name: String,
+    /// The element type.
     pub dtype: DType,
+    /// How B is stored.
     pub layout: WeightLayout,
     /// Has a norm before the GEMM (folded into B, or normalized into
     /// scratch first: kernels/include/fusion/prologue.cuh).
@@ -215,6 +224,7 @@ pub struct KernelKind {
 }
 
 impl KernelKind {
+    /// The kind of a planned GEMM composition in `dtype`.
     pub fn of(composition: &GemmComposition, dtype: DType) -> KernelKind {
         KernelKind {
             name: composition.name(),
@@ -249,6 +259,7 @@ pub struct KernelConfig {
     /// Used when `m <= small_m_max`.
     #[serde(default)]
     pub small_m: Option<TileConfig>,
+    /// The largest M the small-M tiles serve.
     #[serde(default)]
     pub small_m_max: Option<u32>,
     /// A second tile for `m <= small_m_max`, with more rows than `small_m`.
@@ -313,7 +324,10 @@ impl KernelConfig {
 /// `kernels/tuned/sm80.json`, entry `gemm_bias_gelu.f16`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ConfigSource {
+    /// The table's file (`kernels/tuned/sm80.json`), or the tuned cache's.
     pub file: String,
+    /// The entry's key (`gemm_bias_gelu.f16`); for a tuned cache, the
+    /// entries' keys.
     pub entry: String,
 }
 
@@ -328,25 +342,38 @@ impl fmt::Display for ConfigSource {
 pub enum SelectError {
     /// A tuned table is not valid JSON of the expected form.
     #[error("{file}: {reason}")]
-    Table { file: String, reason: String },
+    Table {
+        /// The table's file.
+        file: String,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// The table has no entry for the kernel and no `default`.
     #[error(
         "{file} has no entry `{kernel}.{dtype}`, `{kernel}` or `default` for a kernel of {arch}: add one"
     )]
     NoEntry {
+        /// The table's file.
         file: String,
+        /// The kernel's composition name.
         kernel: String,
+        /// Its element type.
         dtype: DType,
+        /// The arch it was chosen for.
         arch: Arch,
     },
     /// A config does not fit the architecture or the mainloop.
     #[error("tile config from {origin} for `{kernel}` ({which}) does not fit {arch}: {reason}")]
     Invalid {
+        /// The entry the config came from.
         origin: ConfigSource,
+        /// The kernel's composition name.
         kernel: String,
+        /// The arch it does not fit.
         arch: Arch,
         /// `large`, `large_alt`, `small_m`, `small_m_alt` or `decode_max_m`.
         which: &'static str,
+        /// Which rule it breaks.
         reason: String,
     },
 }
@@ -384,7 +411,9 @@ pub fn select_sourced(
 /// What [`select_tuned`] chose for one kernel.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Selected {
+    /// The config.
     pub config: KernelConfig,
+    /// Where it came from.
     pub origin: ConfigSource,
     /// The static N and K the config was tuned for, when it came from a
     /// tuned cache (a shipped table's config serves every shape).

@@ -54,7 +54,9 @@ pub const GATED_DEFAULT: &str = "default.gated";
 pub struct TunedTable {
     /// Where it came from, for error messages (`kernels/tuned/sm80.json`).
     pub file: String,
+    /// The arch it is for.
     pub arch: Arch,
+    /// Its entries by key (`gemm_bias_gelu.f16`, `default`, …), in file order.
     pub configs: IndexMap<String, KernelConfig>,
     /// Compositions measured slower than their unfused split, which the
     /// planner does not form ([`crate::fuse::split`]).

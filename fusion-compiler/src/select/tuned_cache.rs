@@ -118,11 +118,17 @@ pub struct CacheKey {
     /// The composed name (`rmsnorm_gemm_silu_glu`): prologue, mainloop,
     /// epilogue chain.
     pub composition: String,
+    /// The element type.
     pub dtype: DType,
+    /// How B is stored.
     pub layout: WeightLayout,
+    /// The GEMM's static N.
     pub n: u64,
+    /// The GEMM's static K.
     pub k: u64,
+    /// The arch.
     pub arch: Arch,
+    /// The M bucket.
     pub bucket: MBucket,
 }
 
@@ -214,6 +220,7 @@ fn kernel_key(composition: &str, dtype: DType, layout: WeightLayout, n: u64, k: 
 pub struct CacheEntry {
     /// The fastest tile config.
     pub tile: TileConfig,
+    /// Its time.
     pub time_us: f64,
     /// The shipped table's config at the same shape.
     pub default_time_us: f64,
@@ -222,8 +229,11 @@ pub struct CacheEntry {
     /// Where and when: the device's name, the driver's and nvcc's versions,
     /// and the date (`2026-12-01`).
     pub gpu: String,
+    /// The driver's version.
     pub driver: String,
+    /// nvcc's version.
     pub nvcc: String,
+    /// The day it was measured.
     pub date: String,
 }
 
@@ -267,6 +277,7 @@ struct CacheFile {
 pub struct TunedCache {
     /// The path it was read from, for messages.
     pub file: String,
+    /// Its usable entries, in file order.
     pub entries: IndexMap<CacheKey, CacheEntry>,
     /// The kernels ([`CacheKey::kernel`]) with an entry that could not be
     /// used: they keep the shipped table's config, every bucket of them.

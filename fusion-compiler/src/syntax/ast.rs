@@ -9,9 +9,11 @@ use crate::diagnostic::Span;
 /// One graph: its dims, inputs, weights and the tensors it computes.
 #[derive(Clone, Debug, PartialEq)]
 pub struct GraphDecl {
+    /// The graph's name, as declared (`swiglu_ffn`).
     pub name: Ident,
     /// Documentation (`///` lines in the macro, `doc` in TOML).
     pub doc: Option<String>,
+    /// Its dims, in declaration order.
     pub dims: Vec<DimDecl>,
     /// Inputs and weights, in declaration order.
     pub tensors: Vec<TensorDecl>,
@@ -23,11 +25,14 @@ pub struct GraphDecl {
 /// A name with where it was written.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Ident {
+    /// The name as written.
     pub name: String,
+    /// Where it was written.
     pub span: Span,
 }
 
 impl Ident {
+    /// A name written at `span`.
     pub fn new(name: impl Into<String>, span: Span) -> Ident {
         Ident {
             name: name.into(),
@@ -39,12 +44,15 @@ impl Ident {
 /// `M: dyn` or `D: 4096`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DimDecl {
+    /// The dim's name (`M`).
     pub name: Ident,
+    /// Its size, or `dyn`.
     pub size: DimSize,
     /// Span of the size (the literal or `dyn`).
     pub size_span: Span,
 }
 
+/// A declared dim's size.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DimSize {
     /// Known when the graph is compiled.
@@ -65,8 +73,11 @@ pub enum TensorRole {
 /// `x: f16[M, D]`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TensorDecl {
+    /// Input or weight.
     pub role: TensorRole,
+    /// The tensor's name.
     pub name: Ident,
+    /// Its element type and shape.
     pub ty: TypeExpr,
 }
 
@@ -75,7 +86,9 @@ pub struct TensorDecl {
 pub struct TypeExpr {
     /// Element type as written (`f16`, `bf16`, `f32`); checked when lowered.
     pub dtype: Ident,
+    /// The shape, one entry per axis.
     pub dims: Vec<DimExpr>,
+    /// The whole type expression.
     pub span: Span,
 }
 
@@ -91,8 +104,11 @@ pub enum DimExpr {
 /// `name = expr`, an intermediate or (with `is_output`) a graph output.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Binding {
+    /// The computed tensor's name.
     pub name: Ident,
+    /// What computes it.
     pub expr: Expr,
+    /// Whether it is a graph output (else an intermediate).
     pub is_output: bool,
 }
 
@@ -107,7 +123,12 @@ pub enum Expr {
     Binary(Binary),
     /// `w^T`: read `w` transposed (nn.Linear's `[N, K]` layout as a matmul's
     /// right operand).
-    Transpose { operand: Box<Expr>, span: Span },
+    Transpose {
+        /// The expression read transposed.
+        operand: Box<Expr>,
+        /// The whole `w^T`.
+        span: Span,
+    },
 }
 
 /// Drops the tree with a loop: an operator chain (`a + b + c …`) is as deep
@@ -149,10 +170,14 @@ impl Expr {
     }
 }
 
+/// A function applied to tensors: `silu(x)`, `layernorm(x, g, b, eps = 1e-5)`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Call {
+    /// The function's name.
     pub func: Ident,
+    /// Positional arguments.
     pub args: Vec<Expr>,
+    /// Keyword arguments (`eps = 1e-5`).
     pub kwargs: Vec<KwArg>,
     /// The whole call, from the function name to the closing parenthesis.
     pub span: Span,
@@ -161,20 +186,28 @@ pub struct Call {
 /// `eps = 1e-5`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct KwArg {
+    /// The keyword.
     pub name: Ident,
+    /// Its value.
     pub value: f64,
+    /// The whole `name = value`.
     pub span: Span,
 }
 
+/// A binary operation: `a + b`, `a * b`, `a @ b`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Binary {
+    /// The operator.
     pub op: BinOp,
+    /// The left operand.
     pub lhs: Box<Expr>,
+    /// The right operand.
     pub rhs: Box<Expr>,
     /// The whole expression.
     pub span: Span,
 }
 
+/// A binary operator.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BinOp {
     /// `+`: elementwise add, or a bias add when the right side is a row vector.

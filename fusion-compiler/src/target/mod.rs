@@ -50,6 +50,7 @@ use crate::select::{KernelKind, Mainloop, Schedule, TileConfig};
 /// Everything about one GPU generation. Each generation's module defines one.
 #[derive(Debug)]
 pub struct Target {
+    /// The generation.
     pub arch: Arch,
     /// nvcc's `-gencode` flag for the library: machine code, plus PTX where
     /// that PTX can run on later devices.
@@ -64,6 +65,7 @@ pub struct Target {
     /// Its C++ template (`fusion::sm80::Mainloop`) and the header declaring
     /// it, relative to `kernels/include`.
     pub mainloop_type: &'static str,
+    /// The header declaring [`Target::mainloop_type`], relative to `kernels/include`.
     pub mainloop_header: &'static str,
     /// A tile config as the mainloop's `TileConfig` template arguments.
     pub tile_type: fn(&TileConfig) -> String,
@@ -91,16 +93,27 @@ pub struct Target {
 /// refuse fails its unit's compile.
 #[derive(Clone, Copy, Debug)]
 pub struct TileSpace {
+    /// Values of `TileConfig::bm` to try.
     pub bm: &'static [u32],
+    /// Values of `TileConfig::bn` to try.
     pub bn: &'static [u32],
+    /// Values of `TileConfig::bk` to try.
     pub bk: &'static [u32],
+    /// Values of `TileConfig::warp_m` to try.
     pub warp_m: &'static [u32],
+    /// Values of `TileConfig::warp_n` to try.
     pub warp_n: &'static [u32],
+    /// Values of `TileConfig::stages` to try.
     pub stages: &'static [u32],
+    /// Values of `TileConfig::min_blocks_per_sm` to try.
     pub min_blocks_per_sm: &'static [u32],
+    /// Values of `TileConfig::pipelined` to try.
     pub pipelined: &'static [bool],
+    /// Values of `TileConfig::staged_store` to try.
     pub staged_store: &'static [bool],
+    /// Values of `TileConfig::schedule` to try.
     pub schedule: &'static [Option<Schedule>],
+    /// Values of `TileConfig::cluster_m` to try.
     pub cluster_m: &'static [u32],
 }
 
@@ -124,6 +137,7 @@ impl TileSpace {
         .product()
     }
 
+    /// Whether the space has no combination.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -75,7 +75,7 @@ struct Bias {
 // element: the earlier sigmoid form x / (1 + 2^(-2u log2 e)) took two (ex2
 // and the reciprocal), and on the sm90 mainloop, whose epilogue does not
 // overlap its tensor-core work, those ops made GELU cost ~9% over a bias-only
-// epilogue at (8192, 14336, 4096) on an H200 (BENCHMARKS.md).
+// epilogue at (8192, 14336, 4096) on an H200 (benchmarks/HISTORY.md).
 struct Gelu : Activation<Gelu> {
   static constexpr const char* name = "gelu";
   static __device__ __forceinline__ float f(float x) {

@@ -16,7 +16,7 @@
 //    norm kernel (norm.cuh), then runs the plain GEMM on them: the unfused
 //    split, in one launcher. Normalizing each stage of A in shared memory
 //    inside the mainloop, as this used to, stalled the wgmma pipeline and
-//    lost to that split at every measured shape (BENCHMARKS.md).
+//    lost to that split at every measured shape (benchmarks/HISTORY.md).
 //
 // Rows past M get mean = rstd = 0 (or, in the workspace, whatever the
 // padding holds); they feed only output rows that are never stored.

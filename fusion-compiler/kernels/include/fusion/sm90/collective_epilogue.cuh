@@ -11,7 +11,7 @@
 // layout with ldmatrix just before writing C over it with stmatrix: the
 // source costs no global-load latency after the K loop, where element-wise
 // loads of it had cost gemm_bias_residual 5-12% against cuBLASLt's
-// beta·C (BENCHMARKS.md v13).
+// beta·C (benchmarks/HISTORY.md v13).
 //
 // A gated chain (epilogue.cuh, GatedChain) combines each thread's gate and
 // up fragments in registers into a tile of half the width, which then goes
@@ -123,7 +123,7 @@ struct CollectiveEpilogue {
   // column inside C runs unchecked, so nothing is predicated and the
   // compiler issues the bias loads together, once per column pair. With a
   // check on every pair (rows too), the H200 measured bias + GELU at
-  // 4096^3 ~11 us over the bare GEMM (BENCHMARKS.md): each bias load was
+  // 4096^3 ~11 us over the bare GEMM (benchmarks/HISTORY.md): each bias load was
   // issued twice, under each row's predicate, a few at a time between the
   // GELU math. Chains that load [M, N] tensors keep the checked form:
   // unpredicated, their loads are all hoisted together and spill.

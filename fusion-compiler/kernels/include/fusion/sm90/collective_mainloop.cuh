@@ -182,7 +182,7 @@ struct CollectiveMainloop {
       // 16-byte units (the address field never carries, as shared memory
       // ends below 256 KB). Rebuilding them from addresses cost ~45 more
       // instructions per k-block and warp, and ~1% at 4096^3 on an H200
-      // (BENCHMARKS.md v10).
+      // (benchmarks/HISTORY.md v10).
       const uint64_t a_stage = a_desc + uint64_t(ring.stage) * (kABytes >> 4);
       const uint64_t b_stage = b_desc + uint64_t(ring.stage) * (kBBytes >> 4);
       wgmma_fence();

@@ -28,7 +28,7 @@
 // tuned entry's `cluster_m`) are correct; on an H200 they measured a little
 // slower than one CTA per tile at 4096^3 and 7-17% faster at
 // (1000, 3000, 1000) and (2000, 3000, 1000), where the K loop is short
-// (BENCHMARKS.md v21), so no shipped entry uses them and the tuner's space
+// (benchmarks/HISTORY.md v21), so no shipped entry uses them and the tuner's space
 // has them.
 #pragma once
 
@@ -149,7 +149,7 @@ struct Mainloop {
   // it posts in that stage again): without it the order rested on the
   // read's value steering the loop, and compute-sanitizer's racecheck
   // reported the producer's next post there as a race once a CTA's pieces
-  // wrap the ring (stream-K, BENCHMARKS.md v21).
+  // wrap the ring (stream-K, benchmarks/HISTORY.md v21).
   static __device__ __forceinline__ WorkPiece posted_piece(SharedLayout& s, const RingPosition& ring) {
     mbarrier_wait(&s.barriers.full[ring.stage], ring.phase);
     const WorkPiece w = s.plan.posted[ring.stage];

@@ -37,7 +37,7 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 // the GEMM 1.4-1.6x slower than rows a few elements longer, and 128-byte
 // promotion takes back 12-17% of that time ((2000, 3000, 1000): 36.2 to 31.8 us),
 // while on aligned rows 256 bytes was level or up to 2% faster
-// (BENCHMARKS.md v22).
+// (benchmarks/HISTORY.md v22).
 template <typename T>
 cudaError_t encode_matrix(CUtensorMap* map, const T* base, int64_t rows, int64_t cols, uint32_t box_rows,
                           int64_t row_stride) {

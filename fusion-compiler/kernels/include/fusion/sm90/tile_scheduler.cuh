@@ -258,7 +258,7 @@ struct TileScheduler {
   // at the far end finds that wave's last k-slices of B (and of A where the
   // two waves share tile rows) still there. At 4096^3 on an H200 this cut
   // the DRAM reads of gemm_bias_gelu from 185 to 126 MB (ncu) and gained
-  // ~1% (BENCHMARKS.md). Stream-K pieces keep the forward order: reversed,
+  // ~1% (benchmarks/HISTORY.md). Stream-K pieces keep the forward order: reversed,
   // they read more from DRAM (1425 -> 1552 MB at (8192, 4096, 14336)).
   // Ping-pong keeps it too (not measured): its consumers take alternate
   // tiles, not waves. The consumers do not care: they accumulate whatever each
@@ -337,7 +337,7 @@ struct TileScheduler {
     // the barrier's result as it comes made the compiler treat the piece
     // loop as divergent, moving the K loop's descriptors and barrier
     // addresses out of uniform registers (~35% more instructions per
-    // k-block; 3% slower at 4096^3 on an H200, BENCHMARKS.md v14).
+    // k-block; 3% slower at 4096^3 on an H200, benchmarks/HISTORY.md v14).
     const int finishes = __shfl_sync(0xffffffffu, int(named_barrier_any(1 + consumer, 128, last)), 0);
     if (finishes == 0) return false;
     if (self != first) read_partial<false>(partial_slot(sk, tile, first, consumer), acc);
@@ -372,7 +372,7 @@ struct TileScheduler {
   // units than one per SM would (at 4096^3, 512 tiles of 128x256: 128 CTAs
   // of 4 tiles each, not 132 of which 16 idle through the last). The
   // launch takes as many rounds either way; with fewer SMs busy it ran
-  // ~1 us faster on an H200 at 4096^3 (BENCHMARKS.md v11).
+  // ~1 us faster on an H200 at 4096^3 (benchmarks/HISTORY.md v11).
   static int64_t balanced_grid(int64_t units, int64_t sms) {
     if (units <= sms) return units;
     const int64_t rounds = (units + sms - 1) / sms;
@@ -403,7 +403,7 @@ struct TileScheduler {
 // H200 at 4096^3 (64 k-blocks of ~0.68 us per 128x256 tile), publishing a
 // partial tile took ~3.7 us and gathering one added ~2.2 us to the
 // finishing CTA's epilogue (kernels/selftest --trace, with scalar moves;
-// BENCHMARKS.md), about 9 k-blocks for the pair. There the remainder's
+// benchmarks/HISTORY.md), about 9 k-blocks for the pair. There the remainder's
 // share, 57 k-blocks against 64, gains less than that: stream-K measured
 // 0.967-0.969 of cuBLASLt against 0.975 without, and is refused. At 8192^3
 // and (8192, 14336, 4096) it gained 1-2%, at (8192, 4096, 14336) nothing
