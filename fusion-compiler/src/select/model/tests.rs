@@ -111,6 +111,11 @@ fn samples_of(file: &str) -> Vec<Sample> {
     samples
 }
 
+/// [`samples_of`] each file.
+fn samples_of_files(files: &[String]) -> Vec<Sample> {
+    files.iter().flat_map(|f| samples_of(f)).collect()
+}
+
 /// What the bench JSON files record of their run: the GPU, driver, commit
 /// and date (all files must agree on the GPU).
 fn provenance_of(files: &[String]) -> Provenance {
@@ -150,12 +155,7 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 #[test]
 fn model_calibration_is_the_fit_of_its_files() {
     let shipped = Calibration::shipped_sm90();
-    let samples: Vec<Sample> = shipped
-        .provenance
-        .files
-        .iter()
-        .flat_map(|f| samples_of(f))
-        .collect();
+    let samples = samples_of_files(&shipped.provenance.files);
     let refit = fit(&samples, shipped.sms, provenance_of(&shipped.provenance.files)).unwrap();
     if std::env::var_os("FUSION_BLESS").is_some_and(|v| v == "1") {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels/tuned/sm90.model.json");
@@ -177,12 +177,7 @@ fn model_calibration_is_the_fit_of_its_files() {
 #[test]
 fn model_predicts_layers_it_was_not_fitted_to() {
     let shipped = Calibration::shipped_sm90();
-    let samples: Vec<Sample> = shipped
-        .provenance
-        .files
-        .iter()
-        .flat_map(|f| samples_of(f))
-        .collect();
+    let samples = samples_of_files(&shipped.provenance.files);
     assert!(samples.len() >= 200, "{} samples", samples.len());
     let own = relative_errors(&shipped, &samples);
     let (median, p90) = (percentile(&own, 0.5), percentile(&own, 0.9));
