@@ -709,6 +709,23 @@ fn row_stride_for(padding: Padding, arch: Arch, row_length: usize, element_bytes
     if pads { padded } else { row_length }
 }
 
+/// How every GEMM launch of the run time spreads its work, as
+/// `fusion_gemm_params::flags` bits (abi.h): `FUSION_GEMM_NO_STREAM_K`
+/// when `FUSION_STREAM_K=0`, `FUSION_GEMM_STATIC_TILES` unless
+/// `FUSION_TILE_COUNTER=1`, and both while `capturing` a graph. Without a
+/// tile tier ([`Call::gemm_flags`] adds `FUSION_GEMM_TILE`'s): the tuner
+/// times its candidates with these, as calls will run them.
+pub fn schedule_flags(capturing: bool) -> u32 {
+    let mut flags = 0;
+    if capturing || !stream_k_enabled() {
+        flags |= abi::FUSION_GEMM_NO_STREAM_K;
+    }
+    if capturing || !tile_counter_enabled() {
+        flags |= abi::FUSION_GEMM_STATIC_TILES;
+    }
+    flags
+}
+
 /// A tile tier of a GEMM unit (`FUSION_GEMM_TILE`), named in its launch's
 /// flags so that each tier can be measured at any shape, which the
 /// fitted model of the kernel's time needs (fusion-compiler's
@@ -924,15 +941,8 @@ impl<'s> Call<'s> {
     /// With `FUSION_GEMM_TILE` set, the flags also name that tile tier
     /// ([`forced_gemm_tile`]).
     pub fn gemm_flags(&self) -> Result<u32> {
-        let capturing = self.stream.capturing()?;
-        let mut flags = forced_gemm_tile()?.map_or(0, |tier| tier.code() << abi::FUSION_GEMM_TILE_SHIFT);
-        if capturing || !stream_k_enabled() {
-            flags |= abi::FUSION_GEMM_NO_STREAM_K;
-        }
-        if capturing || !tile_counter_enabled() {
-            flags |= abi::FUSION_GEMM_STATIC_TILES;
-        }
-        Ok(flags)
+        let tier = forced_gemm_tile()?.map_or(0, |tier| tier.code() << abi::FUSION_GEMM_TILE_SHIFT);
+        Ok(tier | schedule_flags(self.stream.capturing()?))
     }
 
     /// Asks a launcher how many bytes of workspace `params` need.

@@ -123,6 +123,9 @@ pub struct Case<T: HostElement> {
     /// A gated GEMM's baseline: per set, the two weights stacked, and its
     /// outputs, of twice the columns.
     stacked: Option<Stacked<T>>,
+    /// The launches' flags: the run time's split-K, stream-K and tile
+    /// counter settings, so that a candidate is timed as calls run it.
+    flags: u32,
     stream: Arc<CudaStream>,
 }
 
@@ -212,6 +215,7 @@ impl<T: HostElement + ValidAsZeroBits> Case<T> {
             outputs,
             interleaved: None,
             stacked,
+            flags: fusion::launch::schedule_flags(false),
             stream: stream.clone(),
         })
     }
@@ -299,7 +303,7 @@ impl<T: HostElement + ValidAsZeroBits> Case<T> {
             k: self.k as i64,
             ldb: 0,
             eps: self.eps,
-            flags: 0,
+            flags: self.flags,
             workspace,
             workspace_bytes,
         }
