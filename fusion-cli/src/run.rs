@@ -607,6 +607,22 @@ fn write_outputs<T: HostElement>(path: &Path, results: &[Computed<T>]) -> Result
         .map_err(|e| format!("cannot write {}: {e}", path.display()))
 }
 
+/// How the reference computes a norm GEMM's normalized rows: a GEMM whose
+/// norm was not folded stores them in the element type first, and the
+/// reference rounds them too. `folded` is what [`plan::bind`] returned: an
+/// entry per kernel, or none at all where no kernel binds its weights.
+fn reference_intermediates(plan: &Plan, folded: &[Option<FoldedWeights>]) -> Intermediates {
+    let unfolded_norm = plan.kernels.iter().enumerate().any(|(index, kernel)| {
+        let folds = folded.get(index).is_some_and(Option::is_some) && kernel.norm_foldable(&plan.graph);
+        matches!(&kernel.composition, Composition::Gemm(g) if g.prologue.is_some()) && !folds
+    });
+    if unfolded_norm {
+        Intermediates::RoundedNorms
+    } else {
+        Intermediates::Exact
+    }
+}
+
 /// Compares each output with the CPU reference on the rows a GPU test
 /// compares (all up to 256, else one per 64-row band and more at random).
 fn check<T: HostElement>(
@@ -633,17 +649,7 @@ fn check<T: HostElement>(
             );
         }
     }
-    // A norm GEMM whose norm was not folded stores the normalized rows in
-    // the element type first; the reference rounds them too.
-    let unfolded_norm = plan.kernels.iter().zip(folded).any(|(kernel, prepared)| {
-        let folds = prepared.is_some() && kernel.norm_foldable(graph);
-        matches!(&kernel.composition, Composition::Gemm(g) if g.prologue.is_some()) && !folds
-    });
-    let intermediates = if unfolded_norm {
-        Intermediates::RoundedNorms
-    } else {
-        Intermediates::Exact
-    };
+    let intermediates = reference_intermediates(plan, folded);
     let rows_of = results.first().map_or(0, |r| r.shape.rows());
     let seed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -1018,5 +1024,40 @@ y = "rmsnorm(x, norm, eps = 1e-5) @ w_gate^T"
             ),
             "{error}"
         );
+    }
+
+    /// A norm GEMM whose B is an input binds nothing, so `plan::bind`
+    /// returns no entry at all: the kernel normalizes A per call, and the
+    /// reference must round those rows as it does (it compared unrounded
+    /// rows when no entry was read as "folded").
+    #[test]
+    fn the_reference_rounds_the_norms_no_binding_folded() {
+        let source = GRAPH.replace(
+            "[weights]\nnorm = \"f16[D]\"\nw_gate = \"f16[F, D]\"",
+            "w_gate = \"f16[F, D]\"\n[weights]\nnorm = \"f16[D]\"",
+        );
+        let graph = fusion_compiler::graph_from_source(&SourceFile::new("ffn.toml", &source)).unwrap();
+        let rules = fusion_compiler::select::split_rules(&[Arch::Sm90]).unwrap();
+        let plan = fuse::plan_with(graph, &rules);
+        let [kernel] = &plan.kernels[..] else {
+            panic!("one kernel: {plan}")
+        };
+        assert!(matches!(&kernel.composition, Composition::Gemm(g) if g.prologue.is_some()));
+        assert!(!kernel.prepares_weights(&plan.graph) && !kernel.binds_b(&plan.graph));
+        assert_eq!(reference_intermediates(&plan, &[]), Intermediates::RoundedNorms);
+        assert_eq!(
+            reference_intermediates(&plan, &[None]),
+            Intermediates::RoundedNorms
+        );
+        // A graph without a norm GEMM computes exactly.
+        let graph = fusion_compiler::graph_from_source(&SourceFile::new(
+            "gemm.toml",
+            GRAPH
+                .replace("norm = \"f16[D]\"\n", "")
+                .replace("rmsnorm(x, norm, eps = 1e-5)", "x"),
+        ))
+        .unwrap();
+        let plan = fuse::plan_with(graph, &rules);
+        assert_eq!(reference_intermediates(&plan, &[]), Intermediates::Exact);
     }
 }
