@@ -575,7 +575,17 @@ pub fn load_weights<T: Element, const N: usize>(
 /// them alone: a norm folded into its GEMM's weight, a gated pair
 /// interleaved, a plain weight's rows padded. One entry per kernel (empty
 /// when no kernel prepares anything); returns once that work is done.
-pub fn bind<T: Element>(
+///
+/// # Safety
+///
+/// `table` must say truly what its launchers read and write: every
+/// kernel's operands name tensors of the shapes and element type its
+/// launchers take, and each launcher is the symbol of the kind its entry
+/// says. The checks here compare the tensors with the table, not the table
+/// with the kernels, so a table that lies sends a kernel outside its
+/// buffers. The tables fusion-compiler generates and those `fusion run`
+/// builds from a plan are true by construction.
+pub unsafe fn bind<T: Element>(
     table: &'static PlanTable,
     stream: &Arc<CudaStream>,
     weights: &[&Tensor<'_, T>],
@@ -687,7 +697,17 @@ pub fn bind<T: Element>(
 /// `stream` in order (a kernel whose own output is empty is skipped).
 /// `prepared` is what [`bind`] returned, or empty for weights given per
 /// call. Returns once the kernels are enqueued.
-pub fn run<T: Element>(
+///
+/// # Safety
+///
+/// `table` must say truly what its launchers read and write: every
+/// kernel's operands name tensors of the shapes and element type its
+/// launchers take, and each launcher is the symbol of the kind its entry
+/// says. The checks here compare the tensors with the table, not the table
+/// with the kernels, so a table that lies sends a kernel outside its
+/// buffers. The tables fusion-compiler generates and those `fusion run`
+/// builds from a plan are true by construction.
+pub unsafe fn run<T: Element>(
     table: &'static PlanTable,
     workspace: &mut Workspace,
     prepared: &[Option<FoldedWeights>],

@@ -220,7 +220,8 @@ fn run_as<T: HostElement>(
     let table = plan_table(&plan, &declared, T::DTYPE, arch, kernels);
     let started = Instant::now();
     let weight_refs: Vec<&Tensor<'static, T>> = weights.iter().map(|(_, w)| w).collect();
-    let folded = plan::bind(table, &stream, &weight_refs).map_err(|e| e.to_string())?;
+    // SAFETY: `plan_table` built the table from the plan whose kernels these libraries hold.
+    let folded = unsafe { plan::bind(table, &stream, &weight_refs) }.map_err(|e| e.to_string())?;
     if folded.iter().any(Option::is_some) {
         say(
             out,
@@ -576,7 +577,8 @@ fn call<T: HostElement>(
         views.push(TensorMut::new(&mut output.slice, output.shape)?);
     }
     let mut writes: Vec<&mut TensorMut<'_, T>> = views.iter_mut().collect();
-    plan::run(table, workspace, folded, stream, &reads, &mut writes)
+    // SAFETY: `plan_table` built the table from the plan, with its libraries' launchers.
+    unsafe { plan::run(table, workspace, folded, stream, &reads, &mut writes) }
 }
 
 /// An output as the run read it back.

@@ -215,7 +215,12 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
         #(#write_args: &mut fusion::TensorMut<'_, #elem>,)*
     };
     let plan_ref = quote!(&#module::__PLAN);
-    let run_per_call = |workspace: TokenStream| quote!(fusion::plan::run(#plan_ref, #workspace, &[], stream, &[#(#read_args),*], &mut [#(#write_args),*]));
+    let run_per_call = |workspace: TokenStream| {
+        quote!(
+            // SAFETY: the table is this graph's, generated with its launchers.
+            unsafe { fusion::plan::run(#plan_ref, #workspace, &[], stream, &[#(#read_args),*], &mut [#(#write_args),*]) }
+        )
+    };
 
     let compiled = compiled_summary(launchers, linked);
     // The variants this library has: the executor chooses among them, not
@@ -714,7 +719,8 @@ impl quote::ToTokens for BoundGraph {
                     stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
                     weights: #weights_ident #args,
                 ) -> fusion::Result<Self> {
-                    let folded = fusion::plan::bind(&#module::__PLAN, stream, &[#(&weights.#weights),*])?;
+                    // SAFETY: the table is this graph's, generated with its launchers.
+                    let folded = unsafe { fusion::plan::bind(&#module::__PLAN, stream, &[#(&weights.#weights),*]) }?;
                     Ok(Self { weights, folded, workspace: fusion::launch::Workspace::new() })
                 }
 
@@ -729,7 +735,8 @@ impl quote::ToTokens for BoundGraph {
                     #(#outputs: &mut fusion::TensorMut<'_, #elem>,)*
                 ) -> fusion::Result<()> {
                     let #weights_ident { #(#weights),* } = &self.weights;
-                    fusion::plan::run(&#module::__PLAN, &mut self.workspace, &self.folded, stream, &[#(#inputs,)* #(#weights),*], &mut [#(#outputs),*])
+                    // SAFETY: the table is this graph's, generated with its launchers.
+                    unsafe { fusion::plan::run(&#module::__PLAN, &mut self.workspace, &self.folded, stream, &[#(#inputs,)* #(#weights),*], &mut [#(#outputs),*]) }
                 }
             }
 

@@ -102,11 +102,13 @@ impl<'w, T: fusion::Element> GemmBiasGelu<'w, T> {
         stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
         weights: GemmBiasGeluWeights<'w, T>,
     ) -> fusion::Result<Self> {
-        let folded = fusion::plan::bind(
-            &__gemm_bias_gelu::__PLAN,
-            stream,
-            &[&weights.w, &weights.b],
-        )?;
+        let folded = unsafe {
+            fusion::plan::bind(
+                &__gemm_bias_gelu::__PLAN,
+                stream,
+                &[&weights.w, &weights.b],
+            )
+        }?;
         Ok(Self {
             weights,
             folded,
@@ -124,14 +126,16 @@ impl<'w, T: fusion::Element> GemmBiasGelu<'w, T> {
         y: &mut fusion::TensorMut<'_, T>,
     ) -> fusion::Result<()> {
         let GemmBiasGeluWeights { w, b } = &self.weights;
-        fusion::plan::run(
-            &__gemm_bias_gelu::__PLAN,
-            &mut self.workspace,
-            &self.folded,
-            stream,
-            &[x, w, b],
-            &mut [y],
-        )
+        unsafe {
+            fusion::plan::run(
+                &__gemm_bias_gelu::__PLAN,
+                &mut self.workspace,
+                &self.folded,
+                stream,
+                &[x, w, b],
+                &mut [y],
+            )
+        }
     }
 }
 #[allow(dead_code, reason = "a crate may bind weights it made itself with `new`")]
@@ -225,14 +229,16 @@ pub fn gemm_bias_gelu<T: fusion::Element>(
 ) -> fusion::Result<()> {
     fusion::launch::with_stream_workspace(
         stream,
-        |__workspace| fusion::plan::run(
-            &__gemm_bias_gelu::__PLAN,
-            __workspace,
-            &[],
-            stream,
-            &[x, w, b],
-            &mut [y],
-        ),
+        |__workspace| unsafe {
+            fusion::plan::run(
+                &__gemm_bias_gelu::__PLAN,
+                __workspace,
+                &[],
+                stream,
+                &[x, w, b],
+                &mut [y],
+            )
+        },
     )
 }
 #[allow(dead_code, unused_imports, clippy::all, clippy::pedantic, clippy::nursery)]

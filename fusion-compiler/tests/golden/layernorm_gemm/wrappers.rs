@@ -107,11 +107,13 @@ impl<'w, T: fusion::Element> LayernormGemm<'w, T> {
         stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
         weights: LayernormGemmWeights<'w, T>,
     ) -> fusion::Result<Self> {
-        let folded = fusion::plan::bind(
-            &__layernorm_gemm::__PLAN,
-            stream,
-            &[&weights.g, &weights.b, &weights.w],
-        )?;
+        let folded = unsafe {
+            fusion::plan::bind(
+                &__layernorm_gemm::__PLAN,
+                stream,
+                &[&weights.g, &weights.b, &weights.w],
+            )
+        }?;
         Ok(Self {
             weights,
             folded,
@@ -129,14 +131,16 @@ impl<'w, T: fusion::Element> LayernormGemm<'w, T> {
         y: &mut fusion::TensorMut<'_, T>,
     ) -> fusion::Result<()> {
         let LayernormGemmWeights { g, b, w } = &self.weights;
-        fusion::plan::run(
-            &__layernorm_gemm::__PLAN,
-            &mut self.workspace,
-            &self.folded,
-            stream,
-            &[x, g, b, w],
-            &mut [y],
-        )
+        unsafe {
+            fusion::plan::run(
+                &__layernorm_gemm::__PLAN,
+                &mut self.workspace,
+                &self.folded,
+                stream,
+                &[x, g, b, w],
+                &mut [y],
+            )
+        }
     }
 }
 #[allow(dead_code, reason = "a crate may bind weights it made itself with `new`")]
@@ -236,14 +240,16 @@ pub fn layernorm_gemm<T: fusion::Element>(
 ) -> fusion::Result<()> {
     fusion::launch::with_stream_workspace(
         stream,
-        |__workspace| fusion::plan::run(
-            &__layernorm_gemm::__PLAN,
-            __workspace,
-            &[],
-            stream,
-            &[x, g, b, w],
-            &mut [y],
-        ),
+        |__workspace| unsafe {
+            fusion::plan::run(
+                &__layernorm_gemm::__PLAN,
+                __workspace,
+                &[],
+                stream,
+                &[x, g, b, w],
+                &mut [y],
+            )
+        },
     )
 }
 #[allow(dead_code, unused_imports, clippy::all, clippy::pedantic, clippy::nursery)]

@@ -114,11 +114,13 @@ impl<'w, T: fusion::Element> LayernormGemmSiluGluResidual<'w, T> {
         stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
         weights: LayernormGemmSiluGluResidualWeights<'w, T>,
     ) -> fusion::Result<Self> {
-        let folded = fusion::plan::bind(
-            &__layernorm_gemm_silu_glu_residual::__PLAN,
-            stream,
-            &[&weights.g, &weights.b, &weights.w_gate, &weights.w_up],
-        )?;
+        let folded = unsafe {
+            fusion::plan::bind(
+                &__layernorm_gemm_silu_glu_residual::__PLAN,
+                stream,
+                &[&weights.g, &weights.b, &weights.w_gate, &weights.w_up],
+            )
+        }?;
         Ok(Self {
             weights,
             folded,
@@ -137,14 +139,16 @@ impl<'w, T: fusion::Element> LayernormGemmSiluGluResidual<'w, T> {
         h: &mut fusion::TensorMut<'_, T>,
     ) -> fusion::Result<()> {
         let LayernormGemmSiluGluResidualWeights { g, b, w_gate, w_up } = &self.weights;
-        fusion::plan::run(
-            &__layernorm_gemm_silu_glu_residual::__PLAN,
-            &mut self.workspace,
-            &self.folded,
-            stream,
-            &[x, r, g, b, w_gate, w_up],
-            &mut [h],
-        )
+        unsafe {
+            fusion::plan::run(
+                &__layernorm_gemm_silu_glu_residual::__PLAN,
+                &mut self.workspace,
+                &self.folded,
+                stream,
+                &[x, r, g, b, w_gate, w_up],
+                &mut [h],
+            )
+        }
     }
 }
 #[allow(dead_code, reason = "a crate may bind weights it made itself with `new`")]
@@ -257,14 +261,16 @@ pub fn layernorm_gemm_silu_glu_residual<T: fusion::Element>(
 ) -> fusion::Result<()> {
     fusion::launch::with_stream_workspace(
         stream,
-        |__workspace| fusion::plan::run(
-            &__layernorm_gemm_silu_glu_residual::__PLAN,
-            __workspace,
-            &[],
-            stream,
-            &[x, r, g, b, w_gate, w_up],
-            &mut [h],
-        ),
+        |__workspace| unsafe {
+            fusion::plan::run(
+                &__layernorm_gemm_silu_glu_residual::__PLAN,
+                __workspace,
+                &[],
+                stream,
+                &[x, r, g, b, w_gate, w_up],
+                &mut [h],
+            )
+        },
     )
 }
 #[allow(dead_code, unused_imports, clippy::all, clippy::pedantic, clippy::nursery)]

@@ -120,11 +120,13 @@ impl<'w, T: fusion::Element> SwigluFfn<'w, T> {
         stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
         weights: SwigluFfnWeights<'w, T>,
     ) -> fusion::Result<Self> {
-        let folded = fusion::plan::bind(
-            &__swiglu_ffn::__PLAN,
-            stream,
-            &[&weights.w_gate, &weights.w_up, &weights.w_down, &weights.b_down],
-        )?;
+        let folded = unsafe {
+            fusion::plan::bind(
+                &__swiglu_ffn::__PLAN,
+                stream,
+                &[&weights.w_gate, &weights.w_up, &weights.w_down, &weights.b_down],
+            )
+        }?;
         Ok(Self {
             weights,
             folded,
@@ -142,14 +144,16 @@ impl<'w, T: fusion::Element> SwigluFfn<'w, T> {
         y: &mut fusion::TensorMut<'_, T>,
     ) -> fusion::Result<()> {
         let SwigluFfnWeights { w_gate, w_up, w_down, b_down } = &self.weights;
-        fusion::plan::run(
-            &__swiglu_ffn::__PLAN,
-            &mut self.workspace,
-            &self.folded,
-            stream,
-            &[x, w_gate, w_up, w_down, b_down],
-            &mut [y],
-        )
+        unsafe {
+            fusion::plan::run(
+                &__swiglu_ffn::__PLAN,
+                &mut self.workspace,
+                &self.folded,
+                stream,
+                &[x, w_gate, w_up, w_down, b_down],
+                &mut [y],
+            )
+        }
     }
 }
 #[allow(dead_code, reason = "a crate may bind weights it made itself with `new`")]
