@@ -482,24 +482,20 @@ fn tiles_of(key: &KernelKey) -> Vec<String> {
     else {
         return Vec::new();
     };
-    [
-        ("large", Some(config.large)),
-        ("large_alt", config.large_alt),
-        ("small_m", config.small_m),
-        ("small_m_alt", config.small_m_alt),
-    ]
-    .into_iter()
-    .filter_map(|(which, tile)| Some(format!("{which}: {}", tile?.summary(*mainloop))))
-    .chain(config.tiers_by_m().into_iter().map(|(max_m, tile)| match max_m {
-        Some(max_m) => format!("m <= {max_m}: {}", tile.summary(*mainloop)),
-        None => format!("larger m: {}", tile.summary(*mainloop)),
-    }))
-    .chain(
-        config
-            .decode_for(*layout)
-            .map(|max_m| format!("decode: m <= {max_m}")),
-    )
-    .collect()
+    config
+        .tiers()
+        .into_iter()
+        .filter_map(|(which, tile)| Some(format!("{which}: {}", tile?.summary(*mainloop))))
+        .chain(config.tiers_by_m().into_iter().map(|(max_m, tile)| match max_m {
+            Some(max_m) => format!("m <= {max_m}: {}", tile.summary(*mainloop)),
+            None => format!("larger m: {}", tile.summary(*mainloop)),
+        }))
+        .chain(
+            config
+                .decode_for(*layout)
+                .map(|max_m| format!("decode: m <= {max_m}")),
+        )
+        .collect()
 }
 
 #[cfg(test)]

@@ -659,27 +659,22 @@ fn render_unit(
             };
             // A tile per M bucket (the model's choice): each tile other
             // than the large one once, as `MTile<i>`, and the Ms each serves.
-            let mut by_m_tiles: Vec<TileConfig> = Vec::new();
+            let mut by_m_aliases: Vec<(String, TileConfig)> = Vec::new();
             let mut by_m = Vec::new();
             for (max_m, tile) in config.tiers_by_m() {
                 let alias = if tile == config.large {
                     "LargeTile".to_owned()
+                } else if let Some((alias, _)) = by_m_aliases.iter().find(|(_, t)| *t == tile) {
+                    alias.clone()
                 } else {
-                    let index = by_m_tiles.iter().position(|t| *t == tile).unwrap_or_else(|| {
-                        by_m_tiles.push(tile);
-                        by_m_tiles.len() - 1
-                    });
-                    format!("MTile{index}")
+                    let alias = format!("MTile{}", by_m_aliases.len());
+                    by_m_aliases.push((alias.clone(), tile));
+                    alias
                 };
                 if let Some(max_m) = max_m {
                     by_m.push(json!({ "max_m": max_m, "alias": alias }));
                 }
             }
-            let by_m_aliases: Vec<(String, TileConfig)> = by_m_tiles
-                .iter()
-                .enumerate()
-                .map(|(i, tile)| (format!("MTile{i}"), *tile))
-                .collect();
             let tiles: Vec<_> = [
                 ("LargeTile".to_owned(), "large", Some(config.large)),
                 ("LargeAltTile".to_owned(), "large_alt", config.large_alt),

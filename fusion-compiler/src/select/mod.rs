@@ -299,6 +299,17 @@ impl KernelConfig {
         Some((self.small_m?, self.small_m_max?))
     }
 
+    /// Each tier by the tuned tables' name for it (which
+    /// `FUSION_GEMM_TILE` also takes), with its tile where it has one.
+    pub fn tiers(&self) -> [(&'static str, Option<TileConfig>); 4] {
+        [
+            ("large", Some(self.large)),
+            ("large_alt", self.large_alt),
+            ("small_m", self.small_m),
+            ("small_m_alt", self.small_m_alt),
+        ]
+    }
+
     /// The tiles of [`KernelConfig::by_m`] with the largest M each serves
     /// (`None`: every M above), neighbouring buckets of one tile merged;
     /// empty without it.

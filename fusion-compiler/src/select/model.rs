@@ -471,15 +471,7 @@ pub fn choose_by_m(
     shipped: &KernelConfig,
 ) -> KernelConfig {
     let mut candidates: Vec<TileConfig> = Vec::new();
-    for tile in [
-        Some(shipped.large),
-        shipped.large_alt,
-        shipped.small_m,
-        shipped.small_m_alt,
-    ]
-    .into_iter()
-    .flatten()
-    {
+    for tile in shipped.tiers().into_iter().filter_map(|(_, tile)| tile) {
         if !candidates.contains(&tile) {
             candidates.push(tile);
         }

@@ -90,14 +90,14 @@ fn samples_of(file: &str) -> Vec<Sample> {
         let (kind, config) = sm90_config(kernel);
         let n = if kind.gated { 2 * dims[1] } else { dims[1] };
         let decode = config.decode_for(kind.layout).is_some();
-        let tier = match named {
-            Some("large") => Some(config.large),
-            Some("large_alt") => config.large_alt,
-            Some("small_m") => config.small_m,
-            Some("small_m_alt") => config.small_m_alt,
-            Some(other) => panic!("{file}: gemm_tile {other:?} is no tier"),
-            None => None,
-        };
+        let tier = named.and_then(|name| {
+            let tiers = config.tiers();
+            let (_, tile) = tiers
+                .iter()
+                .find(|(tier, _)| *tier == name)
+                .unwrap_or_else(|| panic!("{file}: gemm_tile {name:?} is no tier"));
+            *tile
+        });
         let Some(tile) = tier.or_else(|| config.launched_tile(dims[0], n, SM90_SMS, decode)) else {
             continue;
         };
