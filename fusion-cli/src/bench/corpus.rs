@@ -286,6 +286,7 @@ mod tests {
             algorithms: Vec::new(),
             sm_clock: None,
             concurrency: None,
+            host: None,
             floor: None,
         }
     }

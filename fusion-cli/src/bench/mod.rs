@@ -24,6 +24,7 @@
 pub mod corpus;
 pub mod cublaslt;
 pub mod floor;
+pub mod host;
 pub mod report;
 pub mod smi;
 pub mod streams;
@@ -37,7 +38,7 @@ use fusion::ir::{DType, WeightLayout};
 use fusion::kernels;
 use fusion::tensor::{Element, Tensor, TensorMut};
 use report::Measured;
-pub use report::{Concurrency, Report, Row, Slowdown, TimingDescription, table};
+pub use report::{Concurrency, HostCost, Report, Row, Slowdown, TimingDescription, table};
 use std::cell::RefCell;
 use std::sync::Arc;
 use std::time::Instant;
@@ -388,6 +389,8 @@ pub struct BenchConfig {
     pub timing: TimingPlan,
     /// `--streams N`: also time each row on N streams at once.
     pub streams: Option<usize>,
+    /// `--host`: also measure each row's host time per call (`host`).
+    pub host: bool,
 }
 
 impl Default for BenchConfig {
@@ -404,6 +407,7 @@ impl Default for BenchConfig {
             corpus: Vec::new(),
             timing: TimingPlan::default(),
             streams: None,
+            host: false,
         }
     }
 }
@@ -481,6 +485,9 @@ trait Bound<T: Element> {
         residual: &Tensor<'_, T>,
         y: &mut TensorMut<'_, T>,
     ) -> Result<()>;
+
+    /// Kernels one call launches: its plan's.
+    fn launches(&self) -> usize;
 }
 
 /// [`Bound`] for the structs whose inputs are x alone (`x`) or x and the
@@ -496,6 +503,10 @@ macro_rules! bound {
                 y: &mut TensorMut<'_, T>,
             ) -> Result<()> {
                 bound!(@run $inputs self, stream, x, residual, y)
+            }
+
+            fn launches(&self) -> usize {
+                Self::PLAN.kernels.len()
             }
         }
     )*};
@@ -579,6 +590,8 @@ enum Run<'a, 'r> {
     Timed {
         plan: TimingPlan,
         head: &'a mut CudaSlice<u8>,
+        /// Also measure the host time per call (`--host`).
+        host: bool,
     },
     Streams(&'a streams::Part<'r>),
 }
@@ -605,8 +618,9 @@ pub fn bench_pattern<T: BenchElement>(
     shape: (usize, usize, usize),
     plan: TimingPlan,
     head: &mut CudaSlice<u8>,
+    host: bool,
 ) -> Result<Row> {
-    let row = pattern_case::<T>(stream, pattern, shape, Run::Timed { plan, head })?;
+    let row = pattern_case::<T>(stream, pattern, shape, Run::Timed { plan, head, host })?;
     Ok(row.expect("a timed case gives its row"))
 }
 
@@ -689,6 +703,8 @@ fn pattern_case<T: BenchElement>(
         bound.push(bind(stream, pattern, w, b, g, be)?);
     }
 
+    // Per-call norms run free functions, whose kernels no plan counts.
+    let launches = bound.first().map(|b| b.launches());
     let mut ours = |c: &mut GemmCase<T>, i: usize| -> Result<()> {
         let x = mat(c.x.get(i), m, k)?;
         let r = mat(c.residual.get(i), m, n)?;
@@ -761,8 +777,8 @@ fn pattern_case<T: BenchElement>(
         }
     };
 
-    let (plan, head) = match run {
-        Run::Timed { plan, head } => (plan, head),
+    let (plan, head, host) = match run {
+        Run::Timed { plan, head, host } => (plan, head, host),
         Run::Streams(part) => {
             take_part(
                 part,
@@ -821,7 +837,39 @@ fn pattern_case<T: BenchElement>(
             &mut |i| baseline(&mut c.borrow_mut(), lt_cell.borrow_mut().get(Which::Best), i),
         ],
     )?;
-    Ok(Some(Row::new(
+    let host = match launches.filter(|_| host) {
+        Some(launches) => Some(host::measure(
+            stream,
+            head,
+            launches,
+            &mut |i| ours(&mut c.borrow_mut(), i),
+            // The baseline's GEMM alone: one cublasLtMatmul.
+            &mut |i| {
+                let GemmCase {
+                    x,
+                    w,
+                    bias,
+                    residual,
+                    base,
+                    scratch,
+                    ..
+                } = &mut *c.borrow_mut();
+                let residual = matches!(pattern, Pattern::GemmBiasResidual | Pattern::GemmResidual)
+                    .then(|| residual.get(i));
+                let out = if halves == 2 { scratch } else { base };
+                lt_cell.borrow_mut().get(Which::First).run(
+                    stream,
+                    x.get(i),
+                    w.get(i),
+                    Some(bias.get(i)).filter(|_| has_bias),
+                    residual,
+                    out.get_mut(i),
+                )
+            },
+        )?),
+        None => None,
+    };
+    let mut row = Row::new(
         pattern.name(),
         shape,
         T::DTYPE,
@@ -834,7 +882,9 @@ fn pattern_case<T: BenchElement>(
             agreement,
             algorithms: vec![lt_cell.borrow().choice("gemm")?],
         },
-    )))
+    );
+    row.host = host;
+    Ok(Some(row))
 }
 
 /// How an FFN baseline computes the gate and up projections.
@@ -963,8 +1013,9 @@ pub fn bench_ffn<T: BenchElement>(
     row: FfnRow,
     plan: TimingPlan,
     head: &mut CudaSlice<u8>,
+    host: bool,
 ) -> Result<Row> {
-    let row = ffn_case::<T>(stream, m, row, Run::Timed { plan, head })?;
+    let row = ffn_case::<T>(stream, m, row, Run::Timed { plan, head, host })?;
     Ok(row.expect("a timed case gives its row"))
 }
 
@@ -1164,8 +1215,8 @@ fn ffn_case<T: BenchElement>(
             y.get_mut(i),
         )
     };
-    let (plan, head) = match run {
-        Run::Timed { plan, head } => (plan, head),
+    let (plan, head, host) = match run {
+        Run::Timed { plan, head, host } => (plan, head, host),
         Run::Streams(part) => {
             take_part(
                 part,
@@ -1257,7 +1308,34 @@ fn ffn_case<T: BenchElement>(
         .zip(names)
         .map(|(lt, name)| lt.choice(name))
         .collect::<Result<_>>()?;
-    Ok(Some(Row::new(
+    let host = if host {
+        let launches = match row {
+            FfnRow::SwigluFfn(_) => kernels::SwigluFfn::<T>::PLAN.kernels.len(),
+            FfnRow::FfnSublayer => kernels::FfnSublayer::<T>::PLAN.kernels.len(),
+        };
+        Some(host::measure(
+            stream,
+            head,
+            launches,
+            &mut |i| ours(&mut ours_y, i),
+            // The down projection alone: one cublasLtMatmul.
+            &mut |i| {
+                let b = &mut *b.borrow_mut();
+                let (lt_down, y) = (b.lt.last_mut().expect("the down GEMM is last"), &mut b.y);
+                lt_down.get(Which::First).run(
+                    stream,
+                    b.gate_up.get(i),
+                    w_down.get(i),
+                    b_down.as_ref().map(|b| b.get(i)),
+                    Some(x.get(i)),
+                    y.get_mut(i),
+                )
+            },
+        )?)
+    } else {
+        None
+    };
+    let mut timed = Row::new(
         row.name(),
         format!("M={m} D={D} F={F}"),
         T::DTYPE,
@@ -1270,7 +1348,9 @@ fn ffn_case<T: BenchElement>(
             agreement,
             algorithms,
         },
-    )))
+    );
+    timed.host = host;
+    Ok(Some(timed))
 }
 
 /// Runs every case of `config`, reporting progress through `progress(done,
@@ -1316,7 +1396,7 @@ pub fn run<T: BenchElement>(
     for (pattern, shape) in gemm_cases {
         let bytes = floor::gemm_bytes(pattern, shape, element);
         measure(&format!("{} {shape:?}", pattern.name()), bytes, &mut |head| {
-            let row = bench_pattern::<T>(stream, pattern, shape, config.timing, head)?;
+            let row = bench_pattern::<T>(stream, pattern, shape, config.timing, head, config.host)?;
             with_streams(head, row, &|part| {
                 pattern_case::<T>(part.stream(), pattern, shape, Run::Streams(part))
             })
@@ -1326,7 +1406,7 @@ pub fn run<T: BenchElement>(
         let bytes = floor::ffn_bytes(row, m, FFN_D, FFN_F, element);
         let label = format!("{} M={m} ({:?})", row.name(), row.gate_up());
         measure(&label, bytes, &mut |head| {
-            let timed = bench_ffn::<T>(stream, m, row, config.timing, head)?;
+            let timed = bench_ffn::<T>(stream, m, row, config.timing, head, config.host)?;
             with_streams(head, timed, &|part| {
                 ffn_case::<T>(part.stream(), m, row, Run::Streams(part))
             })

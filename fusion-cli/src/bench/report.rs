@@ -46,6 +46,10 @@ pub struct Row {
     /// against one at a time (absent otherwise).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub concurrency: Option<Concurrency>,
+    /// With `--host`: the host's time per call of ours against that of
+    /// `cublasLtMatmul` (absent otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<HostCost>,
     /// The row's bytes at the run's copy bandwidth, and ours against that
     /// (`bench::floor`); absent in the files of earlier runs.
     #[serde(default)]
@@ -67,6 +71,49 @@ pub struct Concurrency {
     /// Measurements in which the device reached the calls before the host
     /// had queued them all (their time includes launch overhead).
     pub late: usize,
+}
+
+/// A row's host cost per call (`bench::host`): wall-clock time on the
+/// calling thread, with the device kept busy, in µs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HostCost {
+    /// Calls of ours per measurement, and measurements per contender.
+    pub calls: usize,
+    pub rounds: usize,
+    /// Kernels one call of ours launches (its plan's kernels).
+    pub launches: usize,
+    /// Host time of one call of ours, over the measurements.
+    pub ours: Timing,
+    /// Host time of one `cublasLtMatmul` call with the row's first
+    /// algorithm, over the measurements.
+    pub cublaslt: Timing,
+    /// Ours per kernel launched over one `cublasLtMatmul` (medians): below
+    /// 1, ours costs the host less per launch.
+    pub per_launch_ratio: f64,
+    /// Measurements in which the device finished its head start before the
+    /// host had made every call (their time may include a wait on it).
+    pub late: usize,
+}
+
+impl HostCost {
+    pub fn new(
+        calls: usize,
+        rounds: usize,
+        launches: usize,
+        ours: Timing,
+        cublaslt: Timing,
+        late: usize,
+    ) -> Self {
+        HostCost {
+            calls,
+            rounds,
+            launches,
+            per_launch_ratio: ours.median_us / launches as f64 / cublaslt.median_us,
+            ours,
+            cublaslt,
+            late,
+        }
+    }
 }
 
 /// One contender's time per call, in µs: with one stream at a time (the
@@ -114,6 +161,7 @@ impl Row {
             algorithms: m.algorithms,
             sm_clock: None,
             concurrency: None,
+            host: None,
             floor: None,
         }
     }
@@ -295,6 +343,60 @@ pub fn table(report: &Report) -> String {
         smi::SAMPLE_MS,
     ));
     out.push_str(&concurrency_table(report));
+    out.push_str(&host_table(report));
+    out
+}
+
+/// With `--host`, a table of each row's host time per call; empty
+/// otherwise.
+fn host_table(report: &Report) -> String {
+    let rows: Vec<(&Row, &HostCost)> = report
+        .rows
+        .iter()
+        .filter_map(|r| r.host.as_ref().map(|h| (r, h)))
+        .collect();
+    let Some((_, first)) = rows.first() else {
+        return String::new();
+    };
+    let mut out = format!(
+        "\nHost time per call (µs), the device kept busy\n\
+         {:<20} {:<18} {:<5} {:>8} {:>14} {:>9} {:>14} {:>9} {:>5}\n",
+        "kernel",
+        "shape (M,N,K)",
+        "dtype",
+        "kernels",
+        "ours (IQR)",
+        "ours/krn",
+        "cuBLASLt (IQR)",
+        "ratio",
+        "late"
+    );
+    for (r, h) in &rows {
+        out.push_str(&format!(
+            "{:<20} {:<18} {:<5} {:>8} {:>14} {:>9.2} {:>14} {:>9.3} {:>5}\n",
+            r.kernel,
+            r.shape,
+            r.dtype,
+            h.launches,
+            format!("{:.2} ({:.2})", h.ours.median_us, h.ours.q3_us - h.ours.q1_us),
+            h.ours.median_us / h.launches as f64,
+            format!(
+                "{:.2} ({:.2})",
+                h.cublaslt.median_us,
+                h.cublaslt.q3_us - h.cublaslt.q1_us
+            ),
+            h.per_launch_ratio,
+            h.late,
+        ));
+    }
+    out.push_str(&format!(
+        "ours: one call of the graph's struct ({calls} per measurement); cuBLASLt: one cublasLtMatmul call with the \
+         first algorithm ({calls} x kernels per measurement); medians of {rounds} measurements, each contender in turn\n\
+         ratio = ours per kernel launched / cuBLASLt per call; late: measurements in which the device ran out of \
+         queued work before the host had made every call\n",
+        calls = first.calls,
+        rounds = first.rounds,
+    ));
     out
 }
 
@@ -579,6 +681,39 @@ mod tests {
         assert!(text.contains("IQR: interquartile range"), "{text}");
         assert!(text.contains("median of 50 timed calls"), "{text}");
         assert!(text.contains("whole run: 1755/1980/1980 MHz"), "{text}");
+    }
+
+    #[test]
+    fn host_costs_add_a_table_and_json_fields_only_when_measured() {
+        let plain = report(Some(CLOCK));
+        assert!(!serde_json::to_string(&plain).unwrap().contains("\"host\""));
+        assert!(!table(&plain).contains("Host time per call"));
+        let mut measured = plain.clone();
+        let ours = Timing {
+            median_us: 24.0,
+            q1_us: 23.5,
+            q3_us: 25.0,
+            min_us: 23.0,
+            max_us: 30.0,
+        };
+        measured.rows[0].host = Some(HostCost::new(48, 9, 2, ours, Timing::every_call(8.0), 1));
+        // Per launch: 24 / 2 over 8.
+        assert_eq!(measured.rows[0].host.as_ref().unwrap().per_launch_ratio, 1.5);
+        let value = serde_json::to_value(&measured).unwrap();
+        assert_eq!(value["rows"][0]["host"]["launches"], 2);
+        assert_eq!(value["rows"][0]["host"]["cublaslt"]["median_us"], 8.0);
+        let back: Report = serde_json::from_value(value).unwrap();
+        assert_eq!(back, measured);
+        let text = table(&measured);
+        let row = text
+            .lines()
+            .skip_while(|l| !l.starts_with("Host time per call"))
+            .nth(2)
+            .unwrap();
+        for cell in ["gemm_bias", "24.00 (1.50)", "12.00", "8.00 (0.00)", "1.500"] {
+            assert!(row.contains(cell), "{cell} in {row}");
+        }
+        assert!(text.contains("medians of 9 measurements"), "{text}");
     }
 
     #[test]

@@ -125,7 +125,7 @@ pub fn time_many(
 }
 
 /// Sorts `samples` (at least one) and summarises them.
-fn summarise(samples: &mut [f64]) -> Timing {
+pub fn summarise(samples: &mut [f64]) -> Timing {
     samples.sort_by(f64::total_cmp);
     Timing {
         median_us: percentile(samples, 0.5),

@@ -43,6 +43,12 @@ pub struct BenchArgs {
     /// time: a second table of slowdowns.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=64))]
     pub streams: Option<u16>,
+    /// Also measure each row's host time per call (checks, event
+    /// bookkeeping, launches; the device kept busy) against as many
+    /// cublasLtMatmul calls as the row's struct launches kernels: a table
+    /// of µs per call and per launch.
+    #[arg(long)]
+    pub host: bool,
     /// Time the layers of a model corpus (such as `benchmarks/corpus.toml`)
     /// in place of the standard shapes and FFN rows, each with its model's
     /// epilogue at each of the corpus's token counts, and print the ratios'
@@ -220,6 +226,7 @@ fn config_of(args: &BenchArgs) -> Result<BenchConfig, CliError> {
         runs: args.runs.max(1),
     };
     config.streams = args.streams.map(usize::from);
+    config.host = args.host;
     if let Some(path) = &args.corpus {
         // The corpus in place of the standard table.
         config.corpus = corpus_cases(path, args)?;
