@@ -15,6 +15,17 @@
 //! case runs, failures are collected, and the test fails listing them with
 //! the seed to replay: `FUSION_TEST_SEED=<seed> ./gpu_property --ignored`.
 //! `FUSION_PROPERTY_CASES` changes the number of cases (default 300).
+//!
+//! One case in four is a layer of the model corpus (`benchmarks/corpus.toml`,
+//! built in): its kernel (a folded norm through its struct or its free
+//! function, a gated pair per call or bound) at its own N and K, with a
+//! ragged M drawn log-uniformly from 1 to 8192. The corpus cases take the
+//! corpus's kernels in turn (a layer of that kernel at random) and, in
+//! turn, M from four ranges (1-16, 16-256, 256-2048, 2048-8192), so that
+//! every kernel and every range is drawn. The host's copies of one
+//! case are kept under [`CORPUS_ELEMENTS`] elements per tensor: layers whose
+//! weight is larger are not drawn, and M is cut where M × K or M × N would
+//! pass it.
 
 mod support;
 
@@ -41,6 +52,7 @@ const PATTERNS: &[(&str, Dims)] = &[
     ("gemm_bias_relu", Dims::Gemm),
     ("gemm_bias", Dims::Gemm),
     ("gemm_bias_residual", Dims::Gemm),
+    ("gemm_residual", Dims::Gemm),
     ("gemm_gelu", Dims::Gemm),
     ("gemm_silu", Dims::Gemm),
     ("gemm_bias_sigmoid", Dims::Gemm),
@@ -89,6 +101,7 @@ fn launch<T: TestElement>(
         "gemm_bias_relu" => kernels::gemm_bias_relu(s, &r[0], &r[1], &r[2], &mut w[0]),
         "gemm_bias" => kernels::gemm_bias(s, &r[0], &r[1], &r[2], &mut w[0]),
         "gemm_bias_residual" => kernels::gemm_bias_residual(s, &r[0], &r[1], &r[2], &r[3], &mut w[0]),
+        "gemm_residual" => kernels::gemm_residual(s, &r[0], &r[1], &r[2], &mut w[0]),
         "gemm_gelu" => kernels::gemm_gelu(s, &r[0], &r[1], &mut w[0]),
         "gemm_silu" => kernels::gemm_silu(s, &r[0], &r[1], &mut w[0]),
         "gemm_bias_sigmoid" => kernels::gemm_bias_sigmoid(s, &r[0], &r[1], &r[2], &mut w[0]),
@@ -170,13 +183,79 @@ impl Draw {
     }
 }
 
+/// The most elements a host tensor of a corpus case may hold (64 Mi: half
+/// a GiB in the reference's f64).
+const CORPUS_ELEMENTS: usize = 1 << 26;
+
+/// The largest M a corpus case draws.
+const CORPUS_MAX_M: usize = 8192;
+
+/// The corpus's distinct (kernel, N, K) whose weights fit
+/// [`CORPUS_ELEMENTS`].
+fn corpus_layers() -> Vec<(String, usize, usize)> {
+    let corpus = fusion::core::corpus::Corpus::parse(include_str!("../benchmarks/corpus.toml"))
+        .unwrap_or_else(|e| panic!("the built-in corpus: {e}"));
+    corpus
+        .shapes()
+        .into_iter()
+        .map(|s| (s.kernel, s.n as usize, s.k as usize))
+        .filter(|(_, n, k)| n * k <= CORPUS_ELEMENTS)
+        .collect()
+}
+
+/// A corpus layer's kernel as one of [`PATTERNS`]: a norm GEMM through its
+/// struct (the norm folded, as a model binds it) or its free function, a
+/// gated pair bound or per call.
+fn corpus_pattern(kernel: &str, rng: &mut rand::rngs::StdRng) -> (&'static str, Dims) {
+    let variant = match kernel {
+        "layernorm_gemm" | "rmsnorm_gemm" if rng.random_bool(0.5) => format!("{kernel}_folded"),
+        "gemm_silu_glu" | "gemm_gelu_glu" if rng.random_bool(0.5) => format!("{kernel}_bound"),
+        _ => kernel.to_string(),
+    };
+    *PATTERNS
+        .iter()
+        .find(|(p, _)| *p == variant)
+        .unwrap_or_else(|| panic!("the corpus's kernel `{kernel}` is not a pattern here"))
+}
+
 /// Draws the case list up front, so a replay draws the same cases whatever
 /// the cases themselves consume.
 fn draw_cases(count: usize) -> Vec<Draw> {
     let mut rng = rng();
     let multiple_of_8 = |rng: &mut rand::rngs::StdRng| 8 * rng.random_range(1..=375usize);
+    let layers = corpus_layers();
+    let mut kernels: Vec<&str> = layers.iter().map(|(kernel, _, _)| kernel.as_str()).collect();
+    kernels.sort_unstable();
+    kernels.dedup();
     (0..count)
         .map(|i| {
+            if i % 4 == 3 {
+                let j = i / 4;
+                let kernel = kernels[j % kernels.len()];
+                let of_kernel: Vec<_> = layers.iter().filter(|l| l.0 == kernel).collect();
+                let &(_, n, k) = of_kernel[rng.random_range(0..of_kernel.len())];
+                let (pattern, dims) = corpus_pattern(kernel, &mut rng);
+                // Log-uniform within the turn's range of 1..=8192, then cut
+                // to the host's budget.
+                let (low, high) =
+                    [(0.0, 4.0), (4.0, 8.0), (8.0, 11.0), (11.0, 13.0)][(j / kernels.len()) % 4];
+                let m = 2f64.powf(rng.random_range(low..=high)).round() as usize;
+                let m = m.clamp(1, CORPUS_MAX_M.min(CORPUS_ELEMENTS / n.max(k)));
+                let norm = pattern.contains("norm_gemm");
+                return Draw {
+                    pattern,
+                    dims,
+                    bf16: rng.random_bool(0.5),
+                    m,
+                    n,
+                    k,
+                    row_mean: if norm && rng.random_bool(0.5) {
+                        rng.random_range(1.0..4.0)
+                    } else {
+                        0.0
+                    },
+                };
+            }
             let (pattern, dims) = PATTERNS[rng.random_range(0..PATTERNS.len())];
             // A few exact edge cases at fixed positions, one case in ten
             // at decode sizes (the decode kernel's rows and just past
@@ -271,11 +350,49 @@ fn the_case_list_covers_every_pattern_both_dtypes_and_the_edges() {
     assert!(cases.iter().any(|c| c.bf16) && cases.iter().any(|c| !c.bf16));
     assert!(cases.iter().filter(|c| c.m == 0).count() >= 3);
     assert!(cases.iter().filter(|c| c.m == 1).count() >= 3);
-    assert!(cases.iter().all(|c| c.m <= 2000 && c.n % 8 == 0 && c.k % 8 == 0));
+    let (drawn, corpus): (Vec<(usize, &Draw)>, Vec<(usize, &Draw)>) =
+        cases.iter().enumerate().partition(|(i, _)| i % 4 != 3);
     assert!(
-        cases
+        drawn
             .iter()
-            .all(|c| (8..=3000).contains(&c.n) && (8..=3000).contains(&c.k))
+            .all(|(_, c)| c.m <= 2000 && c.n % 8 == 0 && c.k % 8 == 0)
+    );
+    assert!(
+        drawn
+            .iter()
+            .all(|(_, c)| (8..=3000).contains(&c.n) && (8..=3000).contains(&c.k))
+    );
+    // The corpus's cases: its layers' own N and K, M from 1 up to the
+    // host's budget, and every corpus kernel among them.
+    let layers = corpus_layers();
+    assert!(
+        layers.len() >= 40,
+        "{} corpus layers fit the budget",
+        layers.len()
+    );
+    for (_, c) in &corpus {
+        assert!(
+            layers
+                .iter()
+                .any(|(kernel, n, k)| c.graph() == kernel && (c.n, c.k) == (*n, *k)),
+            "{c:?} is not a corpus layer"
+        );
+        assert!((1..=CORPUS_MAX_M).contains(&c.m), "{c:?}");
+        assert!(c.m * c.n.max(c.k) <= CORPUS_ELEMENTS, "{c:?}");
+    }
+    for (kernel, _, _) in &layers {
+        assert!(
+            corpus.iter().any(|(_, c)| c.graph() == kernel),
+            "the corpus kernel {kernel} never drawn"
+        );
+    }
+    assert!(
+        corpus.iter().any(|(_, c)| c.m > 2000),
+        "no corpus case past M = 2000"
+    );
+    assert!(
+        corpus.iter().any(|(_, c)| c.m <= 16),
+        "no decode-sized corpus case"
     );
     assert!(cases.iter().any(|c| layout(c.pattern) == "KN"));
     assert!(
