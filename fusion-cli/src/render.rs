@@ -152,15 +152,14 @@ fn unit_table(file: &str, units: &[CandidateUnit]) -> String {
 /// The large tile, the small-M ones when there are, and the decode kernel's
 /// threshold when it has one.
 fn tile_summary(u: &CandidateUnit) -> String {
-    let mainloop = u.arch.mainloop();
-    let mut summary = u.config.large.summary(mainloop);
+    let mut summary = u.config.large.summary();
     if let Some(max_m) = u.config.decode_for(u.composition.b_layout) {
         let _ = write!(summary, "; m <= {max_m}: decode");
     }
     if let Some((small, max_m)) = u.config.small() {
-        let _ = write!(summary, "; m <= {max_m}: {}", small.summary(mainloop));
+        let _ = write!(summary, "; m <= {max_m}: {}", small.summary());
         if let Some(alt) = u.config.small_m_alt {
-            let _ = write!(summary, " or {}", alt.summary(mainloop));
+            let _ = write!(summary, " or {}", alt.summary());
         }
     }
     summary
