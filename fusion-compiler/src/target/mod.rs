@@ -247,6 +247,51 @@ impl serde::Serialize for TileConfig {
     }
 }
 
+/// Where [`targets_json`] is kept, relative to fusion-compiler's folder.
+pub const TARGETS_JSON: &str = "kernels/targets.json";
+
+/// The facts of every generation that tools outside the compiler read
+/// (xtask, `scripts/`), as JSON: each generation's name (its cargo
+/// feature), nvcc flags and the compute capability its code runs on (and
+/// whether newer ones run it too, through its PTX). A test keeps
+/// [`TARGETS_JSON`] equal to it.
+pub fn targets_json() -> String {
+    #[derive(serde::Serialize)]
+    struct Generation {
+        name: &'static str,
+        gencode: &'static str,
+        sass_gencode: &'static str,
+        compute_capability: String,
+        runs_on_newer: bool,
+    }
+    #[derive(serde::Serialize)]
+    struct File {
+        note: &'static str,
+        generations: Vec<Generation>,
+    }
+    let generations = Arch::ALL
+        .into_iter()
+        .map(|arch| {
+            let ((major, minor), runs_on_newer) = match arch.compute_capabilities() {
+                RunsOn::Exactly(major, minor) => ((major, minor), false),
+                RunsOn::AtLeast(major, minor) => ((major, minor), true),
+            };
+            Generation {
+                name: arch.name(),
+                gencode: arch.target().gencode,
+                sass_gencode: arch.target().sass_gencode,
+                compute_capability: format!("{major}.{minor}"),
+                runs_on_newer,
+            }
+        })
+        .collect();
+    let file = File {
+        note: "Written by fusion-compiler from src/target/ (FUSION_BLESS=1 cargo test -p fusion-compiler targets_json); do not edit. The GPU generations, oldest first, for xtask and scripts/.",
+        generations,
+    };
+    serde_json::to_string_pretty(&file).expect("plain data") + "\n"
+}
+
 impl Arch {
     /// The generation's facts.
     pub fn target(self) -> &'static Target {

@@ -243,3 +243,18 @@ fn every_generation_has_a_tile_space() {
         );
     }
 }
+
+#[test]
+fn targets_json_is_what_the_targets_say() {
+    let path = crate_dir().join(TARGETS_JSON);
+    let want = targets_json();
+    if std::env::var_os("FUSION_BLESS").is_some_and(|v| v == "1") {
+        std::fs::write(&path, &want).unwrap();
+    }
+    let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        on_disk == want,
+        "{} is not what src/target/ says: run `FUSION_BLESS=1 cargo test -p fusion-compiler targets_json` and commit it",
+        path.display()
+    );
+}
