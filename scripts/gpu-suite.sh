@@ -123,8 +123,10 @@ for step in $steps; do
       run_tests gpu-candle.log 3 ./gpu_candle --ignored --nocapture
       run example-candle-ffn.log ./candle_ffn 512 ;;
     sanitize|sanitize-quick)
-      archs="sm90 sm80 sm75"
-      [[ $step == sanitize-quick ]] && archs=sm90
+      # Every generation the bundle was built for, newest (the native
+      # variant) first: gpu-bundle.sh writes them from fusion-compiler's list.
+      archs=$(cat "$here/generations")
+      [[ $step == sanitize-quick ]] && archs=${archs%% *}
       for arch in $archs; do
         # shellcheck disable=SC2086 # the lists are meant to split
         sanitize "$arch" memcheck $memcheck_tests
