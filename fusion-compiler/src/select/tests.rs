@@ -23,16 +23,7 @@ impl TileConfig {
     };
     /// The sm90 mainloop's 128x256 tile: two cooperative consumer warp
     /// groups, 4 stages.
-    const SM90_128X256: TileConfig = TileConfig {
-        bm: 128,
-        bn: 256,
-        bk: 64,
-        stages: 4,
-        fields: Fields::Sm90(sm90::Fields {
-            schedule: Some(Schedule::Cooperative),
-            cluster_m: 0,
-        }),
-    };
+    const SM90_128X256: TileConfig = TileConfig::sm90(128, 256, 4, Some(Schedule::Cooperative));
 }
 
 /// An sm80 tile config with the per-tile store.
@@ -552,8 +543,8 @@ fn a_cluster_is_an_sm90_field_written_only_when_set() {
     let one = TileConfig::sm90(128, 256, 4, None);
     let clustered = TileConfig {
         fields: Fields::Sm90(sm90::Fields {
-            schedule: None,
             cluster_m: 2,
+            ..*one.sm90_fields().unwrap()
         }),
         ..one
     };

@@ -121,21 +121,6 @@ pub enum Fields {
 }
 
 impl TileConfig {
-    /// An sm90 entry: `bm` x `bn` with a k-block of 64 (the sm90
-    /// mainloop's), `stages` deep, in `schedule` (cooperative where `None`).
-    pub fn sm90(bm: u32, bn: u32, stages: u32, schedule: Option<Schedule>) -> TileConfig {
-        TileConfig {
-            bm,
-            bn,
-            bk: 64,
-            stages,
-            fields: Fields::Sm90(sm90::Fields {
-                schedule,
-                ..sm90::Fields::default()
-            }),
-        }
-    }
-
     /// The generation whose mainloop takes this config.
     pub fn arch(&self) -> Arch {
         match self.fields {

@@ -54,6 +54,24 @@ pub struct Fields {
     pub cluster_m: u32,
 }
 
+impl TileConfig {
+    /// An sm90 entry: `bm` x `bn` with a k-block of 64 (the sm90
+    /// mainloop's), `stages` deep, in `schedule` (cooperative where `None`),
+    /// one CTA per cluster.
+    pub const fn sm90(bm: u32, bn: u32, stages: u32, schedule: Option<Schedule>) -> TileConfig {
+        TileConfig {
+            bm,
+            bn,
+            bk: 64,
+            stages,
+            fields: AnyFields::Sm90(Fields {
+                schedule,
+                cluster_m: 0,
+            }),
+        }
+    }
+}
+
 /// An sm90 tile config as the tuned tables and caches spell it.
 #[derive(serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
