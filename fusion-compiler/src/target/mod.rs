@@ -1,7 +1,8 @@
 //! The GPU generations fusion compiles for, one module each: everything the
 //! build, the code generator, config selection and the run time need to know
-//! about a generation lives in its [`Target`] (and xtask reads the part it
-//! needs from the manifest the build writes, `OUT_DIR/kernels/units.json`).
+//! about a generation lives in its [`Target`] (and xtask and `scripts/` read
+//! the part they need from the manifest the build writes,
+//! `OUT_DIR/kernels/units.json`, and from [`TARGETS_JSON`]).
 //!
 //! A [`Target`] says how nvcc compiles for a generation, which element
 //! types its tensor cores take, which header its mainloop is in, its
@@ -38,7 +39,10 @@
 //!   `<symbol>_resources`);
 //! - its tuned table, `kernels/tuned/sm100.json`, with a `default` entry
 //!   (a table without a usable entry is a build error);
-//! - its cargo feature, `sm100 = []`, in the root `Cargo.toml`;
+//! - its cargo feature, `sm100 = []`, in the root `Cargo.toml` and in
+//!   `examples/llama-ffn/Cargo.toml`;
+//! - [`TARGETS_JSON`] rewritten (`FUSION_BLESS=1 cargo test -p
+//!   fusion-compiler targets_json`), which xtask and `scripts/` read;
 //! - its `tile_space`, the tile configs a tuner tries (the tests check
 //!   that it covers the tuned table's tiles).
 //!
