@@ -16,7 +16,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${1:?usage: scripts/gpu-bundle.sh DIR}
 mkdir -p "$dir"
-features=${FUSION_FEATURES:-sm75,sm80,sm90}
+# Every generation fusion-compiler lists (fusion-compiler/kernels/targets.json,
+# oldest first), unless FUSION_FEATURES names some.
+targets=fusion-compiler/kernels/targets.json
+every=$(python3 -c 'import json, sys; print(",".join(g["name"] for g in json.load(open(sys.argv[1]))["generations"]))' "$targets")
+features=${FUSION_FEATURES:-$every}
 # The same generations for fusion's own tests, which also need its shipped
 # kernels and `fusion::testing` (fusion-cli's features name fusion's).
 fusion_features=kernels,testing,$features
@@ -64,6 +68,11 @@ cp -r graphs "$dir/"
 # The layer corpus of `fusion bench --corpus` (the suite's step `corpus`).
 cp benchmarks/corpus.toml "$dir/"
 cp scripts/gpu-suite.sh "$dir/"
+# The generations built, newest first, for the suite's per-variant steps.
+python3 -c 'import json, sys
+built = sys.argv[2].split(",")
+names = [g["name"] for g in json.load(open(sys.argv[1]))["generations"] if g["name"] in built]
+print(" ".join(reversed(names)))' "$targets" "$features" > "$dir/generations"
 strip "$dir/gpu" "$dir/gpu_errors" "$dir/gpu_cublaslt" "$dir/gpu_graphs" "$dir/gpu_workspace" "$dir/gpu_safetensors" "$dir/gpu_run" "$dir/gpu_property" "$dir/gpu_stress" "$dir/fusion" \
   "$dir/swiglu_ffn" "$dir/llama-ffn" "$dir/llama_ffn_safetensors"
 du -sh "$dir"

@@ -81,11 +81,16 @@ for step in $steps; do
     # free functions read dense rows.
     tests) FUSION_PAD_WEIGHTS=sm90 run_tests gpu-sm90.log any ./gpu --ignored --test-threads 8 --nocapture ;;
     ptx)
+      # Every generation the bundle built but the newest (the native
+      # variant): sm80 and sm75, which run as PTX on newer GPUs.
       # FUSION_PAD_WEIGHTS=all: the structs' padded weights there too, so
-      # that the strided B loads of sm80 and sm75 run (the free functions
-      # read dense rows).
-      FUSION_PAD_WEIGHTS=all FUSION_FORCE_ARCH=sm80 FUSION_TEST_SIZE=quick run_tests gpu-sm80-ptx.log any ./gpu --ignored --test-threads 8 --nocapture
-      FUSION_PAD_WEIGHTS=all FUSION_FORCE_ARCH=sm75 FUSION_TEST_SIZE=quick run_tests gpu-sm75-ptx.log any ./gpu --ignored --test-threads 8 --nocapture ;;
+      # that their strided B loads run (the free functions read dense rows).
+      generations=$(cat "$here/generations")
+      # shellcheck disable=SC2086 # the list is meant to split
+      for arch in ${generations#* }; do
+        [[ $arch == "$generations" ]] && break  # one generation built: none runs as PTX
+        FUSION_PAD_WEIGHTS=all FUSION_FORCE_ARCH=$arch FUSION_TEST_SIZE=quick run_tests "gpu-$arch-ptx.log" any ./gpu --ignored --test-threads 8 --nocapture
+      done ;;
     counter) FUSION_TILE_COUNTER=1 FUSION_TEST_SIZE=quick run_tests gpu-sm90-counter.log any ./gpu --ignored --test-threads 8 --nocapture ;;
     errors)
       # The other-context case needs a second GPU.
@@ -123,8 +128,10 @@ for step in $steps; do
       run_tests gpu-candle.log 3 ./gpu_candle --ignored --nocapture
       run example-candle-ffn.log ./candle_ffn 512 ;;
     sanitize|sanitize-quick)
-      archs="sm90 sm80 sm75"
-      [[ $step == sanitize-quick ]] && archs=sm90
+      # Every generation the bundle was built for, newest (the native
+      # variant) first: gpu-bundle.sh writes them from fusion-compiler's list.
+      archs=$(cat "$here/generations")
+      [[ $step == sanitize-quick ]] && archs=${archs%% *}
       for arch in $archs; do
         # shellcheck disable=SC2086 # the lists are meant to split
         sanitize "$arch" memcheck $memcheck_tests

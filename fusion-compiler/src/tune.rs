@@ -1,6 +1,6 @@
 //! The tuner's search space: for one GEMM kernel (its composition, dtype and
 //! weight layout, a [`KernelKind`]) on one arch, the tile configs of the
-//! arch's [`TileSpace`] worth compiling, and how many of the others each
+//! arch's tile space ([`crate::target::Target::tile_space`]) worth compiling, and how many of the others each
 //! reason pruned before any compile.
 //!
 //! Before compiling, a candidate is pruned when the arch's tensor cores do
@@ -22,7 +22,6 @@
 
 use crate::ir::WeightLayout;
 use crate::select::{Arch, KernelKind, TileConfig};
-use crate::target::TileSpace;
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -103,7 +102,7 @@ pub struct SearchSpace {
     pub arch: Arch,
     /// The kernel it is for.
     pub kernel: KernelKind,
-    /// The configs to compile, in the space's order ([`TileSpace::tiles`]).
+    /// The configs to compile, in the space's order.
     pub candidates: Vec<TileConfig>,
     /// How many configs of the space each reason pruned.
     pub pruned: BTreeMap<PruneReason, usize>,
@@ -165,11 +164,16 @@ impl fmt::Display for SearchSpace {
 /// Deterministic: the same arguments give the same candidates in the same
 /// order.
 pub fn search_space(arch: Arch, kernel: &KernelKind, limits: Option<&DeviceLimits>) -> SearchSpace {
-    search(&arch.target().tile_space, arch, kernel, limits)
+    search(&(arch.target().tile_space)(), arch, kernel, limits)
 }
 
 /// [`search_space`] over `space` in place of the target's.
-fn search(space: &TileSpace, arch: Arch, kernel: &KernelKind, limits: Option<&DeviceLimits>) -> SearchSpace {
+fn search(
+    space: &[TileConfig],
+    arch: Arch,
+    kernel: &KernelKind,
+    limits: Option<&DeviceLimits>,
+) -> SearchSpace {
     let device_checks = limits.map_or(&[PruneReason::BlocksPerSm][..], |_| &[]);
     let mut result = SearchSpace {
         arch,
@@ -186,7 +190,7 @@ fn search(space: &TileSpace, arch: Arch, kernel: &KernelKind, limits: Option<&De
         result.unchecked.clear();
         return result;
     }
-    for tile in space.tiles() {
+    for &tile in space {
         match prune_before_compile(&tile, arch, kernel, limits) {
             Some(reason) => *result.pruned.entry(reason).or_default() += 1,
             None => result.candidates.push(tile),
@@ -202,10 +206,10 @@ fn prune_before_compile(
     kernel: &KernelKind,
     limits: Option<&DeviceLimits>,
 ) -> Option<PruneReason> {
-    if tile.check(arch, kernel).is_err() {
+    if tile.check(arch, kernel.gated).is_err() {
         return Some(PruneReason::Fields);
     }
-    if limits.is_some_and(|l| tile.min_blocks_per_sm > l.max_blocks_per_sm) {
+    if limits.is_some_and(|l| tile.blocks_per_sm() > l.max_blocks_per_sm) {
         return Some(PruneReason::BlocksPerSm);
     }
     None

@@ -3,8 +3,9 @@
 //! It sets up the CUDA toolchain a build needs (nvcc and libclang, installed into
 //! `target/toolchain` when the machine has none), runs the demo a newcomer starts
 //! with, and runs the whole test suite exactly as CI does. It depends on `std`
-//! and `serde_json` (to read the build's unit manifest) only, so it builds in
-//! a few seconds on a fresh machine.
+//! and `serde_json` (to read the build's unit manifest and the generations
+//! fusion-compiler lists, `fusion-compiler/kernels/targets.json`) only, so
+//! it builds in a few seconds on a fresh machine.
 
 mod demo;
 mod error;
@@ -15,6 +16,7 @@ mod process;
 mod resources;
 mod steps;
 mod suite;
+mod targets;
 mod toolchain;
 mod user_crate;
 mod workspace;

@@ -8,6 +8,7 @@
 //! `--ignored` where there is a GPU).
 
 use crate::error::{Error, Result};
+use crate::targets;
 use crate::toolchain::Toolchain;
 use crate::user_crate::{cargo_with_nvcc, write_if_changed};
 use crate::workspace::Workspace;
@@ -36,9 +37,7 @@ fusion-compiler = { path = "{package}/fusion-compiler-{version}", default-featur
 
 [features]
 default = ["sm90"]
-sm75 = []
-sm80 = []
-sm90 = []
+{generations}
 
 [patch.crates-io]
 fusion-compiler = { path = "{package}/fusion-compiler-{version}" }
@@ -89,9 +88,15 @@ pub fn check(workspace: &Workspace, toolchain: &Toolchain) -> Result<()> {
 fn write_copy(workspace: &Workspace, package: &str, version: &str) -> Result<std::path::PathBuf> {
     let dir = workspace.root.join("target").join(FOLDER);
     let example = workspace.root.join("examples").join("llama-ffn");
+    // A feature per generation, as the example's own manifest has.
+    let generations: Vec<String> = targets::generations()
+        .iter()
+        .map(|g| format!("{} = []", g.name))
+        .collect();
     let manifest = MANIFEST
         .replace("{package}", package)
-        .replace("{version}", version);
+        .replace("{version}", version)
+        .replace("{generations}", &generations.join("\n"));
     write_if_changed(&dir.join("Cargo.toml"), &manifest)?;
     for file in FILES {
         let from = example.join(file);

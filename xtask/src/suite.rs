@@ -6,14 +6,19 @@ use crate::lean_runtime;
 use crate::package_cache;
 use crate::packaged_crate;
 use crate::steps::{self, Action, Step};
+use crate::targets;
 use crate::user_crate;
 use crate::workspace::Workspace;
+use std::sync::OnceLock;
 
 fn suite_steps() -> Vec<Step> {
     vec![
         // First, so that CI proves the bootstrap works on a fresh machine.
         Step::new("toolchain: nvcc and libclang", Action::Bootstrap),
-        Step::new("nvcc compiles for sm_75, sm_80 and sm_90a", Action::SmokeCompile),
+        Step::new(
+            "nvcc compiles for every generation of fusion-compiler/kernels/targets.json",
+            Action::SmokeCompile,
+        ),
         Step::new(
             "cargo fmt --check",
             Action::Cargo(vec!["fmt", "--all", "--", "--check"]),
@@ -24,11 +29,11 @@ fn suite_steps() -> Vec<Step> {
                 "clippy",
                 "--workspace",
                 "--all-targets",
-                // Every kernel variant: each template compiled for sm_75,
-                // sm_80 and sm_90a (shared with the test step's build through
-                // the kernel cache).
+                // Every kernel variant: each template compiled for every
+                // generation (shared with the test step's build through the
+                // kernel cache).
                 "--features",
-                EVERY_FEATURE_BUT_CANDLE,
+                every_feature_but_candle(),
                 "--",
                 "-D",
                 "warnings",
@@ -87,12 +92,12 @@ fn suite_steps() -> Vec<Step> {
             Action::Function(lean_runtime::check),
         ),
         Step::new(
-            "cargo test (every kernel variant: sm75, sm80, sm90)",
+            "cargo test (every kernel variant: every generation's feature)",
             Action::Cargo(vec![
                 "test",
                 "--workspace",
                 "--features",
-                EVERY_FEATURE_BUT_CANDLE,
+                every_feature_but_candle(),
             ]),
         ),
         // Planning needs no kernel library: fusion-cli built without the
@@ -164,8 +169,18 @@ fn suite_steps() -> Vec<Step> {
 /// backend links the CUDA libraries, which a machine without a GPU driver
 /// cannot load, so its test binaries could not start here. The `candle`
 /// step checks that code without linking it.
-const EVERY_FEATURE_BUT_CANDLE: &str = "fusion/kernels,fusion/testing,fusion/sm75,fusion/sm80,fusion/sm90,\
-    llama-ffn/sm75,llama-ffn/sm80,llama-ffn/sm90";
+/// Every generation's feature is one of fusion's and of llama-ffn's, named
+/// after it (`fusion-compiler/kernels/targets.json`).
+fn every_feature_but_candle() -> &'static str {
+    static FEATURES: OnceLock<String> = OnceLock::new();
+    FEATURES.get_or_init(|| {
+        format!(
+            "fusion/kernels,fusion/testing,{},{}",
+            targets::features("fusion"),
+            targets::features("llama-ffn")
+        )
+    })
+}
 
 /// candle's kernels are built for one compute capability, which its build
 /// script reads from `CUDA_COMPUTE_CAP` where there is no GPU to ask; 90 also

@@ -8,6 +8,7 @@
 
 use crate::error::{Error, Result};
 use crate::process::{self, find_on_path, format_duration, is_executable, running_as_root};
+use crate::targets;
 use crate::workspace::Workspace;
 use std::ffi::OsString;
 use std::fmt;
@@ -33,14 +34,6 @@ const PYPI_CUDA_HOME: &str = "nvidia/cu13";
 const LIBCLANG_WHEEL: &str = "libclang==18.1.1";
 /// Where that wheel puts `libclang.so`, relative to pip's `--target`.
 const PYPI_LIBCLANG_DIR: &str = "clang/native";
-
-/// The GPU architectures every build targets, as `nvcc -gencode` values.
-pub const SMOKE_GENCODES: &[&str] = &[
-    "arch=compute_75,code=sm_75",
-    "arch=compute_80,code=sm_80",
-    "arch=compute_90a,code=sm_90a",
-];
-pub const SMOKE_ARCHS: &str = "sm_75, sm_80, sm_90a";
 
 /// A kernel touching what fusion's kernels use: the half and bfloat16 headers
 /// (found through nvcc's include path) and device code for every architecture.
@@ -470,8 +463,9 @@ pub fn smoke_compile_command(workspace: &Workspace, nvcc: &Path) -> Command {
         .arg(dir.join("smoke.cu"))
         .arg("-o")
         .arg(dir.join("smoke.o"));
-    for gencode in SMOKE_GENCODES {
-        command.args(["-gencode", gencode]);
+    // Every generation's machine code, with the flags its builds use.
+    for generation in targets::generations() {
+        command.arg(&generation.sass_gencode);
     }
     command
 }
@@ -481,7 +475,10 @@ pub fn smoke_compile_command(workspace: &Workspace, nvcc: &Path) -> Command {
 pub fn smoke_compile(workspace: &Workspace, nvcc: &Path) -> Result<()> {
     let source = workspace.toolchain_dir().join("smoke").join("smoke.cu");
     write_file(&source, SMOKE_KERNEL)?;
-    print!("checking nvcc: compiling a test kernel for {SMOKE_ARCHS}... ");
+    print!(
+        "checking nvcc: compiling a test kernel for {}... ",
+        targets::names()
+    );
     let _ = std::io::Write::flush(&mut std::io::stdout());
     let start = Instant::now();
     let result = process::run_quiet(&mut smoke_compile_command(workspace, nvcc));

@@ -397,14 +397,13 @@ fn tune_kernel(
             shipped_us,
             cublaslt_us,
         } = result;
-        let mainloop = arch.mainloop();
         say(
             out,
             format!(
                 "  M = {m} ({}): {timed} timed, {} rejected; best {} {best_us:.1} µs, shipped {shipped_us:.1} µs ({:.3}x), {} {cublaslt_us:.1} µs ({:.3}x)",
                 key.bucket,
                 rejected.len(),
-                best.summary(mainloop),
+                best.summary(),
                 shipped_us / best_us,
                 baseline.describe(),
                 cublaslt_us / best_us,
@@ -575,12 +574,11 @@ fn build_candidates(
             settings.work.display()
         ),
     )?;
-    let mainloop = arch.mainloop();
     let mut candidates = Vec::new();
     // Why configs did not build, each reason once: (reason, how many, one log).
     let mut failures: Vec<(String, usize, PathBuf)> = Vec::new();
     for (((tile, job), built), lib_name) in configs.iter().zip(&jobs).zip(built).zip(&lib_names) {
-        let label = tile.map_or_else(|| "the shipped config".to_owned(), |t| t.summary(mainloop));
+        let label = tile.map_or_else(|| "the shipped config".to_owned(), |t| t.summary());
         let mut candidate = Candidate {
             tile: *tile,
             label,
@@ -832,7 +830,7 @@ pub fn report(path: &Path, out: &mut dyn Write) -> Result<(), String> {
                 entry.cublaslt_time_us,
                 entry.default_time_us / entry.time_us,
                 entry.cublaslt_time_us / entry.time_us,
-                entry.tile.summary(key.arch.mainloop()),
+                entry.tile.summary(),
             ),
         )?;
     }

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "fusion/abi.h"
+#include "fusion/epilogue.cuh"
 #include "harness.cuh"
 
 namespace {
@@ -118,25 +119,49 @@ std::string shape_label(Shape s) { return "(" + harness::shape_str(s) + ")"; }
 // ---------------------------------------------------------------------------
 // Inputs
 // ---------------------------------------------------------------------------
-enum class Step { Bias, Gelu, GeluErf, Silu, Relu, Sigmoid, GeluQuick, Residual, Mul };
+// An epilogue step: one of the three that read an operand, which the
+// harness fills, or an activation of the op table, by its index in
+// FUSION_ACTIVATIONS (units.inc, written by `fusion render` from the op
+// table), whose reference is the CUDA step's own `f` in f32. The Rust GPU
+// tests check the kernels built on that `f` against the op table's f64
+// formula; here it lets a new activation reach the self-test with no change
+// to this file.
+enum class Step : int { Bias = -3, Residual = -2, Mul = -1 };
 
-// The reference's formula for an epilogue step named as the op table names
-// it (`EpilogueStep::name`), or false for a step it does not know.
+constexpr const char* kActivationNames[] = {
+#define FUSION_ACTIVATION_NAME(name, type) name,
+    FUSION_ACTIVATIONS(FUSION_ACTIVATION_NAME)
+#undef FUSION_ACTIVATION_NAME
+};
+
+// The step named as the op table names it (`EpilogueStep::name`), or false
+// for a step the reference does not know.
 bool step_named(const char* name, Step& step) {
   static const struct {
     const char* name;
     Step step;
-  } known[] = {{"bias", Step::Bias},           {"gelu", Step::Gelu},
-               {"gelu_erf", Step::GeluErf},    {"silu", Step::Silu},
-               {"relu", Step::Relu},           {"sigmoid", Step::Sigmoid},
-               {"gelu_quick", Step::GeluQuick}, {"residual", Step::Residual},
-               {"mul", Step::Mul}};
-  for (const auto& k : known)
-    if (std::strcmp(k.name, name) == 0) {
-      step = k.step;
+  } operands[] = {{"bias", Step::Bias}, {"residual", Step::Residual}, {"mul", Step::Mul}};
+  for (const auto& o : operands)
+    if (std::strcmp(o.name, name) == 0) {
+      step = o.step;
+      return true;
+    }
+  for (int i = 0; i < int(sizeof(kActivationNames) / sizeof(kActivationNames[0])); ++i)
+    if (std::strcmp(kActivationNames[i], name) == 0) {
+      step = Step(i);
       return true;
     }
   return false;
+}
+
+// The activation named `name`, which the op table has.
+Step activation(const char* name) {
+  Step step;
+  if (!step_named(name, step) || int(step) < 0) {
+    std::fprintf(stderr, "the op table has no activation `%s`\n", name);
+    std::exit(2);
+  }
+  return step;
 }
 
 struct Epilogue {
@@ -225,20 +250,25 @@ __device__ float load(const void* p, int64_t i) {
   return fusion::Numeric<T>::to_float(static_cast<const T*>(p)[i]);
 }
 
+// The activation at `index` of FUSION_ACTIVATIONS.
+__device__ float apply_activation(int index, float x) {
+  int i = 0;
+#define FUSION_ACTIVATION_CASE(name, type) \
+  if (index == i++) return type::f(x);
+  FUSION_ACTIVATIONS(FUSION_ACTIVATION_CASE)
+#undef FUSION_ACTIVATION_CASE
+  return __int_as_float(0x7fc00000);  // no such activation: NaN, which fails the comparison
+}
+
 template <typename T>
 __device__ float apply(const Step* steps, int count, float x, int64_t m, int64_t n, int64_t N,
                        const fusion_gemm_params& p) {
   for (int i = 0; i < count; ++i) {
     switch (steps[i]) {
       case Step::Bias: x += load<T>(p.bias, n); break;
-      case Step::Gelu: x = 0.5f * x * (1.0f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x))); break;
-      case Step::GeluErf: x = 0.5f * x * (1.0f + erff(x * 0.7071067812f)); break;
-      case Step::Silu: x = x / (1.0f + expf(-x)); break;
-      case Step::Relu: x = x > 0.0f ? x : 0.0f; break;
-      case Step::Sigmoid: x = 1.0f / (1.0f + expf(-x)); break;
-      case Step::GeluQuick: x = x / (1.0f + expf(-1.702f * x)); break;
       case Step::Residual: x += load<T>(p.residual, m * N + n); break;
       case Step::Mul: x *= load<T>(p.multiplier, m * N + n); break;
+      default: x = apply_activation(int(steps[i]), x); break;
     }
   }
   return x;
@@ -505,8 +535,8 @@ void check_arguments(Totals& totals, const Unit& u, const Epilogue& epi, Shape s
 cublasLtEpilogue_t baseline_of(const Epilogue& e, const char*& name) {
   using Steps = std::vector<Step>;
   if (e.steps == Steps{Step::Bias}) return name = "BIAS", CUBLASLT_EPILOGUE_BIAS;
-  if (e.steps == Steps{Step::Bias, Step::Gelu}) return name = "GELU_BIAS", CUBLASLT_EPILOGUE_GELU_BIAS;
-  if (e.steps == Steps{Step::Bias, Step::Relu}) return name = "RELU_BIAS", CUBLASLT_EPILOGUE_RELU_BIAS;
+  if (e.steps == Steps{Step::Bias, activation("gelu")}) return name = "GELU_BIAS", CUBLASLT_EPILOGUE_GELU_BIAS;
+  if (e.steps == Steps{Step::Bias, activation("relu")}) return name = "RELU_BIAS", CUBLASLT_EPILOGUE_RELU_BIAS;
   return name = "plain", CUBLASLT_EPILOGUE_DEFAULT;
 }
 

@@ -473,22 +473,16 @@ fn select_by_model() -> Result<bool, BuildError> {
 /// ones or those per M bucket (`m <= 512: ...`), and its decode kernel's
 /// threshold (`decode: m <= 16`), for the manifest.
 fn tiles_of(key: &KernelKey) -> Vec<String> {
-    let KernelKey::Gemm {
-        mainloop,
-        config,
-        layout,
-        ..
-    } = key
-    else {
+    let KernelKey::Gemm { config, layout, .. } = key else {
         return Vec::new();
     };
     config
         .tiers()
         .into_iter()
-        .filter_map(|(which, tile)| Some(format!("{which}: {}", tile?.summary(*mainloop))))
+        .filter_map(|(which, tile)| Some(format!("{which}: {}", tile?.summary())))
         .chain(config.tiers_by_m().into_iter().map(|(max_m, tile)| match max_m {
-            Some(max_m) => format!("m <= {max_m}: {}", tile.summary(*mainloop)),
-            None => format!("larger m: {}", tile.summary(*mainloop)),
+            Some(max_m) => format!("m <= {max_m}: {}", tile.summary()),
+            None => format!("larger m: {}", tile.summary()),
         }))
         .chain(
             config

@@ -32,8 +32,9 @@
 use super::{CodegenError, GraphSpec, KernelKey, RenderedUnit, render_with_tables};
 use crate::fuse::{Composition, GemmComposition, Plan};
 use crate::ir::{DType, WeightLayout};
-use crate::select::{Arch, KernelConfig, KernelKind, TunedTable};
+use crate::select::{Arch, KernelConfig, KernelKind, TileConfig, TunedTable};
 use indexmap::IndexMap;
+use serde::Deserialize;
 
 /// One entry of a candidate list, as written.
 #[derive(Clone, Debug, serde::Deserialize)]
@@ -51,9 +52,21 @@ pub struct Candidate {
     pub layouts: Vec<String>,
     /// `sm75`, `sm80`, `sm90`.
     pub archs: Vec<String>,
-    /// A tuned-table entry; left out: the shipped table's choice.
+    /// A tuned-table entry; left out: the shipped table's choice. Read for
+    /// each of `archs` as that generation's ([`Candidate::config_for`]).
     #[serde(default)]
-    pub config: Option<KernelConfig>,
+    pub config: Option<serde_json::Value>,
+}
+
+impl Candidate {
+    /// Its `config` read as an entry of `arch`'s tuned table.
+    pub fn config_for(&self, arch: Arch) -> Result<Option<KernelConfig>, String> {
+        self.config
+            .as_ref()
+            .map(|value| TileConfig::read_for(arch, || KernelConfig::deserialize(value)))
+            .transpose()
+            .map_err(|e| format!("its config is not an entry of the {arch} table: {e}"))
+    }
 }
 
 /// A parsed candidate list.
@@ -139,6 +152,7 @@ pub fn render_candidates(
                 &layouts[..]
             };
             for &arch in &archs {
+                let config = candidate.config_for(arch).map_err(fail)?;
                 for &dtype in &dtypes {
                     if !arch.supports(dtype) {
                         return Err(fail(format!("{arch} has no {dtype} kernels")));
@@ -158,7 +172,7 @@ pub fn render_candidates(
                                 dtype,
                                 arch,
                             },
-                            candidate.config,
+                            config,
                         )
                         .map_err(|e| fail(e.to_string()))?
                         .unit;
@@ -350,8 +364,8 @@ mod tests {
         )
         .unwrap_err();
         assert!(err.contains("list.json, candidate 0"), "{err}");
-        assert!(err.contains("gemm_bias_gelu.f16"), "{err}");
-        assert!(err.contains("`warp_m` does not apply"), "{err}");
+        assert!(err.contains("not an entry of the sm90 table"), "{err}");
+        assert!(err.contains("unknown field `warp_m`"), "{err}");
     }
 
     #[test]

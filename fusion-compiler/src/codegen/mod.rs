@@ -32,8 +32,7 @@ pub mod wrappers;
 use crate::fuse::{Activation, Composition, EpilogueStep, NormKind, Plan};
 use crate::ir::{DType, WeightLayout};
 use crate::select::{
-    self, Arch, ConfigSource, KernelConfig, KernelKind, Mainloop, SelectError, TileConfig, TunedCache,
-    TunedTable,
+    self, Arch, ConfigSource, KernelConfig, KernelKind, SelectError, TileConfig, TunedCache, TunedTable,
 };
 use indexmap::IndexMap;
 use serde_json::json;
@@ -58,11 +57,6 @@ fn layout_name(layout: WeightLayout) -> &'static str {
         WeightLayout::KN => "KN",
         WeightLayout::NK => "NK",
     }
-}
-
-/// A tile config as the C++ type of `mainloop`'s generation.
-fn tile_type(mainloop: Mainloop, c: &TileConfig) -> String {
-    (Arch::of_mainloop(mainloop).target().tile_type)(c)
 }
 
 /// One graph to compile, and the element types to compile it for.
@@ -102,8 +96,8 @@ pub enum KernelKey {
         steps: Vec<EpilogueStep>,
         /// The element type.
         dtype: DType,
-        /// The mainloop it runs.
-        mainloop: Mainloop,
+        /// The generation whose mainloop it runs.
+        arch: Arch,
         /// Its tile configs.
         config: KernelConfig,
         /// The tuned table entry (or the tuned cache's entries) `config` came
@@ -512,7 +506,7 @@ fn kernel_key(
                 gate: gemm.gate,
                 steps: gemm.epilogue.clone(),
                 dtype,
-                mainloop: arch.mainloop(),
+                arch,
                 config: selected.config,
                 origin: selected.origin,
                 tuned_for: selected.tuned_for,
@@ -615,13 +609,13 @@ fn render_unit(
             gate,
             steps,
             dtype,
-            mainloop,
+            arch,
             config,
             origin,
             tuned_for: _,
         } => {
             let mut context = common(*dtype);
-            let target = Arch::of_mainloop(*mainloop).target();
+            let target = arch.target();
             let (mainloop_type, header) = (target.mainloop_type, target.mainloop_header);
             // A norm prologue's unit also has the folded form (abi.h).
             let folded = prologue.map(|kind| {
@@ -635,12 +629,12 @@ fn render_unit(
                 Some(kind) => format!("fusion::NormPrologue<fusion::NormKind::{}>", norm_type(*kind)),
             };
             let small = config.small().map(|(tile, max_m)| {
-                let alt = config.small_m_alt.map(
-                    |alt| json!({ "tile": tile_type(*mainloop, &alt), "tile_doc": alt.summary(*mainloop) }),
-                );
+                let alt = config
+                    .small_m_alt
+                    .map(|alt| json!({ "tile": alt.cpp_type(), "tile_doc": alt.summary() }));
                 json!({
-                    "tile": tile_type(*mainloop, &tile),
-                    "tile_doc": tile.summary(*mainloop),
+                    "tile": tile.cpp_type(),
+                    "tile_doc": tile.summary(),
                     "max_m": max_m,
                     "alt": alt.unwrap_or(serde_json::Value::Bool(false)),
                 })
@@ -652,11 +646,7 @@ fn render_unit(
             // tile the mainloop takes (`tile_valid`, whose parts the headers
             // assert one by one) and that its shared memory fits the
             // mainloop's limit.
-            let smem_limit = match mainloop {
-                Mainloop::Sm90 => "fusion::sm90::kSmemPerBlock",
-                Mainloop::Sm80 => "fusion::sm80::kSmemPerBlock",
-                Mainloop::Sm75 => "fusion::sm75::kSmemPerBlock",
-            };
+            let smem_limit = format!("fusion::{}::kSmemPerBlock", arch.name());
             // A tile per M bucket (the model's choice): each tile other
             // than the large one once, as `MTile<i>`, and the Ms each serves.
             let mut by_m_aliases: Vec<(String, TileConfig)> = Vec::new();
@@ -690,7 +680,7 @@ fn render_unit(
                     let message = format!(
                         "tile config from {origin} for `{composition}` ({which}) does not fit {}: {} {what}",
                         arch_list(archs),
-                        tile.summary(*mainloop),
+                        tile.summary(),
                     );
                     c_string(&message.replace('`', "'"))
                 };
@@ -701,7 +691,7 @@ fn render_unit(
                     "stages": tile.stages,
                     "rules_message": fits(format!(
                         "is not a tile the {} mainloop takes: a rule of its TileConfig fails (an error above names it), or bk or stages differ from the template's own",
-                        mainloop.name()
+                        arch.name()
                     )),
                     "smem_message": fits(format!(
                         "needs more shared memory per block than {} allows",
@@ -725,7 +715,7 @@ fn render_unit(
             let extra = json!({
                 "tiles": tiles,
                 "decode": decode.unwrap_or(serde_json::Value::Bool(false)),
-                "tile_valid": format!("fusion::{}::tile_valid", mainloop.name()),
+                "tile_valid": format!("fusion::{}::tile_valid", arch.name()),
                 "smem_limit": smem_limit,
                 "mainloop": mainloop_type,
                 "mainloop_header": header,
@@ -735,15 +725,15 @@ fn render_unit(
                 "chain": chain_type(*gate, steps),
                 "gated": gate.is_some(),
                 "fold_weights": folded.is_some() || gate.is_some(),
-                "large_tile": tile_type(*mainloop, &config.large),
-                "large_tile_doc": config.large.summary(*mainloop),
+                "large_tile": config.large.cpp_type(),
+                "large_tile_doc": config.large.summary(),
                 "large_alt": config.large_alt.map_or(serde_json::Value::Bool(false), |alt| {
-                    json!({ "tile": tile_type(*mainloop, &alt), "tile_doc": alt.summary(*mainloop) })
+                    json!({ "tile": alt.cpp_type(), "tile_doc": alt.summary() })
                 }),
                 "small": small.unwrap_or(serde_json::Value::Bool(false)),
                 "by_m_tiles": by_m_aliases
                     .iter()
-                    .map(|(alias, tile)| json!({ "alias": alias, "tile": tile_type(*mainloop, tile), "tile_doc": tile.summary(*mainloop) }))
+                    .map(|(alias, tile)| json!({ "alias": alias, "tile": tile.cpp_type(), "tile_doc": tile.summary() }))
                     .collect::<Vec<_>>(),
                 "by_m": by_m,
                 "folded": folded.unwrap_or(serde_json::Value::Bool(false)),

@@ -184,13 +184,7 @@ fn sm90_units_use_the_sm90_mainloop_norm_compositions_too() {
             .unwrap_or_else(|| panic!("no unit {symbol}"))
     };
     let sm90 = unit("k_gemm_bias_gelu_nk_f16_sm90");
-    assert!(matches!(
-        sm90.key,
-        KernelKey::Gemm {
-            mainloop: Mainloop::Sm90,
-            ..
-        }
-    ));
+    assert!(matches!(sm90.key, KernelKey::Gemm { arch: Arch::Sm90, .. }));
     for needle in [
         "#include \"fusion/sm90/mainloop.cuh\"",
         "fusion::FusedGemm<fusion::sm90::Mainloop<Element, fusion::LayoutB::NK, Tile>, fusion::NoPrologue,",
@@ -218,13 +212,7 @@ fn sm90_units_use_the_sm90_mainloop_norm_compositions_too() {
         .iter()
         .find(|u| u.symbol.starts_with("k_layernorm_gemm_nk_f16") && u.archs.contains(&Arch::Sm90))
         .unwrap();
-    assert!(matches!(
-        norm.key,
-        KernelKey::Gemm {
-            mainloop: Mainloop::Sm90,
-            ..
-        }
-    ));
+    assert!(matches!(norm.key, KernelKey::Gemm { arch: Arch::Sm90, .. }));
     for needle in [
         "#include \"fusion/sm90/mainloop.cuh\"",
         "fusion::FusedGemm<fusion::sm90::Mainloop<Element, fusion::LayoutB::NK, Tile>, fusion::NormPrologue<fusion::NormKind::LayerNorm>,",
@@ -1079,14 +1067,14 @@ fn a_cached_config_the_checks_reject_is_a_warning_and_the_shipped_config() {
         bm: 128,
         bn: 128,
         bk: 32,
-        warp_m: 0,
-        warp_n: 0,
         stages: 3,
-        min_blocks_per_sm: 1,
-        pipelined: false,
-        staged_store: false,
-        schedule: None,
-        cluster_m: 0,
+        fields: crate::target::Fields::Sm80(crate::target::sm80::Fields {
+            warp_m: 0,
+            warp_n: 0,
+            min_blocks_per_sm: 1,
+            pipelined: false,
+            staged_store: false,
+        }),
     };
     cache.entries.insert(
         key,

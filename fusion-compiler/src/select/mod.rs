@@ -17,9 +17,9 @@
 //! error naming the file and the entry, never a launch that fails at run
 //! time.
 //!
-//! Every kernel of an arch runs that arch's mainloop ([`Arch::mainloop`]),
-//! norm compositions included, and each config is checked by that arch's
-//! [`Target::check`](crate::target::Target::check).
+//! Every kernel of an arch runs that arch's mainloop, norm compositions
+//! included, and each config is one of that arch's tile configs, checked by
+//! [`TileConfig::check`].
 //!
 //! M is only known at run time, so a kernel's [`KernelConfig`] holds a tile
 //! for every M and, optionally, tiles its launcher picks among by M and the
@@ -37,169 +37,13 @@ pub mod model;
 mod tuned;
 mod tuned_cache;
 
-pub use crate::target::Arch;
+pub use crate::target::{Arch, Schedule, TileConfig};
 pub use tuned::{GATED_DEFAULT, SOURCE_TILE_DEFAULT, TunedTable};
 pub use tuned_cache::{CacheEntry, CacheKey, M_BUCKET_BOUNDS, MBucket, SELECT_ENV, TUNED_ENV, TunedCache};
 
 use crate::fuse::GemmComposition;
 use crate::ir::{DType, WeightLayout};
 use std::fmt;
-
-/// The mainloop template a kernel is instantiated with.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Mainloop {
-    /// `fusion::sm75::Mainloop`: WMMA, register-staged double buffering.
-    Sm75,
-    /// `fusion::sm80::Mainloop`: mma.sync, cp.async multi-stage pipeline.
-    Sm80,
-    /// `fusion::sm90::Mainloop`: persistent and warp-specialized, TMA loads
-    /// into a ring of stages, wgmma from shared memory.
-    Sm90,
-}
-
-impl Mainloop {
-    /// `sm80`: its generation's name, for messages.
-    pub fn name(self) -> &'static str {
-        Arch::of_mainloop(self).name()
-    }
-}
-
-/// How the sm90 mainloop's consumer warp groups share the work: its
-/// `fusion::sm90::Schedule`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Deserialize, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Schedule {
-    /// `BM / 64` consumers split every tile by rows, 64 rows each.
-    #[default]
-    Cooperative,
-    /// Two consumers take alternate whole tiles, so one's epilogue overlaps
-    /// the other's K loop.
-    PingPong,
-}
-
-impl Schedule {
-    /// `cooperative`, as the tuned tables spell it.
-    pub fn name(self) -> &'static str {
-        match self {
-            Schedule::Cooperative => "cooperative",
-            Schedule::PingPong => "pingpong",
-        }
-    }
-}
-
-/// The parameters of the mainloops' `TileConfig` templates. One struct
-/// serves every mainloop; which fields apply depends on it (see
-/// [`TileConfig::check`]): the sm90 mainloop takes `bm`, `bn`, `bk` (its
-/// template's own), `stages` and `schedule`, and fixes the warp layout itself, so its
-/// entries leave out `warp_m`, `warp_n` and `min_blocks_per_sm`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Deserialize, serde::Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct TileConfig {
-    /// Rows and columns of C one block computes, and the K step.
-    pub bm: u32,
-    /// Columns of C one block computes.
-    pub bn: u32,
-    /// The K step of one stage.
-    pub bk: u32,
-    /// Rows and columns of C one warp computes (sm75 and sm80; 0 when left
-    /// out, which only the sm90 mainloop accepts).
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub warp_m: u32,
-    /// Columns of C one warp computes (see `warp_m`).
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub warp_n: u32,
-    /// Shared-memory pipeline depth (the sm75 mainloop's template fixes it).
-    pub stages: u32,
-    /// `__launch_bounds__`' second argument: caps registers so this many
-    /// blocks fit on one SM (sm75 and sm80; the sm90 mainloop is persistent,
-    /// one block per SM).
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub min_blocks_per_sm: u32,
-    /// The sm80 mainloop's pipelined K loop (A/B fragments double-buffered
-    /// in registers, the stage barrier inside the last k16 step): 1.4-1.6x
-    /// the per-stage loop on an H200 (benchmarks/HISTORY.md, sweep of 2026-11-29).
-    #[serde(default)]
-    pub pipelined: bool,
-    /// The sm80 mainloop's staged store: the epilogue runs on every fragment
-    /// first, then C leaves through shared memory in 16-byte stores (+4-5%
-    /// on the 128x256x64 tile, sweep set 2).
-    #[serde(default)]
-    pub staged_store: bool,
-    /// The sm90 mainloop's schedule; absent means cooperative. Other
-    /// mainloops reject it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub schedule: Option<Schedule>,
-    /// The sm90 mainloop's CTAs per cluster along M (`kClusterM`: 2 CTAs
-    /// that own vertically adjacent tiles share each B tile, each loading
-    /// half of it by TMA multicast); 0 when left out, one CTA. Other
-    /// mainloops reject it.
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub cluster_m: u32,
-}
-
-fn is_zero(value: &u32) -> bool {
-    *value == 0
-}
-
-impl TileConfig {
-    /// An sm90 entry: `bm` x `bn` with a k-block of 64 (the sm90
-    /// mainloop's), `stages` deep, in `schedule` (cooperative where `None`),
-    /// and the fields only the warp-tiled mainloops read left out.
-    pub fn sm90(bm: u32, bn: u32, stages: u32, schedule: Option<Schedule>) -> TileConfig {
-        TileConfig {
-            bm,
-            bn,
-            bk: 64,
-            warp_m: 0,
-            warp_n: 0,
-            stages,
-            min_blocks_per_sm: 0,
-            pipelined: false,
-            staged_store: false,
-            schedule,
-            cluster_m: 0,
-        }
-    }
-
-    /// The sm90 schedule, cooperative when the config names none.
-    pub fn sm90_schedule(&self) -> Schedule {
-        self.schedule.unwrap_or_default()
-    }
-
-    /// `128x256x32 (warp 64x64, 4 stages, 1 block(s)/SM)` for the sm75 and
-    /// sm80 mainloops; `128x256x64 (4 stages, cooperative, persistent)` for
-    /// sm90's.
-    pub fn summary(&self, mainloop: Mainloop) -> String {
-        match mainloop {
-            Mainloop::Sm75 | Mainloop::Sm80 => format!(
-                "{}x{}x{} (warp {}x{}, {} stages, {} block(s)/SM)",
-                self.bm, self.bn, self.bk, self.warp_m, self.warp_n, self.stages, self.min_blocks_per_sm
-            ),
-            Mainloop::Sm90 => format!(
-                "{}x{}x{} ({} stages, {}, persistent{})",
-                self.bm,
-                self.bn,
-                self.bk,
-                self.stages,
-                self.sm90_schedule().name(),
-                if self.cluster_m > 1 {
-                    format!(", {}-CTA clusters", self.cluster_m)
-                } else {
-                    String::new()
-                }
-            ),
-        }
-    }
-
-    /// Checks that the config gives the fields the arch's mainloop takes,
-    /// for a kernel of this shape (the arch's
-    /// [`Target::check`](crate::target::Target::check)); the tile rules are
-    /// checked by nvcc in the unit. The error is a sentence saying what is
-    /// wrong.
-    pub fn check(&self, arch: Arch, kernel: &KernelKind) -> Result<(), String> {
-        (arch.target().check)(self, kernel)
-    }
-}
 
 /// What a config is chosen for: the parts of a GEMM kernel that change
 /// its resource use.
@@ -479,8 +323,7 @@ pub fn select_tuned(
 }
 
 /// Checks that `config`, from `source`, gives `kernel` on `arch` what its
-/// mainloop takes: every tile through the arch's
-/// [`Target::check`](crate::target::Target::check), each optional tile with
+/// mainloop takes: every tile through [`TileConfig::check`], each optional tile with
 /// what it needs, `decode_max_m` only where there is a decode kernel. The
 /// one check of a shipped table's entry and of the config a tuned cache
 /// gives ([`TunedCache`]).
@@ -497,7 +340,10 @@ pub fn check_config(
         which,
         reason,
     };
-    config.large.check(arch, kernel).map_err(|r| fail("large", r))?;
+    config
+        .large
+        .check(arch, kernel.gated)
+        .map_err(|r| fail("large", r))?;
     // The optional tiles: each fits the arch and comes with what it needs.
     let optional = [
         (
@@ -516,7 +362,7 @@ pub fn check_config(
     ];
     if let Some(tiles) = &config.by_m {
         for tile in tiles {
-            tile.check(arch, kernel).map_err(|r| fail("by_m", r))?;
+            tile.check(arch, kernel.gated).map_err(|r| fail("by_m", r))?;
         }
         let tiered = config.small_m.is_some() || config.small_m_alt.is_some() || config.large_alt.is_some();
         if tiered || tiles[MBucket::COUNT - 1] != config.large {
@@ -545,7 +391,7 @@ pub fn check_config(
     }
     for (tile, which, complete, missing) in optional {
         if let Some(tile) = tile {
-            tile.check(arch, kernel).map_err(|r| fail(which, r))?;
+            tile.check(arch, kernel.gated).map_err(|r| fail(which, r))?;
             if !complete {
                 return Err(fail(which, missing.into()));
             }

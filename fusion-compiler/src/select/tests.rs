@@ -1,66 +1,56 @@
 use super::*;
 use crate::fuse::{Activation, EpilogueStep};
+use crate::target::{Fields, sm75, sm80, sm90};
 
 /// Tiles of the shipped tables (`kernels/tuned/*.json`, their one source),
 /// written out here to check what selection returns.
 impl TileConfig {
     /// sm80: 8 warps of 64x64.
-    const TILE_128X256: TileConfig = TileConfig {
-        bm: 128,
-        bn: 256,
-        bk: 32,
-        warp_m: 64,
-        warp_n: 64,
-        stages: 4,
-        min_blocks_per_sm: 1,
-        pipelined: false,
-        staged_store: false,
-        schedule: None,
-        cluster_m: 0,
-    };
+    const TILE_128X256: TileConfig = sm80_tile(128, 256, 32, 64, 64, 4, 1, false);
     /// sm80: 8 warps of 64x32, two blocks per SM.
-    const TILE_128X128: TileConfig = TileConfig {
-        bm: 128,
-        bn: 128,
-        bk: 32,
-        warp_m: 64,
-        warp_n: 32,
-        stages: 4,
-        min_blocks_per_sm: 2,
-        pipelined: false,
-        staged_store: false,
-        schedule: None,
-        cluster_m: 0,
-    };
+    const TILE_128X128: TileConfig = sm80_tile(128, 128, 32, 64, 32, 4, 2, false);
     /// The sm75 mainloop's double-buffered 128x128 tile.
     const SM75_128X128: TileConfig = TileConfig {
         bm: 128,
         bn: 128,
         bk: 32,
-        warp_m: 64,
-        warp_n: 32,
         stages: 2,
-        min_blocks_per_sm: 1,
-        pipelined: false,
-        staged_store: false,
-        schedule: None,
-        cluster_m: 0,
+        fields: Fields::Sm75(sm75::Fields {
+            warp_m: 64,
+            warp_n: 32,
+            min_blocks_per_sm: 1,
+        }),
     };
     /// The sm90 mainloop's 128x256 tile: two cooperative consumer warp
     /// groups, 4 stages.
-    const SM90_128X256: TileConfig = TileConfig {
-        bm: 128,
-        bn: 256,
-        bk: 64,
-        warp_m: 0,
-        warp_n: 0,
-        stages: 4,
-        min_blocks_per_sm: 0,
-        pipelined: false,
-        staged_store: false,
-        schedule: Some(Schedule::Cooperative),
-        cluster_m: 0,
-    };
+    const SM90_128X256: TileConfig = TileConfig::sm90(128, 256, 4, Some(Schedule::Cooperative));
+}
+
+/// An sm80 tile config with the per-tile store.
+#[allow(clippy::too_many_arguments)]
+const fn sm80_tile(
+    bm: u32,
+    bn: u32,
+    bk: u32,
+    warp_m: u32,
+    warp_n: u32,
+    stages: u32,
+    min_blocks_per_sm: u32,
+    pipelined: bool,
+) -> TileConfig {
+    TileConfig {
+        bm,
+        bn,
+        bk,
+        stages,
+        fields: Fields::Sm80(sm80::Fields {
+            warp_m,
+            warp_n,
+            min_blocks_per_sm,
+            pipelined,
+            staged_store: false,
+        }),
+    }
 }
 
 fn kernel(name: &str, dtype: DType, prologue: bool) -> KernelKind {
@@ -128,18 +118,8 @@ fn shipped_tables_parse_and_fit_their_arch() {
 fn defaults_are_the_measured_tiles() {
     let k = kernel("gemm_bias_gelu", DType::F16, false);
     let sm80 = select(Arch::Sm80, &k).unwrap();
-    let pipelined = |bm, bn, bk, warp_m, warp_n, stages, min_blocks_per_sm| TileConfig {
-        bm,
-        bn,
-        bk,
-        warp_m,
-        warp_n,
-        stages,
-        min_blocks_per_sm,
-        pipelined: true,
-        staged_store: false,
-        schedule: None,
-        cluster_m: 0,
+    let pipelined = |bm, bn, bk, warp_m, warp_n, stages, min_blocks_per_sm| {
+        sm80_tile(bm, bn, bk, warp_m, warp_n, stages, min_blocks_per_sm, true)
     };
     let small = pipelined(64, 128, 32, 32, 64, 4, 3);
     assert_eq!(sm80.large, pipelined(128, 128, 32, 64, 64, 4, 2));
@@ -191,7 +171,7 @@ fn oversized_tuned_entry_is_passed_on_with_file_and_entry() {
 
 #[test]
 fn lookup_prefers_the_most_specific_key() {
-    let json = r#"{ "arch": "sm90", "configs": {
+    let json = r#"{ "arch": "sm80", "configs": {
         "default": { "large": { "bm": 128, "bn": 128, "bk": 32, "warp_m": 64, "warp_n": 32, "stages": 3, "min_blocks_per_sm": 1 } },
         "gemm_silu": { "large": { "bm": 128, "bn": 128, "bk": 32, "warp_m": 64, "warp_n": 32, "stages": 4, "min_blocks_per_sm": 1 } },
         "gemm_silu.bf16": { "large": { "bm": 128, "bn": 128, "bk": 32, "warp_m": 64, "warp_n": 32, "stages": 5, "min_blocks_per_sm": 1 } } } }"#;
@@ -297,17 +277,14 @@ fn malformed_tables_name_the_file() {
 fn warp_tiled_entries_give_their_fields() {
     let k = kernel("gemm", DType::F16, false);
     let reject = |c: TileConfig, arch: Arch, needle: &str| {
-        let err = c.check(arch, &k).unwrap_err();
+        let err = c.check(arch, k.gated).unwrap_err();
         assert!(err.contains(needle), "`{needle}` missing from: {err}");
     };
     // (A missing warp field and a schedule: schedule_is_parsed_and_rejected_outside_sm90.)
-    for arch in [Arch::Sm75, Arch::Sm80] {
+    for tile in [TileConfig::SM75_128X128, TileConfig::TILE_128X128] {
         reject(
-            TileConfig {
-                stages: 0,
-                ..TileConfig::TILE_128X128
-            },
-            arch,
+            TileConfig { stages: 0, ..tile },
+            tile.arch(),
             "every field must be positive",
         );
     }
@@ -318,19 +295,15 @@ fn warp_tiled_entries_give_their_fields() {
         stages: 3,
         ..TileConfig::SM75_128X128
     };
-    assert_eq!(three_stages.check(Arch::Sm75, &k), Ok(()));
-    let odd_warp = TileConfig {
-        warp_n: 24,
-        bn: 96,
-        ..TileConfig::TILE_128X128
-    };
-    assert_eq!(odd_warp.check(Arch::Sm80, &k), Ok(()));
+    assert_eq!(three_stages.check(Arch::Sm75, k.gated), Ok(()));
+    let odd_warp = sm80_tile(128, 96, 32, 64, 24, 4, 2, false);
+    assert_eq!(odd_warp.check(Arch::Sm80, k.gated), Ok(()));
 }
 
 #[test]
 fn sm90_summary() {
     assert_eq!(
-        TileConfig::SM90_128X256.summary(Mainloop::Sm90),
+        TileConfig::SM90_128X256.summary(),
         "128x256x64 (4 stages, cooperative, persistent)"
     );
 }
@@ -356,30 +329,33 @@ fn sm90_shared_memory_is_left_to_the_units_static_assert() {
 fn sm90_entries_leave_out_the_warp_tiled_fields() {
     let k = kernel("gemm", DType::F16, false);
     let base = TileConfig::SM90_128X256;
-    assert_eq!(base.check(Arch::Sm90, &k), Ok(()));
-    let reject = |c: TileConfig, needle: &str| {
-        let err = c.check(Arch::Sm90, &k).unwrap_err();
-        assert!(err.contains(needle), "`{needle}` missing from: {err}");
-    };
-    reject(
-        TileConfig { warp_m: 64, ..base },
-        "`warp_m` does not apply to the sm90 mainloop",
-    );
-    reject(
-        TileConfig {
-            staged_store: true,
-            ..base
-        },
-        "`staged_store` does not apply to the sm90 mainloop",
+    assert_eq!(base.check(Arch::Sm90, k.gated), Ok(()));
+    // The sm90 tile has no warp tile: a table that gives one is refused,
+    // naming the field.
+    let err = TunedTable::parse(
+        "kernels/tuned/sm90.json",
+        r#"{ "arch": "sm90", "configs": { "default": { "large": {
+            "bm": 128, "bn": 256, "bk": 64, "stages": 4, "warp_m": 64 } } } }"#,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("unknown field `warp_m`"), "{err}");
+    let err = TunedTable::parse(
+        "kernels/tuned/sm90.json",
+        r#"{ "arch": "sm90", "configs": { "default": { "large": {
+            "bm": 128, "bn": 256, "bk": 64, "stages": 4, "staged_store": true } } } }"#,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("`staged_store` does not apply to the sm90 mainloop"),
+        "{err}"
     );
     // Its tile rules are TileConfig's in sm90/tile_config.cuh, which the
     // unit asserts: a 256-accumulator ping-pong tile passes selection, and
     // nvcc refuses it naming the entry (tests/build_tile_budget.rs).
-    let pingpong = TileConfig {
-        schedule: Some(Schedule::PingPong),
-        ..base
-    };
-    assert_eq!(pingpong.check(Arch::Sm90, &k), Ok(()));
+    let pingpong = TileConfig::sm90(128, 256, 4, Some(Schedule::PingPong));
+    assert_eq!(pingpong.check(Arch::Sm90, k.gated), Ok(()));
 }
 
 #[test]
@@ -391,17 +367,20 @@ fn schedule_is_parsed_and_rejected_outside_sm90() {
                 "min_blocks_per_sm": 1, "schedule": "{schedule}" }} }} }} }}"#
         )
     };
-    let table = TunedTable::parse("kernels/tuned/sm80.json", &entry("sm80", "pingpong")).unwrap();
-    assert_eq!(table.configs["default"].large.schedule, Some(Schedule::PingPong));
-    let err = select_with(&table, Arch::Sm80, &kernel("gemm", DType::F16, false))
+    // An sm80 tile has no schedule: the table is refused, naming the field.
+    let err = TunedTable::parse("kernels/tuned/sm80.json", &entry("sm80", "pingpong"))
         .unwrap_err()
         .to_string();
-    assert!(
-        err.contains("`schedule` (pingpong) is an option of the sm90 mainloop; the sm80 mainloop has none"),
-        "{err}"
+    assert!(err.contains("unknown field `schedule`"), "{err}");
+    let sm90 = r#"{ "arch": "sm90", "configs": { "default": { "large": {
+        "bm": 128, "bn": 128, "bk": 64, "stages": 4, "schedule": "pingpong" } } } }"#;
+    let table = TunedTable::parse("kernels/tuned/sm90.json", sm90).unwrap();
+    assert_eq!(
+        table.configs["default"].large.sm90_fields().unwrap().schedule,
+        Some(Schedule::PingPong)
     );
     // An unknown schedule is a parse error naming the file.
-    let err = TunedTable::parse("x.json", &entry("sm90", "roundrobin"))
+    let err = TunedTable::parse("x.json", &sm90.replace("pingpong", "roundrobin"))
         .unwrap_err()
         .to_string();
     assert!(err.starts_with("x.json: unknown variant `roundrobin`"), "{err}");
@@ -418,7 +397,6 @@ fn schedule_is_parsed_and_rejected_outside_sm90() {
 #[test]
 fn norm_compositions_on_sm90_get_the_sm90_mainloop() {
     let norm = kernel("rmsnorm_gemm_bias_gelu", DType::BF16, true);
-    assert_eq!(Arch::Sm90.mainloop(), Mainloop::Sm90);
     // sm90.json's `default`, like any other composition.
     let plain = kernel("gemm_bias_gelu", DType::BF16, false);
     assert_eq!(
@@ -426,8 +404,13 @@ fn norm_compositions_on_sm90_get_the_sm90_mainloop() {
         select(Arch::Sm90, &plain).unwrap()
     );
     // An sm80 config given to a norm composition on sm90 is refused.
-    let err = TileConfig::TILE_128X256.check(Arch::Sm90, &norm).unwrap_err();
-    assert!(err.contains("does not apply to the sm90 mainloop"), "{err}");
+    let err = TileConfig::TILE_128X256
+        .check(Arch::Sm90, norm.gated)
+        .unwrap_err();
+    assert!(
+        err.contains("is a tile config of the sm80 mainloop, not of sm90's"),
+        "{err}"
+    );
 }
 
 /// An sm90 table whose only entry, `gemm_bias`, is `entry` (JSON).
@@ -447,13 +430,14 @@ fn small_m_alt_is_checked_and_needs_small_m() {
     let err = select_with(&alone, Arch::Sm90, &k).unwrap_err().to_string();
     assert!(err.contains("(small_m_alt)"), "{err}");
     assert!(err.contains("lacks"), "{err}");
-    let warp_fields = sm90_gemm_bias_table(&format!(
-        "{{ {large}, {small}, {} }}",
+    let warp_fields = format!(
+        r#"{{ "arch": "sm90", "configs": {{ "gemm_bias": {{ {large}, {small}, {} }} }} }}"#,
         r#""small_m_alt": { "bm": 128, "bn": 128, "bk": 64, "warp_m": 64, "stages": 6 }"#
-    ));
-    let err = select_with(&warp_fields, Arch::Sm90, &k).unwrap_err().to_string();
-    assert!(err.contains("(small_m_alt)"), "{err}");
-    assert!(err.contains("`warp_m` does not apply"), "{err}");
+    );
+    let err = TunedTable::parse("kernels/tuned/sm90.json", &warp_fields)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("unknown field `warp_m`"), "{err}");
     let fine = sm90_gemm_bias_table(&format!("{{ {large}, {small}, {} }}", alt(6)));
     let config = select_with(&fine, Arch::Sm90, &k).unwrap();
     assert_eq!(
@@ -557,23 +541,29 @@ fn decode_max_m_is_refused_on_sm75_and_at_zero() {
 #[test]
 fn a_cluster_is_an_sm90_field_written_only_when_set() {
     let one = TileConfig::sm90(128, 256, 4, None);
-    let clustered = TileConfig { cluster_m: 2, ..one };
+    let clustered = TileConfig {
+        fields: Fields::Sm90(sm90::Fields {
+            cluster_m: 2,
+            ..*one.sm90_fields().unwrap()
+        }),
+        ..one
+    };
     assert_eq!(
-        clustered.summary(Mainloop::Sm90),
+        clustered.summary(),
         "128x256x64 (4 stages, cooperative, persistent, 2-CTA clusters)"
     );
     assert_eq!(
-        (Arch::Sm90.target().tile_type)(&clustered),
+        clustered.cpp_type(),
         "fusion::sm90::TileConfig<128, 256, 4, fusion::sm90::Schedule::Cooperative, 2>"
     );
     // One CTA keeps the template's default, so a table without the field
     // renders as before.
     assert_eq!(
-        (Arch::Sm90.target().tile_type)(&one),
+        one.cpp_type(),
         "fusion::sm90::TileConfig<128, 256, 4, fusion::sm90::Schedule::Cooperative>"
     );
     let k = kernel("gemm_bias_gelu", DType::F16, false);
-    clustered.check(Arch::Sm90, &k).unwrap();
+    clustered.check(Arch::Sm90, k.gated).unwrap();
     assert!(
         serde_json::to_string(&clustered)
             .unwrap()
@@ -582,10 +572,6 @@ fn a_cluster_is_an_sm90_field_written_only_when_set() {
     assert!(!serde_json::to_string(&one).unwrap().contains("cluster_m"));
     let json = r#"{ "arch": "sm80", "configs": { "default": { "large":
         { "bm": 128, "bn": 128, "bk": 32, "warp_m": 64, "warp_n": 64, "stages": 3, "min_blocks_per_sm": 1, "cluster_m": 2 } } } }"#;
-    let table = TunedTable::parse("t.json", json).unwrap();
-    let err = select_with(&table, Arch::Sm80, &k).unwrap_err().to_string();
-    assert!(
-        err.contains("`cluster_m` (2) is an option of the sm90 mainloop"),
-        "{err}"
-    );
+    let err = TunedTable::parse("t.json", json).unwrap_err().to_string();
+    assert!(err.contains("t.json: unknown field `cluster_m`"), "{err}");
 }

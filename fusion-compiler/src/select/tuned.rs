@@ -12,9 +12,10 @@
 //! or a multiplier, which the sm90 epilogue brings into its staging tile
 //! whole, so its tile needs room for that beside the stages) or
 //! `default.gated` (only for a gated GEMM, whose tile writes half its
-//! columns of C) or `default`, tried in that order. An sm90 entry names `bm`, `bn`, `bk` (64), `stages` and
-//! optionally `"schedule": "cooperative" | "pingpong"` and `"cluster_m": 2`
-//! (2-CTA clusters sharing B by TMA multicast). An entry may add
+//! columns of C) or `default`, tried in that order. A tile's fields are
+//! those of the table's generation, as its module in [`crate::target`]
+//! spells them (every tile has `bm`, `bn`, `bk` and `stages`; an sm90 tile
+//! adds [`crate::target::sm90::Fields`]). An entry may add
 //! `small_m_alt`, a second tile for `m <= small_m_max` that the kernel runs
 //! instead of `small_m` when it needs fewer waves on the device's SMs,
 //! `large_alt`, a narrower tile that the kernel runs instead of `large`
@@ -38,7 +39,7 @@
 //! too. Every table needs a `default` entry or one for each composition it
 //! is asked for: there is no other fallback.
 
-use super::{Arch, KernelConfig, SelectError};
+use super::{Arch, KernelConfig, SelectError, TileConfig};
 use crate::fuse::{DimBounds, SplitRule};
 use crate::ir::DType;
 use indexmap::IndexMap;
@@ -79,9 +80,16 @@ struct UnfusedEntry {
     max_k: Option<u64>,
 }
 
+/// A table's `arch`, read before the rest.
+#[derive(serde::Deserialize)]
+struct TableHead {
+    arch: String,
+}
+
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 struct TableFile {
+    #[allow(dead_code, reason = "read first, by TableHead")]
     arch: String,
     #[serde(default)]
     #[allow(dead_code, reason = "documentation for people reading the file")]
@@ -98,14 +106,17 @@ impl TunedTable {
             file: file.to_owned(),
             reason,
         };
-        let parsed: TableFile = serde_json::from_str(text).map_err(|e| fail(e.to_string()))?;
-        let arch = Arch::parse(&parsed.arch).ok_or_else(|| {
+        // The arch first: it says whose tile configs the entries are.
+        let head: TableHead = serde_json::from_str(text).map_err(|e| fail(e.to_string()))?;
+        let arch = Arch::parse(&head.arch).ok_or_else(|| {
             fail(format!(
                 "unknown arch `{}`: expected {}",
-                parsed.arch,
+                head.arch,
                 Arch::names_listed()
             ))
         })?;
+        let parsed: TableFile =
+            TileConfig::read_for(arch, || serde_json::from_str(text)).map_err(|e| fail(e.to_string()))?;
         let mut unfused = Vec::new();
         for (composition, entry) in parsed.unfused {
             // A bare GEMM has nothing to split off.

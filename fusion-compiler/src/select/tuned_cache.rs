@@ -252,7 +252,7 @@ impl CacheEntry {
             return Err(format!("{} has no {} kernels", key.arch, key.dtype));
         }
         self.tile
-            .check(key.arch, &kind)
+            .check(key.arch, kind.gated)
             .map_err(|reason| format!("its tile does not fit {}: {reason}", key.arch))?;
         let times = [self.time_us, self.default_time_us, self.cublaslt_time_us];
         if !times.iter().all(|t| t.is_finite() && *t > 0.0) {
@@ -330,7 +330,7 @@ impl TunedCache {
                     continue;
                 }
             };
-            let entry = serde_json::from_value::<CacheEntry>(value)
+            let entry = TileConfig::read_for(key.arch, || serde_json::from_value::<CacheEntry>(value))
                 .map_err(|e| e.to_string())
                 .and_then(|entry| entry.check(&key).map(|()| entry));
             match entry {

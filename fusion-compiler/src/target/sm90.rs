@@ -1,9 +1,8 @@
 //! Hopper (sm_90a): the persistent, warp-specialized wgmma + TMA mainloop
 //! (`kernels/include/fusion/sm90/`).
 
-use super::{Arch, Target, TileSpace};
+use super::{Arch, Fields as AnyFields, Target, TileConfig};
 use crate::ir::DType;
-use crate::select::{KernelKind, Mainloop, Schedule, TileConfig};
 
 pub(super) static TARGET: Target = Target {
     arch: Arch::Sm90,
@@ -12,76 +11,229 @@ pub(super) static TARGET: Target = Target {
     gencode: "-gencode=arch=compute_90a,code=sm_90a",
     sass_gencode: "-gencode=arch=compute_90a,code=sm_90a",
     dtypes: &[DType::F16, DType::BF16],
-    mainloop: Mainloop::Sm90,
     mainloop_type: "fusion::sm90::Mainloop",
     mainloop_header: "fusion/sm90/mainloop.cuh",
-    tile_type,
-    check,
-    // The row and column counts wgmma is instantiated for, K in the
-    // template's steps of 64, 2 to 8 stages (the shipped tiles use 3 to 8),
-    // both schedules, one CTA or 2-CTA clusters along M (which measured
-    // faster only at short K: BENCHMARKS.md v21). The grouping of the
-    // template's TileConfig keeps its default: the tables do not give it.
-    tile_space: TileSpace {
-        bm: &[64, 128],
-        bn: &[128, 192, 256],
-        bk: &[64],
-        warp_m: &[0],
-        warp_n: &[0],
-        stages: &[2, 3, 4, 5, 6, 7, 8],
-        min_blocks_per_sm: &[0],
-        pipelined: &[false],
-        staged_store: &[false],
-        schedule: &[Some(Schedule::Cooperative), Some(Schedule::PingPong)],
-        cluster_m: &[0, 2],
-    },
+    tile_space,
     decode: true,
     tuned_json: include_str!("../../kernels/tuned/sm90.json"),
 };
 
-/// BK is fixed by the template, so it is not an argument; each unit asserts
-/// that the entry's `bk` is the template's.
-fn tile_type(c: &TileConfig) -> String {
-    let schedule = match c.sm90_schedule() {
-        Schedule::Cooperative => "Cooperative",
-        Schedule::PingPong => "PingPong",
-    };
-    let cluster = if c.cluster_m > 1 {
-        format!(", {}", c.cluster_m)
-    } else {
-        String::new()
-    };
-    format!(
-        "fusion::sm90::TileConfig<{}, {}, {}, fusion::sm90::Schedule::{schedule}{cluster}>",
-        c.bm, c.bn, c.stages
-    )
+/// How the sm90 mainloop's consumer warp groups share the work: its
+/// `fusion::sm90::Schedule`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Schedule {
+    /// `BM / 64` consumers split every tile by rows, 64 rows each.
+    #[default]
+    Cooperative,
+    /// Two consumers take alternate whole tiles, so one's epilogue overlaps
+    /// the other's K loop.
+    PingPong,
 }
 
-/// The fields: those of the warp-tiled mainloops do not apply. What a tile
-/// must be is `TileConfig`'s rules in
-/// `kernels/include/fusion/sm90/tile_config.cuh`, and its shared memory is
-/// `sizeof(SharedStorage)`: each unit asserts both with a message naming the
-/// tuned table entry. Registers are fixed by the kernel (producer 40,
-/// consumers 232), so there is no estimate to check.
-fn check(c: &TileConfig, kernel: &KernelKind) -> Result<(), String> {
-    let sm80_only = [
-        ("warp_m", c.warp_m != 0),
-        ("warp_n", c.warp_n != 0),
-        ("min_blocks_per_sm", c.min_blocks_per_sm != 0),
-        ("pipelined", c.pipelined),
-        ("staged_store", c.staged_store),
-    ];
-    if let Some((field, _)) = sm80_only.iter().find(|(_, set)| *set) {
-        return Err(format!(
+impl Schedule {
+    /// `cooperative`, as the tuned tables spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Schedule::Cooperative => "cooperative",
+            Schedule::PingPong => "pingpong",
+        }
+    }
+}
+
+/// What an sm90 tile config gives beyond its shape: the mainloop fixes its
+/// warp groups and runs one block per SM, so it takes no warp tile and no
+/// blocks per SM.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Fields {
+    /// The schedule; absent means cooperative.
+    pub schedule: Option<Schedule>,
+    /// CTAs per cluster along M (`kClusterM`: 2 CTAs that own vertically
+    /// adjacent tiles share each B tile, each loading half of it by TMA
+    /// multicast); 0 when left out, one CTA.
+    pub cluster_m: u32,
+}
+
+impl TileConfig {
+    /// An sm90 entry: `bm` x `bn` with a k-block of 64 (the sm90
+    /// mainloop's), `stages` deep, in `schedule` (cooperative where `None`),
+    /// one CTA per cluster.
+    pub const fn sm90(bm: u32, bn: u32, stages: u32, schedule: Option<Schedule>) -> TileConfig {
+        TileConfig {
+            bm,
+            bn,
+            bk: 64,
+            stages,
+            fields: AnyFields::Sm90(Fields {
+                schedule,
+                cluster_m: 0,
+            }),
+        }
+    }
+}
+
+/// An sm90 tile config as the tuned tables and caches spell it.
+#[derive(serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+struct Spelled {
+    bm: u32,
+    bn: u32,
+    bk: u32,
+    stages: u32,
+    /// `pipelined` and `staged_store`, options of the sm80 mainloop, were
+    /// written `false` into every tile config when one type served every
+    /// generation; configs still carry them so that tuned caches read and
+    /// write as before. Only `false` is accepted.
+    #[serde(default)]
+    pipelined: bool,
+    #[serde(default)]
+    staged_store: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    schedule: Option<Schedule>,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    cluster_m: u32,
+}
+
+fn is_zero(value: &u32) -> bool {
+    *value == 0
+}
+
+/// Reads an sm90 tile config ([`TileConfig::read_for`]).
+pub(super) fn read<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<TileConfig, D::Error> {
+    let s = <Spelled as serde::Deserialize>::deserialize(deserializer)?;
+    if let Some(field) = [("pipelined", s.pipelined), ("staged_store", s.staged_store)]
+        .iter()
+        .find_map(|(field, set)| set.then_some(field))
+    {
+        return Err(serde::de::Error::custom(format!(
             "`{field}` does not apply to the sm90 mainloop, which fixes its warp groups and runs one block per SM; leave it out"
-        ));
+        )));
     }
-    // CollectiveEpilogue::fits, asked before any compile.
-    if kernel.gated && !(c.bn / 2).is_multiple_of(64) {
-        return Err(format!(
-            "a gated GEMM's tile writes bn / 2 = {} columns of C, which the sm90 epilogue stores as whole 64-column boxes: bn 128 or 256",
-            c.bn / 2
-        ));
+    Ok(TileConfig {
+        bm: s.bm,
+        bn: s.bn,
+        bk: s.bk,
+        stages: s.stages,
+        fields: AnyFields::Sm90(Fields {
+            schedule: s.schedule,
+            cluster_m: s.cluster_m,
+        }),
+    })
+}
+
+impl Fields {
+    /// The schedule, cooperative when the config names none.
+    pub fn schedule(&self) -> Schedule {
+        self.schedule.unwrap_or_default()
     }
-    Ok(())
+
+    pub(super) fn write<S: serde::Serializer>(
+        &self,
+        c: &TileConfig,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        serde::Serialize::serialize(
+            &Spelled {
+                bm: c.bm,
+                bn: c.bn,
+                bk: c.bk,
+                stages: c.stages,
+                pipelined: false,
+                staged_store: false,
+                schedule: self.schedule,
+                cluster_m: self.cluster_m,
+            },
+            serializer,
+        )
+    }
+
+    pub(super) fn summary(&self, c: &TileConfig) -> String {
+        format!(
+            "{}x{}x{} ({} stages, {}, persistent{})",
+            c.bm,
+            c.bn,
+            c.bk,
+            c.stages,
+            self.schedule().name(),
+            if self.cluster_m > 1 {
+                format!(", {}-CTA clusters", self.cluster_m)
+            } else {
+                String::new()
+            }
+        )
+    }
+
+    /// BK is fixed by the template, so it is not an argument; each unit
+    /// asserts that the entry's `bk` is the template's.
+    pub(super) fn cpp_type(&self, c: &TileConfig) -> String {
+        let schedule = match self.schedule() {
+            Schedule::Cooperative => "Cooperative",
+            Schedule::PingPong => "PingPong",
+        };
+        let cluster = if self.cluster_m > 1 {
+            format!(", {}", self.cluster_m)
+        } else {
+            String::new()
+        };
+        format!(
+            "fusion::sm90::TileConfig<{}, {}, {}, fusion::sm90::Schedule::{schedule}{cluster}>",
+            c.bm, c.bn, c.stages
+        )
+    }
+
+    /// What a tile must be is `TileConfig`'s rules in
+    /// `kernels/include/fusion/sm90/tile_config.cuh`, and its shared memory is
+    /// `sizeof(SharedStorage)`: each unit asserts both with a message naming the
+    /// tuned table entry. Registers are fixed by the kernel (producer 40,
+    /// consumers 232), so there is no estimate to check. What is checked
+    /// here is what the epilogue needs of a gated GEMM's tile.
+    pub(super) fn check(&self, c: &TileConfig, gated: bool) -> Result<(), String> {
+        // CollectiveEpilogue::fits, asked before any compile.
+        if gated && !(c.bn / 2).is_multiple_of(64) {
+            return Err(format!(
+                "a gated GEMM's tile writes bn / 2 = {} columns of C, which the sm90 epilogue stores as whole 64-column boxes: bn 128 or 256",
+                c.bn / 2
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The row and column counts wgmma is instantiated for, K in the template's
+/// steps of 64, 2 to 8 stages (the shipped tiles use 3 to 8), both
+/// schedules, one CTA or 2-CTA clusters along M (which measured faster only
+/// at short K: BENCHMARKS.md v21). The grouping of the template's
+/// TileConfig keeps its default: the tables do not give it.
+const SPACE_BM: &[u32] = &[64, 128];
+const SPACE_BN: &[u32] = &[128, 192, 256];
+const SPACE_BK: &[u32] = &[64];
+const SPACE_STAGES: &[u32] = &[2, 3, 4, 5, 6, 7, 8];
+const SPACE_SCHEDULE: &[Option<Schedule>] = &[Some(Schedule::Cooperative), Some(Schedule::PingPong)];
+const SPACE_CLUSTER_M: &[u32] = &[0, 2];
+
+/// Every combination of the values above, the schedule varying fastest and
+/// `cluster_m` slowest: the space without clusters first.
+fn tile_space() -> Vec<TileConfig> {
+    let mut tiles = Vec::new();
+    for &cluster_m in SPACE_CLUSTER_M {
+        for &bm in SPACE_BM {
+            for &bn in SPACE_BN {
+                for &bk in SPACE_BK {
+                    for &stages in SPACE_STAGES {
+                        for &schedule in SPACE_SCHEDULE {
+                            let fields = AnyFields::Sm90(Fields { schedule, cluster_m });
+                            tiles.push(TileConfig {
+                                bm,
+                                bn,
+                                bk,
+                                stages,
+                                fields,
+                            });
+                        }
+                    }
+                }
+            }
+        }
+    }
+    tiles
 }

@@ -62,7 +62,6 @@ fn generations_are_distinct_and_oldest_first() {
     assert!(Arch::ALL.is_sorted());
     for arch in Arch::ALL {
         assert_eq!(Arch::parse(arch.name()), Some(arch));
-        assert_eq!(Arch::of_mainloop(arch.mainloop()), arch);
         assert_eq!(
             arch.cargo_feature_env(),
             format!("CARGO_FEATURE_{}", arch.name().to_uppercase())
@@ -148,5 +147,114 @@ fn a_build_takes_its_generations_from_fusion_archs_or_cuda_compute_cap() {
         Arch::from_compute_caps("nine")
             .unwrap_err()
             .contains("`nine` is not a compute capability")
+    );
+}
+
+#[test]
+fn target_reads_no_later_stage() {
+    // `select`, `tune` and `codegen` read the targets; the targets read
+    // none of them, so that a generation's facts have one home and the
+    // modules no cycle. The tests may (they load the shipped tables).
+    let sources = [
+        ("mod.rs", include_str!("mod.rs")),
+        ("sm75.rs", include_str!("sm75.rs")),
+        ("sm80.rs", include_str!("sm80.rs")),
+        ("sm90.rs", include_str!("sm90.rs")),
+        ("warp_tiled.rs", include_str!("warp_tiled.rs")),
+    ];
+    let files = std::fs::read_dir(crate_dir().join("src/target")).unwrap();
+    let mut on_disk: Vec<String> = files
+        .map(|f| f.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name != "tests.rs")
+        .collect();
+    on_disk.sort();
+    let mut listed: Vec<&str> = sources.iter().map(|(name, _)| *name).collect();
+    listed.sort();
+    assert_eq!(on_disk, listed, "list every module of target/ here");
+    for (name, text) in sources {
+        for later in ["select", "tune", "codegen", "build", "fuse"] {
+            for path in [format!("crate::{later}"), format!("super::super::{later}")] {
+                assert!(
+                    !text.contains(&path),
+                    "target/{name} names `{path}`: a later stage's; move what it needs into target"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn each_generation_reads_and_writes_only_its_own_fields() {
+    let read =
+        |arch: Arch, json: &str| TileConfig::read_for(arch, || serde_json::from_str::<TileConfig>(json));
+    let sm80 = r#"{"bm":128,"bn":128,"bk":32,"warp_m":64,"warp_n":64,"stages":3,"min_blocks_per_sm":1,"pipelined":true,"staged_store":false}"#;
+    let tile = read(Arch::Sm80, sm80).unwrap();
+    assert_eq!(tile.arch(), Arch::Sm80);
+    assert_eq!(serde_json::to_string(&tile).unwrap(), sm80);
+    // Another generation's field is unknown, by name.
+    let err = read(Arch::Sm80, r#"{"bm":128,"bn":128,"bk":32,"warp_m":64,"warp_n":64,"stages":3,"min_blocks_per_sm":1,"cluster_m":2}"#)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("unknown field `cluster_m`"), "{err}");
+    let err = read(
+        Arch::Sm90,
+        r#"{"bm":128,"bn":256,"bk":64,"stages":4,"warp_m":64}"#,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("unknown field `warp_m`"), "{err}");
+    // `pipelined` and `staged_store`, written false into every tile before
+    // each generation had its own fields, still read and write as before.
+    let sm90 = r#"{"bm":128,"bn":256,"bk":64,"stages":4,"pipelined":false,"staged_store":false,"schedule":"pingpong"}"#;
+    let tile = read(Arch::Sm90, sm90).unwrap();
+    assert_eq!(tile, TileConfig::sm90(128, 256, 4, Some(Schedule::PingPong)));
+    assert_eq!(serde_json::to_string(&tile).unwrap(), sm90);
+    let err = read(
+        Arch::Sm90,
+        r#"{"bm":128,"bn":256,"bk":64,"stages":4,"pipelined":true}"#,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("`pipelined` does not apply to the sm90 mainloop"),
+        "{err}"
+    );
+    // Outside `read_for`, no generation is known.
+    let err = serde_json::from_str::<TileConfig>(sm90).unwrap_err().to_string();
+    assert!(err.contains("read for one generation"), "{err}");
+    // A config is checked against its own generation.
+    let err = tile.check(Arch::Sm80, false).unwrap_err();
+    assert!(
+        err.contains("is a tile config of the sm90 mainloop, not of sm80's"),
+        "{err}"
+    );
+}
+
+#[test]
+fn every_generation_has_a_tile_space() {
+    for arch in Arch::ALL {
+        let tiles = (arch.target().tile_space)();
+        assert!(!tiles.is_empty(), "{arch}");
+        assert!(
+            tiles
+                .iter()
+                .all(|t| t.arch() == arch && t.check(arch, false).is_ok()),
+            "{arch}"
+        );
+    }
+}
+
+#[test]
+fn targets_json_is_what_the_targets_say() {
+    let path = crate_dir().join(TARGETS_JSON);
+    let want = targets_json();
+    if std::env::var_os("FUSION_BLESS").is_some_and(|v| v == "1") {
+        std::fs::write(&path, &want).unwrap();
+    }
+    let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        on_disk == want,
+        "{} is not what src/target/ says: run `FUSION_BLESS=1 cargo test -p fusion-compiler targets_json` and commit it",
+        path.display()
     );
 }

@@ -1,44 +1,47 @@
-//! The checks of a config's fields that the sm75 and sm80 mainloops share:
-//! both take a warp tile and blocks per SM, and no schedule. What a tile must
-//! be to fit the mainloop (warp tiles dividing the block, threads, 16-byte
-//! chunks, registers) is the headers' `WarpTiledRules`
-//! (`kernels/include/fusion/warp_tiled.cuh`), which every rendered unit
-//! asserts with a message naming the tuned table entry.
+//! What the sm75 and sm80 mainloops' tile configs share: both take a warp
+//! tile and blocks per SM. What a tile must be to fit the mainloop (warp
+//! tiles dividing the block, threads, 16-byte chunks, registers) is the
+//! headers' `WarpTiledRules` (`kernels/include/fusion/warp_tiled.cuh`), which
+//! every rendered unit asserts with a message naming the tuned table entry.
 
-use super::Arch;
-use crate::select::TileConfig;
+use super::{Arch, TileConfig};
 
-/// Checks that `c` gives the fields a warp-tiled mainloop of `arch` needs
-/// and none it does not take.
-pub(super) fn check(c: &TileConfig, arch: Arch) -> Result<(), String> {
-    let mainloop = arch.mainloop();
-    if let Some(schedule) = c.schedule {
-        return Err(format!(
-            "`schedule` ({}) is an option of the sm90 mainloop; the {} mainloop has none, leave it out",
-            schedule.name(),
-            mainloop.name()
-        ));
+/// The warp tile and blocks per SM of a warp-tiled mainloop's config.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct WarpTile {
+    pub warp_m: u32,
+    pub warp_n: u32,
+    pub min_blocks_per_sm: u32,
+}
+
+impl WarpTile {
+    /// Checks that `c` gives the fields a warp-tiled mainloop of `arch` needs.
+    pub fn check(&self, c: &TileConfig, arch: Arch) -> Result<(), String> {
+        let required = [
+            ("warp_m", self.warp_m),
+            ("warp_n", self.warp_n),
+            ("min_blocks_per_sm", self.min_blocks_per_sm),
+        ];
+        if let Some((field, _)) = required.iter().find(|(_, value)| *value == 0) {
+            return Err(format!(
+                "`{field}` is missing or 0: the {arch} mainloop needs `warp_m`, `warp_n` and `min_blocks_per_sm`"
+            ));
+        }
+        if [c.bm, c.bn, c.bk, c.stages].contains(&0) {
+            return Err(format!("{}: every field must be positive", self.summary(c)));
+        }
+        Ok(())
     }
-    if c.cluster_m > 1 {
-        return Err(format!(
-            "`cluster_m` ({}) is an option of the sm90 mainloop; the {} mainloop runs no clusters, leave it out",
-            c.cluster_m,
-            mainloop.name()
-        ));
+
+    /// `128x256x32 (warp 64x64, 4 stages, 1 block(s)/SM)`.
+    pub fn summary(&self, c: &TileConfig) -> String {
+        format!(
+            "{}x{}x{} (warp {}x{}, {} stages, {} block(s)/SM)",
+            c.bm, c.bn, c.bk, self.warp_m, self.warp_n, c.stages, self.min_blocks_per_sm
+        )
     }
-    let required = [
-        ("warp_m", c.warp_m),
-        ("warp_n", c.warp_n),
-        ("min_blocks_per_sm", c.min_blocks_per_sm),
-    ];
-    if let Some((field, _)) = required.iter().find(|(_, value)| *value == 0) {
-        return Err(format!(
-            "`{field}` is missing or 0: the {} mainloop needs `warp_m`, `warp_n` and `min_blocks_per_sm`",
-            mainloop.name()
-        ));
-    }
-    if [c.bm, c.bn, c.bk, c.stages].contains(&0) {
-        return Err(format!("{}: every field must be positive", c.summary(mainloop)));
-    }
-    Ok(())
+}
+
+pub(super) fn is_zero(value: &u32) -> bool {
+    *value == 0
 }

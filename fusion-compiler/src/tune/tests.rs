@@ -45,7 +45,7 @@ fn kinds(arch: Arch) -> Vec<KernelKind> {
 #[test]
 fn every_shipped_tile_is_in_its_targets_space() {
     for arch in Arch::ALL {
-        let space: Vec<TileConfig> = arch.target().tile_space.tiles().collect();
+        let space: Vec<TileConfig> = (arch.target().tile_space)();
         let table = TunedTable::shipped(arch).unwrap();
         for (entry, config) in &table.configs {
             let tiles = [Some(config.large), config.small_m, config.small_m_alt];
@@ -54,7 +54,7 @@ fn every_shipped_tile_is_in_its_targets_space() {
                     space.contains(&tile),
                     "{}, entry `{entry}`: {} is not in {arch}'s tile space",
                     table.file,
-                    tile.summary(arch.mainloop())
+                    tile.summary()
                 );
             }
         }
@@ -92,7 +92,7 @@ fn with_room_for_every_block_nothing_is_pruned_before_the_compile() {
     for arch in Arch::ALL {
         let space = search_space(arch, &gemm(DType::F16), Some(&CC90));
         assert_eq!(space.pruned, BTreeMap::new());
-        assert_eq!(space.candidates.len(), arch.target().tile_space.len());
+        assert_eq!(space.candidates.len(), (arch.target().tile_space)().len());
         assert_eq!(space.unchecked, AFTER_SEARCH);
     }
 }
@@ -101,7 +101,7 @@ fn with_room_for_every_block_nothing_is_pruned_before_the_compile() {
 fn sm75_has_no_bf16_candidates() {
     let space = search_space(Arch::Sm75, &gemm(DType::BF16), Some(&CC90));
     assert!(space.candidates.is_empty());
-    let size = Arch::Sm75.target().tile_space.len();
+    let size = (Arch::Sm75.target().tile_space)().len();
     assert_eq!(space.pruned, BTreeMap::from([(PruneReason::Dtype, size)]));
     assert_eq!(space.total(), size);
     assert!(space.unchecked.is_empty());
@@ -118,16 +118,14 @@ fn a_config_over_the_devices_blocks_per_sm_is_counted_under_its_reason() {
         ..CC90
     };
     let space = search_space(Arch::Sm80, &gemm(DType::F16), Some(&one_block));
-    let over = Arch::Sm80
-        .target()
-        .tile_space
-        .tiles()
-        .filter(|t| t.min_blocks_per_sm > 1)
+    let over = (Arch::Sm80.target().tile_space)()
+        .iter()
+        .filter(|t| t.blocks_per_sm() > 1)
         .count();
     assert!(over > 0);
     assert_eq!(space.pruned, BTreeMap::from([(PruneReason::BlocksPerSm, over)]));
-    assert!(space.candidates.iter().all(|t| t.min_blocks_per_sm == 1));
-    assert_eq!(space.total(), Arch::Sm80.target().tile_space.len());
+    assert!(space.candidates.iter().all(|t| t.blocks_per_sm() == 1));
+    assert_eq!(space.total(), (Arch::Sm80.target().tile_space)().len());
     // The sm90 mainloop runs one block per SM and gives no blocks per SM.
     let sm90 = search_space(Arch::Sm90, &gemm(DType::F16), Some(&one_block));
     assert_eq!(sm90.pruned, BTreeMap::new());
@@ -137,7 +135,7 @@ fn a_config_over_the_devices_blocks_per_sm_is_counted_under_its_reason() {
 fn without_device_limits_their_checks_are_left_unchecked() {
     let space = search_space(Arch::Sm80, &gemm(DType::F16), None);
     assert_eq!(space.pruned, BTreeMap::new());
-    assert_eq!(space.candidates.len(), Arch::Sm80.target().tile_space.len());
+    assert_eq!(space.candidates.len(), (Arch::Sm80.target().tile_space)().len());
     assert_eq!(
         space.unchecked,
         [&[PruneReason::BlocksPerSm], AFTER_SEARCH].concat()
@@ -151,17 +149,18 @@ fn without_device_limits_their_checks_are_left_unchecked() {
 
 #[test]
 fn a_config_the_targets_check_refuses_is_counted_under_fields() {
-    // A schedule is an sm90 option: the sm80 check refuses half of this space.
-    let space = TileSpace {
-        schedule: &[None, Some(Schedule::PingPong)],
-        ..Arch::Sm80.target().tile_space
-    };
+    // sm90 tiles in sm80's space: the sm80 check refuses each of them.
+    let space = [
+        (Arch::Sm80.target().tile_space)(),
+        (Arch::Sm90.target().tile_space)(),
+    ]
+    .concat();
     let result = search(&space, Arch::Sm80, &gemm(DType::F16), Some(&CC90));
     assert_eq!(
         result.pruned,
-        BTreeMap::from([(PruneReason::Fields, space.len() / 2)])
+        BTreeMap::from([(PruneReason::Fields, (Arch::Sm90.target().tile_space)().len())])
     );
-    assert!(result.candidates.iter().all(|t| t.schedule.is_none()));
+    assert!(result.candidates.iter().all(|t| t.arch() == Arch::Sm80));
 }
 
 #[test]
@@ -189,8 +188,7 @@ fn the_search_is_deterministic_and_its_report_says_what_was_pruned() {
 
 #[test]
 fn the_space_lists_each_combination_once_last_field_fastest() {
-    let space = Arch::Sm90.target().tile_space;
-    let tiles: Vec<TileConfig> = space.tiles().collect();
+    let tiles: Vec<TileConfig> = (Arch::Sm90.target().tile_space)();
     assert_eq!(tiles.len(), 2 * 3 * 7 * 2 * 2);
     assert_eq!(
         tiles[0],
@@ -204,7 +202,13 @@ fn the_space_lists_each_combination_once_last_field_fastest() {
     assert_eq!(tiles[83], TileConfig::sm90(128, 256, 8, Some(Schedule::PingPong)));
     // The cluster field varies slowest: the same tiles again in 2-CTA
     // clusters.
-    let clustered = |tile: TileConfig| TileConfig { cluster_m: 2, ..tile };
+    let clustered = |tile: TileConfig| TileConfig {
+        fields: crate::target::Fields::Sm90(crate::target::sm90::Fields {
+            cluster_m: 2,
+            ..*tile.sm90_fields().unwrap()
+        }),
+        ..tile
+    };
     assert_eq!(tiles[84], clustered(tiles[0]));
     assert_eq!(tiles[167], clustered(tiles[83]));
     let distinct: std::collections::HashSet<_> = tiles.iter().collect();

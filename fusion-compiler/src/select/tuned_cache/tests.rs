@@ -250,8 +250,19 @@ fn a_missing_or_malformed_file_is_one_warning_naming_it_and_an_empty_cache() {
 fn stale_entries_are_warnings_naming_the_key_and_their_kernel_falls_back() {
     let dir = scratch("stale");
     let path = dir.join("tuned.json");
-    let mut warp_tiled = sm90_tile(128, 128, 4);
-    warp_tiled.warp_m = 64;
+    // An sm80 tile under an sm90 key: written with its warp tile, which an
+    // sm90 tile does not have.
+    let warp_tiled = TileConfig {
+        bk: 32,
+        fields: crate::target::Fields::Sm80(crate::target::sm80::Fields {
+            warp_m: 64,
+            warp_n: 64,
+            min_blocks_per_sm: 1,
+            pipelined: false,
+            staged_store: false,
+        }),
+        ..sm90_tile(128, 128, 4)
+    };
     let entries: IndexMap<_, _> = [
         (key("gemm_bias_gelu", "m<=128"), entry(warp_tiled, 20.0)),
         (
@@ -282,7 +293,8 @@ fn stale_entries_are_warnings_naming_the_key_and_their_kernel_falls_back() {
     };
     warned(
         "gemm_bias_gelu.f16.nk.n3000.k1000.sm90.m<=128",
-        "`warp_m` does not apply to the sm90 mainloop",
+        // The first of the warp tile's fields in the file's order.
+        "unknown field `min_blocks_per_sm`",
     );
     warned(
         "gemm_frobnicate.f16.nk.n3000.k1000.sm90.m<=128",
