@@ -600,13 +600,14 @@ fn operands(op: &KernelOp, prepared: bool) -> (Vec<usize>, Vec<usize>) {
     match op {
         KernelOp::Gemm(g) => {
             given.extend([g.a, g.bias, g.residual, g.multiplier].into_iter().flatten());
-            let (weight, norm) = match (g.bind, prepared) {
-                (Bind::Pad, true) => (true, false),
-                (Bind::Fold(fold), true) => (true, fold.norm()),
-                _ => (false, false),
+            // A padded copy is B's alone ([`fill`] reads any up weight as
+            // given); a fold's holds a gated pair's both halves.
+            let (weight, up, norm) = match (g.bind, prepared) {
+                (Bind::Pad, true) => (true, false, false),
+                (Bind::Fold(fold), true) => (true, true, fold.norm()),
+                _ => (false, false, false),
             };
-            for (operand, replaced_here) in [(g.b, weight), (g.b_up, weight), (g.gamma, norm), (g.beta, norm)]
-            {
+            for (operand, replaced_here) in [(g.b, weight), (g.b_up, up), (g.gamma, norm), (g.beta, norm)] {
                 match (operand, replaced_here) {
                     (Some(t), true) => replaced.push(t),
                     (Some(t), false) => given.push(t),
@@ -725,13 +726,13 @@ unsafe fn bind_each<'w, T: Element>(
     mut fetch: impl FnMut(usize) -> Result<Tensor<'w, T>>,
 ) -> Result<BoundWeights<'w, T>> {
     table.check_schema()?;
+    let arch = table.arch(stream)?;
     // Every weight's shape, and the dims they share, before any is read.
     let mut shape_call = Call::new(table.graph, stream);
     for (&t, &shape) in table.weights.iter().zip(&shapes) {
         shape_call.bound_shape(table.decl(t), shape)?;
     }
     drop(shape_call);
-    let arch = table.arch(stream)?;
     let count = table.weights.len();
     let weight_of = |t: usize| table.weights.iter().position(|&w| w == t);
     let mut tensors: Vec<Option<Tensor<'w, T>>> = (0..count).map(|_| None).collect();
@@ -763,7 +764,8 @@ unsafe fn bind_each<'w, T: Element>(
             let tensor = tensors[w].as_ref().expect("fetched above");
             address[t] = Some(call.input(table.decl(t), tensor)?);
         }
-        let copy = prepare::<T>(table, &call, arch, kernel, &address)?;
+        // SAFETY: as the caller promises; `call` checked the weights.
+        let copy = unsafe { prepare::<T>(table, &call, arch, kernel, &address) }?;
         drop(call);
         let (given, _) = operands(&kernel.op, copy.is_some());
         for &w in &reads[index] {
@@ -806,7 +808,11 @@ unsafe fn bind_each<'w, T: Element>(
 /// What binding computes for one kernel from its weights, whose addresses
 /// `call` checked (in `address`, by tensor id): its folded or interleaved
 /// weight, or its padded copy; `None` where it reads its weights as given.
-fn prepare<T: Element>(
+///
+/// # Safety
+///
+/// As [`bind`]: the kernel's `_fold_weights` is the table's.
+unsafe fn prepare<T: Element>(
     table: &'static PlanTable,
     call: &Call<'_>,
     arch: Arch,
@@ -1302,10 +1308,11 @@ mod tests {
             sorted(operands(&op(Bind::Fold(Fold::Norm)), true)),
             (vec![0, 3], vec![1, 2, 5, 6])
         );
-        // A padded copy replaces B alone.
-        let (given, replaced) = sorted(operands(&op(Bind::Pad), true));
-        assert_eq!(replaced, [1, 2]);
-        assert!(!given.contains(&1));
+        // A padded copy replaces B alone, as `fill` reads it.
+        assert_eq!(
+            sorted(operands(&op(Bind::Pad), true)),
+            (vec![0, 2, 3, 5, 6], vec![1])
+        );
         // Nothing prepared (a fold the table names but that made no copy,
         // rows already aligned): every weight is read as given.
         for bind in [Bind::Nothing, Bind::Pad, Bind::Fold(Fold::NormInterleave)] {
