@@ -258,7 +258,7 @@ pub fn plan_graph(graph: Graph, dot: Option<&Path>, json: bool, out: &mut dyn Wr
         writeln!(out, "{text}").map_err(CliError::from_stdout)?;
     } else {
         write!(out, "{plan}").map_err(CliError::from_stdout)?;
-        writeln!(out, "{}", workspace_line(&workspace)).map_err(CliError::from_stdout)?;
+        writeln!(out, "\n{}", workspace_line(&workspace)).map_err(CliError::from_stdout)?;
     }
     if let Some(path) = dot {
         std::fs::write(path, fuse::dot::write(&plan)).map_err(|e| {
