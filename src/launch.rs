@@ -633,6 +633,15 @@ impl FoldedWeights {
         self.row_stride
     }
 
+    /// The prepared weight's bytes and its column terms, copied to the
+    /// host: for tests that compare two ways of binding.
+    pub fn to_host(&self, stream: &Arc<CudaStream>) -> Result<(Vec<u8>, Vec<f32>)> {
+        Ok((
+            stream.clone_dtoh(&self.weight)?,
+            stream.clone_dtoh(&self.col_terms)?,
+        ))
+    }
+
     /// Allocates W', `dims` = (rows, row length) of elements of
     /// `element_bytes` each, its rows `bound_row_stride(arch, ..)` apart,
     /// and the terms of `columns` columns, then calls `fold(w_folded,
@@ -649,6 +658,31 @@ impl FoldedWeights {
         fold: impl FnOnce(*mut c_void, *mut c_void, i64) -> c_int,
         error_string: ErrorString,
     ) -> Result<FoldedWeights> {
+        Self::fold_with(
+            call,
+            kernel,
+            arch,
+            dims,
+            element_bytes,
+            columns,
+            |w_folded, col_terms, stride| {
+                call.launched(kernel, fold(w_folded, col_terms, stride), error_string)
+            },
+        )
+    }
+
+    /// [`FoldedWeights::fold`], with `fold` enqueueing the work (in as many
+    /// launches as it likes, each part of W' at its offset) and checking
+    /// each launch's code itself.
+    pub fn fold_with(
+        call: &Call<'_>,
+        kernel: &str,
+        arch: Arch,
+        dims: (i64, i64),
+        element_bytes: usize,
+        columns: usize,
+        fold: impl FnOnce(*mut c_void, *mut c_void, i64) -> Result<()>,
+    ) -> Result<FoldedWeights> {
         let stream = call.stream;
         let term_len = columns.checked_mul(2).ok_or_else(|| Error::SizeOverflow {
             what: format!("the folded column terms of {kernel}"),
@@ -663,12 +697,11 @@ impl FoldedWeights {
             term_len,
         )?;
         let stride = as_i64(folded.row_stride, kernel)?;
-        let code = {
+        {
             let (weight, _weight_guard) = folded.weight.device_ptr_mut(stream);
             let (terms, _terms_guard) = folded.col_terms.device_ptr_mut(stream);
-            fold(weight as *mut c_void, terms as *mut c_void, stride)
-        };
-        call.launched(kernel, code, error_string)?;
+            fold(weight as *mut c_void, terms as *mut c_void, stride)?;
+        }
         Ok(folded)
     }
 
@@ -1124,6 +1157,11 @@ impl<'s> Call<'s> {
         // It was an i64 when the fold was given it, or the dense stride of
         // a checked weight's rows.
         (weight, terms, folded.row_stride as i64)
+    }
+
+    /// The call's stream.
+    pub fn stream(&self) -> &'s Arc<CudaStream> {
+        self.stream
     }
 
     /// The stream as the launchers take it.

@@ -24,8 +24,10 @@ use crate::launch::{Call, FoldedWeights, GraphDecl, TensorDecl, Workspace, not_c
 use crate::tensor::{Element, Shape, Tensor, TensorMut};
 use crate::weights::{Binder, BoundWeights, TensorFile, TensorNames};
 use cudarc::driver::CudaStream;
+use cudarc::driver::{CudaSlice, DevicePtr};
 use fusion_compiler::ir::{DType, WeightLayout};
 use std::ffi::c_void;
+use std::ops::Range;
 use std::sync::Arc;
 
 /// The version of [`PlanTable`]'s layout and of the launcher ABI
@@ -683,12 +685,47 @@ pub unsafe fn bind<'w, T: Element>(
         "one tensor per weight of the plan table"
     );
     let shapes = weights.iter().map(Tensor::shape).collect();
-    let mut given: Vec<Option<Tensor<'w, T>>> = weights.into_iter().map(Some).collect();
+    let mut given = Given(weights.into_iter().map(Some).collect());
     // SAFETY: as the caller promises.
-    unsafe {
-        bind_each(table, stream, shapes, |w| {
-            Ok(given[w].take().expect("bind_each takes each weight once"))
-        })
+    unsafe { bind_each(table, stream, shapes, &mut given) }
+}
+
+/// Where binding gets the weights, by their index in the table's weights,
+/// each asked for once.
+trait WeightSource<'w, T> {
+    /// Weight `w`, whole, on the device.
+    fn fetch(&mut self, w: usize) -> Result<Tensor<'w, T>>;
+    /// Rows `rows` of weight `w` (a matrix) in host memory, where the
+    /// source reads weights a part at a time (`None` where it does not):
+    /// a gated pair is then interleaved part by part, never held whole.
+    fn rows(&mut self, w: usize, rows: Range<usize>) -> Option<Result<Vec<T>>>;
+}
+
+/// Weights given whole, on the device.
+struct Given<'w, T>(Vec<Option<Tensor<'w, T>>>);
+
+impl<'w, T> WeightSource<'w, T> for Given<'w, T> {
+    fn fetch(&mut self, w: usize) -> Result<Tensor<'w, T>> {
+        Ok(self.0[w].take().expect("binding takes each weight once"))
+    }
+    fn rows(&mut self, _w: usize, _rows: Range<usize>) -> Option<Result<Vec<T>>> {
+        None
+    }
+}
+
+/// Weights read from a safetensors file, checked already.
+struct FromFile<'f, 's> {
+    binder: Binder<'f>,
+    decls: Vec<&'static TensorDecl>,
+    stream: &'s Arc<CudaStream>,
+}
+
+impl<T: Element> WeightSource<'static, T> for FromFile<'_, '_> {
+    fn fetch(&mut self, w: usize) -> Result<Tensor<'static, T>> {
+        self.binder.upload(self.stream, self.decls[w])
+    }
+    fn rows(&mut self, w: usize, rows: Range<usize>) -> Option<Result<Vec<T>>> {
+        Some(self.binder.rows(self.decls[w], rows))
     }
 }
 
@@ -698,7 +735,10 @@ pub unsafe fn bind<'w, T: Element>(
 /// device, its copy is prepared, and the weights that copy replaces are
 /// freed before the next kernel's are read. The device memory at its
 /// height is what the kernels before have kept, plus one kernel's weights
-/// and its copy.
+/// and its copy; a gated pair in `[N, K]` layout read by no other kernel
+/// is copied and interleaved an eighth of its rows at a time, so that
+/// beside its interleaved copy it takes a quarter of one of its weights,
+/// never the pair.
 ///
 /// # Safety
 ///
@@ -712,18 +752,23 @@ pub unsafe fn bind_file<T: Element>(
     let mut binder = Binder::new(table.graph, file, names);
     let decls: Vec<&'static TensorDecl> = table.weights.iter().map(|&t| table.decl(t)).collect();
     let shapes = binder.check::<T>(&decls)?;
+    let mut source = FromFile {
+        binder,
+        decls,
+        stream,
+    };
     // SAFETY: as the caller promises.
-    unsafe { bind_each(table, stream, shapes, |w| binder.upload(stream, decls[w])) }
+    unsafe { bind_each(table, stream, shapes, &mut source) }
 }
 
-/// [`bind`], with each weight (by its index in the table's weights, each
-/// asked for once) from `fetch`, when the first kernel that reads it is
-/// bound; `shapes` are their shapes, checked before any is fetched.
+/// [`bind`], with each weight from `source`, when the first kernel that
+/// reads it is bound; `shapes` are their shapes, checked before any is
+/// fetched.
 unsafe fn bind_each<'w, T: Element>(
     table: &'static PlanTable,
     stream: &Arc<CudaStream>,
     shapes: Vec<Shape>,
-    mut fetch: impl FnMut(usize) -> Result<Tensor<'w, T>>,
+    source: &mut dyn WeightSource<'w, T>,
 ) -> Result<BoundWeights<'w, T>> {
     table.check_schema()?;
     let arch = table.arch(stream)?;
@@ -752,20 +797,34 @@ unsafe fn bind_each<'w, T: Element>(
         })
         .collect();
     for (index, kernel) in table.kernels.iter().enumerate() {
-        for &w in &reads[index] {
+        // A gated pair read part by part is never fetched whole.
+        let pair = in_parts(kernel, &reads, index, &tensors, &weight_of, &shapes)
+            .filter(|&(gate, _, _)| source.rows(gate, 0..0).is_some());
+        let whole: Vec<usize> = reads[index]
+            .iter()
+            .copied()
+            .filter(|w| pair.is_none_or(|(gate, up, _)| *w != gate && *w != up))
+            .collect();
+        for &w in &whole {
             if tensors[w].is_none() {
-                tensors[w] = Some(fetch(w)?);
+                tensors[w] = Some(source.fetch(w)?);
             }
         }
         let mut call = Call::new(table.graph, stream);
         let mut address = vec![None; table.tensors.len()];
-        for &w in &reads[index] {
+        for &w in &whole {
             let t = table.weights[w];
             let tensor = tensors[w].as_ref().expect("fetched above");
             address[t] = Some(call.input(table.decl(t), tensor)?);
         }
-        // SAFETY: as the caller promises; `call` checked the weights.
-        let copy = unsafe { prepare::<T>(table, &call, arch, kernel, &address) }?;
+        // SAFETY (both): as the caller promises; `call` checked the
+        // weights it was given, and the pair's shapes were checked.
+        let copy = match pair {
+            Some(pair) => {
+                Some(unsafe { interleave_in_parts::<T>(table, &call, arch, kernel, &address, source, pair) }?)
+            }
+            None => unsafe { prepare::<T>(table, &call, arch, kernel, &address) }?,
+        };
         drop(call);
         let (given, _) = operands(&kernel.op, copy.is_some());
         for &w in &reads[index] {
@@ -791,7 +850,7 @@ unsafe fn bind_each<'w, T: Element>(
     // A weight no kernel reads is kept as given.
     for w in 0..count {
         if tensors[w].is_none() && replaced[w].is_none() {
-            tensors[w] = Some(fetch(w)?);
+            tensors[w] = Some(source.fetch(w)?);
         }
     }
     stream.synchronize()?;
@@ -802,6 +861,161 @@ unsafe fn bind_each<'w, T: Element>(
         shapes,
         prepared,
         replaced,
+    })
+}
+
+/// The gated pair of `kernel` (the `index`-th) that binding can read and
+/// interleave part by part: `(gate, up, (N, K))`, by weight index, where
+/// the kernel interleaves them in `[N, K]` layout, neither is on the
+/// device yet and no other kernel reads either. (Whether the source reads
+/// parts is its own answer, [`WeightSource::rows`].)
+fn in_parts<X>(
+    kernel: &KernelEntry,
+    reads: &[Vec<usize>],
+    index: usize,
+    tensors: &[Option<X>],
+    weight_of: &dyn Fn(usize) -> Option<usize>,
+    shapes: &[Shape],
+) -> Option<(usize, usize, (usize, usize))> {
+    let KernelOp::Gemm(gemm) = &kernel.op else {
+        return None;
+    };
+    let (Bind::Fold(fold), WeightLayout::NK) = (gemm.bind, gemm.b_layout) else {
+        return None;
+    };
+    let (gate, up) = (weight_of(gemm.b?)?, weight_of(gemm.b_up?)?);
+    let Shape::Matrix(n, k) = shapes[gate] else {
+        return None;
+    };
+    let elsewhere = |w: usize| {
+        reads
+            .iter()
+            .enumerate()
+            .any(|(other, r)| other != index && r.contains(&w))
+    };
+    let apart = fold.gated() && gate != up && tensors[gate].is_none() && tensors[up].is_none();
+    (apart && !elsewhere(gate) && !elsewhere(up) && n > 0).then_some((gate, up, (n, k)))
+}
+
+/// [`prepare`] for a gated pair `(gate, up, (N, K))` that [`in_parts`]
+/// chose, from a source that reads rows: the interleaved copy is
+/// allocated whole, then filled an eighth of the pair's rows at a time
+/// (rows s..e of gate and of up interleave into rows 2s..2e of the copy,
+/// in blocks of 8, and their column terms into terms 2s..2e), through two
+/// buffers of that many rows.
+///
+/// # Safety
+///
+/// As [`prepare`].
+unsafe fn interleave_in_parts<'w, T: Element>(
+    table: &'static PlanTable,
+    call: &Call<'_>,
+    arch: Arch,
+    kernel: &KernelEntry,
+    address: &[Option<u64>],
+    source: &mut dyn WeightSource<'w, T>,
+    (gate, up, (n, k)): (usize, usize, (usize, usize)),
+) -> Result<FoldedWeights> {
+    let KernelOp::Gemm(gemm) = &kernel.op else {
+        unreachable!("`in_parts` chose a GEMM")
+    };
+    let Bind::Fold(fold_kind) = gemm.bind else {
+        unreachable!("`in_parts` chose a fold")
+    };
+    let variant = table.variant(T::DTYPE, arch)?;
+    let Launch::Gemm { fold: Some(fold), .. } = kernel.launchers.get(variant) else {
+        unreachable!("a kernel that folds its weights has `_fold_weights`")
+    };
+    let stream = call.stream();
+    let parts = interleave_parts(n);
+    let part = parts.first().map_or(0, |rows| rows.len());
+    // SAFETY: each part is written (`memcpy_htod`) before the fold reads
+    // it, and the fold reads no more than was written.
+    let buffer =
+        |rows: usize| -> Result<CudaSlice<T>> { Ok(unsafe { stream.alloc::<T>((rows * k).max(1)) }?) };
+    let (mut gate_part, mut up_part) = (buffer(part)?, buffer(part)?);
+    let norm = fold_kind.norm();
+    let at = |t: Option<usize>| pointer(t.and_then(|t| address[t]));
+    let (gamma, beta) = if norm {
+        (at(gemm.gamma), at(gemm.beta))
+    } else {
+        (std::ptr::null(), std::ptr::null())
+    };
+    let (rows, cols) = (as_i64(2 * n)?, as_i64(k)?);
+    let columns = if norm { 2 * n } else { 0 };
+    let error_string = table.error_string();
+    let stream_ptr = call.stream_ptr();
+    FoldedWeights::fold_with(
+        call,
+        kernel.label,
+        arch,
+        (rows, cols),
+        size_of::<T>(),
+        columns,
+        |w_folded, col_terms, ld_folded| {
+            for Range { start, end } in parts {
+                let len = (end - start) * k;
+                for (w, buffer) in [(gate, &mut gate_part), (up, &mut up_part)] {
+                    let host = source
+                        .rows(w, start..end)
+                        .expect("`in_parts` is asked of a source that reads rows")?;
+                    stream.memcpy_htod(&host, &mut buffer.slice_mut(..len))?;
+                }
+                let (w, _w_guard) = gate_part.device_ptr(stream);
+                let (w_up, _up_guard) = up_part.device_ptr(stream);
+                // Rows 2·start.. of the copy, and their terms (only where a
+                // norm folds: else there are none to offset).
+                let first_row = 2 * start;
+                let params = fusion_fold_params {
+                    w: w as *const c_void,
+                    w_up: w_up as *const c_void,
+                    gamma,
+                    beta,
+                    w_folded: w_folded
+                        .cast::<u8>()
+                        .wrapping_add(first_row * ld_folded as usize * size_of::<T>())
+                        .cast(),
+                    col_terms: if norm {
+                        col_terms
+                            .cast::<u8>()
+                            .wrapping_add(first_row * 2 * size_of::<f32>())
+                            .cast()
+                    } else {
+                        col_terms
+                    },
+                    n: as_i64(end - start)?,
+                    k: cols,
+                    ld_folded,
+                };
+                // SAFETY: the parts were just written with these rows, the
+                // copy was allocated for all 2N of them (the offsets stay
+                // inside it), gamma and beta were checked by `call`.
+                let code = unsafe { fold(&params, stream_ptr) };
+                call.launched(kernel.label, code, error_string)?;
+            }
+            Ok(())
+        },
+    )
+}
+
+/// The rows of a gated pair of `n` rows each that binding interleaves at a
+/// time: about an eighth of them, a multiple of 8 (the interleave's block,
+/// gated.cuh's `kGateBlock`, so that rows s..e of gate and up land in rows
+/// 2s..2e of the copy, interleaved as the whole pair would be), the last
+/// part what is left.
+fn interleave_parts(n: usize) -> Vec<Range<usize>> {
+    let part = n.div_ceil(8).next_multiple_of(8).max(8);
+    (0..n)
+        .step_by(part)
+        .map(|start| start..(start + part).min(n))
+        .collect()
+}
+
+/// A size the kernels take as an `int64_t`.
+fn as_i64(n: usize) -> Result<i64> {
+    i64::try_from(n).map_err(|_| Error::SizeOverflow {
+        what: "a bound weight's size".to_owned(),
+        limit: "i64",
     })
 }
 
@@ -1321,6 +1535,64 @@ mod tests {
                 (vec![0, 1, 2, 3, 5, 6], vec![])
             );
         }
+    }
+
+    #[test]
+    fn a_gated_pair_from_a_file_is_interleaved_in_parts_of_whole_blocks() {
+        // Llama-3-8B's F: eight parts of 1792 rows, each a multiple of 8.
+        let parts = interleave_parts(14336);
+        assert_eq!(parts.len(), 8);
+        assert!(parts.iter().all(|p| p.len() == 1792 && p.start % 8 == 0));
+        assert_eq!((parts[0].start, parts[7].end), (0, 14336));
+        // Parts meet, and a last one takes what is left.
+        for n in [8, 16, 72, 136, 1000, 4104] {
+            let parts = interleave_parts(n);
+            assert_eq!(parts.first().unwrap().start, 0);
+            assert_eq!(parts.last().unwrap().end, n);
+            assert!(parts.windows(2).all(|w| w[0].end == w[1].start), "{parts:?}");
+            assert!(
+                parts
+                    .iter()
+                    .all(|p| p.start % 8 == 0 && p.len() <= parts[0].len())
+            );
+            assert!(parts.len() <= 8, "{n}: {parts:?}");
+        }
+        assert!(interleave_parts(0).is_empty());
+    }
+
+    #[test]
+    fn only_a_pair_no_other_kernel_reads_is_interleaved_in_parts() {
+        let table = two_kernels();
+        let weight_of = |t: usize| table.weights.iter().position(|&w| w == t);
+        let reads = vec![vec![0, 1], vec![2, 3]];
+        let shapes = [
+            Shape::Matrix(128, 64),
+            Shape::Matrix(128, 64),
+            Shape::Matrix(32, 128),
+            Shape::Vector(32),
+        ];
+        let none: [Option<()>; 4] = [None; 4];
+        assert_eq!(
+            in_parts(&table.kernels[0], &reads, 0, &none, &weight_of, &shapes),
+            Some((0, 1, (128, 64)))
+        );
+        // Not the padded GEMM, which has no pair.
+        assert_eq!(
+            in_parts(&table.kernels[1], &reads, 1, &none, &weight_of, &shapes),
+            None
+        );
+        // Not where another kernel reads up too: it must be held whole.
+        let shared = vec![vec![0, 1], vec![1, 2, 3]];
+        assert_eq!(
+            in_parts(&table.kernels[0], &shared, 0, &none, &weight_of, &shapes),
+            None
+        );
+        // Not where the gate is on the device already.
+        let fetched = [Some(()), None, None, None];
+        assert_eq!(
+            in_parts(&table.kernels[0], &reads, 0, &fetched, &weight_of, &shapes),
+            None
+        );
     }
 
     #[test]

@@ -427,6 +427,26 @@ impl<'f> Binder<'f> {
         Tensor::owned(slice, shape)
     }
 
+    /// Rows `rows` of the checked matrix `decl`, in host memory: for a
+    /// binding that copies a large weight to the device a part at a time.
+    pub fn rows<T: Element>(&self, decl: &'static TensorDecl, rows: Range<usize>) -> Result<Vec<T>> {
+        let name = self.names.in_file(decl.name);
+        let file = self.file;
+        let view = file.get(&name).ok_or_else(|| file.missing(&name, decl.name))?;
+        let row_bytes = view.shape.last().copied().unwrap_or(1) * size_of::<T>();
+        let bytes = view
+            .bytes
+            .get(rows.start * row_bytes..rows.end * row_bytes)
+            .ok_or_else(|| Error::TensorShape {
+                file: file.label.clone(),
+                name: name.clone(),
+                tensor: decl.name,
+                expected: format!("at least {} rows", rows.end),
+                actual: format!("{:?}", view.shape),
+            })?;
+        Ok(T::from_le_bytes(bytes))
+    }
+
     fn checked<T: Element>(&mut self, decl: &'static TensorDecl) -> Result<(StoredView<'f>, Shape)> {
         let name = self.names.in_file(decl.name);
         let file = self.file;

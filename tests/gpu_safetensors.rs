@@ -188,10 +188,11 @@ fn a_struct_bound_from_safetensors_holds_each_weight_once() {
         eprintln!("{e}");
     }
     assert!(ffn.weights().shape("w_gate").is_some());
+    // Kept to compare with the copy `new` makes whole, below.
+    let mut in_parts = ffn;
 
     // The same with owned weights given to `new`: the originals are freed
     // once their copies exist.
-    drop(ffn);
     let before = device_bytes_in_use(&s);
     let weights =
         kernels::FfnSublayerWeights::<'static, f16>::from_safetensors(&s, &file, &names).expect("upload");
@@ -232,6 +233,44 @@ fn a_struct_bound_from_safetensors_holds_each_weight_once() {
     let want: &HostTensor = &reference::evaluate_rows(&graph, &host, &rows).expect("reference")["y"];
     testing::compare(&got, want, f16::DTYPE, &rows)
         .unwrap_or_else(|mismatch| panic!("ffn_sublayer: {mismatch}"));
+    // The pair interleaved part by part (from the file) is the pair
+    // interleaved whole (by `new`), to the bit, norm folded in and terms.
+    let copies = |ffn: &kernels::FfnSublayer<'static, f16>| -> Vec<(Vec<u8>, Vec<f32>)> {
+        ffn.weights()
+            .prepared()
+            .iter()
+            .flatten()
+            .map(|copy| copy.to_host(&s).expect("download"))
+            .collect()
+    };
+    let (whole, parts) = (copies(&ffn), copies(&in_parts));
+    assert_eq!(whole.len(), parts.len());
+    for (i, (whole, parts)) in whole.iter().zip(&parts).enumerate() {
+        let differ = whole.0.iter().zip(&parts.0).filter(|(a, b)| a != b).count();
+        assert_eq!(differ, 0, "copy {i}: {differ} of {} bytes differ", whole.0.len());
+        assert!(
+            whole
+                .1
+                .iter()
+                .zip(&parts.1)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "copy {i}: the column terms differ"
+        );
+    }
+    let mut y_parts = s.clone_htod(&vec![f16::NAN; m * cols]).expect("alloc");
+    in_parts
+        .run(
+            &s,
+            &fusion::Tensor::new(&x, [m, cols]).expect("x"),
+            &mut fusion::TensorMut::new(&mut y_parts, [m, cols]).expect("y"),
+        )
+        .expect("run");
+    let got = f16::decode(&[m, cols], &s.clone_dtoh(&y_parts).expect("download"))
+        .expect("shape")
+        .select_rows(&rows)
+        .expect("rows");
+    testing::compare(&got, want, f16::DTYPE, &rows)
+        .unwrap_or_else(|mismatch| panic!("ffn_sublayer bound in parts: {mismatch}"));
     let _ = std::fs::remove_file(&path);
 }
 

@@ -727,7 +727,7 @@ impl quote::ToTokens for BoundGraph {
             "The weights of [`{struct_ident}`], as device tensors: borrowed (`fusion::Tensor::new`) or, as `{weights_ident}<'static, …>`, owned ([`Self::from_safetensors`], `fusion::Tensor::owned`). `new` checks each one's shape against the declaration."
         );
         let owned_struct_doc = format!(
-            "Reads the weights from a safetensors file (as [`{weights_ident}::from_safetensors`]) and binds them (as [`Self::new`]) one kernel at a time: a kernel's weights are copied to the device, bound, and those its copy replaces freed before the next kernel's are read, so that a gated pair or a folded norm is never held twice beyond the one kernel being bound. A struct that owns its weights."
+            "Reads the weights from a safetensors file (as [`{weights_ident}::from_safetensors`]) and binds them (as [`Self::new`]) one kernel at a time: a kernel's weights are copied to the device, bound, and those its copy replaces freed before the next kernel's are read; a gated pair is interleaved an eighth of its rows at a time, never on the device whole beside its copy. A struct that owns its weights."
         );
         let weight_docs = weights.iter().map(|w| format!("The weight `{w}`."));
         let plan_ref = quote!(&#module::__PLAN);

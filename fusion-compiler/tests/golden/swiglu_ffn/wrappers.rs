@@ -159,7 +159,7 @@ impl<'w, T: fusion::Element> SwigluFfn<'w, T> {
 }
 #[allow(dead_code, reason = "a crate may bind weights it made itself with `new`")]
 impl<T: fusion::Element> SwigluFfn<'static, T> {
-    ///Reads the weights from a safetensors file (as [`SwigluFfnWeights::from_safetensors`]) and binds them (as [`Self::new`]) one kernel at a time: a kernel's weights are copied to the device, bound, and those its copy replaces freed before the next kernel's are read, so that a gated pair or a folded norm is never held twice beyond the one kernel being bound. A struct that owns its weights.
+    ///Reads the weights from a safetensors file (as [`SwigluFfnWeights::from_safetensors`]) and binds them (as [`Self::new`]) one kernel at a time: a kernel's weights are copied to the device, bound, and those its copy replaces freed before the next kernel's are read; a gated pair is interleaved an eighth of its rows at a time, never on the device whole beside its copy. A struct that owns its weights.
     pub fn from_safetensors(
         stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
         file: &fusion::TensorFile,
