@@ -161,6 +161,30 @@ pub enum Error {
         /// The workspace the call needs.
         bytes: usize,
     },
+    /// A graph struct's bound weights were asked for a tensor they do not
+    /// keep: binding replaced it with the copy its kernel reads (a gated
+    /// pair interleaved, a norm folded into its weight, rows padded), or
+    /// the graph has no weight of that name.
+    #[error("graph `{graph}` keeps no weight `{tensor}` once bound: {reason}")]
+    WeightNotKept {
+        /// The graph's name.
+        graph: String,
+        /// The weight asked for.
+        tensor: String,
+        /// What binding made of it, or that the graph has no such weight.
+        reason: String,
+    },
+    /// A workspace was sized from M alone where another dim is not fixed by
+    /// the graph's weights.
+    #[error(
+        "graph `{graph}`: `{dim}` is fixed neither by its weights nor by M, so the workspace of a call cannot be sized from M alone; make one call with tensors of the largest shapes instead"
+    )]
+    UnboundDim {
+        /// The graph's name.
+        graph: String,
+        /// The dim left unbound.
+        dim: String,
+    },
     /// A kernel launch failed.
     #[error("kernel `{kernel}` failed: {message} (CUDA error {code})")]
     Launch {

@@ -12,9 +12,11 @@
 //! allocates, locks or reads the environment. A GEMM launcher says how much
 //! scratch a call needs (`<symbol>_workspace_bytes`, see
 //! `fusion-compiler/kernels/include/fusion/abi.h`: stream-K partial tiles and flags, a
-//! folded norm's row statistics, a per-call norm's normalized A) and takes it from the [`Workspace`] of the
-//! graph struct, or, for the free functions of one-kernel graphs, from the
-//! workspace this module keeps per stream ([`with_stream_workspace`]).
+//! folded norm's row statistics, a per-call norm's normalized A) and takes it from the [`Workspace`] a
+//! graph struct holds (its own, or one it shares with other structs:
+//! [`SharedWorkspace`]), or, for the free functions of one-kernel graphs,
+//! from the workspace this module keeps per stream
+//! ([`with_stream_workspace`]).
 
 use crate::abi;
 use crate::device::Arch;
@@ -24,7 +26,7 @@ use cudarc::driver::sys::CUstreamCaptureStatus;
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
 use fusion_compiler::ir::DType;
 use std::ffi::{CStr, c_int, c_void};
-use std::sync::{Arc, Mutex, OnceLock, TryLockError, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, TryLockError, Weak};
 use std::thread::ThreadId;
 
 pub use crate::abi::{ErrorString, FoldWeights, Launcher, WorkspaceBytes};
@@ -80,6 +82,16 @@ impl TensorDecl {
 /// capturing. The graph keeps the buffers' addresses, so the workspace must
 /// outlive it and not grow (no larger call on it) while the graph may still
 /// be replayed.
+///
+/// Several graph structs may share one workspace ([`SharedWorkspace`],
+/// `with_workspace` on a generated struct): their calls run one after
+/// another on a stream, so one set of buffers serves them all, each buffer
+/// as large as the largest call needs (slot `i` holds the `i`-th
+/// intermediate of whichever graph runs). The layers of a model then hold
+/// one layer's workspace, not one per layer. A struct's
+/// `workspace_bytes(stream, m)` says what one of its calls needs, and its
+/// `reserve_workspace(stream, m)` grows the workspace to that before a
+/// capture.
 #[derive(Debug, Default)]
 pub struct Workspace {
     intermediates: Buffers,
@@ -126,9 +138,64 @@ impl<S> UseSite<S> {
     }
 }
 
+/// A workspace that several graph structs hold, called one at a time
+/// (clones share it): each call locks it for as long as it enqueues its
+/// kernels. Structs on one stream share one ([`SharedWorkspace::new`],
+/// then `with_workspace(workspace.clone())` on each struct); the
+/// workspace's own events order calls on other streams or threads after
+/// the last use, as for one struct. Its memory is freed with the last
+/// clone, after the last call that used it.
+#[derive(Clone, Debug, Default)]
+pub struct SharedWorkspace(Arc<Mutex<Workspace>>);
+
+impl SharedWorkspace {
+    /// An empty workspace to share.
+    pub fn new() -> SharedWorkspace {
+        SharedWorkspace::default()
+    }
+
+    /// Locks the workspace for one call. A call that panicked while it
+    /// held the lock left the buffers usable (a buffer is replaced whole,
+    /// after its successor exists), so a poisoned lock is taken as it is.
+    pub fn lock(&self) -> MutexGuard<'_, Workspace> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// [`Workspace::bytes`], now.
+    pub fn bytes(&self) -> usize {
+        self.lock().bytes()
+    }
+
+    /// [`Workspace::allocations`], so far.
+    pub fn allocations(&self) -> usize {
+        self.lock().allocations()
+    }
+
+    /// [`Workspace::scratch_bytes`], now.
+    pub fn scratch_bytes(&self) -> usize {
+        self.lock().scratch_bytes()
+    }
+
+    /// [`Workspace::intermediate_bytes`], now.
+    pub fn intermediate_bytes(&self) -> usize {
+        self.lock().intermediate_bytes()
+    }
+
+    /// Whether `self` and `other` are one workspace.
+    pub fn is(&self, other: &SharedWorkspace) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
 impl Workspace {
     pub fn new() -> Workspace {
         Workspace::default()
+    }
+
+    /// An empty workspace to share between graph structs
+    /// ([`SharedWorkspace::new`]).
+    pub fn shared() -> SharedWorkspace {
+        SharedWorkspace::new()
     }
 
     /// The intermediates' buffers and the scratch for one call on `stream`,
@@ -138,6 +205,7 @@ impl Workspace {
     /// unfinished, when the call fails part way, it records all the same).
     /// While `stream` is being captured into a CUDA graph neither happens:
     /// a replay is ordered by the stream it is launched on.
+    #[doc(hidden)]
     pub fn begin_call(
         &mut self,
         stream: &Arc<CudaStream>,
@@ -159,6 +227,36 @@ impl Workspace {
     /// Bytes of scratch held now (0 until a call needed some).
     pub fn scratch_bytes(&self) -> usize {
         self.scratch.len(0)
+    }
+
+    /// Bytes held now for intermediates, all slots together.
+    pub fn intermediate_bytes(&self) -> usize {
+        (0..self.intermediates.slots.len())
+            .map(|slot| self.intermediates.len(slot))
+            .sum()
+    }
+
+    /// Device bytes held now: [`Workspace::intermediate_bytes`] plus
+    /// [`Workspace::scratch_bytes`].
+    pub fn bytes(&self) -> usize {
+        self.intermediate_bytes() + self.scratch_bytes()
+    }
+
+    /// Grows the workspace, as a call on `stream` would, so that it holds
+    /// `intermediates[i]` bytes in slot `i` and `scratch` bytes of scratch:
+    /// ordered after its last use elsewhere, refused while `stream` is
+    /// being captured ([`Error::WorkspaceGrowsInCapture`]) unless it
+    /// already fits.
+    pub fn reserve(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        intermediates: &[usize],
+        scratch: usize,
+    ) -> Result<()> {
+        let (buffers, scratch_buffers, call_use) = self.begin_call(stream)?;
+        buffers.allocations += fit(&mut buffers.slots, intermediates, stream)?;
+        scratch_buffers.allocations += fit(&mut scratch_buffers.slots, &[scratch], stream)?;
+        call_use.finish()
     }
 
     /// Device buffers allocated since the workspace was made; an identical
@@ -481,6 +579,20 @@ impl ShapeDims {
     pub fn bind(&mut self, decl: &'static TensorDecl, extents: &[usize]) -> Result<bool> {
         bind_dims(self.graph, &mut self.dims, decl, extents)
     }
+
+    /// Gives dynamic dim `dim` the value `value` (read from `from`) where no
+    /// tensor has bound it yet.
+    pub fn set(&mut self, dim: usize, value: usize, from: &'static str) {
+        self.dims[dim].get_or_insert(Bound { value, from });
+    }
+
+    /// The name of a dynamic dim of `decl` that nothing has bound.
+    pub fn unbound(&self, decl: &TensorDecl) -> Option<&'static str> {
+        decl.shape.iter().find_map(|&d| match d {
+            Dim::Dynamic(i) if self.dims[i].is_none() => Some(self.graph.dims[i]),
+            _ => None,
+        })
+    }
 }
 
 impl crate::plan::Extents for ShapeDims {
@@ -499,8 +611,9 @@ impl crate::plan::Extents for ShapeDims {
 /// weights interleaved into one (with no column terms when no norm folds);
 /// and, where [`bound_row_stride`] says so, a plain weight copied with its
 /// rows padded. Each form's rows start [`bound_row_stride`] elements apart.
-/// The struct owns it: one more copy of the weights (plus the padding),
-/// plus 8 bytes per column of terms, for as long as the struct lives.
+/// The struct owns it in place of the weights it was made from (which it
+/// keeps only where a kernel still reads them as given): the weights'
+/// bytes (plus the padding), plus 8 bytes per column of terms.
 #[derive(Debug)]
 pub struct FoldedWeights {
     weight: CudaSlice<u8>,
@@ -510,6 +623,25 @@ pub struct FoldedWeights {
 }
 
 impl FoldedWeights {
+    /// Device bytes it holds: the prepared weight and its column terms.
+    pub fn bytes(&self) -> usize {
+        self.weight.len() + self.col_terms.len() * size_of::<f32>()
+    }
+
+    /// Elements from one row of the prepared weight to the next.
+    pub fn row_stride(&self) -> usize {
+        self.row_stride
+    }
+
+    /// The prepared weight's bytes and its column terms, copied to the
+    /// host: for tests that compare two ways of binding.
+    pub fn to_host(&self, stream: &Arc<CudaStream>) -> Result<(Vec<u8>, Vec<f32>)> {
+        Ok((
+            stream.clone_dtoh(&self.weight)?,
+            stream.clone_dtoh(&self.col_terms)?,
+        ))
+    }
+
     /// Allocates W', `dims` = (rows, row length) of elements of
     /// `element_bytes` each, its rows `bound_row_stride(arch, ..)` apart,
     /// and the terms of `columns` columns, then calls `fold(w_folded,
@@ -526,6 +658,31 @@ impl FoldedWeights {
         fold: impl FnOnce(*mut c_void, *mut c_void, i64) -> c_int,
         error_string: ErrorString,
     ) -> Result<FoldedWeights> {
+        Self::fold_with(
+            call,
+            kernel,
+            arch,
+            dims,
+            element_bytes,
+            columns,
+            |w_folded, col_terms, stride| {
+                call.launched(kernel, fold(w_folded, col_terms, stride), error_string)
+            },
+        )
+    }
+
+    /// [`FoldedWeights::fold`], with `fold` enqueueing the work (in as many
+    /// launches as it likes, each part of W' at its offset) and checking
+    /// each launch's code itself.
+    pub fn fold_with(
+        call: &Call<'_>,
+        kernel: &str,
+        arch: Arch,
+        dims: (i64, i64),
+        element_bytes: usize,
+        columns: usize,
+        fold: impl FnOnce(*mut c_void, *mut c_void, i64) -> Result<()>,
+    ) -> Result<FoldedWeights> {
         let stream = call.stream;
         let term_len = columns.checked_mul(2).ok_or_else(|| Error::SizeOverflow {
             what: format!("the folded column terms of {kernel}"),
@@ -540,12 +697,11 @@ impl FoldedWeights {
             term_len,
         )?;
         let stride = as_i64(folded.row_stride, kernel)?;
-        let code = {
+        {
             let (weight, _weight_guard) = folded.weight.device_ptr_mut(stream);
             let (terms, _terms_guard) = folded.col_terms.device_ptr_mut(stream);
-            fold(weight as *mut c_void, terms as *mut c_void, stride)
-        };
-        call.launched(kernel, code, error_string)?;
+            fold(weight as *mut c_void, terms as *mut c_void, stride)?;
+        }
         Ok(folded)
     }
 
@@ -726,6 +882,12 @@ pub fn schedule_flags(capturing: bool) -> u32 {
     flags
 }
 
+/// [`Call::gemm_flags`] for a stream that is `capturing` or not.
+pub fn gemm_flags(capturing: bool) -> Result<u32> {
+    let tier = forced_gemm_tile()?.map_or(0, |tier| tier.code() << abi::FUSION_GEMM_TILE_SHIFT);
+    Ok(tier | schedule_flags(capturing))
+}
+
 /// A tile tier of a GEMM unit (`FUSION_GEMM_TILE`), named in its launch's
 /// flags so that each tier can be measured at any shape, which the
 /// fitted model of the kernel's time needs (fusion-compiler's
@@ -852,6 +1014,13 @@ impl<'s> Call<'s> {
         Ok(ptr)
     }
 
+    /// Checks a weight the call does not read, by the shape it had when it
+    /// was bound (binding replaced it with a prepared copy): its dims bind
+    /// the call's as [`Call::input`]'s would.
+    pub fn bound_shape(&mut self, decl: &'static TensorDecl, shape: Shape) -> Result<()> {
+        self.check_shape(decl, shape)
+    }
+
     /// No output overlaps an input or another output.
     pub fn check_aliasing(&self) -> Result<()> {
         let overlap = |a: &(&str, DeviceRange), b: &(&str, DeviceRange)| a.1.overlaps(b.1);
@@ -941,8 +1110,7 @@ impl<'s> Call<'s> {
     /// With `FUSION_GEMM_TILE` set, the flags also name that tile tier
     /// ([`forced_gemm_tile`]).
     pub fn gemm_flags(&self) -> Result<u32> {
-        let tier = forced_gemm_tile()?.map_or(0, |tier| tier.code() << abi::FUSION_GEMM_TILE_SHIFT);
-        Ok(tier | schedule_flags(self.stream.capturing()?))
+        gemm_flags(self.stream.capturing()?)
     }
 
     /// Asks a launcher how many bytes of workspace `params` need.
@@ -989,6 +1157,11 @@ impl<'s> Call<'s> {
         // It was an i64 when the fold was given it, or the dense stride of
         // a checked weight's rows.
         (weight, terms, folded.row_stride as i64)
+    }
+
+    /// The call's stream.
+    pub fn stream(&self) -> &'s Arc<CudaStream> {
+        self.stream
     }
 
     /// The stream as the launchers take it.

@@ -47,8 +47,9 @@ pub use fusion_compiler::ir;
 /// Declares a graph in Rust source; its kernels are compiled by the crate's
 /// build script (`fusion_compiler::build::Builder::sources`).
 pub use fusion_macros::fusion_graph;
+pub use launch::{SharedWorkspace, Workspace};
 pub use tensor::{Element, Shape, Tensor, TensorMut};
-pub use weights::{TensorFile, TensorNames};
+pub use weights::{BoundWeights, TensorFile, TensorNames};
 
 /// Re-exported so that users and generated code name the same version.
 pub use cudarc;

@@ -21,11 +21,13 @@ use crate::abi::{
 use crate::device::Arch;
 use crate::error::{Error, Result};
 use crate::launch::{Call, FoldedWeights, GraphDecl, TensorDecl, Workspace, not_compiled};
-use crate::tensor::{Element, Tensor, TensorMut};
-use crate::weights::{Binder, TensorFile, TensorNames};
+use crate::tensor::{Element, Shape, Tensor, TensorMut};
+use crate::weights::{Binder, BoundWeights, TensorFile, TensorNames};
 use cudarc::driver::CudaStream;
+use cudarc::driver::{CudaSlice, DevicePtr};
 use fusion_compiler::ir::{DType, WeightLayout};
 use std::ffi::c_void;
+use std::ops::Range;
 use std::sync::Arc;
 
 /// The version of [`PlanTable`]'s layout and of the launcher ABI
@@ -570,11 +572,98 @@ pub fn load_weights<T: Element, const N: usize>(
         .unwrap_or_else(|_| unreachable!("one tensor per weight")))
 }
 
+/// The weights of one call of [`run`]: given with it, or bound once.
+#[derive(Debug)]
+pub enum Weights<'a, 'w, T> {
+    /// Every weight, in the table's order, read as given: nothing was
+    /// prepared (a free function's call, which folds a norm and
+    /// interleaves a gated pair into its scratch on every call).
+    PerCall(&'a [&'a Tensor<'w, T>]),
+    /// What [`bind`] kept and prepared.
+    Bound(&'a BoundWeights<'w, T>),
+}
+
+impl<T> Clone for Weights<'_, '_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for Weights<'_, '_, T> {}
+
+/// The tensors a kernel reads: those it reads as given, and those that the
+/// copy binding prepared for it stands in for (where `prepared`): B (and
+/// a gated GEMM's up weight) for a padded, folded or interleaved weight,
+/// and gamma and beta where the norm folds (the folded launcher reads no
+/// gamma or beta, abi.h).
+fn operands(op: &KernelOp, prepared: bool) -> (Vec<usize>, Vec<usize>) {
+    let mut given = Vec::new();
+    let mut replaced = Vec::new();
+    match op {
+        KernelOp::Gemm(g) => {
+            given.extend([g.a, g.bias, g.residual, g.multiplier].into_iter().flatten());
+            // A padded copy is B's alone ([`fill`] reads any up weight as
+            // given); a fold's holds a gated pair's both halves.
+            let (weight, up, norm) = match (g.bind, prepared) {
+                (Bind::Pad, true) => (true, false, false),
+                (Bind::Fold(fold), true) => (true, true, fold.norm()),
+                _ => (false, false, false),
+            };
+            for (operand, replaced_here) in [(g.b, weight), (g.b_up, up), (g.gamma, norm), (g.beta, norm)] {
+                match (operand, replaced_here) {
+                    (Some(t), true) => replaced.push(t),
+                    (Some(t), false) => given.push(t),
+                    (None, _) => {}
+                }
+            }
+        }
+        KernelOp::Norm { x, gamma, beta, .. } => given.extend([*x, *gamma, *beta].into_iter().flatten()),
+        KernelOp::Elementwise { x, operands } => {
+            given.extend(std::iter::once(*x).chain(operands.iter().copied()).flatten());
+        }
+    }
+    (given, replaced)
+}
+
+/// What became of weight `t`, which `kernel`'s prepared copy stands in for:
+/// for [`BoundWeights::get`].
+fn replaced_by(table: &PlanTable, kernel: &KernelEntry, t: usize) -> String {
+    let KernelOp::Gemm(g) = &kernel.op else {
+        unreachable!("only a GEMM's weights are prepared")
+    };
+    let name = |t: Option<usize>| t.map_or("?", |t| table.tensors[t].name);
+    let label = kernel.label;
+    if Some(t) == g.gamma || Some(t) == g.beta {
+        return format!("{label} folded it into its copy of `{}`", name(g.b));
+    }
+    match g.bind {
+        Bind::Pad => format!("{label} reads a copy of it with its rows padded"),
+        Bind::Fold(Fold::Norm) => format!(
+            "{label} reads a copy of it with the norm's `{}` folded in",
+            name(g.gamma)
+        ),
+        Bind::Fold(Fold::Interleave) => format!(
+            "{label} reads `{}` and `{}` interleaved into one copy",
+            name(g.b),
+            name(g.b_up)
+        ),
+        Bind::Fold(Fold::NormInterleave) => format!(
+            "{label} reads `{}` and `{}` interleaved into one copy, the norm's `{}` folded in",
+            name(g.b),
+            name(g.b_up),
+            name(g.gamma)
+        ),
+        Bind::Nothing => unreachable!("a kernel that binds nothing prepares nothing"),
+    }
+}
+
 /// Binds the weights (`weights`, in the table's order): checks each (shape,
 /// dims, context, alignment) and computes once what the kernels need from
 /// them alone: a norm folded into its GEMM's weight, a gated pair
-/// interleaved, a plain weight's rows padded. One entry per kernel (empty
-/// when no kernel prepares anything); returns once that work is done.
+/// interleaved, a plain weight's rows padded. What it returns keeps only
+/// what the kernels read: a weight that a prepared copy replaces is
+/// dropped (freed, where it was owned and not shared) once that copy
+/// exists. Returns once that work is done.
 ///
 /// # Safety
 ///
@@ -585,118 +674,590 @@ pub fn load_weights<T: Element, const N: usize>(
 /// with the kernels, so a table that lies sends a kernel outside its
 /// buffers. The tables fusion-compiler generates and those `fusion run`
 /// builds from a plan are true by construction.
-pub unsafe fn bind<T: Element>(
+pub unsafe fn bind<'w, T: Element>(
     table: &'static PlanTable,
     stream: &Arc<CudaStream>,
-    weights: &[&Tensor<'_, T>],
-) -> Result<Vec<Option<FoldedWeights>>> {
+    weights: Vec<Tensor<'w, T>>,
+) -> Result<BoundWeights<'w, T>> {
     assert_eq!(
         weights.len(),
         table.weights.len(),
         "one tensor per weight of the plan table"
     );
+    let shapes = weights.iter().map(Tensor::shape).collect();
+    let mut given = Given(weights.into_iter().map(Some).collect());
+    // SAFETY: as the caller promises.
+    unsafe { bind_each(table, stream, shapes, &mut given) }
+}
+
+/// Where binding gets the weights, by their index in the table's weights,
+/// each asked for once.
+trait WeightSource<'w, T> {
+    /// Weight `w`, whole, on the device.
+    fn fetch(&mut self, w: usize) -> Result<Tensor<'w, T>>;
+    /// Rows `rows` of weight `w` (a matrix) in host memory, where the
+    /// source reads weights a part at a time (`None` where it does not):
+    /// a gated pair is then interleaved part by part, never held whole.
+    fn rows(&mut self, w: usize, rows: Range<usize>) -> Option<Result<Vec<T>>>;
+}
+
+/// Weights given whole, on the device.
+struct Given<'w, T>(Vec<Option<Tensor<'w, T>>>);
+
+impl<'w, T> WeightSource<'w, T> for Given<'w, T> {
+    fn fetch(&mut self, w: usize) -> Result<Tensor<'w, T>> {
+        Ok(self.0[w].take().expect("binding takes each weight once"))
+    }
+    fn rows(&mut self, _w: usize, _rows: Range<usize>) -> Option<Result<Vec<T>>> {
+        None
+    }
+}
+
+/// Weights read from a safetensors file, checked already.
+struct FromFile<'f, 's> {
+    binder: Binder<'f>,
+    decls: Vec<&'static TensorDecl>,
+    stream: &'s Arc<CudaStream>,
+}
+
+impl<T: Element> WeightSource<'static, T> for FromFile<'_, '_> {
+    fn fetch(&mut self, w: usize) -> Result<Tensor<'static, T>> {
+        self.binder.upload(self.stream, self.decls[w])
+    }
+    fn rows(&mut self, w: usize, rows: Range<usize>) -> Option<Result<Vec<T>>> {
+        Some(self.binder.rows(self.decls[w], rows))
+    }
+}
+
+/// Reads a graph's weights from a safetensors file (each under the name
+/// `names` gives it, all checked before any is copied) and binds them
+/// ([`bind`]) one kernel at a time: a kernel's weights are copied to the
+/// device, its copy is prepared, and the weights that copy replaces are
+/// freed before the next kernel's are read. The device memory at its
+/// height is what the kernels before have kept, plus one kernel's weights
+/// and its copy; a gated pair in `[N, K]` layout read by no other kernel
+/// is copied and interleaved an eighth of its rows at a time, so that
+/// beside its interleaved copy it takes a quarter of one of its weights,
+/// never the pair.
+///
+/// # Safety
+///
+/// As [`bind`].
+pub unsafe fn bind_file<T: Element>(
+    table: &'static PlanTable,
+    stream: &Arc<CudaStream>,
+    file: &TensorFile,
+    names: &TensorNames,
+) -> Result<BoundWeights<'static, T>> {
+    let mut binder = Binder::new(table.graph, file, names);
+    let decls: Vec<&'static TensorDecl> = table.weights.iter().map(|&t| table.decl(t)).collect();
+    let shapes = binder.check::<T>(&decls)?;
+    let mut source = FromFile {
+        binder,
+        decls,
+        stream,
+    };
+    // SAFETY: as the caller promises.
+    unsafe { bind_each(table, stream, shapes, &mut source) }
+}
+
+/// [`bind`], with each weight from `source`, when the first kernel that
+/// reads it is bound; `shapes` are their shapes, checked before any is
+/// fetched.
+unsafe fn bind_each<'w, T: Element>(
+    table: &'static PlanTable,
+    stream: &Arc<CudaStream>,
+    shapes: Vec<Shape>,
+    source: &mut dyn WeightSource<'w, T>,
+) -> Result<BoundWeights<'w, T>> {
     table.check_schema()?;
-    let dtype = T::DTYPE;
     let arch = table.arch(stream)?;
-    let mut call = Call::new(table.graph, stream);
-    let mut address = vec![None; table.tensors.len()];
-    for (&t, &tensor) in table.weights.iter().zip(weights) {
-        address[t] = Some(call.input(table.decl(t), tensor)?);
+    // Every weight's shape, and the dims they share, before any is read.
+    let mut shape_call = Call::new(table.graph, stream);
+    for (&t, &shape) in table.weights.iter().zip(&shapes) {
+        shape_call.bound_shape(table.decl(t), shape)?;
     }
-    let binds = |k: &KernelEntry| matches!(&k.op, KernelOp::Gemm(g) if g.bind != Bind::Nothing);
-    if !table.kernels.iter().any(binds) {
-        return Ok(Vec::new());
-    }
+    drop(shape_call);
+    let count = table.weights.len();
+    let weight_of = |t: usize| table.weights.iter().position(|&w| w == t);
+    let mut tensors: Vec<Option<Tensor<'w, T>>> = (0..count).map(|_| None).collect();
+    let mut kept = vec![false; count];
+    let mut replaced: Vec<Option<String>> = vec![None; count];
     let mut prepared = Vec::with_capacity(table.kernels.len());
-    for kernel in table.kernels {
-        let KernelOp::Gemm(gemm) = &kernel.op else {
-            prepared.push(None);
-            continue;
+    // The weights each kernel may read, in either form.
+    let reads: Vec<Vec<usize>> = table
+        .kernels
+        .iter()
+        .map(|kernel| {
+            let (given, replaced) = operands(&kernel.op, true);
+            let mut weights: Vec<usize> = given.into_iter().chain(replaced).filter_map(weight_of).collect();
+            weights.sort_unstable();
+            weights.dedup();
+            weights
+        })
+        .collect();
+    for (index, kernel) in table.kernels.iter().enumerate() {
+        // A gated pair read part by part is never fetched whole.
+        let pair = in_parts(kernel, &reads, index, &tensors, &weight_of, &shapes)
+            .filter(|&(gate, _, _)| source.rows(gate, 0..0).is_some());
+        let whole: Vec<usize> = reads[index]
+            .iter()
+            .copied()
+            .filter(|w| pair.is_none_or(|(gate, up, _)| *w != gate && *w != up))
+            .collect();
+        for &w in &whole {
+            if tensors[w].is_none() {
+                tensors[w] = Some(source.fetch(w)?);
+            }
+        }
+        let mut call = Call::new(table.graph, stream);
+        let mut address = vec![None; table.tensors.len()];
+        for &w in &whole {
+            let t = table.weights[w];
+            let tensor = tensors[w].as_ref().expect("fetched above");
+            address[t] = Some(call.input(table.decl(t), tensor)?);
+        }
+        // SAFETY (both): as the caller promises; `call` checked the
+        // weights it was given, and the pair's shapes were checked.
+        let copy = match pair {
+            Some(pair) => {
+                Some(unsafe { interleave_in_parts::<T>(table, &call, arch, kernel, &address, source, pair) }?)
+            }
+            None => unsafe { prepare::<T>(table, &call, arch, kernel, &address) }?,
         };
-        let b = gemm.b.expect("a GEMM reads B");
-        match gemm.bind {
-            Bind::Nothing => prepared.push(None),
-            Bind::Pad => {
-                let weight = address[b].expect("a padded B is a weight");
-                let dims = call.matrix(table.decl(b))?;
-                prepared.push(FoldedWeights::pad(
-                    &call,
-                    kernel.label,
-                    arch,
-                    weight,
-                    dims,
-                    size_of::<T>(),
-                )?);
+        drop(call);
+        let (given, _) = operands(&kernel.op, copy.is_some());
+        for &w in &reads[index] {
+            if given.contains(&table.weights[w]) {
+                kept[w] = true;
+            } else {
+                replaced[w].get_or_insert_with(|| replaced_by(table, kernel, table.weights[w]));
             }
-            Bind::Fold(fold_kind) => {
-                let (norm, gated) = (fold_kind.norm(), fold_kind.gated());
-                let kn = gemm.b_layout == WeightLayout::KN;
-                let variant = table.variant(dtype, arch)?;
-                let Launch::Gemm { fold: Some(fold), .. } = kernel.launchers.get(variant) else {
-                    unreachable!("a kernel that folds its weights has `_fold_weights`")
-                };
-                let (rows, cols) = call.matrix(table.decl(b))?;
-                let (n, k) = if kn { (cols, rows) } else { (rows, cols) };
-                // A gated pair's prepared weight holds both: twice the
-                // columns. Column terms only where a norm folds (an
-                // interleave alone writes none).
-                let halves: i64 = if gated { 2 } else { 1 };
-                let columns = if norm { halves as usize * n as usize } else { 0 };
-                // The weights were checked: twice their rows still fit an i64.
-                let stored = if kn {
-                    (rows, halves * cols)
-                } else {
-                    (halves * rows, cols)
-                };
-                let at = |t: Option<usize>| pointer(t.and_then(|t| address[t]));
-                // The norm's parameters only where it folds: a gated pair
-                // whose norm comes with each call is only interleaved.
-                let (gamma, beta) = if norm {
-                    (at(gemm.gamma), at(gemm.beta))
-                } else {
-                    (std::ptr::null(), std::ptr::null())
-                };
-                let (w, w_up) = (at(gemm.b), at(gemm.b_up));
-                let stream_ptr = call.stream_ptr();
-                prepared.push(Some(FoldedWeights::fold(
-                    &call,
-                    kernel.label,
-                    arch,
-                    stored,
-                    size_of::<T>(),
-                    columns,
-                    |w_folded, col_terms, ld_folded| {
-                        let params = fusion_fold_params {
-                            w,
-                            w_up,
-                            gamma,
-                            beta,
-                            w_folded,
-                            col_terms,
-                            n,
-                            k,
-                            ld_folded,
-                        };
-                        // SAFETY: the weights were checked by `call` and the
-                        // outputs were just allocated at the sizes the fold
-                        // writes.
-                        unsafe { fold(&params, stream_ptr) }
-                    },
-                    table.error_string(),
-                )?));
-            }
+        }
+        prepared.push(copy);
+        // A weight its copy replaces, that no kernel reads as given and no
+        // later kernel reads at all, is dropped once the copy is written.
+        let done: Vec<Tensor<'w, T>> = reads[index]
+            .iter()
+            .filter(|&&w| !kept[w] && !reads[index + 1..].iter().any(|later| later.contains(&w)))
+            .filter_map(|&w| tensors[w].take())
+            .collect();
+        if !done.is_empty() {
+            stream.synchronize()?;
+            drop(done);
+        }
+    }
+    // A weight no kernel reads is kept as given.
+    for w in 0..count {
+        if tensors[w].is_none() && replaced[w].is_none() {
+            tensors[w] = Some(source.fetch(w)?);
         }
     }
     stream.synchronize()?;
-    Ok(prepared)
+    Ok(BoundWeights {
+        graph: table.graph.name,
+        names: table.weights.iter().map(|&t| table.decl(t).name).collect(),
+        tensors,
+        shapes,
+        prepared,
+        replaced,
+    })
 }
 
-/// One call of the graph: `reads` (the inputs, then the weights, in the
-/// table's order) and `writes` (the outputs) checked, the intermediates and
-/// the kernels' scratch taken from `workspace`, every kernel queued on
-/// `stream` in order (a kernel whose own output is empty is skipped).
-/// `prepared` is what [`bind`] returned, or empty for weights given per
-/// call. Returns once the kernels are enqueued.
+/// The gated pair of `kernel` (the `index`-th) that binding can read and
+/// interleave part by part: `(gate, up, (N, K))`, by weight index, where
+/// the kernel interleaves them in `[N, K]` layout, neither is on the
+/// device yet and no other kernel reads either. (Whether the source reads
+/// parts is its own answer, [`WeightSource::rows`].)
+fn in_parts<X>(
+    kernel: &KernelEntry,
+    reads: &[Vec<usize>],
+    index: usize,
+    tensors: &[Option<X>],
+    weight_of: &dyn Fn(usize) -> Option<usize>,
+    shapes: &[Shape],
+) -> Option<(usize, usize, (usize, usize))> {
+    let KernelOp::Gemm(gemm) = &kernel.op else {
+        return None;
+    };
+    let (Bind::Fold(fold), WeightLayout::NK) = (gemm.bind, gemm.b_layout) else {
+        return None;
+    };
+    let (gate, up) = (weight_of(gemm.b?)?, weight_of(gemm.b_up?)?);
+    let Shape::Matrix(n, k) = shapes[gate] else {
+        return None;
+    };
+    let elsewhere = |w: usize| {
+        reads
+            .iter()
+            .enumerate()
+            .any(|(other, r)| other != index && r.contains(&w))
+    };
+    let apart = fold.gated() && gate != up && tensors[gate].is_none() && tensors[up].is_none();
+    (apart && !elsewhere(gate) && !elsewhere(up) && n > 0).then_some((gate, up, (n, k)))
+}
+
+/// [`prepare`] for a gated pair `(gate, up, (N, K))` that [`in_parts`]
+/// chose, from a source that reads rows: the interleaved copy is
+/// allocated whole, then filled an eighth of the pair's rows at a time
+/// (rows s..e of gate and of up interleave into rows 2s..2e of the copy,
+/// in blocks of 8, and their column terms into terms 2s..2e), through two
+/// buffers of that many rows.
+///
+/// # Safety
+///
+/// As [`prepare`].
+unsafe fn interleave_in_parts<'w, T: Element>(
+    table: &'static PlanTable,
+    call: &Call<'_>,
+    arch: Arch,
+    kernel: &KernelEntry,
+    address: &[Option<u64>],
+    source: &mut dyn WeightSource<'w, T>,
+    (gate, up, (n, k)): (usize, usize, (usize, usize)),
+) -> Result<FoldedWeights> {
+    let KernelOp::Gemm(gemm) = &kernel.op else {
+        unreachable!("`in_parts` chose a GEMM")
+    };
+    let Bind::Fold(fold_kind) = gemm.bind else {
+        unreachable!("`in_parts` chose a fold")
+    };
+    let variant = table.variant(T::DTYPE, arch)?;
+    let Launch::Gemm { fold: Some(fold), .. } = kernel.launchers.get(variant) else {
+        unreachable!("a kernel that folds its weights has `_fold_weights`")
+    };
+    let stream = call.stream();
+    let parts = interleave_parts(n);
+    let part = parts.first().map_or(0, |rows| rows.len());
+    // SAFETY: each part is written (`memcpy_htod`) before the fold reads
+    // it, and the fold reads no more than was written.
+    let buffer =
+        |rows: usize| -> Result<CudaSlice<T>> { Ok(unsafe { stream.alloc::<T>((rows * k).max(1)) }?) };
+    let (mut gate_part, mut up_part) = (buffer(part)?, buffer(part)?);
+    let norm = fold_kind.norm();
+    let at = |t: Option<usize>| pointer(t.and_then(|t| address[t]));
+    let (gamma, beta) = if norm {
+        (at(gemm.gamma), at(gemm.beta))
+    } else {
+        (std::ptr::null(), std::ptr::null())
+    };
+    let (rows, cols) = (as_i64(2 * n)?, as_i64(k)?);
+    let columns = if norm { 2 * n } else { 0 };
+    let error_string = table.error_string();
+    let stream_ptr = call.stream_ptr();
+    FoldedWeights::fold_with(
+        call,
+        kernel.label,
+        arch,
+        (rows, cols),
+        size_of::<T>(),
+        columns,
+        |w_folded, col_terms, ld_folded| {
+            for Range { start, end } in parts {
+                let len = (end - start) * k;
+                for (w, buffer) in [(gate, &mut gate_part), (up, &mut up_part)] {
+                    let host = source
+                        .rows(w, start..end)
+                        .expect("`in_parts` is asked of a source that reads rows")?;
+                    stream.memcpy_htod(&host, &mut buffer.slice_mut(..len))?;
+                }
+                let (w, _w_guard) = gate_part.device_ptr(stream);
+                let (w_up, _up_guard) = up_part.device_ptr(stream);
+                // Rows 2·start.. of the copy, and their terms (only where a
+                // norm folds: else there are none to offset).
+                let first_row = 2 * start;
+                let params = fusion_fold_params {
+                    w: w as *const c_void,
+                    w_up: w_up as *const c_void,
+                    gamma,
+                    beta,
+                    w_folded: w_folded
+                        .cast::<u8>()
+                        .wrapping_add(first_row * ld_folded as usize * size_of::<T>())
+                        .cast(),
+                    col_terms: if norm {
+                        col_terms
+                            .cast::<u8>()
+                            .wrapping_add(first_row * 2 * size_of::<f32>())
+                            .cast()
+                    } else {
+                        col_terms
+                    },
+                    n: as_i64(end - start)?,
+                    k: cols,
+                    ld_folded,
+                };
+                // SAFETY: the parts were just written with these rows, the
+                // copy was allocated for all 2N of them (the offsets stay
+                // inside it), gamma and beta were checked by `call`.
+                let code = unsafe { fold(&params, stream_ptr) };
+                call.launched(kernel.label, code, error_string)?;
+            }
+            Ok(())
+        },
+    )
+}
+
+/// The rows of a gated pair of `n` rows each that binding interleaves at a
+/// time: about an eighth of them, a multiple of 8 (the interleave's block,
+/// gated.cuh's `kGateBlock`, so that rows s..e of gate and up land in rows
+/// 2s..2e of the copy, interleaved as the whole pair would be), the last
+/// part what is left.
+fn interleave_parts(n: usize) -> Vec<Range<usize>> {
+    let part = n.div_ceil(8).next_multiple_of(8).max(8);
+    (0..n)
+        .step_by(part)
+        .map(|start| start..(start + part).min(n))
+        .collect()
+}
+
+/// A size the kernels take as an `int64_t`.
+fn as_i64(n: usize) -> Result<i64> {
+    i64::try_from(n).map_err(|_| Error::SizeOverflow {
+        what: "a bound weight's size".to_owned(),
+        limit: "i64",
+    })
+}
+
+/// What binding computes for one kernel from its weights, whose addresses
+/// `call` checked (in `address`, by tensor id): its folded or interleaved
+/// weight, or its padded copy; `None` where it reads its weights as given.
+///
+/// # Safety
+///
+/// As [`bind`]: the kernel's `_fold_weights` is the table's.
+unsafe fn prepare<T: Element>(
+    table: &'static PlanTable,
+    call: &Call<'_>,
+    arch: Arch,
+    kernel: &KernelEntry,
+    address: &[Option<u64>],
+) -> Result<Option<FoldedWeights>> {
+    let KernelOp::Gemm(gemm) = &kernel.op else {
+        return Ok(None);
+    };
+    let b = gemm.b.expect("a GEMM reads B");
+    match gemm.bind {
+        Bind::Nothing => Ok(None),
+        Bind::Pad => {
+            let weight = address[b].expect("a padded B is a weight");
+            let dims = call.matrix(table.decl(b))?;
+            FoldedWeights::pad(call, kernel.label, arch, weight, dims, size_of::<T>())
+        }
+        Bind::Fold(fold_kind) => {
+            let (norm, gated) = (fold_kind.norm(), fold_kind.gated());
+            let kn = gemm.b_layout == WeightLayout::KN;
+            let variant = table.variant(T::DTYPE, arch)?;
+            let Launch::Gemm { fold: Some(fold), .. } = kernel.launchers.get(variant) else {
+                unreachable!("a kernel that folds its weights has `_fold_weights`")
+            };
+            let (rows, cols) = call.matrix(table.decl(b))?;
+            let (n, k) = if kn { (cols, rows) } else { (rows, cols) };
+            // A gated pair's prepared weight holds both: twice the
+            // columns. Column terms only where a norm folds (an
+            // interleave alone writes none).
+            let halves: i64 = if gated { 2 } else { 1 };
+            let columns = if norm { halves as usize * n as usize } else { 0 };
+            // The weights were checked: twice their rows still fit an i64.
+            let stored = if kn {
+                (rows, halves * cols)
+            } else {
+                (halves * rows, cols)
+            };
+            let at = |t: Option<usize>| pointer(t.and_then(|t| address[t]));
+            // The norm's parameters only where it folds: a gated pair
+            // whose norm comes with each call is only interleaved.
+            let (gamma, beta) = if norm {
+                (at(gemm.gamma), at(gemm.beta))
+            } else {
+                (std::ptr::null(), std::ptr::null())
+            };
+            let (w, w_up) = (at(gemm.b), at(gemm.b_up));
+            let stream_ptr = call.stream_ptr();
+            Ok(Some(FoldedWeights::fold(
+                call,
+                kernel.label,
+                arch,
+                stored,
+                size_of::<T>(),
+                columns,
+                |w_folded, col_terms, ld_folded| {
+                    let params = fusion_fold_params {
+                        w,
+                        w_up,
+                        gamma,
+                        beta,
+                        w_folded,
+                        col_terms,
+                        n,
+                        k,
+                        ld_folded,
+                    };
+                    // SAFETY: the weights were checked by `call` and the
+                    // outputs were just allocated at the sizes the fold
+                    // writes.
+                    unsafe { fold(&params, stream_ptr) }
+                },
+                table.error_string(),
+            )?))
+        }
+    }
+}
+
+/// What one call of a graph needs of its workspace: the bytes of each
+/// intermediate's buffer (slot by slot, as [`Workspace`] holds them) and
+/// of the kernels' scratch (the most any of them asks for).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WorkspaceNeed {
+    pub intermediates: Vec<usize>,
+    pub scratch: usize,
+}
+
+impl WorkspaceNeed {
+    /// Everything together: what a workspace used by this call alone holds.
+    pub fn bytes(&self) -> usize {
+        self.intermediates.iter().sum::<usize>() + self.scratch
+    }
+}
+
+/// What a call of `m` rows (the first dim of the table's first input)
+/// needs of a workspace on `stream`'s device, the other dims from
+/// `weights`' shapes: the intermediates' sizes, and the scratch each GEMM's
+/// launcher asks for (`_workspace_bytes`, with stream-K allowed as outside
+/// a capture, where it needs the most). [`Error::UnboundDim`] where a dim
+/// of a tensor a call reads or writes is fixed neither by the weights nor
+/// by `m`.
+///
+/// # Safety
+///
+/// As [`run`]: the queries are the table's launchers.
+pub unsafe fn workspace_need<T: Element>(
+    table: &'static PlanTable,
+    weights: Weights<'_, '_, T>,
+    stream: &Arc<CudaStream>,
+    m: usize,
+) -> Result<WorkspaceNeed> {
+    table.check_schema()?;
+    let arch = table.arch(stream)?;
+    let variant = table.variant(T::DTYPE, arch)?;
+    stream.context().bind_to_thread()?;
+    let call = Call::new(table.graph, stream);
+    let flags = crate::launch::gemm_flags(false)?;
+    let error_string = table.error_string();
+    need_of::<T>(table, variant, weights, m, flags, |kernel, query, params| {
+        call.workspace_bytes(kernel.label, query, params, error_string)
+    })
+}
+
+/// [`workspace_need`] for variant `variant` and GEMM `flags`, each
+/// launcher's query made by `query(kernel, its query, the params)`.
+fn need_of<T: Element>(
+    table: &'static PlanTable,
+    variant: usize,
+    weights: Weights<'_, '_, T>,
+    m: usize,
+    flags: u32,
+    mut query: impl FnMut(&KernelEntry, WorkspaceBytes<fusion_gemm_params>, &fusion_gemm_params) -> Result<u64>,
+) -> Result<WorkspaceNeed> {
+    let mut dims = crate::launch::ShapeDims::new(table.graph);
+    // Every tensor has an address of its own (the queries read sizes and
+    // which operands are given, never memory), but a weight binding
+    // replaced, which has none.
+    let mut address: Vec<Option<u64>> = (0..table.tensors.len() as u64)
+        .map(|t| Some((t + 1) << 12))
+        .collect();
+    let (shapes, prepared): (Vec<Shape>, &[Option<FoldedWeights>]) = match weights {
+        Weights::PerCall(tensors) => (tensors.iter().map(|t| t.shape()).collect(), &[]),
+        Weights::Bound(bound) => {
+            for (&t, tensor) in table.weights.iter().zip(&bound.tensors) {
+                if tensor.is_none() {
+                    address[t] = None;
+                }
+            }
+            (bound.shapes.clone(), &bound.prepared)
+        }
+    };
+    for (&t, shape) in table.weights.iter().zip(&shapes) {
+        let extents = match *shape {
+            Shape::Vector(n) => vec![n],
+            Shape::Matrix(rows, cols) => vec![rows, cols],
+        };
+        dims.bind(table.decl(t), &extents)?;
+    }
+    if let Some(&input) = table.inputs.first()
+        && let Some(&crate::launch::Dim::Dynamic(i)) = table.decl(input).shape.first()
+    {
+        dims.set(i, m, table.decl(input).name);
+    }
+    let called = table.inputs.iter().chain(table.outputs).chain(table.temporaries);
+    if let Some(dim) = called.map(|&t| dims.unbound(table.decl(t))).find_map(|d| d) {
+        return Err(Error::UnboundDim {
+            graph: table.graph.name.to_owned(),
+            dim: dim.to_owned(),
+        });
+    }
+    let intermediates = table
+        .temporaries
+        .iter()
+        .map(|&t| {
+            let (rows, cols) = dims.matrix(table.decl(t))?;
+            // As `Call::intermediates` sizes them: both fit an i64.
+            Ok(Shape::Matrix(rows as usize, cols as usize).bytes::<T>()?.max(1))
+        })
+        .collect::<Result<Vec<usize>>>()?;
+    let mut scratch = 0u64;
+    for (index, kernel) in table.kernels.iter().enumerate() {
+        let Launch::Gemm {
+            query: plain, folded, ..
+        } = kernel.launchers.get(variant)
+        else {
+            continue;
+        };
+        let bound = prepared.get(index).and_then(Option::as_ref);
+        let copy = bound.map(|p| (1u64 << 40, 2u64 << 40, p.row_stride() as i64));
+        let Params::Gemm(params) = fill(table, kernel, &dims, &address, flags, copy)? else {
+            unreachable!("a GEMM's params are a GEMM's")
+        };
+        let chosen = match (bound, folded) {
+            (Some(_), Some((_, folded_query))) => folded_query,
+            _ => plain,
+        };
+        scratch = scratch.max(query(kernel, chosen, &params)?);
+    }
+    Ok(WorkspaceNeed {
+        intermediates,
+        scratch: usize::try_from(scratch).map_err(|_| Error::SizeOverflow {
+            what: format!("the scratch of graph `{}`", table.graph.name),
+            limit: "usize",
+        })?,
+    })
+}
+
+/// Grows `workspace` to what a call of `m` rows needs ([`workspace_need`]),
+/// as that call would: outside a capture, so that the call (or a smaller
+/// one) can then be captured.
+///
+/// # Safety
+///
+/// As [`run`].
+pub unsafe fn reserve<T: Element>(
+    table: &'static PlanTable,
+    workspace: &mut Workspace,
+    weights: Weights<'_, '_, T>,
+    stream: &Arc<CudaStream>,
+    m: usize,
+) -> Result<()> {
+    // SAFETY: as the caller promises.
+    let need = unsafe { workspace_need(table, weights, stream, m) }?;
+    workspace.reserve(stream, &need.intermediates, need.scratch)
+}
+
+/// One call of the graph: `inputs` and the `weights` (each in the table's
+/// order) and `writes` (the outputs) checked, the intermediates and the
+/// kernels' scratch taken from `workspace`, every kernel queued on `stream`
+/// in order (a kernel whose own output is empty is skipped). A bound
+/// weight that binding replaced is checked by the shape it was bound with,
+/// and its kernel reads the copy. Returns once the kernels are enqueued.
 ///
 /// # Safety
 ///
@@ -710,15 +1271,15 @@ pub unsafe fn bind<T: Element>(
 pub unsafe fn run<T: Element>(
     table: &'static PlanTable,
     workspace: &mut Workspace,
-    prepared: &[Option<FoldedWeights>],
+    weights: Weights<'_, '_, T>,
     stream: &Arc<CudaStream>,
-    reads: &[&Tensor<'_, T>],
+    inputs: &[&Tensor<'_, T>],
     writes: &mut [&mut TensorMut<'_, T>],
 ) -> Result<()> {
     assert_eq!(
-        reads.len(),
-        table.inputs.len() + table.weights.len(),
-        "one tensor per input and weight of the plan table"
+        inputs.len(),
+        table.inputs.len(),
+        "one tensor per input of the plan table"
     );
     assert_eq!(
         writes.len(),
@@ -732,9 +1293,31 @@ pub unsafe fn run<T: Element>(
     let launches: Vec<Launch> = table.kernels.iter().map(|k| k.launchers.get(variant)).collect();
     let mut call = Call::new(table.graph, stream);
     let mut address: Vec<Option<u64>> = vec![None; table.tensors.len()];
-    for (&t, &tensor) in table.inputs.iter().chain(table.weights).zip(reads) {
+    for (&t, &tensor) in table.inputs.iter().zip(inputs) {
         address[t] = Some(call.input(table.decl(t), tensor)?);
     }
+    let prepared: &[Option<FoldedWeights>] = match weights {
+        Weights::PerCall(tensors) => {
+            assert_eq!(
+                tensors.len(),
+                table.weights.len(),
+                "one tensor per weight of the plan table"
+            );
+            for (&t, &tensor) in table.weights.iter().zip(tensors) {
+                address[t] = Some(call.input(table.decl(t), tensor)?);
+            }
+            &[]
+        }
+        Weights::Bound(bound) => {
+            for ((&t, tensor), &shape) in table.weights.iter().zip(&bound.tensors).zip(&bound.shapes) {
+                match tensor {
+                    Some(tensor) => address[t] = Some(call.input(table.decl(t), tensor)?),
+                    None => call.bound_shape(table.decl(t), shape)?,
+                }
+            }
+            &bound.prepared
+        }
+    };
     for (&t, tensor) in table.outputs.iter().zip(writes.iter_mut()) {
         address[t] = Some(call.output(table.decl(t), tensor)?);
     }
@@ -812,6 +1395,7 @@ pub unsafe fn run<T: Element>(
 mod tests {
     use super::*;
     use crate::launch::{Dim, ShapeDims};
+    use std::ffi::c_int;
 
     static GRAPH: GraphDecl = GraphDecl {
         name: "g",
@@ -899,6 +1483,353 @@ mod tests {
         // prepares such a kernel's; a stale entry is not read).
         let p = gemm(table(SCHEMA_VERSION, Bind::Nothing), prepared);
         assert_eq!((p.b, p.ldb), (0x2000 as _, 0));
+    }
+
+    /// What a kernel reads once bound: the weights its prepared copy
+    /// stands in for are not kept (`bind_each` keeps a weight only where
+    /// some kernel's `given` names it).
+    #[test]
+    fn binding_keeps_only_the_weights_a_kernel_still_reads_as_given() {
+        let op = |bind: Bind| {
+            KernelOp::Gemm(GemmOp {
+                a: Some(0),
+                b: Some(1),
+                b_up: Some(2),
+                bias: Some(3),
+                gamma: Some(5),
+                beta: Some(6),
+                bind,
+                ..GemmOp::EMPTY
+            })
+        };
+        let sorted = |(mut given, mut replaced): (Vec<usize>, Vec<usize>)| {
+            given.sort_unstable();
+            replaced.sort_unstable();
+            (given, replaced)
+        };
+        // A gated pair interleaved: gate and up are the copy; a norm given
+        // per call is still read.
+        assert_eq!(
+            sorted(operands(&op(Bind::Fold(Fold::Interleave)), true)),
+            (vec![0, 3, 5, 6], vec![1, 2])
+        );
+        // The norm folded in too: gamma and beta are read by no launcher.
+        assert_eq!(
+            sorted(operands(&op(Bind::Fold(Fold::NormInterleave)), true)),
+            (vec![0, 3], vec![1, 2, 5, 6])
+        );
+        assert_eq!(
+            sorted(operands(&op(Bind::Fold(Fold::Norm)), true)),
+            (vec![0, 3], vec![1, 2, 5, 6])
+        );
+        // A padded copy replaces B alone, as `fill` reads it.
+        assert_eq!(
+            sorted(operands(&op(Bind::Pad), true)),
+            (vec![0, 2, 3, 5, 6], vec![1])
+        );
+        // Nothing prepared (a fold the table names but that made no copy,
+        // rows already aligned): every weight is read as given.
+        for bind in [Bind::Nothing, Bind::Pad, Bind::Fold(Fold::NormInterleave)] {
+            assert_eq!(
+                sorted(operands(&op(bind), false)),
+                (vec![0, 1, 2, 3, 5, 6], vec![])
+            );
+        }
+    }
+
+    #[test]
+    fn a_gated_pair_from_a_file_is_interleaved_in_parts_of_whole_blocks() {
+        // Llama-3-8B's F: eight parts of 1792 rows, each a multiple of 8.
+        let parts = interleave_parts(14336);
+        assert_eq!(parts.len(), 8);
+        assert!(parts.iter().all(|p| p.len() == 1792 && p.start % 8 == 0));
+        assert_eq!((parts[0].start, parts[7].end), (0, 14336));
+        // Parts meet, and a last one takes what is left.
+        for n in [8, 16, 72, 136, 1000, 4104] {
+            let parts = interleave_parts(n);
+            assert_eq!(parts.first().unwrap().start, 0);
+            assert_eq!(parts.last().unwrap().end, n);
+            assert!(parts.windows(2).all(|w| w[0].end == w[1].start), "{parts:?}");
+            assert!(
+                parts
+                    .iter()
+                    .all(|p| p.start % 8 == 0 && p.len() <= parts[0].len())
+            );
+            assert!(parts.len() <= 8, "{n}: {parts:?}");
+        }
+        assert!(interleave_parts(0).is_empty());
+    }
+
+    #[test]
+    fn only_a_pair_no_other_kernel_reads_is_interleaved_in_parts() {
+        let table = two_kernels();
+        let weight_of = |t: usize| table.weights.iter().position(|&w| w == t);
+        let reads = vec![vec![0, 1], vec![2, 3]];
+        let shapes = [
+            Shape::Matrix(128, 64),
+            Shape::Matrix(128, 64),
+            Shape::Matrix(32, 128),
+            Shape::Vector(32),
+        ];
+        let none: [Option<()>; 4] = [None; 4];
+        assert_eq!(
+            in_parts(&table.kernels[0], &reads, 0, &none, &weight_of, &shapes),
+            Some((0, 1, (128, 64)))
+        );
+        // Not the padded GEMM, which has no pair.
+        assert_eq!(
+            in_parts(&table.kernels[1], &reads, 1, &none, &weight_of, &shapes),
+            None
+        );
+        // Not where another kernel reads up too: it must be held whole.
+        let shared = vec![vec![0, 1], vec![1, 2, 3]];
+        assert_eq!(
+            in_parts(&table.kernels[0], &shared, 0, &none, &weight_of, &shapes),
+            None
+        );
+        // Not where the gate is on the device already.
+        let fetched = [Some(()), None, None, None];
+        assert_eq!(
+            in_parts(&table.kernels[0], &reads, 0, &fetched, &weight_of, &shapes),
+            None
+        );
+    }
+
+    #[test]
+    fn a_replaced_weight_says_which_kernel_and_which_copy() {
+        let gated = table(SCHEMA_VERSION, Bind::Fold(Fold::Interleave));
+        assert_eq!(
+            replaced_by(gated, &gated.kernels[0], 2),
+            "kernel #0 (gemm) reads `w` and `up` interleaved into one copy"
+        );
+        let padded = table(SCHEMA_VERSION, Bind::Pad);
+        assert_eq!(
+            replaced_by(padded, &padded.kernels[0], 1),
+            "kernel #0 (gemm) reads a copy of it with its rows padded"
+        );
+    }
+
+    #[test]
+    fn a_weight_binding_replaced_is_refused_by_name_with_its_kernel() {
+        let bound = BoundWeights::<half::f16> {
+            graph: "g",
+            names: vec!["w", "up", "bias"],
+            tensors: vec![None, None, None],
+            shapes: vec![Shape::Matrix(32, 64), Shape::Matrix(32, 64), Shape::Vector(32)],
+            prepared: Vec::new(),
+            replaced: vec![
+                Some("kernel #0 (gemm) reads `w` and `up` interleaved into one copy".to_owned()),
+                Some("kernel #0 (gemm) reads `w` and `up` interleaved into one copy".to_owned()),
+                None,
+            ],
+        };
+        let e = bound.get("up").unwrap_err();
+        assert!(
+            matches!(&e, Error::WeightNotKept { graph, tensor, reason }
+                if graph == "g" && tensor == "up" && reason.contains("interleaved")),
+            "{e}"
+        );
+        assert_eq!(
+            e.to_string(),
+            "graph `g` keeps no weight `up` once bound: kernel #0 (gemm) reads `w` and `up` interleaved into one copy"
+        );
+        let e = bound.get("gate").unwrap_err();
+        assert!(
+            e.to_string()
+                .ends_with("it declares no such weight (its weights: w, up, bias)"),
+            "{e}"
+        );
+        assert_eq!(bound.kept().count(), 0);
+        assert_eq!((bound.kept_bytes(), bound.prepared_bytes()), (0, 0));
+        assert_eq!(bound.shape("up"), Some(Shape::Matrix(32, 64)));
+    }
+
+    /// A launcher's scratch query as the sm90 ones answer: 256 bytes per
+    /// row of A, plus 4 KiB of flags.
+    unsafe extern "C" fn query_rows(
+        p: *const fusion_gemm_params,
+        _stream: *mut c_void,
+        bytes: *mut u64,
+    ) -> c_int {
+        // SAFETY: `need_of` passes its params and a place for the answer.
+        unsafe { *bytes = 4096 + 256 * (*p).m as u64 };
+        0
+    }
+
+    /// A gated query: the interleaved weights too where the call gives both.
+    unsafe extern "C" fn query_gated(
+        p: *const fusion_gemm_params,
+        _stream: *mut c_void,
+        bytes: *mut u64,
+    ) -> c_int {
+        // SAFETY: as `query_rows`.
+        unsafe {
+            let interleaved = if (*p).b_up.is_null() {
+                0
+            } else {
+                2 * (*p).n * (*p).k * 2
+            };
+            *bytes = 4096 + interleaved as u64;
+        }
+        0
+    }
+
+    unsafe extern "C" fn no_launch(_p: *const fusion_gemm_params, _stream: *mut c_void) -> c_int {
+        0
+    }
+
+    /// x [M, 64] -> h [M, 128] (gated GEMM of w and up) -> y [M, 32]
+    /// (GEMM of w2, bias): h passes between the kernels.
+    fn two_kernels() -> &'static PlanTable {
+        static TENSORS: [TensorDecl; 7] = [
+            TensorDecl::new("x", &[Dim::Dynamic(0), Dim::Static(64)]),
+            TensorDecl::new("w", &[Dim::Dynamic(1), Dim::Static(64)]),
+            TensorDecl::new("up", &[Dim::Dynamic(1), Dim::Static(64)]),
+            TensorDecl::new("w2", &[Dim::Static(32), Dim::Dynamic(1)]),
+            TensorDecl::new("bias", &[Dim::Static(32)]),
+            TensorDecl::new("h", &[Dim::Dynamic(0), Dim::Dynamic(1)]),
+            TensorDecl::new("y", &[Dim::Dynamic(0), Dim::Static(32)]),
+        ];
+        static GRAPH2: GraphDecl = GraphDecl {
+            name: "ffn",
+            dims: &["M", "F"],
+        };
+        let kernels = Box::leak(Box::new([
+            KernelEntry {
+                label: "kernel #0 (gemm_silu_glu)",
+                output: 5,
+                op: KernelOp::Gemm(GemmOp {
+                    a: Some(0),
+                    b: Some(1),
+                    b_up: Some(2),
+                    bind: Bind::Fold(Fold::Interleave),
+                    ..GemmOp::EMPTY
+                }),
+                launchers: Launchers::Gemm {
+                    launch: &[no_launch],
+                    query: &[query_gated],
+                    folded: &[],
+                    fold: &[],
+                },
+            },
+            KernelEntry {
+                label: "kernel #1 (gemm_bias)",
+                output: 6,
+                op: KernelOp::Gemm(GemmOp {
+                    a: Some(5),
+                    b: Some(3),
+                    bias: Some(4),
+                    bind: Bind::Pad,
+                    ..GemmOp::EMPTY
+                }),
+                launchers: Launchers::Gemm {
+                    launch: &[no_launch],
+                    query: &[query_rows],
+                    folded: &[],
+                    fold: &[],
+                },
+            },
+        ]));
+        Box::leak(Box::new(PlanTable {
+            schema: SCHEMA_VERSION,
+            graph: &GRAPH2,
+            tensors: &TENSORS,
+            inputs: &[0],
+            weights: &[1, 2, 3, 4],
+            outputs: &[6],
+            temporaries: &[5],
+            kernels,
+            variants: &[(DType::F16, Arch::Sm90)],
+            error_string: None,
+            archs: None,
+            compiled: "f16 on sm90",
+        }))
+    }
+
+    fn need(weights: Weights<'_, '_, half::f16>, m: usize) -> Result<WorkspaceNeed> {
+        let table = two_kernels();
+        need_of(table, 0, weights, m, 0, |_, query, params| {
+            let mut bytes = 0;
+            // SAFETY: the test's own queries read the params alone.
+            assert_eq!(unsafe { query(params, std::ptr::null_mut(), &mut bytes) }, 0);
+            Ok(bytes)
+        })
+    }
+
+    fn bound_ffn(f: usize) -> BoundWeights<'static, half::f16> {
+        BoundWeights {
+            graph: "ffn",
+            names: vec!["w", "up", "w2", "bias"],
+            tensors: vec![None, None, None, None],
+            shapes: vec![
+                Shape::Matrix(f, 64),
+                Shape::Matrix(f, 64),
+                Shape::Matrix(32, f),
+                Shape::Vector(32),
+            ],
+            prepared: Vec::new(),
+            replaced: vec![None; 4],
+        }
+    }
+
+    #[test]
+    fn a_calls_workspace_is_its_intermediates_per_row_and_the_largest_scratch() {
+        let bound = bound_ffn(128);
+        for m in [1, 16, 4096] {
+            let need = need(Weights::Bound(&bound), m).unwrap();
+            // h: m x 128 halves; the largest query is kernel #1's (m rows
+            // of 256 bytes), the gated one's 4 KiB of flags alone.
+            assert_eq!(need.intermediates, [m * 128 * 2]);
+            assert_eq!(need.scratch, 4096 + 256 * m);
+            assert_eq!(need.bytes(), m * 256 + 4096 + 256 * m);
+        }
+        // Per M: the bytes grow by the same amount for every row.
+        let bytes = |m| need(Weights::Bound(&bound), m).unwrap().bytes();
+        assert_eq!(bytes(2048) - bytes(1024), 1024 * (256 + 256));
+    }
+
+    #[test]
+    fn a_dim_fixed_by_no_weight_is_refused_by_name() {
+        // No weight given, so no shape fixes F (the width of h): M alone
+        // cannot size the call.
+        let e = need(Weights::PerCall(&[]), 4).unwrap_err();
+        assert!(
+            matches!(&e, Error::UnboundDim { graph, dim } if graph == "ffn" && dim == "F"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn structs_sharing_a_workspace_need_the_largest_of_their_calls_slot_by_slot() {
+        // Two graphs of one table shape but different widths, as two layers
+        // of different sizes: a shared workspace holds, slot by slot, the
+        // larger of the two, never the sum.
+        let small = need(Weights::Bound(&bound_ffn(64)), 512).unwrap();
+        let large = need(Weights::Bound(&bound_ffn(128)), 512).unwrap();
+        let shared: Vec<usize> = small
+            .intermediates
+            .iter()
+            .zip(&large.intermediates)
+            .map(|(a, b)| *a.max(b))
+            .collect();
+        assert_eq!(shared, large.intermediates);
+        assert_eq!(small.scratch.max(large.scratch), large.scratch);
+        // 32 identical layers share exactly one layer's workspace.
+        let layers: Vec<WorkspaceNeed> = (0..32).map(|_| large.clone()).collect();
+        let held = layers
+            .iter()
+            .fold(WorkspaceNeed::default(), |held, need| WorkspaceNeed {
+                intermediates: held
+                    .intermediates
+                    .iter()
+                    .copied()
+                    .chain(std::iter::repeat(0))
+                    .zip(&need.intermediates)
+                    .map(|(a, &b)| a.max(b))
+                    .collect(),
+                scratch: held.scratch.max(need.scratch),
+            });
+        assert_eq!(held.bytes(), large.bytes());
     }
 
     #[test]

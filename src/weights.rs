@@ -294,6 +294,99 @@ impl TensorNames {
     }
 }
 
+/// A graph struct's weights once bound ([`crate::plan::bind`]): what its
+/// kernels read and nothing else. Each declared weight that some kernel
+/// reads as given is kept (borrowed or owned, as it was given); one that
+/// binding replaced with a prepared copy (a gated pair's gate and up
+/// interleaved into one weight, a norm's gamma and beta folded into the
+/// weight after it, which is replaced too, a weight's rows padded) is not:
+/// an owned tensor is dropped once its copy exists, a borrowed one is no
+/// longer referenced (the caller's memory is the caller's to free). The
+/// device memory the struct holds is [`BoundWeights::prepared_bytes`] (the
+/// copies) plus, for owned weights, [`BoundWeights::kept_bytes`].
+#[derive(Debug)]
+pub struct BoundWeights<'w, T> {
+    pub(crate) graph: &'static str,
+    /// Each weight's declared name, in the table's order.
+    pub(crate) names: Vec<&'static str>,
+    /// Each weight where a kernel reads it as given, else `None`.
+    pub(crate) tensors: Vec<Option<Tensor<'w, T>>>,
+    /// Each weight's shape as it was bound: a call's dims are read from
+    /// them where the weight is no longer kept.
+    pub(crate) shapes: Vec<Shape>,
+    /// Per kernel, the copy binding prepared for it.
+    pub(crate) prepared: Vec<Option<crate::launch::FoldedWeights>>,
+    /// Per weight not kept, what became of it, for [`BoundWeights::get`].
+    pub(crate) replaced: Vec<Option<String>>,
+}
+
+impl<'w, T: Element> BoundWeights<'w, T> {
+    /// The declared weight `name` where the bound struct keeps it; where
+    /// binding replaced it, [`Error::WeightNotKept`] saying with what (the
+    /// kernel and the form its copy takes), as for a name the graph does
+    /// not declare.
+    pub fn get(&self, name: &str) -> Result<&Tensor<'w, T>> {
+        let not_kept = |reason: String| Error::WeightNotKept {
+            graph: self.graph.to_owned(),
+            tensor: name.to_owned(),
+            reason,
+        };
+        let Some(index) = self.names.iter().position(|&n| n == name) else {
+            return Err(not_kept(format!(
+                "it declares no such weight (its weights: {})",
+                self.names.join(", ")
+            )));
+        };
+        match (&self.tensors[index], &self.replaced[index]) {
+            (Some(tensor), _) => Ok(tensor),
+            (None, Some(reason)) => Err(not_kept(reason.clone())),
+            (None, None) => Err(not_kept("no kernel reads it".to_owned())),
+        }
+    }
+
+    /// The weights kept as given, by declared name, in declaration order.
+    pub fn kept(&self) -> impl Iterator<Item = (&'static str, &Tensor<'w, T>)> {
+        self.names
+            .iter()
+            .zip(&self.tensors)
+            .filter_map(|(&name, tensor)| Some((name, tensor.as_ref()?)))
+    }
+
+    /// The declared shape of each weight as it was bound, kept or not.
+    pub fn shape(&self, name: &str) -> Option<Shape> {
+        let index = self.names.iter().position(|&n| n == name)?;
+        Some(self.shapes[index])
+    }
+
+    /// Bytes of the weights kept as given (device memory the struct holds
+    /// where they are owned, the caller's where they are borrowed).
+    pub fn kept_bytes(&self) -> usize {
+        self.kept()
+            .map(|(_, tensor)| tensor.shape().bytes::<T>().unwrap_or(0))
+            .sum()
+    }
+
+    /// Bytes of the copies binding made, which the struct owns: each the
+    /// size of the weights it replaced, plus any row padding, plus 8 bytes
+    /// per output column of a folded norm's terms.
+    pub fn prepared_bytes(&self) -> usize {
+        self.prepared.iter().flatten().map(|p| p.bytes()).sum()
+    }
+
+    /// Bytes the kernels read from weights on every call:
+    /// [`BoundWeights::kept_bytes`] plus [`BoundWeights::prepared_bytes`].
+    pub fn bytes(&self) -> usize {
+        self.kept_bytes() + self.prepared_bytes()
+    }
+
+    /// Per kernel of the plan, the copy binding prepared for it: for
+    /// `fusion run`, which tells the reference which norms were folded.
+    #[doc(hidden)]
+    pub fn prepared(&self) -> &[Option<crate::launch::FoldedWeights>] {
+        &self.prepared
+    }
+}
+
 /// Checks a graph's tensors in one file and copies them to the device: what
 /// a generated `XWeights::from_safetensors` runs.
 pub struct Binder<'f> {
@@ -317,12 +410,9 @@ impl<'f> Binder<'f> {
 
     /// Checks each tensor: present, of element type `T`, shaped as
     /// declared, its dynamic dims agreeing with the tensors before it.
-    /// Nothing touches the device.
-    pub fn check<T: Element>(&mut self, decls: &[&'static TensorDecl]) -> Result<()> {
-        for decl in decls {
-            self.checked::<T>(decl)?;
-        }
-        Ok(())
+    /// Nothing touches the device. Returns their shapes.
+    pub fn check<T: Element>(&mut self, decls: &[&'static TensorDecl]) -> Result<Vec<Shape>> {
+        decls.iter().map(|decl| Ok(self.checked::<T>(decl)?.1)).collect()
     }
 
     /// The checked tensor `decl` as a device tensor on `stream` that owns
@@ -335,6 +425,26 @@ impl<'f> Binder<'f> {
         let (view, shape) = self.checked::<T>(decl)?;
         let slice = stream.clone_htod(&T::from_le_bytes(view.bytes))?;
         Tensor::owned(slice, shape)
+    }
+
+    /// Rows `rows` of the checked matrix `decl`, in host memory: for a
+    /// binding that copies a large weight to the device a part at a time.
+    pub fn rows<T: Element>(&self, decl: &'static TensorDecl, rows: Range<usize>) -> Result<Vec<T>> {
+        let name = self.names.in_file(decl.name);
+        let file = self.file;
+        let view = file.get(&name).ok_or_else(|| file.missing(&name, decl.name))?;
+        let row_bytes = view.shape.last().copied().unwrap_or(1) * size_of::<T>();
+        let bytes = view
+            .bytes
+            .get(rows.start * row_bytes..rows.end * row_bytes)
+            .ok_or_else(|| Error::TensorShape {
+                file: file.label.clone(),
+                name: name.clone(),
+                tensor: decl.name,
+                expected: format!("at least {} rows", rows.end),
+                actual: format!("{:?}", view.shape),
+            })?;
+        Ok(T::from_le_bytes(bytes))
     }
 
     fn checked<T: Element>(&mut self, decl: &'static TensorDecl) -> Result<(StoredView<'f>, Shape)> {

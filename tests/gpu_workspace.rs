@@ -365,3 +365,197 @@ fn a_replaced_buffer_is_freed_after_its_last_use_on_another_stream() {
         );
     }
 }
+
+/// Two structs of different graphs sharing one workspace, called in turn
+/// on one stream at two sizes: each computes what the reference says, the
+/// workspace holds what the larger of their calls needs (not their sum),
+/// and once it has grown to that no later call allocates.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn structs_of_two_graphs_share_one_workspace_on_a_stream() {
+    let s = stream();
+    let workspace = fusion::SharedWorkspace::new();
+    let mut ffn_case = Case::<f16>::new(&s, "swiglu_ffn", &[("M", 300)]);
+    let ffn_weights = ffn_case.weight_copies(&s);
+    let mut ffn = kernels::SwigluFfn::new(&s, Case::swiglu_ffn_weights(&ffn_weights))
+        .expect("weights bind")
+        .with_workspace(workspace.clone());
+    let mut mlp_case = Case::<f16>::new(&s, "gpt2_mlp", &[("M", 300)]);
+    let mlp_weights = mlp_case.weight_copies(&s);
+    let mut mlp = kernels::Gpt2Mlp::new(&s, gpt2_mlp_weights(&mlp_weights))
+        .expect("weights bind")
+        .with_workspace(workspace.clone());
+    assert!(ffn.workspace().is(&workspace) && mlp.workspace().is(&workspace));
+    let needs = (
+        ffn.workspace_bytes(&s, 300).expect("ffn's need"),
+        mlp.workspace_bytes(&s, 300).expect("mlp's need"),
+    );
+    eprintln!(
+        "workspace per call at M = 300: swiglu_ffn {} bytes, gpt2_mlp {} bytes",
+        needs.0, needs.1
+    );
+    let mut grown = 0;
+    for round in 0..4 {
+        for case in [&mut ffn_case, &mut mlp_case] {
+            case.poison(&s);
+        }
+        ffn_case
+            .launch(|r, w| ffn.run(&s, &r[0], &mut w[0]))
+            .expect("swiglu_ffn runs");
+        mlp_case
+            .launch(|r, w| mlp.run(&s, &r[0], &mut w[0]))
+            .expect("gpt2_mlp runs");
+        ffn_case.verify(&s);
+        mlp_case.verify(&s);
+        if round == 0 {
+            grown = workspace.allocations();
+        }
+        assert_eq!(workspace.allocations(), grown, "round {round} allocated");
+    }
+    let held = workspace.bytes();
+    eprintln!("shared workspace: {held} bytes");
+    assert!(
+        held >= needs.0.max(needs.1),
+        "{held} bytes, less than a call needs"
+    );
+    assert!(
+        held < needs.0 + needs.1,
+        "{held} bytes: the sum of the two, not the larger"
+    );
+    // Reserving for a size already held allocates nothing.
+    ffn.reserve_workspace(&s, 300).expect("reserve");
+    assert_eq!(workspace.allocations(), grown);
+}
+
+/// One workspace shared by two structs of different graphs, each run from
+/// its own thread on its own stream, many times: the workspace's events
+/// order every call after the last use on the other stream, so both
+/// compute what the reference says.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn structs_sharing_a_workspace_from_two_threads_on_two_streams_take_turns() {
+    let a = stream();
+    let b = a.fork().expect("a second stream");
+    let workspace = fusion::SharedWorkspace::new();
+    let dims = [("M", 700)];
+    // Cases hold no thread-shared parts: each thread makes its own from
+    // bindings drawn here, whose weights the structs bind.
+    let draw = |name: &str| {
+        let graph = support::graph(name, DType::F16);
+        let host = random_bindings(&graph, &dims, &mut support::rng()).expect("bindings");
+        let weights = Case::<f16>::from_bindings(&a, graph, host.clone(), &dims).weight_copies(&a);
+        (host, weights)
+    };
+    let (ffn_host, ffn_weights) = draw("swiglu_ffn");
+    let (mlp_host, mlp_weights) = draw("gpt2_mlp");
+    a.synchronize().expect("weights copied");
+    let mut ffn = kernels::SwigluFfn::new(&a, Case::swiglu_ffn_weights(&ffn_weights))
+        .expect("weights bind")
+        .with_workspace(workspace.clone());
+    let mut mlp = kernels::Gpt2Mlp::new(&b, gpt2_mlp_weights(&mlp_weights))
+        .expect("weights bind")
+        .with_workspace(workspace.clone());
+    std::thread::scope(|scope| {
+        let (a, b, dims) = (&a, &b, &dims);
+        let (ffn, mlp) = (&mut ffn, &mut mlp);
+        scope.spawn(move || {
+            let graph = support::graph("swiglu_ffn", DType::F16);
+            let mut case = Case::<f16>::from_bindings(a, graph, ffn_host, dims);
+            for call in 0..20 {
+                case.poison(a);
+                case.launch(|r, w| ffn.run(a, &r[0], &mut w[0]))
+                    .expect("swiglu_ffn runs on a");
+                if let Err(e) = case.try_verify(a) {
+                    panic!("swiglu_ffn, call {call} on stream a: {e}");
+                }
+            }
+        });
+        scope.spawn(move || {
+            let graph = support::graph("gpt2_mlp", DType::F16);
+            let mut case = Case::<f16>::from_bindings(b, graph, mlp_host, dims);
+            for call in 0..20 {
+                case.poison(b);
+                case.launch(|r, w| mlp.run(b, &r[0], &mut w[0]))
+                    .expect("gpt2_mlp runs on b");
+                if let Err(e) = case.try_verify(b) {
+                    panic!("gpt2_mlp, call {call} on stream b: {e}");
+                }
+            }
+        });
+    });
+}
+
+/// The target of one workspace for a model: 32 layers of the Llama-3-8B
+/// FFN sub-layer, bound from one safetensors file, sharing one workspace
+/// through the same calls (M = 1, 16, 512), hold at most 1.05x what one
+/// layer with a workspace of its own holds after them.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn thirty_two_llama_ffn_layers_share_one_layers_workspace() {
+    use support::TestElement;
+    let s = stream();
+    let graph = support::graph("ffn_sublayer", DType::F16);
+    let m = 512;
+    let host = random_bindings(&graph, &[("M", m)], &mut support::rng()).expect("bindings");
+    let tensors: Vec<_> = graph
+        .weights
+        .iter()
+        .map(|&t| {
+            let name = &graph.tensor(t).name;
+            let value = &host[name];
+            (
+                name.clone(),
+                DType::F16,
+                value.shape.clone(),
+                <f16 as fusion::Element>::to_le_bytes(&<f16 as TestElement>::encode(value)),
+            )
+        })
+        .collect();
+    let bytes = fusion::weights::serialize(&tensors).expect("serialize");
+    let dir = std::env::temp_dir().join(format!("fusion-gpu-shared-layers-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join("ffn_sublayer.safetensors");
+    std::fs::write(&path, bytes).expect("write");
+    let file = fusion::TensorFile::open(&path).expect("read");
+    let names = fusion::TensorNames::declared();
+    let workspace = fusion::SharedWorkspace::new();
+    let bind = || kernels::FfnSublayer::<f16>::from_safetensors(&s, &file, &names).expect("weights bind");
+    let mut layers: Vec<_> = (0..32)
+        .map(|_| bind().with_workspace(workspace.clone()))
+        .collect();
+    let mut solo = bind();
+    let mut case = Case::<f16>::from_bindings(&s, graph.clone(), host.clone(), &[("M", m)]);
+    for tokens in [1, 16, m] {
+        // Its inputs (the layers read their own weights, not the case's).
+        let host = random_bindings(&graph, &[("M", tokens)], &mut support::rng()).expect("bindings");
+        let mut calls = Case::<f16>::from_bindings(&s, graph.clone(), host, &[("M", tokens)]);
+        calls
+            .launch(|r, w| solo.run(&s, &r[0], &mut w[0]))
+            .expect("one layer runs");
+        for layer in &mut layers {
+            calls
+                .launch(|r, w| layer.run(&s, &r[0], &mut w[0]))
+                .expect("layer runs");
+        }
+        eprintln!(
+            "M = {tokens}: a call needs {} bytes of workspace; 32 layers hold {}, one layer alone {}",
+            solo.workspace_bytes(&s, tokens).expect("need"),
+            workspace.bytes(),
+            solo.workspace().bytes()
+        );
+    }
+    s.synchronize().expect("layers ran");
+    let (shared, alone) = (workspace.bytes(), solo.workspace().bytes());
+    assert!(
+        shared as f64 <= 1.05 * alone as f64,
+        "{shared} bytes for 32 layers, {alone} for one"
+    );
+    // The layers still compute what the reference says.
+    for layer in [0, 31] {
+        case.poison(&s);
+        case.launch(|r, w| layers[layer].run(&s, &r[0], &mut w[0]))
+            .expect("layer runs");
+        case.verify(&s);
+    }
+    let _ = std::fs::remove_file(&path);
+}

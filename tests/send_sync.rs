@@ -36,6 +36,9 @@ fn graph_structs_and_their_workspace_are_send_and_sync() {
     send_and_sync::<kernels::GemmBiasGelu<'static, f16>>();
     send_and_sync::<kernels::LayernormGemm<'static, f16>>();
     send_and_sync::<Workspace>();
+    // One workspace shared by structs run from several threads.
+    send_and_sync::<fusion::SharedWorkspace>();
+    send_and_sync::<fusion::BoundWeights<'static, f16>>();
 }
 
 #[test]

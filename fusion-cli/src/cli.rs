@@ -242,11 +242,23 @@ pub fn plan_graph(graph: Graph, dot: Option<&Path>, json: bool, out: &mut dyn Wr
     let rules = fusion_compiler::select::split_rules(&fusion::device::compiled())
         .map_err(|e| CliError::Message(e.to_string()))?;
     let plan = fuse::plan_with(graph, &rules);
+    let workspace = intermediate_rows(&plan);
     if json {
-        let text = serde_json::to_string_pretty(&plan.to_json()).expect("a JSON value serializes");
+        let mut value = plan.to_json();
+        value["workspace"] = serde_json::json!({
+            "intermediates": workspace.iter().map(|w| serde_json::json!({
+                "name": w.name,
+                "rows": w.rows,
+                "bytes_per_row": w.bytes_per_row,
+                "times": w.times,
+            })).collect::<Vec<_>>(),
+            "scratch": "asked of each GEMM's launcher at run time (`workspace_bytes(stream, m)` on a graph struct)",
+        });
+        let text = serde_json::to_string_pretty(&value).expect("a JSON value serializes");
         writeln!(out, "{text}").map_err(CliError::from_stdout)?;
     } else {
         write!(out, "{plan}").map_err(CliError::from_stdout)?;
+        writeln!(out, "\n{}", workspace_line(&workspace)).map_err(CliError::from_stdout)?;
     }
     if let Some(path) = dot {
         std::fs::write(path, fuse::dot::write(&plan)).map_err(|e| {
@@ -273,6 +285,83 @@ pub fn plan_graph(graph: Graph, dot: Option<&Path>, json: bool, out: &mut dyn Wr
         }
     }
     out.flush().map_err(CliError::from_stdout)
+}
+
+/// One intermediate's buffer in a call's workspace: `bytes_per_row` bytes
+/// (times the dynamic dims in `times`) for each of its `rows`.
+struct IntermediateRows {
+    name: String,
+    /// The name of its row dim (M), or its static row count.
+    rows: String,
+    bytes_per_row: u64,
+    /// Dynamic dims of a row, multiplying `bytes_per_row`.
+    times: Vec<String>,
+}
+
+/// The intermediates a call keeps in its workspace (the plan's
+/// temporaries), by the bytes each takes per row.
+fn intermediate_rows(plan: &fusion_compiler::fuse::Plan) -> Vec<IntermediateRows> {
+    use fusion_compiler::ir::Extent;
+    let graph = &plan.graph;
+    let name = |e: &Extent| match *e {
+        Extent::Static(n) => n.to_string(),
+        Extent::Dynamic(d) => graph.dims[d.0].name.clone(),
+    };
+    plan.temporaries()
+        .into_iter()
+        .map(|t| {
+            let tensor = graph.tensor(t);
+            let (rows, row) = match tensor.shape.as_slice() {
+                [rows, row @ ..] if !row.is_empty() => (name(rows), row),
+                whole => ("1".to_owned(), whole),
+            };
+            let statics: u64 = row
+                .iter()
+                .filter_map(|e| match *e {
+                    Extent::Static(n) => Some(n),
+                    Extent::Dynamic(_) => None,
+                })
+                .product();
+            IntermediateRows {
+                name: tensor.name.clone(),
+                rows,
+                bytes_per_row: statics * tensor.dtype.size_bytes() as u64,
+                times: row
+                    .iter()
+                    .filter(|e| matches!(e, Extent::Dynamic(_)))
+                    .map(name)
+                    .collect(),
+            }
+        })
+        .collect()
+}
+
+/// `fusion plan`'s last line: what a call's intermediates take of its
+/// workspace per row of M, beside the scratch the launchers ask for.
+fn workspace_line(rows: &[IntermediateRows]) -> String {
+    let scratch = "the kernels' scratch, which their launchers size at run time \
+                   (`workspace_bytes(stream, m)` on a graph struct says the whole)";
+    if rows.is_empty() {
+        return format!("workspace per call: no intermediates; {scratch}");
+    }
+    let each: Vec<String> = rows
+        .iter()
+        .map(|r| {
+            let times: String = r.times.iter().map(|d| format!(" × {d}")).collect();
+            format!(
+                "{} {}{times} bytes per row of {}",
+                r.name, r.bytes_per_row, r.rows
+            )
+        })
+        .collect();
+    let same_rows = rows.iter().all(|r| r.times.is_empty() && r.rows == rows[0].rows);
+    let total = if same_rows && rows.len() > 1 {
+        let sum: u64 = rows.iter().map(|r| r.bytes_per_row).sum();
+        format!(" ({sum} bytes per row of {} in all)", rows[0].rows)
+    } else {
+        String::new()
+    };
+    format!("workspace per call: {}{total}, plus {scratch}", each.join(", "))
 }
 
 /// Graphviz's renderer, which `fusion plan --dot` runs when it is on PATH.
@@ -370,6 +459,42 @@ mod tests {
         assert!(text.starts_with("graph `ffn`: 3 ops → 1 kernel\n"), "{text}");
         assert!(text.contains("#0  gemm_bias_gelu  (named pattern)"), "{text}");
         assert!(!text.contains("Graphviz"), "{text}");
+        assert!(
+            text.contains("workspace per call: no intermediates; the kernels' scratch"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn plan_reports_the_workspace_a_call_needs_per_row_of_m() {
+        // x [M, 64] -> gelu(x @ w1^T + b1) [M, 128] -> @ w2^T -> y [M, 64]:
+        // the [M, 128] f16 activation passes between two GEMMs.
+        let mut b = GraphBuilder::new("mlp");
+        let m = b.dynamic_dim("M").unwrap();
+        let d = b.static_dim("D", 64).unwrap();
+        let f = b.static_dim("F", 128).unwrap();
+        let x = b.input("x", DType::F16, &[m, d]).unwrap();
+        let w1 = b.weight("w1", DType::F16, &[f, d]).unwrap();
+        let b1 = b.weight("b1", DType::F16, &[f]).unwrap();
+        let w2 = b.weight("w2", DType::F16, &[d, f]).unwrap();
+        let h = b.matmul(x, w1, WeightLayout::NK).unwrap();
+        let h = b.bias_add(h, b1).unwrap();
+        let h = b.gelu(h).unwrap();
+        let y = b.matmul(h, w2, WeightLayout::NK).unwrap();
+        b.output("y", y).unwrap();
+        let graph = b.build().unwrap();
+        let mut out = Vec::new();
+        plan_graph(graph.clone(), None, false, &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            text.contains("workspace per call: %3 256 bytes per row of M, plus the kernels' scratch"),
+            "{text}"
+        );
+        let mut out = Vec::new();
+        plan_graph(graph, None, true, &mut out).unwrap();
+        let plan: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        let h = &plan["workspace"]["intermediates"][0];
+        assert_eq!((&h["rows"], &h["bytes_per_row"]), (&"M".into(), &256.into()));
     }
 
     #[test]

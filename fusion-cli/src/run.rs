@@ -20,9 +20,9 @@ use crate::tune::library::SharedLibrary;
 use cudarc::driver::{CudaSlice, CudaStream};
 use fusion::error::Result as GpuResult;
 use fusion::launch::{Call, Dim, ErrorString, FoldedWeights, GraphDecl, TensorDecl, Workspace};
-use fusion::plan::{self, Bind, Fold, GemmOp, KernelEntry, KernelOp, Launchers, PlanTable};
+use fusion::plan::{self, Bind, Fold, GemmOp, KernelEntry, KernelOp, Launchers, PlanTable, Weights};
 use fusion::testing::{self, HostElement};
-use fusion::weights::{Binder, TensorFile, TensorNames};
+use fusion::weights::{Binder, BoundWeights, TensorFile, TensorNames};
 use fusion::{Arch, Shape, Tensor, TensorMut};
 use fusion_compiler::codegen::{self, GraphSpec};
 use fusion_compiler::fuse::{self, Composition, FusedKernel, Plan, Role};
@@ -166,7 +166,8 @@ fn check_files<T: HostElement>(graph: &Graph, declared: &Declared, files: Files<
     let declared_names = TensorNames::declared();
     Binder::new(declared.graph, files.inputs, &declared_names).check::<T>(&declared.of_ids(&graph.inputs))?;
     Binder::new(declared.graph, files.weights, files.weight_names)
-        .check::<T>(&declared.of_ids(&graph.weights))
+        .check::<T>(&declared.of_ids(&graph.weights))?;
+    Ok(())
 }
 
 fn run_as<T: HostElement>(
@@ -219,9 +220,11 @@ fn run_as<T: HostElement>(
     let inputs = upload(files.inputs, &declared_names, &plan.graph.inputs)?;
     let table = plan_table(&plan, &declared, T::DTYPE, arch, kernels);
     let started = Instant::now();
-    let weight_refs: Vec<&Tensor<'static, T>> = weights.iter().map(|(_, w)| w).collect();
+    // Clones share the weights' memory: the reference's reads keep them.
+    let weight_views: Vec<Tensor<'static, T>> = weights.iter().map(|(_, w)| w.clone()).collect();
     // SAFETY: `plan_table` built the table from the plan whose kernels these libraries hold.
-    let folded = unsafe { plan::bind(table, &stream, &weight_refs) }.map_err(|e| e.to_string())?;
+    let bound = unsafe { plan::bind(table, &stream, weight_views) }.map_err(|e| e.to_string())?;
+    let folded = bound.prepared();
     if folded.iter().any(Option::is_some) {
         say(
             out,
@@ -239,7 +242,7 @@ fn run_as<T: HostElement>(
         outputs.push(Output { tensor, shape, slice });
     }
     let mut workspace = Workspace::new();
-    call(table, &mut workspace, &folded, &stream, &reads, &mut outputs).map_err(|e| e.to_string())?;
+    call(table, &mut workspace, &bound, &stream, &reads, &mut outputs).map_err(|e| e.to_string())?;
     let mut results = Vec::new();
     for output in &outputs {
         let values = stream.clone_dtoh(&output.slice).map_err(gpu)?;
@@ -264,7 +267,7 @@ fn run_as<T: HostElement>(
         say(out, format!("  wrote {}", path.display()))?;
     }
     if settings.check {
-        check(&plan, files, &results, &folded, out)?;
+        check(&plan, files, &results, folded, out)?;
     }
     if let Some(calls) = settings.time {
         let mut head = stream
@@ -278,7 +281,7 @@ fn run_as<T: HostElement>(
                 runs: calls.max(1),
             },
             || crate::bench::head_start(&head_stream, &mut head),
-            |_| call(table, &mut workspace, &folded, &stream, &reads, &mut outputs),
+            |_| call(table, &mut workspace, &bound, &stream, &reads, &mut outputs),
         )
         .map_err(|e| e.to_string())?;
         say(
@@ -561,24 +564,33 @@ fn output_shapes<T: HostElement>(
         .collect()
 }
 
-/// One call of the graph through the executor: `reads` (the inputs, then
-/// the weights, as [`run_as`] lists them) and the outputs.
+/// One call of the graph through the executor: the inputs (the first of
+/// `reads`, as [`run_as`] lists them), the `bound` weights and the outputs.
 fn call<T: HostElement>(
     table: &'static PlanTable,
     workspace: &mut Workspace,
-    folded: &[Option<FoldedWeights>],
+    bound: &BoundWeights<'static, T>,
     stream: &Arc<CudaStream>,
     reads: &[(TensorId, Tensor<'static, T>)],
     outputs: &mut [Output<T>],
 ) -> GpuResult<()> {
-    let reads: Vec<&Tensor<'static, T>> = reads.iter().map(|(_, t)| t).collect();
+    let inputs: Vec<&Tensor<'static, T>> = reads[..table.inputs.len()].iter().map(|(_, t)| t).collect();
     let mut views = Vec::with_capacity(outputs.len());
     for output in outputs.iter_mut() {
         views.push(TensorMut::new(&mut output.slice, output.shape)?);
     }
     let mut writes: Vec<&mut TensorMut<'_, T>> = views.iter_mut().collect();
     // SAFETY: `plan_table` built the table from the plan, with its libraries' launchers.
-    unsafe { plan::run(table, workspace, folded, stream, &reads, &mut writes) }
+    unsafe {
+        plan::run(
+            table,
+            workspace,
+            Weights::Bound(bound),
+            stream,
+            &inputs,
+            &mut writes,
+        )
+    }
 }
 
 /// An output as the run read it back.

@@ -4,9 +4,12 @@
 //! Per graph with weights: a struct named after it (CamelCase) and its
 //! `<Name>Weights`, with `new(stream, weights)`, which checks the weights and
 //! computes once what depends on them alone (norms folded into the weight of
-//! the GEMM after them, `fusion::launch::FoldedWeights`), and `run(&mut self,
-//! stream, inputs…, outputs…)`, which launches the plan's kernels in order
-//! and keeps intermediates and the kernels' scratch in a reusable workspace.
+//! the GEMM after them, gated pairs interleaved, `fusion::launch::FoldedWeights`)
+//! and keeps only what the kernels read (`fusion::BoundWeights`), and
+//! `run(&mut self, stream, inputs…, outputs…)`, which launches the plan's
+//! kernels in order and keeps intermediates and the kernels' scratch in a
+//! reusable workspace (`fusion::SharedWorkspace`: its own, or one shared
+//! with other structs through `with_workspace`).
 //! A graph without weights gets a struct with `new()` and the same `run`.
 //! For a graph of one kernel also a free function with the graph's name,
 //! which takes every tensor with each call (so nothing is folded) and its
@@ -140,17 +143,78 @@ fn arch_tokens(a: Arch) -> TokenStream {
 
 /// What every graph struct says about threads.
 const THREADS_DOC: &str = "\n# Threads and memory\n\n\
-The struct is `Send` and `Sync`: it owns nothing but device buffers. `run` \
-takes `&mut self` because every call reuses the same workspace for the \
-intermediates and the kernels' scratch (grown when a call needs more, never \
-while the stream is being captured into a CUDA graph: run once before \
-capturing), so the compiler already keeps two threads from running one \
-struct at once; to run a graph from several threads at the same time, give \
-each thread its own struct (or share one behind a `Mutex`). Calls on \
+The struct is `Send` and `Sync`: it owns nothing but device buffers. Every \
+call takes the intermediates and the kernels' scratch from one workspace \
+(`fusion::SharedWorkspace`), grown when a call needs more, never while the \
+stream is being captured into a CUDA graph (run once, or \
+`reserve_workspace`, before capturing). It is the struct's own unless \
+`with_workspace` gave it one to share: structs called one after another on \
+a stream, such as the layers of a model, share one, as large as the \
+largest call needs (`workspace_bytes` says what a call of M rows needs). \
+A call locks the workspace while it enqueues its kernels, so calls sharing \
+it take turns; `run` takes `&mut self`, and to run one graph from several \
+threads at the same time, give each thread its own struct. Calls on \
 different streams or from different threads are ordered: each records an \
 event on its stream after its launches, and the next call elsewhere makes \
-its stream wait for it before it uses the workspace. Dropping the struct \
-waits for its last call, then frees the workspace.";
+its stream wait for it before it uses the workspace. The workspace is freed \
+with its last holder, after the last call that used it.";
+
+/// The workspace methods of every graph struct, whose calls read
+/// `weights` (a `fusion::plan::Weights`); `generics` are those of a struct
+/// whose `run` is generic over the element type (one without weights).
+fn workspace_methods(plan_ref: &TokenStream, weights: &TokenStream, generics: &TokenStream) -> TokenStream {
+    quote! {
+        /// Has this struct's calls use `workspace`, shared with other
+        /// structs whose calls run one after another on a stream (the
+        /// layers of a model): it holds what the largest of them needs,
+        /// not their sum. Its own workspace is dropped.
+        #[must_use]
+        #[allow(dead_code, reason = #ACCESSORS_UNUSED)]
+        pub fn with_workspace(mut self, workspace: fusion::SharedWorkspace) -> Self {
+            self.workspace = workspace;
+            self
+        }
+
+        /// The device memory kept between calls: the intermediates and
+        /// the kernels' scratch (see `fusion::Workspace`), shared with the
+        /// structs given the same one.
+        #[must_use]
+        #[allow(dead_code, reason = #ACCESSORS_UNUSED)]
+        pub fn workspace(&self) -> &fusion::SharedWorkspace {
+            &self.workspace
+        }
+
+        /// The bytes of workspace one call of `m` rows on `stream`'s
+        /// device needs: its intermediates, and the most scratch any of
+        /// its kernels asks for (with stream-K, as outside a capture).
+        /// `fusion::Error::UnboundDim` where a dim other than M is fixed
+        /// by no weight.
+        #[allow(dead_code, reason = #ACCESSORS_UNUSED)]
+        pub fn workspace_bytes #generics(
+            &self,
+            stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
+            m: usize,
+        ) -> fusion::Result<usize> {
+            // SAFETY: the table is this graph's, generated with its launchers.
+            let need = unsafe { fusion::plan::workspace_need(#plan_ref, #weights, stream, m) }?;
+            Ok(need.bytes())
+        }
+
+        /// Grows the workspace to what a call of `m` rows needs
+        /// (`workspace_bytes`), so that such a call, or a smaller one,
+        /// can then be captured into a CUDA graph.
+        #[allow(dead_code, reason = #ACCESSORS_UNUSED)]
+        pub fn reserve_workspace #generics(
+            &self,
+            stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
+            m: usize,
+        ) -> fusion::Result<()> {
+            let mut __workspace = self.workspace.lock();
+            // SAFETY: the table is this graph's, generated with its launchers.
+            unsafe { fusion::plan::reserve(#plan_ref, &mut __workspace, #weights, stream, m) }
+        }
+    }
+}
 
 /// What every free function says about memory.
 const FREE_FN_MEMORY_DOC: &str = "\n# Memory\n\n\
@@ -208,6 +272,8 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
     // Arguments: inputs, weights, then outputs.
     let reads: Vec<TensorId> = graph.inputs.iter().chain(&graph.weights).copied().collect();
     let read_args: Vec<Ident> = reads.iter().map(|&t| arg_ident(graph, t)).collect();
+    let input_args: Vec<Ident> = graph.inputs.iter().map(|&t| arg_ident(graph, t)).collect();
+    let weight_args: Vec<Ident> = graph.weights.iter().map(|&t| arg_ident(graph, t)).collect();
     let write_args: Vec<Ident> = graph.outputs.iter().map(|&t| arg_ident(graph, t)).collect();
     let params = quote! {
         stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
@@ -218,7 +284,7 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
     let run_per_call = |workspace: TokenStream| {
         quote!(
             // SAFETY: the table is this graph's, generated with its launchers.
-            unsafe { fusion::plan::run(#plan_ref, #workspace, &[], stream, &[#(#read_args),*], &mut [#(#write_args),*]) }
+            unsafe { fusion::plan::run(#plan_ref, #workspace, fusion::plan::Weights::PerCall(&[#(#weight_args),*]), stream, &[#(#input_args),*], &mut [#(#write_args),*]) }
         )
     };
 
@@ -318,14 +384,19 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
     }
     let struct_allows = one_of_two_ways(&free_fn);
     let graph_fn = graph_fn(&module);
-    let run = run_per_call(quote!(&mut self.workspace));
+    let run = run_per_call(quote!(&mut self.workspace.lock()));
+    let workspace_methods = workspace_methods(
+        &plan_ref,
+        &quote!(fusion::plan::Weights::<'_, '_, #elem>::PerCall(&[])),
+        &generics,
+    );
     quote! {
         #[doc = #doc]
         #[doc = #THREADS_DOC]
         #[derive(Debug, Default)]
         #struct_allows
         pub struct #struct_ident {
-            workspace: fusion::launch::Workspace,
+            workspace: fusion::SharedWorkspace,
         }
 
         #struct_allows
@@ -344,13 +415,7 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
             #[allow(dead_code, reason = #ACCESSORS_UNUSED)]
             pub const PLAN: &'static fusion::plan::PlanTable = #plan_ref;
 
-            /// The device memory kept between calls: the intermediates and
-            /// the kernels' scratch (see `fusion::launch::Workspace`).
-            #[must_use]
-            #[allow(dead_code, reason = #ACCESSORS_UNUSED)]
-            pub fn workspace(&self) -> &fusion::launch::Workspace {
-                &self.workspace
-            }
+            #workspace_methods
 
             /// Checks every argument, then launches the plan's kernels in order
             /// on `stream`. Returns once they are enqueued.
@@ -662,9 +727,15 @@ impl quote::ToTokens for BoundGraph {
             "The weights of [`{struct_ident}`], as device tensors: borrowed (`fusion::Tensor::new`) or, as `{weights_ident}<'static, …>`, owned ([`Self::from_safetensors`], `fusion::Tensor::owned`). `new` checks each one's shape against the declaration."
         );
         let owned_struct_doc = format!(
-            "Reads the weights from a safetensors file ([`{weights_ident}::from_safetensors`]) and binds them ([`Self::new`]): a struct that owns its weights."
+            "Reads the weights from a safetensors file (as [`{weights_ident}::from_safetensors`]) and binds them (as [`Self::new`]) one kernel at a time: a kernel's weights are copied to the device, bound, and those its copy replaces freed before the next kernel's are read; a gated pair is interleaved an eighth of its rows at a time, never on the device whole beside its copy. A struct that owns its weights."
         );
         let weight_docs = weights.iter().map(|w| format!("The weight `{w}`."));
+        let plan_ref = quote!(&#module::__PLAN);
+        let workspace_methods = workspace_methods(
+            &plan_ref,
+            &quote!(fusion::plan::Weights::Bound(&self.weights)),
+            &quote!(),
+        );
         tokens.extend(quote! {
             #[doc = #weights_doc]
             #[derive(Debug)]
@@ -696,9 +767,8 @@ impl quote::ToTokens for BoundGraph {
             #[derive(Debug)]
             #struct_allows
             pub struct #struct_ident #params {
-                weights: #weights_ident #args,
-                folded: Vec<Option<fusion::launch::FoldedWeights>>,
-                workspace: fusion::launch::Workspace,
+                weights: fusion::BoundWeights<'w, #elem>,
+                workspace: fusion::SharedWorkspace,
             }
 
             #struct_allows
@@ -713,15 +783,18 @@ impl quote::ToTokens for BoundGraph {
                 /// plain weight whose rows are not a multiple of 128 bytes is
                 /// copied with its rows padded to that on sm90 (where such
                 /// rows read slower; at most an eighth more per row;
-                /// `FUSION_PAD_WEIGHTS=0` turns it off): copies the struct
-                /// keeps beside the weights. Returns once that work is done.
+                /// `FUSION_PAD_WEIGHTS=0` turns it off). Each copy replaces
+                /// the weights it was made from: the struct keeps only what
+                /// its kernels read (`fusion::BoundWeights`), and drops an
+                /// owned weight once its copy exists (a borrowed one is no
+                /// longer referenced). Returns once that work is done.
                 pub fn new(
                     stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
                     weights: #weights_ident #args,
                 ) -> fusion::Result<Self> {
                     // SAFETY: the table is this graph's, generated with its launchers.
-                    let folded = unsafe { fusion::plan::bind(&#module::__PLAN, stream, &[#(&weights.#weights),*]) }?;
-                    Ok(Self { weights, folded, workspace: fusion::launch::Workspace::new() })
+                    let __bound = unsafe { fusion::plan::bind(&#module::__PLAN, stream, vec![#(weights.#weights),*]) }?;
+                    Ok(Self { weights: __bound, workspace: fusion::Workspace::shared() })
                 }
 
                 /// Checks the inputs and outputs (dynamic dims are read from
@@ -734,9 +807,9 @@ impl quote::ToTokens for BoundGraph {
                     #(#inputs: &fusion::Tensor<'_, #elem>,)*
                     #(#outputs: &mut fusion::TensorMut<'_, #elem>,)*
                 ) -> fusion::Result<()> {
-                    let #weights_ident { #(#weights),* } = &self.weights;
+                    let mut __workspace = self.workspace.lock();
                     // SAFETY: the table is this graph's, generated with its launchers.
-                    unsafe { fusion::plan::run(&#module::__PLAN, &mut self.workspace, &self.folded, stream, &[#(#inputs,)* #(#weights),*], &mut [#(#outputs),*]) }
+                    unsafe { fusion::plan::run(&#module::__PLAN, &mut __workspace, fusion::plan::Weights::Bound(&self.weights), stream, &[#(#inputs),*], &mut [#(#outputs),*]) }
                 }
             }
 
@@ -748,7 +821,9 @@ impl quote::ToTokens for BoundGraph {
                     file: &fusion::TensorFile,
                     names: &fusion::TensorNames,
                 ) -> fusion::Result<Self> {
-                    Self::new(stream, #weights_ident::from_safetensors(stream, file, names)?)
+                    // SAFETY: the table is this graph's, generated with its launchers.
+                    let __bound = unsafe { fusion::plan::bind_file(&#module::__PLAN, stream, file, names) }?;
+                    Ok(Self { weights: __bound, workspace: fusion::Workspace::shared() })
                 }
             }
 
@@ -764,18 +839,16 @@ impl quote::ToTokens for BoundGraph {
                 #[doc(hidden)]
                 pub const PLAN: &'static fusion::plan::PlanTable = &#module::__PLAN;
 
-                /// The bound weights.
+                /// The bound weights: each declared weight that a kernel
+                /// reads as given (`get(name)`; a weight binding replaced with
+                /// its copy is `fusion::Error::WeightNotKept`, naming the
+                /// kernel and the copy), and the bytes kept and prepared.
                 #[must_use]
-                pub fn weights(&self) -> &#weights_ident #args {
+                pub fn weights(&self) -> &fusion::BoundWeights<'w, #elem> {
                     &self.weights
                 }
 
-                /// The device memory kept between calls: the intermediates and
-                /// the kernels' scratch (see `fusion::launch::Workspace`).
-                #[must_use]
-                pub fn workspace(&self) -> &fusion::launch::Workspace {
-                    &self.workspace
-                }
+                #workspace_methods
             }
         });
     }
