@@ -1,0 +1,125 @@
+//! The guard's vendor path on a GPU: each plain-epilogue GEMM graph's plan
+//! table with a route that sends every M but the smallest to cuBLASLt
+//! (`fusion::plan::VendorRoute`), so that one call set runs both paths,
+//! checked in f16 and bf16 against the CPU reference with fresh random
+//! inputs and poisoned outputs, as the fused kernels are (tests/gpu.rs).
+//!
+//! Run on a machine with a GPU and cuBLASLt: `cargo test --release
+//! --features kernels,testing,cublaslt --test gpu_guard -- --ignored`.
+
+mod support;
+
+use fusion::half::{bf16, f16};
+use fusion::launch::Workspace;
+use fusion::plan::{self, GemmOp, KernelEntry, KernelOp, PlanTable, VendorEpilogue, VendorRoute};
+use fusion::{Tensor, TensorMut, kernels};
+use support::{TestElement, check, gemm_shapes, stream};
+
+/// `table` with each GEMM routed to cuBLASLt's `epilogue` for `ms`.
+fn routed(
+    table: &'static PlanTable,
+    ms: &'static [(u32, u32)],
+    epilogue: VendorEpilogue,
+) -> &'static PlanTable {
+    let kernels: Vec<KernelEntry> = table
+        .kernels
+        .iter()
+        .map(|kernel| KernelEntry {
+            label: kernel.label,
+            output: kernel.output,
+            op: match &kernel.op {
+                KernelOp::Gemm(gemm) => KernelOp::Gemm(GemmOp {
+                    vendor: VendorRoute { ms, epilogue },
+                    ..*gemm
+                }),
+                other => panic!(
+                    "{}: a plain-epilogue graph is one GEMM, not {other:?}",
+                    kernel.label
+                ),
+            },
+            launchers: kernel.launchers,
+        })
+        .collect();
+    Box::leak(Box::new(PlanTable {
+        kernels: Box::leak(kernels.into_boxed_slice()),
+        ..*table
+    }))
+}
+
+/// Every M above 1 on the vendor path; M = 1 fused.
+const ABOVE_ONE: &[(u32, u32)] = &[(2, u32::MAX)];
+
+/// `name`'s graph through `table` (routed) at every GEMM shape of the
+/// suite, in `T`, against the reference.
+fn check_routed<T: TestElement>(name: &str, table: &'static PlanTable) {
+    assert!(
+        fusion::vendor::routes_enabled(),
+        "the vendor path is off: build with the feature `cublaslt`, leave FUSION_GUARD unset, and make libcublasLt loadable"
+    );
+    let s = stream();
+    let mut workspace = Workspace::new();
+    for (m, n, k) in gemm_shapes() {
+        let dims = [("M", m), ("N", n), ("K", k)];
+        check::<T>(&s, name, &dims, |r, w| {
+            let reads: Vec<&Tensor<'_, T>> = r.iter().collect();
+            let mut writes: Vec<&mut TensorMut<'_, T>> = w.iter_mut().collect();
+            // SAFETY: the table is the generated one, its GEMMs given a
+            // route; the vendor path reads the operands the fused kernel
+            // reads.
+            unsafe { plan::run(table, &mut workspace, &[], &s, &reads, &mut writes) }
+        });
+    }
+}
+
+macro_rules! guard_test {
+    ($test:ident, $graph:literal, $plan:ident, $epilogue:ident) => {
+        #[test]
+        #[ignore = "needs a CUDA GPU"]
+        fn $test() {
+            check_routed::<f16>(
+                $graph,
+                routed(
+                    kernels::$plan::<f16>::PLAN,
+                    ABOVE_ONE,
+                    VendorEpilogue::$epilogue,
+                ),
+            );
+            check_routed::<bf16>(
+                $graph,
+                routed(
+                    kernels::$plan::<bf16>::PLAN,
+                    ABOVE_ONE,
+                    VendorEpilogue::$epilogue,
+                ),
+            );
+        }
+    };
+}
+
+guard_test!(gemm_on_the_vendor_path, "gemm", Gemm, None);
+guard_test!(gemm_bias_on_the_vendor_path, "gemm_bias", GemmBias, Bias);
+guard_test!(
+    gemm_bias_gelu_on_the_vendor_path,
+    "gemm_bias_gelu",
+    GemmBiasGelu,
+    GeluBias
+);
+guard_test!(
+    gemm_bias_relu_on_the_vendor_path,
+    "gemm_bias_relu",
+    GemmBiasRelu,
+    ReluBias
+);
+guard_test!(gemm_gelu_on_the_vendor_path, "gemm_gelu", GemmGelu, Gelu);
+guard_test!(
+    gemm_bias_residual_on_the_vendor_path,
+    "gemm_bias_residual",
+    GemmBiasResidual,
+    Bias
+);
+guard_test!(
+    gemm_residual_on_the_vendor_path,
+    "gemm_residual",
+    GemmResidual,
+    None
+);
