@@ -132,12 +132,15 @@ pub struct GemmOp {
 }
 
 /// Where the guard sends a GEMM to cuBLASLt (`fusion::vendor`): the M
-/// ranges the build predicted or measured the fused kernel to lose, and
-/// cuBLASLt's epilogue for the GEMM's steps (its bias is the GEMM's bias,
-/// its residual rides on `beta·C`). Taken only where
-/// [`crate::vendor::routes_enabled`] says so; else the fused kernel runs.
+/// ranges the build predicted or measured the fused kernel to lose on one
+/// GPU generation, and cuBLASLt's epilogue for the GEMM's steps (its bias
+/// is the GEMM's bias, its residual rides on `beta·C`). Taken only on that
+/// generation and where [`crate::vendor::routes_enabled`] says so; else
+/// the fused kernel runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct VendorRoute {
+    /// The generation the ranges were decided for.
+    pub arch: Arch,
     /// Inclusive `(smallest M, largest M)` ranges, `u32::MAX` as the
     /// largest for every M above; empty: always fused.
     pub ms: &'static [(u32, u32)],
@@ -148,15 +151,18 @@ pub struct VendorRoute {
 impl VendorRoute {
     /// No M: the fused kernel always.
     pub const NONE: VendorRoute = VendorRoute {
+        arch: Arch::Sm90,
         ms: &[],
         epilogue: VendorEpilogue::None,
     };
 
-    /// Whether a call of `m` rows is in one of its ranges.
-    pub fn covers(&self, m: i64) -> bool {
-        self.ms
-            .iter()
-            .any(|&(low, high)| i64::from(low) <= m && (high == u32::MAX || m <= i64::from(high)))
+    /// Whether a call of `m` rows on `arch` is in one of its ranges.
+    pub fn covers(&self, arch: Arch, m: i64) -> bool {
+        arch == self.arch
+            && self
+                .ms
+                .iter()
+                .any(|&(low, high)| i64::from(low) <= m && (high == u32::MAX || m <= i64::from(high)))
     }
 }
 
@@ -1380,7 +1386,7 @@ pub unsafe fn run<T: Element>(
         let bound = prepared.get(index).and_then(Option::as_ref);
         let weights = bound.map(|w| call.folded(w));
         let filled = fill(table, kernel, &call, &address, flags, weights)?;
-        let route = vendor_route(kernel, &filled);
+        let route = vendor_route(kernel, &filled, arch);
         routed.push(route);
         if route.is_some() {
             #[cfg(feature = "cublaslt")]
@@ -1451,15 +1457,16 @@ pub unsafe fn run<T: Element>(
 }
 
 /// cuBLASLt's epilogue where the guard runs `kernel`, filled as `params`,
-/// on the vendor path at this call's M: its route covers the M, routes are
+/// on the vendor path at this call's M on `arch`: its route covers them, routes are
 /// taken ([`crate::vendor::routes_enabled`]), and its weight is the one
 /// declared (or its padded copy), not a folded or interleaved form.
-pub fn vendor_route(kernel: &KernelEntry, params: &Params) -> Option<VendorEpilogue> {
+pub fn vendor_route(kernel: &KernelEntry, params: &Params, arch: Arch) -> Option<VendorEpilogue> {
     let (KernelOp::Gemm(gemm), Params::Gemm(p)) = (&kernel.op, params) else {
         return None;
     };
     let plain = matches!(gemm.bind, Bind::Nothing | Bind::Pad) && gemm.gamma.is_none() && gemm.b_up.is_none();
-    (plain && gemm.vendor.covers(p.m) && crate::vendor::routes_enabled()).then_some(gemm.vendor.epilogue)
+    (plain && gemm.vendor.covers(arch, p.m) && crate::vendor::routes_enabled())
+        .then_some(gemm.vendor.epilogue)
 }
 
 #[cfg(test)]
@@ -1906,16 +1913,20 @@ mod tests {
     #[test]
     fn a_vendor_route_covers_its_ranges_alone() {
         let route = VendorRoute {
+            arch: Arch::Sm90,
             ms: &[(17, 64), (257, u32::MAX)],
             epilogue: VendorEpilogue::GeluBias,
         };
         let covered: Vec<i64> = [1, 16, 17, 64, 65, 256, 257, 1 << 40]
             .into_iter()
-            .filter(|&m| route.covers(m))
+            .filter(|&m| route.covers(Arch::Sm90, m))
             .collect();
         assert_eq!(covered, [17, 64, 257, 1 << 40]);
-        assert!(!VendorRoute::NONE.covers(1));
-        assert!(!route.covers(-1));
+        assert!(!VendorRoute::NONE.covers(Arch::Sm90, 1));
+        assert!(!route.covers(Arch::Sm90, -1));
+        // Another generation runs the fused kernel: the ranges were
+        // decided for sm90.
+        assert!(!route.covers(Arch::Sm80, 17));
     }
 
     #[test]
@@ -1958,6 +1969,7 @@ mod tests {
                 b: Some(1),
                 bind,
                 vendor: VendorRoute {
+                    arch: Arch::Sm90,
                     ms: &[(1, u32::MAX)],
                     epilogue: VendorEpilogue::None,
                 },
@@ -1971,10 +1983,13 @@ mod tests {
             },
         };
         let p = Params::Gemm(gemm(table(SCHEMA_VERSION, Bind::Nothing), None));
-        assert_eq!(vendor_route(&kernel(Bind::Fold(Fold::Norm)), &p), None);
+        assert_eq!(
+            vendor_route(&kernel(Bind::Fold(Fold::Norm)), &p, Arch::Sm90),
+            None
+        );
         // A plain one is routed exactly where routes are taken (the
         // feature `cublaslt`, cuBLASLt loaded, FUSION_GUARD not off).
-        let routed = vendor_route(&kernel(Bind::Nothing), &p);
+        let routed = vendor_route(&kernel(Bind::Nothing), &p, Arch::Sm90);
         assert_eq!(routed.is_some(), crate::vendor::routes_enabled());
     }
 

@@ -15,12 +15,15 @@ use fusion::plan::{self, GemmOp, KernelEntry, KernelOp, PlanTable, VendorEpilogu
 use fusion::{Tensor, TensorMut, kernels};
 use support::{TestElement, check, gemm_shapes, stream};
 
-/// `table` with each GEMM routed to cuBLASLt's `epilogue` for `ms`.
+/// `table` with each GEMM routed to cuBLASLt's `epilogue` for `ms` on the
+/// generation the test's device runs.
 fn routed(
     table: &'static PlanTable,
     ms: &'static [(u32, u32)],
     epilogue: VendorEpilogue,
 ) -> &'static PlanTable {
+    let arch = fusion::device::arch_among(&stream(), &fusion::device::compiled())
+        .expect("a compiled variant runs here");
     let kernels: Vec<KernelEntry> = table
         .kernels
         .iter()
@@ -29,7 +32,7 @@ fn routed(
             output: kernel.output,
             op: match &kernel.op {
                 KernelOp::Gemm(gemm) => KernelOp::Gemm(GemmOp {
-                    vendor: VendorRoute { ms, epilogue },
+                    vendor: VendorRoute { arch, ms, epilogue },
                     ..*gemm
                 }),
                 other => panic!(

@@ -452,9 +452,8 @@ impl fmt::Display for Unguarded {
     }
 }
 
-/// The models the guard weighs, and a tuned cache whose entries override
-/// them.
-#[derive(Clone, Debug)]
+/// The models the guard weighs (a tuned cache's entries override them).
+#[derive(Clone, Debug, PartialEq)]
 pub struct Guard {
     /// The fused kernel's model.
     pub fused: Calibration,
@@ -552,15 +551,8 @@ fn geometric_mean(values: &[f64]) -> f64 {
 /// The M ranges of the buckets that run the vendor path, neighbours merged:
 /// `(smallest M, largest M)`, `None` for every M above.
 pub fn vendor_ranges(verdicts: &[BucketVerdict]) -> Vec<(u32, Option<u32>)> {
-    let mut ranges: Vec<(u32, Option<u32>)> = Vec::new();
-    for verdict in verdicts.iter().filter(|v| v.vendor) {
-        let (low, high) = (verdict.bucket.min_m(), verdict.bucket.max_m());
-        match ranges.last_mut() {
-            Some((_, last_high)) if last_high.is_some_and(|h| h + 1 == low) => *last_high = high,
-            _ => ranges.push((low, high)),
-        }
-    }
-    ranges
+    let buckets: Vec<MBucket> = verdicts.iter().filter(|v| v.vendor).map(|v| v.bucket).collect();
+    bucket_ranges(&buckets)
 }
 
 /// cuBLASLt's name for the path's epilogue, as `fusion bench` names its
@@ -643,6 +635,73 @@ pub fn report(
         }
     }
     Ok(out)
+}
+
+/// Where a kernel runs the vendor path: the plan table's route.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Route {
+    /// The generation the verdicts were made for.
+    pub arch: Arch,
+    /// The M buckets, ascending.
+    pub buckets: Vec<MBucket>,
+    /// cuBLASLt's epilogue.
+    pub epilogue: VendorEpilogue,
+}
+
+impl Route {
+    /// The route of both `self` and `other` (two dtypes' verdicts on one
+    /// kernel): the buckets both send to the vendor path.
+    pub fn both(self, other: &Route) -> Route {
+        Route {
+            buckets: self
+                .buckets
+                .into_iter()
+                .filter(|b| other.buckets.contains(b))
+                .collect(),
+            ..self
+        }
+    }
+}
+
+/// The M buckets of `kernel`'s GEMM in `dtype` on `arch`, rendered with
+/// `config`, that run the vendor path, and cuBLASLt's epilogue there:
+/// `None` where the cache carries no guard ([`TunedCache::guard`]), the
+/// kernel is not a GEMM the guard serves, or every bucket stays fused.
+pub fn route(
+    cache: &TunedCache,
+    arch: Arch,
+    kernel: &crate::fuse::FusedKernel,
+    graph: &crate::ir::Graph,
+    dtype: DType,
+    config: &KernelConfig,
+) -> Option<Route> {
+    let guard = cache.guard.as_ref()?;
+    let crate::fuse::Composition::Gemm(gemm) = &kernel.composition else {
+        return None;
+    };
+    let verdicts = guard
+        .verdicts(cache, arch, gemm, dtype, kernel.static_n_and_k(graph), config)
+        .ok()?;
+    let buckets: Vec<MBucket> = verdicts.iter().filter(|v| v.vendor).map(|v| v.bucket).collect();
+    (!buckets.is_empty()).then(|| Route {
+        arch,
+        buckets,
+        epilogue: VendorPath::of(gemm).epilogue,
+    })
+}
+
+/// `buckets` (ascending) as M ranges, neighbours merged: `(smallest M,
+/// largest M)`, `None` for every M above.
+pub fn bucket_ranges(buckets: &[MBucket]) -> Vec<(u32, Option<u32>)> {
+    let mut ranges: Vec<(u32, Option<u32>)> = Vec::new();
+    for bucket in buckets {
+        let (low, high) = (bucket.min_m(), bucket.max_m());
+        match ranges.last_mut() {
+            Some((_, last_high)) if last_high.is_some_and(|h| h + 1 == low) => *last_high = high,
+            _ => ranges.push((low, high)),
+        }
+    }
+    ranges
 }
 
 /// The shipped vendor calibration's file.

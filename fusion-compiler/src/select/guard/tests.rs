@@ -389,3 +389,15 @@ fn the_report_names_each_gemm_kernel_and_its_buckets() {
     );
     assert!(text.contains("  m>4096: VENDOR (fused "), "{text}");
 }
+
+#[test]
+fn a_kernel_of_two_dtypes_routes_the_buckets_both_lose() {
+    let route = |buckets: &[u32]| Route {
+        arch: Arch::Sm90,
+        buckets: buckets.iter().map(|&m| MBucket::of(m)).collect(),
+        epilogue: VendorEpilogue::Bias,
+    };
+    let both = route(&[64, 128, 512]).both(&route(&[128, 512, 8192]));
+    assert_eq!(both, route(&[128, 512]));
+    assert_eq!(bucket_ranges(&both.buckets), [(65, Some(128)), (257, Some(512))]);
+}
