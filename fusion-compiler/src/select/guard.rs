@@ -7,7 +7,7 @@
 //! the repository: the fused kernel's time by [`super::model`], the vendor
 //! path's by [`VendorCalibration`], fitted the same way to the cuBLASLt
 //! times of the same bench rows. A tuned cache entry that measured both for
-//! a bucket ([`CacheEntry::time_us`] and [`CacheEntry::cublaslt_time_us`])
+//! a bucket ([`super::CacheEntry::time_us`] and [`super::CacheEntry::cublaslt_time_us`])
 //! overrides the models there. The vendor path is taken only where the
 //! fused kernel is predicted slower by more than [`MARGIN`]: the models err
 //! by several percent, and a call that leaves the fused kernel pays a
@@ -256,7 +256,9 @@ pub struct VendorCalibration {
     pub sms: u64,
     /// A cuBLASLt launch, whatever it computes.
     pub launch_us: f64,
-    /// One GFLOP of the GEMM's waves ([`lt_wave_gflop`]).
+    /// One GFLOP of the GEMM's waves: of the tiles and split-K factors
+    /// cuBLASLt's sm90 kernels run, the one whose busiest SM does the least,
+    /// its multiply-adds times the SMs.
     pub wave_gflop_us: f64,
     /// Each megabyte the GEMM reads or writes once.
     pub memory_us_per_mb: f64,
