@@ -218,7 +218,7 @@ mod lt {
             epilogue: LtEpilogue,
             candidates: usize,
         ) -> Result<LtGemm> {
-            let mut gemm = Self::plan(stream, dtype, layout, dims, None, epilogue, candidates, 1)?;
+            let mut gemm = Self::plan(stream, dtype, layout, dims, None, epilogue, candidates, 1, false)?;
             gemm.workspace = Some(stream.alloc_zeros::<u8>(WORKSPACE_BYTES)?);
             Ok(gemm)
         }
@@ -248,11 +248,16 @@ mod lt {
                 LtEpilogue::None,
                 candidates,
                 stack.max(1),
+                false,
             )?;
             gemm.workspace = Some(stream.alloc_zeros::<u8>(WORKSPACE_BYTES)?);
             Ok(gemm)
         }
 
+        /// The plan of [`LtGemm::new`] and [`LtGemm::new_stacked`], with
+        /// the weight's row stride `ld_w` (`None`: dense) and, where
+        /// `routed` (a plan table's route), algorithms that take buffers
+        /// aligned to 16 bytes, as the executor checks them.
         #[allow(clippy::too_many_arguments)]
         fn plan(
             stream: &Arc<CudaStream>,
@@ -263,6 +268,7 @@ mod lt {
             epilogue: LtEpilogue,
             candidates: usize,
             stack: usize,
+            routed: bool,
         ) -> Result<LtGemm> {
             let data = match dtype {
                 DType::F16 => sys::cudaDataType_t::CUDA_R_16F,
@@ -357,6 +363,35 @@ mod lt {
             )?;
             let workspace_size = WORKSPACE_BYTES;
             let pref = result::create_matmul_pref().map_err(lt)?;
+            // The heuristic assumes 256-byte aligned buffers unless told
+            // otherwise; a plan table's operands are only checked to be
+            // 16-byte aligned (tensors may be views into larger buffers).
+            if routed {
+                use sys::cublasLtMatmulPreferenceAttributes_t::*;
+                let alignment: u32 = 16;
+                for attr in [
+                    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                ] {
+                    // SAFETY: `pref` was just created and is live; the
+                    // attribute is a uint32 read from a live local.
+                    let set = unsafe {
+                        result::set_matmul_pref_attribute(
+                            pref,
+                            attr,
+                            (&alignment as *const u32).cast(),
+                            size_of::<u32>(),
+                        )
+                    };
+                    if let Err(e) = set {
+                        // SAFETY: destroyed once, and not used after.
+                        let _ = unsafe { result::destroy_matmul_pref(pref) };
+                        return Err(lt(e));
+                    }
+                }
+            }
             let requested = candidates.clamp(1, i32::MAX as usize);
             // SAFETY: `pref`, `handle`, `desc` and the layouts were created
             // above and are live; the attribute is a `usize` read from a
@@ -678,7 +713,7 @@ mod lt {
             if plans.len() >= MAX_PLANS {
                 plans.clear();
             }
-            let plan = LtGemm::plan(stream, dtype, layout, call.dims, call.ld_w, epilogue, 1, 1)?;
+            let plan = LtGemm::plan(stream, dtype, layout, call.dims, call.ld_w, epilogue, 1, 1, true)?;
             plans.insert(key, plan);
         }
         let plan = plans.get_mut(&key).expect("inserted above");
