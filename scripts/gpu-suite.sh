@@ -105,7 +105,7 @@ for step in $steps; do
       run_tests gpu-cublaslt.log 3 ./gpu_cublaslt --ignored
       # The guard's vendor path (cuBLASLt and its epilogues) against the
       # CPU reference, f16 and bf16.
-      run_tests gpu-guard.log 7 ./gpu_guard --ignored ;;
+      run_tests gpu-guard.log 8 ./gpu_guard --ignored ;;
     graphs)
       run_tests gpu-graphs.log any ./gpu_graphs --ignored --nocapture
       run_tests gpu-workspace.log any ./gpu_workspace --ignored --test-threads 1 --nocapture

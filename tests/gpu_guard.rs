@@ -2,7 +2,9 @@
 //! table with a route that sends every M but the smallest to cuBLASLt
 //! (`fusion::plan::VendorRoute`), so that one call set runs both paths,
 //! checked in f16 and bf16 against the CPU reference with fresh random
-//! inputs and poisoned outputs, as the fused kernels are (tests/gpu.rs).
+//! inputs and poisoned outputs, as the fused kernels are (tests/gpu.rs);
+//! once with weights given per call and once bound (padded rows read at
+//! their stride).
 //!
 //! Run on a machine with a GPU and cuBLASLt: `cargo test --release
 //! --features kernels,testing,cublaslt --test gpu_guard -- --ignored`.
@@ -72,6 +74,40 @@ fn check_routed<T: TestElement>(name: &str, table: &'static PlanTable) {
             unsafe { plan::run(table, &mut workspace, &[], &s, &reads, &mut writes) }
         });
     }
+}
+
+/// [`check_routed`] with the weights bound first, as a graph struct binds
+/// them: where the struct pads a weight's rows (sm90, a row length whose
+/// bytes are not a multiple of 128), cuBLASLt reads the padded copy at its
+/// row stride.
+fn check_routed_bound<T: TestElement>(name: &str, table: &'static PlanTable) {
+    assert!(fusion::vendor::routes_enabled(), "the vendor path is off");
+    let s = stream();
+    let mut workspace = Workspace::new();
+    for (m, n, k) in gemm_shapes() {
+        let dims = [("M", m), ("N", n), ("K", k)];
+        check::<T>(&s, name, &dims, |r, w| {
+            let reads: Vec<&Tensor<'_, T>> = r.iter().collect();
+            let mut writes: Vec<&mut TensorMut<'_, T>> = w.iter_mut().collect();
+            // SAFETY: as in `check_routed`; the weights are the table's,
+            // in its order.
+            unsafe {
+                let prepared = plan::bind(table, &s, &reads[table.inputs.len()..])?;
+                plan::run(table, &mut workspace, &prepared, &s, &reads, &mut writes)
+            }
+        });
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn bound_weights_padded_rows_on_the_vendor_path() {
+    let table = |t| routed(t, ABOVE_ONE, VendorEpilogue::GeluBias);
+    check_routed_bound::<f16>("gemm_bias_gelu", table(kernels::GemmBiasGelu::<f16>::PLAN));
+    check_routed_bound::<bf16>("gemm_bias_gelu", table(kernels::GemmBiasGelu::<bf16>::PLAN));
+    let table = |t| routed(t, ABOVE_ONE, VendorEpilogue::None);
+    check_routed_bound::<f16>("gemm_residual", table(kernels::GemmResidual::<f16>::PLAN));
+    check_routed_bound::<bf16>("gemm_residual", table(kernels::GemmResidual::<bf16>::PLAN));
 }
 
 macro_rules! guard_test {
