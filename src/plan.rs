@@ -1458,13 +1458,20 @@ pub unsafe fn run<T: Element>(
 
 /// cuBLASLt's epilogue where the guard runs `kernel`, filled as `params`,
 /// on the vendor path at this call's M on `arch`: its route covers them, routes are
-/// taken ([`crate::vendor::routes_enabled`]), and its weight is the one
-/// declared (or its padded copy), not a folded or interleaved form.
+/// taken ([`crate::vendor::routes_enabled`]), its weight is the one
+/// declared (or its padded copy), not a folded or interleaved form, and it
+/// reads nothing cuBLASLt does not (a norm's parameters, a multiplier).
 pub fn vendor_route(kernel: &KernelEntry, params: &Params, arch: Arch) -> Option<VendorEpilogue> {
     let (KernelOp::Gemm(gemm), Params::Gemm(p)) = (&kernel.op, params) else {
         return None;
     };
-    let plain = matches!(gemm.bind, Bind::Nothing | Bind::Pad) && gemm.gamma.is_none() && gemm.b_up.is_none();
+    // The operands cuBLASLt takes, and a bias exactly where its epilogue
+    // adds one: a table that says otherwise runs the fused kernel.
+    let plain = matches!(gemm.bind, Bind::Nothing | Bind::Pad)
+        && gemm.gamma.is_none()
+        && gemm.b_up.is_none()
+        && gemm.multiplier.is_none()
+        && gemm.vendor.epilogue.reads_bias() == gemm.bias.is_some();
     (plain && gemm.vendor.covers(arch, p.m) && crate::vendor::routes_enabled())
         .then_some(gemm.vendor.epilogue)
 }
@@ -1961,12 +1968,13 @@ mod tests {
 
     #[test]
     fn a_folded_gemm_is_never_routed() {
-        let kernel = |bind| KernelEntry {
+        let kernel_of = |bind, bias| KernelEntry {
             label: "kernel #0 (gemm)",
             output: 4,
             op: KernelOp::Gemm(GemmOp {
                 a: Some(0),
                 b: Some(1),
+                bias,
                 bind,
                 vendor: VendorRoute {
                     arch: Arch::Sm90,
@@ -1982,9 +1990,16 @@ mod tests {
                 fold: &[],
             },
         };
+        let kernel = |bind| kernel_of(bind, None);
+        let kernel_with_bias = |bind| kernel_of(bind, Some(3));
         let p = Params::Gemm(gemm(table(SCHEMA_VERSION, Bind::Nothing), None));
         assert_eq!(
             vendor_route(&kernel(Bind::Fold(Fold::Norm)), &p, Arch::Sm90),
+            None
+        );
+        // An epilogue without a bias on a GEMM with one: never routed.
+        assert_eq!(
+            vendor_route(&kernel_with_bias(Bind::Nothing), &p, Arch::Sm90),
             None
         );
         // A plain one is routed exactly where routes are taken (the
