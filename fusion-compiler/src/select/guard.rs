@@ -109,10 +109,9 @@ pub struct VendorPath {
 }
 
 impl VendorPath {
-    /// The unfused path of `gemm`. cuBLASLt computes
-    /// `act(A·B + beta·C + bias)`: it takes a leading bias, a residual and
-    /// one ReLU or GELU in that order (bias and residual in either), and
-    /// the first step it cannot take starts the remainder.
+    /// The unfused path of `gemm`: cuBLASLt takes a bias, a residual
+    /// (bias and residual in either order) or one ReLU or GELU after the
+    /// bias, and the first step it cannot take starts the remainder.
     pub fn of(gemm: &GemmComposition) -> VendorPath {
         let (mut bias, mut residual, mut activation) = (false, false, None);
         let mut remainder = Vec::new();
@@ -130,7 +129,10 @@ impl VendorPath {
                         residual = true;
                         true
                     }
-                    EpilogueStep::Activation(act) if lt_activation(*act) => {
+                    // An activation of a sum with the residual would rest
+                    // on where cuBLASLt adds beta·C, which no run has
+                    // checked: it goes to the remainder.
+                    EpilogueStep::Activation(act) if lt_activation(*act) && !residual => {
                         activation = Some(*act);
                         true
                     }

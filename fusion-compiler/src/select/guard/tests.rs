@@ -169,6 +169,14 @@ fn the_vendor_path_takes_what_cublaslt_fuses_and_leaves_the_rest() {
     let p = VendorPath::of(&gemm);
     assert_eq!((p.epilogue, p.beta_residual), (VendorEpilogue::GeluBias, false));
     assert_eq!(p.remainder, [EpilogueStep::Residual]);
+    // Nor is an activation of the sum with a residual taken.
+    let gemm = GemmComposition {
+        epilogue: vec![EpilogueStep::Residual, gelu],
+        ..gemm
+    };
+    let p = VendorPath::of(&gemm);
+    assert_eq!((p.epilogue, p.beta_residual), (VendorEpilogue::None, true));
+    assert_eq!(p.remainder, [gelu]);
     // Norms and gated pairs are described, not yet run.
     let p = path("rmsnorm_gemm");
     assert!(p.norm && p.unsupported().unwrap().contains("norm prologue"));
