@@ -409,3 +409,62 @@ fn a_kernel_of_two_dtypes_routes_the_buckets_both_lose() {
     assert_eq!(both, route(&[128, 512]));
     assert_eq!(bucket_ranges(&both.buckets), [(65, Some(128)), (257, Some(512))]);
 }
+
+/// What the guard would have done to the measured corpus rows of the
+/// kernels it serves: a row whose bucket it routes runs the vendor path,
+/// which is the row's own baseline (ratio 1), and the others keep their
+/// measured ratio. Printed for the record (`--nocapture`); it must leave
+/// fewer rows below 0.98 of their unfused path than the fused kernels
+/// alone, and route few rows the fused kernel won by more than 10% (the
+/// models' errors, which a tuned entry corrects): at most one in 20.
+#[test]
+fn the_guard_lifts_the_corpus_rows_it_serves() {
+    let guard = Guard::shipped_sm90();
+    let cache = TunedCache::default();
+    let file = &vendor_files()[0];
+    let text = std::fs::read_to_string(repo_root().join(file)).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let (mut rows, mut below_before, mut below_after, mut routed, mut routed_wins) = (0, 0, 0, 0, 0);
+    for row in json["rows"].as_array().unwrap() {
+        let Some(gemm) = composition_of(row["kernel"].as_str().unwrap()) else {
+            continue;
+        };
+        let dims: Vec<u64> = row["shape"]
+            .as_str()
+            .unwrap()
+            .split(',')
+            .map(|d| d.parse().unwrap())
+            .collect();
+        let kind = KernelKind::of(&gemm, DType::F16);
+        let config = select(Arch::Sm90, &kind).unwrap();
+        let Ok(verdicts) = guard.verdicts(
+            &cache,
+            Arch::Sm90,
+            &gemm,
+            DType::F16,
+            (Some(dims[1]), Some(dims[2])),
+            &config,
+        ) else {
+            continue;
+        };
+        rows += 1;
+        let ratio = row["ratio"].as_f64().unwrap();
+        let vendor = verdicts[MBucket::of(u32::try_from(dims[0]).unwrap()).index()].vendor;
+        below_before += usize::from(ratio < 0.98);
+        below_after += usize::from(!vendor && ratio < 0.98);
+        routed += usize::from(vendor);
+        routed_wins += usize::from(vendor && ratio > 1.1);
+        if vendor && ratio > 1.1 {
+            eprintln!(
+                "routed, though fused won: {} {} ratio {ratio:.2}",
+                row["kernel"], row["shape"]
+            );
+        }
+    }
+    eprintln!(
+        "{file}: {rows} rows the guard serves; below 0.98: {below_before} fused, {below_after} guarded; {routed} routed, {routed_wins} of them won by the fused kernel by more than 10%"
+    );
+    assert!(rows >= 100, "{rows} rows");
+    assert!(below_after < below_before, "{below_after} >= {below_before}");
+    assert!(routed_wins * 20 <= routed, "{routed_wins} of {routed}");
+}
