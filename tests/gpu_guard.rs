@@ -13,7 +13,7 @@ mod support;
 
 use fusion::half::{bf16, f16};
 use fusion::launch::Workspace;
-use fusion::plan::{self, GemmOp, KernelEntry, KernelOp, PlanTable, VendorEpilogue, VendorRoute};
+use fusion::plan::{self, GemmOp, KernelEntry, KernelOp, PlanTable, VendorEpilogue, VendorRoute, Weights};
 use fusion::{Tensor, TensorMut, kernels};
 use support::{TestElement, check, gemm_shapes, stream};
 
@@ -66,12 +66,23 @@ fn check_routed<T: TestElement>(name: &str, table: &'static PlanTable) {
     for (m, n, k) in gemm_shapes() {
         let dims = [("M", m), ("N", n), ("K", k)];
         check::<T>(&s, name, &dims, |r, w| {
-            let reads: Vec<&Tensor<'_, T>> = r.iter().collect();
+            let (inputs, weights) = r.split_at(table.inputs.len());
+            let inputs: Vec<&Tensor<'_, T>> = inputs.iter().collect();
+            let weights: Vec<&Tensor<'_, T>> = weights.iter().collect();
             let mut writes: Vec<&mut TensorMut<'_, T>> = w.iter_mut().collect();
             // SAFETY: the table is the generated one, its GEMMs given a
             // route; the vendor path reads the operands the fused kernel
             // reads.
-            unsafe { plan::run(table, &mut workspace, &[], &s, &reads, &mut writes) }
+            unsafe {
+                plan::run(
+                    table,
+                    &mut workspace,
+                    Weights::PerCall(&weights),
+                    &s,
+                    &inputs,
+                    &mut writes,
+                )
+            }
         });
     }
 }
@@ -87,13 +98,21 @@ fn check_routed_bound<T: TestElement>(name: &str, table: &'static PlanTable) {
     for (m, n, k) in gemm_shapes() {
         let dims = [("M", m), ("N", n), ("K", k)];
         check::<T>(&s, name, &dims, |r, w| {
-            let reads: Vec<&Tensor<'_, T>> = r.iter().collect();
+            let (inputs, weights) = r.split_at(table.inputs.len());
+            let inputs: Vec<&Tensor<'_, T>> = inputs.iter().collect();
             let mut writes: Vec<&mut TensorMut<'_, T>> = w.iter_mut().collect();
             // SAFETY: as in `check_routed`; the weights are the table's,
             // in its order.
             unsafe {
-                let prepared = plan::bind(table, &s, &reads[table.inputs.len()..])?;
-                plan::run(table, &mut workspace, &prepared, &s, &reads, &mut writes)
+                let bound = plan::bind(table, &s, weights.to_vec())?;
+                plan::run(
+                    table,
+                    &mut workspace,
+                    Weights::Bound(&bound),
+                    &s,
+                    &inputs,
+                    &mut writes,
+                )
             }
         });
     }

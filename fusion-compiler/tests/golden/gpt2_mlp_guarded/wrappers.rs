@@ -106,12 +106,11 @@ between kernels (written to memory, read back):
 /**
 # Threads and memory
 
-The struct is `Send` and `Sync`: it owns nothing but device buffers. `run` takes `&mut self` because every call reuses the same workspace for the intermediates and the kernels' scratch (grown when a call needs more, never while the stream is being captured into a CUDA graph: run once before capturing), so the compiler already keeps two threads from running one struct at once; to run a graph from several threads at the same time, give each thread its own struct (or share one behind a `Mutex`). Calls on different streams or from different threads are ordered: each records an event on its stream after its launches, and the next call elsewhere makes its stream wait for it before it uses the workspace. Dropping the struct waits for its last call, then frees the workspace.*/
+The struct is `Send` and `Sync`: it owns nothing but device buffers. Every call takes the intermediates and the kernels' scratch from one workspace (`fusion::SharedWorkspace`), grown when a call needs more, never while the stream is being captured into a CUDA graph (run once, or `reserve_workspace`, before capturing). It is the struct's own unless `with_workspace` gave it one to share: structs called one after another on a stream, such as the layers of a model, share one, as large as the largest call needs (`workspace_bytes` says what a call of M rows needs). A call locks the workspace while it enqueues its kernels, so calls sharing it take turns; `run` takes `&mut self`, and to run one graph from several threads at the same time, give each thread its own struct. Calls on different streams or from different threads are ordered: each records an event on its stream after its launches, and the next call elsewhere makes its stream wait for it before it uses the workspace. The workspace is freed with its last holder, after the last call that used it.*/
 #[derive(Debug)]
 pub struct Gpt2Mlp<'w, T: fusion::Element> {
-    weights: Gpt2MlpWeights<'w, T>,
-    folded: Vec<Option<fusion::launch::FoldedWeights>>,
-    workspace: fusion::launch::Workspace,
+    weights: fusion::BoundWeights<'w, T>,
+    workspace: fusion::SharedWorkspace,
 }
 impl<'w, T: fusion::Element> Gpt2Mlp<'w, T> {
     /// Binds the weights: checks each one's shape (static dims
@@ -124,30 +123,32 @@ impl<'w, T: fusion::Element> Gpt2Mlp<'w, T> {
     /// plain weight whose rows are not a multiple of 128 bytes is
     /// copied with its rows padded to that on sm90 (where such
     /// rows read slower; at most an eighth more per row;
-    /// `FUSION_PAD_WEIGHTS=0` turns it off): copies the struct
-    /// keeps beside the weights. Returns once that work is done.
+    /// `FUSION_PAD_WEIGHTS=0` turns it off). Each copy replaces
+    /// the weights it was made from: the struct keeps only what
+    /// its kernels read (`fusion::BoundWeights`), and drops an
+    /// owned weight once its copy exists (a borrowed one is no
+    /// longer referenced). Returns once that work is done.
     pub fn new(
         stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
         weights: Gpt2MlpWeights<'w, T>,
     ) -> fusion::Result<Self> {
-        let folded = unsafe {
+        let __bound = unsafe {
             fusion::plan::bind(
                 &__gpt2_mlp::__PLAN,
                 stream,
-                &[
-                    &weights.ln_g,
-                    &weights.ln_b,
-                    &weights.w_fc,
-                    &weights.b_fc,
-                    &weights.w_proj,
-                    &weights.b_proj,
+                vec![
+                    weights.ln_g,
+                    weights.ln_b,
+                    weights.w_fc,
+                    weights.b_fc,
+                    weights.w_proj,
+                    weights.b_proj,
                 ],
             )
         }?;
         Ok(Self {
-            weights,
-            folded,
-            workspace: fusion::launch::Workspace::new(),
+            weights: __bound,
+            workspace: fusion::Workspace::shared(),
         })
     }
     /// Checks the inputs and outputs (dynamic dims are read from
@@ -160,14 +161,14 @@ impl<'w, T: fusion::Element> Gpt2Mlp<'w, T> {
         x: &fusion::Tensor<'_, T>,
         y: &mut fusion::TensorMut<'_, T>,
     ) -> fusion::Result<()> {
-        let Gpt2MlpWeights { ln_g, ln_b, w_fc, b_fc, w_proj, b_proj } = &self.weights;
+        let mut __workspace = self.workspace.lock();
         unsafe {
             fusion::plan::run(
                 &__gpt2_mlp::__PLAN,
-                &mut self.workspace,
-                &self.folded,
+                &mut __workspace,
+                fusion::plan::Weights::Bound(&self.weights),
                 stream,
-                &[x, ln_g, ln_b, w_fc, b_fc, w_proj, b_proj],
+                &[x],
                 &mut [y],
             )
         }
@@ -175,13 +176,19 @@ impl<'w, T: fusion::Element> Gpt2Mlp<'w, T> {
 }
 #[allow(dead_code, reason = "a crate may bind weights it made itself with `new`")]
 impl<T: fusion::Element> Gpt2Mlp<'static, T> {
-    ///Reads the weights from a safetensors file ([`Gpt2MlpWeights::from_safetensors`]) and binds them ([`Self::new`]): a struct that owns its weights.
+    ///Reads the weights from a safetensors file (as [`Gpt2MlpWeights::from_safetensors`]) and binds them (as [`Self::new`]) one kernel at a time: a kernel's weights are copied to the device, bound, and those its copy replaces freed before the next kernel's are read; a gated pair is interleaved an eighth of its rows at a time, never on the device whole beside its copy. A struct that owns its weights.
     pub fn from_safetensors(
         stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
         file: &fusion::TensorFile,
         names: &fusion::TensorNames,
     ) -> fusion::Result<Self> {
-        Self::new(stream, Gpt2MlpWeights::from_safetensors(stream, file, names)?)
+        let __bound = unsafe {
+            fusion::plan::bind_file(&__gpt2_mlp::__PLAN, stream, file, names)
+        }?;
+        Ok(Self {
+            weights: __bound,
+            workspace: fusion::Workspace::shared(),
+        })
     }
 }
 #[allow(dead_code, reason = "accessors a crate may not call")]
@@ -211,16 +218,72 @@ impl<'w, T: fusion::Element> Gpt2Mlp<'w, T> {
     /// The plan this struct runs, as data (`fusion::plan`).
     #[doc(hidden)]
     pub const PLAN: &'static fusion::plan::PlanTable = &__gpt2_mlp::__PLAN;
-    /// The bound weights.
+    /// The bound weights: each declared weight that a kernel
+    /// reads as given (`get(name)`; a weight binding replaced with
+    /// its copy is `fusion::Error::WeightNotKept`, naming the
+    /// kernel and the copy), and the bytes kept and prepared.
     #[must_use]
-    pub fn weights(&self) -> &Gpt2MlpWeights<'w, T> {
+    pub fn weights(&self) -> &fusion::BoundWeights<'w, T> {
         &self.weights
     }
-    /// The device memory kept between calls: the intermediates and
-    /// the kernels' scratch (see `fusion::launch::Workspace`).
+    /// Has this struct's calls use `workspace`, shared with other
+    /// structs whose calls run one after another on a stream (the
+    /// layers of a model): it holds what the largest of them needs,
+    /// not their sum. Its own workspace is dropped.
     #[must_use]
-    pub fn workspace(&self) -> &fusion::launch::Workspace {
+    #[allow(dead_code, reason = "accessors a crate may not call")]
+    pub fn with_workspace(mut self, workspace: fusion::SharedWorkspace) -> Self {
+        self.workspace = workspace;
+        self
+    }
+    /// The device memory kept between calls: the intermediates and
+    /// the kernels' scratch (see `fusion::Workspace`), shared with the
+    /// structs given the same one.
+    #[must_use]
+    #[allow(dead_code, reason = "accessors a crate may not call")]
+    pub fn workspace(&self) -> &fusion::SharedWorkspace {
         &self.workspace
+    }
+    /// The bytes of workspace one call of `m` rows on `stream`'s
+    /// device needs: its intermediates, and the most scratch any of
+    /// its kernels asks for (with stream-K, as outside a capture).
+    /// `fusion::Error::UnboundDim` where a dim other than M is fixed
+    /// by no weight.
+    #[allow(dead_code, reason = "accessors a crate may not call")]
+    pub fn workspace_bytes(
+        &self,
+        stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
+        m: usize,
+    ) -> fusion::Result<usize> {
+        let need = unsafe {
+            fusion::plan::workspace_need(
+                &__gpt2_mlp::__PLAN,
+                fusion::plan::Weights::Bound(&self.weights),
+                stream,
+                m,
+            )
+        }?;
+        Ok(need.bytes())
+    }
+    /// Grows the workspace to what a call of `m` rows needs
+    /// (`workspace_bytes`), so that such a call, or a smaller one,
+    /// can then be captured into a CUDA graph.
+    #[allow(dead_code, reason = "accessors a crate may not call")]
+    pub fn reserve_workspace(
+        &self,
+        stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
+        m: usize,
+    ) -> fusion::Result<()> {
+        let mut __workspace = self.workspace.lock();
+        unsafe {
+            fusion::plan::reserve(
+                &__gpt2_mlp::__PLAN,
+                &mut __workspace,
+                fusion::plan::Weights::Bound(&self.weights),
+                stream,
+                m,
+            )
+        }
     }
 }
 #[allow(dead_code, unused_imports, clippy::all, clippy::pedantic, clippy::nursery)]
