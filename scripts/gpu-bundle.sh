@@ -22,8 +22,9 @@ targets=fusion-compiler/kernels/targets.json
 every=$(python3 -c 'import json, sys; print(",".join(g["name"] for g in json.load(open(sys.argv[1]))["generations"]))' "$targets")
 features=${FUSION_FEATURES:-$every}
 # The same generations for fusion's own tests, which also need its shipped
-# kernels and `fusion::testing` (fusion-cli's features name fusion's).
-fusion_features=kernels,testing,$features
+# kernels, `fusion::testing` and the guard's cuBLASLt path (fusion-cli's
+# features name fusion's).
+fusion_features=kernels,testing,cublaslt,$features
 fusion_features=fusion/${fusion_features//,/,fusion/}
 if [[ -f target/toolchain/env ]]; then
   set -a; source <(grep -E '^(NVCC|LIBCLANG_PATH|CUDA_HOME)=' target/toolchain/env); set +a
@@ -41,7 +42,7 @@ for line in sys.stdin:
     if m.get('reason') == 'compiler-artifact' and m['target']['name'] == sys.argv[1] and m.get('executable'):
         print(m['executable'])" "$1"
 }
-for name in gpu gpu_errors gpu_cublaslt gpu_graphs gpu_workspace gpu_safetensors gpu_run gpu_property gpu_stress; do
+for name in gpu gpu_errors gpu_cublaslt gpu_guard gpu_graphs gpu_workspace gpu_safetensors gpu_run gpu_property gpu_stress; do
   cp "$(echo "$json" | executable "$name")" "$dir/$name"
 done
 cp target/release/fusion "$dir/fusion"
@@ -73,6 +74,6 @@ python3 -c 'import json, sys
 built = sys.argv[2].split(",")
 names = [g["name"] for g in json.load(open(sys.argv[1]))["generations"] if g["name"] in built]
 print(" ".join(reversed(names)))' "$targets" "$features" > "$dir/generations"
-strip "$dir/gpu" "$dir/gpu_errors" "$dir/gpu_cublaslt" "$dir/gpu_graphs" "$dir/gpu_workspace" "$dir/gpu_safetensors" "$dir/gpu_run" "$dir/gpu_property" "$dir/gpu_stress" "$dir/fusion" \
+strip "$dir/gpu" "$dir/gpu_errors" "$dir/gpu_cublaslt" "$dir/gpu_guard" "$dir/gpu_graphs" "$dir/gpu_workspace" "$dir/gpu_safetensors" "$dir/gpu_run" "$dir/gpu_property" "$dir/gpu_stress" "$dir/fusion" \
   "$dir/swiglu_ffn" "$dir/llama-ffn" "$dir/llama_ffn_safetensors"
 du -sh "$dir"

@@ -102,7 +102,10 @@ for step in $steps; do
       FUSION_FORCE_ARCH=sm61 run_tests gpu-errors-forced.log 1 ./gpu_errors --ignored --exact \
         a_forced_variant_that_cannot_run_is_refused_by_the_wrapper
       # fusion bench's cuBLASLt baseline refuses buffers that do not match its plan.
-      run_tests gpu-cublaslt.log 3 ./gpu_cublaslt --ignored ;;
+      run_tests gpu-cublaslt.log 3 ./gpu_cublaslt --ignored
+      # The guard's vendor path (cuBLASLt and its epilogues) against the
+      # CPU reference, f16 and bf16.
+      run_tests gpu-guard.log 8 ./gpu_guard --ignored ;;
     graphs)
       run_tests gpu-graphs.log any ./gpu_graphs --ignored --nocapture
       run_tests gpu-workspace.log any ./gpu_workspace --ignored --test-threads 1 --nocapture

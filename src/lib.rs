@@ -9,6 +9,7 @@
 //! | [`kernels`] | the built-in kernels compiled from `graphs/` (feature `kernels`) |
 //! | `candle` | fused graphs called on candle's CUDA tensors, in place (feature `candle`) |
 //! | [`testing`] | checking kernels on a GPU against the CPU reference (feature `testing`) |
+//! | [`vendor`] | cuBLASLt, loaded at run time, where the guard sends a GEMM (feature `cublaslt`) |
 //! | [`weights`] | tensors from safetensors files, checked against a graph |
 //!
 //! The compiler itself (parsing, planning, code generation) is
@@ -38,6 +39,7 @@ pub mod plan;
 pub mod tensor;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod vendor;
 pub mod weights;
 
 pub use device::Arch;

@@ -22,6 +22,7 @@ use crate::device::Arch;
 use crate::error::{Error, Result};
 use crate::launch::{Call, FoldedWeights, GraphDecl, TensorDecl, Workspace, not_compiled};
 use crate::tensor::{Element, Shape, Tensor, TensorMut};
+pub use crate::vendor::LtEpilogue as VendorEpilogue;
 use crate::weights::{Binder, BoundWeights, TensorFile, TensorNames};
 use cudarc::driver::CudaStream;
 use cudarc::driver::{CudaSlice, DevicePtr};
@@ -126,6 +127,43 @@ pub struct GemmOp {
     pub b_layout: WeightLayout,
     /// What binding the weights computes for it.
     pub bind: Bind,
+    /// The Ms at which the guard runs it on the vendor path.
+    pub vendor: VendorRoute,
+}
+
+/// Where the guard sends a GEMM to cuBLASLt (`fusion::vendor`): the M
+/// ranges the build predicted or measured the fused kernel to lose on one
+/// GPU generation, and cuBLASLt's epilogue for the GEMM's steps (its bias
+/// is the GEMM's bias, its residual rides on `beta·C`). Taken only on that
+/// generation and where [`crate::vendor::routes_enabled`] says so; else
+/// the fused kernel runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VendorRoute {
+    /// The generation the ranges were decided for.
+    pub arch: Arch,
+    /// Inclusive `(smallest M, largest M)` ranges, `u32::MAX` as the
+    /// largest for every M above; empty: always fused.
+    pub ms: &'static [(u32, u32)],
+    /// cuBLASLt's epilogue.
+    pub epilogue: VendorEpilogue,
+}
+
+impl VendorRoute {
+    /// No M: the fused kernel always.
+    pub const NONE: VendorRoute = VendorRoute {
+        arch: Arch::Sm90,
+        ms: &[],
+        epilogue: VendorEpilogue::None,
+    };
+
+    /// Whether a call of `m` rows on `arch` is in one of its ranges.
+    pub fn covers(&self, arch: Arch, m: i64) -> bool {
+        arch == self.arch
+            && self
+                .ms
+                .iter()
+                .any(|&(low, high)| i64::from(low) <= m && (high == u32::MAX || m <= i64::from(high)))
+    }
 }
 
 impl GemmOp {
@@ -143,6 +181,7 @@ impl GemmOp {
         eps: 0.0,
         b_layout: WeightLayout::NK,
         bind: Bind::Nothing,
+        vendor: VendorRoute::NONE,
     };
 }
 
@@ -1341,11 +1380,20 @@ pub unsafe fn run<T: Element>(
     // and shared, since the kernels run one after another on the stream.
     let mut params = Vec::with_capacity(table.kernels.len());
     let mut scratch_bytes = 0u64;
+    // The GEMMs the guard sends to cuBLASLt at this call's M.
+    let mut routed = Vec::with_capacity(table.kernels.len());
     for (index, (kernel, launch)) in table.kernels.iter().zip(&launches).enumerate() {
         let bound = prepared.get(index).and_then(Option::as_ref);
         let weights = bound.map(|w| call.folded(w));
         let filled = fill(table, kernel, &call, &address, flags, weights)?;
-        if let (Params::Gemm(p), Launch::Gemm { query, folded, .. }) = (&filled, *launch) {
+        let route = vendor_route(kernel, &filled, arch);
+        routed.push(route);
+        if route.is_some() {
+            #[cfg(feature = "cublaslt")]
+            {
+                scratch_bytes = scratch_bytes.max(crate::vendor::ROUTE_WORKSPACE_BYTES);
+            }
+        } else if let (Params::Gemm(p), Launch::Gemm { query, folded, .. }) = (&filled, *launch) {
             // With its norm folded into the weight, the kernel runs the
             // folded launcher.
             let query = match (bound, folded) {
@@ -1363,6 +1411,23 @@ pub unsafe fn run<T: Element>(
         // A kernel whose own output is empty is not launched, while the
         // others are (`Call::has_elements` says why).
         if !call.has_elements(table.decl(kernel.output))? {
+            continue;
+        }
+        #[cfg(feature = "cublaslt")]
+        if let (Some(epilogue), Params::Gemm(p), KernelOp::Gemm(gemm)) = (routed[index], &params, &kernel.op)
+        {
+            // SAFETY: as for a launch (below): `call` checked every operand
+            // of the GEMM's params, and the scratch is this call's.
+            unsafe {
+                crate::vendor::run_route(
+                    stream,
+                    T::DTYPE,
+                    gemm.b_layout,
+                    epilogue,
+                    p,
+                    (scratch_ptr as u64, scratch_len as usize),
+                )?;
+            }
             continue;
         }
         let stream_ptr = call.stream_ptr();
@@ -1389,6 +1454,26 @@ pub unsafe fn run<T: Element>(
         call.launched(kernel.label, code, error_string)?;
     }
     call_use.finish()
+}
+
+/// cuBLASLt's epilogue where the guard runs `kernel`, filled as `params`,
+/// on the vendor path at this call's M on `arch`: its route covers them, routes are
+/// taken ([`crate::vendor::routes_enabled`]), its weight is the one
+/// declared (or its padded copy), not a folded or interleaved form, and it
+/// reads nothing cuBLASLt does not (a norm's parameters, a multiplier).
+pub fn vendor_route(kernel: &KernelEntry, params: &Params, arch: Arch) -> Option<VendorEpilogue> {
+    let (KernelOp::Gemm(gemm), Params::Gemm(p)) = (&kernel.op, params) else {
+        return None;
+    };
+    // The operands cuBLASLt takes, and a bias exactly where its epilogue
+    // adds one: a table that says otherwise runs the fused kernel.
+    let plain = matches!(gemm.bind, Bind::Nothing | Bind::Pad)
+        && gemm.gamma.is_none()
+        && gemm.b_up.is_none()
+        && gemm.multiplier.is_none()
+        && gemm.vendor.epilogue.reads_bias() == gemm.bias.is_some();
+    (plain && gemm.vendor.covers(arch, p.m) && crate::vendor::routes_enabled())
+        .then_some(gemm.vendor.epilogue)
 }
 
 #[cfg(test)]
@@ -1830,6 +1915,97 @@ mod tests {
                 scratch: held.scratch.max(need.scratch),
             });
         assert_eq!(held.bytes(), large.bytes());
+    }
+
+    #[test]
+    fn a_vendor_route_covers_its_ranges_alone() {
+        let route = VendorRoute {
+            arch: Arch::Sm90,
+            ms: &[(17, 64), (257, u32::MAX)],
+            epilogue: VendorEpilogue::GeluBias,
+        };
+        let covered: Vec<i64> = [1, 16, 17, 64, 65, 256, 257, 1 << 40]
+            .into_iter()
+            .filter(|&m| route.covers(Arch::Sm90, m))
+            .collect();
+        assert_eq!(covered, [17, 64, 257, 1 << 40]);
+        assert!(!VendorRoute::NONE.covers(Arch::Sm90, 1));
+        assert!(!route.covers(Arch::Sm90, -1));
+        // Another generation runs the fused kernel: the ranges were
+        // decided for sm90.
+        assert!(!route.covers(Arch::Sm80, 17));
+    }
+
+    #[test]
+    fn a_routed_gemm_calls_cublaslt_with_its_filled_operands() {
+        use crate::vendor::RouteCall;
+        // Bias + GELU: the bias is cuBLASLt's, no residual.
+        let p = gemm(table(SCHEMA_VERSION, Bind::Nothing), None);
+        let call = RouteCall::of(&p, VendorEpilogue::GeluBias);
+        assert_eq!(
+            call,
+            RouteCall {
+                dims: (5, 32, 64),
+                ld_w: None,
+                x: 0x1000,
+                w: 0x2000,
+                bias: Some(0x4000),
+                residual: None,
+                y: 0x5000,
+            }
+        );
+        // An epilogue without a bias reads none, whatever the params hold.
+        assert_eq!(RouteCall::of(&p, VendorEpilogue::Gelu).bias, None);
+        // A padded weight: its copy, at its row stride.
+        let p = gemm(table(SCHEMA_VERSION, Bind::Pad), Some((0xa000, 0, 72)));
+        let call = RouteCall::of(&p, VendorEpilogue::Bias);
+        assert_eq!((call.w, call.ld_w), (0xa000, Some(72)));
+        // A residual rides on beta.
+        let mut p = p;
+        p.residual = 0x6000 as _;
+        assert_eq!(RouteCall::of(&p, VendorEpilogue::None).residual, Some(0x6000));
+    }
+
+    #[test]
+    fn a_folded_gemm_is_never_routed() {
+        let kernel_of = |bind, bias| KernelEntry {
+            label: "kernel #0 (gemm)",
+            output: 4,
+            op: KernelOp::Gemm(GemmOp {
+                a: Some(0),
+                b: Some(1),
+                bias,
+                bind,
+                vendor: VendorRoute {
+                    arch: Arch::Sm90,
+                    ms: &[(1, u32::MAX)],
+                    epilogue: VendorEpilogue::None,
+                },
+                ..GemmOp::EMPTY
+            }),
+            launchers: Launchers::Gemm {
+                launch: &[],
+                query: &[],
+                folded: &[],
+                fold: &[],
+            },
+        };
+        let kernel = |bind| kernel_of(bind, None);
+        let kernel_with_bias = |bind| kernel_of(bind, Some(3));
+        let p = Params::Gemm(gemm(table(SCHEMA_VERSION, Bind::Nothing), None));
+        assert_eq!(
+            vendor_route(&kernel(Bind::Fold(Fold::Norm)), &p, Arch::Sm90),
+            None
+        );
+        // An epilogue without a bias on a GEMM with one: never routed.
+        assert_eq!(
+            vendor_route(&kernel_with_bias(Bind::Nothing), &p, Arch::Sm90),
+            None
+        );
+        // A plain one is routed exactly where routes are taken (the
+        // feature `cublaslt`, cuBLASLt loaded, FUSION_GUARD not off).
+        let routed = vendor_route(&kernel(Bind::Nothing), &p, Arch::Sm90);
+        assert_eq!(routed.is_some(), crate::vendor::routes_enabled());
     }
 
     #[test]

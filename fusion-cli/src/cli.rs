@@ -6,6 +6,7 @@
 use clap::{Args, Parser, Subcommand};
 use fusion_compiler::fuse;
 use fusion_compiler::ir::Graph;
+use fusion_compiler::select::guard;
 use std::ffi::OsStr;
 use std::fmt;
 use std::io::{self, Write};
@@ -97,6 +98,12 @@ pub struct PlanArgs {
     /// Print the plan as JSON instead of the table.
     #[arg(long)]
     pub json: bool,
+    /// Also say which M buckets of each GEMM a build with the guard on
+    /// (`FUSION_GUARD=on`, which shows this too) runs on the vendor path,
+    /// and why: the predicted or tuned times of both paths. With `--json`
+    /// it goes to standard error.
+    #[arg(long)]
+    pub guard: bool,
 }
 
 /// Why a command failed.
@@ -175,7 +182,18 @@ pub fn run(cli: &Cli, out: &mut dyn Write) -> Result<(), CliError> {
     match &cli.command {
         Command::Plan(args) => {
             let graph = fusion_compiler::load_toml_graph(&args.graph).map_err(CliError::from_front_end)?;
-            plan_graph(graph, args.dot.as_deref(), args.json, out)
+            let guard = args.guard || guard::guard_from_env().map_err(CliError::Message)?;
+            let report = if guard { Some(guard_report(&graph)?) } else { None };
+            plan_graph(graph, args.dot.as_deref(), args.json, out)?;
+            match report {
+                Some(report) if args.json => eprint!("{report}"),
+                Some(report) => {
+                    write!(out, "\n{report}").map_err(CliError::from_stdout)?;
+                    out.flush().map_err(CliError::from_stdout)?;
+                }
+                None => {}
+            }
+            Ok(())
         }
         #[cfg(feature = "kernels")]
         Command::Bench(args) => bench(args, out),
@@ -364,6 +382,26 @@ fn workspace_line(rows: &[IntermediateRows]) -> String {
     format!("workspace per call: {}{total}, plus {scratch}", each.join(", "))
 }
 
+/// What the guard decides for each GEMM kernel of `graph` on sm90, as a
+/// build with `FUSION_GUARD=on` and this environment's `FUSION_TUNED` and
+/// `FUSION_SELECT` decides it ([`guard::report`]).
+pub fn guard_report(graph: &Graph) -> Result<String, CliError> {
+    use fusion_compiler::select::{SELECT_ENV, TUNED_ENV, TunedCache};
+    let rules = fusion_compiler::select::split_rules(&fusion::device::compiled())
+        .map_err(|e| CliError::Message(e.to_string()))?;
+    let plan = fuse::plan_with(graph.clone(), &rules);
+    let mut cache = std::env::var_os(TUNED_ENV)
+        .map(|path| TunedCache::read(Path::new(&path)))
+        .unwrap_or_default();
+    for warning in &cache.warnings {
+        eprintln!("warning: {warning}");
+    }
+    if std::env::var(SELECT_ENV).as_deref() == Ok("model") {
+        cache.model = Some(fusion_compiler::select::model::Calibration::shipped_sm90());
+    }
+    guard::report(&plan, &guard::Guard::shipped_sm90(), &cache).map_err(|e| CliError::Message(e.to_string()))
+}
+
 /// Graphviz's renderer, which `fusion plan --dot` runs when it is on PATH.
 const GRAPHVIZ: &str = "dot";
 
@@ -449,6 +487,22 @@ mod tests {
         };
         assert_eq!(args.dot, None);
         assert!(Cli::try_parse_from(["fusion", "plan"]).is_err());
+    }
+
+    #[test]
+    fn plan_with_guard_says_what_each_gemm_runs() {
+        let cli = Cli::try_parse_from(["fusion", "plan", "g.toml", "--guard"]).unwrap();
+        let Command::Plan(args) = cli.command else {
+            panic!("plan")
+        };
+        assert!(args.guard);
+        let text = guard_report(&ffn()).unwrap();
+        assert!(text.starts_with("guard on sm90: "), "{text}");
+        assert!(
+            text.contains("kernel #0 (gemm_bias_gelu, f16, N=64 K=64): "),
+            "{text}"
+        );
+        assert!(text.contains("  m<=256: "), "{text}");
     }
 
     #[test]

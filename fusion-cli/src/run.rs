@@ -20,7 +20,9 @@ use crate::tune::library::SharedLibrary;
 use cudarc::driver::{CudaSlice, CudaStream};
 use fusion::error::Result as GpuResult;
 use fusion::launch::{Call, Dim, ErrorString, FoldedWeights, GraphDecl, TensorDecl, Workspace};
-use fusion::plan::{self, Bind, Fold, GemmOp, KernelEntry, KernelOp, Launchers, PlanTable, Weights};
+use fusion::plan::{
+    self, Bind, Fold, GemmOp, KernelEntry, KernelOp, Launchers, PlanTable, VendorRoute, Weights,
+};
 use fusion::testing::{self, HostElement};
 use fusion::weights::{Binder, BoundWeights, TensorFile, TensorNames};
 use fusion::{Arch, Shape, Tensor, TensorMut};
@@ -514,6 +516,9 @@ fn kernel_op(graph: &Graph, kernel: &FusedKernel) -> KernelOp {
                 eps: gemm.prologue.map_or(0.0, |p| p.eps) as f32,
                 b_layout: gemm.b_layout,
                 bind,
+                // The guard is a build option: a plan rendered here keeps
+                // every M fused.
+                vendor: VendorRoute::NONE,
             })
         }
         Composition::Norm(norm) => KernelOp::Norm {

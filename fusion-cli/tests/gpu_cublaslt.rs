@@ -65,7 +65,7 @@ fn the_cublaslt_baseline_checks_its_buffers() {
 #[ignore = "needs a CUDA GPU"]
 fn the_cublaslt_baseline_runs_each_candidate_and_names_it() {
     use fusion::ir::{DType, WeightLayout};
-    use fusion_cli::bench::cublaslt::{LtEpilogue, LtGemm, version};
+    use fusion_cli::bench::cublaslt::{ChosenConfig, LtEpilogue, LtGemm, version};
     let s = stream();
     let (m, n, k) = (256, 512, 1024);
     let mut lt = LtGemm::new(&s, DType::F16, WeightLayout::NK, (m, n, k), LtEpilogue::None, 16).unwrap();

@@ -125,6 +125,79 @@ fn bless(dir: &Path, rendered: &BTreeMap<String, String>) {
     }
 }
 
+/// The wrappers of `gpt2_mlp` as a build with `FUSION_GUARD=on` renders
+/// them: the guard's models route its `gemm_bias_residual` (N = 768,
+/// K = 3072) to cuBLASLt for the M buckets they predict it loses, and leave
+/// the norm-prologue GEMM unrouted. Only the plan table's `vendor` fields
+/// differ from a build without the guard (the units are the same), so
+/// only the wrappers are kept.
+fn render_guarded() -> BTreeMap<String, String> {
+    use fusion_compiler::select::TunedCache;
+    use fusion_compiler::select::guard::Guard;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let origin = "graphs/gpt2_mlp.toml".to_owned();
+    let ir = fusion_compiler::load_toml_graph(&root.join(&origin)).unwrap_or_else(|e| panic!("{e}"));
+    let spec = GraphSpec {
+        plan: fusion_compiler::fuse::plan(ir),
+        dtypes: DTYPES.to_vec(),
+        origin,
+        fingerprint: None,
+        declaration: String::new(),
+    };
+    let mut cache = TunedCache::default();
+    cache.guard = Some(Guard::shipped_sm90());
+    let library = codegen::render_tuned("fusion_kernels", ARCHS, std::slice::from_ref(&spec), &[], &cache)
+        .unwrap_or_else(|e| panic!("gpt2_mlp: {e}"));
+    let wrappers = wrappers::generate(&library, true, FFI_RS);
+    // Without the guard, the same wrappers but for the route.
+    let unguarded = codegen::render("fusion_kernels", ARCHS, &[spec]).unwrap_or_else(|e| panic!("{e}"));
+    let unguarded = wrappers::generate(&unguarded, true, FFI_RS);
+    assert_eq!(
+        without_routes(&wrappers),
+        unguarded,
+        "the guard changes the plan table's routes alone"
+    );
+    BTreeMap::from([("wrappers.rs".to_owned(), wrappers)])
+}
+
+/// `wrappers` without the `vendor: fusion::plan::VendorRoute { .. },`
+/// fields (each ends at the first line that closes it).
+fn without_routes(wrappers: &str) -> String {
+    let mut kept = String::new();
+    let mut in_route = false;
+    for line in wrappers.split_inclusive('\n') {
+        if line
+            .trim_start()
+            .starts_with("vendor: fusion::plan::VendorRoute {")
+        {
+            in_route = true;
+        } else if in_route {
+            in_route = line.trim() != "},";
+        } else {
+            kept.push_str(line);
+        }
+    }
+    kept
+}
+
+#[test]
+fn guarded_wrappers_match_their_golden_file() {
+    let rendered = render_guarded();
+    let dir = golden_dir("gpt2_mlp_guarded");
+    if std::env::var_os("FUSION_BLESS").is_some_and(|v| v == "1") {
+        bless(&dir, &rendered);
+        return;
+    }
+    let problems = mismatches(&dir, &rendered);
+    assert!(
+        problems.is_empty(),
+        "generated code differs from tests/golden/gpt2_mlp_guarded:\n{}\n\nIf the change is intended, rewrite it \
+         with `FUSION_BLESS=1 cargo test -p fusion-compiler --test golden`.",
+        problems.join("\n")
+    );
+    assert!(rendered["wrappers.rs"].contains("fusion::plan::VendorEpilogue::Bias"));
+}
+
 #[test]
 fn generated_code_matches_golden_files() {
     let blessing = std::env::var_os("FUSION_BLESS").is_some_and(|v| v == "1");

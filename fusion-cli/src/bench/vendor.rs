@@ -14,7 +14,7 @@ use fusion::error::Result;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
-use super::cublaslt::{LtAlgoConfig, LtGemm};
+use super::cublaslt::{ChosenConfig, LtAlgoConfig, LtGemm};
 
 /// How many algorithms the best-of baseline asks the heuristic for.
 pub const CANDIDATES: usize = 16;

@@ -10,9 +10,10 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, ValidAsZeroBits};
 use fusion::abi::{fusion_fold_params, fusion_gemm_params};
 use fusion::error::Result as GpuResult;
 use fusion::testing::{self, HostElement};
-use fusion_compiler::fuse::{EpilogueStep, FusedKernel, GemmComposition, GemmOperands, Role};
-use fusion_compiler::ir::{Activation, Graph, WeightLayout};
+use fusion_compiler::fuse::{FusedKernel, GemmComposition, GemmOperands, Role};
+use fusion_compiler::ir::{Graph, WeightLayout};
 use fusion_compiler::reference::{self, HostTensor, Intermediates};
+use fusion_compiler::select::guard::{VendorEpilogue, VendorPath};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use std::sync::Arc;
@@ -38,39 +39,34 @@ pub struct Baseline {
     pub gated: bool,
 }
 
+/// The run time's name for the compiler's cuBLASLt epilogue.
+pub fn lt_epilogue(epilogue: VendorEpilogue) -> LtEpilogue {
+    match epilogue {
+        VendorEpilogue::None => LtEpilogue::None,
+        VendorEpilogue::Bias => LtEpilogue::Bias,
+        VendorEpilogue::Relu => LtEpilogue::Relu,
+        VendorEpilogue::ReluBias => LtEpilogue::ReluBias,
+        VendorEpilogue::Gelu => LtEpilogue::Gelu,
+        VendorEpilogue::GeluBias => LtEpilogue::GeluBias,
+    }
+}
+
 impl Baseline {
+    /// The unfused path the guard would run ([`VendorPath::of`]) where
+    /// cuBLASLt computes the whole chain; else the GEMM alone.
     pub fn of(gemm: &GemmComposition) -> Baseline {
-        use EpilogueStep::{Activation as Act, Bias, Residual};
-        let (epilogue, residual) = match gemm.epilogue[..] {
-            _ if gemm.prologue.is_some() || gemm.gate.is_some() => {
-                return Baseline {
-                    epilogue: LtEpilogue::None,
-                    residual: false,
-                    whole: false,
-                    gated: gemm.gate.is_some(),
-                };
-            }
-            [] => (LtEpilogue::None, false),
-            [Bias] => (LtEpilogue::Bias, false),
-            [Bias, Act(a)] if a == Activation::RELU => (LtEpilogue::ReluBias, false),
-            [Bias, Act(a)] if a == Activation::GELU => (LtEpilogue::GeluBias, false),
-            [Act(a)] if a == Activation::GELU => (LtEpilogue::Gelu, false),
-            [Bias, Residual] => (LtEpilogue::Bias, true),
-            [Residual] => (LtEpilogue::None, true),
-            _ => {
-                return Baseline {
-                    epilogue: LtEpilogue::None,
-                    residual: false,
-                    whole: false,
-                    gated: false,
-                };
-            }
+        let path = VendorPath::of(gemm);
+        let whole = path.unsupported().is_none();
+        let (epilogue, residual) = if whole {
+            (lt_epilogue(path.epilogue), path.beta_residual)
+        } else {
+            (LtEpilogue::None, false)
         };
         Baseline {
             epilogue,
             residual,
-            whole: true,
-            gated: false,
+            whole,
+            gated: path.gated,
         }
     }
 
@@ -467,7 +463,8 @@ fn rotation_sets(bytes: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use fusion_compiler::fuse::{Norm, NormKind};
+    use fusion_compiler::fuse::{EpilogueStep, Norm, NormKind};
+    use fusion_compiler::ir::Activation;
 
     fn gemm(epilogue: Vec<EpilogueStep>) -> GemmComposition {
         GemmComposition {

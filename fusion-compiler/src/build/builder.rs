@@ -189,7 +189,11 @@ impl Builder {
         let files = self.collect(cargo)?;
         let tuned = self.tuned_path();
         if cargo {
-            for name in Arch::BUILD_ENV.into_iter().chain([TUNED_ENV, SELECT_ENV]) {
+            for name in
+                Arch::BUILD_ENV
+                    .into_iter()
+                    .chain([TUNED_ENV, SELECT_ENV, crate::select::guard::GUARD_ENV])
+            {
                 println!("cargo:rerun-if-env-changed={name}");
             }
             if let Some(path) = &tuned {
@@ -241,6 +245,9 @@ impl Builder {
         }
         let mut cache = tuned.map(|path| TunedCache::read(&path)).unwrap_or_default();
         cache.model = select_by_model()?.then(crate::select::model::Calibration::shipped_sm90);
+        cache.guard = crate::select::guard::guard_from_env()
+            .map_err(BuildError::Config)?
+            .then(crate::select::guard::Guard::shipped_sm90);
         codegen::render_tuned(lib_name, &archs, &specs, &[], &cache)
             .map_err(|e| BuildError::Config(e.to_string()))
     }

@@ -196,6 +196,10 @@ impl RenderedUnit {
 pub struct KernelVariants {
     /// `(dtype, arch, launcher symbol)`, one per variant built.
     pub variants: Vec<(DType, Arch, String)>,
+    /// Where the guard sends the kernel to the vendor path
+    /// ([`crate::select::guard`], `FUSION_GUARD=on`): the arch, the M
+    /// buckets every dtype of the graph loses in, and cuBLASLt's epilogue.
+    pub vendor: Option<select::guard::Route>,
 }
 
 impl KernelVariants {
@@ -344,11 +348,17 @@ pub fn render_tuned(
     let mut warnings = cache.warnings.clone();
     // Per graph, per kernel: (dtype, arch, key).
     let mut uses: Vec<Vec<Vec<(DType, Arch, KernelKey)>>> = Vec::new();
+    // Per graph, per kernel: the guard's route ([`KernelVariants::vendor`]).
+    let mut routes: Vec<Vec<Option<select::guard::Route>>> = Vec::new();
     for spec in graphs {
         check_dtypes(spec, &archs)?;
         let mut graph_uses = Vec::new();
+        let mut graph_routes = Vec::new();
         for (index, kernel) in spec.plan.kernels.iter().enumerate() {
             let mut kernel_uses = Vec::new();
+            // The buckets every dtype's verdict sends to the vendor path.
+            let mut route: Option<select::guard::Route> = None;
+            let mut routed_dtypes = 0;
             for &dtype in &spec.dtypes {
                 for (&arch, table) in archs.iter().zip(&tables).filter(|(a, _)| a.supports(dtype)) {
                     let (n, k) = kernel.static_n_and_k(&spec.plan.graph);
@@ -371,12 +381,25 @@ pub fn render_tuned(
                     if entry.used_by.last() != Some(&user) {
                         entry.used_by.push(user);
                     }
+                    if let KernelKey::Gemm { config, .. } = &key
+                        && let Some(this) =
+                            select::guard::route(cache, arch, kernel, &spec.plan.graph, dtype, config)
+                    {
+                        routed_dtypes += 1;
+                        route = Some(match route {
+                            None => this,
+                            Some(kept) => kept.both(&this),
+                        });
+                    }
                     kernel_uses.push((dtype, arch, key));
                 }
             }
             graph_uses.push(kernel_uses);
+            graph_routes
+                .push(route.filter(|route| routed_dtypes == spec.dtypes.len() && !route.buckets.is_empty()));
         }
         uses.push(graph_uses);
+        routes.push(graph_routes);
     }
 
     let registry = templates::registry();
@@ -399,15 +422,18 @@ pub fn render_tuned(
     let graphs = graphs
         .iter()
         .zip(uses)
-        .map(|(spec, graph_uses)| GraphLaunchers {
+        .zip(routes)
+        .map(|((spec, graph_uses), graph_routes)| GraphLaunchers {
             spec: spec.clone(),
             kernels: graph_uses
                 .into_iter()
-                .map(|kernel_uses| KernelVariants {
+                .zip(graph_routes)
+                .map(|(kernel_uses, vendor)| KernelVariants {
                     variants: kernel_uses
                         .into_iter()
                         .map(|(dtype, arch, key)| (dtype, arch, symbols[&key].clone()))
                         .collect(),
+                    vendor,
                 })
                 .collect(),
         })

@@ -446,6 +446,27 @@ fn tensor_option(tensor: Option<TensorId>) -> TokenStream {
     }
 }
 
+/// A GEMM's `vendor` field: the guard's route (`FUSION_GUARD=on`) as a
+/// `fusion::plan::VendorRoute`, `u32::MAX` for the open end.
+fn vendor_route(route: &crate::select::guard::Route) -> TokenStream {
+    let ranges = crate::select::guard::bucket_ranges(&route.buckets)
+        .into_iter()
+        .map(|(low, high)| {
+            let (low, high) = (
+                Literal::u32_unsuffixed(low),
+                Literal::u32_unsuffixed(high.unwrap_or(u32::MAX)),
+            );
+            quote!((#low, #high))
+        });
+    let arch = format_ident!("{}", format!("{:?}", route.arch));
+    let epilogue = format_ident!("{}", route.epilogue.name());
+    quote!(vendor: fusion::plan::VendorRoute {
+        arch: fusion::Arch::#arch,
+        ms: &[#(#ranges),*],
+        epilogue: fusion::plan::VendorEpilogue::#epilogue,
+    })
+}
+
 /// The graph's `__GRAPH` and `__PLAN` statics: its declarations and its plan
 /// as a `fusion::plan::PlanTable`.
 fn plan_table(
@@ -540,6 +561,9 @@ fn plan_table(
                     fields.push(quote!(bind: Bind::Fold(fusion::plan::Fold::#fold)));
                 } else if kernel.binds_b(graph) {
                     fields.push(quote!(bind: Bind::Pad));
+                }
+                if let Some(route) = launchers.kernels.get(index).and_then(|k| k.vendor.as_ref()) {
+                    fields.push(vendor_route(route));
                 }
                 quote!(KernelOp::Gemm(GemmOp { #(#fields,)* ..GemmOp::EMPTY }))
             }

@@ -33,6 +33,7 @@
 //!
 //! Not here: measuring configs (the tuner writes the cache this reads).
 
+pub mod guard;
 pub mod model;
 mod tuned;
 mod tuned_cache;

@@ -315,12 +315,7 @@ impl Calibration {
         k: u64,
         source_tile: bool,
     ) -> Option<(TileConfig, f64)> {
-        let low = u64::from(bucket.min_m());
-        let high = bucket.max_m().map_or(
-            2 * u64::from(M_BUCKET_BOUNDS[M_BUCKET_BOUNDS.len() - 1]),
-            u64::from,
-        );
-        let ms = [low, (low + high) / 2, high];
+        let ms = bucket_ms(bucket);
         candidates
             .iter()
             .map(|tile| {
@@ -335,6 +330,17 @@ impl Calibration {
             })
             .min_by(|a, b| a.1.total_cmp(&b.1))
     }
+}
+
+/// The Ms a bucket's time is weighed at: its smallest, middle and largest
+/// (the unbounded bucket's largest taken as twice its bound).
+pub(super) fn bucket_ms(bucket: MBucket) -> [u64; 3] {
+    let low = u64::from(bucket.min_m());
+    let high = bucket.max_m().map_or(
+        2 * u64::from(M_BUCKET_BOUNDS[M_BUCKET_BOUNDS.len() - 1]),
+        u64::from,
+    );
+    [low, (low + high) / 2, high]
 }
 
 /// The costs a calibration fits.
@@ -381,18 +387,11 @@ impl std::error::Error for FitError {}
 /// (each sample weighted by its inverse time), so that a 10 us kernel
 /// counts as much as a 1 ms one.
 pub fn fit(samples: &[Sample], sms: u64, provenance: Provenance) -> Result<Calibration, FitError> {
-    let mut normal = vec![vec![0.0; UNKNOWNS + 1]; UNKNOWNS];
-    for sample in samples {
-        let row = features(sample.tile, sample.shape, sample.source_tile, sms);
-        let weight = 1.0 / (sample.us * sample.us);
-        for i in 0..UNKNOWNS {
-            for j in 0..UNKNOWNS {
-                normal[i][j] += weight * row[i] * row[j];
-            }
-            normal[i][UNKNOWNS] += weight * row[i] * sample.us;
-        }
-    }
-    let x = solve(normal).ok_or_else(|| {
+    let rows: Vec<([f64; UNKNOWNS], f64)> = samples
+        .iter()
+        .map(|s| (features(s.tile, s.shape, s.source_tile, sms), s.us))
+        .collect();
+    let x = least_squares(&rows).ok_or_else(|| {
         FitError(format!(
             "{} samples do not tell the model's {UNKNOWNS} costs apart: measure more tiles and shapes",
             samples.len()
@@ -422,6 +421,24 @@ pub fn fit(samples: &[Sample], sms: u64, provenance: Provenance) -> Result<Calib
         memory_us_per_mb: x[6],
         tiles,
     })
+}
+
+/// The costs that fit `rows` (each the counts of one sample and its
+/// measured time) by least squares on the relative error, each row
+/// weighted by its inverse time; `None` when the rows do not tell the
+/// costs apart.
+pub(super) fn least_squares<const N: usize>(rows: &[([f64; N], f64)]) -> Option<Vec<f64>> {
+    let mut normal = vec![vec![0.0; N + 1]; N];
+    for (row, us) in rows {
+        let weight = 1.0 / (us * us);
+        for i in 0..N {
+            for j in 0..N {
+                normal[i][j] += weight * row[i] * row[j];
+            }
+            normal[i][N] += weight * row[i] * us;
+        }
+    }
+    solve(normal)
 }
 
 /// The note a fitted calibration carries.
@@ -550,4 +567,4 @@ impl KernelConfig {
 }
 
 #[cfg(test)]
-mod tests;
+pub(super) mod tests;

@@ -289,6 +289,11 @@ pub struct TunedCache {
     /// ([`super::model`]); `None`: the shipped table's tiers serve them.
     /// A build sets it for `FUSION_SELECT=model` ([`SELECT_ENV`]).
     pub model: Option<super::model::Calibration>,
+    /// The guard's models ([`super::guard`]): where set, the M buckets of
+    /// a GEMM predicted (or, by an entry here, measured) to lose to the
+    /// unfused vendor path run that path. A build sets it for
+    /// `FUSION_GUARD=on` ([`super::guard::GUARD_ENV`]).
+    pub guard: Option<super::guard::Guard>,
 }
 
 impl TunedCache {

@@ -3,7 +3,7 @@ use crate::select::{Arch, KernelKind, select};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-fn repo_root() -> PathBuf {
+pub(in crate::select) fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
@@ -118,7 +118,7 @@ fn samples_of_files(files: &[String]) -> Vec<Sample> {
 
 /// What the bench JSON files record of their run: the GPU, driver, commit
 /// and date (all files must agree on the GPU).
-fn provenance_of(files: &[String]) -> Provenance {
+pub(in crate::select) fn provenance_of(files: &[String]) -> Provenance {
     let read = |file: &String| -> serde_json::Value {
         serde_json::from_str(&std::fs::read_to_string(repo_root().join(file)).unwrap()).unwrap()
     };
