@@ -111,7 +111,7 @@ for step in $steps; do
       run_tests gpu-workspace.log any ./gpu_workspace --ignored --test-threads 1 --nocapture
       run_tests gpu-safetensors.log any ./gpu_safetensors --ignored --nocapture
       # `fusion run`'s kernels are built at run time: nvcc (NVCC, CUDA_HOME or PATH).
-      run_tests gpu-run.log 2 ./gpu_run --ignored --nocapture
+      run_tests gpu-run.log 4 ./gpu_run --ignored --nocapture
       run_tests gpu-llama-safetensors.log 1 ./llama_ffn_safetensors --ignored --nocapture ;;
     examples)
       run example-swiglu-ffn.log ./swiglu_ffn 512
