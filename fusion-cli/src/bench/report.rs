@@ -347,14 +347,15 @@ pub fn table(report: &Report) -> String {
     out
 }
 
+/// The rows that have the measurement `of` picks, each with it.
+fn measured<'r, M>(report: &'r Report, of: impl Fn(&'r Row) -> Option<&'r M>) -> Vec<(&'r Row, &'r M)> {
+    report.rows.iter().filter_map(|r| of(r).map(|m| (r, m))).collect()
+}
+
 /// With `--host`, a table of each row's host time per call; empty
 /// otherwise.
 fn host_table(report: &Report) -> String {
-    let rows: Vec<(&Row, &HostCost)> = report
-        .rows
-        .iter()
-        .filter_map(|r| r.host.as_ref().map(|h| (r, h)))
-        .collect();
+    let rows = measured(report, |r| r.host.as_ref());
     let Some((_, first)) = rows.first() else {
         return String::new();
     };
@@ -403,11 +404,7 @@ fn host_table(report: &Report) -> String {
 /// With `--streams N`, a second table: each row's slowdown with N streams
 /// in flight; empty otherwise.
 fn concurrency_table(report: &Report) -> String {
-    let rows: Vec<(&Row, &Concurrency)> = report
-        .rows
-        .iter()
-        .filter_map(|r| r.concurrency.as_ref().map(|c| (r, c)))
-        .collect();
+    let rows = measured(report, |r| r.concurrency.as_ref());
     let Some((_, first)) = rows.first() else {
         return String::new();
     };
