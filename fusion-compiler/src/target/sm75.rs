@@ -1,7 +1,7 @@
 //! Turing (sm_75): the WMMA mainloop (`kernels/include/fusion/sm75/`), f16
 //! only, double-buffered through registers.
 
-use super::warp_tiled::{WarpTile, is_zero};
+use super::warp_tiled::{Spelled, WarpTile};
 use super::{Arch, Fields as AnyFields, Target, TileConfig};
 use crate::ir::DType;
 
@@ -29,30 +29,6 @@ pub struct Fields {
     /// `__launch_bounds__`' second argument: caps registers so this many
     /// blocks fit on one SM.
     pub min_blocks_per_sm: u32,
-}
-
-/// An sm75 tile config as the tuned tables and caches spell it.
-#[derive(serde::Deserialize, serde::Serialize)]
-#[serde(deny_unknown_fields)]
-struct Spelled {
-    bm: u32,
-    bn: u32,
-    bk: u32,
-    #[serde(default, skip_serializing_if = "is_zero")]
-    warp_m: u32,
-    #[serde(default, skip_serializing_if = "is_zero")]
-    warp_n: u32,
-    stages: u32,
-    #[serde(default, skip_serializing_if = "is_zero")]
-    min_blocks_per_sm: u32,
-    /// `pipelined` and `staged_store`, options of the sm80 mainloop, were
-    /// written `false` into every tile config when one type served every
-    /// generation; configs still carry them so that tuned caches read and
-    /// write as before. Only `false` is accepted.
-    #[serde(default)]
-    pipelined: bool,
-    #[serde(default)]
-    staged_store: bool,
 }
 
 /// Reads an sm75 tile config ([`TileConfig::read_for`]).

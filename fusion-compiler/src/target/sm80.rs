@@ -1,7 +1,7 @@
 //! Ampere and Ada (sm_80, also run on sm_86 and sm_89): the mma.sync
 //! mainloop with a cp.async multi-stage pipeline (`kernels/include/fusion/sm80/`).
 
-use super::warp_tiled::{WarpTile, is_zero};
+use super::warp_tiled::{Spelled, WarpTile};
 use super::{Arch, Fields as AnyFields, Target, TileConfig};
 use crate::ir::DType;
 
@@ -36,26 +36,6 @@ pub struct Fields {
     /// leaves through shared memory in 16-byte stores (+4-5% on the
     /// 128x256x64 tile, sweep set 2).
     pub staged_store: bool,
-}
-
-/// An sm80 tile config as the tuned tables and caches spell it.
-#[derive(serde::Deserialize, serde::Serialize)]
-#[serde(deny_unknown_fields)]
-struct Spelled {
-    bm: u32,
-    bn: u32,
-    bk: u32,
-    #[serde(default, skip_serializing_if = "is_zero")]
-    warp_m: u32,
-    #[serde(default, skip_serializing_if = "is_zero")]
-    warp_n: u32,
-    stages: u32,
-    #[serde(default, skip_serializing_if = "is_zero")]
-    min_blocks_per_sm: u32,
-    #[serde(default)]
-    pipelined: bool,
-    #[serde(default)]
-    staged_store: bool,
 }
 
 /// Reads an sm80 tile config ([`TileConfig::read_for`]).

@@ -42,6 +42,30 @@ impl WarpTile {
     }
 }
 
-pub(super) fn is_zero(value: &u32) -> bool {
+/// A warp-tiled (sm75 or sm80) tile config as the tuned tables and caches
+/// spell it; each generation reads it into its own fields.
+#[derive(serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct Spelled {
+    pub bm: u32,
+    pub bn: u32,
+    pub bk: u32,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub warp_m: u32,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub warp_n: u32,
+    pub stages: u32,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub min_blocks_per_sm: u32,
+    /// Options of the sm80 mainloop. sm75 configs carry them as `false`
+    /// (written into every config when one type served every generation),
+    /// so that tuned caches read and write as before; sm75 refuses `true`.
+    #[serde(default)]
+    pub pipelined: bool,
+    #[serde(default)]
+    pub staged_store: bool,
+}
+
+fn is_zero(value: &u32) -> bool {
     *value == 0
 }
