@@ -30,7 +30,7 @@ if [[ -f target/toolchain/env ]]; then
   set -a; source <(grep -E '^(NVCC|LIBCLANG_PATH|CUDA_HOME)=' target/toolchain/env); set +a
 fi
 json=$(cargo test --release -p fusion -p fusion-cli --features "$fusion_features" --tests --no-run --message-format=json 2>/dev/null)
-cargo build --release -p fusion-cli --features "$features" --bin fusion --example swiglu_ffn
+cargo build --release -p fusion-cli --features "$features" --bin fusion --example swiglu_ffn --example llama_stack
 cargo build --release -p llama-ffn
 llama_json=$(cargo test --release -p llama-ffn --tests --no-run --message-format=json 2>/dev/null)
 # executable NAME: the test binary named NAME in cargo's JSON messages on stdin.
@@ -42,12 +42,13 @@ for line in sys.stdin:
     if m.get('reason') == 'compiler-artifact' and m['target']['name'] == sys.argv[1] and m.get('executable'):
         print(m['executable'])" "$1"
 }
-for name in gpu gpu_errors gpu_cublaslt gpu_guard gpu_graphs gpu_workspace gpu_safetensors gpu_run gpu_property gpu_stress; do
+for name in gpu gpu_errors gpu_cublaslt gpu_guard gpu_graphs gpu_forward gpu_workspace gpu_safetensors gpu_run gpu_property gpu_stress; do
   cp "$(echo "$json" | executable "$name")" "$dir/$name"
 done
 cp target/release/fusion "$dir/fusion"
 target/release/fusion render fusion-compiler/kernels/selftest/candidates.json --out "$dir/selftest"
 cp target/release/examples/swiglu_ffn "$dir/swiglu_ffn"
+cp target/release/examples/llama_stack "$dir/llama_stack"
 cp target/release/llama-ffn "$dir/llama-ffn"
 # The example crate's own GPU test: its block bound from a safetensors file.
 cp "$(echo "$llama_json" | executable safetensors)" "$dir/llama_ffn_safetensors"
@@ -74,6 +75,6 @@ python3 -c 'import json, sys
 built = sys.argv[2].split(",")
 names = [g["name"] for g in json.load(open(sys.argv[1]))["generations"] if g["name"] in built]
 print(" ".join(reversed(names)))' "$targets" "$features" > "$dir/generations"
-strip "$dir/gpu" "$dir/gpu_errors" "$dir/gpu_cublaslt" "$dir/gpu_guard" "$dir/gpu_graphs" "$dir/gpu_workspace" "$dir/gpu_safetensors" "$dir/gpu_run" "$dir/gpu_property" "$dir/gpu_stress" "$dir/fusion" \
-  "$dir/swiglu_ffn" "$dir/llama-ffn" "$dir/llama_ffn_safetensors"
+strip "$dir/gpu" "$dir/gpu_errors" "$dir/gpu_cublaslt" "$dir/gpu_guard" "$dir/gpu_graphs" "$dir/gpu_forward" "$dir/gpu_workspace" "$dir/gpu_safetensors" "$dir/gpu_run" "$dir/gpu_property" "$dir/gpu_stress" "$dir/fusion" \
+  "$dir/swiglu_ffn" "$dir/llama_stack" "$dir/llama-ffn" "$dir/llama_ffn_safetensors"
 du -sh "$dir"

@@ -108,6 +108,11 @@ for step in $steps; do
       run_tests gpu-guard.log 8 ./gpu_guard --ignored ;;
     graphs)
       run_tests gpu-graphs.log any ./gpu_graphs --ignored --nocapture
+      # A stack of layers in one workspace, eager and captured; with
+      # FUSION_STREAM_K=0 direct calls run the captured schedule, and the
+      # two must agree to the bit.
+      run_tests gpu-forward.log 2 ./gpu_forward --ignored --nocapture
+      FUSION_STREAM_K=0 run_tests gpu-forward-one-schedule.log 2 ./gpu_forward --ignored --nocapture
       run_tests gpu-workspace.log any ./gpu_workspace --ignored --test-threads 1 --nocapture
       run_tests gpu-safetensors.log any ./gpu_safetensors --ignored --nocapture
       # `fusion run`'s kernels are built at run time: nvcc (NVCC, CUDA_HOME or PATH).
@@ -115,6 +120,9 @@ for step in $steps; do
       run_tests gpu-llama-safetensors.log 1 ./llama_ffn_safetensors --ignored --nocapture ;;
     examples)
       run example-swiglu-ffn.log ./swiglu_ffn 512
+      # 32 Llama-3-8B FFN sub-layers at M = 1: 11 GB of random weights
+      # written to a temporary file, bound, run eagerly and captured.
+      run example-llama-stack.log ./llama_stack 32 1
       run example-llama-ffn.log ./llama-ffn ;;
     property)
       run_tests gpu-property.log any ./gpu_property --ignored --nocapture

@@ -7,11 +7,13 @@
 //! bounds come from the element type's precision (see [`compare`]).
 
 use crate::tensor::{Element, Shape};
+use crate::weights::{TensorFile, TensorNames};
 use cudarc::driver::{CudaContext, ValidAsZeroBits};
 use fusion_compiler::ir::{DType, Graph};
-use fusion_compiler::reference::{HostTensor, ReferenceError};
+use fusion_compiler::reference::{Bindings, HostTensor, ReferenceError, random_bindings};
 use half::{bf16, f16};
-use rand::Rng;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -124,6 +126,68 @@ pub fn rows_to_check<R: Rng + ?Sized>(m: usize, rng: &mut R) -> Vec<usize> {
     rows.sort_unstable();
     rows.dedup();
     rows
+}
+
+/// One safetensors file holding the weights of `layers` layers of `graph`
+/// in element type `T`, layer `i`'s under `names(i)` (such as
+/// [`TensorNames::hugging_face`]`(i)`): the file a stack of identical
+/// layers binds from, as a checkpoint holds them. Layer `i`'s weights are
+/// drawn as [`random_bindings`] draws them (`dynamic` sizes its dynamic
+/// dims), from `seed` and `i` alone, so they do not depend on how many
+/// layers there are. One layer's host values (f64) are held at a time,
+/// beside the file's bytes.
+pub fn random_layers_file<T: HostElement>(
+    graph: &Graph,
+    layers: usize,
+    dynamic: &[(&str, usize)],
+    names: impl Fn(usize) -> TensorNames,
+    seed: u64,
+) -> Result<Vec<u8>, String> {
+    let mut tensors = Vec::new();
+    for layer in 0..layers {
+        let mut rng = StdRng::seed_from_u64(seed ^ (layer as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let host = random_bindings(graph, dynamic, &mut rng).map_err(|e| e.to_string())?;
+        let names = names(layer);
+        tensors.extend(graph.weights.iter().map(|&t| {
+            let name = &graph.tensor(t).name;
+            let value = &host[name];
+            let bytes = T::to_le_bytes(&T::encode(value));
+            (names.in_file(name), T::DTYPE, value.shape.clone(), bytes)
+        }));
+    }
+    crate::weights::serialize(&tensors)
+}
+
+/// The weights of `graph` stored under `names` in `file`, in element type
+/// `T`, as the reference's host tensors: one layer's weights out of a file
+/// of many, to check that layer against the reference.
+pub fn weights_from_file<T: HostElement>(
+    graph: &Graph,
+    file: &TensorFile,
+    names: &TensorNames,
+) -> Result<Bindings, String> {
+    graph
+        .weights
+        .iter()
+        .map(|&t| {
+            let declared = &graph.tensor(t).name;
+            let name = names.in_file(declared);
+            let stored = file
+                .get(&name)
+                .ok_or_else(|| format!("{} has no tensor `{name}`", file.label()))?;
+            if stored.element_type() != Some(T::DTYPE) {
+                return Err(format!(
+                    "`{name}` in {} holds {:?} elements, not {}",
+                    file.label(),
+                    stored.dtype,
+                    T::DTYPE
+                ));
+            }
+            let value =
+                T::decode(stored.shape, &T::from_le_bytes(stored.bytes)).map_err(|e| e.to_string())?;
+            Ok((declared.clone(), value))
+        })
+        .collect()
 }
 
 /// The unit roundoff of `dtype`: half the distance from 1 to the next
@@ -385,9 +449,7 @@ fn compare_elements(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use fusion_compiler::reference::{Bindings, Intermediates, evaluate_rows_with, random_bindings};
-    use rand::SeedableRng;
-    use rand::rngs::StdRng;
+    use fusion_compiler::reference::{Intermediates, evaluate_rows_with};
 
     #[test]
     fn small_outputs_are_checked_whole() {
@@ -680,5 +742,41 @@ mod tests {
         assert_eq!(shape_of(&v), Some(Shape::Vector(4)));
         assert_eq!(shape_of(&m), Some(Shape::Matrix(2, 3)));
         assert_eq!(shape_of(&cube), None);
+    }
+
+    #[test]
+    fn a_file_of_layers_holds_each_layer_under_its_names_and_reads_back() {
+        let graph = load_graph_as(
+            &graphs_dir().join("layernorm_gemm_silu_glu_residual.toml"),
+            DType::BF16,
+        )
+        .unwrap();
+        let dims = [("M", 1), ("K", 8), ("N", 16)];
+        let names = |layer: usize| TensorNames::with_prefix(format!("layers.{layer}."));
+        let three = random_layers_file::<bf16>(&graph, 3, &dims, names, 5).unwrap();
+        let file = TensorFile::from_bytes("three.safetensors", three).unwrap();
+        assert_eq!(file.names().count(), 3 * graph.weights.len());
+        assert_eq!(file.get("layers.2.w_up").unwrap().shape, [16, 8]);
+        let layers: Vec<Bindings> = (0..3)
+            .map(|i| weights_from_file::<bf16>(&graph, &file, &names(i)).unwrap())
+            .collect();
+        assert_eq!(layers[0].len(), graph.weights.len());
+        // Each layer its own draw, rounded to the element type …
+        assert_ne!(layers[0]["w_gate"], layers[1]["w_gate"]);
+        let w = &layers[1]["w_gate"];
+        assert_eq!(*w, w.rounded_to(DType::BF16));
+        // … the same however many layers the file holds.
+        let one = TensorFile::from_bytes(
+            "one.safetensors",
+            random_layers_file::<bf16>(&graph, 1, &dims, names, 5).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            weights_from_file::<bf16>(&graph, &one, &names(0)).unwrap(),
+            layers[0]
+        );
+        // Another element type is refused by name.
+        let e = weights_from_file::<f16>(&graph, &file, &names(0)).unwrap_err();
+        assert!(e.contains("`layers.0.") && e.contains("not f16"), "{e}");
     }
 }
