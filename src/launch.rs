@@ -275,6 +275,12 @@ pub struct CallUse<'w> {
 }
 
 impl CallUse<'_> {
+    /// Whether the call's stream is being captured into a CUDA graph, as
+    /// [`Workspace::begin_call`] found it: the call needs no second query.
+    pub fn capturing(&self) -> bool {
+        self.stream.is_none()
+    }
+
     /// Records the end of the call's launches on its stream.
     pub fn finish(mut self) -> Result<()> {
         self.record()
@@ -321,7 +327,7 @@ impl Drop for Workspace {
 /// Device buffers in numbered slots, each grown to fit and then reused.
 #[derive(Debug, Default)]
 pub struct Buffers {
-    slots: Vec<Option<CudaSlice<u8>>>,
+    slots: Vec<Option<WorkspaceBuffer>>,
     allocations: usize,
 }
 
@@ -330,7 +336,33 @@ impl Buffers {
         self.slots
             .get(slot)
             .and_then(Option::as_ref)
-            .map_or(0, |b| b.len())
+            .map_or(0, |b| b.slice.len())
+    }
+}
+
+/// One workspace buffer and its device address, taken once when it is
+/// allocated. A call hands the address to its launches without cudarc's
+/// per-use events (a wait on the buffer's last write and read, and a
+/// record after, each a driver call, on every use once a context has a
+/// second stream): the workspace orders its uses itself. Every use is a
+/// call that [`Workspace::begin_call`] ordered after the last one
+/// elsewhere, a replaced buffer is freed after the work queued on the
+/// growing call's stream ([`Allocator::free_after_queued_work`]), and
+/// dropping the workspace waits for its last use first.
+#[derive(Debug)]
+struct WorkspaceBuffer {
+    slice: CudaSlice<u8>,
+    address: u64,
+}
+
+impl WorkspaceBuffer {
+    /// `slice`, zeroed on `stream` just now, with its address.
+    fn new(slice: CudaSlice<u8>, stream: &CudaStream) -> WorkspaceBuffer {
+        // The guard records one read on `stream`, after the zeroing: the
+        // only event cudarc keeps for this buffer.
+        let (address, guard) = slice.device_ptr(stream);
+        drop(guard);
+        WorkspaceBuffer { slice, address }
     }
 }
 
@@ -351,15 +383,15 @@ trait Allocator {
 }
 
 impl Allocator for Arc<CudaStream> {
-    type Buffer = CudaSlice<u8>;
-    fn fits(&self, buffer: &CudaSlice<u8>, bytes: usize) -> bool {
-        buffer.len() >= bytes && buffer.context().cu_ctx() == self.context().cu_ctx()
+    type Buffer = WorkspaceBuffer;
+    fn fits(&self, buffer: &WorkspaceBuffer, bytes: usize) -> bool {
+        buffer.slice.len() >= bytes && buffer.slice.context().cu_ctx() == self.context().cu_ctx()
     }
     fn capturing(&self) -> Result<bool> {
         Ok(self.capture_status()? != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
     }
-    fn alloc_zeroed(&self, bytes: usize) -> Result<CudaSlice<u8>> {
-        Ok(self.alloc_zeros::<u8>(bytes)?)
+    fn alloc_zeroed(&self, bytes: usize) -> Result<WorkspaceBuffer> {
+        Ok(WorkspaceBuffer::new(self.alloc_zeros::<u8>(bytes)?, self))
     }
     /// cudarc frees a buffer on the stream it was allocated on, ordered
     /// after other streams' work only by its per-buffer events, which it
@@ -367,7 +399,8 @@ impl Allocator for Arc<CudaStream> {
     /// off: that stream waits for this one first. Where the two are one
     /// stream the wait is a no-op; growing is rare enough not to tell them
     /// apart.
-    fn free_after_queued_work(&self, old: CudaSlice<u8>) -> Result<()> {
+    fn free_after_queued_work(&self, old: WorkspaceBuffer) -> Result<()> {
+        let old = old.slice;
         let ordered = self
             .record_event(None)
             .and_then(|queued| old.stream().wait(&queued));
@@ -388,24 +421,36 @@ impl Allocator for Arc<CudaStream> {
 /// `alloc`'s stream. Refuses to allocate while the stream is being
 /// captured. Returns how many buffers it allocated.
 fn fit<A: Allocator>(slots: &mut Vec<Option<A::Buffer>>, sizes: &[usize], alloc: &A) -> Result<usize> {
-    if slots.len() < sizes.len() {
-        slots.resize_with(sizes.len(), || None);
-    }
     let mut allocated = 0;
-    for (slot, &bytes) in slots.iter_mut().zip(sizes) {
-        if bytes == 0 || slot.as_ref().is_some_and(|b| alloc.fits(b, bytes)) {
-            continue;
-        }
-        if alloc.capturing()? {
-            return Err(Error::WorkspaceGrowsInCapture { bytes });
-        }
-        let grown = alloc.alloc_zeroed(bytes)?;
-        if let Some(old) = slot.replace(grown) {
-            alloc.free_after_queued_work(old)?;
-        }
-        allocated += 1;
+    for (slot, &bytes) in sizes.iter().enumerate() {
+        allocated += usize::from(fit_slot(slots, slot, bytes, alloc)?);
     }
     Ok(allocated)
+}
+
+/// [`fit`] for slot `slot` alone (made, empty, where `slots` is shorter);
+/// returns whether it allocated.
+fn fit_slot<A: Allocator>(
+    slots: &mut Vec<Option<A::Buffer>>,
+    slot: usize,
+    bytes: usize,
+    alloc: &A,
+) -> Result<bool> {
+    if slots.len() <= slot {
+        slots.resize_with(slot + 1, || None);
+    }
+    let held = &mut slots[slot];
+    if bytes == 0 || held.as_ref().is_some_and(|b| alloc.fits(b, bytes)) {
+        return Ok(false);
+    }
+    if alloc.capturing()? {
+        return Err(Error::WorkspaceGrowsInCapture { bytes });
+    }
+    let grown = alloc.alloc_zeroed(bytes)?;
+    if let Some(old) = held.replace(grown) {
+        alloc.free_after_queued_work(old)?;
+    }
+    Ok(true)
 }
 
 /// Reads `FUSION_STREAM_K` once: `0` turns split-K and stream-K off in every
@@ -453,7 +498,7 @@ impl HoldsStream<CudaStream> for Workspace {
             b.slots
                 .iter()
                 .flatten()
-                .filter(|slice| Arc::ptr_eq(slice.stream(), stream))
+                .filter(|buffer| Arc::ptr_eq(buffer.slice.stream(), stream))
                 .count()
         };
         on(&self.intermediates) + on(&self.scratch)
@@ -1074,29 +1119,29 @@ impl<'s> Call<'s> {
         reduced_matrix_of(self.graph, &self.dims, decl, output)
     }
 
-    /// Device buffers for the intermediates, in the order given, from
-    /// `buffers` (a [`Workspace::parts`], grown if they do not fit).
+    /// Device buffers for the intermediates `ids` (tensor ids into
+    /// `tensors`), slot `i` for `ids[i]`, from `buffers` (grown where they
+    /// do not fit): each one's address is written into `address` at its
+    /// tensor id. Nothing is allocated on the host.
     pub fn intermediates<T: Element>(
         &mut self,
         buffers: &'s mut Buffers,
-        decls: &[&'static TensorDecl],
-    ) -> Result<Vec<u64>> {
-        let sizes: Vec<usize> = decls
-            .iter()
-            .map(|d| {
-                let (rows, cols) = self.matrix(d)?;
-                // Both fit an i64, so both fit a usize.
-                Ok(Shape::Matrix(rows as usize, cols as usize).bytes::<T>()?.max(1))
-            })
-            .collect::<Result<_>>()?;
-        buffers.allocations += fit(&mut buffers.slots, &sizes, self.stream)?;
-        let mut pointers = Vec::with_capacity(decls.len());
-        for buffer in buffers.slots.iter_mut().take(decls.len()).flatten() {
-            let (ptr, guard) = buffer.device_ptr_mut(self.stream);
-            self.guards.push(guard);
-            pointers.push(ptr);
+        tensors: &'static [TensorDecl],
+        ids: &[usize],
+        address: &mut [Option<u64>],
+    ) -> Result<()> {
+        for (slot, &t) in ids.iter().enumerate() {
+            let (rows, cols) = self.matrix(&tensors[t])?;
+            // Both fit an i64, so both fit a usize.
+            let bytes = Shape::Matrix(rows as usize, cols as usize).bytes::<T>()?.max(1);
+            buffers.allocations += usize::from(fit_slot(&mut buffers.slots, slot, bytes, self.stream)?);
+            let Some(buffer) = &buffers.slots[slot] else {
+                unreachable!("fit_slot leaves a buffer in a slot of a nonzero size")
+            };
+            // Ordered by the workspace, not by cudarc's events (`WorkspaceBuffer`).
+            address[t] = Some(buffer.address);
         }
-        Ok(pointers)
+        Ok(())
     }
 
     /// The `flags` of this call's GEMM launches (abi.h's bits):
@@ -1138,13 +1183,11 @@ impl<'s> Call<'s> {
             return Ok((std::ptr::null_mut(), 0));
         }
         scratch.allocations += fit(&mut scratch.slots, &[bytes as usize], self.stream)?;
-        let Some(buffer) = scratch.slots.first_mut().and_then(Option::as_mut) else {
+        let Some(buffer) = scratch.slots.first().and_then(Option::as_ref) else {
             unreachable!("fit leaves a buffer in the slot")
         };
-        let len = buffer.len() as u64;
-        let (ptr, guard) = buffer.device_ptr_mut(self.stream);
-        self.guards.push(guard);
-        Ok((ptr as *mut c_void, len))
+        // Ordered by the workspace, not by cudarc's events (`WorkspaceBuffer`).
+        Ok((buffer.address as *mut c_void, buffer.slice.len() as u64))
     }
 
     /// The device addresses of prepared weights a launch reads and the

@@ -1367,15 +1367,14 @@ pub unsafe fn run<T: Element>(
         return Ok(());
     }
     let (intermediates, scratch, call_use) = workspace.begin_call(stream)?;
-    if !table.temporaries.is_empty() {
-        let decls: Vec<&'static TensorDecl> = table.temporaries.iter().map(|&t| table.decl(t)).collect();
-        let buffers = call.intermediates::<T>(intermediates, &decls)?;
-        for (&t, buffer) in table.temporaries.iter().zip(buffers) {
-            address[t] = Some(buffer);
-        }
-    }
+    call.intermediates::<T>(intermediates, table.tensors, table.temporaries, &mut address)?;
     let has_gemm = table.kernels.iter().any(|k| matches!(k.op, KernelOp::Gemm(_)));
-    let flags = if has_gemm { call.gemm_flags()? } else { 0 };
+    // The capture status `begin_call` read, not a second driver query.
+    let flags = if has_gemm {
+        crate::launch::gemm_flags(call_use.capturing())?
+    } else {
+        0
+    };
     // The GEMMs ask for their scratch; the most any asks for is taken once
     // and shared, since the kernels run one after another on the stream.
     let mut params = Vec::with_capacity(table.kernels.len());
