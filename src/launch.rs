@@ -979,16 +979,18 @@ impl GemmTile {
     }
 }
 
-/// The tier `FUSION_GEMM_TILE` names for every GEMM launch (read once);
-/// `None` when it is unset or empty, the launcher's own choice. Another
-/// value is [`Error::Setting`].
+/// The tier `FUSION_GEMM_TILE` names for every GEMM launch; `None` when it
+/// is unset or empty, the launcher's own choice. Read and parsed once per
+/// process, on first use: another value is [`Error::Setting`], the same
+/// error from every call that asks (each call with a GEMM fails with it),
+/// and changing the variable later changes nothing.
 pub fn forced_gemm_tile() -> Result<Option<GemmTile>> {
-    static VALUE: OnceLock<Option<String>> = OnceLock::new();
-    gemm_tile_of(
-        VALUE
-            .get_or_init(|| std::env::var("FUSION_GEMM_TILE").ok())
-            .as_deref(),
-    )
+    static PARSED: OnceLock<std::result::Result<Option<GemmTile>, String>> = OnceLock::new();
+    let parsed = PARSED.get_or_init(|| {
+        let value = std::env::var("FUSION_GEMM_TILE").ok();
+        gemm_tile_of(value.as_deref()).map_err(|_| value.unwrap_or_default())
+    });
+    parsed.clone().map_err(|value| gemm_tile_error(&value))
 }
 
 fn gemm_tile_of(value: Option<&str>) -> Result<Option<GemmTile>> {
@@ -998,12 +1000,17 @@ fn gemm_tile_of(value: Option<&str>) -> Result<Option<GemmTile>> {
             .into_iter()
             .find(|tier| tier.name() == name)
             .map(Some)
-            .ok_or_else(|| Error::Setting {
-                variable: "FUSION_GEMM_TILE",
-                value: name.to_owned(),
-                expected: "large, large_alt, small_m or small_m_alt (the tuned tables' tiers), or unset for the \
-                           launcher's own choice",
-            }),
+            .ok_or_else(|| gemm_tile_error(name)),
+    }
+}
+
+/// [`Error::Setting`] for `FUSION_GEMM_TILE=value`.
+fn gemm_tile_error(value: &str) -> Error {
+    Error::Setting {
+        variable: "FUSION_GEMM_TILE",
+        value: value.to_owned(),
+        expected: "large, large_alt, small_m or small_m_alt (the tuned tables' tiers), or unset for the launcher's \
+                   own choice",
     }
 }
 
@@ -1535,6 +1542,13 @@ mod tests {
                 .starts_with("FUSION_GEMM_TILE=huge: expected large,"),
             "{e}"
         );
+        // What a call returns for the value read once: the same error.
+        assert_eq!(gemm_tile_error("huge").to_string(), e.to_string());
+        // The process's own setting, parsed once: every call agrees.
+        let first = forced_gemm_tile().map_err(|e| e.to_string());
+        for _ in 0..3 {
+            assert_eq!(forced_gemm_tile().map_err(|e| e.to_string()), first);
+        }
     }
 
     #[test]
