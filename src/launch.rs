@@ -97,6 +97,7 @@ pub struct Workspace {
     intermediates: Buffers,
     scratch: Buffers,
     last_use: Option<LastUse>,
+    queries: QueryCache,
 }
 
 /// Where a workspace was last used, and the event recorded on that stream
@@ -210,6 +211,14 @@ impl Workspace {
         &mut self,
         stream: &Arc<CudaStream>,
     ) -> Result<(&mut Buffers, &mut Buffers, CallUse<'_>)> {
+        let parts = self.begin_call_parts(stream)?;
+        Ok((parts.intermediates, parts.scratch, parts.call_use))
+    }
+
+    /// [`Workspace::begin_call`], with the answers of the launchers'
+    /// workspace queries that this workspace keeps ([`QueryCache`]).
+    #[doc(hidden)]
+    pub fn begin_call_parts(&mut self, stream: &Arc<CudaStream>) -> Result<CallParts<'_>> {
         let capturing = Allocator::capturing(stream)?;
         if !capturing
             && let Some(last) = &self.last_use
@@ -221,7 +230,12 @@ impl Workspace {
             last_use: &mut self.last_use,
             stream: (!capturing).then(|| stream.clone()),
         };
-        Ok((&mut self.intermediates, &mut self.scratch, call_use))
+        Ok(CallParts {
+            intermediates: &mut self.intermediates,
+            scratch: &mut self.scratch,
+            queries: &mut self.queries,
+            call_use,
+        })
     }
 
     /// Bytes of scratch held now (0 until a call needed some).
@@ -263,6 +277,119 @@ impl Workspace {
     /// second call allocates none.
     pub fn allocations(&self) -> usize {
         self.intermediates.allocations + self.scratch.allocations
+    }
+}
+
+/// What one call takes from a [`Workspace`] ([`Workspace::begin_call_parts`]).
+#[doc(hidden)]
+pub struct CallParts<'w> {
+    pub intermediates: &'w mut Buffers,
+    pub scratch: &'w mut Buffers,
+    pub queries: &'w mut QueryCache,
+    pub call_use: CallUse<'w>,
+}
+
+/// The answers a workspace keeps of its calls' GEMM workspace queries
+/// (`<symbol>_workspace_bytes`, abi.h), so that a call of a shape seen
+/// before asks no launcher. A query's answer is a function of what the
+/// key holds: the launcher's query (gemm.cu.hbs's `workspace_bytes`,
+/// gemm.cuh's and decode.cuh's `workspace_bytes`, sm90/mainloop.cuh's
+/// `workspace_layout`) reads the params' sizes, row stride, epsilon and
+/// flags, which operands are null and whether each is 16-byte aligned, and
+/// the current device's SM count; never the memory behind a pointer, nor
+/// the stream. The device is the context's (one context, one device), so
+/// the context is in the key. At most [`QueryCache::CAPACITY`] answers are
+/// kept; a new one past that replaces them all (a call with M growing
+/// token by token asks once per M).
+#[derive(Debug, Default)]
+pub struct QueryCache {
+    answers: Vec<(QueryKey, u64)>,
+    /// Queries asked of launchers, for tests.
+    asked: usize,
+}
+
+/// What a GEMM workspace query's answer depends on ([`QueryCache`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QueryKey {
+    /// The query's address.
+    query: usize,
+    /// The context's handle and its device's ordinal.
+    context: (usize, usize),
+    sizes: [i64; 4],
+    eps: u32,
+    flags: u32,
+    /// Two bits per pointer field: non-null, and 16-byte aligned.
+    pointers: u32,
+}
+
+impl QueryKey {
+    /// The key of `query` asked about `params` on `context`'s device.
+    pub fn of(
+        query: WorkspaceBytes<abi::fusion_gemm_params>,
+        context: &cudarc::driver::CudaContext,
+        params: &abi::fusion_gemm_params,
+    ) -> QueryKey {
+        QueryKey::on((context.cu_ctx() as usize, context.ordinal()), query, params)
+    }
+
+    fn on(
+        context: (usize, usize),
+        query: WorkspaceBytes<abi::fusion_gemm_params>,
+        p: &abi::fusion_gemm_params,
+    ) -> QueryKey {
+        let pointers = [
+            p.a,
+            p.b,
+            p.b_up,
+            p.c.cast_const(),
+            p.bias,
+            p.residual,
+            p.multiplier,
+            p.gamma,
+            p.beta,
+            p.col_terms,
+            p.workspace.cast_const(),
+        ]
+        .iter()
+        .enumerate()
+        .fold(0u32, |bits, (i, &ptr)| {
+            let given = u32::from(!ptr.is_null());
+            let aligned = u32::from((ptr as usize).is_multiple_of(16));
+            bits | (given | aligned << 1) << (2 * i)
+        });
+        QueryKey {
+            query: query as usize,
+            context,
+            sizes: [p.m, p.n, p.k, p.ldb],
+            eps: p.eps.to_bits(),
+            flags: p.flags,
+            pointers,
+        }
+    }
+}
+
+impl QueryCache {
+    /// The most answers kept.
+    pub const CAPACITY: usize = 16;
+
+    /// The answer for `key`: the one kept, else `ask()`'s, kept where it
+    /// succeeds (an error is asked again next time).
+    pub fn answer(&mut self, key: QueryKey, ask: impl FnOnce() -> Result<u64>) -> Result<u64> {
+        if let Some(&(_, bytes)) = self.answers.iter().find(|(k, _)| *k == key) {
+            return Ok(bytes);
+        }
+        self.asked += 1;
+        let bytes = ask()?;
+        if self.answers.len() == Self::CAPACITY {
+            self.answers.clear();
+        }
+        self.answers.push((key, bytes));
+        Ok(bytes)
+    }
+
+    /// Queries asked of launchers so far.
+    pub fn asked(&self) -> usize {
+        self.asked
     }
 }
 
@@ -1181,6 +1308,20 @@ impl<'s> Call<'s> {
         Ok(bytes)
     }
 
+    /// [`Call::workspace_bytes`] for a GEMM, answered from `cache` where
+    /// the same query was asked about the same shape on this device before.
+    pub fn gemm_workspace_bytes(
+        &self,
+        cache: &mut QueryCache,
+        kernel: &str,
+        query: WorkspaceBytes<abi::fusion_gemm_params>,
+        params: &abi::fusion_gemm_params,
+        error_string: ErrorString,
+    ) -> Result<u64> {
+        let key = QueryKey::of(query, self.stream.context(), params);
+        cache.answer(key, || self.workspace_bytes(kernel, query, params, error_string))
+    }
+
     /// The launchers' scratch for this call: `bytes` (the most any of its
     /// kernels asked for) from `scratch` (a [`Workspace::parts`], grown if
     /// it does not fit), as the pointer and size to pass; null and 0 when
@@ -1398,6 +1539,132 @@ pub fn not_compiled(graph: &str, dtype: DType, arch: Arch, compiled: &str) -> Er
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A query as the launchers answer: a function of the sizes, the flags
+    /// and whether the gated pair comes per call.
+    unsafe extern "C" fn rows_query(
+        p: *const abi::fusion_gemm_params,
+        _stream: *mut c_void,
+        bytes: *mut u64,
+    ) -> c_int {
+        // SAFETY: the tests pass their params and a place for the answer.
+        unsafe {
+            let p = &*p;
+            let stream_k = if p.flags & abi::FUSION_GEMM_NO_STREAM_K == 0 {
+                4096
+            } else {
+                0
+            };
+            let pair = if p.b_up.is_null() { 0 } else { 2 * p.n * p.k };
+            *bytes = (stream_k + 256 * p.m + pair) as u64;
+        }
+        0
+    }
+
+    fn gemm_params(m: i64) -> abi::fusion_gemm_params {
+        let at = |a: usize| a as *const c_void;
+        abi::fusion_gemm_params {
+            a: at(0x1000),
+            b: at(0x2000),
+            b_up: std::ptr::null(),
+            c: 0x3000 as *mut c_void,
+            bias: at(0x4000),
+            residual: std::ptr::null(),
+            multiplier: std::ptr::null(),
+            gamma: std::ptr::null(),
+            beta: std::ptr::null(),
+            col_terms: std::ptr::null(),
+            m,
+            n: 64,
+            k: 32,
+            ldb: 0,
+            eps: 0.0,
+            flags: 0,
+            workspace: std::ptr::null_mut(),
+            workspace_bytes: 0,
+        }
+    }
+
+    fn asked_directly(p: &abi::fusion_gemm_params) -> u64 {
+        let mut bytes = 0;
+        // SAFETY: the test's own query reads the params alone.
+        assert_eq!(unsafe { rows_query(p, std::ptr::null_mut(), &mut bytes) }, 0);
+        bytes
+    }
+
+    #[test]
+    fn a_cached_workspace_query_answers_as_the_launcher_and_asks_once_per_key() {
+        let mut cache = QueryCache::default();
+        let context = (0x7000, 0);
+        let ask = |cache: &mut QueryCache, p: &abi::fusion_gemm_params| {
+            cache.answer(QueryKey::on(context, rows_query, p), || Ok(asked_directly(p)))
+        };
+        let p = gemm_params(77);
+        for _ in 0..5 {
+            assert_eq!(ask(&mut cache, &p).unwrap(), asked_directly(&p));
+        }
+        assert_eq!(cache.asked(), 1);
+        // Another M, other flags, a pair given per call: each asked once.
+        let mut no_split = p;
+        no_split.flags |= abi::FUSION_GEMM_NO_STREAM_K;
+        let mut gated = p;
+        gated.b_up = 0x5000 as *const c_void;
+        for other in [gemm_params(78), no_split, gated] {
+            for _ in 0..2 {
+                assert_eq!(ask(&mut cache, &other).unwrap(), asked_directly(&other));
+            }
+        }
+        assert_eq!(cache.asked(), 4);
+        // Other addresses of the same kind (given, aligned) share the answer:
+        // the launchers never read the memory.
+        let mut moved = p;
+        moved.a = 0x9000 as *const c_void;
+        assert_eq!(ask(&mut cache, &moved).unwrap(), asked_directly(&p));
+        assert_eq!(cache.asked(), 4);
+        // A misaligned operand, another device or another query: asked.
+        let mut misaligned = p;
+        misaligned.a = 0x9008 as *const c_void;
+        let key = QueryKey::on(context, rows_query, &p);
+        assert_ne!(QueryKey::on(context, rows_query, &misaligned), key);
+        assert_ne!(QueryKey::on((0x7000, 1), rows_query, &p), key);
+        assert_ne!(QueryKey::on((0x8000, 0), rows_query, &p), key);
+        unsafe extern "C" fn other_query(
+            _: *const abi::fusion_gemm_params,
+            _: *mut c_void,
+            _: *mut u64,
+        ) -> c_int {
+            0
+        }
+        assert_ne!(QueryKey::on(context, other_query, &p), key);
+    }
+
+    #[test]
+    fn a_failed_workspace_query_is_asked_again_and_the_cache_stays_bounded() {
+        let mut cache = QueryCache::default();
+        let key = |m| QueryKey::on((1, 0), rows_query, &gemm_params(m));
+        let elsewhere = QueryKey::on((2, 0), rows_query, &gemm_params(1));
+        let failed = cache.answer(elsewhere, || {
+            Err(Error::Setting {
+                variable: "X",
+                value: String::new(),
+                expected: "",
+            })
+        });
+        assert!(failed.is_err());
+        assert_eq!(cache.answer(elsewhere, || Ok(7)).unwrap(), 7);
+        assert_eq!(cache.answer(elsewhere, || Ok(8)).unwrap(), 7);
+        assert_eq!(cache.asked(), 2);
+        // M token by token: never more than CAPACITY answers held, each
+        // right.
+        for m in 1..=100 {
+            let p = gemm_params(m);
+            assert_eq!(
+                cache.answer(key(m), || Ok(asked_directly(&p))).unwrap(),
+                asked_directly(&p)
+            );
+            assert!(cache.answers.len() <= QueryCache::CAPACITY);
+        }
+    }
 
     const X: TensorDecl = TensorDecl {
         name: "x",

@@ -1366,7 +1366,12 @@ pub unsafe fn run<T: Element>(
     if call.is_empty() {
         return Ok(());
     }
-    let (intermediates, scratch, call_use) = workspace.begin_call(stream)?;
+    let crate::launch::CallParts {
+        intermediates,
+        scratch,
+        queries,
+        call_use,
+    } = workspace.begin_call_parts(stream)?;
     call.intermediates::<T>(intermediates, table.tensors, table.temporaries, &mut address)?;
     let has_gemm = table.kernels.iter().any(|k| matches!(k.op, KernelOp::Gemm(_)));
     // The capture status `begin_call` read, not a second driver query.
@@ -1399,7 +1404,8 @@ pub unsafe fn run<T: Element>(
                 (Some(_), Some((_, folded_query))) => folded_query,
                 _ => query,
             };
-            scratch_bytes = scratch_bytes.max(call.workspace_bytes(kernel.label, query, p, error_string)?);
+            let bytes = call.gemm_workspace_bytes(queries, kernel.label, query, p, error_string)?;
+            scratch_bytes = scratch_bytes.max(bytes);
         }
         params.push(filled);
     }
