@@ -1154,13 +1154,14 @@ pub struct Call<'s> {
 
 impl<'s> Call<'s> {
     pub fn new(graph: &'static GraphDecl, stream: &'s Arc<CudaStream>) -> Call<'s> {
+        // Room for a small graph's tensors at once: one allocation each.
         Call {
             graph,
             stream,
             dims: vec![None; graph.dims.len()],
-            reads: Vec::new(),
-            writes: Vec::new(),
-            guards: Vec::new(),
+            reads: Vec::with_capacity(8),
+            writes: Vec::with_capacity(2),
+            guards: Vec::with_capacity(12),
         }
     }
 
@@ -1383,9 +1384,10 @@ impl<'s> Call<'s> {
     }
 
     fn check_shape(&mut self, decl: &'static TensorDecl, shape: Shape) -> Result<()> {
-        let actual: Vec<usize> = match shape {
-            Shape::Vector(n) => vec![n],
-            Shape::Matrix(r, c) => vec![r, c],
+        let extents = [shape.rows(), shape.cols()];
+        let actual = match shape {
+            Shape::Vector(_) => &extents[1..],
+            Shape::Matrix(..) => &extents[..],
         };
         let graph = self.graph;
         let shape_error = || Error::Shape {
@@ -1393,7 +1395,7 @@ impl<'s> Call<'s> {
             expected: declared_shape(graph, decl),
             actual: shape.to_string(),
         };
-        if !bind_dims(graph, &mut self.dims, decl, &actual)? {
+        if !bind_dims(graph, &mut self.dims, decl, actual)? {
             return Err(shape_error());
         }
         if let (Some(&last_decl), Some(&last)) = (decl.shape.last(), actual.last())
@@ -1430,9 +1432,11 @@ fn matrix_of(dims: &[Option<Bound>], decl: &TensorDecl) -> Result<(i64, i64)> {
         Dim::Static(n) => n,
         Dim::Dynamic(i) => dims[i].map_or(0, |b| b.value),
     };
-    let extents: Vec<usize> = decl.shape.iter().map(extent).collect();
-    let (rows, cols) = match extents.as_slice() {
-        [rows @ .., cols] => (rows.iter().try_fold(1usize, |p, &r| p.checked_mul(r)), *cols),
+    let (rows, cols) = match decl.shape {
+        [rows @ .., cols] => (
+            rows.iter().try_fold(1usize, |p, r| p.checked_mul(extent(r))),
+            extent(cols),
+        ),
         [] => (Some(1), 1),
     };
     let as_i64 = |n: Option<usize>, what: &str| {
