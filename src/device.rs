@@ -7,7 +7,8 @@
 //! that compiles its own graphs carries the variants its build script built,
 //! which may be others. Each wrapper asks for the best variant among its own
 //! ([`arch_among`]). The device's compute capability is read once per
-//! device; `FUSION_FORCE_ARCH` (read once per process) overrides the choice (tests use it to run the
+//! device and then without a lock (every call asks); `FUSION_FORCE_ARCH`
+//! (read once per process) overrides the choice (tests use it to run the
 //! sm75 and sm80 variants, as PTX, on newer GPUs).
 
 use crate::error::{Error, Result};
@@ -41,22 +42,38 @@ fn compiled_list(compiled: &[Arch]) -> String {
     }
 }
 
-/// Compute capability per device ordinal, read on first use.
-static CAPABILITY: Mutex<Vec<Option<(i32, i32)>>> = Mutex::new(Vec::new());
+/// Compute capability per device ordinal, read on first use: every call
+/// asks, so the first 64 devices are read without a lock.
+static CAPABILITY: [OnceLock<(i32, i32)>; 64] = [const { OnceLock::new() }; 64];
+
+/// Devices past the first 64, under a lock.
+static MORE_CAPABILITIES: Mutex<Vec<Option<(i32, i32)>>> = Mutex::new(Vec::new());
 
 /// The stream's device's compute capability (major, minor).
 fn capability(stream: &CudaStream) -> Result<(i32, i32)> {
     let ctx = stream.context();
     let ordinal = ctx.ordinal();
-    if let Some(Some(known)) = CAPABILITY.lock().unwrap_or_else(|e| e.into_inner()).get(ordinal) {
+    if let Some(known) = CAPABILITY.get(ordinal) {
+        if let Some(&capability) = known.get() {
+            return Ok(capability);
+        }
+        let capability = ctx.compute_capability()?;
+        return Ok(*known.get_or_init(|| capability));
+    }
+    let more = ordinal - CAPABILITY.len();
+    if let Some(Some(known)) = MORE_CAPABILITIES
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(more)
+    {
         return Ok(*known);
     }
     let capability = ctx.compute_capability()?;
-    let mut known = CAPABILITY.lock().unwrap_or_else(|e| e.into_inner());
-    if known.len() <= ordinal {
-        known.resize(ordinal + 1, None);
+    let mut known = MORE_CAPABILITIES.lock().unwrap_or_else(|e| e.into_inner());
+    if known.len() <= more {
+        known.resize(more + 1, None);
     }
-    known[ordinal] = Some(capability);
+    known[more] = Some(capability);
     Ok(capability)
 }
 

@@ -97,6 +97,7 @@ pub struct Workspace {
     intermediates: Buffers,
     scratch: Buffers,
     last_use: Option<LastUse>,
+    queries: QueryCache,
 }
 
 /// Where a workspace was last used, and the event recorded on that stream
@@ -210,6 +211,14 @@ impl Workspace {
         &mut self,
         stream: &Arc<CudaStream>,
     ) -> Result<(&mut Buffers, &mut Buffers, CallUse<'_>)> {
+        let parts = self.begin_call_parts(stream)?;
+        Ok((parts.intermediates, parts.scratch, parts.call_use))
+    }
+
+    /// [`Workspace::begin_call`], with the answers of the launchers'
+    /// workspace queries that this workspace keeps ([`QueryCache`]).
+    #[doc(hidden)]
+    pub fn begin_call_parts(&mut self, stream: &Arc<CudaStream>) -> Result<CallParts<'_>> {
         let capturing = Allocator::capturing(stream)?;
         if !capturing
             && let Some(last) = &self.last_use
@@ -221,7 +230,12 @@ impl Workspace {
             last_use: &mut self.last_use,
             stream: (!capturing).then(|| stream.clone()),
         };
-        Ok((&mut self.intermediates, &mut self.scratch, call_use))
+        Ok(CallParts {
+            intermediates: &mut self.intermediates,
+            scratch: &mut self.scratch,
+            queries: &mut self.queries,
+            call_use,
+        })
     }
 
     /// Bytes of scratch held now (0 until a call needed some).
@@ -266,6 +280,119 @@ impl Workspace {
     }
 }
 
+/// What one call takes from a [`Workspace`] ([`Workspace::begin_call_parts`]).
+#[doc(hidden)]
+pub struct CallParts<'w> {
+    pub intermediates: &'w mut Buffers,
+    pub scratch: &'w mut Buffers,
+    pub queries: &'w mut QueryCache,
+    pub call_use: CallUse<'w>,
+}
+
+/// The answers a workspace keeps of its calls' GEMM workspace queries
+/// (`<symbol>_workspace_bytes`, abi.h), so that a call of a shape seen
+/// before asks no launcher. A query's answer is a function of what the
+/// key holds: the launcher's query (gemm.cu.hbs's `workspace_bytes`,
+/// gemm.cuh's and decode.cuh's `workspace_bytes`, sm90/mainloop.cuh's
+/// `workspace_layout`) reads the params' sizes, row stride, epsilon and
+/// flags, which operands are null and whether each is 16-byte aligned, and
+/// the current device's SM count; never the memory behind a pointer, nor
+/// the stream. The device is the context's (one context, one device), so
+/// the context is in the key. At most [`QueryCache::CAPACITY`] answers are
+/// kept; a new one past that replaces them all (a call with M growing
+/// token by token asks once per M).
+#[derive(Debug, Default)]
+pub struct QueryCache {
+    answers: Vec<(QueryKey, u64)>,
+    /// Queries asked of launchers, for tests.
+    asked: usize,
+}
+
+/// What a GEMM workspace query's answer depends on ([`QueryCache`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QueryKey {
+    /// The query's address.
+    query: usize,
+    /// The context's handle and its device's ordinal.
+    context: (usize, usize),
+    sizes: [i64; 4],
+    eps: u32,
+    flags: u32,
+    /// Two bits per pointer field: non-null, and 16-byte aligned.
+    pointers: u32,
+}
+
+impl QueryKey {
+    /// The key of `query` asked about `params` on `context`'s device.
+    pub fn of(
+        query: WorkspaceBytes<abi::fusion_gemm_params>,
+        context: &cudarc::driver::CudaContext,
+        params: &abi::fusion_gemm_params,
+    ) -> QueryKey {
+        QueryKey::on((context.cu_ctx() as usize, context.ordinal()), query, params)
+    }
+
+    fn on(
+        context: (usize, usize),
+        query: WorkspaceBytes<abi::fusion_gemm_params>,
+        p: &abi::fusion_gemm_params,
+    ) -> QueryKey {
+        let pointers = [
+            p.a,
+            p.b,
+            p.b_up,
+            p.c.cast_const(),
+            p.bias,
+            p.residual,
+            p.multiplier,
+            p.gamma,
+            p.beta,
+            p.col_terms,
+            p.workspace.cast_const(),
+        ]
+        .iter()
+        .enumerate()
+        .fold(0u32, |bits, (i, &ptr)| {
+            let given = u32::from(!ptr.is_null());
+            let aligned = u32::from((ptr as usize).is_multiple_of(16));
+            bits | (given | aligned << 1) << (2 * i)
+        });
+        QueryKey {
+            query: query as usize,
+            context,
+            sizes: [p.m, p.n, p.k, p.ldb],
+            eps: p.eps.to_bits(),
+            flags: p.flags,
+            pointers,
+        }
+    }
+}
+
+impl QueryCache {
+    /// The most answers kept.
+    pub const CAPACITY: usize = 16;
+
+    /// The answer for `key`: the one kept, else `ask()`'s, kept where it
+    /// succeeds (an error is asked again next time).
+    pub fn answer(&mut self, key: QueryKey, ask: impl FnOnce() -> Result<u64>) -> Result<u64> {
+        if let Some(&(_, bytes)) = self.answers.iter().find(|(k, _)| *k == key) {
+            return Ok(bytes);
+        }
+        self.asked += 1;
+        let bytes = ask()?;
+        if self.answers.len() == Self::CAPACITY {
+            self.answers.clear();
+        }
+        self.answers.push((key, bytes));
+        Ok(bytes)
+    }
+
+    /// Queries asked of launchers so far.
+    pub fn asked(&self) -> usize {
+        self.asked
+    }
+}
+
 /// One call's use of a [`Workspace`], recorded for the next call when
 /// finished or dropped.
 pub struct CallUse<'w> {
@@ -275,6 +402,12 @@ pub struct CallUse<'w> {
 }
 
 impl CallUse<'_> {
+    /// Whether the call's stream is being captured into a CUDA graph, as
+    /// [`Workspace::begin_call`] found it: the call needs no second query.
+    pub fn capturing(&self) -> bool {
+        self.stream.is_none()
+    }
+
     /// Records the end of the call's launches on its stream.
     pub fn finish(mut self) -> Result<()> {
         self.record()
@@ -321,7 +454,7 @@ impl Drop for Workspace {
 /// Device buffers in numbered slots, each grown to fit and then reused.
 #[derive(Debug, Default)]
 pub struct Buffers {
-    slots: Vec<Option<CudaSlice<u8>>>,
+    slots: Vec<Option<WorkspaceBuffer>>,
     allocations: usize,
 }
 
@@ -330,7 +463,33 @@ impl Buffers {
         self.slots
             .get(slot)
             .and_then(Option::as_ref)
-            .map_or(0, |b| b.len())
+            .map_or(0, |b| b.slice.len())
+    }
+}
+
+/// One workspace buffer and its device address, taken once when it is
+/// allocated. A call hands the address to its launches without cudarc's
+/// per-use events (a wait on the buffer's last write and read, and a
+/// record after, each a driver call, on every use once a context has a
+/// second stream): the workspace orders its uses itself. Every use is a
+/// call that [`Workspace::begin_call`] ordered after the last one
+/// elsewhere, a replaced buffer is freed after the work queued on the
+/// growing call's stream ([`Allocator::free_after_queued_work`]), and
+/// dropping the workspace waits for its last use first.
+#[derive(Debug)]
+struct WorkspaceBuffer {
+    slice: CudaSlice<u8>,
+    address: u64,
+}
+
+impl WorkspaceBuffer {
+    /// `slice`, zeroed on `stream` just now, with its address.
+    fn new(slice: CudaSlice<u8>, stream: &CudaStream) -> WorkspaceBuffer {
+        // The guard records one read on `stream`, after the zeroing: the
+        // only event cudarc keeps for this buffer.
+        let (address, guard) = slice.device_ptr(stream);
+        drop(guard);
+        WorkspaceBuffer { slice, address }
     }
 }
 
@@ -351,15 +510,15 @@ trait Allocator {
 }
 
 impl Allocator for Arc<CudaStream> {
-    type Buffer = CudaSlice<u8>;
-    fn fits(&self, buffer: &CudaSlice<u8>, bytes: usize) -> bool {
-        buffer.len() >= bytes && buffer.context().cu_ctx() == self.context().cu_ctx()
+    type Buffer = WorkspaceBuffer;
+    fn fits(&self, buffer: &WorkspaceBuffer, bytes: usize) -> bool {
+        buffer.slice.len() >= bytes && buffer.slice.context().cu_ctx() == self.context().cu_ctx()
     }
     fn capturing(&self) -> Result<bool> {
         Ok(self.capture_status()? != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
     }
-    fn alloc_zeroed(&self, bytes: usize) -> Result<CudaSlice<u8>> {
-        Ok(self.alloc_zeros::<u8>(bytes)?)
+    fn alloc_zeroed(&self, bytes: usize) -> Result<WorkspaceBuffer> {
+        Ok(WorkspaceBuffer::new(self.alloc_zeros::<u8>(bytes)?, self))
     }
     /// cudarc frees a buffer on the stream it was allocated on, ordered
     /// after other streams' work only by its per-buffer events, which it
@@ -367,7 +526,8 @@ impl Allocator for Arc<CudaStream> {
     /// off: that stream waits for this one first. Where the two are one
     /// stream the wait is a no-op; growing is rare enough not to tell them
     /// apart.
-    fn free_after_queued_work(&self, old: CudaSlice<u8>) -> Result<()> {
+    fn free_after_queued_work(&self, old: WorkspaceBuffer) -> Result<()> {
+        let old = old.slice;
         let ordered = self
             .record_event(None)
             .and_then(|queued| old.stream().wait(&queued));
@@ -388,24 +548,36 @@ impl Allocator for Arc<CudaStream> {
 /// `alloc`'s stream. Refuses to allocate while the stream is being
 /// captured. Returns how many buffers it allocated.
 fn fit<A: Allocator>(slots: &mut Vec<Option<A::Buffer>>, sizes: &[usize], alloc: &A) -> Result<usize> {
-    if slots.len() < sizes.len() {
-        slots.resize_with(sizes.len(), || None);
-    }
     let mut allocated = 0;
-    for (slot, &bytes) in slots.iter_mut().zip(sizes) {
-        if bytes == 0 || slot.as_ref().is_some_and(|b| alloc.fits(b, bytes)) {
-            continue;
-        }
-        if alloc.capturing()? {
-            return Err(Error::WorkspaceGrowsInCapture { bytes });
-        }
-        let grown = alloc.alloc_zeroed(bytes)?;
-        if let Some(old) = slot.replace(grown) {
-            alloc.free_after_queued_work(old)?;
-        }
-        allocated += 1;
+    for (slot, &bytes) in sizes.iter().enumerate() {
+        allocated += usize::from(fit_slot(slots, slot, bytes, alloc)?);
     }
     Ok(allocated)
+}
+
+/// [`fit`] for slot `slot` alone (made, empty, where `slots` is shorter);
+/// returns whether it allocated.
+fn fit_slot<A: Allocator>(
+    slots: &mut Vec<Option<A::Buffer>>,
+    slot: usize,
+    bytes: usize,
+    alloc: &A,
+) -> Result<bool> {
+    if slots.len() <= slot {
+        slots.resize_with(slot + 1, || None);
+    }
+    let held = &mut slots[slot];
+    if bytes == 0 || held.as_ref().is_some_and(|b| alloc.fits(b, bytes)) {
+        return Ok(false);
+    }
+    if alloc.capturing()? {
+        return Err(Error::WorkspaceGrowsInCapture { bytes });
+    }
+    let grown = alloc.alloc_zeroed(bytes)?;
+    if let Some(old) = held.replace(grown) {
+        alloc.free_after_queued_work(old)?;
+    }
+    Ok(true)
 }
 
 /// Reads `FUSION_STREAM_K` once: `0` turns split-K and stream-K off in every
@@ -453,7 +625,7 @@ impl HoldsStream<CudaStream> for Workspace {
             b.slots
                 .iter()
                 .flatten()
-                .filter(|slice| Arc::ptr_eq(slice.stream(), stream))
+                .filter(|buffer| Arc::ptr_eq(buffer.slice.stream(), stream))
                 .count()
         };
         on(&self.intermediates) + on(&self.scratch)
@@ -934,16 +1106,18 @@ impl GemmTile {
     }
 }
 
-/// The tier `FUSION_GEMM_TILE` names for every GEMM launch (read once);
-/// `None` when it is unset or empty, the launcher's own choice. Another
-/// value is [`Error::Setting`].
+/// The tier `FUSION_GEMM_TILE` names for every GEMM launch; `None` when it
+/// is unset or empty, the launcher's own choice. Read and parsed once per
+/// process, on first use: another value is [`Error::Setting`], the same
+/// error from every call that asks (each call with a GEMM fails with it),
+/// and changing the variable later changes nothing.
 pub fn forced_gemm_tile() -> Result<Option<GemmTile>> {
-    static VALUE: OnceLock<Option<String>> = OnceLock::new();
-    gemm_tile_of(
-        VALUE
-            .get_or_init(|| std::env::var("FUSION_GEMM_TILE").ok())
-            .as_deref(),
-    )
+    static PARSED: OnceLock<std::result::Result<Option<GemmTile>, String>> = OnceLock::new();
+    let parsed = PARSED.get_or_init(|| {
+        let value = std::env::var("FUSION_GEMM_TILE").ok();
+        gemm_tile_of(value.as_deref()).map_err(|_| value.unwrap_or_default())
+    });
+    parsed.clone().map_err(|value| gemm_tile_error(&value))
 }
 
 fn gemm_tile_of(value: Option<&str>) -> Result<Option<GemmTile>> {
@@ -953,12 +1127,17 @@ fn gemm_tile_of(value: Option<&str>) -> Result<Option<GemmTile>> {
             .into_iter()
             .find(|tier| tier.name() == name)
             .map(Some)
-            .ok_or_else(|| Error::Setting {
-                variable: "FUSION_GEMM_TILE",
-                value: name.to_owned(),
-                expected: "large, large_alt, small_m or small_m_alt (the tuned tables' tiers), or unset for the \
-                           launcher's own choice",
-            }),
+            .ok_or_else(|| gemm_tile_error(name)),
+    }
+}
+
+/// [`Error::Setting`] for `FUSION_GEMM_TILE=value`.
+fn gemm_tile_error(value: &str) -> Error {
+    Error::Setting {
+        variable: "FUSION_GEMM_TILE",
+        value: value.to_owned(),
+        expected: "large, large_alt, small_m or small_m_alt (the tuned tables' tiers), or unset for the launcher's \
+                   own choice",
     }
 }
 
@@ -975,13 +1154,14 @@ pub struct Call<'s> {
 
 impl<'s> Call<'s> {
     pub fn new(graph: &'static GraphDecl, stream: &'s Arc<CudaStream>) -> Call<'s> {
+        // Room for a small graph's tensors at once: one allocation each.
         Call {
             graph,
             stream,
             dims: vec![None; graph.dims.len()],
-            reads: Vec::new(),
-            writes: Vec::new(),
-            guards: Vec::new(),
+            reads: Vec::with_capacity(8),
+            writes: Vec::with_capacity(2),
+            guards: Vec::with_capacity(12),
         }
     }
 
@@ -1074,29 +1254,29 @@ impl<'s> Call<'s> {
         reduced_matrix_of(self.graph, &self.dims, decl, output)
     }
 
-    /// Device buffers for the intermediates, in the order given, from
-    /// `buffers` (a [`Workspace::parts`], grown if they do not fit).
+    /// Device buffers for the intermediates `ids` (tensor ids into
+    /// `tensors`), slot `i` for `ids[i]`, from `buffers` (grown where they
+    /// do not fit): each one's address is written into `address` at its
+    /// tensor id. Nothing is allocated on the host.
     pub fn intermediates<T: Element>(
         &mut self,
         buffers: &'s mut Buffers,
-        decls: &[&'static TensorDecl],
-    ) -> Result<Vec<u64>> {
-        let sizes: Vec<usize> = decls
-            .iter()
-            .map(|d| {
-                let (rows, cols) = self.matrix(d)?;
-                // Both fit an i64, so both fit a usize.
-                Ok(Shape::Matrix(rows as usize, cols as usize).bytes::<T>()?.max(1))
-            })
-            .collect::<Result<_>>()?;
-        buffers.allocations += fit(&mut buffers.slots, &sizes, self.stream)?;
-        let mut pointers = Vec::with_capacity(decls.len());
-        for buffer in buffers.slots.iter_mut().take(decls.len()).flatten() {
-            let (ptr, guard) = buffer.device_ptr_mut(self.stream);
-            self.guards.push(guard);
-            pointers.push(ptr);
+        tensors: &'static [TensorDecl],
+        ids: &[usize],
+        address: &mut [Option<u64>],
+    ) -> Result<()> {
+        for (slot, &t) in ids.iter().enumerate() {
+            let (rows, cols) = self.matrix(&tensors[t])?;
+            // Both fit an i64, so both fit a usize.
+            let bytes = Shape::Matrix(rows as usize, cols as usize).bytes::<T>()?.max(1);
+            buffers.allocations += usize::from(fit_slot(&mut buffers.slots, slot, bytes, self.stream)?);
+            let Some(buffer) = &buffers.slots[slot] else {
+                unreachable!("fit_slot leaves a buffer in a slot of a nonzero size")
+            };
+            // Ordered by the workspace, not by cudarc's events (`WorkspaceBuffer`).
+            address[t] = Some(buffer.address);
         }
-        Ok(pointers)
+        Ok(())
     }
 
     /// The `flags` of this call's GEMM launches (abi.h's bits):
@@ -1129,6 +1309,20 @@ impl<'s> Call<'s> {
         Ok(bytes)
     }
 
+    /// [`Call::workspace_bytes`] for a GEMM, answered from `cache` where
+    /// the same query was asked about the same shape on this device before.
+    pub fn gemm_workspace_bytes(
+        &self,
+        cache: &mut QueryCache,
+        kernel: &str,
+        query: WorkspaceBytes<abi::fusion_gemm_params>,
+        params: &abi::fusion_gemm_params,
+        error_string: ErrorString,
+    ) -> Result<u64> {
+        let key = QueryKey::of(query, self.stream.context(), params);
+        cache.answer(key, || self.workspace_bytes(kernel, query, params, error_string))
+    }
+
     /// The launchers' scratch for this call: `bytes` (the most any of its
     /// kernels asked for) from `scratch` (a [`Workspace::parts`], grown if
     /// it does not fit), as the pointer and size to pass; null and 0 when
@@ -1138,13 +1332,11 @@ impl<'s> Call<'s> {
             return Ok((std::ptr::null_mut(), 0));
         }
         scratch.allocations += fit(&mut scratch.slots, &[bytes as usize], self.stream)?;
-        let Some(buffer) = scratch.slots.first_mut().and_then(Option::as_mut) else {
+        let Some(buffer) = scratch.slots.first().and_then(Option::as_ref) else {
             unreachable!("fit leaves a buffer in the slot")
         };
-        let len = buffer.len() as u64;
-        let (ptr, guard) = buffer.device_ptr_mut(self.stream);
-        self.guards.push(guard);
-        Ok((ptr as *mut c_void, len))
+        // Ordered by the workspace, not by cudarc's events (`WorkspaceBuffer`).
+        Ok((buffer.address as *mut c_void, buffer.slice.len() as u64))
     }
 
     /// The device addresses of prepared weights a launch reads and the
@@ -1192,9 +1384,10 @@ impl<'s> Call<'s> {
     }
 
     fn check_shape(&mut self, decl: &'static TensorDecl, shape: Shape) -> Result<()> {
-        let actual: Vec<usize> = match shape {
-            Shape::Vector(n) => vec![n],
-            Shape::Matrix(r, c) => vec![r, c],
+        let extents = [shape.rows(), shape.cols()];
+        let actual = match shape {
+            Shape::Vector(_) => &extents[1..],
+            Shape::Matrix(..) => &extents[..],
         };
         let graph = self.graph;
         let shape_error = || Error::Shape {
@@ -1202,7 +1395,7 @@ impl<'s> Call<'s> {
             expected: declared_shape(graph, decl),
             actual: shape.to_string(),
         };
-        if !bind_dims(graph, &mut self.dims, decl, &actual)? {
+        if !bind_dims(graph, &mut self.dims, decl, actual)? {
             return Err(shape_error());
         }
         if let (Some(&last_decl), Some(&last)) = (decl.shape.last(), actual.last())
@@ -1239,9 +1432,11 @@ fn matrix_of(dims: &[Option<Bound>], decl: &TensorDecl) -> Result<(i64, i64)> {
         Dim::Static(n) => n,
         Dim::Dynamic(i) => dims[i].map_or(0, |b| b.value),
     };
-    let extents: Vec<usize> = decl.shape.iter().map(extent).collect();
-    let (rows, cols) = match extents.as_slice() {
-        [rows @ .., cols] => (rows.iter().try_fold(1usize, |p, &r| p.checked_mul(r)), *cols),
+    let (rows, cols) = match decl.shape {
+        [rows @ .., cols] => (
+            rows.iter().try_fold(1usize, |p, r| p.checked_mul(extent(r))),
+            extent(cols),
+        ),
         [] => (Some(1), 1),
     };
     let as_i64 = |n: Option<usize>, what: &str| {
@@ -1348,6 +1543,132 @@ pub fn not_compiled(graph: &str, dtype: DType, arch: Arch, compiled: &str) -> Er
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A query as the launchers answer: a function of the sizes, the flags
+    /// and whether the gated pair comes per call.
+    unsafe extern "C" fn rows_query(
+        p: *const abi::fusion_gemm_params,
+        _stream: *mut c_void,
+        bytes: *mut u64,
+    ) -> c_int {
+        // SAFETY: the tests pass their params and a place for the answer.
+        unsafe {
+            let p = &*p;
+            let stream_k = if p.flags & abi::FUSION_GEMM_NO_STREAM_K == 0 {
+                4096
+            } else {
+                0
+            };
+            let pair = if p.b_up.is_null() { 0 } else { 2 * p.n * p.k };
+            *bytes = (stream_k + 256 * p.m + pair) as u64;
+        }
+        0
+    }
+
+    fn gemm_params(m: i64) -> abi::fusion_gemm_params {
+        let at = |a: usize| a as *const c_void;
+        abi::fusion_gemm_params {
+            a: at(0x1000),
+            b: at(0x2000),
+            b_up: std::ptr::null(),
+            c: 0x3000 as *mut c_void,
+            bias: at(0x4000),
+            residual: std::ptr::null(),
+            multiplier: std::ptr::null(),
+            gamma: std::ptr::null(),
+            beta: std::ptr::null(),
+            col_terms: std::ptr::null(),
+            m,
+            n: 64,
+            k: 32,
+            ldb: 0,
+            eps: 0.0,
+            flags: 0,
+            workspace: std::ptr::null_mut(),
+            workspace_bytes: 0,
+        }
+    }
+
+    fn asked_directly(p: &abi::fusion_gemm_params) -> u64 {
+        let mut bytes = 0;
+        // SAFETY: the test's own query reads the params alone.
+        assert_eq!(unsafe { rows_query(p, std::ptr::null_mut(), &mut bytes) }, 0);
+        bytes
+    }
+
+    #[test]
+    fn a_cached_workspace_query_answers_as_the_launcher_and_asks_once_per_key() {
+        let mut cache = QueryCache::default();
+        let context = (0x7000, 0);
+        let ask = |cache: &mut QueryCache, p: &abi::fusion_gemm_params| {
+            cache.answer(QueryKey::on(context, rows_query, p), || Ok(asked_directly(p)))
+        };
+        let p = gemm_params(77);
+        for _ in 0..5 {
+            assert_eq!(ask(&mut cache, &p).unwrap(), asked_directly(&p));
+        }
+        assert_eq!(cache.asked(), 1);
+        // Another M, other flags, a pair given per call: each asked once.
+        let mut no_split = p;
+        no_split.flags |= abi::FUSION_GEMM_NO_STREAM_K;
+        let mut gated = p;
+        gated.b_up = 0x5000 as *const c_void;
+        for other in [gemm_params(78), no_split, gated] {
+            for _ in 0..2 {
+                assert_eq!(ask(&mut cache, &other).unwrap(), asked_directly(&other));
+            }
+        }
+        assert_eq!(cache.asked(), 4);
+        // Other addresses of the same kind (given, aligned) share the answer:
+        // the launchers never read the memory.
+        let mut moved = p;
+        moved.a = 0x9000 as *const c_void;
+        assert_eq!(ask(&mut cache, &moved).unwrap(), asked_directly(&p));
+        assert_eq!(cache.asked(), 4);
+        // A misaligned operand, another device or another query: asked.
+        let mut misaligned = p;
+        misaligned.a = 0x9008 as *const c_void;
+        let key = QueryKey::on(context, rows_query, &p);
+        assert_ne!(QueryKey::on(context, rows_query, &misaligned), key);
+        assert_ne!(QueryKey::on((0x7000, 1), rows_query, &p), key);
+        assert_ne!(QueryKey::on((0x8000, 0), rows_query, &p), key);
+        unsafe extern "C" fn other_query(
+            _: *const abi::fusion_gemm_params,
+            _: *mut c_void,
+            _: *mut u64,
+        ) -> c_int {
+            0
+        }
+        assert_ne!(QueryKey::on(context, other_query, &p), key);
+    }
+
+    #[test]
+    fn a_failed_workspace_query_is_asked_again_and_the_cache_stays_bounded() {
+        let mut cache = QueryCache::default();
+        let key = |m| QueryKey::on((1, 0), rows_query, &gemm_params(m));
+        let elsewhere = QueryKey::on((2, 0), rows_query, &gemm_params(1));
+        let failed = cache.answer(elsewhere, || {
+            Err(Error::Setting {
+                variable: "X",
+                value: String::new(),
+                expected: "",
+            })
+        });
+        assert!(failed.is_err());
+        assert_eq!(cache.answer(elsewhere, || Ok(7)).unwrap(), 7);
+        assert_eq!(cache.answer(elsewhere, || Ok(8)).unwrap(), 7);
+        assert_eq!(cache.asked(), 2);
+        // M token by token: never more than CAPACITY answers held, each
+        // right.
+        for m in 1..=100 {
+            let p = gemm_params(m);
+            assert_eq!(
+                cache.answer(key(m), || Ok(asked_directly(&p))).unwrap(),
+                asked_directly(&p)
+            );
+            assert!(cache.answers.len() <= QueryCache::CAPACITY);
+        }
+    }
 
     const X: TensorDecl = TensorDecl {
         name: "x",
@@ -1492,6 +1813,13 @@ mod tests {
                 .starts_with("FUSION_GEMM_TILE=huge: expected large,"),
             "{e}"
         );
+        // What a call returns for the value read once: the same error.
+        assert_eq!(gemm_tile_error("huge").to_string(), e.to_string());
+        // The process's own setting, parsed once: every call agrees.
+        let first = forced_gemm_tile().map_err(|e| e.to_string());
+        for _ in 0..3 {
+            assert_eq!(forced_gemm_tile().map_err(|e| e.to_string()), first);
+        }
     }
 
     #[test]

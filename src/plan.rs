@@ -1329,9 +1329,8 @@ pub unsafe fn run<T: Element>(
     let arch = table.arch(stream)?;
     let variant = table.variant(T::DTYPE, arch)?;
     let error_string = table.error_string();
-    let launches: Vec<Launch> = table.kernels.iter().map(|k| k.launchers.get(variant)).collect();
     let mut call = Call::new(table.graph, stream);
-    let mut address: Vec<Option<u64>> = vec![None; table.tensors.len()];
+    let mut address = CallTable::<Option<u64>, 32>::new(table.tensors.len(), None);
     for (&t, &tensor) in table.inputs.iter().zip(inputs) {
         address[t] = Some(call.input(table.decl(t), tensor)?);
     }
@@ -1366,56 +1365,62 @@ pub unsafe fn run<T: Element>(
     if call.is_empty() {
         return Ok(());
     }
-    let (intermediates, scratch, call_use) = workspace.begin_call(stream)?;
-    if !table.temporaries.is_empty() {
-        let decls: Vec<&'static TensorDecl> = table.temporaries.iter().map(|&t| table.decl(t)).collect();
-        let buffers = call.intermediates::<T>(intermediates, &decls)?;
-        for (&t, buffer) in table.temporaries.iter().zip(buffers) {
-            address[t] = Some(buffer);
-        }
-    }
+    let crate::launch::CallParts {
+        intermediates,
+        scratch,
+        queries,
+        call_use,
+    } = workspace.begin_call_parts(stream)?;
+    call.intermediates::<T>(intermediates, table.tensors, table.temporaries, &mut address)?;
     let has_gemm = table.kernels.iter().any(|k| matches!(k.op, KernelOp::Gemm(_)));
-    let flags = if has_gemm { call.gemm_flags()? } else { 0 };
+    // The capture status `begin_call` read, not a second driver query.
+    let flags = if has_gemm {
+        crate::launch::gemm_flags(call_use.capturing())?
+    } else {
+        0
+    };
     // The GEMMs ask for their scratch; the most any asks for is taken once
     // and shared, since the kernels run one after another on the stream.
-    let mut params = Vec::with_capacity(table.kernels.len());
+    // Each kernel's params, and the cuBLASLt epilogue where the guard sends
+    // the GEMM there at this call's M.
+    let mut params = CallTable::<Option<(Params, Option<VendorEpilogue>)>, 8>::new(table.kernels.len(), None);
     let mut scratch_bytes = 0u64;
-    // The GEMMs the guard sends to cuBLASLt at this call's M.
-    let mut routed = Vec::with_capacity(table.kernels.len());
-    for (index, (kernel, launch)) in table.kernels.iter().zip(&launches).enumerate() {
+    for (index, kernel) in table.kernels.iter().enumerate() {
+        let launch = kernel.launchers.get(variant);
         let bound = prepared.get(index).and_then(Option::as_ref);
         let weights = bound.map(|w| call.folded(w));
         let filled = fill(table, kernel, &call, &address, flags, weights)?;
         let route = vendor_route(kernel, &filled, arch);
-        routed.push(route);
         if route.is_some() {
             #[cfg(feature = "cublaslt")]
             {
                 scratch_bytes = scratch_bytes.max(crate::vendor::ROUTE_WORKSPACE_BYTES);
             }
-        } else if let (Params::Gemm(p), Launch::Gemm { query, folded, .. }) = (&filled, *launch) {
+        } else if let (Params::Gemm(p), Launch::Gemm { query, folded, .. }) = (&filled, launch) {
             // With its norm folded into the weight, the kernel runs the
             // folded launcher.
             let query = match (bound, folded) {
                 (Some(_), Some((_, folded_query))) => folded_query,
                 _ => query,
             };
-            scratch_bytes = scratch_bytes.max(call.workspace_bytes(kernel.label, query, p, error_string)?);
+            let bytes = call.gemm_workspace_bytes(queries, kernel.label, query, p, error_string)?;
+            scratch_bytes = scratch_bytes.max(bytes);
         }
-        params.push(filled);
+        params[index] = Some((filled, route));
     }
     let (scratch_ptr, scratch_len) = call.scratch(scratch, scratch_bytes)?;
-    for (index, ((kernel, launch), params)) in
-        table.kernels.iter().zip(&launches).zip(&mut params).enumerate()
-    {
+    for (index, (kernel, filled)) in table.kernels.iter().zip(params.iter_mut()).enumerate() {
+        let (params, route) = filled.as_mut().expect("every kernel's params were filled above");
+        // This build has no vendor path (`vendor_route` said none).
+        #[cfg(not(feature = "cublaslt"))]
+        let _ = route;
         // A kernel whose own output is empty is not launched, while the
         // others are (`Call::has_elements` says why).
         if !call.has_elements(table.decl(kernel.output))? {
             continue;
         }
         #[cfg(feature = "cublaslt")]
-        if let (Some(epilogue), Params::Gemm(p), KernelOp::Gemm(gemm)) = (routed[index], &params, &kernel.op)
-        {
+        if let (Some(epilogue), Params::Gemm(p), KernelOp::Gemm(gemm)) = (*route, &*params, &kernel.op) {
             // SAFETY: as for a launch (below): `call` checked every operand
             // of the GEMM's params, and the scratch is this call's.
             unsafe {
@@ -1436,7 +1441,7 @@ pub unsafe fn run<T: Element>(
         // borrowed until `call` is dropped; the params are the launcher's
         // own struct (the table pairs them by kind); the launcher only
         // enqueues work.
-        let code = match (params, *launch) {
+        let code = match (params, kernel.launchers.get(variant)) {
             (Params::Gemm(p), Launch::Gemm { launch, folded, .. }) => {
                 p.workspace = scratch_ptr;
                 p.workspace_bytes = scratch_len;
@@ -1454,6 +1459,53 @@ pub unsafe fn run<T: Element>(
         call.launched(kernel.label, code, error_string)?;
     }
     call_use.finish()
+}
+
+/// A call's table of one value per tensor or per kernel: on the stack up to
+/// `N` entries (every graph fusion ships fits), on the heap beyond, so that
+/// a call of a small graph allocates no host memory for it.
+struct CallTable<T, const N: usize> {
+    inline: [T; N],
+    spilled: Vec<T>,
+    len: usize,
+}
+
+impl<T: Copy, const N: usize> CallTable<T, N> {
+    /// `len` entries, each `value`.
+    fn new(len: usize, value: T) -> Self {
+        CallTable {
+            inline: [value; N],
+            spilled: if len > N { vec![value; len] } else { Vec::new() },
+            len,
+        }
+    }
+
+    /// Whether the entries live on the heap.
+    #[cfg(test)]
+    fn spilled(&self) -> bool {
+        self.spilled.capacity() > 0
+    }
+}
+
+impl<T, const N: usize> std::ops::Deref for CallTable<T, N> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        if self.len <= N {
+            &self.inline[..self.len]
+        } else {
+            &self.spilled
+        }
+    }
+}
+
+impl<T, const N: usize> std::ops::DerefMut for CallTable<T, N> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        if self.len <= N {
+            &mut self.inline[..self.len]
+        } else {
+            &mut self.spilled
+        }
+    }
 }
 
 /// cuBLASLt's epilogue where the guard runs `kernel`, filled as `params`,
@@ -2006,6 +2058,21 @@ mod tests {
         // feature `cublaslt`, cuBLASLt loaded, FUSION_GUARD not off).
         let routed = vendor_route(&kernel(Bind::Nothing), &p, Arch::Sm90);
         assert_eq!(routed.is_some(), crate::vendor::routes_enabled());
+    }
+
+    #[test]
+    fn a_call_table_holds_a_small_graph_on_the_stack_and_any_graph_whole() {
+        for len in [0, 1, 7, 8, 9, 40] {
+            let mut table = CallTable::<Option<u64>, 8>::new(len, None);
+            assert_eq!(table.len(), len);
+            assert!(table.iter().all(Option::is_none));
+            assert_eq!(table.spilled(), len > 8, "{len}");
+            for (i, entry) in table.iter_mut().enumerate() {
+                *entry = Some(i as u64);
+            }
+            let expected: Vec<Option<u64>> = (0..len as u64).map(Some).collect();
+            assert_eq!(&*table, &expected[..]);
+        }
     }
 
     #[test]
