@@ -79,6 +79,8 @@
 //! it is freed after the stream is dropped. It is never grown while the
 //! stream is being captured into a CUDA graph: call once before capturing.
 
+#![warn(missing_docs)]
+
 // Generated wrappers name this crate `fusion::`, also from inside it.
 extern crate self as fusion;
 
