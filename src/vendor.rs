@@ -17,11 +17,17 @@
 /// cuBLASLt's fused epilogues that a vendor path asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum LtEpilogue {
+    /// The GEMM alone (`CUBLASLT_EPILOGUE_DEFAULT`).
     None,
+    /// A bias added to the product.
     Bias,
+    /// ReLU on the product.
     Relu,
+    /// A bias, then ReLU.
     ReluBias,
+    /// A bias, then GELU.
     GeluBias,
+    /// GELU on the product.
     Gelu,
 }
 
@@ -69,10 +75,15 @@ pub struct RouteCall {
     pub dims: (usize, usize, usize),
     /// The weight's row stride in elements; `None`: dense.
     pub ld_w: Option<usize>,
+    /// The address of A, the activations.
     pub x: u64,
+    /// The address of the weight.
     pub w: u64,
+    /// The address of the bias, where the epilogue adds one.
     pub bias: Option<u64>,
+    /// The address of the residual, where the GEMM adds one (through beta).
     pub residual: Option<u64>,
+    /// The address of the output.
     pub y: u64,
 }
 
@@ -445,6 +456,7 @@ mod lt {
             })
         }
 
+        /// The fused epilogue this GEMM was planned with.
         pub fn epilogue(&self) -> LtEpilogue {
             self.epilogue
         }

@@ -368,9 +368,12 @@ fn wrappers_parse_and_name_the_graph() {
     );
     // The plan is a table the run time's executor runs.
     assert!(rust.contains("static __PLAN: fusion::plan::PlanTable"));
-    assert!(compact.contains("fusion::plan::bind(&__swiglu_ffn::__PLAN,stream,"));
-    assert!(compact.contains("fusion::plan::run(&__swiglu_ffn::__PLAN,"));
-    assert!(rust.contains("fusion::launch::with_stream_workspace("));
+    assert!(compact.contains("fusion::shell::Plan::new(&__PLAN)"));
+    assert!(compact.contains("fusion::shell::Bound::new(__swiglu_ffn::PLAN,stream,"));
+    assert!(compact.contains("self.0.run(__swiglu_ffn::PLAN,stream,&[x],&mut[y])"));
+    assert!(compact.contains("__gemm_bias_gelu::PLAN.run_per_call(stream,&[w,b],&[x],&mut[y])"));
+    // What every struct has comes from the run time, documented there.
+    assert!(compact.contains("fusion::shell::items!(bound__swiglu_ffn,'w,T);"));
     assert!(rust.contains("const _: () = fusion::plan::expect_schema("));
     // Without nvcc no launcher is named, and the table has no variants.
     let skipped = wrappers::generate(&lib, false, "/out/fusion_ffi.rs");

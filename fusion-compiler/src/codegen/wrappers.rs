@@ -20,13 +20,19 @@
 //!
 //! The plan itself is data: a `static __PLAN: fusion::plan::PlanTable` per
 //! graph (the kernels in order, the operand of each params field, what
-//! binding computes, the intermediates, the launchers per (dtype, arch))
-//! and `__DECLARED` for `graph()`. The structs and functions are typed
-//! shells that hand their tensors to the run time's one executor
+//! binding computes, the intermediates, the launchers per (dtype, arch)),
+//! `__DECLARED` for `graph()`, and `PLAN`, the table as a
+//! `fusion::shell::Plan` (the one `unsafe` of a graph: the table is true of
+//! its launchers). The structs and functions are typed shells over the run
+//! time's `fusion::shell`, which hands their tensors to its one executor
 //! (`fusion::plan::bind` and `fusion::plan::run`), which `fusion run` also
 //! calls with a table of its own; the checks live there and in
-//! `fusion::launch`. The table's schema is asserted at compile time
-//! (`fusion::plan::expect_schema`, [`PLAN_SCHEMA`]).
+//! `fusion::launch`. What is the same for every graph (`from_safetensors`,
+//! `ARCHS`, `graph()`, `weights()`, the workspace methods) is written by
+//! `fusion::shell::items!` with its documentation, and what every struct's
+//! documentation would repeat is said once in the run time's crate
+//! documentation, which the items link to. The table's schema is asserted
+//! at compile time (`fusion::plan::expect_schema`, [`PLAN_SCHEMA`]).
 //!
 //! The code expects the bindgen output of the library's header in a sibling
 //! module `ffi` (see [`generate`]).
@@ -105,7 +111,8 @@ fn internal_lint_allows() -> TokenStream {
 fn ffi_module(ffi_rs: &str) -> TokenStream {
     let clippy = internal_lint_allows();
     quote! {
-        #[allow(non_camel_case_types, non_snake_case, non_upper_case_globals, dead_code, unused_imports, #clippy)]
+        #[allow(non_camel_case_types, non_snake_case, non_upper_case_globals)]
+        #[allow(dead_code, unused_imports, #clippy)]
         mod ffi {
             use fusion::abi::{
                 fusion_elementwise_params, fusion_fold_params, fusion_gemm_params, fusion_norm_params,
@@ -134,94 +141,15 @@ fn element_tokens(d: DType) -> TokenStream {
     }
 }
 
-/// `fusion::Arch::Sm80`: the run time re-exports this very enum, so the
-/// variant's name (its derived `Debug`) is the path's last segment.
-fn arch_tokens(a: Arch) -> TokenStream {
-    let variant = format_ident!("{a:?}");
-    quote!(fusion::Arch::#variant)
-}
+/// What every graph struct says about threads, the rest in the run
+/// time's documentation, once for every graph.
+const THREADS_DOC: &str = " `Send` and `Sync`; every call takes the intermediates and the kernels' \
+scratch from one workspace, its own or one shared through `with_workspace`: see \
+[threads and memory](fusion#threads-and-memory).";
 
-/// What every graph struct says about threads.
-const THREADS_DOC: &str = "\n# Threads and memory\n\n\
-The struct is `Send` and `Sync`: it owns nothing but device buffers. Every \
-call takes the intermediates and the kernels' scratch from one workspace \
-(`fusion::SharedWorkspace`), grown when a call needs more, never while the \
-stream is being captured into a CUDA graph (run once, or \
-`reserve_workspace`, before capturing). It is the struct's own unless \
-`with_workspace` gave it one to share: structs called one after another on \
-a stream, such as the layers of a model, share one, as large as the \
-largest call needs (`workspace_bytes` says what a call of M rows needs). \
-A call locks the workspace while it enqueues its kernels, so calls sharing \
-it take turns; `run` takes `&mut self`, and to run one graph from several \
-threads at the same time, give each thread its own struct. Calls on \
-different streams or from different threads are ordered: each records an \
-event on its stream after its launches, and the next call elsewhere makes \
-its stream wait for it before it uses the workspace. The workspace is freed \
-with its last holder, after the last call that used it.";
-
-/// The workspace methods of every graph struct, whose calls read
-/// `weights` (a `fusion::plan::Weights`); `generics` are those of a struct
-/// whose `run` is generic over the element type (one without weights).
-fn workspace_methods(plan_ref: &TokenStream, weights: &TokenStream, generics: &TokenStream) -> TokenStream {
-    quote! {
-        /// Has this struct's calls use `workspace`, shared with other
-        /// structs whose calls run one after another on a stream (the
-        /// layers of a model): it holds what the largest of them needs,
-        /// not their sum. Its own workspace is dropped.
-        #[must_use]
-        #[allow(dead_code, reason = #ACCESSORS_UNUSED)]
-        pub fn with_workspace(mut self, workspace: fusion::SharedWorkspace) -> Self {
-            self.workspace = workspace;
-            self
-        }
-
-        /// The device memory kept between calls: the intermediates and
-        /// the kernels' scratch (see `fusion::Workspace`), shared with the
-        /// structs given the same one.
-        #[must_use]
-        #[allow(dead_code, reason = #ACCESSORS_UNUSED)]
-        pub fn workspace(&self) -> &fusion::SharedWorkspace {
-            &self.workspace
-        }
-
-        /// The bytes of workspace one call of `m` rows on `stream`'s
-        /// device needs: its intermediates, and the most scratch any of
-        /// its kernels asks for (with stream-K, as outside a capture).
-        /// `fusion::Error::UnboundDim` where a dim other than M is fixed
-        /// by no weight.
-        #[allow(dead_code, reason = #ACCESSORS_UNUSED)]
-        pub fn workspace_bytes #generics(
-            &self,
-            stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
-            m: usize,
-        ) -> fusion::Result<usize> {
-            // SAFETY: the table is this graph's, generated with its launchers.
-            let need = unsafe { fusion::plan::workspace_need(#plan_ref, #weights, stream, m) }?;
-            Ok(need.bytes())
-        }
-
-        /// Grows the workspace to what a call of `m` rows needs
-        /// (`workspace_bytes`), so that such a call, or a smaller one,
-        /// can then be captured into a CUDA graph.
-        #[allow(dead_code, reason = #ACCESSORS_UNUSED)]
-        pub fn reserve_workspace #generics(
-            &self,
-            stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
-            m: usize,
-        ) -> fusion::Result<()> {
-            let mut __workspace = self.workspace.lock();
-            // SAFETY: the table is this graph's, generated with its launchers.
-            unsafe { fusion::plan::reserve(#plan_ref, &mut __workspace, #weights, stream, m) }
-        }
-    }
-}
-
-/// What every free function says about memory.
-const FREE_FN_MEMORY_DOC: &str = "\n# Memory\n\n\
-The kernel's scratch comes from a workspace kept per `Arc<CudaStream>` \
-(clones share it), grown when a call needs more and reused after that; it \
-is freed after the stream is dropped. It is never grown while the stream is \
-being captured into a CUDA graph: call once before capturing.";
+/// What a graph struct's `run` does.
+const RUN_DOC: &str = " Checks the inputs and outputs (dynamic dims are read from them and must \
+agree), then launches the plan's kernels in order on `stream`. Returns once they are enqueued.";
 
 /// The rustdoc of a graph's items: its declaration and its plan.
 fn graph_doc(spec: &super::GraphSpec) -> String {
@@ -280,61 +208,27 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
         #(#read_args: &fusion::Tensor<'_, #elem>,)*
         #(#write_args: &mut fusion::TensorMut<'_, #elem>,)*
     };
-    let plan_ref = quote!(&#module::__PLAN);
-    let run_per_call = |workspace: TokenStream| {
-        quote!(
-            // SAFETY: the table is this graph's, generated with its launchers.
-            unsafe { fusion::plan::run(#plan_ref, #workspace, fusion::plan::Weights::PerCall(&[#(#weight_args),*]), stream, &[#(#input_args),*], &mut [#(#write_args),*]) }
-        )
-    };
-
     let compiled = compiled_summary(launchers, linked);
-    // The variants this library has: the executor chooses among them, not
-    // among the run-time crate's features. A build without nvcc has none,
-    // and chooses as the run time's would, so that its error is the
-    // dispatch's "not compiled".
-    let own_archs = if linked {
-        let archs = library.archs.iter().map(|&a| arch_tokens(a));
-        quote!(&[#(#archs),*])
-    } else {
-        quote!(&[])
-    };
-    let archs_const = quote! {
-        /// The GPU generations this struct's kernels were compiled for, as
-        /// the build script of the crate declaring it chose them (its cargo
-        /// features, `FUSION_ARCHS` or `CUDA_COMPUTE_CAP`), whatever
-        /// fusion's own features are: each call runs the newest of them the
-        /// device runs (or `FUSION_FORCE_ARCH`'s). Empty when that build ran
-        /// no nvcc.
-        #[allow(dead_code, reason = #ACCESSORS_UNUSED)]
-        pub const ARCHS: &'static [fusion::Arch] = #own_archs;
-    };
     let table = plan_table(library, launchers, linked, &compiled);
 
     let single = plan.kernels.len() == 1;
-    let prepared = plan.kernels.iter().any(|k| k.prepares_weights(graph));
-    // What the free function repeats per call that the struct does once.
-    let per_call_doc = if prepared {
-        "\n\nIt takes the weights with each call, so what the struct computes once \
-         when it binds them runs on every call here: a norm folds into no weight \
-         (A is normalized into the scratch first) and a gated pair's two weights \
-         are written interleaved into the scratch first (2 N K elements, more \
-         than the GEMM itself reads at small M). Bind the weights with the \
-         struct for the one-time form."
-    } else {
-        ""
-    };
     let free_fn = if single {
         let fn_ident = format_ident!("{}", name);
-        let run = run_per_call(quote!(__workspace));
+        let summary = graph
+            .doc
+            .clone()
+            .unwrap_or_else(|| format!("The graph `{name}`."));
+        let free_doc = format!(
+            "{summary}\n\nRuns the graph of [`{struct_ident}`] (whose documentation shows its arguments and \
+             fusion plan), every tensor given to each call: see \
+             [free functions](fusion#free-functions)."
+        );
         quote! {
-            #[doc = #doc]
-            #[doc = #FREE_FN_MEMORY_DOC]
-            #[doc = #per_call_doc]
+            #[doc = #free_doc]
             #[allow(clippy::too_many_arguments, reason = "one argument per graph tensor")]
             #[allow(dead_code, reason = "a crate may run the graph through its struct instead")]
             pub fn #fn_ident #generics(#params) -> fusion::Result<()> {
-                fusion::launch::with_stream_workspace(stream, |__workspace| #run)
+                #module::PLAN.run_per_call(stream, &[#(#weight_args),*], &[#(#input_args),*], &mut [#(#write_args),*])
             }
         }
     } else {
@@ -355,6 +249,9 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
 
             const _: () = fusion::plan::expect_schema(#schema);
 
+            // SAFETY: the table is this graph's, generated with its launchers.
+            pub(super) const PLAN: fusion::shell::Plan = unsafe { fusion::shell::Plan::new(&__PLAN) };
+
             #table
         }
     };
@@ -365,7 +262,6 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
         } else {
             quote!()
         };
-        let graph_fn = graph_fn(&module);
         let bound = BoundGraph {
             struct_ident,
             module,
@@ -376,53 +272,35 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
             weights: graph.weights.iter().map(|&t| arg_ident(graph, t)).collect(),
             outputs: write_args,
             declaration: spec.fingerprint.map(|_| spec.declaration.clone()),
-            graph_fn,
-            archs_const,
             struct_allows: one_of_two_ways(&free_fn),
         };
         return quote!(#bound #free_fn #module_items);
     }
     let struct_allows = one_of_two_ways(&free_fn);
-    let graph_fn = graph_fn(&module);
-    let run = run_per_call(quote!(&mut self.workspace.lock()));
-    let workspace_methods = workspace_methods(
-        &plan_ref,
-        &quote!(fusion::plan::Weights::<'_, '_, #elem>::PerCall(&[])),
-        &generics,
-    );
+    let element = if generic { quote!(generic) } else { elem };
     quote! {
         #[doc = #doc]
         #[doc = #THREADS_DOC]
         #[derive(Debug, Default)]
         #struct_allows
-        pub struct #struct_ident {
-            workspace: fusion::SharedWorkspace,
-        }
+        pub struct #struct_ident(fusion::shell::Unbound);
 
         #struct_allows
         impl #struct_ident {
+            /// A struct with a workspace of its own.
             #[must_use]
             pub fn new() -> Self {
                 Self::default()
             }
 
-            #archs_const
-
-            #graph_fn
-
-            /// The plan this struct runs, as data (`fusion::plan`).
-            #[doc(hidden)]
-            #[allow(dead_code, reason = #ACCESSORS_UNUSED)]
-            pub const PLAN: &'static fusion::plan::PlanTable = #plan_ref;
-
-            #workspace_methods
-
             /// Checks every argument, then launches the plan's kernels in order
             /// on `stream`. Returns once they are enqueued.
             #[allow(clippy::too_many_arguments, reason = "one argument per graph tensor")]
             pub fn run #generics(&mut self, #params) -> fusion::Result<()> {
-                #run
+                self.0.run(#module::PLAN, stream, &[#(#input_args),*], &mut [#(#write_args),*])
             }
+
+            fusion::shell::items!(unbound #module, #element);
         }
 
         #free_fn
@@ -658,8 +536,11 @@ fn plan_table(
     }
 }
 
-/// The public items of a `fusion_graph!` graph: a struct that borrows the
-/// weights, checked once in `new`, and a `run` that takes inputs and outputs.
+/// The public items of a graph with weights: a struct that binds them once
+/// in `new`, a `run` that takes inputs and outputs, and the weights' struct.
+/// What every such struct has besides (`from_safetensors`, `ARCHS`,
+/// `graph()`, the workspace methods) is written by the run time's
+/// `fusion::shell::items!`, documented there once.
 struct BoundGraph {
     struct_ident: Ident,
     module: Ident,
@@ -671,33 +552,8 @@ struct BoundGraph {
     outputs: Vec<Ident>,
     /// A `fusion_graph!` declaration, for `DECLARATION`.
     declaration: Option<String>,
-    /// The struct's `graph()` ([`graph_fn`]).
-    graph_fn: TokenStream,
-    /// The struct's `ARCHS`.
-    archs_const: TokenStream,
     /// Attributes of the struct, its weights and its `impl`.
     struct_allows: TokenStream,
-}
-
-/// A struct's `graph()`: the graph it runs, from its plan table and
-/// `__DECLARED` ([`graph_literal`]).
-fn graph_fn(module: &Ident) -> TokenStream {
-    quote! {
-        /// The graph this struct runs, as the build script checked it, built
-        /// from data written then (nothing is parsed at run time): for the
-        /// CPU reference (`fusion::core::reference`, present with fusion's
-        /// feature `testing`) and for drawing test data with its shapes.
-        ///
-        /// # Panics
-        ///
-        /// Never: every activation it names is a row of the op table the
-        /// build script read, which this crate's fusion shares.
-        #[must_use]
-        #[allow(dead_code, reason = #ACCESSORS_UNUSED)]
-        pub fn graph() -> fusion::ir::Graph {
-            fusion::plan::graph(&#module::__PLAN, &#module::__DECLARED)
-        }
-    }
 }
 
 /// Where a graph has a free function beside its struct, a crate uses one
@@ -723,8 +579,6 @@ impl quote::ToTokens for BoundGraph {
             weights,
             outputs,
             declaration,
-            graph_fn,
-            archs_const,
             struct_allows,
         } = self;
         let weights_ident = format_ident!("{struct_ident}Weights");
@@ -732,6 +586,7 @@ impl quote::ToTokens for BoundGraph {
             Some(declaration) => quote! {
                 /// The `fusion_graph!` declaration this struct was generated
                 /// from, as tokens printed back to text.
+                #[allow(dead_code, reason = "accessors a crate may not call")]
                 pub const DECLARATION: &'static str = #declaration;
             },
             None => quote!(),
@@ -750,16 +605,7 @@ impl quote::ToTokens for BoundGraph {
         let weights_doc = format!(
             "The weights of [`{struct_ident}`], as device tensors: borrowed (`fusion::Tensor::new`) or, as `{weights_ident}<'static, …>`, owned ([`Self::from_safetensors`], `fusion::Tensor::owned`). `new` checks each one's shape against the declaration."
         );
-        let owned_struct_doc = format!(
-            "Reads the weights from a safetensors file (as [`{weights_ident}::from_safetensors`]) and binds them (as [`Self::new`]) one kernel at a time: a kernel's weights are copied to the device, bound, and those its copy replaces freed before the next kernel's are read; a gated pair is interleaved an eighth of its rows at a time, never on the device whole beside its copy. A struct that owns its weights."
-        );
         let weight_docs = weights.iter().map(|w| format!("The weight `{w}`."));
-        let plan_ref = quote!(&#module::__PLAN);
-        let workspace_methods = workspace_methods(
-            &plan_ref,
-            &quote!(fusion::plan::Weights::Bound(&self.weights)),
-            &quote!(),
-        );
         tokens.extend(quote! {
             #[doc = #weights_doc]
             #[derive(Debug)]
@@ -770,60 +616,31 @@ impl quote::ToTokens for BoundGraph {
 
             #[allow(dead_code, reason = #BINDS_UNUSED)]
             impl #owned_params #weights_ident #owned_args {
-                /// Reads the weights from a safetensors file: each one under
-                /// the name `names` gives it (`fusion::TensorNames::declared()`
-                /// for the declared names, `fusion::TensorNames::hugging_face(layer)`
-                /// for a checkpoint's), all checked (present, element type,
-                /// shape against the declaration) before any is copied to
-                /// `stream`'s device, into memory the weights own.
-                pub fn from_safetensors(
-                    stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
-                    file: &fusion::TensorFile,
-                    names: &fusion::TensorNames,
-                ) -> fusion::Result<Self> {
-                    let [#(#weights),*] = fusion::plan::load_weights(&#module::__PLAN, stream, file, names)?;
-                    Ok(Self { #(#weights),* })
-                }
+                fusion::shell::items!(weights #module { #(#weights),* });
             }
 
             #[doc = #doc]
             #[doc = #THREADS_DOC]
             #[derive(Debug)]
             #struct_allows
-            pub struct #struct_ident #params {
-                weights: fusion::BoundWeights<'w, #elem>,
-                workspace: fusion::SharedWorkspace,
-            }
+            pub struct #struct_ident #params(fusion::shell::Bound<'w, #elem>);
 
             #struct_allows
             impl #params #struct_ident #args {
-                /// Binds the weights: checks each one's shape (static dims
-                /// against the declaration, shared dims against each other)
-                /// and that it lives on `stream`'s device, and computes once
-                /// what later calls need from them alone: a norm followed by a
-                /// GEMM whose gamma, beta and weight are all bound is folded
-                /// into a copy of that weight (`fusion::launch::FoldedWeights`),
-                /// a gated pair's two weights are interleaved into one, and a
-                /// plain weight whose rows are not a multiple of 128 bytes is
-                /// copied with its rows padded to that on sm90 (where such
-                /// rows read slower; at most an eighth more per row;
-                /// `FUSION_PAD_WEIGHTS=0` turns it off). Each copy replaces
-                /// the weights it was made from: the struct keeps only what
-                /// its kernels read (`fusion::BoundWeights`), and drops an
-                /// owned weight once its copy exists (a borrowed one is no
-                /// longer referenced). Returns once that work is done.
+                #declaration_items
+
+                /// Binds the weights: checks them and computes once what calls
+                /// need from them alone (see [binding weights](fusion#binding-weights)).
+                /// Returns once that work is done.
                 pub fn new(
                     stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
                     weights: #weights_ident #args,
                 ) -> fusion::Result<Self> {
-                    // SAFETY: the table is this graph's, generated with its launchers.
-                    let __bound = unsafe { fusion::plan::bind(&#module::__PLAN, stream, vec![#(weights.#weights),*]) }?;
-                    Ok(Self { weights: __bound, workspace: fusion::Workspace::shared() })
+                    let __weights = vec![#(weights.#weights),*];
+                    fusion::shell::Bound::new(#module::PLAN, stream, __weights).map(Self)
                 }
 
-                /// Checks the inputs and outputs (dynamic dims are read from
-                /// them and must agree), then launches the plan's kernels in
-                /// order on `stream`. Returns once they are enqueued.
+                #[doc = #RUN_DOC]
                 #[allow(clippy::too_many_arguments, reason = "one argument per graph tensor")]
                 pub fn run(
                     &mut self,
@@ -831,48 +648,15 @@ impl quote::ToTokens for BoundGraph {
                     #(#inputs: &fusion::Tensor<'_, #elem>,)*
                     #(#outputs: &mut fusion::TensorMut<'_, #elem>,)*
                 ) -> fusion::Result<()> {
-                    let mut __workspace = self.workspace.lock();
-                    // SAFETY: the table is this graph's, generated with its launchers.
-                    unsafe { fusion::plan::run(&#module::__PLAN, &mut __workspace, fusion::plan::Weights::Bound(&self.weights), stream, &[#(#inputs),*], &mut [#(#outputs),*]) }
+                    self.0.run(#module::PLAN, stream, &[#(#inputs),*], &mut [#(#outputs),*])
                 }
+
+                fusion::shell::items!(bound #module, 'w, #elem);
             }
 
             #[allow(dead_code, reason = #BINDS_UNUSED)]
             impl #owned_params #struct_ident #owned_args {
-                #[doc = #owned_struct_doc]
-                pub fn from_safetensors(
-                    stream: &std::sync::Arc<fusion::cudarc::driver::CudaStream>,
-                    file: &fusion::TensorFile,
-                    names: &fusion::TensorNames,
-                ) -> fusion::Result<Self> {
-                    // SAFETY: the table is this graph's, generated with its launchers.
-                    let __bound = unsafe { fusion::plan::bind_file(&#module::__PLAN, stream, file, names) }?;
-                    Ok(Self { weights: __bound, workspace: fusion::Workspace::shared() })
-                }
-            }
-
-            #[allow(dead_code, reason = #ACCESSORS_UNUSED)]
-            impl #params #struct_ident #args {
-                #declaration_items
-
-                #archs_const
-
-                #graph_fn
-
-                /// The plan this struct runs, as data (`fusion::plan`).
-                #[doc(hidden)]
-                pub const PLAN: &'static fusion::plan::PlanTable = &#module::__PLAN;
-
-                /// The bound weights: each declared weight that a kernel
-                /// reads as given (`get(name)`; a weight binding replaced with
-                /// its copy is `fusion::Error::WeightNotKept`, naming the
-                /// kernel and the copy), and the bytes kept and prepared.
-                #[must_use]
-                pub fn weights(&self) -> &fusion::BoundWeights<'w, #elem> {
-                    &self.weights
-                }
-
-                #workspace_methods
+                fusion::shell::items!(owned #module, #weights_ident);
             }
         });
     }
@@ -880,10 +664,6 @@ impl quote::ToTokens for BoundGraph {
 
 /// Why a crate may leave `from_safetensors` uncalled.
 const BINDS_UNUSED: &str = "a crate may bind weights it made itself with `new`";
-
-/// Why the accessors of a generated struct may go unused: a binary crate
-/// that only runs the graph has no use for them, and cannot remove them.
-const ACCESSORS_UNUSED: &str = "accessors a crate may not call";
 
 fn params_kind(composition: &Composition) -> ParamsKind {
     match composition {
