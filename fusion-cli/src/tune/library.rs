@@ -1,13 +1,17 @@
 //! A shared library of kernels fusion built (a tuning candidate's, or a
 //! `fusion run` kernel's), loaded into the process, and its launcher
 //! functions (`fusion-compiler/kernels/include/fusion/abi.h`) looked up by
-//! symbol.
+//! symbol, as a plan table's entries take them.
 //!
 //! Libraries are never unloaded: each carries its own CUDA run time, whose
 //! exit handlers must find its code still mapped when the process ends.
 
+use crate::table::one;
 use fusion::abi::{fusion_fold_params, fusion_gemm_params, fusion_tile_resources};
 use fusion::launch::{ErrorString, FoldWeights, Launcher, WorkspaceBytes};
+use fusion::plan::Launchers;
+use fusion_compiler::fuse::{Composition, FusedKernel};
+use fusion_compiler::ir::Graph;
 use std::ffi::{CStr, c_int, c_void};
 use std::path::{Path, PathBuf};
 
@@ -36,6 +40,48 @@ impl SharedLibrary {
             library: Box::leak(Box::new(library)),
             path: path.to_owned(),
         })
+    }
+
+    /// The launchers of the unit with launcher `symbol`, rendered for
+    /// `kernel` of `graph`, as a plan table's entry takes them
+    /// ([`crate::table`]): the launcher (and a GEMM's workspace query),
+    /// the folded form where the kernel's norm folds into its weight, and
+    /// `_fold_weights` where binding prepares its weights.
+    ///
+    /// # Safety
+    /// The library holds a unit fusion rendered for `kernel` of `graph`
+    /// (abi.h's functions, with its signatures, for that kind of kernel).
+    pub unsafe fn launchers(
+        &self,
+        symbol: &str,
+        kernel: &FusedKernel,
+        graph: &Graph,
+    ) -> Result<Launchers, String> {
+        // SAFETY: each type is the one abi.h declares for that name, which
+        // fusion's templates render for this kind of kernel.
+        unsafe {
+            Ok(match kernel.composition {
+                Composition::Gemm(_) => Launchers::Gemm {
+                    launch: one(self.get(symbol)?),
+                    query: one(self.get(&format!("{symbol}_workspace_bytes"))?),
+                    folded: if kernel.norm_foldable(graph) {
+                        one((
+                            self.get(&format!("{symbol}_folded"))?,
+                            self.get(&format!("{symbol}_folded_workspace_bytes"))?,
+                        ))
+                    } else {
+                        &[]
+                    },
+                    fold: if kernel.prepares_weights(graph) {
+                        one(self.get(&format!("{symbol}_fold_weights"))?)
+                    } else {
+                        &[]
+                    },
+                },
+                Composition::Norm(_) => Launchers::Norm(one(self.get(symbol)?)),
+                Composition::Elementwise(_) => Launchers::Elementwise(one(self.get(symbol)?)),
+            })
+        }
     }
 
     /// The function `name` of the library, as an `F`.
