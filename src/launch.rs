@@ -1041,8 +1041,8 @@ fn row_stride_for(padding: Padding, arch: Arch, row_length: usize, element_bytes
 /// `fusion_gemm_params::flags` bits (abi.h): `FUSION_GEMM_NO_STREAM_K`
 /// when `FUSION_STREAM_K=0`, `FUSION_GEMM_STATIC_TILES` unless
 /// `FUSION_TILE_COUNTER=1`, and both while `capturing` a graph. Without a
-/// tile tier ([`Call::gemm_flags`] adds `FUSION_GEMM_TILE`'s): the tuner
-/// times its candidates with these, as calls will run them.
+/// tile tier ([`Call::gemm_flags`] adds `FUSION_GEMM_TILE`'s): whether a
+/// capture would change how a call runs.
 pub fn schedule_flags(capturing: bool) -> u32 {
     let mut flags = 0;
     if capturing || !stream_k_enabled() {

@@ -8,6 +8,7 @@
 //! | [`cli`] | the `fusion` command line |
 //! | [`render`] | `fusion render`: units of a candidate list, with the kernel self-test |
 //! | [`run`](mod@run) | `fusion run`: a TOML graph on tensors from safetensors files (feature `kernels`) |
+//! | [`table`] | a plan built at run time as the run time's executor's table, for `run` and `tune` (feature `kernels`) |
 //! | [`tune`] | `fusion tune`: candidate tile configs compiled, checked and timed (feature `kernels`) |
 //!
 //! The feature `kernels` (default) builds fusion's shipped graphs
@@ -22,5 +23,7 @@ pub mod cli;
 pub mod render;
 #[cfg(feature = "kernels")]
 pub mod run;
+#[cfg(feature = "kernels")]
+pub mod table;
 #[cfg(feature = "kernels")]
 pub mod tune;

@@ -16,27 +16,9 @@ use std::path::{Path, PathBuf};
 use support::{TestElement, rng};
 
 /// An FFN sub-layer at small sizes: a norm folded into a gated pair, the
-/// down projection with the residual (two GEMM kernels).
-const SUBLAYER: &str = r#"
-[graph]
-name = "small_sublayer"
-[dims]
-M = "dyn"
-D = 136
-F = 264
-[inputs]
-x = "f16[M, D]"
-[weights]
-norm   = "f16[D]"
-w_gate = "f16[F, D]"
-w_up   = "f16[F, D]"
-w_down = "f16[D, F]"
-[compute]
-h   = "rmsnorm(x, norm, eps=1e-5)"
-act = "silu(h @ w_gate^T) * (h @ w_up^T)"
-[outputs]
-y = "act @ w_down^T + x"
-"#;
+/// down projection with the residual (two GEMM kernels; `fusion tune`'s
+/// GPU test tunes it too).
+const SUBLAYER: &str = include_str!("graphs/small_sublayer.toml");
 
 /// Two outputs of kernels without a GEMM: a standalone LayerNorm and an
 /// elementwise chain.

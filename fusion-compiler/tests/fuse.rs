@@ -1091,6 +1091,14 @@ fn a_kernel_alone_as_a_graph_computes_what_it_does_in_its_plan() {
         let output = &alone.tensor(kernel.output).name;
         let got = &reference::evaluate(&alone, &inputs).unwrap()[output];
         assert_eq!(got.data, every[output].data, "kernel {index}");
+        // As a plan of its own: the kernel alone over that graph, with
+        // nothing passing between kernels.
+        let one = plan.kernel_plan(index);
+        assert_eq!(
+            (one.graph.name.as_str(), &one.kernels[..]),
+            (alone.name.as_str(), std::slice::from_ref(kernel))
+        );
+        assert!(one.temporaries().is_empty());
     }
     // The down projection reads the gated kernel's output as its input.
     let down = plan.kernel_graph(1);

@@ -1,14 +1,18 @@
 //! A shared library of kernels fusion built (a tuning candidate's, or a
 //! `fusion run` kernel's), loaded into the process, and its launcher
 //! functions (`fusion-compiler/kernels/include/fusion/abi.h`) looked up by
-//! symbol.
+//! symbol, as a plan table's entries take them.
 //!
 //! Libraries are never unloaded: each carries its own CUDA run time, whose
 //! exit handlers must find its code still mapped when the process ends.
 
-use fusion::abi::{fusion_fold_params, fusion_gemm_params, fusion_tile_resources};
-use fusion::launch::{ErrorString, FoldWeights, Launcher, WorkspaceBytes};
-use std::ffi::{CStr, c_int, c_void};
+use crate::table::{self, Declared, one};
+use fusion::Arch;
+use fusion::abi::fusion_tile_resources;
+use fusion::plan::{Launchers, PlanTable};
+use fusion_compiler::fuse::{Composition, FusedKernel, Plan};
+use fusion_compiler::ir::{DType, Graph};
+use std::ffi::{CStr, c_int};
 use std::path::{Path, PathBuf};
 
 /// `<symbol>_resources` (abi.h).
@@ -38,6 +42,48 @@ impl SharedLibrary {
         })
     }
 
+    /// The launchers of the unit with launcher `symbol`, rendered for
+    /// `kernel` of `graph`, as a plan table's entry takes them
+    /// ([`crate::table`]): the launcher (and a GEMM's workspace query),
+    /// the folded form where the kernel's norm folds into its weight, and
+    /// `_fold_weights` where binding prepares its weights.
+    ///
+    /// # Safety
+    /// The library holds a unit fusion rendered for `kernel` of `graph`
+    /// (abi.h's functions, with its signatures, for that kind of kernel).
+    pub unsafe fn launchers(
+        &self,
+        symbol: &str,
+        kernel: &FusedKernel,
+        graph: &Graph,
+    ) -> Result<Launchers, String> {
+        // SAFETY: each type is the one abi.h declares for that name, which
+        // fusion's templates render for this kind of kernel.
+        unsafe {
+            Ok(match kernel.composition {
+                Composition::Gemm(_) => Launchers::Gemm {
+                    launch: one(self.get(symbol)?),
+                    query: one(self.get(&format!("{symbol}_workspace_bytes"))?),
+                    folded: if kernel.norm_foldable(graph) {
+                        one((
+                            self.get(&format!("{symbol}_folded"))?,
+                            self.get(&format!("{symbol}_folded_workspace_bytes"))?,
+                        ))
+                    } else {
+                        &[]
+                    },
+                    fold: if kernel.prepares_weights(graph) {
+                        one(self.get(&format!("{symbol}_fold_weights"))?)
+                    } else {
+                        &[]
+                    },
+                },
+                Composition::Norm(_) => Launchers::Norm(one(self.get(symbol)?)),
+                Composition::Elementwise(_) => Launchers::Elementwise(one(self.get(symbol)?)),
+            })
+        }
+    }
+
     /// The function `name` of the library, as an `F`.
     ///
     /// # Safety
@@ -50,14 +96,13 @@ impl SharedLibrary {
     }
 }
 
-/// One loaded candidate.
+/// One loaded candidate: its one-kernel plan as the table the executor
+/// runs, with the unit's launchers.
 pub struct LoadedUnit {
-    launcher: Launcher<fusion_gemm_params>,
-    workspace_bytes: WorkspaceBytes<fusion_gemm_params>,
+    /// What `fusion tune` checks and times the candidate through
+    /// ([`fusion::plan::run`]).
+    pub table: &'static PlanTable,
     resources: Resources,
-    error_string: ErrorString,
-    /// `<symbol>_fold_weights`, which gated GEMMs (and norm GEMMs) have.
-    fold_weights: Option<FoldWeights<fusion_fold_params>>,
 }
 
 /// What one tile config of a unit asks for per block.
@@ -70,25 +115,36 @@ pub struct TileAsk {
 }
 
 impl LoadedUnit {
-    /// Loads the library at `path`, built from a unit with launcher
-    /// `symbol` in the library `lib_name`.
+    /// Loads the library at `path`, built from the unit with launcher
+    /// `symbol` in the library `lib_name`, rendered for the one kernel of
+    /// `plan` (`Plan::kernel_plan`, declared as `declared`) in `dtype` on
+    /// `arch`; its table is that plan's ([`table::plan_table`]).
     ///
     /// # Safety
-    /// The library must be one [`super::compile`] built from units fusion
-    /// rendered: loading runs its initializers, and the functions are
-    /// called with abi.h's signatures.
-    pub unsafe fn load(path: &Path, symbol: &str, lib_name: &str) -> Result<LoadedUnit, String> {
+    /// The library must be one [`super::compile`] built from that unit:
+    /// loading runs its initializers, and the functions are called with
+    /// abi.h's signatures.
+    pub unsafe fn load(
+        path: &Path,
+        (symbol, lib_name): (&str, &str),
+        plan: &Plan,
+        declared: Declared,
+        (dtype, arch): (DType, Arch),
+    ) -> Result<LoadedUnit, String> {
         // SAFETY: the caller vouches for the library (see above).
         let library = unsafe { SharedLibrary::load(path) }?;
+        let kernel = plan
+            .kernels
+            .first()
+            .expect("a candidate's plan has its one kernel");
         // SAFETY: each type below is the one abi.h declares for that name,
         // which fusion's templates render.
         unsafe {
+            let launchers = library.launchers(symbol, kernel, &plan.graph)?;
+            let error_string = library.get(&format!("{lib_name}_error_string"))?;
             Ok(LoadedUnit {
-                launcher: library.get(symbol)?,
-                workspace_bytes: library.get(&format!("{symbol}_workspace_bytes"))?,
+                table: table::plan_table(plan, declared, dtype, arch, vec![(launchers, error_string)]),
                 resources: library.get(&format!("{symbol}_resources"))?,
-                error_string: library.get(&format!("{lib_name}_error_string"))?,
-                fold_weights: library.get(&format!("{symbol}_fold_weights")).ok(),
             })
         }
     }
@@ -117,56 +173,5 @@ impl LoadedUnit {
                 threads: t.threads,
             })
             .collect()
-    }
-
-    /// The workspace a launch of `params` needs, in bytes.
-    ///
-    /// # Safety
-    /// `params`' pointers are device addresses of buffers that hold what
-    /// its sizes say, on the current device.
-    pub unsafe fn workspace_bytes(&self, params: &fusion_gemm_params) -> Result<u64, String> {
-        let mut bytes = 0u64;
-        // SAFETY: the caller's contract; `bytes` is a live local.
-        let code = unsafe { (self.workspace_bytes)(params, std::ptr::null_mut(), &mut bytes) };
-        self.result(code).map(|()| bytes)
-    }
-
-    /// Queues the launch of `params` on `stream` (a `CUstream`).
-    ///
-    /// # Safety
-    /// As for [`LoadedUnit::workspace_bytes`], and the buffers stay alive
-    /// until the launch has run; `stream` is a live stream of the current
-    /// context.
-    pub unsafe fn launch(&self, params: &fusion_gemm_params, stream: *mut c_void) -> Result<(), String> {
-        // SAFETY: the caller's contract.
-        let code = unsafe { (self.launcher)(params, stream) };
-        self.result(code)
-    }
-
-    /// Queues `<symbol>_fold_weights` of `params` on `stream`: for a gated
-    /// GEMM, its gate and up weights interleaved into `w_folded` (abi.h).
-    ///
-    /// # Safety
-    /// As for [`LoadedUnit::launch`], for the fold's params.
-    pub unsafe fn fold_weights(
-        &self,
-        params: &fusion_fold_params,
-        stream: *mut c_void,
-    ) -> Result<(), String> {
-        let fold = self
-            .fold_weights
-            .ok_or_else(|| "the unit has no `_fold_weights`".to_owned())?;
-        // SAFETY: the caller's contract.
-        let code = unsafe { fold(params, stream) };
-        self.result(code)
-    }
-
-    fn result(&self, code: c_int) -> Result<(), String> {
-        if code == 0 {
-            return Ok(());
-        }
-        // SAFETY: cudaGetErrorString's static string for any code.
-        let message = unsafe { CStr::from_ptr((self.error_string)(code)) };
-        Err(format!("CUDA error {code}: {}", message.to_string_lossy()))
     }
 }

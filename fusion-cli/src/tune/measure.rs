@@ -1,21 +1,28 @@
 //! One kernel's inputs at one M, on the host and on the device; a loaded
-//! candidate checked against the CPU reference on sampled rows, then timed
-//! call by call against the cuBLASLt product a user would call instead, by
-//! the bench's method (warm-up, CUDA events, median, input sets rotated).
+//! candidate called through the run time's executor as a bound graph
+//! struct calls it (its table, `fusion::plan::run`), checked against the
+//! CPU reference on sampled rows, then timed call by call against the
+//! cuBLASLt product a user would call instead, by the bench's method
+//! (warm-up, CUDA events, median, input sets rotated). Params, bound
+//! weights and workspace are the executor's; this module only draws the
+//! inputs, times the calls and plans the baseline.
 
 use super::library::LoadedUnit;
 use crate::bench::cublaslt::{LtEpilogue, LtGemm};
 use crate::bench::timing::{self, Timing, TimingPlan};
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, ValidAsZeroBits};
-use fusion::abi::{fusion_fold_params, fusion_gemm_params};
+use crate::table::reference_intermediates;
+use cudarc::driver::{CudaSlice, CudaStream, ValidAsZeroBits};
 use fusion::error::Result as GpuResult;
+use fusion::plan::{self, PlanTable, Weights};
 use fusion::testing::{self, HostElement};
-use fusion_compiler::fuse::{FusedKernel, GemmComposition, GemmOperands, Role};
-use fusion_compiler::ir::{Graph, WeightLayout};
-use fusion_compiler::reference::{self, HostTensor, Intermediates};
+use fusion::{BoundWeights, Tensor, TensorMut, Workspace};
+use fusion_compiler::fuse::{GemmComposition, Plan, Role};
+use fusion_compiler::ir::WeightLayout;
+use fusion_compiler::reference::{self, HostTensor};
 use fusion_compiler::select::guard::{VendorEpilogue, VendorPath};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
+use std::cell::RefCell;
 use std::sync::Arc;
 
 /// The input sets a timing rotates through, the bench's, fewer when a case
@@ -92,83 +99,123 @@ struct Stacked<T> {
     outputs: Vec<CudaSlice<T>>,
 }
 
-/// Device addresses: every buffer of a case is allocated on, launched on
-/// and freed (cudarc frees asynchronously, on the slice's stream) on the
-/// case's one stream, so an address taken here (its event guard dropped at
-/// once) stays valid for every launch queued on that stream before the
-/// buffer is dropped, whether or not the host synchronized.
+/// One kernel alone as a plan (`Plan::kernel_plan`) at one M: its inputs
+/// drawn at random, the reference's output on sampled rows, and on the
+/// device, in several rotated sets, the call's inputs, its weights bound as
+/// a graph struct binds them ([`plan::bind`]: a norm folded into the
+/// weight, a gated pair interleaved, rows padded) and its output. Every
+/// candidate of the kernel is called through the executor ([`plan::run`])
+/// with its own table and these bound weights.
 ///
-/// One kernel, alone as a graph (`Plan::kernel_graph`), at one M: its inputs drawn at
-/// random, the reference's output on sampled rows, and the device buffers,
-/// each in several rotated sets.
+/// Every buffer is allocated on, used on and freed (cudarc frees
+/// asynchronously, on the slice's stream) on the case's one stream.
 pub struct Case<T: HostElement> {
     pub m: usize,
     pub n: usize,
     pub k: usize,
-    eps: f32,
     rows: Vec<usize>,
     want: HostTensor,
-    /// Per role the kernel reads, its buffer in every set.
-    operands: Vec<(Role, Vec<CudaSlice<T>>)>,
-    /// The role of each pointer of the launch's params.
-    fields: GemmOperands<Role>,
+    /// Per set: the call's inputs, in the table's order.
+    inputs: Vec<Vec<Tensor<'static, T>>>,
+    /// Per set: the weights as bound by the first candidate's table (the
+    /// shipped config's). Every candidate's table is the same plan with
+    /// other launchers, and what binding writes (`_fold_weights`' layout,
+    /// padded rows) no tile config changes, so each reads them as its own.
+    bound: Vec<BoundWeights<'static, T>>,
+    /// Per role the kernel reads: its buffer in every set, which the
+    /// baseline reads (the bound weights share them).
+    operands: Vec<(Role, Vec<Arc<CudaSlice<T>>>)>,
     outputs: Vec<CudaSlice<T>>,
-    /// A gated GEMM's: per set, gate and up interleaved as a bound struct
-    /// holds them ([`Case::bind_gated`]), which launches read as `b`.
-    interleaved: Option<Vec<CudaSlice<T>>>,
     /// A gated GEMM's baseline: per set, the two weights stacked, and its
     /// outputs, of twice the columns.
     stacked: Option<Stacked<T>>,
-    /// The launches' flags: the run time's split-K, stream-K and tile
-    /// counter settings, so that a candidate is timed as calls run it.
-    flags: u32,
     stream: Arc<CudaStream>,
 }
 
 impl<T: HostElement + ValidAsZeroBits> Case<T> {
-    /// Draws `graph`'s inputs for `dims` (every dynamic dim) from `seed`,
-    /// computes the reference on the rows a GPU test would compare, and
-    /// copies the inputs to the device.
+    /// Draws the inputs of `plan` (one kernel, a GEMM `gemm`) for `dims`
+    /// (every dynamic dim) from `seed`, copies them to the device, binds
+    /// the weights of every set with `binder`'s table, and computes the
+    /// reference on the rows a GPU test would compare, as the bound kernel
+    /// computes them (a folded norm's rows exact, a per-call norm's
+    /// rounded).
     pub fn new(
         stream: &Arc<CudaStream>,
-        graph: &Graph,
-        kernel: &FusedKernel,
-        gemm: &GemmComposition,
+        (plan, gemm): (&Plan, &GemmComposition),
+        binder: &LoadedUnit,
         dims: &[(&str, usize)],
         (m, n, k): (usize, usize, usize),
         seed: u64,
     ) -> Result<Case<T>, String> {
+        let (graph, table) = (&plan.graph, binder.table);
+        let kernel = plan.kernels.first().expect("a kernel's plan has the kernel");
         let mut rng = StdRng::seed_from_u64(seed);
         let host = reference::random_bindings(graph, dims, &mut rng).map_err(|e| e.to_string())?;
         let rows = testing::rows_to_check(m, &mut rng);
-        let intermediates = if gemm.prologue.is_some() {
-            Intermediates::RoundedNorms
+        let host_of = |t: usize| &host[&graph.tensors[t].name];
+        let reads: Vec<usize> = table.inputs.iter().chain(table.weights).copied().collect();
+        let read_bytes: usize = reads.iter().map(|&t| host_of(t).data.len()).sum();
+        // What binding prepares is a copy of the weights, beside them.
+        let copy_bytes: usize = if kernel.binds_b(graph) {
+            table.weights.iter().map(|&t| host_of(t).data.len()).sum()
         } else {
-            Intermediates::Exact
+            0
         };
+        let bytes = read_bytes
+            .saturating_add(copy_bytes)
+            .saturating_add(m * n)
+            .saturating_mul(size_of::<T>());
+        let sets = rotation_sets(bytes);
+        let gpu = |e: cudarc::driver::DriverError| e.to_string();
+        let encoded: Vec<(usize, Vec<T>)> = reads.iter().map(|&t| (t, T::encode(host_of(t)))).collect();
+        let shape = |t: usize| testing::shape_of(host_of(t)).expect("a kernel reads vectors and matrices");
+        let tensor = |buffers: &[Option<Arc<CudaSlice<T>>>], t: usize| {
+            let buffer = buffers[t]
+                .clone()
+                .expect("every tensor the call reads is on the device");
+            Tensor::shared(buffer, shape(t)).map_err(|e| e.to_string())
+        };
+        let (mut inputs, mut bound, mut by_set) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..sets {
+            // By tensor id.
+            let mut buffers: Vec<Option<Arc<CudaSlice<T>>>> = vec![None; graph.tensors.len()];
+            for (t, values) in &encoded {
+                buffers[*t] = Some(Arc::new(stream.clone_htod(values).map_err(gpu)?));
+            }
+            inputs.push(
+                table
+                    .inputs
+                    .iter()
+                    .map(|&t| tensor(&buffers, t))
+                    .collect::<Result<Vec<_>, _>>()?,
+            );
+            let weights = table
+                .weights
+                .iter()
+                .map(|&t| tensor(&buffers, t))
+                .collect::<Result<Vec<_>, _>>()?;
+            // SAFETY: the table was made from this plan, with the launchers
+            // of the unit rendered for its kernel (`LoadedUnit::load`).
+            bound.push(unsafe { plan::bind(table, stream, weights) }.map_err(|e| e.to_string())?);
+            by_set.push(buffers);
+        }
+        let operands = kernel
+            .operands
+            .iter()
+            .map(|operand| {
+                let copies = by_set
+                    .iter()
+                    .map(|buffers| buffers[operand.tensor.0].clone().expect("the kernel reads it"))
+                    .collect();
+                (operand.role, copies)
+            })
+            .collect();
+        let intermediates = reference_intermediates(plan, bound[0].prepared());
         let output = &graph.tensor(kernel.output).name;
         let want = reference::evaluate_rows_with(graph, &host, &rows, intermediates)
             .map_err(|e| e.to_string())?
             .shift_remove(output)
             .ok_or_else(|| format!("the reference computed no `{output}`"))?;
-        let bytes: usize = kernel
-            .operands
-            .iter()
-            .map(|o| host[&graph.tensor(o.tensor).name].data.len())
-            .sum::<usize>()
-            .saturating_add(m * n)
-            .saturating_mul(size_of::<T>());
-        let sets = rotation_sets(bytes);
-        let gpu = |e: cudarc::driver::DriverError| e.to_string();
-        let mut operands = Vec::new();
-        for operand in &kernel.operands {
-            let values = T::encode(&host[&graph.tensor(operand.tensor).name]);
-            let copies = (0..sets)
-                .map(|_| stream.clone_htod(&values))
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(gpu)?;
-            operands.push((operand.role, copies));
-        }
         let outputs = (0..sets)
             .map(|_| stream.alloc_zeros::<T>(m * n))
             .collect::<Result<Vec<_>, _>>()
@@ -176,15 +223,11 @@ impl<T: HostElement + ValidAsZeroBits> Case<T> {
         let stacked = match gemm.gate {
             None => None,
             Some(_) => {
-                let tensor = |role| {
-                    let operand = kernel
-                        .operands
-                        .iter()
-                        .find(|o| o.role == role)
-                        .expect("a gated GEMM reads B and Up");
-                    &host[&graph.tensor(operand.tensor).name]
+                let weight = |role| {
+                    let operand = kernel.operand(role).expect("a gated GEMM reads B and Up");
+                    host_of(operand.0)
                 };
-                let both = T::encode(&stack(tensor(Role::B), tensor(Role::Up), gemm.b_layout));
+                let both = T::encode(&stack(weight(Role::B), weight(Role::Up), gemm.b_layout));
                 let weights = (0..sets)
                     .map(|_| stream.clone_htod(&both))
                     .collect::<Result<Vec<_>, _>>()
@@ -203,134 +246,57 @@ impl<T: HostElement + ValidAsZeroBits> Case<T> {
             m,
             n,
             k,
-            eps: gemm.prologue.map_or(0.0, |norm| norm.eps as f32),
             rows,
             want,
+            inputs,
+            bound,
             operands,
-            fields: kernel.gemm_operands().map(|o| o.role),
             outputs,
-            interleaved: None,
             stacked,
-            flags: fusion::launch::schedule_flags(false),
             stream: stream.clone(),
         })
-    }
-
-    /// For a gated GEMM: its gate and up weights interleaved by `unit`'s
-    /// `_fold_weights` (the layout does not depend on the tile config), in
-    /// every set, as a struct binding its weights prepares them once; every
-    /// launch then reads them as `b`, with `b_up` null.
-    pub fn bind_gated(&mut self, unit: &LoadedUnit) -> Result<(), String> {
-        let sets = self.sets();
-        let mut interleaved = Vec::with_capacity(sets);
-        for set in 0..sets {
-            let out = self
-                .stream
-                .alloc_zeros::<T>(2 * self.n * self.k)
-                .map_err(|e| e.to_string())?;
-            let address = |role| {
-                self.operand(role, set).map_or(std::ptr::null(), |b| {
-                    b.device_ptr(&self.stream).0 as *const std::ffi::c_void
-                })
-            };
-            let params = fusion_fold_params {
-                w: address(Role::B),
-                w_up: address(Role::Up),
-                gamma: std::ptr::null(),
-                beta: std::ptr::null(),
-                w_folded: out.device_ptr(&self.stream).0 as *mut std::ffi::c_void,
-                col_terms: std::ptr::null_mut(),
-                n: self.n as i64,
-                k: self.k as i64,
-                ld_folded: 0,
-            };
-            // SAFETY: w and w_up hold n·k elements each and `out` 2·n·k, all
-            // on this case's stream (see `Case`).
-            unsafe { unit.fold_weights(&params, self.stream.cu_stream().cast()) }?;
-            interleaved.push(out);
-        }
-        self.interleaved = Some(interleaved);
-        Ok(())
     }
 
     fn sets(&self) -> usize {
         self.outputs.len()
     }
 
-    fn operand(&self, role: Role, set: usize) -> Option<&CudaSlice<T>> {
-        self.operands
-            .iter()
-            .find(|(r, _)| *r == role)
-            .map(|(_, copies)| &copies[set])
-    }
-
-    /// The launch's params for input set `set`, with `workspace`.
-    fn params(&self, set: usize, workspace: Option<&CudaSlice<u8>>) -> fusion_gemm_params {
-        let address = |buffer: Option<&CudaSlice<T>>| {
-            buffer.map_or(std::ptr::null(), |b| {
-                b.device_ptr(&self.stream).0 as *const std::ffi::c_void
-            })
-        };
-        let fields = self.fields.map(|role| address(self.operand(role, set)));
-        let field = |address: Option<*const std::ffi::c_void>| address.unwrap_or(std::ptr::null());
-        let (workspace, workspace_bytes) = workspace.map_or((std::ptr::null_mut(), 0), |w| {
-            (
-                w.device_ptr(&self.stream).0 as *mut std::ffi::c_void,
-                w.len() as u64,
+    /// A workspace for `unit`'s calls, grown to what a call at this case's
+    /// shape needs ([`plan::reserve`]; zeroed: stream-K's flags start at 0
+    /// and kernels leave them so). One per candidate, so that a candidate
+    /// that leaves it otherwise harms no other.
+    pub fn workspace_for(&self, unit: &LoadedUnit) -> Result<Workspace, String> {
+        let mut workspace = Workspace::new();
+        // SAFETY: as for [`plan::bind`] in [`Case::new`].
+        unsafe {
+            plan::reserve(
+                unit.table,
+                &mut workspace,
+                Weights::Bound(&self.bound[0]),
+                &self.stream,
+                self.m,
             )
-        });
-        let (b, b_up) = match &self.interleaved {
-            Some(interleaved) => (address(Some(&interleaved[set])), std::ptr::null()),
-            None => (field(fields.b), field(fields.b_up)),
-        };
-        fusion_gemm_params {
-            a: field(fields.a),
-            b,
-            b_up,
-            c: self.outputs[set].device_ptr(&self.stream).0 as *mut std::ffi::c_void,
-            bias: field(fields.bias),
-            residual: field(fields.residual),
-            multiplier: field(fields.multiplier),
-            gamma: field(fields.gamma),
-            beta: field(fields.beta),
-            col_terms: std::ptr::null(),
-            m: self.m as i64,
-            n: self.n as i64,
-            k: self.k as i64,
-            ldb: 0,
-            eps: self.eps,
-            flags: self.flags,
-            workspace,
-            workspace_bytes,
         }
-    }
-
-    /// The scratch `unit` needs at this case's shape, zeroed (stream-K's
-    /// flags start at 0 and kernels leave them so).
-    pub fn workspace_for(&self, unit: &LoadedUnit) -> Result<Option<CudaSlice<u8>>, String> {
-        // SAFETY: the params point at this case's buffers, of the sizes they say.
-        let bytes = unsafe { unit.workspace_bytes(&self.params(0, None)) }?;
-        if bytes == 0 {
-            return Ok(None);
-        }
-        self.stream
-            .alloc_zeros::<u8>(bytes as usize)
-            .map(Some)
-            .map_err(|e| e.to_string())
+        .map_err(|e| e.to_string())?;
+        Ok(workspace)
     }
 
     /// Runs `unit` once on set 0, its output poisoned with NaN first, and
     /// compares the sampled rows with the reference ([`testing::compare`]):
     /// the relative L2 error, or what is wrong.
-    pub fn check(&mut self, unit: &LoadedUnit, workspace: Option<&CudaSlice<u8>>) -> Result<f64, String> {
+    pub fn check(&mut self, unit: &LoadedUnit, workspace: &mut Workspace) -> Result<f64, String> {
         let poison = vec![T::NAN; self.m * self.n];
         self.stream
             .memcpy_htod(&poison, &mut self.outputs[0])
             .map_err(|e| e.to_string())?;
-        let params = self.params(0, workspace);
-        // SAFETY: the params point at this case's live buffers and the
-        // unit's workspace; the stream is this case's.
-        unsafe { unit.launch(&params, self.stream.cu_stream().cast()) }?;
+        call(
+            unit.table,
+            workspace,
+            (&self.bound[0], &self.inputs[0]),
+            &self.stream,
+            (&mut self.outputs[0], self.m, self.n),
+        )
+        .map_err(|e| e.to_string())?;
         let got = self
             .stream
             .clone_dtoh(&self.outputs[0])
@@ -359,45 +325,47 @@ impl<T: HostElement + ValidAsZeroBits> Case<T> {
     /// call: one timing per unit, then the baseline's.
     pub fn time(
         &mut self,
-        units: &[(&LoadedUnit, Option<&CudaSlice<u8>>)],
+        units: &mut [(&LoadedUnit, &mut Workspace)],
         baseline: &mut LtGemm,
         with: Baseline,
         plan: TimingPlan,
         head: &mut CudaSlice<u8>,
     ) -> Result<Vec<Timing>, String> {
         let sets = self.sets();
-        // Addresses only: the launches below read no Rust borrow.
-        let params: Vec<Vec<fusion_gemm_params>> = units
-            .iter()
-            .map(|(_, workspace)| (0..sets).map(|set| self.params(set, *workspace)).collect())
-            .collect();
+        let (m, n) = (self.m, self.n);
         let Case {
+            inputs,
+            bound,
             operands,
             outputs,
             stacked,
             stream,
             ..
         } = self;
-        let cu_stream = stream.cu_stream().cast();
+        let (inputs, bound, stream) = (&*inputs, &*bound, &*stream);
+        // The candidates and the baseline write one output per set, one
+        // call at a time.
+        let outputs = RefCell::new(outputs);
+        let outputs = &outputs;
         let mut calls: Vec<Box<dyn FnMut(usize) -> GpuResult<()> + '_>> = Vec::new();
-        for ((unit, _), params) in units.iter().zip(&params) {
+        for (unit, workspace) in units.iter_mut() {
+            let table = unit.table;
             calls.push(Box::new(move |i| {
-                // SAFETY: each params points at this case's buffers, on its
-                // stream (see `Case`), with the sizes the params say.
-                unsafe { unit.launch(&params[i % sets], cu_stream) }.map_err(|message| {
-                    fusion::Error::Launch {
-                        kernel: "a tuning candidate".into(),
-                        code: -1,
-                        message,
-                    }
-                })
+                let set = i % sets;
+                call(
+                    table,
+                    workspace,
+                    (&bound[set], &inputs[set]),
+                    stream,
+                    (&mut outputs.borrow_mut()[set], m, n),
+                )
             }));
         }
         let operand = |role: fn(&Role) -> bool, set: usize| {
             operands
                 .iter()
                 .find(|(r, _)| role(r))
-                .map(|(_, copies)| &copies[set])
+                .map(|(_, copies)| &*copies[set])
         };
         let mut baseline_call = |i: usize| -> GpuResult<()> {
             let set = i % sets;
@@ -411,7 +379,7 @@ impl<T: HostElement + ValidAsZeroBits> Case<T> {
                 }
                 None => {
                     let w = operand(|r| *r == Role::B, set).expect("a GEMM reads B");
-                    baseline.run(stream, x, w, bias, residual, &mut outputs[set])
+                    baseline.run(stream, x, w, bias, residual, &mut outputs.borrow_mut()[set])
                 }
             }
         };
@@ -428,6 +396,33 @@ impl<T: HostElement + ValidAsZeroBits> Case<T> {
             &mut contenders,
         )
         .map_err(|e| e.to_string())
+    }
+}
+
+/// One call of `table` through the executor, as a bound graph struct's
+/// call runs it: the `bound` weights and the `inputs` of one set, its
+/// output `[m, n]` written into `output`, scratch from `workspace`.
+fn call<T: HostElement>(
+    table: &'static PlanTable,
+    workspace: &mut Workspace,
+    (bound, inputs): (&BoundWeights<'static, T>, &[Tensor<'static, T>]),
+    stream: &Arc<CudaStream>,
+    (output, m, n): (&mut CudaSlice<T>, usize, usize),
+) -> GpuResult<()> {
+    let inputs: Vec<&Tensor<'static, T>> = inputs.iter().collect();
+    let mut y = TensorMut::new(output, [m, n])?;
+    // SAFETY: the table was made from the candidate's plan with its unit's
+    // launchers (`LoadedUnit::load`); the weights were bound by a table of
+    // the same plan (see `Case::bound`).
+    unsafe {
+        plan::run(
+            table,
+            workspace,
+            Weights::Bound(bound),
+            stream,
+            &inputs,
+            &mut [&mut y],
+        )
     }
 }
 

@@ -8,12 +8,16 @@
 //! ([`fusion_compiler::tune`]);
 //! every candidate, and the shipped table's config, rendered as a
 //! one-kernel library and built by nvcc into a shared library, several at
-//! once (`compile`); each loaded (`library`) and what it asks for per
-//! block held against the device (a gated GEMM's weights are interleaved
-//! once, as a struct binds them). Then at each M: the kernel's inputs drawn
-//! at random and the CPU reference computed on sampled rows; each
-//! candidate checked against it (a wrong one is rejected, never timed) and
-//! timed call by call against cuBLASLt (`measure`); the fastest, the
+//! once (`compile`); each loaded (`library`) as a table of the kernel's
+//! plan alone ([`Plan::kernel_plan`], [`crate::table`]) that the run
+//! time's one executor runs, and what it asks for per block held against
+//! the device. Then at each M: the kernel's inputs drawn at random, its
+//! weights bound as a graph struct binds them ([`fusion::plan::bind`]: a
+//! norm folded, a gated pair interleaved, rows padded) and the CPU
+//! reference computed on sampled rows; each candidate called through the
+//! executor ([`fusion::plan::run`]: its params, workspace and launch),
+//! checked against the reference (a wrong one is rejected, never timed)
+//! and timed call by call against cuBLASLt (`measure`); the fastest, the
 //! shipped config and cuBLASLt timed once more side by side, and that
 //! entry written to the cache at once, so a stopped run keeps every M it
 //! finished and a second run skips them.
@@ -23,9 +27,11 @@ pub(crate) mod library;
 mod measure;
 
 use crate::bench::timing::TimingPlan;
+use crate::table::Declared;
 use compile::{Built, Job};
 use cudarc::driver::sys::CUdevice_attribute;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, ValidAsZeroBits};
+use fusion::Workspace;
 use fusion::testing::HostElement;
 use fusion_compiler::build::Nvcc;
 use fusion_compiler::codegen::candidates::{self, KernelChoice};
@@ -260,9 +266,11 @@ fn tune_kernel(
     out: &mut dyn Write,
 ) -> Result<(), String> {
     let kernel = &plan.kernels[index];
-    // The kernel alone, for its dims and the reference: in a block, what it
-    // reads from another kernel is an input here.
-    let graph = &plan.kernel_graph(index);
+    // The kernel alone, for its dims, the reference and the table its
+    // candidates run through: in a block, what it reads from another
+    // kernel is an input here.
+    let alone = plan.kernel_plan(index);
+    let graph = &alone.graph;
     let skip = |out: &mut dyn Write, reason: String| {
         say(
             out,
@@ -318,8 +326,7 @@ fn tune_kernel(
     let mut candidates = build_candidates(
         machine,
         settings,
-        plan,
-        index,
+        (plan, index, &alone),
         gemm,
         &kind,
         &search.candidates,
@@ -354,9 +361,8 @@ fn tune_kernel(
     let kernel_at = KernelAt {
         machine,
         settings,
-        kernel,
+        alone: &alone,
         gemm,
-        graph,
         baseline,
     };
     for m in one_per_bucket(&settings.ms, out)? {
@@ -509,14 +515,15 @@ fn reasons(pruned: &BTreeMap<PruneReason, usize>) -> String {
         .join(", ")
 }
 
-/// Renders, builds and loads the shipped config (first) and every tile;
-/// counts what the build and the device's limits prune.
+/// Renders, builds and loads the shipped config (first) and every tile of
+/// kernel `index` of `plan` (`alone`: the kernel as a plan of its own,
+/// which each candidate's table is made from); counts what the build and
+/// the device's limits prune.
 #[allow(clippy::too_many_arguments, reason = "one call site, each a different fact")]
 fn build_candidates(
     machine: &Machine,
     settings: &Settings,
-    plan: &Plan,
-    index: usize,
+    (plan, index, alone): (&Plan, usize, &Plan),
     gemm: &GemmComposition,
     kind: &KernelKind,
     tiles: &[TileConfig],
@@ -574,6 +581,7 @@ fn build_candidates(
             settings.work.display()
         ),
     )?;
+    let declared = Declared::of(&alone.graph);
     let mut candidates = Vec::new();
     // Why configs did not build, each reason once: (reason, how many, one log).
     let mut failures: Vec<(String, usize, PathBuf)> = Vec::new();
@@ -606,7 +614,16 @@ fn build_candidates(
             Built::Library { path, registers } => {
                 // SAFETY: built just now (or earlier, from the same key) by
                 // `compile` from units fusion rendered.
-                let unit = match unsafe { LoadedUnit::load(&path, &job.symbol, lib_name) } {
+                let loaded = unsafe {
+                    LoadedUnit::load(
+                        &path,
+                        (&job.symbol, lib_name),
+                        alone,
+                        declared,
+                        (kind.dtype, arch),
+                    )
+                };
+                let unit = match loaded {
                     Ok(unit) => unit,
                     Err(message) => {
                         say(out, format!("  {} does not load: {message}", candidate.label))?;
@@ -677,10 +694,9 @@ struct MResult {
 struct KernelAt<'a> {
     machine: &'a Machine,
     settings: &'a Settings,
-    kernel: &'a FusedKernel,
+    /// The kernel alone ([`Plan::kernel_plan`]).
+    alone: &'a Plan,
     gemm: &'a GemmComposition,
-    /// The kernel alone ([`Plan::kernel_graph`]).
-    graph: &'a Graph,
     baseline: Baseline,
 }
 
@@ -695,17 +711,14 @@ fn measure_m<T: HostElement + ValidAsZeroBits>(
     let &KernelAt {
         machine,
         settings,
-        kernel,
+        alone,
         gemm,
-        graph,
         baseline,
     } = kernel_at;
-    let mut case = Case::<T>::new(&machine.stream, graph, kernel, gemm, dims, shape, seed)?;
-    if gemm.gate.is_some() {
-        // Timed as a struct runs it: gate and up interleaved once, when bound.
-        let shipped = candidates[0].unit.as_ref().expect("the shipped config is loaded");
-        case.bind_gated(shipped)?;
-    }
+    // Timed as a struct runs it: the weights bound once (the shipped
+    // config's table binds them for every candidate).
+    let shipped = candidates[0].unit.as_ref().expect("the shipped config is loaded");
+    let mut case = Case::<T>::new(&machine.stream, (alone, gemm), shipped, dims, shape, seed)?;
     let mut lt = case.plan_baseline(gemm, baseline).map_err(|e| e.to_string())?;
     let loaded: Vec<usize> = (0..candidates.len())
         .filter(|&i| candidates[i].unit.is_some())
@@ -718,13 +731,13 @@ fn measure_m<T: HostElement + ValidAsZeroBits>(
     let mut rejected = Vec::new();
     // (candidate index, its time over cuBLASLt's in the same timing)
     let mut timed: Vec<(usize, f64)> = Vec::new();
-    let mut workspaces: Vec<Option<CudaSlice<u8>>> = (0..candidates.len()).map(|_| None).collect();
+    let mut workspaces: Vec<Option<Workspace>> = (0..candidates.len()).map(|_| None).collect();
     for &i in &loaded {
         let unit = candidates[i].unit.as_ref().expect("loaded");
-        let outcome = case.workspace_for(unit).and_then(|workspace| {
-            case.check(unit, workspace.as_ref())?;
+        let outcome = case.workspace_for(unit).and_then(|mut workspace| {
+            case.check(unit, &mut workspace)?;
             let timings = case.time(
-                &[(unit, workspace.as_ref())],
+                &mut [(unit, &mut workspace)],
                 &mut lt,
                 baseline,
                 settings.timing,
@@ -734,7 +747,7 @@ fn measure_m<T: HostElement + ValidAsZeroBits>(
         });
         match outcome {
             Ok((workspace, share)) => {
-                workspaces[i] = workspace;
+                workspaces[i] = Some(workspace);
                 timed.push((i, share));
             }
             Err(reason) => {
@@ -774,21 +787,23 @@ fn measure_m<T: HostElement + ValidAsZeroBits>(
     else {
         return Err(format!("no candidate passed its check at M = {}", shape.0));
     };
-    let units = [
+    let mut best_workspace = workspaces[best].take().expect("timed");
+    let mut shipped_workspace = workspaces[0].take().expect("timed");
+    let mut units = [
         (
             candidates[best].unit.as_ref().expect("timed"),
-            workspaces[best].as_ref(),
+            &mut best_workspace,
         ),
         (
             candidates[0].unit.as_ref().expect("timed"),
-            workspaces[0].as_ref(),
+            &mut shipped_workspace,
         ),
     ];
     let final_plan = TimingPlan {
         warmup: settings.timing.warmup,
         runs: settings.timing.runs * 2,
     };
-    let timings = case.time(&units, &mut lt, baseline, final_plan, head)?;
+    let timings = case.time(&mut units, &mut lt, baseline, final_plan, head)?;
     Ok(MResult {
         best: candidates[best].tile.expect("a tile candidate"),
         timed: timed.len() - 1,
@@ -860,6 +875,82 @@ mod tests {
         assert_eq!(indices("swiglu_ffn"), [0, 1]);
         assert_eq!(indices("ffn_sublayer").len(), 2);
         assert_eq!(indices("layernorm"), Vec::<usize>::new());
+    }
+
+    /// A candidate is checked and timed through the executor with the
+    /// table of its kernel alone (`LoadedUnit::load`): for every GEMM
+    /// kernel of the shipped graphs, that table binds the weights as the
+    /// generated struct's table binds them, asks the unit for the same
+    /// folded and fold launchers, and fills the kernel's params to the
+    /// same bytes, per call and with bound weights.
+    #[test]
+    fn a_candidates_table_fills_the_params_the_generated_structs_table_fills() {
+        use crate::table::{plan_table, stand_ins};
+        use fusion::abi::{FUSION_GEMM_NO_STREAM_K, FUSION_GEMM_STATIC_TILES};
+        use fusion::plan::{KernelOp, Launchers};
+        let mut compared = Vec::new();
+        for (generated, graph, archs) in stand_ins::generated() {
+            let Some(&arch) = archs.last() else {
+                // A build without nvcc: no table to compare against.
+                continue;
+            };
+            let name = generated.graph.name;
+            // Planned as the generated struct's build planned it.
+            let rules = fusion_compiler::select::split_rules(archs).unwrap();
+            let plan = fuse::plan_with(graph, &rules);
+            for (index, _) in gemm_kernels(&plan) {
+                let alone = plan.kernel_plan(index);
+                let unit = stand_ins::launchers(&alone.kernels[0], &alone.graph);
+                let table = plan_table(&alone, Declared::of(&alone.graph), DType::F16, arch, vec![unit]);
+                let (ours, theirs) = (&table.kernels[0], &generated.kernels[index]);
+                assert_eq!(ours.output, theirs.output, "{name} #{index}");
+                let (KernelOp::Gemm(a), KernelOp::Gemm(b)) = (&ours.op, &theirs.op) else {
+                    panic!("{name} #{index}: a GEMM in both tables")
+                };
+                assert_eq!(
+                    (a.bind, a.b_layout, a.eps),
+                    (b.bind, b.b_layout, b.eps),
+                    "{name} #{index}"
+                );
+                let (
+                    Launchers::Gemm {
+                        folded: a_folded,
+                        fold: a_fold,
+                        ..
+                    },
+                    Launchers::Gemm {
+                        folded: b_folded,
+                        fold: b_fold,
+                        ..
+                    },
+                ) = (ours.launchers, theirs.launchers)
+                else {
+                    panic!("{name} #{index}: GEMM launchers in both tables")
+                };
+                assert_eq!(
+                    (a_folded.is_empty(), a_fold.is_empty()),
+                    (b_folded.is_empty(), b_fold.is_empty()),
+                    "{name} #{index}"
+                );
+                for flags in [0, FUSION_GEMM_NO_STREAM_K | FUSION_GEMM_STATIC_TILES] {
+                    for prepared in [false, true] {
+                        let [(_, ours)] = &stand_ins::filled(table, flags, prepared)[..] else {
+                            panic!("{name} #{index}: one kernel")
+                        };
+                        let theirs = &stand_ins::filled(generated, flags, prepared)[index].1;
+                        assert_eq!(
+                            ours, theirs,
+                            "{name} #{index}: flags {flags}, prepared {prepared}"
+                        );
+                    }
+                }
+                compared.push(format!("{name}#{index}"));
+            }
+        }
+        assert!(
+            compared.len() == 9 || fusion::device::compiled().is_empty(),
+            "{compared:?}"
+        );
     }
 
     #[test]

@@ -549,6 +549,18 @@ impl Plan {
         graph
     }
 
+    /// Kernel `index` alone as a plan of its own: its graph
+    /// [`Plan::kernel_graph`], the kernel its one kernel. What `fusion tune`
+    /// times a candidate of the kernel through, as a table the run time's
+    /// executor runs.
+    pub fn kernel_plan(&self, index: usize) -> Plan {
+        Plan {
+            graph: self.kernel_graph(index),
+            kernels: vec![self.kernels[index].clone()],
+            splits: Vec::new(),
+        }
+    }
+
     /// How errors name kernel `index`: `kernel #0 (gemm_bias_gelu)`.
     pub fn kernel_label(&self, index: usize) -> String {
         format!("kernel #{index} ({})", self.kernels[index].name)
