@@ -398,13 +398,24 @@ impl UnitTiers {
         best.map(|(tier, _)| tier)
     }
 
+    /// Whether its decode kernel runs a call of `m` rows, ahead of every
+    /// tile: the launcher's own choice, which a named tier would skip.
+    pub fn decodes(&self, m: u64) -> bool {
+        self.decode_max_m.is_some_and(|max| m <= u64::from(max))
+    }
+
     /// The tier a call of `m` rows runs: [`UnitTiers::fastest_in`] `m`'s
-    /// bucket, or `None` where the decode kernel takes `m` (the launcher's
-    /// own choice, which a named tier would skip).
+    /// bucket ([`bucket_of`]), or `None` where the decode kernel takes `m`
+    /// ([`UnitTiers::decodes`]).
     pub fn choose(&self, costs: &Costs, m: u64, n: u64, k: u64) -> Option<usize> {
-        if self.decode_max_m.is_some_and(|max| m <= u64::from(max)) {
+        if self.decodes(m) {
             return None;
         }
-        self.fastest_in(costs, MBucket::of(u32::try_from(m).unwrap_or(u32::MAX)), n, k)
+        self.fastest_in(costs, bucket_of(m), n, k)
     }
+}
+
+/// The M bucket of a call of `m` rows, every M past `u32::MAX` in the last.
+pub fn bucket_of(m: u64) -> MBucket {
+    MBucket::of(u32::try_from(m).unwrap_or(u32::MAX))
 }

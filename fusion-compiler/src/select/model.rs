@@ -17,7 +17,7 @@
 //! its kind, [`super::select`]) and what the build renders from the choice.
 
 pub use crate::gemm_model::{
-    Costs, GemmShape, SM90_SMS, Split, TIERS, TileShape, UNKNOWNS, UnitTiers, Work, counts, work,
+    Costs, GemmShape, SM90_SMS, Split, TIERS, TileShape, UNKNOWNS, UnitTiers, Work, bucket_of, counts, work,
 };
 
 use super::{Arch, ConfigSource, KernelConfig, KernelKind, MBucket, TileConfig};
@@ -313,7 +313,7 @@ impl KernelConfig {
             return None;
         }
         if let Some(tiles) = &self.by_m {
-            return Some(tiles[MBucket::of(u32::try_from(m).unwrap_or(u32::MAX)).index()]);
+            return Some(tiles[bucket_of(m).index()]);
         }
         if let Some((small, max_m)) = self.small()
             && m <= u64::from(max_m)
