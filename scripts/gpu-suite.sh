@@ -79,7 +79,11 @@ for step in $steps; do
     # The structs read misaligned weights from padded copies on sm90 (the
     # default, FUSION_PAD_WEIGHTS=sm90), so the strided reads run here; the
     # free functions read dense rows.
-    tests) FUSION_PAD_WEIGHTS=sm90 run_tests gpu-sm90.log any ./gpu --ignored --test-threads 8 --nocapture ;;
+    tests)
+      FUSION_PAD_WEIGHTS=sm90 run_tests gpu-sm90.log any ./gpu --ignored --test-threads 8 --nocapture
+      # The tile the model of the kernel's time names per call
+      # (fusion::plan::TileModel), at shapes where it names each tier.
+      run_tests gpu-tile-model.log 2 ./gpu_tile_model --ignored --nocapture ;;
     ptx)
       # Every generation the bundle built but the newest (the native
       # variant): sm80 and sm75, which run as PTX on newer GPUs.
