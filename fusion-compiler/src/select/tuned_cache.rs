@@ -41,9 +41,10 @@ use std::path::Path;
 pub const TUNED_ENV: &str = "FUSION_TUNED";
 
 /// The environment variable that chooses how a build selects the sm90
-/// tiles of a GEMM whose N and K are static: `model` by the fitted model of
-/// the kernel's time, one tile per M bucket ([`super::model`]); unset or
-/// `tables`, the shipped tables' tiers, chosen among at launch.
+/// tiles of a GEMM: `model` by the fitted model of the kernel's time
+/// ([`super::model`]), one tile per M bucket where N and K are static, per
+/// call where N or K is dynamic; unset or `tables`, the shipped tables'
+/// tiers, chosen among at launch.
 pub const SELECT_ENV: &str = "FUSION_SELECT";
 
 /// The file format's version; a file of another is ignored with a warning.
@@ -224,7 +225,8 @@ pub struct TunedCache {
     /// One sentence per problem, naming the file (and the key).
     pub warnings: Vec<String>,
     /// The model that chooses a tile per M bucket for the sm90 kernels whose
-    /// N and K are static and which the entries do not cover
+    /// N and K are static and which the entries do not cover, and whose
+    /// costs the plan tables carry for those whose N or K is dynamic
     /// ([`super::model`]); `None`: the shipped table's tiers serve them.
     /// A build sets it for `FUSION_SELECT=model` ([`SELECT_ENV`]).
     pub model: Option<super::model::Calibration>,
