@@ -42,7 +42,7 @@ for line in sys.stdin:
     if m.get('reason') == 'compiler-artifact' and m['target']['name'] == sys.argv[1] and m.get('executable'):
         print(m['executable'])" "$1"
 }
-for name in gpu gpu_errors gpu_cublaslt gpu_guard gpu_graphs gpu_forward gpu_workspace gpu_safetensors gpu_run gpu_property gpu_stress; do
+for name in gpu gpu_errors gpu_cublaslt gpu_guard gpu_graphs gpu_forward gpu_workspace gpu_safetensors gpu_run gpu_tune gpu_property gpu_stress gpu_tile_model; do
   cp "$(echo "$json" | executable "$name")" "$dir/$name"
 done
 cp target/release/fusion "$dir/fusion"
@@ -75,6 +75,6 @@ python3 -c 'import json, sys
 built = sys.argv[2].split(",")
 names = [g["name"] for g in json.load(open(sys.argv[1]))["generations"] if g["name"] in built]
 print(" ".join(reversed(names)))' "$targets" "$features" > "$dir/generations"
-strip "$dir/gpu" "$dir/gpu_errors" "$dir/gpu_cublaslt" "$dir/gpu_guard" "$dir/gpu_graphs" "$dir/gpu_forward" "$dir/gpu_workspace" "$dir/gpu_safetensors" "$dir/gpu_run" "$dir/gpu_property" "$dir/gpu_stress" "$dir/fusion" \
+strip "$dir/gpu" "$dir/gpu_errors" "$dir/gpu_cublaslt" "$dir/gpu_guard" "$dir/gpu_graphs" "$dir/gpu_forward" "$dir/gpu_workspace" "$dir/gpu_safetensors" "$dir/gpu_run" "$dir/gpu_tune" "$dir/gpu_property" "$dir/gpu_stress" "$dir/gpu_tile_model" "$dir/fusion" \
   "$dir/swiglu_ffn" "$dir/llama_stack" "$dir/llama-ffn" "$dir/llama_ffn_safetensors"
 du -sh "$dir"

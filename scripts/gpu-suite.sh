@@ -79,7 +79,11 @@ for step in $steps; do
     # The structs read misaligned weights from padded copies on sm90 (the
     # default, FUSION_PAD_WEIGHTS=sm90), so the strided reads run here; the
     # free functions read dense rows.
-    tests) FUSION_PAD_WEIGHTS=sm90 run_tests gpu-sm90.log any ./gpu --ignored --test-threads 8 --nocapture ;;
+    tests)
+      FUSION_PAD_WEIGHTS=sm90 run_tests gpu-sm90.log any ./gpu --ignored --test-threads 8 --nocapture
+      # The tile the model of the kernel's time names per call
+      # (fusion::plan::TileModel), at shapes where it names each tier.
+      run_tests gpu-tile-model.log 2 ./gpu_tile_model --ignored --nocapture ;;
     ptx)
       # Every generation the bundle built but the newest (the native
       # variant): sm80 and sm75, which run as PTX on newer GPUs.
@@ -117,6 +121,9 @@ for step in $steps; do
       run_tests gpu-safetensors.log any ./gpu_safetensors --ignored --nocapture
       # `fusion run`'s kernels are built at run time: nvcc (NVCC, CUDA_HOME or PATH).
       run_tests gpu-run.log 4 ./gpu_run --ignored --nocapture
+      # `fusion tune`'s candidates, built the same way, checked and timed
+      # through the executor.
+      run_tests gpu-tune.log 1 ./gpu_tune --ignored --nocapture
       run_tests gpu-llama-safetensors.log 1 ./llama_ffn_safetensors --ignored --nocapture ;;
     examples)
       run example-swiglu-ffn.log ./swiglu_ffn 512

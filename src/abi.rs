@@ -24,6 +24,11 @@ pub const FUSION_GEMM_NO_STREAM_K: u32 = 1;
 pub const FUSION_GEMM_STATIC_TILES: u32 = 2;
 /// `fusion_gemm_params::flags`: where a caller-named tile tier's code sits.
 pub const FUSION_GEMM_TILE_SHIFT: u32 = 2;
+/// `fusion_gemm_params::flags`: the bits of a caller-named tile tier
+/// (`FUSION_GEMM_TILE`, or the tier the model of the kernel's time chooses
+/// per call where the build left the tile to the call: `plan::TileModel`);
+/// none set, the launcher's own choice.
+pub const FUSION_GEMM_TILE_MASK: u32 = 7 << FUSION_GEMM_TILE_SHIFT;
 /// A tile tier's code: the tuned table's `large` tile.
 pub const FUSION_GEMM_TILE_LARGE: u32 = 1;
 /// A tile tier's code: `large_alt`.
@@ -187,9 +192,11 @@ mod tests {
             let line = format!("#define FUSION_GEMM_TILE_{name} {value}u\n");
             assert!(abi.contains(&line), "abi.h lacks `{}`", line.trim());
         }
+        assert!(abi.contains("#define FUSION_GEMM_TILE_MASK (7u << FUSION_GEMM_TILE_SHIFT)\n"));
+        assert_eq!(FUSION_GEMM_TILE_MASK, 7 << FUSION_GEMM_TILE_SHIFT);
         // The tier's bits are clear of the other flags.
         assert_eq!(
-            (7 << FUSION_GEMM_TILE_SHIFT) & (FUSION_GEMM_NO_STREAM_K | FUSION_GEMM_STATIC_TILES),
+            FUSION_GEMM_TILE_MASK & (FUSION_GEMM_NO_STREAM_K | FUSION_GEMM_STATIC_TILES),
             0
         );
     }

@@ -1096,7 +1096,7 @@ impl GemmTile {
     }
 
     /// abi.h's `FUSION_GEMM_TILE_<TIER>`.
-    fn code(self) -> u32 {
+    pub(crate) fn code(self) -> u32 {
         match self {
             GemmTile::Large => abi::FUSION_GEMM_TILE_LARGE,
             GemmTile::LargeAlt => abi::FUSION_GEMM_TILE_LARGE_ALT,

@@ -101,6 +101,7 @@ pub mod shell;
 pub mod tensor;
 #[cfg(feature = "testing")]
 pub mod testing;
+mod tile_model;
 pub mod vendor;
 pub mod weights;
 

@@ -22,6 +22,7 @@ use crate::device::Arch;
 use crate::error::{Error, Result};
 use crate::launch::{Call, FoldedWeights, GraphDecl, TensorDecl, Workspace, not_compiled};
 use crate::tensor::{Element, Shape, Tensor, TensorMut};
+pub use crate::tile_model::TileModel;
 pub use crate::vendor::LtEpilogue as VendorEpilogue;
 use crate::weights::{Binder, BoundWeights, TensorFile, TensorNames};
 use cudarc::driver::CudaStream;
@@ -129,6 +130,10 @@ pub struct GemmOp {
     pub bind: Bind,
     /// The Ms at which the guard runs it on the vendor path.
     pub vendor: VendorRoute,
+    /// Where a build with the model (`FUSION_SELECT=model`) left its tile
+    /// to the call (N or K dynamic): the tiers and the model that chooses
+    /// among them per call; `None`: its launcher chooses.
+    pub model: Option<&'static TileModel>,
 }
 
 /// Where the guard sends a GEMM to cuBLASLt (`fusion::vendor`): the M
@@ -182,6 +187,7 @@ impl GemmOp {
         b_layout: WeightLayout::NK,
         bind: Bind::Nothing,
         vendor: VendorRoute::NONE,
+        model: None,
     };
 }
 
@@ -1254,9 +1260,10 @@ fn need_of<T: Element>(
         };
         let bound = prepared.get(index).and_then(Option::as_ref);
         let copy = bound.map(|p| (1u64 << 40, 2u64 << 40, p.row_stride() as i64));
-        let Params::Gemm(params) = fill(table, kernel, &dims, &address, flags, copy)? else {
+        let Params::Gemm(mut params) = fill(table, kernel, &dims, &address, flags, copy)? else {
             unreachable!("a GEMM's params are a GEMM's")
         };
+        name_model_tile(kernel, variant, &mut params);
         let chosen = match (bound, folded) {
             (Some(_), Some((_, folded_query))) => folded_query,
             _ => plain,
@@ -1389,7 +1396,10 @@ pub unsafe fn run<T: Element>(
         let launch = kernel.launchers.get(variant);
         let bound = prepared.get(index).and_then(Option::as_ref);
         let weights = bound.map(|w| call.folded(w));
-        let filled = fill(table, kernel, &call, &address, flags, weights)?;
+        let mut filled = fill(table, kernel, &call, &address, flags, weights)?;
+        if let Params::Gemm(p) = &mut filled {
+            name_model_tile(kernel, variant, p);
+        }
         let route = vendor_route(kernel, &filled, arch);
         if route.is_some() {
             #[cfg(feature = "cublaslt")]
@@ -1459,6 +1469,19 @@ pub unsafe fn run<T: Element>(
         call.launched(kernel.label, code, error_string)?;
     }
     call_use.finish()
+}
+
+/// Names in `params`' flags the tile the model chooses for the call, where
+/// `kernel` is a GEMM whose build left its tile to the call
+/// ([`GemmOp::model`]) and variant `variant` has tiers: for the launch and
+/// for its workspace query alike, so that both see one tile.
+fn name_model_tile(kernel: &KernelEntry, variant: usize, params: &mut fusion_gemm_params) {
+    if let KernelOp::Gemm(GemmOp {
+        model: Some(model), ..
+    }) = &kernel.op
+    {
+        params.flags = model.flags(variant, params.flags, params.m, params.n, params.k);
+    }
 }
 
 /// A call's table of one value per tensor or per kernel: on the stack up to
@@ -1531,6 +1554,7 @@ pub fn vendor_route(kernel: &KernelEntry, params: &Params, arch: Arch) -> Option
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::abi;
     use crate::launch::{Dim, ShapeDims};
     use std::ffi::c_int;
 
@@ -1818,6 +1842,11 @@ mod tests {
     /// x [M, 64] -> h [M, 128] (gated GEMM of w and up) -> y [M, 32]
     /// (GEMM of w2, bias): h passes between the kernels.
     fn two_kernels() -> &'static PlanTable {
+        two_kernels_with(None)
+    }
+
+    /// [`two_kernels`], each GEMM's tile left to `model`.
+    fn two_kernels_with(model: Option<&'static TileModel>) -> &'static PlanTable {
         static TENSORS: [TensorDecl; 7] = [
             TensorDecl::new("x", &[Dim::Dynamic(0), Dim::Static(64)]),
             TensorDecl::new("w", &[Dim::Dynamic(1), Dim::Static(64)]),
@@ -1840,6 +1869,7 @@ mod tests {
                     b: Some(1),
                     b_up: Some(2),
                     bind: Bind::Fold(Fold::Interleave),
+                    model,
                     ..GemmOp::EMPTY
                 }),
                 launchers: Launchers::Gemm {
@@ -1857,6 +1887,7 @@ mod tests {
                     b: Some(3),
                     bias: Some(4),
                     bind: Bind::Pad,
+                    model,
                     ..GemmOp::EMPTY
                 }),
                 launchers: Launchers::Gemm {
@@ -1923,6 +1954,43 @@ mod tests {
         // Per M: the bytes grow by the same amount for every row.
         let bytes = |m| need(Weights::Bound(&bound), m).unwrap().bytes();
         assert_eq!(bytes(2048) - bytes(1024), 1024 * (256 + 256));
+    }
+
+    /// Where the build left a GEMM's tile to the call, its workspace query
+    /// sees the tier the model chooses for the call's shape, as its launch
+    /// does (both fill their params through `name_model_tile`); the decode
+    /// kernel's Ms and a tier named by `FUSION_GEMM_TILE` stay as they are.
+    #[test]
+    fn a_gemm_left_to_the_model_is_queried_with_the_tier_it_chooses() {
+        let model = crate::tile_model::tests::model();
+        let table = two_kernels_with(Some(model));
+        let bound = bound_ffn(1024);
+        let flags_seen = |m: usize, flags: u32| {
+            let mut seen = Vec::new();
+            need_of(table, 0, Weights::Bound(&bound), m, flags, |kernel, _, p| {
+                seen.push((kernel.label, p.m, p.n, p.k, p.flags));
+                Ok(0)
+            })
+            .unwrap();
+            seen
+        };
+        for (label, m, n, k, flags) in flags_seen(4096, 0) {
+            assert_ne!(flags & abi::FUSION_GEMM_TILE_MASK, 0, "{label}");
+            assert_eq!(flags, model.flags(0, 0, m, n, k), "{label}");
+        }
+        for (label, .., flags) in flags_seen(16, 0) {
+            assert_eq!(flags, 0, "{label}: the decode kernel's Ms");
+        }
+        let forced = 3 << abi::FUSION_GEMM_TILE_SHIFT;
+        for (label, .., flags) in flags_seen(4096, forced) {
+            assert_eq!(flags, forced, "{label}: FUSION_GEMM_TILE's tier");
+        }
+        // Without the model the flags are the call's.
+        let plain = need_of(two_kernels(), 0, Weights::Bound(&bound), 4096, 0, |_, _, p| {
+            assert_eq!(p.flags, 0);
+            Ok(0)
+        });
+        assert!(plain.is_ok());
     }
 
     #[test]

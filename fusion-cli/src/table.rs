@@ -155,6 +155,8 @@ fn kernel_op(graph: &Graph, kernel: &FusedKernel) -> KernelOp {
                 // The guard is a build option: a plan rendered here keeps
                 // every M fused.
                 vendor: VendorRoute::NONE,
+                // So is the model's choice per call: the launcher chooses.
+                model: None,
             })
         }
         Composition::Norm(norm) => KernelOp::Norm {

@@ -17,12 +17,14 @@
 //! | [`corpus`] | the linear layers of public models, derived from their configs (`fusion bench --corpus`) |
 //!
 //! [`arch`] names the GPU generations and which devices run each;
+//! [`gemm_model`] models the sm90 GEMM kernel's time and chooses its tile
+//! tier, for the build (`select`) and for the run time alike;
 //! [`names`] the Hugging Face names of a block's weights.
 //! [`diagnostic`] holds the spans and error messages every stage shares;
 //! [`generated`] the names the build script writes and `fusion_graph!`
 //! expands to.
 //!
-//! `syntax`, `ir`, `diagnostic`, `generated`, `arch` and `names` are always
+//! `syntax`, `ir`, `diagnostic`, `generated`, `arch`, `names` and `gemm_model` are always
 //! present: they are what the `fusion_graph!` macro and fusion's run time
 //! link. `fuse`, `select`, `target`, `tune`,
 //! `codegen` and `reference` need the feature `compiler`, and `build` the feature `build`
@@ -40,6 +42,7 @@ pub mod corpus;
 pub mod diagnostic;
 #[cfg(feature = "compiler")]
 pub mod fuse;
+pub mod gemm_model;
 pub mod generated;
 #[cfg(feature = "compiler")]
 pub mod hf;

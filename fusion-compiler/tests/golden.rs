@@ -161,23 +161,92 @@ fn render_guarded() -> BTreeMap<String, String> {
 }
 
 /// `wrappers` without the `vendor: fusion::plan::VendorRoute { .. },`
-/// fields (each ends at the first line that closes it).
+/// fields.
 fn without_routes(wrappers: &str) -> String {
+    without_fields(wrappers, "vendor: fusion::plan::VendorRoute {")
+}
+
+/// `wrappers` without the fields whose first line starts with `opening`:
+/// each ends at the next line of its indentation.
+fn without_fields(wrappers: &str, opening: &str) -> String {
     let mut kept = String::new();
-    let mut in_route = false;
+    let mut open: Option<usize> = None;
     for line in wrappers.split_inclusive('\n') {
-        if line
-            .trim_start()
-            .starts_with("vendor: fusion::plan::VendorRoute {")
-        {
-            in_route = true;
-        } else if in_route {
-            in_route = line.trim() != "},";
-        } else {
-            kept.push_str(line);
+        let indent = line.len() - line.trim_start().len();
+        match open {
+            None if line.trim_start().starts_with(opening) => open = Some(indent),
+            None => kept.push_str(line),
+            Some(start) if indent == start => open = None,
+            Some(_) => {}
         }
     }
     kept
+}
+
+/// What a build with `FUSION_SELECT=model` renders for `gemm_bias_residual`,
+/// whose N and K are dynamic: the same units (the build cannot choose a
+/// tile per M bucket), and a plan table whose GEMM carries the model's
+/// costs and each variant's tiers (`model: Some(&fusion::plan::TileModel
+/// { .. })`, `None` for sm80), so that the run time chooses the tier per
+/// call. Only the wrappers are kept.
+fn render_modelled() -> BTreeMap<String, String> {
+    use fusion_compiler::select::TunedCache;
+    use fusion_compiler::select::model::Calibration;
+    let graph = "gemm_bias_residual";
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let origin = format!("graphs/{graph}.toml");
+    let ir = fusion_compiler::load_toml_graph(&root.join(&origin)).unwrap_or_else(|e| panic!("{e}"));
+    let spec = GraphSpec {
+        plan: fusion_compiler::fuse::plan(ir),
+        dtypes: DTYPES.to_vec(),
+        origin,
+        fingerprint: None,
+        declaration: String::new(),
+    };
+    let mut cache = TunedCache::default();
+    cache.model = Some(Calibration::shipped_sm90());
+    let library = codegen::render_tuned("fusion_kernels", ARCHS, std::slice::from_ref(&spec), &[], &cache)
+        .unwrap_or_else(|e| panic!("{graph}: {e}"));
+    let wrappers = wrappers::generate(&library, true, FFI_RS);
+    let plain = codegen::render("fusion_kernels", ARCHS, &[spec]).unwrap_or_else(|e| panic!("{e}"));
+    let sources = |library: &codegen::KernelLibrary| -> Vec<String> {
+        library.units.iter().map(|unit| unit.source.clone()).collect()
+    };
+    assert_eq!(
+        sources(&library),
+        sources(&plain),
+        "the model changes no unit of a dynamic graph"
+    );
+    assert_eq!(
+        without_fields(&wrappers, "model: Some("),
+        wrappers::generate(&plain, true, FFI_RS),
+        "the model changes the plan table's tile models alone"
+    );
+    BTreeMap::from([("wrappers.rs".to_owned(), wrappers)])
+}
+
+#[test]
+fn modelled_wrappers_match_their_golden_file() {
+    let rendered = render_modelled();
+    let dir = golden_dir("gemm_bias_residual_model");
+    if std::env::var_os("FUSION_BLESS").is_some_and(|v| v == "1") {
+        bless(&dir, &rendered);
+        return;
+    }
+    let problems = mismatches(&dir, &rendered);
+    assert!(
+        problems.is_empty(),
+        "generated code differs from tests/golden/gemm_bias_residual_model:\n{}\n\nIf the change is intended, \
+         rewrite it with `FUSION_BLESS=1 cargo test -p fusion-compiler --test golden`.",
+        problems.join("\n")
+    );
+    let wrappers = &rendered["wrappers.rs"];
+    assert_eq!(
+        wrappers.matches("fusion::core::gemm_model::UnitTiers {").count(),
+        2,
+        "f16 and bf16 on sm90"
+    );
+    assert!(wrappers.contains("source_tile: true"));
 }
 
 #[test]

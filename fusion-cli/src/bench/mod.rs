@@ -354,6 +354,18 @@ fn check_agreement<T: BenchElement>(
     Ok(relative)
 }
 
+/// Whether the built-in library's GEMMs whose N or K is dynamic choose their
+/// sm90 tile per call by the model of the kernel's time (a build with
+/// `FUSION_SELECT=model`): asked of `gemm`'s plan table, as the build wrote
+/// it for every such pattern alike.
+pub fn tiles_by_model() -> bool {
+    use fusion::plan::{GemmOp, KernelOp};
+    kernels::Gemm::<half::f16>::PLAN
+        .kernels
+        .iter()
+        .any(|kernel| matches!(kernel.op, KernelOp::Gemm(GemmOp { model: Some(_), .. })))
+}
+
 /// The CUDA version the driver supports (`cuDriverGetVersion`: major·1000
 /// + minor·10).
 pub fn cuda_driver_version() -> Result<i32> {

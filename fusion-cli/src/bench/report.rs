@@ -201,6 +201,12 @@ pub struct Report {
     /// (`FUSION_GEMM_TILE`); absent: the launchers chose.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gemm_tile: Option<String>,
+    /// The built-in library was built with `FUSION_SELECT=model`: its
+    /// GEMMs whose N or K is dynamic (every corpus row's) ran the sm90 tile
+    /// the model of the kernel's time chose per call ([`super::tiles_by_model`]);
+    /// absent: the launchers chose.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tiles_by_model: bool,
 }
 
 /// How the numbers of a report were made.
@@ -558,6 +564,7 @@ mod tests {
             sm_clock: clock,
             copy: Some(copy()),
             gemm_tile: None,
+            tiles_by_model: false,
         }
     }
 

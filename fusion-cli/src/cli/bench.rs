@@ -301,6 +301,7 @@ fn run_bench(config: BenchConfig, args: &BenchArgs, out: &mut dyn Write) -> Resu
         gemm_tile: fusion::launch::forced_gemm_tile()
             .map_err(|e| CliError::Message(e.to_string()))?
             .map(|tier| tier.name().to_owned()),
+        tiles_by_model: bench::tiles_by_model(),
     };
     drop(clock);
     write!(out, "{}", bench::table(&report)).map_err(CliError::from_stdout)?;

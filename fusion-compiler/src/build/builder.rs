@@ -468,7 +468,7 @@ fn select_by_model() -> Result<bool, BuildError> {
         Ok("model") => Ok(true),
         Ok("" | "tables") | Err(std::env::VarError::NotPresent) => Ok(false),
         Ok(other) => Err(BuildError::Config(format!(
-            "{SELECT_ENV}={other:?}: it takes `model` (one sm90 tile per M bucket for GEMMs with static N and K, by the model of their time) or `tables` (the shipped tables, the default)"
+            "{SELECT_ENV}={other:?}: it takes `model` (sm90 GEMM tiles by the model of their time: per M bucket where N and K are static, per call where not) or `tables` (the shipped tables, the default)"
         ))),
         Err(std::env::VarError::NotUnicode(value)) => Err(BuildError::Config(format!(
             "{SELECT_ENV}={value:?} is not Unicode: it takes `model` or `tables`"

@@ -30,6 +30,7 @@ pub mod templates;
 pub mod wrappers;
 
 use crate::fuse::{Activation, Composition, EpilogueStep, NormKind, Plan};
+use crate::gemm_model::{Costs, UnitTiers};
 use crate::ir::{DType, WeightLayout};
 use crate::select::{
     self, Arch, ConfigSource, KernelConfig, KernelKind, SelectError, TileConfig, TunedCache, TunedTable,
@@ -200,6 +201,11 @@ pub struct KernelVariants {
     /// ([`crate::select::guard`], `FUSION_GUARD=on`): the arch, the M
     /// buckets every dtype of the graph loses in, and cuBLASLt's epilogue.
     pub vendor: Option<select::guard::Route>,
+    /// Per variant, index for index: the tiers the run time chooses among
+    /// per call by the model, where the build has it
+    /// ([`KernelLibrary::model`]) and left the GEMM's tile to the call
+    /// ([`select::model::run_time_tiers`]); `None` for the others.
+    pub tiers: Vec<Option<UnitTiers>>,
 }
 
 impl KernelVariants {
@@ -239,6 +245,10 @@ pub struct KernelLibrary {
     /// What the build should tell the user: problems with the tuned cache,
     /// each naming its file (and the entry), each once.
     pub warnings: Vec<String>,
+    /// The model of the sm90 GEMM kernel's time the build chose tiles by
+    /// (`FUSION_SELECT=model`): its costs, which the plan tables carry
+    /// where a GEMM's tile is chosen per call ([`KernelVariants::tiers`]).
+    pub model: Option<Costs>,
 }
 
 /// Why code could not be generated.
@@ -346,8 +356,10 @@ pub fn render_tuned(
     }
     let mut distinct: IndexMap<KernelKey, Pending> = IndexMap::new();
     let mut warnings = cache.warnings.clone();
-    // Per graph, per kernel: (dtype, arch, key).
-    let mut uses: Vec<Vec<Vec<(DType, Arch, KernelKey)>>> = Vec::new();
+    // One variant of a kernel: its dtype, arch, key and run-time tiers.
+    type Use = (DType, Arch, KernelKey, Option<UnitTiers>);
+    // Per graph, per kernel, its variants.
+    let mut uses: Vec<Vec<Vec<Use>>> = Vec::new();
     // Per graph, per kernel: the guard's route ([`KernelVariants::vendor`]).
     let mut routes: Vec<Vec<Option<select::guard::Route>>> = Vec::new();
     for spec in graphs {
@@ -363,6 +375,14 @@ pub fn render_tuned(
                 for (&arch, table) in archs.iter().zip(&tables).filter(|(a, _)| a.supports(dtype)) {
                     let (n, k) = kernel.static_n_and_k(&spec.plan.graph);
                     let (key, warning) = kernel_key(&kernel.composition, dtype, arch, table, cache, n, k)?;
+                    // Where the build has the model but left the tile to the
+                    // call, the tiers the run time chooses among.
+                    let tiers = match (&key, &kernel.composition, &cache.model) {
+                        (KernelKey::Gemm { config, .. }, Composition::Gemm(gemm), Some(_)) => {
+                            select::model::run_time_tiers(arch, &KernelKind::of(gemm, dtype), n, k, config)
+                        }
+                        _ => None,
+                    };
                     if let Some(warning) = warning.filter(|w| !warnings.contains(w)) {
                         warnings.push(warning);
                     }
@@ -391,7 +411,7 @@ pub fn render_tuned(
                             Some(kept) => kept.both(&this),
                         });
                     }
-                    kernel_uses.push((dtype, arch, key));
+                    kernel_uses.push((dtype, arch, key, tiers));
                 }
             }
             graph_uses.push(kernel_uses);
@@ -429,9 +449,10 @@ pub fn render_tuned(
                 .into_iter()
                 .zip(graph_routes)
                 .map(|(kernel_uses, vendor)| KernelVariants {
+                    tiers: kernel_uses.iter().map(|(.., tiers)| *tiers).collect(),
                     variants: kernel_uses
                         .into_iter()
-                        .map(|(dtype, arch, key)| (dtype, arch, symbols[&key].clone()))
+                        .map(|(dtype, arch, key, _)| (dtype, arch, symbols[&key].clone()))
                         .collect(),
                     vendor,
                 })
@@ -474,6 +495,7 @@ pub fn render_tuned(
         header,
         graphs,
         warnings,
+        model: cache.model.as_ref().map(|model| model.costs),
     })
 }
 

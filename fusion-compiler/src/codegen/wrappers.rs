@@ -44,6 +44,7 @@
 
 use super::{GraphLaunchers, KernelLibrary, ParamsKind, graph_literal};
 use crate::fuse::{Composition, Role};
+use crate::gemm_model::{Costs, UnitTiers};
 use crate::generated::struct_name;
 use crate::ir::{DType, Extent, Graph, TensorId, WeightLayout};
 use crate::select::Arch;
@@ -345,6 +346,74 @@ fn vendor_route(route: &crate::select::guard::Route) -> TokenStream {
     })
 }
 
+/// A GEMM's `model` field, where the build has the model of the sm90
+/// kernel's time and left the GEMM's tile to the call
+/// ([`super::KernelVariants::tiers`]): a `fusion::plan::TileModel` with the
+/// model's `costs` and each variant's tiers. `None` for every other GEMM,
+/// and where nothing was linked (the table then has no variants).
+fn tile_model(costs: Option<&Costs>, tiers: &[Option<UnitTiers>], linked: bool) -> Option<TokenStream> {
+    let costs = costs?;
+    if !linked || tiers.iter().all(Option::is_none) {
+        return None;
+    }
+    // Every field of the costs by its name, as the calibration file has
+    // them, in the order of their names (whatever order the map keeps).
+    let serde_json::Value::Object(fields) = serde_json::to_value(costs).expect("costs serialize") else {
+        unreachable!("costs serialize as a map")
+    };
+    let mut fields: Vec<(&String, &serde_json::Value)> = fields.iter().collect();
+    fields.sort_by_key(|&(name, _)| name);
+    let fields = fields.into_iter().map(|(name, value)| {
+        let name = format_ident!("{name}");
+        let value = match value.as_u64() {
+            Some(count) => {
+                let count = Literal::u64_unsuffixed(count);
+                quote!(#count)
+            }
+            None => {
+                let value = value.as_f64().expect("a cost is a number");
+                let magnitude = Literal::f64_unsuffixed(value.abs());
+                if value < 0.0 {
+                    quote!(-#magnitude)
+                } else {
+                    quote!(#magnitude)
+                }
+            }
+        };
+        quote!(#name: #value)
+    });
+    let units = tiers.iter().map(|unit| {
+        let Some(unit) = unit else {
+            return quote!(None);
+        };
+        let tiles = unit.tiles.iter().map(|tile| match tile {
+            Some(tile) => {
+                let (bm, bn) = (Literal::u32_unsuffixed(tile.bm), Literal::u32_unsuffixed(tile.bn));
+                quote!(Some(fusion::core::gemm_model::TileShape { bm: #bm, bn: #bn }))
+            }
+            None => quote!(None),
+        });
+        let decode_max_m = match unit.decode_max_m {
+            Some(max_m) => {
+                let max_m = Literal::u32_unsuffixed(max_m);
+                quote!(Some(#max_m))
+            }
+            None => quote!(None),
+        };
+        let (gated, source_tile) = (unit.gated, unit.source_tile);
+        quote!(Some(fusion::core::gemm_model::UnitTiers {
+            tiles: [#(#tiles),*],
+            decode_max_m: #decode_max_m,
+            gated: #gated,
+            source_tile: #source_tile,
+        }))
+    });
+    Some(quote!(model: Some(&fusion::plan::TileModel {
+        costs: fusion::core::gemm_model::Costs { #(#fields),* },
+        units: &[#(#units),*],
+    })))
+}
+
 /// The graph's `__GRAPH` and `__PLAN` statics: its declarations and its plan
 /// as a `fusion::plan::PlanTable`.
 fn plan_table(
@@ -442,6 +511,13 @@ fn plan_table(
                 }
                 if let Some(route) = launchers.kernels.get(index).and_then(|k| k.vendor.as_ref()) {
                     fields.push(vendor_route(route));
+                }
+                if let Some(model) = launchers
+                    .kernels
+                    .get(index)
+                    .and_then(|k| tile_model(library.model.as_ref(), &k.tiers, linked))
+                {
+                    fields.push(model);
                 }
                 quote!(KernelOp::Gemm(GemmOp { #(#fields,)* ..GemmOp::EMPTY }))
             }

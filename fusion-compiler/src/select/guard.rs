@@ -523,7 +523,7 @@ impl Guard {
                         Evidence::Tuned,
                     );
                 }
-                let ms = model::bucket_ms(bucket);
+                let ms = bucket.weighed_ms();
                 let fused: Option<Vec<f64>> = ms
                     .iter()
                     .map(|&m| {

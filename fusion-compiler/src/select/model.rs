@@ -1,168 +1,28 @@
-//! A model of the sm90 GEMM kernel's time on a shape, for choosing a tile
-//! per M bucket where N and K are known at build time.
+//! The build's side of the model of the sm90 GEMM kernel's time
+//! ([`crate::gemm_model`], which the run time shares): its calibration file,
+//! the fit of its costs, and the choice of a tile per M bucket where N and K
+//! are known at build time.
 //!
-//! The kernel is persistent: one CTA per SM walks whole tiles, and where the
-//! tiles do not fill the SMs evenly several CTAs share a tile's k-blocks
-//! (split-K below one wave, stream-K over the last one), which
-//! `kernels/include/fusion/sm90/tile_scheduler.cuh` plans at launch. [`work`]
-//! repeats that plan, so the model sees what the launch does: how many
-//! k-blocks the busiest CTA runs, how many tiles it finishes and how many
-//! partial tiles are summed. The time is linear in those counts:
+//! The costs are fitted ([`fit`]) to measured times of whole kernels that
+//! are checked in: a bench JSON's rows, each timed with the tile the
+//! launcher chose for it ([`KernelConfig::launched_tile`]). Nothing in the
+//! model names a shape: it knows tiles, k-blocks and the SM count, so a
+//! layer it never saw is predicted by the same counts as one it did.
 //!
-//! `launch + k_block[tile] · k-blocks + tile[tile] · tiles + partial · partials · area + memory · megabytes`
-//!
-//! (`area` in units of a 128x256 tile; `megabytes` the bytes of A, B and C
-//! and of a residual read, each once: where the weight's bytes dominate, at
-//! small M, the time follows them more than the tile's flops). The costs are fitted ([`fit`]) to
-//! measured times of whole kernels that are checked in: a bench JSON's rows,
-//! each timed with the tile the launcher chose for it
-//! ([`KernelConfig::launched_tile`]). Nothing in the model names a shape: it
-//! knows tiles, k-blocks and the SM count, so a layer it never saw is
-//! predicted by the same counts as one it did.
+//! Where N or K is dynamic the build cannot choose: a build with the model
+//! gives the plan table the unit's tiers ([`run_time_tiers`]) and the run
+//! time chooses per call with the same [`UnitTiers::fastest_in`].
 //!
 //! Not here: which candidates a kernel may run (the tuned table's tiles for
 //! its kind, [`super::select`]) and what the build renders from the choice.
 
-use super::{Arch, ConfigSource, KernelConfig, KernelKind, M_BUCKET_BOUNDS, MBucket, TileConfig};
+pub use crate::gemm_model::{
+    Costs, GemmShape, SM90_SMS, Split, TIERS, TileShape, UNKNOWNS, UnitTiers, Work, bucket_of, counts, work,
+};
+
+use super::{Arch, ConfigSource, KernelConfig, KernelKind, MBucket, TileConfig};
 use serde::{Deserialize, Serialize};
 use std::fmt;
-
-/// The sm90 GPUs the model is calibrated for have this many SMs (H100 SXM,
-/// H200). The launch plans for the device it runs on; the build's choice
-/// assumes this count.
-pub const SM90_SMS: u64 = 132;
-
-/// The sm90 mainloop's k-block: 64 elements of K.
-const K_BLOCK: u64 = 64;
-
-/// A GEMM's extent: `n` counts the GEMM's columns, twice C's for a gated
-/// GEMM (gate and up interleaved).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct GemmShape {
-    /// Rows of A and C.
-    pub m: u64,
-    /// Columns of B.
-    pub n: u64,
-    /// The reduction depth.
-    pub k: u64,
-}
-
-/// How a launch spreads its k-blocks over the SMs (tile_scheduler.cuh,
-/// `plan_stream_k`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Split {
-    /// Every tile whole, in rounds over a balanced grid.
-    Whole,
-    /// Fewer tiles than SMs: each tile's k-blocks shared by this many CTAs.
-    SplitK {
-        /// CTAs that share one tile.
-        ctas_per_tile: u64,
-    },
-    /// The last wave's tiles (with the full wave before it, when the last
-    /// is under half a wave) shared out over every CTA.
-    StreamK,
-}
-
-/// What a launch of one tile config does on one shape.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Work {
-    /// Output tiles.
-    pub tiles: u64,
-    /// k-blocks per tile.
-    pub k_blocks: u64,
-    /// CTAs launched.
-    pub grid: u64,
-    /// The k-blocks the busiest CTA runs.
-    pub busiest_k_blocks: u64,
-    /// The tiles (whole or a share) the busiest CTA finishes or hands on.
-    pub rounds: u64,
-    /// Partial tiles published and summed per split tile.
-    pub partials: u64,
-    /// How the k-blocks are spread.
-    pub split: Split,
-}
-
-/// The launch's work for a `bm` x `bn` cooperative tile with `consumers`
-/// warp groups on `sms` SMs, as tile_scheduler.cuh plans it (`stream_k`:
-/// whether the caller allows split-K and stream-K, as the run time does
-/// unless `FUSION_STREAM_K=0` or a graph is being captured).
-pub fn work(bm: u64, bn: u64, consumers: u64, shape: GemmShape, sms: u64, stream_k: bool) -> Work {
-    let tiles = shape.m.div_ceil(bm) * shape.n.div_ceil(bn);
-    let k_blocks = shape.k.div_ceil(K_BLOCK);
-    let grid = balanced_grid(tiles, sms);
-    let whole = Work {
-        tiles,
-        k_blocks,
-        grid,
-        busiest_k_blocks: tiles.div_ceil(grid.max(1)) * k_blocks,
-        rounds: tiles.div_ceil(grid.max(1)),
-        partials: 0,
-        split: Split::Whole,
-    };
-    if !stream_k || tiles == 0 || sms == 0 {
-        return whole;
-    }
-    // plan_stream_k, step by step.
-    const FIXUP_BLOCKS: u64 = 4;
-    const MIN_BLOCKS: u64 = 4;
-    const FLAG_BYTES: u64 = 4096 - 128; // kStreamKFlagBytes - kTileCounterBytes
-    let (mut split_tiles, mut ctas) = (tiles, tiles * (sms / tiles.max(1)));
-    if tiles >= sms {
-        split_tiles = tiles % sms;
-        if split_tiles == 0 {
-            return whole;
-        }
-        if 2 * split_tiles < sms {
-            split_tiles += sms;
-        }
-        ctas = sms;
-    }
-    if ctas == split_tiles || split_tiles * consumers * 4 > FLAG_BYTES {
-        return whole;
-    }
-    let per_cta = (split_tiles * k_blocks).div_ceil(ctas);
-    let busiest_without = split_tiles.div_ceil(ctas) * k_blocks;
-    if per_cta < MIN_BLOCKS || per_cta + 2 * FIXUP_BLOCKS >= busiest_without {
-        return whole;
-    }
-    let whole_rounds = (tiles - split_tiles) / ctas;
-    let (split, partials) = if tiles < sms {
-        let share = sms / tiles;
-        (Split::SplitK { ctas_per_tile: share }, share - 1)
-    } else {
-        // A split tile's k-blocks are shared by the CTAs whose ranges
-        // cover it; the finisher sums the others' partials.
-        (Split::StreamK, k_blocks.div_ceil(per_cta))
-    };
-    Work {
-        tiles,
-        k_blocks,
-        grid: ctas,
-        busiest_k_blocks: whole_rounds * k_blocks + per_cta,
-        rounds: whole_rounds + per_cta.div_ceil(k_blocks).max(1),
-        partials,
-        split,
-    }
-}
-
-/// tile_scheduler.cuh's `balanced_grid`: one CTA per tile up to one per
-/// SM, past that the fewest CTAs that need no more rounds.
-fn balanced_grid(tiles: u64, sms: u64) -> u64 {
-    if tiles <= sms {
-        return tiles;
-    }
-    let rounds = tiles.div_ceil(sms);
-    tiles.div_ceil(rounds)
-}
-
-/// The rows and columns of a tile config.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct TileShape {
-    /// Rows of C per tile.
-    pub bm: u32,
-    /// GEMM columns per tile.
-    pub bn: u32,
-}
 
 impl TileShape {
     /// The shape of `tile`.
@@ -171,29 +31,6 @@ impl TileShape {
             bm: tile.bm,
             bn: tile.bn,
         }
-    }
-
-    /// Its area (the flops of a k-block, the bytes of its C tile) in units
-    /// of a 128x256 tile's.
-    fn area(self) -> f64 {
-        f64::from(self.bm * self.bn) / (128.0 * 256.0)
-    }
-
-    /// Its edge, `bm + bn` (the bytes a k-block loads), in units of a
-    /// 128x256 tile's.
-    fn edge(self) -> f64 {
-        f64::from(self.bm + self.bn) / (128.0 + 256.0)
-    }
-
-    /// The cooperative schedule's consumer warp groups: 64 rows each.
-    fn consumers(self) -> u64 {
-        u64::from(self.bm / 64).max(1)
-    }
-}
-
-impl fmt::Display for TileShape {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}x{}", self.bm, self.bn)
     }
 }
 
@@ -224,12 +61,8 @@ pub struct Provenance {
     pub date: String,
 }
 
-/// The fitted costs of one GPU's sm90 kernel, in microseconds. A tile's
-/// costs follow from its shape: a k-block's from its area (the MMAs) and
-/// its edge (the bytes TMA loads), a tile's start and finish from its area
-/// (the epilogue's stores) and a fixed part, so that one set of costs
-/// serves every tile, measured or not. `kernels/tuned/sm90.model.json` is
-/// the shipped one.
+/// The fitted costs of one GPU's sm90 kernel ([`Costs`]) with where they
+/// come from. `kernels/tuned/sm90.model.json` is the shipped one.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Calibration {
@@ -237,23 +70,9 @@ pub struct Calibration {
     pub note: String,
     /// The measurements.
     pub provenance: Provenance,
-    /// The SMs of the GPU measured.
-    pub sms: u64,
-    /// A launch, whatever it computes.
-    pub launch_us: f64,
-    /// One k-block per 128x256 tile area.
-    pub k_block_area_us: f64,
-    /// One k-block per 128 + 256 tile edge.
-    pub k_block_edge_us: f64,
-    /// Starting and finishing one tile, per 128x256 tile area.
-    pub tile_area_us: f64,
-    /// Starting and finishing one tile, whatever its size.
-    pub tile_us: f64,
-    /// Publishing and summing one partial tile, per 128x256 tile area.
-    pub partial_us: f64,
-    /// Each megabyte the launch reads or writes once (A, B, C and a
-    /// residual, 2-byte elements).
-    pub memory_us_per_mb: f64,
+    /// The costs, and the SMs of the GPU measured.
+    #[serde(flatten)]
+    pub costs: Costs,
     /// The tiles the samples ran: the range the costs were fitted over.
     pub tiles: Vec<TileSamples>,
 }
@@ -279,96 +98,11 @@ impl Calibration {
             .expect("kernels/tuned/sm90.model.json is a calibration")
     }
 
-    /// The costs, in the order [`features`] gives the counts.
-    fn costs(&self) -> [f64; UNKNOWNS] {
-        [
-            self.launch_us,
-            self.k_block_area_us,
-            self.k_block_edge_us,
-            self.tile_area_us,
-            self.tile_us,
-            self.partial_us,
-            self.memory_us_per_mb,
-        ]
-    }
-
-    /// The predicted time of `tile` on `shape`, in microseconds, with
-    /// split-K and stream-K as the launch plans them.
+    /// The predicted time of `tile` on `shape`, in microseconds
+    /// ([`Costs::predict`]).
     pub fn predict(&self, tile: TileShape, shape: GemmShape, source_tile: bool) -> f64 {
-        let counts = features(tile, shape, source_tile, self.sms);
-        self.costs()
-            .iter()
-            .zip(counts)
-            .map(|(cost, count)| cost * count)
-            .sum()
+        self.costs.predict(tile, shape, source_tile)
     }
-
-    /// Of `candidates`, the tile the model predicts fastest over the Ms of
-    /// `bucket` (the geometric mean of its times at the bucket's smallest,
-    /// middle and largest M; the unbounded bucket up to twice its bound),
-    /// with that mean; `None` when there is no candidate.
-    pub fn fastest(
-        &self,
-        candidates: &[TileConfig],
-        bucket: MBucket,
-        n: u64,
-        k: u64,
-        source_tile: bool,
-    ) -> Option<(TileConfig, f64)> {
-        let ms = bucket_ms(bucket);
-        candidates
-            .iter()
-            .map(|tile| {
-                let log_sum: f64 = ms
-                    .iter()
-                    .map(|&m| {
-                        self.predict(TileShape::of(tile), GemmShape { m, n, k }, source_tile)
-                            .ln()
-                    })
-                    .sum();
-                (*tile, (log_sum / ms.len() as f64).exp())
-            })
-            .min_by(|a, b| a.1.total_cmp(&b.1))
-    }
-}
-
-/// The Ms a bucket's time is weighed at: its smallest, middle and largest
-/// (the unbounded bucket's largest taken as twice its bound).
-pub(super) fn bucket_ms(bucket: MBucket) -> [u64; 3] {
-    let low = u64::from(bucket.min_m());
-    let high = bucket.max_m().map_or(
-        2 * u64::from(M_BUCKET_BOUNDS[M_BUCKET_BOUNDS.len() - 1]),
-        u64::from,
-    );
-    [low, (low + high) / 2, high]
-}
-
-/// The costs a calibration fits.
-const UNKNOWNS: usize = 7;
-
-/// The model's counts for one launch, each the multiplier of one cost of
-/// [`Calibration::costs`].
-fn features(tile: TileShape, shape: GemmShape, source_tile: bool, sms: u64) -> [f64; UNKNOWNS] {
-    let work = work(
-        u64::from(tile.bm),
-        u64::from(tile.bn),
-        tile.consumers(),
-        shape,
-        sms,
-        true,
-    );
-    let (k_blocks, rounds) = (work.busiest_k_blocks as f64, work.rounds as f64);
-    let (m, n, k) = (shape.m as f64, shape.n as f64, shape.k as f64);
-    let c_passes = if source_tile { 2.0 } else { 1.0 };
-    [
-        1.0,
-        k_blocks * tile.area(),
-        k_blocks * tile.edge(),
-        rounds * tile.area(),
-        rounds,
-        work.partials as f64 * tile.area(),
-        (m * k + n * k + c_passes * m * n) * 2.0 / 1e6,
-    ]
 }
 
 /// Why [`fit`] could not fit a calibration.
@@ -389,7 +123,7 @@ impl std::error::Error for FitError {}
 pub fn fit(samples: &[Sample], sms: u64, provenance: Provenance) -> Result<Calibration, FitError> {
     let rows: Vec<([f64; UNKNOWNS], f64)> = samples
         .iter()
-        .map(|s| (features(s.tile, s.shape, s.source_tile, sms), s.us))
+        .map(|s| (counts(s.tile, s.shape, s.source_tile, sms), s.us))
         .collect();
     let x = least_squares(&rows).ok_or_else(|| {
         FitError(format!(
@@ -411,14 +145,16 @@ pub fn fit(samples: &[Sample], sms: u64, provenance: Provenance) -> Result<Calib
     Ok(Calibration {
         note: NOTE.to_owned(),
         provenance,
-        sms,
-        launch_us: x[0],
-        k_block_area_us: x[1],
-        k_block_edge_us: x[2],
-        tile_area_us: x[3],
-        tile_us: x[4],
-        partial_us: x[5],
-        memory_us_per_mb: x[6],
+        costs: Costs {
+            sms,
+            launch_us: x[0],
+            k_block_area_us: x[1],
+            k_block_edge_us: x[2],
+            tile_area_us: x[3],
+            tile_us: x[4],
+            partial_us: x[5],
+            memory_us_per_mb: x[6],
+        },
         tiles,
     })
 }
@@ -479,7 +215,8 @@ pub const SM90_CALIBRATION_FILE: &str = "kernels/tuned/sm90.model.json";
 /// bucket, the one of `shipped`'s tiles (its large, large_alt, small_m and
 /// small_m_alt, each a tile the kernel's kind was checked to take) that
 /// `model` predicts fastest for a GEMM of `kernel`'s kind with static `n`
-/// (C's columns) and `k`. The decode kernel keeps its Ms.
+/// (C's columns) and `k` ([`UnitTiers::fastest_in`], which the run time
+/// runs where N or K is dynamic). The decode kernel keeps its Ms.
 pub fn choose_by_m(
     model: &Calibration,
     kernel: &KernelKind,
@@ -487,16 +224,14 @@ pub fn choose_by_m(
     k: u64,
     shipped: &KernelConfig,
 ) -> KernelConfig {
-    let mut candidates: Vec<TileConfig> = Vec::new();
-    for tile in shipped.tiers().into_iter().filter_map(|(_, tile)| tile) {
-        if !candidates.contains(&tile) {
-            candidates.push(tile);
-        }
-    }
-    let gemm_n = if kernel.gated { 2 * n } else { n };
+    let tiers = shipped.tiers();
+    let unit = shipped.unit_tiers(kernel);
     let mut tiles = [shipped.large; MBucket::COUNT];
     for bucket in MBucket::all() {
-        if let Some((tile, _)) = model.fastest(&candidates, bucket, gemm_n, k, kernel.source_tile) {
+        if let Some(tile) = unit
+            .fastest_in(&model.costs, bucket, n, k)
+            .and_then(|tier| tiers[tier].1)
+        {
             tiles[bucket.index()] = tile;
         }
     }
@@ -534,7 +269,36 @@ pub fn select_by_model(
     Some((config, origin))
 }
 
+/// The tiers a unit of `kernel` on `arch`, compiled with `config`, gives
+/// the run time to choose among per call by the model, where the build has
+/// the model (`FUSION_SELECT=model`) but could not choose itself: sm90, and
+/// N (`n`) or K (`k`) dynamic. `None` where the build chose
+/// ([`select_by_model`], or a tuned cache's entries) or the model does not
+/// apply (another arch, a config without tiers).
+pub fn run_time_tiers(
+    arch: Arch,
+    kernel: &KernelKind,
+    n: Option<u64>,
+    k: Option<u64>,
+    config: &KernelConfig,
+) -> Option<UnitTiers> {
+    let dynamic = n.is_none() || k.is_none();
+    (arch == Arch::Sm90 && dynamic && config.by_m.is_none()).then(|| config.unit_tiers(kernel))
+}
+
 impl KernelConfig {
+    /// Its tiers as the model chooses among them for a unit of `kernel`:
+    /// each tier's tile, the decode kernel's Ms (for `kernel`'s layout) and
+    /// what the kind changes in the time.
+    pub fn unit_tiers(&self, kernel: &KernelKind) -> UnitTiers {
+        UnitTiers {
+            tiles: self.tiers().map(|(_, tile)| tile.as_ref().map(TileShape::of)),
+            decode_max_m: self.decode_for(kernel.layout),
+            gated: kernel.gated,
+            source_tile: kernel.source_tile,
+        }
+    }
+
     /// The tile the sm90 launcher runs for an `m` x `n` output (GEMM
     /// columns) on `sms` SMs, as the unit's `with_kernel` chooses it
     /// (gemm.cu.hbs, `fewer_waves` and `clearly_fewer_waves` in gemm.cuh);
@@ -549,7 +313,7 @@ impl KernelConfig {
             return None;
         }
         if let Some(tiles) = &self.by_m {
-            return Some(tiles[MBucket::of(u32::try_from(m).unwrap_or(u32::MAX)).index()]);
+            return Some(tiles[bucket_of(m).index()]);
         }
         if let Some((small, max_m)) = self.small()
             && m <= u64::from(max_m)

@@ -41,76 +41,16 @@ use std::path::Path;
 pub const TUNED_ENV: &str = "FUSION_TUNED";
 
 /// The environment variable that chooses how a build selects the sm90
-/// tiles of a GEMM whose N and K are static: `model` by the fitted model of
-/// the kernel's time, one tile per M bucket ([`super::model`]); unset or
-/// `tables`, the shipped tables' tiers, chosen among at launch.
+/// tiles of a GEMM: `model` by the fitted model of the kernel's time
+/// ([`super::model`]), one tile per M bucket where N and K are static, per
+/// call where N or K is dynamic; unset or `tables`, the shipped tables'
+/// tiers, chosen among at launch.
 pub const SELECT_ENV: &str = "FUSION_SELECT";
 
 /// The file format's version; a file of another is ignored with a warning.
 const VERSION: u32 = 1;
 
-/// The upper bounds of the M buckets, inclusive: a bucket holds the Ms above
-/// the previous bound up to its own, and one more bucket holds every M above
-/// the last. The tuner measures each bucket at its bound (the last at twice
-/// the last bound).
-pub const M_BUCKET_BOUNDS: [u32; 8] = [16, 64, 128, 256, 512, 1024, 2048, 4096];
-
-/// One range of M that a cache entry was measured for: `m<=16`, ...,
-/// `m<=4096`, `m>4096`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct MBucket {
-    /// Index into [`M_BUCKET_BOUNDS`]; its length for the unbounded bucket.
-    index: usize,
-}
-
-impl MBucket {
-    /// How many buckets there are: one per bound and one above the last.
-    pub const COUNT: usize = M_BUCKET_BOUNDS.len() + 1;
-
-    /// Its place among [`MBucket::all`], from 0.
-    pub fn index(self) -> usize {
-        self.index
-    }
-
-    /// Every bucket, smallest M first.
-    pub fn all() -> impl Iterator<Item = MBucket> {
-        (0..=M_BUCKET_BOUNDS.len()).map(|index| MBucket { index })
-    }
-
-    /// The bucket that holds `m`.
-    pub fn of(m: u32) -> MBucket {
-        MBucket {
-            index: M_BUCKET_BOUNDS.partition_point(|&bound| bound < m),
-        }
-    }
-
-    /// The smallest M it holds.
-    pub fn min_m(self) -> u32 {
-        match self.index {
-            0 => 1,
-            i => M_BUCKET_BOUNDS[i - 1] + 1,
-        }
-    }
-
-    /// The largest M it holds; `None` for the unbounded bucket.
-    pub fn max_m(self) -> Option<u32> {
-        M_BUCKET_BOUNDS.get(self.index).copied()
-    }
-
-    /// The bucket spelled `m<=128` or `m>4096`.
-    pub fn parse(name: &str) -> Option<MBucket> {
-        MBucket::all().find(|bucket| bucket.to_string() == name)
-    }
-}
-
-impl fmt::Display for MBucket {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.max_m() {
-            Some(max) => write!(f, "m<={max}"),
-            None => write!(f, "m>{}", M_BUCKET_BOUNDS[M_BUCKET_BOUNDS.len() - 1]),
-        }
-    }
-}
+pub use crate::gemm_model::{M_BUCKET_BOUNDS, MBucket};
 
 /// What one cache entry was measured for.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -285,7 +225,8 @@ pub struct TunedCache {
     /// One sentence per problem, naming the file (and the key).
     pub warnings: Vec<String>,
     /// The model that chooses a tile per M bucket for the sm90 kernels whose
-    /// N and K are static and which the entries do not cover
+    /// N and K are static and which the entries do not cover, and whose
+    /// costs the plan tables carry for those whose N or K is dynamic
     /// ([`super::model`]); `None`: the shipped table's tiers serve them.
     /// A build sets it for `FUSION_SELECT=model` ([`SELECT_ENV`]).
     pub model: Option<super::model::Calibration>,

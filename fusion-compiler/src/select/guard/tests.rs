@@ -239,7 +239,7 @@ fn verdicts_compare_the_two_predictions_per_bucket() {
     let path = VendorPath::of(&gemm);
     for v in &verdicts {
         assert_eq!(v.evidence, Evidence::Model);
-        let ms = model::bucket_ms(v.bucket);
+        let ms = v.bucket.weighed_ms();
         let vendor = geometric_mean(&ms.map(|m| guard.vendor.predict(&path, m, 4096, 4096)));
         assert!((v.vendor_us - vendor).abs() < 1e-9);
         match v.fused_us {

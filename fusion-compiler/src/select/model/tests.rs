@@ -156,7 +156,12 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 fn model_calibration_is_the_fit_of_its_files() {
     let shipped = Calibration::shipped_sm90();
     let samples = samples_of_files(&shipped.provenance.files);
-    let refit = fit(&samples, shipped.sms, provenance_of(&shipped.provenance.files)).unwrap();
+    let refit = fit(
+        &samples,
+        shipped.costs.sms,
+        provenance_of(&shipped.provenance.files),
+    )
+    .unwrap();
     if std::env::var_os("FUSION_BLESS").is_some_and(|v| v == "1") {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels/tuned/sm90.model.json");
         std::fs::write(path, serde_json::to_string_pretty(&refit).unwrap() + "\n").unwrap();
@@ -166,7 +171,7 @@ fn model_calibration_is_the_fit_of_its_files() {
     assert_eq!(shipped.note, refit.note);
     let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1.0);
     assert_eq!(shipped.tiles, refit.tiles);
-    for (a, b) in shipped.costs().iter().zip(refit.costs()) {
+    for (a, b) in shipped.costs.as_array().iter().zip(refit.costs.as_array()) {
         assert!(close(*a, b), "shipped {shipped:?}\nrefit {refit:?}");
     }
 }
@@ -196,7 +201,7 @@ fn model_predicts_layers_it_was_not_fitted_to() {
         let (test, train): (Vec<Sample>, Vec<Sample>) = samples
             .iter()
             .partition(|s| held.contains(&(s.shape.n, s.shape.k)));
-        let model = fit(&train, shipped.sms, shipped.provenance.clone()).unwrap();
+        let model = fit(&train, shipped.costs.sms, shipped.provenance.clone()).unwrap();
         held_out_errors.extend(relative_errors(&model, &test));
     }
     held_out_errors.sort_by(f64::total_cmp);
@@ -211,36 +216,104 @@ fn model_predicts_layers_it_was_not_fitted_to() {
     );
 }
 
+/// A unit of untiled kind with `tiles` as its tiers, in order.
+fn unit(tiles: &[(u32, u32)]) -> UnitTiers {
+    let mut unit = UnitTiers {
+        tiles: [None; TIERS],
+        decode_max_m: None,
+        gated: false,
+        source_tile: false,
+    };
+    for (slot, &(bm, bn)) in unit.tiles.iter_mut().zip(tiles) {
+        *slot = Some(TileShape { bm, bn });
+    }
+    unit
+}
+
 #[test]
-fn fastest_picks_the_candidate_of_least_predicted_time() {
-    let model = Calibration::shipped_sm90();
-    let tile = |bm, bn| TileConfig::sm90(bm, bn, 4, None);
-    assert!(model.fastest(&[], MBucket::of(4096), 4096, 4096, false).is_none());
+fn fastest_picks_the_tier_of_least_predicted_time() {
+    let costs = Calibration::shipped_sm90().costs;
+    assert_eq!(unit(&[]).fastest_in(&costs, MBucket::of(4096), 4096, 4096), None);
     // A deep, wide GEMM of many waves: the widest tile, whose k-blocks cost
     // least per flop.
-    let candidates = [tile(64, 128), tile(128, 128), tile(128, 256)];
-    let (best, us) = model
-        .fastest(&candidates, MBucket::of(8192), 14336, 4096, false)
-        .unwrap();
-    assert_eq!((best.bm, best.bn), (128, 256));
-    for other in &candidates[..2] {
-        let (_, other_us) = model
-            .fastest(&[*other], MBucket::of(8192), 14336, 4096, false)
-            .unwrap();
-        assert!(us < other_us);
-    }
+    let tiles = [(64, 128), (128, 128), (128, 256)];
+    let bucket = MBucket::of(8192);
+    assert_eq!(unit(&tiles).fastest_in(&costs, bucket, 14336, 4096), Some(2));
+    let time = |(bm, bn)| costs.bucket_time(TileShape { bm, bn }, bucket, 14336, 4096, false);
+    assert!(time(tiles[2]) < time(tiles[0]) && time(tiles[2]) < time(tiles[1]));
     // 128 rows of a narrow GEMM: 128-row tiles leave most SMs idle, and
     // 64-row ones fill twice as many.
-    let (best, _) = model
-        .fastest(
-            &[tile(64, 128), tile(128, 256)],
-            MBucket::of(128),
-            2048,
-            2048,
-            false,
-        )
-        .unwrap();
-    assert_eq!((best.bm, best.bn), (64, 128));
+    assert_eq!(
+        unit(&[(128, 256), (64, 128)]).fastest_in(&costs, MBucket::of(128), 2048, 2048),
+        Some(1)
+    );
+    // Tiers of one shape: the first of them.
+    assert_eq!(
+        unit(&[(64, 128), (64, 128)]).fastest_in(&costs, MBucket::of(128), 2048, 2048),
+        Some(0)
+    );
+    // The decode kernel's Ms are the launcher's own choice.
+    let decoding = UnitTiers {
+        decode_max_m: Some(16),
+        ..unit(&tiles)
+    };
+    assert_eq!(decoding.choose(&costs, 16, 4096, 4096), None);
+    assert!(decoding.choose(&costs, 17, 4096, 4096).is_some());
+}
+
+/// Where N or K is dynamic the run time chooses per call what a build
+/// with the same N and K static chooses per M bucket: for every GEMM of the
+/// corpus (`benchmarks/corpus.toml`), at the smallest, middle and largest M
+/// of each bucket, the tier the run time runs is the tile `choose_by_m`
+/// gives the bucket, and the decode kernel's Ms stay the launcher's.
+#[test]
+fn the_run_times_choice_agrees_with_the_builds_on_the_corpus() {
+    let text = std::fs::read_to_string(repo_root().join("benchmarks/corpus.toml")).unwrap();
+    let corpus = crate::corpus::Corpus::parse(&text).unwrap();
+    let model = Calibration::shipped_sm90();
+    let shapes = corpus.shapes();
+    assert!(shapes.len() >= 20, "{} corpus shapes", shapes.len());
+    let mut chosen = BTreeSet::new();
+    for shape in &shapes {
+        let (kind, shipped) = sm90_config(&shape.kernel);
+        let built = choose_by_m(&model, &kind, shape.n, shape.k, &shipped);
+        let unit = run_time_tiers(Arch::Sm90, &kind, None, Some(shape.k), &shipped)
+            .expect("a dynamic N on sm90 is chosen at run time");
+        let tiers = shipped.tiers();
+        for bucket in MBucket::all() {
+            for m in bucket.weighed_ms() {
+                let at_run_time = unit
+                    .choose(&model.costs, m, shape.n, shape.k)
+                    .map(|tier| tiers[tier].1.unwrap());
+                let at_build =
+                    built.launched_tile(m, kind_n(&kind, shape.n), SM90_SMS, unit.decode_max_m.is_some());
+                assert_eq!(
+                    at_run_time, at_build,
+                    "{} at ({m}, {}, {})",
+                    shape.kernel, shape.n, shape.k
+                );
+                chosen.extend(at_run_time.map(|t| (t.bm, t.bn)));
+            }
+        }
+    }
+    assert!(chosen.len() >= 2, "the corpus runs one tile alone: {chosen:?}");
+}
+
+/// The GEMM columns of `n` columns of C.
+fn kind_n(kind: &KernelKind, n: u64) -> u64 {
+    if kind.gated { 2 * n } else { n }
+}
+
+#[test]
+fn the_run_time_chooses_only_what_the_build_could_not() {
+    let (kind, shipped) = sm90_config("gemm_bias_gelu");
+    assert!(run_time_tiers(Arch::Sm90, &kind, Some(4096), Some(4096), &shipped).is_none());
+    assert!(run_time_tiers(Arch::Sm80, &kind, None, None, &shipped).is_none());
+    let unit = run_time_tiers(Arch::Sm90, &kind, Some(4096), None, &shipped).unwrap();
+    assert_eq!(unit, shipped.unit_tiers(&kind));
+    assert_eq!(unit.tiles[0], Some(TileShape::of(&shipped.large)));
+    let by_m = choose_by_m(&Calibration::shipped_sm90(), &kind, 4096, 4096, &shipped);
+    assert!(run_time_tiers(Arch::Sm90, &kind, None, None, &by_m).is_none());
 }
 
 #[test]

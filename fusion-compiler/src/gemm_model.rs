@@ -1,0 +1,421 @@
+//! The model of the sm90 GEMM kernel's time, and the tile tier it chooses
+//! for a call: the one piece of code that both the build's choice per M
+//! bucket (`select::model`, for a GEMM whose N and K are static) and the run
+//! time's choice per call (fusion's `plan`, where N or K is dynamic) run, so
+//! that the two agree on every shape.
+//!
+//! The kernel is persistent: one CTA per SM walks whole tiles, and where the
+//! tiles do not fill the SMs evenly several CTAs share a tile's k-blocks
+//! (split-K below one wave, stream-K over the last one), which
+//! `kernels/include/fusion/sm90/tile_scheduler.cuh` plans at launch. [`work`]
+//! repeats that plan, so the model sees what the launch does: how many
+//! k-blocks the busiest CTA runs, how many tiles it finishes and how many
+//! partial tiles are summed. The time is linear in those counts:
+//!
+//! `launch + k_block[tile] · k-blocks + tile[tile] · tiles + partial · partials · area + memory · megabytes`
+//!
+//! (`area` in units of a 128x256 tile; `megabytes` the bytes of A, B and C
+//! and of a residual read, each once: where the weight's bytes dominate, at
+//! small M, the time follows them more than the tile's flops). [`Costs`]
+//! holds the fitted cost of each count.
+//!
+//! Always built, without the feature `compiler`: it needs nothing but
+//! integer and float arithmetic, and the run time links it. Not here: the
+//! calibration file, the fit and the choice of candidates at build time
+//! (`select::model`).
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// The sm90 GPUs the model is calibrated for have this many SMs (H100 SXM,
+/// H200). The launch plans for the device it runs on; the model's choice,
+/// at build time and at run time alike, assumes the calibration's count.
+pub const SM90_SMS: u64 = 132;
+
+/// The sm90 mainloop's k-block: 64 elements of K.
+const K_BLOCK: u64 = 64;
+
+/// The upper bounds of the M buckets, inclusive: a bucket holds the Ms above
+/// the previous bound up to its own, and one more bucket holds every M above
+/// the last. The tuner measures each bucket at its bound (the last at twice
+/// the last bound).
+pub const M_BUCKET_BOUNDS: [u32; 8] = [16, 64, 128, 256, 512, 1024, 2048, 4096];
+
+/// One range of M that a tile is chosen for: `m<=16`, ..., `m<=4096`,
+/// `m>4096`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MBucket {
+    /// Index into [`M_BUCKET_BOUNDS`]; its length for the unbounded bucket.
+    index: usize,
+}
+
+impl MBucket {
+    /// How many buckets there are: one per bound and one above the last.
+    pub const COUNT: usize = M_BUCKET_BOUNDS.len() + 1;
+
+    /// Its place among [`MBucket::all`], from 0.
+    pub fn index(self) -> usize {
+        self.index
+    }
+
+    /// Every bucket, smallest M first.
+    pub fn all() -> impl Iterator<Item = MBucket> {
+        (0..=M_BUCKET_BOUNDS.len()).map(|index| MBucket { index })
+    }
+
+    /// The bucket that holds `m`.
+    pub fn of(m: u32) -> MBucket {
+        MBucket {
+            index: M_BUCKET_BOUNDS.partition_point(|&bound| bound < m),
+        }
+    }
+
+    /// The smallest M it holds.
+    pub fn min_m(self) -> u32 {
+        match self.index {
+            0 => 1,
+            i => M_BUCKET_BOUNDS[i - 1] + 1,
+        }
+    }
+
+    /// The largest M it holds; `None` for the unbounded bucket.
+    pub fn max_m(self) -> Option<u32> {
+        M_BUCKET_BOUNDS.get(self.index).copied()
+    }
+
+    /// The bucket spelled `m<=128` or `m>4096`.
+    pub fn parse(name: &str) -> Option<MBucket> {
+        MBucket::all().find(|bucket| bucket.to_string() == name)
+    }
+
+    /// The Ms its time is weighed at: its smallest, middle and largest (the
+    /// unbounded bucket's largest taken as twice its bound).
+    pub fn weighed_ms(self) -> [u64; 3] {
+        let low = u64::from(self.min_m());
+        let high = self.max_m().map_or(
+            2 * u64::from(M_BUCKET_BOUNDS[M_BUCKET_BOUNDS.len() - 1]),
+            u64::from,
+        );
+        [low, (low + high) / 2, high]
+    }
+}
+
+impl fmt::Display for MBucket {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.max_m() {
+            Some(max) => write!(f, "m<={max}"),
+            None => write!(f, "m>{}", M_BUCKET_BOUNDS[M_BUCKET_BOUNDS.len() - 1]),
+        }
+    }
+}
+
+/// A GEMM's extent: `n` counts the GEMM's columns, twice C's for a gated
+/// GEMM (gate and up interleaved).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GemmShape {
+    /// Rows of A and C.
+    pub m: u64,
+    /// Columns of B.
+    pub n: u64,
+    /// The reduction depth.
+    pub k: u64,
+}
+
+/// How a launch spreads its k-blocks over the SMs (tile_scheduler.cuh,
+/// `plan_stream_k`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Split {
+    /// Every tile whole, in rounds over a balanced grid.
+    Whole,
+    /// Fewer tiles than SMs: each tile's k-blocks shared by this many CTAs.
+    SplitK {
+        /// CTAs that share one tile.
+        ctas_per_tile: u64,
+    },
+    /// The last wave's tiles (with the full wave before it, when the last
+    /// is under half a wave) shared out over every CTA.
+    StreamK,
+}
+
+/// What a launch of one tile config does on one shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Work {
+    /// Output tiles.
+    pub tiles: u64,
+    /// k-blocks per tile.
+    pub k_blocks: u64,
+    /// CTAs launched.
+    pub grid: u64,
+    /// The k-blocks the busiest CTA runs.
+    pub busiest_k_blocks: u64,
+    /// The tiles (whole or a share) the busiest CTA finishes or hands on.
+    pub rounds: u64,
+    /// Partial tiles published and summed per split tile.
+    pub partials: u64,
+    /// How the k-blocks are spread.
+    pub split: Split,
+}
+
+/// The launch's work for a `bm` x `bn` cooperative tile with `consumers`
+/// warp groups on `sms` SMs, as tile_scheduler.cuh plans it (`stream_k`:
+/// whether the caller allows split-K and stream-K, as the run time does
+/// unless `FUSION_STREAM_K=0` or a graph is being captured).
+pub fn work(bm: u64, bn: u64, consumers: u64, shape: GemmShape, sms: u64, stream_k: bool) -> Work {
+    let tiles = shape.m.div_ceil(bm) * shape.n.div_ceil(bn);
+    let k_blocks = shape.k.div_ceil(K_BLOCK);
+    let grid = balanced_grid(tiles, sms);
+    let whole = Work {
+        tiles,
+        k_blocks,
+        grid,
+        busiest_k_blocks: tiles.div_ceil(grid.max(1)) * k_blocks,
+        rounds: tiles.div_ceil(grid.max(1)),
+        partials: 0,
+        split: Split::Whole,
+    };
+    if !stream_k || tiles == 0 || sms == 0 {
+        return whole;
+    }
+    // plan_stream_k, step by step.
+    const FIXUP_BLOCKS: u64 = 4;
+    const MIN_BLOCKS: u64 = 4;
+    const FLAG_BYTES: u64 = 4096 - 128; // kStreamKFlagBytes - kTileCounterBytes
+    let (mut split_tiles, mut ctas) = (tiles, tiles * (sms / tiles.max(1)));
+    if tiles >= sms {
+        split_tiles = tiles % sms;
+        if split_tiles == 0 {
+            return whole;
+        }
+        if 2 * split_tiles < sms {
+            split_tiles += sms;
+        }
+        ctas = sms;
+    }
+    if ctas == split_tiles || split_tiles * consumers * 4 > FLAG_BYTES {
+        return whole;
+    }
+    let per_cta = (split_tiles * k_blocks).div_ceil(ctas);
+    let busiest_without = split_tiles.div_ceil(ctas) * k_blocks;
+    if per_cta < MIN_BLOCKS || per_cta + 2 * FIXUP_BLOCKS >= busiest_without {
+        return whole;
+    }
+    let whole_rounds = (tiles - split_tiles) / ctas;
+    let (split, partials) = if tiles < sms {
+        let share = sms / tiles;
+        (Split::SplitK { ctas_per_tile: share }, share - 1)
+    } else {
+        // A split tile's k-blocks are shared by the CTAs whose ranges
+        // cover it; the finisher sums the others' partials.
+        (Split::StreamK, k_blocks.div_ceil(per_cta))
+    };
+    Work {
+        tiles,
+        k_blocks,
+        grid: ctas,
+        busiest_k_blocks: whole_rounds * k_blocks + per_cta,
+        rounds: whole_rounds + per_cta.div_ceil(k_blocks).max(1),
+        partials,
+        split,
+    }
+}
+
+/// tile_scheduler.cuh's `balanced_grid`: one CTA per tile up to one per
+/// SM, past that the fewest CTAs that need no more rounds.
+fn balanced_grid(tiles: u64, sms: u64) -> u64 {
+    if tiles <= sms {
+        return tiles;
+    }
+    let rounds = tiles.div_ceil(sms);
+    tiles.div_ceil(rounds)
+}
+
+/// The rows and columns of a tile config.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct TileShape {
+    /// Rows of C per tile.
+    pub bm: u32,
+    /// GEMM columns per tile.
+    pub bn: u32,
+}
+
+impl TileShape {
+    /// Its area (the flops of a k-block, the bytes of its C tile) in units
+    /// of a 128x256 tile's.
+    fn area(self) -> f64 {
+        f64::from(self.bm * self.bn) / (128.0 * 256.0)
+    }
+
+    /// Its edge, `bm + bn` (the bytes a k-block loads), in units of a
+    /// 128x256 tile's.
+    fn edge(self) -> f64 {
+        f64::from(self.bm + self.bn) / (128.0 + 256.0)
+    }
+
+    /// The cooperative schedule's consumer warp groups: 64 rows each.
+    fn consumers(self) -> u64 {
+        u64::from(self.bm / 64).max(1)
+    }
+}
+
+impl fmt::Display for TileShape {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}x{}", self.bm, self.bn)
+    }
+}
+
+/// The costs the model fits.
+pub const UNKNOWNS: usize = 7;
+
+/// The fitted costs of one GPU's sm90 kernel, in microseconds. A tile's
+/// costs follow from its shape: a k-block's from its area (the MMAs) and
+/// its edge (the bytes TMA loads), a tile's start and finish from its area
+/// (the epilogue's stores) and a fixed part, so that one set of costs
+/// serves every tile, measured or not. Fields in the order of the
+/// calibration file (`kernels/tuned/sm90.model.json`), whose values a build
+/// with the model writes into each plan table that chooses per call.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Costs {
+    /// The SMs of the GPU measured.
+    pub sms: u64,
+    /// A launch, whatever it computes.
+    pub launch_us: f64,
+    /// One k-block per 128x256 tile area.
+    pub k_block_area_us: f64,
+    /// One k-block per 128 + 256 tile edge.
+    pub k_block_edge_us: f64,
+    /// Starting and finishing one tile, per 128x256 tile area.
+    pub tile_area_us: f64,
+    /// Starting and finishing one tile, whatever its size.
+    pub tile_us: f64,
+    /// Publishing and summing one partial tile, per 128x256 tile area.
+    pub partial_us: f64,
+    /// Each megabyte the launch reads or writes once (A, B, C and a
+    /// residual, 2-byte elements).
+    pub memory_us_per_mb: f64,
+}
+
+impl Costs {
+    /// The costs, in the order [`counts`] gives the counts.
+    pub fn as_array(&self) -> [f64; UNKNOWNS] {
+        [
+            self.launch_us,
+            self.k_block_area_us,
+            self.k_block_edge_us,
+            self.tile_area_us,
+            self.tile_us,
+            self.partial_us,
+            self.memory_us_per_mb,
+        ]
+    }
+
+    /// The predicted time of `tile` on `shape`, in microseconds, with
+    /// split-K and stream-K as the launch plans them.
+    pub fn predict(&self, tile: TileShape, shape: GemmShape, source_tile: bool) -> f64 {
+        let counts = counts(tile, shape, source_tile, self.sms);
+        self.as_array()
+            .iter()
+            .zip(counts)
+            .map(|(cost, count)| cost * count)
+            .sum()
+    }
+
+    /// `tile`'s time over the Ms of `bucket`: the geometric mean of its
+    /// times at the bucket's [`MBucket::weighed_ms`], on `n` GEMM columns
+    /// and depth `k`.
+    pub fn bucket_time(&self, tile: TileShape, bucket: MBucket, n: u64, k: u64, source_tile: bool) -> f64 {
+        let ms = bucket.weighed_ms();
+        let log_sum: f64 = ms
+            .iter()
+            .map(|&m| self.predict(tile, GemmShape { m, n, k }, source_tile).ln())
+            .sum();
+        (log_sum / ms.len() as f64).exp()
+    }
+}
+
+/// The model's counts for one launch, each the multiplier of one cost of
+/// [`Costs::as_array`].
+pub fn counts(tile: TileShape, shape: GemmShape, source_tile: bool, sms: u64) -> [f64; UNKNOWNS] {
+    let work = work(
+        u64::from(tile.bm),
+        u64::from(tile.bn),
+        tile.consumers(),
+        shape,
+        sms,
+        true,
+    );
+    let (k_blocks, rounds) = (work.busiest_k_blocks as f64, work.rounds as f64);
+    let (m, n, k) = (shape.m as f64, shape.n as f64, shape.k as f64);
+    let c_passes = if source_tile { 2.0 } else { 1.0 };
+    [
+        1.0,
+        k_blocks * tile.area(),
+        k_blocks * tile.edge(),
+        rounds * tile.area(),
+        rounds,
+        work.partials as f64 * tile.area(),
+        (m * k + n * k + c_passes * m * n) * 2.0 / 1e6,
+    ]
+}
+
+/// A GEMM unit's tile tiers, in the order of the tuned tables' names
+/// (`large`, `large_alt`, `small_m`, `small_m_alt`, as `FUSION_GEMM_TILE`
+/// and the launch flags `FUSION_GEMM_TILE_*` name them).
+pub const TIERS: usize = 4;
+
+/// What the model needs of one compiled GEMM unit to choose its tile: the
+/// tiles it was compiled with and what its kind changes in the time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UnitTiers {
+    /// Each tier's tile ([`TIERS`]' order); `None` where the unit has no
+    /// such tier.
+    pub tiles: [Option<TileShape>; TIERS],
+    /// The largest M its decode kernel runs, ahead of every tile; `None`:
+    /// it has none.
+    pub decode_max_m: Option<u32>,
+    /// A gated GEMM: two GEMM columns per column of C.
+    pub gated: bool,
+    /// Its epilogue reads an [M, N] source tile (a residual or a
+    /// multiplier).
+    pub source_tile: bool,
+}
+
+impl UnitTiers {
+    /// The tier (an index into [`UnitTiers::tiles`]) the model predicts
+    /// fastest over the Ms of `bucket` for `n` columns of C and depth `k`:
+    /// the first of the least [`Costs::bucket_time`], so that tiers of one
+    /// shape go to the first of them; `None` when the unit has no tile.
+    pub fn fastest_in(&self, costs: &Costs, bucket: MBucket, n: u64, k: u64) -> Option<usize> {
+        let gemm_n = if self.gated { n.saturating_mul(2) } else { n };
+        let mut best: Option<(usize, f64)> = None;
+        for (tier, tile) in self.tiles.iter().enumerate() {
+            let Some(tile) = *tile else { continue };
+            let time = costs.bucket_time(tile, bucket, gemm_n, k, self.source_tile);
+            if best.is_none_or(|(_, least)| time.total_cmp(&least).is_lt()) {
+                best = Some((tier, time));
+            }
+        }
+        best.map(|(tier, _)| tier)
+    }
+
+    /// Whether its decode kernel runs a call of `m` rows, ahead of every
+    /// tile: the launcher's own choice, which a named tier would skip.
+    pub fn decodes(&self, m: u64) -> bool {
+        self.decode_max_m.is_some_and(|max| m <= u64::from(max))
+    }
+
+    /// The tier a call of `m` rows runs: [`UnitTiers::fastest_in`] `m`'s
+    /// bucket ([`bucket_of`]), or `None` where the decode kernel takes `m`
+    /// ([`UnitTiers::decodes`]).
+    pub fn choose(&self, costs: &Costs, m: u64, n: u64, k: u64) -> Option<usize> {
+        if self.decodes(m) {
+            return None;
+        }
+        self.fastest_in(costs, bucket_of(m), n, k)
+    }
+}
+
+/// The M bucket of a call of `m` rows, every M past `u32::MAX` in the last.
+pub fn bucket_of(m: u64) -> MBucket {
+    MBucket::of(u32::try_from(m).unwrap_or(u32::MAX))
+}
