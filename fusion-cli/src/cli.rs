@@ -28,10 +28,12 @@ pub use tune::{TuneArgs, tune};
 #[derive(Debug, Parser)]
 #[command(name = "fusion", version)]
 pub struct Cli {
+    /// The subcommand to run.
     #[command(subcommand)]
     pub command: Command,
 }
 
+/// The subcommands of `fusion`, each with its arguments.
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Splits a graph into fused kernels and prints the plan.
@@ -56,6 +58,7 @@ pub enum Command {
     Tune(TuneArgs),
 }
 
+/// `fusion graph`'s arguments.
 #[derive(Debug, Args)]
 pub struct GraphArgs {
     /// The model's Hugging Face `config.json` (Llama, Mistral, Qwen2, Qwen3 or GPT-2).
@@ -72,6 +75,7 @@ pub struct GraphArgs {
     pub out: Option<PathBuf>,
 }
 
+/// `fusion render`'s arguments.
 #[derive(Debug, Args)]
 pub struct RenderArgs {
     /// The candidate list, such as `fusion-compiler/kernels/selftest/candidates.json`.
@@ -86,6 +90,7 @@ pub struct RenderArgs {
     pub graphs: Option<PathBuf>,
 }
 
+/// `fusion plan`'s arguments.
 #[derive(Debug, Args)]
 pub struct PlanArgs {
     /// The graph, a TOML file such as `graphs/swiglu_ffn.toml`.

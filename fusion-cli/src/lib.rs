@@ -17,6 +17,8 @@
 //! binary plans and renders graphs, writes them from Hugging Face configs
 //! and lists tuning candidates.
 
+#![warn(missing_docs)]
+
 #[cfg(feature = "kernels")]
 pub mod bench;
 pub mod cli;

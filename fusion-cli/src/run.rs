@@ -38,6 +38,7 @@ use std::time::Instant;
 /// What `fusion run` is asked to do.
 #[derive(Clone, Debug)]
 pub struct Settings {
+    /// The graph's TOML file.
     pub graph: PathBuf,
     /// Every tensor of the graph in this element type; default: as declared.
     pub dtype: Option<DType>,

@@ -20,12 +20,15 @@ use fusion_compiler::reference::Intermediates;
 /// `fusion::weights::Binder` take them as `'static`).
 #[derive(Clone, Copy, Debug)]
 pub struct Declared {
+    /// The graph's name and dynamic dims.
     pub graph: &'static GraphDecl,
     /// By tensor id.
     pub tensors: &'static [TensorDecl],
 }
 
 impl Declared {
+    /// The declarations of `graph`, leaked so that they live for the
+    /// process.
     pub fn of(graph: &Graph) -> Declared {
         fn leak(text: &str) -> &'static str {
             Box::leak(text.to_owned().into_boxed_str())
@@ -63,6 +66,7 @@ impl Declared {
         }
     }
 
+    /// The declarations of the tensors `ids`, in their order.
     pub fn of_ids(&self, ids: &[TensorId]) -> Vec<&'static TensorDecl> {
         let tensors = self.tensors;
         ids.iter().map(|t| &tensors[t.0]).collect()

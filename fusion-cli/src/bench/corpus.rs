@@ -88,11 +88,14 @@ pub const SMALL_M: usize = 64;
 /// The statistics of one set of ratios.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Spread {
+    /// How many ratios.
     pub count: usize,
+    /// Their geometric mean.
     pub geomean: f64,
     /// The nearest-rank 10th percentile: the value a tenth of the ratios
     /// are at or below.
     pub p10: f64,
+    /// The lowest ratio.
     pub min: f64,
 }
 
@@ -118,10 +121,15 @@ impl Spread {
 /// One line of the summary: a kernel family over an M class.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Summary {
+    /// The rows' kernel, as [`Row::kernel`] names it.
     pub kernel: String,
     /// `M ≤ 64`, `M ≥ 128` (above [`SMALL_M`]) or `all M`.
     pub class: &'static str,
+    /// The rows' ratios to the baseline with cuBLASLt's first algorithm
+    /// ([`Row::ratio`]).
     pub first: Spread,
+    /// The rows' ratios to the baseline with the best of its top candidates
+    /// ([`Row::best_ratio`]).
     pub best: Spread,
     /// The row of the lowest ratio to the first: its shape.
     pub worst: String,

@@ -41,14 +41,25 @@ impl ChosenConfig for LtGemm {
 pub struct LtAlgoConfig {
     /// 0 for the heuristic's first.
     pub heuristic_rank: usize,
+    /// `CUBLASLT_ALGO_CONFIG_ID`: the algorithm.
     pub id: u64,
+    /// `CUBLASLT_ALGO_CONFIG_TILE_ID`: a `cublasLtMatmulTile_t`.
     pub tile: u64,
+    /// `CUBLASLT_ALGO_CONFIG_STAGES_ID`: a `cublasLtMatmulStages_t`.
     pub stages: u64,
+    /// `CUBLASLT_ALGO_CONFIG_SPLITK_NUM`: the number of K splits.
     pub splitk: u64,
+    /// `CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME`: how split-K partial results
+    /// are reduced, a `cublasLtReductionScheme_t`.
     pub reduction_scheme: u64,
+    /// `CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING`: whether thread blocks are
+    /// swizzled.
     pub cta_swizzling: u64,
+    /// `CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION`: the algorithm's custom option.
     pub custom_option: u64,
+    /// `CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID`: a `cublasLtMatmulInnerShape_t`.
     pub inner_shape: u64,
+    /// `CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID`: a `cublasLtClusterShape_t`.
     pub cluster_shape: u64,
 }
 

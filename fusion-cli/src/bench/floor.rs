@@ -103,6 +103,8 @@ pub struct Ceiling {
 }
 
 impl Floor {
+    /// The floor of a row that moves `bytes`, at `copy`'s bandwidth, against
+    /// our median `ours_us`; without its ceiling.
     pub fn new(bytes: f64, copy: &CopyBandwidth, ours_us: f64) -> Floor {
         let floor_us = copy.time_us(bytes);
         Floor {

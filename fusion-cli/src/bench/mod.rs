@@ -81,9 +81,9 @@ pub const DEFAULT_DECODE_SHAPES: [(usize, usize, usize); 6] = [
 /// 1000) and a long prompt (8192).
 pub const DEFAULT_FFN_TOKENS: [usize; 5] = [1, 16, 128, 1000, 8192];
 
-/// The FFN blocks' width D and hidden width F (Llama-3-8B), as their
-/// graphs declare them.
+/// The FFN blocks' width D (Llama-3-8B), as their graphs declare it.
 pub const FFN_D: usize = 4096;
+/// The FFN blocks' hidden width F (Llama-3-8B), as their graphs declare it.
 pub const FFN_F: usize = 14336;
 
 /// A single-GEMM pattern of the built-in library.
@@ -91,14 +91,25 @@ pub const FFN_F: usize = 14336;
 pub enum Pattern {
     /// The bare GEMM: the mainloop alone, against cuBLASLt without an epilogue.
     Gemm,
+    /// gelu(x·Wᵀ + b), GELU's tanh approximation, against cuBLASLt's
+    /// GELU_BIAS epilogue.
     GemmBiasGelu,
+    /// relu(x·Wᵀ + b), against cuBLASLt's RELU_BIAS epilogue.
     GemmBiasRelu,
+    /// x·Wᵀ + b, against cuBLASLt's BIAS epilogue.
     GemmBias,
+    /// silu(x·W + b), the weight stored `[K, N]`, against cuBLASLt's BIAS
+    /// epilogue and a silu kernel.
     GemmBiasSilu,
+    /// x·Wᵀ + b plus the residual, against cuBLASLt's BIAS epilogue with
+    /// the residual as its `beta·C` term.
     GemmBiasResidual,
     /// A projection without bias plus the residual (Llama's o_proj, down_proj).
     GemmResidual,
+    /// gelu(x·Wᵀ) without bias, against cuBLASLt's GELU epilogue.
     GemmGelu,
+    /// silu(x·W) without bias, the weight stored `[K, N]`, against cuBLASLt
+    /// and a silu kernel.
     GemmSilu,
     /// A gated pair, act(x·W_gateᵀ)·(x·W_upᵀ), as one GEMM over the two
     /// weights interleaved when bound; N is the width of each weight (and of
@@ -106,16 +117,23 @@ pub enum Pattern {
     GemmSiluGlu,
     /// The same with GELU, the weights stored `[K, N]` (`graphs/gemm_gelu_glu.toml`).
     GemmGeluGlu,
-    /// The graph's struct, with its weights bound and its norm folded.
+    /// LayerNorm, then the GEMM: the graph's struct, with its weights bound
+    /// and its norm folded.
     LayernormGemm,
+    /// RMSNorm, then the GEMM: the graph's struct, with its weights bound
+    /// and its norm folded.
     RmsnormGemm,
-    /// The graph's free function, given gamma and beta with each call: the
-    /// norm kernel into scratch, then the GEMM.
+    /// LayerNorm, then the GEMM: the graph's free function, given gamma and
+    /// beta with each call: the norm kernel into scratch, then the GEMM.
     LayernormGemmPerCall,
+    /// RMSNorm, then the GEMM: the graph's free function, given gamma with
+    /// each call: the norm kernel into scratch, then the GEMM.
     RmsnormGemmPerCall,
 }
 
 impl Pattern {
+    /// Every pattern; a default run keeps those
+    /// [`in_default_table`](Pattern::in_default_table).
     pub const ALL: [Pattern; 15] = [
         Pattern::Gemm,
         Pattern::GemmBiasGelu,
@@ -134,6 +152,8 @@ impl Pattern {
         Pattern::RmsnormGemmPerCall,
     ];
 
+    /// The name `--kernel` takes and the table shows: the shipped graph's
+    /// (`graphs/<name>.toml`), with `_per_call` for the free function's.
     pub fn name(self) -> &'static str {
         match self {
             Pattern::Gemm => "gemm",
@@ -227,6 +247,7 @@ impl Pattern {
     /// activations a decoder's projections carry.
     pub const DECODE: [Pattern; 3] = [Pattern::Gemm, Pattern::GemmBiasGelu, Pattern::GemmSilu];
 
+    /// The pattern with this [`name`](Pattern::name); none for any other.
     pub fn parse(name: &str) -> Option<Pattern> {
         Pattern::ALL.into_iter().find(|p| p.name() == name)
     }
@@ -275,7 +296,10 @@ impl<T: BenchElement> Rotated<T> {
 
 /// An element type the bench can fill with random values.
 pub trait BenchElement: Element + cudarc::driver::ValidAsZeroBits {
+    /// `len` values uniform in [-scale, scale), the same for the same
+    /// seed.
     fn random(len: usize, scale: f32, seed: u64) -> Vec<Self>;
+    /// The value, exactly, for comparing outputs.
     fn to_f64(self) -> f64;
 }
 
@@ -393,11 +417,14 @@ pub struct BenchConfig {
     pub decode_shapes: Vec<(usize, usize, usize)>,
     /// Every row of `ffn_rows` runs at each of these token counts.
     pub ffn_tokens: Vec<usize>,
+    /// The FFN rows timed at `ffn_tokens`.
     pub ffn_rows: Vec<FfnRow>,
+    /// The single-GEMM patterns timed at `shapes` (and `decode_shapes`).
     pub patterns: Vec<Pattern>,
     /// Cases run after the shapes' (`--corpus`): a pattern at (M, N, K) or
     /// a standalone norm at (M, K) each.
     pub corpus: Vec<corpus::Case>,
+    /// Untimed and timed calls of each row's contenders.
     pub timing: TimingPlan,
     /// `--streams N`: also time each row on N streams at once.
     pub streams: Option<usize>,
@@ -916,6 +943,7 @@ pub enum GateUp {
 }
 
 impl GateUp {
+    /// Every chain, in the order of the table's rows.
     pub const ALL: [GateUp; 3] = [GateUp::Separate, GateUp::Stacked, GateUp::StackedFused];
 
     /// The baseline's label in the table.
@@ -949,6 +977,8 @@ pub enum FfnRow {
 }
 
 impl FfnRow {
+    /// Every FFN row the bench times: the SwiGLU block against each
+    /// [`GateUp`] chain, then the sub-layer.
     pub const ALL: [FfnRow; 4] = [
         FfnRow::SwigluFfn(GateUp::Separate),
         FfnRow::SwigluFfn(GateUp::Stacked),
@@ -1439,7 +1469,9 @@ pub fn run<T: BenchElement>(
 /// `graphs/rmsnorm.toml`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NormRow {
+    /// `graphs/layernorm.toml`.
     LayerNorm,
+    /// `graphs/rmsnorm.toml`.
     RmsNorm,
 }
 

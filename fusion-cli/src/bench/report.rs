@@ -15,27 +15,45 @@ use serde::{Deserialize, Serialize};
 /// One line of the table.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Row {
+    /// The kernel timed, as `--kernel` names it (`gemm_bias_gelu`,
+    /// `swiglu_ffn`, `rmsnorm`, …).
     pub kernel: String,
+    /// `M,N,K` for a GEMM row, `M=… D=… F=…` for an FFN row, `M,K` for a
+    /// norm row.
     pub shape: String,
+    /// The element type, `f16` or `bf16`.
     pub dtype: String,
+    /// What ours is timed against, as the table labels it: the cuBLASLt
+    /// epilogue and the unfused steps around it (a device copy for a norm
+    /// row).
     pub baseline: String,
-    /// Medians of ours and of the baseline with cuBLASLt's first algorithm.
+    /// The median of ours, in µs.
     pub ours_us: f64,
+    /// The median of the baseline with cuBLASLt's first algorithm, in µs.
     pub baseline_us: f64,
     /// Baseline (first algorithm) time over ours: above 1, fusion is faster.
     pub ratio: f64,
+    /// Ours in TFLOP/s at its median (0 for a norm row, counted as no
+    /// FLOPs).
     pub ours_tflops: f64,
+    /// The baseline with cuBLASLt's first algorithm in TFLOP/s at its
+    /// median.
     pub baseline_tflops: f64,
     /// ‖ours − baseline‖ / ‖baseline‖ on the same inputs.
     pub agreement: f64,
-    /// The baseline with the best of cuBLASLt's top candidates: median,
-    /// ratio (its time over ours), TFLOP/s.
+    /// The median of the baseline with the best of cuBLASLt's top
+    /// candidates, in µs.
     pub best_us: f64,
+    /// The best baseline's median over ours: above 1, fusion is faster.
     pub best_ratio: f64,
+    /// The best baseline in TFLOP/s at its median.
     pub best_tflops: f64,
-    /// Every statistic of the three contenders' timed calls.
+    /// Every statistic of ours' timed calls.
     pub ours_timing: Timing,
+    /// Every statistic of the timed calls of the baseline with cuBLASLt's
+    /// first algorithm.
     pub baseline_timing: Timing,
+    /// Every statistic of the best baseline's timed calls.
     pub best_timing: Timing,
     /// The algorithms of each cuBLASLt GEMM of the baseline.
     pub algorithms: Vec<GemmChoice>,
@@ -62,9 +80,11 @@ pub struct Concurrency {
     /// Streams in flight, each with its own host thread, buffers and
     /// workspace.
     pub streams: usize,
-    /// Calls per stream in each measurement, and rounds of measurements.
+    /// Calls per stream in each measurement.
     pub calls: usize,
+    /// Measurements, which the medians are over.
     pub rounds: usize,
+    /// Fusion's call (ours).
     pub ours: Slowdown,
     /// The baseline with cuBLASLt's first algorithm.
     pub baseline: Slowdown,
@@ -77,8 +97,9 @@ pub struct Concurrency {
 /// calling thread, with the device kept busy, in µs.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct HostCost {
-    /// Calls of ours per measurement, and measurements per contender.
+    /// Calls of ours per measurement.
     pub calls: usize,
+    /// Measurements per contender.
     pub rounds: usize,
     /// Kernels one call of ours launches (its plan's kernels).
     pub launches: usize,
@@ -96,6 +117,8 @@ pub struct HostCost {
 }
 
 impl HostCost {
+    /// The cost from its measurements, with the per-launch ratio of their
+    /// medians.
     pub fn new(
         calls: usize,
         rounds: usize,
@@ -122,18 +145,26 @@ impl HostCost {
 /// calls), medians over the rounds; and concurrent over solo.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Slowdown {
+    /// Per call with one stream at a time.
     pub solo_us: f64,
+    /// Per call with every stream at once.
     pub concurrent_us: f64,
+    /// `concurrent_us` over `solo_us`: above 1, the streams slow each
+    /// other down.
     pub slowdown: f64,
 }
 
 /// What one case measured.
 pub struct Measured {
+    /// Fusion's call (ours).
     pub ours: Timing,
-    /// The baseline with cuBLASLt's first algorithm, and with the best.
+    /// The baseline with cuBLASLt's first algorithm.
     pub first: Timing,
+    /// The baseline with the best of cuBLASLt's top candidates.
     pub best: Timing,
+    /// ‖ours − first‖ / ‖first‖ on the same inputs.
     pub agreement: f64,
+    /// The algorithms of each cuBLASLt GEMM of the baseline.
     pub algorithms: Vec<GemmChoice>,
 }
 
@@ -170,13 +201,20 @@ impl Row {
 /// Everything `fusion bench --json` writes.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Report {
+    /// The GPU's name, as the driver reports it (`unknown GPU` where it
+    /// does not).
     pub device: String,
+    /// The GPU's compute capability, `major.minor`.
     pub compute_capability: String,
     /// The fusion variant the run used (`sm90`, …).
     pub variant: String,
+    /// The element type of every row, `f16` or `bf16`.
     pub dtype: String,
+    /// Timed calls per contender (`--runs`).
     pub runs: usize,
+    /// Untimed calls per contender first (`--warmup`).
     pub warmup: usize,
+    /// Every row, in the order they were measured.
     pub rows: Vec<Row>,
     /// The commit the `fusion` binary was built from ("unknown" when it
     /// was not built in a git checkout).
@@ -190,6 +228,7 @@ pub struct Report {
     pub cuda_driver_version: i32,
     /// The driver's version as `nvidia-smi` reports it; none without it.
     pub driver: Option<String>,
+    /// How the numbers were made.
     pub timing: TimingDescription,
     /// The SM clock over the whole run.
     pub sm_clock: Option<ClockSummary>,
@@ -220,6 +259,7 @@ pub struct TimingDescription {
     /// Algorithms the best-of baseline asks the heuristic for, and the
     /// short timing of each, before the row is timed.
     pub candidates: usize,
+    /// The short timing of each candidate.
     pub candidate_plan: TimingPlan,
     /// The spread printed beside each median.
     pub spread: String,
@@ -228,6 +268,7 @@ pub struct TimingDescription {
 }
 
 impl TimingDescription {
+    /// The description of a run that times its rows with `plan`.
     pub fn new(plan: TimingPlan) -> TimingDescription {
         TimingDescription {
             plan,

@@ -23,9 +23,13 @@ pub const SAMPLE_MS: u32 = 100;
 /// The SM clock over some span of the run, in MHz.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ClockSummary {
+    /// The lowest sample.
     pub min_mhz: f64,
+    /// The median of the samples.
     pub median_mhz: f64,
+    /// The highest sample.
     pub max_mhz: f64,
+    /// How many samples fell within the span.
     pub samples: usize,
 }
 

@@ -11,7 +11,9 @@ use std::sync::Arc;
 /// How many calls to make and how to summarise them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TimingPlan {
+    /// Untimed calls of each contender before the timed ones.
     pub warmup: usize,
+    /// Timed calls of each contender, which its [`Timing`] summarises.
     pub runs: usize,
 }
 
@@ -25,12 +27,16 @@ impl Default for TimingPlan {
 /// microseconds.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Timing {
+    /// The median of the timed calls.
     pub median_us: f64,
     /// The 25th and 75th percentiles: the interquartile range, the spread
     /// `fusion bench` prints, since one stalled call moves the maximum alone.
     pub q1_us: f64,
+    /// The 75th percentile (see `q1_us`).
     pub q3_us: f64,
+    /// The fastest timed call.
     pub min_us: f64,
+    /// The slowest timed call.
     pub max_us: f64,
 }
 

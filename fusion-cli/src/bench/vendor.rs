@@ -119,6 +119,8 @@ impl LtPair {
         })
     }
 
+    /// The plan that runs as `which`; for the best, the first's until `tune`
+    /// has kept one of its candidates.
     pub fn get(&mut self, which: Which) -> &mut LtGemm {
         match which {
             Which::First => &mut self.first,

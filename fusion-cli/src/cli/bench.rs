@@ -12,6 +12,7 @@ use clap::Args;
 use std::io::Write;
 use std::path::PathBuf;
 
+/// `fusion bench`'s arguments.
 #[derive(Debug, Args)]
 pub struct BenchArgs {
     /// A shape `M,N,K` to time with every kernel named (repeat for several); default: six standard

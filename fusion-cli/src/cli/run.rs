@@ -5,6 +5,7 @@ use clap::Args;
 use std::io::Write;
 use std::path::PathBuf;
 
+/// `fusion run`'s arguments.
 #[derive(Debug, Args)]
 pub struct RunArgs {
     /// The graph, a TOML file such as `graphs/swiglu_ffn.toml`.

@@ -7,6 +7,7 @@ use fusion_compiler::fuse;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+/// `fusion tune`'s arguments.
 #[derive(Debug, Args)]
 pub struct TuneArgs {
     /// The graphs, TOML files such as `graphs/gemm_bias_gelu.toml`;

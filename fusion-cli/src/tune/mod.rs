@@ -60,6 +60,7 @@ pub struct Settings {
     pub arch: Option<Arch>,
     /// Every tensor of the graphs in this dtype; default: as declared.
     pub dtype: Option<DType>,
+    /// The tuned cache file the fastest configs are merged into.
     pub cache: PathBuf,
     /// Where the units, libraries and nvcc logs go.
     pub work: PathBuf,
@@ -67,6 +68,8 @@ pub struct Settings {
     pub jobs: usize,
     /// Only the first this many candidates of the space.
     pub limit: Option<usize>,
+    /// Untimed and timed calls of each candidate; the fastest and the
+    /// shipped config are then timed again with twice the timed calls.
     pub timing: TimingPlan,
     /// Measure an M whose bucket the cache already holds for this GPU.
     pub force: bool,
