@@ -34,7 +34,12 @@ fn routed(
             output: kernel.output,
             op: match &kernel.op {
                 KernelOp::Gemm(gemm) => KernelOp::Gemm(GemmOp {
-                    vendor: VendorRoute { arch, ms, epilogue },
+                    vendor: VendorRoute {
+                        arch,
+                        ms,
+                        epilogue,
+                        per_call: None,
+                    },
                     ..*gemm
                 }),
                 other => panic!(
