@@ -397,6 +397,17 @@ fn the_report_names_each_gemm_kernel_and_its_buckets() {
         "{text}"
     );
     assert!(text.contains("  m>4096: VENDOR (fused "), "{text}");
+    // N and K dynamic: the run time decides.
+    let path = repo_root().join("graphs/gemm_bias_residual.toml");
+    let plan = crate::fuse::plan(crate::load_toml_graph(&path).unwrap());
+    let text = report(&plan, &Guard::shipped_sm90(), &TunedCache::default()).unwrap();
+    assert!(
+        text.contains(
+            "kernel #0 (gemm_bias_residual, f16): cuBLASLt BIAS + beta·C where the fused kernel is predicted more \
+             than 3% slower, decided per call (N or K is dynamic)"
+        ),
+        "{text}"
+    );
 }
 
 #[test]
