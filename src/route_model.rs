@@ -38,8 +38,9 @@ pub struct RouteModel {
     pub units: &'static [Option<UnitTiers>],
 }
 
-/// The verdicts made so far, by (table entry's address, variant, M bucket,
-/// N, K): whether the vendor path runs.
+/// The verdicts made so far, by (route model's address, variant, M bucket,
+/// N, K): whether the vendor path runs. A route model belongs to one table
+/// entry, whose tile model (the other thing a verdict weighs) is fixed.
 type Verdicts = BTreeMap<(usize, usize, usize, u64, u64), bool>;
 
 static VERDICTS: Mutex<Verdicts> = Mutex::new(BTreeMap::new());
@@ -127,27 +128,33 @@ pub(crate) mod tests {
 
     #[test]
     fn a_call_takes_the_verdict_of_the_shared_model_on_its_bucket() {
-        let model = model(1.0);
-        let unit = model.units[0].unwrap();
-        for (m, n, k) in [
-            (128, 4096, 4096),
-            (8192, 14336, 4096),
-            (1000, 18944, 3584),
-            (64, 2048, 8192),
-            (300, 768, 768),
-            (4096, 768, 3072),
-        ] {
-            let bucket = bucket_of(m as u64);
-            for tiles in [None, Some(crate::tile_model::tests::model())] {
-                let tiers_by = tiles.and_then(|t| t.costs_for(0));
+        // A table entry's route model goes with one tile model (or none):
+        // one route model for each.
+        let mut verdicts = std::collections::BTreeSet::new();
+        for tiles in [None, Some(crate::tile_model::tests::model())] {
+            let model = model(1.0);
+            let unit = model.units[0].unwrap();
+            let tiers_by = tiles.and_then(|t| t.costs_for(0));
+            for (m, n, k) in [
+                (128, 4096, 4096),
+                (8192, 14336, 4096),
+                (1000, 18944, 3584),
+                (64, 2048, 8192),
+                (300, 768, 768),
+                (4096, 768, 3072),
+            ] {
+                let bucket = bucket_of(m as u64);
                 let want = model
                     .costs
                     .vendor_in(&model.work, &unit, tiers_by, bucket, (n as u64, k as u64));
                 assert_eq!(model.vendor(0, tiles, m, n, k), want, "({m}, {n}, {k})");
                 // Asked again, from the kept verdict: the same.
                 assert_eq!(model.vendor(0, tiles, m, n, k), want);
+                verdicts.insert(want);
             }
         }
+        assert_eq!(verdicts.len(), 2, "the shapes go both ways");
+        let model = model(1.0);
         // The variant it does not serve, and sizes that are not sizes.
         assert!(!model.vendor(1, None, 8192, 14336, 4096));
         assert!(!model.vendor(2, None, 8192, 14336, 4096));
