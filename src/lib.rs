@@ -96,6 +96,7 @@ pub mod kernels;
 pub mod launch;
 #[doc(hidden)]
 pub mod plan;
+mod route_model;
 #[doc(hidden)]
 pub mod shell;
 pub mod tensor;

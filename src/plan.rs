@@ -21,6 +21,7 @@ use crate::abi::{
 use crate::device::Arch;
 use crate::error::{Error, Result};
 use crate::launch::{Call, FoldedWeights, GraphDecl, TensorDecl, Workspace, not_compiled};
+pub use crate::route_model::RouteModel;
 use crate::tensor::{Element, Shape, Tensor, TensorMut};
 pub use crate::tile_model::TileModel;
 pub use crate::vendor::LtEpilogue as VendorEpilogue;
@@ -138,11 +139,12 @@ pub struct GemmOp {
 
 /// Where the guard sends a GEMM to cuBLASLt (`fusion::vendor`): the M
 /// ranges the build predicted or measured the fused kernel to lose on one
-/// GPU generation, and cuBLASLt's epilogue for the GEMM's steps (its bias
+/// GPU generation (N and K static), or the models that decide per call (N
+/// or K dynamic), and cuBLASLt's epilogue for the GEMM's steps (its bias
 /// is the GEMM's bias, its residual rides on `beta·C`). Taken only on that
 /// generation and where [`crate::vendor::routes_enabled`] says so; else
 /// the fused kernel runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug)]
 pub struct VendorRoute {
     /// The generation the ranges were decided for.
     pub arch: Arch,
@@ -151,6 +153,9 @@ pub struct VendorRoute {
     pub ms: &'static [(u32, u32)],
     /// cuBLASLt's epilogue.
     pub epilogue: VendorEpilogue,
+    /// Where the build left the verdict to the call (N or K dynamic): the
+    /// models that decide each call's M bucket at its N and K.
+    pub per_call: Option<&'static RouteModel>,
 }
 
 impl VendorRoute {
@@ -159,6 +164,7 @@ impl VendorRoute {
         arch: Arch::Sm90,
         ms: &[],
         epilogue: VendorEpilogue::None,
+        per_call: None,
     };
 
     /// Whether a call of `m` rows on `arch` is in one of its ranges.
@@ -168,6 +174,24 @@ impl VendorRoute {
                 .ms
                 .iter()
                 .any(|&(low, high)| i64::from(low) <= m && (high == u32::MAX || m <= i64::from(high)))
+    }
+
+    /// Whether a call of `variant` on `arch` filled as `p` takes the route:
+    /// its M is in one of the ranges, or the models decide so at its (M, N,
+    /// K) ([`RouteModel::vendor`], its fused kernel running the tier
+    /// `tiles` names).
+    pub fn takes(
+        &self,
+        arch: Arch,
+        variant: usize,
+        tiles: Option<&TileModel>,
+        p: &fusion_gemm_params,
+    ) -> bool {
+        self.covers(arch, p.m)
+            || (arch == self.arch
+                && self
+                    .per_call
+                    .is_some_and(|model| model.vendor(variant, tiles, p.m, p.n, p.k)))
     }
 }
 
@@ -1400,7 +1424,7 @@ pub unsafe fn run<T: Element>(
         if let Params::Gemm(p) = &mut filled {
             name_model_tile(kernel, variant, p);
         }
-        let route = vendor_route(kernel, &filled, arch);
+        let route = vendor_route(kernel, &filled, arch, variant);
         if route.is_some() {
             #[cfg(feature = "cublaslt")]
             {
@@ -1531,12 +1555,18 @@ impl<T, const N: usize> std::ops::DerefMut for CallTable<T, N> {
     }
 }
 
-/// cuBLASLt's epilogue where the guard runs `kernel`, filled as `params`,
-/// on the vendor path at this call's M on `arch`: its route covers them, routes are
-/// taken ([`crate::vendor::routes_enabled`]), its weight is the one
-/// declared (or its padded copy), not a folded or interleaved form, and it
-/// reads nothing cuBLASLt does not (a norm's parameters, a multiplier).
-pub fn vendor_route(kernel: &KernelEntry, params: &Params, arch: Arch) -> Option<VendorEpilogue> {
+/// cuBLASLt's epilogue where the guard runs `kernel`, filled as `params`
+/// for `variant`, on the vendor path at this call's shape on `arch`: its
+/// route takes them ([`VendorRoute::takes`]), routes are taken
+/// ([`crate::vendor::routes_enabled`]), its weight is the one declared (or
+/// its padded copy), not a folded or interleaved form, and it reads
+/// nothing cuBLASLt does not (a norm's parameters, a multiplier).
+pub fn vendor_route(
+    kernel: &KernelEntry,
+    params: &Params,
+    arch: Arch,
+    variant: usize,
+) -> Option<VendorEpilogue> {
     let (KernelOp::Gemm(gemm), Params::Gemm(p)) = (&kernel.op, params) else {
         return None;
     };
@@ -1547,7 +1577,7 @@ pub fn vendor_route(kernel: &KernelEntry, params: &Params, arch: Arch) -> Option
         && gemm.b_up.is_none()
         && gemm.multiplier.is_none()
         && gemm.vendor.epilogue.reads_bias() == gemm.bias.is_some();
-    (plain && gemm.vendor.covers(arch, p.m) && crate::vendor::routes_enabled())
+    (plain && crate::vendor::routes_enabled() && gemm.vendor.takes(arch, variant, gemm.model, p))
         .then_some(gemm.vendor.epilogue)
 }
 
@@ -2043,6 +2073,7 @@ mod tests {
             arch: Arch::Sm90,
             ms: &[(17, 64), (257, u32::MAX)],
             epilogue: VendorEpilogue::GeluBias,
+            per_call: None,
         };
         let covered: Vec<i64> = [1, 16, 17, 64, 65, 256, 257, 1 << 40]
             .into_iter()
@@ -2054,6 +2085,29 @@ mod tests {
         // Another generation runs the fused kernel: the ranges were
         // decided for sm90.
         assert!(!route.covers(Arch::Sm80, 17));
+    }
+
+    #[test]
+    fn a_route_left_to_the_call_takes_the_models_verdict_at_its_shape() {
+        let route = |scale| VendorRoute {
+            ms: &[],
+            per_call: Some(crate::route_model::tests::model(scale)),
+            ..VendorRoute::NONE
+        };
+        let mut p = gemm(table(SCHEMA_VERSION, Bind::Nothing), None);
+        (p.m, p.n, p.k) = (1000, 4096, 4096);
+        // A vendor path ten times cheaper than the shipped model's: taken on
+        // sm90, for the variant the model serves.
+        let cheap = route(0.1);
+        assert!(cheap.takes(Arch::Sm90, 0, None, &p));
+        assert!(!cheap.takes(Arch::Sm80, 0, None, &p));
+        assert!(!cheap.takes(Arch::Sm90, 1, None, &p));
+        // The decode kernel's Ms stay fused.
+        p.m = 16;
+        assert!(!cheap.takes(Arch::Sm90, 0, None, &p));
+        // Ten times dearer: never.
+        p.m = 1000;
+        assert!(!route(10.0).takes(Arch::Sm90, 0, None, &p));
     }
 
     #[test]
@@ -2100,6 +2154,7 @@ mod tests {
                     arch: Arch::Sm90,
                     ms: &[(1, u32::MAX)],
                     epilogue: VendorEpilogue::None,
+                    per_call: None,
                 },
                 ..GemmOp::EMPTY
             }),
@@ -2114,17 +2169,17 @@ mod tests {
         let kernel_with_bias = |bind| kernel_of(bind, Some(3));
         let p = Params::Gemm(gemm(table(SCHEMA_VERSION, Bind::Nothing), None));
         assert_eq!(
-            vendor_route(&kernel(Bind::Fold(Fold::Norm)), &p, Arch::Sm90),
+            vendor_route(&kernel(Bind::Fold(Fold::Norm)), &p, Arch::Sm90, 0),
             None
         );
         // An epilogue without a bias on a GEMM with one: never routed.
         assert_eq!(
-            vendor_route(&kernel_with_bias(Bind::Nothing), &p, Arch::Sm90),
+            vendor_route(&kernel_with_bias(Bind::Nothing), &p, Arch::Sm90, 0),
             None
         );
         // A plain one is routed exactly where routes are taken (the
         // feature `cublaslt`, cuBLASLt loaded, FUSION_GUARD not off).
-        let routed = vendor_route(&kernel(Bind::Nothing), &p, Arch::Sm90);
+        let routed = vendor_route(&kernel(Bind::Nothing), &p, Arch::Sm90, 0);
         assert_eq!(routed.is_some(), crate::vendor::routes_enabled());
     }
 

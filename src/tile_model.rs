@@ -43,6 +43,12 @@ static CHOICES: Mutex<Choices> = Mutex::new(BTreeMap::new());
 const MAX_CHOICES: usize = 4096;
 
 impl TileModel {
+    /// Its costs where it names the tier of `variant`'s calls (the variant
+    /// has tiers); `None` where the launcher chooses.
+    pub fn costs_for(&self, variant: usize) -> Option<&Costs> {
+        matches!(self.units.get(variant), Some(Some(_))).then_some(&self.costs)
+    }
+
     /// `flags` (a GEMM launch's, [`crate::launch::gemm_flags`]) for a call
     /// of `variant` at (`m`, `n`, `k`), with `n` C's columns: with the tier
     /// the model chooses named in them ([`GemmTile`]), or as they are where
@@ -105,7 +111,8 @@ pub(crate) mod tests {
     }
 
     /// A unit with tiers large 128x256, large_alt 128x192, small_m 64x128
-    /// and small_m_alt 128x128, and the decode kernel up to 16 rows.
+    /// and small_m_alt 128x128 (up to 128 rows), and the decode kernel up
+    /// to 16 rows.
     pub(crate) const UNIT: UnitTiers = UnitTiers {
         tiles: [
             Some(TileShape { bm: 128, bn: 256 }),
@@ -114,6 +121,7 @@ pub(crate) mod tests {
             Some(TileShape { bm: 128, bn: 128 }),
         ],
         decode_max_m: Some(16),
+        small_m_max: Some(128),
         gated: false,
         source_tile: false,
     };

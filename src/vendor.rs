@@ -11,8 +11,9 @@
 //! plan table's vendor routes are not taken.
 //!
 //! Not here: which buckets take the path (decided at build time and written
-//! into the plan table as [`crate::plan::VendorRoute`]) and the choice among
-//! cuBLASLt's candidate algorithms by timing (`fusion bench`).
+//! into the plan table as [`crate::plan::VendorRoute`], or per call by its
+//! [`crate::plan::RouteModel`] where N or K is dynamic) and the choice
+//! among cuBLASLt's candidate algorithms by timing (`fusion bench`).
 
 /// cuBLASLt's fused epilogues that a vendor path asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

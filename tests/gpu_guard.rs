@@ -6,15 +6,31 @@
 //! once with weights given per call and once bound (padded rows read at
 //! their stride).
 //!
+//! The verdict per call, where N or K is dynamic (`fusion::plan::RouteModel`):
+//! plain-epilogue graphs at shapes that the verdict sends both ways, once
+//! with a vendor model that splits the shapes by their predicted fused time
+//! (so that both paths run, whatever the shipped models say) and once with
+//! the shipped models, as a build with `FUSION_GUARD=on` writes them (such
+//! a build's own tables are checked to carry those).
+//!
 //! Run on a machine with a GPU and cuBLASLt: `cargo test --release
-//! --features kernels,testing,cublaslt --test gpu_guard -- --ignored`.
+//! --features kernels,testing,cublaslt --test gpu_guard -- --ignored`, and
+//! once more with `FUSION_GUARD=on` (and `FUSION_SELECT=model`) in the
+//! build's environment, which checks the routes that build wrote.
 
 mod support;
 
+use fusion::core::fuse::{self, Composition};
+use fusion::core::gemm_model::{UnitTiers, bucket_of};
+use fusion::core::guard_model::{GuardCosts, VendorCosts};
+use fusion::core::select::guard::{Guard, VendorPath};
+use fusion::core::select::{self, KernelKind};
 use fusion::half::{bf16, f16};
 use fusion::launch::Workspace;
-use fusion::plan::{self, GemmOp, KernelEntry, KernelOp, PlanTable, VendorEpilogue, VendorRoute, Weights};
-use fusion::{Tensor, TensorMut, kernels};
+use fusion::plan::{
+    self, GemmOp, KernelEntry, KernelOp, PlanTable, RouteModel, VendorEpilogue, VendorRoute, Weights,
+};
+use fusion::{Arch, Tensor, TensorMut, kernels};
 use support::{TestElement, check, gemm_shapes, stream};
 
 /// `table` with each GEMM routed to cuBLASLt's `epilogue` for `ms` on the
@@ -34,7 +50,12 @@ fn routed(
             output: kernel.output,
             op: match &kernel.op {
                 KernelOp::Gemm(gemm) => KernelOp::Gemm(GemmOp {
-                    vendor: VendorRoute { arch, ms, epilogue },
+                    vendor: VendorRoute {
+                        arch,
+                        ms,
+                        epilogue,
+                        per_call: None,
+                    },
                     ..*gemm
                 }),
                 other => panic!(
@@ -181,3 +202,272 @@ guard_test!(
     GemmResidual,
     None
 );
+
+/// The generation this test's device runs.
+fn device_arch() -> Arch {
+    fusion::device::arch_among(&stream(), &fusion::device::compiled()).expect("a compiled variant runs here")
+}
+
+/// `table`, the plan of the shipped graph `name` (one plain-epilogue GEMM),
+/// with its GEMM's verdict left to the call: cuBLASLt's `epilogue`, the
+/// vendor path's work as the guard counts it, the fused kernel's costs
+/// shipped and the vendor path's `vendor` (the shipped ones where `None`),
+/// and per variant of this device's generation the tiers of the shipped
+/// table's config (sm90's config on another generation, whose models the
+/// verdict then borrows). Where the build wrote a route left to the call
+/// (`FUSION_GUARD=on`), it is checked to be the shipped models' first.
+fn per_call(
+    name: &str,
+    table: &'static PlanTable,
+    epilogue: VendorEpilogue,
+    vendor: Option<VendorCosts>,
+) -> &'static PlanTable {
+    let plan = fuse::plan(support::graph(name, table.variants[0].0));
+    let arch = device_arch();
+    let shipped = Guard::shipped_sm90().costs();
+    let [kernel] = table.kernels else {
+        panic!("{name}: a plain-epilogue graph is one GEMM");
+    };
+    let (KernelOp::Gemm(gemm), Composition::Gemm(composition)) = (&kernel.op, &plan.kernels[0].composition)
+    else {
+        panic!("{name}: {} is not a GEMM", kernel.label);
+    };
+    let work = VendorPath::of(composition).work();
+    let units: Vec<Option<UnitTiers>> = table
+        .variants
+        .iter()
+        .map(|&(dtype, variant_arch)| {
+            (variant_arch == arch).then(|| {
+                let kind = KernelKind::of(composition, dtype);
+                select::select(Arch::Sm90, &kind).unwrap().unit_tiers(&kind)
+            })
+        })
+        .collect();
+    if let Some(built) = gemm.vendor.per_call {
+        assert_eq!(built.costs, shipped, "{name}: the costs the build wrote");
+        assert_eq!(built.work, work, "{name}: the vendor path the build wrote");
+        assert_eq!(
+            gemm.vendor.epilogue, epilogue,
+            "{name}: the epilogue the build wrote"
+        );
+        if arch == Arch::Sm90 {
+            assert_eq!(built.units, &units[..], "{name}: the tiers the build wrote");
+        }
+    }
+    let model: &'static RouteModel = Box::leak(Box::new(RouteModel {
+        costs: GuardCosts {
+            fused: shipped.fused,
+            vendor: vendor.unwrap_or(shipped.vendor),
+        },
+        work,
+        units: Box::leak(units.into_boxed_slice()),
+    }));
+    let kernels = vec![KernelEntry {
+        label: kernel.label,
+        output: kernel.output,
+        op: KernelOp::Gemm(GemmOp {
+            vendor: VendorRoute {
+                arch,
+                ms: &[],
+                epilogue,
+                per_call: Some(model),
+            },
+            ..*gemm
+        }),
+        launchers: kernel.launchers,
+    }];
+    Box::leak(Box::new(PlanTable {
+        kernels: Box::leak(kernels.into_boxed_slice()),
+        ..*table
+    }))
+}
+
+/// The shapes of the per-call tests: the suite's GEMM shapes, and a few of
+/// layer size (N and K ragged where the tiles leave partial ones).
+fn per_call_shapes() -> Vec<(usize, usize, usize)> {
+    let mut shapes = gemm_shapes();
+    shapes.extend([
+        (300, 768, 3072),
+        (1000, 3000, 3000),
+        (61, 4104, 632),
+        (2048, 2304, 768),
+    ]);
+    shapes
+}
+
+/// Whether `table`'s GEMM, filled for `T` at `(m, n, k)`, takes its route
+/// on this device (as the executor asks, routes being taken).
+fn routes_at<T: TestElement>(table: &'static PlanTable, (m, n, k): (usize, usize, usize)) -> bool {
+    let variant = table
+        .variants
+        .iter()
+        .position(|&v| v == (T::DTYPE, device_arch()))
+        .expect("the table has this device's variant");
+    let KernelOp::Gemm(gemm) = &table.kernels[0].op else {
+        unreachable!("one GEMM")
+    };
+    let model = gemm.vendor.per_call.expect("a route left to the call");
+    model.vendor(variant, gemm.model, m as i64, n as i64, k as i64)
+}
+
+/// A vendor model whose every call of `table`'s GEMM (a route left to the
+/// call, [`per_call`]) in `T` costs the geometric middle of the fused
+/// kernel's predicted times over `shapes` (above the decode kernel's Ms):
+/// the shapes the fused kernel is predicted slower on go to cuBLASLt, the
+/// others stay fused, so both paths run.
+fn splitting_vendor<T: TestElement>(
+    name: &str,
+    table: &'static PlanTable,
+    shapes: &[(usize, usize, usize)],
+) -> VendorCosts {
+    let KernelOp::Gemm(gemm) = &table.kernels[0].op else {
+        unreachable!("one GEMM")
+    };
+    let model = gemm.vendor.per_call.expect("a route left to the call");
+    let variant = table
+        .variants
+        .iter()
+        .position(|&v| v == (T::DTYPE, device_arch()))
+        .expect("the table has this device's variant");
+    let unit = model.units[variant].expect("this device's variant has tiers");
+    let tiers_by = gemm.model.and_then(|tiles| tiles.costs_for(variant));
+    let fused: Vec<f64> = shapes
+        .iter()
+        .filter_map(|&(m, n, k)| {
+            let (m, n, k) = (m as u64, n as u64, k as u64);
+            model
+                .costs
+                .bucket_times(&model.work, unit.source_tile, bucket_of(m), (n, k), |m| {
+                    unit.tile_run(tiers_by, m, n, k)
+                })
+                .fused_us
+        })
+        .collect();
+    let (least, most) = fused
+        .iter()
+        .fold((f64::INFINITY, 0.0f64), |(l, h), &t| (l.min(t), h.max(t)));
+    assert!(least < most, "{name}: the shapes' predicted times differ");
+    VendorCosts {
+        sms: 132,
+        launch_us: (least * most).sqrt(),
+        wave_gflop_us: 0.0,
+        memory_us_per_mb: 0.0,
+        extra_kernel_us: 0.0,
+        extra_memory_us_per_mb: 0.0,
+    }
+}
+
+/// `name`'s graph through `table` at each of `shapes`, in `T`, against the
+/// reference, weights per call and bound; returns how many shapes took the
+/// vendor path and how many stayed fused.
+fn check_per_call<T: TestElement>(
+    name: &str,
+    table: &'static PlanTable,
+    shapes: &[(usize, usize, usize)],
+) -> (usize, usize) {
+    assert!(fusion::vendor::routes_enabled(), "the vendor path is off");
+    let s = stream();
+    let mut workspace = Workspace::new();
+    let (mut vendor, mut fused) = (0, 0);
+    for &(m, n, k) in shapes {
+        let routed = routes_at::<T>(table, (m, n, k));
+        eprintln!(
+            "{name} {} at ({m}, {n}, {k}): {}",
+            T::DTYPE,
+            if routed { "vendor" } else { "fused" }
+        );
+        (vendor, fused) = if routed {
+            (vendor + 1, fused)
+        } else {
+            (vendor, fused + 1)
+        };
+        let dims = [("M", m), ("N", n), ("K", k)];
+        for bound in [false, true] {
+            check::<T>(&s, name, &dims, |r, w| {
+                let (inputs, weights) = r.split_at(table.inputs.len());
+                let inputs: Vec<&Tensor<'_, T>> = inputs.iter().collect();
+                let mut writes: Vec<&mut TensorMut<'_, T>> = w.iter_mut().collect();
+                // SAFETY: the table is the generated one, its GEMM given a
+                // route left to the call; the vendor path reads the
+                // operands the fused kernel reads; the weights are the
+                // table's, in its order.
+                unsafe {
+                    if bound {
+                        let bound = plan::bind(table, &s, weights.to_vec())?;
+                        plan::run(
+                            table,
+                            &mut workspace,
+                            Weights::Bound(&bound),
+                            &s,
+                            &inputs,
+                            &mut writes,
+                        )
+                    } else {
+                        let weights: Vec<&Tensor<'_, T>> = weights.iter().collect();
+                        plan::run(
+                            table,
+                            &mut workspace,
+                            Weights::PerCall(&weights),
+                            &s,
+                            &inputs,
+                            &mut writes,
+                        )
+                    }
+                }
+            });
+        }
+    }
+    (vendor, fused)
+}
+
+/// Both dtypes of `name` with a vendor model that splits the shapes: some
+/// calls go to cuBLASLt, some stay fused, each checked; then with the
+/// shipped models, whichever way they send each shape.
+fn per_call_test<F: TestElement, B: TestElement>(
+    name: &str,
+    f16_table: &'static PlanTable,
+    bf16_table: &'static PlanTable,
+    epilogue: VendorEpilogue,
+) {
+    let shapes = per_call_shapes();
+    let shipped = per_call(name, f16_table, epilogue, None);
+    let vendor = splitting_vendor::<F>(name, shipped, &shapes);
+    let (routed, fused) =
+        check_per_call::<F>(name, per_call(name, f16_table, epilogue, Some(vendor)), &shapes);
+    assert!(routed > 0 && fused > 0, "{name}: {routed} routed, {fused} fused");
+    let vendor = splitting_vendor::<B>(name, per_call(name, bf16_table, epilogue, None), &shapes);
+    let (routed, fused) =
+        check_per_call::<B>(name, per_call(name, bf16_table, epilogue, Some(vendor)), &shapes);
+    assert!(routed > 0 && fused > 0, "{name}: {routed} routed, {fused} fused");
+    let (routed, fused) = check_per_call::<F>(name, shipped, &shapes);
+    eprintln!("{name} f16 with the shipped models: {routed} routed, {fused} fused");
+}
+
+macro_rules! per_call_test {
+    ($test:ident, $graph:literal, $plan:ident, $epilogue:ident) => {
+        #[test]
+        #[ignore = "needs a CUDA GPU"]
+        fn $test() {
+            per_call_test::<f16, bf16>(
+                $graph,
+                kernels::$plan::<f16>::PLAN,
+                kernels::$plan::<bf16>::PLAN,
+                VendorEpilogue::$epilogue,
+            );
+        }
+    };
+}
+
+per_call_test!(
+    gemm_bias_residual_decided_per_call,
+    "gemm_bias_residual",
+    GemmBiasResidual,
+    Bias
+);
+per_call_test!(
+    gemm_bias_gelu_decided_per_call,
+    "gemm_bias_gelu",
+    GemmBiasGelu,
+    GeluBias
+);
+per_call_test!(gemm_decided_per_call, "gemm", Gemm, None);

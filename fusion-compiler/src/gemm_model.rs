@@ -373,6 +373,9 @@ pub struct UnitTiers {
     /// The largest M its decode kernel runs, ahead of every tile; `None`:
     /// it has none.
     pub decode_max_m: Option<u32>,
+    /// The largest M its launcher gives the small-M tiers by itself (with
+    /// no tier named in the flags); `None`: the large tiers serve every M.
+    pub small_m_max: Option<u32>,
     /// A gated GEMM: two GEMM columns per column of C.
     pub gated: bool,
     /// Its epilogue reads an [M, N] source tile (a residual or a
@@ -412,6 +415,57 @@ impl UnitTiers {
             return None;
         }
         self.fastest_in(costs, bucket_of(m), n, k)
+    }
+
+    /// The tier the unit's launcher runs by itself for `m` rows of `gemm_n`
+    /// GEMM columns on `sms` SMs, with no tier named in the flags, as
+    /// gemm.cu.hbs's `with_kernel` chooses it: up to
+    /// [`UnitTiers::small_m_max`] the small-M tier, or its alternative where
+    /// that needs no more waves of tile area (`fewer_waves` in gemm.cuh);
+    /// above, the large tier, or its alternative where that needs at most
+    /// 9/10 of its waves of tile area (`clearly_fewer_waves`). `None` where
+    /// the decode kernel takes `m`.
+    pub fn launcher_tier(&self, m: u64, gemm_n: u64, sms: u64) -> Option<usize> {
+        const LARGE: usize = 0;
+        const LARGE_ALT: usize = 1;
+        const SMALL_M: usize = 2;
+        const SMALL_M_ALT: usize = 3;
+        if self.decodes(m) {
+            return None;
+        }
+        let wave_area = |tile: TileShape| {
+            let tiles = m.div_ceil(u64::from(tile.bm)) * gemm_n.div_ceil(u64::from(tile.bn));
+            tiles.div_ceil(sms) * u64::from(tile.bm * tile.bn)
+        };
+        if let (Some(small), Some(max_m)) = (self.tiles[SMALL_M], self.small_m_max)
+            && m <= u64::from(max_m)
+        {
+            return Some(match self.tiles[SMALL_M_ALT] {
+                Some(alt) if wave_area(alt) <= wave_area(small) => SMALL_M_ALT,
+                _ => SMALL_M,
+            });
+        }
+        let large = self.tiles[LARGE]?;
+        Some(match self.tiles[LARGE_ALT] {
+            Some(alt) if 10 * wave_area(alt) <= 9 * wave_area(large) => LARGE_ALT,
+            _ => LARGE,
+        })
+    }
+
+    /// The tile a call of `m` rows of C's `n` columns over `k` runs: where
+    /// the plan names the model's tier per call (`tiers_by`, the model's
+    /// costs), [`UnitTiers::choose`]'s; else the launcher's own
+    /// ([`UnitTiers::launcher_tier`], on the calibration's [`SM90_SMS`]).
+    /// `None` where the decode kernel takes `m`.
+    pub fn tile_run(&self, tiers_by: Option<&Costs>, m: u64, n: u64, k: u64) -> Option<TileShape> {
+        let tier = match tiers_by {
+            Some(costs) => self.choose(costs, m, n, k)?,
+            None => {
+                let gemm_n = if self.gated { n.saturating_mul(2) } else { n };
+                self.launcher_tier(m, gemm_n, SM90_SMS)?
+            }
+        };
+        self.tiles[tier]
     }
 }
 

@@ -18,13 +18,14 @@
 //!
 //! [`arch`] names the GPU generations and which devices run each;
 //! [`gemm_model`] models the sm90 GEMM kernel's time and chooses its tile
-//! tier, for the build (`select`) and for the run time alike;
+//! tier, and [`guard_model`] the vendor path's time and the guard's
+//! verdict, for the build (`select`) and for the run time alike;
 //! [`names`] the Hugging Face names of a block's weights.
 //! [`diagnostic`] holds the spans and error messages every stage shares;
 //! [`generated`] the names the build script writes and `fusion_graph!`
 //! expands to.
 //!
-//! `syntax`, `ir`, `diagnostic`, `generated`, `arch`, `names` and `gemm_model` are always
+//! `syntax`, `ir`, `diagnostic`, `generated`, `arch`, `names`, `gemm_model` and `guard_model` are always
 //! present: they are what the `fusion_graph!` macro and fusion's run time
 //! link. `fuse`, `select`, `target`, `tune`,
 //! `codegen` and `reference` need the feature `compiler`, and `build` the feature `build`
@@ -44,6 +45,7 @@ pub mod diagnostic;
 pub mod fuse;
 pub mod gemm_model;
 pub mod generated;
+pub mod guard_model;
 #[cfg(feature = "compiler")]
 pub mod hf;
 pub mod ir;

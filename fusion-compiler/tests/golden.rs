@@ -225,6 +225,79 @@ fn render_modelled() -> BTreeMap<String, String> {
     BTreeMap::from([("wrappers.rs".to_owned(), wrappers)])
 }
 
+/// What a build with `FUSION_GUARD=on` renders for `gemm_bias_residual`,
+/// whose N and K are dynamic: the same units, and a plan table whose GEMM
+/// carries a route left to the call (`vendor: fusion::plan::VendorRoute {
+/// .., per_call: Some(&fusion::plan::RouteModel { .. }) }`: the two
+/// models' costs, what the vendor path runs, each variant's tiers, `None`
+/// for sm80), so that the run time decides per call. Only the wrappers are
+/// kept.
+fn render_guarded_per_call() -> BTreeMap<String, String> {
+    use fusion_compiler::select::TunedCache;
+    use fusion_compiler::select::guard::Guard;
+    let graph = "gemm_bias_residual";
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let origin = format!("graphs/{graph}.toml");
+    let ir = fusion_compiler::load_toml_graph(&root.join(&origin)).unwrap_or_else(|e| panic!("{e}"));
+    let spec = GraphSpec {
+        plan: fusion_compiler::fuse::plan(ir),
+        dtypes: DTYPES.to_vec(),
+        origin,
+        fingerprint: None,
+        declaration: String::new(),
+    };
+    let mut cache = TunedCache::default();
+    cache.guard = Some(Guard::shipped_sm90());
+    let library = codegen::render_tuned("fusion_kernels", ARCHS, std::slice::from_ref(&spec), &[], &cache)
+        .unwrap_or_else(|e| panic!("{graph}: {e}"));
+    let wrappers = wrappers::generate(&library, true, FFI_RS);
+    let plain = codegen::render("fusion_kernels", ARCHS, &[spec]).unwrap_or_else(|e| panic!("{e}"));
+    let sources = |library: &codegen::KernelLibrary| -> Vec<String> {
+        library.units.iter().map(|unit| unit.source.clone()).collect()
+    };
+    assert_eq!(
+        sources(&library),
+        sources(&plain),
+        "the guard changes no unit of a dynamic graph"
+    );
+    assert_eq!(
+        without_routes(&wrappers),
+        wrappers::generate(&plain, true, FFI_RS),
+        "the guard changes the plan table's routes alone"
+    );
+    BTreeMap::from([("wrappers.rs".to_owned(), wrappers)])
+}
+
+#[test]
+fn wrappers_guarded_per_call_match_their_golden_file() {
+    let rendered = render_guarded_per_call();
+    let dir = golden_dir("gemm_bias_residual_guarded");
+    if std::env::var_os("FUSION_BLESS").is_some_and(|v| v == "1") {
+        bless(&dir, &rendered);
+        return;
+    }
+    let problems = mismatches(&dir, &rendered);
+    assert!(
+        problems.is_empty(),
+        "generated code differs from tests/golden/gemm_bias_residual_guarded:\n{}\n\nIf the change is intended, \
+         rewrite it with `FUSION_BLESS=1 cargo test -p fusion-compiler --test golden`.",
+        problems.join("\n")
+    );
+    let wrappers = &rendered["wrappers.rs"];
+    assert_eq!(
+        wrappers.matches("&fusion::plan::RouteModel {").count(),
+        1,
+        "one GEMM"
+    );
+    assert_eq!(
+        wrappers.matches("fusion::core::gemm_model::UnitTiers {").count(),
+        2,
+        "f16 and bf16 on sm90"
+    );
+    assert!(wrappers.contains("beta_residual: true"));
+    assert!(wrappers.contains("fusion::plan::VendorEpilogue::Bias"));
+}
+
 #[test]
 fn modelled_wrappers_match_their_golden_file() {
     let rendered = render_modelled();

@@ -390,6 +390,28 @@ pub fn tiles_by_model() -> bool {
         .any(|kernel| matches!(kernel.op, KernelOp::Gemm(GemmOp { model: Some(_), .. })))
 }
 
+/// Whether the built-in library's GEMMs whose N or K is dynamic run the
+/// guard's verdict per call (a build with `FUSION_GUARD=on`) and this
+/// process takes its routes ([`fusion::vendor::routes_enabled`]: cuBLASLt
+/// loaded, `FUSION_GUARD` not `off` at run time): asked of `gemm`'s plan
+/// table, as the build wrote it for every plain-epilogue pattern alike.
+pub fn guarded() -> bool {
+    use fusion::plan::{GemmOp, KernelOp, VendorRoute};
+    let built = kernels::Gemm::<half::f16>::PLAN.kernels.iter().any(|kernel| {
+        matches!(
+            kernel.op,
+            KernelOp::Gemm(GemmOp {
+                vendor: VendorRoute {
+                    per_call: Some(_),
+                    ..
+                },
+                ..
+            })
+        )
+    });
+    built && fusion::vendor::routes_enabled()
+}
+
 /// The CUDA version the driver supports (`cuDriverGetVersion`: major·1000
 /// + minor·10).
 pub fn cuda_driver_version() -> Result<i32> {

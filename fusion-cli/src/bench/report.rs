@@ -246,6 +246,13 @@ pub struct Report {
     /// absent: the launchers chose.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub tiles_by_model: bool,
+    /// The built-in library was built with `FUSION_GUARD=on` and its
+    /// routes were taken: a GEMM whose N or K is dynamic (every corpus
+    /// row's plain-epilogue GEMM) ran cuBLASLt where the guard's models
+    /// predicted the fused kernel slower by more than 3% at the call's
+    /// shape ([`super::guarded`]); absent: the fused kernels ran.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub guarded: bool,
 }
 
 /// How the numbers of a report were made.
@@ -606,6 +613,7 @@ mod tests {
             copy: Some(copy()),
             gemm_tile: None,
             tiles_by_model: false,
+            guarded: false,
         }
     }
 

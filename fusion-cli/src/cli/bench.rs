@@ -303,6 +303,7 @@ fn run_bench(config: BenchConfig, args: &BenchArgs, out: &mut dyn Write) -> Resu
             .map_err(|e| CliError::Message(e.to_string()))?
             .map(|tier| tier.name().to_owned()),
         tiles_by_model: bench::tiles_by_model(),
+        guarded: bench::guarded(),
     };
     drop(clock);
     write!(out, "{}", bench::table(&report)).map_err(CliError::from_stdout)?;

@@ -24,7 +24,7 @@
 //! | `FUSION_CACHE_DIR` | the object cache; default `<target dir>/fusion-cache` |
 //! | `FUSION_TUNED` | a tuned cache whose tiles replace the shipped tables' ([`Builder::tuned`]) |
 //! | `FUSION_SELECT` | `model`: sm90 GEMM tiles chosen by the fitted model of the kernel's time ([`crate::select::model`]), one per M bucket where N and K are static, per call where N or K is dynamic (the plan table's `TileModel`); `tables` or unset: the shipped tables' tiers, chosen among at launch |
-//! | `FUSION_GUARD` | `on`: the M buckets of an sm90 GEMM with static N and K that the fitted models (or a tuned entry) say lose to the unfused cuBLASLt path by more than 3% run that path ([`crate::select::guard`]; the run time needs fusion's feature `cublaslt`); `off` or unset: every bucket fused. Pending a check on a GPU, so off by default |
+//! | `FUSION_GUARD` | `on`: the M buckets of an sm90 GEMM that the fitted models (or a tuned entry) say lose to the unfused cuBLASLt path by more than 3% run that path, decided by the build where N and K are static and per call where N or K is dynamic ([`crate::select::guard`]; the run time needs fusion's feature `cublaslt`); `off` or unset: every bucket fused. Pending a check on a GPU, so off by default |
 //! | `DOCS_RS`, `FUSION_SKIP_NVCC=1` | compile nothing, link nothing, still write the bindings ([`BuildMode::NvccSkipped`]) |
 //! | `NVCC_CCBIN`, `NVCC_PREPEND_FLAGS`, `NVCC_APPEND_FLAGS` | read by nvcc itself, so part of the cache key |
 //!

@@ -31,6 +31,7 @@ pub mod wrappers;
 
 use crate::fuse::{Activation, Composition, EpilogueStep, NormKind, Plan};
 use crate::gemm_model::{Costs, UnitTiers};
+use crate::guard_model::GuardCosts;
 use crate::ir::{DType, WeightLayout};
 use crate::select::{
     self, Arch, ConfigSource, KernelConfig, KernelKind, SelectError, TileConfig, TunedCache, TunedTable,
@@ -206,6 +207,11 @@ pub struct KernelVariants {
     /// ([`KernelLibrary::model`]) and left the GEMM's tile to the call
     /// ([`select::model::run_time_tiers`]); `None` for the others.
     pub tiers: Vec<Option<UnitTiers>>,
+    /// Where the guard leaves the verdict to the call (`FUSION_GUARD=on`,
+    /// N or K dynamic, [`select::guard::call_route`]): the route and, per
+    /// variant, index for index, the tiers the run time weighs (`None` for
+    /// a variant the guard does not serve).
+    pub call_route: Option<(select::guard::CallRoute, Vec<Option<UnitTiers>>)>,
 }
 
 impl KernelVariants {
@@ -249,6 +255,10 @@ pub struct KernelLibrary {
     /// (`FUSION_SELECT=model`): its costs, which the plan tables carry
     /// where a GEMM's tile is chosen per call ([`KernelVariants::tiers`]).
     pub model: Option<Costs>,
+    /// The guard's models (`FUSION_GUARD=on`): their costs, which the plan
+    /// tables carry where a GEMM's verdict is made per call
+    /// ([`KernelVariants::call_route`]).
+    pub guard: Option<GuardCosts>,
 }
 
 /// Why code could not be generated.
@@ -356,8 +366,15 @@ pub fn render_tuned(
     }
     let mut distinct: IndexMap<KernelKey, Pending> = IndexMap::new();
     let mut warnings = cache.warnings.clone();
-    // One variant of a kernel: its dtype, arch, key and run-time tiers.
-    type Use = (DType, Arch, KernelKey, Option<UnitTiers>);
+    // One variant of a kernel: its dtype, arch, key, run-time tiers and
+    // the guard's verdict left to the call.
+    type Use = (
+        DType,
+        Arch,
+        KernelKey,
+        Option<UnitTiers>,
+        Option<(select::guard::CallRoute, UnitTiers)>,
+    );
     // Per graph, per kernel, its variants.
     let mut uses: Vec<Vec<Vec<Use>>> = Vec::new();
     // Per graph, per kernel: the guard's route ([`KernelVariants::vendor`]).
@@ -401,17 +418,21 @@ pub fn render_tuned(
                     if entry.used_by.last() != Some(&user) {
                         entry.used_by.push(user);
                     }
-                    if let KernelKey::Gemm { config, .. } = &key
-                        && let Some(this) =
+                    let mut call_route = None;
+                    if let KernelKey::Gemm { config, .. } = &key {
+                        if let Some(this) =
                             select::guard::route(cache, arch, kernel, &spec.plan.graph, dtype, config)
-                    {
-                        routed_dtypes += 1;
-                        route = Some(match route {
-                            None => this,
-                            Some(kept) => kept.both(&this),
-                        });
+                        {
+                            routed_dtypes += 1;
+                            route = Some(match route {
+                                None => this,
+                                Some(kept) => kept.both(&this),
+                            });
+                        }
+                        call_route =
+                            select::guard::call_route(cache, arch, kernel, &spec.plan.graph, dtype, config);
                     }
-                    kernel_uses.push((dtype, arch, key, tiers));
+                    kernel_uses.push((dtype, arch, key, tiers, call_route));
                 }
             }
             graph_uses.push(kernel_uses);
@@ -449,10 +470,20 @@ pub fn render_tuned(
                 .into_iter()
                 .zip(graph_routes)
                 .map(|(kernel_uses, vendor)| KernelVariants {
-                    tiers: kernel_uses.iter().map(|(.., tiers)| *tiers).collect(),
+                    tiers: kernel_uses.iter().map(|(.., tiers, _)| *tiers).collect(),
+                    call_route: kernel_uses
+                        .iter()
+                        .find_map(|(.., call)| call.as_ref().map(|(route, _)| route.clone()))
+                        .map(|route| {
+                            let units = kernel_uses
+                                .iter()
+                                .map(|(.., call)| call.as_ref().map(|(_, unit)| *unit))
+                                .collect();
+                            (route, units)
+                        }),
                     variants: kernel_uses
                         .into_iter()
-                        .map(|(dtype, arch, key, _)| (dtype, arch, symbols[&key].clone()))
+                        .map(|(dtype, arch, key, ..)| (dtype, arch, symbols[&key].clone()))
                         .collect(),
                     vendor,
                 })
@@ -496,6 +527,7 @@ pub fn render_tuned(
         graphs,
         warnings,
         model: cache.model.as_ref().map(|model| model.costs),
+        guard: cache.guard.as_ref().map(select::guard::Guard::costs),
     })
 }
 

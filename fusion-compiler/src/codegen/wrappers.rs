@@ -46,8 +46,10 @@ use super::{GraphLaunchers, KernelLibrary, ParamsKind, graph_literal};
 use crate::fuse::{Composition, Role};
 use crate::gemm_model::{Costs, UnitTiers};
 use crate::generated::struct_name;
+use crate::guard_model::GuardCosts;
 use crate::ir::{DType, Extent, Graph, TensorId, WeightLayout};
 use crate::select::Arch;
+use crate::select::guard::CallRoute;
 use proc_macro2::{Ident, Literal, Span, TokenStream};
 use quote::{format_ident, quote};
 
@@ -343,7 +345,54 @@ fn vendor_route(route: &crate::select::guard::Route) -> TokenStream {
         arch: fusion::Arch::#arch,
         ms: &[#(#ranges),*],
         epilogue: fusion::plan::VendorEpilogue::#epilogue,
+        per_call: None,
     })
+}
+
+/// A GEMM's `vendor` field where the guard leaves its verdict to the call
+/// ([`super::KernelVariants::call_route`]): no M ranges, and a
+/// `fusion::plan::RouteModel` with the guard's `costs`, what the vendor
+/// path runs and each variant's tiers. `None` where nothing was linked
+/// (the table then has no variants).
+fn call_route(
+    costs: &GuardCosts,
+    (route, units): &(CallRoute, Vec<Option<UnitTiers>>),
+    linked: bool,
+) -> Option<TokenStream> {
+    if !linked {
+        return None;
+    }
+    let arch = format_ident!("{}", format!("{:?}", route.arch));
+    let epilogue = format_ident!("{}", route.epilogue.name());
+    let (fused, vendor) = (struct_fields(&costs.fused), struct_fields(&costs.vendor));
+    let work = &route.work;
+    let (norm, gated, beta_residual) = (work.norm, work.gated, work.beta_residual);
+    let elementwise_tiles = match work.elementwise_tiles {
+        Some(tiles) => {
+            let tiles = Literal::u32_unsuffixed(tiles);
+            quote!(Some(#tiles))
+        }
+        None => quote!(None),
+    };
+    let units = unit_tiers_list(units);
+    Some(quote!(vendor: fusion::plan::VendorRoute {
+        arch: fusion::Arch::#arch,
+        ms: &[],
+        epilogue: fusion::plan::VendorEpilogue::#epilogue,
+        per_call: Some(&fusion::plan::RouteModel {
+            costs: fusion::core::guard_model::GuardCosts {
+                fused: fusion::core::gemm_model::Costs { #fused },
+                vendor: fusion::core::guard_model::VendorCosts { #vendor },
+            },
+            work: fusion::core::guard_model::VendorWork {
+                norm: #norm,
+                gated: #gated,
+                beta_residual: #beta_residual,
+                elementwise_tiles: #elementwise_tiles,
+            },
+            units: #units,
+        }),
+    }))
 }
 
 /// A GEMM's `model` field, where the build has the model of the sm90
@@ -356,8 +405,17 @@ fn tile_model(costs: Option<&Costs>, tiers: &[Option<UnitTiers>], linked: bool) 
     if !linked || tiers.iter().all(Option::is_none) {
         return None;
     }
-    // Every field of the costs by its name, as the calibration file has
-    // them, in the order of their names (whatever order the map keeps).
+    let (fields, units) = (struct_fields(costs), unit_tiers_list(tiers));
+    Some(quote!(model: Some(&fusion::plan::TileModel {
+        costs: fusion::core::gemm_model::Costs { #fields },
+        units: #units,
+    })))
+}
+
+/// The fields of `costs` (a model's fitted costs) as a struct literal's
+/// body: every field by its name, as the calibration file has them, in the
+/// order of their names (whatever order the map keeps).
+fn struct_fields(costs: &impl serde::Serialize) -> TokenStream {
     let serde_json::Value::Object(fields) = serde_json::to_value(costs).expect("costs serialize") else {
         unreachable!("costs serialize as a map")
     };
@@ -382,6 +440,11 @@ fn tile_model(costs: Option<&Costs>, tiers: &[Option<UnitTiers>], linked: bool) 
         };
         quote!(#name: #value)
     });
+    quote!(#(#fields),*)
+}
+
+/// Each variant's tiers, `&[Some(UnitTiers { .. }), None, ..]`.
+fn unit_tiers_list(tiers: &[Option<UnitTiers>]) -> TokenStream {
     let units = tiers.iter().map(|unit| {
         let Some(unit) = unit else {
             return quote!(None);
@@ -393,25 +456,24 @@ fn tile_model(costs: Option<&Costs>, tiers: &[Option<UnitTiers>], linked: bool) 
             }
             None => quote!(None),
         });
-        let decode_max_m = match unit.decode_max_m {
-            Some(max_m) => {
-                let max_m = Literal::u32_unsuffixed(max_m);
-                quote!(Some(#max_m))
+        let optional = |value: Option<u32>| match value {
+            Some(value) => {
+                let value = Literal::u32_unsuffixed(value);
+                quote!(Some(#value))
             }
             None => quote!(None),
         };
+        let (decode_max_m, small_m_max) = (optional(unit.decode_max_m), optional(unit.small_m_max));
         let (gated, source_tile) = (unit.gated, unit.source_tile);
         quote!(Some(fusion::core::gemm_model::UnitTiers {
             tiles: [#(#tiles),*],
             decode_max_m: #decode_max_m,
+            small_m_max: #small_m_max,
             gated: #gated,
             source_tile: #source_tile,
         }))
     });
-    Some(quote!(model: Some(&fusion::plan::TileModel {
-        costs: fusion::core::gemm_model::Costs { #(#fields),* },
-        units: &[#(#units),*],
-    })))
+    quote!(&[#(#units),*])
 }
 
 /// The graph's `__GRAPH` and `__PLAN` statics: its declarations and its plan
@@ -509,8 +571,14 @@ fn plan_table(
                 } else if kernel.binds_b(graph) {
                     fields.push(quote!(bind: Bind::Pad));
                 }
-                if let Some(route) = launchers.kernels.get(index).and_then(|k| k.vendor.as_ref()) {
+                let variants = launchers.kernels.get(index);
+                if let Some(route) = variants.and_then(|k| k.vendor.as_ref()) {
                     fields.push(vendor_route(route));
+                } else if let (Some(costs), Some(route)) =
+                    (&library.guard, variants.and_then(|k| k.call_route.as_ref()))
+                    && let Some(field) = call_route(costs, route, linked)
+                {
+                    fields.push(field);
                 }
                 if let Some(model) = launchers
                     .kernels

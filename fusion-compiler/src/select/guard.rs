@@ -1,7 +1,7 @@
-//! The guard: for each M bucket of a GEMM whose N and K are static, whether
-//! the fused kernel or the unfused vendor path (cuBLASLt with its epilogue,
-//! then fusion's elementwise kernels for what cuBLASLt lacks) runs, so that
-//! a fusion never runs where it is predicted to lose.
+//! The guard: for each M bucket of a GEMM, whether the fused kernel or the
+//! unfused vendor path (cuBLASLt with its epilogue, then fusion's
+//! elementwise kernels for what cuBLASLt lacks) runs, so that a fusion
+//! never runs where it is predicted to lose.
 //!
 //! Both sides are predicted by models fitted to measurements checked into
 //! the repository: the fused kernel's time by [`super::model`], the vendor
@@ -13,15 +13,24 @@
 //! by several percent, and a call that leaves the fused kernel pays a
 //! second launch or more.
 //!
+//! Where N and K are static the build decides each bucket ([`route`]);
+//! where N or K is dynamic it writes what the verdict needs into the plan
+//! table ([`call_route`]: the two models' costs, what the vendor path runs,
+//! the unit's tiers) and the run time decides per call with the same code
+//! ([`crate::guard_model::GuardCosts::vendor_in`]).
+//!
 //! The guard is a build option (`FUSION_GUARD`, [`GUARD_ENV`]), off unless
 //! it is asked for.
 //!
-//! Not here: running the vendor path (the run time's `fusion::vendor`) and
-//! rendering the plan table's routes (codegen).
+//! Not here: the verdict's arithmetic and the vendor model's formula
+//! ([`crate::guard_model`], which the run time shares), running the vendor
+//! path (the run time's `fusion::vendor`) and rendering the plan table's
+//! routes (codegen).
 
-use super::model::{self, Calibration, GemmShape, Provenance, SM90_SMS, TileShape};
+use super::model::{self, Calibration, Provenance, SM90_SMS, TileShape, UnitTiers};
 use super::{Arch, CacheKey, KernelConfig, KernelKind, MBucket, TunedCache};
 use crate::fuse::{EpilogueStep, GemmComposition};
+pub use crate::guard_model::{GuardCosts, MARGIN, VENDOR_UNKNOWNS, VendorCosts, VendorWork};
 use crate::ir::{Activation, DType};
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -30,10 +39,6 @@ use std::fmt;
 /// routes the buckets where the fused kernel is predicted to lose to the
 /// vendor path; unset, empty or `off` leaves every bucket fused.
 pub const GUARD_ENV: &str = "FUSION_GUARD";
-
-/// How much slower the fused kernel must be predicted (or measured) than
-/// the vendor path before a bucket leaves it: 3%.
-pub const MARGIN: f64 = 0.03;
 
 /// Whether `value`, `FUSION_GUARD`'s, turns the guard on; the error names
 /// the values it takes.
@@ -160,30 +165,16 @@ impl VendorPath {
         }
     }
 
-    /// Kernels it launches besides the GEMM.
-    fn extra_kernels(&self) -> u64 {
-        u64::from(self.norm) + u64::from(self.gated || !self.remainder.is_empty())
-    }
-
-    /// Megabytes the kernels besides the GEMM read and write, and the
-    /// bytes of A, B and C (C twice with a residual through beta) the GEMM
-    /// moves, for `m` rows of C's `n` columns over `k` (2-byte elements).
-    fn megabytes(&self, m: u64, n: u64, k: u64) -> (f64, f64) {
-        let (m, n, k) = (m as f64, n as f64, k as f64);
-        let gemm_n = if self.gated { 2.0 * n } else { n };
-        let c_passes = if self.beta_residual { 2.0 } else { 1.0 };
-        let gemm = (m * k + gemm_n * k + c_passes * m * gemm_n) * 2.0 / 1e6;
-        let tiles = self.remainder.iter().filter(|s| s.reads_tile()).count() as f64;
-        let elementwise = if self.gated {
-            // Gate and up read, the product written, each tile operand read.
-            3.0 + tiles
-        } else if self.remainder.is_empty() {
-            0.0
-        } else {
-            2.0 + tiles
-        };
-        let norm = if self.norm { 2.0 * m * k } else { 0.0 };
-        (gemm, (elementwise * m * n + norm) * 2.0 / 1e6)
+    /// What it runs, as the vendor model counts it.
+    pub fn work(&self) -> VendorWork {
+        let tiles = self.remainder.iter().filter(|s| s.reads_tile()).count();
+        VendorWork {
+            norm: self.norm,
+            gated: self.gated,
+            beta_residual: self.beta_residual,
+            elementwise_tiles: (self.gated || !self.remainder.is_empty())
+                .then(|| u32::try_from(tiles).unwrap_or(u32::MAX)),
+        }
     }
 
     /// Why the run time cannot take this path yet, if it cannot: it runs
@@ -212,41 +203,9 @@ fn lt_activation(act: Activation) -> bool {
     matches!(act.name(), "relu" | "gelu")
 }
 
-/// The tiles cuBLASLt's sm90 kernels run, for the model's count of waves.
-const LT_TILES: [(u64, u64); 6] = [
-    (128, 256),
-    (128, 128),
-    (64, 128),
-    (128, 192),
-    (256, 128),
-    (64, 64),
-];
-
-/// The split-K factors it may use where the tiles are under two waves.
-const LT_SPLITS: [u64; 4] = [1, 2, 4, 8];
-
-/// The work of the GEMM as cuBLASLt's heuristic would spread it, in GFLOP
-/// of the whole GPU: of its tiles and split-K factors, the one whose
-/// busiest SM runs the fewest multiply-adds, times the SMs. Where the tiles
-/// fill the waves evenly this is the GEMM's own flops; where they do not it
-/// is what the last wave wastes.
-fn lt_wave_gflop(shape: GemmShape, sms: u64) -> f64 {
-    let mut best = f64::INFINITY;
-    for (bm, bn) in LT_TILES {
-        let tiles = shape.m.div_ceil(bm) * shape.n.div_ceil(bn);
-        for split in LT_SPLITS {
-            if split > 1 && tiles * split > 2 * sms {
-                continue;
-            }
-            let busiest = (tiles * split).div_ceil(sms) * bm * bn * shape.k.div_ceil(split);
-            best = best.min((2 * busiest * sms) as f64 / 1e9);
-        }
-    }
-    best
-}
-
-/// The fitted costs of the vendor path on one GPU, in microseconds:
-/// `kernels/tuned/sm90.vendor.json` is the shipped one.
+/// The fitted costs of the vendor path on one GPU ([`VendorCosts`]) with
+/// where they come from: `kernels/tuned/sm90.vendor.json` is the shipped
+/// one.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct VendorCalibration {
@@ -254,37 +213,9 @@ pub struct VendorCalibration {
     pub note: String,
     /// The measurements.
     pub provenance: Provenance,
-    /// The SMs of the GPU measured.
-    pub sms: u64,
-    /// A cuBLASLt launch, whatever it computes.
-    pub launch_us: f64,
-    /// One GFLOP of the GEMM's waves: of the tiles and split-K factors
-    /// cuBLASLt's sm90 kernels run, the one whose busiest SM does the least,
-    /// its multiply-adds times the SMs.
-    pub wave_gflop_us: f64,
-    /// Each megabyte the GEMM reads or writes once.
-    pub memory_us_per_mb: f64,
-    /// Each kernel launched besides the GEMM (a norm, an elementwise one).
-    pub extra_kernel_us: f64,
-    /// Each megabyte those kernels read or write.
-    pub extra_memory_us_per_mb: f64,
-}
-
-/// The costs a vendor calibration fits.
-const VENDOR_UNKNOWNS: usize = 5;
-
-/// The vendor model's counts for one call, each the multiplier of one cost
-/// of [`VendorCalibration::costs`]: `n` is C's columns.
-fn vendor_features(path: &VendorPath, m: u64, n: u64, k: u64, sms: u64) -> [f64; VENDOR_UNKNOWNS] {
-    let gemm_n = if path.gated { 2 * n } else { n };
-    let (gemm_mb, extra_mb) = path.megabytes(m, n, k);
-    [
-        1.0,
-        lt_wave_gflop(GemmShape { m, n: gemm_n, k }, sms),
-        gemm_mb,
-        path.extra_kernels() as f64,
-        extra_mb,
-    ]
+    /// The costs, and the SMs of the GPU measured.
+    #[serde(flatten)]
+    pub costs: VendorCosts,
 }
 
 /// A vendor path's time on a shape, as a bench row measured it.
@@ -309,24 +240,10 @@ impl VendorCalibration {
             .expect("kernels/tuned/sm90.vendor.json is a vendor calibration")
     }
 
-    fn costs(&self) -> [f64; VENDOR_UNKNOWNS] {
-        [
-            self.launch_us,
-            self.wave_gflop_us,
-            self.memory_us_per_mb,
-            self.extra_kernel_us,
-            self.extra_memory_us_per_mb,
-        ]
-    }
-
     /// The predicted time of `path` for `m` rows of C's `n` columns over
-    /// `k`, in microseconds.
+    /// `k`, in microseconds ([`VendorCosts::predict`]).
     pub fn predict(&self, path: &VendorPath, m: u64, n: u64, k: u64) -> f64 {
-        self.costs()
-            .iter()
-            .zip(vendor_features(path, m, n, k, self.sms))
-            .map(|(cost, count)| cost * count)
-            .sum()
+        self.costs.predict(&path.work(), m, n, k)
     }
 }
 
@@ -342,7 +259,7 @@ pub fn fit_vendor(
 ) -> Result<VendorCalibration, model::FitError> {
     let rows: Vec<([f64; VENDOR_UNKNOWNS], f64)> = samples
         .iter()
-        .map(|s| (vendor_features(&s.path, s.m, s.n, s.k, sms), s.us))
+        .map(|s| (s.path.work().counts(s.m, s.n, s.k, sms), s.us))
         .collect();
     let x = model::least_squares(&rows).ok_or_else(|| {
         model::FitError(format!(
@@ -353,12 +270,14 @@ pub fn fit_vendor(
     Ok(VendorCalibration {
         note: VENDOR_NOTE.to_owned(),
         provenance,
-        sms,
-        launch_us: x[0],
-        wave_gflop_us: x[1],
-        memory_us_per_mb: x[2],
-        extra_kernel_us: x[3],
-        extra_memory_us_per_mb: x[4],
+        costs: VendorCosts {
+            sms,
+            launch_us: x[0],
+            wave_gflop_us: x[1],
+            memory_us_per_mb: x[2],
+            extra_kernel_us: x[3],
+            extra_memory_us_per_mb: x[4],
+        },
     })
 }
 
@@ -391,7 +310,8 @@ pub struct BucketVerdict {
 
 impl BucketVerdict {
     /// The verdict on times `fused_us` and `vendor_us`: the vendor path
-    /// where the fused kernel is slower by more than [`MARGIN`].
+    /// where the fused kernel is slower by more than [`MARGIN`]
+    /// ([`crate::guard_model::vendor_wins`]).
     pub fn decide(
         bucket: MBucket,
         fused_us: Option<f64>,
@@ -403,7 +323,7 @@ impl BucketVerdict {
             fused_us,
             vendor_us,
             evidence,
-            vendor: fused_us.is_some_and(|fused| fused > vendor_us * (1.0 + MARGIN)),
+            vendor: crate::guard_model::vendor_wins(fused_us, vendor_us),
         }
     }
 }
@@ -437,7 +357,8 @@ impl fmt::Display for BucketVerdict {
 pub enum Unguarded {
     /// The models describe the sm90 kernel and cuBLASLt on sm90 alone.
     Arch(Arch),
-    /// N or K is dynamic, so the build does not know the problem.
+    /// N or K is dynamic, so the build does not know the problem: the run
+    /// time decides per call ([`call_route`]).
     Dynamic,
     /// The kernels are not f16 or bf16.
     DType(DType),
@@ -449,7 +370,9 @@ impl fmt::Display for Unguarded {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Unguarded::Arch(arch) => write!(f, "not guarded on {arch}: the models cover sm90"),
-            Unguarded::Dynamic => f.write_str("not guarded: N or K is dynamic"),
+            Unguarded::Dynamic => f.write_str(
+                "decided per call (N or K is dynamic): the run time weighs the two models at each call's (M, N, K)",
+            ),
             Unguarded::DType(dtype) => write!(f, "not guarded: cuBLASLt is not asked for {dtype}"),
             Unguarded::Path(reason) => write!(f, "not guarded: {reason}"),
         }
@@ -474,6 +397,14 @@ impl Guard {
         }
     }
 
+    /// The two models' costs, as the run time weighs them per call.
+    pub fn costs(&self) -> GuardCosts {
+        GuardCosts {
+            fused: self.fused.costs,
+            vendor: self.vendor.costs,
+        }
+    }
+
     /// The verdict on every M bucket of the GEMM `gemm` in `dtype` on
     /// `arch`, with C's static `n` columns over static `k` (`None`:
     /// dynamic, as [`crate::fuse::FusedKernel::static_n_and_k`] says), rendered with
@@ -494,16 +425,17 @@ impl Guard {
         if !matches!(dtype, DType::F16 | DType::BF16) {
             return Err(Unguarded::DType(dtype));
         }
-        let (Some(n), Some(k)) = (n, k) else {
-            return Err(Unguarded::Dynamic);
-        };
         let path = VendorPath::of(gemm);
         if let Some(reason) = path.unsupported() {
             return Err(Unguarded::Path(reason));
         }
+        let (Some(n), Some(k)) = (n, k) else {
+            return Err(Unguarded::Dynamic);
+        };
         let kind = KernelKind::of(gemm, dtype);
         let gemm_n = if kind.gated { 2 * n } else { n };
         let decode = config.decode_for(kind.layout).is_some();
+        let (costs, work) = (self.costs(), path.work());
         let verdicts = MBucket::all()
             .map(|bucket| {
                 let key = CacheKey {
@@ -523,33 +455,16 @@ impl Guard {
                         Evidence::Tuned,
                     );
                 }
-                let ms = bucket.weighed_ms();
-                let fused: Option<Vec<f64>> = ms
-                    .iter()
-                    .map(|&m| {
-                        let tile = config.launched_tile(m, gemm_n, SM90_SMS, decode)?;
-                        Some(self.fused.predict(
-                            TileShape::of(&tile),
-                            GemmShape { m, n: gemm_n, k },
-                            kind.source_tile,
-                        ))
-                    })
-                    .collect();
-                let vendor: Vec<f64> = ms.iter().map(|&m| self.vendor.predict(&path, m, n, k)).collect();
-                BucketVerdict::decide(
-                    bucket,
-                    fused.as_deref().map(geometric_mean),
-                    geometric_mean(&vendor),
-                    Evidence::Model,
-                )
+                let times = costs.bucket_times(&work, kind.source_tile, bucket, (n, k), |m| {
+                    config
+                        .launched_tile(m, gemm_n, SM90_SMS, decode)
+                        .map(|tile| TileShape::of(&tile))
+                });
+                BucketVerdict::decide(bucket, times.fused_us, times.vendor_us, Evidence::Model)
             })
             .collect();
         Ok(verdicts)
     }
-}
-
-fn geometric_mean(values: &[f64]) -> f64 {
-    (values.iter().map(|v| v.ln()).sum::<f64>() / values.len() as f64).exp()
 }
 
 /// The M ranges of the buckets that run the vendor path, neighbours merged:
@@ -610,6 +525,15 @@ pub fn report(
         };
         let _ = write!(out, "kernel #{index} ({}, {dtype}{shape}): ", kind.name);
         match guard.verdicts(cache, arch, gemm, dtype, (n, k), &selected.config) {
+            Err(Unguarded::Dynamic) => {
+                let _ = writeln!(
+                    out,
+                    "{} where the fused kernel is predicted more than {:.0}% slower, {}",
+                    vendor_name(&VendorPath::of(gemm)),
+                    MARGIN * 100.0,
+                    Unguarded::Dynamic
+                );
+            }
             Err(why) => {
                 let _ = writeln!(out, "{why}");
             }
@@ -692,6 +616,50 @@ pub fn route(
         buckets,
         epilogue: VendorPath::of(gemm).epilogue,
     })
+}
+
+/// What the run time weighs per call for a kernel whose N or K is dynamic,
+/// besides the two models' costs ([`Guard::costs`]) and the unit's tiers.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CallRoute {
+    /// The generation the models describe.
+    pub arch: Arch,
+    /// cuBLASLt's epilogue.
+    pub epilogue: VendorEpilogue,
+    /// What the vendor path runs, as its model counts it.
+    pub work: VendorWork,
+}
+
+/// Where the build leaves the verdict on `kernel`'s GEMM in `dtype` on
+/// `arch`, rendered with `config`, to the call: its N or K is dynamic, and
+/// the guard would serve it otherwise. The route and the unit's tiers
+/// ([`KernelConfig::unit_tiers`]), which the run time weighs per call with
+/// [`crate::guard_model::GuardCosts::vendor_in`]; `None` where the cache
+/// carries no guard, the guard does not serve the kernel ([`Unguarded`]),
+/// or its N and K are static (the build decides: [`route`]).
+pub fn call_route(
+    cache: &TunedCache,
+    arch: Arch,
+    kernel: &crate::fuse::FusedKernel,
+    graph: &crate::ir::Graph,
+    dtype: DType,
+    config: &KernelConfig,
+) -> Option<(CallRoute, UnitTiers)> {
+    let guard = cache.guard.as_ref()?;
+    let crate::fuse::Composition::Gemm(gemm) = &kernel.composition else {
+        return None;
+    };
+    let verdict = guard.verdicts(cache, arch, gemm, dtype, kernel.static_n_and_k(graph), config);
+    if !matches!(verdict, Err(Unguarded::Dynamic)) {
+        return None;
+    }
+    let path = VendorPath::of(gemm);
+    let route = CallRoute {
+        arch,
+        epilogue: path.epilogue,
+        work: path.work(),
+    };
+    Some((route, config.unit_tiers(&KernelKind::of(gemm, dtype))))
 }
 
 /// `buckets` (ascending) as M ranges, neighbours merged: `(smallest M,

@@ -294,6 +294,7 @@ impl KernelConfig {
         UnitTiers {
             tiles: self.tiers().map(|(_, tile)| tile.as_ref().map(TileShape::of)),
             decode_max_m: self.decode_for(kernel.layout),
+            small_m_max: self.small().map(|(_, max_m)| max_m),
             gated: kernel.gated,
             source_tile: kernel.source_tile,
         }
@@ -305,28 +306,22 @@ impl KernelConfig {
     /// `None` where the decode kernel runs (`decode` says whether the
     /// kernel has it, [`KernelConfig::decode_for`]).
     pub fn launched_tile(&self, m: u64, n: u64, sms: u64, decode: bool) -> Option<TileConfig> {
-        let wave_area = |tile: &TileConfig| {
-            let tiles = m.div_ceil(u64::from(tile.bm)) * n.div_ceil(u64::from(tile.bn));
-            tiles.div_ceil(sms) * u64::from(tile.bm * tile.bn)
-        };
         if decode && self.decode_max_m.is_some_and(|max| m <= u64::from(max)) {
             return None;
         }
         if let Some(tiles) = &self.by_m {
             return Some(tiles[bucket_of(m).index()]);
         }
-        if let Some((small, max_m)) = self.small()
-            && m <= u64::from(max_m)
-        {
-            return Some(match self.small_m_alt {
-                Some(alt) if wave_area(&alt) <= wave_area(&small) => alt,
-                _ => small,
-            });
-        }
-        Some(match self.large_alt {
-            Some(alt) if 10 * wave_area(&alt) <= 9 * wave_area(&self.large) => alt,
-            _ => self.large,
-        })
+        let tiers = self.tiers();
+        let unit = UnitTiers {
+            tiles: tiers.map(|(_, tile)| tile.as_ref().map(TileShape::of)),
+            decode_max_m: None,
+            small_m_max: self.small().map(|(_, max_m)| max_m),
+            gated: false,
+            source_tile: false,
+        };
+        let tier = unit.launcher_tier(m, n, sms)?;
+        tiers[tier].1
     }
 }
 

@@ -1,5 +1,6 @@
 use super::*;
 use crate::fuse::{Composition, GemmComposition};
+use crate::guard_model::geometric_mean;
 use crate::ir::WeightLayout;
 use crate::select::model::tests::{provenance_of, repo_root};
 use crate::select::{CacheEntry, TileConfig, select};
@@ -74,7 +75,7 @@ fn vendor_calibration_is_the_fit_of_its_files() {
         (&refit.provenance, &refit.note)
     );
     let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1.0);
-    for (a, b) in shipped.costs().iter().zip(refit.costs()) {
+    for (a, b) in shipped.costs.as_array().iter().zip(refit.costs.as_array()) {
         assert!(close(*a, b), "shipped {shipped:?}\nrefit {refit:?}");
     }
 }
@@ -126,7 +127,7 @@ fn vendor_model_predicts_layers_it_was_not_fitted_to() {
         "held out: median {median:.3}, p90 {p90:.3}"
     );
     // Every cost is a cost: none of the fit's terms pays time back.
-    assert!(shipped.costs().iter().all(|&c| c > 0.0), "{shipped:?}");
+    assert!(shipped.costs.as_array().iter().all(|&c| c > 0.0), "{shipped:?}");
 }
 
 #[test]
@@ -253,9 +254,9 @@ fn verdicts_compare_the_two_predictions_per_bucket() {
     // bucket to it; one that makes it ten times slower, none.
     let mut fast = guard.clone();
     for cost in [
-        &mut fast.vendor.launch_us,
-        &mut fast.vendor.wave_gflop_us,
-        &mut fast.vendor.memory_us_per_mb,
+        &mut fast.vendor.costs.launch_us,
+        &mut fast.vendor.costs.wave_gflop_us,
+        &mut fast.vendor.costs.memory_us_per_mb,
     ] {
         *cost /= 10.0;
     }
@@ -276,7 +277,7 @@ fn verdicts_compare_the_two_predictions_per_bucket() {
         "neighbouring buckets merge into one range"
     );
     let mut slow = guard.clone();
-    slow.vendor.launch_us *= 10.0;
+    slow.vendor.costs.launch_us *= 10.0;
     let verdicts = slow
         .verdicts(
             &cache,
@@ -374,8 +375,8 @@ fn the_report_names_each_gemm_kernel_and_its_buckets() {
     let path = repo_root().join("graphs/gpt2_mlp.toml");
     let plan = crate::fuse::plan(crate::load_toml_graph(&path).unwrap());
     let mut fast = Guard::shipped_sm90();
-    fast.vendor.launch_us /= 100.0;
-    fast.vendor.wave_gflop_us /= 100.0;
+    fast.vendor.costs.launch_us /= 100.0;
+    fast.vendor.costs.wave_gflop_us /= 100.0;
     let text = report(&plan, &fast, &TunedCache::default()).unwrap();
     assert!(
         text.starts_with(
@@ -396,6 +397,17 @@ fn the_report_names_each_gemm_kernel_and_its_buckets() {
         "{text}"
     );
     assert!(text.contains("  m>4096: VENDOR (fused "), "{text}");
+    // N and K dynamic: the run time decides.
+    let path = repo_root().join("graphs/gemm_bias_residual.toml");
+    let plan = crate::fuse::plan(crate::load_toml_graph(&path).unwrap());
+    let text = report(&plan, &Guard::shipped_sm90(), &TunedCache::default()).unwrap();
+    assert!(
+        text.contains(
+            "kernel #0 (gemm_bias_residual, f16): cuBLASLt BIAS + beta·C where the fused kernel is predicted more \
+             than 3% slower, decided per call (N or K is dynamic)"
+        ),
+        "{text}"
+    );
 }
 
 #[test]
@@ -467,4 +479,112 @@ fn the_guard_lifts_the_corpus_rows_it_serves() {
     assert!(rows >= 100, "{rows} rows");
     assert!(below_after < below_before, "{below_after} >= {below_before}");
     assert!(routed_wins * 20 <= routed, "{routed_wins} of {routed}");
+}
+
+/// Where N or K is dynamic the run time decides per call what a build with
+/// the same N and K static decides per M bucket: for every GEMM of the
+/// corpus (`benchmarks/corpus.toml`), its built-in graph (N and K dynamic)
+/// is rendered with the guard, as the build writes its plan table, and the
+/// verdict the run time makes from that table's route on each bucket at the
+/// layer's N and K ([`crate::guard_model::GuardCosts::vendor_in`], as
+/// `fusion::plan::RouteModel` calls it) is the build's verdict on that
+/// bucket for the static shape, in f16 and bf16, with the tiles the
+/// launcher chooses and with those the model chooses (`FUSION_SELECT=model`).
+/// A kernel the guard does not serve is served by neither.
+#[test]
+fn the_verdict_per_call_is_the_builds_on_the_corpus() {
+    use crate::codegen::{GraphSpec, KernelVariants, render_tuned};
+    use std::collections::BTreeMap;
+    let text = std::fs::read_to_string(repo_root().join("benchmarks/corpus.toml")).unwrap();
+    let corpus = crate::corpus::Corpus::parse(&text).unwrap();
+    let shapes = corpus.shapes();
+    let guard = Guard::shipped_sm90();
+    let table = super::super::TunedTable::shipped(Arch::Sm90).unwrap();
+    let dtypes = [DType::F16, DType::BF16];
+    let (mut compared, mut routed, mut unserved) = (0, 0, 0);
+    for model in [None, Some(Calibration::shipped_sm90())] {
+        let mut cache = TunedCache::default();
+        (cache.guard, cache.model) = (Some(guard.clone()), model);
+        // Each built-in graph rendered once: its GEMM's plan-table entry.
+        let mut rendered: BTreeMap<String, (GemmComposition, KernelVariants)> = BTreeMap::new();
+        for shape in &shapes {
+            let (gemm, variants) = rendered.entry(shape.kernel.clone()).or_insert_with(|| {
+                let path = repo_root().join("graphs").join(format!("{}.toml", shape.kernel));
+                let plan = crate::fuse::plan(crate::load_toml_graph(&path).unwrap());
+                let spec = GraphSpec {
+                    plan,
+                    dtypes: dtypes.to_vec(),
+                    origin: format!("graphs/{}.toml", shape.kernel),
+                    fingerprint: None,
+                    declaration: String::new(),
+                };
+                let library = render_tuned("corpus", &[Arch::Sm90], &[spec], &[], &cache).unwrap();
+                let graph = &library.graphs[0];
+                let index = graph
+                    .spec
+                    .plan
+                    .kernels
+                    .iter()
+                    .position(|k| matches!(k.composition, Composition::Gemm(_)))
+                    .unwrap();
+                let Composition::Gemm(gemm) = &graph.spec.plan.kernels[index].composition else {
+                    unreachable!()
+                };
+                (gemm.clone(), graph.kernels[index].clone())
+            });
+            for (variant, &dtype) in dtypes.iter().enumerate() {
+                let kind = KernelKind::of(gemm, dtype);
+                let selected = super::super::select_tuned(
+                    &table,
+                    &cache,
+                    Arch::Sm90,
+                    &kind,
+                    Some(shape.n),
+                    Some(shape.k),
+                )
+                .unwrap();
+                let at_build = guard.verdicts(
+                    &cache,
+                    Arch::Sm90,
+                    gemm,
+                    dtype,
+                    (Some(shape.n), Some(shape.k)),
+                    &selected.config,
+                );
+                let Some((route, units)) = &variants.call_route else {
+                    assert!(
+                        matches!(at_build, Err(Unguarded::Path(_))),
+                        "{}: the build serves what the run time does not",
+                        shape.kernel
+                    );
+                    unserved += 1;
+                    continue;
+                };
+                let at_build = at_build.unwrap();
+                let unit = units[variant].expect("sm90 in f16 and bf16 is served");
+                let tiers_by = variants.tiers[variant]
+                    .and(cache.model.as_ref())
+                    .map(|m| &m.costs);
+                for verdict in &at_build {
+                    let per_call = guard.costs().vendor_in(
+                        &route.work,
+                        &unit,
+                        tiers_by,
+                        verdict.bucket,
+                        (shape.n, shape.k),
+                    );
+                    assert_eq!(
+                        per_call, verdict.vendor,
+                        "{} {dtype} at N={} K={}: {verdict}",
+                        shape.kernel, shape.n, shape.k
+                    );
+                    compared += 1;
+                    routed += usize::from(per_call);
+                }
+            }
+        }
+    }
+    eprintln!("{compared} buckets compared, {routed} routed; {unserved} unserved kernels");
+    assert!(compared >= 200, "{compared} buckets compared");
+    assert!(routed > 0 && routed < compared, "{routed} of {compared} routed");
 }

@@ -221,6 +221,7 @@ fn unit(tiles: &[(u32, u32)]) -> UnitTiers {
     let mut unit = UnitTiers {
         tiles: [None; TIERS],
         decode_max_m: None,
+        small_m_max: None,
         gated: false,
         source_tile: false,
     };

@@ -212,6 +212,7 @@ mod __gpt2_mlp {
                         arch: fusion::Arch::Sm90,
                         ms: &[(17, 4096)],
                         epilogue: fusion::plan::VendorEpilogue::Bias,
+                        per_call: None,
                     },
                     ..GemmOp::EMPTY
                 }),
