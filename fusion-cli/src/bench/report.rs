@@ -152,6 +152,22 @@ pub struct Slowdown {
     /// `concurrent_us` over `solo_us`: above 1, the streams slow each
     /// other down.
     pub slowdown: f64,
+    /// The SM clock sampled while this contender ran one stream at a time
+    /// (absent without `nvidia-smi`, or where no sample fell inside).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub solo_clock: Option<ClockSummary>,
+    /// The SM clock sampled while this contender ran on every stream at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrent_clock: Option<ClockSummary>,
+}
+
+impl Slowdown {
+    /// The median SM clocks alone and at once, `1980/1755`, `-` for one
+    /// without samples.
+    fn clocks(&self) -> String {
+        let median = |c: Option<ClockSummary>| c.map_or("-".to_string(), |c| format!("{:.0}", c.median_mhz));
+        format!("{}/{}", median(self.solo_clock), median(self.concurrent_clock))
+    }
 }
 
 /// What one case measured.
@@ -464,7 +480,7 @@ fn concurrency_table(report: &Report) -> String {
     };
     let mut out = format!(
         "\n{} streams in flight against one at a time (µs per call)\n\
-         {:<20} {:<18} {:<5} {:>10} {:>10} {:>8} {:>10} {:>10} {:>8} {:>5}\n",
+         {:<20} {:<18} {:<5} {:>10} {:>10} {:>8} {:>10} {:>10} {:>8} {:>5} {:>11} {:>11}\n",
         first.streams,
         "kernel",
         "shape (M,N,K)",
@@ -475,11 +491,13 @@ fn concurrency_table(report: &Report) -> String {
         "first 1",
         "first N",
         "slower",
-        "late"
+        "late",
+        "ours MHz",
+        "first MHz"
     );
     for (r, c) in &rows {
         out.push_str(&format!(
-            "{:<20} {:<18} {:<5} {:>10.1} {:>10.1} {:>8.3} {:>10.1} {:>10.1} {:>8.3} {:>5}\n",
+            "{:<20} {:<18} {:<5} {:>10.1} {:>10.1} {:>8.3} {:>10.1} {:>10.1} {:>8.3} {:>5} {:>11} {:>11}\n",
             r.kernel,
             r.shape,
             r.dtype,
@@ -490,6 +508,8 @@ fn concurrency_table(report: &Report) -> String {
             c.baseline.concurrent_us,
             c.baseline.slowdown,
             c.late,
+            c.ours.clocks(),
+            c.baseline.clocks(),
         ));
     }
     out.push_str(&format!(
@@ -497,7 +517,9 @@ fn concurrency_table(report: &Report) -> String {
          host thread, buffers and workspace, the span from the first start to the last end over {n} x {calls} calls; \
          medians of {rounds} rounds\n\
          slower = N / 1, for ours and for the first (the baseline with the cuBLASLt heuristic's first algorithm); \
-         late: measurements in which the device reached the calls before the host had queued them all\n",
+         late: measurements in which the device reached the calls before the host had queued them all\n\
+         MHz: the median SM clock sampled while the contender ran one stream at a time / all at once \
+         (-: no sample fell inside)\n",
         calls = first.calls,
         n = first.streams,
         rounds = first.rounds,
@@ -784,11 +806,15 @@ mod tests {
                 solo_us: 200.0,
                 concurrent_us: 232.0,
                 slowdown: 1.16,
+                solo_clock: None,
+                concurrent_clock: None,
             },
             baseline: Slowdown {
                 solo_us: 210.0,
                 concurrent_us: 252.0,
                 slowdown: 1.2,
+                solo_clock: None,
+                concurrent_clock: None,
             },
             late: 0,
         });

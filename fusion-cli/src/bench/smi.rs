@@ -131,10 +131,17 @@ impl ClockSampler {
 
     /// The clock over the samples read between `from` and `to`.
     pub fn between(&self, from: Instant, to: Instant) -> Option<ClockSummary> {
+        self.within(&[(from, to)])
+    }
+
+    /// The clock over the samples read inside any of `spans` (each from,
+    /// to): one summary of several short measurements of one kind, each
+    /// shorter than the sampling period.
+    pub fn within(&self, spans: &[(Instant, Instant)]) -> Option<ClockSummary> {
         let samples = self.samples.lock().expect("no panic holds the lock");
         let mhz: Vec<f64> = samples
             .iter()
-            .filter(|(at, _)| (from..=to).contains(at))
+            .filter(|(at, _)| spans.iter().any(|(from, to)| (from..=to).contains(&at)))
             .map(|&(_, mhz)| mhz)
             .collect();
         ClockSummary::of(&mhz)

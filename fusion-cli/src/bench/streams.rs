@@ -14,12 +14,14 @@
 //! moves them alike.
 
 use super::report::{Concurrency, Slowdown};
+use super::smi::ClockSampler;
 use super::timing::{TimingPlan, percentile};
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, sys::CUevent_flags};
 use fusion::error::{Error, Result};
 use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
+use std::time::Instant;
 
 /// Rounds of measurements; each times every contender once on each
 /// stream alone and once on all streams together.
@@ -178,12 +180,16 @@ impl Part<'_> {
 /// Measures a row's contenders on `streams` streams: `case` builds the row
 /// on the stream of the [`Part`] it is given and calls
 /// [`Part::take_part`]. `gate` (a stream of its own) and `head` (scratch
-/// for the head start) stay on this thread.
+/// for the head start) stay on this thread. With `clock`, each contender's
+/// SM clock alone and at once is summarized over the spans of its
+/// measurements: a slowdown that a lower clock explains (the card held to
+/// its power limit) shows there.
 pub fn measure(
     gate: &Arc<CudaStream>,
     head: &mut CudaSlice<u8>,
     streams: usize,
     plan: TimingPlan,
+    clock: Option<&ClockSampler>,
     case: impl Fn(&Part<'_>) -> Result<()> + Sync,
 ) -> Result<Concurrency> {
     let ctx = gate.context();
@@ -199,6 +205,7 @@ pub fn measure(
         late: AtomicUsize::new(0),
     };
     let mut samples = [[Vec::new(), Vec::new()], [Vec::new(), Vec::new()]];
+    let mut spans = [[Vec::new(), Vec::new()], [Vec::new(), Vec::new()]];
     let (coordinated, threads) = std::thread::scope(|scope| {
         let handles: Vec<_> = own_streams
             .into_iter()
@@ -220,7 +227,7 @@ pub fn measure(
                 })
             })
             .collect();
-        let coordinated = coordinate(gate, head, &rendezvous, streams, &mut samples);
+        let coordinated = coordinate(gate, head, &rendezvous, streams, &mut samples, &mut spans);
         let threads: Vec<Result<()>> = handles
             .into_iter()
             .map(|h| h.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
@@ -229,8 +236,16 @@ pub fn measure(
     });
     coordinated?;
     threads.into_iter().collect::<Result<Vec<()>>>()?;
-    let [ours, baseline] =
-        samples.map(|[mut solo, mut concurrent]| Slowdown::new(&mut solo, &mut concurrent));
+    let clocks = spans.map(|modes| modes.map(|spans| clock.and_then(|c| c.within(&spans))));
+    let [ours, baseline] = std::array::from_fn(|contender| {
+        let [solo, concurrent] = &mut samples[contender];
+        let [solo_clock, concurrent_clock] = clocks[contender];
+        Slowdown {
+            solo_clock,
+            concurrent_clock,
+            ..Slowdown::new(solo, concurrent)
+        }
+    });
     Ok(Concurrency {
         streams,
         calls: plan.runs,
@@ -241,15 +256,21 @@ pub fn measure(
     })
 }
 
+/// Where the per-call times and the host's spans of the measurements go:
+/// `[contender][0 alone, 1 all at once]`.
+type ByMode<T> = [[Vec<T>; 2]; CONTENDERS];
+
 /// This thread's side: the head start and the gate before each
-/// measurement, and the per-call time of each after it, into
-/// `samples[contender][0 alone, 1 all at once]`.
+/// measurement, and the per-call time of each after it, into `samples`,
+/// with the host's span of each measurement (from the gate's recording,
+/// the head start's tail included, to the last stream's end) into `spans`.
 fn coordinate(
     gate_stream: &Arc<CudaStream>,
     head: &mut CudaSlice<u8>,
     rendezvous: &Rendezvous,
     streams: usize,
-    samples: &mut [[Vec<f64>; 2]; CONTENDERS],
+    samples: &mut ByMode<f64>,
+    spans: &mut ByMode<(Instant, Instant)>,
 ) -> Result<()> {
     let mut failed = None;
     let ctx = gate_stream.context();
@@ -264,21 +285,24 @@ fn coordinate(
         let gate = gate.map_err(|e| failed.get_or_insert(e)).ok();
         *rendezvous.gate.lock().unwrap_or_else(|e| e.into_inner()) = gate.clone();
         rendezvous.barrier.wait();
+        let started = Instant::now();
         rendezvous.barrier.wait();
-        let spans = std::mem::take(&mut *rendezvous.spans.lock().unwrap_or_else(|e| e.into_inner()));
-        let (Some(gate), false) = (gate, spans.is_empty()) else {
+        let mode = usize::from(step.alone.is_none());
+        spans[step.contender][mode].push((started, Instant::now()));
+        let events = std::mem::take(&mut *rendezvous.spans.lock().unwrap_or_else(|e| e.into_inner()));
+        let (Some(gate), false) = (gate, events.is_empty()) else {
             continue;
         };
         let per_call = (|| -> Result<f64> {
             let (mut first, mut last) = (f64::INFINITY, f64::NEG_INFINITY);
-            for (start, end) in &spans {
+            for (start, end) in &events {
                 first = first.min(f64::from(gate.elapsed_ms(start)?));
                 last = last.max(f64::from(gate.elapsed_ms(end)?));
             }
-            Ok((last - first) * 1e3 / (spans.len() * rendezvous.plan.runs) as f64)
+            Ok((last - first) * 1e3 / (events.len() * rendezvous.plan.runs) as f64)
         })();
         match per_call {
-            Ok(us) => samples[step.contender][usize::from(step.alone.is_none())].push(us),
+            Ok(us) => samples[step.contender][mode].push(us),
             Err(e) => {
                 failed.get_or_insert(e);
             }
@@ -305,6 +329,8 @@ impl Slowdown {
             solo_us,
             concurrent_us,
             slowdown: concurrent_us / solo_us,
+            solo_clock: None,
+            concurrent_clock: None,
         }
     }
 }
