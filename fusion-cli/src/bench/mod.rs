@@ -1452,7 +1452,8 @@ pub fn run<T: BenchElement>(
                         case: &(dyn Fn(&streams::Part<'_>) -> Result<Option<Row>> + Sync)|
      -> Result<Row> {
         if let Some(n) = config.streams {
-            let concurrency = streams::measure(stream, head, n, config.timing, clock, |part| case(part).map(drop))?;
+            let concurrency =
+                streams::measure(stream, head, n, config.timing, clock, |part| case(part).map(drop))?;
             row.concurrency = Some(concurrency);
         }
         Ok(row)
