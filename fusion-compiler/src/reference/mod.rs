@@ -47,9 +47,11 @@
 //! | `kernels` | each op in f64: matmul, norms, activations, `erf` |
 //! | `eval` | binding inputs by name, inferring dynamic dims, running the ops |
 //! | `compare` | [`relative_error`] and [`max_abs_error`] |
+//! | [`fp8`] | E4M3 codes, rounding to them, scales |
 
 mod compare;
 mod eval;
+pub mod fp8;
 mod kernels;
 mod tensor;
 
