@@ -277,5 +277,5 @@ fn fp8_scales_are_given_once_to_declared_fp8_tensors() {
     // tensors.
     let g = b.build().unwrap();
     assert_eq!(g.tensor(x).scale, Some(x_scale));
-    assert!(g.is_scale(w_scale) && !g.is_scale(w));
+    assert_eq!(g.scales(), vec![x_scale, w_scale]);
 }

@@ -53,11 +53,12 @@ pub fn lower(decl: &GraphDecl) -> Result<Graph, Diagnostics> {
 fn check_static_row_lengths(graph: &Graph) -> Result<(), Diagnostics> {
     let mut reported = Vec::new();
     let mut errors = Vec::new();
+    let scales = graph.scales();
     for (i, t) in graph.tensors.iter().enumerate() {
         let Some(&Extent::Static(n)) = t.shape.last() else {
             continue;
         };
-        if graph.is_scale(TensorId(i)) {
+        if scales.contains(&TensorId(i)) {
             continue;
         }
         if n % 8 == 0 || reported.contains(&n) {

@@ -357,9 +357,10 @@ impl Graph {
         ))
     }
 
-    /// Whether `t` is the scale of an FP8 tensor of the graph.
-    pub fn is_scale(&self, t: TensorId) -> bool {
-        self.tensors.iter().any(|desc| desc.scale == Some(t))
+    /// The scales of the graph's FP8 tensors (one pass over the tensors;
+    /// a graph has a handful, so `contains` on the result is cheap).
+    pub fn scales(&self) -> Vec<TensorId> {
+        self.tensors.iter().filter_map(|desc| desc.scale).collect()
     }
 
     /// `M, 4096`: dynamic dims by name, static ones by size.

@@ -94,7 +94,8 @@ pub fn evaluate_rows_with(
     }
     let mut values = borrow_declared(graph, inputs);
     // A scale is one value or one per output channel: it has no rows.
-    for &t in graph.inputs.iter().filter(|&&t| !graph.is_scale(t)) {
+    let scales = graph.scales();
+    for &t in graph.inputs.iter().filter(|t| !scales.contains(t)) {
         let full = values[t.0].take().expect("inputs are bound");
         values[t.0] = Some(Cow::Owned(full.select_rows(rows)?));
     }
@@ -150,11 +151,12 @@ pub fn random_bindings<R: Rng + ?Sized>(
     };
     let mut bindings = Bindings::new();
     // Scales are drawn with the tensor they scale.
+    let scales = graph.scales();
     for &t in graph
         .inputs
         .iter()
         .chain(&graph.weights)
-        .filter(|&&t| !graph.is_scale(t))
+        .filter(|t| !scales.contains(t))
     {
         let desc = graph.tensor(t);
         let bound = match (desc.kind, fan_in.get(&t)) {
@@ -289,10 +291,11 @@ fn row_dim(graph: &Graph) -> Result<DimId, ReferenceError> {
     };
     let dim_name = &graph.dims[dim.0].name;
     let row = Extent::Dynamic(dim);
+    let scales = graph.scales();
     for (i, desc) in graph.tensors.iter().enumerate() {
         // A scale is one value or one per output channel, read whole by
         // every row.
-        if graph.is_scale(TensorId(i)) {
+        if scales.contains(&TensorId(i)) {
             continue;
         }
         let what = match desc.kind {
