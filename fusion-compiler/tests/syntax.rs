@@ -821,7 +821,7 @@ fn fp8_where_an_op_cannot_take_it_is_refused_naming_the_tensor() {
         &text,
         "x @ w^T",
         &[
-            "dtype mismatch in matmul: `w`: f8e4m3[32, 64] scale w_scale and `x`: bf16[M, 64]: both operands of an FP8 matmul are f8e4m3, each with its scale",
+            "dtype mismatch in matmul: `x`: bf16[M, 64] and `w`: f8e4m3[32, 64] scale w_scale: both operands of an FP8 matmul are f8e4m3, each with its scale",
         ],
     );
     // The product is bf16: an f16 bias does not add to it.

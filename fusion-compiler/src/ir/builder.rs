@@ -370,17 +370,15 @@ impl GraphBuilder {
     /// scale, A's one value, B's one value or one per output column (`n`).
     fn check_fp8_matmul(&self, a: TensorId, b: TensorId, n: Extent, span: Span) -> Result<(), Diagnostic> {
         let op = ops::MATMUL.name;
-        for (t, other) in [(a, b), (b, a)] {
-            if !self.graph.tensors[other.0].dtype.is_fp8() {
-                return Err(self.error(
-                    span,
-                    format!(
-                        "dtype mismatch in {op}: {} and {}: both operands of an FP8 matmul are f8e4m3, each with its scale",
-                        self.describe(t),
-                        self.describe(other)
-                    ),
-                ));
-            }
+        if !(self.graph.tensors[a.0].dtype.is_fp8() && self.graph.tensors[b.0].dtype.is_fp8()) {
+            return Err(self.error(
+                span,
+                format!(
+                    "dtype mismatch in {op}: {} and {}: both operands of an FP8 matmul are f8e4m3, each with its scale",
+                    self.describe(a),
+                    self.describe(b)
+                ),
+            ));
         }
         for (t, role) in [(a, "left"), (b, "right")] {
             let desc = &self.graph.tensors[t.0];
