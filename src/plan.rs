@@ -370,6 +370,8 @@ pub fn graph(table: &PlanTable, declared: &DeclaredGraph) -> fusion_compiler::ir
             } else {
                 TensorKind::Intermediate
             },
+            // A graph with FP8 tensors has no plan table: the build refuses it.
+            scale: None,
             span: Span::None,
         })
         .collect();

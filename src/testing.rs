@@ -91,6 +91,10 @@ pub fn graphs_dir() -> std::path::PathBuf {
 /// `dtype` (the shipped graphs are written in f16).
 pub fn load_graph_as(path: &Path, dtype: DType) -> Result<Graph, String> {
     let mut graph = fusion_compiler::load_toml_graph(path)?;
+    // Re-typed, an FP8 graph would lose what its scales mean.
+    if let Some(refusal) = graph.fp8_refusal() {
+        return Err(format!("{}: {refusal}", path.display()));
+    }
     for tensor in &mut graph.tensors {
         tensor.dtype = dtype;
     }
@@ -197,6 +201,7 @@ pub fn unit_roundoff(dtype: DType) -> f64 {
         DType::F16 => 2f64.powi(-11),
         DType::BF16 => 2f64.powi(-8),
         DType::F32 => 2f64.powi(-24),
+        DType::F8E4M3 => 2f64.powi(-4),
     }
 }
 
@@ -208,6 +213,7 @@ pub fn ulp(dtype: DType, a: f64) -> f64 {
         DType::F16 => (10, -14),
         DType::BF16 => (7, -126),
         DType::F32 => (23, -126),
+        DType::F8E4M3 => (3, -6),
     };
     let exponent = if a > 0.0 {
         a.log2().floor() as i32
@@ -232,6 +238,8 @@ pub fn relative_l2_limit(dtype: DType) -> f64 {
         DType::F16 => 1e-3,
         DType::BF16 => 8e-3,
         DType::F32 => 1e-5,
+        // About 2u, as the others: an output quantized to E4M3 (u = 2⁻⁴).
+        DType::F8E4M3 => 0.125,
     }
 }
 

@@ -286,6 +286,7 @@ mod lt {
                 DType::F16 => sys::cudaDataType_t::CUDA_R_16F,
                 DType::BF16 => sys::cudaDataType_t::CUDA_R_16BF,
                 DType::F32 => sys::cudaDataType_t::CUDA_R_32F,
+                DType::F8E4M3 => sys::cudaDataType_t::CUDA_R_8F_E4M3,
             };
             let planned = (m, n, k);
             let dense = match layout {

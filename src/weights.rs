@@ -77,6 +77,7 @@ pub fn file_dtype(dtype: DType) -> Dtype {
         DType::F16 => Dtype::F16,
         DType::BF16 => Dtype::BF16,
         DType::F32 => Dtype::F32,
+        DType::F8E4M3 => Dtype::F8_E4M3,
     }
 }
 

@@ -282,6 +282,13 @@ pub fn plan_graph(graph: Graph, dot: Option<&Path>, json: bool, out: &mut dyn Wr
     } else {
         write!(out, "{plan}").map_err(CliError::from_stdout)?;
         writeln!(out, "\n{}", workspace_line(&workspace)).map_err(CliError::from_stdout)?;
+        if let Some(refusal) = plan.graph.fp8_refusal() {
+            writeln!(
+                out,
+                "\nnote: {refusal}: a build refuses this graph; the plan above is how it would be split"
+            )
+            .map_err(CliError::from_stdout)?;
+        }
     }
     if let Some(path) = dot {
         std::fs::write(path, fuse::dot::write(&plan)).map_err(|e| {

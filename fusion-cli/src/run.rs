@@ -67,6 +67,9 @@ pub fn run(settings: &Settings, out: &mut dyn Write) -> Result<(), String> {
         Some(dtype) => testing::load_graph_as(path, dtype)?,
         None => fusion_compiler::load_toml_graph(path)?,
     };
+    if let Some(refusal) = graph.fp8_refusal() {
+        return Err(format!("{}: {refusal}", path.display()));
+    }
     let dtype = graph_dtype(&graph).map_err(|e| format!("{}: {e}", path.display()))?;
     let inputs = TensorFile::open(&settings.inputs).map_err(|e| e.to_string())?;
     let weights = match &settings.weights {
@@ -81,8 +84,8 @@ pub fn run(settings: &Settings, out: &mut dyn Write) -> Result<(), String> {
     match dtype {
         DType::F16 => run_as::<f16>(settings, graph, files, out),
         DType::BF16 => run_as::<bf16>(settings, graph, files, out),
-        DType::F32 => Err(format!(
-            "{}: kernels take f16 or bf16 tensors; this graph's are f32",
+        DType::F32 | DType::F8E4M3 => Err(format!(
+            "{}: kernels take f16 or bf16 tensors; this graph's are {dtype}",
             path.display()
         )),
     }

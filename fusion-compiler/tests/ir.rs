@@ -244,3 +244,38 @@ fn uses_count_repeats_and_outputs() {
     assert_eq!(g.op(g.producer(sq).unwrap()).kind, OpKind::Mul);
     assert!(g.producer(x).is_none());
 }
+
+#[test]
+fn fp8_scales_are_given_once_to_declared_fp8_tensors() {
+    let (mut b, m, d, f) = builder();
+    let one = Extent::Static(1);
+    let x = b.input("x", DType::F8E4M3, &[m, d]).unwrap();
+    let x_scale = b.weight("x_scale", DType::F32, &[one]).unwrap();
+    // [K, N]: one scale per output column, the weight's second axis.
+    let w = b.weight("w", DType::F8E4M3, &[d, f]).unwrap();
+    let w_scale = b.weight("w_scale", DType::F32, &[f]).unwrap();
+    let h = b.weight("h", DType::BF16, &[f]).unwrap();
+    // A matmul before the scale is given is refused: that is where the
+    // scale is checked against the output columns.
+    let err = b.matmul(x, w, WeightLayout::KN).unwrap_err();
+    assert!(err.message.contains("`x` is f8e4m3 but has no scale"), "{err}");
+    b.scale(x, x_scale).unwrap();
+    b.scale(w, w_scale).unwrap();
+    let err = b.scale(w, x_scale).unwrap_err();
+    assert_eq!(err.message, "`w` already has the scale `w_scale`");
+    let err = b.scale(h, x_scale).unwrap_err();
+    assert!(err.message.contains("`h`: bf16[256] takes no scale"), "{err}");
+    let y = b.matmul(x, w, WeightLayout::KN).unwrap();
+    assert_eq!(b.tensor(y).dtype, DType::BF16);
+    let err = b.scale(y, x_scale).unwrap_err();
+    assert!(err.message.contains("takes no scale"), "{err}");
+    let err = b.relu(x).unwrap_err();
+    assert!(err.message.contains("cannot be an operand of relu"), "{err}");
+    let y = b.bias_add(y, h).unwrap();
+    b.output("y", y).unwrap();
+    // The scales are no op's operands, but live: they are read with their
+    // tensors.
+    let g = b.build().unwrap();
+    assert_eq!(g.tensor(x).scale, Some(x_scale));
+    assert_eq!(g.scales(), vec![x_scale, w_scale]);
+}

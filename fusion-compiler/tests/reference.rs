@@ -681,3 +681,94 @@ fn static_extents_resolve() {
     let err = evaluate_rows(&graph, &bindings(&[("x", HostTensor::zeros(&[3, 2]))]), &[0]).unwrap_err();
     assert!(err.to_string().contains("static size 3"), "{err}");
 }
+
+/// `y = x @ w` over FP8 operands: x `[M, 2]` with one scale, w `[2, 2]`
+/// (KN or NK) with one scale per output column.
+fn fp8_matmul_graph(layout: WeightLayout) -> Graph {
+    let mut b = GraphBuilder::new("fp8_matmul");
+    let m = b.dynamic_dim("M").unwrap();
+    let two = Extent::Static(2);
+    let x = b.input("x", DType::F8E4M3, &[m, two]).unwrap();
+    let x_scale = b.weight("x_scale", DType::F32, &[Extent::Static(1)]).unwrap();
+    let w = b.weight("w", DType::F8E4M3, &[two, two]).unwrap();
+    let w_scale = b.weight("w_scale", DType::F32, &[two]).unwrap();
+    b.scale(x, x_scale).unwrap();
+    b.scale(w, w_scale).unwrap();
+    let y = b.matmul(x, w, layout).unwrap();
+    b.output("y", y).unwrap();
+    b.build().unwrap()
+}
+
+#[test]
+fn an_fp8_matmul_sums_products_of_dequantized_operands() {
+    // Stored x = [[1, 2], [-3, 0.5]] (E4M3 values), x_scale = 0.5: x means
+    // [[0.5, 1], [-1.5, 0.25]]. Stored w = [[2, 4], [1, -1]], the output
+    // columns' scales [0.25, 2].
+    let x = HostTensor::from_f8e4m3(&[2, 2], &[0x38, 0x40, 0xC4, 0x30]).unwrap();
+    assert_eq!(x.data, vec![1.0, 2.0, -3.0, 0.5]);
+    let w_stored = [2.0, 4.0, 1.0, -1.0];
+    let inputs = |w: HostTensor| {
+        bindings(&[
+            ("x", x.clone()),
+            ("x_scale", tensor(&[1], &[0.5])),
+            ("w", w),
+            ("w_scale", tensor(&[2], &[0.25, 2.0])),
+        ])
+    };
+    // KN: w is [K, N], column n scaled by w_scale[n]: w means
+    // [[0.5, 8], [0.25, -2]]. Row 0: [0.5·0.5 + 1·0.25, 0.5·8 + 1·(-2)] =
+    // [0.5, 2]; row 1: [-1.5·0.5 + 0.25·0.25, -1.5·8 + 0.25·(-2)] =
+    // [-0.6875, -12.5].
+    let kn = evaluate(
+        &fp8_matmul_graph(WeightLayout::KN),
+        &inputs(tensor(&[2, 2], &w_stored)),
+    )
+    .unwrap();
+    assert_eq!(kn["y"].data, vec![0.5, 2.0, -0.6875, -12.5]);
+    // NK: w is [N, K], row n scaled by w_scale[n]: w means
+    // [[0.5, 1], [2, -2]]. Row 0: [0.5·0.5 + 1·1, 0.5·2 + 1·(-2)] =
+    // [1.25, -1]; row 1: [-1.5·0.5 + 0.25·1, -1.5·2 + 0.25·(-2)] =
+    // [-0.5, -3.5].
+    let nk = evaluate(
+        &fp8_matmul_graph(WeightLayout::NK),
+        &inputs(tensor(&[2, 2], &w_stored)),
+    )
+    .unwrap();
+    assert_eq!(nk["y"].data, vec![1.25, -1.0, -0.5, -3.5]);
+    // Rows are still evaluated alone: the scale has no rows.
+    let rows = evaluate_rows(
+        &fp8_matmul_graph(WeightLayout::NK),
+        &inputs(tensor(&[2, 2], &w_stored)),
+        &[1],
+    )
+    .unwrap();
+    assert_eq!(rows["y"].data, vec![-0.5, -3.5]);
+}
+
+#[test]
+fn random_fp8_bindings_are_e4m3_values_with_scales_that_keep_the_product_near_one() {
+    let graph = fp8_matmul_graph(WeightLayout::NK);
+    let mut rng = StdRng::seed_from_u64(23);
+    let inputs = random_bindings(&graph, &[("M", 64)], &mut rng).unwrap();
+    for name in ["x", "w"] {
+        let t = &inputs[name];
+        assert_eq!(t.rounded_to(DType::F8E4M3), *t, "{name} holds E4M3 values");
+        assert!(t.data.iter().all(|v| v.abs() <= 448.0));
+        assert!(
+            t.data.iter().any(|v| v.abs() > 64.0),
+            "{name} spans the E4M3 range"
+        );
+    }
+    // x's values mean up to ±1, w's up to ±1/√K (K = 2).
+    let x_scale = inputs["x_scale"].data[0];
+    assert!((0.5 / 448.0..=1.0 / 448.0).contains(&x_scale), "{x_scale}");
+    let bound = 1.0 / 2f64.sqrt() / 448.0;
+    assert!(
+        inputs["w_scale"]
+            .data
+            .iter()
+            .all(|s| (0.5 * bound..=bound).contains(s))
+    );
+    let y = evaluate(&graph, &inputs).unwrap();
+    assert!(y["y"].data.iter().all(|v| v.abs() <= 2.0));
+}

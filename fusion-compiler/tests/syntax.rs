@@ -656,3 +656,187 @@ fn eps_outside_f32s_normal_range_is_refused_at_the_argument() {
     let text = edit("gelu(x @ w^T + b)", "rmsnorm(x @ w^T + b, b, eps = 1e-30)");
     graph_from_source(&SourceFile::new("g.toml", text)).unwrap();
 }
+
+// ---- FP8 tensors and their scales -------------------------------------------
+
+/// An FP8 projection as a Hugging Face FP8 checkpoint stores it: the
+/// activation with its static `input_scale`, the weight with a
+/// `weight_scale` per output channel.
+const FP8: &str = r#"[graph]
+name = "fp8"
+
+[dims]
+M = "dyn"
+K = 64
+N = 32
+
+[inputs]
+x = "f8e4m3[M, K] scale x_scale"
+
+[weights]
+x_scale = "f32[1]"
+w = "f8e4m3[N, K] scale w_scale"
+w_scale = "f32[N]"
+b = "bf16[N]"
+g = "bf16[N]"
+
+[outputs]
+y = "rmsnorm(gelu(x @ w^T + b), g)"
+"#;
+
+/// FP8 with one piece replaced (which must be there).
+fn fp8_edit(from: &str, to: &str) -> String {
+    assert!(FP8.contains(from), "FP8 has no `{from}`");
+    FP8.replacen(from, to, 1)
+}
+
+#[test]
+fn fp8_tensors_and_their_scales_parse_alike_from_toml_and_macro() {
+    let from_toml = parse_toml(&SourceFile::new("fp8.toml", FP8)).unwrap();
+    let from_tokens = parse_tokens(quote! {
+        graph fp8 {
+            dims { M: dyn, K: 64, N: 32 }
+            input x: f8e4m3[M, K] scale x_scale;
+            weight x_scale: f32[1], w: f8e4m3[N, K] scale w_scale, w_scale: f32[N], b: bf16[N], g: bf16[N];
+            output y = rmsnorm(gelu(x @ w^T + b), g);
+        }
+    })
+    .unwrap();
+    assert_eq!(from_toml, from_tokens);
+    let graph = ir::lower(&from_toml).unwrap();
+    let tensor = |name: &str| graph.tensor(graph.tensor_by_name(name).unwrap());
+    assert_eq!(tensor("x").dtype, ir::DType::F8E4M3);
+    assert_eq!(tensor("x").scale, graph.tensor_by_name("x_scale"));
+    assert_eq!(tensor("w").scale, graph.tensor_by_name("w_scale"));
+    assert_eq!(tensor("b").scale, None);
+    assert_eq!(
+        graph.type_string(graph.tensor_by_name("w").unwrap()),
+        "f8e4m3[32, 64] scale w_scale"
+    );
+    // The product of FP8 operands is bf16; `x_scale`'s one value is no
+    // row that must be a multiple of 8.
+    let product = graph.ops[0].output;
+    assert_eq!(graph.tensor(product).dtype, ir::DType::BF16);
+    assert_eq!(tensor("y").dtype, ir::DType::BF16);
+    // A scale is live through the tensor it scales; one for the whole
+    // weight is `[1]`, and it may be declared before or after it.
+    let text = fp8_edit("w_scale = \"f32[N]\"", "w_scale = \"f32[1]\"");
+    let text = text
+        .replace("x = \"f8e4m3[M, K] scale x_scale\"", "")
+        .replace("[weights]", "[weights]\nx = \"f8e4m3[M, K] scale x_scale\"");
+    graph_from_source(&SourceFile::new("g.toml", &text)).unwrap();
+}
+
+#[test]
+fn an_fp8_operand_without_its_scale_is_refused_at_the_matmul() {
+    let text = fp8_edit("w = \"f8e4m3[N, K] scale w_scale\"", "w = \"f8e4m3[N, K]\"")
+        .replace("w_scale = \"f32[N]\"\n", "");
+    assert_toml_error(
+        &text,
+        "x @ w^T",
+        &[
+            "`w` is f8e4m3 but has no scale: name its f32 scale tensor in its type, `f8e4m3[32, 64] scale w_scale`",
+        ],
+    );
+}
+
+#[test]
+fn a_scale_that_is_not_declared_is_refused_at_its_name() {
+    let text = fp8_edit("scale w_scale\"", "scale w_s\"");
+    assert_toml_error(
+        &text,
+        "w_s\"",
+        &["the scale `w_s` of `w` is not a declared input or weight"],
+    );
+}
+
+#[test]
+fn a_scale_of_the_wrong_dtype_or_shape_is_refused_naming_the_tensor() {
+    // Not f32.
+    let text = fp8_edit("w_scale = \"f32[N]\"", "w_scale = \"bf16[N]\"");
+    assert_toml_error(
+        &text,
+        "w_scale\"\nw_scale",
+        &[
+            "the scale of `w`: f8e4m3[32, 64] is `w_scale`: bf16[32]: it must be f32[1] (one scale for the whole weight) or f32[N] (one per output channel)",
+        ],
+    );
+    // A matrix.
+    let text = fp8_edit("w_scale = \"f32[N]\"", "w_scale = \"f32[N, 8]\"");
+    assert_toml_error(
+        &text,
+        "w_scale\"\nw_scale",
+        &["the scale of `w`", "it must be f32[1]"],
+    );
+    // An activation takes one scale for the whole tensor.
+    let text = fp8_edit("x_scale = \"f32[1]\"", "x_scale = \"f32[K]\"");
+    assert_toml_error(
+        &text,
+        "x_scale\"",
+        &[
+            "the scale of `x`: f8e4m3[M, 64] is `x_scale`: f32[64]: it must be f32[1] (one scale for the whole activation)",
+        ],
+    );
+    // Per input channel (K) is not per output channel (N): seen at the
+    // matmul, which says which axis is which.
+    let text = fp8_edit("w_scale = \"f32[N]\"", "w_scale = \"f32[K]\"");
+    assert_toml_error(
+        &text,
+        "x @ w^T",
+        &[
+            "the scale of matmul's right operand `w` is `w_scale`: f32[64]: it must be [1] or [32], one per output column",
+        ],
+    );
+    // A scale on a tensor that is not FP8.
+    let text = fp8_edit("b = \"bf16[N]\"", "b = \"bf16[N] scale w_scale\"");
+    assert_toml_error(
+        &text,
+        "w_scale\"\ng",
+        &["`b`: bf16[32] takes no scale: only f8e4m3 tensors have one"],
+    );
+}
+
+#[test]
+fn fp8_where_an_op_cannot_take_it_is_refused_naming_the_tensor() {
+    // A norm's gamma.
+    let text = fp8_edit("g = \"bf16[N]\"", "g = \"f8e4m3[N] scale x_scale\"");
+    assert_toml_error(
+        &text,
+        "rmsnorm(gelu(x @ w^T + b), g)",
+        &[
+            "`g`: f8e4m3[32] scale x_scale cannot be an operand of rmsnorm: only a matmul reads f8e4m3 tensors (it multiplies them by their scales)",
+        ],
+    );
+    // An activation of an FP8 input, before any matmul.
+    let text = fp8_edit("gelu(x @ w^T + b)", "gelu(x) @ w^T + b");
+    assert_toml_error(
+        &text,
+        "gelu(x)",
+        &["`x`: f8e4m3[M, 64] scale x_scale cannot be an operand of gelu"],
+    );
+    // FP8 with a wider operand in one matmul.
+    let text = fp8_edit("x = \"f8e4m3[M, K] scale x_scale\"", "x = \"bf16[M, K]\"")
+        .replace("x_scale = \"f32[1]\"\n", "");
+    assert_toml_error(
+        &text,
+        "x @ w^T",
+        &[
+            "dtype mismatch in matmul: `x`: bf16[M, 64] and `w`: f8e4m3[32, 64] scale w_scale: both operands of an FP8 matmul are f8e4m3, each with its scale",
+        ],
+    );
+    // The product is bf16: an f16 bias does not add to it.
+    let text = fp8_edit("b = \"bf16[N]\"", "b = \"f16[N]\"");
+    assert_toml_error(&text, "x @ w^T + b", &["dtype mismatch in bias add"]);
+}
+
+#[test]
+fn fp8_scale_syntax_errors_point_into_the_type_string() {
+    let text = fp8_edit("scale w_scale\"", "scale\"");
+    assert_toml_error(
+        &text,
+        "K] |scale\"\nw_scale",
+        &["expected the name of the scale tensor after `scale`"],
+    );
+    let text = fp8_edit("scale w_scale\"", "scale w_scale w\"");
+    assert_toml_error(&text, "w\"\nw_scale", &["unexpected `w` after the type"]);
+}

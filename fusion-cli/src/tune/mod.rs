@@ -111,6 +111,9 @@ pub fn tune(graphs: &[PathBuf], settings: &Settings, out: &mut dyn Write) -> Res
             None => fusion_compiler::load_toml_graph(path),
         }
         .map_err(|e| format!("{}: {e}", path.display()))?;
+        if let Some(refusal) = graph.fp8_refusal() {
+            return Err(format!("{}: {refusal}", path.display()));
+        }
         let rules = fusion_compiler::select::split_rules(&[machine.arch]).map_err(|e| e.to_string())?;
         let plan = fuse::plan_with(graph, &rules);
         let gemms = gemm_kernels(&plan);
@@ -396,7 +399,7 @@ fn tune_kernel(
         let result = match dtype {
             DType::BF16 => measure_m::<half::bf16>(&kernel_at, at, &mut candidates, &mut head),
             DType::F16 => measure_m::<half::f16>(&kernel_at, at, &mut candidates, &mut head),
-            DType::F32 => unreachable!("no arch supports f32 kernels; checked above"),
+            DType::F32 | DType::F8E4M3 => unreachable!("no arch supports {dtype} kernels; checked above"),
         }?;
         let MResult {
             best,

@@ -329,6 +329,9 @@ impl Builder {
     /// The dtypes to compile a graph for: [`Builder::dtypes`], else the one
     /// it declares.
     fn dtypes_for(&self, graph: &crate::ir::Graph, origin: &str) -> Result<Vec<DType>, BuildError> {
+        // Before the mixed-dtype check, which an FP8 graph (FP8 operands,
+        // f32 scales) would fail with a less useful message.
+        codegen::refuse_fp8(graph).map_err(|e| BuildError::Config(format!("{origin}: {e}")))?;
         let mut declared: Vec<DType> = graph.tensors.iter().map(|t| t.dtype).collect();
         declared.sort_by_key(|d| d.name());
         declared.dedup();
@@ -576,6 +579,23 @@ mod tests {
             Err(BuildError::Config(message)) => (message, graphs),
             other => panic!("expected a config error, got {other:?}"),
         }
+    }
+
+    /// A graph with FP8 tensors is refused before the mixed-dtype check
+    /// (its scales are f32) and before `Builder::dtypes` could re-type it.
+    #[test]
+    fn an_fp8_graph_is_refused_by_the_build_not_re_typed() {
+        let fp8 = "[graph]\nname = \"g\"\n[inputs]\nx = \"f8e4m3[8, 8] scale s\"\n[weights]\ns = \"f32[1]\"\n\
+                   w = \"f8e4m3[8, 8] scale s\"\n[outputs]\ny = \"x @ w\"\n";
+        let (message, graphs) = refused_build("fp8", &[("g.toml", fp8.to_string())]);
+        assert_eq!(
+            message,
+            format!(
+                "{}: graph `g`: FP8 kernels are not generated yet, and `x` and `w` are f8e4m3; the front ends, \
+                 the IR's checks and the CPU reference take FP8 graphs, but no GPU mainloop computes them",
+                graphs.join("g.toml").display()
+            )
+        );
     }
 
     /// The clash is reported at the second TOML file's `[graph] name`, with

@@ -63,6 +63,7 @@ fn dtype_tokens(dtype: DType) -> TokenStream {
         DType::F16 => quote!(DType::F16),
         DType::BF16 => quote!(DType::BF16),
         DType::F32 => quote!(DType::F32),
+        DType::F8E4M3 => quote!(DType::F8E4M3),
     }
 }
 

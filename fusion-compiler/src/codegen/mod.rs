@@ -32,7 +32,7 @@ pub mod wrappers;
 use crate::fuse::{Activation, Composition, EpilogueStep, NormKind, Plan};
 use crate::gemm_model::{Costs, UnitTiers};
 use crate::guard_model::GuardCosts;
-use crate::ir::{DType, WeightLayout};
+use crate::ir::{DType, Graph, WeightLayout};
 use crate::select::{
     self, Arch, ConfigSource, KernelConfig, KernelKind, SelectError, TileConfig, TunedCache, TunedTable,
 };
@@ -44,6 +44,7 @@ fn element_type(dtype: DType) -> &'static str {
         DType::F16 => "__half",
         DType::BF16 => "__nv_bfloat16",
         DType::F32 => "float",
+        DType::F8E4M3 => "__nv_fp8_e4m3",
     }
 }
 
@@ -280,6 +281,10 @@ pub enum CodegenError {
     )]
     /// The library name is not usable in C symbols.
     LibName(String),
+    /// The graph has FP8 tensors, for which no kernel is generated yet
+    /// ([`Graph::fp8_refusal`] says which).
+    #[error("{0}")]
+    Fp8NotGenerated(String),
     /// A template failed to render.
     #[error("rendering {template}: {message}")]
     Template {
@@ -531,8 +536,19 @@ pub fn render_tuned(
     })
 }
 
+/// Refuses a graph with FP8 tensors: no kernel computes them yet, and
+/// re-typing one (`Builder::dtypes`) would drop what its scales mean. The
+/// build refuses them before this, and `fusion run` and `fusion tune` as
+/// they load a graph; every rendering passes here too.
+pub fn refuse_fp8(graph: &Graph) -> Result<(), CodegenError> {
+    graph
+        .fp8_refusal()
+        .map_or(Ok(()), |message| Err(CodegenError::Fp8NotGenerated(message)))
+}
+
 /// Kernels take f16 or bf16 only.
 fn check_dtypes(spec: &GraphSpec, archs: &[Arch]) -> Result<(), CodegenError> {
+    refuse_fp8(&spec.plan.graph)?;
     let unsupported = |message: String| CodegenError::Unsupported {
         graph: spec.plan.graph.name.clone(),
         message,

@@ -1169,3 +1169,32 @@ z = "relu(u)"
         "{rust}"
     );
 }
+
+/// A graph with FP8 tensors reaches no template: even asked for bf16 (as
+/// `Builder::dtypes` would re-type it), it is refused with the FP8 error,
+/// not rendered as bf16 without its scales.
+#[test]
+fn an_fp8_graph_is_refused_naming_its_fp8_tensors() {
+    let source = crate::diagnostic::SourceFile::new(
+        "fp8.toml",
+        "[graph]\nname = \"fp8\"\n[dims]\nM = \"dyn\"\nK = 64\nN = 32\n\
+         [inputs]\nx = \"f8e4m3[M, K] scale x_scale\"\n\
+         [weights]\nx_scale = \"f32[1]\"\nw = \"f8e4m3[N, K] scale w_scale\"\nw_scale = \"f32[N]\"\n\
+         [outputs]\ny = \"x @ w^T\"\n",
+    );
+    let graph = crate::graph_from_source(&source).unwrap();
+    let spec = GraphSpec {
+        plan: crate::fuse::plan(graph),
+        dtypes: vec![DType::BF16],
+        origin: "fp8.toml".into(),
+        fingerprint: None,
+        declaration: String::new(),
+    };
+    let err = render("k", &[Arch::Sm90], &[spec]).unwrap_err();
+    assert!(matches!(err, CodegenError::Fp8NotGenerated(_)), "{err}");
+    assert_eq!(
+        err.to_string(),
+        "graph `fp8`: FP8 kernels are not generated yet, and `x` and `w` are f8e4m3; the front ends, the IR's \
+         checks and the CPU reference take FP8 graphs, but no GPU mainloop computes them"
+    );
+}

@@ -141,6 +141,7 @@ fn element_tokens(d: DType) -> TokenStream {
         DType::F16 => quote!(fusion::half::f16),
         DType::BF16 => quote!(fusion::half::bf16),
         DType::F32 => quote!(f32),
+        DType::F8E4M3 => unreachable!("graphs with FP8 tensors are refused before wrappers are written"),
     }
 }
 

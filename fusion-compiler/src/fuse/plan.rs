@@ -525,7 +525,12 @@ impl Plan {
         graph.name = format!("{}_k{index}", self.graph.name);
         graph.ops = kernel.ops.iter().map(|&op| self.graph.op(op).clone()).collect();
         let mut reads: Vec<TensorId> = Vec::new();
-        for t in kernel.inputs() {
+        // An FP8 operand's scale is read with it.
+        for t in kernel
+            .inputs()
+            .flat_map(|t| [Some(t), self.graph.tensor(t).scale])
+            .flatten()
+        {
             if !reads.contains(&t) {
                 reads.push(t);
             }

@@ -22,6 +22,13 @@ const RESERVED: &[&str] = &[
     "stream", "Some", "None", "Ok", "Err",
 ];
 
+/// The element type of a matmul of two FP8 operands: the dtype of the
+/// unquantized tensors of Hugging Face FP8 checkpoints. (An FP8 GEMM
+/// accumulates in f32; writing its output as f16, or as FP8 with a scale for
+/// the next GEMM, needs a way to declare a computed tensor's type, which the
+/// graph language does not have yet.)
+pub const FP8_MATMUL_OUTPUT: DType = DType::BF16;
+
 /// The prefix of the names generated wrappers declare beside a graph's
 /// tensor names (`__call`, `__ptr_0`, `__GRAPH`), refused in a user's names
 /// so the two can never collide.
@@ -215,6 +222,7 @@ impl GraphBuilder {
             dtype,
             shape,
             kind,
+            scale: None,
             span,
         });
         TensorId(self.graph.tensors.len() - 1)
@@ -228,6 +236,71 @@ impl GraphBuilder {
     /// A parameter bound once.
     pub fn weight(&mut self, name: &str, dtype: DType, shape: &[Extent]) -> Result<TensorId, Diagnostic> {
         self.declare(name, dtype, shape, TensorKind::Weight)
+    }
+
+    /// Declares `scale` as the scale of the FP8 tensor `t`: `t`'s value is
+    /// its stored value times the scale. Both are declared tensors; the
+    /// scale is f32, `[1]` (one for the whole tensor) or, for a weight,
+    /// `[N]` (one per output channel, checked when a matmul reads it).
+    /// These are the layouts of Hugging Face FP8 checkpoints: a
+    /// `weight_scale` beside each weight, an `input_scale` for a static
+    /// activation scale. Give the scale before the ops that read `t`.
+    pub fn scale(&mut self, t: TensorId, scale: TensorId) -> Result<(), Diagnostic> {
+        let span = self.take_span();
+        let (desc, scale_desc) = (&self.graph.tensors[t.0], &self.graph.tensors[scale.0]);
+        let declared = |kind| matches!(kind, TensorKind::Input | TensorKind::Weight);
+        if !desc.dtype.is_fp8() {
+            return Err(self.error(
+                span,
+                format!(
+                    "{} takes no scale: only f8e4m3 tensors have one",
+                    self.describe(t)
+                ),
+            ));
+        }
+        if let Some(first) = desc.scale {
+            return Err(self.error(
+                span,
+                format!(
+                    "`{}` already has the scale `{}`",
+                    desc.name, self.graph.tensors[first.0].name
+                ),
+            ));
+        }
+        if !declared(desc.kind) || !declared(scale_desc.kind) {
+            let computed = if declared(desc.kind) { scale } else { t };
+            return Err(self.error(
+                span,
+                format!(
+                    "{} is computed: an FP8 tensor and its scale are declared inputs or weights",
+                    self.describe(computed)
+                ),
+            ));
+        }
+        let rows_of_weight = |e: &Extent| desc.kind == TensorKind::Weight && desc.shape.contains(e);
+        let shape_fits = match scale_desc.shape[..] {
+            [Extent::Static(1)] => true,
+            [ref n] => rows_of_weight(n),
+            _ => false,
+        };
+        if scale_desc.dtype != DType::F32 || !shape_fits {
+            let allowed = match desc.kind {
+                TensorKind::Weight => {
+                    "f32[1] (one scale for the whole weight) or f32[N] (one per output channel)"
+                }
+                _ => "f32[1] (one scale for the whole activation)",
+            };
+            return Err(self.error(
+                span,
+                format!(
+                    "the scale of {} is {}: it must be {allowed}",
+                    self.describe(t),
+                    self.describe(scale)
+                ),
+            ));
+        }
+        self.graph.tensors[t.0].scale = Some(scale);
+        Ok(())
     }
 
     /// Names a computed tensor (otherwise it gets a generated `%N` name).
@@ -277,6 +350,75 @@ impl GraphBuilder {
             self.graph.tensors[t.0].name,
             self.graph.type_string(t)
         )
+    }
+
+    /// Refuses FP8 operands of an op other than matmul.
+    fn no_fp8(&self, op: &str, ts: &[TensorId], span: Span) -> Result<(), Diagnostic> {
+        match ts.iter().find(|t| self.graph.tensors[t.0].dtype.is_fp8()) {
+            Some(&t) => Err(self.error(
+                span,
+                format!(
+                    "{} cannot be an operand of {op}: only a matmul reads f8e4m3 tensors (it multiplies them by their scales)",
+                    self.describe(t)
+                ),
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// The checks of a matmul's FP8 operands: both FP8, each with its
+    /// scale, A's one value, B's one value or one per output column (`n`).
+    fn check_fp8_matmul(&self, a: TensorId, b: TensorId, n: Extent, span: Span) -> Result<(), Diagnostic> {
+        let op = ops::MATMUL.name;
+        if !(self.graph.tensors[a.0].dtype.is_fp8() && self.graph.tensors[b.0].dtype.is_fp8()) {
+            return Err(self.error(
+                span,
+                format!(
+                    "dtype mismatch in {op}: {} and {}: both operands of an FP8 matmul are f8e4m3, each with its scale",
+                    self.describe(a),
+                    self.describe(b)
+                ),
+            ));
+        }
+        for (t, role) in [(a, "left"), (b, "right")] {
+            let desc = &self.graph.tensors[t.0];
+            // Only a matmul reads an FP8 tensor, so this is where a missing
+            // scale shows.
+            let Some(scale) = desc.scale else {
+                return Err(self
+                    .error(
+                        span,
+                        format!(
+                            "`{}` is f8e4m3 but has no scale: name its f32 scale tensor in its type, `{}[{}] scale {}_scale`",
+                            desc.name,
+                            desc.dtype,
+                            self.graph.shape_string(&desc.shape),
+                            desc.name
+                        ),
+                    )
+                    .with_label(desc.span, "declared here"));
+            };
+            let per_column = role == "right" && self.shape(scale) == [n];
+            if self.shape(scale) != [Extent::Static(1)] && !per_column {
+                let allowed = if role == "left" {
+                    "[1]: the left operand's rows are tokens, scaled per tensor".to_string()
+                } else {
+                    format!(
+                        "[1] or [{}], one per output column",
+                        self.graph.shape_string(&[n])
+                    )
+                };
+                return Err(self.error(
+                    span,
+                    format!(
+                        "the scale of {op}'s {role} operand `{}` is {}: it must be {allowed}",
+                        desc.name,
+                        self.describe(scale)
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 
     fn same_dtype(&self, op: &str, ts: &[TensorId], span: Span) -> Result<DType, Diagnostic> {
@@ -334,7 +476,12 @@ impl GraphBuilder {
     ) -> Result<TensorId, Diagnostic> {
         let span = self.take_span();
         let op = ops::MATMUL.name;
-        let dtype = self.same_dtype(op, &[a, b], span)?;
+        let fp8 = self.graph.tensors[a.0].dtype.is_fp8() || self.graph.tensors[b.0].dtype.is_fp8();
+        let dtype = if fp8 {
+            FP8_MATMUL_OUTPUT
+        } else {
+            self.same_dtype(op, &[a, b], span)?
+        };
         let (sa, sb) = (self.shape(a).to_vec(), self.shape(b).to_vec());
         if sa.len() != 2 || sb.len() != 2 {
             let bad = if sa.len() != 2 { a } else { b };
@@ -363,6 +510,9 @@ impl GraphBuilder {
                 ),
             ));
         }
+        if fp8 {
+            self.check_fp8_matmul(a, b, n, span)?;
+        }
         Ok(self.push_op(
             OpKind::MatMul { b_layout },
             vec![a, b],
@@ -375,6 +525,7 @@ impl GraphBuilder {
     /// `x + bias`, bias a row vector as long as x's rows.
     pub fn bias_add(&mut self, x: TensorId, bias: TensorId) -> Result<TensorId, Diagnostic> {
         let span = self.take_span();
+        self.no_fp8("bias add", &[x, bias], span)?;
         let dtype = self.same_dtype("bias add", &[x, bias], span)?;
         let (sx, sb) = (self.shape(x).to_vec(), self.shape(bias).to_vec());
         if sb.len() != 1 || sx.last() != sb.last() {
@@ -393,6 +544,7 @@ impl GraphBuilder {
     fn elementwise_binary(&mut self, kind: OpKind, a: TensorId, b: TensorId) -> Result<TensorId, Diagnostic> {
         let span = self.take_span();
         let name = kind.name();
+        self.no_fp8(name, &[a, b], span)?;
         let dtype = self.same_dtype(name, &[a, b], span)?;
         if self.shape(a) != self.shape(b) {
             return Err(self.error(
@@ -420,6 +572,7 @@ impl GraphBuilder {
 
     fn unary(&mut self, kind: OpKind, x: TensorId) -> Result<TensorId, Diagnostic> {
         let span = self.take_span();
+        self.no_fp8(kind.name(), &[x], span)?;
         let (shape, dtype) = (self.shape(x).to_vec(), self.graph.tensors[x.0].dtype);
         Ok(self.push_op(kind, vec![x], shape, dtype, span))
     }
@@ -461,6 +614,7 @@ impl GraphBuilder {
         let op = norm.name;
         let mut all = vec![x];
         all.extend_from_slice(params);
+        self.no_fp8(op, &all, span)?;
         let dtype = self.same_dtype(op, &all, span)?;
         let sx = self.shape(x);
         if sx.len() != 2 {
@@ -542,7 +696,10 @@ impl GraphBuilder {
             if let Some(op) = index.producer(t) {
                 stack.extend(g.op(op).inputs.iter().copied());
             }
+            // A live FP8 tensor's scale is read with it.
+            stack.extend(g.tensor(t).scale);
         }
+
         if !g.outputs.is_empty() {
             for &t in g.inputs.iter().chain(&g.weights) {
                 if !live[t.0] {

@@ -29,6 +29,7 @@ pub fn lower(decl: &GraphDecl) -> Result<Graph, Diagnostics> {
     }
     l.declare_dims();
     l.declare_tensors();
+    l.declare_scales();
     l.index_bindings();
     for i in l.dependency_order() {
         if l.state[i] == State::Pending {
@@ -46,14 +47,20 @@ pub fn lower(decl: &GraphDecl) -> Result<Graph, Diagnostics> {
 
 /// Kernels read and write rows 16 bytes (8 halves) at a time, so every call
 /// refuses a tensor whose row length is not a multiple of 8. A static row
-/// length can be checked now, once, at the first tensor that has it.
+/// length can be checked now, once, at the first tensor that has it. An FP8
+/// tensor's scale is not read in rows (it is one value, or one per output
+/// channel), so `f32[1]` is no error.
 fn check_static_row_lengths(graph: &Graph) -> Result<(), Diagnostics> {
     let mut reported = Vec::new();
     let mut errors = Vec::new();
-    for t in &graph.tensors {
+    let scales = graph.scales();
+    for (i, t) in graph.tensors.iter().enumerate() {
         let Some(&Extent::Static(n)) = t.shape.last() else {
             continue;
         };
+        if scales.contains(&TensorId(i)) {
+            continue;
+        }
         if n % 8 == 0 || reported.contains(&n) {
             continue;
         }
@@ -195,6 +202,34 @@ impl<'a> Lowering<'a> {
                 Err(e) => {
                     self.report(e);
                 }
+            }
+        }
+    }
+
+    /// Gives each FP8 tensor the scale its type names (`f8e4m3[F, D] scale
+    /// w_scale`), once every input and weight is declared: the scale may be
+    /// declared after the tensor it scales.
+    fn declare_scales(&mut self) {
+        for decl in &self.decl.tensors {
+            let Some(scale) = &decl.ty.scale else {
+                continue;
+            };
+            let Some(&t) = self.tensors.get(decl.name.name.as_str()) else {
+                continue;
+            };
+            let Some(&s) = self.tensors.get(scale.name.as_str()) else {
+                self.report(Diagnostic::new(
+                    scale.span,
+                    format!(
+                        "the scale `{}` of `{}` is not a declared input or weight",
+                        scale.name, decl.name.name
+                    ),
+                ));
+                continue;
+            };
+            self.b.at(scale.span);
+            if let Err(e) = self.b.scale(t, s) {
+                self.report(e);
             }
         }
     }

@@ -28,11 +28,17 @@ pub enum DType {
     BF16,
     /// IEEE single precision.
     F32,
+    /// FP8 E4M3 (1 sign, 4 exponent bits with bias 7, 3 mantissa bits; no
+    /// infinities; largest finite ±448): a stored value times the scale
+    /// tensor the declaration names ([`TensorDesc::scale`]). The front ends,
+    /// the IR's checks and the CPU reference take it; no kernel is
+    /// generated for it yet.
+    F8E4M3,
 }
 
 impl DType {
     /// Every dtype, in the order the parser lists them.
-    pub const ALL: [DType; 3] = [DType::F16, DType::BF16, DType::F32];
+    pub const ALL: [DType; 4] = [DType::F16, DType::BF16, DType::F32, DType::F8E4M3];
 
     /// The name used in graph declarations (`f16`).
     pub fn name(self) -> &'static str {
@@ -40,6 +46,7 @@ impl DType {
             DType::F16 => "f16",
             DType::BF16 => "bf16",
             DType::F32 => "f32",
+            DType::F8E4M3 => "f8e4m3",
         }
     }
 
@@ -48,7 +55,13 @@ impl DType {
         match self {
             DType::F16 | DType::BF16 => 2,
             DType::F32 => 4,
+            DType::F8E4M3 => 1,
         }
+    }
+
+    /// An 8-bit float, which holds a value only with its scale.
+    pub fn is_fp8(self) -> bool {
+        matches!(self, DType::F8E4M3)
     }
 }
 
@@ -64,7 +77,7 @@ impl FromStr for DType {
         DType::ALL
             .into_iter()
             .find(|d| d.name() == s)
-            .ok_or_else(|| format!("unknown dtype `{s}`: expected one of f16, bf16, f32"))
+            .ok_or_else(|| format!("unknown dtype `{s}`: expected one of f16, bf16, f32, f8e4m3"))
     }
 }
 
@@ -125,6 +138,11 @@ pub struct TensorDesc {
     pub shape: Vec<Extent>,
     /// Input, weight, intermediate or output.
     pub kind: TensorKind,
+    /// For an FP8 tensor, the declared f32 tensor its stored values are
+    /// multiplied by (`[1]`: one scale for the whole tensor; `[N]`: one per
+    /// output channel of a weight); `None` for every other dtype. A built
+    /// graph gives every FP8 tensor one.
+    pub scale: Option<TensorId>,
     /// Where it was declared or computed.
     pub span: Span,
 }
@@ -306,10 +324,43 @@ impl Graph {
         index
     }
 
-    /// `f16[M, 4096]`.
+    /// `f16[M, 4096]`; an FP8 tensor with its scale, as declared:
+    /// `f8e4m3[4096, 4096] scale w_scale`.
     pub fn type_string(&self, t: TensorId) -> String {
         let desc = self.tensor(t);
-        format!("{}[{}]", desc.dtype, self.shape_string(&desc.shape))
+        let ty = format!("{}[{}]", desc.dtype, self.shape_string(&desc.shape));
+        match desc.scale {
+            Some(scale) => format!("{ty} scale {}", self.tensor(scale).name),
+            None => ty,
+        }
+    }
+
+    /// Why no kernel can be generated for this graph, if it has FP8
+    /// tensors: the front ends, the IR's checks and the CPU reference take
+    /// them, but no GPU mainloop computes them yet.
+    pub fn fp8_refusal(&self) -> Option<String> {
+        let fp8: Vec<String> = self
+            .tensors
+            .iter()
+            .filter(|t| t.dtype.is_fp8())
+            .map(|t| format!("`{}`", t.name))
+            .collect();
+        let tensors = match &fp8[..] {
+            [] => return None,
+            [one] => format!("{one} is"),
+            [rest @ .., last] => format!("{} and {last} are", rest.join(", ")),
+        };
+        Some(format!(
+            "graph `{}`: FP8 kernels are not generated yet, and {tensors} f8e4m3; the front ends, the IR's checks \
+             and the CPU reference take FP8 graphs, but no GPU mainloop computes them",
+            self.name
+        ))
+    }
+
+    /// The scales of the graph's FP8 tensors (one pass over the tensors;
+    /// a graph has a handful, so `contains` on the result is cheap).
+    pub fn scales(&self) -> Vec<TensorId> {
+        self.tensors.iter().filter_map(|desc| desc.scale).collect()
     }
 
     /// `M, 4096`: dynamic dims by name, static ones by size.

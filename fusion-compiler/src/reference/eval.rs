@@ -5,7 +5,7 @@ use super::kernels;
 use super::tensor::HostTensor;
 use super::{Bindings, Outputs, ReferenceError};
 use crate::ir::ops::Formula;
-use crate::ir::{DimId, Extent, Graph, OpKind, TensorId, TensorKind, WeightLayout};
+use crate::ir::{DimId, Extent, Graph, Op, OpKind, TensorId, TensorKind, WeightLayout};
 use rand::Rng;
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -93,7 +93,9 @@ pub fn evaluate_rows_with(
         });
     }
     let mut values = borrow_declared(graph, inputs);
-    for &t in &graph.inputs {
+    // A scale is one value or one per output channel: it has no rows.
+    let scales = graph.scales();
+    for &t in graph.inputs.iter().filter(|t| !scales.contains(t)) {
         let full = values[t.0].take().expect("inputs are bound");
         values[t.0] = Some(Cow::Owned(full.select_rows(rows)?));
     }
@@ -105,7 +107,11 @@ pub fn evaluate_rows_with(
 /// dtype: activations uniformly from [-1, 1]; a weight that is a matmul's
 /// right operand uniformly from ±1/√K (K its reduced dim), which keeps the
 /// product's values near 1 as K grows; other weights (biases, norm scales)
-/// from [-1, 1]. `dynamic` gives each dynamic dim's size by name.
+/// from [-1, 1]. An FP8 tensor's stored values are drawn from the whole
+/// E4M3 range, ±448, and each of its scales from [0.5, 1] times the bound
+/// over 448 (rounded to f32), so that its values span the same range as
+/// they would in a wider dtype. `dynamic` gives each dynamic dim's size by
+/// name.
 pub fn random_bindings<R: Rng + ?Sized>(
     graph: &Graph,
     dynamic: &[(&str, usize)],
@@ -135,19 +141,44 @@ pub fn random_bindings<R: Rng + ?Sized>(
             fan_in.insert(b, k);
         }
     }
-    let mut bindings = Bindings::new();
-    for &t in graph.inputs.iter().chain(&graph.weights) {
-        let desc = graph.tensor(t);
-        let shape = desc
+    let shape_of = |t: TensorId| -> Result<Vec<usize>, ReferenceError> {
+        graph
+            .tensor(t)
             .shape
             .iter()
             .map(|&e| resolve(graph, e, &sizes))
-            .collect::<Result<Vec<_>, _>>()?;
+            .collect()
+    };
+    let mut bindings = Bindings::new();
+    // Scales are drawn with the tensor they scale.
+    let scales = graph.scales();
+    for &t in graph
+        .inputs
+        .iter()
+        .chain(&graph.weights)
+        .filter(|t| !scales.contains(t))
+    {
+        let desc = graph.tensor(t);
         let bound = match (desc.kind, fan_in.get(&t)) {
             (TensorKind::Weight, Some(&k)) if k > 0 => 1.0 / (k as f64).sqrt(),
             _ => 1.0,
         };
-        let value = HostTensor::random_uniform(desc.dtype, &shape, -bound, bound, rng)?;
+        let value = match desc.scale {
+            None => HostTensor::random_uniform(desc.dtype, &shape_of(t)?, -bound, bound, rng)?,
+            Some(scale) => {
+                let unit = bound / super::fp8::E4M3_MAX;
+                let scales = HostTensor::random_uniform(
+                    graph.tensor(scale).dtype,
+                    &shape_of(scale)?,
+                    0.5 * unit,
+                    unit,
+                    rng,
+                )?;
+                bindings.insert(graph.tensor(scale).name.clone(), scales);
+                let max = super::fp8::E4M3_MAX;
+                HostTensor::random_uniform(desc.dtype, &shape_of(t)?, -max, max, rng)?
+            }
+        };
         bindings.insert(desc.name.clone(), value);
     }
     Ok(bindings)
@@ -260,7 +291,13 @@ fn row_dim(graph: &Graph) -> Result<DimId, ReferenceError> {
     };
     let dim_name = &graph.dims[dim.0].name;
     let row = Extent::Dynamic(dim);
+    let scales = graph.scales();
     for (i, desc) in graph.tensors.iter().enumerate() {
+        // A scale is one value or one per output channel, read whole by
+        // every row.
+        if scales.contains(&TensorId(i)) {
+            continue;
+        }
         let what = match desc.kind {
             TensorKind::Input => "input",
             TensorKind::Weight => "weight",
@@ -316,11 +353,8 @@ fn run<'a>(
     }
     let rounded = rounded_results(graph, intermediates);
     for (i, op) in graph.ops.iter().enumerate() {
-        let operands: Vec<&HostTensor> = op
-            .inputs
-            .iter()
-            .map(|t| values[t.0].as_deref().expect("ops are in topological order"))
-            .collect();
+        let operands = operand_values(graph, op, &values);
+        let operands: Vec<&HostTensor> = operands.iter().map(|v| &**v).collect();
         let mut result = apply(op.kind, &operands);
         if rounded[op.output.0] {
             result = result.rounded_to(graph.tensor(op.output).dtype);
@@ -335,6 +369,62 @@ fn run<'a>(
         }
     }
     values
+}
+
+/// The operands of `op` as it reads them: an FP8 tensor's stored values
+/// times its scale (the one value, or each output channel's), others as
+/// they are. A matmul of FP8 operands then sums the products of these in
+/// f64, as it does any other; a kernel's f32 accumulation of the same
+/// products differs from that only by f32 rounding.
+fn operand_values<'v>(
+    graph: &Graph,
+    op: &Op,
+    values: &'v [Option<Cow<'_, HostTensor>>],
+) -> Vec<Cow<'v, HostTensor>> {
+    let value = |t: TensorId| values[t.0].as_deref().expect("ops are in topological order");
+    op.inputs
+        .iter()
+        .enumerate()
+        .map(|(position, &t)| match graph.tensor(t).scale {
+            None => Cow::Borrowed(value(t)),
+            Some(scale) => {
+                // Only a matmul reads FP8 tensors; a per-channel scale is
+                // its right operand's, one per output column: a row of an
+                // [N, K] weight, a column of a [K, N] one.
+                let per_row = position == 1
+                    && matches!(
+                        op.kind,
+                        OpKind::MatMul {
+                            b_layout: WeightLayout::NK
+                        }
+                    );
+                Cow::Owned(dequantize(value(t), value(scale), per_row))
+            }
+        })
+        .collect()
+}
+
+/// `stored` times `scale`: one value for the whole tensor, or one per row
+/// (`per_row`) or column.
+fn dequantize(stored: &HostTensor, scale: &HostTensor, per_row: bool) -> HostTensor {
+    let row_len = stored.row_len().max(1);
+    let data = stored
+        .data
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| {
+            let channel = match scale.data.len() {
+                1 => 0,
+                _ if per_row => i / row_len,
+                _ => i % row_len,
+            };
+            super::fp8::dequantize(v, scale.data[channel])
+        })
+        .collect();
+    HostTensor {
+        shape: stored.shape.clone(),
+        data,
+    }
 }
 
 /// For each tensor, whether `intermediates` has it rounded to its dtype

@@ -14,6 +14,12 @@
 //! are already rounded to their dtype, so the GPU and the CPU start from the
 //! same numbers and differ only by the GPU's own rounding.
 //!
+//! An FP8 tensor's binding holds its stored E4M3 values
+//! ([`HostTensor::from_f8e4m3`]); a matmul that reads it multiplies each by
+//! the tensor's scale (one value, or one per output column) and sums the
+//! products in f64, as it sums any other. [`fp8`] holds the encoding and
+//! its rounding (to nearest even, saturating to ±448).
+//!
 //! ```
 //! use fusion_compiler::ir::{DType, GraphBuilder, WeightLayout};
 //! use fusion_compiler::reference::{evaluate, evaluate_rows, random_bindings, relative_error};
@@ -47,9 +53,11 @@
 //! | `kernels` | each op in f64: matmul, norms, activations, `erf` |
 //! | `eval` | binding inputs by name, inferring dynamic dims, running the ops |
 //! | `compare` | [`relative_error`] and [`max_abs_error`] |
+//! | [`fp8`] | E4M3 codes, rounding to them, scales |
 
 mod compare;
 mod eval;
+pub mod fp8;
 mod kernels;
 mod tensor;
 

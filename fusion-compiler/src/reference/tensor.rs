@@ -84,8 +84,20 @@ impl HostTensor {
         self.data.iter().map(|&v| v as f32).collect()
     }
 
+    /// A tensor of E4M3 codes (the stored values of an FP8 tensor, before
+    /// its scale), widened exactly.
+    pub fn from_f8e4m3(shape: &[usize], codes: &[u8]) -> Result<HostTensor, ReferenceError> {
+        HostTensor::new(shape, codes.iter().map(|&c| super::fp8::e4m3_to_f64(c)).collect())
+    }
+
+    /// Each value as the E4M3 code nearest it (ties to even, saturating to
+    /// ±448; see [`super::fp8`]).
+    pub fn to_f8e4m3(&self) -> Vec<u8> {
+        self.data.iter().map(|&v| super::fp8::e4m3_from_f64(v)).collect()
+    }
+
     /// The same tensor with every value rounded to `dtype` (and kept in f64,
-    /// where every f16, bf16 and f32 value is exact).
+    /// where every f16, bf16, f32 and E4M3 value is exact).
     pub fn rounded_to(&self, dtype: DType) -> HostTensor {
         HostTensor {
             shape: self.shape.clone(),
@@ -128,7 +140,9 @@ impl HostTensor {
         if !(hi - lo).is_finite() {
             return Err(invalid("the range is wider than the largest f64"));
         }
-        if !(round_to(dtype, lo).is_finite() && round_to(dtype, hi).is_finite()) {
+        // E4M3 saturates rather than overflowing to infinity.
+        let beyond_fp8 = dtype.is_fp8() && lo.abs().max(hi.abs()) > super::fp8::E4M3_MAX;
+        if beyond_fp8 || !(round_to(dtype, lo).is_finite() && round_to(dtype, hi).is_finite()) {
             return Err(invalid("a bound is beyond the dtype's largest finite value"));
         }
         let data = (0..element_count(shape))
@@ -190,6 +204,7 @@ pub(super) fn round_to(dtype: DType, v: f64) -> f64 {
         DType::F16 => f16::from_f64(v).to_f64(),
         DType::BF16 => bf16::from_f64(v).to_f64(),
         DType::F32 => f64::from(v as f32),
+        DType::F8E4M3 => super::fp8::round_to_e4m3(v),
     }
 }
 
@@ -213,6 +228,18 @@ mod tests {
         assert!(err.to_string().contains("holds 6 values, but 5 were given"));
         assert!(HostTensor::from_f16(&[2], &[f16::ONE; 3]).is_err());
         assert!(HostTensor::from_bf16(&[4], &[bf16::ONE; 4]).is_ok());
+        assert!(HostTensor::from_f8e4m3(&[4], &[0x38; 3]).is_err());
+    }
+
+    #[test]
+    fn e4m3_codes_convert_both_ways() {
+        let t = HostTensor::from_f8e4m3(&[4], &[0x38, 0xB8, 0x7E, 0x01]).unwrap();
+        assert_eq!(t.data, vec![1.0, -1.0, 448.0, 2f64.powi(-9)]);
+        assert_eq!(t.to_f8e4m3(), vec![0x38, 0xB8, 0x7E, 0x01]);
+        // 1.0625 is a tie between 1 and 1.125: 1 (even); 500 saturates.
+        let wide = HostTensor::new(&[2], vec![1.0625, 500.0]).unwrap();
+        assert_eq!(wide.to_f8e4m3(), vec![0x38, 0x7E]);
+        assert_eq!(wide.rounded_to(DType::F8E4M3).data, vec![1.0, 448.0]);
     }
 
     #[test]
@@ -259,6 +286,10 @@ mod tests {
         }
         let err = HostTensor::random_uniform(DType::F16, &[2], 0.0, 70000.0, &mut rng).unwrap_err();
         assert!(err.to_string().contains("largest finite value"), "{err}");
+        // E4M3 saturates at 448 instead of overflowing: the bound is checked.
+        let err = HostTensor::random_uniform(DType::F8E4M3, &[2], -500.0, 0.0, &mut rng).unwrap_err();
+        assert!(err.to_string().contains("largest finite value"), "{err}");
+        assert!(HostTensor::random_uniform(DType::F8E4M3, &[2], -448.0, 448.0, &mut rng).is_ok());
         // A single point is a valid range.
         let t = HostTensor::random_uniform(DType::F16, &[3], 0.5, 0.5, &mut rng).unwrap();
         assert_eq!(t.data, vec![0.5; 3]);

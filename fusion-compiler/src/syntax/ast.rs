@@ -81,14 +81,19 @@ pub struct TensorDecl {
     pub ty: TypeExpr,
 }
 
-/// `f16[M, D]`: an element type and a shape.
+/// `f16[M, D]`: an element type and a shape; for an FP8 tensor also its
+/// scale, `f8e4m3[F, D] scale w_scale`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TypeExpr {
-    /// Element type as written (`f16`, `bf16`, `f32`); checked when lowered.
+    /// Element type as written (`f16`, `bf16`, `f32`, `f8e4m3`); checked
+    /// when lowered.
     pub dtype: Ident,
     /// The shape, one entry per axis.
     pub dims: Vec<DimExpr>,
-    /// The whole type expression.
+    /// The declared tensor named after `scale`, if written; resolved and
+    /// checked when lowered.
+    pub scale: Option<Ident>,
+    /// The whole type expression, the scale clause included.
     pub span: Span,
 }
 

@@ -5,7 +5,7 @@
 //! statement  := "dims" "{" (NAME ":" ("dyn" | INT)),* "}"
 //!             | ("input" | "weight") (NAME ":" type),+ ";"
 //!             | ("let" | "output") NAME "=" expr ";"
-//! type       := DTYPE "[" (NAME | INT),+ "]"
+//! type       := DTYPE "[" (NAME | INT),+ "]" ("scale" NAME)?
 //! expr       := term ("+" term)*
 //! term       := postfix (("*" | "@") postfix)*
 //! postfix    := primary ("^" "T")*
@@ -42,6 +42,7 @@ mod kw {
     syn::custom_keyword!(input);
     syn::custom_keyword!(weight);
     syn::custom_keyword!(output);
+    syn::custom_keyword!(scale);
     syn::custom_keyword!(T);
 }
 
@@ -440,7 +441,34 @@ impl Grammar<'_> {
                 "a tensor needs at least one dim: `f16[M, D]`",
             ));
         }
-        Ok(TypeExpr { dtype, dims, span })
+        let mut span = span;
+        let scale = if input.peek(kw::scale) {
+            let keyword: kw::scale = input.parse()?;
+            if !input.peek(syn::Ident) {
+                return Err(syn::Error::new(
+                    if input.is_empty() {
+                        keyword.span
+                    } else {
+                        input.span()
+                    },
+                    format!(
+                        "expected the name of the scale tensor after `scale` (`f8e4m3[F, D] scale w_scale`), found {}",
+                        found(input)
+                    ),
+                ));
+            }
+            let name = self.name(input, "the scale tensor's name")?;
+            span = span.join(name.span);
+            Some(name)
+        } else {
+            None
+        };
+        Ok(TypeExpr {
+            dtype,
+            dims,
+            scale,
+            span,
+        })
     }
 
     /// `name = expr;`, after `let` or `output`.
@@ -863,6 +891,11 @@ mod tests {
         assert_eq!(t.dtype.name, "f16");
         assert!(matches!(&t.dims[..], [DimExpr::Named(m), DimExpr::Literal(4096, _)] if m.name == "M"));
         assert_eq!(columns(t.span), (0, 12));
+        assert_eq!(t.scale, None);
+        let t = ty("f8e4m3[N, K] scale w_scale").unwrap();
+        assert_eq!(t.dtype.name, "f8e4m3");
+        assert_eq!(t.scale.as_ref().map(|s| s.name.as_str()), Some("w_scale"));
+        assert_eq!(columns(t.span), (0, 26), "the type runs to the scale's name");
         let cases = [
             (
                 "f16",
@@ -877,6 +910,16 @@ mod tests {
             ("f16[4u32]", "without a type suffix"),
             ("f16[99999999999999999999]", "too large for a dim size"),
             ("[M]", "expected a tensor type like `f16[M, D]`"),
+            (
+                "f8e4m3[N, K] scale",
+                "expected the name of the scale tensor after `scale` (`f8e4m3[F, D] scale w_scale`), found the end of the input",
+            ),
+            (
+                "f8e4m3[N, K] scale 2",
+                "expected the name of the scale tensor after `scale`",
+            ),
+            ("f8e4m3[N, K] scale s t", "unexpected `t` after the type"),
+            ("f8e4m3[N, K] scales s", "unexpected `scales` after the type"),
         ];
         for (text, expected) in cases {
             let got = ty(text).unwrap_err().to_string();
