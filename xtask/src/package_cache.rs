@@ -7,11 +7,22 @@
 //! earlier one (a CI clone in the same place) would verify against the
 //! earlier tree's sources. This step removes our crates' extractions from
 //! such local registries so that each run extracts the packages it made.
+//!
+//! Their builds go stale the same way: cargo builds the packages in the
+//! workspace's target folder, and a package's files as extracted from the
+//! local registry carry the fixed modification time cargo writes into
+//! every `.crate` (2006), older than any earlier build of the same
+//! version, so cargo takes that build as fresh and verifies a crate
+//! against another's earlier code. The step also runs `cargo clean -p` for our crates, which drops
+//! every build of them there (the workspace's own are rebuilt when next
+//! needed; the shipped kernels' objects stay in nvcc's cache).
 
 use crate::error::{Error, Result};
+use crate::process;
 use crate::toolchain::Toolchain;
 use crate::workspace::Workspace;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
 /// The published crates, whose packages the step verifies.
 const PUBLISHED: [&str; 4] = ["fusion-compiler", "fusion-macros", "fusion", "fusion-cli"];
@@ -19,16 +30,23 @@ const PUBLISHED: [&str; 4] = ["fusion-compiler", "fusion-macros", "fusion", "fus
 /// Removes `<crate>-<version>` of each published crate from every local
 /// registry's extractions (the folders of `registry/src` named `-<hash>`:
 /// crates.io's and other named registries' keep their names), printing
-/// what it removed.
-pub fn forget_stale_extractions(_: &Workspace, _: &Toolchain) -> Result<()> {
-    let Some(sources) = cargo_home().map(|home| home.join("registry").join("src")) else {
-        println!("no CARGO_HOME or HOME: nothing to forget");
-        return Ok(());
-    };
-    for removed in remove_extractions(&sources, env!("CARGO_PKG_VERSION"))? {
-        println!("removed {}", removed.display());
+/// what it removed, then every build of them in the workspace's target
+/// folder.
+pub fn forget_stale_extractions(workspace: &Workspace, _: &Toolchain) -> Result<()> {
+    match cargo_home().map(|home| home.join("registry").join("src")) {
+        Some(sources) => {
+            for removed in remove_extractions(&sources, env!("CARGO_PKG_VERSION"))? {
+                println!("removed {}", removed.display());
+            }
+        }
+        None => println!("no CARGO_HOME or HOME: no extractions to forget"),
     }
-    Ok(())
+    let mut clean = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    clean.current_dir(&workspace.root).arg("clean");
+    for name in PUBLISHED {
+        clean.args(["-p", name]);
+    }
+    process::run_echoing_stderr(&mut clean)
 }
 
 fn cargo_home() -> Option<PathBuf> {
