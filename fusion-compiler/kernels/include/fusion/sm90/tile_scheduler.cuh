@@ -234,8 +234,8 @@ struct TileScheduler {
   //    (list_share lists its pieces in plan), one share at a time until it
   //    is handed one past the last (grid shares, as many as the static
   //    walk's CTAs). Not fetched ahead: that would bind a share to this CTA
-  //    a whole share early, while the ring's stages, still full when the
-  //    producer asks, cover the round trip. Each share runs once, on
+  //    a whole share early, while the stages the producer has loaded ahead
+  //    of the consumers cover the round trip. Each share runs once, on
   //    whichever CTA took it; fix_up names its partial by the share.
   // Once done taking (no share left, or no stream-K), the CTA counts
   // itself at counters[1]; the last to get there sets all three counters
@@ -243,7 +243,8 @@ struct TileScheduler {
   // made its last fetch from counters[0] and counters[2] by then (each
   // fences between its fetches and its count), and none fetches after.
   // Nothing waits on another CTA: a CTA that starts after the others are
-  // done finds both counters spent, runs its first tile and counts itself.
+  // done finds both counters spent, runs its first tile (if its index names
+  // one) and counts itself.
   struct Walker {
     Plan& plan;
     const TileWalk& walk;
