@@ -20,8 +20,7 @@ use std::ffi::{c_char, c_int, c_void};
 
 /// `fusion_gemm_params::flags`: no split-K or stream-K.
 pub const FUSION_GEMM_NO_STREAM_K: u32 = 1;
-/// `fusion_gemm_params::flags`: each CTA's whole tiles and stream-K share
-/// fixed at launch.
+/// `fusion_gemm_params::flags`: each CTA's whole tiles fixed at launch.
 pub const FUSION_GEMM_STATIC_TILES: u32 = 2;
 /// `fusion_gemm_params::flags`: where a caller-named tile tier's code sits.
 pub const FUSION_GEMM_TILE_SHIFT: u32 = 2;

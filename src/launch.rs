@@ -588,8 +588,8 @@ fn stream_k_enabled() -> bool {
 }
 
 /// Reads `FUSION_TILE_COUNTER` once: `1` has the sm90 kernel's CTAs take
-/// their whole tiles, then stream-K's shares, from counters in every GEMM
-/// launch, instead of each CTA's being fixed at launch. Off by default: on an H200 it cut the
+/// their whole tiles from a counter in every GEMM launch, instead of each
+/// CTA's being fixed at launch. Off by default: on an H200 it cut the
 /// slowdown of 4 streams at once (1.33x to 1.02-1.06x at 8192^3) but costs
 /// one stream up to 11% where a CTA runs few tiles (14.1 against 12.7 us at
 /// (512, 2048, 2048), one tile per CTA; benchmarks/HISTORY.md v18, v19).

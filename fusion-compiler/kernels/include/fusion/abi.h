@@ -72,11 +72,10 @@ typedef struct fusion_gemm_params {
  * or stream-K), e.g. for a launch captured into a graph that may replay
  * beside other launches sharing its workspace. */
 #define FUSION_GEMM_NO_STREAM_K 1u
-/* fusion_gemm_params::flags: each CTA's whole tiles and stream-K share are
- * fixed at launch (no tile counters in the workspace), for the same reason;
- * without it the sm90 kernel's CTAs take whole tiles, then stream-K's
- * shares, from counters as they get to them, so that CTAs delayed by
- * another stream's kernels take fewer. */
+/* fusion_gemm_params::flags: each CTA's whole tiles are fixed at launch
+ * (no tile counter in the workspace), for the same reason; without it the
+ * sm90 kernel's CTAs take whole tiles from a counter as they get to them,
+ * so that CTAs delayed by another stream's kernels take fewer. */
 #define FUSION_GEMM_STATIC_TILES 2u
 /* fusion_gemm_params::flags, bits 2-4: a tile tier the caller names, for
  * measuring each tier of a unit at any shape (the run time's

@@ -4,10 +4,9 @@
 // are not given they do without (stream-K) or refuse (a norm prologue's
 // row statistics).
 //
-//   [0, kStreamKFlagBytes)   counters: the sm90 tile scheduler's three (the
+//   [0, kStreamKFlagBytes)   counters: the sm90 tile scheduler's two (the
 //                            next whole tile to hand out, CTAs done taking
-//                            work, the next stream-K share to hand out)
-//                            then stream-K's arrival counters; zero
+//                            them) then stream-K's arrival counters; zero
 //                            when handed over (the caller zeroes the buffer
 //                            when it allocates it), zero again when each
 //                            launch ends
@@ -37,7 +36,7 @@ namespace fusion {
 // most 197 x 2 consumers x 4 bytes, 1576); the scheduler refuses a split
 // whose counters would not fit.
 constexpr size_t kStreamKFlagBytes = 4096;
-// The tile scheduler's counters, at the start of the flags region (three
+// The tile scheduler's counters, at the start of the flags region (two
 // 32-bit counters, padded to their own 128-byte line).
 constexpr size_t kTileCounterBytes = 128;
 // Each region starts a multiple of 256 bytes from the workspace's start,

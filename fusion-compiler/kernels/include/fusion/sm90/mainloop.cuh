@@ -2,9 +2,9 @@
 // warp-specialized kernel on wgmma and TMA, composed of three parts:
 //  - the tile scheduler (tile_scheduler.cuh): at most one CTA per SM walks
 //    output tiles in grouped order, every other wave through K backwards,
+//    cooperative CTAs taking whole tiles from a counter as they get to them;
 //    split-K and stream-K share a tile's k-blocks among CTAs where the tiles
-//    do not fill the SMs evenly; cooperative CTAs may take whole tiles, and
-//    then stream-K's shares, from counters as they get to them;
+//    do not fill the SMs evenly;
 //  - the collective mainloop (collective_mainloop.cuh): a producer warp
 //    group keeps a ring of shared-memory stages loaded by TMA, and one or
 //    two consumer warp groups multiply them with wgmma;
@@ -114,17 +114,15 @@ struct Mainloop {
   }
 
   // The producer: one thread walks this CTA's pieces (Scheduler::Walker;
-  // `tile_counters` null: the static walk; with them it also takes the
-  // stream-K shares of `sk`) and keeps every stage loaded,
+  // `tile_counters` null: the static walk) and keeps every stage loaded,
   // across tiles. For cooperative consumers it posts each piece beside its
   // first stage and, after the last, an end (Plan::posted).
   static __device__ __forceinline__ void produce(SharedLayout& s, const CUtensorMap* map_a, const CUtensorMap* map_b,
-                                                 const GemmArgs<T>& args, const StreamK& sk,
-                                                 uint32_t* tile_counters) {
+                                                 const GemmArgs<T>& args, uint32_t* tile_counters) {
     const TileWalk walk(args);
     const int k_blocks = int((args.k + BK - 1) / BK);
     RingPosition ring;
-    typename Scheduler::Walker walker(s.plan, walk, sk, k_blocks, tile_counters);
+    typename Scheduler::Walker walker(s.plan, walk, k_blocks, tile_counters);
     WorkPiece w;
     bool backwards = false;
     for (int i = 0; walker.next(w, backwards); ++i) {
@@ -214,8 +212,8 @@ struct Mainloop {
         Loop::mma_tile(s.stages, s.barriers, consumer, w.k_count, ring, acc, i,
                        load_source_at(tile, w.k_count));
         if (tracer) FUSION_SM90_STAMP(i, 1);
-        // A split tile's epilogue runs on whichever of its shares arrives last.
-        if (w.piece == Piece::Whole || Scheduler::fix_up(sk, consumer, w.unit, w.k_begin, k_blocks, acc)) {
+        // A split tile's epilogue runs on whichever of its CTAs arrives last.
+        if (w.piece == Piece::Whole || Scheduler::fix_up(sk, consumer, w.unit, k_blocks, acc)) {
           if constexpr (Prologue::kRowStats) grid_dependency_wait();
           TileStore::template store_tile<Epilogue>(s.staging, consumer, tile, acc, map_c, args, source_phase, i);
         } else if constexpr (Epilogue::kSourceTile) {
@@ -291,7 +289,7 @@ __global__ void __launch_bounds__(ML::kThreads, 1)
     __syncthreads();
   if (group == 0) {
     setmaxnreg_dec<ML::kProducerRegisters>();
-    if (threadIdx.x == 0) ML::produce(s, &map_a, &map_b, args, stream_k, tile_counters);
+    if (threadIdx.x == 0) ML::produce(s, &map_a, &map_b, args, tile_counters);
   } else {
     setmaxnreg_inc<ML::kConsumerRegisters>();
     // The same in every lane, said so (a shuffle from lane 0) that what

@@ -2,20 +2,19 @@
 // k-blocks, each persistent CTA computes, and in what order.
 //
 // At most one CTA per SM walks output tiles in grouped order (gemm.cuh),
-// every other wave through K backwards (walks_backwards). Where the tiles
-// do not fill the SMs evenly, several CTAs may share a tile's k-blocks
-// (split-K with fewer tiles than SMs, stream-K over the last wave
-// otherwise; see StreamK and plan_stream_k), the k-blocks dealt out in
-// shares, and whichever share arrives last sums the tile's partial tiles
-// (fix_up); where that does not pay, the grid shrinks to the fewest CTAs
-// that need no more waves (balanced_grid). Unless the caller says
-// FUSION_GEMM_STATIC_TILES, cooperative CTAs take their whole tiles, and
-// then the shares, from counters in the workspace as they get to them
-// (Walker), so that a CTA that starts late, its SM held by another
-// stream's kernel, takes fewer and no share waits for it; their producer
-// hands each piece to the consumers with the ring's first stage of it
-// (Plan::posted). Not here: loading and multiplying a tile
-// (collective_mainloop.cuh) and storing it (collective_epilogue.cuh).
+// every other wave through K backwards (walks_backwards). Unless the caller
+// says FUSION_GEMM_STATIC_TILES, cooperative
+// CTAs take their whole tiles from a counter in the workspace as they get
+// to them (Walker), so that a CTA that starts late, its SM held by another
+// stream's kernel, takes fewer; their producer hands each piece to the
+// consumers with the ring's first stage of it (Plan::posted). Where the tiles do
+// not fill the SMs evenly, several CTAs may share a tile's k-blocks (split-K
+// with fewer tiles than SMs, stream-K over the last wave otherwise; see
+// StreamK and plan_stream_k) and whichever of them arrives last sums their
+// partial tiles (fix_up); where that does not pay, the grid shrinks to the fewest
+// CTAs that need no more waves (balanced_grid). Not here: loading and
+// multiplying a tile (collective_mainloop.cuh) and storing it
+// (collective_epilogue.cuh).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -53,9 +52,8 @@ struct TileScheduler {
   };
 
   // This CTA's stream-K pieces and their counts, written by thread 0 at the
-  // start (in the counter walk, rewritten by it for each share it takes).
-  // Split-K gives a share one piece; a stream-K split whose shares are
-  // under two tiles would give at most three (a Split piece where its
+  // start. Split-K gives a CTA one piece; a stream-K split whose CTA shares
+  // are under two tiles would give at most three (a Split piece where its
   // range ends, a whole tile, a Split piece where it starts): plan_stream_k
   // must keep any split it allows within that.
   static constexpr int kMaxStreamKPieces = 4;
@@ -104,18 +102,14 @@ struct TileScheduler {
   // Stream-K (cooperative schedule, one CTA per cluster; plan_stream_k
   // decides when): tiles [0, dp_tiles) run whole, the same number on every
   // CTA; tiles [dp_tiles, tiles) in grouped order are split by k-blocks,
-  // evenly over the grid in as many shares as CTAs: share b is k-blocks
-  // [b U / grid, (b + 1) U / grid) of those tiles laid end to end. In the
-  // static walk CTA b runs share b after its whole tiles; in the counter
-  // walk (Walker) a CTA done with the whole tiles takes the next share
-  // from a counter, and another after it, until none is left. A tile a
-  // share covers only in part is a Split piece: at most one where its
-  // range ends inside a tile and one where it starts inside one. Each
-  // consumer running a share's Split piece stores its f32 accumulators to
-  // the slot of `partials` for that (tile, share) and counts itself in at
-  // the tile's arrival counter; the one whose arrival completes the count
-  // adds up every share and runs the epilogue, and the others go on with
-  // their next piece (fix_up).
+  // evenly over the grid. CTA b takes k-blocks [b U / grid, (b + 1) U / grid)
+  // of those tiles laid end to end, after its whole tiles. A tile it covers
+  // only in part is a Split piece: at most one where its range ends inside
+  // a tile and one where it starts inside one. Each consumer of each CTA
+  // sharing a tile stores its f32 accumulators to its slot of `partials`
+  // and counts itself in at the tile's arrival counter; the one whose
+  // arrival completes the count adds up every share and runs the
+  // epilogue, and the others go on with their next piece (fix_up).
   //
   // No CTA ever waits for another, so the grid finishes whatever the order
   // in which CTAs are dispatched and however many are resident at once:
@@ -129,10 +123,10 @@ struct TileScheduler {
   // its tile's. With fewer tiles than SMs this is split-K (dp_tiles 0,
   // every tile split alike).
   struct StreamK {
-    int dp_tiles = 0;  // tiles [0, dp_tiles) run whole: CTA b takes b, b + grid, ... (static walk)
+    int dp_tiles = 0;  // tiles [0, dp_tiles) run whole: CTA b takes b, b + grid, ...
     int units = 0;     // k-blocks of tiles [dp_tiles, tiles); 0: no stream-K (units * grid < 2^31)
     // [grid + split tiles - 1][kConsumers][kMmaM * kAccumulators / 4][128 threads]
-    // float4s: one slot per (tile, share) pair, see partial_slot.
+    // float4s: one slot per (tile, CTA) pair, see partial_slot.
     float* partials = nullptr;
     // Arrival counters, [split tiles][kConsumers], in the workspace's flags
     // region after the tile counters.
@@ -141,56 +135,42 @@ struct TileScheduler {
 
 
   // Thread 0 writes this CTA's stream-K pieces to shared memory before the
-  // first barrier (list_share of share blockIdx.x; in the counter walk the
-  // producer lists each share it takes there instead, see Walker). The
-  // producer reads the list from there, which keeps the bookkeeping out of
-  // the registers (the producer runs in 40, the consumers hold 128
-  // accumulators).
+  // first barrier, in the order they run (after the data-parallel tiles,
+  // see piece): the Split piece where its range ends, the tiles its range
+  // covers whole, and last the Split piece where its range starts, which
+  // holds the last k-blocks of its tile. The CTAs sharing that tile run
+  // their share of it first, so this CTA is the likely last arriver, and
+  // its fix-up finds the other partials stored rather than making another
+  // CTA add up the tile while this one still computes. (Any order is
+  // correct: nothing waits.) The producer and the consumers read the list
+  // from there, which keeps the bookkeeping out of the registers (the
+  // producer runs in 40, the consumers hold 128 accumulators). 32-bit:
+  // plan_stream_k keeps (units + 1) * grid below 2^31.
   static __device__ __forceinline__ void plan_pieces(Plan& plan, const TileWalk& walk, int kb,
                                                     const StreamK& sk) {
-    if (sk.units > 0) {
-      list_share(plan, sk, kb, int(blockIdx.x));
-    } else {
-      plan.piece_count[0] = 0;
-      plan.piece_count[2] = 0;
-      plan.pieces[kMaxStreamKPieces - 1] = WorkPiece{0, 0, 0, Piece::Whole};
-    }
-    const int whole = sk.units > 0 ? sk.dp_tiles : walk.units;
-    plan.whole_units = whole;
-    plan.piece_count[1] = whole > walk.first ? (whole - walk.first + walk.stride - 1) / walk.stride : 0;
-  }
-
-  // Lists stream-K share `share` (k-blocks [share U / grid, (share + 1) U /
-  // grid) of the split tiles laid end to end, see StreamK) in plan, in the
-  // order its pieces run (after the data-parallel tiles, see piece): the
-  // Split piece where its range ends, the tiles its range covers whole,
-  // and last the Split piece where its range starts, which holds the last
-  // k-blocks of its tile. The shares holding the rest of that tile run
-  // their part of it first (in the static walk, on every CTA at once), so
-  // this share is the likely last arriver, and its fix-up finds the other
-  // partials stored rather than making another CTA add up the tile while
-  // this one still computes. (Any order is correct: nothing waits.) A
-  // share has at most one piece per tile. 32-bit: plan_stream_k keeps
-  // (units + 1) * grid below 2^31.
-  static __device__ __forceinline__ void list_share(Plan& plan, const StreamK& sk, int kb, int share) {
     int count = 0;
     WorkPiece last{0, 0, 0, Piece::Whole};
     bool has_last = false;
-    const int grid = int(gridDim.x);
-    const int begin = share * sk.units / grid, end = (share + 1) * sk.units / grid;
-    if (begin < end && end % kb != 0) {
-      const int tile = end / kb, from = begin > tile * kb ? begin : tile * kb;
-      plan.pieces[count++] = {sk.dp_tiles + tile, from - tile * kb, end - from, Piece::Split};
-    }
-    for (int tile = begin / kb; begin < end && (tile + 1) * kb <= end; ++tile) {
-      if (begin <= tile * kb) {
-        plan.pieces[count++] = {sk.dp_tiles + tile, 0, kb, Piece::Whole};
-      } else {
-        last = {sk.dp_tiles + tile, begin - tile * kb, (tile + 1) * kb - begin, Piece::Split};
-        has_last = true;
+    if (sk.units > 0) {
+      const int grid = int(gridDim.x);
+      const int begin = int(blockIdx.x) * sk.units / grid, end = (int(blockIdx.x) + 1) * sk.units / grid;
+      if (begin < end && end % kb != 0) {
+        const int tile = end / kb, from = begin > tile * kb ? begin : tile * kb;
+        plan.pieces[count++] = {sk.dp_tiles + tile, from - tile * kb, end - from, Piece::Split};
+      }
+      for (int tile = begin / kb; begin < end && (tile + 1) * kb <= end; ++tile) {
+        if (begin <= tile * kb) {
+          plan.pieces[count++] = {sk.dp_tiles + tile, 0, kb, Piece::Whole};
+        } else {
+          last = {sk.dp_tiles + tile, begin - tile * kb, (tile + 1) * kb - begin, Piece::Split};
+          has_last = true;
+        }
       }
     }
+    const int whole = sk.units > 0 ? sk.dp_tiles : walk.units;
+    plan.whole_units = whole;
     plan.piece_count[0] = count;
+    plan.piece_count[1] = whole > walk.first ? (whole - walk.first + walk.stride - 1) / walk.stride : 0;
     plan.piece_count[2] = has_last ? 1 : 0;
     plan.pieces[kMaxStreamKPieces - 1] = last;
   }
@@ -220,44 +200,29 @@ struct TileScheduler {
   }
 
   // The producer's walk over this CTA's pieces, in piece's order. With
-  // `counters` (kDynamicTiles; null: the static walk) neither the whole
-  // tiles nor the stream-K shares are fixed by the CTA's index, so that a
-  // CTA that starts late, its SM held by another stream's kernel, takes
-  // fewer of both and no share waits for it:
-  //  - whole tiles: after its first (unit blockIdx.x, as in the static
-  //    walk, taken without an atomic so that no CTA waits on one before its
-  //    first loads), the next unit past the grid's first wave that
-  //    counters[0] hands out, fetched one piece ahead so that the atomic's
-  //    round trip overlaps a tile's loads, until it is handed one past
-  //    whole_units;
-  //  - then stream-K shares: the next share that counters[2] hands out
-  //    (list_share lists its pieces in plan), one share at a time until it
-  //    is handed one past the last (grid shares, as many as the static
-  //    walk's CTAs). Not fetched ahead: that would bind a share to this CTA
-  //    a whole share early, while the stages the producer has loaded ahead
-  //    of the consumers cover the round trip. Each share runs once, on
-  //    whichever CTA took it; fix_up names its partial by the share.
-  // Once done taking (no share left, or no stream-K), the CTA counts
-  // itself at counters[1]; the last to get there sets all three counters
-  // back to 0 for the next launch on the workspace: every other CTA has
-  // made its last fetch from counters[0] and counters[2] by then (each
-  // fences between its fetches and its count), and none fetches after.
-  // Nothing waits on another CTA: a CTA that starts after the others are
-  // done finds both counters spent, runs its first tile (if its index names
-  // one) and counts itself.
+  // `counters` (kDynamicTiles; null: the static walk) the whole tiles are
+  // not every stride-th unit from this CTA's first but, after its first
+  // (unit blockIdx.x, as in the static walk, taken without an atomic so
+  // that no CTA waits on one before its first loads), the next unit past
+  // the grid's first wave that counters[0] hands out, fetched one piece
+  // ahead so that the atomic's round trip overlaps a tile's loads. A CTA
+  // takes units until it is handed one past whole_units; the last CTA to
+  // get there (counters[1] counts them) sets both counters back to 0 for
+  // the next launch on the workspace: every other CTA has fetched its last
+  // unit by then (each fences between that fetch and its count). The
+  // stream-K pieces after the whole tiles stay this CTA's own, as
+  // plan_pieces listed them.
   struct Walker {
-    Plan& plan;
+    const Plan& plan;
     const TileWalk& walk;
-    const StreamK& sk;
     int k_blocks;
-    uint32_t* counters;  // null once done taking
-    int index;           // the next piece's in piece()'s numbering, once no whole tile is taken
+    uint32_t* counters;
+    int index;  // the next piece's in piece()'s numbering, once no whole tile is taken
     uint32_t fetched = 0;
-    bool taking;  // whole tiles from counters[0]
+    bool taking;
 
-    __device__ __forceinline__ Walker(Plan& p, const TileWalk& w, const StreamK& s, int kb, uint32_t* c)
-        : plan(p), walk(w), sk(s), k_blocks(kb), counters(c), index(c != nullptr ? p.piece_count[1] : 0),
-          taking(c != nullptr) {
+    __device__ __forceinline__ Walker(const Plan& p, const TileWalk& w, int kb, uint32_t* c)
+        : plan(p), walk(w), k_blocks(kb), counters(c), index(c != nullptr ? p.piece_count[1] : 0), taking(c != nullptr) {
       if (taking) fetched = blockIdx.x;
     }
 
@@ -274,39 +239,17 @@ struct TileScheduler {
           return true;
         }
         taking = false;
-        if (!take_share()) return false;
-      }
-      for (;;) {
-        backwards = walks_backwards(plan, index);
-        if (piece(plan, walk, k_blocks, index, w)) {
-          ++index;
-          return true;
-        }
-        if (!kDynamicTiles || counters == nullptr || !take_share()) return false;
-      }
-    }
-
-    // Lists the next share from counters[2] in plan and points index at its
-    // first piece; false (and this CTA counted done) when none is left.
-    __device__ __forceinline__ bool take_share() {
-      const uint32_t share = sk.units > 0 ? atomicAdd(&counters[2], 1u) : gridDim.x;
-      if (share < gridDim.x) {
-        list_share(plan, sk, k_blocks, int(share));
-        index = plan.piece_count[1];
-        return true;
-      }
-      __threadfence();
-      if (atomicAdd(&counters[1], 1u) == gridDim.x - 1) {
         __threadfence();
-        atomicExch(&counters[0], 0u);
-        atomicExch(&counters[2], 0u);
-        atomicExch(&counters[1], 0u);
+        if (atomicAdd(&counters[1], 1u) == gridDim.x - 1) {
+          __threadfence();
+          atomicExch(&counters[0], 0u);
+          atomicExch(&counters[1], 0u);
+        }
       }
-      counters = nullptr;
-      return false;
+      backwards = walks_backwards(plan, index);
+      return piece(plan, walk, k_blocks, index++, w);
     }
   };
-  static_assert(3 * sizeof(uint32_t) <= kTileCounterBytes, "the walk's counters fit before stream-K's arrival counters");
 
   // Whether piece i loads its k-blocks from the last to the first. The
   // data-parallel waves alternate: a wave reads more of A and B than L2
@@ -332,41 +275,34 @@ struct TileScheduler {
   static constexpr int kPartialVectors = kMmaM * kAccumulators / 4;
   static_assert(kAccumulators % 4 == 0, "partials move as float4s");
 
-  // The share holding stream-K k-block x: the largest c with
-  // c U / grid <= x (plan_stream_k keeps (x + 1) * grid below 2^31). In
-  // the static walk share c is CTA c's.
+  // The CTA holding stream-K k-block x: the largest c with
+  // c U / grid <= x (plan_stream_k keeps (x + 1) * grid below 2^31).
   static __device__ __forceinline__ int holder(const StreamK& sk, int x) {
     return ((x + 1) * int(gridDim.x) - 1) / sk.units;
   }
 
-  // This thread's part of the slot of share `share` of split tile `tile`
-  // (counted from dp_tiles), for one consumer. Slot share + tile: one per
-  // (tile, share) pair, without collisions, since a share's k-blocks come
-  // after a lower share's, so a higher share never holds a lower tile than
-  // a lower share does (the pairs' sums rise strictly). Hence grid + split
-  // tiles - 1 slots (partial_bytes), against two per share for the two
-  // Split pieces a share may have. Each share runs once per launch (the
-  // static walk's CTA, or the CTA the counter walk handed it to), so each
-  // slot has one writer, whichever CTA that is.
-  static __device__ __forceinline__ float4* partial_slot(const StreamK& sk, int tile, int share, int consumer) {
-    const int64_t slot = int64_t(share + tile) * kConsumers + consumer;
+  // This thread's part of the slot of CTA `cta`'s share of split tile
+  // `tile` (counted from dp_tiles), for one consumer. Slot cta + tile: one
+  // per (tile, CTA) pair, without collisions, since a CTA's k-blocks come
+  // after a lower CTA's, so a higher CTA never holds a lower tile than a
+  // lower CTA does (the pairs' sums rise strictly). Hence grid + split
+  // tiles - 1 slots (partial_bytes), against two per CTA for the two
+  // Split pieces a CTA may have.
+  static __device__ __forceinline__ float4* partial_slot(const StreamK& sk, int tile, int cta, int consumer) {
+    const int64_t slot = int64_t(cta + tile) * kConsumers + consumer;
     return reinterpret_cast<float4*>(sk.partials) + slot * (kPartialVectors * 128) + threadIdx.x % 128;
   }
 
-  // The fix-up of a Split piece of unit `unit` (tiles of `kb` k-blocks)
-  // from k-block `k_begin` of it, on one consumer's rows: stores its
-  // partial sums to the slot of its share (the holder of its first
-  // k-block: a share has one piece per tile, so the pair names the piece
-  // whichever CTA runs it) and counts itself in at the tile's arrival
-  // counter. The consumer whose arrival completes the count (one per tile
-  // and consumer, not necessarily of the same CTA for both consumers) adds
-  // up the partials of the shares holding the tile's k-blocks,
-  // first..last, in that order from their slots, its own reread too unless
-  // it is the first, so that the sum depends neither on which share came
-  // last nor on which CTA ran which share (a run's result is the same every
-  // time, in either walk); resets the counter for the next launch on this
-  // workspace; and returns true: it runs the epilogue. The others return
-  // false at once.
+  // The fix-up of a Split piece of unit `unit` (tiles of `kb` k-blocks), on
+  // one consumer's rows: stores its partial sums to its slot and counts
+  // itself in at the tile's arrival counter. The consumer whose arrival
+  // completes the count (one per tile and consumer, not necessarily of the
+  // same CTA for both consumers) adds up the shares of the CTAs holding the
+  // tile's k-blocks, first..last, in that order from their slots, its
+  // own reread too unless it is the first, so that the sum does not depend
+  // on which CTA came last (a run's result is the same every time); resets
+  // the counter for the next launch on this workspace; and returns true:
+  // it runs the epilogue. The others return false at once.
   //
   // Ordering: every thread's stores, then bar.sync, then thread 0's
   // gpu-scope fence and the atomic (a release pattern: the fence is
@@ -374,11 +310,11 @@ struct TileScheduler {
   // arriver's atomic reads the count the others' made, and its fence
   // after the atomic and the barrier that hands the outcome to the warp
   // group order its loads (__ldcg, from L2, where the stores went) after
-  // all of them. None of this asks which CTA a share ran on.
-  static __device__ __forceinline__ bool fix_up(const StreamK& sk, int consumer, int unit, int k_begin, int kb,
+  // all of them.
+  static __device__ __forceinline__ bool fix_up(const StreamK& sk, int consumer, int unit, int kb,
                                                 float (&acc)[kMmaM][kAccumulators]) {
-    const int tile = unit - sk.dp_tiles, share = holder(sk, tile * kb + k_begin);
-    float4* out = partial_slot(sk, tile, share, consumer);
+    const int tile = unit - sk.dp_tiles, self = int(blockIdx.x);
+    float4* out = partial_slot(sk, tile, self, consumer);
 #pragma unroll
     for (int mi = 0; mi < kMmaM; ++mi)
 #pragma unroll
@@ -386,12 +322,12 @@ struct TileScheduler {
         __stcg(out + (mi * kAccumulators + j) / 4 * 128,
                make_float4(acc[mi][j], acc[mi][j + 1], acc[mi][j + 2], acc[mi][j + 3]));
     named_barrier_sync(1 + consumer, 128);
-    const int first = holder(sk, tile * kb), last_share = holder(sk, (tile + 1) * kb - 1);
+    const int first = holder(sk, tile * kb), last_cta = holder(sk, (tile + 1) * kb - 1);
     bool last = false;
     if (threadIdx.x % 128 == 0) {
       uint32_t* arrivals = &sk.flags[tile * kConsumers + consumer];
       __threadfence();
-      last = atomicAdd(arrivals, 1u) + 1 == uint32_t(last_share - first + 1);
+      last = atomicAdd(arrivals, 1u) + 1 == uint32_t(last_cta - first + 1);
       if (last) {
         __threadfence();
         *arrivals = 0;
@@ -404,8 +340,8 @@ struct TileScheduler {
     // k-block; 3% slower at 4096^3 on an H200, benchmarks/HISTORY.md v14).
     const int finishes = __shfl_sync(0xffffffffu, int(named_barrier_any(1 + consumer, 128, last)), 0);
     if (finishes == 0) return false;
-    if (share != first) read_partial<false>(partial_slot(sk, tile, first, consumer), acc);
-    for (int s = first + 1; s <= last_share; ++s) read_partial<true>(partial_slot(sk, tile, s, consumer), acc);
+    if (self != first) read_partial<false>(partial_slot(sk, tile, first, consumer), acc);
+    for (int cta = first + 1; cta <= last_cta; ++cta) read_partial<true>(partial_slot(sk, tile, cta, consumer), acc);
     return true;
   }
 
@@ -423,9 +359,9 @@ struct TileScheduler {
       }
   }
 
-  // Bytes of `partials` a split on `grid` CTAs (as many shares) of tiles of
-  // `k_blocks` k-blocks needs: a slot per consumer for each (tile, share)
-  // index of partial_slot.
+  // Bytes of `partials` a split on `grid` CTAs of tiles of `k_blocks`
+  // k-blocks needs: a slot per consumer for each (tile, CTA) index of
+  // partial_slot.
   static size_t partial_bytes(const StreamK& sk, int64_t grid, int64_t k_blocks) {
     const int64_t split_tiles = sk.units / k_blocks;
     return size_t(grid + split_tiles - 1) * kConsumers * kPartialVectors * 128 * sizeof(float4);
