@@ -112,6 +112,12 @@ for step in $steps; do
       run_tests gpu-guard.log 8 ./gpu_guard --ignored ;;
     graphs)
       run_tests gpu-graphs.log any ./gpu_graphs --ignored --nocapture
+      # The executor's other callers first (the short tests before the long
+      # ones): `fusion run`'s kernels are built at run time by nvcc (NVCC,
+      # CUDA_HOME or PATH), and `fusion tune`'s candidates the same way,
+      # each checked and timed through the executor.
+      run_tests gpu-run.log 4 ./gpu_run --ignored --nocapture
+      run_tests gpu-tune.log 1 ./gpu_tune --ignored --nocapture
       # A stack of layers in one workspace, eager and captured; with
       # FUSION_STREAM_K=0 direct calls run the captured schedule, and the
       # two must agree to the bit.
@@ -119,11 +125,6 @@ for step in $steps; do
       FUSION_STREAM_K=0 run_tests gpu-forward-one-schedule.log 2 ./gpu_forward --ignored --nocapture
       run_tests gpu-workspace.log any ./gpu_workspace --ignored --test-threads 1 --nocapture
       run_tests gpu-safetensors.log any ./gpu_safetensors --ignored --nocapture
-      # `fusion run`'s kernels are built at run time: nvcc (NVCC, CUDA_HOME or PATH).
-      run_tests gpu-run.log 4 ./gpu_run --ignored --nocapture
-      # `fusion tune`'s candidates, built the same way, checked and timed
-      # through the executor.
-      run_tests gpu-tune.log 1 ./gpu_tune --ignored --nocapture
       run_tests gpu-llama-safetensors.log 1 ./llama_ffn_safetensors --ignored --nocapture ;;
     examples)
       run example-swiglu-ffn.log ./swiglu_ffn 512
