@@ -8,7 +8,9 @@
 
 use fusion_compiler::codegen::{self, GraphSpec, wrappers};
 use fusion_compiler::ir::DType;
-use fusion_compiler::select::Arch;
+use fusion_compiler::select::guard::Guard;
+use fusion_compiler::select::model::Calibration;
+use fusion_compiler::select::{Arch, TunedCache};
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -33,20 +35,24 @@ const DTYPES: &[DType] = &[DType::F16, DType::BF16];
 /// absolute path: golden files hold nothing machine-specific.
 const FFI_RS: &str = "fusion_ffi.rs";
 
-/// What codegen renders for one graph: file name → contents.
-fn render(graph: &str) -> BTreeMap<String, String> {
+/// A shipped graph (`graphs/<graph>.toml`) as a build hands it to codegen.
+fn spec(graph: &str) -> GraphSpec {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let origin = format!("graphs/{graph}.toml");
     let ir = fusion_compiler::load_toml_graph(&root.join(&origin)).unwrap_or_else(|e| panic!("{e}"));
-    let spec = GraphSpec {
+    GraphSpec {
         plan: fusion_compiler::fuse::plan(ir),
         dtypes: DTYPES.to_vec(),
         origin,
         fingerprint: None,
         declaration: String::new(),
-    };
+    }
+}
+
+/// What codegen renders for one graph: file name → contents.
+fn render(graph: &str) -> BTreeMap<String, String> {
     let library =
-        codegen::render("fusion_kernels", ARCHS, &[spec]).unwrap_or_else(|e| panic!("{graph}: {e}"));
+        codegen::render("fusion_kernels", ARCHS, &[spec(graph)]).unwrap_or_else(|e| panic!("{graph}: {e}"));
     let mut files: BTreeMap<String, String> = library
         .units
         .iter()
@@ -54,6 +60,28 @@ fn render(graph: &str) -> BTreeMap<String, String> {
         .collect();
     files.insert("wrappers.rs".into(), wrappers::generate(&library, true, FFI_RS));
     files
+}
+
+/// Whether this run rewrites the golden files (`FUSION_BLESS=1`).
+fn blessing() -> bool {
+    std::env::var_os("FUSION_BLESS").is_some_and(|v| v == "1")
+}
+
+/// Compares `rendered` with the files of `tests/golden/<name>`, or, when
+/// [`blessing`], rewrites them with it.
+fn check_golden(name: &str, rendered: &BTreeMap<String, String>) {
+    let dir = golden_dir(name);
+    if blessing() {
+        bless(&dir, rendered);
+        return;
+    }
+    let problems = mismatches(&dir, rendered);
+    assert!(
+        problems.is_empty(),
+        "generated code differs from tests/golden/{name}:\n{}\n\nIf the change is intended, rewrite it with \
+         `FUSION_BLESS=1 cargo test -p fusion-compiler --test golden`.",
+        problems.join("\n")
+    );
 }
 
 fn golden_dir(graph: &str) -> PathBuf {
@@ -125,45 +153,30 @@ fn bless(dir: &Path, rendered: &BTreeMap<String, String>) {
     }
 }
 
-/// The wrappers of `gpt2_mlp` as a build with `FUSION_GUARD=on` renders
-/// them: the guard's models route its `gemm_bias_residual` (N = 768,
-/// K = 3072) to cuBLASLt for the M buckets they predict it loses, and leave
-/// the norm-prologue GEMM unrouted. Only the plan table's `vendor` fields
-/// differ from a build without the guard (the units are the same), so
-/// only the wrappers are kept.
-fn render_guarded() -> BTreeMap<String, String> {
-    use fusion_compiler::select::TunedCache;
-    use fusion_compiler::select::guard::Guard;
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let origin = "graphs/gpt2_mlp.toml".to_owned();
-    let ir = fusion_compiler::load_toml_graph(&root.join(&origin)).unwrap_or_else(|e| panic!("{e}"));
-    let spec = GraphSpec {
-        plan: fusion_compiler::fuse::plan(ir),
-        dtypes: DTYPES.to_vec(),
-        origin,
-        fingerprint: None,
-        declaration: String::new(),
-    };
-    let mut cache = TunedCache::default();
-    cache.guard = Some(Guard::shipped_sm90());
-    let library = codegen::render_tuned("fusion_kernels", ARCHS, std::slice::from_ref(&spec), &[], &cache)
-        .unwrap_or_else(|e| panic!("gpt2_mlp: {e}"));
+/// The wrappers a build with `cache` renders for `graph` (only the
+/// wrappers: the units are checked to be a plain build's), checked to
+/// differ from a plain build's only in the plan table's fields whose first
+/// line starts with `field`: what the build option `option` changes.
+fn render_with(graph: &str, cache: &TunedCache, field: &str, option: &str) -> BTreeMap<String, String> {
+    let spec = spec(graph);
+    let library = codegen::render_tuned("fusion_kernels", ARCHS, std::slice::from_ref(&spec), &[], cache)
+        .unwrap_or_else(|e| panic!("{graph}: {e}"));
     let wrappers = wrappers::generate(&library, true, FFI_RS);
-    // Without the guard, the same wrappers but for the route.
-    let unguarded = codegen::render("fusion_kernels", ARCHS, &[spec]).unwrap_or_else(|e| panic!("{e}"));
-    let unguarded = wrappers::generate(&unguarded, true, FFI_RS);
+    let plain = codegen::render("fusion_kernels", ARCHS, &[spec]).unwrap_or_else(|e| panic!("{e}"));
+    let sources = |library: &codegen::KernelLibrary| -> Vec<String> {
+        library.units.iter().map(|unit| unit.source.clone()).collect()
+    };
     assert_eq!(
-        without_routes(&wrappers),
-        unguarded,
-        "the guard changes the plan table's routes alone"
+        sources(&library),
+        sources(&plain),
+        "{option} changes no unit of {graph}"
+    );
+    assert_eq!(
+        without_fields(&wrappers, field),
+        wrappers::generate(&plain, true, FFI_RS),
+        "{option} changes the plan table's `{field}` fields alone"
     );
     BTreeMap::from([("wrappers.rs".to_owned(), wrappers)])
-}
-
-/// `wrappers` without the `vendor: fusion::plan::VendorRoute { .. },`
-/// fields.
-fn without_routes(wrappers: &str) -> String {
-    without_fields(wrappers, "vendor: fusion::plan::VendorRoute {")
 }
 
 /// `wrappers` without the fields whose first line starts with `opening`:
@@ -183,106 +196,25 @@ fn without_fields(wrappers: &str, opening: &str) -> String {
     kept
 }
 
-/// What a build with `FUSION_SELECT=model` renders for `gemm_bias_residual`,
-/// whose N and K are dynamic: the same units (the build cannot choose a
-/// tile per M bucket), and a plan table whose GEMM carries the model's
-/// costs and each variant's tiers (`model: Some(&fusion::plan::TileModel
-/// { .. })`, `None` for sm80), so that the run time chooses the tier per
-/// call. Only the wrappers are kept.
-fn render_modelled() -> BTreeMap<String, String> {
-    use fusion_compiler::select::TunedCache;
-    use fusion_compiler::select::model::Calibration;
-    let graph = "gemm_bias_residual";
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let origin = format!("graphs/{graph}.toml");
-    let ir = fusion_compiler::load_toml_graph(&root.join(&origin)).unwrap_or_else(|e| panic!("{e}"));
-    let spec = GraphSpec {
-        plan: fusion_compiler::fuse::plan(ir),
-        dtypes: DTYPES.to_vec(),
-        origin,
-        fingerprint: None,
-        declaration: String::new(),
-    };
-    let mut cache = TunedCache::default();
-    cache.model = Some(Calibration::shipped_sm90());
-    let library = codegen::render_tuned("fusion_kernels", ARCHS, std::slice::from_ref(&spec), &[], &cache)
-        .unwrap_or_else(|e| panic!("{graph}: {e}"));
-    let wrappers = wrappers::generate(&library, true, FFI_RS);
-    let plain = codegen::render("fusion_kernels", ARCHS, &[spec]).unwrap_or_else(|e| panic!("{e}"));
-    let sources = |library: &codegen::KernelLibrary| -> Vec<String> {
-        library.units.iter().map(|unit| unit.source.clone()).collect()
-    };
-    assert_eq!(
-        sources(&library),
-        sources(&plain),
-        "the model changes no unit of a dynamic graph"
-    );
-    assert_eq!(
-        without_fields(&wrappers, "model: Some("),
-        wrappers::generate(&plain, true, FFI_RS),
-        "the model changes the plan table's tile models alone"
-    );
-    BTreeMap::from([("wrappers.rs".to_owned(), wrappers)])
-}
-
-/// What a build with `FUSION_GUARD=on` renders for `gemm_bias_residual`,
-/// whose N and K are dynamic: the same units, and a plan table whose GEMM
-/// carries a route left to the call (`vendor: fusion::plan::VendorRoute {
-/// .., per_call: Some(&fusion::plan::RouteModel { .. }) }`: the two
-/// models' costs, what the vendor path runs, each variant's tiers, `None`
-/// for sm80), so that the run time decides per call. Only the wrappers are
-/// kept.
-fn render_guarded_per_call() -> BTreeMap<String, String> {
-    use fusion_compiler::select::TunedCache;
-    use fusion_compiler::select::guard::Guard;
-    let graph = "gemm_bias_residual";
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let origin = format!("graphs/{graph}.toml");
-    let ir = fusion_compiler::load_toml_graph(&root.join(&origin)).unwrap_or_else(|e| panic!("{e}"));
-    let spec = GraphSpec {
-        plan: fusion_compiler::fuse::plan(ir),
-        dtypes: DTYPES.to_vec(),
-        origin,
-        fingerprint: None,
-        declaration: String::new(),
-    };
+/// A tuned cache that carries the shipped guard (`FUSION_GUARD=on`).
+fn guarded() -> TunedCache {
     let mut cache = TunedCache::default();
     cache.guard = Some(Guard::shipped_sm90());
-    let library = codegen::render_tuned("fusion_kernels", ARCHS, std::slice::from_ref(&spec), &[], &cache)
-        .unwrap_or_else(|e| panic!("{graph}: {e}"));
-    let wrappers = wrappers::generate(&library, true, FFI_RS);
-    let plain = codegen::render("fusion_kernels", ARCHS, &[spec]).unwrap_or_else(|e| panic!("{e}"));
-    let sources = |library: &codegen::KernelLibrary| -> Vec<String> {
-        library.units.iter().map(|unit| unit.source.clone()).collect()
-    };
-    assert_eq!(
-        sources(&library),
-        sources(&plain),
-        "the guard changes no unit of a dynamic graph"
-    );
-    assert_eq!(
-        without_routes(&wrappers),
-        wrappers::generate(&plain, true, FFI_RS),
-        "the guard changes the plan table's routes alone"
-    );
-    BTreeMap::from([("wrappers.rs".to_owned(), wrappers)])
+    cache
 }
 
+/// The route a guarded plan table's GEMM carries.
+const ROUTE: &str = "vendor: fusion::plan::VendorRoute {";
+
+/// `gemm_bias_residual`, whose N and K are dynamic, as a build with
+/// `FUSION_GUARD=on` renders it: a plan table whose GEMM carries a route
+/// left to the call (`per_call: Some(&fusion::plan::RouteModel { .. })`:
+/// the two models' costs, what the vendor path runs, each variant's tiers,
+/// `None` for sm80), so that the run time decides per call.
 #[test]
 fn wrappers_guarded_per_call_match_their_golden_file() {
-    let rendered = render_guarded_per_call();
-    let dir = golden_dir("gemm_bias_residual_guarded");
-    if std::env::var_os("FUSION_BLESS").is_some_and(|v| v == "1") {
-        bless(&dir, &rendered);
-        return;
-    }
-    let problems = mismatches(&dir, &rendered);
-    assert!(
-        problems.is_empty(),
-        "generated code differs from tests/golden/gemm_bias_residual_guarded:\n{}\n\nIf the change is intended, \
-         rewrite it with `FUSION_BLESS=1 cargo test -p fusion-compiler --test golden`.",
-        problems.join("\n")
-    );
+    let rendered = render_with("gemm_bias_residual", &guarded(), ROUTE, "FUSION_GUARD=on");
+    check_golden("gemm_bias_residual_guarded", &rendered);
     let wrappers = &rendered["wrappers.rs"];
     assert_eq!(
         wrappers.matches("&fusion::plan::RouteModel {").count(),
@@ -298,21 +230,22 @@ fn wrappers_guarded_per_call_match_their_golden_file() {
     assert!(wrappers.contains("fusion::plan::VendorEpilogue::Bias"));
 }
 
+/// `gemm_bias_residual`, whose N and K are dynamic, as a build with
+/// `FUSION_SELECT=model` renders it: the build cannot choose a tile per M
+/// bucket, so its plan table's GEMM carries the model's costs and each
+/// variant's tiers (`model: Some(&fusion::plan::TileModel { .. })`, `None`
+/// for sm80), and the run time chooses the tier per call.
 #[test]
 fn modelled_wrappers_match_their_golden_file() {
-    let rendered = render_modelled();
-    let dir = golden_dir("gemm_bias_residual_model");
-    if std::env::var_os("FUSION_BLESS").is_some_and(|v| v == "1") {
-        bless(&dir, &rendered);
-        return;
-    }
-    let problems = mismatches(&dir, &rendered);
-    assert!(
-        problems.is_empty(),
-        "generated code differs from tests/golden/gemm_bias_residual_model:\n{}\n\nIf the change is intended, \
-         rewrite it with `FUSION_BLESS=1 cargo test -p fusion-compiler --test golden`.",
-        problems.join("\n")
+    let mut cache = TunedCache::default();
+    cache.model = Some(Calibration::shipped_sm90());
+    let rendered = render_with(
+        "gemm_bias_residual",
+        &cache,
+        "model: Some(",
+        "FUSION_SELECT=model",
     );
+    check_golden("gemm_bias_residual_model", &rendered);
     let wrappers = &rendered["wrappers.rs"];
     assert_eq!(
         wrappers.matches("fusion::core::gemm_model::UnitTiers {").count(),
@@ -322,32 +255,24 @@ fn modelled_wrappers_match_their_golden_file() {
     assert!(wrappers.contains("source_tile: true"));
 }
 
+/// `gpt2_mlp` as a build with `FUSION_GUARD=on` renders it: the guard's
+/// models route its `gemm_bias_residual` (N = 768, K = 3072) to cuBLASLt
+/// for the M buckets they predict it loses, and leave the norm-prologue
+/// GEMM unrouted.
 #[test]
 fn guarded_wrappers_match_their_golden_file() {
-    let rendered = render_guarded();
-    let dir = golden_dir("gpt2_mlp_guarded");
-    if std::env::var_os("FUSION_BLESS").is_some_and(|v| v == "1") {
-        bless(&dir, &rendered);
-        return;
-    }
-    let problems = mismatches(&dir, &rendered);
-    assert!(
-        problems.is_empty(),
-        "generated code differs from tests/golden/gpt2_mlp_guarded:\n{}\n\nIf the change is intended, rewrite it \
-         with `FUSION_BLESS=1 cargo test -p fusion-compiler --test golden`.",
-        problems.join("\n")
-    );
+    let rendered = render_with("gpt2_mlp", &guarded(), ROUTE, "FUSION_GUARD=on");
+    check_golden("gpt2_mlp_guarded", &rendered);
     assert!(rendered["wrappers.rs"].contains("fusion::plan::VendorEpilogue::Bias"));
 }
 
 #[test]
 fn generated_code_matches_golden_files() {
-    let blessing = std::env::var_os("FUSION_BLESS").is_some_and(|v| v == "1");
     let mut report = Vec::new();
     for graph in GRAPHS {
         let rendered = render(graph);
         let dir = golden_dir(graph);
-        if blessing {
+        if blessing() {
             bless(&dir, &rendered);
         } else {
             report.extend(
