@@ -27,11 +27,9 @@ use fusion::core::select::guard::{Guard, VendorPath};
 use fusion::core::select::{self, KernelKind};
 use fusion::half::{bf16, f16};
 use fusion::launch::Workspace;
-use fusion::plan::{
-    self, GemmOp, KernelEntry, KernelOp, PlanTable, RouteModel, VendorEpilogue, VendorRoute, Weights,
-};
-use fusion::{Arch, Tensor, TensorMut, kernels};
-use support::{TestElement, check, gemm_shapes, stream};
+use fusion::plan::{GemmOp, KernelEntry, KernelOp, PlanTable, RouteModel, VendorEpilogue, VendorRoute};
+use fusion::{Arch, kernels};
+use support::{TestElement, check, gemm_shapes, run_table, stream};
 
 /// `table` with each GEMM routed to cuBLASLt's `epilogue` for `ms` on the
 /// generation the test's device runs.
@@ -76,8 +74,11 @@ fn routed(
 const ABOVE_ONE: &[(u32, u32)] = &[(2, u32::MAX)];
 
 /// `name`'s graph through `table` (routed) at every GEMM shape of the
-/// suite, in `T`, against the reference.
-fn check_routed<T: TestElement>(name: &str, table: &'static PlanTable) {
+/// suite, in `T`, against the reference; with `bound`, the weights bound
+/// first, as a graph struct binds them: where the struct pads a weight's
+/// rows (sm90, a row length whose bytes are not a multiple of 128),
+/// cuBLASLt reads the padded copy at its row stride.
+fn check_routed<T: TestElement>(name: &str, table: &'static PlanTable, bound: bool) {
     assert!(
         fusion::vendor::routes_enabled(),
         "the vendor path is off: build with the feature `cublaslt`, leave FUSION_GUARD unset, and make libcublasLt loadable"
@@ -86,55 +87,10 @@ fn check_routed<T: TestElement>(name: &str, table: &'static PlanTable) {
     let mut workspace = Workspace::new();
     for (m, n, k) in gemm_shapes() {
         let dims = [("M", m), ("N", n), ("K", k)];
-        check::<T>(&s, name, &dims, |r, w| {
-            let (inputs, weights) = r.split_at(table.inputs.len());
-            let inputs: Vec<&Tensor<'_, T>> = inputs.iter().collect();
-            let weights: Vec<&Tensor<'_, T>> = weights.iter().collect();
-            let mut writes: Vec<&mut TensorMut<'_, T>> = w.iter_mut().collect();
-            // SAFETY: the table is the generated one, its GEMMs given a
-            // route; the vendor path reads the operands the fused kernel
-            // reads.
-            unsafe {
-                plan::run(
-                    table,
-                    &mut workspace,
-                    Weights::PerCall(&weights),
-                    &s,
-                    &inputs,
-                    &mut writes,
-                )
-            }
-        });
-    }
-}
-
-/// [`check_routed`] with the weights bound first, as a graph struct binds
-/// them: where the struct pads a weight's rows (sm90, a row length whose
-/// bytes are not a multiple of 128), cuBLASLt reads the padded copy at its
-/// row stride.
-fn check_routed_bound<T: TestElement>(name: &str, table: &'static PlanTable) {
-    assert!(fusion::vendor::routes_enabled(), "the vendor path is off");
-    let s = stream();
-    let mut workspace = Workspace::new();
-    for (m, n, k) in gemm_shapes() {
-        let dims = [("M", m), ("N", n), ("K", k)];
-        check::<T>(&s, name, &dims, |r, w| {
-            let (inputs, weights) = r.split_at(table.inputs.len());
-            let inputs: Vec<&Tensor<'_, T>> = inputs.iter().collect();
-            let mut writes: Vec<&mut TensorMut<'_, T>> = w.iter_mut().collect();
-            // SAFETY: as in `check_routed`; the weights are the table's,
-            // in its order.
-            unsafe {
-                let bound = plan::bind(table, &s, weights.to_vec())?;
-                plan::run(
-                    table,
-                    &mut workspace,
-                    Weights::Bound(&bound),
-                    &s,
-                    &inputs,
-                    &mut writes,
-                )
-            }
+        // SAFETY: the table is the generated one, its GEMMs given a route;
+        // the vendor path reads the operands the fused kernel reads.
+        check::<T>(&s, name, &dims, |r, w| unsafe {
+            run_table(table, &s, &mut workspace, r, w, bound)
         });
     }
 }
@@ -143,11 +99,11 @@ fn check_routed_bound<T: TestElement>(name: &str, table: &'static PlanTable) {
 #[ignore = "needs a CUDA GPU"]
 fn bound_weights_padded_rows_on_the_vendor_path() {
     let table = |t| routed(t, ABOVE_ONE, VendorEpilogue::GeluBias);
-    check_routed_bound::<f16>("gemm_bias_gelu", table(kernels::GemmBiasGelu::<f16>::PLAN));
-    check_routed_bound::<bf16>("gemm_bias_gelu", table(kernels::GemmBiasGelu::<bf16>::PLAN));
+    check_routed::<f16>("gemm_bias_gelu", table(kernels::GemmBiasGelu::<f16>::PLAN), true);
+    check_routed::<bf16>("gemm_bias_gelu", table(kernels::GemmBiasGelu::<bf16>::PLAN), true);
     let table = |t| routed(t, ABOVE_ONE, VendorEpilogue::None);
-    check_routed_bound::<f16>("gemm_residual", table(kernels::GemmResidual::<f16>::PLAN));
-    check_routed_bound::<bf16>("gemm_residual", table(kernels::GemmResidual::<bf16>::PLAN));
+    check_routed::<f16>("gemm_residual", table(kernels::GemmResidual::<f16>::PLAN), true);
+    check_routed::<bf16>("gemm_residual", table(kernels::GemmResidual::<bf16>::PLAN), true);
 }
 
 macro_rules! guard_test {
@@ -162,6 +118,7 @@ macro_rules! guard_test {
                     ABOVE_ONE,
                     VendorEpilogue::$epilogue,
                 ),
+                false,
             );
             check_routed::<bf16>(
                 $graph,
@@ -170,6 +127,7 @@ macro_rules! guard_test {
                     ABOVE_ONE,
                     VendorEpilogue::$epilogue,
                 ),
+                false,
             );
         }
     };
@@ -383,37 +341,11 @@ fn check_per_call<T: TestElement>(
         };
         let dims = [("M", m), ("N", n), ("K", k)];
         for bound in [false, true] {
-            check::<T>(&s, name, &dims, |r, w| {
-                let (inputs, weights) = r.split_at(table.inputs.len());
-                let inputs: Vec<&Tensor<'_, T>> = inputs.iter().collect();
-                let mut writes: Vec<&mut TensorMut<'_, T>> = w.iter_mut().collect();
-                // SAFETY: the table is the generated one, its GEMM given a
-                // route left to the call; the vendor path reads the
-                // operands the fused kernel reads; the weights are the
-                // table's, in its order.
-                unsafe {
-                    if bound {
-                        let bound = plan::bind(table, &s, weights.to_vec())?;
-                        plan::run(
-                            table,
-                            &mut workspace,
-                            Weights::Bound(&bound),
-                            &s,
-                            &inputs,
-                            &mut writes,
-                        )
-                    } else {
-                        let weights: Vec<&Tensor<'_, T>> = weights.iter().collect();
-                        plan::run(
-                            table,
-                            &mut workspace,
-                            Weights::PerCall(&weights),
-                            &s,
-                            &inputs,
-                            &mut writes,
-                        )
-                    }
-                }
+            // SAFETY: the table is the generated one, its GEMM given a
+            // route left to the call; the vendor path reads the operands
+            // the fused kernel reads.
+            check::<T>(&s, name, &dims, |r, w| unsafe {
+                run_table(table, &s, &mut workspace, r, w, bound)
             });
         }
     }

@@ -24,10 +24,10 @@ use fusion::core::gemm_model::UnitTiers;
 use fusion::core::select::{self, KernelKind, model::Calibration};
 use fusion::half::{bf16, f16};
 use fusion::launch::Workspace;
-use fusion::plan::{self, GemmOp, KernelEntry, KernelOp, PlanTable, TileModel, Weights};
-use fusion::{Arch, Tensor, TensorMut, kernels};
+use fusion::plan::{GemmOp, KernelEntry, KernelOp, PlanTable, TileModel};
+use fusion::{Arch, kernels};
 use std::collections::BTreeSet;
-use support::{TestElement, check, stream};
+use support::{TestElement, check, run_table, stream};
 
 /// `table`, the plan of the shipped graph `name`, with each GEMM's tile
 /// chosen per call by the model: the table itself where its build wrote the
@@ -144,36 +144,10 @@ fn check_modelled<T: TestElement>(
     let mut workspace = Workspace::new();
     for &(m, n, k) in shapes {
         let dims = [("M", m), ("N", n), ("K", k)];
-        check::<T>(&s, name, &dims, |r, w| {
-            let (inputs, weights) = r.split_at(table.inputs.len());
-            let inputs: Vec<&Tensor<'_, T>> = inputs.iter().collect();
-            let mut writes: Vec<&mut TensorMut<'_, T>> = w.iter_mut().collect();
-            // SAFETY: the table is the generated one, its GEMMs given a
-            // model whose tiers are their units' own; the weights are the
-            // table's, in its order.
-            unsafe {
-                if bound {
-                    let bound = plan::bind(table, &s, weights.to_vec())?;
-                    plan::run(
-                        table,
-                        &mut workspace,
-                        Weights::Bound(&bound),
-                        &s,
-                        &inputs,
-                        &mut writes,
-                    )
-                } else {
-                    let weights: Vec<&Tensor<'_, T>> = weights.iter().collect();
-                    plan::run(
-                        table,
-                        &mut workspace,
-                        Weights::PerCall(&weights),
-                        &s,
-                        &inputs,
-                        &mut writes,
-                    )
-                }
-            }
+        // SAFETY: the table is the generated one, its GEMMs given a model
+        // whose tiers are their units' own.
+        check::<T>(&s, name, &dims, |r, w| unsafe {
+            run_table(table, &s, &mut workspace, r, w, bound)
         });
     }
 }

@@ -247,6 +247,53 @@ impl<T: TestElement> Case<T> {
     }
 }
 
+/// One call of `table` through the executor on the tensors [`check`]
+/// hands its launch (the table's inputs, then its weights, in its order),
+/// with the weights given per call or, where `bound`, bound first as a
+/// graph struct binds them.
+///
+/// # Safety
+///
+/// As [`fusion::plan::run`]: `table` says truly what its launchers read and
+/// write.
+pub unsafe fn run_table<T: Element>(
+    table: &'static fusion::plan::PlanTable,
+    stream: &Arc<CudaStream>,
+    workspace: &mut fusion::launch::Workspace,
+    tensors: &[Tensor<'_, T>],
+    outputs: &mut [TensorMut<'_, T>],
+    bound: bool,
+) -> fusion::Result<()> {
+    use fusion::plan::{self, Weights};
+    let (inputs, weights) = tensors.split_at(table.inputs.len());
+    let inputs: Vec<&Tensor<'_, T>> = inputs.iter().collect();
+    let mut outputs: Vec<&mut TensorMut<'_, T>> = outputs.iter_mut().collect();
+    // SAFETY: the caller's.
+    unsafe {
+        if bound {
+            let bound = plan::bind(table, stream, weights.to_vec())?;
+            plan::run(
+                table,
+                workspace,
+                Weights::Bound(&bound),
+                stream,
+                &inputs,
+                &mut outputs,
+            )
+        } else {
+            let weights: Vec<&Tensor<'_, T>> = weights.iter().collect();
+            plan::run(
+                table,
+                workspace,
+                Weights::PerCall(&weights),
+                stream,
+                &inputs,
+                &mut outputs,
+            )
+        }
+    }
+}
+
 /// Whether this run's variant can run element type `T` (sm75 has no bf16).
 pub fn variant_supports<T: Element>() -> bool {
     !(T::DTYPE == DType::BF16 && forced_arch().as_deref() == Some("sm75"))
