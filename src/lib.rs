@@ -97,6 +97,7 @@ pub mod launch;
 #[doc(hidden)]
 pub mod plan;
 mod route_model;
+mod shape_memo;
 #[doc(hidden)]
 pub mod shell;
 pub mod tensor;

@@ -15,11 +15,10 @@
 //! ([`crate::vendor::routes_enabled`]) and running the path
 //! ([`crate::vendor`]).
 
+use crate::shape_memo::ShapeMemo;
 use crate::tile_model::TileModel;
 use fusion_compiler::gemm_model::{UnitTiers, bucket_of};
 use fusion_compiler::guard_model::{GuardCosts, VendorWork};
-use std::collections::BTreeMap;
-use std::sync::{Mutex, PoisonError};
 
 /// What the run time weighs per call for a GEMM whose N or K is dynamic, as
 /// a build with `FUSION_GUARD=on` writes it into the plan table
@@ -38,16 +37,10 @@ pub struct RouteModel {
     pub units: &'static [Option<UnitTiers>],
 }
 
-/// The verdicts made so far, by (route model's address, variant, M bucket,
-/// N, K): whether the vendor path runs. A route model belongs to one table
-/// entry, whose tile model (the other thing a verdict weighs) is fixed.
-type Verdicts = BTreeMap<(usize, usize, usize, u64, u64), bool>;
-
-static VERDICTS: Mutex<Verdicts> = Mutex::new(BTreeMap::new());
-
-/// The most verdicts kept: past it (a process that calls ever new shapes)
-/// a new one is made each call and not kept.
-const MAX_VERDICTS: usize = 4096;
+/// The verdicts made so far: whether the vendor path runs. A route model
+/// belongs to one table entry, whose tile model (the other thing a verdict
+/// weighs) is fixed.
+static VERDICTS: ShapeMemo<bool> = ShapeMemo::new();
 
 impl RouteModel {
     /// Whether a call of `variant` at (`m`, `n`, `k`), with `n` C's
@@ -65,16 +58,10 @@ impl RouteModel {
         };
         let bucket = bucket_of(m);
         let key = (std::ptr::from_ref(self) as usize, variant, bucket.index(), n, k);
-        let mut verdicts = VERDICTS.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(&vendor) = verdicts.get(&key) {
-            return vendor;
-        }
-        let tiers_by = tiles.and_then(|t| t.costs_for(variant));
-        let vendor = self.costs.vendor_in(&self.work, unit, tiers_by, bucket, (n, k));
-        if verdicts.len() < MAX_VERDICTS {
-            verdicts.insert(key, vendor);
-        }
-        vendor
+        VERDICTS.get_or_make(key, || {
+            let tiers_by = tiles.and_then(|t| t.costs_for(variant));
+            self.costs.vendor_in(&self.work, unit, tiers_by, bucket, (n, k))
+        })
     }
 }
 

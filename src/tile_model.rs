@@ -14,9 +14,8 @@
 
 use crate::abi;
 use crate::launch::GemmTile;
+use crate::shape_memo::ShapeMemo;
 use fusion_compiler::gemm_model::{Costs, UnitTiers, bucket_of};
-use std::collections::BTreeMap;
-use std::sync::{Mutex, PoisonError};
 
 /// A GEMM's tile chosen per call by the model of the kernel's time, as a
 /// build with `FUSION_SELECT=model` writes it into the plan table where the
@@ -32,15 +31,8 @@ pub struct TileModel {
     pub units: &'static [Option<UnitTiers>],
 }
 
-/// The choices made so far, by (table entry's address, variant, M bucket,
-/// N, K): the tier, or `None` for the launcher's own.
-type Choices = BTreeMap<(usize, usize, usize, u64, u64), Option<u8>>;
-
-static CHOICES: Mutex<Choices> = Mutex::new(BTreeMap::new());
-
-/// The most choices kept: past it (a process that calls ever new shapes)
-/// a new one is made each call and not kept.
-const MAX_CHOICES: usize = 4096;
+/// The choices made so far: the tier, or `None` for the launcher's own.
+static CHOICES: ShapeMemo<Option<u8>> = ShapeMemo::new();
 
 impl TileModel {
     /// Its costs where it names the tier of `variant`'s calls (the variant
@@ -69,20 +61,10 @@ impl TileModel {
         }
         let bucket = bucket_of(m);
         let key = (std::ptr::from_ref(self) as usize, variant, bucket.index(), n, k);
-        let mut choices = CHOICES.lock().unwrap_or_else(PoisonError::into_inner);
-        let tier = match choices.get(&key) {
-            Some(&tier) => tier,
-            None => {
-                let tier = unit
-                    .fastest_in(&self.costs, bucket, n, k)
-                    .and_then(|tier| u8::try_from(tier).ok());
-                if choices.len() < MAX_CHOICES {
-                    choices.insert(key, tier);
-                }
-                tier
-            }
-        };
-        drop(choices);
+        let tier = CHOICES.get_or_make(key, || {
+            unit.fastest_in(&self.costs, bucket, n, k)
+                .and_then(|tier| u8::try_from(tier).ok())
+        });
         match tier.and_then(|tier| GemmTile::ALL.get(usize::from(tier))) {
             Some(tier) => flags | tier.code() << abi::FUSION_GEMM_TILE_SHIFT,
             None => flags,
