@@ -64,6 +64,26 @@ pub struct fusion_gemm_params {
     pub workspace_bytes: u64,
 }
 
+impl fusion_gemm_params {
+    /// Its pointer fields in the order they are declared: the operands,
+    /// the output, then the workspace.
+    pub fn pointers(&self) -> [*const c_void; 11] {
+        [
+            self.a,
+            self.b,
+            self.b_up,
+            self.c.cast_const(),
+            self.bias,
+            self.residual,
+            self.multiplier,
+            self.gamma,
+            self.beta,
+            self.col_terms,
+            self.workspace.cast_const(),
+        ]
+    }
+}
+
 /// A norm folded into (or a gated pair interleaved into) a bound weight.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]

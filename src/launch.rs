@@ -337,22 +337,7 @@ impl QueryKey {
         query: WorkspaceBytes<abi::fusion_gemm_params>,
         p: &abi::fusion_gemm_params,
     ) -> QueryKey {
-        let pointers = [
-            p.a,
-            p.b,
-            p.b_up,
-            p.c.cast_const(),
-            p.bias,
-            p.residual,
-            p.multiplier,
-            p.gamma,
-            p.beta,
-            p.col_terms,
-            p.workspace.cast_const(),
-        ]
-        .iter()
-        .enumerate()
-        .fold(0u32, |bits, (i, &ptr)| {
+        let pointers = p.pointers().iter().enumerate().fold(0u32, |bits, (i, &ptr)| {
             let given = u32::from(!ptr.is_null());
             let aligned = u32::from((ptr as usize).is_multiple_of(16));
             bits | (given | aligned << 1) << (2 * i)

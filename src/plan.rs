@@ -577,21 +577,9 @@ impl Params {
         let mut ptr = |p: *const c_void| bytes.extend_from_slice(&(p as u64).to_ne_bytes());
         match self {
             Params::Gemm(p) => {
-                for field in [
-                    p.a,
-                    p.b,
-                    p.b_up,
-                    p.c.cast_const(),
-                    p.bias,
-                    p.residual,
-                    p.multiplier,
-                    p.gamma,
-                    p.beta,
-                    p.col_terms,
-                ] {
+                for field in p.pointers() {
                     ptr(field);
                 }
-                ptr(p.workspace.cast_const());
                 for n in [p.m, p.n, p.k, p.ldb] {
                     bytes.extend_from_slice(&n.to_ne_bytes());
                 }
