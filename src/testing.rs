@@ -132,6 +132,23 @@ pub fn rows_to_check<R: Rng + ?Sized>(m: usize, rng: &mut R) -> Vec<usize> {
     rows
 }
 
+/// At most `count` rows of an `m`-row output to compare, sorted and
+/// distinct, for a reference too dear for [`rows_to_check`]'s (a whole
+/// model layer per row): all of them up to `count` (at least 2); beyond,
+/// the first, the last (where tile edges are) and the rest at random.
+pub fn sample_rows<R: Rng + ?Sized>(m: usize, count: usize, rng: &mut R) -> Vec<usize> {
+    if m <= count.max(2) {
+        return (0..m).collect();
+    }
+    let mut rows: Vec<usize> = (0..count.max(2) - 2)
+        .map(|_| rng.random_range(1..m - 1))
+        .chain([0, m - 1])
+        .collect();
+    rows.sort_unstable();
+    rows.dedup();
+    rows
+}
+
 /// One safetensors file holding the weights of `layers` layers of `graph`
 /// in element type `T`, layer `i`'s under `names(i)` (such as
 /// [`TensorNames::hugging_face`]`(i)`): the file a stack of identical
@@ -458,6 +475,18 @@ fn compare_elements(
 mod tests {
     use super::*;
     use fusion_compiler::reference::{Intermediates, evaluate_rows_with};
+
+    #[test]
+    fn sampled_rows_are_all_of_a_few_or_the_ends_and_some_between() {
+        let mut rng = StdRng::seed_from_u64(7);
+        assert_eq!(sample_rows(5, 8, &mut rng), vec![0, 1, 2, 3, 4]);
+        for m in [9, 77, 8192] {
+            let rows = sample_rows(m, 8, &mut rng);
+            assert!(rows.len() <= 8 && rows.len() >= 2, "{rows:?}");
+            assert_eq!((rows[0], *rows.last().unwrap()), (0, m - 1));
+            assert!(rows.windows(2).all(|w| w[0] < w[1]), "{rows:?}");
+        }
+    }
 
     #[test]
     fn small_outputs_are_checked_whole() {

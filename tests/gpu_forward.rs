@@ -91,7 +91,7 @@ fn stack_runs_eagerly_and_captured<T: TestElement>() {
         let mut act: Vec<CudaSlice<T>> = std::iter::once(s.clone_htod(&T::encode(&x)).expect("upload"))
             .chain((0..LAYERS).map(|_| s.clone_htod(&vec![T::NAN; m * d]).expect("alloc")))
             .collect();
-        let rows = rows_to_check(m);
+        let rows = testing::sample_rows(m, CHECKED_ROWS, &mut rng());
 
         // Eager, which also grows the workspace to what a call needs.
         forward(&s, &mut layers, &mut act, m, d).expect("the eager forward");
@@ -213,20 +213,6 @@ fn differing<T: TestElement>(a: &[Vec<T>], b: &[Vec<T>]) -> usize {
 
 fn download<T: TestElement>(s: &Arc<CudaStream>, act: &[CudaSlice<T>]) -> Vec<Vec<T>> {
     act.iter().map(|a| s.clone_dtoh(a).expect("download")).collect()
-}
-
-fn rows_to_check(m: usize) -> Vec<usize> {
-    if m <= CHECKED_ROWS {
-        return (0..m).collect();
-    }
-    let mut rng = rng();
-    let mut rows: Vec<usize> = (0..CHECKED_ROWS - 2)
-        .map(|_| rng.random_range(1..m - 1))
-        .chain([0, m - 1])
-        .collect();
-    rows.sort_unstable();
-    rows.dedup();
-    rows
 }
 
 /// Each layer's output (`act[i + 1]`) against the reference of layer `i`,

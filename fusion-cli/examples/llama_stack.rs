@@ -40,7 +40,7 @@ use fusion::testing::{self, HostElement};
 use fusion::{TensorFile, TensorNames};
 use fusion_cli::bench::timing::{TimingPlan, time_calls};
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -260,7 +260,7 @@ fn forward<T: HostElement>(s: &Arc<CudaStream>, args: &Args, file: TensorFile) -
     // not grow it).
     forward(&mut layers, &mut act).map_err(fail("the eager forward"))?;
     let eager = download(s, &act)?;
-    let rows = rows_to_check(m);
+    let rows = testing::sample_rows(m, CHECKED_ROWS, &mut StdRng::seed_from_u64(m as u64));
     let mut agreed = check("eager", &graph, &checked, &host_weights, &eager, [m, d], &rows)?;
 
     // Captured: the same N calls as one CUDA graph.
@@ -376,22 +376,6 @@ fn download<T: HostElement>(s: &Arc<CudaStream>, act: &[CudaSlice<T>]) -> Result
     act.iter()
         .map(|a| s.clone_dtoh(a).map_err(|e| format!("could not download: {e}")))
         .collect()
-}
-
-/// All rows up to [`CHECKED_ROWS`], else the first, the last and some at
-/// random.
-fn rows_to_check(m: usize) -> Vec<usize> {
-    if m <= CHECKED_ROWS {
-        return (0..m).collect();
-    }
-    let mut rng = StdRng::seed_from_u64(m as u64);
-    let mut rows: Vec<usize> = (0..CHECKED_ROWS - 2)
-        .map(|_| rng.random_range(1..m - 1))
-        .chain([0, m - 1])
-        .collect();
-    rows.sort_unstable();
-    rows.dedup();
-    rows
 }
 
 /// Each checked layer's output (`act[i + 1]`) against the reference of
