@@ -24,30 +24,40 @@ fn composition_of(kernel: &str) -> Option<GemmComposition> {
 /// the row measured for it (`baseline_us`: cuBLASLt with the heuristic's
 /// first algorithm, and the kernels around it).
 fn vendor_samples(files: &[String]) -> Vec<VendorSample> {
-    let mut samples = Vec::new();
-    for file in files {
-        let text = std::fs::read_to_string(repo_root().join(file)).unwrap();
-        let json: serde_json::Value = serde_json::from_str(&text).unwrap();
-        for row in json["rows"].as_array().unwrap() {
-            let Some(gemm) = composition_of(row["kernel"].as_str().unwrap()) else {
-                continue;
-            };
+    files
+        .iter()
+        .flat_map(|file| gemm_rows(file))
+        .map(|(gemm, [m, n, k], row)| VendorSample {
+            path: VendorPath::of(&gemm),
+            m,
+            n,
+            k,
+            us: row["baseline_us"].as_f64().unwrap(),
+        })
+        .collect()
+}
+
+/// The rows of the bench file `file` (a path from the repository's root)
+/// whose kernel is a built-in graph with a GEMM: its composition, the
+/// row's (M, N, K) and the row.
+fn gemm_rows(file: &str) -> Vec<(GemmComposition, [u64; 3], serde_json::Value)> {
+    let text = std::fs::read_to_string(repo_root().join(file)).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let serde_json::Value::Array(rows) = json["rows"].clone() else {
+        panic!("{file}: no rows");
+    };
+    rows.into_iter()
+        .filter_map(|row| {
+            let gemm = composition_of(row["kernel"].as_str().unwrap())?;
             let dims: Vec<u64> = row["shape"]
                 .as_str()
                 .unwrap()
                 .split(',')
                 .map(|d| d.parse().unwrap())
                 .collect();
-            samples.push(VendorSample {
-                path: VendorPath::of(&gemm),
-                m: dims[0],
-                n: dims[1],
-                k: dims[2],
-                us: row["baseline_us"].as_f64().unwrap(),
-            });
-        }
-    }
-    samples
+            Some((gemm, [dims[0], dims[1], dims[2]], row))
+        })
+        .collect()
 }
 
 /// The files the vendor model is fitted to: those of the fused kernel's
@@ -434,19 +444,8 @@ fn the_guard_lifts_the_corpus_rows_it_serves() {
     let guard = Guard::shipped_sm90();
     let cache = TunedCache::default();
     let file = &vendor_files()[0];
-    let text = std::fs::read_to_string(repo_root().join(file)).unwrap();
-    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
     let (mut rows, mut below_before, mut below_after, mut routed, mut routed_wins) = (0, 0, 0, 0, 0);
-    for row in json["rows"].as_array().unwrap() {
-        let Some(gemm) = composition_of(row["kernel"].as_str().unwrap()) else {
-            continue;
-        };
-        let dims: Vec<u64> = row["shape"]
-            .as_str()
-            .unwrap()
-            .split(',')
-            .map(|d| d.parse().unwrap())
-            .collect();
+    for (gemm, dims, row) in gemm_rows(file) {
         let kind = KernelKind::of(&gemm, DType::F16);
         let config = select(Arch::Sm90, &kind).unwrap();
         let Ok(verdicts) = guard.verdicts(
