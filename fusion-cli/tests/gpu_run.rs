@@ -227,11 +227,8 @@ fn an_empty_output_leaves_the_others_computed() {
 fn fusion_run_and_the_generated_struct_write_the_same_bits() {
     use fusion::kernels::LayernormGemmSiluGluResidual as Block;
     use fusion::{Shape, Tensor, TensorMut};
-    let toml = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/graphs/layernorm_gemm_silu_glu_residual.toml"
-    ))
-    .expect("the shipped graph");
+    let toml = std::fs::read_to_string(testing::graphs_dir().join("layernorm_gemm_silu_glu_residual.toml"))
+        .expect("the shipped graph");
     let (m, k, n) = (300, 256, 512);
     let (dir, _, _, settings) = prepare(
         "same-bits",
