@@ -107,7 +107,10 @@ inline bool norm_args_valid(const NormArgs& a) {
 }
 
 // The sum of `v` over the block, in every thread (blockDim.x a multiple of
-// 32). `scratch` holds a float per warp; it is free again on return.
+// 32), behind one barrier. `scratch` holds a float per warp; consecutive
+// sums alternate between two such arrays, so no barrier is needed after the
+// reads: a warp still reading one sum's array holds back the barrier of the
+// next sum, which every later write of that array waits for.
 __device__ __forceinline__ float block_sum(float v, float* scratch) {
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
@@ -117,7 +120,6 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
   v = lane < int(blockDim.x / 32) ? scratch[lane] : 0.0f;
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  __syncthreads();
   return v;
 }
 
@@ -127,7 +129,9 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
 constexpr int kRowBlockThreads = 512;
 constexpr int kRowBlockMaxChunks = 8;
 
-// y = norm(x) with one block per row (grid-stride over rows): each thread
+// y = norm(x) with one block per row (a grid of M blocks, so that the
+// blocks an SM holds are at different steps of their rows and a finished
+// block's place is taken at once; grid-stride beyond the grid's limit): each thread
 // loads kChunks 16-byte chunks of the row into registers (chunk i of
 // thread t is chunk t + i * blockDim.x), the block reduces them, and each
 // thread normalizes and stores its own, so x is read once and y written
@@ -138,7 +142,11 @@ constexpr int kRowBlockMaxChunks = 8;
 template <NormKind kKind, typename T, int kChunks>
 __global__ void __launch_bounds__(kRowBlockThreads) norm_row_blocks_kernel(const T* __restrict__ x, T* __restrict__ y,
                                                                            NormArgs args, int64_t M, int64_t K) {
-  __shared__ float scratch[kRowBlockThreads / 32];
+  // Two arrays for block_sum's alternating sums: LayerNorm's mean and
+  // squares, RMSNorm's rows in turn.
+  constexpr int kWarps = kRowBlockThreads / 32;
+  __shared__ float scratch[2 * kWarps];
+  int turn = 0;  // kWarps once the next sum takes the second array
   const int64_t chunks = K / kVecElems;
   const float inv_k = 1.0f / float(K);
   for (int64_t row = blockIdx.x; row < M; row += gridDim.x) {
@@ -160,7 +168,8 @@ __global__ void __launch_bounds__(kRowBlockThreads) norm_row_blocks_kernel(const
     }
     RowStats s{0.0f, 0.0f};
     if constexpr (kKind == NormKind::LayerNorm) {
-      s.mean = block_sum(sum, scratch) * inv_k;
+      s.mean = block_sum(sum, scratch + turn) * inv_k;
+      turn ^= kWarps;
       float squares = 0.0f;
 #pragma unroll
       for (int i = 0; i < kChunks; ++i) {
@@ -171,10 +180,11 @@ __global__ void __launch_bounds__(kRowBlockThreads) norm_row_blocks_kernel(const
           squares += d * d;
         }
       }
-      s.rstd = rsqrtf(block_sum(squares, scratch) * inv_k + args.eps);
+      s.rstd = rsqrtf(block_sum(squares, scratch + turn) * inv_k + args.eps);
     } else {
-      s.rstd = rsqrtf(block_sum(sum, scratch) * inv_k + args.eps);
+      s.rstd = rsqrtf(block_sum(sum, scratch + turn) * inv_k + args.eps);
     }
+    turn ^= kWarps;
 #pragma unroll
     for (int i = 0; i < kChunks; ++i) {
       const int64_t c = threadIdx.x + int64_t(i) * blockDim.x;
@@ -268,14 +278,11 @@ cudaError_t launch_norm_rows(const T* x, T* y, const NormArgs& args, int64_t M, 
   int per_thread = 1;
   while (chunks > int64_t(kRowBlockThreads) * per_thread) per_thread *= 2;
   const int64_t threads = ((chunks + per_thread - 1) / per_thread + 31) / 32 * 32;
-  int device = 0, sms = 0, resident = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&resident, cudaDevAttrMaxThreadsPerMultiProcessor, device);
-  if (err != cudaSuccess) return err;
-  // One row per block, and no more blocks than the SMs hold at once.
-  const int64_t fit = int64_t(sms) * (resident / threads > 0 ? resident / threads : 1);
-  const unsigned grid = unsigned(M < fit ? M : fit);
+  // One block per row: the hardware hands out rows as blocks finish, with
+  // no tail of blocks waiting for a place that a grid of exactly the
+  // resident blocks would leave where registers hold fewer than the
+  // threads allow.
+  const unsigned grid = unsigned(M < int64_t(INT32_MAX) ? M : int64_t(INT32_MAX));
   switch (per_thread) {
     case 1: norm_row_blocks_kernel<kKind, T, 1><<<grid, unsigned(threads), 0, stream>>>(x, y, args, M, K); break;
     case 2: norm_row_blocks_kernel<kKind, T, 2><<<grid, unsigned(threads), 0, stream>>>(x, y, args, M, K); break;
