@@ -188,9 +188,20 @@ fn the_vendor_path_takes_what_cublaslt_fuses_and_leaves_the_rest() {
     let p = VendorPath::of(&gemm);
     assert_eq!((p.epilogue, p.beta_residual), (VendorEpilogue::None, true));
     assert_eq!(p.remainder, [gelu]);
-    // Norms and gated pairs are described, not yet run.
+    // A norm GEMM: the norm kernel first, then cuBLASLt with the epilogue
+    // it takes. Gated pairs are described, not yet run.
     let p = path("rmsnorm_gemm");
-    assert!(p.norm && p.unsupported().unwrap().contains("norm prologue"));
+    assert_eq!(
+        (p.norm, p.epilogue),
+        (Some(NormKind::RmsNorm), VendorEpilogue::None)
+    );
+    assert!(p.unsupported().is_none());
+    assert_eq!(vendor_name(&p), "rmsnorm kernel + cuBLASLt");
+    let p = path("layernorm_gemm");
+    assert_eq!(p.norm, Some(NormKind::LayerNorm));
+    assert!(p.unsupported().is_none());
+    let p = path("layernorm_gemm_silu_glu_residual");
+    assert!(p.norm.is_some() && p.unsupported().unwrap().contains("gated pair"));
     let p = path("gemm_silu_glu");
     assert!(p.gated && p.unsupported().unwrap().contains("gated pair"));
 }
@@ -396,7 +407,7 @@ fn the_report_names_each_gemm_kernel_and_its_buckets() {
     );
     assert!(
         text.contains(
-            "kernel #0 (layernorm_gemm_bias_gelu, f16, N=3072 K=768): not guarded: a norm prologue"
+            "kernel #0 (layernorm_gemm_bias_gelu, f16, N=3072 K=768): layernorm kernel + cuBLASLt GELU_BIAS for M 17 and more"
         ),
         "{text}"
     );
