@@ -795,10 +795,12 @@ impl FoldedWeights {
 
     /// Adds the vendor path's bias of a folded LayerNorm: per column, the
     /// fold's term c = W·beta plus the GEMM's `bias` (the device address of
-    /// its `[N]` elements, where it has one), rounded to `dtype` (f16 or
-    /// bf16), which cuBLASLt adds to x̂·W'ᵀ (x̂ the rows normalized without
-    /// the affine) as the folded kernel's epilogue adds c and the bias.
-    /// Computed once, on the host, from the terms the fold wrote.
+    /// its `[N]` elements, where it has one), rounded to `dtype`, which
+    /// cuBLASLt adds to x̂·W'ᵀ (x̂ the rows normalized without the affine)
+    /// as the folded kernel's epilogue adds c and the bias. Computed once,
+    /// on the host, from the terms the fold wrote. Unchanged (no vendor
+    /// bias, so the fused kernel runs) for a dtype the guard does not serve
+    /// (f16 and bf16 only) and for a weight of no columns.
     ///
     /// # Safety
     ///
@@ -810,29 +812,41 @@ impl FoldedWeights {
         dtype: DType,
         bias: Option<u64>,
     ) -> Result<FoldedWeights> {
+        let bf16 = match dtype {
+            DType::F16 => false,
+            DType::BF16 => true,
+            _ => return Ok(self),
+        };
+        let decode = |b: [u8; 2]| {
+            if bf16 {
+                half::bf16::from_le_bytes(b).to_f32()
+            } else {
+                half::f16::from_le_bytes(b).to_f32()
+            }
+        };
+        let encode = |v: f32| {
+            if bf16 {
+                half::bf16::from_f32(v).to_le_bytes()
+            } else {
+                half::f16::from_f32(v).to_le_bytes()
+            }
+        };
         let terms = stream.clone_dtoh(&self.col_terms)?;
         let mut sums: Vec<f32> = terms.chunks_exact(2).map(|term| term[1]).collect();
-        let element = dtype.size_bytes();
+        if sums.is_empty() {
+            return Ok(self);
+        }
         if let Some(bias) = bias {
-            let mut bytes = vec![0u8; sums.len() * element];
-            // SAFETY: the caller vouches for `bias`: N elements of `dtype`;
-            // the host buffer holds as many bytes.
+            let mut bytes = vec![0u8; sums.len() * 2];
+            // SAFETY: the caller vouches for `bias`: N elements of `dtype`
+            // (2 bytes each); the host buffer holds as many bytes.
             unsafe { cudarc::driver::result::memcpy_dtoh_async(&mut bytes, bias, stream.cu_stream()) }?;
             stream.synchronize()?;
-            for (sum, b) in sums.iter_mut().zip(bytes.chunks_exact(element)) {
-                *sum += match dtype {
-                    DType::BF16 => half::bf16::from_le_bytes([b[0], b[1]]).to_f32(),
-                    _ => half::f16::from_le_bytes([b[0], b[1]]).to_f32(),
-                };
+            for (sum, b) in sums.iter_mut().zip(bytes.chunks_exact(2)) {
+                *sum += decode([b[0], b[1]]);
             }
         }
-        let bytes: Vec<u8> = sums
-            .iter()
-            .flat_map(|&v| match dtype {
-                DType::BF16 => half::bf16::from_f32(v).to_le_bytes(),
-                _ => half::f16::from_f32(v).to_le_bytes(),
-            })
-            .collect();
+        let bytes: Vec<u8> = sums.iter().flat_map(|&v| encode(v)).collect();
         self.vendor_bias = Some(stream.clone_htod(&bytes)?);
         Ok(self)
     }
