@@ -228,8 +228,8 @@ guard_test!(
 );
 
 /// The shapes of the small-variance cases (`support::small_variance_norm_inputs`):
-/// rows of 136 to 3000 elements, M = 13 fused where the decode kernel runs
-/// (the route starts above M = 1 and takes it otherwise).
+/// rows of 136 to 3000 elements, each M on the vendor path (every M above
+/// 1 is routed).
 const SMALL_VARIANCE_SHAPES: [(usize, usize, usize); 3] =
     [(13, 520, 1032), (77, 136, 3000), (1000, 3000, 136)];
 
