@@ -107,9 +107,9 @@ for step in $steps; do
         a_forced_variant_that_cannot_run_is_refused_by_the_wrapper
       # fusion bench's cuBLASLt baseline refuses buffers that do not match its plan.
       run_tests gpu-cublaslt.log 3 ./gpu_cublaslt --ignored
-      # The guard's vendor path (cuBLASLt and its epilogues) against the
-      # CPU reference, f16 and bf16.
-      run_tests gpu-guard.log 8 ./gpu_guard --ignored ;;
+      # The guard's vendor path (cuBLASLt and its epilogues, after the norm
+      # kernel for a norm GEMM) against the CPU reference, f16 and bf16.
+      run_tests gpu-guard.log 15 ./gpu_guard --ignored ;;
     graphs)
       run_tests gpu-graphs.log any ./gpu_graphs --ignored --nocapture
       # The executor's other callers first (the short tests before the long

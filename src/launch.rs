@@ -770,19 +770,85 @@ impl crate::plan::Extents for ShapeDims {
 /// rows padded. Each form's rows start [`bound_row_stride`] elements apart.
 /// The struct owns it in place of the weights it was made from (which it
 /// keeps only where a kernel still reads them as given): the weights'
-/// bytes (plus the padding), plus 8 bytes per column of terms.
+/// bytes (plus the padding), plus 8 bytes per column of terms, plus, for a
+/// folded LayerNorm the guard may send to cuBLASLt, one element per column
+/// ([`FoldedWeights::with_vendor_bias`]).
 #[derive(Debug)]
 pub struct FoldedWeights {
     weight: CudaSlice<u8>,
     col_terms: CudaSlice<f32>,
     /// Elements from one row of `weight` to the next.
     row_stride: usize,
+    /// W·beta plus the GEMM's bias, per column, in the weight's element
+    /// type: cuBLASLt's bias on the vendor path of a folded LayerNorm.
+    vendor_bias: Option<CudaSlice<u8>>,
 }
 
 impl FoldedWeights {
-    /// Device bytes it holds: the prepared weight and its column terms.
+    /// Device bytes it holds: the prepared weight, its column terms and
+    /// the vendor path's bias.
     pub fn bytes(&self) -> usize {
-        self.weight.len() + self.col_terms.len() * size_of::<f32>()
+        self.weight.len()
+            + self.col_terms.len() * size_of::<f32>()
+            + self.vendor_bias.as_ref().map_or(0, CudaSlice::len)
+    }
+
+    /// Adds the vendor path's bias of a folded LayerNorm: per column, the
+    /// fold's term c = W·beta plus the GEMM's `bias` (the device address of
+    /// its `[N]` elements, where it has one), rounded to `dtype`, which
+    /// cuBLASLt adds to x̂·W'ᵀ (x̂ the rows normalized without the affine)
+    /// as the folded kernel's epilogue adds c and the bias. Computed once,
+    /// on the host, from the terms the fold wrote. Unchanged (no vendor
+    /// bias, so the fused kernel runs) for a dtype the guard does not serve
+    /// (f16 and bf16 only) and for a weight of no columns.
+    ///
+    /// # Safety
+    ///
+    /// `bias` must be the address of a live `[N]` tensor of `dtype` in the
+    /// stream's context, N the fold's columns.
+    pub unsafe fn with_vendor_bias(
+        mut self,
+        stream: &Arc<CudaStream>,
+        dtype: DType,
+        bias: Option<u64>,
+    ) -> Result<FoldedWeights> {
+        let bf16 = match dtype {
+            DType::F16 => false,
+            DType::BF16 => true,
+            _ => return Ok(self),
+        };
+        let decode = |b: [u8; 2]| {
+            if bf16 {
+                half::bf16::from_le_bytes(b).to_f32()
+            } else {
+                half::f16::from_le_bytes(b).to_f32()
+            }
+        };
+        let encode = |v: f32| {
+            if bf16 {
+                half::bf16::from_f32(v).to_le_bytes()
+            } else {
+                half::f16::from_f32(v).to_le_bytes()
+            }
+        };
+        let terms = stream.clone_dtoh(&self.col_terms)?;
+        let mut sums: Vec<f32> = terms.chunks_exact(2).map(|term| term[1]).collect();
+        if sums.is_empty() {
+            return Ok(self);
+        }
+        if let Some(bias) = bias {
+            let mut bytes = vec![0u8; sums.len() * 2];
+            // SAFETY: the caller vouches for `bias`: N elements of `dtype`
+            // (2 bytes each); the host buffer holds as many bytes.
+            unsafe { cudarc::driver::result::memcpy_dtoh_async(&mut bytes, bias, stream.cu_stream()) }?;
+            stream.synchronize()?;
+            for (sum, b) in sums.iter_mut().zip(bytes.chunks_exact(2)) {
+                *sum += decode([b[0], b[1]]);
+            }
+        }
+        let bytes: Vec<u8> = sums.iter().flat_map(|&v| encode(v)).collect();
+        self.vendor_bias = Some(stream.clone_htod(&bytes)?);
+        Ok(self)
     }
 
     /// Elements from one row of the prepared weight to the next.
@@ -935,6 +1001,7 @@ impl FoldedWeights {
             weight: stream.alloc_zeros::<u8>(bytes.max(1))?,
             col_terms: stream.alloc_zeros::<f32>(term_len.max(1))?,
             row_stride,
+            vendor_bias: None,
         })
     }
 }
@@ -1334,6 +1401,15 @@ impl<'s> Call<'s> {
         // It was an i64 when the fold was given it, or the dense stride of
         // a checked weight's rows.
         (weight, terms, folded.row_stride as i64)
+    }
+
+    /// The device address of prepared weights' vendor bias
+    /// ([`FoldedWeights::with_vendor_bias`]), where they have one.
+    pub fn vendor_bias(&mut self, folded: &'s FoldedWeights) -> Option<u64> {
+        let bias = folded.vendor_bias.as_ref()?;
+        let (address, guard) = bias.device_ptr(self.stream);
+        self.guards.push(guard);
+        Some(address)
     }
 
     /// The call's stream.

@@ -140,8 +140,11 @@ pub struct GemmOp {
 /// Where the guard sends a GEMM to cuBLASLt (`fusion::vendor`): the M
 /// ranges the build predicted or measured the fused kernel to lose on one
 /// GPU generation (N and K static), or the models that decide per call (N
-/// or K dynamic), and cuBLASLt's epilogue for the GEMM's steps (its bias
-/// is the GEMM's bias, its residual rides on `beta·C`). Taken only on that
+/// or K dynamic), cuBLASLt's epilogue for the GEMM's steps (its bias is
+/// the GEMM's bias, its residual rides on `beta·C`), and for a GEMM with a
+/// norm prologue the standalone norm kernel that first writes A's
+/// normalized rows into the call's scratch ([`vendor_route`] says how a
+/// norm folded into a bound weight is served). Taken only on that
 /// generation and where [`crate::vendor::routes_enabled`] says so; else
 /// the fused kernel runs.
 #[derive(Clone, Copy, Debug)]
@@ -156,6 +159,11 @@ pub struct VendorRoute {
     /// Where the build left the verdict to the call (N or K dynamic): the
     /// models that decide each call's M bucket at its N and K.
     pub per_call: Option<&'static RouteModel>,
+    /// For a GEMM with a norm prologue, per variant ([`PlanTable::variants`],
+    /// index for index): the standalone norm kernel of the variant's dtype
+    /// that runs before cuBLASLt. Empty for a GEMM without one (a norm GEMM
+    /// without it stays fused).
+    pub norm: &'static [Launcher<fusion_norm_params>],
 }
 
 impl VendorRoute {
@@ -165,7 +173,13 @@ impl VendorRoute {
         ms: &[],
         epilogue: VendorEpilogue::None,
         per_call: None,
+        norm: &[],
     };
+
+    /// Whether a call on `arch` may take the route, at some M or shape.
+    pub fn may_take(&self, arch: Arch) -> bool {
+        arch == self.arch && (!self.ms.is_empty() || self.per_call.is_some())
+    }
 
     /// Whether a call of `m` rows on `arch` is in one of its ranges.
     pub fn covers(&self, arch: Arch, m: i64) -> bool {
@@ -1133,7 +1147,7 @@ unsafe fn prepare<T: Element>(
             };
             let (w, w_up) = (at(gemm.b), at(gemm.b_up));
             let stream_ptr = call.stream_ptr();
-            Ok(Some(FoldedWeights::fold(
+            let folded = FoldedWeights::fold(
                 call,
                 kernel.label,
                 arch,
@@ -1158,7 +1172,22 @@ unsafe fn prepare<T: Element>(
                     unsafe { fold(&params, stream_ptr) }
                 },
                 table.error_string(),
-            )?))
+            )?;
+            // A folded LayerNorm the guard may send to cuBLASLt: its beta
+            // term and bias as one (`vendor_route`).
+            if norm
+                && !gated
+                && gemm.beta.is_some()
+                && !gemm.vendor.norm.is_empty()
+                && gemm.vendor.may_take(arch)
+            {
+                let bias = gemm.bias.and_then(|t| address[t]);
+                // SAFETY: `call` checked the bias, an [N] tensor of T.
+                return Ok(Some(unsafe {
+                    folded.with_vendor_bias(call.stream(), T::DTYPE, bias)
+                }?));
+            }
+            Ok(Some(folded))
         }
     }
 }
@@ -1203,16 +1232,21 @@ pub unsafe fn workspace_need<T: Element>(
     let call = Call::new(table.graph, stream);
     let flags = crate::launch::gemm_flags(false)?;
     let error_string = table.error_string();
-    need_of::<T>(table, variant, weights, m, flags, |kernel, query, params| {
-        call.workspace_bytes(kernel.label, query, params, error_string)
-    })
+    need_of::<T>(
+        table,
+        (variant, arch),
+        weights,
+        m,
+        flags,
+        |kernel, query, params| call.workspace_bytes(kernel.label, query, params, error_string),
+    )
 }
 
 /// [`workspace_need`] for variant `variant` and GEMM `flags`, each
 /// launcher's query made by `query(kernel, its query, the params)`.
 fn need_of<T: Element>(
     table: &'static PlanTable,
-    variant: usize,
+    (variant, arch): (usize, Arch),
     weights: Weights<'_, '_, T>,
     m: usize,
     flags: u32,
@@ -1283,6 +1317,13 @@ fn need_of<T: Element>(
             _ => plain,
         };
         scratch = scratch.max(query(kernel, chosen, &params)?);
+        // Where the guard may send it to cuBLASLt, what that path takes.
+        if let KernelOp::Gemm(gemm) = &kernel.op
+            && gemm.vendor.may_take(arch)
+            && crate::vendor::routes_enabled()
+        {
+            scratch = scratch.max(vendor_scratch(gemm.gamma.is_some(), &params, size_of::<T>()));
+        }
     }
     Ok(WorkspaceNeed {
         intermediates,
@@ -1402,9 +1443,9 @@ pub unsafe fn run<T: Element>(
     };
     // The GEMMs ask for their scratch; the most any asks for is taken once
     // and shared, since the kernels run one after another on the stream.
-    // Each kernel's params, and the cuBLASLt epilogue where the guard sends
-    // the GEMM there at this call's M.
-    let mut params = CallTable::<Option<(Params, Option<VendorEpilogue>)>, 8>::new(table.kernels.len(), None);
+    // Each kernel's params, and what its vendor path runs where the guard
+    // sends the GEMM there at this call's shape.
+    let mut params = CallTable::<Option<(Params, Option<VendorCall>)>, 8>::new(table.kernels.len(), None);
     let mut scratch_bytes = 0u64;
     for (index, kernel) in table.kernels.iter().enumerate() {
         let launch = kernel.launchers.get(variant);
@@ -1414,12 +1455,17 @@ pub unsafe fn run<T: Element>(
         if let Params::Gemm(p) = &mut filled {
             name_model_tile(kernel, variant, p);
         }
-        let route = vendor_route(kernel, &filled, arch, variant);
-        if route.is_some() {
-            #[cfg(feature = "cublaslt")]
-            {
-                scratch_bytes = scratch_bytes.max(crate::vendor::ROUTE_WORKSPACE_BYTES);
-            }
+        let folded_norm = matches!(
+            kernel.op,
+            KernelOp::Gemm(GemmOp {
+                bind: Bind::Fold(_),
+                ..
+            })
+        ) && bound.is_some();
+        let vendor_bias = bound.and_then(|w| call.vendor_bias(w));
+        let route = vendor_route(kernel, &filled, arch, variant, (folded_norm, vendor_bias));
+        if let (Some(route), Params::Gemm(p)) = (&route, &filled) {
+            scratch_bytes = scratch_bytes.max(vendor_scratch(route.norm.is_some(), p, size_of::<T>()));
         } else if let (Params::Gemm(p), Launch::Gemm { query, folded, .. }) = (&filled, launch) {
             // With its norm folded into the weight, the kernel runs the
             // folded launcher.
@@ -1444,17 +1490,19 @@ pub unsafe fn run<T: Element>(
             continue;
         }
         #[cfg(feature = "cublaslt")]
-        if let (Some(epilogue), Params::Gemm(p), KernelOp::Gemm(gemm)) = (*route, &*params, &kernel.op) {
+        if let (Some(route), Params::Gemm(p), KernelOp::Gemm(gemm)) = (*route, &*params, &kernel.op) {
             // SAFETY: as for a launch (below): `call` checked every operand
-            // of the GEMM's params, and the scratch is this call's.
+            // of the GEMM's params, and the scratch is this call's, as
+            // large as `vendor_scratch` asked.
             unsafe {
-                crate::vendor::run_route(
-                    stream,
-                    T::DTYPE,
+                run_vendor::<T>(
+                    &call,
+                    kernel.label,
                     gemm.b_layout,
-                    epilogue,
+                    route,
                     p,
                     (scratch_ptr as u64, scratch_len as usize),
+                    error_string,
                 )?;
             }
             continue;
@@ -1545,30 +1593,150 @@ impl<T, const N: usize> std::ops::DerefMut for CallTable<T, N> {
     }
 }
 
-/// cuBLASLt's epilogue where the guard runs `kernel`, filled as `params`
-/// for `variant`, on the vendor path at this call's shape on `arch`: its
-/// route takes them ([`VendorRoute::takes`]), routes are taken
-/// ([`crate::vendor::routes_enabled`]), its weight is the one declared (or
-/// its padded copy), not a folded or interleaved form, and it reads
-/// nothing cuBLASLt does not (a norm's parameters, a multiplier).
+/// What a call runs on a GEMM's vendor path ([`vendor_route`]).
+#[derive(Clone, Copy, Debug)]
+pub struct VendorCall {
+    /// cuBLASLt's epilogue.
+    pub epilogue: VendorEpilogue,
+    /// The norm kernel that first writes A's normalized rows into the
+    /// scratch, for a GEMM with a norm prologue.
+    pub norm: Option<Launcher<fusion_norm_params>>,
+    /// The norm is folded into the bound weight: it runs without its
+    /// affine (gamma and beta are in W' and the column terms).
+    pub folded: bool,
+    /// cuBLASLt's bias in place of the GEMM's: a folded LayerNorm's
+    /// ([`FoldedWeights::with_vendor_bias`]).
+    pub bias: Option<u64>,
+}
+
+/// What the guard runs for `kernel`, filled as `params` for `variant`, on
+/// the vendor path at this call's shape on `arch`, `None` where it runs
+/// the fused kernel: its route takes them ([`VendorRoute::takes`]), routes
+/// are taken ([`crate::vendor::routes_enabled`]), and cuBLASLt, after the
+/// route's norm kernel where there is a norm prologue, computes what the
+/// fused kernel does from what the call holds. `(folded, vendor_bias)`:
+/// whether the norm is folded into the bound weight, and the bias binding
+/// computed for its vendor path.
+///
+/// - A plain weight, as declared or padded: cuBLASLt reads it, its bias
+///   and residual (no multiplier, no gated pair).
+/// - A norm with gamma and beta per call: the norm kernel writes x̂·gamma
+///   (+ beta) into the scratch, cuBLASLt multiplies that by W.
+/// - A norm folded into the bound weight W' = W·diag(gamma), whose gamma
+///   and beta binding dropped: the folded kernel computes rstd·(x·W'ᵀ −
+///   mean·u) + c (+ bias), u the rowsums of W' and c = W·beta (fold.cuh,
+///   epilogue.cuh's `FoldedNormStep`), which is x̂·W'ᵀ + c with x̂ = (x −
+///   mean)·rstd the rows normalized without the affine. So the norm kernel
+///   writes x̂ (gamma and beta null), cuBLASLt multiplies it by W' and adds
+///   c and the GEMM's bias as its bias (`vendor_bias`: a LayerNorm
+///   without it runs fused); an RMSNorm has no c, x̂ = x·rstd, and its bias
+///   is the GEMM's.
 pub fn vendor_route(
     kernel: &KernelEntry,
     params: &Params,
     arch: Arch,
     variant: usize,
-) -> Option<VendorEpilogue> {
+    (folded, vendor_bias): (bool, Option<u64>),
+) -> Option<VendorCall> {
     let (KernelOp::Gemm(gemm), Params::Gemm(p)) = (&kernel.op, params) else {
         return None;
     };
+    // A norm's kernel for this variant, where the GEMM has one: a table
+    // without it runs the fused kernel.
+    let norm = match gemm.gamma {
+        Some(_) => Some(*gemm.vendor.norm.get(variant)?),
+        None => None,
+    };
+    let folded_beta = folded && gemm.beta.is_some();
+    let weight = match gemm.bind {
+        Bind::Nothing | Bind::Pad => true,
+        Bind::Fold(Fold::Norm) => !folded_beta || vendor_bias.is_some(),
+        Bind::Fold(Fold::Interleave | Fold::NormInterleave) => false,
+    };
     // The operands cuBLASLt takes, and a bias exactly where its epilogue
     // adds one: a table that says otherwise runs the fused kernel.
-    let plain = matches!(gemm.bind, Bind::Nothing | Bind::Pad)
-        && gemm.gamma.is_none()
+    let plain = weight
         && gemm.b_up.is_none()
         && gemm.multiplier.is_none()
         && gemm.vendor.epilogue.reads_bias() == gemm.bias.is_some();
-    (plain && crate::vendor::routes_enabled() && gemm.vendor.takes(arch, variant, gemm.model, p))
-        .then_some(gemm.vendor.epilogue)
+    let taken = plain && crate::vendor::routes_enabled() && gemm.vendor.takes(arch, variant, gemm.model, p);
+    taken.then(|| VendorCall {
+        epilogue: if folded_beta {
+            gemm.vendor.epilogue.with_bias()
+        } else {
+            gemm.vendor.epilogue
+        },
+        norm,
+        folded: folded && norm.is_some(),
+        bias: vendor_bias.filter(|_| folded_beta),
+    })
+}
+
+/// The scratch a GEMM's vendor path takes, for params `p` with elements of
+/// `element_bytes`: cuBLASLt's, and after it, where a norm kernel runs
+/// first (`norm`), A's normalized rows.
+fn vendor_scratch(norm: bool, p: &fusion_gemm_params, element_bytes: usize) -> u64 {
+    let rows = if norm {
+        let elements = u64::try_from(p.m.max(0).saturating_mul(p.k.max(0))).unwrap_or(u64::MAX);
+        elements.saturating_mul(element_bytes as u64)
+    } else {
+        0
+    };
+    crate::vendor::ROUTE_WORKSPACE_BYTES.saturating_add(rows)
+}
+
+/// Queues one GEMM's vendor path ([`vendor_route`]) on `call`'s stream:
+/// the norm kernel, where `route` has one, writing A's normalized rows
+/// after cuBLASLt's part of the scratch, then cuBLASLt on them with the
+/// params `p` the fused kernel would have run (its bias replaced by the
+/// route's, where it has one); `label` names the kernel in errors.
+///
+/// # Safety
+///
+/// As [`run`]'s launches: `call` checked every operand of `p`, and the
+/// scratch is the call's, at least [`vendor_scratch`] bytes.
+#[cfg(feature = "cublaslt")]
+unsafe fn run_vendor<T: Element>(
+    call: &Call<'_>,
+    label: &str,
+    layout: WeightLayout,
+    route: VendorCall,
+    p: &fusion_gemm_params,
+    (scratch, scratch_len): (u64, usize),
+    error_string: ErrorString,
+) -> Result<()> {
+    let mut lt = *p;
+    let lt_bytes = crate::vendor::ROUTE_WORKSPACE_BYTES;
+    if let Some(norm) = route.norm {
+        let normalized = scratch + lt_bytes;
+        // Folded: gamma and beta are in the weight (null: no affine).
+        let (gamma, beta) = if route.folded {
+            (std::ptr::null(), std::ptr::null())
+        } else {
+            (p.gamma, p.beta)
+        };
+        let params = fusion_norm_params {
+            x: p.a,
+            y: normalized as *mut c_void,
+            gamma,
+            beta,
+            m: p.m,
+            k: p.k,
+            eps: p.eps,
+        };
+        // SAFETY: A and the norm's parameters were checked by `call`; the
+        // normalized rows fit the scratch after cuBLASLt's part.
+        let code = unsafe { norm(&params, call.stream_ptr()) };
+        call.launched(label, code, error_string)?;
+        lt.a = normalized as *const c_void;
+    }
+    if let Some(bias) = route.bias {
+        lt.bias = bias as *const c_void;
+    }
+    let workspace = (scratch, scratch_len.min(lt_bytes as usize));
+    // SAFETY: as the caller promises; A is the normalized rows just queued
+    // on the same stream, where a norm runs.
+    unsafe { crate::vendor::run_route(call.stream(), T::DTYPE, layout, route.epilogue, &lt, workspace) }
 }
 
 #[cfg(test)]
@@ -1577,6 +1745,14 @@ mod tests {
     use crate::abi;
     use crate::launch::{Dim, ShapeDims};
     use std::ffi::c_int;
+
+    /// A GEMM's launchers in a table whose kernels are never launched.
+    const NO_LAUNCHERS: Launchers = Launchers::Gemm {
+        launch: &[],
+        query: &[],
+        folded: &[],
+        fold: &[],
+    };
 
     static GRAPH: GraphDecl = GraphDecl {
         name: "g",
@@ -1604,12 +1780,7 @@ mod tests {
                 bind,
                 ..GemmOp::EMPTY
             }),
-            launchers: Launchers::Gemm {
-                launch: &[],
-                query: &[],
-                folded: &[],
-                fold: &[],
-            },
+            launchers: NO_LAUNCHERS,
         }]));
         Box::leak(Box::new(PlanTable {
             schema,
@@ -1936,7 +2107,7 @@ mod tests {
 
     fn need(weights: Weights<'_, '_, half::f16>, m: usize) -> Result<WorkspaceNeed> {
         let table = two_kernels();
-        need_of(table, 0, weights, m, 0, |_, query, params| {
+        need_of(table, (0, Arch::Sm90), weights, m, 0, |_, query, params| {
             let mut bytes = 0;
             // SAFETY: the test's own queries read the params alone.
             assert_eq!(unsafe { query(params, std::ptr::null_mut(), &mut bytes) }, 0);
@@ -1987,10 +2158,17 @@ mod tests {
         let bound = bound_ffn(1024);
         let flags_seen = |m: usize, flags: u32| {
             let mut seen = Vec::new();
-            need_of(table, 0, Weights::Bound(&bound), m, flags, |kernel, _, p| {
-                seen.push((kernel.label, p.m, p.n, p.k, p.flags));
-                Ok(0)
-            })
+            need_of(
+                table,
+                (0, Arch::Sm90),
+                Weights::Bound(&bound),
+                m,
+                flags,
+                |kernel, _, p| {
+                    seen.push((kernel.label, p.m, p.n, p.k, p.flags));
+                    Ok(0)
+                },
+            )
             .unwrap();
             seen
         };
@@ -2006,10 +2184,17 @@ mod tests {
             assert_eq!(flags, forced, "{label}: FUSION_GEMM_TILE's tier");
         }
         // Without the model the flags are the call's.
-        let plain = need_of(two_kernels(), 0, Weights::Bound(&bound), 4096, 0, |_, _, p| {
-            assert_eq!(p.flags, 0);
-            Ok(0)
-        });
+        let plain = need_of(
+            two_kernels(),
+            (0, Arch::Sm90),
+            Weights::Bound(&bound),
+            4096,
+            0,
+            |_, _, p| {
+                assert_eq!(p.flags, 0);
+                Ok(0)
+            },
+        );
         assert!(plain.is_ok());
     }
 
@@ -2064,6 +2249,7 @@ mod tests {
             ms: &[(17, 64), (257, u32::MAX)],
             epilogue: VendorEpilogue::GeluBias,
             per_call: None,
+            norm: &[],
         };
         let covered: Vec<i64> = [1, 16, 17, 64, 65, 256, 257, 1 << 40]
             .into_iter()
@@ -2145,32 +2331,103 @@ mod tests {
                     ms: &[(1, u32::MAX)],
                     epilogue: VendorEpilogue::None,
                     per_call: None,
+                    norm: &[],
                 },
                 ..GemmOp::EMPTY
             }),
-            launchers: Launchers::Gemm {
-                launch: &[],
-                query: &[],
-                folded: &[],
-                fold: &[],
-            },
+            launchers: NO_LAUNCHERS,
         };
         let kernel = |bind| kernel_of(bind, None);
         let kernel_with_bias = |bind| kernel_of(bind, Some(3));
         let p = Params::Gemm(gemm(table(SCHEMA_VERSION, Bind::Nothing), None));
-        assert_eq!(
-            vendor_route(&kernel(Bind::Fold(Fold::Norm)), &p, Arch::Sm90, 0),
-            None
-        );
+        let per_call = (false, None);
+        // An interleaved pair is no weight cuBLASLt reads.
+        for fold in [Fold::Interleave, Fold::NormInterleave] {
+            assert!(vendor_route(&kernel(Bind::Fold(fold)), &p, Arch::Sm90, 0, (true, None)).is_none());
+        }
         // An epilogue without a bias on a GEMM with one: never routed.
-        assert_eq!(
-            vendor_route(&kernel_with_bias(Bind::Nothing), &p, Arch::Sm90, 0),
-            None
-        );
+        assert!(vendor_route(&kernel_with_bias(Bind::Nothing), &p, Arch::Sm90, 0, per_call).is_none());
         // A plain one is routed exactly where routes are taken (the
         // feature `cublaslt`, cuBLASLt loaded, FUSION_GUARD not off).
-        let routed = vendor_route(&kernel(Bind::Nothing), &p, Arch::Sm90, 0);
+        let routed = vendor_route(&kernel(Bind::Nothing), &p, Arch::Sm90, 0, per_call);
         assert_eq!(routed.is_some(), crate::vendor::routes_enabled());
+    }
+
+    /// The launcher of a norm kernel in a table that is never called.
+    unsafe extern "C" fn never_norm(_: *const fusion_norm_params, _: *mut c_void) -> std::ffi::c_int {
+        unreachable!("the test calls no launcher")
+    }
+
+    #[test]
+    fn a_norm_gemm_is_routed_through_its_norm_kernel_and_a_folded_layernorm_through_its_bias() {
+        // A LayerNorm GEMM (gamma 2, beta 3) with no bias of its own.
+        let kernel = |bind, norm: &'static [Launcher<fusion_norm_params>]| KernelEntry {
+            label: "kernel #0 (layernorm_gemm)",
+            output: 4,
+            op: KernelOp::Gemm(GemmOp {
+                a: Some(0),
+                b: Some(1),
+                gamma: Some(2),
+                beta: Some(3),
+                eps: 1e-5,
+                bind,
+                vendor: VendorRoute {
+                    arch: Arch::Sm90,
+                    ms: &[(1, u32::MAX)],
+                    epilogue: VendorEpilogue::Gelu,
+                    per_call: None,
+                    norm,
+                },
+                ..GemmOp::EMPTY
+            }),
+            launchers: NO_LAUNCHERS,
+        };
+        let norm: &'static [Launcher<fusion_norm_params>] = &[never_norm];
+        let p = Params::Gemm(gemm(table(SCHEMA_VERSION, Bind::Nothing), None));
+        let route = |bind, norm, bound| vendor_route(&kernel(bind, norm), &p, Arch::Sm90, 0, bound);
+        let enabled = crate::vendor::routes_enabled();
+        // Without the norm kernel of the variant: fused.
+        assert!(route(Bind::Fold(Fold::Norm), &[], (false, None)).is_none());
+        assert!(
+            vendor_route(
+                &kernel(Bind::Fold(Fold::Norm), norm),
+                &p,
+                Arch::Sm90,
+                1,
+                (false, None)
+            )
+            .is_none()
+        );
+        // Gamma and beta per call: the norm with its affine, cuBLASLt's
+        // epilogue the graph's.
+        let per_call = route(Bind::Fold(Fold::Norm), norm, (false, None));
+        assert_eq!(per_call.is_some(), enabled);
+        if let Some(call) = per_call {
+            assert!(call.norm.is_some() && !call.folded && call.bias.is_none());
+            assert_eq!(call.epilogue, VendorEpilogue::Gelu);
+        }
+        // Folded: without the bias binding computes for it, a LayerNorm
+        // stays fused; with it, the norm runs without its affine and
+        // cuBLASLt adds that bias before its GELU.
+        assert!(route(Bind::Fold(Fold::Norm), norm, (true, None)).is_none());
+        let folded = route(Bind::Fold(Fold::Norm), norm, (true, Some(0x9000)));
+        assert_eq!(folded.is_some(), enabled);
+        if let Some(call) = folded {
+            assert!(call.norm.is_some() && call.folded);
+            assert_eq!(
+                (call.epilogue, call.bias),
+                (VendorEpilogue::GeluBias, Some(0x9000))
+            );
+        }
+    }
+
+    #[test]
+    fn a_norm_gemms_vendor_path_takes_its_normalized_rows_after_cublaslts_scratch() {
+        let mut p = gemm(table(SCHEMA_VERSION, Bind::Nothing), None);
+        (p.m, p.k) = (300, 4096);
+        let lt = crate::vendor::ROUTE_WORKSPACE_BYTES;
+        assert_eq!(vendor_scratch(false, &p, 2), lt);
+        assert_eq!(vendor_scratch(true, &p, 2), lt + 300 * 4096 * 2);
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! RELU, RELU_BIAS, GELU, GELU_BIAS; a residual through its `beta·C` term),
 //! where the guard sends an M bucket that the fused kernel is predicted to
 //! lose (`fusion_compiler::select::guard`), and the baseline `fusion bench`
-//! times fusion against.
+//! times fusion against. (A norm GEMM's norm kernel, which runs first on
+//! that path, is the plan executor's launch: `crate::plan`.)
 //!
 //! cuBLASLt is loaded at run time, as the driver is (cudarc's
 //! `fallback-dynamic-loading`): nothing links it, and a machine without it
@@ -51,6 +52,15 @@ impl LtEpilogue {
             self,
             LtEpilogue::Bias | LtEpilogue::ReluBias | LtEpilogue::GeluBias
         )
+    }
+
+    /// The epilogue that adds a bias first, then does what this one does.
+    pub fn with_bias(self) -> LtEpilogue {
+        match self {
+            LtEpilogue::None | LtEpilogue::Bias => LtEpilogue::Bias,
+            LtEpilogue::Relu | LtEpilogue::ReluBias => LtEpilogue::ReluBias,
+            LtEpilogue::Gelu | LtEpilogue::GeluBias => LtEpilogue::GeluBias,
+        }
     }
 }
 
@@ -113,6 +123,14 @@ impl RouteCall {
     }
 }
 
+/// The workspace cuBLASLt's heuristic may plan for: Hopper's
+/// recommendation (4 MiB suffices elsewhere).
+pub const WORKSPACE_BYTES: usize = 32 << 20;
+
+/// The scratch a vendor route asks of the workspace for cuBLASLt (a norm
+/// GEMM's normalized rows come after it: `crate::plan`).
+pub(crate) const ROUTE_WORKSPACE_BYTES: u64 = WORKSPACE_BYTES as u64;
+
 #[cfg(feature = "cublaslt")]
 pub use lt::LtGemm;
 
@@ -172,9 +190,7 @@ mod lt {
     const CUBLAS_OP_N: i32 = 0;
     const CUBLAS_OP_T: i32 = 1;
 
-    /// The workspace cuBLASLt's heuristic may plan for: Hopper's
-    /// recommendation (4 MiB suffices elsewhere).
-    pub const WORKSPACE_BYTES: usize = 32 << 20;
+    use super::WORKSPACE_BYTES;
 
     fn lt(e: result::CublasError) -> Error {
         Error::Launch {
@@ -746,10 +762,4 @@ mod lt {
             )
         }
     }
-
-    /// The scratch a vendor route asks of the workspace: cuBLASLt's.
-    pub(crate) const ROUTE_WORKSPACE_BYTES: u64 = WORKSPACE_BYTES as u64;
 }
-
-#[cfg(feature = "cublaslt")]
-pub(crate) use lt::ROUTE_WORKSPACE_BYTES;

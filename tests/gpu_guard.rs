@@ -13,6 +13,14 @@
 //! the shipped models, as a build with `FUSION_GUARD=on` writes them (such
 //! a build's own tables are checked to carry those).
 //!
+//! The norm GEMMs (`layernorm_gemm`, `rmsnorm_gemm`) likewise, their route
+//! given the launchers of the library's standalone norm kernel of each
+//! variant (which the vendor path runs before cuBLASLt), with their gamma
+//! and beta per call (the norm with its affine, then cuBLASLt on W) and
+//! bound (the norm folded into W': the rows normalized without the affine,
+//! then cuBLASLt on W' with the fold's column terms as its bias), at the
+//! suite's shapes and at rows of small variance, where a wrong eps fails.
+//!
 //! Run on a machine with a GPU and cuBLASLt: `cargo test --release
 //! --features kernels,testing,cublaslt --test gpu_guard -- --ignored`, and
 //! once more with `FUSION_GUARD=on` (and `FUSION_SELECT=model`) in the
@@ -20,23 +28,29 @@
 
 mod support;
 
+use fusion::abi::{Launcher, fusion_norm_params};
 use fusion::core::fuse::{self, Composition};
 use fusion::core::gemm_model::{UnitTiers, bucket_of};
 use fusion::core::guard_model::{GuardCosts, VendorCosts};
+use fusion::core::reference::{Bindings, Intermediates};
 use fusion::core::select::guard::{Guard, VendorPath};
 use fusion::core::select::{self, KernelKind};
 use fusion::half::{bf16, f16};
 use fusion::launch::Workspace;
-use fusion::plan::{GemmOp, KernelEntry, KernelOp, PlanTable, RouteModel, VendorEpilogue, VendorRoute};
+use fusion::plan::{
+    GemmOp, KernelEntry, KernelOp, Launchers, PlanTable, RouteModel, VendorEpilogue, VendorRoute,
+};
 use fusion::{Arch, kernels};
-use support::{TestElement, check, gemm_shapes, run_table, stream};
+use support::{TestElement, check_adjusted, gemm_shapes, run_table, stream};
 
 /// `table` with each GEMM routed to cuBLASLt's `epilogue` for `ms` on the
-/// generation the test's device runs.
+/// generation the test's device runs, after the standalone norm kernels
+/// `norm` (per variant; empty for a GEMM without a norm prologue).
 fn routed(
     table: &'static PlanTable,
     ms: &'static [(u32, u32)],
     epilogue: VendorEpilogue,
+    norm: &'static [Launcher<fusion_norm_params>],
 ) -> &'static PlanTable {
     let arch = fusion::device::arch_among(&stream(), &fusion::device::compiled())
         .expect("a compiled variant runs here");
@@ -53,6 +67,7 @@ fn routed(
                         ms,
                         epilogue,
                         per_call: None,
+                        norm,
                     },
                     ..*gemm
                 }),
@@ -73,35 +88,84 @@ fn routed(
 /// Every M above 1 on the vendor path; M = 1 fused.
 const ABOVE_ONE: &[(u32, u32)] = &[(2, u32::MAX)];
 
+/// The launchers of the library's standalone norm graph `norm_table` (one
+/// norm kernel), which are those of `table`'s variants, index for index.
+fn norm_launchers(
+    table: &PlanTable,
+    norm_table: &'static PlanTable,
+) -> &'static [Launcher<fusion_norm_params>] {
+    assert_eq!(table.variants, norm_table.variants, "one library's variants");
+    let [kernel] = norm_table.kernels else {
+        panic!("{}: a standalone norm is one kernel", norm_table.graph.name);
+    };
+    let Launchers::Norm(launch) = kernel.launchers else {
+        panic!("{}: not a norm kernel", kernel.label);
+    };
+    launch
+}
+
+/// What the reference rounds to compute what `table` computes in a call:
+/// a norm GEMM's normalized rows in T where its gamma comes with the call
+/// (unbound: the norm kernel writes them, on either path); nothing else.
+fn intermediates(table: &PlanTable, bound: bool) -> Intermediates {
+    let norm = table
+        .kernels
+        .iter()
+        .any(|kernel| matches!(kernel.op, KernelOp::Gemm(GemmOp { gamma: Some(_), .. })));
+    if norm && !bound {
+        Intermediates::RoundedNorms
+    } else {
+        Intermediates::Exact
+    }
+}
+
+/// `name`'s graph through `table` at `dims`, in `T`, against the
+/// reference, its inputs changed by `adjust`; with `bound`, the weights
+/// bound first, as a graph struct binds them.
+fn check_table<T: TestElement>(
+    name: &str,
+    table: &'static PlanTable,
+    dims: &[(&str, usize)],
+    bound: bool,
+    adjust: impl FnOnce(&mut Bindings),
+) {
+    let s = stream();
+    let mut workspace = Workspace::new();
+    // SAFETY: the table is the generated one, its GEMMs given a route;
+    // the vendor path reads the operands the fused kernel reads.
+    check_adjusted::<T>(
+        &s,
+        name,
+        dims,
+        intermediates(table, bound),
+        adjust,
+        |r, w| unsafe { run_table(table, &s, &mut workspace, r, w, bound) },
+    );
+}
+
 /// `name`'s graph through `table` (routed) at every GEMM shape of the
 /// suite, in `T`, against the reference; with `bound`, the weights bound
 /// first, as a graph struct binds them: where the struct pads a weight's
 /// rows (sm90, a row length whose bytes are not a multiple of 128),
-/// cuBLASLt reads the padded copy at its row stride.
+/// cuBLASLt reads the padded copy at its row stride, and a norm folded
+/// into the weight reaches cuBLASLt as W' and its column terms.
 fn check_routed<T: TestElement>(name: &str, table: &'static PlanTable, bound: bool) {
     assert!(
         fusion::vendor::routes_enabled(),
         "the vendor path is off: build with the feature `cublaslt`, leave FUSION_GUARD unset, and make libcublasLt loadable"
     );
-    let s = stream();
-    let mut workspace = Workspace::new();
     for (m, n, k) in gemm_shapes() {
-        let dims = [("M", m), ("N", n), ("K", k)];
-        // SAFETY: the table is the generated one, its GEMMs given a route;
-        // the vendor path reads the operands the fused kernel reads.
-        check::<T>(&s, name, &dims, |r, w| unsafe {
-            run_table(table, &s, &mut workspace, r, w, bound)
-        });
+        check_table::<T>(name, table, &[("M", m), ("N", n), ("K", k)], bound, |_| {});
     }
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn bound_weights_padded_rows_on_the_vendor_path() {
-    let table = |t| routed(t, ABOVE_ONE, VendorEpilogue::GeluBias);
+    let table = |t| routed(t, ABOVE_ONE, VendorEpilogue::GeluBias, &[]);
     check_routed::<f16>("gemm_bias_gelu", table(kernels::GemmBiasGelu::<f16>::PLAN), true);
     check_routed::<bf16>("gemm_bias_gelu", table(kernels::GemmBiasGelu::<bf16>::PLAN), true);
-    let table = |t| routed(t, ABOVE_ONE, VendorEpilogue::None);
+    let table = |t| routed(t, ABOVE_ONE, VendorEpilogue::None, &[]);
     check_routed::<f16>("gemm_residual", table(kernels::GemmResidual::<f16>::PLAN), true);
     check_routed::<bf16>("gemm_residual", table(kernels::GemmResidual::<bf16>::PLAN), true);
 }
@@ -117,6 +181,7 @@ macro_rules! guard_test {
                     kernels::$plan::<f16>::PLAN,
                     ABOVE_ONE,
                     VendorEpilogue::$epilogue,
+                    &[],
                 ),
                 false,
             );
@@ -126,6 +191,7 @@ macro_rules! guard_test {
                     kernels::$plan::<bf16>::PLAN,
                     ABOVE_ONE,
                     VendorEpilogue::$epilogue,
+                    &[],
                 ),
                 false,
             );
@@ -161,23 +227,83 @@ guard_test!(
     None
 );
 
+/// The shapes of the small-variance cases (`support::small_variance_norm_inputs`):
+/// rows of 136 to 3000 elements, each M on the vendor path (every M above
+/// 1 is routed).
+const SMALL_VARIANCE_SHAPES: [(usize, usize, usize); 3] =
+    [(13, 520, 1032), (77, 136, 3000), (1000, 3000, 136)];
+
+/// A norm GEMM `name` on the vendor path for every M above 1, its norm
+/// kernel from `norm_table` (the library's standalone norm of that kind),
+/// in `T`: with gamma and beta per call and bound (folded), at the suite's
+/// shapes and at rows of small variance.
+fn check_norm_routed<T: TestElement>(name: &str, table: &'static PlanTable, norm_table: &'static PlanTable) {
+    let table = routed(
+        table,
+        ABOVE_ONE,
+        VendorEpilogue::None,
+        norm_launchers(table, norm_table),
+    );
+    for bound in [false, true] {
+        check_routed::<T>(name, table, bound);
+        for (m, n, k) in SMALL_VARIANCE_SHAPES {
+            let dims = [("M", m), ("N", n), ("K", k)];
+            check_table::<T>(name, table, &dims, bound, support::small_variance_norm_inputs);
+        }
+    }
+}
+
+macro_rules! norm_guard_test {
+    ($test:ident, $graph:literal, $plan:ident, $norm:ident) => {
+        #[test]
+        #[ignore = "needs a CUDA GPU"]
+        fn $test() {
+            check_norm_routed::<f16>(
+                $graph,
+                kernels::$plan::<f16>::PLAN,
+                kernels::$norm::<f16>::PLAN,
+            );
+            check_norm_routed::<bf16>(
+                $graph,
+                kernels::$plan::<bf16>::PLAN,
+                kernels::$norm::<bf16>::PLAN,
+            );
+        }
+    };
+}
+
+norm_guard_test!(
+    layernorm_gemm_on_the_vendor_path,
+    "layernorm_gemm",
+    LayernormGemm,
+    Layernorm
+);
+norm_guard_test!(
+    rmsnorm_gemm_on_the_vendor_path,
+    "rmsnorm_gemm",
+    RmsnormGemm,
+    Rmsnorm
+);
+
 /// The generation this test's device runs.
 fn device_arch() -> Arch {
     fusion::device::arch_among(&stream(), &fusion::device::compiled()).expect("a compiled variant runs here")
 }
 
-/// `table`, the plan of the shipped graph `name` (one plain-epilogue GEMM),
-/// with its GEMM's verdict left to the call: cuBLASLt's `epilogue`, the
-/// vendor path's work as the guard counts it, the fused kernel's costs
-/// shipped and the vendor path's `vendor` (the shipped ones where `None`),
-/// and per variant of this device's generation the tiers of the shipped
-/// table's config (sm90's config on another generation, whose models the
-/// verdict then borrows). Where the build wrote a route left to the call
-/// (`FUSION_GUARD=on`), it is checked to be the shipped models' first.
+/// `table`, the plan of the shipped graph `name` (one GEMM whose epilogue
+/// cuBLASLt computes, after the norm kernels `norm` where it has a norm
+/// prologue), with its GEMM's verdict left to the call: cuBLASLt's
+/// `epilogue`, the vendor path's work as the guard counts it, the fused
+/// kernel's costs shipped and the vendor path's `vendor` (the shipped ones
+/// where `None`), and per variant of this device's generation the tiers of
+/// the shipped table's config (sm90's config on another generation, whose
+/// models the verdict then borrows). Where the build wrote a route left to
+/// the call (`FUSION_GUARD=on`), it is checked to be the shipped models'
+/// first, with the norm kernels of a norm GEMM.
 fn per_call(
     name: &str,
     table: &'static PlanTable,
-    epilogue: VendorEpilogue,
+    (epilogue, norm): (VendorEpilogue, &'static [Launcher<fusion_norm_params>]),
     vendor: Option<VendorCosts>,
 ) -> &'static PlanTable {
     let plan = fuse::plan(support::graph(name, table.variants[0].0));
@@ -211,6 +337,11 @@ fn per_call(
         if arch == Arch::Sm90 {
             assert_eq!(built.units, &units[..], "{name}: the tiers the build wrote");
         }
+        assert_eq!(
+            gemm.vendor.norm.len(),
+            norm.len(),
+            "{name}: the build wrote a norm kernel per variant exactly for a norm GEMM"
+        );
     }
     let model: &'static RouteModel = Box::leak(Box::new(RouteModel {
         costs: GuardCosts {
@@ -229,6 +360,7 @@ fn per_call(
                 ms: &[],
                 epilogue,
                 per_call: Some(model),
+                norm,
             },
             ..*gemm
         }),
@@ -324,8 +456,6 @@ fn check_per_call<T: TestElement>(
     shapes: &[(usize, usize, usize)],
 ) -> (usize, usize) {
     assert!(fusion::vendor::routes_enabled(), "the vendor path is off");
-    let s = stream();
-    let mut workspace = Workspace::new();
     let (mut vendor, mut fused) = (0, 0);
     for &(m, n, k) in shapes {
         let routed = routes_at::<T>(table, (m, n, k));
@@ -341,35 +471,36 @@ fn check_per_call<T: TestElement>(
         };
         let dims = [("M", m), ("N", n), ("K", k)];
         for bound in [false, true] {
-            // SAFETY: the table is the generated one, its GEMM given a
-            // route left to the call; the vendor path reads the operands
-            // the fused kernel reads.
-            check::<T>(&s, name, &dims, |r, w| unsafe {
-                run_table(table, &s, &mut workspace, r, w, bound)
-            });
+            check_table::<T>(name, table, &dims, bound, |_| {});
         }
     }
     (vendor, fused)
 }
 
 /// Both dtypes of `name` with a vendor model that splits the shapes: some
-/// calls go to cuBLASLt, some stay fused, each checked; then with the
-/// shipped models, whichever way they send each shape.
+/// calls go to cuBLASLt (after the norm kernels `f16_norm` and `bf16_norm`
+/// of each table's variants, for a norm GEMM), some stay fused, each
+/// checked; then with the shipped models, whichever way they send each
+/// shape.
 fn per_call_test<F: TestElement, B: TestElement>(
     name: &str,
-    f16_table: &'static PlanTable,
-    bf16_table: &'static PlanTable,
+    (f16_table, f16_norm): (&'static PlanTable, &'static [Launcher<fusion_norm_params>]),
+    (bf16_table, bf16_norm): (&'static PlanTable, &'static [Launcher<fusion_norm_params>]),
     epilogue: VendorEpilogue,
 ) {
     let shapes = per_call_shapes();
-    let shipped = per_call(name, f16_table, epilogue, None);
+    let shipped = per_call(name, f16_table, (epilogue, f16_norm), None);
     let vendor = splitting_vendor::<F>(name, shipped, &shapes);
-    let (routed, fused) =
-        check_per_call::<F>(name, per_call(name, f16_table, epilogue, Some(vendor)), &shapes);
+    let table = per_call(name, f16_table, (epilogue, f16_norm), Some(vendor));
+    let (routed, fused) = check_per_call::<F>(name, table, &shapes);
     assert!(routed > 0 && fused > 0, "{name}: {routed} routed, {fused} fused");
-    let vendor = splitting_vendor::<B>(name, per_call(name, bf16_table, epilogue, None), &shapes);
-    let (routed, fused) =
-        check_per_call::<B>(name, per_call(name, bf16_table, epilogue, Some(vendor)), &shapes);
+    let vendor = splitting_vendor::<B>(
+        name,
+        per_call(name, bf16_table, (epilogue, bf16_norm), None),
+        &shapes,
+    );
+    let table = per_call(name, bf16_table, (epilogue, bf16_norm), Some(vendor));
+    let (routed, fused) = check_per_call::<B>(name, table, &shapes);
     assert!(routed > 0 && fused > 0, "{name}: {routed} routed, {fused} fused");
     let (routed, fused) = check_per_call::<F>(name, shipped, &shapes);
     eprintln!("{name} f16 with the shipped models: {routed} routed, {fused} fused");
@@ -382,8 +513,27 @@ macro_rules! per_call_test {
         fn $test() {
             per_call_test::<f16, bf16>(
                 $graph,
-                kernels::$plan::<f16>::PLAN,
-                kernels::$plan::<bf16>::PLAN,
+                (kernels::$plan::<f16>::PLAN, &[]),
+                (kernels::$plan::<bf16>::PLAN, &[]),
+                VendorEpilogue::$epilogue,
+            );
+        }
+    };
+    ($test:ident, $graph:literal, $plan:ident, $epilogue:ident, norm $norm:ident) => {
+        #[test]
+        #[ignore = "needs a CUDA GPU"]
+        fn $test() {
+            let (f16_table, bf16_table) = (kernels::$plan::<f16>::PLAN, kernels::$plan::<bf16>::PLAN);
+            per_call_test::<f16, bf16>(
+                $graph,
+                (
+                    f16_table,
+                    norm_launchers(f16_table, kernels::$norm::<f16>::PLAN),
+                ),
+                (
+                    bf16_table,
+                    norm_launchers(bf16_table, kernels::$norm::<bf16>::PLAN),
+                ),
                 VendorEpilogue::$epilogue,
             );
         }
@@ -403,3 +553,17 @@ per_call_test!(
     GeluBias
 );
 per_call_test!(gemm_decided_per_call, "gemm", Gemm, None);
+per_call_test!(
+    layernorm_gemm_decided_per_call,
+    "layernorm_gemm",
+    LayernormGemm,
+    None,
+    norm Layernorm
+);
+per_call_test!(
+    rmsnorm_gemm_decided_per_call,
+    "rmsnorm_gemm",
+    RmsnormGemm,
+    None,
+    norm Rmsnorm
+);

@@ -153,30 +153,48 @@ fn bless(dir: &Path, rendered: &BTreeMap<String, String>) {
     }
 }
 
-/// The wrappers a build with `cache` renders for `graph` (only the
-/// wrappers: the units are checked to be a plain build's), checked to
-/// differ from a plain build's only in the plan table's fields whose first
-/// line starts with `field`: what the build option `option` changes.
+/// The wrappers a build with `cache` renders for `graph`, and the units it
+/// adds to a plain build's (the guard's norm kernels, which a routed norm
+/// GEMM's vendor path runs first), checked to keep every unit of a plain
+/// build and to differ from its wrappers only in the plan table's fields
+/// whose first line starts with `field`: what the build option `option`
+/// changes.
 fn render_with(graph: &str, cache: &TunedCache, field: &str, option: &str) -> BTreeMap<String, String> {
     let spec = spec(graph);
     let library = codegen::render_tuned("fusion_kernels", ARCHS, std::slice::from_ref(&spec), &[], cache)
         .unwrap_or_else(|e| panic!("{graph}: {e}"));
     let wrappers = wrappers::generate(&library, true, FFI_RS);
     let plain = codegen::render("fusion_kernels", ARCHS, &[spec]).unwrap_or_else(|e| panic!("{e}"));
-    let sources = |library: &codegen::KernelLibrary| -> Vec<String> {
-        library.units.iter().map(|unit| unit.source.clone()).collect()
-    };
+    let plain_units: BTreeMap<&str, &str> = plain
+        .units
+        .iter()
+        .map(|unit| (unit.symbol.as_str(), unit.source.as_str()))
+        .collect();
+    let mut files = BTreeMap::new();
+    for unit in &library.units {
+        match plain_units.get(unit.symbol.as_str()) {
+            Some(source) => assert_eq!(
+                *source, unit.source,
+                "{option} changes unit {} of {graph}",
+                unit.symbol
+            ),
+            None => {
+                files.insert(format!("{}.cu", unit.symbol), unit.source.clone());
+            }
+        }
+    }
     assert_eq!(
-        sources(&library),
-        sources(&plain),
-        "{option} changes no unit of {graph}"
+        library.units.len(),
+        plain.units.len() + files.len(),
+        "{option} keeps every unit of {graph}"
     );
     assert_eq!(
         without_fields(&wrappers, field),
         wrappers::generate(&plain, true, FFI_RS),
         "{option} changes the plan table's `{field}` fields alone"
     );
-    BTreeMap::from([("wrappers.rs".to_owned(), wrappers)])
+    files.insert("wrappers.rs".to_owned(), wrappers);
+    files
 }
 
 /// `wrappers` without the fields whose first line starts with `opening`:
@@ -257,13 +275,57 @@ fn modelled_wrappers_match_their_golden_file() {
 
 /// `gpt2_mlp` as a build with `FUSION_GUARD=on` renders it: the guard's
 /// models route its `gemm_bias_residual` (N = 768, K = 3072) to cuBLASLt
-/// for the M buckets they predict it loses, and leave the norm-prologue
-/// GEMM unrouted.
+/// for the M buckets they predict it loses, and its `layernorm_gemm_bias_gelu`
+/// (N = 3072, K = 768) likewise, whose vendor path runs the standalone
+/// LayerNorm kernel of each variant first: the build adds that unit, and
+/// the route names its launchers (`norm: &[..]`).
 #[test]
 fn guarded_wrappers_match_their_golden_file() {
     let rendered = render_with("gpt2_mlp", &guarded(), ROUTE, "FUSION_GUARD=on");
     check_golden("gpt2_mlp_guarded", &rendered);
-    assert!(rendered["wrappers.rs"].contains("fusion::plan::VendorEpilogue::Bias"));
+    let wrappers = &rendered["wrappers.rs"];
+    assert!(wrappers.contains("fusion::plan::VendorEpilogue::Bias"));
+    assert!(wrappers.contains("fusion::plan::VendorEpilogue::GeluBias"));
+    let norm_units: Vec<&String> = rendered.keys().filter(|name| name.ends_with(".cu")).collect();
+    assert_eq!(
+        norm_units,
+        [
+            "fusion_kernels_layernorm_bf16.cu",
+            "fusion_kernels_layernorm_f16.cu"
+        ],
+        "a LayerNorm unit per dtype for the vendor path"
+    );
+    assert!(wrappers.contains("ffi::fusion_kernels_layernorm_f16,"));
+}
+
+/// `rmsnorm_gemm`, whose N and K are dynamic, as a build with
+/// `FUSION_GUARD=on` renders it: a route left to the call whose vendor path
+/// runs the standalone RMSNorm kernel of each variant (`norm: &[..]`, a
+/// unit the build adds) before cuBLASLt.
+#[test]
+fn wrappers_guarded_norm_gemm_per_call_match_their_golden_file() {
+    let rendered = render_with("rmsnorm_gemm", &guarded(), ROUTE, "FUSION_GUARD=on");
+    check_golden("rmsnorm_gemm_guarded", &rendered);
+    let wrappers = &rendered["wrappers.rs"];
+    assert_eq!(
+        wrappers.matches("&fusion::plan::RouteModel {").count(),
+        1,
+        "one GEMM"
+    );
+    assert!(
+        wrappers.contains("norm: true"),
+        "the vendor model counts the norm kernel"
+    );
+    assert!(wrappers.contains("ffi::fusion_kernels_rmsnorm_bf16,"));
+    assert_eq!(
+        rendered.keys().collect::<Vec<_>>(),
+        [
+            "fusion_kernels_rmsnorm_bf16.cu",
+            "fusion_kernels_rmsnorm_f16.cu",
+            "wrappers.rs"
+        ],
+        "the wrappers and an RMSNorm unit per dtype"
+    );
 }
 
 #[test]

@@ -60,10 +60,12 @@ pub fn lt_epilogue(epilogue: VendorEpilogue) -> LtEpilogue {
 
 impl Baseline {
     /// The unfused path the guard would run ([`VendorPath::of`]) where
-    /// cuBLASLt computes the whole chain; else the GEMM alone.
+    /// cuBLASLt computes the whole chain; else the GEMM alone (a norm
+    /// prologue, which the guard's path runs as a kernel of its own, is no
+    /// part of cuBLASLt's product).
     pub fn of(gemm: &GemmComposition) -> Baseline {
         let path = VendorPath::of(gemm);
-        let whole = path.unsupported().is_none();
+        let whole = path.unsupported().is_none() && path.norm.is_none();
         let (epilogue, residual) = if whole {
             (lt_epilogue(path.epilogue), path.beta_residual)
         } else {

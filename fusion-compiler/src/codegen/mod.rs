@@ -213,6 +213,11 @@ pub struct KernelVariants {
     /// variant, index for index, the tiers the run time weighs (`None` for
     /// a variant the guard does not serve).
     pub call_route: Option<(select::guard::CallRoute, Vec<Option<UnitTiers>>)>,
+    /// Where the guard may send a GEMM with a norm prologue to the vendor
+    /// path (a route, or a verdict left to the call): per variant, index for
+    /// index, the launcher of the standalone norm kernel that path runs
+    /// before cuBLASLt. Empty for every other kernel.
+    pub vendor_norm: Vec<String>,
 }
 
 impl KernelVariants {
@@ -384,10 +389,14 @@ pub fn render_tuned(
     let mut uses: Vec<Vec<Vec<Use>>> = Vec::new();
     // Per graph, per kernel: the guard's route ([`KernelVariants::vendor`]).
     let mut routes: Vec<Vec<Option<select::guard::Route>>> = Vec::new();
+    // Per graph, per kernel, per variant: the standalone norm kernel of its
+    // vendor path ([`KernelVariants::vendor_norm`]).
+    let mut vendor_norms: Vec<Vec<Vec<KernelKey>>> = Vec::new();
     for spec in graphs {
         check_dtypes(spec, &archs)?;
         let mut graph_uses = Vec::new();
         let mut graph_routes = Vec::new();
+        let mut graph_norms = Vec::new();
         for (index, kernel) in spec.plan.kernels.iter().enumerate() {
             let mut kernel_uses = Vec::new();
             // The buckets every dtype's verdict sends to the vendor path.
@@ -440,12 +449,40 @@ pub fn render_tuned(
                     kernel_uses.push((dtype, arch, key, tiers, call_route));
                 }
             }
+            let route = route.filter(|route| routed_dtypes == spec.dtypes.len() && !route.buckets.is_empty());
+            // A routed GEMM with a norm prologue runs the standalone norm
+            // kernel of each variant's dtype first, on the vendor path.
+            let routed = route.is_some() || kernel_uses.iter().any(|(.., call)| call.is_some());
+            let norm = match &kernel.composition {
+                Composition::Gemm(gemm) if routed => gemm.prologue.map(|p| p.kind),
+                _ => None,
+            };
+            let mut norm_keys = Vec::new();
+            if let Some(kind) = norm {
+                for &(dtype, arch, ..) in &kernel_uses {
+                    let key = KernelKey::Norm { kind, dtype };
+                    let entry = distinct.entry(key.clone()).or_insert_with(|| Pending {
+                        archs: Vec::new(),
+                        composition: kind.name().to_owned(),
+                        used_by: Vec::new(),
+                    });
+                    if !entry.archs.contains(&arch) {
+                        entry.archs.push(arch);
+                    }
+                    let user = format!("{}#{index} (vendor path)", spec.plan.graph.name);
+                    if !entry.used_by.contains(&user) {
+                        entry.used_by.push(user);
+                    }
+                    norm_keys.push(key);
+                }
+            }
             graph_uses.push(kernel_uses);
-            graph_routes
-                .push(route.filter(|route| routed_dtypes == spec.dtypes.len() && !route.buckets.is_empty()));
+            graph_routes.push(route);
+            graph_norms.push(norm_keys);
         }
         uses.push(graph_uses);
         routes.push(graph_routes);
+        vendor_norms.push(graph_norms);
     }
 
     let registry = templates::registry();
@@ -469,31 +506,36 @@ pub fn render_tuned(
         .iter()
         .zip(uses)
         .zip(routes)
-        .map(|((spec, graph_uses), graph_routes)| GraphLaunchers {
-            spec: spec.clone(),
-            kernels: graph_uses
-                .into_iter()
-                .zip(graph_routes)
-                .map(|(kernel_uses, vendor)| KernelVariants {
-                    tiers: kernel_uses.iter().map(|(.., tiers, _)| *tiers).collect(),
-                    call_route: kernel_uses
-                        .iter()
-                        .find_map(|(.., call)| call.as_ref().map(|(route, _)| route.clone()))
-                        .map(|route| {
-                            let units = kernel_uses
-                                .iter()
-                                .map(|(.., call)| call.as_ref().map(|(_, unit)| *unit))
-                                .collect();
-                            (route, units)
-                        }),
-                    variants: kernel_uses
-                        .into_iter()
-                        .map(|(dtype, arch, key, ..)| (dtype, arch, symbols[&key].clone()))
-                        .collect(),
-                    vendor,
-                })
-                .collect(),
-        })
+        .zip(vendor_norms)
+        .map(
+            |(((spec, graph_uses), graph_routes), graph_norms)| GraphLaunchers {
+                spec: spec.clone(),
+                kernels: graph_uses
+                    .into_iter()
+                    .zip(graph_routes)
+                    .zip(graph_norms)
+                    .map(|((kernel_uses, vendor), norm_keys)| KernelVariants {
+                        vendor_norm: norm_keys.iter().map(|key| symbols[key].clone()).collect(),
+                        tiers: kernel_uses.iter().map(|(.., tiers, _)| *tiers).collect(),
+                        call_route: kernel_uses
+                            .iter()
+                            .find_map(|(.., call)| call.as_ref().map(|(route, _)| route.clone()))
+                            .map(|route| {
+                                let units = kernel_uses
+                                    .iter()
+                                    .map(|(.., call)| call.as_ref().map(|(_, unit)| *unit))
+                                    .collect();
+                                (route, units)
+                            }),
+                        variants: kernel_uses
+                            .into_iter()
+                            .map(|(dtype, arch, key, ..)| (dtype, arch, symbols[&key].clone()))
+                            .collect(),
+                        vendor,
+                    })
+                    .collect(),
+            },
+        )
         .collect();
 
     let error_unit = (

@@ -329,8 +329,10 @@ fn tensor_option(tensor: Option<TensorId>) -> TokenStream {
 }
 
 /// A GEMM's `vendor` field: the guard's route (`FUSION_GUARD=on`) as a
-/// `fusion::plan::VendorRoute`, `u32::MAX` for the open end.
-fn vendor_route(route: &crate::select::guard::Route) -> TokenStream {
+/// `fusion::plan::VendorRoute`, `u32::MAX` for the open end, with the
+/// launchers of the norm kernel its vendor path runs first (`norm`,
+/// [`vendor_norm`]).
+fn vendor_route(route: &crate::select::guard::Route, norm: &TokenStream) -> TokenStream {
     let ranges = crate::select::guard::bucket_ranges(&route.buckets)
         .into_iter()
         .map(|(low, high)| {
@@ -347,7 +349,20 @@ fn vendor_route(route: &crate::select::guard::Route) -> TokenStream {
         ms: &[#(#ranges),*],
         epilogue: fusion::plan::VendorEpilogue::#epilogue,
         per_call: None,
+        norm: #norm,
     })
+}
+
+/// A route's `norm` field: per variant, the launcher of the standalone norm
+/// kernel its vendor path runs before cuBLASLt (`symbols`,
+/// [`super::KernelVariants::vendor_norm`]); empty for a GEMM without a norm
+/// prologue, and where nothing was linked.
+fn vendor_norm(symbols: &[String], linked: bool) -> TokenStream {
+    let names = symbols
+        .iter()
+        .filter(|_| linked)
+        .map(|symbol| format_ident!("{symbol}"));
+    quote!(&[#(ffi::#names),*])
 }
 
 /// A GEMM's `vendor` field where the guard leaves its verdict to the call
@@ -358,6 +373,7 @@ fn vendor_route(route: &crate::select::guard::Route) -> TokenStream {
 fn call_route(
     costs: &GuardCosts,
     (route, units): &(CallRoute, Vec<Option<UnitTiers>>),
+    norm_launchers: &TokenStream,
     linked: bool,
 ) -> Option<TokenStream> {
     if !linked {
@@ -393,6 +409,7 @@ fn call_route(
             },
             units: #units,
         }),
+        norm: #norm_launchers,
     }))
 }
 
@@ -573,11 +590,12 @@ fn plan_table(
                     fields.push(quote!(bind: Bind::Pad));
                 }
                 let variants = launchers.kernels.get(index);
+                let norm = vendor_norm(variants.map_or(&[], |k| &k.vendor_norm[..]), linked);
                 if let Some(route) = variants.and_then(|k| k.vendor.as_ref()) {
-                    fields.push(vendor_route(route));
+                    fields.push(vendor_route(route, &norm));
                 } else if let (Some(costs), Some(route)) =
                     (&library.guard, variants.and_then(|k| k.call_route.as_ref()))
-                    && let Some(field) = call_route(costs, route, linked)
+                    && let Some(field) = call_route(costs, route, &norm, linked)
                 {
                     fields.push(field);
                 }

@@ -1,7 +1,7 @@
 //! The guard: for each M bucket of a GEMM, whether the fused kernel or the
-//! unfused vendor path (cuBLASLt with its epilogue, then fusion's
-//! elementwise kernels for what cuBLASLt lacks) runs, so that a fusion
-//! never runs where it is predicted to lose.
+//! unfused vendor path (fusion's norm kernel where the GEMM has a norm
+//! prologue, then cuBLASLt with its epilogue) runs, so that a fusion never
+//! runs where it is predicted to lose.
 //!
 //! Both sides are predicted by models fitted to measurements checked into
 //! the repository: the fused kernel's time by [`super::model`], the vendor
@@ -29,7 +29,7 @@
 
 use super::model::{self, Calibration, Provenance, SM90_SMS, TileShape, UnitTiers};
 use super::{Arch, CacheKey, KernelConfig, KernelKind, MBucket, TunedCache};
-use crate::fuse::{EpilogueStep, GemmComposition};
+use crate::fuse::{EpilogueStep, GemmComposition, NormKind};
 pub use crate::guard_model::{GuardCosts, MARGIN, VENDOR_UNKNOWNS, VendorCosts, VendorWork};
 use crate::ir::{Activation, DType};
 use serde::{Deserialize, Serialize};
@@ -47,7 +47,7 @@ pub fn parse_guard(value: Option<&str>) -> Result<bool, String> {
         Some("on") => Ok(true),
         None | Some("" | "off") => Ok(false),
         Some(other) => Err(format!(
-            "{GUARD_ENV}={other:?}: it takes `on` (M buckets where a fused GEMM is predicted to lose run cuBLASLt and an elementwise kernel instead) or `off` (the default)"
+            "{GUARD_ENV}={other:?}: it takes `on` (M buckets where a fused GEMM is predicted to lose run cuBLASLt instead, after a norm kernel where the GEMM has a norm prologue) or `off` (the default)"
         )),
     }
 }
@@ -107,8 +107,8 @@ pub struct VendorPath {
     pub beta_residual: bool,
     /// The steps left for an elementwise kernel after the GEMM.
     pub remainder: Vec<EpilogueStep>,
-    /// A norm kernel runs before the GEMM.
-    pub norm: bool,
+    /// The norm whose standalone kernel runs before the GEMM, if any.
+    pub norm: Option<NormKind>,
     /// The GEMM computes gate and up stacked: twice C's columns.
     pub gated: bool,
 }
@@ -160,7 +160,7 @@ impl VendorPath {
             epilogue,
             beta_residual: residual,
             remainder,
-            norm: gemm.prologue.is_some(),
+            norm: gemm.prologue.map(|p| p.kind),
             gated,
         }
     }
@@ -169,7 +169,7 @@ impl VendorPath {
     pub fn work(&self) -> VendorWork {
         let tiles = self.remainder.iter().filter(|s| s.reads_tile()).count();
         VendorWork {
-            norm: self.norm,
+            norm: self.norm.is_some(),
             gated: self.gated,
             beta_residual: self.beta_residual,
             elementwise_tiles: (self.gated || !self.remainder.is_empty())
@@ -178,12 +178,10 @@ impl VendorPath {
     }
 
     /// Why the run time cannot take this path yet, if it cannot: it runs
-    /// cuBLASLt alone, so a norm before it or an elementwise kernel after it
-    /// keeps the fused kernel.
+    /// cuBLASLt, after fusion's norm kernel where the GEMM has a norm
+    /// prologue, so a gated pair or an elementwise kernel after it keeps the
+    /// fused kernel.
     pub fn unsupported(&self) -> Option<String> {
-        if self.norm {
-            return Some("a norm prologue: the vendor path would need a norm kernel first, which the guard does not run yet".into());
-        }
         if self.gated {
             return Some("a gated pair: the vendor path would need a stacked GEMM and an act·mul kernel, which the guard does not run yet".into());
         }
@@ -474,8 +472,9 @@ pub fn vendor_ranges(verdicts: &[BucketVerdict]) -> Vec<(u32, Option<u32>)> {
     bucket_ranges(&buckets)
 }
 
-/// cuBLASLt's name for the path's epilogue, as `fusion bench` names its
-/// baselines: `cuBLASLt GELU_BIAS + beta·C`.
+/// What the path runs: cuBLASLt's name for its epilogue, as `fusion bench`
+/// names its baselines (`cuBLASLt GELU_BIAS + beta·C`), after the norm
+/// kernel where there is one (`rmsnorm kernel + cuBLASLt BIAS`).
 pub fn vendor_name(path: &VendorPath) -> String {
     let epilogue = match path.epilogue {
         VendorEpilogue::None => "",
@@ -486,7 +485,11 @@ pub fn vendor_name(path: &VendorPath) -> String {
         VendorEpilogue::GeluBias => " GELU_BIAS",
     };
     let beta = if path.beta_residual { " + beta·C" } else { "" };
-    format!("cuBLASLt{epilogue}{beta}")
+    let norm = path
+        .norm
+        .map(|kind| format!("{} kernel + ", kind.name()))
+        .unwrap_or_default();
+    format!("{norm}cuBLASLt{epilogue}{beta}")
 }
 
 /// What the guard decides for every GEMM kernel of `plan` on sm90, as a

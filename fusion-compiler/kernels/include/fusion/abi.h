@@ -109,7 +109,7 @@ typedef struct fusion_fold_params {
 typedef struct fusion_norm_params {
   const void* x;     /* [m, k] */
   void* y;           /* [m, k] */
-  const void* gamma; /* [k] */
+  const void* gamma; /* [k]; null, with beta null: the norm without its affine */
   const void* beta;  /* [k], LayerNorm only */
   int64_t m, k;
   float eps;

@@ -1,8 +1,10 @@
 // Row normalization: LayerNorm and RMSNorm over the last dimension of a
 // row-major [M, K] tensor. Two users: the standalone launcher
-// (`launch_norm_rows`: a block per row with the row in registers,
+// (`launch_norm_rows_with`: a block per row with the row in registers,
 // `norm_row_blocks_kernel`, or a warp per row for longer rows), for norms
-// the planner leaves unfused and a per-call norm before a GEMM; and the
+// the planner leaves unfused, a per-call norm before a GEMM and, without
+// its affine (`launch_norm_rows` with gamma and beta null), the guard's
+// vendor path of a GEMM whose norm is folded into its weight; and the
 // GEMM norm prologue (prologue.cuh; on sm90 its statistics come from
 // `row_stats_kernel`), which shares `warp_row_stats` and `normalize8` with
 // the warp-per-row kernel. Every path computes the same function; the
@@ -72,9 +74,18 @@ struct NormColumns {
   float gamma[8], beta[8];
 };
 
-template <NormKind kKind, typename T>
+// kAffine false: the norm without its affine (gamma 1, beta 0; args'
+// gamma and beta are null), which the guard's vendor path runs before
+// cuBLASLt where the norm is folded into the GEMM's bound weight, which
+// holds gamma and beta (fold.cuh).
+template <NormKind kKind, typename T, bool kAffine = true>
 __device__ __forceinline__ NormColumns load_norm_columns(int64_t k0, const NormArgs& args) {
   NormColumns c;
+  if constexpr (!kAffine) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) c.gamma[i] = 1.0f, c.beta[i] = 0.0f;
+    return c;
+  }
   vec8_to_float(load_vec8(static_cast<const T*>(args.gamma) + k0), c.gamma);
   if constexpr (kKind == NormKind::LayerNorm) vec8_to_float(load_vec8(static_cast<const T*>(args.beta) + k0), c.beta);
   return c;
@@ -94,9 +105,9 @@ __device__ __forceinline__ void normalize8(float (&x)[8], RowStats s, const Norm
 }
 
 // Normalizes eight consecutive elements x[k0 .. k0+8) of a row in place.
-template <NormKind kKind, typename T>
+template <NormKind kKind, typename T, bool kAffine = true>
 __device__ __forceinline__ void normalize8(float (&x)[8], RowStats s, int64_t k0, const NormArgs& args) {
-  normalize8<kKind>(x, s, load_norm_columns<kKind, T>(k0, args));
+  normalize8<kKind>(x, s, load_norm_columns<kKind, T, kAffine>(k0, args));
 }
 
 template <NormKind kKind>
@@ -139,7 +150,7 @@ constexpr int kRowBlockMaxChunks = 8;
 // deviations from the mean, both from registers. Rows short enough for
 // a warp are spread over more SMs this way too than by norm_rows_kernel,
 // whose one warp per row leaves most SMs idle at a few hundred rows.
-template <NormKind kKind, typename T, int kChunks>
+template <NormKind kKind, typename T, int kChunks, bool kAffine = true>
 __global__ void __launch_bounds__(kRowBlockThreads) norm_row_blocks_kernel(const T* __restrict__ x, T* __restrict__ y,
                                                                            NormArgs args, int64_t M, int64_t K) {
   // Two arrays for block_sum's alternating sums: LayerNorm's mean and
@@ -189,7 +200,7 @@ __global__ void __launch_bounds__(kRowBlockThreads) norm_row_blocks_kernel(const
     for (int i = 0; i < kChunks; ++i) {
       const int64_t c = threadIdx.x + int64_t(i) * blockDim.x;
       if (c >= chunks) continue;
-      normalize8<kKind, T>(v[i], s, c * kVecElems, args);
+      normalize8<kKind, T, kAffine>(v[i], s, c * kVecElems, args);
       store_vec8(out + c * kVecElems, float_to_vec8<T>(v[i]));
     }
   }
@@ -198,7 +209,7 @@ __global__ void __launch_bounds__(kRowBlockThreads) norm_row_blocks_kernel(const
 // y = norm(x) row by row; one warp per row, grid-stride over rows. The
 // second pass re-reads the row, which the first pass left in L1/L2. For
 // rows longer than norm_row_blocks_kernel holds.
-template <NormKind kKind, typename T>
+template <NormKind kKind, typename T, bool kAffine = true>
 __global__ void norm_rows_kernel(const T* __restrict__ x, T* __restrict__ y, NormArgs args, int64_t M, int64_t K) {
   const int warps_per_block = blockDim.x / 32;
   const int lane = threadIdx.x & 31;
@@ -210,7 +221,7 @@ __global__ void norm_rows_kernel(const T* __restrict__ x, T* __restrict__ y, Nor
     for (int64_t k = int64_t(lane) * kVecElems; k < K; k += 32 * kVecElems) {
       float v[8];
       vec8_to_float(load_vec8(in + k), v);
-      normalize8<kKind, T>(v, s, k, args);
+      normalize8<kKind, T, kAffine>(v, s, k, args);
       store_vec8(out + k, float_to_vec8<T>(v));
     }
   }
@@ -258,19 +269,22 @@ cudaError_t launch_row_stats(const T* x, RowStats* stats, float eps, int64_t M, 
 }
 
 // Host launcher: cudaErrorInvalidValue for K not a positive multiple of 8,
-// null or misaligned pointers, or a missing gamma/beta.
-template <NormKind kKind, typename T>
-cudaError_t launch_norm_rows(const T* x, T* y, const NormArgs& args, int64_t M, int64_t K, cudaStream_t stream) {
+// null or misaligned pointers, or (kAffine) a missing gamma/beta, (not
+// kAffine) a gamma or beta given.
+template <NormKind kKind, typename T, bool kAffine = true>
+cudaError_t launch_norm_rows_with(const T* x, T* y, const NormArgs& args, int64_t M, int64_t K,
+                                  cudaStream_t stream) {
   if (M < 0 || K <= 0 || K % kVecElems != 0) return cudaErrorInvalidValue;
   if (x == nullptr || y == nullptr || !is_aligned16(x) || !is_aligned16(y)) return cudaErrorInvalidValue;
-  if (!norm_args_valid<kKind>(args)) return cudaErrorInvalidValue;
+  if (kAffine ? !norm_args_valid<kKind>(args) : args.gamma != nullptr || args.beta != nullptr || !(args.eps >= 0.0f))
+    return cudaErrorInvalidValue;
   if (M == 0) return cudaSuccess;
   const int64_t chunks = K / kVecElems;
   if (chunks > int64_t(kRowBlockThreads) * kRowBlockMaxChunks) {
     int64_t blocks = 0;
     const cudaError_t err = rows_grid(M, &blocks);
     if (err != cudaSuccess) return err;
-    norm_rows_kernel<kKind, T><<<unsigned(blocks), 256, 0, stream>>>(x, y, args, M, K);
+    norm_rows_kernel<kKind, T, kAffine><<<unsigned(blocks), 256, 0, stream>>>(x, y, args, M, K);
     return cudaGetLastError();
   }
   // The fewest chunks per thread that a block of at most kRowBlockThreads
@@ -284,12 +298,20 @@ cudaError_t launch_norm_rows(const T* x, T* y, const NormArgs& args, int64_t M, 
   // threads allow.
   const unsigned grid = unsigned(M < int64_t(INT32_MAX) ? M : int64_t(INT32_MAX));
   switch (per_thread) {
-    case 1: norm_row_blocks_kernel<kKind, T, 1><<<grid, unsigned(threads), 0, stream>>>(x, y, args, M, K); break;
-    case 2: norm_row_blocks_kernel<kKind, T, 2><<<grid, unsigned(threads), 0, stream>>>(x, y, args, M, K); break;
-    case 4: norm_row_blocks_kernel<kKind, T, 4><<<grid, unsigned(threads), 0, stream>>>(x, y, args, M, K); break;
-    default: norm_row_blocks_kernel<kKind, T, 8><<<grid, unsigned(threads), 0, stream>>>(x, y, args, M, K); break;
+    case 1: norm_row_blocks_kernel<kKind, T, 1, kAffine><<<grid, unsigned(threads), 0, stream>>>(x, y, args, M, K); break;
+    case 2: norm_row_blocks_kernel<kKind, T, 2, kAffine><<<grid, unsigned(threads), 0, stream>>>(x, y, args, M, K); break;
+    case 4: norm_row_blocks_kernel<kKind, T, 4, kAffine><<<grid, unsigned(threads), 0, stream>>>(x, y, args, M, K); break;
+    default: norm_row_blocks_kernel<kKind, T, 8, kAffine><<<grid, unsigned(threads), 0, stream>>>(x, y, args, M, K); break;
   }
   return cudaGetLastError();
+}
+
+// The standalone norm's launcher (norm.cu.hbs): the norm with its affine,
+// or, where gamma and beta are both null, without it (kAffine false).
+template <NormKind kKind, typename T>
+cudaError_t launch_norm_rows(const T* x, T* y, const NormArgs& args, int64_t M, int64_t K, cudaStream_t stream) {
+  if (args.gamma == nullptr && args.beta == nullptr) return launch_norm_rows_with<kKind, T, false>(x, y, args, M, K, stream);
+  return launch_norm_rows_with<kKind, T, true>(x, y, args, M, K, stream);
 }
 
 }  // namespace fusion

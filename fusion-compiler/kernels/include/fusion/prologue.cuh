@@ -49,7 +49,7 @@ struct NormPrologue {
   template <typename T>
   static cudaError_t launch_normalize(const T* a, T* normalized, int64_t M, int64_t K, const NormArgs& args,
                                       cudaStream_t stream) {
-    return launch_norm_rows<kKind, T>(a, normalized, args, M, K, stream);
+    return launch_norm_rows_with<kKind, T>(a, normalized, args, M, K, stream);
   }
 };
 

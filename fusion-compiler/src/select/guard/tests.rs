@@ -188,9 +188,20 @@ fn the_vendor_path_takes_what_cublaslt_fuses_and_leaves_the_rest() {
     let p = VendorPath::of(&gemm);
     assert_eq!((p.epilogue, p.beta_residual), (VendorEpilogue::None, true));
     assert_eq!(p.remainder, [gelu]);
-    // Norms and gated pairs are described, not yet run.
+    // A norm GEMM: the norm kernel first, then cuBLASLt with the epilogue
+    // it takes. Gated pairs are described, not yet run.
     let p = path("rmsnorm_gemm");
-    assert!(p.norm && p.unsupported().unwrap().contains("norm prologue"));
+    assert_eq!(
+        (p.norm, p.epilogue),
+        (Some(NormKind::RmsNorm), VendorEpilogue::None)
+    );
+    assert!(p.unsupported().is_none());
+    assert_eq!(vendor_name(&p), "rmsnorm kernel + cuBLASLt");
+    let p = path("layernorm_gemm");
+    assert_eq!(p.norm, Some(NormKind::LayerNorm));
+    assert!(p.unsupported().is_none());
+    let p = path("layernorm_gemm_silu_glu_residual");
+    assert!(p.norm.is_some() && p.unsupported().unwrap().contains("gated pair"));
     let p = path("gemm_silu_glu");
     assert!(p.gated && p.unsupported().unwrap().contains("gated pair"));
 }
@@ -380,6 +391,38 @@ fn kernels_the_guard_cannot_serve_say_why() {
     );
 }
 
+/// A norm GEMM whose epilogue cuBLASLt computes gets a verdict per bucket,
+/// its vendor path counting the norm kernel (so it costs more than the
+/// same GEMM's without one); with a gated pair after the norm it stays
+/// fused.
+#[test]
+fn norm_gemms_get_a_verdict_per_bucket_counting_their_norm_kernel() {
+    let guard = Guard::shipped_sm90();
+    let cache = TunedCache::default();
+    let verdicts = |kernel: &str| {
+        let gemm = composition_of(kernel).unwrap();
+        let config = select(Arch::Sm90, &KernelKind::of(&gemm, DType::BF16)).unwrap();
+        guard.verdicts(
+            &cache,
+            Arch::Sm90,
+            &gemm,
+            DType::BF16,
+            (Some(4096), Some(4096)),
+            &config,
+        )
+    };
+    for (norm, plain) in [("rmsnorm_gemm", "gemm"), ("layernorm_gemm", "gemm")] {
+        let (with_norm, without) = (verdicts(norm).unwrap(), verdicts(plain).unwrap());
+        assert_eq!(with_norm.len(), MBucket::all().count(), "{norm}");
+        for (n, p) in with_norm.iter().zip(&without) {
+            assert_eq!(n.bucket, p.bucket);
+            assert!(n.vendor_us > p.vendor_us, "{norm} {}: {n} against {p}", n.bucket);
+        }
+    }
+    let error = verdicts("layernorm_gemm_silu_glu_residual").unwrap_err();
+    assert!(error.to_string().contains("a gated pair"), "{error}");
+}
+
 #[test]
 fn the_report_names_each_gemm_kernel_and_its_buckets() {
     let path = repo_root().join("graphs/gpt2_mlp.toml");
@@ -396,7 +439,7 @@ fn the_report_names_each_gemm_kernel_and_its_buckets() {
     );
     assert!(
         text.contains(
-            "kernel #0 (layernorm_gemm_bias_gelu, f16, N=3072 K=768): not guarded: a norm prologue"
+            "kernel #0 (layernorm_gemm_bias_gelu, f16, N=3072 K=768): layernorm kernel + cuBLASLt GELU_BIAS for M 17 and more"
         ),
         "{text}"
     );
@@ -416,6 +459,14 @@ fn the_report_names_each_gemm_kernel_and_its_buckets() {
             "kernel #0 (gemm_bias_residual, f16): cuBLASLt BIAS + beta·C where the fused kernel is predicted more \
              than 3% slower, decided per call (N or K is dynamic)"
         ),
+        "{text}"
+    );
+    // A norm GEMM's vendor path runs its norm kernel first.
+    let path = repo_root().join("graphs/rmsnorm_gemm.toml");
+    let plan = crate::fuse::plan(crate::load_toml_graph(&path).unwrap());
+    let text = report(&plan, &Guard::shipped_sm90(), &TunedCache::default()).unwrap();
+    assert!(
+        text.contains("kernel #0 (rmsnorm_gemm, f16): rmsnorm kernel + cuBLASLt where the fused kernel"),
         "{text}"
     );
 }

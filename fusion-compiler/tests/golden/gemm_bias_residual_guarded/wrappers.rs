@@ -226,6 +226,7 @@ mod __gemm_bias_residual {
                                 ],
                             },
                         ),
+                        norm: &[],
                     },
                     ..GemmOp::EMPTY
                 }),

@@ -158,6 +158,18 @@ mod __gpt2_mlp {
                     beta: Some(2),
                     eps: 0.00001f32,
                     bind: Bind::Fold(fusion::plan::Fold::Norm),
+                    vendor: fusion::plan::VendorRoute {
+                        arch: fusion::Arch::Sm90,
+                        ms: &[(2049, 4294967295)],
+                        epilogue: fusion::plan::VendorEpilogue::GeluBias,
+                        per_call: None,
+                        norm: &[
+                            ffi::fusion_kernels_layernorm_f16,
+                            ffi::fusion_kernels_layernorm_f16,
+                            ffi::fusion_kernels_layernorm_bf16,
+                            ffi::fusion_kernels_layernorm_bf16,
+                        ],
+                    },
                     ..GemmOp::EMPTY
                 }),
                 launchers: Launchers::Gemm {
@@ -213,6 +225,7 @@ mod __gpt2_mlp {
                         ms: &[(17, 4096)],
                         epilogue: fusion::plan::VendorEpilogue::Bias,
                         per_call: None,
+                        norm: &[],
                     },
                     ..GemmOp::EMPTY
                 }),
