@@ -1673,8 +1673,11 @@ pub fn vendor_route(
 }
 
 /// The scratch a GEMM's vendor path takes, for params `p` with elements of
-/// `element_bytes`: cuBLASLt's, and after it, where a norm kernel runs
-/// first (`norm`), A's normalized rows.
+/// `element_bytes`: the fused kernels' counters first, which it leaves
+/// alone (their launches expect them at zero:
+/// [`fusion_compiler::gemm_model::WORKSPACE_FLAG_BYTES`]), then cuBLASLt's,
+/// and after it, where a norm kernel runs first (`norm`), A's normalized
+/// rows.
 fn vendor_scratch(norm: bool, p: &fusion_gemm_params, element_bytes: usize) -> u64 {
     let rows = if norm {
         let elements = u64::try_from(p.m.max(0).saturating_mul(p.k.max(0))).unwrap_or(u64::MAX);
@@ -1682,7 +1685,9 @@ fn vendor_scratch(norm: bool, p: &fusion_gemm_params, element_bytes: usize) -> u
     } else {
         0
     };
-    crate::vendor::ROUTE_WORKSPACE_BYTES.saturating_add(rows)
+    fusion_compiler::gemm_model::WORKSPACE_FLAG_BYTES
+        .saturating_add(crate::vendor::ROUTE_WORKSPACE_BYTES)
+        .saturating_add(rows)
 }
 
 /// Queues one GEMM's vendor path ([`vendor_route`]) on `call`'s stream:
@@ -1706,7 +1711,12 @@ unsafe fn run_vendor<T: Element>(
     error_string: ErrorString,
 ) -> Result<()> {
     let mut lt = *p;
+    // cuBLASLt may write anywhere in its part: it starts after the fused
+    // kernels' counters, which a later fused launch on this workspace
+    // expects to find at zero.
+    let flags = fusion_compiler::gemm_model::WORKSPACE_FLAG_BYTES;
     let lt_bytes = crate::vendor::ROUTE_WORKSPACE_BYTES;
+    let (scratch, scratch_len) = (scratch + flags, scratch_len.saturating_sub(flags as usize));
     if let Some(norm) = route.norm {
         let normalized = scratch + lt_bytes;
         // Folded: gamma and beta are in the weight (null: no affine).
@@ -2422,12 +2432,13 @@ mod tests {
     }
 
     #[test]
-    fn a_norm_gemms_vendor_path_takes_its_normalized_rows_after_cublaslts_scratch() {
+    fn a_vendor_path_takes_its_scratch_after_the_fused_kernels_counters() {
         let mut p = gemm(table(SCHEMA_VERSION, Bind::Nothing), None);
         (p.m, p.k) = (300, 4096);
+        let flags = fusion_compiler::gemm_model::WORKSPACE_FLAG_BYTES;
         let lt = crate::vendor::ROUTE_WORKSPACE_BYTES;
-        assert_eq!(vendor_scratch(false, &p, 2), lt);
-        assert_eq!(vendor_scratch(true, &p, 2), lt + 300 * 4096 * 2);
+        assert_eq!(vendor_scratch(false, &p, 2), flags + lt);
+        assert_eq!(vendor_scratch(true, &p, 2), flags + lt + 300 * 4096 * 2);
     }
 
     #[test]

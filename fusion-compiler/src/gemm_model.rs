@@ -27,6 +27,13 @@
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
+/// The bytes at the start of every non-empty GEMM workspace that hold the
+/// kernels' counters (`kStreamKFlagBytes` in workspace.cuh): zero when a
+/// launch is handed the workspace, zero again when it ends. Nothing else
+/// that shares a workspace may write them (the guard's vendor path takes
+/// its scratch after them).
+pub const WORKSPACE_FLAG_BYTES: u64 = 4096;
+
 /// The sm90 GPUs the model is calibrated for have this many SMs (H100 SXM,
 /// H200). The launch plans for the device it runs on; the model's choice,
 /// at build time and at run time alike, assumes the calibration's count.
@@ -179,7 +186,7 @@ pub fn work(bm: u64, bn: u64, consumers: u64, shape: GemmShape, sms: u64, stream
     // plan_stream_k, step by step.
     const FIXUP_BLOCKS: u64 = 4;
     const MIN_BLOCKS: u64 = 4;
-    const FLAG_BYTES: u64 = 4096 - 128; // kStreamKFlagBytes - kTileCounterBytes
+    const FLAG_BYTES: u64 = WORKSPACE_FLAG_BYTES - 128; // less kTileCounterBytes
     let (mut split_tiles, mut ctas) = (tiles, tiles * (sms / tiles.max(1)));
     if tiles >= sms {
         split_tiles = tiles % sms;
@@ -472,4 +479,19 @@ impl UnitTiers {
 /// The M bucket of a call of `m` rows, every M past `u32::MAX` in the last.
 pub fn bucket_of(m: u64) -> MBucket {
     MBucket::of(u32::try_from(m).unwrap_or(u32::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    /// workspace.cuh, as the kernels compile it, lays out the flags region
+    /// [`super::WORKSPACE_FLAG_BYTES`] names.
+    #[test]
+    fn workspace_cuh_declares_the_flags_region() {
+        let header = include_str!("../kernels/include/fusion/workspace.cuh");
+        let line = format!(
+            "constexpr size_t kStreamKFlagBytes = {};\n",
+            super::WORKSPACE_FLAG_BYTES
+        );
+        assert!(header.contains(&line), "workspace.cuh lacks `{}`", line.trim());
+    }
 }
