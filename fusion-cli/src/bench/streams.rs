@@ -15,7 +15,7 @@
 
 use super::report::{Concurrency, Slowdown};
 use super::smi::ClockSampler;
-use super::timing::{TimingPlan, percentile};
+use super::timing::{TimingPlan, percentile, warmup_rounds};
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, sys::CUevent_flags};
 use fusion::error::{Error, Result};
 use std::cell::{Cell, RefCell};
@@ -96,7 +96,7 @@ impl Part<'_> {
     pub fn take_part(&self, mut contenders: [&mut dyn FnMut(usize) -> Result<()>; CONTENDERS]) {
         let plan = self.rendezvous.plan;
         let warm = (|| -> Result<()> {
-            for i in 0..plan.warmup {
+            for i in 0..warmup_rounds(plan) {
                 for call in contenders.iter_mut() {
                     call(i)?;
                 }

@@ -54,6 +54,17 @@ impl Timing {
     }
 }
 
+/// The untimed rounds before the timed ones: `plan.warmup`, and at least
+/// one per rotated input set ([`super::SETS`]), so that every contender has
+/// made a call with each set it will be timed on before any call is timed.
+/// A contender may hold state per set (a bound struct each, whose first
+/// call allocates and zeroes its workspace); with fewer rounds those first
+/// calls fell among the timed ones (with 3 rounds, half of 10 timed calls
+/// of three contenders), adding the zeroing's device time to a timed call.
+pub fn warmup_rounds(plan: TimingPlan) -> usize {
+    plan.warmup.max(super::SETS)
+}
+
 /// Times `call(i)` for i = 0, 1, 2, …; the caller rotates its input sets by
 /// `i`.
 pub fn time_calls(
@@ -77,7 +88,7 @@ pub fn time_calls(
 /// input sets, every call reads a set last touched S calls earlier, and no
 /// contender finds the inputs another just read in L2.
 ///
-/// It runs `plan.warmup` untimed and `plan.runs` timed rounds of one call
+/// It runs [`warmup_rounds`] untimed and `plan.runs` timed rounds of one call
 /// per contender. The timed calls are queued back to back behind
 /// `head_start` (a few milliseconds of device work), so the host has queued
 /// them all before the device reaches them and the events between calls
@@ -103,7 +114,8 @@ pub fn time_many(
     contenders: &mut [&mut dyn FnMut(usize) -> Result<()>],
 ) -> Result<Vec<Timing>> {
     let n = contenders.len();
-    for round in 0..plan.warmup {
+    let warmup = warmup_rounds(plan);
+    for round in 0..warmup {
         for (j, call) in contenders.iter_mut().enumerate() {
             call(n * round + j)?;
         }
@@ -117,7 +129,7 @@ pub fn time_many(
     for round in 0..plan.runs {
         for (j, call) in contenders.iter_mut().enumerate() {
             events[n * round + j].record(stream)?;
-            call(n * (plan.warmup + round) + j)?;
+            call(n * (warmup + round) + j)?;
         }
     }
     let last = &events[n * plan.runs];
@@ -155,6 +167,31 @@ pub fn percentile(sorted: &[f64], p: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every rotated set a contender is timed on, it called untimed first,
+    /// whatever the number of contenders and `--warmup`.
+    #[test]
+    fn the_warmup_reaches_every_set_a_timed_call_reads() {
+        let sets = crate::bench::SETS;
+        for contenders in 1..=4 {
+            for warmup in [0, 1, 3, 5, 10] {
+                let plan = TimingPlan { warmup, runs: 50 };
+                let rounds = warmup_rounds(plan);
+                assert!(rounds >= warmup);
+                for j in 0..contenders {
+                    let warmed: std::collections::HashSet<usize> =
+                        (0..rounds).map(|r| (contenders * r + j) % sets).collect();
+                    for r in rounds..rounds + plan.runs {
+                        let set = (contenders * r + j) % sets;
+                        assert!(
+                            warmed.contains(&set),
+                            "{contenders} contenders, --warmup {warmup}: contender {j} is timed on set {set} first"
+                        );
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn median_of_odd_and_even_counts() {

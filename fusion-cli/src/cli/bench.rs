@@ -33,7 +33,7 @@ pub struct BenchArgs {
     /// Timed calls per contender (the median is reported).
     #[arg(long, default_value_t = 50)]
     pub runs: usize,
-    /// Untimed calls first.
+    /// Untimed calls first (at least one per rotated input set: 8).
     #[arg(long, default_value_t = 10)]
     pub warmup: usize,
     /// Also write the results as JSON to FILE.

@@ -62,7 +62,7 @@ pub struct TuneArgs {
     /// cuBLASLt get twice as many, side by side).
     #[arg(long, default_value_t = 20)]
     pub runs: usize,
-    /// Untimed calls first.
+    /// Untimed calls first (at least one per rotated input set: 8).
     #[arg(long, default_value_t = 5)]
     pub warmup: usize,
     /// Measure again an M whose bucket the cache already holds for this GPU.
