@@ -1571,6 +1571,8 @@ mod tests {
             flags: 0,
             workspace: std::ptr::null_mut(),
             workspace_bytes: 0,
+            scale_a: std::ptr::null(),
+            scale_b: std::ptr::null(),
         }
     }
 

@@ -145,6 +145,36 @@ fn element_tokens(d: DType) -> TokenStream {
     }
 }
 
+/// An FP8 graph's items (`FUSION_FP8=experimental`): the run time does not
+/// bind or run FP8 tensors yet, so no graph struct; a module named after
+/// the graph re-exports its kernels' launchers (abi.h), `kernel_<i>` for
+/// kernel i of its plan, for callers that pass device pointers themselves.
+fn fp8_graph_items(launchers: &GraphLaunchers) -> TokenStream {
+    let spec = &launchers.spec;
+    let module = format_ident!("{}", spec.plan.graph.name);
+    let doc = format!(
+        "The launchers of graph `{}` ({}), whose kernels are FP8 GEMMs on sm90 (generated with \
+         FUSION_FP8=experimental, not yet run on a GPU): `kernel_<i>` is kernel i of its plan, \
+         called with a `fusion::abi::fusion_gemm_params` whose `scale_a` and `scale_b` point at the \
+         f32 scales.\n\nFusion plan:\n\n```text\n{}\n```\n",
+        spec.plan.graph.name, spec.origin, spec.plan
+    );
+    let exports = launchers.kernels.iter().enumerate().flat_map(|(index, kernel)| {
+        kernel.variants.iter().map(move |(_, _, symbol)| {
+            let symbol = format_ident!("{symbol}");
+            let alias = format_ident!("kernel_{index}");
+            quote!(pub use super::ffi::#symbol as #alias;)
+        })
+    });
+    quote! {
+        #[doc = #doc]
+        #[allow(dead_code, unused_imports)]
+        pub mod #module {
+            #(#exports)*
+        }
+    }
+}
+
 /// What every graph struct says about threads, the rest in the run
 /// time's documentation, once for every graph.
 const THREADS_DOC: &str = " `Send` and `Sync`; every call takes the intermediates and the kernels' \
@@ -187,6 +217,9 @@ fn graph_doc(spec: &super::GraphSpec) -> String {
 }
 
 fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool) -> TokenStream {
+    if launchers.spec.plan.graph.has_fp8() {
+        return fp8_graph_items(launchers);
+    }
     let spec = &launchers.spec;
     let plan = &spec.plan;
     let graph = &plan.graph;

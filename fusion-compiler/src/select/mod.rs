@@ -169,6 +169,24 @@ impl KernelConfig {
         tiers
     }
 
+    /// The config of an FP8 kernel, from the 16-bit one of its
+    /// composition: every tile with k-blocks of 128 FP8 elements, the same
+    /// 128 bytes a row of A and B (so the same shared memory and stages),
+    /// without the decode kernel (which reads 16-bit weights) or tiles per
+    /// M bucket (the model is of 16-bit GEMMs). No tile is tuned for FP8 yet.
+    pub fn for_fp8(&self) -> KernelConfig {
+        let fp8 = |tile: TileConfig| tile.with_fp8_block();
+        KernelConfig {
+            large: fp8(self.large),
+            small_m: self.small_m.map(fp8),
+            small_m_max: self.small_m_max,
+            small_m_alt: self.small_m_alt.map(fp8),
+            large_alt: self.large_alt.map(fp8),
+            decode_max_m: None,
+            by_m: None,
+        }
+    }
+
     /// Up to which M a kernel with B in `layout` runs the decode kernel:
     /// `decode_max_m` for [N, K], none for [K, N].
     pub fn decode_for(&self, layout: WeightLayout) -> Option<u32> {
