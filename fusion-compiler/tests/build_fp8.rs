@@ -74,7 +74,7 @@ fn fusion_fp8_experimental_builds_sm90_fp8_gemms_and_nothing_else_does() {
     ] {
         assert!(wrappers.contains(&format!("pub mod {graph} {{")), "{wrappers}");
         assert!(
-            wrappers.contains(&format!("pub use super::ffi::{symbol} as kernel_0;")),
+            wrappers.contains(&format!("unsafe {{ super::ffi::{symbol}(p, stream) }}")),
             "{wrappers}"
         );
     }

@@ -9,7 +9,7 @@ mod ffi {
     };
     include!("fusion_ffi.rs");
 }
-/**The launchers of graph `fp8_gemm_bias_gelu` (graphs/fp8/fp8_gemm_bias_gelu.toml), whose kernels are FP8 GEMMs on sm90 (generated with FUSION_FP8=experimental, not yet run on a GPU): `kernel_<i>` is kernel i of its plan, called with a `fusion::abi::fusion_gemm_params` whose `scale_a` and `scale_b` point at the f32 scales.
+/**The launchers of graph `fp8_gemm_bias_gelu` (graphs/fp8/fp8_gemm_bias_gelu.toml), whose kernels are FP8 GEMMs on sm90 (generated with FUSION_FP8=experimental, not yet run on a GPU): `kernel_<i>` is kernel i of its plan, called with a `fusion::abi::fusion_gemm_params` whose `scale_a` and `scale_b` point at the f32 scales, and `kernel_<i>_workspace_bytes` its workspace query.
 
 Fusion plan:
 
@@ -29,5 +29,38 @@ no tensor passes between kernels
 */
 #[allow(dead_code, unused_imports)]
 pub mod fp8_gemm_bias_gelu {
-    pub use super::ffi::fusion_kernels_gemm_bias_gelu_nk_f8e4m3_per_channel_sm90 as kernel_0;
+    /**Launches kernel 0 (`fusion_kernels_gemm_bias_gelu_nk_f8e4m3_per_channel_sm90`); returns a cudaError_t.
+
+# Safety
+
+`p` points at params whose pointers are device memory of the shapes they give (abi.h), and `stream` is a CUDA stream of the current context or null.*/
+    pub unsafe fn kernel_0(
+        p: *const fusion::abi::fusion_gemm_params,
+        stream: *mut std::ffi::c_void,
+    ) -> i32 {
+        unsafe {
+            super::ffi::fusion_kernels_gemm_bias_gelu_nk_f8e4m3_per_channel_sm90(
+                p,
+                stream,
+            )
+        }
+    }
+    /**Writes the workspace bytes kernel 0 needs for `p` to `bytes`; returns a cudaError_t.
+
+# Safety
+
+`p` points at params whose pointers are device memory of the shapes they give (abi.h), and `stream` is a CUDA stream of the current context or null.*/
+    pub unsafe fn kernel_0_workspace_bytes(
+        p: *const fusion::abi::fusion_gemm_params,
+        stream: *mut std::ffi::c_void,
+        bytes: *mut u64,
+    ) -> i32 {
+        unsafe {
+            super::ffi::fusion_kernels_gemm_bias_gelu_nk_f8e4m3_per_channel_sm90_workspace_bytes(
+                p,
+                stream,
+                bytes,
+            )
+        }
+    }
 }
