@@ -182,7 +182,7 @@ impl Fields {
 
     /// BK is the template's default (64) for 16-bit tiles, so it is not an
     /// argument; an FP8 tile's 128 is the last one, after the cluster and
-    /// the template's default grouping. Each unit asserts that the entry's
+    /// the default grouping (`fusion::kGroupRows`, gemm.cuh). Each unit asserts that the entry's
     /// `bk` is the type's.
     pub(super) fn cpp_type(&self, c: &TileConfig) -> String {
         let schedule = match self.schedule() {
@@ -190,11 +190,7 @@ impl Fields {
             Schedule::PingPong => "PingPong",
         };
         let cluster = if c.bk != BK_16_BIT {
-            format!(
-                ", {}, fusion::sm90::kDefaultGroupRows, {}",
-                self.cluster_m.max(1),
-                c.bk
-            )
+            format!(", {}, fusion::kGroupRows, {}", self.cluster_m.max(1), c.bk)
         } else if self.cluster_m > 1 {
             format!(", {}", self.cluster_m)
         } else {

@@ -195,7 +195,8 @@ cudaError_t check_gemm_args(const GemmArgs<T>& p) {
   if (p.a == nullptr || p.b == nullptr || p.c == nullptr) return cudaErrorInvalidValue;
   if (!is_aligned16(p.a) || !is_aligned16(p.b) || !is_aligned16(p.c)) return cudaErrorInvalidValue;
   if (!Epilogue::args_valid(p.epilogue) || !Prologue::args_valid(p.norm)) return cudaErrorInvalidValue;
-  const void* extra[] = {p.epilogue.bias, p.epilogue.residual, p.epilogue.multiplier, p.epilogue.col_terms};
+  const void* extra[] = {p.epilogue.bias,      p.epilogue.residual, p.epilogue.multiplier,
+                         p.epilogue.col_terms, p.epilogue.scale_a,  p.epilogue.scale_b};
   for (const void* ptr : extra)
     if (ptr != nullptr && !is_aligned16(ptr)) return cudaErrorInvalidValue;
   return cudaSuccess;

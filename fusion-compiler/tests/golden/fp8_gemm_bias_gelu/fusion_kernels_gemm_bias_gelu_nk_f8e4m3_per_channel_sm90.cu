@@ -17,13 +17,13 @@ using Chain = fusion::EpilogueChain<fusion::Dequantize<true>, fusion::Bias, fusi
 template <typename Tile>
 using Kernel = fusion::FusedGemm<fusion::sm90::Mainloop<Element, fusion::LayoutB::NK, Tile>, fusion::NoPrologue, Chain>;
 // 128x256x128 (4 stages, cooperative, persistent)
-using LargeTile = fusion::sm90::TileConfig<128, 256, 4, fusion::sm90::Schedule::Cooperative, 1, fusion::sm90::kDefaultGroupRows, 128>;
+using LargeTile = fusion::sm90::TileConfig<128, 256, 4, fusion::sm90::Schedule::Cooperative, 1, fusion::kGroupRows, 128>;
 // 128x192x128 (4 stages, cooperative, persistent), instead of LargeTile where it needs clearly fewer waves
-using LargeAltTile = fusion::sm90::TileConfig<128, 192, 4, fusion::sm90::Schedule::Cooperative, 1, fusion::sm90::kDefaultGroupRows, 128>;
+using LargeAltTile = fusion::sm90::TileConfig<128, 192, 4, fusion::sm90::Schedule::Cooperative, 1, fusion::kGroupRows, 128>;
 // 64x128x128 (8 stages, cooperative, persistent), for m <= 512
-using SmallTile = fusion::sm90::TileConfig<64, 128, 8, fusion::sm90::Schedule::Cooperative, 1, fusion::sm90::kDefaultGroupRows, 128>;
+using SmallTile = fusion::sm90::TileConfig<64, 128, 8, fusion::sm90::Schedule::Cooperative, 1, fusion::kGroupRows, 128>;
 // 128x128x128 (6 stages, cooperative, persistent), for m <= 512 when it needs fewer waves
-using SmallAltTile = fusion::sm90::TileConfig<128, 128, 6, fusion::sm90::Schedule::Cooperative, 1, fusion::sm90::kDefaultGroupRows, 128>;
+using SmallAltTile = fusion::sm90::TileConfig<128, 128, 6, fusion::sm90::Schedule::Cooperative, 1, fusion::kGroupRows, 128>;
 static_assert(fusion::sm90::tile_valid<fusion::LayoutB::NK, LargeTile> && LargeTile::BK == 128 &&
                   LargeTile::kStages == 4,
               "tile config from kernels/tuned/sm90.json, entry 'default' for 'gemm_bias_gelu' (large) does not fit sm90: 128x256x128 (4 stages, cooperative, persistent) is not a tile the sm90 mainloop takes: a rule of its TileConfig fails (an error above names it), or bk or stages differ from the template's own");

@@ -4,6 +4,7 @@
 // collective_epilogue.cuh, mainloop.cuh) is instantiated with.
 #pragma once
 
+#include "../gemm.cuh"
 #include "../problem.cuh"
 
 namespace fusion {
@@ -34,11 +35,8 @@ constexpr int kSmemPerBlock = 227 * 1024;
 // adjacent tiles: they share each B tile, each loading half of it and
 // multicasting it to both, which halves the B traffic from L2. A stage is
 // then refilled only when the consumers of both CTAs have released it.
-// Tile rows a grouped walk takes before its next columns (tile_scheduler.cuh).
-constexpr int kDefaultGroupRows = 8;
-
 template <int BM_, int BN_, int kStages_, Schedule kSchedule_ = Schedule::Cooperative, int kClusterM_ = 1,
-          int kGroupRows_ = kDefaultGroupRows, int BK_ = 64>
+          int kGroupRows_ = fusion::kGroupRows, int BK_ = 64>
 struct TileConfig {
   static constexpr int BM = BM_, BN = BN_, BK = BK_;
   // The bytes of a k-block's row of A or B, whatever the element type.
