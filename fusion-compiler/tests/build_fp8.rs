@@ -45,6 +45,27 @@ fn fusion_fp8_experimental_builds_sm90_fp8_gemms_and_nothing_else_does() {
         .to_string();
     assert!(error.contains("FP8 kernels need sm90"), "{error}");
 
+    // A `fusion_graph!` FP8 graph would expand to a struct it does not get.
+    let source = dir.join("model.rs");
+    std::fs::write(
+        &source,
+        "fusion::fusion_graph! {\n    graph fp8_macro {\n        dims { M: dyn, K: 64, N: 32 }\n        \
+         input x: f8e4m3[M, K] scale x_scale;\n        weight x_scale: f32[1], w: f8e4m3[N, K] scale w_scale, \
+         w_scale: f32[1];\n        output y = x @ w^T;\n    }\n}\n",
+    )
+    .unwrap();
+    let error = Builder::new()
+        .sources(&source)
+        .archs(&[Arch::Sm90])
+        .lib_name("k")
+        .render()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("graph `fp8_macro` has FP8 tensors") && error.contains("declare it in a TOML file"),
+        "{error}"
+    );
+
     let library = builder(&[Arch::Sm80, Arch::Sm90]).render().unwrap();
     let symbols: Vec<&str> = library.units.iter().map(|u| u.symbol.as_str()).collect();
     assert_eq!(

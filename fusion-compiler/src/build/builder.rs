@@ -225,6 +225,14 @@ impl Builder {
             }
             for graph in super::sources::read_macro_graphs(path)? {
                 let dtypes = self.dtypes_for(&graph.graph, &graph.origin, fp8)?;
+                // `fusion_graph!` expands to the graph's struct, which an FP8
+                // graph does not get (codegen::wrappers exports its launchers).
+                if graph.graph.has_fp8() {
+                    return Err(BuildError::Config(format!(
+                        "{}: graph `{}` has FP8 tensors, and FUSION_FP8=experimental generates their kernels for TOML graphs only: `fusion_graph!` expands to a graph struct, which the run time cannot give FP8 graphs yet; declare it in a TOML file",
+                        graph.origin, graph.graph.name
+                    )));
+                }
                 declared.push(Declared {
                     spec: GraphSpec {
                         plan: crate::fuse::plan_with(graph.graph, &rules),
