@@ -719,8 +719,7 @@ fn fp8_weight_scale(
 /// The distinct kernel a planned kernel with static `n` and `k` (`None`:
 /// dynamic) becomes for one dtype and arch, and why a cached config was not
 /// used, if it was not. An FP8 GEMM (dtype f8e4m3, its `weight_scale`
-/// given) takes the shipped table's 16-bit tiles for its composition with
-/// FP8 k-blocks ([`KernelConfig::for_fp8`]): nothing is tuned for FP8 yet.
+/// given) takes [`KernelConfig::fp8_sm90`]: nothing is tuned for FP8 yet.
 #[allow(clippy::too_many_arguments)]
 fn kernel_key(
     composition: &Composition,
@@ -735,11 +734,11 @@ fn kernel_key(
     Ok(match composition {
         Composition::Gemm(gemm) => {
             let selected = if dtype.is_fp8() {
-                let kind = KernelKind::of(gemm, DType::BF16);
-                let shipped = select::select_tuned(table, &TunedCache::default(), arch, &kind, None, None)?;
                 select::Selected {
-                    config: shipped.config.for_fp8(),
-                    ..shipped
+                    config: KernelConfig::fp8_sm90(),
+                    origin: ConfigSource::fp8_sm90(),
+                    tuned_for: None,
+                    warning: None,
                 }
             } else {
                 select::select_tuned(table, cache, arch, &KernelKind::of(gemm, dtype), n, k)?

@@ -2,9 +2,9 @@
 // fusion/gemm.cuh from the types below; this file only picks them.
 //
 // fusion_kernels_gemm_bias_nk_f8e4m3_sm90: gemm_bias, B [N, K], f8e4m3, built for sm90.
-// FP8: A and B e4m3, f32 accumulators times their scales, C bf16. Its tiles
-// are the 16-bit ones with k-blocks of 128 elements (the same bytes), not
-// tuned for FP8; generated with FUSION_FP8=experimental, not yet run on a GPU.
+// FP8: A and B e4m3, each k-block's sums added into f32 accumulators, times
+// the scales, C bf16. Its tiles are not tuned for FP8; generated with
+// FUSION_FP8=experimental, not yet run on a GPU.
 // Used by: fp8_gemm_bias#0
 #include "fusion/abi.h"
 #include "fusion/gemm.cuh"
@@ -16,38 +16,22 @@ using Element = __nv_fp8_e4m3;
 using Chain = fusion::EpilogueChain<fusion::Dequantize<false>, fusion::Bias>;
 template <typename Tile>
 using Kernel = fusion::FusedGemm<fusion::sm90::Mainloop<Element, fusion::LayoutB::NK, Tile>, fusion::NoPrologue, Chain>;
-// 128x256x128 (4 stages, cooperative, persistent)
-using LargeTile = fusion::sm90::TileConfig<128, 256, 4, fusion::sm90::Schedule::Cooperative, 1, fusion::kGroupRows, 128>;
-// 128x192x128 (4 stages, cooperative, persistent), instead of LargeTile where it needs clearly fewer waves
-using LargeAltTile = fusion::sm90::TileConfig<128, 192, 4, fusion::sm90::Schedule::Cooperative, 1, fusion::kGroupRows, 128>;
+// 128x128x128 (6 stages, cooperative, persistent)
+using LargeTile = fusion::sm90::TileConfig<128, 128, 6, fusion::sm90::Schedule::Cooperative, 1, fusion::kGroupRows, 128>;
 // 64x128x128 (8 stages, cooperative, persistent), for m <= 512
 using SmallTile = fusion::sm90::TileConfig<64, 128, 8, fusion::sm90::Schedule::Cooperative, 1, fusion::kGroupRows, 128>;
-// 128x128x128 (6 stages, cooperative, persistent), for m <= 512 when it needs fewer waves
-using SmallAltTile = fusion::sm90::TileConfig<128, 128, 6, fusion::sm90::Schedule::Cooperative, 1, fusion::kGroupRows, 128>;
 static_assert(fusion::sm90::tile_valid<fusion::LayoutB::NK, LargeTile> && LargeTile::BK == 128 &&
-                  LargeTile::kStages == 4,
-              "tile config from kernels/tuned/sm90.json, entry 'default' for 'gemm_bias' (large) does not fit sm90: 128x256x128 (4 stages, cooperative, persistent) is not a tile the sm90 mainloop takes: a rule of its TileConfig fails (an error above names it), or bk or stages differ from the template's own");
+                  LargeTile::kStages == 6,
+              "tile config from fusion-compiler/src/select/mod.rs, entry 'KernelConfig::fp8_sm90 (not tuned)' for 'gemm_bias' (large) does not fit sm90: 128x128x128 (6 stages, cooperative, persistent) is not a tile the sm90 mainloop takes: a rule of its TileConfig fails (an error above names it), or bk or stages differ from the template's own");
 static_assert(Kernel<LargeTile>::kBlockSmemBytes <= fusion::sm90::kSmemPerBlock,
-              "tile config from kernels/tuned/sm90.json, entry 'default' for 'gemm_bias' (large) does not fit sm90: 128x256x128 (4 stages, cooperative, persistent) needs more shared memory per block than sm90 allows");
-static_assert(Kernel<LargeTile>::kEpilogueFits, "tile config from kernels/tuned/sm90.json, entry 'default' for 'gemm_bias' (large) does not fit sm90: 128x256x128 (4 stages, cooperative, persistent) leaves too little shared memory to bring its epilogue's [M, N] source tile (residual, mul) in whole beside the stages: use fewer stages (see the tuned table's 'default.source_tile')");
-static_assert(fusion::sm90::tile_valid<fusion::LayoutB::NK, LargeAltTile> && LargeAltTile::BK == 128 &&
-                  LargeAltTile::kStages == 4,
-              "tile config from kernels/tuned/sm90.json, entry 'default' for 'gemm_bias' (large_alt) does not fit sm90: 128x192x128 (4 stages, cooperative, persistent) is not a tile the sm90 mainloop takes: a rule of its TileConfig fails (an error above names it), or bk or stages differ from the template's own");
-static_assert(Kernel<LargeAltTile>::kBlockSmemBytes <= fusion::sm90::kSmemPerBlock,
-              "tile config from kernels/tuned/sm90.json, entry 'default' for 'gemm_bias' (large_alt) does not fit sm90: 128x192x128 (4 stages, cooperative, persistent) needs more shared memory per block than sm90 allows");
-static_assert(Kernel<LargeAltTile>::kEpilogueFits, "tile config from kernels/tuned/sm90.json, entry 'default' for 'gemm_bias' (large_alt) does not fit sm90: 128x192x128 (4 stages, cooperative, persistent) leaves too little shared memory to bring its epilogue's [M, N] source tile (residual, mul) in whole beside the stages: use fewer stages (see the tuned table's 'default.source_tile')");
+              "tile config from fusion-compiler/src/select/mod.rs, entry 'KernelConfig::fp8_sm90 (not tuned)' for 'gemm_bias' (large) does not fit sm90: 128x128x128 (6 stages, cooperative, persistent) needs more shared memory per block than sm90 allows");
+static_assert(Kernel<LargeTile>::kEpilogueFits, "tile config from fusion-compiler/src/select/mod.rs, entry 'KernelConfig::fp8_sm90 (not tuned)' for 'gemm_bias' (large) does not fit sm90: 128x128x128 (6 stages, cooperative, persistent) leaves too little shared memory to bring its epilogue's [M, N] source tile (residual, mul) in whole beside the stages: use fewer stages (see the tuned table's 'default.source_tile')");
 static_assert(fusion::sm90::tile_valid<fusion::LayoutB::NK, SmallTile> && SmallTile::BK == 128 &&
                   SmallTile::kStages == 8,
-              "tile config from kernels/tuned/sm90.json, entry 'default' for 'gemm_bias' (small_m) does not fit sm90: 64x128x128 (8 stages, cooperative, persistent) is not a tile the sm90 mainloop takes: a rule of its TileConfig fails (an error above names it), or bk or stages differ from the template's own");
+              "tile config from fusion-compiler/src/select/mod.rs, entry 'KernelConfig::fp8_sm90 (not tuned)' for 'gemm_bias' (small_m) does not fit sm90: 64x128x128 (8 stages, cooperative, persistent) is not a tile the sm90 mainloop takes: a rule of its TileConfig fails (an error above names it), or bk or stages differ from the template's own");
 static_assert(Kernel<SmallTile>::kBlockSmemBytes <= fusion::sm90::kSmemPerBlock,
-              "tile config from kernels/tuned/sm90.json, entry 'default' for 'gemm_bias' (small_m) does not fit sm90: 64x128x128 (8 stages, cooperative, persistent) needs more shared memory per block than sm90 allows");
-static_assert(Kernel<SmallTile>::kEpilogueFits, "tile config from kernels/tuned/sm90.json, entry 'default' for 'gemm_bias' (small_m) does not fit sm90: 64x128x128 (8 stages, cooperative, persistent) leaves too little shared memory to bring its epilogue's [M, N] source tile (residual, mul) in whole beside the stages: use fewer stages (see the tuned table's 'default.source_tile')");
-static_assert(fusion::sm90::tile_valid<fusion::LayoutB::NK, SmallAltTile> && SmallAltTile::BK == 128 &&
-                  SmallAltTile::kStages == 6,
-              "tile config from kernels/tuned/sm90.json, entry 'default' for 'gemm_bias' (small_m_alt) does not fit sm90: 128x128x128 (6 stages, cooperative, persistent) is not a tile the sm90 mainloop takes: a rule of its TileConfig fails (an error above names it), or bk or stages differ from the template's own");
-static_assert(Kernel<SmallAltTile>::kBlockSmemBytes <= fusion::sm90::kSmemPerBlock,
-              "tile config from kernels/tuned/sm90.json, entry 'default' for 'gemm_bias' (small_m_alt) does not fit sm90: 128x128x128 (6 stages, cooperative, persistent) needs more shared memory per block than sm90 allows");
-static_assert(Kernel<SmallAltTile>::kEpilogueFits, "tile config from kernels/tuned/sm90.json, entry 'default' for 'gemm_bias' (small_m_alt) does not fit sm90: 128x128x128 (6 stages, cooperative, persistent) leaves too little shared memory to bring its epilogue's [M, N] source tile (residual, mul) in whole beside the stages: use fewer stages (see the tuned table's 'default.source_tile')");
+              "tile config from fusion-compiler/src/select/mod.rs, entry 'KernelConfig::fp8_sm90 (not tuned)' for 'gemm_bias' (small_m) does not fit sm90: 64x128x128 (8 stages, cooperative, persistent) needs more shared memory per block than sm90 allows");
+static_assert(Kernel<SmallTile>::kEpilogueFits, "tile config from fusion-compiler/src/select/mod.rs, entry 'KernelConfig::fp8_sm90 (not tuned)' for 'gemm_bias' (small_m) does not fit sm90: 64x128x128 (8 stages, cooperative, persistent) leaves too little shared memory to bring its epilogue's [M, N] source tile (residual, mul) in whole beside the stages: use fewer stages (see the tuned table's 'default.source_tile')");
 
 fusion::GemmArgs<Element> args_of(const fusion_gemm_params* p) {
   fusion::GemmArgs<Element> args{};
@@ -80,20 +64,12 @@ cudaError_t with_kernel(const fusion_gemm_params* p, F&& f) {
   switch ((p->flags & FUSION_GEMM_TILE_MASK) >> FUSION_GEMM_TILE_SHIFT) {
     case FUSION_GEMM_TILE_LARGE:
       return f(K<LargeTile>{});
-    case FUSION_GEMM_TILE_LARGE_ALT:
-      return f(K<LargeAltTile>{});
     case FUSION_GEMM_TILE_SMALL_M:
       return f(K<SmallTile>{});
-    case FUSION_GEMM_TILE_SMALL_M_ALT:
-      return f(K<SmallAltTile>{});
     default:
       break;
   }
-  if (p->m <= 512 && fusion::fewer_waves<SmallAltTile, SmallTile>(p->m, p->n * Chain::kGemmColsPerOutput))
-    return f(K<SmallAltTile>{});
   if (p->m <= 512) return f(K<SmallTile>{});
-  if (fusion::clearly_fewer_waves<LargeAltTile, LargeTile>(p->m, p->n * Chain::kGemmColsPerOutput))
-    return f(K<LargeAltTile>{});
   return f(K<LargeTile>{});
 }
 
@@ -131,9 +107,7 @@ extern "C" int fusion_kernels_gemm_bias_nk_f8e4m3_sm90_workspace_bytes(const fus
 extern "C" int fusion_kernels_gemm_bias_nk_f8e4m3_sm90_resources(fusion_tile_resources* out, int capacity) {
   const fusion_tile_resources tiles[] = {
       {"large", uint32_t(Kernel<LargeTile>::kSmemBytes), uint32_t(Kernel<LargeTile>::kThreads)},
-      {"large_alt", uint32_t(Kernel<LargeAltTile>::kSmemBytes), uint32_t(Kernel<LargeAltTile>::kThreads)},
       {"small_m", uint32_t(Kernel<SmallTile>::kSmemBytes), uint32_t(Kernel<SmallTile>::kThreads)},
-      {"small_m_alt", uint32_t(Kernel<SmallAltTile>::kSmemBytes), uint32_t(Kernel<SmallAltTile>::kThreads)},
   };
   const int count = int(sizeof(tiles) / sizeof(tiles[0]));
   for (int i = 0; i < count && i < capacity; ++i) out[i] = tiles[i];

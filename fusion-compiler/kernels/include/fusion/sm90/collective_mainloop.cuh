@@ -7,9 +7,10 @@
 // The producer runs ahead across tile boundaries; the consumers hold f32
 // accumulators in registers and per stage issue four wgmmas of 32 bytes of
 // K each (m64nBNk16 for f16 and bf16, m64nBNk32 for e4m3), keeping one
-// stage's wgmmas in flight and freeing the stage before it. The bytes a
-// stage holds, and so its descriptors and TMA boxes, are the same for
-// either element size.
+// stage's wgmmas in flight and freeing the stage before it (FP8: waiting
+// for each stage's, to add its sums into the f32 accumulators; see
+// kPromote). The bytes a stage holds, and so its descriptors and TMA
+// boxes, are the same for either element size.
 // Cooperative consumers split each tile by rows (64 each); ping-pong ones
 // take alternate tiles, so that one's epilogue overlaps the other's K loop
 // (see Schedule).
@@ -62,6 +63,16 @@ struct CollectiveMainloop {
   // FP8 elements): four to a k-block.
   static constexpr int kMmaBytes = 32;
   static constexpr int kMmasPerBlock = Config::kBlockBytes / kMmaBytes;
+  // 8-bit wgmma keeps fewer bits than f32 in its sums (about 14 on Hopper,
+  // as DeepSeek-V3's report measured), which over a long K loop costs far
+  // more than a bf16 output's rounding. An FP8 tile therefore sums each
+  // k-block (128 elements) in block_sums and adds that into its f32
+  // accumulators with ordinary adds once the block's wgmmas are done
+  // (CUTLASS's "promotion"; cuBLASLt's default, its fast accumulation off).
+  // Both sets live in registers: BN 128 at most for one row block.
+  static constexpr bool kPromote = sizeof(T) == 1;
+  static_assert(!kPromote || kMmaM * kAccumulators <= 64,
+                "an FP8 consumer holds its accumulators twice (per k-block and in total): a 64 x 128 share at most");
   static constexpr int kStageBytes = kABytes + kBBytes;
   // Consumer warps that read each stage and arrive on its empty barrier, in
   // every CTA of the cluster (a stage is refilled in all of them at once).
@@ -185,6 +196,14 @@ struct CollectiveMainloop {
     const uint64_t b_desc = kLayout == LayoutB::NK ? smem_descriptor(tiles.b[0], 16, 1024)
                                                    : smem_descriptor(tiles.b[0], 64 * Config::kBlockBytes, 1024);
     int previous = -1;
+    // kPromote: the current k-block's sums, added into acc after each block.
+    [[maybe_unused]] float block_sums[kMmaM][kAccumulators];
+    if constexpr (kPromote) {
+#pragma unroll
+      for (int mi = 0; mi < kMmaM; ++mi)
+#pragma unroll
+        for (int i = 0; i < kAccumulators; ++i) acc[mi][i] = block_sums[mi][i] = 0.0f;
+    }
     trace::Timer loop, waited;  // the K loop, and its waits on full barriers
     loop.start();
     for (int kb = 0; kb < k_blocks; ++kb) {
@@ -205,15 +224,31 @@ struct CollectiveMainloop {
 #pragma unroll
         for (int mi = 0; mi < kMmaM; ++mi) {
           const uint64_t da = a_stage + uint64_t((mi * 64 * 128 + kk * kMmaBytes) >> 4);
-          Wgmma<T, BN, kTransB>::mma(acc[mi], da, db, (kb > 0 || kk > 0) ? 1 : 0);
+          if constexpr (kPromote)
+            Wgmma<T, BN, kTransB>::mma(block_sums[mi], da, db, kk > 0 ? 1 : 0);
+          else
+            Wgmma<T, BN, kTransB>::mma(acc[mi], da, db, (kb > 0 || kk > 0) ? 1 : 0);
         }
       }
       wgmma_commit();
       issued(kb);
-      // The stage before this one is now read: hand it back.
-      wgmma_wait<1>();
-      if (previous >= 0 && lane == 0) release(barriers, previous);
-      previous = ring.stage;
+      if constexpr (kPromote) {
+        // This block's sums are in and its stage is read: add them to the
+        // tile's and hand the stage back.
+        wgmma_wait<0>();
+#pragma unroll
+        for (int mi = 0; mi < kMmaM; ++mi) {
+          fence_registers(block_sums[mi]);
+#pragma unroll
+          for (int i = 0; i < kAccumulators; ++i) acc[mi][i] += block_sums[mi][i];
+        }
+        if (lane == 0) release(barriers, ring.stage);
+      } else {
+        // The stage before this one is now read: hand it back.
+        wgmma_wait<1>();
+        if (previous >= 0 && lane == 0) release(barriers, previous);
+        previous = ring.stage;
+      }
       ring.advance();
     }
     if (kPingPong && threadIdx.x % 128 == 0) mbarrier_arrive(&barriers.order[1 - consumer]);

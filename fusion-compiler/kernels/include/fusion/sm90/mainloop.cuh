@@ -27,8 +27,9 @@
 // T is the operands' element type: f16 or bf16, or e4m3 for an FP8 GEMM
 // (A [M, K] and B [N, K] e4m3, f32 accumulators, C bf16), whose tiles take
 // the same bytes per stage (a k-block of 128 elements, tile_config.cuh) and
-// whose epilogue chain starts with its scales (epilogue.cuh, Dequantize).
-// Its tiles are not tuned yet.
+// whose K loop adds each k-block's sums into its f32 accumulators
+// (collective_mainloop.cuh, kPromote) and whose epilogue chain starts with
+// its scales (epilogue.cuh, Dequantize). Its tiles are not tuned yet.
 //
 // Clusters of two CTAs sharing B through TMA multicast (kClusterM = 2, a
 // tuned entry's `cluster_m`) are correct; on an H200 they measured a little
