@@ -10,20 +10,24 @@
 //!
 //! Each output is compared element by element with the CPU reference
 //! (`fusion::testing::compare` for a bf16 output): the kernel multiplies the
-//! E4M3 values exactly and sums the products in f32, so what separates it
-//! from the reference (f64 sums of the dequantized operands) is the bf16
-//! rounding of the output (u = 2⁻⁸ of each element), the f32 accumulation
-//! and the scales' one f32 product per element (a few 2⁻²⁴ of the row's
-//! scale), and GELU's tanh.approx (about 4e-6 relative): the bound,
-//! 4·u·(|want| + the row's rms), is bf16's, not a loose 1e-2.
+//! E4M3 values exactly, sums each k-block of 128 products in wgmma (which
+//! keeps about 14 bits: some 2⁻¹³ of the block's sum) and adds the blocks
+//! in f32, so what separates it from the reference (f64 sums of the
+//! dequantized operands) is the bf16 rounding of the output (u = 2⁻⁸ of
+//! each element), the blocks' sums (about 2⁻¹³ of the row's scale, their
+//! errors independent), the f32 adds and the scales' one f32 product per
+//! element (a few 2⁻²⁴), and GELU's tanh.approx (about 4e-6 relative): the
+//! bound, 4·u·(|want| + the row's rms), is bf16's, not a loose 1e-2. A K
+//! loop that summed every block in wgmma's accumulators alone would drift
+//! towards that bound as K grows.
 //!
 //! Per graph: the weight scaled per tensor (`fp8_gemm_bias`) and per output
 //! channel (`fp8_gemm_bias_channel`, and with GELU `fp8_gemm_bias_gelu`);
 //! M = 1, 77, 300 and 1000 (none a multiple of a tile's rows) at ragged N
 //! and K (K not a multiple of the 128-element k-block), and M = 2100 at N =
-//! 3000, whose 204 tiles of 128x256 on 132 SMs share their last ones out by
-//! stream-K; each with the workspace the query asks for and without one
-//! (every tile whole, the tiles fixed at launch).
+//! 3000 (408 tiles of 128x128, 12 past three waves on 132 SMs, for
+//! stream-K to share out where it pays); each with the workspace the query
+//! asks for and without one (every tile whole, the tiles fixed at launch).
 //!
 //! Run on an H100 or H200: `FUSION_FP8=experimental cargo test --release
 //! --features kernels,testing,sm90 --test gpu_fp8 -- --ignored` (see
