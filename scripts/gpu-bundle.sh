@@ -46,6 +46,15 @@ for name in gpu gpu_errors gpu_cublaslt gpu_guard gpu_graphs gpu_forward gpu_wor
   cp "$(echo "$json" | executable "$name")" "$dir/$name"
 done
 cp target/release/fusion "$dir/fusion"
+# The sm90 FP8 GEMMs' test (tests/gpu_fp8.rs) needs the FP8 graphs
+# (graphs/fp8) in the library, which FUSION_FP8=experimental adds: the
+# library is rebuilt with them (its other units come from nvcc's cache).
+# After the copies above, so that no other binary carries them.
+if [[ ,$features, == *,sm90,* ]]; then
+  fp8_json=$(FUSION_FP8=experimental cargo test --release -p fusion --features "$fusion_features" --test gpu_fp8 --no-run --message-format=json 2>/dev/null)
+  cp "$(echo "$fp8_json" | executable gpu_fp8)" "$dir/gpu_fp8"
+  strip "$dir/gpu_fp8"
+fi
 target/release/fusion render fusion-compiler/kernels/selftest/candidates.json --out "$dir/selftest"
 cp target/release/examples/swiglu_ffn "$dir/swiglu_ffn"
 cp target/release/examples/llama_stack "$dir/llama_stack"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the GPU checks from a bundle made by scripts/gpu-bundle.sh:
 #   gpu-suite.sh [OUT] [steps...]
-#   steps: tests ptx counter errors graphs examples property stress sanitize bench (default: all)
+#   steps: tests fp8 ptx counter errors graphs examples property stress sanitize bench (default: all)
+#   (fp8: the sm90 FP8 GEMMs of graphs/fp8, built with FUSION_FP8=experimental, and memcheck and racecheck on them)
 #   (candle: the feature `candle`'s GPU test and example, in a bundle that has them; not in the default)
 #   (counter: the sm90 tests with CTAs taking tiles from a counter, FUSION_TILE_COUNTER=1)
 #   (corpus: fusion bench --corpus over the bundle's corpus.toml: over a thousand rows; not in the default)
@@ -13,7 +14,7 @@
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=${1:-$here/logs}; shift || true
-steps=${*:-tests ptx counter errors graphs examples property stress sanitize bench}
+steps=${*:-tests fp8 ptx counter errors graphs examples property stress sanitize bench}
 mkdir -p "$out"
 cd "$here"
 export FUSION_GRAPHS_DIR=$here/graphs
@@ -95,6 +96,19 @@ for step in $steps; do
         [[ $arch == "$generations" ]] && break  # one generation built: none runs as PTX
         FUSION_PAD_WEIGHTS=all FUSION_FORCE_ARCH=$arch FUSION_TEST_SIZE=quick run_tests "gpu-$arch-ptx.log" any ./gpu --ignored --test-threads 8 --nocapture
       done ;;
+    # The sm90 FP8 GEMMs (tests/gpu_fp8.rs, in a bundle built for sm90),
+    # then memcheck and racecheck at its tiny shapes (no stream-K there).
+    fp8)
+      if [[ -x ./gpu_fp8 ]]; then
+        run_tests gpu-fp8.log 3 ./gpu_fp8 --ignored --nocapture
+        for tool in memcheck racecheck; do
+          FUSION_TEST_SIZE=tiny run_tests "sanitize-$tool-fp8.log" 3 \
+            compute-sanitizer --tool "$tool" --error-exitcode 3 --print-limit 20 \
+            ./gpu_fp8 --ignored --test-threads 1 --nocapture
+        done
+      else
+        echo "== fp8: no gpu_fp8 in this bundle (built without sm90)"
+      fi ;;
     counter) FUSION_TILE_COUNTER=1 FUSION_TEST_SIZE=quick run_tests gpu-sm90-counter.log any ./gpu --ignored --test-threads 8 --nocapture ;;
     errors)
       # The other-context case needs a second GPU.

@@ -62,12 +62,14 @@ pub struct fusion_gemm_params {
     pub flags: u32,
     pub workspace: *mut c_void,
     pub workspace_bytes: u64,
+    pub scale_a: *const c_void,
+    pub scale_b: *const c_void,
 }
 
 impl fusion_gemm_params {
     /// Its pointer fields in the order they are declared: the operands,
-    /// the output, then the workspace.
-    pub fn pointers(&self) -> [*const c_void; 11] {
+    /// the output, the workspace, then an FP8 GEMM's scales.
+    pub fn pointers(&self) -> [*const c_void; 13] {
         [
             self.a,
             self.b,
@@ -80,6 +82,8 @@ impl fusion_gemm_params {
             self.beta,
             self.col_terms,
             self.workspace.cast_const(),
+            self.scale_a,
+            self.scale_b,
         ]
     }
 }
@@ -179,7 +183,8 @@ mod tests {
         assert_eq!(offset_of!(fusion_gemm_params, eps), 112);
         assert_eq!(offset_of!(fusion_gemm_params, flags), 116);
         assert_eq!(offset_of!(fusion_gemm_params, workspace), 120);
-        assert_eq!(size_of::<fusion_gemm_params>(), 136);
+        assert_eq!(offset_of!(fusion_gemm_params, scale_a), 136);
+        assert_eq!(size_of::<fusion_gemm_params>(), 152);
         assert_eq!(offset_of!(fusion_fold_params, ld_folded), 64);
         assert_eq!(size_of::<fusion_fold_params>(), 72);
         assert_eq!(offset_of!(fusion_norm_params, eps), 48);

@@ -1647,6 +1647,8 @@ mod tests {
             flags: 0,
             workspace: std::ptr::null_mut(),
             workspace_bytes: 0,
+            scale_a: std::ptr::null(),
+            scale_b: std::ptr::null(),
         }
     }
 

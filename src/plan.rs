@@ -539,6 +539,8 @@ pub fn fill(
                 flags,
                 workspace: std::ptr::null_mut(),
                 workspace_bytes: 0,
+                scale_a: std::ptr::null(),
+                scale_b: std::ptr::null(),
             };
             match (gemm.bind, prepared) {
                 // B is its prepared form, which a gated GEMM's up weight

@@ -217,6 +217,7 @@ const TEST_FILES: &[(&str, &str)] = &[
     ("build_compile", "fusion-compiler/tests/build_compile.rs"),
     ("build_libclang", "fusion-compiler/tests/build_libclang.rs"),
     ("build_tile_budget", "fusion-compiler/tests/build_tile_budget.rs"),
+    ("build_fp8", "fusion-compiler/tests/build_fp8.rs"),
     ("codegen", "fusion-compiler/src/codegen/tests.rs"),
     ("select", "fusion-compiler/src/select/tests.rs"),
     ("build::builder::tests", "fusion-compiler/src/build/builder.rs"),

@@ -285,7 +285,8 @@ pub fn plan_graph(graph: Graph, dot: Option<&Path>, json: bool, out: &mut dyn Wr
         if let Some(refusal) = plan.graph.fp8_refusal() {
             writeln!(
                 out,
-                "\nnote: {refusal}: a build refuses this graph; the plan above is how it would be split"
+                "\nnote: {refusal}: a build refuses this graph unless it sets FUSION_FP8=experimental (sm90 FP8 \
+                 GEMMs, not yet checked on a GPU); the plan above is how it is split"
             )
             .map_err(CliError::from_stdout)?;
         }

@@ -37,13 +37,18 @@ const FFI_RS: &str = "fusion_ffi.rs";
 
 /// A shipped graph (`graphs/<graph>.toml`) as a build hands it to codegen.
 fn spec(graph: &str) -> GraphSpec {
+    spec_at(&format!("graphs/{graph}.toml"), DTYPES)
+}
+
+/// The graph of `origin` (a path from the repository's root) compiled for
+/// `dtypes`.
+fn spec_at(origin: &str, dtypes: &[DType]) -> GraphSpec {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let origin = format!("graphs/{graph}.toml");
-    let ir = fusion_compiler::load_toml_graph(&root.join(&origin)).unwrap_or_else(|e| panic!("{e}"));
+    let ir = fusion_compiler::load_toml_graph(&root.join(origin)).unwrap_or_else(|e| panic!("{e}"));
     GraphSpec {
         plan: fusion_compiler::fuse::plan(ir),
-        dtypes: DTYPES.to_vec(),
-        origin,
+        dtypes: dtypes.to_vec(),
+        origin: origin.to_owned(),
         fingerprint: None,
         declaration: String::new(),
     }
@@ -53,12 +58,17 @@ fn spec(graph: &str) -> GraphSpec {
 fn render(graph: &str) -> BTreeMap<String, String> {
     let library =
         codegen::render("fusion_kernels", ARCHS, &[spec(graph)]).unwrap_or_else(|e| panic!("{graph}: {e}"));
+    files_of(&library)
+}
+
+/// A library's units and wrappers: file name → contents.
+fn files_of(library: &codegen::KernelLibrary) -> BTreeMap<String, String> {
     let mut files: BTreeMap<String, String> = library
         .units
         .iter()
         .map(|unit| (format!("{}.cu", unit.symbol), unit.source.clone()))
         .collect();
-    files.insert("wrappers.rs".into(), wrappers::generate(&library, true, FFI_RS));
+    files.insert("wrappers.rs".into(), wrappers::generate(library, true, FFI_RS));
     files
 }
 
@@ -350,4 +360,41 @@ fn generated_code_matches_golden_files() {
          `FUSION_BLESS=1 cargo test -p fusion-compiler --test golden` and review `git diff fusion-compiler/tests/golden`.",
         report.join("\n")
     );
+}
+
+/// Two FP8 graphs (`graphs/fp8/`) as a build with `FUSION_FP8=experimental`
+/// renders them for sm80 and sm90: one sm90 unit each, with A's and B's
+/// scales as the chain's first step (per tensor for `fp8_gemm_bias`, per
+/// output channel for `fp8_gemm_bias_gelu`), and wrappers that export its
+/// launcher. The default build's files (the other golden tests) are
+/// unchanged by the option.
+#[test]
+fn fp8_units_match_their_golden_files() {
+    let mut cache = TunedCache::default();
+    cache.fp8 = true;
+    for (graph, chain) in [
+        (
+            "fp8_gemm_bias",
+            "fusion::EpilogueChain<fusion::Dequantize<false>, fusion::Bias>",
+        ),
+        (
+            "fp8_gemm_bias_gelu",
+            "fusion::EpilogueChain<fusion::Dequantize<true>, fusion::Bias, fusion::Gelu>",
+        ),
+    ] {
+        let spec = spec_at(&format!("graphs/fp8/{graph}.toml"), &[DType::F8E4M3]);
+        let library = codegen::render_tuned("fusion_kernels", ARCHS, &[spec], &[], &cache)
+            .unwrap_or_else(|e| panic!("{graph}: {e}"));
+        let rendered = files_of(&library);
+        check_golden(graph, &rendered);
+        let [unit] = &library.units[..] else {
+            panic!("{graph}: one unit, the sm90 FP8 GEMM");
+        };
+        assert_eq!(unit.archs, [Arch::Sm90], "{graph}");
+        assert!(
+            unit.source.contains(&format!("using Chain = {chain};")),
+            "{graph}"
+        );
+        assert!(unit.source.contains("using Element = __nv_fp8_e4m3;"), "{graph}");
+    }
 }

@@ -189,11 +189,12 @@ impl Builder {
         let files = self.collect(cargo)?;
         let tuned = self.tuned_path();
         if cargo {
-            for name in
-                Arch::BUILD_ENV
-                    .into_iter()
-                    .chain([TUNED_ENV, SELECT_ENV, crate::select::guard::GUARD_ENV])
-            {
+            for name in Arch::BUILD_ENV.into_iter().chain([
+                TUNED_ENV,
+                SELECT_ENV,
+                crate::select::guard::GUARD_ENV,
+                codegen::FP8_ENV,
+            ]) {
                 println!("cargo:rerun-if-env-changed={name}");
             }
             if let Some(path) = &tuned {
@@ -213,16 +214,25 @@ impl Builder {
         // The fusions the tuned tables of these archs measured to lose are
         // not formed (crate::fuse::split).
         let rules = crate::select::split_rules(&archs).map_err(|e| BuildError::Config(e.to_string()))?;
+        let fp8 = fp8_kernels()?;
         let mut declared = files
             .iter()
-            .map(|path| self.toml_graph(path, &rules))
+            .map(|path| self.toml_graph(path, &rules, fp8))
             .collect::<Result<Vec<_>, _>>()?;
         for path in &self.rust_sources {
             if cargo {
                 println!("cargo:rerun-if-changed={}", path.display());
             }
             for graph in super::sources::read_macro_graphs(path)? {
-                let dtypes = self.dtypes_for(&graph.graph, &graph.origin)?;
+                let dtypes = self.dtypes_for(&graph.graph, &graph.origin, fp8)?;
+                // `fusion_graph!` expands to the graph's struct, which an FP8
+                // graph does not get (codegen::wrappers exports its launchers).
+                if graph.graph.has_fp8() {
+                    return Err(BuildError::Config(format!(
+                        "{}: graph `{}` has FP8 tensors, and FUSION_FP8=experimental generates their kernels for TOML graphs only: `fusion_graph!` expands to a graph struct, which the run time cannot give FP8 graphs yet; declare it in a TOML file",
+                        graph.origin, graph.graph.name
+                    )));
+                }
                 declared.push(Declared {
                     spec: GraphSpec {
                         plan: crate::fuse::plan_with(graph.graph, &rules),
@@ -248,6 +258,7 @@ impl Builder {
         cache.guard = crate::select::guard::guard_from_env()
             .map_err(BuildError::Config)?
             .then(crate::select::guard::Guard::shipped_sm90);
+        cache.fp8 = fp8;
         codegen::render_tuned(lib_name, &archs, &specs, &[], &cache)
             .map_err(|e| BuildError::Config(e.to_string()))
     }
@@ -327,11 +338,23 @@ impl Builder {
     }
 
     /// The dtypes to compile a graph for: [`Builder::dtypes`], else the one
-    /// it declares.
-    fn dtypes_for(&self, graph: &crate::ir::Graph, origin: &str) -> Result<Vec<DType>, BuildError> {
+    /// it declares. An FP8 graph is compiled as declared, never re-typed
+    /// (its scales would mean nothing), and only where the build asks for
+    /// FP8 kernels (`fp8`: [`fp8_kernels`]).
+    fn dtypes_for(
+        &self,
+        graph: &crate::ir::Graph,
+        origin: &str,
+        fp8: bool,
+    ) -> Result<Vec<DType>, BuildError> {
         // Before the mixed-dtype check, which an FP8 graph (FP8 operands,
         // f32 scales) would fail with a less useful message.
-        codegen::refuse_fp8(graph).map_err(|e| BuildError::Config(format!("{origin}: {e}")))?;
+        if graph.has_fp8() {
+            if !fp8 {
+                codegen::refuse_fp8(graph).map_err(|e| BuildError::Config(format!("{origin}: {e}")))?;
+            }
+            return Ok(vec![DType::F8E4M3]);
+        }
         let mut declared: Vec<DType> = graph.tensors.iter().map(|t| t.dtype).collect();
         declared.sort_by_key(|d| d.name());
         declared.dedup();
@@ -376,12 +399,17 @@ impl Builder {
         Ok(files)
     }
 
-    fn toml_graph(&self, path: &Path, rules: &[crate::fuse::SplitRule]) -> Result<Declared, BuildError> {
+    fn toml_graph(
+        &self,
+        path: &Path,
+        rules: &[crate::fuse::SplitRule],
+        fp8: bool,
+    ) -> Result<Declared, BuildError> {
         let source = SourceFile::read(path).map_err(|d| BuildError::Config(d.message))?;
         let decl = crate::syntax::parse_toml(&source).map_err(|e| BuildError::Config(e.render(&source)))?;
         let graph = crate::ir::lower(&decl).map_err(|e| BuildError::Config(e.render(&source)))?;
         let origin = path.display().to_string();
-        let dtypes = self.dtypes_for(&graph, &origin)?;
+        let dtypes = self.dtypes_for(&graph, &origin, fp8)?;
         Ok(Declared {
             spec: GraphSpec {
                 plan: crate::fuse::plan_with(graph, rules),
@@ -461,6 +489,25 @@ fn write_if_changed(path: &Path, text: &str) -> Result<(), BuildError> {
         std::fs::write(path, text).map_err(BuildError::io("cannot write", path))?;
     }
     Ok(())
+}
+
+/// Whether `FUSION_FP8` ([`codegen::FP8_ENV`]) asks for FP8 kernels:
+/// `experimental` yes (sm90's FP8 GEMM, not yet run on a GPU); unset or
+/// empty no (FP8 graphs are refused); anything else is an error naming the
+/// value it takes. A build script that adds FP8 graphs only when they are
+/// asked for reads it here too.
+pub fn fp8_kernels() -> Result<bool, BuildError> {
+    let env = codegen::FP8_ENV;
+    match std::env::var(env).as_deref() {
+        Ok("experimental") => Ok(true),
+        Ok("") | Err(std::env::VarError::NotPresent) => Ok(false),
+        Ok(other) => Err(BuildError::Config(format!(
+            "{env}={other:?}: it takes `experimental` (generate sm90 kernels for FP8 GEMMs, not yet checked on a GPU) or nothing"
+        ))),
+        Err(std::env::VarError::NotUnicode(value)) => Err(BuildError::Config(format!(
+            "{env}={value:?} is not Unicode: it takes `experimental`"
+        ))),
+    }
 }
 
 /// Whether `FUSION_SELECT` ([`SELECT_ENV`]) asks for the model's tiles:
@@ -581,8 +628,10 @@ mod tests {
         }
     }
 
-    /// A graph with FP8 tensors is refused before the mixed-dtype check
-    /// (its scales are f32) and before `Builder::dtypes` could re-type it.
+    /// A graph with FP8 tensors is refused (without FUSION_FP8=experimental,
+    /// which this test leaves unset, as does every other test here) before
+    /// the mixed-dtype check (its scales are f32) and before
+    /// `Builder::dtypes` could re-type it; the message names the option.
     #[test]
     fn an_fp8_graph_is_refused_by_the_build_not_re_typed() {
         let fp8 = "[graph]\nname = \"g\"\n[inputs]\nx = \"f8e4m3[8, 8] scale s\"\n[weights]\ns = \"f32[1]\"\n\
@@ -592,7 +641,8 @@ mod tests {
             message,
             format!(
                 "{}: graph `g`: FP8 kernels are not generated yet, and `x` and `w` are f8e4m3; the front ends, \
-                 the IR's checks and the CPU reference take FP8 graphs, but no GPU mainloop computes them",
+                 the IR's checks and the CPU reference take FP8 graphs, but no GPU mainloop computes them; a build \
+                 with FUSION_FP8=experimental generates sm90 kernels for FP8 GEMMs (not yet checked on a GPU)",
                 graphs.join("g.toml").display()
             )
         );

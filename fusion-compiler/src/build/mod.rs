@@ -49,7 +49,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 pub use crate::generated::MACRO_GRAPHS_DIR;
-pub use builder::{Builder, BuiltLibrary};
+pub use builder::{Builder, BuiltLibrary, fp8_kernels};
 pub use compile::DEFAULT_NVCC_FLAGS;
 pub use manifest::MANIFEST_FILE;
 pub use nvcc::Nvcc;

@@ -29,10 +29,10 @@ pub mod graph_literal;
 pub mod templates;
 pub mod wrappers;
 
-use crate::fuse::{Activation, Composition, EpilogueStep, NormKind, Plan};
+use crate::fuse::{Activation, Composition, EpilogueStep, FusedKernel, NormKind, Plan, Role};
 use crate::gemm_model::{Costs, UnitTiers};
 use crate::guard_model::GuardCosts;
-use crate::ir::{DType, Graph, WeightLayout};
+use crate::ir::{DType, Extent, Graph, WeightLayout};
 use crate::select::{
     self, Arch, ConfigSource, KernelConfig, KernelKind, SelectError, TileConfig, TunedCache, TunedTable,
 };
@@ -81,6 +81,21 @@ pub struct GraphSpec {
     pub declaration: String,
 }
 
+/// How an FP8 GEMM's weight is scaled, which its unit's first epilogue
+/// step (`fusion::Dequantize`, with A's per-tensor scale) follows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WeightScale {
+    /// One f32 for the whole weight (`f32[1]`).
+    PerTensor,
+    /// One f32 per output channel (`f32[N]`).
+    PerChannel,
+}
+
+/// The build option that turns on FP8 kernel generation:
+/// `FUSION_FP8=experimental` (read by `crate::build`, carried to [`render_tuned`]
+/// as [`TunedCache::fp8`]).
+pub const FP8_ENV: &str = "FUSION_FP8";
+
 /// What one distinct kernel is: everything its unit's source depends on.
 // A build holds one key per unit (tens of them), so the GEMM variant's
 // size (its tile configs inline) costs nothing worth a box.
@@ -97,8 +112,11 @@ pub enum KernelKey {
         gate: Option<Activation>,
         /// The epilogue chain.
         steps: Vec<EpilogueStep>,
-        /// The element type.
+        /// The element type: of A, B and C, or of A and B for an FP8 GEMM
+        /// (f8e4m3), which writes bf16.
         dtype: DType,
+        /// An FP8 GEMM's weight scale; `None` for the others.
+        weight_scale: Option<WeightScale>,
         /// The generation whose mainloop it runs.
         arch: Arch,
         /// Its tile configs.
@@ -286,10 +304,41 @@ pub enum CodegenError {
     )]
     /// The library name is not usable in C symbols.
     LibName(String),
-    /// The graph has FP8 tensors, for which no kernel is generated yet
-    /// ([`Graph::fp8_refusal`] says which).
-    #[error("{0}")]
+    /// The graph has FP8 tensors, and the build did not ask for FP8
+    /// kernels ([`FP8_ENV`]; [`Graph::fp8_refusal`] says which tensors).
+    #[error(
+        "{0}; a build with FUSION_FP8=experimental generates sm90 kernels for FP8 GEMMs (not yet checked on a GPU)"
+    )]
     Fp8NotGenerated(String),
+    /// FP8 kernels are asked for, but none of the generations built has
+    /// them: only sm90's mainloop multiplies e4m3 (wgmma).
+    #[error(
+        "{origin}: graph `{graph}` has FP8 tensors, and FP8 kernels need sm90 (wgmma's e4m3 form); this build is for {archs}: build for sm90 as well"
+    )]
+    Fp8NeedsSm90 {
+        /// Where the graph was declared.
+        origin: String,
+        /// The graph's name.
+        graph: String,
+        /// The generations built, `sm75, sm80`.
+        archs: String,
+    },
+    /// An FP8 GEMM the sm90 kernel does not compute yet: a weight stored
+    /// [K, N], a gated GEMM, a weight scale that is neither per tensor nor
+    /// per output channel.
+    #[error("{origin}: graph `{graph}`, kernel #{kernel} (`{composition}`): {message}")]
+    Fp8Unsupported {
+        /// Where the graph was declared.
+        origin: String,
+        /// The graph's name.
+        graph: String,
+        /// The kernel's index in the plan.
+        kernel: usize,
+        /// The kernel's composition name.
+        composition: String,
+        /// What it asks for and what to do instead.
+        message: String,
+    },
     /// A template failed to render.
     #[error("rendering {template}: {message}")]
     Template {
@@ -393,11 +442,12 @@ pub fn render_tuned(
     // vendor path ([`KernelVariants::vendor_norm`]).
     let mut vendor_norms: Vec<Vec<Vec<KernelKey>>> = Vec::new();
     for spec in graphs {
-        check_dtypes(spec, &archs)?;
+        check_dtypes(spec, &archs, cache.fp8)?;
         let mut graph_uses = Vec::new();
         let mut graph_routes = Vec::new();
         let mut graph_norms = Vec::new();
         for (index, kernel) in spec.plan.kernels.iter().enumerate() {
+            let weight_scale = fp8_weight_scale(spec, index, kernel)?;
             let mut kernel_uses = Vec::new();
             // The buckets every dtype's verdict sends to the vendor path.
             let mut route: Option<select::guard::Route> = None;
@@ -405,11 +455,15 @@ pub fn render_tuned(
             for &dtype in &spec.dtypes {
                 for (&arch, table) in archs.iter().zip(&tables).filter(|(a, _)| a.supports(dtype)) {
                     let (n, k) = kernel.static_n_and_k(&spec.plan.graph);
-                    let (key, warning) = kernel_key(&kernel.composition, dtype, arch, table, cache, n, k)?;
+                    let (key, warning) =
+                        kernel_key(&kernel.composition, dtype, weight_scale, arch, table, cache, n, k)?;
                     // Where the build has the model but left the tile to the
-                    // call, the tiers the run time chooses among.
+                    // call, the tiers the run time chooses among (the model
+                    // and the guard are of 16-bit GEMMs).
                     let tiers = match (&key, &kernel.composition, &cache.model) {
-                        (KernelKey::Gemm { config, .. }, Composition::Gemm(gemm), Some(_)) => {
+                        (KernelKey::Gemm { config, .. }, Composition::Gemm(gemm), Some(_))
+                            if !dtype.is_fp8() =>
+                        {
                             select::model::run_time_tiers(arch, &KernelKind::of(gemm, dtype), n, k, config)
                         }
                         _ => None,
@@ -433,7 +487,7 @@ pub fn render_tuned(
                         entry.used_by.push(user);
                     }
                     let mut call_route = None;
-                    if let KernelKey::Gemm { config, .. } = &key {
+                    if let (KernelKey::Gemm { config, .. }, false) = (&key, dtype.is_fp8()) {
                         if let Some(this) =
                             select::guard::route(cache, arch, kernel, &spec.plan.graph, dtype, config)
                         {
@@ -588,13 +642,33 @@ pub fn refuse_fp8(graph: &Graph) -> Result<(), CodegenError> {
         .map_or(Ok(()), |message| Err(CodegenError::Fp8NotGenerated(message)))
 }
 
-/// Kernels take f16 or bf16 only.
-fn check_dtypes(spec: &GraphSpec, archs: &[Arch]) -> Result<(), CodegenError> {
-    refuse_fp8(&spec.plan.graph)?;
+/// Kernels take f16 or bf16, or, where the build asks for them (`fp8`:
+/// [`FP8_ENV`]) and builds sm90, an FP8 graph as declared.
+fn check_dtypes(spec: &GraphSpec, archs: &[Arch], fp8: bool) -> Result<(), CodegenError> {
+    let graph = &spec.plan.graph;
     let unsupported = |message: String| CodegenError::Unsupported {
-        graph: spec.plan.graph.name.clone(),
+        graph: graph.name.clone(),
         message,
     };
+    if graph.has_fp8() {
+        if !fp8 {
+            return refuse_fp8(graph);
+        }
+        if spec.dtypes != [DType::F8E4M3] {
+            return Err(unsupported(format!(
+                "{}: an FP8 graph is compiled as declared, for f8e4m3 alone: re-typed, its scales would mean nothing",
+                spec.origin
+            )));
+        }
+        if !archs.iter().any(|a| a.supports(DType::F8E4M3)) {
+            return Err(CodegenError::Fp8NeedsSm90 {
+                origin: spec.origin.clone(),
+                graph: graph.name.clone(),
+                archs: arch_list(archs),
+            });
+        }
+        return Ok(());
+    }
     if spec.dtypes.is_empty() {
         return Err(unsupported("no dtype to compile it for".into()));
     }
@@ -622,12 +696,77 @@ fn check_dtypes(spec: &GraphSpec, archs: &[Arch]) -> Result<(), CodegenError> {
     Ok(())
 }
 
+/// The weight scale of kernel `index` of `spec`'s plan where it is an FP8
+/// GEMM (its B has a scale), checked against what the sm90 kernel
+/// computes: B stored [N, K], no gate, A's scale per tensor and B's per
+/// tensor or per output channel.
+fn fp8_weight_scale(
+    spec: &GraphSpec,
+    index: usize,
+    kernel: &FusedKernel,
+) -> Result<Option<WeightScale>, CodegenError> {
+    let graph = &spec.plan.graph;
+    let Composition::Gemm(gemm) = &kernel.composition else {
+        return Ok(None);
+    };
+    let scale_of = |role: Role| {
+        kernel
+            .operand(role)
+            .and_then(|t| Some((t, graph.tensor(t).scale?)))
+    };
+    let Some((b, b_scale)) = scale_of(Role::B) else {
+        return Ok(None);
+    };
+    let refuse = |message: String| CodegenError::Fp8Unsupported {
+        origin: spec.origin.clone(),
+        graph: graph.name.clone(),
+        kernel: index,
+        composition: kernel.composition.name(),
+        message,
+    };
+    let name = |t| &graph.tensor(t).name;
+    if gemm.b_layout == WeightLayout::KN {
+        return Err(refuse(format!(
+            "the FP8 weight `{}` is stored [K, N], and 8-bit wgmma reads both operands K-major: declare it [N, K] and multiply by its transpose (`x @ w^T`), the layout FP8 checkpoints store",
+            name(b)
+        )));
+    }
+    if gemm.gate.is_some() {
+        return Err(refuse(
+            "FP8 gated GEMMs (gate and up weights interleaved) are not generated yet: write the gate and up projections as two GEMMs"
+                .to_owned(),
+        ));
+    }
+    if let Some((a, a_scale)) = scale_of(Role::A)
+        && graph.tensor(a_scale).shape[..] != [Extent::Static(1)]
+    {
+        return Err(refuse(format!(
+            "the scale `{}` of `{}` is not per tensor: the sm90 kernel takes one f32 scale for A ([1])",
+            name(a_scale),
+            name(a)
+        )));
+    }
+    let n = graph.tensor(kernel.output).shape.last();
+    match &graph.tensor(b_scale).shape[..] {
+        [Extent::Static(1)] => Ok(Some(WeightScale::PerTensor)),
+        [channels] if Some(channels) == n => Ok(Some(WeightScale::PerChannel)),
+        _ => Err(refuse(format!(
+            "the scale `{}` of `{}` is neither per tensor ([1]) nor per output channel ([N])",
+            name(b_scale),
+            name(b)
+        ))),
+    }
+}
+
 /// The distinct kernel a planned kernel with static `n` and `k` (`None`:
 /// dynamic) becomes for one dtype and arch, and why a cached config was not
-/// used, if it was not.
+/// used, if it was not. An FP8 GEMM (dtype f8e4m3, its `weight_scale`
+/// given) takes [`KernelConfig::fp8_sm90`]: nothing is tuned for FP8 yet.
+#[allow(clippy::too_many_arguments)]
 fn kernel_key(
     composition: &Composition,
     dtype: DType,
+    weight_scale: Option<WeightScale>,
     arch: Arch,
     table: &TunedTable,
     cache: &TunedCache,
@@ -636,14 +775,23 @@ fn kernel_key(
 ) -> Result<(KernelKey, Option<String>), CodegenError> {
     Ok(match composition {
         Composition::Gemm(gemm) => {
-            let kind = KernelKind::of(gemm, dtype);
-            let selected = select::select_tuned(table, cache, arch, &kind, n, k)?;
+            let selected = if dtype.is_fp8() {
+                select::Selected {
+                    config: KernelConfig::fp8_sm90(),
+                    origin: ConfigSource::fp8_sm90(),
+                    tuned_for: None,
+                    warning: None,
+                }
+            } else {
+                select::select_tuned(table, cache, arch, &KernelKind::of(gemm, dtype), n, k)?
+            };
             let key = KernelKey::Gemm {
                 prologue: gemm.prologue.map(|p| p.kind),
                 layout: gemm.b_layout,
                 gate: gemm.gate,
                 steps: gemm.epilogue.clone(),
                 dtype,
+                weight_scale,
                 arch,
                 config: selected.config,
                 origin: selected.origin,
@@ -669,20 +817,27 @@ fn kernel_key(
 }
 
 /// `<lib>_<composition>_<layout>_<dtype>_<archs>` for GEMMs (the archs keep
-/// two configs of one composition apart), with `_n<N>_k<K>` for configs from
+/// two configs of one composition apart; an FP8 GEMM whose weight is scaled
+/// per output channel has `_per_channel` after its dtype), with `_n<N>_k<K>` for configs from
 /// a tuned cache (which differ by shape), `<lib>_<op>_<dtype>` otherwise.
 fn symbol_for(lib_name: &str, key: &KernelKey, composition: &str, archs: &[Arch]) -> String {
     match key {
         KernelKey::Gemm {
             layout,
             dtype,
+            weight_scale,
             tuned_for,
             ..
         } => {
             let archs: Vec<&str> = archs.iter().map(|a| a.name()).collect();
             let shape = tuned_for.map_or(String::new(), |(n, k)| format!("_n{n}_k{k}"));
+            let per_channel = if *weight_scale == Some(WeightScale::PerChannel) {
+                "_per_channel"
+            } else {
+                ""
+            };
             format!(
-                "{lib_name}_{composition}_{}_{dtype}_{}{shape}",
+                "{lib_name}_{composition}_{}_{dtype}{per_channel}_{}{shape}",
                 layout_name(*layout).to_ascii_lowercase(),
                 archs.join("_")
             )
@@ -706,6 +861,7 @@ fn describe_key(key: &KernelKey) -> String {
             gate,
             steps,
             dtype,
+            weight_scale,
             ..
         } => {
             let name = crate::fuse::pattern::composed_name(*prologue, *gate, steps);
@@ -713,7 +869,12 @@ fn describe_key(key: &KernelKey) -> String {
                 WeightLayout::KN => "B [K, N]",
                 WeightLayout::NK => "B [N, K]",
             };
-            format!("{name} ({layout}), {dtype}")
+            let scale = match weight_scale {
+                None => "",
+                Some(WeightScale::PerTensor) => " (weight scaled per tensor)",
+                Some(WeightScale::PerChannel) => " (weight scaled per channel)",
+            };
+            format!("{name} ({layout}), {dtype}{scale}")
         }
         KernelKey::Norm { kind, dtype } => format!("{}, {dtype}", kind.name()),
         KernelKey::Elementwise { steps, dtype } => {
@@ -747,6 +908,7 @@ fn render_unit(
             gate,
             steps,
             dtype,
+            weight_scale,
             arch,
             config,
             origin,
@@ -860,7 +1022,10 @@ fn render_unit(
                 "layout": layout_name(*layout),
                 "layout_doc": match layout { WeightLayout::KN => "[K, N]", WeightLayout::NK => "[N, K]" },
                 "prologue": prologue,
-                "chain": chain_type(*gate, steps),
+                "chain": chain_type(*gate, steps, *weight_scale),
+                // What C holds: the operands' type, or bf16 for FP8 ones.
+                "output": if dtype.is_fp8() { "fusion::OutputOf<Element>" } else { "Element" },
+                "scaled": weight_scale.is_some(),
                 "gated": gate.is_some(),
                 "fold_weights": folded.is_some() || gate.is_some(),
                 "large_tile": config.large.cpp_type(),
@@ -903,9 +1068,17 @@ fn render_unit(
 
 /// The unit's epilogue chain type (kernels/include/fusion/epilogue.cuh):
 /// `fusion::EpilogueChain<fusion::Bias, fusion::Gelu>`, or for a gated GEMM
-/// `fusion::GatedChain<fusion::Silu, fusion::EpilogueChain<>>`.
-fn chain_type(gate: Option<Activation>, steps: &[EpilogueStep]) -> String {
-    let steps: Vec<&str> = steps.iter().map(|s| s.cuda_type()).collect();
+/// `fusion::GatedChain<fusion::Silu, fusion::EpilogueChain<>>`. An FP8
+/// GEMM's starts with its scales, `fusion::Dequantize<per channel>`.
+fn chain_type(gate: Option<Activation>, steps: &[EpilogueStep], weight_scale: Option<WeightScale>) -> String {
+    let dequantize = weight_scale.map(|scale| match scale {
+        WeightScale::PerTensor => "fusion::Dequantize<false>",
+        WeightScale::PerChannel => "fusion::Dequantize<true>",
+    });
+    let steps: Vec<&str> = dequantize
+        .into_iter()
+        .chain(steps.iter().map(|s| s.cuda_type()))
+        .collect();
     let chain = format!("fusion::EpilogueChain<{}>", steps.join(", "));
     match gate {
         Some(activation) => format!(

@@ -1195,6 +1195,165 @@ fn an_fp8_graph_is_refused_naming_its_fp8_tensors() {
     assert_eq!(
         err.to_string(),
         "graph `fp8`: FP8 kernels are not generated yet, and `x` and `w` are f8e4m3; the front ends, the IR's \
-         checks and the CPU reference take FP8 graphs, but no GPU mainloop computes them"
+         checks and the CPU reference take FP8 graphs, but no GPU mainloop computes them; a build with \
+         FUSION_FP8=experimental generates sm90 kernels for FP8 GEMMs (not yet checked on a GPU)"
     );
+}
+
+/// A cache that carries `FUSION_FP8=experimental`.
+fn fp8_enabled() -> TunedCache {
+    let mut cache = TunedCache::default();
+    cache.fp8 = true;
+    cache
+}
+
+/// An FP8 graph from text (`fp8.toml`), compiled as declared.
+fn fp8_spec(outputs: &str, weights: &str) -> GraphSpec {
+    let source = crate::diagnostic::SourceFile::new(
+        "fp8.toml",
+        format!(
+            "[graph]\nname = \"fp8\"\n[dims]\nM = \"dyn\"\nK = 64\nN = 32\n\
+             [inputs]\nx = \"f8e4m3[M, K] scale x_scale\"\n\
+             [weights]\nx_scale = \"f32[1]\"\nb = \"bf16[N]\"\n{weights}\n[outputs]\n{outputs}\n"
+        ),
+    );
+    let graph = crate::graph_from_source(&source).unwrap_or_else(|e| panic!("{e:?}"));
+    GraphSpec {
+        plan: crate::fuse::plan(graph),
+        dtypes: vec![DType::F8E4M3],
+        origin: "fp8.toml".into(),
+        fingerprint: None,
+        declaration: String::new(),
+    }
+}
+
+const PER_TENSOR: &str = "w = \"f8e4m3[N, K] scale w_scale\"\nw_scale = \"f32[1]\"";
+const PER_CHANNEL: &str = "w = \"f8e4m3[N, K] scale w_scale\"\nw_scale = \"f32[N]\"";
+
+fn render_fp8(archs: &[Arch], spec: GraphSpec) -> Result<KernelLibrary, CodegenError> {
+    render_tuned("k", archs, &[spec], &[], &fp8_enabled())
+}
+
+/// With the option, an FP8 GEMM is one sm90 unit whatever else is built:
+/// e4m3 operands, the scales first in its chain (per tensor or per output
+/// channel, which its symbol tells apart), the sm90 table's tiles with
+/// k-blocks of 128 elements and no decode kernel.
+#[test]
+fn an_fp8_gemm_is_an_sm90_unit_with_its_scales_first_in_the_chain() {
+    for (weights, dequantize, symbol) in [
+        (
+            PER_TENSOR,
+            "fusion::Dequantize<false>",
+            "k_gemm_bias_gelu_nk_f8e4m3_sm90",
+        ),
+        (
+            PER_CHANNEL,
+            "fusion::Dequantize<true>",
+            "k_gemm_bias_gelu_nk_f8e4m3_per_channel_sm90",
+        ),
+    ] {
+        let lib = render_fp8(
+            &[Arch::Sm80, Arch::Sm90],
+            fp8_spec("y = \"gelu(x @ w^T + b)\"", weights),
+        )
+        .unwrap();
+        let [unit] = &lib.units[..] else {
+            panic!(
+                "one unit: {:?}",
+                lib.units.iter().map(|u| &u.symbol).collect::<Vec<_>>()
+            );
+        };
+        assert_eq!(unit.symbol, symbol);
+        assert_eq!(unit.archs, [Arch::Sm90]);
+        assert!(
+            unit.source.contains(&format!(
+                "using Chain = fusion::EpilogueChain<{dequantize}, fusion::Bias, fusion::Gelu>;"
+            )),
+            "{}",
+            unit.source
+        );
+        assert!(unit.source.contains("using Element = __nv_fp8_e4m3;"));
+        assert!(
+            unit.source
+                .contains("args.c = static_cast<fusion::OutputOf<Element>*>(p->c);")
+        );
+        assert!(
+            unit.source
+                .contains("args.epilogue.scale_b = static_cast<const float*>(p->scale_b);")
+        );
+        assert!(
+            !unit.source.contains("fusion/decode.cuh"),
+            "no decode kernel for FP8 weights yet"
+        );
+        let KernelKey::Gemm { config, .. } = &unit.key else {
+            panic!("a GEMM");
+        };
+        assert!(
+            config
+                .tiers()
+                .iter()
+                .flat_map(|(_, tile)| tile)
+                .all(|tile| tile.bk == 128)
+        );
+        assert_eq!(
+            lib.graphs[0].kernels[0].variants,
+            [(DType::F8E4M3, Arch::Sm90, symbol.to_owned())]
+        );
+    }
+}
+
+/// FP8 kernels are sm90's alone: a build of older generations only is a
+/// named error that says so.
+#[test]
+fn an_fp8_graph_without_sm90_is_an_error_naming_sm90() {
+    for archs in [&[Arch::Sm80][..], &[Arch::Sm75, Arch::Sm80]] {
+        let err = render_fp8(archs, fp8_spec("y = \"x @ w^T + b\"", PER_TENSOR)).unwrap_err();
+        assert!(matches!(err, CodegenError::Fp8NeedsSm90 { .. }), "{err}");
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "fp8.toml: graph `fp8` has FP8 tensors, and FP8 kernels need sm90 (wgmma's e4m3 form); this build \
+                 is for {}: build for sm90 as well",
+                arch_list(archs)
+            )
+        );
+    }
+}
+
+/// What the sm90 FP8 kernel does not compute is refused by name: a weight
+/// stored [K, N] (8-bit wgmma reads both operands K-major), and an FP8
+/// graph re-typed.
+#[test]
+fn fp8_gemms_the_kernel_does_not_compute_are_refused_by_name() {
+    let kn = "w = \"f8e4m3[K, N] scale w_scale\"\nw_scale = \"f32[1]\"";
+    let err = render_fp8(&[Arch::Sm90], fp8_spec("y = \"x @ w + b\"", kn)).unwrap_err();
+    assert!(
+        matches!(err, CodegenError::Fp8Unsupported { kernel: 0, .. }),
+        "{err}"
+    );
+    assert_eq!(
+        err.to_string(),
+        "fp8.toml: graph `fp8`, kernel #0 (`gemm_bias`): the FP8 weight `w` is stored [K, N], and 8-bit wgmma \
+         reads both operands K-major: declare it [N, K] and multiply by its transpose (`x @ w^T`), the layout FP8 \
+         checkpoints store"
+    );
+    let mut retyped = fp8_spec("y = \"x @ w^T + b\"", PER_TENSOR);
+    retyped.dtypes = vec![DType::BF16];
+    let err = render_fp8(&[Arch::Sm90], retyped).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "graph `fp8`: fp8.toml: an FP8 graph is compiled as declared, for f8e4m3 alone: re-typed, its scales \
+         would mean nothing"
+    );
+}
+
+/// The option adds FP8 units and changes nothing else: a 16-bit graph
+/// renders the same units with it as without.
+#[test]
+fn the_fp8_option_leaves_16_bit_units_unchanged() {
+    let graphs = [spec("gemm_bias_gelu.toml", &[DType::F16, DType::BF16])];
+    let sources = |lib: KernelLibrary| lib.units.into_iter().map(|u| u.source).collect::<Vec<_>>();
+    let plain = render("k", &[Arch::Sm80, Arch::Sm90], &graphs).unwrap();
+    let with_fp8 = render_tuned("k", &[Arch::Sm80, Arch::Sm90], &graphs, &[], &fp8_enabled()).unwrap();
+    assert_eq!(sources(plain), sources(with_fp8));
 }

@@ -145,6 +145,65 @@ fn element_tokens(d: DType) -> TokenStream {
     }
 }
 
+/// An FP8 graph's items (`FUSION_FP8=experimental`): the run time does not
+/// bind or run FP8 tensors yet, so no graph struct; a module named after
+/// the graph re-exports its kernels' launchers and workspace queries
+/// (abi.h) as `kernel_<i>` and `kernel_<i>_workspace_bytes` for kernel i
+/// of its plan, for callers that pass device pointers themselves.
+fn fp8_graph_items(launchers: &GraphLaunchers) -> TokenStream {
+    let spec = &launchers.spec;
+    let module = format_ident!("{}", spec.plan.graph.name);
+    let doc = format!(
+        "The launchers of graph `{}` ({}), whose kernels are FP8 GEMMs on sm90 (generated with \
+         FUSION_FP8=experimental, not yet run on a GPU): `kernel_<i>` is kernel i of its plan, \
+         called with a `fusion::abi::fusion_gemm_params` whose `scale_a` and `scale_b` point at the \
+         f32 scales, and `kernel_<i>_workspace_bytes` its workspace query.\n\nFusion plan:\n\n\
+         ```text\n{}\n```\n",
+        spec.plan.graph.name, spec.origin, spec.plan
+    );
+    let exports = launchers.kernels.iter().enumerate().flat_map(|(index, kernel)| {
+        kernel.variants.iter().map(move |(_, _, symbol)| {
+            let (launch, query) = (
+                format_ident!("{symbol}"),
+                format_ident!("{symbol}_workspace_bytes"),
+            );
+            let (alias, query_alias) = (
+                format_ident!("kernel_{index}"),
+                format_ident!("kernel_{index}_workspace_bytes"),
+            );
+            let safety = "\n\n# Safety\n\n`p` points at params whose pointers are device memory of the \
+                          shapes they give (abi.h), and `stream` is a CUDA stream of the current context or null.";
+            let launch_doc = format!("Launches kernel {index} (`{symbol}`); returns a cudaError_t.{safety}");
+            let query_doc = format!(
+                "Writes the workspace bytes kernel {index} needs for `p` to `bytes`; returns a cudaError_t.{safety}"
+            );
+            quote! {
+                #[doc = #launch_doc]
+                pub unsafe fn #alias(p: *const fusion::abi::fusion_gemm_params, stream: *mut std::ffi::c_void) -> i32 {
+                    // SAFETY: the caller's.
+                    unsafe { super::ffi::#launch(p, stream) }
+                }
+                #[doc = #query_doc]
+                pub unsafe fn #query_alias(
+                    p: *const fusion::abi::fusion_gemm_params,
+                    stream: *mut std::ffi::c_void,
+                    bytes: *mut u64,
+                ) -> i32 {
+                    // SAFETY: the caller's.
+                    unsafe { super::ffi::#query(p, stream, bytes) }
+                }
+            }
+        })
+    });
+    quote! {
+        #[doc = #doc]
+        #[allow(dead_code, unused_imports)]
+        pub mod #module {
+            #(#exports)*
+        }
+    }
+}
+
 /// What every graph struct says about threads, the rest in the run
 /// time's documentation, once for every graph.
 const THREADS_DOC: &str = " `Send` and `Sync`; every call takes the intermediates and the kernels' \
@@ -187,6 +246,9 @@ fn graph_doc(spec: &super::GraphSpec) -> String {
 }
 
 fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool) -> TokenStream {
+    if launchers.spec.plan.graph.has_fp8() {
+        return fp8_graph_items(launchers);
+    }
     let spec = &launchers.spec;
     let plan = &spec.plan;
     let graph = &plan.graph;

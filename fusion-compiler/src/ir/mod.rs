@@ -335,6 +335,11 @@ impl Graph {
         }
     }
 
+    /// Whether any of its tensors is FP8.
+    pub fn has_fp8(&self) -> bool {
+        self.tensors.iter().any(|t| t.dtype.is_fp8())
+    }
+
     /// Why no kernel can be generated for this graph, if it has FP8
     /// tensors: the front ends, the IR's checks and the CPU reference take
     /// them, but no GPU mainloop computes them yet.

@@ -169,6 +169,27 @@ impl KernelConfig {
         tiers
     }
 
+    /// The config of every sm90 FP8 GEMM: the cooperative 128x128 tile
+    /// (6 stages) for large M and 64x128 (8 stages) for M <= 512, the
+    /// 16-bit table's small-M pair, with k-blocks of 128 FP8 elements: the
+    /// same 128 bytes a row of A and B as their 64 16-bit ones, so the same
+    /// stages fit beside the whole staging tile (which a residual or mul
+    /// needs). No wider tile: an FP8 consumer holds its accumulators twice
+    /// (`kPromote` in kernels/include/fusion/sm90/collective_mainloop.cuh).
+    /// Not tuned or measured for FP8; no decode kernel (it reads 16-bit
+    /// weights) and no tile per M bucket (the model is of 16-bit GEMMs).
+    pub const fn fp8_sm90() -> KernelConfig {
+        KernelConfig {
+            large: TileConfig::sm90(128, 128, 6, None).with_fp8_block(),
+            small_m: Some(TileConfig::sm90(64, 128, 8, None).with_fp8_block()),
+            small_m_max: Some(512),
+            small_m_alt: None,
+            large_alt: None,
+            decode_max_m: None,
+            by_m: None,
+        }
+    }
+
     /// Up to which M a kernel with B in `layout` runs the decode kernel:
     /// `decode_max_m` for [N, K], none for [K, N].
     pub fn decode_for(&self, layout: WeightLayout) -> Option<u32> {
@@ -185,6 +206,16 @@ pub struct ConfigSource {
     /// The entry's key (`gemm_bias_gelu.f16`); for a tuned cache, the
     /// entries' keys.
     pub entry: String,
+}
+
+impl ConfigSource {
+    /// Where [`KernelConfig::fp8_sm90`] comes from, for the unit's checks.
+    pub fn fp8_sm90() -> ConfigSource {
+        ConfigSource {
+            file: "fusion-compiler/src/select/mod.rs".to_owned(),
+            entry: "KernelConfig::fp8_sm90 (not tuned)".to_owned(),
+        }
+    }
 }
 
 impl fmt::Display for ConfigSource {

@@ -235,6 +235,10 @@ pub struct TunedCache {
     /// unfused vendor path run that path. A build sets it for
     /// `FUSION_GUARD=on` ([`super::guard::GUARD_ENV`]).
     pub guard: Option<super::guard::Guard>,
+    /// Whether FP8 graphs get kernels (sm90's FP8 GEMM) instead of
+    /// `CodegenError::Fp8NotGenerated`. A build sets it for
+    /// `FUSION_FP8=experimental` (`crate::codegen::FP8_ENV`).
+    pub fp8: bool,
 }
 
 impl TunedCache {

@@ -10,7 +10,9 @@ pub(super) static TARGET: Target = Target {
     // there is no PTX to carry.
     gencode: "-gencode=arch=compute_90a,code=sm_90a",
     sass_gencode: "-gencode=arch=compute_90a,code=sm_90a",
-    dtypes: &[DType::F16, DType::BF16],
+    // e4m3 only for the FP8 GEMM (A and B e4m3, C bf16), which a build
+    // generates with FUSION_FP8=experimental.
+    dtypes: &[DType::F16, DType::BF16, DType::F8E4M3],
     mainloop_type: "fusion::sm90::Mainloop",
     mainloop_header: "fusion/sm90/mainloop.cuh",
     tile_space,
@@ -69,6 +71,21 @@ impl TileConfig {
                 cluster_m: 0,
             }),
         }
+    }
+}
+
+/// The k-block of the sm90 template's `TileConfig` unless given: 64
+/// 16-bit elements, one 128-byte row of A and B.
+const BK_16_BIT: u32 = 64;
+/// The k-block of an FP8 tile: 128 e4m3 elements, the same 128 bytes.
+const BK_FP8: u32 = 128;
+
+impl TileConfig {
+    /// This sm90 tile for FP8 operands: k-blocks of 128 elements, the same
+    /// bytes a row of A and B as its 64 16-bit ones, so the same shared
+    /// memory per stage.
+    pub const fn with_fp8_block(self) -> TileConfig {
+        TileConfig { bk: BK_FP8, ..self }
     }
 }
 
@@ -163,14 +180,18 @@ impl Fields {
         )
     }
 
-    /// BK is fixed by the template, so it is not an argument; each unit
-    /// asserts that the entry's `bk` is the template's.
+    /// BK is the template's default (64) for 16-bit tiles, so it is not an
+    /// argument; an FP8 tile's 128 is the last one, after the cluster and
+    /// the default grouping (`fusion::kGroupRows`, gemm.cuh). Each unit asserts that the entry's
+    /// `bk` is the type's.
     pub(super) fn cpp_type(&self, c: &TileConfig) -> String {
         let schedule = match self.schedule() {
             Schedule::Cooperative => "Cooperative",
             Schedule::PingPong => "PingPong",
         };
-        let cluster = if self.cluster_m > 1 {
+        let cluster = if c.bk != BK_16_BIT {
+            format!(", {}, fusion::kGroupRows, {}", self.cluster_m.max(1), c.bk)
+        } else if self.cluster_m > 1 {
             format!(", {}", self.cluster_m)
         } else {
             String::new()

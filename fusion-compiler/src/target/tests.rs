@@ -115,6 +115,12 @@ fn dtypes() {
         assert!(arch.supports(DType::F16) && arch.supports(DType::BF16));
     }
     assert!(Arch::ALL.iter().all(|a| !a.supports(DType::F32)));
+    // e4m3 only where wgmma multiplies it (the FP8 GEMM, FUSION_FP8=experimental).
+    let fp8: Vec<Arch> = Arch::ALL
+        .into_iter()
+        .filter(|a| a.supports(DType::F8E4M3))
+        .collect();
+    assert_eq!(fp8, [Arch::Sm90]);
 }
 
 #[test]

@@ -66,6 +66,8 @@ typedef struct fusion_gemm_params {
   uint32_t flags;           /* FUSION_GEMM_* bits */
   void* workspace;          /* see <symbol>_workspace_bytes; null for none */
   uint64_t workspace_bytes; /* the size of `workspace` */
+  const void* scale_a;      /* f32 [1]: an FP8 GEMM's scale of A (null for others) */
+  const void* scale_b;      /* f32 [1] or [n]: an FP8 GEMM's scale of B, per tensor or per output channel */
 } fusion_gemm_params;
 
 /* fusion_gemm_params::flags: every tile runs whole on one CTA (no split-K

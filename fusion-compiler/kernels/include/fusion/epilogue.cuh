@@ -42,6 +42,10 @@ struct EpilogueArgs {
   const RowStats* row_stats;
   int64_t row_stats_m0;
   const float2* col_terms;  // [N]
+  // An FP8 GEMM's scales (Dequantize): A's, f32 [1], and B's, f32 [1] or
+  // [N] (one per output channel).
+  const float* scale_a;
+  const float* scale_b;
 };
 
 // What every activation step shares: it is a function `Derived::f` of each
@@ -193,10 +197,32 @@ struct FoldedNormStep {
   }
 };
 
+// An FP8 GEMM's first step: the accumulator of e4m3 codes times A's scale
+// and B's, B's one per tensor or (kPerColumn) one per output channel n, so
+// that the steps after it see the product of the dequantized operands.
+template <bool kPerColumn>
+struct Dequantize {
+  static constexpr bool kReadsTile = false;
+  static constexpr const char* name = kPerColumn ? "dequantize_per_column" : "dequantize";
+  static bool args_valid(const EpilogueArgs& a) { return a.scale_a != nullptr && a.scale_b != nullptr; }
+  template <typename T>
+  static __device__ __forceinline__ float2 apply(float2 v, int64_t, int64_t n, int64_t, const EpilogueArgs& a) {
+    const float scale_a = *a.scale_a;
+    if constexpr (kPerColumn) {
+      const float2 b = *reinterpret_cast<const float2*>(a.scale_b + n);  // n is even
+      return make_float2(v.x * (scale_a * b.x), v.y * (scale_a * b.y));
+    } else {
+      const float scale = scale_a * *a.scale_b;
+      return make_float2(v.x * scale, v.y * scale);
+    }
+  }
+};
+
 // Applies Steps... in order. With no steps it is the plain store of C.
 template <typename... Steps>
 struct EpilogueChain {
-  static_assert(sizeof...(Steps) <= 5, "an epilogue chain has at most 4 steps and a folded norm's correction");
+  static_assert(sizeof...(Steps) <= 5,
+                "an epilogue chain has at most 4 steps and a folded norm's correction or an FP8 GEMM's Dequantize");
 
   static bool args_valid(const EpilogueArgs& a) { return (true && ... && Steps::args_valid(a)); }
   static constexpr bool kReadsTile = (false || ... || Steps::kReadsTile);

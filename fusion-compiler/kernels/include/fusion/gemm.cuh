@@ -178,23 +178,25 @@ bool clearly_fewer_waves(int64_t m, int64_t n) {
 
 // What every GEMM kernel family relies on (FusedGemm, and the decode
 // kernel of decode.cuh). Returns cudaErrorInvalidValue when M is negative,
-// N or K is not a multiple of 8 (a gated GEMM's C columns too), K is 0, B's
-// row stride is shorter than its rows or not a multiple of 8, a pointer the
+// N is not a multiple of 8 (a gated GEMM's C columns too), K is 0 or its
+// rows are not whole 16-byte units (a multiple of 8, or of 16 for FP8), B's
+// row stride is shorter than its rows or not whole 16-byte units, a pointer the
 // composition reads is null or not 16-byte aligned, or an up weight comes
 // with a chain that is not gated, with B already folded or with B's rows
 // strided (the interleave reads dense ones).
 template <typename Prologue, typename Epilogue, LayoutB kLayout, typename T>
 cudaError_t check_gemm_args(const GemmArgs<T>& p) {
   if (p.m < 0 || p.n < 0 || p.k <= 0) return cudaErrorInvalidValue;
-  if (p.n % (kVecElems * Epilogue::kGemmColsPerOutput) != 0 || p.k % kVecElems != 0) return cudaErrorInvalidValue;
-  if (p.ldb < b_row_length<kLayout>(p) || p.ldb % kVecElems != 0) return cudaErrorInvalidValue;
+  if (p.n % (kVecElems * Epilogue::kGemmColsPerOutput) != 0 || !whole_16_bytes<T>(p.k)) return cudaErrorInvalidValue;
+  if (p.ldb < b_row_length<kLayout>(p) || !whole_16_bytes<T>(p.ldb)) return cudaErrorInvalidValue;
   if (p.b_up != nullptr && p.ldb != b_row_length<kLayout>(p)) return cudaErrorInvalidValue;
   if (p.b_up != nullptr && (!Epilogue::kGated || Prologue::kRowStats || !is_aligned16(p.b_up)))
     return cudaErrorInvalidValue;
   if (p.a == nullptr || p.b == nullptr || p.c == nullptr) return cudaErrorInvalidValue;
   if (!is_aligned16(p.a) || !is_aligned16(p.b) || !is_aligned16(p.c)) return cudaErrorInvalidValue;
   if (!Epilogue::args_valid(p.epilogue) || !Prologue::args_valid(p.norm)) return cudaErrorInvalidValue;
-  const void* extra[] = {p.epilogue.bias, p.epilogue.residual, p.epilogue.multiplier, p.epilogue.col_terms};
+  const void* extra[] = {p.epilogue.bias,      p.epilogue.residual, p.epilogue.multiplier,
+                         p.epilogue.col_terms, p.epilogue.scale_a,  p.epilogue.scale_b};
   for (const void* ptr : extra)
     if (ptr != nullptr && !is_aligned16(ptr)) return cudaErrorInvalidValue;
   return cudaSuccess;

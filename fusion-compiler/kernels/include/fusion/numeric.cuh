@@ -1,11 +1,13 @@
 // Element types of fusion's kernels: f16 (__half) and bf16 (__nv_bfloat16)
-// storage, f32 arithmetic. Everything that converts between the two or moves
+// storage, f32 arithmetic; e4m3 (__nv_fp8_e4m3) operands of sm90's FP8
+// GEMM, which writes bf16 (OutputOf). Everything that converts between the two or moves
 // 16-byte vectors of elements goes through here, so the mainloops, epilogues
 // and standalone kernels never spell out a conversion intrinsic themselves.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <stdint.h>
 
 namespace fusion {
@@ -16,6 +18,27 @@ constexpr int kVecElems = 8;
 
 template <typename T>
 struct Numeric;
+
+// What a GEMM whose operands are T writes: T itself, and bf16 for FP8
+// operands (the IR's dtype of an FP8 product), whose scales the epilogue
+// applies first (epilogue.cuh, Dequantize).
+template <typename T>
+struct GemmOutput {
+  using type = T;
+};
+template <>
+struct GemmOutput<__nv_fp8_e4m3> {
+  using type = __nv_bfloat16;
+};
+template <typename T>
+using OutputOf = typename GemmOutput<T>::type;
+
+// Whether `count` elements of T fill whole 16-byte units: TMA's rule for a
+// row stride, and the vector width of every other loader.
+template <typename T>
+__host__ __device__ constexpr bool whole_16_bytes(int64_t count) {
+  return count * int64_t(sizeof(T)) % 16 == 0;
+}
 
 template <>
 struct Numeric<__half> {

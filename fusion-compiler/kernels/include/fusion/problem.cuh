@@ -7,6 +7,7 @@
 
 #include "epilogue.cuh"
 #include "norm.cuh"
+#include "numeric.cuh"
 
 namespace fusion {
 
@@ -23,7 +24,9 @@ struct GemmArgs {
   // A gated GEMM's up weight when the call passes gate (b) and up apart:
   // the launch interleaves them first (gated.cuh); null otherwise.
   const T* b_up;
-  T* c;  // [M, N], or [M, N / 2] for a gated GEMM (EpilogueChain::kGemmColsPerOutput)
+  // [M, N], or [M, N / 2] for a gated GEMM (EpilogueChain::kGemmColsPerOutput);
+  // bf16 for FP8 operands (OutputOf).
+  OutputOf<T>* c;
   int64_t m, n, k;  // the GEMM's: a gated GEMM's n is twice C's columns
   // B's row stride in elements, never 0 here (the launcher fills in the
   // dense one, dense_ldb): at least a row's length, a multiple of 8.

@@ -40,9 +40,13 @@ struct GatedOutput : Config {
 
 // kStagingParts: 1 when a consumer's whole share of C fits in the staging
 // tile, 2 when only half of its columns do (the kernel decides, from what
-// is left beside the stages; see Mainloop::kStagingParts).
+// is left beside the stages; see Mainloop::kStagingParts). T is the GEMM's
+// operand type; C, the steps' operands and the staging tile are Output's
+// (bf16 for FP8 operands).
 template <typename T, typename Config, int kStagingParts_>
 struct CollectiveEpilogue {
+  using Output = OutputOf<T>;
+  static_assert(sizeof(Output) == 2, "C is stored as 16-bit elements: 64 to a 128-byte row");
   static constexpr int BN = Config::BN;
   static constexpr int kConsumers = Config::kConsumers;
   static constexpr int kRows = Config::WM;
@@ -210,7 +214,7 @@ struct CollectiveEpilogue {
           const int g = 4 * (2 * frag) + 2 * half, u = g + 4, o = 4 * frag + 2 * half;
           float2 v = make_float2(0.0f, 0.0f);
           if (!kChecked || (n < cols && (!kRowsChecked || r < rows)))
-            v = Epilogue::template apply<T>(make_float2(acc[mi][g], acc[mi][g + 1]),
+            v = Epilogue::template apply<Output>(make_float2(acc[mi][g], acc[mi][g + 1]),
                                             make_float2(acc[mi][u], acc[mi][u + 1]), m_base + r, n0 + n, args.n,
                                             args.epilogue);
           out[mi][o] = v.x;
@@ -239,13 +243,13 @@ struct CollectiveEpilogue {
     const int rows = int(args.m - m_base < kRows ? args.m - m_base : kRows);
     const int cols = int(args.n - tile.n0 < BN ? args.n - tile.n0 : BN);
     const auto chain = [&](float2 v, int64_t m, int64_t n) {
-      return Epilogue::template apply<T>(v, m, n, args.n, args.epilogue);
+      return Epilogue::template apply<Output>(v, m, n, args.n, args.epilogue);
     };
     // With a source tile: here only the steps before its step (bias, a
     // folded norm's correction, activations), whose loads are per column or
     // row; the rest below, on the source's values.
     const auto head = [&](float2 v, int64_t m, int64_t n) {
-      return Epilogue::template apply_head<T>(v, m, n, args.n, args.epilogue);
+      return Epilogue::template apply_head<Output>(v, m, n, args.n, args.epilogue);
     };
     if constexpr (Epilogue::kSourceTile) {
       if (cols == BN)
@@ -292,13 +296,13 @@ struct CollectiveEpilogue {
             if constexpr (Epilogue::kSourceTile) {
               const int n = (part * kPartFrags + frag + q / 2) * 8 + 2 * (lane % 4);
               const int64_t m = m_base + mi * 64 + row_in_block + 8 * (q % 2);
-              typename Numeric<T>::Pair src;
+              typename Numeric<Output>::Pair src;
               memcpy(&src, &packed[q], 4);
               if (cols == BN || n < cols)
-                v = Epilogue::template apply_tail<T>(v, Numeric<T>::pair_to_float2(src), m, tile.n0 + n, args.n,
+                v = Epilogue::template apply_tail<Output>(v, Numeric<Output>::pair_to_float2(src), m, tile.n0 + n, args.n,
                                                      args.epilogue);
             }
-            const typename Numeric<T>::Pair p = Numeric<T>::float2_to_pair(v);
+            const typename Numeric<Output>::Pair p = Numeric<Output>::float2_to_pair(v);
             memcpy(&packed[q], &p, 4);
           }
           stmatrix_x4(row, packed[0], packed[1], packed[2], packed[3]);

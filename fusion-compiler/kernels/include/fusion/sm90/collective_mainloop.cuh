@@ -1,20 +1,25 @@
 // The sm90 collective mainloop: a ring of kStages shared-memory stages that
-// one producer thread fills with TMA loads of A and B tiles (BK = 64,
-// 128-byte swizzle) and the consumer warp groups multiply with wgmma
-// straight from shared memory, each stage guarded by a "full" and an
-// "empty" mbarrier.
+// one producer thread fills with TMA loads of A and B tiles (k-blocks of
+// one 128-byte row: BK = 64 16-bit or 128 FP8 elements, 128-byte swizzle)
+// and the consumer warp groups multiply with wgmma straight from shared
+// memory, each stage guarded by a "full" and an "empty" mbarrier.
 //
 // The producer runs ahead across tile boundaries; the consumers hold f32
-// accumulators in registers and per stage issue wgmma m64nBNk16, keeping
-// one stage's wgmmas in flight and freeing the stage before it.
+// accumulators in registers and per stage issue four wgmmas of 32 bytes of
+// K each (m64nBNk16 for f16 and bf16, m64nBNk32 for e4m3), keeping one
+// stage's wgmmas in flight and freeing the stage before it (FP8: waiting
+// for each stage's, to add its sums into the f32 accumulators; see
+// kPromote). The bytes a stage holds, and so its descriptors and TMA
+// boxes, are the same for either element size.
 // Cooperative consumers split each tile by rows (64 each); ping-pong ones
 // take alternate tiles, so that one's epilogue overlaps the other's K loop
 // (see Schedule).
 //
 // B [N, K] (nn.Linear) is K-major like A; B [K, N] is MN-major, loaded as
-// 64-column boxes and read by wgmma with its transpose bit. TMA zero-fills
-// everything outside A and B, so any M works and N and K need only be
-// multiples of 8 (TMA's 16-byte stride rule).
+// 64-column boxes and read by wgmma with its transpose bit, which 8-bit
+// wgmma does not have: an FP8 B is [N, K]. TMA zero-fills everything
+// outside A and B, so any M works and N and K need only fill whole 16-byte
+// units (TMA's stride rule: multiples of 8, or of 16 for FP8).
 //
 // With kClusterM = 2 the CTAs of a cluster share each B tile: each loads
 // half of it and multicasts it to both, and a stage is refilled only when
@@ -48,8 +53,26 @@ struct CollectiveMainloop {
   static constexpr int kMmaM = Config::kMmaM;
   static constexpr int kAccumulators = Config::kAccumulators;
 
-  static constexpr int kABytes = BM * BK * 2;
-  static constexpr int kBBytes = BN * BK * 2;
+  static_assert(BK * int(sizeof(T)) == Config::kBlockBytes,
+                "a k-block is one 128-byte row: the tile's BK is 64 for 16-bit operands, 128 for FP8 ones");
+  static_assert(sizeof(T) == 2 || kLayout == LayoutB::NK,
+                "8-bit wgmma reads both operands K-major: an FP8 weight is [N, K]");
+  static constexpr int kABytes = BM * Config::kBlockBytes;
+  static constexpr int kBBytes = BN * Config::kBlockBytes;
+  // Each wgmma reads 32 bytes of every K-major row (k16 of 16-bit, k32 of
+  // FP8 elements): four to a k-block.
+  static constexpr int kMmaBytes = 32;
+  static constexpr int kMmasPerBlock = Config::kBlockBytes / kMmaBytes;
+  // 8-bit wgmma keeps fewer bits than f32 in its sums (about 14 on Hopper,
+  // as DeepSeek-V3's report measured), which over a long K loop costs far
+  // more than a bf16 output's rounding. An FP8 tile therefore sums each
+  // k-block (128 elements) in block_sums and adds that into its f32
+  // accumulators with ordinary adds once the block's wgmmas are done
+  // (CUTLASS's "promotion"; cuBLASLt's default, its fast accumulation off).
+  // Both sets live in registers: BN 128 at most for one row block.
+  static constexpr bool kPromote = sizeof(T) == 1;
+  static_assert(!kPromote || kMmaM * kAccumulators <= 64,
+                "an FP8 consumer holds its accumulators twice (per k-block and in total): a 64 x 128 share at most");
   static constexpr int kStageBytes = kABytes + kBBytes;
   // Consumer warps that read each stage and arrive on its empty barrier, in
   // every CTA of the cluster (a stage is refilled in all of them at once).
@@ -65,8 +88,8 @@ struct CollectiveMainloop {
   // their barriers. Two structs, as the kernel's SharedStorage keeps the
   // epilogue's staging tile, also swizzled, between them.
   struct StageTiles {
-    unsigned char a[kStages][kABytes];  // each [BM][64]
-    unsigned char b[kStages][kBBytes];  // each [BN][64] (NK) or [BN/64][64][64] (KN)
+    unsigned char a[kStages][kABytes];  // each [BM][BK]
+    unsigned char b[kStages][kBBytes];  // each [BN][BK] (NK) or [BN/64][BK][64] (KN)
   };
   static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0, "every stage starts 1024-byte aligned");
   struct Barriers {
@@ -121,7 +144,7 @@ struct CollectiveMainloop {
         } else {
 #pragma unroll
           for (int j = 0; j < BN / 64; ++j)
-            tma_load_2d(b + j * 64 * BK * 2, map_b, full, int32_t(tile.n0) + 64 * j, k0);
+            tma_load_2d(b + j * 64 * Config::kBlockBytes, map_b, full, int32_t(tile.n0) + 64 * j, k0);
         }
       } else {
         // This CTA's part of B, to both CTAs of the cluster.
@@ -134,7 +157,8 @@ struct CollectiveMainloop {
 #pragma unroll
           for (int i = 0; i < kBoxes; ++i) {
             const int j = rank * kBoxes + i;
-            tma_load_2d_multicast(b + j * 64 * BK * 2, map_b, full, int32_t(tile.n0) + 64 * j, k0, both);
+            tma_load_2d_multicast(b + j * 64 * Config::kBlockBytes, map_b, full, int32_t(tile.n0) + 64 * j, k0,
+                                  both);
           }
         }
       }
@@ -170,8 +194,16 @@ struct CollectiveMainloop {
     const int row0 = Config::share_row0(consumer);
     const uint64_t a_desc = smem_descriptor(&tiles.a[0][row0 * 128], 16, 1024);
     const uint64_t b_desc = kLayout == LayoutB::NK ? smem_descriptor(tiles.b[0], 16, 1024)
-                                                   : smem_descriptor(tiles.b[0], 64 * BK * 2, 1024);
+                                                   : smem_descriptor(tiles.b[0], 64 * Config::kBlockBytes, 1024);
     int previous = -1;
+    // kPromote: the current k-block's sums, added into acc after each block.
+    [[maybe_unused]] float block_sums[kMmaM][kAccumulators];
+    if constexpr (kPromote) {
+#pragma unroll
+      for (int mi = 0; mi < kMmaM; ++mi)
+#pragma unroll
+        for (int i = 0; i < kAccumulators; ++i) acc[mi][i] = block_sums[mi][i] = 0.0f;
+    }
     trace::Timer loop, waited;  // the K loop, and its waits on full barriers
     loop.start();
     for (int kb = 0; kb < k_blocks; ++kb) {
@@ -187,20 +219,36 @@ struct CollectiveMainloop {
       const uint64_t b_stage = b_desc + uint64_t(ring.stage) * (kBBytes >> 4);
       wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < BK / 16; ++kk) {
-        const uint64_t db = b_stage + uint64_t(kk) * (kLayout == LayoutB::NK ? 32 >> 4 : (16 * 128) >> 4);
+      for (int kk = 0; kk < kMmasPerBlock; ++kk) {
+        const uint64_t db = b_stage + uint64_t(kk) * (kLayout == LayoutB::NK ? kMmaBytes >> 4 : (16 * 128) >> 4);
 #pragma unroll
         for (int mi = 0; mi < kMmaM; ++mi) {
-          const uint64_t da = a_stage + uint64_t((mi * 64 * 128 + kk * 32) >> 4);
-          Wgmma<T, BN, kTransB>::mma(acc[mi], da, db, (kb > 0 || kk > 0) ? 1 : 0);
+          const uint64_t da = a_stage + uint64_t((mi * 64 * 128 + kk * kMmaBytes) >> 4);
+          if constexpr (kPromote)
+            Wgmma<T, BN, kTransB>::mma(block_sums[mi], da, db, kk > 0 ? 1 : 0);
+          else
+            Wgmma<T, BN, kTransB>::mma(acc[mi], da, db, (kb > 0 || kk > 0) ? 1 : 0);
         }
       }
       wgmma_commit();
       issued(kb);
-      // The stage before this one is now read: hand it back.
-      wgmma_wait<1>();
-      if (previous >= 0 && lane == 0) release(barriers, previous);
-      previous = ring.stage;
+      if constexpr (kPromote) {
+        // This block's sums are in and its stage is read: add them to the
+        // tile's and hand the stage back.
+        wgmma_wait<0>();
+#pragma unroll
+        for (int mi = 0; mi < kMmaM; ++mi) {
+          fence_registers(block_sums[mi]);
+#pragma unroll
+          for (int i = 0; i < kAccumulators; ++i) acc[mi][i] += block_sums[mi][i];
+        }
+        if (lane == 0) release(barriers, ring.stage);
+      } else {
+        // The stage before this one is now read: hand it back.
+        wgmma_wait<1>();
+        if (previous >= 0 && lane == 0) release(barriers, previous);
+        previous = ring.stage;
+      }
       ring.advance();
     }
     if (kPingPong && threadIdx.x % 128 == 0) mbarrier_arrive(&barriers.order[1 - consumer]);

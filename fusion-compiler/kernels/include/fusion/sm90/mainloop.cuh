@@ -22,7 +22,14 @@
 //
 // TMA zero-fills everything outside A and B and drops what falls outside C,
 // so any M works and N and K need only be multiples of 8 (TMA's 16-byte
-// stride rule).
+// stride rule; K a multiple of 16 for FP8).
+//
+// T is the operands' element type: f16 or bf16, or e4m3 for an FP8 GEMM
+// (A [M, K] and B [N, K] e4m3, f32 accumulators, C bf16), whose tiles take
+// the same bytes per stage (a k-block of 128 elements, tile_config.cuh) and
+// whose K loop adds each k-block's sums into its f32 accumulators
+// (collective_mainloop.cuh, kPromote) and whose epilogue chain starts with
+// its scales (epilogue.cuh, Dequantize). Its tiles are not tuned yet.
 //
 // Clusters of two CTAs sharing B through TMA multicast (kClusterM = 2, a
 // tuned entry's `cluster_m`) are correct; on an H200 they measured a little
@@ -314,7 +321,8 @@ cudaError_t Mainloop<T, kLayout, Config>::encode_maps(const GemmArgs<T>& p, CUte
   // The source tile is read in C's boxes, into C's staging tile.
   *map_src = CUtensorMap{};
   if constexpr (Epilogue::kSourceTile) {
-    err = detail::encode_matrix(map_src, static_cast<const T*>(Epilogue::source(p.epilogue)), p.m, p.n, 64, p.n);
+    err = detail::encode_matrix(map_src, static_cast<const OutputOf<T>*>(Epilogue::source(p.epilogue)), p.m, p.n,
+                                64, p.n);
     if (err != cudaSuccess) return err;
   }
   if constexpr (kLayout == LayoutB::NK)

@@ -6,6 +6,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <stdint.h>
 
 #include <type_traits>
@@ -175,9 +176,10 @@ __device__ __forceinline__ bool named_barrier_any(int id, int threads, bool pred
 
 // ---------------------------------------------------------------------------
 // wgmma shared-memory descriptors for tiles TMA wrote with 128-byte swizzle:
-// rows of 64 16-bit elements (128 bytes), 8-row groups 1024 bytes apart
-// (stride byte offset). For K-major operands one k16 step is 32 bytes along
-// the row and the leading byte offset is unused; for MN-major ones (B stored
+// rows of 128 bytes (64 16-bit or 128 FP8 elements), 8-row groups 1024
+// bytes apart (stride byte offset). For K-major operands one wgmma's K
+// (k16 of 16-bit, k32 of FP8 elements) is 32 bytes along the row and the
+// leading byte offset is unused; for MN-major ones (B stored
 // [K, N]) a k16 step is 16 rows, and the leading byte offset is the distance
 // between 64-column blocks of N. Tiles must start 1024-byte aligned.
 // ---------------------------------------------------------------------------
@@ -266,6 +268,15 @@ __device__ __forceinline__ void fence_registers(float (&acc)[kCount]) {
       : ACC                                                                                                  \
       : "l"(a), "l"(b), "r"(accumulate), "n"(kTransB))
 
+// The same for e4m3 operands, m64 x N x k32: 8-bit wgmma has no transpose
+// immediates (both operands are K-major).
+#define FUSION_WGMMA_SS_E4M3(N, REGS, ACC, DA, DB, P)                                                      \
+  asm volatile(                                                                                              \
+      "{\n.reg .pred acc;\nsetp.ne.b32 acc, %" #P ", 0;\n"                                                   \
+      "wgmma.mma_async.sync.aligned.m64n" #N "k32.f32.e4m3.e4m3 {" REGS "}, %" #DA ", %" #DB ", acc, 1, 1;\n}\n" \
+      : ACC                                                                                                  \
+      : "l"(a), "l"(b), "r"(accumulate))
+
 template <typename T, int N, int kTransB>
 struct Wgmma;
 
@@ -276,7 +287,9 @@ struct Wgmma;
 template <typename T, int kTransB>
 struct Wgmma<T, 256, kTransB> {
   static __device__ __forceinline__ void mma(float (&d)[128], uint64_t a, uint64_t b, int accumulate) {
-    if constexpr (std::is_same_v<T, __half>)
+    if constexpr (std::is_same_v<T, __nv_fp8_e4m3>)
+      FUSION_WGMMA_SS_E4M3(256, FUSION_REGS128, FUSION_ACC128, 128, 129, 130);
+    else if constexpr (std::is_same_v<T, __half>)
       FUSION_WGMMA_SS(256, "f16", FUSION_REGS128, FUSION_ACC128, 128, 129, 130, 131);
     else
       FUSION_WGMMA_SS(256, "bf16", FUSION_REGS128, FUSION_ACC128, 128, 129, 130, 131);
@@ -286,7 +299,9 @@ struct Wgmma<T, 256, kTransB> {
 template <typename T, int kTransB>
 struct Wgmma<T, 192, kTransB> {
   static __device__ __forceinline__ void mma(float (&d)[96], uint64_t a, uint64_t b, int accumulate) {
-    if constexpr (std::is_same_v<T, __half>)
+    if constexpr (std::is_same_v<T, __nv_fp8_e4m3>)
+      FUSION_WGMMA_SS_E4M3(192, FUSION_REGS96, FUSION_ACC96, 96, 97, 98);
+    else if constexpr (std::is_same_v<T, __half>)
       FUSION_WGMMA_SS(192, "f16", FUSION_REGS96, FUSION_ACC96, 96, 97, 98, 99);
     else
       FUSION_WGMMA_SS(192, "bf16", FUSION_REGS96, FUSION_ACC96, 96, 97, 98, 99);
@@ -296,7 +311,9 @@ struct Wgmma<T, 192, kTransB> {
 template <typename T, int kTransB>
 struct Wgmma<T, 128, kTransB> {
   static __device__ __forceinline__ void mma(float (&d)[64], uint64_t a, uint64_t b, int accumulate) {
-    if constexpr (std::is_same_v<T, __half>)
+    if constexpr (std::is_same_v<T, __nv_fp8_e4m3>)
+      FUSION_WGMMA_SS_E4M3(128, FUSION_REGS64, FUSION_ACC64, 64, 65, 66);
+    else if constexpr (std::is_same_v<T, __half>)
       FUSION_WGMMA_SS(128, "f16", FUSION_REGS64, FUSION_ACC64, 64, 65, 66, 67);
     else
       FUSION_WGMMA_SS(128, "bf16", FUSION_REGS64, FUSION_ACC64, 64, 65, 66, 67);
@@ -304,6 +321,7 @@ struct Wgmma<T, 128, kTransB> {
 };
 
 #undef FUSION_WGMMA_SS
+#undef FUSION_WGMMA_SS_E4M3
 #undef FUSION_REGS128
 #undef FUSION_REGS96
 #undef FUSION_REGS64

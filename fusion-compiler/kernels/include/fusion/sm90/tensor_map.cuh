@@ -29,9 +29,9 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return encode;
 }
 
-// A row-major [rows, cols] matrix of 16-bit elements whose rows start
-// `row_stride` elements apart (cols for dense rows), read in boxes of
-// box_rows x 64 columns with 128-byte swizzle. Rows whose stride is 16
+// A row-major [rows, cols] matrix of 16-bit or FP8 elements whose rows
+// start `row_stride` elements apart (cols for dense rows), read in boxes of
+// box_rows x one 128-byte row (64 or 128 columns) with 128-byte swizzle. Rows whose stride is 16
 // bytes but not 32 bytes aligned (cols an odd multiple of 8) are promoted
 // into L2 128 bytes at a time, the others 256: on an H200 such rows made
 // the GEMM 1.4-1.6x slower than rows a few elements longer, and 128-byte
@@ -43,13 +43,15 @@ cudaError_t encode_matrix(CUtensorMap* map, const T* base, int64_t rows, int64_t
                           int64_t row_stride) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (encode == nullptr) return cudaErrorNotSupported;
-  const CUtensorMapDataType type =
-      std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  // TMA moves FP8 codes as bytes.
+  const CUtensorMapDataType type = std::is_same_v<T, __half>           ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                   : std::is_same_v<T, __nv_fp8_e4m3> ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+                                                                        : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   const cuuint64_t dims[2] = {cuuint64_t(cols), cuuint64_t(rows)};
   const cuuint64_t strides[1] = {cuuint64_t(row_stride) * sizeof(T)};
   const CUtensorMapL2promotion promotion =
       strides[0] % 32 == 0 ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B : CU_TENSOR_MAP_L2_PROMOTION_L2_128B;
-  const cuuint32_t box[2] = {64, box_rows};
+  const cuuint32_t box[2] = {cuuint32_t(128 / sizeof(T)), box_rows};
   const cuuint32_t element_strides[2] = {1, 1};
   const CUresult r = encode(map, type, 2, const_cast<T*>(base), dims, strides, box, element_strides,
                             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,

@@ -4,6 +4,7 @@
 // collective_epilogue.cuh, mainloop.cuh) is instantiated with.
 #pragma once
 
+#include "../gemm.cuh"
 #include "../problem.cuh"
 
 namespace fusion {
@@ -19,8 +20,10 @@ enum class Schedule { Cooperative, PingPong };
 // Dynamic shared memory an sm_90 block may have.
 constexpr int kSmemPerBlock = 227 * 1024;
 
-// A CTA tile: BM rows by BN columns, K in steps of 64, kStages
-// shared-memory stages. Shared memory is 1024 (alignment) + kStages *
+// A CTA tile: BM rows by BN columns, K in steps of BK elements, kStages
+// shared-memory stages. A k-block is one 128-byte swizzled row of A and B:
+// BK = 64 for 16-bit operands, 128 for FP8 ones (the mainloop asserts it
+// for its element type). Shared memory is 1024 (alignment) + kStages *
 // (BM + BN) * 128 bytes for the pipeline, BM * BN * 2 bytes of epilogue
 // staging (twice that for PingPong: one tile per consumer; half of it when
 // the whole does not fit, which a 192-column tile cannot do: its halves
@@ -33,9 +36,11 @@ constexpr int kSmemPerBlock = 227 * 1024;
 // multicasting it to both, which halves the B traffic from L2. A stage is
 // then refilled only when the consumers of both CTAs have released it.
 template <int BM_, int BN_, int kStages_, Schedule kSchedule_ = Schedule::Cooperative, int kClusterM_ = 1,
-          int kGroupRows_ = 8>
+          int kGroupRows_ = fusion::kGroupRows, int BK_ = 64>
 struct TileConfig {
-  static constexpr int BM = BM_, BN = BN_, BK = 64;
+  static constexpr int BM = BM_, BN = BN_, BK = BK_;
+  // The bytes of a k-block's row of A or B, whatever the element type.
+  static constexpr int kBlockBytes = 128;
   static constexpr int kStages = kStages_;
   static constexpr Schedule kSchedule = kSchedule_;
   static constexpr int kClusterM = kClusterM_;
@@ -50,6 +55,8 @@ struct TileConfig {
   static_assert(kRowsOk, "BM is one or two wgmma row blocks of 64");
   static constexpr bool kColumnsOk = BN == 128 || BN == 192 || BN == 256;
   static_assert(kColumnsOk, "wgmma is instantiated for n = 128, 192 and 256");
+  static constexpr bool kBlockOk = BK == 64 || BK == 128;
+  static_assert(kBlockOk, "a k-block is a 128-byte row: 64 16-bit or 128 FP8 elements");
   static constexpr bool kStagesOk = kStages >= 2;
   static_assert(kStagesOk, "the pipeline needs at least two stages");
   static constexpr bool kScheduleOk = kSchedule == Schedule::Cooperative || BM == 128;
@@ -58,7 +65,8 @@ struct TileConfig {
   // accumulators besides addresses and the epilogue's values.
   static constexpr bool kAccumulatorsOk = WM * BN / 128 <= 128;
   static_assert(kAccumulatorsOk, "a consumer thread holds at most 128 accumulators");
-  static constexpr bool kValid = kClusterOk && kRowsOk && kColumnsOk && kStagesOk && kScheduleOk && kAccumulatorsOk;
+  static constexpr bool kValid =
+      kClusterOk && kRowsOk && kColumnsOk && kBlockOk && kStagesOk && kScheduleOk && kAccumulatorsOk;
   static constexpr bool kPingPong = kSchedule == Schedule::PingPong;
   // The consumer warp groups, and the rows of a tile each computes as kMmaM
   // wgmma row blocks of 64.
