@@ -55,7 +55,7 @@ impl Timing {
 }
 
 /// The untimed rounds before the timed ones: `plan.warmup`, and at least
-/// one per rotated input set ([`super::SETS`]), so that every contender has
+/// one per rotated input set (`SETS` of them), so that every contender has
 /// made a call with each set it will be timed on before any call is timed.
 /// A contender may hold state per set (a bound struct each, whose first
 /// call allocates and zeroes its workspace); with fewer rounds those first
