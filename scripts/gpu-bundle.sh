@@ -55,6 +55,20 @@ if [[ ,$features, == *,sm90,* ]]; then
   cp "$(echo "$fp8_json" | executable gpu_fp8)" "$dir/gpu_fp8"
   strip "$dir/gpu_fp8"
 fi
+# FUSION_BUNDLE_AB=1: the tool twice more, built with the model's tiles
+# (fusion-model, FUSION_SELECT=model) and with the guard (fusion-guard,
+# FUSION_GUARD=on), for the suite's step `ab` (each option against the
+# tables and the fused kernels on the corpus, in one GPU run). Last, so that
+# the binaries above carry neither option.
+if [[ ${FUSION_BUNDLE_AB:-0} == 1 ]]; then
+  for variant in model:FUSION_SELECT=model guard:FUSION_GUARD=on; do
+    env "${variant#*:}" cargo build --release -p fusion-cli --features "$features" --bin fusion
+    cp target/release/fusion "$dir/fusion-${variant%%:*}"
+    strip "$dir/fusion-${variant%%:*}"
+  done
+  # Back to the plain tool, for the render below and the next build.
+  cargo build --release -p fusion-cli --features "$features" --bin fusion
+fi
 target/release/fusion render fusion-compiler/kernels/selftest/candidates.json --out "$dir/selftest"
 cp target/release/examples/swiglu_ffn "$dir/swiglu_ffn"
 cp target/release/examples/llama_stack "$dir/llama_stack"
