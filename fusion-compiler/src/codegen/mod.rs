@@ -699,15 +699,33 @@ fn check_dtypes(spec: &GraphSpec, archs: &[Arch], fp8: bool) -> Result<(), Codeg
 /// The weight scale of kernel `index` of `spec`'s plan where it is an FP8
 /// GEMM (its B has a scale), checked against what the sm90 kernel
 /// computes: B stored [N, K], no gate, A's scale per tensor and B's per
-/// tensor or per output channel.
+/// tensor or per output channel. In an FP8 graph every kernel is keyed by
+/// the graph's one dtype, E4M3, so any other kernel there (a 16-bit GEMM
+/// after the FP8 one, a norm, an elementwise chain) is refused: it would
+/// be generated reading its 16-bit operands as E4M3 bytes.
 fn fp8_weight_scale(
     spec: &GraphSpec,
     index: usize,
     kernel: &FusedKernel,
 ) -> Result<Option<WeightScale>, CodegenError> {
     let graph = &spec.plan.graph;
+    let refuse = |message: String| CodegenError::Fp8Unsupported {
+        origin: spec.origin.clone(),
+        graph: graph.name.clone(),
+        kernel: index,
+        composition: kernel.composition.name(),
+        message,
+    };
+    let fp8_graph = spec.dtypes.iter().any(|d| d.is_fp8());
+    let not_fp8_gemm = || {
+        refuse(
+            "an FP8 graph's kernels are generated for E4M3 alone, and this one is not a GEMM of scaled FP8 operands: \
+             put the FP8 GEMMs and the rest of the model in separate graphs"
+                .to_owned(),
+        )
+    };
     let Composition::Gemm(gemm) = &kernel.composition else {
-        return Ok(None);
+        return if fp8_graph { Err(not_fp8_gemm()) } else { Ok(None) };
     };
     let scale_of = |role: Role| {
         kernel
@@ -715,14 +733,7 @@ fn fp8_weight_scale(
             .and_then(|t| Some((t, graph.tensor(t).scale?)))
     };
     let Some((b, b_scale)) = scale_of(Role::B) else {
-        return Ok(None);
-    };
-    let refuse = |message: String| CodegenError::Fp8Unsupported {
-        origin: spec.origin.clone(),
-        graph: graph.name.clone(),
-        kernel: index,
-        composition: kernel.composition.name(),
-        message,
+        return if fp8_graph { Err(not_fp8_gemm()) } else { Ok(None) };
     };
     let name = |t| &graph.tensor(t).name;
     if gemm.b_layout == WeightLayout::KN {

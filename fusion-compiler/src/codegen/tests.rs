@@ -1347,6 +1347,26 @@ fn fp8_gemms_the_kernel_does_not_compute_are_refused_by_name() {
     );
 }
 
+/// An FP8 graph's kernels are generated for E4M3 alone, so a kernel that
+/// is not a scaled FP8 GEMM (here a bf16 GEMM on the FP8 one's bf16
+/// output) is refused by name, not generated reading bf16 as E4M3.
+#[test]
+fn an_fp8_graphs_other_kernels_are_refused_by_name() {
+    let weights = format!("{PER_TENSOR}\nw2 = \"bf16[N, N]\"");
+    let spec = fp8_spec("h = \"x @ w^T + b\"\ny = \"h @ w2^T\"", &weights);
+    assert_eq!(spec.plan.kernels.len(), 2, "two GEMMs");
+    let err = render_fp8(&[Arch::Sm90], spec).unwrap_err();
+    assert!(
+        matches!(err, CodegenError::Fp8Unsupported { kernel: 1, .. }),
+        "{err}"
+    );
+    assert!(
+        err.to_string()
+            .ends_with("put the FP8 GEMMs and the rest of the model in separate graphs"),
+        "{err}"
+    );
+}
+
 /// The option adds FP8 units and changes nothing else: a 16-bit graph
 /// renders the same units with it as without.
 #[test]
