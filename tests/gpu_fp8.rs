@@ -17,14 +17,17 @@
 //! each element), the blocks' sums (about 2⁻¹³ of the row's scale, their
 //! errors independent), the f32 adds and the scales' one f32 product per
 //! element (a few 2⁻²⁴), and GELU's tanh.approx (about 4e-6 relative): the
-//! bound, 4·u·(|want| + the row's rms), is bf16's, not a loose 1e-2. A K
-//! loop that summed every block in wgmma's accumulators alone would drift
-//! towards that bound as K grows.
+//! bound, 4·u·(|want| + the row's rms), is bf16's, not a loose 1e-2. It
+//! does not tell the blocks' f32 adds from a K loop that summed every
+//! block in wgmma's accumulators alone: at these K (up to 3008) that
+//! loop's error stays inside the bound too; a long K of same-sign
+//! operands would be needed for that.
 //!
 //! Per graph: the weight scaled per tensor (`fp8_gemm_bias`) and per output
 //! channel (`fp8_gemm_bias_channel`, and with GELU `fp8_gemm_bias_gelu`);
 //! M = 1, 77, 300 and 1000 (none a multiple of a tile's rows) at ragged N
-//! and K (K not a multiple of the 128-element k-block), and M = 2100 at N =
+//! and K (K not a multiple of the 128-element k-block), K of one partial
+//! k-block (48) and of whole ones (1024), and M = 2100 at N =
 //! 3000 (408 tiles of 128x128, 12 past three waves on 132 SMs, for
 //! stream-K to share out where it pays); each with the workspace the query
 //! asks for and without one (every tile whole, the tiles fixed at launch).
@@ -53,15 +56,16 @@ type Launch = unsafe fn(*const fusion_gemm_params, *mut c_void) -> i32;
 type Query = unsafe fn(*const fusion_gemm_params, *mut c_void, *mut u64) -> i32;
 
 /// (M, N, K): M not a multiple of the tiles' 64 or 128 rows; N a multiple
-/// of 8, K of 16 (TMA's 16-byte rows), neither of the tiles' columns or
-/// k-block.
+/// of 8, K of 16 (TMA's 16-byte rows); N never a multiple of the tiles'
+/// columns, K a multiple of the 128-element k-block once (1024) and under
+/// one k-block once (48).
 fn shapes() -> Vec<(usize, usize, usize)> {
     if tiny() {
         return vec![(1, 136, 144), (77, 136, 144)];
     }
     let mut shapes = Vec::new();
     for m in [1, 77, 300, 1000] {
-        for (n, k) in [(136, 144), (520, 3008), (3000, 1040)] {
+        for (n, k) in [(136, 144), (520, 3008), (3000, 1040), (136, 48), (520, 1024)] {
             shapes.push((m, n, k));
         }
     }
