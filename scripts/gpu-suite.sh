@@ -6,7 +6,7 @@
 #   (candle: the feature `candle`'s GPU test and example, in a bundle that has them; not in the default)
 #   (counter: the sm90 tests with CTAs taking tiles from a counter, FUSION_TILE_COUNTER=1)
 #   (corpus: fusion bench --corpus over the bundle's corpus.toml: over a thousand rows; not in the default)
-#   (ab: the corpus's GEMM layers with the tables, FUSION_SELECT=model, FUSION_GUARD=on and off; needs FUSION_BUNDLE_AB=1; not in the default)
+#   (ab: the corpus with the tables, FUSION_SELECT=model, FUSION_GUARD=on and off; needs FUSION_BUNDLE_AB=1; not in the default)
 #   (tiles: the corpus once per tile tier, FUSION_GEMM_TILE=<tier>, for the model's calibration; not in the default)
 #   (sanitize-quick: the sanitizers on the native variant only; selftest:
 #   builds the kernel self-test in ./selftest with nvcc, NVCC or nvcc on
@@ -176,14 +176,13 @@ for step in $steps; do
     bench) run bench.log ./fusion bench --json "$out/bench.json" ;;
     corpus) run corpus.log ./fusion bench --corpus corpus.toml --json "$out/corpus.json" ;;
     ab)
-      # The build options against their baselines on the corpus's GEMM
-      # layers (a bundle made with FUSION_BUNDLE_AB=1): the tables
-      # (./fusion), the model's tiles (./fusion-model), the guard
-      # (./fusion-guard) and the same tool with FUSION_GUARD=off, at the
-      # token counts of FUSION_AB_TOKENS, part FUSION_AB_SHARD (I/N) of
-      # the rows; compare with `fusion bench --summary` and row by row.
-      gemms=(layernorm_gemm rmsnorm_gemm gemm_bias_residual gemm_bias_gelu gemm_bias_relu gemm_residual gemm_gelu gemm_silu_glu gemm_gelu_glu)
-      kernels=(); for k in "${gemms[@]}"; do kernels+=(--kernel "$k"); done
+      # The build options against their baselines on the corpus (a bundle
+      # made with FUSION_BUNDLE_AB=1): the tables (./fusion), the model's
+      # tiles (./fusion-model), the guard (./fusion-guard) and the same
+      # tool with FUSION_GUARD=off, at the token counts of
+      # FUSION_AB_TOKENS, part FUSION_AB_SHARD (I/N) of the rows; compare
+      # with `fusion bench --summary` and row by row. (The norm rows run
+      # the same kernels in all four.)
       shard=(); [[ -n ${FUSION_AB_SHARD:-} ]] && shard=(--shard "$FUSION_AB_SHARD")
       for variant in tables model guard fused; do
         tool=./fusion; guard=()
@@ -194,7 +193,7 @@ for step in $steps; do
         esac
         [[ -x $tool ]] || { echo "FAILED: $tool missing (a bundle made with FUSION_BUNDLE_AB=1 has it)"; status=1; continue; }
         run "ab-$variant.log" env "${guard[@]}" "$tool" bench --corpus corpus.toml \
-          --corpus-tokens "${FUSION_AB_TOKENS:-128,512,1000}" "${kernels[@]}" "${shard[@]}" \
+          --corpus-tokens "${FUSION_AB_TOKENS:-128,512,1000}" "${shard[@]}" \
           --runs "${FUSION_AB_RUNS:-10}" --json "$out/ab-$variant.json"
       done ;;
     tiles)

@@ -1674,12 +1674,18 @@ pub fn vendor_route(
     })
 }
 
+/// Where cuBLASLt's part of a vendor path's scratch starts: after the
+/// fused kernels' counters, which it leaves alone (their launches expect
+/// them at zero: [`fusion_compiler::gemm_model::WORKSPACE_FLAG_BYTES`]).
+const VENDOR_LT_START: u64 = fusion_compiler::gemm_model::WORKSPACE_FLAG_BYTES;
+
+/// Where a norm GEMM's normalized rows start in its vendor path's scratch:
+/// after cuBLASLt's part.
+const VENDOR_ROWS_START: u64 = VENDOR_LT_START + crate::vendor::ROUTE_WORKSPACE_BYTES;
+
 /// The scratch a GEMM's vendor path takes, for params `p` with elements of
-/// `element_bytes`: the fused kernels' counters first, which it leaves
-/// alone (their launches expect them at zero:
-/// [`fusion_compiler::gemm_model::WORKSPACE_FLAG_BYTES`]), then cuBLASLt's,
-/// and after it, where a norm kernel runs first (`norm`), A's normalized
-/// rows.
+/// `element_bytes`: the counters, cuBLASLt's part and, where a norm kernel
+/// runs first (`norm`), A's normalized rows ([`VENDOR_ROWS_START`]).
 fn vendor_scratch(norm: bool, p: &fusion_gemm_params, element_bytes: usize) -> u64 {
     let rows = if norm {
         let elements = u64::try_from(p.m.max(0).saturating_mul(p.k.max(0))).unwrap_or(u64::MAX);
@@ -1687,9 +1693,7 @@ fn vendor_scratch(norm: bool, p: &fusion_gemm_params, element_bytes: usize) -> u
     } else {
         0
     };
-    fusion_compiler::gemm_model::WORKSPACE_FLAG_BYTES
-        .saturating_add(crate::vendor::ROUTE_WORKSPACE_BYTES)
-        .saturating_add(rows)
+    VENDOR_ROWS_START.saturating_add(rows)
 }
 
 /// Queues one GEMM's vendor path ([`vendor_route`]) on `call`'s stream:
@@ -1713,14 +1717,8 @@ unsafe fn run_vendor<T: Element>(
     error_string: ErrorString,
 ) -> Result<()> {
     let mut lt = *p;
-    // cuBLASLt may write anywhere in its part: it starts after the fused
-    // kernels' counters, which a later fused launch on this workspace
-    // expects to find at zero.
-    let flags = fusion_compiler::gemm_model::WORKSPACE_FLAG_BYTES;
-    let lt_bytes = crate::vendor::ROUTE_WORKSPACE_BYTES;
-    let (scratch, scratch_len) = (scratch + flags, scratch_len.saturating_sub(flags as usize));
     if let Some(norm) = route.norm {
-        let normalized = scratch + lt_bytes;
+        let normalized = scratch + VENDOR_ROWS_START;
         // Folded: gamma and beta are in the weight (null: no affine).
         let (gamma, beta) = if route.folded {
             (std::ptr::null(), std::ptr::null())
@@ -1745,7 +1743,12 @@ unsafe fn run_vendor<T: Element>(
     if let Some(bias) = route.bias {
         lt.bias = bias as *const c_void;
     }
-    let workspace = (scratch, scratch_len.min(lt_bytes as usize));
+    // cuBLASLt may write anywhere in its part, which starts after the fused
+    // kernels' counters.
+    let lt_bytes = (scratch_len as u64)
+        .saturating_sub(VENDOR_LT_START)
+        .min(crate::vendor::ROUTE_WORKSPACE_BYTES);
+    let workspace = (scratch + VENDOR_LT_START, lt_bytes as usize);
     // SAFETY: as the caller promises; A is the normalized rows just queued
     // on the same stream, where a norm runs.
     unsafe { crate::vendor::run_route(call.stream(), T::DTYPE, layout, route.epilogue, &lt, workspace) }
@@ -2439,6 +2442,7 @@ mod tests {
         (p.m, p.k) = (300, 4096);
         let flags = fusion_compiler::gemm_model::WORKSPACE_FLAG_BYTES;
         let lt = crate::vendor::ROUTE_WORKSPACE_BYTES;
+        assert_eq!((VENDOR_LT_START, VENDOR_ROWS_START), (flags, flags + lt));
         assert_eq!(vendor_scratch(false, &p, 2), flags + lt);
         assert_eq!(vendor_scratch(true, &p, 2), flags + lt + 300 * 4096 * 2);
     }
