@@ -200,10 +200,13 @@ for step in $steps; do
       # Each tile tier of the GEMM units at every corpus layer (FUSION_GEMM_TILE):
       # the measurements the model of the kernel's time is fitted to
       # (fusion-compiler's select::model; its calibration names the files).
-      for tier in large large_alt small_m small_m_alt; do
+      # FUSION_TILES_TIERS, FUSION_TILES_TOKENS and FUSION_TILES_SHARD (I/N
+      # of the rows) split a long run over several.
+      shard=(); [[ -n ${FUSION_TILES_SHARD:-} ]] && shard=(--shard "$FUSION_TILES_SHARD")
+      for tier in ${FUSION_TILES_TIERS:-large large_alt small_m small_m_alt}; do
         FUSION_GEMM_TILE=$tier run "tiles-$tier.log" ./fusion bench --corpus corpus.toml \
-          --corpus-tokens "${FUSION_TILES_TOKENS:-128,512,2048}" \
-          --runs "${FUSION_TILES_RUNS:-10}" --warmup 3 --json "$out/tiles-$tier.json"
+          --corpus-tokens "${FUSION_TILES_TOKENS:-128,512,2048}" "${shard[@]}" \
+          --runs "${FUSION_TILES_RUNS:-10}" --json "$out/tiles-$tier.json"
       done ;;
     selftest)
       run selftest-build.log make -C selftest -j "NVCC=${NVCC:-nvcc}"
