@@ -154,11 +154,11 @@ fn check_modelled<T: TestElement>(
 
 /// gemm_bias_residual's shapes and the tiers the shipped model names for
 /// them on sm90 (abi.h's codes): the decode kernel at 13 rows; small_m
-/// (64x128) at (128, 4096, 4096); large_alt (128x192) at (500, 8200,
-/// 1000) and at 61 rows of 17016 columns, where the launcher would run
-/// small_m; small_m_alt (128x128) at (1000, 3000, 3000), where it would
-/// run large_alt; large (128x256) at (4100, 3000, 1000). N and K ragged
-/// where the tiles leave partial ones.
+/// (64x128) at (128, 4096, 4096) and at 61 rows of 17016 columns, where
+/// the launcher would run large_alt; large_alt (128x192) at (500, 8200,
+/// 1000), where it would run large; small_m_alt (128x128) at (1000, 3000,
+/// 3000), where it would run large_alt; large (128x256) at (4100, 3000,
+/// 1000). N and K ragged where the tiles leave partial ones.
 const RESIDUAL_SHAPES: [(usize, usize, usize); 6] = [
     (13, 5400, 1032),
     (128, 4096, 4096),
@@ -182,11 +182,12 @@ fn gemm_bias_residual_runs_each_tier_the_model_chooses() {
 
 /// gemm_silu_glu (gated: two GEMM columns per output column; no
 /// large_alt tier) and the tiers named on sm90: the decode kernel at 13
-/// rows, small_m at (77, 3000, 3000), small_m_alt at (500, 8200, 1000),
-/// large at (300, 5000, 2000), where the launcher would run small_m.
+/// rows, small_m at 61 rows of 17016 columns, small_m_alt at (500, 8200,
+/// 1000), where the launcher would run large, and large at (300, 5000,
+/// 2000).
 const GATED_SHAPES: [(usize, usize, usize); 4] = [
     (13, 5400, 1032),
-    (77, 3000, 3000),
+    (61, 17016, 632),
     (500, 8200, 1000),
     (300, 5000, 2000),
 ];

@@ -258,6 +258,28 @@ impl TileShape {
         f64::from(self.bm + self.bn) / (128.0 + 256.0)
     }
 
+    /// The operand elements per k-block step that the busiest of `sms`
+    /// CTAs loads for an `m` x `n` output: its waves (whole tiles, one per
+    /// SM at a time) times `bm + bn`. A k-block's time follows what it
+    /// loads more than its flops: over the corpus's layers in every tier
+    /// (an H100, benchmarks/HISTORY.md v28) the tiles' MMAs ran at about
+    /// `bm * bn / (bm + bn)` of the 128x256 tile's rate.
+    pub fn busiest_loads(self, m: u64, n: u64, sms: u64) -> u64 {
+        self.tiles(m, n).div_ceil(sms.max(1)) * u64::from(self.bm + self.bn)
+    }
+
+    /// The loads per k-block step that the SMs left without a tile in the
+    /// last wave would have made: `(waves * sms - tiles) * (bm + bn)`.
+    pub fn idle_loads(self, m: u64, n: u64, sms: u64) -> u64 {
+        let (tiles, sms) = (self.tiles(m, n), sms.max(1));
+        (tiles.div_ceil(sms) * sms - tiles) * u64::from(self.bm + self.bn)
+    }
+
+    /// Its tiles for an `m` x `n` output.
+    fn tiles(self, m: u64, n: u64) -> u64 {
+        m.div_ceil(u64::from(self.bm)) * n.div_ceil(u64::from(self.bn))
+    }
+
     /// The cooperative schedule's consumer warp groups: 64 rows each.
     fn consumers(self) -> u64 {
         u64::from(self.bm / 64).max(1)
@@ -380,8 +402,9 @@ pub struct UnitTiers {
     /// The largest M its decode kernel runs, ahead of every tile; `None`:
     /// it has none.
     pub decode_max_m: Option<u32>,
-    /// The largest M its launcher gives the small-M tiers by itself (with
-    /// no tier named in the flags); `None`: the large tiers serve every M.
+    /// The largest M its launcher offers the small-M tiers for by itself
+    /// (with no tier named in the flags); `None`: the large tiers serve
+    /// every M.
     pub small_m_max: Option<u32>,
     /// A gated GEMM: two GEMM columns per column of C.
     pub gated: bool,
@@ -426,12 +449,14 @@ impl UnitTiers {
 
     /// The tier the unit's launcher runs by itself for `m` rows of `gemm_n`
     /// GEMM columns on `sms` SMs, with no tier named in the flags, as
-    /// gemm.cu.hbs's `with_kernel` chooses it: up to
-    /// [`UnitTiers::small_m_max`] the small-M tier, or its alternative where
-    /// that needs no more waves of tile area (`fewer_waves` in gemm.cuh);
-    /// above, the large tier, or its alternative where that needs at most
-    /// 9/10 of its waves of tile area (`clearly_fewer_waves`). `None` where
-    /// the decode kernel takes `m`.
+    /// gemm.cu.hbs's `with_kernel` chooses it on sm90 (`LightestTier` in
+    /// gemm.cuh): among the large tiers and, up to
+    /// [`UnitTiers::small_m_max`], the small-M ones, the one whose busiest
+    /// CTA loads the fewest operand elements per k-block step
+    /// ([`TileShape::busiest_loads`]); on a tie the one whose last wave
+    /// leaves the fewest loads idle ([`TileShape::idle_loads`]), then the
+    /// first in the order large, large_alt, small_m_alt, small_m. `None`
+    /// where the decode kernel takes `m`.
     pub fn launcher_tier(&self, m: u64, gemm_n: u64, sms: u64) -> Option<usize> {
         const LARGE: usize = 0;
         const LARGE_ALT: usize = 1;
@@ -440,23 +465,24 @@ impl UnitTiers {
         if self.decodes(m) {
             return None;
         }
-        let wave_area = |tile: TileShape| {
-            let tiles = m.div_ceil(u64::from(tile.bm)) * gemm_n.div_ceil(u64::from(tile.bn));
-            tiles.div_ceil(sms) * u64::from(tile.bm * tile.bn)
+        let small_in_range = self.small_m_max.is_some_and(|max_m| m <= u64::from(max_m));
+        let offered: &[usize] = if small_in_range {
+            &[LARGE, LARGE_ALT, SMALL_M_ALT, SMALL_M]
+        } else {
+            &[LARGE, LARGE_ALT]
         };
-        if let (Some(small), Some(max_m)) = (self.tiles[SMALL_M], self.small_m_max)
-            && m <= u64::from(max_m)
-        {
-            return Some(match self.tiles[SMALL_M_ALT] {
-                Some(alt) if wave_area(alt) <= wave_area(small) => SMALL_M_ALT,
-                _ => SMALL_M,
-            });
+        let mut lightest: Option<(usize, (u64, u64))> = None;
+        for &tier in offered {
+            let Some(tile) = self.tiles[tier] else { continue };
+            let key = (
+                tile.busiest_loads(m, gemm_n, sms),
+                tile.idle_loads(m, gemm_n, sms),
+            );
+            if lightest.is_none_or(|(_, least)| key < least) {
+                lightest = Some((tier, key));
+            }
         }
-        let large = self.tiles[LARGE]?;
-        Some(match self.tiles[LARGE_ALT] {
-            Some(alt) if 10 * wave_area(alt) <= 9 * wave_area(large) => LARGE_ALT,
-            _ => LARGE,
-        })
+        lightest.map(|(tier, _)| tier)
     }
 
     /// The tile a call of `m` rows of C's `n` columns over `k` runs: where

@@ -22,7 +22,10 @@ fn dispatch(builder: &Builder) -> Result<Vec<String>, BuildError> {
     Ok(library.units[0]
         .source
         .lines()
-        .filter(|l| l.trim_start().starts_with("if (p->m <= ") || l.trim_start().starts_with("return f(K<"))
+        .filter(|l| {
+            let l = l.trim_start();
+            l.starts_with("if (p->m <= ") || l.starts_with("return f(K<") || l.starts_with("lightest.offer<")
+        })
         .map(|l| l.trim().to_owned())
         .collect())
 }
@@ -42,7 +45,10 @@ fn fusion_select_model_gives_a_tile_per_m_bucket_that_nvcc_compiles() {
     };
 
     let shipped = dispatch(&builder()).unwrap();
-    assert!(shipped.iter().any(|l| l.contains("fewer_waves")), "{shipped:#?}");
+    assert!(
+        shipped.iter().any(|l| l.starts_with("lightest.offer<")),
+        "{shipped:#?}"
+    );
     // SAFETY: this binary's only test; nothing else reads the environment.
     unsafe { std::env::set_var(SELECT_ENV, "tables") };
     assert_eq!(dispatch(&builder()).unwrap(), shipped);
@@ -50,11 +56,15 @@ fn fusion_select_model_gives_a_tile_per_m_bucket_that_nvcc_compiles() {
     unsafe { std::env::set_var(SELECT_ENV, "model") };
     let modelled = dispatch(&builder()).unwrap();
     assert!(
-        !modelled.iter().any(|l| l.contains("fewer_waves")),
+        !modelled.iter().any(|l| l.starts_with("lightest.offer<")),
         "{modelled:#?}"
     );
     assert!(
-        modelled.iter().filter(|l| l.starts_with("if (p->m <= ")).count() >= 2,
+        modelled
+            .iter()
+            .filter(|l| l.starts_with("if (p->m <= ") && l.ends_with(';'))
+            .count()
+            >= 2,
         "{modelled:#?}"
     );
     assert_eq!(modelled.last().unwrap(), "return f(K<LargeTile>{});");

@@ -474,23 +474,25 @@ pub fn gemm_shapes() -> Vec<(usize, usize, usize)> {
     }
     if tiny() {
         // The decode kernel's wide CTA shape (see below), which M = 1 does
-        // not reach, for the sanitizers; and 600 x 776 x 72 on sm90's
-        // 128x192 tile (25 tiles where 128x256 needs 20, one wave of 3/4
-        // of the area: gemm.cuh's clearly_fewer_waves), N and K ragged;
-        // 61 x 17016 x 632: 133 tiles of 64x128 on 132 SMs, stream-K over
-        // all of them, so each CTA runs two pieces of 10 k-blocks whose
-        // stages wrap the ring (one piece a CTA in every other tiny shape).
-        shapes.extend([(13, 5400, 1032), (600, 776, 72), (61, 17016, 632)]);
+        // not reach, for the sanitizers; and 1100 x 776 x 72 on sm90's
+        // 128x192 tile (45 tiles in one wave, 320 loads against 384 for 36
+        // of 128x256: gemm.cuh's LightestTier), N and K ragged;
+        // 641 x 16904 x 632: 402 tiles of 128x256 on 132 SMs, the last 138
+        // shared out by stream-K, so each CTA runs pieces of 11 k-blocks
+        // across two tiles of 10, whose stages wrap the ring (one piece a
+        // CTA in every other tiny shape).
+        shapes.extend([(13, 5400, 1032), (1100, 776, 72), (641, 16904, 632)]);
         return shapes;
     }
-    // 512 x 2048: the small-M tiles. 2100 x 3000 on the sm90 128x256 tile:
-    // 204 tiles, so on 132 SMs the last 72 are shared out by stream-K.
+    // sm90's tiers as gemm.cuh's LightestTier chooses them (the fewest
+    // loads for the busiest CTA): 512 x 2048, 1000 x 136 and 77 x 3000
+    // (above) on the 64x128 tile; 2100 x 3000 on the 128x256 tile: 204
+    // tiles, so on 132 SMs the last 72 are shared out by stream-K;
     // 4100 x 3000 x 1000: 396 tiles of 128x256, three whole waves on 132
-    // SMs; 500 x 8200 x 1000: 260 tiles of the small-M 128x128 tile, two
-    // waves. 1000 x 3000 (above, 128 tiles of 128x192 against 96 of
-    // 128x256) and 2500 x 2304 x 4000 (240 tiles against 180, two waves
-    // either way, the last 108 shared out by stream-K) run sm90's
-    // narrower 128x192 tile (gemm.cuh's clearly_fewer_waves). Ragged M, N
+    // SMs; 200 x 8200 x 1000: 130 tiles of the 128x128 tile, one wave.
+    // 1000 x 3000 (above, 128 tiles of 128x192 against 96 of 128x256) and
+    // 2500 x 2304 x 4000 (240 tiles against 180, two waves either way, the
+    // last 108 shared out by stream-K) run the 128x192 tile. Ragged M, N
     // and K, so the sm90 waves that walk K backwards
     // start on a partial k-block. M = 9, 13 and 16: the decode kernel
     // (fusion-compiler/kernels/include/fusion/decode.cuh) with rows in both halves of its
@@ -504,7 +506,7 @@ pub fn gemm_shapes() -> Vec<(usize, usize, usize)> {
         (512, 2048, 2048),
         (2100, 3000, 3000),
         (4100, 3000, 1000),
-        (500, 8200, 1000),
+        (200, 8200, 1000),
         (2500, 2304, 4000),
     ]);
     if !quick() {

@@ -36,6 +36,7 @@ use crate::ir::{DType, Extent, Graph, WeightLayout};
 use crate::select::{
     self, Arch, ConfigSource, KernelConfig, KernelKind, SelectError, TileConfig, TunedCache, TunedTable,
 };
+use crate::target::TierChoice;
 use indexmap::IndexMap;
 use serde_json::json;
 
@@ -923,7 +924,7 @@ fn render_unit(
             arch,
             config,
             origin,
-            tuned_for: _,
+            tuned_for,
         } => {
             let mut context = common(*dtype);
             let target = arch.target();
@@ -1045,6 +1046,11 @@ fn render_unit(
                     json!({ "tile": alt.cpp_type(), "tile_doc": alt.summary() })
                 }),
                 "small": small.unwrap_or(serde_json::Value::Bool(false)),
+                // A tuned cache's tiles keep the rule they were measured
+                // for (the tuner times each bucket's tile alone).
+                "least_loads": target.tier_choice == TierChoice::LeastLoads
+                    && tuned_for.is_none()
+                    && (config.large_alt.is_some() || config.small().is_some()),
                 "by_m_tiles": by_m_aliases
                     .iter()
                     .map(|(alias, tile)| json!({ "alias": alias, "tile": tile.cpp_type(), "tile_doc": tile.summary() }))

@@ -192,7 +192,11 @@ fn sm90_units_use_the_sm90_mainloop_norm_compositions_too() {
         "// 128x256x64 (4 stages, cooperative, persistent)",
         "using SmallTile = fusion::sm90::TileConfig<64, 128, 8, fusion::sm90::Schedule::Cooperative>;",
         "using SmallAltTile = fusion::sm90::TileConfig<128, 128, 6, fusion::sm90::Schedule::Cooperative>;",
-        "if (p->m <= 512 && fusion::fewer_waves<SmallAltTile, SmallTile>(p->m, p->n * Chain::kGemmColsPerOutput))\n    return f(K<SmallAltTile>{});\n  if (p->m <= 512) return f(K<SmallTile>{});",
+        // Every tier competes (the small ones up to m = 1024); the one whose
+        // busiest CTA loads least runs.
+        "fusion::LightestTier lightest(p->m, p->n * Chain::kGemmColsPerOutput);",
+        "lightest.offer<LargeAltTile>(FUSION_GEMM_TILE_LARGE_ALT);",
+        "  if (p->m <= 1024) {\n    lightest.offer<SmallAltTile>(FUSION_GEMM_TILE_SMALL_M_ALT);\n    lightest.offer<SmallTile>(FUSION_GEMM_TILE_SMALL_M);\n  }",
     ] {
         assert!(
             sm90.source.contains(needle),
@@ -954,6 +958,8 @@ fn a_tuned_cache_gives_static_kernels_its_tiles_and_leaves_dynamic_ones_alone() 
         assert!(tuned.contains(needle), "`{needle}` missing from:\n{tuned}");
     }
     assert!(!tuned.contains("SmallAltTile"), "{tuned}");
+    // A tuned cache's tiles keep the bounds they were measured in.
+    assert!(!tuned.contains("LightestTier"), "{tuned}");
     let shipped = source("k_gemm_bias_gelu_nk_f16_sm90");
     for needle in [
         "using LargeTile = fusion::sm90::TileConfig<128, 256, 4, fusion::sm90::Schedule::Cooperative>;",
@@ -994,7 +1000,6 @@ fn the_model_gives_static_sm90_kernels_a_tile_per_m_bucket() {
         ),
         "{modelled}"
     );
-    assert!(!modelled.contains("fewer_waves"), "{modelled}");
     let decode = modelled.find("fusion::DecodeFor").unwrap();
     let mut last_bound = 0;
     let mut position = decode;
@@ -1014,11 +1019,9 @@ fn the_model_gives_static_sm90_kernels_a_tile_per_m_bucket() {
         position = at;
     }
     assert!(modelled.contains("  return f(K<LargeTile>{});"), "{modelled}");
+    assert!(!modelled.contains("LightestTier"), "{modelled}");
     let shipped = unit("k_gemm_bias_gelu_nk_f16_sm90");
-    assert!(
-        shipped.contains("fusion::fewer_waves<SmallAltTile, SmallTile>"),
-        "{shipped}"
-    );
+    assert!(shipped.contains("fusion::LightestTier"), "{shipped}");
     // The tiles it chose are among the shipped tiers' for this kind.
     let select::Selected { config, .. } = select::select_tuned(
         &TunedTable::shipped(Arch::Sm90).unwrap(),

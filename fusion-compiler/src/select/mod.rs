@@ -101,25 +101,32 @@ impl KernelKind {
 pub struct KernelConfig {
     /// Used for every M (above `small_m_max`, when there is a small config).
     pub large: TileConfig,
-    /// Used when `m <= small_m_max`.
+    /// A tile for `m <= small_m_max`. How a launch chooses among the tiers
+    /// is its generation's rule ([`crate::target::TierChoice`]): on sm90
+    /// every tier in range of M competes and the one whose busiest CTA
+    /// loads least runs (`fusion::LightestTier` in gemm.cuh); on sm80 and
+    /// sm75, and for a tuned cache's tiles, the small-M tiers serve every
+    /// `m <= small_m_max` and the large ones the rest.
     #[serde(default)]
     pub small_m: Option<TileConfig>,
-    /// The largest M the small-M tiles serve.
+    /// The largest M the small-M tiles serve (or, on sm90, compete for).
     #[serde(default)]
     pub small_m_max: Option<u32>,
     /// A second tile for `m <= small_m_max`, with more rows than `small_m`.
-    /// At launch the kernel runs whichever of the two needs fewer waves of
-    /// tile area on the device's SMs (`fusion::fewer_waves` in gemm.cuh),
-    /// the larger tile on a tie: at m = 128 the 128-row tile when N gives
-    /// it enough tiles to fill the SMs, the 64-row one when it does not.
+    /// Where the small-M tiers serve alone, the kernel runs whichever of
+    /// the two needs fewer waves of tile area on the device's SMs
+    /// (`fusion::fewer_waves` in gemm.cuh), the larger tile on a tie: at
+    /// m = 128 the 128-row tile when N gives it enough tiles to fill the
+    /// SMs, the 64-row one when it does not.
     #[serde(default)]
     pub small_m_alt: Option<TileConfig>,
-    /// A second tile for the Ms `large` serves, narrower than it. At launch
-    /// the kernel runs it when it needs at most 9/10 of `large`'s waves of
-    /// tile area on the device's SMs (`fusion::clearly_fewer_waves` in
-    /// gemm.cuh): on 132 SMs the 128x192 tile at (1000, 18944, 3584), whose
-    /// 792 tiles take 6 waves where 592 of 128x256 take 5 of a third more
-    /// area each.
+    /// A second tile for the Ms `large` serves, narrower than it. Between
+    /// the two, both rules run it when it needs at most 1.2 times `large`'s
+    /// waves (9/10 of its waves of tile area, `fusion::clearly_fewer_waves`
+    /// in gemm.cuh): on 132 SMs the 128x192 tile at (1000, 18944, 3584),
+    /// whose 792 tiles take 6 waves where 592 of 128x256 take 5 of a third
+    /// more area each (on sm90 a tie in loads, which the half-idle last wave
+    /// of 128x256 decides).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub large_alt: Option<TileConfig>,
     /// The largest M the decode kernel (`kernels/include/fusion/decode.cuh`)

@@ -4,8 +4,9 @@
 //! are known at build time.
 //!
 //! The costs are fitted ([`fit`]) to measured times of whole kernels that
-//! are checked in: a bench JSON's rows, each timed with the tile the
-//! launcher chose for it ([`KernelConfig::launched_tile`]). Nothing in the
+//! are checked in: bench JSONs' rows, each timed with the tier its run
+//! named (`FUSION_GEMM_TILE`; the shipped calibration's files name one tier
+//! each) or the tile the launcher chose ([`KernelConfig::launched_tile`]). Nothing in the
 //! model names a shape: it knows tiles, k-blocks and the SM count, so a
 //! layer it never saw is predicted by the same counts as one it did.
 //!
@@ -178,7 +179,7 @@ pub(super) fn least_squares<const N: usize>(rows: &[([f64; N], f64)]) -> Option<
 }
 
 /// The note a fitted calibration carries.
-const NOTE: &str = "The sm90 GEMM kernel's costs, fitted by fusion_compiler::select::model::fit to the bench rows of `provenance.files` (each timed with the tile the launcher chose for it). Regenerate: FUSION_BLESS=1 cargo test -p fusion-compiler model_calibration";
+const NOTE: &str = "The sm90 GEMM kernel's costs, fitted by fusion_compiler::select::model::fit to the bench rows of `provenance.files` (each timed with the tier its file names, or where it names none, the tile the launcher chose). Regenerate: FUSION_BLESS=1 cargo test -p fusion-compiler model_calibration";
 
 /// Solves the augmented system `rows` (n rows of n + 1) by Gaussian
 /// elimination with partial pivoting; `None` when it is singular.
@@ -301,8 +302,9 @@ impl KernelConfig {
     }
 
     /// The tile the sm90 launcher runs for an `m` x `n` output (GEMM
-    /// columns) on `sms` SMs, as the unit's `with_kernel` chooses it
-    /// (gemm.cu.hbs, `fewer_waves` and `clearly_fewer_waves` in gemm.cuh);
+    /// columns) on `sms` SMs, as the unit's `with_kernel` chooses it for a
+    /// shipped table's config (gemm.cu.hbs, `LightestTier` in gemm.cuh;
+    /// [`UnitTiers::launcher_tier`]) or a config with a tile per M bucket;
     /// `None` where the decode kernel runs (`decode` says whether the
     /// kernel has it, [`KernelConfig::decode_for`]).
     pub fn launched_tile(&self, m: u64, n: u64, sms: u64, decode: bool) -> Option<TileConfig> {

@@ -128,7 +128,7 @@ fn defaults_are_the_measured_tiles() {
     let sm90 = select(Arch::Sm90, &k).unwrap();
     let sm90_tile = |bm, bn, stages| TileConfig::sm90(bm, bn, stages, Some(Schedule::Cooperative));
     assert_eq!(sm90.large, sm90_tile(128, 256, 4));
-    assert_eq!(sm90.small(), Some((sm90_tile(64, 128, 8), 512)));
+    assert_eq!(sm90.small(), Some((sm90_tile(64, 128, 8), 1024)));
     assert_eq!(sm90.small_m_alt, Some(sm90_tile(128, 128, 6)));
     assert_eq!(sm90, TunedTable::shipped(Arch::Sm90).unwrap().configs["default"]);
     // gemm_bias_residual has no override of its own any more.

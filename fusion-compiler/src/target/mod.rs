@@ -88,9 +88,28 @@ pub struct Target {
     /// on the m16n8k16 mma of sm80 and newer) runs on it, so that its tuned
     /// entries may set `decode_max_m`.
     pub decode: bool,
+    /// How its launchers choose among a unit's tiers for a call (with no
+    /// tier named in the flags and the decode kernel not taking M).
+    pub tier_choice: TierChoice,
     /// The pre-tuned table, `kernels/tuned/<name>.json`, embedded so that a
     /// crate built outside this workspace gets it too.
     pub tuned_json: &'static str,
+}
+
+/// How a generation's launchers choose among a unit's tile tiers
+/// (gemm.cu.hbs's `with_kernel`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TierChoice {
+    /// Up to `small_m_max` the small-M tile, or its alternative where that
+    /// needs no more waves of tile area (`fewer_waves` in gemm.cuh); above,
+    /// the large tile, or its alternative where that needs at most 9/10 of
+    /// its waves of tile area (`clearly_fewer_waves`).
+    WaveArea,
+    /// Every tier in range of M (the small-M ones up to `small_m_max`)
+    /// competes; the one whose busiest CTA loads the fewest operand
+    /// elements per k-block step, waves x (BM + BN), runs
+    /// (`LightestTier` in gemm.cuh).
+    LeastLoads,
 }
 
 /// One tile config of one generation's mainloop: the fields every mainloop

@@ -2,7 +2,7 @@
 //! only, double-buffered through registers.
 
 use super::warp_tiled::{Spelled, WarpTile};
-use super::{Arch, Fields as AnyFields, Target, TileConfig};
+use super::{Arch, Fields as AnyFields, Target, TierChoice, TileConfig};
 use crate::ir::DType;
 
 pub(super) static TARGET: Target = Target {
@@ -16,6 +16,7 @@ pub(super) static TARGET: Target = Target {
     mainloop_header: "fusion/sm75/mainloop.cuh",
     tile_space,
     decode: false,
+    tier_choice: TierChoice::WaveArea,
     tuned_json: include_str!("../../kernels/tuned/sm75.json"),
 };
 

@@ -2,7 +2,7 @@
 //! mainloop with a cp.async multi-stage pipeline (`kernels/include/fusion/sm80/`).
 
 use super::warp_tiled::{Spelled, WarpTile};
-use super::{Arch, Fields as AnyFields, Target, TileConfig};
+use super::{Arch, Fields as AnyFields, Target, TierChoice, TileConfig};
 use crate::ir::DType;
 
 pub(super) static TARGET: Target = Target {
@@ -15,6 +15,7 @@ pub(super) static TARGET: Target = Target {
     mainloop_header: "fusion/sm80/mainloop.cuh",
     tile_space,
     decode: true,
+    tier_choice: TierChoice::WaveArea,
     tuned_json: include_str!("../../kernels/tuned/sm80.json"),
 };
 

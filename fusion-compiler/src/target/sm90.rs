@@ -1,7 +1,7 @@
 //! Hopper (sm_90a): the persistent, warp-specialized wgmma + TMA mainloop
 //! (`kernels/include/fusion/sm90/`).
 
-use super::{Arch, Fields as AnyFields, Target, TileConfig};
+use super::{Arch, Fields as AnyFields, Target, TierChoice, TileConfig};
 use crate::ir::DType;
 
 pub(super) static TARGET: Target = Target {
@@ -17,6 +17,7 @@ pub(super) static TARGET: Target = Target {
     mainloop_header: "fusion/sm90/mainloop.cuh",
     tile_space,
     decode: true,
+    tier_choice: TierChoice::LeastLoads,
     tuned_json: include_str!("../../kernels/tuned/sm90.json"),
 };
 

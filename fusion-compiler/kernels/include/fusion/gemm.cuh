@@ -176,6 +176,44 @@ bool clearly_fewer_waves(int64_t m, int64_t n) {
   return 10 * detail::wave_area_of<Alt>(m, n, sms) <= 9 * detail::wave_area_of<Large>(m, n, sms);
 }
 
+// The sm90 launchers' choice among a unit's tile configs for an m x n
+// output on the current device: the one whose busiest CTA loads the fewest
+// operand elements per k-block step, waves x (BM + BN), as a tile's
+// k-block costs the bytes it loads more than the flops it does (its MMAs
+// run at BM * BN / (BM + BN) of the 128x256 tile's rate: measured over
+// the corpus's layers in every tier on an H100, benchmarks/HISTORY.md
+// v28); on a tie, the one whose last wave leaves the fewest loads idle,
+// (waves x SMs - tiles) x (BM + BN), then the first offered: at
+// (1000, 18944, 3584) 128x192 (6 whole waves) rather than 128x256 (4.5),
+// 187 us against 231 on an H200 (v21). Offer each candidate with its tier
+// code (FUSION_GEMM_TILE_*) and read `tier`.
+class LightestTier {
+ public:
+  LightestTier(int64_t m, int64_t n) : m_(m), n_(n), sms_(detail::current_sm_count()) {}
+
+  template <typename Tile>
+  void offer(int tier) {
+    const int64_t tiles = ((m_ + Tile::BM - 1) / Tile::BM) * ((n_ + Tile::BN - 1) / Tile::BN);
+    const int64_t waves = (tiles + sms_ - 1) / sms_;
+    const int64_t loads = waves * (Tile::BM + Tile::BN);
+    const int64_t idle = (waves * sms_ - tiles) * (Tile::BM + Tile::BN);
+    if (tier_ < 0 || loads < loads_ || (loads == loads_ && idle < idle_)) {
+      tier_ = tier;
+      loads_ = loads;
+      idle_ = idle;
+    }
+  }
+
+  // The chosen tier's code; -1 before any offer.
+  int tier() const { return tier_; }
+
+ private:
+  int64_t m_, n_;
+  int sms_;
+  int tier_ = -1;
+  int64_t loads_ = 0, idle_ = 0;
+};
+
 // What every GEMM kernel family relies on (FusedGemm, and the decode
 // kernel of decode.cuh). Returns cudaErrorInvalidValue when M is negative,
 // N is not a multiple of 8 (a gated GEMM's C columns too), K is 0 or its

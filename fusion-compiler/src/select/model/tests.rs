@@ -53,24 +53,37 @@ fn sm90_config(kernel: &str) -> (KernelKind, KernelConfig) {
     (kind, config)
 }
 
-// The examples gemm.cuh's comments give for fewer_waves and
-// clearly_fewer_waves.
+// What the launcher's rule (gemm.cuh's LightestTier) gives at shapes
+// whose tiers were measured (sm90.json's note).
 #[test]
 fn launched_tile_repeats_the_launchers_choice() {
     let (kind, config) = sm90_config("gemm");
     let decode = config.decode_for(kind.layout).is_some();
     let tile = |m, n| config.launched_tile(m, n, 132, decode).map(|t| (t.bm, t.bn));
+    // 112 128x128 tiles, one wave: 256 loads against 384 for two waves of
+    // 64x128 and 384 for one of 128x256.
     assert_eq!(tile(128, 14336), Some((128, 128)));
+    // 64 64x128 tiles fill half the SMs.
     assert_eq!(tile(128, 4096), Some((64, 128)));
+    assert_eq!(tile(512, 2048), Some((64, 128)));
+    // Six whole waves of 128x192 against four and a half of 128x256: a
+    // tie in loads (1920), which the idle half wave decides.
     assert_eq!(tile(1000, 18944), Some((128, 192)));
+    // Narrow N at M = 1000: 112 64x128 tiles in one wave.
+    assert_eq!(tile(1000, 896), Some((64, 128)));
+    // M = 512, deep and wide: 4 x 54 = 216 128x192 tiles (2 waves, 640)
+    // against 640 64x128 tiles (5 waves, 960) and 160 128x256 (2, 768).
+    assert_eq!(tile(512, 10240), Some((128, 192)));
     assert_eq!(tile(8192, 8192), Some((128, 256)));
     assert_eq!(tile(16, 4096), None);
 }
 
 /// The measured rows of a bench JSON as samples: every GEMM row whose
 /// kernel is a built-in graph, with the tile its launch ran: the tier the
-/// run named (`gemm_tile`, `FUSION_GEMM_TILE`) where the kernel has it,
-/// else the launcher's own choice.
+/// run named (`gemm_tile`, `FUSION_GEMM_TILE`), or where the run named
+/// none, the launcher's own choice. A row whose kernel lacks the tier
+/// named is left out: its launcher chose, by the rule of the commit
+/// measured.
 fn samples_of(file: &str) -> Vec<Sample> {
     let text = std::fs::read_to_string(repo_root().join(file)).unwrap();
     let json: serde_json::Value = serde_json::from_str(&text).unwrap();
@@ -90,15 +103,18 @@ fn samples_of(file: &str) -> Vec<Sample> {
         let (kind, config) = sm90_config(kernel);
         let n = if kind.gated { 2 * dims[1] } else { dims[1] };
         let decode = config.decode_for(kind.layout).is_some();
-        let tier = named.and_then(|name| {
-            let tiers = config.tiers();
-            let (_, tile) = tiers
-                .iter()
-                .find(|(tier, _)| *tier == name)
-                .unwrap_or_else(|| panic!("{file}: gemm_tile {name:?} is no tier"));
-            *tile
-        });
-        let Some(tile) = tier.or_else(|| config.launched_tile(dims[0], n, SM90_SMS, decode)) else {
+        let tile = match named {
+            Some(name) => {
+                let tiers = config.tiers();
+                let (_, tile) = tiers
+                    .iter()
+                    .find(|(tier, _)| *tier == name)
+                    .unwrap_or_else(|| panic!("{file}: gemm_tile {name:?} is no tier"));
+                *tile
+            }
+            None => config.launched_tile(dims[0], n, SM90_SMS, decode),
+        };
+        let Some(tile) = tile else {
             continue;
         };
         samples.push(Sample {
@@ -179,6 +195,10 @@ fn model_calibration_is_the_fit_of_its_files() {
 /// The model explains the times it was fitted to, and predicts layers it
 /// was not fitted to about as well: fitted on four fifths of the (N, K)
 /// pairs, its error on the other fifth stays near its error on its own.
+/// Fitted to every tier at every layer, tiers far from a layer's fastest
+/// among them included (64x128 at M = 1000, up to twice as slow), it
+/// explains them less closely than the launcher's choices alone: median
+/// 0.09 and p90 0.25 on the shipped files.
 #[test]
 fn model_predicts_layers_it_was_not_fitted_to() {
     let shipped = Calibration::shipped_sm90();
@@ -191,7 +211,7 @@ fn model_predicts_layers_it_was_not_fitted_to() {
         own.len()
     );
     assert!(
-        median < 0.08 && p90 < 0.2,
+        median < 0.1 && p90 < 0.27,
         "fitted: median {median:.3}, p90 {p90:.3}"
     );
     let pairs: BTreeSet<(u64, u64)> = samples.iter().map(|s| (s.shape.n, s.shape.k)).collect();
@@ -211,7 +231,7 @@ fn model_predicts_layers_it_was_not_fitted_to() {
     );
     eprintln!("held out: relative error median {median:.3}, p90 {p90:.3}");
     assert!(
-        median < 0.1 && p90 < 0.25,
+        median < 0.11 && p90 < 0.3,
         "held out: median {median:.3}, p90 {p90:.3}"
     );
 }
@@ -335,4 +355,108 @@ fn fit_refuses_samples_that_do_not_tell_the_costs_apart() {
     };
     let error = fit(&[sample; 3], 132, provenance).unwrap_err();
     assert!(error.0.contains("3 samples"), "{error}");
+}
+
+/// One corpus GEMM at one M as files of one run per tier measured it:
+/// each tier's tile and time, and cuBLASLt's (the median over the files,
+/// which time the same baseline).
+struct MeasuredTiers {
+    kernel: String,
+    dims: [u64; 3],
+    times: Vec<(TileConfig, f64)>,
+    baseline_us: f64,
+}
+
+/// The GEMM rows of `files` (bench JSONs each run with one tier named,
+/// `gemm_tile`) by kernel and shape, each with the time of every tier its
+/// kernel has.
+fn measured_tiers(files: &[String]) -> Vec<MeasuredTiers> {
+    type Times = (Vec<(TileConfig, f64)>, Vec<f64>);
+    let mut by_row: std::collections::BTreeMap<(String, String), Times> = Default::default();
+    for file in files {
+        let text = std::fs::read_to_string(repo_root().join(file)).unwrap();
+        let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let tier = json["gemm_tile"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{file} names no tier"));
+        for row in json["rows"].as_array().unwrap() {
+            let kernel = row["kernel"].as_str().unwrap();
+            if kernel.ends_with("norm") {
+                continue;
+            }
+            let (_, config) = sm90_config(kernel);
+            let Some(tile) = config.tiers().iter().find(|(name, _)| *name == tier).unwrap().1 else {
+                continue;
+            };
+            let shape = row["shape"].as_str().unwrap().to_owned();
+            let entry = by_row.entry((kernel.to_owned(), shape)).or_default();
+            entry.0.push((tile, row["ours_us"].as_f64().unwrap()));
+            entry.1.push(row["baseline_us"].as_f64().unwrap());
+        }
+    }
+    by_row
+        .into_iter()
+        .map(|((kernel, shape), (times, mut baselines))| {
+            baselines.sort_by(f64::total_cmp);
+            let dims: Vec<u64> = shape.split(',').map(|d| d.parse().unwrap()).collect();
+            MeasuredTiers {
+                kernel,
+                dims: [dims[0], dims[1], dims[2]],
+                times,
+                baseline_us: baselines[baselines.len() / 2],
+            }
+        })
+        .collect()
+}
+
+/// The bench JSONs of the corpus's GEMM layers run once per tier (the
+/// suite's step `tiles`, in two shards), which the shipped calibration is
+/// fitted to.
+fn tier_files() -> Vec<String> {
+    Calibration::shipped_sm90().provenance.files
+}
+
+fn geomean(values: &[f64]) -> f64 {
+    (values.iter().map(|v| v.ln()).sum::<f64>() / values.len() as f64).exp()
+}
+
+/// The launcher's own choice of tier (least loads for the busiest CTA)
+/// comes close to the fastest tier on every measured layer of the corpus:
+/// per M, the geometric mean of cuBLASLt's time over the chosen tier's is
+/// within 3% of the fastest tier's, and no choice is more than 1.5 times
+/// slower than the fastest (the slowest: 1.4 times, rmsnorm_gemm at
+/// (512, 9216, 7168), where 128x192 runs and 128x256 was fastest).
+#[test]
+fn the_launchers_tier_is_near_the_fastest_on_the_measured_corpus() {
+    let rows = measured_tiers(&tier_files());
+    assert!(rows.len() >= 200, "{} rows", rows.len());
+    let mut by_m: std::collections::BTreeMap<u64, (Vec<f64>, Vec<f64>)> = Default::default();
+    for row in &rows {
+        let (kind, config) = sm90_config(&row.kernel);
+        let [m, n, k] = row.dims;
+        let gemm_n = kind_n(&kind, n);
+        let decode = config.decode_for(kind.layout).is_some();
+        let chosen = config.launched_tile(m, gemm_n, SM90_SMS, decode).unwrap();
+        let time_of = |tile: TileConfig| row.times.iter().find(|(t, _)| *t == tile).map(|(_, us)| *us);
+        let chosen_us = time_of(chosen)
+            .unwrap_or_else(|| panic!("{} {:?}: {chosen:?} not measured", row.kernel, row.dims));
+        let fastest_us = row.times.iter().map(|(_, us)| *us).fold(f64::INFINITY, f64::min);
+        assert!(
+            chosen_us <= 1.5 * fastest_us,
+            "{} at ({m}, {n}, {k}): {} took {chosen_us:.1} us, the fastest tier {fastest_us:.1}",
+            row.kernel,
+            TileShape::of(&chosen)
+        );
+        let entry = by_m.entry(m).or_default();
+        entry.0.push(row.baseline_us / chosen_us);
+        entry.1.push(row.baseline_us / fastest_us);
+    }
+    for (m, (chosen, fastest)) in &by_m {
+        let (chosen, fastest) = (geomean(chosen), geomean(fastest));
+        eprintln!("M = {m}: the launcher's tier {chosen:.3} of cuBLASLt, the fastest tier {fastest:.3}");
+        assert!(
+            chosen >= 0.97 * fastest,
+            "M = {m}: {chosen:.3} against {fastest:.3}"
+        );
+    }
 }

@@ -18,7 +18,7 @@ template <typename Tile>
 using Kernel = fusion::FusedGemm<fusion::sm90::Mainloop<Element, fusion::LayoutB::NK, Tile>, fusion::NoPrologue, Chain>;
 // 128x128x128 (6 stages, cooperative, persistent)
 using LargeTile = fusion::sm90::TileConfig<128, 128, 6, fusion::sm90::Schedule::Cooperative, 1, fusion::kGroupRows, 128>;
-// 64x128x128 (8 stages, cooperative, persistent), for m <= 512
+// 64x128x128 (8 stages, cooperative, persistent), for m <= 512 where its busiest CTA loads least
 using SmallTile = fusion::sm90::TileConfig<64, 128, 8, fusion::sm90::Schedule::Cooperative, 1, fusion::kGroupRows, 128>;
 static_assert(fusion::sm90::tile_valid<fusion::LayoutB::NK, LargeTile> && LargeTile::BK == 128 &&
                   LargeTile::kStages == 6,
@@ -69,8 +69,18 @@ cudaError_t with_kernel(const fusion_gemm_params* p, F&& f) {
     default:
       break;
   }
-  if (p->m <= 512) return f(K<SmallTile>{});
-  return f(K<LargeTile>{});
+  // The tier whose busiest CTA loads least (gemm.cuh's LightestTier).
+  fusion::LightestTier lightest(p->m, p->n * Chain::kGemmColsPerOutput);
+  lightest.offer<LargeTile>(FUSION_GEMM_TILE_LARGE);
+  if (p->m <= 512) {
+    lightest.offer<SmallTile>(FUSION_GEMM_TILE_SMALL_M);
+  }
+  switch (lightest.tier()) {
+    case FUSION_GEMM_TILE_SMALL_M:
+      return f(K<SmallTile>{});
+    default:
+      return f(K<LargeTile>{});
+  }
 }
 
 template <template <typename> class K>

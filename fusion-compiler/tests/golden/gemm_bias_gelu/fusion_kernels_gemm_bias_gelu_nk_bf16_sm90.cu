@@ -16,11 +16,11 @@ template <typename Tile>
 using Kernel = fusion::FusedGemm<fusion::sm90::Mainloop<Element, fusion::LayoutB::NK, Tile>, fusion::NoPrologue, Chain>;
 // 128x256x64 (4 stages, cooperative, persistent)
 using LargeTile = fusion::sm90::TileConfig<128, 256, 4, fusion::sm90::Schedule::Cooperative>;
-// 128x192x64 (4 stages, cooperative, persistent), instead of LargeTile where it needs clearly fewer waves
+// 128x192x64 (4 stages, cooperative, persistent), where its busiest CTA loads least (with_kernel)
 using LargeAltTile = fusion::sm90::TileConfig<128, 192, 4, fusion::sm90::Schedule::Cooperative>;
-// 64x128x64 (8 stages, cooperative, persistent), for m <= 512
+// 64x128x64 (8 stages, cooperative, persistent), for m <= 1024 where its busiest CTA loads least
 using SmallTile = fusion::sm90::TileConfig<64, 128, 8, fusion::sm90::Schedule::Cooperative>;
-// 128x128x64 (6 stages, cooperative, persistent), for m <= 512 when it needs fewer waves
+// 128x128x64 (6 stages, cooperative, persistent), for m <= 1024 where its busiest CTA loads least
 using SmallAltTile = fusion::sm90::TileConfig<128, 128, 6, fusion::sm90::Schedule::Cooperative>;
 // The decode kernel (fusion/decode.cuh) for m <= 16: one pass over B at the
 // weight-read floor, the chain once after its reduction.
@@ -89,12 +89,24 @@ cudaError_t with_kernel(const fusion_gemm_params* p, F&& f) {
       break;
   }
   if (p->m <= 16) return f(fusion::DecodeFor<K<LargeTile>>{});
-  if (p->m <= 512 && fusion::fewer_waves<SmallAltTile, SmallTile>(p->m, p->n * Chain::kGemmColsPerOutput))
-    return f(K<SmallAltTile>{});
-  if (p->m <= 512) return f(K<SmallTile>{});
-  if (fusion::clearly_fewer_waves<LargeAltTile, LargeTile>(p->m, p->n * Chain::kGemmColsPerOutput))
-    return f(K<LargeAltTile>{});
-  return f(K<LargeTile>{});
+  // The tier whose busiest CTA loads least (gemm.cuh's LightestTier).
+  fusion::LightestTier lightest(p->m, p->n * Chain::kGemmColsPerOutput);
+  lightest.offer<LargeTile>(FUSION_GEMM_TILE_LARGE);
+  lightest.offer<LargeAltTile>(FUSION_GEMM_TILE_LARGE_ALT);
+  if (p->m <= 1024) {
+    lightest.offer<SmallAltTile>(FUSION_GEMM_TILE_SMALL_M_ALT);
+    lightest.offer<SmallTile>(FUSION_GEMM_TILE_SMALL_M);
+  }
+  switch (lightest.tier()) {
+    case FUSION_GEMM_TILE_LARGE_ALT:
+      return f(K<LargeAltTile>{});
+    case FUSION_GEMM_TILE_SMALL_M:
+      return f(K<SmallTile>{});
+    case FUSION_GEMM_TILE_SMALL_M_ALT:
+      return f(K<SmallAltTile>{});
+    default:
+      return f(K<LargeTile>{});
+  }
 }
 
 template <template <typename> class K>

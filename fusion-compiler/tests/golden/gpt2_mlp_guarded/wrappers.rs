@@ -160,7 +160,7 @@ mod __gpt2_mlp {
                     bind: Bind::Fold(fusion::plan::Fold::Norm),
                     vendor: fusion::plan::VendorRoute {
                         arch: fusion::Arch::Sm90,
-                        ms: &[(2049, 4294967295)],
+                        ms: &[(1025, 4294967295)],
                         epilogue: fusion::plan::VendorEpilogue::GeluBias,
                         per_call: None,
                         norm: &[
@@ -222,7 +222,7 @@ mod __gpt2_mlp {
                     bind: Bind::Pad,
                     vendor: fusion::plan::VendorRoute {
                         arch: fusion::Arch::Sm90,
-                        ms: &[(17, 4096)],
+                        ms: &[(17, 4294967295)],
                         epilogue: fusion::plan::VendorEpilogue::Bias,
                         per_call: None,
                         norm: &[],

@@ -22,9 +22,9 @@ using FoldedKernel = fusion::FusedGemm<fusion::sm90::Mainloop<Element, fusion::L
                                        fusion::FoldedNorm<fusion::NormKind::LayerNorm>, Chain>;
 // 128x256x64 (4 stages, cooperative, persistent)
 using LargeTile = fusion::sm90::TileConfig<128, 256, 4, fusion::sm90::Schedule::Cooperative>;
-// 64x128x64 (8 stages, cooperative, persistent), for m <= 512
+// 64x128x64 (8 stages, cooperative, persistent), for m <= 1024 where its busiest CTA loads least
 using SmallTile = fusion::sm90::TileConfig<64, 128, 8, fusion::sm90::Schedule::Cooperative>;
-// 128x128x64 (6 stages, cooperative, persistent), for m <= 512 when it needs fewer waves
+// 128x128x64 (6 stages, cooperative, persistent), for m <= 1024 where its busiest CTA loads least
 using SmallAltTile = fusion::sm90::TileConfig<128, 128, 6, fusion::sm90::Schedule::Cooperative>;
 // The decode kernel (fusion/decode.cuh) for m <= 16: one pass over B at the
 // weight-read floor, the chain once after its reduction.
@@ -94,10 +94,21 @@ cudaError_t with_kernel(const fusion_gemm_params* p, F&& f) {
       break;
   }
   if (p->m <= 16) return f(fusion::DecodeFor<K<LargeTile>>{});
-  if (p->m <= 512 && fusion::fewer_waves<SmallAltTile, SmallTile>(p->m, p->n * Chain::kGemmColsPerOutput))
-    return f(K<SmallAltTile>{});
-  if (p->m <= 512) return f(K<SmallTile>{});
-  return f(K<LargeTile>{});
+  // The tier whose busiest CTA loads least (gemm.cuh's LightestTier).
+  fusion::LightestTier lightest(p->m, p->n * Chain::kGemmColsPerOutput);
+  lightest.offer<LargeTile>(FUSION_GEMM_TILE_LARGE);
+  if (p->m <= 1024) {
+    lightest.offer<SmallAltTile>(FUSION_GEMM_TILE_SMALL_M_ALT);
+    lightest.offer<SmallTile>(FUSION_GEMM_TILE_SMALL_M);
+  }
+  switch (lightest.tier()) {
+    case FUSION_GEMM_TILE_SMALL_M:
+      return f(K<SmallTile>{});
+    case FUSION_GEMM_TILE_SMALL_M_ALT:
+      return f(K<SmallAltTile>{});
+    default:
+      return f(K<LargeTile>{});
+  }
 }
 
 template <template <typename> class K>
