@@ -286,7 +286,7 @@ pub fn plan_graph(graph: Graph, dot: Option<&Path>, json: bool, out: &mut dyn Wr
             writeln!(
                 out,
                 "\nnote: {refusal}: a build refuses this graph unless it sets FUSION_FP8=experimental (sm90 FP8 \
-                 GEMMs, not yet checked on a GPU); the plan above is how it is split"
+                 GEMMs, checked on a GPU, not yet timed); the plan above is how it is split"
             )
             .map_err(CliError::from_stdout)?;
         }

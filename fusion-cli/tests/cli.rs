@@ -127,7 +127,7 @@ fn an_fp8_graph_plans_and_says_no_kernel_is_generated_for_it() {
             "note: graph `fp8`: FP8 kernels are not generated yet, and `x` and `w` are f8e4m3; \
              the front ends, the IR's checks and the CPU reference take FP8 graphs, but no GPU mainloop \
              computes them: a build refuses this graph unless it sets FUSION_FP8=experimental (sm90 FP8 \
-             GEMMs, not yet checked on a GPU); the plan above is how it is split"
+             GEMMs, checked on a GPU, not yet timed); the plan above is how it is split"
         ),
         "{stdout}"
     );

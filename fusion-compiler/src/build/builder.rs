@@ -492,7 +492,7 @@ fn write_if_changed(path: &Path, text: &str) -> Result<(), BuildError> {
 }
 
 /// Whether `FUSION_FP8` ([`codegen::FP8_ENV`]) asks for FP8 kernels:
-/// `experimental` yes (sm90's FP8 GEMM, not yet run on a GPU); unset or
+/// `experimental` yes (sm90's FP8 GEMM, checked on a GPU, not yet timed); unset or
 /// empty no (FP8 graphs are refused); anything else is an error naming the
 /// value it takes. A build script that adds FP8 graphs only when they are
 /// asked for reads it here too.
@@ -502,7 +502,7 @@ pub fn fp8_kernels() -> Result<bool, BuildError> {
         Ok("experimental") => Ok(true),
         Ok("") | Err(std::env::VarError::NotPresent) => Ok(false),
         Ok(other) => Err(BuildError::Config(format!(
-            "{env}={other:?}: it takes `experimental` (generate sm90 kernels for FP8 GEMMs, not yet checked on a GPU) or nothing"
+            "{env}={other:?}: it takes `experimental` (generate sm90 kernels for FP8 GEMMs, checked on a GPU, not yet timed) or nothing"
         ))),
         Err(std::env::VarError::NotUnicode(value)) => Err(BuildError::Config(format!(
             "{env}={value:?} is not Unicode: it takes `experimental`"
@@ -642,7 +642,7 @@ mod tests {
             format!(
                 "{}: graph `g`: FP8 kernels are not generated yet, and `x` and `w` are f8e4m3; the front ends, \
                  the IR's checks and the CPU reference take FP8 graphs, but no GPU mainloop computes them; a build \
-                 with FUSION_FP8=experimental generates sm90 kernels for FP8 GEMMs (not yet checked on a GPU)",
+                 with FUSION_FP8=experimental generates sm90 kernels for FP8 GEMMs (checked on a GPU, not yet timed)",
                 graphs.join("g.toml").display()
             )
         );

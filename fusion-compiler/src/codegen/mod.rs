@@ -308,7 +308,7 @@ pub enum CodegenError {
     /// The graph has FP8 tensors, and the build did not ask for FP8
     /// kernels ([`FP8_ENV`]; [`Graph::fp8_refusal`] says which tensors).
     #[error(
-        "{0}; a build with FUSION_FP8=experimental generates sm90 kernels for FP8 GEMMs (not yet checked on a GPU)"
+        "{0}; a build with FUSION_FP8=experimental generates sm90 kernels for FP8 GEMMs (checked on a GPU, not yet timed)"
     )]
     Fp8NotGenerated(String),
     /// FP8 kernels are asked for, but none of the generations built has

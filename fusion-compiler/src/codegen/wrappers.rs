@@ -155,7 +155,7 @@ fn fp8_graph_items(launchers: &GraphLaunchers) -> TokenStream {
     let module = format_ident!("{}", spec.plan.graph.name);
     let doc = format!(
         "The launchers of graph `{}` ({}), whose kernels are FP8 GEMMs on sm90 (generated with \
-         FUSION_FP8=experimental, not yet run on a GPU): `kernel_<i>` is kernel i of its plan, \
+         FUSION_FP8=experimental, checked on a GPU, not yet timed): `kernel_<i>` is kernel i of its plan, \
          called with a `fusion::abi::fusion_gemm_params` whose `scale_a` and `scale_b` point at the \
          f32 scales, and `kernel_<i>_workspace_bytes` its workspace query.\n\nFusion plan:\n\n\
          ```text\n{}\n```\n",

@@ -9,7 +9,7 @@ mod ffi {
     };
     include!("fusion_ffi.rs");
 }
-/**The launchers of graph `fp8_gemm_bias` (graphs/fp8/fp8_gemm_bias.toml), whose kernels are FP8 GEMMs on sm90 (generated with FUSION_FP8=experimental, not yet run on a GPU): `kernel_<i>` is kernel i of its plan, called with a `fusion::abi::fusion_gemm_params` whose `scale_a` and `scale_b` point at the f32 scales, and `kernel_<i>_workspace_bytes` its workspace query.
+/**The launchers of graph `fp8_gemm_bias` (graphs/fp8/fp8_gemm_bias.toml), whose kernels are FP8 GEMMs on sm90 (generated with FUSION_FP8=experimental, checked on a GPU, not yet timed): `kernel_<i>` is kernel i of its plan, called with a `fusion::abi::fusion_gemm_params` whose `scale_a` and `scale_b` point at the f32 scales, and `kernel_<i>_workspace_bytes` its workspace query.
 
 Fusion plan:
 
