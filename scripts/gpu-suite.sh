@@ -6,7 +6,7 @@
 #   (candle: the feature `candle`'s GPU test and example, in a bundle that has them; not in the default)
 #   (counter: the sm90 tests with CTAs taking tiles from a counter, FUSION_TILE_COUNTER=1)
 #   (corpus: fusion bench --corpus over the bundle's corpus.toml: over a thousand rows; not in the default)
-#   (ab: the corpus with the tables, FUSION_SELECT=model, FUSION_GUARD=on and off; needs FUSION_BUNDLE_AB=1; not in the default)
+#   (ab: the corpus with the tables, FUSION_SELECT=model, FUSION_GUARD=on and off, or FUSION_STREAM_K=0 (FUSION_AB_VARIANTS); model and guard need FUSION_BUNDLE_AB=1; not in the default)
 #   (tiles: the corpus once per tile tier, FUSION_GEMM_TILE=<tier>, for the model's calibration; not in the default)
 #   (sanitize-quick: the sanitizers on the native variant only; selftest:
 #   builds the kernel self-test in ./selftest with nvcc, NVCC or nvcc on
@@ -178,21 +178,26 @@ for step in $steps; do
     ab)
       # The build options against their baselines on the corpus (a bundle
       # made with FUSION_BUNDLE_AB=1): the tables (./fusion), the model's
-      # tiles (./fusion-model), the guard (./fusion-guard) and the same
-      # tool with FUSION_GUARD=off, at the token counts of
+      # tiles (./fusion-model), the guard (./fusion-guard), the same tool
+      # with FUSION_GUARD=off (fused) and the tables without split-K or
+      # stream-K (nosk, FUSION_STREAM_K=0), those of FUSION_AB_VARIANTS
+      # (default: the first four), at the token counts of
       # FUSION_AB_TOKENS, part FUSION_AB_SHARD (I/N) of the rows; compare
       # with `fusion bench --summary` and row by row. (The norm rows run
-      # the same kernels in all four.)
+      # the same kernels in all of them.)
       shard=(); [[ -n ${FUSION_AB_SHARD:-} ]] && shard=(--shard "$FUSION_AB_SHARD")
-      for variant in tables model guard fused; do
-        tool=./fusion; guard=()
+      for variant in ${FUSION_AB_VARIANTS:-tables model guard fused}; do
+        tool=./fusion; settings=()
         case $variant in
+          tables) ;;
           model) tool=./fusion-model ;;
           guard) tool=./fusion-guard ;;
-          fused) tool=./fusion-guard; guard=(FUSION_GUARD=off) ;;
+          fused) tool=./fusion-guard; settings=(FUSION_GUARD=off) ;;
+          nosk) settings=(FUSION_STREAM_K=0) ;;
+          *) echo "FAILED: unknown ab variant $variant"; status=1; continue ;;
         esac
         [[ -x $tool ]] || { echo "FAILED: $tool missing (a bundle made with FUSION_BUNDLE_AB=1 has it)"; status=1; continue; }
-        run "ab-$variant.log" env "${guard[@]}" "$tool" bench --corpus corpus.toml \
+        run "ab-$variant.log" env "${settings[@]}" "$tool" bench --corpus corpus.toml \
           --corpus-tokens "${FUSION_AB_TOKENS:-128,512,1000}" "${shard[@]}" \
           --runs "${FUSION_AB_RUNS:-10}" --json "$out/ab-$variant.json"
       done ;;
