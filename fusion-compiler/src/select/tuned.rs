@@ -16,10 +16,12 @@
 //! those of the table's generation, as its module in [`crate::target`]
 //! spells them (every tile has `bm`, `bn`, `bk` and `stages`; an sm90 tile
 //! adds [`crate::target::sm90::Fields`]). An entry may add
-//! `small_m_alt`, a second tile for `m <= small_m_max` that the kernel runs
-//! instead of `small_m` when it needs fewer waves on the device's SMs,
-//! `large_alt`, a narrower tile that the kernel runs instead of `large`
-//! when it needs clearly fewer waves (at most 9/10 of `large`'s area), and
+//! `small_m_alt`, a second tile for `m <= small_m_max`, `large_alt`, a
+//! narrower tile than `large`, each of which a launch runs where its
+//! generation's rule says ([`crate::target::TierChoice`]: on sm90 the tier
+//! whose busiest CTA loads least; on sm80 and sm75 `small_m_alt` where it
+//! needs fewer waves than `small_m` and `large_alt` where it needs at most
+//! 9/10 of `large`'s waves of tile area), and
 //! `decode_max_m`, the largest M that runs the decode kernel
 //! (`kernels/include/fusion/decode.cuh`) ahead of every tile (sm80 and
 //! sm90; [N, K] weights only).
