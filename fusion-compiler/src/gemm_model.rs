@@ -387,6 +387,25 @@ pub fn counts(tile: TileShape, shape: GemmShape, source_tile: bool, sms: u64) ->
     ]
 }
 
+/// How a unit's launcher chooses among its tile tiers (gemm.cu.hbs's
+/// `with_kernel`) where it has several: a generation's rule
+/// (`Target::tier_choice`), except that a tuned cache's tiles keep
+/// [`TierChoice::WaveArea`], the rule the tuner's mapping of its buckets
+/// onto tiers assumes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TierChoice {
+    /// Up to `small_m_max` the small-M tile, or its alternative where that
+    /// needs no more waves of tile area (`fewer_waves` in gemm.cuh); above,
+    /// the large tile, or its alternative where that needs at most 9/10 of
+    /// its waves of tile area (`clearly_fewer_waves`).
+    WaveArea,
+    /// Every tier in range of M (the small-M ones up to `small_m_max`)
+    /// competes; the one whose busiest CTA loads the fewest operand
+    /// elements per k-block step, waves x (BM + BN), runs
+    /// (`LightestTier` in gemm.cuh).
+    LeastLoads,
+}
+
 /// A GEMM unit's tile tiers, in the order of the tuned tables' names
 /// (`large`, `large_alt`, `small_m`, `small_m_alt`, as `FUSION_GEMM_TILE`
 /// and the launch flags `FUSION_GEMM_TILE_*` name them).
@@ -449,15 +468,19 @@ impl UnitTiers {
 
     /// The tier the unit's launcher runs by itself for `m` rows of `gemm_n`
     /// GEMM columns on `sms` SMs, with no tier named in the flags, as
-    /// gemm.cu.hbs's `with_kernel` chooses it on sm90 (`LightestTier` in
-    /// gemm.cuh): among the large tiers and, up to
-    /// [`UnitTiers::small_m_max`], the small-M ones, the one whose busiest
-    /// CTA loads the fewest operand elements per k-block step
-    /// ([`TileShape::busiest_loads`]); on a tie the one whose last wave
-    /// leaves the fewest loads idle ([`TileShape::idle_loads`]), then the
-    /// first in the order large, large_alt, small_m_alt, small_m. `None`
-    /// where the decode kernel takes `m`.
-    pub fn launcher_tier(&self, m: u64, gemm_n: u64, sms: u64) -> Option<usize> {
+    /// gemm.cu.hbs's `with_kernel` chooses it by `rule`.
+    /// [`TierChoice::LeastLoads`] (`LightestTier` in gemm.cuh): among the
+    /// large tiers and, up to [`UnitTiers::small_m_max`], the small-M ones,
+    /// the one whose busiest CTA loads the fewest operand elements per
+    /// k-block step ([`TileShape::busiest_loads`]); on a tie the one whose
+    /// last wave leaves the fewest loads idle ([`TileShape::idle_loads`]),
+    /// then the first in the order large, large_alt, small_m_alt, small_m.
+    /// [`TierChoice::WaveArea`] (`fewer_waves`, `clearly_fewer_waves`): up
+    /// to `small_m_max` the small-M tier, or its alternative where that
+    /// needs no more waves of tile area; above, the large tier, or its
+    /// alternative where that needs at most 9/10 of its waves of tile
+    /// area. `None` where the decode kernel takes `m`.
+    pub fn launcher_tier(&self, m: u64, gemm_n: u64, sms: u64, rule: TierChoice) -> Option<usize> {
         const LARGE: usize = 0;
         const LARGE_ALT: usize = 1;
         const SMALL_M: usize = 2;
@@ -466,6 +489,21 @@ impl UnitTiers {
             return None;
         }
         let small_in_range = self.small_m_max.is_some_and(|max_m| m <= u64::from(max_m));
+        if rule == TierChoice::WaveArea {
+            let wave_area =
+                |tile: TileShape| tile.tiles(m, gemm_n).div_ceil(sms.max(1)) * u64::from(tile.bm * tile.bn);
+            if let (Some(small), true) = (self.tiles[SMALL_M], small_in_range) {
+                return Some(match self.tiles[SMALL_M_ALT] {
+                    Some(alt) if wave_area(alt) <= wave_area(small) => SMALL_M_ALT,
+                    _ => SMALL_M,
+                });
+            }
+            let large = self.tiles[LARGE]?;
+            return Some(match self.tiles[LARGE_ALT] {
+                Some(alt) if 10 * wave_area(alt) <= 9 * wave_area(large) => LARGE_ALT,
+                _ => LARGE,
+            });
+        }
         let offered: &[usize] = if small_in_range {
             &[LARGE, LARGE_ALT, SMALL_M_ALT, SMALL_M]
         } else {
@@ -488,14 +526,16 @@ impl UnitTiers {
     /// The tile a call of `m` rows of C's `n` columns over `k` runs: where
     /// the plan names the model's tier per call (`tiers_by`, the model's
     /// costs), [`UnitTiers::choose`]'s; else the launcher's own
-    /// ([`UnitTiers::launcher_tier`], on the calibration's [`SM90_SMS`]).
-    /// `None` where the decode kernel takes `m`.
+    /// ([`UnitTiers::launcher_tier`], on the calibration's [`SM90_SMS`],
+    /// by [`TierChoice::LeastLoads`]: a plan table carries tiers only for a
+    /// unit whose N or K is dynamic, never one of a tuned cache, which
+    /// needs both static). `None` where the decode kernel takes `m`.
     pub fn tile_run(&self, tiers_by: Option<&Costs>, m: u64, n: u64, k: u64) -> Option<TileShape> {
         let tier = match tiers_by {
             Some(costs) => self.choose(costs, m, n, k)?,
             None => {
                 let gemm_n = if self.gated { n.saturating_mul(2) } else { n };
-                self.launcher_tier(m, gemm_n, SM90_SMS)?
+                self.launcher_tier(m, gemm_n, SM90_SMS, TierChoice::LeastLoads)?
             }
         };
         self.tiles[tier]

@@ -34,9 +34,9 @@ use crate::gemm_model::{Costs, UnitTiers};
 use crate::guard_model::GuardCosts;
 use crate::ir::{DType, Extent, Graph, WeightLayout};
 use crate::select::{
-    self, Arch, ConfigSource, KernelConfig, KernelKind, SelectError, TileConfig, TunedCache, TunedTable,
+    self, Arch, ConfigSource, KernelConfig, KernelKind, SelectError, TierChoice, TileConfig, TunedCache,
+    TunedTable,
 };
-use crate::target::TierChoice;
 use indexmap::IndexMap;
 use serde_json::json;
 
@@ -488,9 +488,16 @@ pub fn render_tuned(
                         entry.used_by.push(user);
                     }
                     let mut call_route = None;
-                    if let (KernelKey::Gemm { config, .. }, false) = (&key, dtype.is_fp8()) {
+                    if let (
+                        KernelKey::Gemm {
+                            config, tuned_for, ..
+                        },
+                        false,
+                    ) = (&key, dtype.is_fp8())
+                    {
+                        let rule = select::tier_choice(arch, tuned_for.is_some());
                         if let Some(this) =
-                            select::guard::route(cache, arch, kernel, &spec.plan.graph, dtype, config)
+                            select::guard::route(cache, arch, kernel, &spec.plan.graph, dtype, config, rule)
                         {
                             routed_dtypes += 1;
                             route = Some(match route {
@@ -1046,10 +1053,7 @@ fn render_unit(
                     json!({ "tile": alt.cpp_type(), "tile_doc": alt.summary() })
                 }),
                 "small": small.unwrap_or(serde_json::Value::Bool(false)),
-                // A tuned cache's tiles keep the rule they were measured
-                // for (the tuner times each bucket's tile alone).
-                "least_loads": target.tier_choice == TierChoice::LeastLoads
-                    && tuned_for.is_none()
+                "least_loads": select::tier_choice(*arch, tuned_for.is_some()) == TierChoice::LeastLoads
                     && (config.large_alt.is_some() || config.small().is_some()),
                 "by_m_tiles": by_m_aliases
                     .iter()

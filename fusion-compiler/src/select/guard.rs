@@ -28,7 +28,7 @@
 //! routes (codegen).
 
 use super::model::{self, Calibration, Provenance, SM90_SMS, TileShape, UnitTiers};
-use super::{Arch, CacheKey, KernelConfig, KernelKind, MBucket, TunedCache};
+use super::{Arch, CacheKey, KernelConfig, KernelKind, MBucket, TierChoice, TunedCache};
 use crate::fuse::{EpilogueStep, GemmComposition, NormKind};
 pub use crate::guard_model::{GuardCosts, MARGIN, VENDOR_UNKNOWNS, VendorCosts, VendorWork};
 use crate::ir::{Activation, DType};
@@ -406,8 +406,10 @@ impl Guard {
     /// The verdict on every M bucket of the GEMM `gemm` in `dtype` on
     /// `arch`, with C's static `n` columns over static `k` (`None`:
     /// dynamic, as [`crate::fuse::FusedKernel::static_n_and_k`] says), rendered with
-    /// `config` (the tiles its launcher runs per M); entries of `cache`
-    /// for the kernel's buckets that timed both sides override the models.
+    /// `config`, whose launcher runs a tile per M by `rule`
+    /// ([`super::tier_choice`]); entries of `cache` for the kernel's
+    /// buckets that timed both sides override the models.
+    #[allow(clippy::too_many_arguments)]
     pub fn verdicts(
         &self,
         cache: &TunedCache,
@@ -416,6 +418,7 @@ impl Guard {
         dtype: DType,
         (n, k): (Option<u64>, Option<u64>),
         config: &KernelConfig,
+        rule: TierChoice,
     ) -> Result<Vec<BucketVerdict>, Unguarded> {
         if arch != Arch::Sm90 {
             return Err(Unguarded::Arch(arch));
@@ -455,7 +458,7 @@ impl Guard {
                 }
                 let times = costs.bucket_times(&work, kind.source_tile, bucket, (n, k), |m| {
                     config
-                        .launched_tile(m, gemm_n, SM90_SMS, decode)
+                        .launched_tile(m, gemm_n, SM90_SMS, decode, rule)
                         .map(|tile| TileShape::of(&tile))
                 });
                 BucketVerdict::decide(bucket, times.fused_us, times.vendor_us, Evidence::Model)
@@ -527,7 +530,8 @@ pub fn report(
             _ => String::new(),
         };
         let _ = write!(out, "kernel #{index} ({}, {dtype}{shape}): ", kind.name);
-        match guard.verdicts(cache, arch, gemm, dtype, (n, k), &selected.config) {
+        let rule = super::tier_choice(arch, selected.tuned_for.is_some());
+        match guard.verdicts(cache, arch, gemm, dtype, (n, k), &selected.config, rule) {
             Err(Unguarded::Dynamic) => {
                 let _ = writeln!(
                     out,
@@ -595,7 +599,8 @@ impl Route {
 }
 
 /// The M buckets of `kernel`'s GEMM in `dtype` on `arch`, rendered with
-/// `config`, that run the vendor path, and cuBLASLt's epilogue there:
+/// `config` (whose launcher chooses its tiles by `rule`), that run the
+/// vendor path, and cuBLASLt's epilogue there:
 /// `None` where the cache carries no guard ([`TunedCache::guard`]), the
 /// kernel is not a GEMM the guard serves, or every bucket stays fused.
 pub fn route(
@@ -605,13 +610,22 @@ pub fn route(
     graph: &crate::ir::Graph,
     dtype: DType,
     config: &KernelConfig,
+    rule: TierChoice,
 ) -> Option<Route> {
     let guard = cache.guard.as_ref()?;
     let crate::fuse::Composition::Gemm(gemm) = &kernel.composition else {
         return None;
     };
     let verdicts = guard
-        .verdicts(cache, arch, gemm, dtype, kernel.static_n_and_k(graph), config)
+        .verdicts(
+            cache,
+            arch,
+            gemm,
+            dtype,
+            kernel.static_n_and_k(graph),
+            config,
+            rule,
+        )
         .ok()?;
     let buckets: Vec<MBucket> = verdicts.iter().filter(|v| v.vendor).map(|v| v.bucket).collect();
     (!buckets.is_empty()).then(|| Route {
@@ -652,7 +666,18 @@ pub fn call_route(
     let crate::fuse::Composition::Gemm(gemm) = &kernel.composition else {
         return None;
     };
-    let verdict = guard.verdicts(cache, arch, gemm, dtype, kernel.static_n_and_k(graph), config);
+    // Only whether N or K is dynamic is asked here, where no tuned cache's
+    // config applies: the generation's rule.
+    let rule = super::tier_choice(arch, false);
+    let verdict = guard.verdicts(
+        cache,
+        arch,
+        gemm,
+        dtype,
+        kernel.static_n_and_k(graph),
+        config,
+        rule,
+    );
     if !matches!(verdict, Err(Unguarded::Dynamic)) {
         return None;
     }

@@ -38,13 +38,26 @@ pub mod model;
 mod tuned;
 mod tuned_cache;
 
-pub use crate::target::{Arch, Schedule, TileConfig};
+pub use crate::target::{Arch, Schedule, TierChoice, TileConfig};
 pub use tuned::{GATED_DEFAULT, SOURCE_TILE_DEFAULT, TunedTable};
 pub use tuned_cache::{CacheEntry, CacheKey, M_BUCKET_BOUNDS, MBucket, SELECT_ENV, TUNED_ENV, TunedCache};
 
 use crate::fuse::GemmComposition;
 use crate::ir::{DType, WeightLayout};
 use std::fmt;
+
+/// The rule by which a unit on `arch` chooses among its tiers per call:
+/// its generation's (`Target::tier_choice`), or where its config came from
+/// a tuned cache (`tuned`), [`TierChoice::WaveArea`], which the cache's
+/// mapping of its buckets onto tiers assumes
+/// ([`TunedCache::config_for`]).
+pub fn tier_choice(arch: Arch, tuned: bool) -> TierChoice {
+    if tuned {
+        TierChoice::WaveArea
+    } else {
+        arch.target().tier_choice
+    }
+}
 
 /// What a config is chosen for: the parts of a GEMM kernel that change
 /// its resource use.

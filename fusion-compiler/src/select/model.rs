@@ -18,7 +18,8 @@
 //! its kind, [`super::select`]) and what the build renders from the choice.
 
 pub use crate::gemm_model::{
-    Costs, GemmShape, SM90_SMS, Split, TIERS, TileShape, UNKNOWNS, UnitTiers, Work, bucket_of, counts, work,
+    Costs, GemmShape, SM90_SMS, Split, TIERS, TierChoice, TileShape, UNKNOWNS, UnitTiers, Work, bucket_of,
+    counts, work,
 };
 
 use super::{Arch, ConfigSource, KernelConfig, KernelKind, MBucket, TileConfig};
@@ -302,12 +303,20 @@ impl KernelConfig {
     }
 
     /// The tile the sm90 launcher runs for an `m` x `n` output (GEMM
-    /// columns) on `sms` SMs, as the unit's `with_kernel` chooses it for a
-    /// shipped table's config (gemm.cu.hbs, `LightestTier` in gemm.cuh;
-    /// [`UnitTiers::launcher_tier`]) or a config with a tile per M bucket;
-    /// `None` where the decode kernel runs (`decode` says whether the
-    /// kernel has it, [`KernelConfig::decode_for`]).
-    pub fn launched_tile(&self, m: u64, n: u64, sms: u64, decode: bool) -> Option<TileConfig> {
+    /// columns) on `sms` SMs, as the unit's `with_kernel` chooses it: by
+    /// the bucket's tile where the config has one per M bucket, else by
+    /// `rule` among its tiers ([`UnitTiers::launcher_tier`];
+    /// [`super::tier_choice`] says which rule a unit runs). `None` where
+    /// the decode kernel runs (`decode` says whether the kernel has it,
+    /// [`KernelConfig::decode_for`]).
+    pub fn launched_tile(
+        &self,
+        m: u64,
+        n: u64,
+        sms: u64,
+        decode: bool,
+        rule: TierChoice,
+    ) -> Option<TileConfig> {
         if decode && self.decode_max_m.is_some_and(|max| m <= u64::from(max)) {
             return None;
         }
@@ -322,7 +331,7 @@ impl KernelConfig {
             gated: false,
             source_tile: false,
         };
-        let tier = unit.launcher_tier(m, n, sms)?;
+        let tier = unit.launcher_tier(m, n, sms, rule)?;
         tiers[tier].1
     }
 }

@@ -96,21 +96,7 @@ pub struct Target {
     pub tuned_json: &'static str,
 }
 
-/// How a generation's launchers choose among a unit's tile tiers
-/// (gemm.cu.hbs's `with_kernel`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum TierChoice {
-    /// Up to `small_m_max` the small-M tile, or its alternative where that
-    /// needs no more waves of tile area (`fewer_waves` in gemm.cuh); above,
-    /// the large tile, or its alternative where that needs at most 9/10 of
-    /// its waves of tile area (`clearly_fewer_waves`).
-    WaveArea,
-    /// Every tier in range of M (the small-M ones up to `small_m_max`)
-    /// competes; the one whose busiest CTA loads the fewest operand
-    /// elements per k-block step, waves x (BM + BN), runs
-    /// (`LightestTier` in gemm.cuh).
-    LeastLoads,
-}
+pub use crate::gemm_model::TierChoice;
 
 /// One tile config of one generation's mainloop: the fields every mainloop
 /// takes, and the generation's own ([`Fields`]). In JSON (the tuned tables,

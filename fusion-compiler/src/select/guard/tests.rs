@@ -255,6 +255,7 @@ fn verdicts_compare_the_two_predictions_per_bucket() {
             DType::F16,
             (Some(4096), Some(4096)),
             &config,
+            TierChoice::LeastLoads,
         )
         .unwrap();
     assert_eq!(verdicts.len(), MBucket::COUNT);
@@ -289,6 +290,7 @@ fn verdicts_compare_the_two_predictions_per_bucket() {
             DType::F16,
             (Some(4096), Some(4096)),
             &config,
+            TierChoice::LeastLoads,
         )
         .unwrap();
     assert!(verdicts.iter().all(|v| v.vendor == v.fused_us.is_some()));
@@ -307,6 +309,7 @@ fn verdicts_compare_the_two_predictions_per_bucket() {
             DType::F16,
             (Some(4096), Some(4096)),
             &config,
+            TierChoice::LeastLoads,
         )
         .unwrap();
     assert!(verdicts.iter().all(|v| !v.vendor));
@@ -342,6 +345,7 @@ fn a_tuned_entry_overrides_the_models_for_its_bucket() {
             DType::F16,
             (Some(4096), Some(4096)),
             &config,
+            TierChoice::LeastLoads,
         )
         .unwrap();
     let at = |m| verdicts[MBucket::of(m).index()];
@@ -371,7 +375,7 @@ fn kernels_the_guard_cannot_serve_say_why() {
     let cache = TunedCache::default();
     let (gemm, config) = gemm_bias_gelu();
     let verdicts = |arch, dtype, n, k, gemm: &GemmComposition| {
-        guard.verdicts(&cache, arch, gemm, dtype, (n, k), &config)
+        guard.verdicts(&cache, arch, gemm, dtype, (n, k), &config, TierChoice::LeastLoads)
     };
     assert_eq!(
         verdicts(Arch::Sm80, DType::F16, Some(64), Some(64), &gemm),
@@ -409,6 +413,7 @@ fn norm_gemms_get_a_verdict_per_bucket_counting_their_norm_kernel() {
             DType::BF16,
             (Some(4096), Some(4096)),
             &config,
+            TierChoice::LeastLoads,
         )
     };
     for (norm, plain) in [("rmsnorm_gemm", "gemm"), ("layernorm_gemm", "gemm")] {
@@ -506,6 +511,7 @@ fn the_guard_lifts_the_corpus_rows_it_serves() {
             DType::F16,
             (Some(dims[1]), Some(dims[2])),
             &config,
+            TierChoice::LeastLoads,
         ) else {
             continue;
         };
@@ -600,6 +606,7 @@ fn the_verdict_per_call_is_the_builds_on_the_corpus() {
                     dtype,
                     (Some(shape.n), Some(shape.k)),
                     &selected.config,
+                    crate::select::tier_choice(Arch::Sm90, selected.tuned_for.is_some()),
                 );
                 let Some((route, units)) = &variants.call_route else {
                     assert!(

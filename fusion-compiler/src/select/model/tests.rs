@@ -59,7 +59,11 @@ fn sm90_config(kernel: &str) -> (KernelKind, KernelConfig) {
 fn launched_tile_repeats_the_launchers_choice() {
     let (kind, config) = sm90_config("gemm");
     let decode = config.decode_for(kind.layout).is_some();
-    let tile = |m, n| config.launched_tile(m, n, 132, decode).map(|t| (t.bm, t.bn));
+    let tile = |m, n| {
+        config
+            .launched_tile(m, n, 132, decode, TierChoice::LeastLoads)
+            .map(|t| (t.bm, t.bn))
+    };
     // 112 128x128 tiles, one wave: 256 loads against 384 for two waves of
     // 64x128 and 384 for one of 128x256.
     assert_eq!(tile(128, 14336), Some((128, 128)));
@@ -112,7 +116,7 @@ fn samples_of(file: &str) -> Vec<Sample> {
                     .unwrap_or_else(|| panic!("{file}: gemm_tile {name:?} is no tier"));
                 *tile
             }
-            None => config.launched_tile(dims[0], n, SM90_SMS, decode),
+            None => config.launched_tile(dims[0], n, SM90_SMS, decode, TierChoice::LeastLoads),
         };
         let Some(tile) = tile else {
             continue;
@@ -306,8 +310,13 @@ fn the_run_times_choice_agrees_with_the_builds_on_the_corpus() {
                 let at_run_time = unit
                     .choose(&model.costs, m, shape.n, shape.k)
                     .map(|tier| tiers[tier].1.unwrap());
-                let at_build =
-                    built.launched_tile(m, kind_n(&kind, shape.n), SM90_SMS, unit.decode_max_m.is_some());
+                let at_build = built.launched_tile(
+                    m,
+                    kind_n(&kind, shape.n),
+                    SM90_SMS,
+                    unit.decode_max_m.is_some(),
+                    TierChoice::LeastLoads,
+                );
                 assert_eq!(
                     at_run_time, at_build,
                     "{} at ({m}, {}, {})",
@@ -436,7 +445,9 @@ fn the_launchers_tier_is_near_the_fastest_on_the_measured_corpus() {
         let [m, n, k] = row.dims;
         let gemm_n = kind_n(&kind, n);
         let decode = config.decode_for(kind.layout).is_some();
-        let chosen = config.launched_tile(m, gemm_n, SM90_SMS, decode).unwrap();
+        let chosen = config
+            .launched_tile(m, gemm_n, SM90_SMS, decode, TierChoice::LeastLoads)
+            .unwrap();
         let time_of = |tile: TileConfig| row.times.iter().find(|(t, _)| *t == tile).map(|(_, us)| *us);
         let chosen_us = time_of(chosen)
             .unwrap_or_else(|| panic!("{} {:?}: {chosen:?} not measured", row.kernel, row.dims));
@@ -459,4 +470,36 @@ fn the_launchers_tier_is_near_the_fastest_on_the_measured_corpus() {
             "M = {m}: {chosen:.3} against {fastest:.3}"
         );
     }
+}
+
+/// The two rules a launcher may run, at shapes where they part: the
+/// wave-area rule (sm80, sm75, a tuned cache's tiles) keeps M <= 512 on the
+/// small-M tiers and chooses 64x128 at (512, 10240), where least loads
+/// runs 128x192; above `small_m_max` both weigh the large tiers alike.
+#[test]
+fn the_wave_area_rule_keeps_the_small_tiers_for_small_m() {
+    let (kind, config) = sm90_config("gemm");
+    let decode = config.decode_for(kind.layout).is_some();
+    let tile = |m, n, rule| {
+        config
+            .launched_tile(m, n, 132, decode, rule)
+            .map(|t| (t.bm, t.bn))
+    };
+    assert_eq!(tile(512, 10240, TierChoice::WaveArea), Some((64, 128)));
+    assert_eq!(tile(512, 10240, TierChoice::LeastLoads), Some((128, 192)));
+    assert_eq!(tile(128, 14336, TierChoice::WaveArea), Some((128, 128)));
+    for rule in [TierChoice::WaveArea, TierChoice::LeastLoads] {
+        assert_eq!(tile(2000, 18944, rule), tile(2000, 18944, TierChoice::WaveArea));
+        assert_eq!(tile(8192, 8192, rule), Some((128, 256)));
+        assert_eq!(tile(16, 4096, rule), None);
+    }
+    assert_eq!(
+        crate::select::tier_choice(Arch::Sm90, false),
+        TierChoice::LeastLoads
+    );
+    assert_eq!(crate::select::tier_choice(Arch::Sm90, true), TierChoice::WaveArea);
+    assert_eq!(
+        crate::select::tier_choice(Arch::Sm80, false),
+        TierChoice::WaveArea
+    );
 }
