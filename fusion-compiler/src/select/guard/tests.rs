@@ -488,6 +488,14 @@ fn a_kernel_of_two_dtypes_routes_the_buckets_both_lose() {
     assert_eq!(bucket_ranges(&both.buckets), [(65, Some(128)), (257, Some(512))]);
 }
 
+/// Corpus runs of the launchers' own tiles (no tier named) on the GPU the
+/// shipped models were fitted on: what the guard's verdicts are weighed
+/// against.
+const LAUNCHER_CORPUS_FILES: [&str; 2] = [
+    "benchmarks/2026-12-05-f8745d3-corpus-128-h100.json",
+    "benchmarks/2026-12-05-f8745d3-corpus-512-1000-h100.json",
+];
+
 /// What the guard would have done to the measured corpus rows of the
 /// kernels it serves: a row whose bucket it routes runs the vendor path,
 /// which is the row's own baseline (ratio 1), and the others keep their
@@ -499,9 +507,13 @@ fn a_kernel_of_two_dtypes_routes_the_buckets_both_lose() {
 fn the_guard_lifts_the_corpus_rows_it_serves() {
     let guard = Guard::shipped_sm90();
     let cache = TunedCache::default();
-    let file = &vendor_files()[0];
+    let files: Vec<String> = LAUNCHER_CORPUS_FILES.iter().map(|f| f.to_string()).collect();
+    // One GPU for the models and the rows (provenance_of asserts it).
+    let mut with_models = files.clone();
+    with_models.push(vendor_files()[0].clone());
+    provenance_of(&with_models);
     let (mut rows, mut below_before, mut below_after, mut routed, mut routed_wins) = (0, 0, 0, 0, 0);
-    for (gemm, dims, row) in gemm_rows(file) {
+    for (gemm, dims, row) in files.iter().flat_map(|file| gemm_rows(file)) {
         let kind = KernelKind::of(&gemm, DType::F16);
         let config = select(Arch::Sm90, &kind).unwrap();
         let Ok(verdicts) = guard.verdicts(
@@ -530,7 +542,7 @@ fn the_guard_lifts_the_corpus_rows_it_serves() {
         }
     }
     eprintln!(
-        "{file}: {rows} rows the guard serves; below 0.98: {below_before} fused, {below_after} guarded; {routed} routed, {routed_wins} of them won by the fused kernel by more than 10%"
+        "{files:?}: {rows} rows the guard serves; below 0.98: {below_before} fused, {below_after} guarded; {routed} routed, {routed_wins} of them won by the fused kernel by more than 10%"
     );
     assert!(rows >= 100, "{rows} rows");
     assert!(below_after < below_before, "{below_after} >= {below_before}");
