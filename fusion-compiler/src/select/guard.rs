@@ -420,19 +420,8 @@ impl Guard {
         config: &KernelConfig,
         rule: TierChoice,
     ) -> Result<Vec<BucketVerdict>, Unguarded> {
-        if arch != Arch::Sm90 {
-            return Err(Unguarded::Arch(arch));
-        }
-        if !matches!(dtype, DType::F16 | DType::BF16) {
-            return Err(Unguarded::DType(dtype));
-        }
+        let (n, k) = static_and_served(arch, gemm, dtype, (n, k))?;
         let path = VendorPath::of(gemm);
-        if let Some(reason) = path.unsupported() {
-            return Err(Unguarded::Path(reason));
-        }
-        let (Some(n), Some(k)) = (n, k) else {
-            return Err(Unguarded::Dynamic);
-        };
         let kind = KernelKind::of(gemm, dtype);
         let gemm_n = if kind.gated { 2 * n } else { n };
         let decode = config.decode_for(kind.layout).is_some();
@@ -465,6 +454,31 @@ impl Guard {
             })
             .collect();
         Ok(verdicts)
+    }
+}
+
+/// The static N and K of the GEMM `gemm` in `dtype` on `arch` where the
+/// guard serves it (sm90, f16 or bf16, a vendor path cuBLASLt computes),
+/// else why not: [`Unguarded::Dynamic`] when it would but N or K is
+/// dynamic.
+fn static_and_served(
+    arch: Arch,
+    gemm: &GemmComposition,
+    dtype: DType,
+    (n, k): (Option<u64>, Option<u64>),
+) -> Result<(u64, u64), Unguarded> {
+    if arch != Arch::Sm90 {
+        return Err(Unguarded::Arch(arch));
+    }
+    if !matches!(dtype, DType::F16 | DType::BF16) {
+        return Err(Unguarded::DType(dtype));
+    }
+    if let Some(reason) = VendorPath::of(gemm).unsupported() {
+        return Err(Unguarded::Path(reason));
+    }
+    match (n, k) {
+        (Some(n), Some(k)) => Ok((n, k)),
+        _ => Err(Unguarded::Dynamic),
     }
 }
 
@@ -662,23 +676,12 @@ pub fn call_route(
     dtype: DType,
     config: &KernelConfig,
 ) -> Option<(CallRoute, UnitTiers)> {
-    let guard = cache.guard.as_ref()?;
+    cache.guard.as_ref()?;
     let crate::fuse::Composition::Gemm(gemm) = &kernel.composition else {
         return None;
     };
-    // Only whether N or K is dynamic is asked here, where no tuned cache's
-    // config applies: the generation's rule.
-    let rule = super::tier_choice(arch, false);
-    let verdict = guard.verdicts(
-        cache,
-        arch,
-        gemm,
-        dtype,
-        kernel.static_n_and_k(graph),
-        config,
-        rule,
-    );
-    if !matches!(verdict, Err(Unguarded::Dynamic)) {
+    let served = static_and_served(arch, gemm, dtype, kernel.static_n_and_k(graph));
+    if !matches!(served, Err(Unguarded::Dynamic)) {
         return None;
     }
     let path = VendorPath::of(gemm);

@@ -82,17 +82,28 @@ fn launched_tile_repeats_the_launchers_choice() {
     assert_eq!(tile(16, 4096), None);
 }
 
-/// The measured rows of a bench JSON as samples: every GEMM row whose
-/// kernel is a built-in graph, with the tile its launch ran: the tier the
-/// run named (`gemm_tile`, `FUSION_GEMM_TILE`), or where the run named
-/// none, the launcher's own choice. A row whose kernel lacks the tier
-/// named is left out: its launcher chose, by the rule of the commit
-/// measured.
-fn samples_of(file: &str) -> Vec<Sample> {
+/// One GEMM row of a bench JSON with the tile its launch ran.
+struct TimedRow {
+    kernel: String,
+    kind: KernelKind,
+    /// M, N (C's columns) and K.
+    dims: [u64; 3],
+    tile: TileConfig,
+    ours_us: f64,
+    baseline_us: f64,
+}
+
+/// The GEMM rows of a bench JSON whose kernel is a built-in graph, each
+/// with the tile its launch ran: the tier the run named (`gemm_tile`,
+/// `FUSION_GEMM_TILE`), or where the run named none, the launcher's own
+/// choice. A row whose kernel lacks the tier named is left out: its
+/// launcher chose, by the rule of the commit measured. Also the tier the
+/// run named, if it named one.
+fn timed_rows(file: &str) -> (Option<String>, Vec<TimedRow>) {
     let text = std::fs::read_to_string(repo_root().join(file)).unwrap();
     let json: serde_json::Value = serde_json::from_str(&text).unwrap();
     let named = json["gemm_tile"].as_str();
-    let mut samples = Vec::new();
+    let mut rows = Vec::new();
     for row in json["rows"].as_array().unwrap() {
         let kernel = row["kernel"].as_str().unwrap();
         if !repo_root().join("graphs").join(format!("{kernel}.toml")).exists() || kernel.ends_with("norm") {
@@ -105,8 +116,6 @@ fn samples_of(file: &str) -> Vec<Sample> {
             .map(|d| d.parse().unwrap())
             .collect();
         let (kind, config) = sm90_config(kernel);
-        let n = if kind.gated { 2 * dims[1] } else { dims[1] };
-        let decode = config.decode_for(kind.layout).is_some();
         let tile = match named {
             Some(name) => {
                 let tiers = config.tiers();
@@ -116,19 +125,39 @@ fn samples_of(file: &str) -> Vec<Sample> {
                     .unwrap_or_else(|| panic!("{file}: gemm_tile {name:?} is no tier"));
                 *tile
             }
-            None => config.launched_tile(dims[0], n, SM90_SMS, decode, TierChoice::LeastLoads),
+            None => {
+                let decode = config.decode_for(kind.layout).is_some();
+                let gemm_n = kind_n(&kind, dims[1]);
+                config.launched_tile(dims[0], gemm_n, SM90_SMS, decode, TierChoice::LeastLoads)
+            }
         };
         let Some(tile) = tile else {
             continue;
         };
-        samples.push(Sample {
-            shape: shape(dims[0], n, dims[2]),
-            tile: TileShape::of(&tile),
-            source_tile: kind.source_tile,
-            us: row["ours_us"].as_f64().unwrap(),
+        rows.push(TimedRow {
+            kernel: kernel.to_owned(),
+            kind,
+            dims: [dims[0], dims[1], dims[2]],
+            tile,
+            ours_us: row["ours_us"].as_f64().unwrap(),
+            baseline_us: row["baseline_us"].as_f64().unwrap(),
         });
     }
-    samples
+    (named.map(str::to_owned), rows)
+}
+
+/// The rows of a bench JSON as samples ([`timed_rows`]).
+fn samples_of(file: &str) -> Vec<Sample> {
+    timed_rows(file)
+        .1
+        .into_iter()
+        .map(|row| Sample {
+            shape: shape(row.dims[0], kind_n(&row.kind, row.dims[1]), row.dims[2]),
+            tile: TileShape::of(&row.tile),
+            source_tile: row.kind.source_tile,
+            us: row.ours_us,
+        })
+        .collect()
 }
 
 /// [`samples_of`] each file.
@@ -381,36 +410,23 @@ struct MeasuredTiers {
 /// kernel has.
 fn measured_tiers(files: &[String]) -> Vec<MeasuredTiers> {
     type Times = (Vec<(TileConfig, f64)>, Vec<f64>);
-    let mut by_row: std::collections::BTreeMap<(String, String), Times> = Default::default();
+    let mut by_row: std::collections::BTreeMap<(String, [u64; 3]), Times> = Default::default();
     for file in files {
-        let text = std::fs::read_to_string(repo_root().join(file)).unwrap();
-        let json: serde_json::Value = serde_json::from_str(&text).unwrap();
-        let tier = json["gemm_tile"]
-            .as_str()
-            .unwrap_or_else(|| panic!("{file} names no tier"));
-        for row in json["rows"].as_array().unwrap() {
-            let kernel = row["kernel"].as_str().unwrap();
-            if kernel.ends_with("norm") {
-                continue;
-            }
-            let (_, config) = sm90_config(kernel);
-            let Some(tile) = config.tiers().iter().find(|(name, _)| *name == tier).unwrap().1 else {
-                continue;
-            };
-            let shape = row["shape"].as_str().unwrap().to_owned();
-            let entry = by_row.entry((kernel.to_owned(), shape)).or_default();
-            entry.0.push((tile, row["ours_us"].as_f64().unwrap()));
-            entry.1.push(row["baseline_us"].as_f64().unwrap());
+        let (tier, rows) = timed_rows(file);
+        assert!(tier.is_some(), "{file} names no tier");
+        for row in rows {
+            let entry = by_row.entry((row.kernel, row.dims)).or_default();
+            entry.0.push((row.tile, row.ours_us));
+            entry.1.push(row.baseline_us);
         }
     }
     by_row
         .into_iter()
-        .map(|((kernel, shape), (times, mut baselines))| {
+        .map(|((kernel, dims), (times, mut baselines))| {
             baselines.sort_by(f64::total_cmp);
-            let dims: Vec<u64> = shape.split(',').map(|d| d.parse().unwrap()).collect();
             MeasuredTiers {
                 kernel,
-                dims: [dims[0], dims[1], dims[2]],
+                dims,
                 times,
                 baseline_us: baselines[baselines.len() / 2],
             }
