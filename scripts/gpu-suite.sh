@@ -6,7 +6,7 @@
 #   (candle: the feature `candle`'s GPU test and example, in a bundle that has them; not in the default)
 #   (counter: the sm90 tests with CTAs taking tiles from a counter, FUSION_TILE_COUNTER=1)
 #   (corpus: fusion bench --corpus over the bundle's corpus.toml: over a thousand rows; not in the default)
-#   (ab: the corpus with the tables, FUSION_SELECT=model, FUSION_GUARD=on and off, or FUSION_STREAM_K=0 (FUSION_AB_VARIANTS); model and guard need FUSION_BUNDLE_AB=1; not in the default)
+#   (ab: the corpus with the tables, FUSION_SELECT=model, FUSION_GUARD=on and off, FUSION_STREAM_K=0 or FUSION_STREAM_K=tail (FUSION_AB_VARIANTS); model and guard need FUSION_BUNDLE_AB=1; not in the default)
 #   (tiles: the corpus once per tile tier, FUSION_GEMM_TILE=<tier>, for the model's calibration; not in the default)
 #   (sanitize-quick: the sanitizers on the native variant only; selftest:
 #   builds the kernel self-test in ./selftest with nvcc, NVCC or nvcc on
@@ -66,10 +66,12 @@ synccheck_tests="gemm_bias_gelu gemm_silu layernorm_gemm gemm_silu_glu layernorm
 # reports the consumers' reads of the piece posted beside a stage against
 # the producer's next post there once a CTA's stream-K pieces wrap the ring
 # (the tiny 61 x 17016 x 632), though the stage's empty barrier orders them
-# (benchmarks/HISTORY.md v21); memcheck, initcheck and synccheck run those pieces.
+# (benchmarks/HISTORY.md v21); memcheck, initcheck and synccheck run those
+# pieces, with stream-K over the last wave asked for (FUSION_STREAM_K=tail:
+# split-K alone is the default).
 sanitize() {
   local arch=$1 tool=$2; shift 2
-  local stream_k=1
+  local stream_k=tail
   [[ $tool == racecheck ]] && stream_k=0
   FUSION_STREAM_K=$stream_k FUSION_FORCE_ARCH=$arch FUSION_TEST_SIZE=tiny run_tests "sanitize-$tool-$arch.log" $# \
     compute-sanitizer --tool "$tool" --error-exitcode 3 --print-limit 20 \
@@ -83,6 +85,9 @@ for step in $steps; do
     # free functions read dense rows.
     tests)
       FUSION_PAD_WEIGHTS=sm90 run_tests gpu-sm90.log any ./gpu --ignored --test-threads 8 --nocapture
+      # The GEMMs with stream-K over the last wave too (FUSION_STREAM_K=tail,
+      # off by default), whose shapes above share their last waves out.
+      FUSION_STREAM_K=tail FUSION_TEST_SIZE=quick run_tests gpu-sm90-tail.log any ./gpu --ignored --test-threads 8 --nocapture gemm
       # The tile the model of the kernel's time names per call
       # (fusion::plan::TileModel), at shapes where it names each tier.
       run_tests gpu-tile-model.log 2 ./gpu_tile_model --ignored --nocapture ;;
@@ -179,8 +184,9 @@ for step in $steps; do
       # The build options against their baselines on the corpus (a bundle
       # made with FUSION_BUNDLE_AB=1): the tables (./fusion), the model's
       # tiles (./fusion-model), the guard (./fusion-guard), the same tool
-      # with FUSION_GUARD=off (fused) and the tables without split-K or
-      # stream-K (nosk, FUSION_STREAM_K=0), those of FUSION_AB_VARIANTS
+      # with FUSION_GUARD=off (fused), the tables without split-K or
+      # stream-K (nosk, FUSION_STREAM_K=0) and with stream-K over the last
+      # wave too (tail, FUSION_STREAM_K=tail), those of FUSION_AB_VARIANTS
       # (default: the first four), at the token counts of
       # FUSION_AB_TOKENS, part FUSION_AB_SHARD (I/N) of the rows; compare
       # with `fusion bench --summary` and row by row. (The norm rows run
@@ -194,6 +200,7 @@ for step in $steps; do
           guard) tool=./fusion-guard ;;
           fused) tool=./fusion-guard; settings=(FUSION_GUARD=off) ;;
           nosk) settings=(FUSION_STREAM_K=0) ;;
+          tail) settings=(FUSION_STREAM_K=tail) ;;
           *) echo "FAILED: unknown ab variant $variant"; status=1; continue ;;
         esac
         [[ -x $tool ]] || { echo "FAILED: $tool missing (a bundle made with FUSION_BUNDLE_AB=1 has it)"; status=1; continue; }

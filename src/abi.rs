@@ -29,6 +29,9 @@ pub const FUSION_GEMM_TILE_SHIFT: u32 = 2;
 /// per call where the build left the tile to the call: `plan::TileModel`);
 /// none set, the launcher's own choice.
 pub const FUSION_GEMM_TILE_MASK: u32 = 7 << FUSION_GEMM_TILE_SHIFT;
+/// `fusion_gemm_params::flags`: stream-K over the last wave too, not only
+/// split-K where the tiles are fewer than the SMs.
+pub const FUSION_GEMM_STREAM_K_TAIL: u32 = 32;
 /// A tile tier's code: the tuned table's `large` tile.
 pub const FUSION_GEMM_TILE_LARGE: u32 = 1;
 /// A tile tier's code: `large_alt`.
@@ -207,6 +210,9 @@ mod tests {
         assert!(abi.contains(&format!(
             "#define FUSION_GEMM_STATIC_TILES {FUSION_GEMM_STATIC_TILES}u\n"
         )));
+        assert!(abi.contains(&format!(
+            "#define FUSION_GEMM_STREAM_K_TAIL {FUSION_GEMM_STREAM_K_TAIL}u\n"
+        )));
         for (name, value) in [
             ("SHIFT", FUSION_GEMM_TILE_SHIFT),
             ("LARGE", FUSION_GEMM_TILE_LARGE),
@@ -221,7 +227,8 @@ mod tests {
         assert_eq!(FUSION_GEMM_TILE_MASK, 7 << FUSION_GEMM_TILE_SHIFT);
         // The tier's bits are clear of the other flags.
         assert_eq!(
-            FUSION_GEMM_TILE_MASK & (FUSION_GEMM_NO_STREAM_K | FUSION_GEMM_STATIC_TILES),
+            FUSION_GEMM_TILE_MASK
+                & (FUSION_GEMM_NO_STREAM_K | FUSION_GEMM_STATIC_TILES | FUSION_GEMM_STREAM_K_TAIL),
             0
         );
     }

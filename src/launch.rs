@@ -24,6 +24,7 @@ use crate::error::{Error, Result};
 use crate::tensor::{Element, Shape, Tensor, TensorMut};
 use cudarc::driver::sys::CUstreamCaptureStatus;
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
+use fusion_compiler::gemm_model::Splits;
 use fusion_compiler::ir::DType;
 use std::ffi::{CStr, c_int, c_void};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, TryLockError, Weak};
@@ -565,11 +566,10 @@ fn fit_slot<A: Allocator>(
     Ok(true)
 }
 
-/// Reads `FUSION_STREAM_K` once: `0` turns split-K and stream-K off in every
-/// GEMM launch.
-fn stream_k_enabled() -> bool {
-    static ENABLED: OnceLock<bool> = OnceLock::new();
-    *ENABLED.get_or_init(|| switch_setting(std::env::var("FUSION_STREAM_K").ok().as_deref()))
+/// Reads `FUSION_STREAM_K` once ([`Splits::from_setting`]).
+pub fn splits() -> Splits {
+    static SETTING: OnceLock<Splits> = OnceLock::new();
+    *SETTING.get_or_init(|| Splits::from_setting(std::env::var("FUSION_STREAM_K").ok().as_deref()))
 }
 
 /// Reads `FUSION_TILE_COUNTER` once: `1` has the sm90 kernel's CTAs take
@@ -581,11 +581,6 @@ fn stream_k_enabled() -> bool {
 fn tile_counter_enabled() -> bool {
     static ENABLED: OnceLock<bool> = OnceLock::new();
     *ENABLED.get_or_init(|| std::env::var("FUSION_TILE_COUNTER").ok().as_deref() == Some("1"))
-}
-
-/// An on-by-default switch (`FUSION_STREAM_K`): off only for `0`.
-fn switch_setting(value: Option<&str>) -> bool {
-    value != Some("0")
 }
 
 /// Workspaces kept per stream, for callers with no struct to keep one in.
@@ -1091,19 +1086,33 @@ fn row_stride_for(padding: Padding, arch: Arch, row_length: usize, element_bytes
 
 /// How every GEMM launch of the run time spreads its work, as
 /// `fusion_gemm_params::flags` bits (abi.h): `FUSION_GEMM_NO_STREAM_K`
-/// when `FUSION_STREAM_K=0`, `FUSION_GEMM_STATIC_TILES` unless
-/// `FUSION_TILE_COUNTER=1`, and both while `capturing` a graph. Without a
-/// tile tier ([`Call::gemm_flags`] adds `FUSION_GEMM_TILE`'s): whether a
-/// capture would change how a call runs.
+/// when `FUSION_STREAM_K=0`, `FUSION_GEMM_STREAM_K_TAIL` when
+/// `FUSION_STREAM_K=tail`, `FUSION_GEMM_STATIC_TILES` unless
+/// `FUSION_TILE_COUNTER=1`, and `FUSION_GEMM_NO_STREAM_K` with
+/// `FUSION_GEMM_STATIC_TILES` while `capturing` a graph. Without a tile
+/// tier ([`Call::gemm_flags`] adds `FUSION_GEMM_TILE`'s): whether a capture
+/// would change how a call runs.
 pub fn schedule_flags(capturing: bool) -> u32 {
-    let mut flags = 0;
-    if capturing || !stream_k_enabled() {
-        flags |= abi::FUSION_GEMM_NO_STREAM_K;
+    split_flags(capturing, splits()) | tile_walk_flags(capturing)
+}
+
+/// The flag bits of `splits`, or of no split while `capturing`.
+fn split_flags(capturing: bool, splits: Splits) -> u32 {
+    match (capturing, splits) {
+        (true, _) | (false, Splits::Off) => abi::FUSION_GEMM_NO_STREAM_K,
+        (false, Splits::SplitK) => 0,
+        (false, Splits::Tail) => abi::FUSION_GEMM_STREAM_K_TAIL,
     }
+}
+
+/// `FUSION_GEMM_STATIC_TILES` unless the tile counter is on and no graph
+/// is being captured.
+fn tile_walk_flags(capturing: bool) -> u32 {
     if capturing || !tile_counter_enabled() {
-        flags |= abi::FUSION_GEMM_STATIC_TILES;
+        abi::FUSION_GEMM_STATIC_TILES
+    } else {
+        0
     }
-    flags
 }
 
 /// [`Call::gemm_flags`] for a stream that is `capturing` or not.
@@ -2119,9 +2128,17 @@ mod tests {
     }
 
     #[test]
-    fn fusion_stream_k_0_turns_stream_k_off() {
-        assert!(switch_setting(None));
-        assert!(switch_setting(Some("1")));
-        assert!(!switch_setting(Some("0")));
+    fn fusion_stream_k_chooses_how_launches_split() {
+        assert_eq!(Splits::from_setting(None), Splits::SplitK);
+        assert_eq!(Splits::from_setting(Some("1")), Splits::SplitK);
+        assert_eq!(Splits::from_setting(Some("0")), Splits::Off);
+        assert_eq!(Splits::from_setting(Some("tail")), Splits::Tail);
+        assert_eq!(split_flags(false, Splits::SplitK), 0);
+        assert_eq!(split_flags(false, Splits::Off), abi::FUSION_GEMM_NO_STREAM_K);
+        assert_eq!(split_flags(false, Splits::Tail), abi::FUSION_GEMM_STREAM_K_TAIL);
+        // A capture never splits, whatever the setting.
+        for splits in [Splits::Off, Splits::SplitK, Splits::Tail] {
+            assert_eq!(split_flags(true, splits), abi::FUSION_GEMM_NO_STREAM_K);
+        }
     }
 }

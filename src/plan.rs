@@ -37,10 +37,10 @@ use std::sync::Arc;
 /// ([`crate::abi`]) its launchers take. Generated code asserts it at compile
 /// time ([`expect_schema`]); [`run`] and [`bind`] refuse a table of another
 /// ([`Error::PlanSchema`]).
-pub const SCHEMA_VERSION: u32 = 2;
+pub const SCHEMA_VERSION: u32 = 3;
 
 /// Fails the build of generated code written for another schema: generated
-/// code says `const _: () = fusion::plan::expect_schema(2);`.
+/// code says `const _: () = fusion::plan::expect_schema(3);`.
 ///
 /// # Panics
 ///

@@ -6,7 +6,7 @@
 //!
 //! The kernel is persistent: one CTA per SM walks whole tiles, and where the
 //! tiles do not fill the SMs evenly several CTAs share a tile's k-blocks
-//! (split-K below one wave, stream-K over the last one), which
+//! (split-K below one wave; stream-K over the last one where asked for), which
 //! `kernels/include/fusion/sm90/tile_scheduler.cuh` plans at launch. [`work`]
 //! repeats that plan, so the model sees what the launch does: how many
 //! k-blocks the busiest CTA runs, how many tiles it finishes and how many
@@ -144,6 +144,52 @@ pub enum Split {
     StreamK,
 }
 
+/// Which splits a launch may plan (`fusion_gemm_params::flags`, which the
+/// run time sets from `FUSION_STREAM_K`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Splits {
+    /// `FUSION_STREAM_K=0`, and every launch captured into a graph: every
+    /// tile whole on one CTA (`FUSION_GEMM_NO_STREAM_K`).
+    Off,
+    /// The default: split-K where the tiles are fewer than the SMs.
+    #[default]
+    SplitK,
+    /// `FUSION_STREAM_K=tail`: split-K, and stream-K over the last wave where
+    /// the tiles are more (`FUSION_GEMM_STREAM_K_TAIL`). The default before
+    /// the corpus measured it (benchmarks/HISTORY.md v29), so every bench file
+    /// that does not name its splits ran with it.
+    Tail,
+}
+
+impl Splits {
+    /// `FUSION_STREAM_K`'s value as splits: `0` off, `tail` with stream-K
+    /// over the last wave, anything else (unset too) the default.
+    pub fn from_setting(value: Option<&str>) -> Splits {
+        match value {
+            Some("0") => Splits::Off,
+            Some("tail") => Splits::Tail,
+            _ => Splits::SplitK,
+        }
+    }
+
+    /// The name a bench file records (`splits`), which
+    /// [`Splits::from_name`] reads back.
+    pub fn name(self) -> &'static str {
+        match self {
+            Splits::Off => "off",
+            Splits::SplitK => "split-k",
+            Splits::Tail => "tail",
+        }
+    }
+
+    /// [`Splits::name`]'s inverse.
+    pub fn from_name(name: &str) -> Option<Splits> {
+        [Splits::Off, Splits::SplitK, Splits::Tail]
+            .into_iter()
+            .find(|s| s.name() == name)
+    }
+}
+
 /// What a launch of one tile config does on one shape.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Work {
@@ -164,10 +210,9 @@ pub struct Work {
 }
 
 /// The launch's work for a `bm` x `bn` cooperative tile with `consumers`
-/// warp groups on `sms` SMs, as tile_scheduler.cuh plans it (`stream_k`:
-/// whether the caller allows split-K and stream-K, as the run time does
-/// unless `FUSION_STREAM_K=0` or a graph is being captured).
-pub fn work(bm: u64, bn: u64, consumers: u64, shape: GemmShape, sms: u64, stream_k: bool) -> Work {
+/// warp groups on `sms` SMs, as tile_scheduler.cuh plans it with the
+/// `splits` its caller allows.
+pub fn work(bm: u64, bn: u64, consumers: u64, shape: GemmShape, sms: u64, splits: Splits) -> Work {
     let tiles = shape.m.div_ceil(bm) * shape.n.div_ceil(bn);
     let k_blocks = shape.k.div_ceil(K_BLOCK);
     let grid = balanced_grid(tiles, sms);
@@ -180,7 +225,7 @@ pub fn work(bm: u64, bn: u64, consumers: u64, shape: GemmShape, sms: u64, stream
         partials: 0,
         split: Split::Whole,
     };
-    if !stream_k || tiles == 0 || sms == 0 {
+    if splits == Splits::Off || tiles == 0 || sms == 0 {
         return whole;
     }
     // plan_stream_k, step by step.
@@ -189,6 +234,9 @@ pub fn work(bm: u64, bn: u64, consumers: u64, shape: GemmShape, sms: u64, stream
     const FLAG_BYTES: u64 = WORKSPACE_FLAG_BYTES - 128; // less kTileCounterBytes
     let (mut split_tiles, mut ctas) = (tiles, tiles * (sms / tiles.max(1)));
     if tiles >= sms {
+        if splits != Splits::Tail {
+            return whole;
+        }
         split_tiles = tiles % sms;
         if split_tiles == 0 {
             return whole;
@@ -338,10 +386,15 @@ impl Costs {
         ]
     }
 
-    /// The predicted time of `tile` on `shape`, in microseconds, with
-    /// split-K and stream-K as the launch plans them.
+    /// The predicted time of `tile` on `shape`, in microseconds, with the
+    /// splits the launch plans by default ([`Splits::default`]).
     pub fn predict(&self, tile: TileShape, shape: GemmShape, source_tile: bool) -> f64 {
-        let counts = counts(tile, shape, source_tile, self.sms);
+        self.predict_with(tile, shape, source_tile, Splits::default())
+    }
+
+    /// [`Costs::predict`] for a launch allowed `splits`.
+    pub fn predict_with(&self, tile: TileShape, shape: GemmShape, source_tile: bool, splits: Splits) -> f64 {
+        let counts = counts(tile, shape, source_tile, self.sms, splits);
         self.as_array()
             .iter()
             .zip(counts)
@@ -362,16 +415,22 @@ impl Costs {
     }
 }
 
-/// The model's counts for one launch, each the multiplier of one cost of
-/// [`Costs::as_array`].
-pub fn counts(tile: TileShape, shape: GemmShape, source_tile: bool, sms: u64) -> [f64; UNKNOWNS] {
+/// The model's counts for one launch with `splits`, each the multiplier of
+/// one cost of [`Costs::as_array`].
+pub fn counts(
+    tile: TileShape,
+    shape: GemmShape,
+    source_tile: bool,
+    sms: u64,
+    splits: Splits,
+) -> [f64; UNKNOWNS] {
     let work = work(
         u64::from(tile.bm),
         u64::from(tile.bn),
         tile.consumers(),
         shape,
         sms,
-        true,
+        splits,
     );
     let (k_blocks, rounds) = (work.busiest_k_blocks as f64, work.rounds as f64);
     let (m, n, k) = (shape.m as f64, shape.n as f64, shape.k as f64);

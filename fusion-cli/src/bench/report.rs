@@ -256,6 +256,12 @@ pub struct Report {
     /// (`FUSION_GEMM_TILE`); absent: the launchers chose.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gemm_tile: Option<String>,
+    /// How the run's GEMM launches split a tile's k-blocks
+    /// (`FUSION_STREAM_K`, as `Splits::name` says it: `off`, `split-k` or
+    /// `tail`); absent in files written before it was recorded, which ran
+    /// `tail` unless `FUSION_STREAM_K=0`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub splits: Option<String>,
     /// The built-in library was built with `FUSION_SELECT=model`: its
     /// GEMMs whose N or K is dynamic (every corpus row's) ran the sm90 tile
     /// the model of the kernel's time chose per call ([`super::tiles_by_model`]);
@@ -634,6 +640,7 @@ mod tests {
             sm_clock: clock,
             copy: Some(copy()),
             gemm_tile: None,
+            splits: None,
             tiles_by_model: false,
             guarded: false,
         }

@@ -377,7 +377,7 @@ fn graph_items(library: &KernelLibrary, launchers: &GraphLaunchers, linked: bool
 
 /// The plan-table schema the generated code is written for:
 /// `fusion::plan::SCHEMA_VERSION` of the run time it pairs with.
-pub const PLAN_SCHEMA: u32 = 2;
+pub const PLAN_SCHEMA: u32 = 3;
 
 /// `Some(3)` or `None`, for a table's operand.
 fn tensor_option(tensor: Option<TensorId>) -> TokenStream {

@@ -18,8 +18,8 @@
 //! its kind, [`super::select`]) and what the build renders from the choice.
 
 pub use crate::gemm_model::{
-    Costs, GemmShape, SM90_SMS, Split, TIERS, TierChoice, TileShape, UNKNOWNS, UnitTiers, Work, bucket_of,
-    counts, work,
+    Costs, GemmShape, SM90_SMS, Split, Splits, TIERS, TierChoice, TileShape, UNKNOWNS, UnitTiers, Work,
+    bucket_of, counts, work,
 };
 
 use super::{Arch, ConfigSource, KernelConfig, KernelKind, MBucket, TileConfig};
@@ -89,6 +89,8 @@ pub struct Sample {
     pub tile: TileShape,
     /// Whether its epilogue reads an [M, N] source tile.
     pub source_tile: bool,
+    /// The splits the launch was allowed.
+    pub splits: Splits,
     /// The measured median, in microseconds.
     pub us: f64,
 }
@@ -125,7 +127,7 @@ impl std::error::Error for FitError {}
 pub fn fit(samples: &[Sample], sms: u64, provenance: Provenance) -> Result<Calibration, FitError> {
     let rows: Vec<([f64; UNKNOWNS], f64)> = samples
         .iter()
-        .map(|s| (counts(s.tile, s.shape, s.source_tile, sms), s.us))
+        .map(|s| (counts(s.tile, s.shape, s.source_tile, sms, s.splits), s.us))
         .collect();
     let x = least_squares(&rows).ok_or_else(|| {
         FitError(format!(

@@ -90,6 +90,14 @@ typedef struct fusion_gemm_params {
 #define FUSION_GEMM_TILE_LARGE_ALT 2u
 #define FUSION_GEMM_TILE_SMALL_M 3u
 #define FUSION_GEMM_TILE_SMALL_M_ALT 4u
+/* fusion_gemm_params::flags: besides split-K where the tiles are fewer than
+ * the SMs, share the last wave's tiles out over every CTA (stream-K) where
+ * the tiles are more. Off by default: over the layer corpus's GEMMs on an
+ * H200 (M = 512 and 1000) it took 1.001x and 1.004x the time of whole last
+ * waves (geometric means), from 0.95x to 1.15x row by row, and it doubled
+ * the time of four launches at once on four streams at 8192^3 on an H100
+ * (the run time's FUSION_STREAM_K=tail asks for it). */
+#define FUSION_GEMM_STREAM_K_TAIL 32u
 
 /* A norm folded into the weight of the GEMM after it: w_folded =
  * w·diag(gamma) in w's layout, col_terms[j] = (Σ_k w_folded[j, k],

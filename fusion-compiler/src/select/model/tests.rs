@@ -16,24 +16,30 @@ fn shape(m: u64, n: u64, k: u64) -> GemmShape {
 fn work_repeats_the_schedulers_plan() {
     // (128, 4096, 14336) in 64x128 tiles: 64 tiles of 224 k-blocks on 132
     // SMs, every CTA half a tile.
-    let w = work(64, 128, 1, shape(128, 4096, 14336), 132, true);
+    let w = work(64, 128, 1, shape(128, 4096, 14336), 132, Splits::SplitK);
     assert_eq!((w.tiles, w.k_blocks, w.grid), (64, 224, 128));
     assert_eq!(w.split, Split::SplitK { ctas_per_tile: 2 });
     assert_eq!((w.busiest_k_blocks, w.partials), (112, 1));
     // 4096^3 in 128x256 tiles: the remainder's 57 k-blocks against 64 gain
     // less than their fixups cost, so 128 CTAs run 4 whole tiles each.
-    let w = work(128, 256, 2, shape(4096, 4096, 4096), 132, true);
+    let w = work(128, 256, 2, shape(4096, 4096, 4096), 132, Splits::Tail);
     assert_eq!((w.tiles, w.grid, w.split), (512, 128, Split::Whole));
     assert_eq!((w.busiest_k_blocks, w.rounds), (256, 4));
-    // Without stream-K the same split-K shape runs whole tiles.
-    let w = work(64, 128, 1, shape(128, 4096, 14336), 132, false);
+    // With no splits the same split-K shape runs whole tiles.
+    let w = work(64, 128, 1, shape(128, 4096, 14336), 132, Splits::Off);
     assert_eq!((w.grid, w.busiest_k_blocks, w.split), (64, 224, Split::Whole));
-    // 160 tiles: 28 over a wave, under half of one, so the last full wave
-    // joins it and all 160 are shared out.
-    let w = work(128, 256, 2, shape(512, 10240, 8192), 132, true);
+    // 160 tiles: 28 over a wave, under half of one, so with the tail the
+    // last full wave joins it and all 160 are shared out.
+    let w = work(128, 256, 2, shape(512, 10240, 8192), 132, Splits::Tail);
     assert_eq!((w.tiles, w.split), (160, Split::StreamK));
     assert_eq!(w.busiest_k_blocks, (160 * 128u64).div_ceil(132));
     assert!(w.partials >= 1);
+    // By default the tail runs whole: two rounds on 80 CTAs.
+    let w = work(128, 256, 2, shape(512, 10240, 8192), 132, Splits::default());
+    assert_eq!(
+        (w.grid, w.split, w.busiest_k_blocks, w.partials),
+        (80, Split::Whole, 256, 0)
+    );
 }
 
 fn sm90_config(kernel: &str) -> (KernelKind, KernelConfig) {
@@ -89,6 +95,8 @@ struct TimedRow {
     /// M, N (C's columns) and K.
     dims: [u64; 3],
     tile: TileConfig,
+    /// The splits the run's launches were allowed (the file's `splits`).
+    splits: Splits,
     ours_us: f64,
     baseline_us: f64,
 }
@@ -103,6 +111,9 @@ fn timed_rows(file: &str) -> (Option<String>, Vec<TimedRow>) {
     let text = std::fs::read_to_string(repo_root().join(file)).unwrap();
     let json: serde_json::Value = serde_json::from_str(&text).unwrap();
     let named = json["gemm_tile"].as_str();
+    let splits = json["splits"].as_str().map_or(Splits::Tail, |name| {
+        Splits::from_name(name).unwrap_or_else(|| panic!("{file}: splits {name:?}"))
+    });
     let mut rows = Vec::new();
     for row in json["rows"].as_array().unwrap() {
         let kernel = row["kernel"].as_str().unwrap();
@@ -139,6 +150,7 @@ fn timed_rows(file: &str) -> (Option<String>, Vec<TimedRow>) {
             kind,
             dims: [dims[0], dims[1], dims[2]],
             tile,
+            splits,
             ours_us: row["ours_us"].as_f64().unwrap(),
             baseline_us: row["baseline_us"].as_f64().unwrap(),
         });
@@ -155,6 +167,7 @@ fn samples_of(file: &str) -> Vec<Sample> {
             shape: shape(row.dims[0], kind_n(&row.kind, row.dims[1]), row.dims[2]),
             tile: TileShape::of(&row.tile),
             source_tile: row.kind.source_tile,
+            splits: row.splits,
             us: row.ours_us,
         })
         .collect()
@@ -188,7 +201,14 @@ pub(in crate::select) fn provenance_of(files: &[String]) -> Provenance {
 fn relative_errors(calibration: &Calibration, samples: &[Sample]) -> Vec<f64> {
     let mut errors: Vec<f64> = samples
         .iter()
-        .map(|s| (calibration.predict(s.tile, s.shape, s.source_tile) / s.us - 1.0).abs())
+        .map(|s| {
+            (calibration
+                .costs
+                .predict_with(s.tile, s.shape, s.source_tile, s.splits)
+                / s.us
+                - 1.0)
+                .abs()
+        })
         .collect();
     errors.sort_by(f64::total_cmp);
     errors
@@ -389,6 +409,7 @@ fn fit_refuses_samples_that_do_not_tell_the_costs_apart() {
         shape: shape(4096, 4096, 4096),
         tile: TileShape { bm: 128, bn: 256 },
         source_tile: false,
+        splits: Splits::SplitK,
         us: 180.0,
     };
     let error = fit(&[sample; 3], 132, provenance).unwrap_err();

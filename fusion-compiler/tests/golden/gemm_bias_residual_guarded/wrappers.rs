@@ -106,7 +106,7 @@ mod __gemm_bias_residual {
     use fusion::launch::TensorDecl;
     use fusion::plan::{Bind, GemmOp, KernelEntry, KernelOp, Launchers, OpCode};
     use fusion::Arch;
-    const _: () = fusion::plan::expect_schema(2);
+    const _: () = fusion::plan::expect_schema(3);
     pub(super) const PLAN: fusion::shell::Plan = unsafe {
         fusion::shell::Plan::new(&__PLAN)
     };
@@ -115,7 +115,7 @@ mod __gemm_bias_residual {
         dims: &["M", "K", "N"],
     };
     pub(super) static __PLAN: fusion::plan::PlanTable = fusion::plan::PlanTable {
-        schema: 2,
+        schema: 3,
         graph: &__GRAPH,
         tensors: &[
             TensorDecl::new("x", &[Dynamic(0), Dynamic(1)]),

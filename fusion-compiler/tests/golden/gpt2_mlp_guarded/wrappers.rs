@@ -115,7 +115,7 @@ mod __gpt2_mlp {
     use fusion::launch::TensorDecl;
     use fusion::plan::{Bind, GemmOp, KernelEntry, KernelOp, Launchers, OpCode};
     use fusion::Arch;
-    const _: () = fusion::plan::expect_schema(2);
+    const _: () = fusion::plan::expect_schema(3);
     pub(super) const PLAN: fusion::shell::Plan = unsafe {
         fusion::shell::Plan::new(&__PLAN)
     };
@@ -124,7 +124,7 @@ mod __gpt2_mlp {
         dims: &["M"],
     };
     pub(super) static __PLAN: fusion::plan::PlanTable = fusion::plan::PlanTable {
-        schema: 2,
+        schema: 3,
         graph: &__GRAPH,
         tensors: &[
             TensorDecl::new("x", &[Dynamic(0), Static(768)]),

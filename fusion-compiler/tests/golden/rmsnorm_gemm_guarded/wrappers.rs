@@ -102,7 +102,7 @@ mod __rmsnorm_gemm {
     use fusion::launch::TensorDecl;
     use fusion::plan::{Bind, GemmOp, KernelEntry, KernelOp, Launchers, OpCode};
     use fusion::Arch;
-    const _: () = fusion::plan::expect_schema(2);
+    const _: () = fusion::plan::expect_schema(3);
     pub(super) const PLAN: fusion::shell::Plan = unsafe {
         fusion::shell::Plan::new(&__PLAN)
     };
@@ -111,7 +111,7 @@ mod __rmsnorm_gemm {
         dims: &["M", "K", "N"],
     };
     pub(super) static __PLAN: fusion::plan::PlanTable = fusion::plan::PlanTable {
-        schema: 2,
+        schema: 3,
         graph: &__GRAPH,
         tensors: &[
             TensorDecl::new("x", &[Dynamic(0), Dynamic(1)]),

@@ -381,8 +381,10 @@ struct TileScheduler {
 
   // The stream-K split for `tiles` tiles of `k_blocks` k-blocks on `sms`
   // SMs (StreamK::units 0: every tile whole) and, when it splits, the grid
-  // it needs in *grid (left alone otherwise).
-  static StreamK plan_stream_k(int64_t tiles, int64_t k_blocks, int64_t sms, int64_t* grid);
+  // it needs in *grid (left alone otherwise); `tail`: the caller allows
+  // stream-K over the last wave (FUSION_GEMM_STREAM_K_TAIL), not only
+  // split-K.
+  static StreamK plan_stream_k(int64_t tiles, int64_t k_blocks, int64_t sms, bool tail, int64_t* grid);
 };
 
 // How a launch's k-blocks are spread over the SMs (s: SMs, t: tiles).
@@ -390,7 +392,8 @@ struct TileScheduler {
 //    whose equal shares of its k-blocks run side by side. At
 //    (128, 4096, 14336) with 64x128 tiles (64 tiles of 224 k-blocks on 132
 //    SMs) every CTA runs half a tile.
-//  - t >= s, t not a multiple of s: stream-K for the last wave. Every CTA
+//  - t >= s, t not a multiple of s, and the caller asks for it
+//    (FUSION_GEMM_STREAM_K_TAIL): stream-K for the last wave. Every CTA
 //    runs t / s tiles whole, then an equal share of the k-blocks of the
 //    remaining t % s tiles, which would otherwise leave s - t % s SMs idle
 //    for a whole tile. When the remainder is under half a wave, the last
@@ -411,6 +414,11 @@ struct TileScheduler {
 // published theirs and the finisher waited; fix_up also stores the
 // finisher's share, and rereads it unless it holds the tile's first
 // k-blocks.)
+// Measured again over the layer corpus's GEMMs on an H200 (benchmarks/HISTORY.md
+// v29), stream-K for the last wave took 1.001x and 1.004x the time of whole
+// last waves at M = 512 and 1000 (geometric means; 0.95x to 1.15x row by
+// row, the largest losses where K is short: 1.13x at (1000, 4800, 1600)),
+// while split-K at M = 128 took 0.952x: the tail runs only when asked for.
 // The launcher asks for neither when its caller says FUSION_GEMM_NO_STREAM_K
 // (the run time does for FUSION_STREAM_K=0 and while capturing a graph),
 // and walks the whole tiles statically (no counter) when it says
@@ -419,7 +427,7 @@ struct TileScheduler {
 template <typename T, typename Config>
 typename TileScheduler<T, Config>::StreamK TileScheduler<T, Config>::plan_stream_k(int64_t tiles,
                                                                                            int64_t k_blocks,
-                                                                                           int64_t sms,
+                                                                                           int64_t sms, bool tail,
                                                                                            int64_t* grid) {
   constexpr int64_t kFixupBlocks = 4, kMinBlocks = 4;
   StreamK sk;
@@ -427,6 +435,7 @@ typename TileScheduler<T, Config>::StreamK TileScheduler<T, Config>::plan_stream
   if (tiles <= 0 || sms <= 0) return sk;
   int64_t split_tiles = tiles, ctas = tiles * (sms / tiles);
   if (tiles >= sms) {
+    if (!tail) return sk;
     split_tiles = tiles % sms;
     if (split_tiles == 0) return sk;
     if (2 * split_tiles < sms) split_tiles += sms;
