@@ -86,8 +86,11 @@ for step in $steps; do
     tests)
       FUSION_PAD_WEIGHTS=sm90 run_tests gpu-sm90.log any ./gpu --ignored --test-threads 8 --nocapture
       # The GEMMs with stream-K over the last wave too (FUSION_STREAM_K=tail,
-      # off by default), whose shapes above share their last waves out.
-      FUSION_STREAM_K=tail FUSION_TEST_SIZE=quick run_tests gpu-sm90-tail.log any ./gpu --ignored --test-threads 8 --nocapture gemm
+      # off by default), and over a lone wave of more than half the SMs'
+      # tiles (fill, being measured), at shapes that share them out.
+      for splits in tail fill; do
+        FUSION_STREAM_K=$splits FUSION_TEST_SIZE=quick run_tests "gpu-sm90-$splits.log" any ./gpu --ignored --test-threads 8 --nocapture gemm
+      done
       # The tile the model of the kernel's time names per call
       # (fusion::plan::TileModel), at shapes where it names each tier.
       run_tests gpu-tile-model.log 2 ./gpu_tile_model --ignored --nocapture ;;
@@ -186,7 +189,8 @@ for step in $steps; do
       # tiles (./fusion-model), the guard (./fusion-guard), the same tool
       # with FUSION_GUARD=off (fused), the tables without split-K or
       # stream-K (nosk, FUSION_STREAM_K=0) and with stream-K over the last
-      # wave too (tail, FUSION_STREAM_K=tail), those of FUSION_AB_VARIANTS
+      # wave too (tail, FUSION_STREAM_K=tail) or over a lone wave of more
+      # than half the SMs' tiles (fill, FUSION_STREAM_K=fill), those of FUSION_AB_VARIANTS
       # (default: the first four), at the token counts of
       # FUSION_AB_TOKENS, part FUSION_AB_SHARD (I/N) of the rows; compare
       # with `fusion bench --summary` and row by row. (The norm rows run
@@ -201,6 +205,7 @@ for step in $steps; do
           fused) tool=./fusion-guard; settings=(FUSION_GUARD=off) ;;
           nosk) settings=(FUSION_STREAM_K=0) ;;
           tail) settings=(FUSION_STREAM_K=tail) ;;
+          fill) settings=(FUSION_STREAM_K=fill) ;;
           *) echo "FAILED: unknown ab variant $variant"; status=1; continue ;;
         esac
         [[ -x $tool ]] || { echo "FAILED: $tool missing (a bundle made with FUSION_BUNDLE_AB=1 has it)"; status=1; continue; }

@@ -32,6 +32,9 @@ pub const FUSION_GEMM_TILE_MASK: u32 = 7 << FUSION_GEMM_TILE_SHIFT;
 /// `fusion_gemm_params::flags`: stream-K over the last wave too, not only
 /// split-K where the tiles are fewer than the SMs.
 pub const FUSION_GEMM_STREAM_K_TAIL: u32 = 32;
+/// `fusion_gemm_params::flags`: stream-K over a lone wave of more than half
+/// the SMs' tiles.
+pub const FUSION_GEMM_STREAM_K_FILL: u32 = 64;
 /// A tile tier's code: the tuned table's `large` tile.
 pub const FUSION_GEMM_TILE_LARGE: u32 = 1;
 /// A tile tier's code: `large_alt`.
@@ -213,6 +216,9 @@ mod tests {
         assert!(abi.contains(&format!(
             "#define FUSION_GEMM_STREAM_K_TAIL {FUSION_GEMM_STREAM_K_TAIL}u\n"
         )));
+        assert!(abi.contains(&format!(
+            "#define FUSION_GEMM_STREAM_K_FILL {FUSION_GEMM_STREAM_K_FILL}u\n"
+        )));
         for (name, value) in [
             ("SHIFT", FUSION_GEMM_TILE_SHIFT),
             ("LARGE", FUSION_GEMM_TILE_LARGE),
@@ -228,7 +234,10 @@ mod tests {
         // The tier's bits are clear of the other flags.
         assert_eq!(
             FUSION_GEMM_TILE_MASK
-                & (FUSION_GEMM_NO_STREAM_K | FUSION_GEMM_STATIC_TILES | FUSION_GEMM_STREAM_K_TAIL),
+                & (FUSION_GEMM_NO_STREAM_K
+                    | FUSION_GEMM_STATIC_TILES
+                    | FUSION_GEMM_STREAM_K_TAIL
+                    | FUSION_GEMM_STREAM_K_FILL),
             0
         );
     }

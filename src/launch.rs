@@ -1102,6 +1102,7 @@ fn split_flags(capturing: bool, splits: Splits) -> u32 {
         (true, _) | (false, Splits::Off) => abi::FUSION_GEMM_NO_STREAM_K,
         (false, Splits::SplitK) => 0,
         (false, Splits::Tail) => abi::FUSION_GEMM_STREAM_K_TAIL,
+        (false, Splits::Fill) => abi::FUSION_GEMM_STREAM_K_FILL,
     }
 }
 
@@ -2133,11 +2134,13 @@ mod tests {
         assert_eq!(Splits::from_setting(Some("1")), Splits::SplitK);
         assert_eq!(Splits::from_setting(Some("0")), Splits::Off);
         assert_eq!(Splits::from_setting(Some("tail")), Splits::Tail);
+        assert_eq!(Splits::from_setting(Some("fill")), Splits::Fill);
         assert_eq!(split_flags(false, Splits::SplitK), 0);
         assert_eq!(split_flags(false, Splits::Off), abi::FUSION_GEMM_NO_STREAM_K);
         assert_eq!(split_flags(false, Splits::Tail), abi::FUSION_GEMM_STREAM_K_TAIL);
+        assert_eq!(split_flags(false, Splits::Fill), abi::FUSION_GEMM_STREAM_K_FILL);
         // A capture never splits, whatever the setting.
-        for splits in [Splits::Off, Splits::SplitK, Splits::Tail] {
+        for splits in [Splits::Off, Splits::SplitK, Splits::Tail, Splits::Fill] {
             assert_eq!(split_flags(true, splits), abi::FUSION_GEMM_NO_STREAM_K);
         }
     }

@@ -159,15 +159,22 @@ pub enum Splits {
     /// the corpus measured it (benchmarks/HISTORY.md v29), so every bench file
     /// that does not name its splits ran with it.
     Tail,
+    /// `FUSION_STREAM_K=fill` (being measured): split-K where the tiles are
+    /// at most half the SMs, and stream-K over the lone wave where they are
+    /// more than half but fewer than the SMs (`FUSION_GEMM_STREAM_K_FILL`),
+    /// which the others run whole on fewer CTAs than SMs.
+    Fill,
 }
 
 impl Splits {
     /// `FUSION_STREAM_K`'s value as splits: `0` off, `tail` with stream-K
-    /// over the last wave, anything else (unset too) the default.
+    /// over the last wave, `fill` over a lone wave, anything else (unset
+    /// too) the default.
     pub fn from_setting(value: Option<&str>) -> Splits {
         match value {
             Some("0") => Splits::Off,
             Some("tail") => Splits::Tail,
+            Some("fill") => Splits::Fill,
             _ => Splits::SplitK,
         }
     }
@@ -179,12 +186,13 @@ impl Splits {
             Splits::Off => "off",
             Splits::SplitK => "split-k",
             Splits::Tail => "tail",
+            Splits::Fill => "fill",
         }
     }
 
     /// [`Splits::name`]'s inverse.
     pub fn from_name(name: &str) -> Option<Splits> {
-        [Splits::Off, Splits::SplitK, Splits::Tail]
+        [Splits::Off, Splits::SplitK, Splits::Tail, Splits::Fill]
             .into_iter()
             .find(|s| s.name() == name)
     }
@@ -233,6 +241,11 @@ pub fn work(bm: u64, bn: u64, consumers: u64, shape: GemmShape, sms: u64, splits
     const MIN_BLOCKS: u64 = 4;
     const FLAG_BYTES: u64 = WORKSPACE_FLAG_BYTES - 128; // less kTileCounterBytes
     let (mut split_tiles, mut ctas) = (tiles, tiles * (sms / tiles.max(1)));
+    // A lone wave of more than half the SMs' tiles, shared out with `fill`.
+    let lone_wave = splits == Splits::Fill && 2 * tiles > sms && tiles < sms;
+    if lone_wave {
+        ctas = sms;
+    }
     if tiles >= sms {
         if splits != Splits::Tail {
             return whole;
@@ -255,7 +268,7 @@ pub fn work(bm: u64, bn: u64, consumers: u64, shape: GemmShape, sms: u64, splits
         return whole;
     }
     let whole_rounds = (tiles - split_tiles) / ctas;
-    let (split, partials) = if tiles < sms {
+    let (split, partials) = if tiles < sms && !lone_wave {
         let share = sms / tiles;
         (Split::SplitK { ctas_per_tile: share }, share - 1)
     } else {

@@ -480,8 +480,16 @@ pub fn gemm_shapes() -> Vec<(usize, usize, usize)> {
         // 641 x 16904 x 632: 402 tiles of 128x256 on 132 SMs, the last 138
         // shared out by stream-K, so each CTA runs pieces of 11 k-blocks
         // across two tiles of 10, whose stages wrap the ring (one piece a
-        // CTA in every other tiny shape).
-        shapes.extend([(13, 5400, 1032), (1100, 776, 72), (641, 16904, 632)]);
+        // CTA in every other tiny shape), with FUSION_STREAM_K=tail;
+        // 200 x 2560 x 1536: 80 tiles of 64x128, one wave of more than half
+        // the SMs, which FUSION_STREAM_K=fill shares out (15 of a tile's 24
+        // k-blocks a CTA).
+        shapes.extend([
+            (13, 5400, 1032),
+            (1100, 776, 72),
+            (641, 16904, 632),
+            (200, 2560, 1536),
+        ]);
         return shapes;
     }
     // sm90's tiers as gemm.cuh's LightestTier chooses them (the fewest
@@ -492,7 +500,9 @@ pub fn gemm_shapes() -> Vec<(usize, usize, usize)> {
     // SMs; 200 x 8200 x 1000: 130 tiles of the 128x128 tile, one wave.
     // 1000 x 3000 (above, 128 tiles of 128x192 against 96 of 128x256) and
     // 2500 x 2304 x 4000 (240 tiles against 180, two waves either way, the
-    // last 108 shared out by stream-K) run the 128x192 tile. Ragged M, N
+    // last 108 shared out by stream-K) run the 128x192 tile (the last waves
+    // shared out with FUSION_STREAM_K=tail). 300 x 2560 x 4096: 100 tiles
+    // of 64x128 in one wave, which FUSION_STREAM_K=fill shares out. Ragged M, N
     // and K, so the sm90 waves that walk K backwards
     // start on a partial k-block. M = 9, 13 and 16: the decode kernel
     // (fusion-compiler/kernels/include/fusion/decode.cuh) with rows in both halves of its
@@ -508,6 +518,7 @@ pub fn gemm_shapes() -> Vec<(usize, usize, usize)> {
         (4100, 3000, 1000),
         (200, 8200, 1000),
         (2500, 2304, 4000),
+        (300, 2560, 4096),
     ]);
     if !quick() {
         shapes.extend([

@@ -98,6 +98,11 @@ typedef struct fusion_gemm_params {
  * the time of four launches at once on four streams at 8192^3 on an H100
  * (the run time's FUSION_STREAM_K=tail asks for it). */
 #define FUSION_GEMM_STREAM_K_TAIL 32u
+/* fusion_gemm_params::flags: where the tiles are more than half the SMs but
+ * fewer, share them out over every CTA (stream-K over the lone wave)
+ * instead of running them whole on fewer CTAs than SMs; being measured (the
+ * run time's FUSION_STREAM_K=fill asks for it). */
+#define FUSION_GEMM_STREAM_K_FILL 64u
 
 /* A norm folded into the weight of the GEMM after it: w_folded =
  * w·diag(gamma) in w's layout, col_terms[j] = (Σ_k w_folded[j, k],

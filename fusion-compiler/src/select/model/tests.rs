@@ -34,6 +34,19 @@ fn work_repeats_the_schedulers_plan() {
     assert_eq!((w.tiles, w.split), (160, Split::StreamK));
     assert_eq!(w.busiest_k_blocks, (160 * 128u64).div_ceil(132));
     assert!(w.partials >= 1);
+    // (512, 2560, 10240) in 128x128 tiles: 80 tiles, one wave on 132 SMs,
+    // which `fill` shares out over all of them; by default, and with the
+    // tail, it runs whole.
+    for splits in [Splits::SplitK, Splits::Tail] {
+        let w = work(128, 128, 2, shape(512, 2560, 10240), 132, splits);
+        assert_eq!((w.grid, w.split, w.busiest_k_blocks), (80, Split::Whole, 160));
+    }
+    let w = work(128, 128, 2, shape(512, 2560, 10240), 132, Splits::Fill);
+    assert_eq!((w.tiles, w.grid, w.split), (80, 132, Split::StreamK));
+    assert_eq!((w.busiest_k_blocks, w.partials), ((80 * 160u64).div_ceil(132), 2));
+    // Beyond one wave `fill` runs the last wave whole, as the default does.
+    let w = work(128, 256, 2, shape(512, 10240, 8192), 132, Splits::Fill);
+    assert_eq!((w.grid, w.split), (80, Split::Whole));
     // By default the tail runs whole: two rounds on 80 CTAs.
     let w = work(128, 256, 2, shape(512, 10240, 8192), 132, Splits::default());
     assert_eq!(

@@ -357,7 +357,8 @@ typename Mainloop<T, kLayout, Config>::LaunchPlan Mainloop<T, kLayout, Config>::
     if ((flags & FUSION_GEMM_NO_STREAM_K) == 0) {
       int64_t split_grid = plan.grid;
       const StreamK sk = Scheduler::plan_stream_k(units, (p.k + BK - 1) / BK, ctas,
-                                                  (flags & FUSION_GEMM_STREAM_K_TAIL) != 0, &split_grid);
+                                                  (flags & FUSION_GEMM_STREAM_K_TAIL) != 0,
+                                                  (flags & FUSION_GEMM_STREAM_K_FILL) != 0, &split_grid);
       if (sk.units > 0) {
         plan.stream_k = sk;
         plan.grid = split_grid;

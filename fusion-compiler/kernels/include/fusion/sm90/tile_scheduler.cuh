@@ -381,17 +381,23 @@ struct TileScheduler {
 
   // The stream-K split for `tiles` tiles of `k_blocks` k-blocks on `sms`
   // SMs (StreamK::units 0: every tile whole) and, when it splits, the grid
-  // it needs in *grid (left alone otherwise); `tail`: the caller allows
-  // stream-K over the last wave (FUSION_GEMM_STREAM_K_TAIL), not only
-  // split-K.
-  static StreamK plan_stream_k(int64_t tiles, int64_t k_blocks, int64_t sms, bool tail, int64_t* grid);
+  // it needs in *grid (left alone otherwise). Split-K where the caller
+  // allows any split; `tail`: stream-K over the last wave too
+  // (FUSION_GEMM_STREAM_K_TAIL); `fill`: over a lone wave of more than half
+  // the SMs' tiles too (FUSION_GEMM_STREAM_K_FILL).
+  static StreamK plan_stream_k(int64_t tiles, int64_t k_blocks, int64_t sms, bool tail, bool fill,
+                               int64_t* grid);
 };
 
 // How a launch's k-blocks are spread over the SMs (s: SMs, t: tiles).
 //  - t < s: split-K. Each tile goes to s / t CTAs (grid t * (s / t)),
 //    whose equal shares of its k-blocks run side by side. At
 //    (128, 4096, 14336) with 64x128 tiles (64 tiles of 224 k-blocks on 132
-//    SMs) every CTA runs half a tile.
+//    SMs) every CTA runs half a tile. With s / 2 < t < s and `fill` asked
+//    for (FUSION_GEMM_STREAM_K_FILL), the tiles are shared out over all s
+//    CTAs instead, as stream-K shares a last wave (at (512, 2560, 10240),
+//    80 tiles of 128x128 on 132 SMs, each CTA runs 97 of a tile's 160
+//    k-blocks); without it they run whole on t CTAs.
 //  - t >= s, t not a multiple of s, and the caller asks for it
 //    (FUSION_GEMM_STREAM_K_TAIL): stream-K for the last wave. Every CTA
 //    runs t / s tiles whole, then an equal share of the k-blocks of the
@@ -428,12 +434,15 @@ template <typename T, typename Config>
 typename TileScheduler<T, Config>::StreamK TileScheduler<T, Config>::plan_stream_k(int64_t tiles,
                                                                                            int64_t k_blocks,
                                                                                            int64_t sms, bool tail,
-                                                                                           int64_t* grid) {
+                                                                                           bool fill, int64_t* grid) {
   constexpr int64_t kFixupBlocks = 4, kMinBlocks = 4;
   StreamK sk;
   if (kPingPong || kClusterM > 1) return sk;
   if (tiles <= 0 || sms <= 0) return sk;
   int64_t split_tiles = tiles, ctas = tiles * (sms / tiles);
+  // With `fill`, a lone wave of more than half the SMs' tiles is shared out
+  // over every CTA.
+  if (fill && 2 * tiles > sms && tiles < sms) ctas = sms;
   if (tiles >= sms) {
     if (!tail) return sk;
     split_tiles = tiles % sms;
