@@ -6,7 +6,7 @@
 #   (candle: the feature `candle`'s GPU test and example, in a bundle that has them; not in the default)
 #   (counter: the sm90 tests with CTAs taking tiles from a counter, FUSION_TILE_COUNTER=1)
 #   (corpus: fusion bench --corpus over the bundle's corpus.toml: over a thousand rows; not in the default)
-#   (ab: the corpus with the tables, FUSION_SELECT=model, FUSION_GUARD=on and off, FUSION_STREAM_K=0 or FUSION_STREAM_K=tail (FUSION_AB_VARIANTS); model and guard need FUSION_BUNDLE_AB=1; not in the default)
+#   (ab: the corpus with the tables, FUSION_SELECT=model, FUSION_GUARD=on and off, FUSION_STREAM_K=0, tail or fill (FUSION_AB_VARIANTS); model and guard need FUSION_BUNDLE_AB=1; not in the default)
 #   (tiles: the corpus once per tile tier, FUSION_GEMM_TILE=<tier>, for the model's calibration; not in the default)
 #   (sanitize-quick: the sanitizers on the native variant only; selftest:
 #   builds the kernel self-test in ./selftest with nvcc, NVCC or nvcc on
@@ -68,12 +68,13 @@ synccheck_tests="gemm_bias_gelu gemm_silu layernorm_gemm gemm_silu_glu layernorm
 # (the tiny 61 x 17016 x 632), though the stage's empty barrier orders them
 # (benchmarks/HISTORY.md v21); memcheck, initcheck and synccheck run those
 # pieces, with stream-K over the last wave asked for (FUSION_STREAM_K=tail:
-# split-K alone is the default).
+# split-K alone is the default), or SANITIZE_SPLITS's splits (fill: the
+# lone wave of the tiny 200 x 2560 x 1536 shared out).
 sanitize() {
   local arch=$1 tool=$2; shift 2
-  local stream_k=tail
+  local stream_k=${SANITIZE_SPLITS:-tail} suffix=${SANITIZE_SPLITS:+-$SANITIZE_SPLITS}
   [[ $tool == racecheck ]] && stream_k=0
-  FUSION_STREAM_K=$stream_k FUSION_FORCE_ARCH=$arch FUSION_TEST_SIZE=tiny run_tests "sanitize-$tool-$arch.log" $# \
+  FUSION_STREAM_K=$stream_k FUSION_FORCE_ARCH=$arch FUSION_TEST_SIZE=tiny run_tests "sanitize-$tool-$arch$suffix.log" $# \
     compute-sanitizer --tool "$tool" --error-exitcode 3 --print-limit 20 \
     ./gpu --ignored --exact --test-threads 1 --nocapture "$@"
 }
@@ -158,7 +159,9 @@ for step in $steps; do
     property)
       run_tests gpu-property.log any ./gpu_property --ignored --nocapture
       FUSION_FORCE_ARCH=sm80 FUSION_PROPERTY_CASES=100 run_tests gpu-property-sm80.log any ./gpu_property --ignored --nocapture ;;
-    stress) run_tests gpu-stress.log any ./gpu_stress --ignored --test-threads 1 --nocapture ;;
+    # The stress tests' first shape splits by stream-K only with the tail
+    # (FUSION_STREAM_K=tail), their second by split-K either way.
+    stress) FUSION_STREAM_K=tail run_tests gpu-stress.log any ./gpu_stress --ignored --test-threads 1 --nocapture ;;
     candle)
       # Feature `candle` (a bundle made with FUSION_BUNDLE_CANDLE=1): linked
       # against the CUDA libraries by name, found here through
@@ -180,7 +183,9 @@ for step in $steps; do
         sanitize "$arch" racecheck $racecheck_tests
         sanitize "$arch" initcheck $initcheck_tests
         sanitize "$arch" synccheck $synccheck_tests
-      done ;;
+      done
+      # FUSION_STREAM_K=fill (sm90's launchers; being measured) under memcheck.
+      SANITIZE_SPLITS=fill sanitize "${archs%% *}" memcheck gemm_bias_gelu gemm_bias_residual layernorm_gemm gemm_silu_glu ;;
     bench) run bench.log ./fusion bench --json "$out/bench.json" ;;
     corpus) run corpus.log ./fusion bench --corpus corpus.toml --json "$out/corpus.json" ;;
     ab)

@@ -566,10 +566,25 @@ fn fit_slot<A: Allocator>(
     Ok(true)
 }
 
-/// Reads `FUSION_STREAM_K` once ([`Splits::from_setting`]).
-pub fn splits() -> Splits {
-    static SETTING: OnceLock<Splits> = OnceLock::new();
-    *SETTING.get_or_init(|| Splits::from_setting(std::env::var("FUSION_STREAM_K").ok().as_deref()))
+/// Reads `FUSION_STREAM_K` once ([`Splits::from_setting`]);
+/// [`Error::Setting`] for a value it does not take.
+pub fn splits() -> Result<Splits> {
+    static SETTING: OnceLock<std::result::Result<Splits, String>> = OnceLock::new();
+    let setting = SETTING.get_or_init(|| {
+        let value = std::env::var("FUSION_STREAM_K").ok();
+        Splits::from_setting(value.as_deref()).ok_or_else(|| value.unwrap_or_default())
+    });
+    setting.clone().map_err(|value| splits_error(&value))
+}
+
+/// [`Error::Setting`] for `FUSION_STREAM_K=value`.
+fn splits_error(value: &str) -> Error {
+    Error::Setting {
+        variable: "FUSION_STREAM_K",
+        value: value.to_owned(),
+        expected: "0 (no split), split-k (the default: split-K where the tiles are fewer than half the SMs), \
+                   tail (stream-K over the last wave too) or fill (stream-K over a lone wave too)",
+    }
 }
 
 /// Reads `FUSION_TILE_COUNTER` once: `1` has the sm90 kernel's CTAs take
@@ -1087,13 +1102,14 @@ fn row_stride_for(padding: Padding, arch: Arch, row_length: usize, element_bytes
 /// How every GEMM launch of the run time spreads its work, as
 /// `fusion_gemm_params::flags` bits (abi.h): `FUSION_GEMM_NO_STREAM_K`
 /// when `FUSION_STREAM_K=0`, `FUSION_GEMM_STREAM_K_TAIL` when
-/// `FUSION_STREAM_K=tail`, `FUSION_GEMM_STATIC_TILES` unless
+/// `FUSION_STREAM_K=tail`, `FUSION_GEMM_STREAM_K_FILL` when
+/// `FUSION_STREAM_K=fill`, `FUSION_GEMM_STATIC_TILES` unless
 /// `FUSION_TILE_COUNTER=1`, and `FUSION_GEMM_NO_STREAM_K` with
 /// `FUSION_GEMM_STATIC_TILES` while `capturing` a graph. Without a tile
 /// tier ([`Call::gemm_flags`] adds `FUSION_GEMM_TILE`'s): whether a capture
 /// would change how a call runs.
-pub fn schedule_flags(capturing: bool) -> u32 {
-    split_flags(capturing, splits()) | tile_walk_flags(capturing)
+pub fn schedule_flags(capturing: bool) -> Result<u32> {
+    Ok(split_flags(capturing, splits()?) | tile_walk_flags(capturing))
 }
 
 /// The flag bits of `splits`, or of no split while `capturing`.
@@ -1119,7 +1135,7 @@ fn tile_walk_flags(capturing: bool) -> u32 {
 /// [`Call::gemm_flags`] for a stream that is `capturing` or not.
 pub fn gemm_flags(capturing: bool) -> Result<u32> {
     let tier = forced_gemm_tile()?.map_or(0, |tier| tier.code() << abi::FUSION_GEMM_TILE_SHIFT);
-    Ok(tier | schedule_flags(capturing))
+    Ok(tier | schedule_flags(capturing)?)
 }
 
 /// A tile tier of a GEMM unit (`FUSION_GEMM_TILE`), named in its launch's
@@ -1343,7 +1359,8 @@ impl<'s> Call<'s> {
 
     /// The `flags` of this call's GEMM launches (abi.h's bits):
     /// `FUSION_GEMM_NO_STREAM_K` (no split-K or stream-K) when
-    /// `FUSION_STREAM_K=0`, `FUSION_GEMM_STATIC_TILES` (no tile counter)
+    /// `FUSION_STREAM_K=0`, `FUSION_GEMM_STREAM_K_TAIL` or `_FILL` for
+    /// `tail` or `fill`, `FUSION_GEMM_STATIC_TILES` (no tile counter)
     /// unless `FUSION_TILE_COUNTER=1`, and both while the stream is being captured
     /// into a graph (the graph could be replayed on another stream, or
     /// twice at once, beside launches that share its workspace's counters
@@ -2130,11 +2147,34 @@ mod tests {
 
     #[test]
     fn fusion_stream_k_chooses_how_launches_split() {
-        assert_eq!(Splits::from_setting(None), Splits::SplitK);
-        assert_eq!(Splits::from_setting(Some("1")), Splits::SplitK);
-        assert_eq!(Splits::from_setting(Some("0")), Splits::Off);
-        assert_eq!(Splits::from_setting(Some("tail")), Splits::Tail);
-        assert_eq!(Splits::from_setting(Some("fill")), Splits::Fill);
+        assert_eq!(Splits::from_setting(None), Some(Splits::SplitK));
+        assert_eq!(Splits::from_setting(Some("")), Some(Splits::SplitK));
+        assert_eq!(Splits::from_setting(Some("split-k")), Some(Splits::SplitK));
+        assert_eq!(Splits::from_setting(Some("0")), Some(Splits::Off));
+        assert_eq!(Splits::from_setting(Some("tail")), Some(Splits::Tail));
+        assert_eq!(Splits::from_setting(Some("fill")), Some(Splits::Fill));
+        // A value it does not take is refused by name, not read as the
+        // default: `1` (once "on", now ambiguous), a typo, and `off` (the
+        // name a bench file records for `0`).
+        for value in ["1", "fil", "Tail", "off"] {
+            assert_eq!(Splits::from_setting(Some(value)), None, "{value}");
+        }
+        let e = splits_error("fil");
+        assert!(
+            matches!(
+                e,
+                Error::Setting {
+                    variable: "FUSION_STREAM_K",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(
+            e.to_string()
+                .starts_with("FUSION_STREAM_K=fil: expected 0 (no split)"),
+            "{e}"
+        );
         assert_eq!(split_flags(false, Splits::SplitK), 0);
         assert_eq!(split_flags(false, Splits::Off), abi::FUSION_GEMM_NO_STREAM_K);
         assert_eq!(split_flags(false, Splits::Tail), abi::FUSION_GEMM_STREAM_K_TAIL);

@@ -1213,8 +1213,8 @@ impl WorkspaceNeed {
 /// What a call of `m` rows (the first dim of the table's first input)
 /// needs of a workspace on `stream`'s device, the other dims from
 /// `weights`' shapes: the intermediates' sizes, and the scratch each GEMM's
-/// launcher asks for (`_workspace_bytes`, with stream-K allowed as outside
-/// a capture, where it needs the most). [`Error::UnboundDim`] where a dim
+/// launcher asks for (`_workspace_bytes`, with the process's splits,
+/// `FUSION_STREAM_K`, as outside a capture, where it needs the most). [`Error::UnboundDim`] where a dim
 /// of a tensor a call reads or writes is fixed neither by the weights nor
 /// by `m`.
 ///

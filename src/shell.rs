@@ -376,7 +376,8 @@ macro_rules! __shell_items {
     (@sizes $m:ident, [$($generics:tt)*], $elem:ty) => {
         /// The bytes of workspace one call of `m` rows on `stream`'s
         /// device needs: its intermediates, and the most scratch any of
-        /// its kernels asks for (with stream-K, as outside a capture).
+        /// its kernels asks for (with the process's splits, as outside a
+        /// capture).
         /// `fusion::Error::UnboundDim` where a dim other than M is fixed
         /// by no weight.
         #[allow(dead_code, reason = "accessors a crate may not call")]

@@ -150,7 +150,9 @@ fn stack_runs_eagerly_and_captured<T: TestElement>() {
         );
         let replayed = first.expect("replayed");
         let differ = differing(&eager, &replayed);
-        let same_schedule = fusion::launch::schedule_flags(false) == fusion::launch::schedule_flags(true);
+        let schedule =
+            |capturing| fusion::launch::schedule_flags(capturing).expect("FUSION_STREAM_K is valid");
+        let same_schedule = schedule(false) == schedule(true);
         eprintln!(
             "{label}: eager and captured differ in {differ} of {} elements ({})",
             LAYERS * m * d,

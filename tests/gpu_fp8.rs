@@ -28,8 +28,8 @@
 //! M = 1, 77, 300 and 1000 (none a multiple of a tile's rows) at ragged N
 //! and K (K not a multiple of the 128-element k-block), K of one partial
 //! k-block (48) and of whole ones (1024), and M = 2100 at N =
-//! 3000 (408 tiles of 128x128, 12 past three waves on 132 SMs, for
-//! stream-K to share out where it pays); each with the workspace the query
+//! 3000 (408 tiles of 128x128, 12 past three waves on 132 SMs, which run
+//! whole unless stream-K over the last wave is asked for); each with the workspace the query
 //! asks for and without one (every tile whole, the tiles fixed at launch).
 //!
 //! Run on an H100 or H200: `FUSION_FP8=experimental cargo test --release

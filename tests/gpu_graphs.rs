@@ -24,7 +24,8 @@ use std::sync::Arc;
 use support::{Case, stream};
 
 /// A shape whose 128x256 tiles leave a partial last wave on 132 SMs (204
-/// tiles), which a direct call on an H200 splits by stream-K.
+/// tiles), which a direct call on an H200 splits by stream-K with
+/// `FUSION_STREAM_K=tail`; a captured one never splits.
 const DIMS: [(&str, usize); 3] = [("M", 2100), ("N", 3000), ("K", 3000)];
 
 /// A stream to capture on, with a `layernorm_gemm` and a `gemm_bias_gelu`

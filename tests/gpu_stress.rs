@@ -109,10 +109,11 @@ fn a_graph_with_a_workspace_from_four_threads_each_with_its_own_struct() {
 }
 
 /// Shapes that a direct call on an H200 (132 SMs) splits: 204 tiles of
-/// 128x256, whose last 72 are shared by stream-K; and 128 rows, whose
-/// tiles go to split-K. Each test asserts that the call kept stream-K
-/// scratch, so a GPU on which a shape runs unsplit fails rather than
-/// passing without testing the fix-up.
+/// 128x256, whose last 72 are shared by stream-K with `FUSION_STREAM_K=tail`
+/// (the GPU suite's stress step sets it; by default the last wave runs
+/// whole); and 128 rows, whose tiles go to split-K. Each test asserts that
+/// the call kept stream-K scratch, so a GPU or a setting on which a shape
+/// runs unsplit fails rather than passing without testing the fix-up.
 const SPLIT_SHAPES: [[(&str, usize); 3]; 2] = [
     [("M", 2100), ("N", 3000), ("K", 3000)],
     [("M", 128), ("N", 4096), ("K", 4096)],

@@ -21,9 +21,9 @@ use fusion::kernels;
 use fusion::launch::with_stream_workspace;
 use support::{Case, stream};
 
-/// A shape whose 128x256 tiles leave a partial last wave on 132 SMs (204
-/// tiles), which a direct call on an H200 splits by stream-K.
-const DIMS: [(&str, usize); 3] = [("M", 2100), ("N", 3000), ("K", 3000)];
+/// A shape whose tiles are fewer than half the SMs (64 of 64x128 on 132),
+/// which a direct call on an H200 splits by split-K (two CTAs a tile).
+const DIMS: [(&str, usize); 3] = [("M", 128), ("N", 4096), ("K", 4096)];
 
 /// (bytes of scratch, allocations) of the workspace the free functions keep
 /// for `s`.
@@ -97,7 +97,7 @@ fn streams_get_their_own_scratch_and_a_shared_struct_orders_them() {
     on_a.launch(|r, w| kernels::gemm_bias_gelu(&a, &r[0], &r[1], &r[2], &mut w[0]))
         .expect("runs on a");
     let (bytes_a, _) = stream_scratch(&a);
-    assert!(bytes_a > 0, "this shape splits by stream-K on an H200 (132 SMs)");
+    assert!(bytes_a > 0, "this shape splits by split-K on an H200 (132 SMs)");
     assert_eq!(stream_scratch(&b), (0, 0), "b's workspace is its own");
     // Both streams at once, each with its own scratch, many times over.
     for _ in 0..20 {

@@ -295,7 +295,8 @@ fn forward<T: HostElement>(s: &Arc<CudaStream>, args: &Args, file: TensorFile) -
             a.chunks(size).zip(b.chunks(size)).filter(|(a, b)| a != b).count()
         })
         .sum::<usize>();
-    let same_schedule = fusion::launch::schedule_flags(false) == fusion::launch::schedule_flags(true);
+    let schedule = |capturing| fusion::launch::schedule_flags(capturing).map_err(|e| e.to_string());
+    let same_schedule = schedule(false)? == schedule(true)?;
     println!(
         "  eager and captured outputs: {differ} of {} elements differ{}",
         n * m * d,

@@ -134,13 +134,15 @@ pub struct GemmShape {
 pub enum Split {
     /// Every tile whole, in rounds over a balanced grid.
     Whole,
-    /// Fewer tiles than SMs: each tile's k-blocks shared by this many CTAs.
+    /// Fewer tiles than half the SMs (or than all, without [`Splits::Fill`]):
+    /// each tile's k-blocks shared by this many CTAs.
     SplitK {
         /// CTAs that share one tile.
         ctas_per_tile: u64,
     },
     /// The last wave's tiles (with the full wave before it, when the last
-    /// is under half a wave) shared out over every CTA.
+    /// is under half a wave; [`Splits::Tail`]), or a lone wave of more than
+    /// half the SMs' tiles ([`Splits::Fill`]), shared out over every CTA.
     StreamK,
 }
 
@@ -167,15 +169,14 @@ pub enum Splits {
 }
 
 impl Splits {
-    /// `FUSION_STREAM_K`'s value as splits: `0` off, `tail` with stream-K
-    /// over the last wave, `fill` over a lone wave, anything else (unset
-    /// too) the default.
-    pub fn from_setting(value: Option<&str>) -> Splits {
+    /// `FUSION_STREAM_K`'s value as splits: unset, empty or `split-k` the
+    /// default, `0` off, `tail` with stream-K over the last wave, `fill`
+    /// over a lone wave; none for any other value.
+    pub fn from_setting(value: Option<&str>) -> Option<Splits> {
         match value {
-            Some("0") => Splits::Off,
-            Some("tail") => Splits::Tail,
-            Some("fill") => Splits::Fill,
-            _ => Splits::SplitK,
+            None | Some("") => Some(Splits::default()),
+            Some("0") => Some(Splits::Off),
+            Some(name) => Splits::from_name(name).filter(|&s| s != Splits::Off),
         }
     }
 
@@ -264,7 +265,10 @@ pub fn work(bm: u64, bn: u64, consumers: u64, shape: GemmShape, sms: u64, splits
     }
     let per_cta = (split_tiles * k_blocks).div_ceil(ctas);
     let busiest_without = split_tiles.div_ceil(ctas) * k_blocks;
-    if per_cta < MIN_BLOCKS || per_cta + 2 * FIXUP_BLOCKS >= busiest_without {
+    if per_cta < MIN_BLOCKS
+        || per_cta + 2 * FIXUP_BLOCKS >= busiest_without
+        || (split_tiles * k_blocks + 1) * ctas >= i32::MAX as u64
+    {
         return whole;
     }
     let whole_rounds = (tiles - split_tiles) / ctas;

@@ -495,7 +495,8 @@ pub fn gemm_shapes() -> Vec<(usize, usize, usize)> {
     // sm90's tiers as gemm.cuh's LightestTier chooses them (the fewest
     // loads for the busiest CTA): 512 x 2048, 1000 x 136 and 77 x 3000
     // (above) on the 64x128 tile; 2100 x 3000 on the 128x256 tile: 204
-    // tiles, so on 132 SMs the last 72 are shared out by stream-K;
+    // tiles, so on 132 SMs the last 72 are shared out by stream-K with
+    // FUSION_STREAM_K=tail (whole by default);
     // 4100 x 3000 x 1000: 396 tiles of 128x256, three whole waves on 132
     // SMs; 200 x 8200 x 1000: 130 tiles of the 128x128 tile, one wave.
     // 1000 x 3000 (above, 128 tiles of 128x192 against 96 of 128x256) and

@@ -257,8 +257,8 @@ pub struct Report {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gemm_tile: Option<String>,
     /// How the run's GEMM launches split a tile's k-blocks
-    /// (`FUSION_STREAM_K`, as `Splits::name` says it: `off`, `split-k` or
-    /// `tail`); absent in files written before it was recorded, which ran
+    /// (`FUSION_STREAM_K`, as `Splits::name` says it: `off`, `split-k`,
+    /// `tail` or `fill`); absent in files written before it was recorded, which ran
     /// `tail` unless `FUSION_STREAM_K=0`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub splits: Option<String>,

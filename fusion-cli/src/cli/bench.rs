@@ -302,7 +302,12 @@ fn run_bench(config: BenchConfig, args: &BenchArgs, out: &mut dyn Write) -> Resu
         gemm_tile: fusion::launch::forced_gemm_tile()
             .map_err(|e| CliError::Message(e.to_string()))?
             .map(|tier| tier.name().to_owned()),
-        splits: Some(fusion::launch::splits().name().to_owned()),
+        splits: Some(
+            fusion::launch::splits()
+                .map_err(|e| CliError::Message(e.to_string()))?
+                .name()
+                .to_owned(),
+        ),
         tiles_by_model: bench::tiles_by_model(),
         guarded: bench::guarded(),
     };

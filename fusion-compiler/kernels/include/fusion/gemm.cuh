@@ -164,8 +164,8 @@ bool fewer_waves(int64_t m, int64_t n) {
 // Whether the narrower tile config Alt should run an m x n output rather
 // than Large, on the current device: Alt when it needs at most 9/10 of
 // Large's waves of tile area. The margin is Large's lead per unit of area
-// (more flops per byte loaded, and stream-K over its last wave, which Alt's
-// count of waves does not see): on an H200 (f16, benchmarks/HISTORY.md v21) the
+// (more flops per byte loaded, and, where the caller asks for it, stream-K
+// over its last wave, which Alt's count of waves does not see): on an H200 (f16, benchmarks/HISTORY.md v21) the
 // 128x192 tile took 13.5, 31.9 and 187 us against 15.2, 36.5 and 231 for
 // 128x256 at (768, 3072, 768), (4096, 768, 3072) and (1000, 18944, 3584),
 // whose areas are 0.75, 0.75 and 0.90 of 128x256's, and was 3-4% slower at

@@ -9,8 +9,9 @@
 // stream's kernel, takes fewer; their producer hands each piece to the
 // consumers with the ring's first stage of it (Plan::posted). Where the tiles do
 // not fill the SMs evenly, several CTAs may share a tile's k-blocks (split-K
-// with fewer tiles than SMs, stream-K over the last wave otherwise; see
-// StreamK and plan_stream_k) and whichever of them arrives last sums their
+// with fewer tiles than half the SMs; stream-K over the last wave, or over
+// a lone wave of more than half, where the caller asks for it; see StreamK
+// and plan_stream_k) and whichever of them arrives last sums their
 // partial tiles (fix_up); where that does not pay, the grid shrinks to the fewest
 // CTAs that need no more waves (balanced_grid). Not here: loading and
 // multiplying a tile (collective_mainloop.cuh) and storing it
@@ -120,8 +121,10 @@ struct TileScheduler {
   // (dispatch in index order, which the programming model does not
   // promise), and stalled SMs whenever another stream's kernel delayed a
   // lower CTA. Counters are 0 at rest: the CTA that arrives last resets
-  // its tile's. With fewer tiles than SMs this is split-K (dp_tiles 0,
-  // every tile split alike).
+  // its tile's. With fewer tiles than half the SMs this is split-K
+  // (dp_tiles 0, every tile split alike); with a lone wave of more than
+  // half shared out (FUSION_GEMM_STREAM_K_FILL) dp_tiles is 0 and each
+  // CTA's range is shorter than a tile, one or two Split pieces.
   struct StreamK {
     int dp_tiles = 0;  // tiles [0, dp_tiles) run whole: CTA b takes b, b + grid, ...
     int units = 0;     // k-blocks of tiles [dp_tiles, tiles); 0: no stream-K (units * grid < 2^31)
@@ -421,10 +424,11 @@ struct TileScheduler {
 // finisher's share, and rereads it unless it holds the tile's first
 // k-blocks.)
 // Measured again over the layer corpus's GEMMs on an H200 (benchmarks/HISTORY.md
-// v29), stream-K for the last wave took 1.001x and 1.004x the time of whole
-// last waves at M = 512 and 1000 (geometric means; 0.95x to 1.15x row by
-// row, the largest losses where K is short: 1.13x at (1000, 4800, 1600)),
-// while split-K at M = 128 took 0.952x: the tail runs only when asked for.
+// v29), stream-K for the last wave took 1.025x the time of whole last
+// waves on the 46 rows it ran (geometric mean; 0.95x to 1.15x row by row,
+// the largest losses where K is short: 1.13x at (1000, 4800, 1600)),
+// while split-K took 0.874x the time of no split on the 32 rows it ran (29
+// of them at M = 128): the tail runs only when asked for.
 // The launcher asks for neither when its caller says FUSION_GEMM_NO_STREAM_K
 // (the run time does for FUSION_STREAM_K=0 and while capturing a graph),
 // and walks the whole tiles statically (no counter) when it says
