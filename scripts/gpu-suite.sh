@@ -69,7 +69,7 @@ synccheck_tests="gemm_bias_gelu gemm_silu layernorm_gemm gemm_silu_glu layernorm
 # (benchmarks/HISTORY.md v21); memcheck, initcheck and synccheck run those
 # pieces, with stream-K over the last wave asked for (FUSION_STREAM_K=tail:
 # split-K alone is the default), or SANITIZE_SPLITS's splits (fill: the
-# lone wave of the tiny 200 x 2560 x 1536 shared out).
+# lone wave of the tiny 200 x 2560 x 3072 shared out).
 sanitize() {
   local arch=$1 tool=$2; shift 2
   local stream_k=${SANITIZE_SPLITS:-tail} suffix=${SANITIZE_SPLITS:+-$SANITIZE_SPLITS}

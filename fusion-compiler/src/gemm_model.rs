@@ -153,18 +153,20 @@ pub enum Splits {
     /// `FUSION_STREAM_K=0`, and every launch captured into a graph: every
     /// tile whole on one CTA (`FUSION_GEMM_NO_STREAM_K`).
     Off,
-    /// The default: split-K where the tiles are fewer than the SMs.
+    /// The default: split-K where the tiles are fewer than the SMs and have
+    /// at least 48 k-blocks each.
     #[default]
     SplitK,
-    /// `FUSION_STREAM_K=tail`: split-K, and stream-K over the last wave where
-    /// the tiles are more (`FUSION_GEMM_STREAM_K_TAIL`). The default before
-    /// the corpus measured it (benchmarks/HISTORY.md v29), so every bench file
-    /// that does not name its splits ran with it.
+    /// `FUSION_STREAM_K=tail`: the plan before the corpus measured it
+    /// (benchmarks/HISTORY.md v29), and so of every bench file that does not
+    /// name its splits: split-K also on tiles of fewer than 48 k-blocks, and
+    /// stream-K over the last wave where the tiles are more than the SMs
+    /// (`FUSION_GEMM_STREAM_K_TAIL`).
     Tail,
-    /// `FUSION_STREAM_K=fill` (being measured): split-K where the tiles are
-    /// at most half the SMs, and stream-K over the lone wave where they are
-    /// more than half but fewer than the SMs (`FUSION_GEMM_STREAM_K_FILL`),
-    /// which the others run whole on fewer CTAs than SMs.
+    /// `FUSION_STREAM_K=fill` (being measured): as the default, and
+    /// stream-K over the lone wave where the tiles are more than half the
+    /// SMs but fewer (`FUSION_GEMM_STREAM_K_FILL`), which the others run
+    /// whole on fewer CTAs than SMs.
     Fill,
 }
 
@@ -240,6 +242,10 @@ pub fn work(bm: u64, bn: u64, consumers: u64, shape: GemmShape, sms: u64, splits
     // plan_stream_k, step by step.
     const FIXUP_BLOCKS: u64 = 4;
     const MIN_BLOCKS: u64 = 4;
+    const MIN_SPLIT_TILE_BLOCKS: u64 = 48;
+    if splits != Splits::Tail && tiles < sms && k_blocks < MIN_SPLIT_TILE_BLOCKS {
+        return whole;
+    }
     const FLAG_BYTES: u64 = WORKSPACE_FLAG_BYTES - 128; // less kTileCounterBytes
     let (mut split_tiles, mut ctas) = (tiles, tiles * (sms / tiles.max(1)));
     // A lone wave of more than half the SMs' tiles, shared out with `fill`.

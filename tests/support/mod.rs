@@ -481,14 +481,14 @@ pub fn gemm_shapes() -> Vec<(usize, usize, usize)> {
         // shared out by stream-K, so each CTA runs pieces of 11 k-blocks
         // across two tiles of 10, whose stages wrap the ring (one piece a
         // CTA in every other tiny shape), with FUSION_STREAM_K=tail;
-        // 200 x 2560 x 1536: 80 tiles of 64x128, one wave of more than half
-        // the SMs, which FUSION_STREAM_K=fill shares out (15 of a tile's 24
+        // 200 x 2560 x 3072: 80 tiles of 64x128, one wave of more than half
+        // the SMs, which FUSION_STREAM_K=fill shares out (30 of a tile's 48
         // k-blocks a CTA).
         shapes.extend([
             (13, 5400, 1032),
             (1100, 776, 72),
             (641, 16904, 632),
-            (200, 2560, 1536),
+            (200, 2560, 3072),
         ]);
         return shapes;
     }

@@ -96,7 +96,9 @@ typedef struct fusion_gemm_params {
  * H200 it took 1.025x the time of whole last waves on the 46 rows it ran
  * (geometric mean), from 0.95x to 1.15x row by row, and it doubled
  * the time of four launches at once on four streams at 8192^3 on an H100
- * (the run time's FUSION_STREAM_K=tail asks for it). */
+ * (the run time's FUSION_STREAM_K=tail asks for it). It also keeps split-K
+ * on tiles of fewer than 48 k-blocks, which is otherwise refused: the plan
+ * as it was before the corpus measured it. */
 #define FUSION_GEMM_STREAM_K_TAIL 32u
 /* fusion_gemm_params::flags: where the tiles are more than half the SMs but
  * fewer, share them out over every CTA (stream-K over the lone wave)

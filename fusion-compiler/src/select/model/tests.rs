@@ -25,6 +25,10 @@ fn work_repeats_the_schedulers_plan() {
     let w = work(128, 256, 2, shape(4096, 4096, 4096), 132, Splits::Tail);
     assert_eq!((w.tiles, w.grid, w.split), (512, 128, Split::Whole));
     assert_eq!((w.busiest_k_blocks, w.rounds), (256, 4));
+    // Tiles of fewer than 48 k-blocks are not split: (128, 1600, 1600) in
+    // 64x128 tiles, 26 tiles of 25 k-blocks, runs whole on 26 CTAs.
+    let w = work(64, 128, 1, shape(128, 1600, 1600), 132, Splits::SplitK);
+    assert_eq!((w.tiles, w.grid, w.split), (26, 26, Split::Whole));
     // With no splits the same split-K shape runs whole tiles.
     let w = work(64, 128, 1, shape(128, 4096, 14336), 132, Splits::Off);
     assert_eq!((w.grid, w.busiest_k_blocks, w.split), (64, 224, Split::Whole));

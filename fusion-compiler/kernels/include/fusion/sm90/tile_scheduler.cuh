@@ -440,9 +440,18 @@ typename TileScheduler<T, Config>::StreamK TileScheduler<T, Config>::plan_stream
                                                                                            int64_t sms, bool tail,
                                                                                            bool fill, int64_t* grid) {
   constexpr int64_t kFixupBlocks = 4, kMinBlocks = 4;
+  // With fewer tiles than SMs a split needs tiles of at least this many
+  // k-blocks, unless the caller asks for the tail (FUSION_STREAM_K=tail
+  // keeps the plan as it was before this bound): over the layer corpus on
+  // an H200 (benchmarks/HISTORY.md v29)
+  // split-K took 0.62x-1.00x the time of whole tiles at 48 k-blocks and
+  // more, and 1.006x-1.090x at 25-40 (e.g. 1.083x at (128, 1600, 1600),
+  // 26 tiles of 64x128 split 5 ways).
+  constexpr int64_t kMinSplitTileBlocks = 48;
   StreamK sk;
   if (kPingPong || kClusterM > 1) return sk;
   if (tiles <= 0 || sms <= 0) return sk;
+  if (!tail && tiles < sms && k_blocks < kMinSplitTileBlocks) return sk;
   int64_t split_tiles = tiles, ctas = tiles * (sms / tiles);
   // With `fill`, a lone wave of more than half the SMs' tiles is shared out
   // over every CTA.
