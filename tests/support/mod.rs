@@ -503,7 +503,10 @@ pub fn gemm_shapes() -> Vec<(usize, usize, usize)> {
     // 2500 x 2304 x 4000 (240 tiles against 180, two waves either way, the
     // last 108 shared out by stream-K) run the 128x192 tile (the last waves
     // shared out with FUSION_STREAM_K=tail). 300 x 2560 x 4096: 100 tiles
-    // of 64x128 in one wave, which FUSION_STREAM_K=fill shares out. Ragged M, N
+    // of 64x128 in one wave, which FUSION_STREAM_K=fill shares out.
+    // 128 x 1024 x 4096: 16 tiles of 64x128 of 64 k-blocks, which split-K
+    // shares 8 ways by default (K = 3000 above, 47 k-blocks, splits only
+    // with FUSION_STREAM_K=tail). Ragged M, N
     // and K, so the sm90 waves that walk K backwards
     // start on a partial k-block. M = 9, 13 and 16: the decode kernel
     // (fusion-compiler/kernels/include/fusion/decode.cuh) with rows in both halves of its
@@ -520,6 +523,7 @@ pub fn gemm_shapes() -> Vec<(usize, usize, usize)> {
         (200, 8200, 1000),
         (2500, 2304, 4000),
         (300, 2560, 4096),
+        (128, 1024, 4096),
     ]);
     if !quick() {
         shapes.extend([
