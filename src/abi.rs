@@ -29,8 +29,8 @@ pub const FUSION_GEMM_TILE_SHIFT: u32 = 2;
 /// per call where the build left the tile to the call: `plan::TileModel`);
 /// none set, the launcher's own choice.
 pub const FUSION_GEMM_TILE_MASK: u32 = 7 << FUSION_GEMM_TILE_SHIFT;
-/// `fusion_gemm_params::flags`: stream-K over the last wave too, not only
-/// split-K where the tiles are fewer than the SMs.
+/// `fusion_gemm_params::flags`: the plan before split-K's 48-k-block bound:
+/// stream-K over the last wave, and split-K on short tiles too.
 pub const FUSION_GEMM_STREAM_K_TAIL: u32 = 32;
 /// `fusion_gemm_params::flags`: stream-K over a lone wave of more than half
 /// the SMs' tiles.

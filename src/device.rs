@@ -94,9 +94,7 @@ pub fn arch_among(stream: &CudaStream, compiled: &[Arch]) -> Result<Arch> {
 /// its variant, and that path does not read the environment.
 fn forced_arch() -> Option<&'static str> {
     static FORCED: OnceLock<Option<String>> = OnceLock::new();
-    FORCED
-        .get_or_init(|| std::env::var("FUSION_FORCE_ARCH").ok())
-        .as_deref()
+    crate::launch::env_once(&FORCED, "FUSION_FORCE_ARCH")
 }
 
 /// The variant among `compiled` for a compute capability, honouring a

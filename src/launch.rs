@@ -566,15 +566,20 @@ fn fit_slot<A: Allocator>(
     Ok(true)
 }
 
-/// Reads `FUSION_STREAM_K` once ([`Splits::from_setting`]);
+/// The environment variable `name` as the process first read it, kept in
+/// `cell`: the run time's settings are read once, so that a call's path
+/// does not read the environment and a later change of a variable changes
+/// nothing.
+pub(crate) fn env_once(cell: &'static OnceLock<Option<String>>, name: &str) -> Option<&'static str> {
+    cell.get_or_init(|| std::env::var(name).ok()).as_deref()
+}
+
+/// How GEMM launches split (`FUSION_STREAM_K`, [`Splits::from_setting`]);
 /// [`Error::Setting`] for a value it does not take.
 pub fn splits() -> Result<Splits> {
-    static SETTING: OnceLock<std::result::Result<Splits, String>> = OnceLock::new();
-    let setting = SETTING.get_or_init(|| {
-        let value = std::env::var("FUSION_STREAM_K").ok();
-        Splits::from_setting(value.as_deref()).ok_or_else(|| value.unwrap_or_default())
-    });
-    setting.clone().map_err(|value| splits_error(&value))
+    static VALUE: OnceLock<Option<String>> = OnceLock::new();
+    let value = env_once(&VALUE, "FUSION_STREAM_K");
+    Splits::from_setting(value).ok_or_else(|| splits_error(value.unwrap_or_default()))
 }
 
 /// [`Error::Setting`] for `FUSION_STREAM_K=value`.
@@ -582,7 +587,8 @@ fn splits_error(value: &str) -> Error {
     Error::Setting {
         variable: "FUSION_STREAM_K",
         value: value.to_owned(),
-        expected: "0 (no split), split-k (the default: split-K where the tiles are fewer than half the SMs), \
+        expected: "0 (no split), split-k (the default: split-K where the tiles are fewer than half the SMs and \
+                   have at least 48 k-blocks), \
                    tail (stream-K over the last wave too) or fill (stream-K over a lone wave too)",
     }
 }
@@ -594,8 +600,8 @@ fn splits_error(value: &str) -> Error {
 /// one stream up to 11% where a CTA runs few tiles (14.1 against 12.7 us at
 /// (512, 2048, 2048), one tile per CTA; benchmarks/HISTORY.md v18, v19).
 fn tile_counter_enabled() -> bool {
-    static ENABLED: OnceLock<bool> = OnceLock::new();
-    *ENABLED.get_or_init(|| std::env::var("FUSION_TILE_COUNTER").ok().as_deref() == Some("1"))
+    static VALUE: OnceLock<Option<String>> = OnceLock::new();
+    env_once(&VALUE, "FUSION_TILE_COUNTER") == Some("1")
 }
 
 /// Workspaces kept per stream, for callers with no struct to keep one in.
@@ -1067,11 +1073,7 @@ enum Padding {
 
 fn padding_setting() -> Result<Padding> {
     static VALUE: OnceLock<Option<String>> = OnceLock::new();
-    padding_of(
-        VALUE
-            .get_or_init(|| std::env::var("FUSION_PAD_WEIGHTS").ok())
-            .as_deref(),
-    )
+    padding_of(env_once(&VALUE, "FUSION_PAD_WEIGHTS"))
 }
 
 fn padding_of(value: Option<&str>) -> Result<Padding> {
@@ -1185,17 +1187,13 @@ impl GemmTile {
 }
 
 /// The tier `FUSION_GEMM_TILE` names for every GEMM launch; `None` when it
-/// is unset or empty, the launcher's own choice. Read and parsed once per
-/// process, on first use: another value is [`Error::Setting`], the same
+/// is unset or empty, the launcher's own choice. Read once per process, on
+/// first use: another value is [`Error::Setting`], the same
 /// error from every call that asks (each call with a GEMM fails with it),
 /// and changing the variable later changes nothing.
 pub fn forced_gemm_tile() -> Result<Option<GemmTile>> {
-    static PARSED: OnceLock<std::result::Result<Option<GemmTile>, String>> = OnceLock::new();
-    let parsed = PARSED.get_or_init(|| {
-        let value = std::env::var("FUSION_GEMM_TILE").ok();
-        gemm_tile_of(value.as_deref()).map_err(|_| value.unwrap_or_default())
-    });
-    parsed.clone().map_err(|value| gemm_tile_error(&value))
+    static VALUE: OnceLock<Option<String>> = OnceLock::new();
+    gemm_tile_of(env_once(&VALUE, "FUSION_GEMM_TILE"))
 }
 
 fn gemm_tile_of(value: Option<&str>) -> Result<Option<GemmTile>> {
