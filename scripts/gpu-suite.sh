@@ -62,19 +62,22 @@ synccheck_tests="gemm_bias_gelu gemm_silu layernorm_gemm gemm_silu_glu layernorm
 
 # sanitize ARCH TOOL TESTS...: one compute-sanitizer run of the chosen tests
 # on one variant (sm80 and sm75 run as PTX on newer GPUs). Each name must
-# run: a renamed test fails the step. racecheck runs with stream-K off: it
-# reports the consumers' reads of the piece posted beside a stage against
-# the producer's next post there once a CTA's stream-K pieces wrap the ring
-# (the tiny 61 x 17016 x 632), though the stage's empty barrier orders them
-# (benchmarks/HISTORY.md v21); memcheck, initcheck and synccheck run those
-# pieces, with stream-K over the last wave asked for (FUSION_STREAM_K=tail:
+# run: a renamed test fails the step. racecheck runs with stream-K off and
+# without the tiny shapes whose CTAs wrap the ring (FUSION_TEST_SIZE=
+# tiny-no-wrap): it reports the consumers' reads of the piece posted beside
+# a stage against the producer's next post there once a CTA's k-blocks wrap
+# the ring, stream-K pieces or whole tiles (641 x 16904 x 632, 3-4 tiles of
+# 10 k-blocks a CTA; 200 x 2560 x 3072, 48 k-blocks on an 8-stage ring),
+# though the stage's empty barrier orders them (benchmarks/HISTORY.md v21,
+# v30); memcheck, initcheck and synccheck run those shapes and pieces, with stream-K over the last wave asked for (FUSION_STREAM_K=tail:
 # split-K alone is the default), or SANITIZE_SPLITS's splits (fill: the
 # lone wave of the tiny 200 x 2560 x 3072 shared out).
 sanitize() {
   local arch=$1 tool=$2; shift 2
   local stream_k=${SANITIZE_SPLITS:-tail} suffix=${SANITIZE_SPLITS:+-$SANITIZE_SPLITS}
-  [[ $tool == racecheck ]] && stream_k=0
-  FUSION_STREAM_K=$stream_k FUSION_FORCE_ARCH=$arch FUSION_TEST_SIZE=tiny run_tests "sanitize-$tool-$arch$suffix.log" $# \
+  local size=tiny
+  [[ $tool == racecheck ]] && stream_k=0 size=tiny-no-wrap
+  FUSION_STREAM_K=$stream_k FUSION_FORCE_ARCH=$arch FUSION_TEST_SIZE=$size run_tests "sanitize-$tool-$arch$suffix.log" $# \
     compute-sanitizer --tool "$tool" --error-exitcode 3 --print-limit 20 \
     ./gpu --ignored --exact --test-threads 1 --nocapture "$@"
 }
