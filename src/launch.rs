@@ -588,8 +588,8 @@ fn splits_error(value: &str) -> Error {
         variable: "FUSION_STREAM_K",
         value: value.to_owned(),
         expected: "0 (no split), split-k (the default: split-K where the tiles are fewer than half the SMs and \
-                   have at least 48 k-blocks), \
-                   tail (stream-K over the last wave too) or fill (stream-K over a lone wave too)",
+                   have at least 48 k-blocks, stream-K over the last wave where they have at least 192), \
+                   tail (stream-K over every last wave too) or fill (stream-K over a lone wave too)",
     }
 }
 

@@ -141,7 +141,7 @@ pub enum Split {
         ctas_per_tile: u64,
     },
     /// The last wave's tiles (with the full wave before it, when the last
-    /// is under half a wave; [`Splits::Tail`]), or a lone wave of more than
+    /// is under half a wave; by default only on deep tiles), or a lone wave of more than
     /// half the SMs' tiles ([`Splits::Fill`]), shared out over every CTA.
     StreamK,
 }
@@ -154,7 +154,9 @@ pub enum Splits {
     /// tile whole on one CTA (`FUSION_GEMM_NO_STREAM_K`).
     Off,
     /// The default: split-K where the tiles are fewer than the SMs and have
-    /// at least 48 k-blocks each.
+    /// at least 48 k-blocks each, and stream-K over the last wave where
+    /// they are more, have at least 192 k-blocks each, and the share saves
+    /// the busiest CTA at least a quarter of a tile.
     #[default]
     SplitK,
     /// `FUSION_STREAM_K=tail`: the plan before the corpus measured it
@@ -243,6 +245,7 @@ pub fn work(bm: u64, bn: u64, consumers: u64, shape: GemmShape, sms: u64, splits
     const FIXUP_BLOCKS: u64 = 4;
     const MIN_BLOCKS: u64 = 4;
     const MIN_SPLIT_TILE_BLOCKS: u64 = 48;
+    const MIN_TAIL_BLOCKS: u64 = 192;
     if splits != Splits::Tail && tiles < sms && k_blocks < MIN_SPLIT_TILE_BLOCKS {
         return whole;
     }
@@ -254,7 +257,7 @@ pub fn work(bm: u64, bn: u64, consumers: u64, shape: GemmShape, sms: u64, splits
         ctas = sms;
     }
     if tiles >= sms {
-        if splits != Splits::Tail {
+        if splits != Splits::Tail && k_blocks < MIN_TAIL_BLOCKS {
             return whole;
         }
         split_tiles = tiles % sms;
@@ -274,6 +277,7 @@ pub fn work(bm: u64, bn: u64, consumers: u64, shape: GemmShape, sms: u64, splits
     if per_cta < MIN_BLOCKS
         || per_cta + 2 * FIXUP_BLOCKS >= busiest_without
         || (split_tiles * k_blocks + 1) * ctas >= i32::MAX as u64
+        || (splits != Splits::Tail && tiles >= sms && 4 * (busiest_without - per_cta) < k_blocks)
     {
         return whole;
     }

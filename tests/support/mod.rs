@@ -515,7 +515,9 @@ pub fn gemm_shapes() -> Vec<(usize, usize, usize)> {
     // of 64x128 in one wave, which FUSION_STREAM_K=fill shares out.
     // 128 x 1024 x 4096: 16 tiles of 64x128 of 64 k-blocks, which split-K
     // shares 8 ways by default (K = 3000 above, 47 k-blocks, splits only
-    // with FUSION_STREAM_K=tail). Ragged M, N
+    // with FUSION_STREAM_K=tail). 2100 x 3000 x 12296: 204 tiles of
+    // 128x256 of 193 k-blocks, whose last 72 stream-K shares out by
+    // default (deep tiles; 106 k-blocks a CTA against 193). Ragged M, N
     // and K, so the sm90 waves that walk K backwards
     // start on a partial k-block. M = 9, 13 and 16: the decode kernel
     // (fusion-compiler/kernels/include/fusion/decode.cuh) with rows in both halves of its
@@ -533,6 +535,7 @@ pub fn gemm_shapes() -> Vec<(usize, usize, usize)> {
         (2500, 2304, 4000),
         (300, 2560, 4096),
         (128, 1024, 4096),
+        (2100, 3000, 12296),
     ]);
     if !quick() {
         shapes.extend([

@@ -51,12 +51,35 @@ fn work_repeats_the_schedulers_plan() {
     // Beyond one wave `fill` runs the last wave whole, as the default does.
     let w = work(128, 256, 2, shape(512, 10240, 8192), 132, Splits::Fill);
     assert_eq!((w.grid, w.split), (80, Split::Whole));
-    // By default the tail runs whole: two rounds on 80 CTAs.
+    // By default a tail of tiles of 128 k-blocks runs whole: two rounds on
+    // 80 CTAs.
     let w = work(128, 256, 2, shape(512, 10240, 8192), 132, Splits::default());
     assert_eq!(
         (w.grid, w.split, w.busiest_k_blocks, w.partials),
         (80, Split::Whole, 256, 0)
     );
+    // Tiles of 192 k-blocks and more share the last wave by default where
+    // that saves the busiest CTA a quarter of a tile: (1000, 4544, 18176)
+    // in 128x192 tiles, 192 tiles of 284 k-blocks, 60 over a wave, so all
+    // 192 are shared out over 132 CTAs (413 k-blocks each against 568).
+    for splits in [Splits::SplitK, Splits::Fill, Splits::Tail] {
+        let w = work(128, 192, 2, shape(1000, 4544, 18176), 132, splits);
+        assert_eq!((w.tiles, w.k_blocks, w.grid), (192, 284, 132));
+        assert_eq!(
+            (w.split, w.busiest_k_blocks),
+            (Split::StreamK, (192 * 284u64).div_ceil(132))
+        );
+    }
+    // (1000, 6144, 24576) in 128x192 tiles: 256 tiles of 384 k-blocks, a
+    // last wave of 124 on 132 SMs, whose share saves 23 k-blocks, under a
+    // quarter of a tile: whole by default, shared with the tail.
+    let w = work(128, 192, 2, shape(1000, 6144, 24576), 132, Splits::SplitK);
+    assert_eq!(
+        (w.tiles, w.split, w.busiest_k_blocks),
+        (256, Split::Whole, 2 * 384)
+    );
+    let w = work(128, 192, 2, shape(1000, 6144, 24576), 132, Splits::Tail);
+    assert_eq!(w.split, Split::StreamK);
 }
 
 fn sm90_config(kernel: &str) -> (KernelKind, KernelConfig) {

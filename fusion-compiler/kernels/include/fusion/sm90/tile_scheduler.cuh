@@ -401,7 +401,8 @@ struct TileScheduler {
 //    CTAs instead, as stream-K shares a last wave (at (512, 2560, 10240),
 //    80 tiles of 128x128 on 132 SMs, each CTA runs 97 of a tile's 160
 //    k-blocks); without it they run whole on t CTAs.
-//  - t >= s, t not a multiple of s, and the caller asks for it
+//  - t >= s, t not a multiple of s, and tiles deep enough that it pays
+//    (kMinTailBlocks), or the caller asks for it everywhere
 //    (FUSION_GEMM_STREAM_K_TAIL): stream-K for the last wave. Every CTA
 //    runs t / s tiles whole, then an equal share of the k-blocks of the
 //    remaining t % s tiles, which would otherwise leave s - t % s SMs idle
@@ -428,7 +429,8 @@ struct TileScheduler {
 // waves on the 46 rows it ran (geometric mean; 0.95x to 1.15x row by row,
 // the largest losses where K is short: 1.13x at (1000, 4800, 1600)),
 // while split-K took 0.874x the time of no split on the 32 rows it ran (29
-// of them at M = 128): the tail runs only when asked for.
+// of them at M = 128): the tail runs by default only on tiles of at
+// least kMinTailBlocks k-blocks where it saves a quarter of a tile.
 // The launcher asks for neither when its caller says FUSION_GEMM_NO_STREAM_K
 // (the run time does for FUSION_STREAM_K=0 and while capturing a graph),
 // and walks the whole tiles statically (no counter) when it says
@@ -448,6 +450,14 @@ typename TileScheduler<T, Config>::StreamK TileScheduler<T, Config>::plan_stream
   // more, and 1.006x-1.090x at 25-40 (e.g. 1.083x at (128, 1600, 1600),
   // 26 tiles of 64x128 split 5 ways).
   constexpr int64_t kMinSplitTileBlocks = 48;
+  // With more tiles than SMs, the last wave is shared out without `tail`
+  // only where its tiles have at least this many k-blocks and the share
+  // saves the busiest CTA at least a quarter of a tile: over the same rows
+  // the tail took 0.950x-0.970x the time of whole waves at 224-320 k-blocks
+  // where it saved 0.30-0.54 of a tile, and 0.990x-1.035x at 384-448 where
+  // the last wave was 124 of 132 tiles (saving 0.06); below 192 k-blocks it
+  // lost as often as it won (0.958x-1.154x).
+  constexpr int64_t kMinTailBlocks = 192;
   StreamK sk;
   if (kPingPong || kClusterM > 1) return sk;
   if (tiles <= 0 || sms <= 0) return sk;
@@ -457,7 +467,7 @@ typename TileScheduler<T, Config>::StreamK TileScheduler<T, Config>::plan_stream
   // over every CTA.
   if (fill && 2 * tiles > sms && tiles < sms) ctas = sms;
   if (tiles >= sms) {
-    if (!tail) return sk;
+    if (!tail && k_blocks < kMinTailBlocks) return sk;
     split_tiles = tiles % sms;
     if (split_tiles == 0) return sk;
     if (2 * split_tiles < sms) split_tiles += sms;
@@ -472,6 +482,7 @@ typename TileScheduler<T, Config>::StreamK TileScheduler<T, Config>::plan_stream
   if (per_cta < kMinBlocks || per_cta + 2 * kFixupBlocks >= whole ||
       (split_tiles * k_blocks + 1) * ctas >= INT32_MAX)
     return sk;
+  if (!tail && tiles >= sms && 4 * (whole - per_cta) < k_blocks) return sk;
   sk.dp_tiles = int(tiles - split_tiles);
   sk.units = int(split_tiles * k_blocks);
   *grid = ctas;
