@@ -139,15 +139,28 @@ struct TileScheduler {
 
   // Thread 0 writes this CTA's stream-K pieces to shared memory before the
   // first barrier, in the order they run (after the data-parallel tiles,
-  // see piece): the Split piece where its range ends, the tiles its range
-  // covers whole, and last the Split piece where its range starts, which
-  // holds the last k-blocks of its tile. The CTAs sharing that tile run
-  // their share of it first, so this CTA is the likely last arriver, and
-  // its fix-up finds the other partials stored rather than making another
-  // CTA add up the tile while this one still computes. (Any order is
-  // correct: nothing waits.) The producer and the consumers read the list
-  // from there, which keeps the bookkeeping out of the registers (the
-  // producer runs in 40, the consumers hold 128 accumulators). 32-bit:
+  // see piece): the tiles its range covers whole, the Split piece where its
+  // range ends (its tile's first k-blocks), and last the Split piece where
+  // its range starts, which holds the last k-blocks of its tile. The CTAs
+  // sharing that tile run their share of it first, so this CTA is the
+  // likely last arriver, and its fix-up finds the other partials stored
+  // rather than making another CTA add up the tile while this one still
+  // computes. (Any order is correct: nothing waits.) In this order every
+  // CTA runs k-block t mod kb of some tile at time t (counted in
+  // k-blocks) until it reaches its last piece, and from there k-block
+  // t + kb - L, where L is the length of a CTA's range, the same for all:
+  // the CTAs run in two phases of K, as the data-parallel waves run in
+  // one, and the CTAs of one phase on tiles of one column of tiles read the
+  // same k-slices of B at about the same time, which L2 serves once. With
+  // the Split piece where the range ends run first, the whole tiles after
+  // it started at a different k-block on every CTA, so that they read B
+  // each on its own: at (1000, 4544, 18176), 192 tiles of 128x192 shared
+  // out over 132 CTAs, 8 CTAs' reads of B from DRAM (1.3 GB) would take
+  // about as long as the launch took on an H200 (a count of bytes, not a
+  // measurement: benchmarks/HISTORY.md v30). The producer and the
+  // consumers read the list from there, which keeps the bookkeeping out of
+  // the registers (the producer runs in 40, the consumers hold 128
+  // accumulators). 32-bit:
   // plan_stream_k keeps (units + 1) * grid below 2^31.
   static __device__ __forceinline__ void plan_pieces(Plan& plan, const TileWalk& walk, int kb,
                                                     const StreamK& sk) {
@@ -157,10 +170,6 @@ struct TileScheduler {
     if (sk.units > 0) {
       const int grid = int(gridDim.x);
       const int begin = int(blockIdx.x) * sk.units / grid, end = (int(blockIdx.x) + 1) * sk.units / grid;
-      if (begin < end && end % kb != 0) {
-        const int tile = end / kb, from = begin > tile * kb ? begin : tile * kb;
-        plan.pieces[count++] = {sk.dp_tiles + tile, from - tile * kb, end - from, Piece::Split};
-      }
       for (int tile = begin / kb; begin < end && (tile + 1) * kb <= end; ++tile) {
         if (begin <= tile * kb) {
           plan.pieces[count++] = {sk.dp_tiles + tile, 0, kb, Piece::Whole};
@@ -168,6 +177,10 @@ struct TileScheduler {
           last = {sk.dp_tiles + tile, begin - tile * kb, (tile + 1) * kb - begin, Piece::Split};
           has_last = true;
         }
+      }
+      if (begin < end && end % kb != 0) {
+        const int tile = end / kb, from = begin > tile * kb ? begin : tile * kb;
+        plan.pieces[count++] = {sk.dp_tiles + tile, from - tile * kb, end - from, Piece::Split};
       }
     }
     const int whole = sk.units > 0 ? sk.dp_tiles : walk.units;
