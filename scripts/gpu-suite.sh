@@ -201,7 +201,8 @@ for step in $steps; do
       # than half the SMs' tiles (fill, FUSION_STREAM_K=fill), those of FUSION_AB_VARIANTS
       # (default: the first four), at the token counts of
       # FUSION_AB_TOKENS, part FUSION_AB_SHARD (I/N) of the rows; compare
-      # with `fusion bench --summary` and row by row. (The norm rows run
+      # with `fusion bench --summary`, and row by row with `fusion bench
+      # --summary ab-fill.json --against ab-tables.json`. (The norm rows run
       # the same kernels in all of them.)
       shard=(); [[ -n ${FUSION_AB_SHARD:-} ]] && shard=(--shard "$FUSION_AB_SHARD")
       for variant in ${FUSION_AB_VARIANTS:-tables model guard fused}; do

@@ -21,6 +21,7 @@
 //! (`streams`). Each row also gets its floor: its bytes at the copy
 //! bandwidth measured once per run (`floor`).
 
+pub mod compare;
 pub mod corpus;
 pub mod cublaslt;
 pub mod floor;

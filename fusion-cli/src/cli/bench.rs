@@ -3,7 +3,7 @@
 //! feature, as what it times is `fusion::kernels`.
 
 use super::CliError;
-use crate::bench::{self, BenchConfig, FfnRow, NormRow, Pattern, corpus};
+use crate::bench::{self, BenchConfig, FfnRow, NormRow, Pattern, compare, corpus};
 
 /// The standalone norms, which a corpus run times at its models' hidden
 /// sizes.
@@ -77,6 +77,12 @@ pub struct BenchArgs {
     /// With `--summary`: the summary as a Markdown table (BENCHMARKS.md's head).
     #[arg(long, requires = "summary")]
     pub markdown: bool,
+    /// With `--summary`: compare its files' rows with these earlier runs'
+    /// (several read as one), row by row: our time and the ratio, new over
+    /// old, per kernel family, and the rows that moved beyond both runs'
+    /// spread.
+    #[arg(long, value_name = "FILE.json", num_args = 1.., requires = "summary")]
+    pub against: Vec<PathBuf>,
 }
 
 fn parse_shard(text: &str) -> Result<(usize, usize), String> {
@@ -107,15 +113,35 @@ fn parse_shape(text: &str) -> Result<(usize, usize, usize), String> {
 /// `fusion bench`: the table on `out`, progress on stderr, JSON on request.
 pub fn bench(args: &BenchArgs, out: &mut dyn Write) -> Result<(), CliError> {
     if !args.summary.is_empty() {
-        return summarize_files(&args.summary, args.markdown, out);
+        let rows = read_rows(&args.summary, args.markdown, out)?;
+        write_summary(&rows, args.markdown, out)?;
+        if !args.against.is_empty() {
+            writeln!(out, "\nAgainst:").map_err(CliError::from_stdout)?;
+            let old = read_rows(&args.against, false, out)?;
+            let table = compare::comparison_table(&compare::compare(&rows, &old));
+            write!(out, "{table}").map_err(CliError::from_stdout)?;
+        }
+        return Ok(());
     }
     let config = config_of(args)?;
     run_bench(config, args, out)
 }
 
-/// `--summary`: the rows of every file, summarized as one run, as text or
+/// `--summary`: the rows of its files, summarized as one run, as text or
 /// as Markdown.
-fn summarize_files(paths: &[PathBuf], markdown: bool, out: &mut dyn Write) -> Result<(), CliError> {
+fn write_summary(rows: &[bench::Row], markdown: bool, out: &mut dyn Write) -> Result<(), CliError> {
+    let summaries = corpus::summarize(rows);
+    let text = if markdown {
+        format!("\n{}", corpus::summary_markdown(&summaries))
+    } else {
+        corpus::summary_table(&summaries)
+    };
+    write!(out, "{text}").map_err(CliError::from_stdout)
+}
+
+/// The rows of every `--json` file of `paths`, in order, each file named on
+/// `out` with its run's device, dtype, commit and date.
+fn read_rows(paths: &[PathBuf], markdown: bool, out: &mut dyn Write) -> Result<Vec<bench::Row>, CliError> {
     let mut rows = Vec::new();
     for path in paths {
         let text = std::fs::read_to_string(path)
@@ -140,13 +166,7 @@ fn summarize_files(paths: &[PathBuf], markdown: bool, out: &mut dyn Write) -> Re
         .map_err(CliError::from_stdout)?;
         rows.extend(report.rows);
     }
-    let summaries = corpus::summarize(&rows);
-    let text = if markdown {
-        format!("\n{}", corpus::summary_markdown(&summaries))
-    } else {
-        corpus::summary_table(&summaries)
-    };
-    write!(out, "{text}").map_err(CliError::from_stdout)
+    Ok(rows)
 }
 
 /// The corpus's cases (`--corpus`, `--corpus-tokens`), those of the kernels
@@ -575,6 +595,39 @@ mod tests {
         };
         assert!(e.contains("not a fusion bench --json file"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_summary_against_earlier_runs_compares_them_row_by_row() {
+        let file = |name: &str| {
+            format!(
+                "{}/../benchmarks/2026-12-05-11895f7-corpus-{name}-h200.json",
+                env!("CARGO_MANIFEST_DIR")
+            )
+        };
+        let (tail, whole) = (file("tables-1of2"), file("nosk-1of2"));
+        let cli = Cli::try_parse_from(["fusion", "bench", "--summary", &tail, "--against", &whole]).unwrap();
+        let mut out = Vec::new();
+        run(&cli, &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        let (summary, comparison) = text
+            .split_once("\nAgainst:\n")
+            .expect("a comparison after the summary");
+        assert!(summary.contains("gemm_residual"), "{summary}");
+        assert!(
+            comparison.contains("153 rows in both runs (0 only in the new, 0 only in the old)"),
+            "{comparison}"
+        );
+        assert!(comparison.lines().any(|l| l.starts_with("all ")), "{comparison}");
+        // Stream-K over the last wave of (1000, 4800, 1600)'s 200 tiles of
+        // 25 k-blocks took 42.4 against 37.5 us in this run.
+        let slower = comparison
+            .split("slower beyond the spread")
+            .nth(1)
+            .expect("rows slower with the tail");
+        assert!(slower.contains("1000,4800,1600"), "{comparison}");
+        // --against needs --summary.
+        assert!(Cli::try_parse_from(["fusion", "bench", "--against", &whole]).is_err());
     }
 
     #[test]
