@@ -194,40 +194,10 @@ pub fn comparison_table(c: &Comparison) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::timing::Timing;
 
     /// A row whose calls took `us` ± `spread` µs, at `ratio` to cuBLASLt.
     fn row(kernel: &str, shape: &str, us: f64, spread: f64, ratio: f64) -> Row {
-        let ours = Timing {
-            median_us: us,
-            q1_us: us - spread,
-            q3_us: us + spread,
-            min_us: us - 2.0 * spread,
-            max_us: us + 2.0 * spread,
-        };
-        Row {
-            kernel: kernel.into(),
-            shape: shape.into(),
-            dtype: "f16".into(),
-            baseline: "cuBLASLt".into(),
-            ours_us: us,
-            baseline_us: us * ratio,
-            ratio,
-            ours_tflops: 0.0,
-            baseline_tflops: 0.0,
-            agreement: 0.0,
-            best_us: us * ratio,
-            best_ratio: ratio,
-            best_tflops: 0.0,
-            ours_timing: ours,
-            baseline_timing: ours,
-            best_timing: ours,
-            algorithms: Vec::new(),
-            sm_clock: None,
-            concurrency: None,
-            host: None,
-            floor: None,
-        }
+        Row::for_test(kernel, shape, us, spread, ratio, ratio)
     }
 
     #[test]

@@ -264,39 +264,9 @@ pub fn summary_markdown(summaries: &[Summary]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::timing::Timing;
 
     fn row(kernel: &str, shape: &str, ratio: f64, best_ratio: f64) -> Row {
-        let t = Timing {
-            median_us: 1.0,
-            q1_us: 1.0,
-            q3_us: 1.0,
-            min_us: 1.0,
-            max_us: 1.0,
-        };
-        Row {
-            kernel: kernel.into(),
-            shape: shape.into(),
-            dtype: "f16".into(),
-            baseline: String::new(),
-            ours_us: 1.0,
-            baseline_us: ratio,
-            ratio,
-            ours_tflops: 0.0,
-            baseline_tflops: 0.0,
-            agreement: 0.0,
-            best_us: best_ratio,
-            best_ratio,
-            best_tflops: 0.0,
-            ours_timing: t,
-            baseline_timing: t,
-            best_timing: t,
-            algorithms: Vec::new(),
-            sm_clock: None,
-            concurrency: None,
-            host: None,
-            floor: None,
-        }
+        Row::for_test(kernel, shape, 1.0, 0.0, ratio, best_ratio)
     }
 
     #[test]

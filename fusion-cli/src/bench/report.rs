@@ -214,6 +214,36 @@ impl Row {
     }
 }
 
+#[cfg(test)]
+impl Row {
+    /// A row for tests of what reads rows: ours took `us` µs, its quartiles
+    /// `spread` to either side, and cuBLASLt `ratio` (first) and
+    /// `best_ratio` (best) times that, with the same spread.
+    pub fn for_test(kernel: &str, shape: &str, us: f64, spread: f64, ratio: f64, best_ratio: f64) -> Row {
+        let timing = |us: f64| Timing {
+            median_us: us,
+            q1_us: us - spread,
+            q3_us: us + spread,
+            min_us: us - 2.0 * spread,
+            max_us: us + 2.0 * spread,
+        };
+        Row::new(
+            kernel,
+            shape.into(),
+            DType::F16,
+            "cuBLASLt".into(),
+            0.0,
+            Measured {
+                ours: timing(us),
+                first: timing(us * ratio),
+                best: timing(us * best_ratio),
+                agreement: 0.0,
+                algorithms: Vec::new(),
+            },
+        )
+    }
+}
+
 /// Everything `fusion bench --json` writes.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Report {
