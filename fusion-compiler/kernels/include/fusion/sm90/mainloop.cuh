@@ -3,8 +3,9 @@
 //  - the tile scheduler (tile_scheduler.cuh): at most one CTA per SM walks
 //    output tiles in grouped order, every other wave through K backwards,
 //    cooperative CTAs taking whole tiles from a counter as they get to them;
-//    split-K (and stream-K where the caller asks for it) share a tile's
-//    k-blocks among CTAs where the tiles do not fill the SMs evenly;
+//    split-K (and stream-K over a last wave of deep tiles, or where the
+//    caller asks for it) share a tile's k-blocks among CTAs where the
+//    tiles do not fill the SMs evenly;
 //  - the collective mainloop (collective_mainloop.cuh): a producer warp
 //    group keeps a ring of shared-memory stages loaded by TMA, and one or
 //    two consumer warp groups multiply them with wgmma;

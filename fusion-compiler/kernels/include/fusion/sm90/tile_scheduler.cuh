@@ -9,9 +9,9 @@
 // stream's kernel, takes fewer; their producer hands each piece to the
 // consumers with the ring's first stage of it (Plan::posted). Where the tiles do
 // not fill the SMs evenly, several CTAs may share a tile's k-blocks (split-K
-// with fewer tiles than half the SMs; stream-K over the last wave, or over
-// a lone wave of more than half, where the caller asks for it; see StreamK
-// and plan_stream_k) and whichever of them arrives last sums their
+// with fewer tiles than half the SMs; stream-K over the last wave on deep
+// tiles, and wherever it pays or over a lone wave of more than half where
+// the caller asks for it; see StreamK and plan_stream_k) and whichever of them arrives last sums their
 // partial tiles (fix_up); where that does not pay, the grid shrinks to the fewest
 // CTAs that need no more waves (balanced_grid). Not here: loading and
 // multiplying a tile (collective_mainloop.cuh) and storing it
@@ -54,8 +54,9 @@ struct TileScheduler {
 
   // This CTA's stream-K pieces and their counts, written by thread 0 at the
   // start. Split-K gives a CTA one piece; a stream-K split whose CTA shares
-  // are under two tiles would give at most three (a Split piece where its
-  // range ends, a whole tile, a Split piece where it starts): plan_stream_k
+  // are under two tiles would give at most three (a whole tile, a Split
+  // piece where its range ends, a Split piece where it starts, in the order
+  // plan_pieces lists them): plan_stream_k
   // must keep any split it allows within that.
   static constexpr int kMaxStreamKPieces = 4;
   // The list lives in shared memory (see plan_pieces), beside the pieces
@@ -145,23 +146,26 @@ struct TileScheduler {
   // sharing that tile run their share of it first, so this CTA is the
   // likely last arriver, and its fix-up finds the other partials stored
   // rather than making another CTA add up the tile while this one still
-  // computes. (Any order is correct: nothing waits.) In this order every
-  // CTA runs k-block t mod kb of some tile at time t (counted in
-  // k-blocks) until it reaches its last piece, and from there k-block
-  // t + kb - L, where L is the length of a CTA's range, the same for all:
-  // the CTAs run in two phases of K, as the data-parallel waves run in
-  // one, and the CTAs of one phase on tiles of one column of tiles read the
-  // same k-slices of B at about the same time, which L2 serves once. With
-  // the Split piece where the range ends run first, the whole tiles after
-  // it started at a different k-block on every CTA, so that they read B
-  // each on its own: at (1000, 4544, 18176), 192 tiles of 128x192 shared
-  // out over 132 CTAs, 8 CTAs' reads of B from DRAM (1.3 GB) would take
-  // about as long as the launch took on an H200 (a count of bytes, not a
-  // measurement: benchmarks/HISTORY.md v30). The producer and the
-  // consumers read the list from there, which keeps the bookkeeping out of
-  // the registers (the producer runs in 40, the consumers hold 128
-  // accumulators). 32-bit:
-  // plan_stream_k keeps (units + 1) * grid below 2^31.
+  // computes. (Any order is correct: nothing waits.) Where every CTA's
+  // range is at least a tile long (L >= kb k-blocks: a last wave joined by
+  // the full wave before it), in this order every CTA runs k-block t mod kb
+  // of some tile at time t (counted in k-blocks) until it reaches its last
+  // piece, and from there about k-block t + kb - L (L is the same for all
+  // CTAs to within one k-block): two phases of K, as the data-parallel
+  // waves run in one, so that the CTAs of one phase on tiles of one column
+  // of tiles read the same k-slices of B at about the same time, which L2
+  // serves once. With the Split piece where the range ends run first, the
+  // whole tiles after it started at a different k-block on every CTA. At
+  // (1000, 4544, 18176), 192 tiles of 128x192 of 284 k-blocks shared out
+  // over 132 CTAs, a count of B's k-slices fetched again after more than 4
+  // k-blocks, with the CTAs in lockstep, gives about 3.9 times B (655 MB)
+  // in the old order and 2.1 times (358 MB) in this one
+  // (benchmarks/HISTORY.md v30; not measured). Where ranges are shorter than a tile, some lie
+  // inside one tile and the lists of both orders are the same. The
+  // producer and the consumers read the list from there, which keeps the
+  // bookkeeping out of the registers (the producer runs in 40, the
+  // consumers hold 128 accumulators). 32-bit: plan_stream_k keeps
+  // (units + 1) * grid below 2^31.
   static __device__ __forceinline__ void plan_pieces(Plan& plan, const TileWalk& walk, int kb,
                                                     const StreamK& sk) {
     int count = 0;
