@@ -202,9 +202,11 @@ for step in $steps; do
       # (default: the first four), at the token counts of
       # FUSION_AB_TOKENS, part FUSION_AB_SHARD (I/N) of the rows; compare
       # with `fusion bench --summary`, and row by row with `fusion bench
-      # --summary ab-fill.json --against ab-tables.json`. (The norm rows run
-      # the same kernels in all of them.)
+      # --summary ab-fill.json --against ab-tables.json`, which the step
+      # prints into ab-<variant>-vs-<first>.log for each variant after the
+      # first. (The norm rows run the same kernels in all of them.)
       shard=(); [[ -n ${FUSION_AB_SHARD:-} ]] && shard=(--shard "$FUSION_AB_SHARD")
+      first=
       for variant in ${FUSION_AB_VARIANTS:-tables model guard fused}; do
         tool=./fusion; settings=()
         case $variant in
@@ -221,6 +223,11 @@ for step in $steps; do
         run "ab-$variant.log" env "${settings[@]}" "$tool" bench --corpus corpus.toml \
           --corpus-tokens "${FUSION_AB_TOKENS:-128,512,1000}" "${shard[@]}" \
           --runs "${FUSION_AB_RUNS:-10}" --json "$out/ab-$variant.json"
+        # Row by row against the first variant of this step that ran.
+        first=${first:-$variant}
+        if [[ $variant != "$first" && -s $out/ab-$variant.json && -s $out/ab-$first.json ]]; then
+          run "ab-$variant-vs-$first.log" ./fusion bench --summary "$out/ab-$variant.json" --against "$out/ab-$first.json"
+        fi
       done ;;
     tiles)
       # Each tile tier of the GEMM units at every corpus layer (FUSION_GEMM_TILE):
