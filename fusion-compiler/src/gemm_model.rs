@@ -6,8 +6,9 @@
 //!
 //! The kernel is persistent: one CTA per SM walks whole tiles, and where the
 //! tiles do not fill the SMs evenly several CTAs share a tile's k-blocks
-//! (split-K below one wave; stream-K over the last one where asked for), which
-//! `kernels/include/fusion/sm90/tile_scheduler.cuh` plans at launch. [`work`]
+//! (split-K below one wave; stream-K over the last one on deep tiles or where
+//! asked for), which `kernels/include/fusion/sm90/split_plan.cuh` plans at
+//! launch. [`work`]
 //! repeats that plan, so the model sees what the launch does: how many
 //! k-blocks the busiest CTA runs, how many tiles it finishes and how many
 //! partial tiles are summed. The time is linear in those counts:
@@ -128,7 +129,7 @@ pub struct GemmShape {
     pub k: u64,
 }
 
-/// How a launch spreads its k-blocks over the SMs (tile_scheduler.cuh,
+/// How a launch spreads its k-blocks over the SMs (split_plan.cuh,
 /// `plan_stream_k`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Split {
@@ -141,8 +142,9 @@ pub enum Split {
         ctas_per_tile: u64,
     },
     /// The last wave's tiles (with the full wave before it, when the last
-    /// is under half a wave; by default only on deep tiles), or a lone wave of more than
-    /// half the SMs' tiles ([`Splits::Fill`]), shared out over every CTA.
+    /// is under half a wave; by default only on deep tiles), or a lone wave
+    /// of more than half the SMs' tiles ([`Splits::Fill`]), shared out over
+    /// every CTA.
     StreamK,
 }
 
@@ -223,7 +225,7 @@ pub struct Work {
 }
 
 /// The launch's work for a `bm` x `bn` cooperative tile with `consumers`
-/// warp groups on `sms` SMs, as tile_scheduler.cuh plans it with the
+/// warp groups on `sms` SMs, as split_plan.cuh plans it with the
 /// `splits` its caller allows.
 pub fn work(bm: u64, bn: u64, consumers: u64, shape: GemmShape, sms: u64, splits: Splits) -> Work {
     let tiles = shape.m.div_ceil(bm) * shape.n.div_ceil(bn);
@@ -257,9 +259,6 @@ pub fn work(bm: u64, bn: u64, consumers: u64, shape: GemmShape, sms: u64, splits
         ctas = sms;
     }
     if tiles >= sms {
-        if splits != Splits::Tail && k_blocks < MIN_TAIL_BLOCKS {
-            return whole;
-        }
         split_tiles = tiles % sms;
         if split_tiles == 0 {
             return whole;
@@ -277,7 +276,9 @@ pub fn work(bm: u64, bn: u64, consumers: u64, shape: GemmShape, sms: u64, splits
     if per_cta < MIN_BLOCKS
         || per_cta + 2 * FIXUP_BLOCKS >= busiest_without
         || (split_tiles * k_blocks + 1) * ctas >= i32::MAX as u64
-        || (splits != Splits::Tail && tiles >= sms && 4 * (busiest_without - per_cta) < k_blocks)
+        || (splits != Splits::Tail
+            && tiles >= sms
+            && (k_blocks < MIN_TAIL_BLOCKS || 4 * (busiest_without - per_cta) < k_blocks))
     {
         return whole;
     }
@@ -301,7 +302,7 @@ pub fn work(bm: u64, bn: u64, consumers: u64, shape: GemmShape, sms: u64, splits
     }
 }
 
-/// tile_scheduler.cuh's `balanced_grid`: one CTA per tile up to one per
+/// split_plan.cuh's `balanced_grid`: one CTA per tile up to one per
 /// SM, past that the fewest CTAs that need no more rounds.
 fn balanced_grid(tiles: u64, sms: u64) -> u64 {
     if tiles <= sms {

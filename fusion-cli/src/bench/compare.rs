@@ -12,7 +12,7 @@
 //! scatter is not counted as moved.
 
 use super::Row;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// How many rows that moved beyond the spread the table lists each way.
 const LISTED: usize = 10;
@@ -66,10 +66,10 @@ pub fn compare(new: &[Row], old: &[Row]) -> Comparison {
     for row in old {
         old_by_key.entry(key(row)).or_insert(row);
     }
-    let mut seen = BTreeMap::new();
+    let mut seen = BTreeSet::new();
     let mut pairs = Vec::new();
     for row in new {
-        if seen.insert(key(row), ()).is_some() {
+        if !seen.insert(key(row)) {
             continue;
         }
         let Some(before) = old_by_key.get(&key(row)) else {

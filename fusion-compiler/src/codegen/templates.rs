@@ -34,7 +34,7 @@ pub const SELFTEST_HARNESS: [(&str, &str); 2] = [
 ];
 
 /// Every file of `kernels/include`, by path relative to it.
-pub const HEADERS: [(&str, &str); 25] = [
+pub const HEADERS: [(&str, &str); 26] = [
     ("fusion/abi.h", include_str!("../../kernels/include/fusion/abi.h")),
     (
         "fusion/decode.cuh",
@@ -107,6 +107,10 @@ pub const HEADERS: [(&str, &str); 25] = [
     (
         "fusion/sm90/primitives.cuh",
         include_str!("../../kernels/include/fusion/sm90/primitives.cuh"),
+    ),
+    (
+        "fusion/sm90/split_plan.cuh",
+        include_str!("../../kernels/include/fusion/sm90/split_plan.cuh"),
     ),
     (
         "fusion/sm90/tensor_map.cuh",

@@ -11,7 +11,7 @@ fn shape(m: u64, n: u64, k: u64) -> GemmShape {
     GemmShape { m, n, k }
 }
 
-// The examples tile_scheduler.cuh's comments give.
+// The examples split_plan.cuh's comments give.
 #[test]
 fn work_repeats_the_schedulers_plan() {
     // (128, 4096, 14336) in 64x128 tiles: 64 tiles of 224 k-blocks on 132

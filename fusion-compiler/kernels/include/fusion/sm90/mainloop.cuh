@@ -1,7 +1,8 @@
 // The sm90 GEMM (H100, H200; built as sm_90a): a persistent,
 // warp-specialized kernel on wgmma and TMA, composed of three parts:
-//  - the tile scheduler (tile_scheduler.cuh): at most one CTA per SM walks
-//    output tiles in grouped order, every other wave through K backwards,
+//  - the tile scheduler (tile_scheduler.cuh; the split it walks is planned
+//    on the host in split_plan.cuh): at most one CTA per SM walks output
+//    tiles in grouped order, every other wave through K backwards,
 //    cooperative CTAs taking whole tiles from a counter as they get to them;
 //    split-K (and stream-K over a last wave of deep tiles, or where the
 //    caller asks for it) share a tile's k-blocks among CTAs where the
@@ -354,12 +355,12 @@ typename Mainloop<T, kLayout, Config>::LaunchPlan Mainloop<T, kLayout, Config>::
   const int64_t units = ((p.m + BM * kClusterM - 1) / (BM * kClusterM)) * ((p.n + BN - 1) / BN);
   if constexpr (kClusterM == 1) {
     const int64_t ctas = fusion::detail::sm_count(device);
-    plan.grid = Scheduler::balanced_grid(units, ctas);
+    plan.grid = balanced_grid(units, ctas);
     if ((flags & FUSION_GEMM_NO_STREAM_K) == 0) {
       int64_t split_grid = plan.grid;
-      const StreamK sk = Scheduler::plan_stream_k(units, (p.k + BK - 1) / BK, ctas,
-                                                  (flags & FUSION_GEMM_STREAM_K_TAIL) != 0,
-                                                  (flags & FUSION_GEMM_STREAM_K_FILL) != 0, &split_grid);
+      const StreamK sk = plan_stream_k<Config>(units, (p.k + BK - 1) / BK, ctas,
+                                               (flags & FUSION_GEMM_STREAM_K_TAIL) != 0,
+                                               (flags & FUSION_GEMM_STREAM_K_FILL) != 0, &split_grid);
       if (sk.units > 0) {
         plan.stream_k = sk;
         plan.grid = split_grid;
