@@ -603,6 +603,42 @@ standalone_test!(rmsnorm_eps1e5, "rmsnorm_eps1e5", "K", |s, r, w| {
     kernels::rmsnorm_eps1e5(s, &r[0], &r[1], &mut w[0])
 });
 
+/// The standalone norms at row lengths that reach each of the launcher's
+/// kernels (norm.cuh's `launch_norm_rows_with`): one block per row with 2,
+/// 4 and 8 16-byte chunks a thread (K of 4104 to 32768, where the shapes
+/// above take one chunk), and one warp per row past that, each with a
+/// ragged last chunk per block.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn norms_on_long_rows() {
+    let stream = stream();
+    let s = &stream;
+    // K / 8 chunks: 626 (2 a thread), 1026 (4), 2501 (8), 4096 (8, the
+    // largest), 4126 (a warp per row).
+    let lengths: &[usize] = if support::tiny() {
+        &[5008, 8208]
+    } else {
+        &[5008, 8208, 20008, 32768, 33008]
+    };
+    for &k in lengths {
+        for m in [1, 3] {
+            let dims = [("M", m), ("K", k)];
+            check::<f16>(s, "layernorm", &dims, |r, w| {
+                kernels::layernorm(s, &r[0], &r[1], &r[2], &mut w[0])
+            });
+            check::<bf16>(s, "layernorm", &dims, |r, w| {
+                kernels::layernorm(s, &r[0], &r[1], &r[2], &mut w[0])
+            });
+            check::<f16>(s, "rmsnorm", &dims, |r, w| {
+                kernels::rmsnorm(s, &r[0], &r[1], &mut w[0])
+            });
+            check::<bf16>(s, "rmsnorm", &dims, |r, w| {
+                kernels::rmsnorm(s, &r[0], &r[1], &mut w[0])
+            });
+        }
+    }
+}
+
 // ---- each activation step alone, at its hardest inputs ---------------------
 
 /// Rows and columns of the standalone activation cases.
