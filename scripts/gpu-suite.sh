@@ -91,7 +91,8 @@ for step in $steps; do
       FUSION_PAD_WEIGHTS=sm90 run_tests gpu-sm90.log any ./gpu --ignored --test-threads 8 --nocapture
       # The GEMMs with stream-K over the last wave too (FUSION_STREAM_K=tail,
       # off by default), and over a lone wave of more than half the SMs'
-      # tiles (fill, being measured), at shapes that share them out.
+      # tiles (fill, slower on the corpus: benchmarks/HISTORY.md v31), at
+      # shapes that share them out.
       for splits in tail fill; do
         FUSION_STREAM_K=$splits FUSION_TEST_SIZE=quick run_tests "gpu-sm90-$splits.log" any ./gpu --ignored --test-threads 8 --nocapture gemm
       done
@@ -187,7 +188,7 @@ for step in $steps; do
         sanitize "$arch" initcheck $initcheck_tests
         sanitize "$arch" synccheck $synccheck_tests
       done
-      # FUSION_STREAM_K=fill (sm90's launchers; being measured) under memcheck.
+      # FUSION_STREAM_K=fill (sm90's launchers; not the default) under memcheck.
       SANITIZE_SPLITS=fill sanitize "${archs%% *}" memcheck gemm_bias_gelu gemm_bias_residual layernorm_gemm gemm_silu_glu ;;
     bench) run bench.log ./fusion bench --json "$out/bench.json" ;;
     corpus) run corpus.log ./fusion bench --corpus corpus.toml --json "$out/corpus.json" ;;

@@ -167,7 +167,8 @@ pub enum Splits {
     /// stream-K over the last wave where the tiles are more than the SMs
     /// (`FUSION_GEMM_STREAM_K_TAIL`).
     Tail,
-    /// `FUSION_STREAM_K=fill` (being measured): as the default, and
+    /// `FUSION_STREAM_K=fill` (slower on the corpus: benchmarks/HISTORY.md
+    /// v31): as the default, and
     /// stream-K over the lone wave where the tiles are more than half the
     /// SMs but fewer (`FUSION_GEMM_STREAM_K_FILL`), which the others run
     /// whole on fewer CTAs than SMs.
