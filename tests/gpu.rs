@@ -606,8 +606,8 @@ standalone_test!(rmsnorm_eps1e5, "rmsnorm_eps1e5", "K", |s, r, w| {
 /// The standalone norms at row lengths that reach each of the launcher's
 /// kernels (norm.cuh's `launch_norm_rows_with`): one block per row with 2,
 /// 4 and 8 16-byte chunks a thread (K of 4104 to 32768, where the shapes
-/// above take one chunk), and one warp per row past that, each with a
-/// ragged last chunk per block.
+/// above take one chunk), and one warp per row past that; every length
+/// but 32768 leaves the last threads or lanes part of a row's chunks.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn norms_on_long_rows() {

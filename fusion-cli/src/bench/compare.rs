@@ -12,6 +12,7 @@
 //! scatter is not counted as moved.
 
 use super::Row;
+use super::corpus::geomean;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// How many rows that moved beyond the spread the table lists each way.
@@ -98,12 +99,6 @@ pub fn compare(new: &[Row], old: &[Row]) -> Comparison {
         only_old: old_by_key.len() - pairs.len(),
         pairs,
     }
-}
-
-/// The geometric mean of positive `values` (at least one).
-fn geomean(values: impl Iterator<Item = f64>) -> f64 {
-    let (sum, count) = values.fold((0.0, 0usize), |(s, c), v| (s + v.ln(), c + 1));
-    (sum / count as f64).exp()
 }
 
 /// The comparison as a text table: per kernel family in the order the

@@ -108,14 +108,19 @@ impl Spread {
         let mut sorted = ratios.to_vec();
         sorted.sort_by(f64::total_cmp);
         let rank = (sorted.len() as f64 * 0.1).ceil().max(1.0) as usize;
-        let log_sum: f64 = sorted.iter().map(|r| r.ln()).sum();
         Some(Spread {
             count: sorted.len(),
-            geomean: (log_sum / sorted.len() as f64).exp(),
+            geomean: geomean(sorted.iter().copied()),
             p10: sorted[rank - 1],
             min: sorted[0],
         })
     }
+}
+
+/// The geometric mean of positive `values` (at least one).
+pub fn geomean(values: impl Iterator<Item = f64>) -> f64 {
+    let (sum, count) = values.fold((0.0, 0usize), |(s, c), v| (s + v.ln(), c + 1));
+    (sum / count as f64).exp()
 }
 
 /// One line of the summary: a kernel family over an M class.
