@@ -221,7 +221,8 @@ impl Fields {
     }
 }
 
-/// The row and column counts wgmma is instantiated for, K in the template's
+/// Tile rows and columns (the kernel takes any width that is a multiple of
+/// 16 from 64 to 256; the space keeps the three the shipped tables use), K in the template's
 /// steps of 64, 2 to 8 stages (the shipped tiles use 3 to 8), both
 /// schedules, one CTA or 2-CTA clusters along M (which measured faster only
 /// at short K: BENCHMARKS.md v21). The grouping of the template's

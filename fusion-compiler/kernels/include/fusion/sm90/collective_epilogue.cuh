@@ -1,7 +1,10 @@
 // The sm90 collective epilogue: after a consumer's K loop, the epilogue
 // chain (epilogue.cuh) on its f32 accumulators in registers, then C through
-// a 128-byte swizzled staging tile in shared memory (stmatrix, 16 bytes per
-// lane) and TMA stores, which drop what falls outside C. The producer
+// a swizzled staging tile in shared memory (stmatrix, 16 bytes per lane)
+// and TMA stores, which drop what falls outside C. The staging tile is
+// boxes of 64 rows by 64, 32 or 16 columns, the widest that divides the
+// tile's width, each with the TMA swizzle of its row's bytes (128, 64 or
+// 32), so that a tile may be any multiple of 16 columns wide. The producer
 // meanwhile already loads the next tile's stages (collective_mainloop.cuh).
 //
 // A chain with one step that reads an [M, N] tile (residual, multiplier:
@@ -52,16 +55,24 @@ struct CollectiveEpilogue {
   static constexpr int kRows = Config::WM;
   static constexpr int kMmaM = Config::kMmaM;
   static constexpr int kAccumulators = Config::kAccumulators;
-  // Epilogue staging: each consumer's share of C, as 64 x 64 boxes of
-  // 128-byte rows with the TMA's 128-byte swizzle (16-byte chunk c of row r
-  // sits at c ^ (r % 8)), which also keeps the fragment writes free of bank
-  // conflicts. The whole share when it fits beside the stages; else half of
-  // its columns at a time (kStagingParts = 2: the second half waits until
-  // the first half's stores have read the staging tile).
-  static constexpr int kBoxBytes = 64 * 64 * 2;
+  // Epilogue staging: each consumer's share of C, as boxes of 64 rows by
+  // kBoxCols columns (64, 32 or 16: the widest that divides the staged
+  // columns), rows of kBoxCols * 2 bytes with the TMA swizzle of that many
+  // bytes: 16-byte chunk c of row r sits at c ^ ((r >> kSwizzleShift) %
+  // kChunks), which is how TMA's 128-, 64- and 32-byte swizzles place it
+  // (address bits 4.. XOR bits 7..) and keeps the stmatrix writes of eight
+  // rows free of bank conflicts in all three. The whole share when it fits
+  // beside the stages; else half of its columns at a time (kStagingParts =
+  // 2: the second half waits until the first half's stores have read the
+  // staging tile).
   static constexpr int kStagingParts = kStagingParts_;
   static constexpr int kStagingCols = BN / kStagingParts;
-  // [kConsumers][kRows / 64][kStagingCols / 64] boxes of kBoxBytes, each
+  static constexpr int kBoxCols = kStagingCols % 64 == 0 ? 64 : kStagingCols % 32 == 0 ? 32 : 16;
+  static constexpr int kBoxRowBytes = kBoxCols * 2;
+  static constexpr int kBoxBytes = 64 * kBoxRowBytes;
+  static constexpr int kChunks = kBoxCols / 8;
+  static constexpr int kSwizzleShift = kChunks == 8 ? 0 : kChunks == 4 ? 1 : 2;
+  // [kConsumers][kRows / 64][kBoxesPerRow] boxes of kBoxBytes, each
   // consumer's at a 1024-byte aligned address for the swizzle (the kernel's
   // SharedStorage places it right after the ring's stages).
   // `source_full[c]` completes when consumer c's source tile has landed in
@@ -71,9 +82,17 @@ struct CollectiveEpilogue {
     uint64_t source_full[kConsumers];
   };
   static_assert(kRows * kStagingCols * 2 % 1024 == 0, "every consumer's boxes start 1024-byte aligned");
-  static_assert(kStagingCols % 64 == 0,
-                "the staging tile is whole 64-column boxes: a 192-column tile must stage whole (fewer stages)");
-  static constexpr int kBoxesPerRow = kStagingCols / 64, kPartFrags = kStagingCols / 8;
+  static_assert(kStagingCols % 16 == 0,
+                "the staging tile is whole boxes of 16 or more columns: a tile whose halves are not must stage whole "
+                "(fewer stages)");
+  static constexpr int kBoxesPerRow = kStagingCols / kBoxCols, kPartFrags = kStagingCols / 8;
+
+  // The staging address of 16-byte chunk `frag` (columns 8 frag on) of row
+  // r of row block mi: its box, its row there and its swizzled place in it.
+  static __device__ __forceinline__ unsigned char* staged_chunk(unsigned char* staging, int mi, int frag, int r) {
+    return staging + (mi * kBoxesPerRow + frag / kChunks) * kBoxBytes + r * kBoxRowBytes +
+           (((frag % kChunks) ^ ((r >> kSwizzleShift) % kChunks)) << 4);
+  }
 
   // Whether this epilogue can run a chain: one that reads a source tile
   // brings all of it into the staging tile, which must then hold the
@@ -82,6 +101,17 @@ struct CollectiveEpilogue {
   template <typename Epilogue>
   static __host__ __device__ constexpr bool fits() {
     return (!Epilogue::kSourceTile || kStagingParts == 1) && (!Epilogue::kGated || (BN / 2) % 64 == 0);
+  }
+
+  // The columns of C's boxes, which its tensor map and the source's are
+  // encoded with (Mainloop::encode_maps): a gated chain's are its output
+  // tile's (store_gated_tile).
+  template <typename Epilogue>
+  static constexpr int c_box_cols() {
+    if constexpr (Epilogue::kGated)
+      return CollectiveEpilogue<T, GatedOutput<Config>, 1>::kBoxCols;
+    else
+      return kBoxCols;
   }
 
   static __device__ __forceinline__ void init_source_barriers(Staging& shared) {
@@ -98,7 +128,7 @@ struct CollectiveEpilogue {
   static __device__ __forceinline__ void load_source(Staging& shared, int consumer, TileCoord tile,
                                                      const CUtensorMap* map_src, int64_t m, int64_t n) {
     const int64_t m_base = tile.m0 + Config::share_row0(consumer);
-    const auto inside = [&](int mi, int nb) { return m_base + 64 * mi < m && tile.n0 + 64 * nb < n; };
+    const auto inside = [&](int mi, int nb) { return m_base + 64 * mi < m && tile.n0 + kBoxCols * nb < n; };
     uint32_t bytes = 0;
 #pragma unroll
     for (int mi = 0; mi < kMmaM; ++mi)
@@ -114,7 +144,7 @@ struct CollectiveEpilogue {
 #pragma unroll
       for (int nb = 0; nb < kBoxesPerRow; ++nb)
         if (inside(mi, nb))
-          tma_load_2d(staging + (mi * kBoxesPerRow + nb) * kBoxBytes, map_src, full, int32_t(tile.n0) + 64 * nb,
+          tma_load_2d(staging + (mi * kBoxesPerRow + nb) * kBoxBytes, map_src, full, int32_t(tile.n0) + kBoxCols * nb,
                       int32_t(m_base) + 64 * mi);
   }
 
@@ -285,7 +315,7 @@ struct CollectiveEpilogue {
 #pragma unroll
         for (int frag = 0; frag < kPartFrags; frag += 2) {
           const int f = frag + j / 2;
-          unsigned char* row = staging + (mi * kBoxesPerRow + f / 8) * kBoxBytes + r * 128 + (((f % 8) ^ (r % 8)) << 4);
+          unsigned char* row = staged_chunk(staging, mi, f, r);
           // Register q: fragment frag + q / 2, rows 8 (q % 2) on.
           uint32_t packed[4];
           if constexpr (Epilogue::kSourceTile) ldmatrix_x4(row, packed[0], packed[1], packed[2], packed[3]);
@@ -317,7 +347,7 @@ struct CollectiveEpilogue {
 #pragma unroll
           for (int nb = 0; nb < kBoxesPerRow; ++nb)
             tma_store_2d(map_c, staging + (mi * kBoxesPerRow + nb) * kBoxBytes,
-                         int32_t(tile.n0) + part * kStagingCols + 64 * nb, int32_t(m_base) + 64 * mi);
+                         int32_t(tile.n0) + part * kStagingCols + kBoxCols * nb, int32_t(m_base) + 64 * mi);
         bulk_commit();
       }
     }

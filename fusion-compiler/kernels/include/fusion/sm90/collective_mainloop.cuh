@@ -78,6 +78,7 @@ struct CollectiveMainloop {
   // every CTA of the cluster (a stage is refilled in all of them at once).
   static constexpr int kReadersPerStage = (kPingPong ? 4 : 4 * kConsumers) * kClusterM;
   static constexpr int kBRowsPerCta = BN / kClusterM;  // B rows (NK) each CTA of a cluster loads
+  static_assert(b_boxes_fit<kLayout, Config>(), "B stored [K, N] loads in 64-column boxes: BN a multiple of 64");
   static_assert(cluster_splits_b<kLayout, Config>(),
                 "a cluster's CTAs split B's tile evenly: whole 8-row swizzle groups ([N, K]) or 64-column boxes ([K, N])");
   static constexpr int kTransB = kLayout == LayoutB::KN ? 1 : 0;

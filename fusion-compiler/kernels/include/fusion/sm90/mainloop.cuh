@@ -317,14 +317,16 @@ cudaError_t Mainloop<T, kLayout, Config>::encode_maps(const GemmArgs<T>& p, CUte
                                                       CUtensorMap* map_c, CUtensorMap* map_src) {
   cudaError_t err = detail::encode_matrix(map_a, p.a, p.m, p.k, BM, p.k);
   if (err != cudaSuccess) return err;
+  // C's and the source's boxes are those of the staging tile.
+  constexpr uint32_t kCBoxBytes = TileStore::template c_box_cols<Epilogue>() * sizeof(OutputOf<T>);
   err = detail::encode_matrix(map_c, p.c, p.m, p.n / Epilogue::kGemmColsPerOutput, 64,
-                             p.n / Epilogue::kGemmColsPerOutput);
+                              p.n / Epilogue::kGemmColsPerOutput, kCBoxBytes);
   if (err != cudaSuccess) return err;
   // The source tile is read in C's boxes, into C's staging tile.
   *map_src = CUtensorMap{};
   if constexpr (Epilogue::kSourceTile) {
     err = detail::encode_matrix(map_src, static_cast<const OutputOf<T>*>(Epilogue::source(p.epilogue)), p.m, p.n,
-                                64, p.n);
+                                64, p.n, kCBoxBytes);
     if (err != cudaSuccess) return err;
   }
   if constexpr (kLayout == LayoutB::NK)

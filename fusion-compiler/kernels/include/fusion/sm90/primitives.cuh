@@ -231,32 +231,39 @@ __device__ __forceinline__ void fence_registers(float (&acc)[kCount]) {
   for (int i = 0; i < kCount; ++i) asm volatile("" : "+f"(acc[i])::"memory");
 }
 
-// The accumulator operands of one wgmma, eight at a time.
+// The accumulator operands of one wgmma, eight at a time, and lists of
+// them: FUSION_ACC<h> names d[0] .. d[h - 1], FUSION_REGS<h> the operands
+// %0 .. %h-1, for h = 32 to 128 in steps of 8 (n = 2h = 64 to 256 in steps
+// of 16: every width a tile may have, tile_config.cuh).
 #define FUSION_ACC8(i)                                                                                       \
   "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), \
       "+f"(d[i + 7])
-#define FUSION_ACC64 \
-  FUSION_ACC8(0), FUSION_ACC8(8), FUSION_ACC8(16), FUSION_ACC8(24), FUSION_ACC8(32), FUSION_ACC8(40), FUSION_ACC8(48), \
-      FUSION_ACC8(56)
-#define FUSION_ACC96 \
-  FUSION_ACC64, FUSION_ACC8(64), FUSION_ACC8(72), FUSION_ACC8(80), FUSION_ACC8(88)
-#define FUSION_ACC128                                                                                            \
-  FUSION_ACC64, FUSION_ACC8(64), FUSION_ACC8(72), FUSION_ACC8(80), FUSION_ACC8(88), FUSION_ACC8(96), FUSION_ACC8(104), \
-      FUSION_ACC8(112), FUSION_ACC8(120)
-#define FUSION_REGS64                                                                                   \
-  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, " \
-  "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, " \
-  "%42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-#define FUSION_REGS96                                                                                          \
-  FUSION_REGS64                                                                                                \
-  ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, " \
-  "%85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
-#define FUSION_REGS128                                                                                         \
-  FUSION_REGS64                                                                                                \
-  ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, " \
-  "%85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, "   \
-  "%105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, "       \
-  "%122, %123, %124, %125, %126, %127"
+#define FUSION_ACC32 FUSION_ACC8(0), FUSION_ACC8(8), FUSION_ACC8(16), FUSION_ACC8(24)
+#define FUSION_ACC40 FUSION_ACC32, FUSION_ACC8(32)
+#define FUSION_ACC48 FUSION_ACC40, FUSION_ACC8(40)
+#define FUSION_ACC56 FUSION_ACC48, FUSION_ACC8(48)
+#define FUSION_ACC64 FUSION_ACC56, FUSION_ACC8(56)
+#define FUSION_ACC72 FUSION_ACC64, FUSION_ACC8(64)
+#define FUSION_ACC80 FUSION_ACC72, FUSION_ACC8(72)
+#define FUSION_ACC88 FUSION_ACC80, FUSION_ACC8(80)
+#define FUSION_ACC96 FUSION_ACC88, FUSION_ACC8(88)
+#define FUSION_ACC104 FUSION_ACC96, FUSION_ACC8(96)
+#define FUSION_ACC112 FUSION_ACC104, FUSION_ACC8(104)
+#define FUSION_ACC120 FUSION_ACC112, FUSION_ACC8(112)
+#define FUSION_ACC128 FUSION_ACC120, FUSION_ACC8(120)
+#define FUSION_REGS32 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define FUSION_REGS40 FUSION_REGS32 ", %32, %33, %34, %35, %36, %37, %38, %39"
+#define FUSION_REGS48 FUSION_REGS40 ", %40, %41, %42, %43, %44, %45, %46, %47"
+#define FUSION_REGS56 FUSION_REGS48 ", %48, %49, %50, %51, %52, %53, %54, %55"
+#define FUSION_REGS64 FUSION_REGS56 ", %56, %57, %58, %59, %60, %61, %62, %63"
+#define FUSION_REGS72 FUSION_REGS64 ", %64, %65, %66, %67, %68, %69, %70, %71"
+#define FUSION_REGS80 FUSION_REGS72 ", %72, %73, %74, %75, %76, %77, %78, %79"
+#define FUSION_REGS88 FUSION_REGS80 ", %80, %81, %82, %83, %84, %85, %86, %87"
+#define FUSION_REGS96 FUSION_REGS88 ", %88, %89, %90, %91, %92, %93, %94, %95"
+#define FUSION_REGS104 FUSION_REGS96 ", %96, %97, %98, %99, %100, %101, %102, %103"
+#define FUSION_REGS112 FUSION_REGS104 ", %104, %105, %106, %107, %108, %109, %110, %111"
+#define FUSION_REGS120 FUSION_REGS112 ", %112, %113, %114, %115, %116, %117, %118, %119"
+#define FUSION_REGS128 FUSION_REGS120 ", %120, %121, %122, %123, %124, %125, %126, %127"
 
 // d (+)= A @ B for one m64 x N x k16 step, A and B from shared memory, f32
 // accumulators; `accumulate` 0 overwrites d. kTransB: B is MN-major.
@@ -277,57 +284,85 @@ __device__ __forceinline__ void fence_registers(float (&acc)[kCount]) {
       : ACC                                                                                                  \
       : "l"(a), "l"(b), "r"(accumulate))
 
+// One wgmma of width N for T's operands: its N / 2 = H accumulators a
+// thread come first in the operand list, then the two descriptors, the
+// accumulate flag and (16-bit types) the transpose immediate, numbered H
+// on.
+#define FUSION_WGMMA_ANY(N, H, DA, DB, P, TB)                                        \
+  if constexpr (std::is_same_v<T, __nv_fp8_e4m3>)                                     \
+    FUSION_WGMMA_SS_E4M3(N, FUSION_REGS##H, FUSION_ACC##H, DA, DB, P);                \
+  else if constexpr (std::is_same_v<T, __half>)                                       \
+    FUSION_WGMMA_SS(N, "f16", FUSION_REGS##H, FUSION_ACC##H, DA, DB, P, TB);          \
+  else                                                                                \
+    FUSION_WGMMA_SS(N, "bf16", FUSION_REGS##H, FUSION_ACC##H, DA, DB, P, TB);
+
+// d (+)= A @ B, one m64 x N step of K (k16, or k32 for e4m3), for every
+// width N a tile may have. (A macro over N alone would need the operand
+// numbers computed, which the preprocessor does not do: each width is
+// spelled out.)
 template <typename T, int N, int kTransB>
-struct Wgmma;
-
-// One specialization per instruction width N: N / 2 accumulators a thread,
-// the descriptors and flag numbered after them. (A macro over them would
-// need the accumulator lists unexpanded, which the preprocessor does not
-// give.)
-template <typename T, int kTransB>
-struct Wgmma<T, 256, kTransB> {
-  static __device__ __forceinline__ void mma(float (&d)[128], uint64_t a, uint64_t b, int accumulate) {
-    if constexpr (std::is_same_v<T, __nv_fp8_e4m3>)
-      FUSION_WGMMA_SS_E4M3(256, FUSION_REGS128, FUSION_ACC128, 128, 129, 130);
-    else if constexpr (std::is_same_v<T, __half>)
-      FUSION_WGMMA_SS(256, "f16", FUSION_REGS128, FUSION_ACC128, 128, 129, 130, 131);
-    else
-      FUSION_WGMMA_SS(256, "bf16", FUSION_REGS128, FUSION_ACC128, 128, 129, 130, 131);
+struct Wgmma {
+  static_assert(N % 16 == 0 && N >= 64 && N <= 256, "wgmma is instantiated for n = 64 to 256 in steps of 16");
+  static __device__ __forceinline__ void mma(float (&d)[N / 2], uint64_t a, uint64_t b, int accumulate) {
+    if constexpr (N == 64) {
+      FUSION_WGMMA_ANY(64, 32, 32, 33, 34, 35)
+    } else if constexpr (N == 80) {
+      FUSION_WGMMA_ANY(80, 40, 40, 41, 42, 43)
+    } else if constexpr (N == 96) {
+      FUSION_WGMMA_ANY(96, 48, 48, 49, 50, 51)
+    } else if constexpr (N == 112) {
+      FUSION_WGMMA_ANY(112, 56, 56, 57, 58, 59)
+    } else if constexpr (N == 128) {
+      FUSION_WGMMA_ANY(128, 64, 64, 65, 66, 67)
+    } else if constexpr (N == 144) {
+      FUSION_WGMMA_ANY(144, 72, 72, 73, 74, 75)
+    } else if constexpr (N == 160) {
+      FUSION_WGMMA_ANY(160, 80, 80, 81, 82, 83)
+    } else if constexpr (N == 176) {
+      FUSION_WGMMA_ANY(176, 88, 88, 89, 90, 91)
+    } else if constexpr (N == 192) {
+      FUSION_WGMMA_ANY(192, 96, 96, 97, 98, 99)
+    } else if constexpr (N == 208) {
+      FUSION_WGMMA_ANY(208, 104, 104, 105, 106, 107)
+    } else if constexpr (N == 224) {
+      FUSION_WGMMA_ANY(224, 112, 112, 113, 114, 115)
+    } else if constexpr (N == 240) {
+      FUSION_WGMMA_ANY(240, 120, 120, 121, 122, 123)
+    } else if constexpr (N == 256) {
+      FUSION_WGMMA_ANY(256, 128, 128, 129, 130, 131)
+    }
   }
 };
 
-template <typename T, int kTransB>
-struct Wgmma<T, 192, kTransB> {
-  static __device__ __forceinline__ void mma(float (&d)[96], uint64_t a, uint64_t b, int accumulate) {
-    if constexpr (std::is_same_v<T, __nv_fp8_e4m3>)
-      FUSION_WGMMA_SS_E4M3(192, FUSION_REGS96, FUSION_ACC96, 96, 97, 98);
-    else if constexpr (std::is_same_v<T, __half>)
-      FUSION_WGMMA_SS(192, "f16", FUSION_REGS96, FUSION_ACC96, 96, 97, 98, 99);
-    else
-      FUSION_WGMMA_SS(192, "bf16", FUSION_REGS96, FUSION_ACC96, 96, 97, 98, 99);
-  }
-};
-
-template <typename T, int kTransB>
-struct Wgmma<T, 128, kTransB> {
-  static __device__ __forceinline__ void mma(float (&d)[64], uint64_t a, uint64_t b, int accumulate) {
-    if constexpr (std::is_same_v<T, __nv_fp8_e4m3>)
-      FUSION_WGMMA_SS_E4M3(128, FUSION_REGS64, FUSION_ACC64, 64, 65, 66);
-    else if constexpr (std::is_same_v<T, __half>)
-      FUSION_WGMMA_SS(128, "f16", FUSION_REGS64, FUSION_ACC64, 64, 65, 66, 67);
-    else
-      FUSION_WGMMA_SS(128, "bf16", FUSION_REGS64, FUSION_ACC64, 64, 65, 66, 67);
-  }
-};
-
+#undef FUSION_WGMMA_ANY
 #undef FUSION_WGMMA_SS
 #undef FUSION_WGMMA_SS_E4M3
 #undef FUSION_REGS128
+#undef FUSION_REGS120
+#undef FUSION_REGS112
+#undef FUSION_REGS104
 #undef FUSION_REGS96
+#undef FUSION_REGS88
+#undef FUSION_REGS80
+#undef FUSION_REGS72
 #undef FUSION_REGS64
+#undef FUSION_REGS56
+#undef FUSION_REGS48
+#undef FUSION_REGS40
+#undef FUSION_REGS32
 #undef FUSION_ACC128
+#undef FUSION_ACC120
+#undef FUSION_ACC112
+#undef FUSION_ACC104
 #undef FUSION_ACC96
+#undef FUSION_ACC88
+#undef FUSION_ACC80
+#undef FUSION_ACC72
 #undef FUSION_ACC64
+#undef FUSION_ACC56
+#undef FUSION_ACC48
+#undef FUSION_ACC40
+#undef FUSION_ACC32
 #undef FUSION_ACC8
 
 }  // namespace sm90

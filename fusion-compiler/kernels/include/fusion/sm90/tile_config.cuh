@@ -26,8 +26,8 @@ constexpr int kSmemPerBlock = 227 * 1024;
 // for its element type). Shared memory is 1024 (alignment) + kStages *
 // (BM + BN) * 128 bytes for the pipeline, BM * BN * 2 bytes of epilogue
 // staging (twice that for PingPong: one tile per consumer; half of it when
-// the whole does not fit, which a 192-column tile cannot do: its halves
-// are not whole 64-column boxes) and 16 * kStages + 16 bytes of barriers and 80 of
+// the whole does not fit, which needs halves of whole 16-column boxes: not
+// so for 208 or 240 columns) and 16 * kStages + 16 bytes of barriers and 80 of
 // stream-K bookkeeping; at most kSmemPerBlock (Mainloop::SharedStorage in
 // mainloop.cuh).
 //
@@ -53,8 +53,13 @@ struct TileConfig {
   static_assert(kClusterOk, "clusters of one or two CTAs along M");
   static constexpr bool kRowsOk = BM == 64 || BM == 128;
   static_assert(kRowsOk, "BM is one or two wgmma row blocks of 64");
-  static constexpr bool kColumnsOk = BN == 128 || BN == 192 || BN == 256;
-  static_assert(kColumnsOk, "wgmma is instantiated for n = 128, 192 and 256");
+  // Any multiple of 16 columns from 64 to 256: wgmma takes them all
+  // (primitives.cuh), and the epilogue stores C in boxes of 64, 32 or 16
+  // columns, the widest that divides the tile (collective_epilogue.cuh), so
+  // that a width can be chosen to fill the SMs' waves: at M = 512, 128 x 80
+  // tiles make 2560 columns 128 tiles on 132 SMs where 128 x 128 makes 80.
+  static constexpr bool kColumnsOk = BN % 16 == 0 && BN >= 64 && BN <= 256;
+  static_assert(kColumnsOk, "a tile is 64 to 256 columns wide, in steps of 16");
   static constexpr bool kBlockOk = BK == 64 || BK == 128;
   static_assert(kBlockOk, "a k-block is a 128-byte row: 64 16-bit or 128 FP8 elements");
   static constexpr bool kStagesOk = kStages >= 2;
@@ -90,9 +95,16 @@ constexpr bool cluster_splits_b() {
                                                          : (Tile::BN / Tile::kClusterM) % 8 == 0);
 }
 
+// Whether B's tile loads whole in `kLayout`: [N, K] in BN rows of one
+// 128-byte k-block each, any width; [K, N] in 64-column boxes.
+template <LayoutB kLayout, typename Tile>
+constexpr bool b_boxes_fit() {
+  return kLayout == LayoutB::NK || Tile::BN % 64 == 0;
+}
+
 // Whether `Tile` is one this mainloop takes for B in `kLayout`.
 template <LayoutB kLayout, typename Tile>
-constexpr bool tile_valid = Tile::kValid && cluster_splits_b<kLayout, Tile>();
+constexpr bool tile_valid = Tile::kValid && b_boxes_fit<kLayout, Tile>() && cluster_splits_b<kLayout, Tile>();
 
 }  // namespace sm90
 }  // namespace fusion
