@@ -525,7 +525,9 @@ fn llama_ffn_run<T: fusion::Element>(
 #[ignore = "needs a CUDA GPU"]
 fn gpt2_mlp() {
     let s = stream();
-    for m in token_counts(4096) {
+    // M = 512 too: there c_fc (N = 3072) runs its small-M tile fitted to
+    // N, 128x96 (select::fitted_width), which no other count reaches.
+    for m in token_counts(4096).into_iter().chain([512]) {
         check::<f16>(&s, "gpt2_mlp", &[("M", m)], |r, w| gpt2_mlp_run(&s, r, w));
         check::<bf16>(&s, "gpt2_mlp", &[("M", m)], |r, w| gpt2_mlp_run(&s, r, w));
     }

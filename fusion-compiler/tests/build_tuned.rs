@@ -60,8 +60,10 @@ fn builder_tuned_and_the_environment_variable_select_the_cached_tiles() {
             Vec::new(),
         )
     };
+    // Without a cache: the shipped tiles, the small-M alternative fitted to
+    // N = 3000 (96 columns, a unit of its own).
     let shipped = (
-        "k_gemm_bias_gelu_nk_f16_sm90: using LargeTile = fusion::sm90::TileConfig<128, 256, 4, fusion::sm90::Schedule::Cooperative>;".to_owned(),
+        "k_gemm_bias_gelu_nk_f16_sm90_w96: using LargeTile = fusion::sm90::TileConfig<128, 256, 4, fusion::sm90::Schedule::Cooperative>;".to_owned(),
         Vec::new(),
     );
 

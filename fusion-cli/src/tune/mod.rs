@@ -301,8 +301,20 @@ fn tune_kernel(
     }
     let kind = KernelKind::of(gemm, dtype);
     let shipped_table = TunedTable::shipped(arch).map_err(|e| e.to_string())?;
-    let shipped =
-        fusion_compiler::select::select_with(&shipped_table, arch, &kind).map_err(|e| e.to_string())?;
+    // What a build with no cache gives this kernel at this N: the table's
+    // tiles, its small-M alternative fitted to N where that applies
+    // (`fusion_compiler::select::fitted_width`), which is then a candidate
+    // too (below).
+    let shipped = fusion_compiler::select::select_tuned(
+        &shipped_table,
+        &fusion_compiler::select::TunedCache::default(),
+        arch,
+        &kind,
+        u64::try_from(n).ok(),
+        u64::try_from(k).ok(),
+    )
+    .map_err(|e| e.to_string())?
+    .config;
     let mut search = space::search_space(arch, &kind, Some(&machine.limits));
     if let Some(limit) = settings.limit {
         search.candidates.truncate(limit);

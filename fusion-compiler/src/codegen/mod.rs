@@ -129,6 +129,10 @@ pub enum KernelKey {
         /// tuned cache: kernels of one composition at other shapes are
         /// other units.
         tuned_for: Option<(u64, u64)>,
+        /// The width of a `small_m_alt` fitted to a static N
+        /// (`select::fitted_width`): kernels of one composition with other
+        /// widths are other units.
+        fitted_width: Option<u32>,
     },
     /// A standalone norm.
     Norm {
@@ -799,6 +803,7 @@ fn kernel_key(
                     config: KernelConfig::fp8_sm90(),
                     origin: ConfigSource::fp8_sm90(),
                     tuned_for: None,
+                    fitted_width: None,
                     warning: None,
                 }
             } else {
@@ -815,6 +820,7 @@ fn kernel_key(
                 config: selected.config,
                 origin: selected.origin,
                 tuned_for: selected.tuned_for,
+                fitted_width: selected.fitted_width,
             };
             (key, selected.warning)
         }
@@ -838,7 +844,8 @@ fn kernel_key(
 /// `<lib>_<composition>_<layout>_<dtype>_<archs>` for GEMMs (the archs keep
 /// two configs of one composition apart; an FP8 GEMM whose weight is scaled
 /// per output channel has `_per_channel` after its dtype), with `_n<N>_k<K>` for configs from
-/// a tuned cache (which differ by shape), `<lib>_<op>_<dtype>` otherwise.
+/// a tuned cache (which differ by shape) and `_w<width>` for a `small_m_alt` fitted to
+/// N (`select::fitted_width`), `<lib>_<op>_<dtype>` otherwise.
 fn symbol_for(lib_name: &str, key: &KernelKey, composition: &str, archs: &[Arch]) -> String {
     match key {
         KernelKey::Gemm {
@@ -846,10 +853,15 @@ fn symbol_for(lib_name: &str, key: &KernelKey, composition: &str, archs: &[Arch]
             dtype,
             weight_scale,
             tuned_for,
+            fitted_width,
             ..
         } => {
             let archs: Vec<&str> = archs.iter().map(|a| a.name()).collect();
-            let shape = tuned_for.map_or(String::new(), |(n, k)| format!("_n{n}_k{k}"));
+            let shape = match (tuned_for, fitted_width) {
+                (Some((n, k)), _) => format!("_n{n}_k{k}"),
+                (None, Some(width)) => format!("_w{width}"),
+                (None, None) => String::new(),
+            };
             let per_channel = if *weight_scale == Some(WeightScale::PerChannel) {
                 "_per_channel"
             } else {
@@ -932,6 +944,7 @@ fn render_unit(
             config,
             origin,
             tuned_for,
+            fitted_width: _,
         } => {
             let mut context = common(*dtype);
             let target = arch.target();

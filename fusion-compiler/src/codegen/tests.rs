@@ -428,14 +428,17 @@ fn embedded_headers_match_the_include_tree() {
 }
 
 /// Changing one dim of one graph re-renders that graph's wrappers only: the
-/// CUDA units do not depend on static dims (sizes are launch arguments), so
-/// every unit is byte-identical and the build's object cache serves them all
-/// (no nvcc run), while the other graph's generated file is unchanged.
+/// CUDA units do not depend on static dims (sizes are launch arguments)
+/// beyond the width of a small-M tile fitted to N (`select::fitted_width`,
+/// 96 columns for both F here), so every unit is byte-identical and the
+/// build's object cache serves them all (no nvcc run), while the other
+/// graph's generated file is unchanged.
 #[test]
 fn a_dim_change_touches_only_its_graphs_wrappers() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../graphs/gpt2_mlp.toml");
     let text = std::fs::read_to_string(&path).unwrap();
-    let edited = text.replace("F = 3072", "F = 2048");
+    let edited = text.replace("F = 3072", "F = 3000");
+    assert_eq!(select::fitted_width(3072), select::fitted_width(3000));
     assert_ne!(text, edited, "gpt2_mlp.toml declares F = 3072");
     let gpt2 = |text: &str| {
         let source = crate::diagnostic::SourceFile::new("gpt2_mlp.toml", text);
@@ -968,10 +971,25 @@ fn a_tuned_cache_gives_static_kernels_its_tiles_and_leaves_dynamic_ones_alone() 
     ] {
         assert!(shipped.contains(needle), "`{needle}` missing from:\n{shipped}");
     }
-    // Without the cache, the static graph's kernel is the shipped one and
-    // shares the dynamic graph's unit.
+    // Without the cache, the static graph's kernel is the shipped one with
+    // its small-M alternative fitted to N = 3000 (96 columns), a unit of
+    // its own beside the dynamic graph's.
     let plain = render("k", &[Arch::Sm90], &graphs).unwrap();
-    assert_eq!(plain.units.len(), lib.units.len() - 1);
+    assert_eq!(plain.units.len(), lib.units.len());
+    let fitted = &plain
+        .units
+        .iter()
+        .find(|u| u.symbol == "k_gemm_bias_gelu_nk_f16_sm90_w96")
+        .expect("a unit fitted to N")
+        .source;
+    for needle in [
+        "using LargeTile = fusion::sm90::TileConfig<128, 256, 4, fusion::sm90::Schedule::Cooperative>;",
+        "using SmallAltTile = fusion::sm90::TileConfig<128, 96, 7, fusion::sm90::Schedule::Cooperative>;",
+        "entry 'default (small_m_alt fitted to N: 96 columns)'",
+        "fusion::LightestTier",
+    ] {
+        assert!(fitted.contains(needle), "`{needle}` missing from:\n{fitted}");
+    }
 }
 
 /// With the model ([`TunedCache::model`]), a static GEMM's sm90 unit runs

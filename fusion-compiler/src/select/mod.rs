@@ -33,12 +33,14 @@
 //!
 //! Not here: measuring configs (the tuner writes the cache this reads).
 
+mod fitted;
 pub mod guard;
 pub mod model;
 mod tuned;
 mod tuned_cache;
 
 pub use crate::target::{Arch, Schedule, TierChoice, TileConfig};
+pub use fitted::{fitted_stages, fitted_width};
 pub use tuned::{GATED_DEFAULT, SOURCE_TILE_DEFAULT, TunedTable};
 pub use tuned_cache::{CacheEntry, CacheKey, M_BUCKET_BOUNDS, MBucket, SELECT_ENV, TUNED_ENV, TunedCache};
 
@@ -325,6 +327,9 @@ pub struct Selected {
     /// The static N and K the config was tuned for, when it came from a
     /// tuned cache (a shipped table's config serves every shape).
     pub tuned_for: Option<(u64, u64)>,
+    /// The width of the table's `small_m_alt` fitted to a static N
+    /// ([`fitted_width`]), where it was.
+    pub fitted_width: Option<u32>,
     /// Why a cached config was not used, naming the cache file and key.
     pub warning: Option<String>,
 }
@@ -334,7 +339,9 @@ pub struct Selected {
 /// where N and K are static and it has entries for the kernel on `arch`;
 /// else, where N and K are static and the cache carries a model
 /// ([`TunedCache::model`]), one tile per M bucket by the model
-/// ([`model::select_by_model`]); else `table`'s ([`select_sourced`]). A cached config that fails the
+/// ([`model::select_by_model`]); else `table`'s ([`select_sourced`]), its
+/// `small_m_alt` fitted to a static N where that applies
+/// (`select::fitted`). A cached config that fails the
 /// table's checks ([`check_config`]) is a warning, and the table's config.
 pub fn select_tuned(
     table: &TunedTable,
@@ -349,6 +356,7 @@ pub fn select_tuned(
         config,
         origin,
         tuned_for: None,
+        fitted_width: None,
         warning: None,
     };
     let (Some(n), Some(k)) = (n, k) else {
@@ -358,13 +366,14 @@ pub fn select_tuned(
         .config_for(arch, kernel, n, k, &shipped.config)
         .or_else(|| model::select_by_model(cache.model.as_ref()?, arch, kernel, n, k, &shipped.config))
     else {
-        return Ok(shipped);
+        return Ok(fit_to_n(shipped, arch, kernel, n));
     };
     Ok(match check_config(&tuned, &tuned_origin, arch, kernel) {
         Ok(()) => Selected {
             config: tuned,
             origin: tuned_origin,
             tuned_for: Some((n, k)),
+            fitted_width: None,
             warning: None,
         },
         Err(error) => Selected {
@@ -372,6 +381,29 @@ pub fn select_tuned(
             ..shipped
         },
     })
+}
+
+/// `shipped` with its `small_m_alt` fitted to the static `n`
+/// ([`fitted::fit_small_m_alt`]), its origin saying so; else as it is.
+fn fit_to_n(shipped: Selected, arch: Arch, kernel: &KernelKind, n: u64) -> Selected {
+    let Some(config) = fitted::fit_small_m_alt(&shipped.config, arch, kernel, n) else {
+        return shipped;
+    };
+    let width = config.small_m_alt.map(|tile| tile.bn);
+    let origin = ConfigSource {
+        entry: format!(
+            "{} (small_m_alt fitted to N: {} columns)",
+            shipped.origin.entry,
+            width.unwrap_or_default()
+        ),
+        ..shipped.origin
+    };
+    Selected {
+        config,
+        origin,
+        fitted_width: width,
+        ..shipped
+    }
 }
 
 /// Checks that `config`, from `source`, gives `kernel` on `arch` what its
