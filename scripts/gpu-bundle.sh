@@ -70,6 +70,9 @@ if [[ ${FUSION_BUNDLE_AB:-0} == 1 ]]; then
   cargo build --release -p fusion-cli --features "$features" --bin fusion
 fi
 target/release/fusion render fusion-compiler/kernels/selftest/candidates.json --out "$dir/selftest"
+# The corpus's layers a build with N static fits to N, beside the shipped
+# units (the suite's step `fitted`).
+target/release/fusion render --fitted-corpus benchmarks/corpus.toml --out "$dir/fitted"
 cp target/release/examples/swiglu_ffn "$dir/swiglu_ffn"
 cp target/release/examples/llama_stack "$dir/llama_stack"
 cp target/release/llama-ffn "$dir/llama-ffn"

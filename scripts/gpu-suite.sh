@@ -8,6 +8,8 @@
 #   (corpus: fusion bench --corpus over the bundle's corpus.toml: over a thousand rows; not in the default)
 #   (ab: the corpus with the tables, FUSION_SELECT=model, FUSION_GUARD=on and off, FUSION_STREAM_K=0, tail or fill (FUSION_AB_VARIANTS); model and guard need FUSION_BUNDLE_AB=1; not in the default)
 #   (tiles: the corpus once per tile tier, FUSION_GEMM_TILE=<tier>, for the model's calibration; not in the default)
+#   (fitted: the corpus's layers fitted to a static N, timed against the
+#   shipped units by the self-test in ./fitted; not in the default)
 #   (sanitize-quick: the sanitizers on the native variant only; selftest:
 #   builds the kernel self-test in ./selftest with nvcc, NVCC or nvcc on
 #   PATH, and cuBLASLt, then runs its quick checks; not in the default)
@@ -245,6 +247,28 @@ for step in $steps; do
     selftest)
       run selftest-build.log make -C selftest -j "NVCC=${NVCC:-nvcc}"
       run selftest.log ./selftest/selftest --quick ;;
+    fitted)
+      # The corpus's layers whose GEMM a build with N static fits to N
+      # (fusion render --fitted-corpus: fitted/fitted.txt), each timed
+      # beside the shipped unit at M = 512 and 1000 (the self-test's bench,
+      # the two alternating with cuBLASLt), then the time shipped / fitted
+      # per row and its geometric mean: above 1, the fitted tile is faster.
+      run fitted-build.log make -C fitted -j "NVCC=${NVCC:-nvcc}"
+      run fitted-check.log ./fitted/selftest --quick
+      : > "$out/fitted-bench.log"
+      while read -r shape shipped fitted kernel; do
+        echo "# $kernel $shape" >> "$out/fitted-bench.log"
+        ./fitted/selftest --no-check --bench --reps="${FITTED_REPS:-30}" --unit="$shipped,$fitted" --shape="$shape" \
+          | grep -E '^sm90' >> "$out/fitted-bench.log"
+      done < fitted/fitted.txt
+      # Each row: shipped µs, fitted µs (the bench's "ours" column, 4th
+      # from the end after the shape), in the order --unit names them.
+      awk '/^# / { kernel = $2; shape = $3; n = 0; next }
+           { for (i = 1; i <= NF; ++i) if ($i ~ /^\([0-9]+,[0-9]+,[0-9]+\)$/) { us[n++] = $(i + 1); break } }
+           n == 2 { q = us[0] / us[1]; printf "%-22s %-18s shipped %8.1f fitted %8.1f  %.3fx\n", kernel, shape, us[0], us[1], q;
+                    s += log(q); c++; n = 0 }
+           END { if (c) printf "rows %d, shipped / fitted geomean %.3f\n", c, exp(s / c) }' \
+        "$out/fitted-bench.log" | tee "$out/fitted-summary.log" | tail -1 ;;
     *) echo "unknown step $step"; status=1 ;;
   esac
 done

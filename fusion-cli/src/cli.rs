@@ -79,8 +79,26 @@ pub struct GraphArgs {
 #[derive(Debug, Args)]
 pub struct RenderArgs {
     /// The candidate list, such as `fusion-compiler/kernels/selftest/candidates.json`.
-    #[arg(value_name = "LIST.json")]
-    pub list: PathBuf,
+    #[arg(value_name = "LIST.json", required_unless_present = "fitted_corpus")]
+    pub list: Option<PathBuf>,
+    /// In place of a list: every GEMM layer of a corpus (such as
+    /// `benchmarks/corpus.toml`) whose tiles a build with its N static fits
+    /// to N, as that build renders it and as the shipped tables do (f16,
+    /// sm90), and `fitted.txt`, one line per layer and token count: the
+    /// shape and the two units' symbols, for `selftest --unit` to time side
+    /// by side.
+    #[arg(long, value_name = "CORPUS.toml", conflicts_with = "list")]
+    pub fitted_corpus: Option<PathBuf>,
+    /// The token counts M of `--fitted-corpus`'s lines (comma-separated);
+    /// default 512,1000.
+    #[arg(
+        long = "corpus-tokens",
+        value_name = "M,…",
+        value_delimiter = ',',
+        requires = "fitted_corpus",
+        conflicts_with = "list"
+    )]
+    pub corpus_tokens: Vec<u64>,
     /// The folder to write.
     #[arg(long, value_name = "DIR")]
     pub out: PathBuf,
@@ -204,7 +222,20 @@ pub fn run(cli: &Cli, out: &mut dyn Write) -> Result<(), CliError> {
         Command::Bench(args) => bench(args, out),
         Command::Render(args) => {
             let graphs = args.graphs.clone().unwrap_or_else(fusion::testing::graphs_dir);
-            crate::render::render(&args.list, &graphs, &args.out, out)
+            match (&args.list, &args.fitted_corpus) {
+                (Some(list), _) => crate::render::render(list, &graphs, &args.out, out),
+                (None, Some(corpus)) => {
+                    let tokens = if args.corpus_tokens.is_empty() {
+                        vec![512, 1000]
+                    } else {
+                        args.corpus_tokens.clone()
+                    };
+                    crate::render::render_fitted_corpus(corpus, &tokens, &graphs, &args.out, out)
+                }
+                (None, None) => Err(CliError::Message(
+                    "fusion render needs a candidate list or --fitted-corpus".into(),
+                )),
+            }
         }
         Command::Graph(args) => graph_from_hf(args, out),
         #[cfg(feature = "kernels")]
@@ -749,12 +780,55 @@ mod tests {
         let Command::Render(args) = cli.command else {
             panic!("render")
         };
-        assert_eq!(args.list, Path::new("list.json"));
+        assert_eq!(args.list.as_deref(), Some(Path::new("list.json")));
         assert_eq!(args.out, Path::new("dir"));
         assert_eq!(args.graphs, None);
         assert!(
             Cli::try_parse_from(["fusion", "render", "list.json"]).is_err(),
             "--out is required"
         );
+        // Or a corpus in place of the list, never both, and one of them.
+        let cli = Cli::try_parse_from([
+            "fusion",
+            "render",
+            "--fitted-corpus",
+            "corpus.toml",
+            "--corpus-tokens",
+            "512,1024",
+            "--out",
+            "dir",
+        ])
+        .unwrap();
+        let Command::Render(args) = cli.command else {
+            panic!("render")
+        };
+        assert_eq!((args.list, args.corpus_tokens), (None, vec![512, 1024]));
+        assert_eq!(args.fitted_corpus.as_deref(), Some(Path::new("corpus.toml")));
+        for both_or_neither in [
+            &[
+                "fusion",
+                "render",
+                "list.json",
+                "--fitted-corpus",
+                "c.toml",
+                "--out",
+                "d",
+            ][..],
+            &["fusion", "render", "--out", "d"][..],
+            &[
+                "fusion",
+                "render",
+                "list.json",
+                "--corpus-tokens",
+                "512",
+                "--out",
+                "d",
+            ][..],
+        ] {
+            assert!(
+                Cli::try_parse_from(both_or_neither).is_err(),
+                "{both_or_neither:?}"
+            );
+        }
     }
 }

@@ -5,7 +5,10 @@
 //! harness (`fusion-compiler/kernels/selftest/harness.cu`), the table of units it calls
 //! (`units.inc`) and a Makefile whose gencode flags are each unit's target's.
 //! The folder can be copied to a GPU machine with no Rust and built there
-//! with `make -j`.
+//! with `make -j`. With `--fitted-corpus`, the list is made from a layer
+//! corpus: each layer's GEMM as a build with its N static renders it, where
+//! that fits a tile to N (`fusion_compiler::select::fitted_width`), beside
+//! the shipped unit, for the self-test to time the two at each layer.
 
 use crate::cli::CliError;
 use fusion_compiler::arch::RunsOn;
@@ -30,7 +33,160 @@ pub fn render(
     let text = std::fs::read_to_string(list_file)
         .map_err(|e| CliError::Message(format!("cannot read the candidate list {file}: {e}")))?;
     let list = CandidateList::parse(&file, &text).map_err(CliError::Message)?;
-    let units = candidates::render_candidates(&file, &list, |name| {
+    render_list(&file, &list, graphs_dir, out_dir, out).map(|_| ())
+}
+
+/// The folder of [`render`] for a corpus's layers fitted to N, and
+/// `fitted.txt` in it: a line `M,N,K shipped fitted kernel` for each layer
+/// and token count in `tokens` whose sm90 f16 GEMM a build with N static
+/// fits ([`fitted_list`]).
+pub fn render_fitted_corpus(
+    corpus_file: &Path,
+    tokens: &[u64],
+    graphs_dir: &Path,
+    out_dir: &Path,
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
+    let file = corpus_file.display().to_string();
+    let text = std::fs::read_to_string(corpus_file)
+        .map_err(|e| CliError::Message(format!("cannot read the corpus {file}: {e}")))?;
+    let corpus = fusion_compiler::corpus::Corpus::parse(&text)
+        .map_err(|e| CliError::Message(format!("{file}: {e}")))?;
+    let load = |name: &str| {
+        let path = graphs_dir.join(format!("{name}.toml"));
+        fusion_compiler::load_toml_graph(&path).map(fuse::plan)
+    };
+    let (list, layers) = fitted_list(&corpus, load).map_err(CliError::Message)?;
+    let list_name = format!("{file}, fitted to N");
+    let units = render_list(&list_name, &list, graphs_dir, out_dir, out)?;
+    let symbol = |candidate: usize| {
+        units
+            .iter()
+            .find(|u| u.candidate == candidate)
+            .map(|u| u.unit.symbol.clone())
+            .expect("every candidate renders one unit")
+    };
+    let mut lines = String::new();
+    for layer in &layers {
+        for m in tokens {
+            let _ = writeln!(
+                lines,
+                "{m},{},{} {} {} {}",
+                layer.n,
+                layer.k,
+                symbol(layer.shipped),
+                symbol(layer.fitted),
+                layer.kernel
+            );
+        }
+    }
+    let path = out_dir.join("fitted.txt");
+    std::fs::write(&path, lines)
+        .map_err(|e| CliError::Message(format!("cannot write {}: {e}", path.display())))?;
+    writeln!(
+        out,
+        "wrote {} ({} layers fitted to N)",
+        path.display(),
+        layers.len()
+    )
+    .map_err(|e| CliError::Message(format!("cannot write to standard output: {e}")))
+}
+
+/// A corpus layer whose GEMM a build with N static fits to N: the
+/// candidates of its shipped and its fitted unit.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FittedLayer {
+    /// The built-in graph that runs it.
+    pub kernel: String,
+    /// Its N.
+    pub n: u64,
+    /// Its K.
+    pub k: u64,
+    /// The candidate of the shipped unit (the graph's, N dynamic).
+    pub shipped: usize,
+    /// The candidate of the unit a build with N static renders.
+    pub fitted: usize,
+}
+
+/// The candidate list of [`render_fitted_corpus`]: for each graph of the
+/// corpus, its shipped sm90 f16 unit, and for each layer whose static
+/// selection (`select_tuned` with N and K static and no cache) fits a tile
+/// to N, that config, once per graph and config; with the layers.
+pub fn fitted_list(
+    corpus: &fusion_compiler::corpus::Corpus,
+    mut load_plan: impl FnMut(&str) -> Result<fuse::Plan, String>,
+) -> Result<(CandidateList, Vec<FittedLayer>), String> {
+    use fusion_compiler::fuse::Composition;
+    use fusion_compiler::select::{KernelKind, TunedCache, TunedTable, select_tuned};
+    let table = TunedTable::shipped(Arch::Sm90).map_err(|e| e.to_string())?;
+    let mut candidates: Vec<serde_json::Value> = Vec::new();
+    let mut index_of: Vec<(String, Option<String>)> = Vec::new();
+    let mut layers = Vec::new();
+    let mut candidate = |graph: &str, config: Option<serde_json::Value>| {
+        let key = (graph.to_owned(), config.as_ref().map(ToString::to_string));
+        if let Some(at) = index_of.iter().position(|k| *k == key) {
+            return at;
+        }
+        let mut entry = serde_json::json!({
+            "graph": graph, "dtypes": ["f16"], "layouts": ["nk"], "archs": ["sm90"]
+        });
+        if let Some(config) = config {
+            entry["config"] = config;
+        }
+        candidates.push(entry);
+        index_of.push(key);
+        candidates.len() - 1
+    };
+    for shape in corpus.shapes() {
+        let plan = load_plan(&shape.kernel)?;
+        let Some(gemm) = plan.kernels.iter().find_map(|k| match &k.composition {
+            Composition::Gemm(gemm) => Some(gemm),
+            _ => None,
+        }) else {
+            continue;
+        };
+        let kind = KernelKind::of(gemm, DType::F16);
+        let selected = select_tuned(
+            &table,
+            &TunedCache::default(),
+            Arch::Sm90,
+            &kind,
+            Some(shape.n),
+            Some(shape.k),
+        )
+        .map_err(|e| e.to_string())?;
+        if selected.fitted_width.is_none() {
+            continue;
+        }
+        let config = serde_json::to_value(selected.config).map_err(|e| e.to_string())?;
+        let shipped = candidate(&shape.kernel, None);
+        let fitted = candidate(&shape.kernel, Some(config));
+        layers.push(FittedLayer {
+            kernel: shape.kernel.clone(),
+            n: shape.n,
+            k: shape.k,
+            shipped,
+            fitted,
+        });
+    }
+    let text = serde_json::json!({
+        "note": "every corpus GEMM layer a build with N static fits to N, and its shipped unit",
+        "candidates": candidates,
+    })
+    .to_string();
+    Ok((CandidateList::parse("the corpus's fitted layers", &text)?, layers))
+}
+
+/// Renders `list` (named `file` in messages) into `out_dir` as [`render`]
+/// does, and returns its units.
+fn render_list(
+    file: &str,
+    list: &CandidateList,
+    graphs_dir: &Path,
+    out_dir: &Path,
+    out: &mut dyn Write,
+) -> Result<Vec<CandidateUnit>, CliError> {
+    let units = candidates::render_candidates(file, list, |name| {
         let path = graphs_dir.join(format!("{name}.toml"));
         fusion_compiler::load_toml_graph(&path).map(fuse::plan)
     })
@@ -51,8 +207,8 @@ pub fn render(
     for (name, contents) in templates::SELFTEST_HARNESS {
         write(name, contents)?;
     }
-    write("units.inc", &unit_table(&file, &units))?;
-    write("Makefile", &makefile(&file, &units))?;
+    write("units.inc", &unit_table(file, &units))?;
+    write("Makefile", &makefile(file, &units))?;
     templates::write_headers(&out_dir.join("include")).map_err(|e| {
         CliError::Message(format!(
             "cannot write the headers under {}: {e}",
@@ -68,7 +224,8 @@ pub fn render(
         out_dir.display(),
         out_dir.display()
     )
-    .map_err(|e| CliError::Message(format!("cannot write to standard output: {e}")))
+    .map_err(|e| CliError::Message(format!("cannot write to standard output: {e}")))?;
+    Ok(units)
 }
 
 /// The op table's activations for harness.cu's reference, each by its name
@@ -310,6 +467,57 @@ mod tests {
         assert!(dir.join("harness.cu").exists());
         std::fs::remove_dir_all(&dir).unwrap();
         std::fs::remove_file(&list).unwrap();
+    }
+
+    /// Over the layer corpus: each line of fitted.txt names a shipped unit
+    /// with the table's 128x128 small-M alternative and a fitted one whose
+    /// alternative is 128 x fitted_width(N), at each token count asked for;
+    /// a layer whose N the shipped width fits already (4096) has none.
+    #[test]
+    fn a_fitted_corpus_pairs_each_fitted_layer_with_its_shipped_unit() {
+        let dir = scratch("fitted");
+        let corpus = Path::new(env!("CARGO_MANIFEST_DIR")).join("../benchmarks/corpus.toml");
+        let mut said = Vec::new();
+        render_fitted_corpus(
+            &corpus,
+            &[512, 1000],
+            &fusion::testing::graphs_dir(),
+            &dir,
+            &mut said,
+        )
+        .unwrap();
+        let said = String::from_utf8(said).unwrap();
+        assert!(said.contains("layers fitted to N)"), "{said}");
+        let lines = std::fs::read_to_string(dir.join("fitted.txt")).unwrap();
+        let lines: Vec<Vec<&str>> = lines.lines().map(|l| l.split(' ').collect()).collect();
+        assert!(lines.len() >= 20, "{} lines", lines.len());
+        let alt = |symbol: &str| {
+            let source = std::fs::read_to_string(dir.join(format!("units/{symbol}.cu"))).unwrap();
+            source
+                .lines()
+                .find(|l| l.starts_with("using SmallAltTile = "))
+                .unwrap_or_else(|| panic!("{symbol} has no small-M alternative"))
+                .to_owned()
+        };
+        for (pair, line) in lines.chunks(2).zip(lines.iter().step_by(2)) {
+            let shape: Vec<u64> = line[0].split(',').map(|v| v.parse().unwrap()).collect();
+            assert_eq!(
+                pair.iter()
+                    .map(|l| l[0].split(',').next().unwrap())
+                    .collect::<Vec<_>>(),
+                ["512", "1000"]
+            );
+            assert_ne!(shape[1], 4096, "{line:?}");
+            assert!(alt(line[1]).contains("TileConfig<128, 128, 6,"), "{line:?}");
+            let width = fusion_compiler::select::fitted_width(shape[1]);
+            let fitted = format!(
+                "TileConfig<128, {width}, {},",
+                fusion_compiler::select::fitted_stages(width)
+            );
+            assert!(alt(line[2]).contains(&fitted), "{line:?}: {}", alt(line[2]));
+            assert_eq!(line[1].split('_').nth(1), line[2].split('_').nth(1));
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -92,6 +92,7 @@ struct Options {
   int reps = 50;
   uint64_t seed = 0x5eed;
   std::string filter;
+  std::vector<std::string> symbols;  // --unit: only these units, by symbol
   std::vector<Shape> shapes;  // --shape: the benchmark's shapes instead of its own
 };
 
@@ -606,18 +607,27 @@ int main(int argc, char** argv) {
     else if (arg == "--no-check") opt.check = false;
     else if (arg == "--pad-b") opt.pad_b = true;
     else if (arg.rfind("--filter=", 0) == 0) opt.filter = arg.substr(9);
+    else if (arg.rfind("--unit=", 0) == 0) {
+      std::string list = arg.substr(7);
+      for (size_t at = 0; at <= list.size();) {
+        const size_t comma = std::min(list.find(',', at), list.size());
+        if (comma > at) opt.symbols.push_back(list.substr(at, comma - at));
+        at = comma + 1;
+      }
+    }
     else if (arg.rfind("--seed=", 0) == 0) opt.seed = std::strtoull(arg.c_str() + 7, nullptr, 0);
     else if (arg.rfind("--reps=", 0) == 0 && std::atoi(arg.c_str() + 7) > 0) opt.reps = std::atoi(arg.c_str() + 7);
     else if (arg.rfind("--shape=", 0) == 0 && parse_shape(arg.substr(8), shape)) opt.shapes.push_back(shape);
     else {
       std::fprintf(stderr,
-                   "usage: %s [--quick] [--bench] [--no-check] [--pad-b] [--filter=SUBSTRING] [--seed=N]\n"
-                   "          [--reps=N] [--shape=M,N,K ...]\n"
+                   "usage: %s [--quick] [--bench] [--no-check] [--pad-b] [--filter=SUBSTRING] [--unit=SYMBOL,...]\n"
+                   "          [--seed=N] [--reps=N] [--shape=M,N,K ...]\n"
                    "  --quick      no 4096^3 checks; 20 timed runs\n"
                    "  --bench      time every unit against cuBLASLt\n"
                    "  --no-check   skip the argument and correctness checks\n"
                    "  --pad-b      time our launches on B with padded rows, as a graph struct binds a weight\n"
                    "  --filter=S   only units whose label contains S (sm90 f16 NK gemm_bias_gelu [tile] #3)\n"
+                   "  --unit=A,B   only the units with these symbols (cand3_gemm_bias_gelu_nk_f16_sm90), in this order\n"
                    "  --shape=M,N,K  benchmark this shape (repeat for several); default 4096,4096,4096\n",
                    argv[0]);
       return 2;
@@ -630,7 +640,23 @@ int main(int argc, char** argv) {
 
   std::vector<const Unit*> units;
   std::printf("units (%zu), tile resources per block:\n", sizeof(kUnits) / sizeof(kUnits[0]));
-  for (const Unit& u : kUnits) {
+  std::vector<const Unit*> listed;  // kUnits, or the units --unit names in its order
+  if (opt.symbols.empty()) {
+    for (const Unit& u : kUnits) listed.push_back(&u);
+  } else {
+    for (const std::string& symbol : opt.symbols) {
+      const Unit* found = nullptr;
+      for (const Unit& u : kUnits)
+        if (symbol == u.symbol) found = &u;
+      if (found == nullptr) {
+        std::fprintf(stderr, "no unit %s\n", symbol.c_str());
+        return 2;
+      }
+      listed.push_back(found);
+    }
+  }
+  for (const Unit* listed_unit : listed) {
+    const Unit& u = *listed_unit;
     if (!opt.filter.empty() && unit_label(u).find(opt.filter) == std::string::npos) continue;
     if (!u.runs_on.includes(major, minor)) {
       std::printf("  %s: skipped, its code does not run on sm_%d%d\n", u.symbol, major, minor);

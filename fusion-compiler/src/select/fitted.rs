@@ -119,12 +119,8 @@ mod tests {
 
     fn kind(name: &str, dtype: DType, layout: WeightLayout, source_tile: bool, gated: bool) -> KernelKind {
         KernelKind {
-            name: name.to_owned(),
-            dtype,
-            layout,
-            prologue: false,
-            source_tile,
             gated,
+            ..KernelKind::plain(name, dtype, layout, source_tile)
         }
     }
 

@@ -96,6 +96,19 @@ impl KernelKind {
         }
     }
 
+    /// A kind without a norm before the GEMM and not gated, for tests.
+    #[cfg(test)]
+    pub(crate) fn plain(name: &str, dtype: DType, layout: WeightLayout, source_tile: bool) -> KernelKind {
+        KernelKind {
+            name: name.to_owned(),
+            dtype,
+            layout,
+            prologue: false,
+            source_tile,
+            gated: false,
+        }
+    }
+
     /// The tuned tables' entry for kernels of this kind that have none of
     /// their own, tried before `default`: [`tuned::SOURCE_TILE_DEFAULT`] or
     /// [`tuned::GATED_DEFAULT`].

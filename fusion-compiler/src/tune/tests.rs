@@ -12,14 +12,7 @@ const CC90: DeviceLimits = DeviceLimits {
 };
 
 fn kernel(name: &str, dtype: DType, layout: WeightLayout, source_tile: bool) -> KernelKind {
-    KernelKind {
-        name: name.to_owned(),
-        dtype,
-        layout,
-        prologue: false,
-        source_tile,
-        gated: false,
-    }
+    KernelKind::plain(name, dtype, layout, source_tile)
 }
 
 fn gemm(dtype: DType) -> KernelKind {
