@@ -43,6 +43,10 @@ pub const SM90_SMS: u64 = 132;
 /// The sm90 mainloop's k-block: 64 elements of K.
 const K_BLOCK: u64 = 64;
 
+/// Tile rows a group of the grouped tile order walks down
+/// (`fusion::kGroupRows` in gemm.cuh; no shipped tile sets its own).
+const GROUP_ROWS: u64 = 8;
+
 /// The upper bounds of the M buckets, inclusive: a bucket holds the Ms above
 /// the previous bound up to its own, and one more bucket holds every M above
 /// the last. The tuner measures each bucket at its bound (the last at twice
@@ -167,11 +171,12 @@ pub enum Splits {
     /// stream-K over the last wave where the tiles are more than the SMs
     /// (`FUSION_GEMM_STREAM_K_TAIL`).
     Tail,
-    /// `FUSION_STREAM_K=fill` (slower on the corpus: benchmarks/HISTORY.md
-    /// v31): as the default, and
-    /// stream-K over the lone wave where the tiles are more than half the
-    /// SMs but fewer (`FUSION_GEMM_STREAM_K_FILL`), which the others run
-    /// whole on fewer CTAs than SMs.
+    /// `FUSION_STREAM_K=fill` (slower on the corpus before it kept rows of
+    /// tiles side by side: benchmarks/HISTORY.md v31, v32): as the default,
+    /// and stream-K over the lone wave where the tiles are more than half
+    /// the SMs but fewer (`FUSION_GEMM_STREAM_K_FILL`), which the others
+    /// run whole on fewer CTAs than SMs, each row of tiles (up to 8) on its
+    /// own CTAs.
     Fill,
 }
 
@@ -253,11 +258,22 @@ pub fn work(bm: u64, bn: u64, consumers: u64, shape: GemmShape, sms: u64, splits
         return whole;
     }
     const FLAG_BYTES: u64 = WORKSPACE_FLAG_BYTES - 128; // less kTileCounterBytes
-    let (mut split_tiles, mut ctas) = (tiles, tiles * (sms / tiles.max(1)));
-    // A lone wave of more than half the SMs' tiles, shared out with `fill`.
+    let (mut split_tiles, mut ctas, mut rows) = (tiles, tiles * (sms / tiles.max(1)), 1);
+    // A lone wave of more than half the SMs' tiles, shared out with `fill`
+    // a row of tiles at a time where the rows fit a group of the tile order
+    // (`fusion::kGroupRows`, 8): the CTAs are rows x groups.
     let lone_wave = splits == Splits::Fill && 2 * tiles > sms && tiles < sms;
     if lone_wave {
-        ctas = sms;
+        let tile_rows = shape.m.div_ceil(bm);
+        rows = if (1..=GROUP_ROWS).contains(&tile_rows) {
+            tile_rows
+        } else {
+            1
+        };
+        ctas = sms / rows * rows;
+        if ctas / rows <= tiles / rows {
+            return whole;
+        }
     }
     if tiles >= sms {
         split_tiles = tiles % sms;
@@ -272,7 +288,7 @@ pub fn work(bm: u64, bn: u64, consumers: u64, shape: GemmShape, sms: u64, splits
     if ctas == split_tiles || split_tiles * consumers * 4 > FLAG_BYTES {
         return whole;
     }
-    let per_cta = (split_tiles * k_blocks).div_ceil(ctas);
+    let per_cta = (split_tiles / rows * k_blocks).div_ceil(ctas / rows);
     let busiest_without = split_tiles.div_ceil(ctas) * k_blocks;
     if per_cta < MIN_BLOCKS
         || per_cta + 2 * FIXUP_BLOCKS >= busiest_without

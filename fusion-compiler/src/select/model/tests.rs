@@ -45,9 +45,29 @@ fn work_repeats_the_schedulers_plan() {
         let w = work(128, 128, 2, shape(512, 2560, 10240), 132, splits);
         assert_eq!((w.grid, w.split, w.busiest_k_blocks), (80, Split::Whole, 160));
     }
+    // Its 4 rows of 20 tiles each get 33 CTAs that share the row's
+    // columns alike: 97 of a tile's 160 k-blocks a CTA.
     let w = work(128, 128, 2, shape(512, 2560, 10240), 132, Splits::Fill);
     assert_eq!((w.tiles, w.grid, w.split), (80, 132, Split::StreamK));
-    assert_eq!((w.busiest_k_blocks, w.partials), ((80 * 160u64).div_ceil(132), 2));
+    assert_eq!((w.busiest_k_blocks, w.partials), ((20 * 160u64).div_ceil(33), 2));
+    // (128, 6144, 24576) in 64x128 tiles: 2 rows of 48 tiles of 384
+    // k-blocks, 66 CTAs a row; 9 rows of 128-row tiles would not fit a
+    // group of the tile order (8 rows), so (1100, 1280, 8192)'s 90 tiles
+    // are laid end to end over all 132 CTAs.
+    let w = work(64, 128, 1, shape(128, 6144, 24576), 132, Splits::Fill);
+    assert_eq!(
+        (w.tiles, w.grid, w.busiest_k_blocks),
+        (96, 132, (48 * 384u64).div_ceil(66))
+    );
+    let w = work(128, 128, 2, shape(1100, 1280, 8192), 132, Splits::Fill);
+    assert_eq!(
+        (w.tiles, w.grid, w.busiest_k_blocks),
+        (90, 132, (90 * 128u64).div_ceil(132))
+    );
+    // 5 rows of 26 tiles: 26 CTAs a row (130 in all) would not share
+    // anything, so the tiles run whole.
+    let w = work(128, 128, 2, shape(600, 3328, 8192), 132, Splits::Fill);
+    assert_eq!((w.tiles, w.grid, w.split), (130, 130, Split::Whole));
     // Beyond one wave `fill` runs the last wave whole, as the default does.
     let w = work(128, 256, 2, shape(512, 10240, 8192), 132, Splits::Fill);
     assert_eq!((w.grid, w.split), (80, Split::Whole));

@@ -354,13 +354,14 @@ typename Mainloop<T, kLayout, Config>::LaunchPlan Mainloop<T, kLayout, Config>::
   // At most one CTA per SM (one cluster per pair of SMs that can hold one
   // at once, decided at launch) and per unit of work; without stream-K,
   // balanced_grid.
-  const int64_t units = ((p.m + BM * kClusterM - 1) / (BM * kClusterM)) * ((p.n + BN - 1) / BN);
+  const int64_t units_m = (p.m + BM * kClusterM - 1) / (BM * kClusterM);
+  const int64_t units = units_m * ((p.n + BN - 1) / BN);
   if constexpr (kClusterM == 1) {
     const int64_t ctas = fusion::detail::sm_count(device);
     plan.grid = balanced_grid(units, ctas);
     if ((flags & FUSION_GEMM_NO_STREAM_K) == 0) {
       int64_t split_grid = plan.grid;
-      const StreamK sk = plan_stream_k<Config>(units, (p.k + BK - 1) / BK, ctas,
+      const StreamK sk = plan_stream_k<Config>(units, units_m, (p.k + BK - 1) / BK, ctas,
                                                (flags & FUSION_GEMM_STREAM_K_TAIL) != 0,
                                                (flags & FUSION_GEMM_STREAM_K_FILL) != 0, &split_grid);
       if (sk.units > 0) {

@@ -18,6 +18,12 @@ namespace sm90 {
 struct StreamK {
   int dp_tiles = 0;  // tiles [0, dp_tiles) run whole: CTA b takes b, b + grid, ...
   int units = 0;     // k-blocks of tiles [dp_tiles, tiles); 0: no stream-K (units * grid < 2^31)
+  // Rows of split tiles shared out side by side (`fill`): split tile
+  // c * rows + r is column c of row r, CTA b runs row b % rows, and the
+  // grid / rows CTAs of each row share its columns' k-blocks alike, so
+  // that the CTAs of one column read the same k-slices of B together. 1:
+  // the split tiles laid end to end over every CTA.
+  int rows = 1;
   // [grid + split tiles - 1][kConsumers][kMmaM * kAccumulators / 4][128 threads]
   // float4s: one slot per (tile, CTA) pair, see partial_slot.
   float* partials = nullptr;
@@ -44,9 +50,18 @@ inline int64_t balanced_grid(int64_t units, int64_t sms) {
 //    (128, 4096, 14336) with 64x128 tiles (64 tiles of 224 k-blocks on 132
 //    SMs) every CTA runs half a tile. With s / 2 < t < s and `fill` asked
 //    for (FUSION_GEMM_STREAM_K_FILL), the tiles are shared out over all s
-//    CTAs instead, as stream-K shares a last wave (at (512, 2560, 10240),
-//    80 tiles of 128x128 on 132 SMs, each CTA runs 97 of a tile's 160
-//    k-blocks); without it they run whole on t CTAs.
+//    CTAs instead, as stream-K shares a last wave; without it they run
+//    whole on t CTAs. The CTAs are then rows x groups: each of the r rows
+//    of tiles (r <= kGroupRows, so that tile c * r + i in grouped order is
+//    column c of row i) gets s / r CTAs that share its columns' k-blocks
+//    alike (StreamK::rows): at (512, 2560, 10240), 4 rows of 20 tiles of
+//    128x128 on 132 SMs, 33 CTAs a row each run 97 of a tile's 160
+//    k-blocks, and the 4 CTAs of one column read the same k-slices of B at
+//    the same time, which L2 serves once. Laid end to end over all CTAs
+//    instead, each CTA started at another k-block, and ncu read 1.4-1.55x
+//    the DRAM bytes of whole tiles at (128, 6144, 24576),
+//    (512, 2560, 9728) and (512, 2560, 10240) on an H100
+//    (benchmarks/HISTORY.md v32).
 //  - t >= s, t not a multiple of s, and tiles deep enough that it pays
 //    (kMinTailBlocks), or the caller asks for it everywhere
 //    (FUSION_GEMM_STREAM_K_TAIL): stream-K for the last wave. Every CTA
@@ -83,14 +98,16 @@ inline int64_t balanced_grid(int64_t units, int64_t sms) {
 // FUSION_GEMM_STATIC_TILES (the run time's default, unless FUSION_TILE_COUNTER=1,
 // and always while capturing).
 //
-// plan_stream_k: the split for `tiles` tiles of `k_blocks` k-blocks on
-// `sms` SMs of a Config's kernel (StreamK::units 0: every tile whole) and,
+// plan_stream_k: the split for `tiles` tiles (`tile_rows` rows of them) of
+// `k_blocks` k-blocks on `sms` SMs of a Config's kernel (StreamK::units 0:
+// every tile whole) and,
 // when it splits, the grid it needs in *grid (left alone otherwise). Split-K where the caller
 // allows any split; `tail`: stream-K over the last wave too
 // (FUSION_GEMM_STREAM_K_TAIL); `fill`: over a lone wave of more than half
 // the SMs' tiles too (FUSION_GEMM_STREAM_K_FILL).
 template <typename Config>
-StreamK plan_stream_k(int64_t tiles, int64_t k_blocks, int64_t sms, bool tail, bool fill, int64_t* grid) {
+StreamK plan_stream_k(int64_t tiles, int64_t tile_rows, int64_t k_blocks, int64_t sms, bool tail, bool fill,
+                      int64_t* grid) {
   constexpr int64_t kFixupBlocks = 4, kMinBlocks = 4;
   // With fewer tiles than SMs a split needs tiles of at least this many
   // k-blocks, unless the caller asks for the tail (FUSION_STREAM_K=tail
@@ -112,10 +129,15 @@ StreamK plan_stream_k(int64_t tiles, int64_t k_blocks, int64_t sms, bool tail, b
   if (Config::kPingPong || Config::kClusterM > 1) return sk;
   if (tiles <= 0 || sms <= 0) return sk;
   if (!tail && tiles < sms && k_blocks < kMinSplitTileBlocks) return sk;
-  int64_t split_tiles = tiles, ctas = tiles * (sms / tiles);
+  int64_t split_tiles = tiles, ctas = tiles * (sms / tiles), rows = 1;
   // With `fill`, a lone wave of more than half the SMs' tiles is shared out
-  // over every CTA.
-  if (fill && 2 * tiles > sms && tiles < sms) ctas = sms;
+  // over every CTA, a row of tiles at a time where the rows fit a group of
+  // the tile order.
+  if (fill && 2 * tiles > sms && tiles < sms) {
+    rows = tile_rows >= 1 && tile_rows <= Config::kGroupRows && tiles % tile_rows == 0 ? tile_rows : 1;
+    ctas = sms / rows * rows;
+    if (ctas / rows <= tiles / rows) return sk;
+  }
   if (tiles >= sms) {
     split_tiles = tiles % sms;
     if (split_tiles == 0) return sk;
@@ -127,7 +149,8 @@ StreamK plan_stream_k(int64_t tiles, int64_t k_blocks, int64_t sms, bool tail, b
   if (split_tiles * Config::kConsumers * int64_t(sizeof(uint32_t)) >
       int64_t(kStreamKFlagBytes - kTileCounterBytes))
     return sk;
-  const int64_t per_cta = (split_tiles * k_blocks + ctas - 1) / ctas;
+  // Each of the `rows` rows' CTAs share its split tiles' k-blocks.
+  const int64_t per_cta = (split_tiles / rows * k_blocks + ctas / rows - 1) / (ctas / rows);
   const int64_t whole = (split_tiles + ctas - 1) / ctas * k_blocks;  // the busiest CTA's k-blocks without it
   if (per_cta < kMinBlocks || per_cta + 2 * kFixupBlocks >= whole ||
       (split_tiles * k_blocks + 1) * ctas >= INT32_MAX)
@@ -137,6 +160,7 @@ StreamK plan_stream_k(int64_t tiles, int64_t k_blocks, int64_t sms, bool tail, b
   if (!tail && tiles >= sms && (k_blocks < kMinTailBlocks || 4 * (whole - per_cta) < k_blocks)) return sk;
   sk.dp_tiles = int(tiles - split_tiles);
   sk.units = int(split_tiles * k_blocks);
+  sk.rows = int(rows);
   *grid = ctas;
   return sk;
 }

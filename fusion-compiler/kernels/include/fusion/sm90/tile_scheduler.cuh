@@ -107,7 +107,10 @@ struct TileScheduler {
   // decides when): tiles [0, dp_tiles) run whole, the same number on every
   // CTA; tiles [dp_tiles, tiles) in grouped order are split by k-blocks,
   // evenly over the grid. CTA b takes k-blocks [b U / grid, (b + 1) U / grid)
-  // of those tiles laid end to end, after its whole tiles. A tile it covers
+  // of those tiles laid end to end, after its whole tiles; or, where the
+  // split keeps rows of tiles side by side (StreamK::rows = r: a lone wave
+  // shared out with `fill`), CTA b = g r + i takes the g-th of grid / r
+  // equal shares of row i's tiles laid end to end. A tile it covers
   // only in part is a Split piece: at most one where its range ends inside
   // a tile and one where it starts inside one. Each consumer of each CTA
   // sharing a tile stores its f32 accumulators to its slot of `partials`
@@ -165,19 +168,24 @@ struct TileScheduler {
     WorkPiece last{0, 0, 0, Piece::Whole};
     bool has_last = false;
     if (sk.units > 0) {
-      const int grid = int(gridDim.x);
-      const int begin = int(blockIdx.x) * sk.units / grid, end = (int(blockIdx.x) + 1) * sk.units / grid;
-      for (int tile = begin / kb; begin < end && (tile + 1) * kb <= end; ++tile) {
-        if (begin <= tile * kb) {
-          plan.pieces[count++] = {sk.dp_tiles + tile, 0, kb, Piece::Whole};
+      // This CTA's share of its row's columns laid end to end (one row, the
+      // split tiles themselves, unless the split keeps rows side by side:
+      // StreamK::rows); column c of row r is split tile c * rows + r.
+      const int rows = sk.rows, row = int(blockIdx.x) % rows, group = int(blockIdx.x) / rows;
+      const int groups = int(gridDim.x) / rows, row_units = sk.units / rows;
+      const int begin = group * row_units / groups, end = (group + 1) * row_units / groups;
+      const auto unit = [&](int column) { return sk.dp_tiles + column * rows + row; };
+      for (int column = begin / kb; begin < end && (column + 1) * kb <= end; ++column) {
+        if (begin <= column * kb) {
+          plan.pieces[count++] = {unit(column), 0, kb, Piece::Whole};
         } else {
-          last = {sk.dp_tiles + tile, begin - tile * kb, (tile + 1) * kb - begin, Piece::Split};
+          last = {unit(column), begin - column * kb, (column + 1) * kb - begin, Piece::Split};
           has_last = true;
         }
       }
       if (begin < end && end % kb != 0) {
-        const int tile = end / kb, from = begin > tile * kb ? begin : tile * kb;
-        plan.pieces[count++] = {sk.dp_tiles + tile, from - tile * kb, end - from, Piece::Split};
+        const int column = end / kb, from = begin > column * kb ? begin : column * kb;
+        plan.pieces[count++] = {unit(column), from - column * kb, end - from, Piece::Split};
       }
     }
     const int whole = sk.units > 0 ? sk.dp_tiles : walk.units;
@@ -288,21 +296,28 @@ struct TileScheduler {
   static constexpr int kPartialVectors = kMmaM * kAccumulators / 4;
   static_assert(kAccumulators % 4 == 0, "partials move as float4s");
 
-  // The CTA holding stream-K k-block x: the largest c with
-  // c U / grid <= x (plan_stream_k keeps (x + 1) * grid below 2^31).
+  // The group of CTAs (CTA group * rows + row, StreamK::rows) holding
+  // k-block x of a row's split tiles laid end to end: the largest g with
+  // g U / groups <= x, U the row's k-blocks (plan_stream_k keeps
+  // (x + 1) * grid below 2^31). With one row, the CTA holding k-block x.
   static __device__ __forceinline__ int holder(const StreamK& sk, int x) {
-    return ((x + 1) * int(gridDim.x) - 1) / sk.units;
+    return ((x + 1) * (int(gridDim.x) / sk.rows) - 1) / (sk.units / sk.rows);
   }
 
-  // This thread's part of the slot of CTA `cta`'s share of split tile
-  // `tile` (counted from dp_tiles), for one consumer. Slot cta + tile: one
-  // per (tile, CTA) pair, without collisions, since a CTA's k-blocks come
-  // after a lower CTA's, so a higher CTA never holds a lower tile than a
-  // lower CTA does (the pairs' sums rise strictly). Hence grid + split
-  // tiles - 1 slots (partial_bytes), against two per CTA for the two
-  // Split pieces a CTA may have.
-  static __device__ __forceinline__ float4* partial_slot(const StreamK& sk, int tile, int cta, int consumer) {
-    const int64_t slot = int64_t(cta + tile) * kConsumers + consumer;
+  // This thread's part of the slot of CTA group `group`'s share of split
+  // tile `tile` (counted from dp_tiles; column tile / rows of row
+  // tile % rows), for one consumer, with `kb` k-blocks a tile. Within a row
+  // slot group + column: one per (column, group) pair, without collisions,
+  // since a group's k-blocks come after a lower group's, so a higher group
+  // never holds a lower column than a lower group does (the pairs' sums rise
+  // strictly); the rows' slots follow each other. Hence at most grid + split
+  // tiles - 1 slots (partial_bytes), against two per CTA for the two Split
+  // pieces a CTA may have. With one row, slot cta + tile.
+  static __device__ __forceinline__ float4* partial_slot(const StreamK& sk, int kb, int tile, int group,
+                                                         int consumer) {
+    const int rows = sk.rows, row = tile % rows, column = tile / rows;
+    const int row_slots = int(gridDim.x) / rows + sk.units / kb / rows - 1;
+    const int64_t slot = (int64_t(row) * row_slots + group + column) * kConsumers + consumer;
     return reinterpret_cast<float4*>(sk.partials) + slot * (kPartialVectors * 128) + threadIdx.x % 128;
   }
 
@@ -326,8 +341,9 @@ struct TileScheduler {
   // all of them.
   static __device__ __forceinline__ bool fix_up(const StreamK& sk, int consumer, int unit, int kb,
                                                 float (&acc)[kMmaM][kAccumulators]) {
-    const int tile = unit - sk.dp_tiles, self = int(blockIdx.x);
-    float4* out = partial_slot(sk, tile, self, consumer);
+    const int tile = unit - sk.dp_tiles, rows = sk.rows, self = int(blockIdx.x) / rows;
+    const int column = tile / rows;
+    float4* out = partial_slot(sk, kb, tile, self, consumer);
 #pragma unroll
     for (int mi = 0; mi < kMmaM; ++mi)
 #pragma unroll
@@ -335,12 +351,13 @@ struct TileScheduler {
         __stcg(out + (mi * kAccumulators + j) / 4 * 128,
                make_float4(acc[mi][j], acc[mi][j + 1], acc[mi][j + 2], acc[mi][j + 3]));
     named_barrier_sync(1 + consumer, 128);
-    const int first = holder(sk, tile * kb), last_cta = holder(sk, (tile + 1) * kb - 1);
+    // The groups of this tile's row that hold its k-blocks.
+    const int first = holder(sk, column * kb), last_group = holder(sk, (column + 1) * kb - 1);
     bool last = false;
     if (threadIdx.x % 128 == 0) {
       uint32_t* arrivals = &sk.flags[tile * kConsumers + consumer];
       __threadfence();
-      last = atomicAdd(arrivals, 1u) + 1 == uint32_t(last_cta - first + 1);
+      last = atomicAdd(arrivals, 1u) + 1 == uint32_t(last_group - first + 1);
       if (last) {
         __threadfence();
         *arrivals = 0;
@@ -353,8 +370,9 @@ struct TileScheduler {
     // k-block; 3% slower at 4096^3 on an H200, benchmarks/HISTORY.md v14).
     const int finishes = __shfl_sync(0xffffffffu, int(named_barrier_any(1 + consumer, 128, last)), 0);
     if (finishes == 0) return false;
-    if (self != first) read_partial<false>(partial_slot(sk, tile, first, consumer), acc);
-    for (int cta = first + 1; cta <= last_cta; ++cta) read_partial<true>(partial_slot(sk, tile, cta, consumer), acc);
+    if (self != first) read_partial<false>(partial_slot(sk, kb, tile, first, consumer), acc);
+    for (int group = first + 1; group <= last_group; ++group)
+      read_partial<true>(partial_slot(sk, kb, tile, group, consumer), acc);
     return true;
   }
 
