@@ -75,8 +75,10 @@ pub fn fitted_stages(width: u32) -> u32 {
 /// [N, K] (a [K, N] B loads in 64-column boxes) that is not gated (a gated
 /// tile writes half its columns in 64-column boxes), whose `small_m_alt` is
 /// a cooperative 128-row tile of one CTA and which has no tile per M
-/// bucket. `None` where any of that fails, or where the fit is narrower
-/// than [`MIN_FITTED_WIDTH`] or the tile's own width.
+/// bucket. `None` where any of that fails, where the fit is narrower than
+/// [`MIN_FITTED_WIDTH`], or where a 128-row tier of `config` has its width
+/// already (N = 4096 and the shipped 128x128, 6144 and 128x192, 8192 and
+/// more and 128x256): a unit of its own would add nothing.
 pub fn fit_small_m_alt(
     config: &KernelConfig,
     arch: Arch,
@@ -98,7 +100,11 @@ pub fn fit_small_m_alt(
         return None;
     }
     let width = fitted_width(n);
-    if width < MIN_FITTED_WIDTH || width == alt.bn {
+    let offered = [Some(config.large), config.large_alt, Some(alt)]
+        .into_iter()
+        .flatten()
+        .any(|tile| tile.bm == FITTED_ROWS && tile.bn == width);
+    if width < MIN_FITTED_WIDTH || offered {
         return None;
     }
     Some(KernelConfig {
@@ -204,10 +210,13 @@ mod tests {
             },
             config
         );
-        // N = 4096 fits the shipped 128 columns; N = 768 would be narrower
-        // than any width measured.
-        assert_eq!(fit_small_m_alt(&config, Arch::Sm90, &plain, 4096), None);
-        assert_eq!(fit_small_m_alt(&config, Arch::Sm90, &plain, 768), None);
+        // N = 4096 fits the shipped 128 columns, 6144 the large_alt's 192
+        // and 10240 the large tile's 256; N = 768 would be narrower than
+        // any width measured.
+        for n in [4096, 6144, 10240, 768] {
+            assert_eq!(fit_small_m_alt(&config, Arch::Sm90, &plain, n), None, "n = {n}");
+        }
+        assert_eq!(fitted_width(6144), 192);
         // Other archs, [K, N] weights, gated GEMMs keep theirs.
         assert_eq!(fit_small_m_alt(&config, Arch::Sm80, &plain, 2560), None);
         let kn = kind("gemm", DType::F16, WeightLayout::KN, false, false);
