@@ -261,13 +261,16 @@ for step in $steps; do
         ./fitted/selftest --no-check --bench --reps="${FITTED_REPS:-30}" --unit="$shipped,$fitted" --shape="$shape" \
           | grep -E '^sm90' >> "$out/fitted-bench.log"
       done < fitted/fitted.txt
-      # Each row: shipped µs, fitted µs (the bench's "ours" column, 4th
-      # from the end after the shape), in the order --unit names them.
+      # Each row: shipped and fitted µs (the bench's "ours" column, right
+      # after the shape) and cuBLASLt's (the next), in the order --unit
+      # names them; then the geometric means of shipped / fitted and of
+      # the ratio to cuBLASLt of each (above 1: faster than cuBLASLt).
       awk '/^# / { kernel = $2; shape = $3; n = 0; next }
-           { for (i = 1; i <= NF; ++i) if ($i ~ /^\([0-9]+,[0-9]+,[0-9]+\)$/) { us[n++] = $(i + 1); break } }
-           n == 2 { q = us[0] / us[1]; printf "%-22s %-18s shipped %8.1f fitted %8.1f  %.3fx\n", kernel, shape, us[0], us[1], q;
-                    s += log(q); c++; n = 0 }
-           END { if (c) printf "rows %d, shipped / fitted geomean %.3f\n", c, exp(s / c) }' \
+           { for (i = 1; i <= NF; ++i) if ($i ~ /^\([0-9]+,[0-9]+,[0-9]+\)$/) { us[n] = $(i + 1); lt[n] = $(i + 2); n++; break } }
+           n == 2 { q = us[0] / us[1]; a = lt[0] / us[0]; b = lt[1] / us[1];
+                    printf "%-22s %-18s shipped %8.1f fitted %8.1f  %.3fx  vs cuBLASLt %.3f -> %.3f\n", kernel, shape, us[0], us[1], q, a, b;
+                    s += log(q); sa += log(a); sb += log(b); c++; n = 0 }
+           END { if (c) printf "rows %d, shipped / fitted geomean %.3f; ratio to cuBLASLt geomean %.3f shipped, %.3f fitted\n", c, exp(s / c), exp(sa / c), exp(sb / c) }' \
         "$out/fitted-bench.log" | tee "$out/fitted-summary.log" | tail -1 ;;
     *) echo "unknown step $step"; status=1 ;;
   esac
