@@ -1040,21 +1040,22 @@ fn the_model_gives_static_sm90_kernels_a_tile_per_m_bucket() {
     assert!(!modelled.contains("LightestTier"), "{modelled}");
     let shipped = unit("k_gemm_bias_gelu_nk_f16_sm90");
     assert!(shipped.contains("fusion::LightestTier"), "{shipped}");
-    // The tiles it chose are among the shipped tiers' for this kind.
-    let select::Selected { config, .. } = select::select_tuned(
-        &TunedTable::shipped(Arch::Sm90).unwrap(),
-        &cache,
+    // The tiles it chose are among the tiers a build without the model
+    // gives this kind at this N (the shipped ones, small_m_alt fitted to N).
+    let kind = KernelKind::of(gemm_composition(&graphs[0]), DType::F16);
+    let table = TunedTable::shipped(Arch::Sm90).unwrap();
+    let select::Selected { config, .. } =
+        select::select_tuned(&table, &cache, Arch::Sm90, &kind, Some(3000), Some(1000)).unwrap();
+    let tiers = select::select_tuned(
+        &table,
+        &TunedCache::default(),
         Arch::Sm90,
-        &KernelKind::of(gemm_composition(&graphs[0]), DType::F16),
+        &kind,
         Some(3000),
         Some(1000),
     )
-    .unwrap();
-    let tiers = select::select(
-        Arch::Sm90,
-        &KernelKind::of(gemm_composition(&graphs[0]), DType::F16),
-    )
-    .unwrap();
+    .unwrap()
+    .config;
     let allowed = [
         Some(tiers.large),
         tiers.large_alt,

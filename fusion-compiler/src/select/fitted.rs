@@ -194,6 +194,23 @@ mod tests {
         );
     }
 
+    /// With the model (`FUSION_SELECT=model`), the fitted tile is among
+    /// the tiers it chooses from per M bucket.
+    #[test]
+    fn the_model_chooses_among_the_fitted_tiers() {
+        use crate::select::{TunedCache, model::Calibration, select_tuned};
+        let plain = kind("gemm_residual", DType::F16, WeightLayout::NK, true, false);
+        let table = TunedTable::shipped(Arch::Sm90).expect("the shipped sm90 table");
+        let mut cache = TunedCache::default();
+        cache.model = Some(Calibration::shipped_sm90());
+        let selected =
+            select_tuned(&table, &cache, Arch::Sm90, &plain, Some(2560), Some(10240)).expect("selected");
+        let by_m = selected.config.by_m.expect("a tile per M bucket");
+        // (The shipped calibration gives it the buckets m<=128 and m<=256.)
+        let widths: Vec<u32> = by_m.iter().map(|t| t.bn).collect();
+        assert!(widths.contains(&80), "{widths:?}");
+    }
+
     #[test]
     fn fits_the_small_m_alternative_of_nk_gemms_only() {
         let plain = kind("gemm_residual", DType::BF16, WeightLayout::NK, true, false);

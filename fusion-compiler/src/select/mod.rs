@@ -355,7 +355,7 @@ pub struct Selected {
 /// ([`model::select_by_model`]); else `table`'s ([`select_sourced`]), its
 /// `small_m_alt` fitted to a static N where that applies
 /// (`select::fitted`). A cached config that fails the
-/// table's checks ([`check_config`]) is a warning, and the table's config.
+/// table's checks ([`check_config`]) is a warning, and the table's config (fitted).
 pub fn select_tuned(
     table: &TunedTable,
     cache: &TunedCache,
@@ -375,11 +375,15 @@ pub fn select_tuned(
     let (Some(n), Some(k)) = (n, k) else {
         return Ok(shipped);
     };
+    // The model chooses among the tiers a build with this N has, the
+    // fitted one among them; a tuned cache maps its buckets onto the
+    // table's.
+    let fitted = fit_to_n(shipped.clone(), arch, kernel, n);
     let Some((tuned, tuned_origin)) = cache
         .config_for(arch, kernel, n, k, &shipped.config)
-        .or_else(|| model::select_by_model(cache.model.as_ref()?, arch, kernel, n, k, &shipped.config))
+        .or_else(|| model::select_by_model(cache.model.as_ref()?, arch, kernel, n, k, &fitted.config))
     else {
-        return Ok(fit_to_n(shipped, arch, kernel, n));
+        return Ok(fitted);
     };
     Ok(match check_config(&tuned, &tuned_origin, arch, kernel) {
         Ok(()) => Selected {
@@ -390,8 +394,8 @@ pub fn select_tuned(
             warning: None,
         },
         Err(error) => Selected {
-            warning: Some(format!("{error}; using {} instead", shipped.origin)),
-            ..shipped
+            warning: Some(format!("{error}; using {} instead", fitted.origin)),
+            ..fitted
         },
     })
 }

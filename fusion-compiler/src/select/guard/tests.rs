@@ -612,10 +612,22 @@ fn the_verdict_per_call_is_the_builds_on_the_corpus() {
                 )
                 .unwrap();
                 // A static N also fits the table's small_m_alt to N, which
-                // the dynamic unit cannot: compare with the table's tiles.
-                if selected.fitted_width.is_some() {
-                    selected =
-                        super::super::select_tuned(&table, &cache, Arch::Sm90, &kind, None, None).unwrap();
+                // the dynamic unit cannot: compare with the table's tiles,
+                // and with the model's choice among them.
+                let table_config = super::super::select_with(&table, Arch::Sm90, &kind).unwrap();
+                if let Some(model) = cache.model.as_ref() {
+                    let (config, _) = crate::select::model::select_by_model(
+                        model,
+                        Arch::Sm90,
+                        &kind,
+                        shape.n,
+                        shape.k,
+                        &table_config,
+                    )
+                    .unwrap();
+                    selected.config = config;
+                } else if selected.fitted_width.is_some() {
+                    selected.config = table_config;
                 }
                 let at_build = guard.verdicts(
                     &cache,
