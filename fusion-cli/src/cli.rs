@@ -287,6 +287,40 @@ pub fn graph_from_hf(args: &GraphArgs, out: &mut dyn Write) -> Result<(), CliErr
     out.flush().map_err(CliError::from_stdout)
 }
 
+/// A line for each sm90 GEMM of `plan` whose static N a build fits its
+/// small-M tile to (`fusion_compiler::select::fitted_width`), as a build
+/// without a tuned cache selects it.
+fn fitted_tile_lines(plan: &fuse::Plan) -> Vec<String> {
+    use fusion_compiler::select::{Arch, KernelKind, TunedCache, TunedTable, select_tuned};
+    let Ok(table) = TunedTable::shipped(Arch::Sm90) else {
+        return Vec::new();
+    };
+    let mut lines = Vec::new();
+    for (index, kernel) in plan.kernels.iter().enumerate() {
+        let fuse::Composition::Gemm(gemm) = &kernel.composition else {
+            continue;
+        };
+        let dtype = plan.graph.tensor(kernel.output).dtype;
+        let (n, k) = kernel.static_n_and_k(&plan.graph);
+        let kind = KernelKind::of(gemm, dtype);
+        let Ok(selected) = select_tuned(&table, &TunedCache::default(), Arch::Sm90, &kind, n, k) else {
+            continue;
+        };
+        let (Some(width), Some(tile), Some(n)) = (selected.fitted_width, selected.config.small_m_alt, n)
+        else {
+            continue;
+        };
+        lines.push(format!(
+            "sm90, #{index}: N = {n} is static, so its small-M tile is fitted to it: {}x{width} ({} stages), \
+             beside the table's tiers for M up to {} (unless a tuned cache names its tiles)",
+            tile.bm,
+            tile.stages,
+            selected.config.small_m_max.unwrap_or_default()
+        ));
+    }
+    lines
+}
+
 /// `fusion plan` on a loaded graph: prints the plan (as JSON with `json`)
 /// and, given a path, writes it there as Graphviz; with JSON on standard
 /// output, the line saying so goes to standard error.
@@ -313,6 +347,12 @@ pub fn plan_graph(graph: Graph, dot: Option<&Path>, json: bool, out: &mut dyn Wr
     } else {
         write!(out, "{plan}").map_err(CliError::from_stdout)?;
         writeln!(out, "\n{}", workspace_line(&workspace)).map_err(CliError::from_stdout)?;
+        if fusion::device::is_compiled(fusion_compiler::select::Arch::Sm90) {
+            let lines = fitted_tile_lines(&plan);
+            if !lines.is_empty() {
+                writeln!(out, "\n{}", lines.join("\n")).map_err(CliError::from_stdout)?;
+            }
+        }
         if let Some(refusal) = plan.graph.fp8_refusal() {
             writeln!(
                 out,
@@ -492,6 +532,24 @@ mod tests {
     use clap::CommandFactory;
     use fusion_compiler::ir::{DType, GraphBuilder, WeightLayout};
     use std::ffi::OsStr;
+
+    /// gpt2_mlp's c_fc (N = 3072) gets a small-M tile fitted to N; its
+    /// c_proj (N = 768, narrower than any fitted width) and the 64-wide
+    /// test graph do not.
+    #[test]
+    fn plan_says_which_gemms_get_a_tile_fitted_to_n() {
+        let path = fusion::testing::graphs_dir().join("gpt2_mlp.toml");
+        let plan = fuse::plan(fusion_compiler::load_toml_graph(&path).unwrap());
+        let lines = fitted_tile_lines(&plan);
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert!(
+            lines[0].starts_with(
+                "sm90, #0: N = 3072 is static, so its small-M tile is fitted to it: 128x96 (7 stages)"
+            ),
+            "{lines:?}"
+        );
+        assert_eq!(fitted_tile_lines(&fuse::plan(ffn())), Vec::<String>::new());
+    }
 
     fn ffn() -> Graph {
         let mut b = GraphBuilder::new("ffn");
