@@ -29,9 +29,7 @@ pub fn render(
     out_dir: &Path,
     out: &mut dyn Write,
 ) -> Result<(), CliError> {
-    let file = list_file.display().to_string();
-    let text = std::fs::read_to_string(list_file)
-        .map_err(|e| CliError::Message(format!("cannot read the candidate list {file}: {e}")))?;
+    let (file, text) = read_input(list_file, "the candidate list")?;
     let list = CandidateList::parse(&file, &text).map_err(CliError::Message)?;
     render_list(&file, &list, graphs_dir, out_dir, out).map(|_| ())
 }
@@ -47,9 +45,7 @@ pub fn render_fitted_corpus(
     out_dir: &Path,
     out: &mut dyn Write,
 ) -> Result<(), CliError> {
-    let file = corpus_file.display().to_string();
-    let text = std::fs::read_to_string(corpus_file)
-        .map_err(|e| CliError::Message(format!("cannot read the corpus {file}: {e}")))?;
+    let (file, text) = read_input(corpus_file, "the corpus")?;
     let corpus = fusion_compiler::corpus::Corpus::parse(&text)
         .map_err(|e| CliError::Message(format!("{file}: {e}")))?;
     let load = |name: &str| {
@@ -90,6 +86,15 @@ pub fn render_fitted_corpus(
         layers.len()
     )
     .map_err(|e| CliError::Message(format!("cannot write to standard output: {e}")))
+}
+
+/// `path` as it is named in messages, and its text; an error naming it as
+/// `what` where it cannot be read.
+fn read_input(path: &Path, what: &str) -> Result<(String, String), CliError> {
+    let file = path.display().to_string();
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| CliError::Message(format!("cannot read {what} {file}: {e}")))?;
+    Ok((file, text))
 }
 
 /// A corpus layer whose GEMM a build with N static fits to N: the

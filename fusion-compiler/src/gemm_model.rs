@@ -664,4 +664,12 @@ mod tests {
         );
         assert!(header.contains(&line), "workspace.cuh lacks `{}`", line.trim());
     }
+
+    /// gemm.cuh's grouped tile order walks down [`super::GROUP_ROWS`] rows.
+    #[test]
+    fn gemm_cuh_declares_the_group_rows() {
+        let header = include_str!("../kernels/include/fusion/gemm.cuh");
+        let line = format!("constexpr int kGroupRows = {};\n", super::GROUP_ROWS);
+        assert!(header.contains(&line), "gemm.cuh lacks `{}`", line.trim());
+    }
 }

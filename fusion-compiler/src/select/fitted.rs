@@ -139,6 +139,17 @@ mod tests {
         .expect("the shipped sm90 table has it")
     }
 
+    /// tile_config.cuh gives an sm90 block [`SMEM_PER_BLOCK`] bytes.
+    #[test]
+    fn tile_config_cuh_declares_the_shared_memory() {
+        let header = include_str!("../../kernels/include/fusion/sm90/tile_config.cuh");
+        let line = format!(
+            "constexpr int kSmemPerBlock = {} * 1024;\n",
+            SMEM_PER_BLOCK / 1024
+        );
+        assert!(header.contains(&line), "tile_config.cuh lacks `{}`", line.trim());
+    }
+
     #[test]
     fn widths_fill_one_wave_of_four_rows() {
         for (n, width) in [

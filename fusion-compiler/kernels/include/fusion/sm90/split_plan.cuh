@@ -134,7 +134,7 @@ StreamK plan_stream_k(int64_t tiles, int64_t tile_rows, int64_t k_blocks, int64_
   // over every CTA, a row of tiles at a time where the rows fit a group of
   // the tile order.
   if (fill && 2 * tiles > sms && tiles < sms) {
-    rows = tile_rows >= 1 && tile_rows <= Config::kGroupRows && tiles % tile_rows == 0 ? tile_rows : 1;
+    rows = tile_rows <= Config::kGroupRows ? tile_rows : 1;
     ctas = sms / rows * rows;
     if (ctas / rows <= tiles / rows) return sk;
   }
