@@ -576,6 +576,8 @@ fn build_candidates(
             large_alt: None,
             decode_max_m: None,
             by_m: None,
+            few_m: None,
+            few_m_max: None,
         });
         let table = format!("fusion tune, candidate {candidate}");
         let units =

@@ -40,7 +40,7 @@ mod tuned;
 mod tuned_cache;
 
 pub use crate::target::{Arch, Schedule, TierChoice, TileConfig};
-pub use fitted::{fitted_stages, fitted_width};
+pub use fitted::{FEW_M_DEEP_K, FEW_M_MAX, few_m_width, fitted_stages, fitted_width};
 pub use tuned::{GATED_DEFAULT, SOURCE_TILE_DEFAULT, TunedTable};
 pub use tuned_cache::{CacheEntry, CacheKey, M_BUCKET_BOUNDS, MBucket, SELECT_ENV, TUNED_ENV, TunedCache};
 
@@ -171,12 +171,26 @@ pub struct KernelConfig {
     /// `large` is the last bucket's tile and the other tiers are absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub by_m: Option<[TileConfig; MBucket::COUNT]>,
+    /// A 64-row tile fitted to a GEMM's static N that runs every m <=
+    /// `few_m_max`, after the decode kernel and ahead of the other tiers
+    /// (`select::fitted::fit_few_m` makes it for a static N and K; a candidate
+    /// list may name one to measure it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub few_m: Option<TileConfig>,
+    /// The largest M the `few_m` tile runs (at most [`FEW_M_MAX`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub few_m_max: Option<u32>,
 }
 
 impl KernelConfig {
     /// The small-M config and its threshold, when both are present.
     pub fn small(&self) -> Option<(TileConfig, u32)> {
         Some((self.small_m?, self.small_m_max?))
+    }
+
+    /// The `few_m` tile and the largest M it runs, when both are present.
+    pub fn few(&self) -> Option<(TileConfig, u32)> {
+        Some((self.few_m?, self.few_m_max?))
     }
 
     /// Each tier by the tuned tables' name for it (which
@@ -222,6 +236,8 @@ impl KernelConfig {
             large_alt: None,
             decode_max_m: None,
             by_m: None,
+            few_m: None,
+            few_m_max: None,
         }
     }
 
@@ -347,6 +363,15 @@ pub struct Selected {
     pub warning: Option<String>,
 }
 
+impl Selected {
+    /// Whether its small-M tiers were fitted to a static N
+    /// (`select::fitted::fit_to_n`): a `small_m_alt` of [`fitted_width`], a
+    /// `few_m` tile, or both.
+    pub fn fitted_to_n(&self) -> bool {
+        self.fitted_width.is_some() || self.config.few_m.is_some()
+    }
+}
+
 /// The config for a kernel whose GEMM has static `n` and `k` (`None`:
 /// dynamic): `cache`'s, mapped onto tiers ([`TunedCache::config_for`]),
 /// where N and K are static and it has entries for the kernel on `arch`;
@@ -378,7 +403,7 @@ pub fn select_tuned(
     // The model chooses among the tiers a build with this N has, the
     // fitted one among them; a tuned cache maps its buckets onto the
     // table's.
-    let fitted = fit_to_n(shipped.clone(), arch, kernel, n);
+    let fitted = fit_to_n(shipped.clone(), arch, kernel, n, k);
     let Some((tuned, tuned_origin)) = cache
         .config_for(arch, kernel, n, k, &shipped.config)
         .or_else(|| model::select_by_model(cache.model.as_ref()?, arch, kernel, n, k, &fitted.config))
@@ -400,19 +425,27 @@ pub fn select_tuned(
     })
 }
 
-/// `shipped` with its `small_m_alt` fitted to the static `n`
-/// ([`fitted::fit_small_m_alt`]), its origin saying so; else as it is.
-fn fit_to_n(shipped: Selected, arch: Arch, kernel: &KernelKind, n: u64) -> Selected {
-    let Some(config) = fitted::fit_small_m_alt(&shipped.config, arch, kernel, n) else {
+/// `shipped` with its small-M tiers fitted to the static `n` and `k`
+/// ([`fitted::fit_to_n`]), its origin saying so; else as it is.
+fn fit_to_n(shipped: Selected, arch: Arch, kernel: &KernelKind, n: u64, k: u64) -> Selected {
+    let Some(config) = fitted::fit_to_n(&shipped.config, arch, kernel, n, k) else {
         return shipped;
     };
-    let width = config.small_m_alt.map(|tile| tile.bn);
+    let width = (config.small_m_alt != shipped.config.small_m_alt)
+        .then_some(config.small_m_alt)
+        .flatten()
+        .map(|tile| tile.bn);
+    let fits: Vec<String> = [
+        width.map(|w| format!("small_m_alt {w} columns")),
+        config
+            .few()
+            .map(|(tile, max_m)| format!("few_m {} for m <= {max_m}", tile.summary())),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
     let origin = ConfigSource {
-        entry: format!(
-            "{} (small_m_alt fitted to N: {} columns)",
-            shipped.origin.entry,
-            width.unwrap_or_default()
-        ),
+        entry: format!("{} (fitted to N: {})", shipped.origin.entry, fits.join(", ")),
         ..shipped.origin
     };
     Selected {
@@ -460,6 +493,12 @@ pub fn check_config(
             "`small_m_alt` is the alternative to a `small_m`, which this entry lacks",
         ),
         (config.large_alt, "large_alt", true, ""),
+        (
+            config.few_m,
+            "few_m",
+            config.by_m.is_none() && config.few_m_max.is_some_and(|max_m| max_m <= FEW_M_MAX),
+            "`few_m` needs `few_m_max`, the largest M it serves (at most 128), and runs ahead of the tiers, which a config with `by_m` does not have",
+        ),
     ];
     if let Some(tiles) = &config.by_m {
         for tile in tiles {

@@ -247,6 +247,8 @@ pub fn choose_by_m(
         large_alt: None,
         decode_max_m: shipped.decode_max_m,
         by_m: Some(tiles),
+        few_m: None,
+        few_m_max: None,
     }
 }
 
@@ -305,9 +307,10 @@ impl KernelConfig {
     }
 
     /// The tile the sm90 launcher runs for an `m` x `n` output (GEMM
-    /// columns) on `sms` SMs, as the unit's `with_kernel` chooses it: by
-    /// the bucket's tile where the config has one per M bucket, else by
-    /// `rule` among its tiers ([`UnitTiers::launcher_tier`];
+    /// columns) on `sms` SMs, as the unit's `with_kernel` chooses it: its
+    /// `few_m` tile up to its `few_m_max`, then the bucket's tile
+    /// where the config has one per M bucket, else by `rule` among its
+    /// tiers ([`UnitTiers::launcher_tier`];
     /// [`super::tier_choice`] says which rule a unit runs). `None` where
     /// the decode kernel runs (`decode` says whether the kernel has it,
     /// [`KernelConfig::decode_for`]).
@@ -321,6 +324,9 @@ impl KernelConfig {
     ) -> Option<TileConfig> {
         if decode && self.decode_max_m.is_some_and(|max| m <= u64::from(max)) {
             return None;
+        }
+        if let Some((tile, _)) = self.few().filter(|&(_, max_m)| m <= u64::from(max_m)) {
+            return Some(tile);
         }
         if let Some(tiles) = &self.by_m {
             return Some(tiles[bucket_of(m).index()]);

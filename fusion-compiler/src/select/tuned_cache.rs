@@ -409,6 +409,8 @@ impl TunedCache {
             large_alt: None,
             decode_max_m: shipped.decode_max_m,
             by_m: None,
+            few_m: None,
+            few_m_max: None,
         };
         if let Some(last_small) = buckets.iter().rposition(|(_, tile)| *tile != large) {
             let small = &buckets[..=last_small];

@@ -150,8 +150,8 @@ typedef struct fusion_elementwise_params {
 } fusion_elementwise_params;
 
 /* What one tile config of a GEMM launcher asks for per block at launch;
- * `tile` names the config as the tuned tables do: "large", "small_m" or
- * "small_m_alt", or is "decode" for the decode kernel that runs for
+ * `tile` names the config as the tuned tables do: "large", "large_alt",
+ * "small_m", "small_m_alt" or "few_m", or is "decode" for the decode kernel that runs for
  * m <= the table's decode_max_m (fusion/decode.cuh). */
 typedef struct fusion_tile_resources {
   const char* tile;

@@ -611,7 +611,7 @@ fn the_verdict_per_call_is_the_builds_on_the_corpus() {
                     Some(shape.k),
                 )
                 .unwrap();
-                // A static N also fits the table's small_m_alt to N, which
+                // A static N also fits the table's small-M tiers to N, which
                 // the dynamic unit cannot: compare with the table's tiles,
                 // and with the model's choice among them.
                 let table_config = super::super::select_with(&table, Arch::Sm90, &kind).unwrap();
@@ -626,7 +626,7 @@ fn the_verdict_per_call_is_the_builds_on_the_corpus() {
                     )
                     .unwrap();
                     selected.config = config;
-                } else if selected.fitted_width.is_some() {
+                } else if selected.fitted_to_n() {
                     selected.config = table_config;
                 }
                 let at_build = guard.verdicts(
