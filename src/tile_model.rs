@@ -106,6 +106,7 @@ pub(crate) mod tests {
         small_m_max: Some(128),
         gated: false,
         source_tile: false,
+        few_m: None,
     };
 
     /// A model of two variants: the first with [`UNIT`]'s tiers, the

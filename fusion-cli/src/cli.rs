@@ -90,9 +90,7 @@ pub struct RenderArgs {
     #[arg(long, value_name = "CORPUS.toml", conflicts_with = "list")]
     pub fitted_corpus: Option<PathBuf>,
     /// The token counts M of `--fitted-corpus`'s lines (comma-separated);
-    /// default 64,128,512,1000. A layer whose 128-row tile N leaves as
-    /// shipped gets no line above its `few_m` tile's largest M (64 or 128),
-    /// where its two units run the same tiles.
+    /// default 512,1000.
     #[arg(
         long = "corpus-tokens",
         value_name = "M,…",
@@ -228,7 +226,7 @@ pub fn run(cli: &Cli, out: &mut dyn Write) -> Result<(), CliError> {
                 (Some(list), _) => crate::render::render(list, &graphs, &args.out, out),
                 (None, Some(corpus)) => {
                     let tokens = if args.corpus_tokens.is_empty() {
-                        vec![64, 128, 512, 1000]
+                        vec![512, 1000]
                     } else {
                         args.corpus_tokens.clone()
                     };
@@ -290,8 +288,8 @@ pub fn graph_from_hf(args: &GraphArgs, out: &mut dyn Write) -> Result<(), CliErr
 }
 
 /// A line for each sm90 GEMM of `plan` whose static N a build fits its
-/// small-M tiles to (`fusion_compiler::select::fitted_width` and
-/// `few_m_width`), as a build without a tuned cache selects it.
+/// small-M tile to (`fusion_compiler::select::fitted_width`), as a build
+/// without a tuned cache selects it.
 fn fitted_tile_lines(plan: &fuse::Plan) -> Vec<String> {
     use fusion_compiler::select::{Arch, KernelKind, TunedCache, TunedTable, select_tuned};
     let Ok(table) = TunedTable::shipped(Arch::Sm90) else {
@@ -308,28 +306,16 @@ fn fitted_tile_lines(plan: &fuse::Plan) -> Vec<String> {
         let Ok(selected) = select_tuned(&table, &TunedCache::default(), Arch::Sm90, &kind, n, k) else {
             continue;
         };
-        let Some(n) = n else { continue };
-        let mut fits = Vec::new();
-        if let (Some(width), Some(tile)) = (selected.fitted_width, selected.config.small_m_alt) {
-            fits.push(format!(
-                "{}x{width} ({} stages) beside the table's tiers for M up to {}",
-                tile.bm,
-                tile.stages,
-                selected.config.small_m_max.unwrap_or_default()
-            ));
-        }
-        if let Some((tile, max_m)) = selected.config.few() {
-            fits.push(format!(
-                "{}x{} ({} stages) for M up to {max_m}, ahead of the others",
-                tile.bm, tile.bn, tile.stages
-            ));
-        }
-        if fits.is_empty() {
+        let (Some(width), Some(tile), Some(n)) = (selected.fitted_width, selected.config.small_m_alt, n)
+        else {
             continue;
-        }
+        };
         lines.push(format!(
-            "sm90, #{index}: N = {n} is static, so its small-M tiles are fitted to it: {} (unless a tuned cache names its tiles)",
-            fits.join("; ")
+            "sm90, #{index}: N = {n} is static, so its small-M tile is fitted to it: {}x{width} ({} stages), \
+             beside the table's tiers for M up to {} (unless a tuned cache names its tiles)",
+            tile.bm,
+            tile.stages,
+            selected.config.small_m_max.unwrap_or_default()
         ));
     }
     lines
@@ -547,30 +533,22 @@ mod tests {
     use fusion_compiler::ir::{DType, GraphBuilder, WeightLayout};
     use std::ffi::OsStr;
 
-    /// gpt2_mlp's c_fc (N = 3072) gets both small-M tiles fitted to N; its
-    /// c_proj (N = 768, narrower than any fitted 128-row width) and the
-    /// 64-wide test graph the 64-row one alone.
+    /// gpt2_mlp's c_fc (N = 3072) gets a small-M tile fitted to N; its
+    /// c_proj (N = 768, narrower than any fitted width) and the 64-wide
+    /// test graph do not.
     #[test]
     fn plan_says_which_gemms_get_a_tile_fitted_to_n() {
         let path = fusion::testing::graphs_dir().join("gpt2_mlp.toml");
         let plan = fuse::plan(fusion_compiler::load_toml_graph(&path).unwrap());
         let lines = fitted_tile_lines(&plan);
-        assert_eq!(
-            lines,
-            [
-                "sm90, #0: N = 3072 is static, so its small-M tiles are fitted to it: 128x96 (7 stages) \
-                 beside the table's tiers for M up to 1024; 64x64 (8 stages) for M up to 128, ahead of \
-                 the others (unless a tuned cache names its tiles)",
-                "sm90, #1: N = 768 is static, so its small-M tiles are fitted to it: 64x64 (8 stages) \
-                 for M up to 128, ahead of the others (unless a tuned cache names its tiles)"
-            ]
-        );
-        let ffn_lines = fitted_tile_lines(&fuse::plan(ffn()));
-        assert_eq!(ffn_lines.len(), 1, "{ffn_lines:?}");
+        assert_eq!(lines.len(), 1, "{lines:?}");
         assert!(
-            ffn_lines[0].contains(": 64x64 (8 stages) for M up to 128"),
-            "{ffn_lines:?}"
+            lines[0].starts_with(
+                "sm90, #0: N = 3072 is static, so its small-M tile is fitted to it: 128x96 (7 stages)"
+            ),
+            "{lines:?}"
         );
+        assert_eq!(fitted_tile_lines(&fuse::plan(ffn())), Vec::<String>::new());
     }
 
     fn ffn() -> Graph {

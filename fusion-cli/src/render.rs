@@ -7,8 +7,7 @@
 //! The folder can be copied to a GPU machine with no Rust and built there
 //! with `make -j`. With `--fitted-corpus`, the list is made from a layer
 //! corpus: each layer's GEMM as a build with its N static renders it, where
-//! that fits a tile to N (`fusion_compiler::select::fitted_width` and
-//! `few_m_width`), beside
+//! that fits a tile to N (`fusion_compiler::select::fitted_width`), beside
 //! the shipped unit, for the self-test to time the two at each layer.
 
 use crate::cli::CliError;
@@ -37,9 +36,8 @@ pub fn render(
 
 /// The folder of [`render`] for a corpus's layers fitted to N, and
 /// `fitted.txt` in it: a line `M,N,K shipped fitted kernel` for each layer
-/// whose sm90 f16 GEMM a build with N static fits ([`fitted_list`]) and
-/// each token count in `tokens` where the two units differ
-/// ([`FittedLayer::differs_at`]).
+/// and token count in `tokens` whose sm90 f16 GEMM a build with N static
+/// fits ([`fitted_list`]).
 pub fn render_fitted_corpus(
     corpus_file: &Path,
     tokens: &[u64],
@@ -66,7 +64,7 @@ pub fn render_fitted_corpus(
     };
     let mut lines = String::new();
     for layer in &layers {
-        for m in tokens.iter().filter(|&&m| layer.differs_at(m)) {
+        for m in tokens {
             let _ = writeln!(
                 lines,
                 "{m},{},{} {} {} {}",
@@ -113,18 +111,6 @@ pub struct FittedLayer {
     pub shipped: usize,
     /// The candidate of the unit a build with N static renders.
     pub fitted: usize,
-    /// Whether that unit's `small_m_alt` is fitted to N; where it is not,
-    /// only its `few_m` tile differs.
-    pub alt_fitted: bool,
-    /// The largest M its `few_m` tile runs, where it has one.
-    pub few_m_max: Option<u32>,
-}
-
-impl FittedLayer {
-    /// Whether its two units can run different tiles for `m` rows.
-    pub fn differs_at(&self, m: u64) -> bool {
-        self.alt_fitted || self.few_m_max.is_some_and(|max_m| m <= u64::from(max_m))
-    }
 }
 
 /// The candidate list of [`render_fitted_corpus`]: for each graph of the
@@ -174,7 +160,7 @@ pub fn fitted_list(
             Some(shape.k),
         )
         .map_err(|e| e.to_string())?;
-        if !selected.fitted_to_n() {
+        if selected.fitted_width.is_none() {
             continue;
         }
         let config = serde_json::to_value(selected.config).map_err(|e| e.to_string())?;
@@ -186,8 +172,6 @@ pub fn fitted_list(
             k: shape.k,
             shipped,
             fitted,
-            alt_fitted: selected.fitted_width.is_some(),
-            few_m_max: selected.config.few().map(|(_, max_m)| max_m),
         });
     }
     let text = serde_json::json!({
@@ -492,18 +476,16 @@ mod tests {
 
     /// Over the layer corpus: each line of fitted.txt names a shipped unit
     /// with the table's 128x128 small-M alternative and a fitted one whose
-    /// alternative is 128 x fitted_width(N), or whose `few_m` tile is 64 x
-    /// few_m_width(N), or both; lines above M = 128 only where the
-    /// alternative is fitted. A layer whose N needs neither (8192) has none.
+    /// alternative is 128 x fitted_width(N), at each token count asked for;
+    /// a layer whose N the shipped width fits already (4096) has none.
     #[test]
     fn a_fitted_corpus_pairs_each_fitted_layer_with_its_shipped_unit() {
-        use fusion_compiler::select::{few_m_width, fitted_stages, fitted_width};
         let dir = scratch("fitted");
         let corpus = Path::new(env!("CARGO_MANIFEST_DIR")).join("../benchmarks/corpus.toml");
         let mut said = Vec::new();
         render_fitted_corpus(
             &corpus,
-            &[128, 512],
+            &[512, 1000],
             &fusion::testing::graphs_dir(),
             &dir,
             &mut said,
@@ -513,49 +495,33 @@ mod tests {
         assert!(said.contains("layers fitted to N)"), "{said}");
         let lines = std::fs::read_to_string(dir.join("fitted.txt")).unwrap();
         let lines: Vec<Vec<&str>> = lines.lines().map(|l| l.split(' ').collect()).collect();
-        assert!(lines.len() >= 40, "{} lines", lines.len());
-        let tile = |symbol: &str, alias: &str| {
+        assert!(lines.len() >= 20, "{} lines", lines.len());
+        let alt = |symbol: &str| {
             let source = std::fs::read_to_string(dir.join(format!("units/{symbol}.cu"))).unwrap();
             source
                 .lines()
-                .find(|l| l.starts_with(&format!("using {alias} = ")))
-                .map(str::to_owned)
+                .find(|l| l.starts_with("using SmallAltTile = "))
+                .unwrap_or_else(|| panic!("{symbol} has no small-M alternative"))
+                .to_owned()
         };
-        let (mut alts, mut few) = (0, 0);
-        for line in &lines {
+        for (pair, line) in lines.chunks(2).zip(lines.iter().step_by(2)) {
             let shape: Vec<u64> = line[0].split(',').map(|v| v.parse().unwrap()).collect();
-            let (m, n) = (shape[0], shape[1]);
-            assert_ne!(n, 8192, "{line:?}");
-            assert!(
-                tile(line[1], "SmallAltTile")
-                    .unwrap()
-                    .contains("TileConfig<128, 128, 6,"),
-                "{line:?}"
+            assert_eq!(
+                pair.iter()
+                    .map(|l| l[0].split(',').next().unwrap())
+                    .collect::<Vec<_>>(),
+                ["512", "1000"]
             );
-            assert_eq!(tile(line[1], "FewMTile"), None, "{line:?}");
-            let alt = tile(line[2], "SmallAltTile").unwrap();
-            let width = fitted_width(n);
-            let alt_fitted = alt.contains(&format!("TileConfig<128, {width}, {},", fitted_stages(width)));
-            assert!(
-                alt_fitted || alt.contains("TileConfig<128, 128, 6,"),
-                "{line:?}: {alt}"
+            assert_ne!(shape[1], 4096, "{line:?}");
+            assert!(alt(line[1]).contains("TileConfig<128, 128, 6,"), "{line:?}");
+            let width = fusion_compiler::select::fitted_width(shape[1]);
+            let fitted = format!(
+                "TileConfig<128, {width}, {},",
+                fusion_compiler::select::fitted_stages(width)
             );
-            let few_m = tile(line[2], "FewMTile");
-            if let Some(few_m) = &few_m {
-                assert!(
-                    few_m.contains(&format!("TileConfig<64, {}, 8,", few_m_width(n))),
-                    "{line:?}: {few_m}"
-                );
-            }
-            assert!(alt_fitted || (few_m.is_some() && m <= 128), "{line:?}");
-            alts += usize::from(alt_fitted);
-            few += usize::from(few_m.is_some());
+            assert!(alt(line[2]).contains(&fitted), "{line:?}: {}", alt(line[2]));
             assert_eq!(line[1].split('_').nth(1), line[2].split('_').nth(1));
         }
-        assert!(
-            alts >= 20 && few >= 20,
-            "{alts} lines with a fitted small_m_alt, {few} with few_m"
-        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

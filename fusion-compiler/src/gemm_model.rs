@@ -47,6 +47,22 @@ const K_BLOCK: u64 = 64;
 /// (`fusion::kGroupRows` in gemm.cuh; no shipped tile sets its own).
 const GROUP_ROWS: u64 = 8;
 
+/// The deepest K at which a unit's `few_m` tile runs two rows of its tiles;
+/// deeper, one (`kFewMDeepK` in gemm.cuh, [`few_m_runs`]).
+pub const FEW_M_DEEP_K: u64 = 8192;
+
+/// Whether a launch of an `m` x `n` output (GEMM columns) over `k` on `sms`
+/// SMs runs the unit's `few_m` tile, ahead of its tiers, as gemm.cuh's
+/// `few_m_runs` decides: where the tile's rows of tiles, one, or two where
+/// K is at most [`FEW_M_DEEP_K`], make one wave.
+pub fn few_m_runs(tile: TileShape, m: u64, n: u64, k: u64, sms: u64) -> bool {
+    let rows = m.div_ceil(u64::from(tile.bm));
+    if rows > 2 || (rows == 2 && k > FEW_M_DEEP_K) {
+        return false;
+    }
+    rows * n.div_ceil(u64::from(tile.bn)) <= sms
+}
+
 /// The upper bounds of the M buckets, inclusive: a bucket holds the Ms above
 /// the previous bound up to its own, and one more bucket holds every M above
 /// the last. The tuner measures each bucket at its bound (the last at twice
@@ -534,6 +550,9 @@ pub struct UnitTiers {
     /// Its epilogue reads an [M, N] source tile (a residual or a
     /// multiplier).
     pub source_tile: bool,
+    /// Its `few_m` tile, which the launcher runs by itself ahead of the
+    /// tiers where [`few_m_runs`] says so; `None`: it has none.
+    pub few_m: Option<TileShape>,
 }
 
 impl UnitTiers {
@@ -629,7 +648,8 @@ impl UnitTiers {
 
     /// The tile a call of `m` rows of C's `n` columns over `k` runs: where
     /// the plan names the model's tier per call (`tiers_by`, the model's
-    /// costs), [`UnitTiers::choose`]'s; else the launcher's own
+    /// costs), [`UnitTiers::choose`]'s; else the launcher's own: its
+    /// `few_m` tile where [`few_m_runs`], else
     /// ([`UnitTiers::launcher_tier`], on the calibration's [`SM90_SMS`],
     /// by [`TierChoice::LeastLoads`]: a plan table carries tiers only for a
     /// unit whose N or K is dynamic, never one of a tuned cache, which
@@ -639,6 +659,12 @@ impl UnitTiers {
             Some(costs) => self.choose(costs, m, n, k)?,
             None => {
                 let gemm_n = if self.gated { n.saturating_mul(2) } else { n };
+                if let Some(few_m) = self
+                    .few_m
+                    .filter(|&tile| !self.decodes(m) && few_m_runs(tile, m, gemm_n, k, SM90_SMS))
+                {
+                    return Some(few_m);
+                }
                 self.launcher_tier(m, gemm_n, SM90_SMS, TierChoice::LeastLoads)?
             }
         };
@@ -663,6 +689,14 @@ mod tests {
             super::WORKSPACE_FLAG_BYTES
         );
         assert!(header.contains(&line), "workspace.cuh lacks `{}`", line.trim());
+    }
+
+    /// gemm.cuh's few-M tile runs two rows up to [`super::FEW_M_DEEP_K`].
+    #[test]
+    fn gemm_cuh_declares_the_few_m_depth() {
+        let header = include_str!("../kernels/include/fusion/gemm.cuh");
+        let line = format!("constexpr int64_t kFewMDeepK = {};\n", super::FEW_M_DEEP_K);
+        assert!(header.contains(&line), "gemm.cuh lacks `{}`", line.trim());
     }
 
     /// gemm.cuh's grouped tile order walks down [`super::GROUP_ROWS`] rows.

@@ -61,10 +61,9 @@ fn builder_tuned_and_the_environment_variable_select_the_cached_tiles() {
         )
     };
     // Without a cache: the shipped tiles, the small-M alternative fitted to
-    // N = 3000 (96 columns) and a 64x64 tile for M up to 128: a unit of
-    // its own.
+    // N = 3000 (96 columns, a unit of its own).
     let shipped = (
-        "k_gemm_bias_gelu_nk_f16_sm90_w96_few64m128: using LargeTile = fusion::sm90::TileConfig<128, 256, 4, fusion::sm90::Schedule::Cooperative>;".to_owned(),
+        "k_gemm_bias_gelu_nk_f16_sm90_w96: using LargeTile = fusion::sm90::TileConfig<128, 256, 4, fusion::sm90::Schedule::Cooperative>;".to_owned(),
         Vec::new(),
     );
 

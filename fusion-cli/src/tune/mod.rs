@@ -577,7 +577,6 @@ fn build_candidates(
             decode_max_m: None,
             by_m: None,
             few_m: None,
-            few_m_max: None,
         });
         let table = format!("fusion tune, candidate {candidate}");
         let units =

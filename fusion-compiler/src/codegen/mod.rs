@@ -844,9 +844,8 @@ fn kernel_key(
 /// `<lib>_<composition>_<layout>_<dtype>_<archs>` for GEMMs (the archs keep
 /// two configs of one composition apart; an FP8 GEMM whose weight is scaled
 /// per output channel has `_per_channel` after its dtype), with `_n<N>_k<K>` for configs from
-/// a tuned cache (which differ by shape), `_w<width>` for a `small_m_alt` fitted to
-/// N (`select::fitted_width`) and `_few<width>m<max M>` for a `few_m` tile
-/// (`select::few_m_width`), `<lib>_<op>_<dtype>` otherwise.
+/// a tuned cache (which differ by shape) and `_w<width>` for a `small_m_alt` fitted to
+/// N (`select::fitted_width`), `<lib>_<op>_<dtype>` otherwise.
 fn symbol_for(lib_name: &str, key: &KernelKey, composition: &str, archs: &[Arch]) -> String {
     match key {
         KernelKey::Gemm {
@@ -855,19 +854,13 @@ fn symbol_for(lib_name: &str, key: &KernelKey, composition: &str, archs: &[Arch]
             weight_scale,
             tuned_for,
             fitted_width,
-            config,
             ..
         } => {
             let archs: Vec<&str> = archs.iter().map(|a| a.name()).collect();
-            let shape = match tuned_for {
-                Some((n, k)) => format!("_n{n}_k{k}"),
-                None => {
-                    let alt = fitted_width.map(|width| format!("_w{width}"));
-                    let few_m = config
-                        .few()
-                        .map(|(tile, max_m)| format!("_few{}m{max_m}", tile.bn));
-                    alt.into_iter().chain(few_m).collect()
-                }
+            let shape = match (tuned_for, fitted_width) {
+                (Some((n, k)), _) => format!("_n{n}_k{k}"),
+                (None, Some(width)) => format!("_w{width}"),
+                (None, None) => String::new(),
             };
             let per_channel = if *weight_scale == Some(WeightScale::PerChannel) {
                 "_per_channel"
@@ -1009,7 +1002,7 @@ fn render_unit(
                 ("LargeAltTile".to_owned(), "large_alt", config.large_alt),
                 ("SmallTile".to_owned(), "small_m", config.small().map(|(tile, _)| tile)),
                 ("SmallAltTile".to_owned(), "small_m_alt", config.small().and(config.small_m_alt)),
-                ("FewMTile".to_owned(), "few_m", config.few().map(|(tile, _)| tile)),
+                ("FewMTile".to_owned(), "few_m", config.few_m),
             ]
             .into_iter()
             .chain(by_m_aliases.iter().map(|(alias, tile)| (alias.clone(), "by_m", Some(*tile))))
@@ -1074,8 +1067,8 @@ fn render_unit(
                     json!({ "tile": alt.cpp_type(), "tile_doc": alt.summary() })
                 }),
                 "small": small.unwrap_or(serde_json::Value::Bool(false)),
-                "few_m": config.few().map_or(serde_json::Value::Bool(false), |(tile, max_m)| {
-                    json!({ "tile": tile.cpp_type(), "tile_doc": tile.summary(), "max_m": max_m })
+                "few_m": config.few_m.map_or(serde_json::Value::Bool(false), |tile| {
+                    json!({ "tile": tile.cpp_type(), "tile_doc": tile.summary() })
                 }),
                 "least_loads": select::tier_choice(*arch, tuned_for.is_some()) == TierChoice::LeastLoads
                     && (config.large_alt.is_some() || config.small().is_some()),

@@ -96,42 +96,18 @@ fn identical_kernels_share_a_unit() {
         .iter()
         .filter(|u| u.symbol.contains("_gemm_bias_residual_"))
         .collect();
-    // One unit on sm80, shared by all three. On sm90 (its own mainloop),
-    // one per graph: the dynamic graph's, and the two static ones with a
-    // 64x64 `few_m` tile (select::few_m_width of N = 4096 and 768) for M
-    // up to 64 at swiglu_ffn's K = 14336 and 128 at gpt2_mlp's 3072.
-    assert_eq!(residual.len(), 4);
-    let sm80 = residual
-        .iter()
-        .find(|u| u.archs == [Arch::Sm80])
-        .expect("an sm80 unit");
-    assert!(
-        sm80.source
-            .contains("Used by: gemm_bias_residual#0, swiglu_ffn#1, gpt2_mlp#1")
-    );
-    for (graph, suffix) in [
-        ("gemm_bias_residual", "_sm90"),
-        ("swiglu_ffn", "_sm90_few64m64"),
-        ("gpt2_mlp", "_sm90_few64m128"),
-    ] {
-        let unit = residual
-            .iter()
-            .find(|u| u.archs == [Arch::Sm90] && u.symbol.ends_with(suffix))
-            .unwrap_or_else(|| panic!("no unit ending in {suffix}"));
-        let built = lib
-            .graphs
-            .iter()
-            .find(|g| g.spec.plan.graph.name == graph)
-            .expect("the graph");
-        let last = built.spec.plan.kernels.len() - 1;
+    // One unit per arch (sm90 runs its own mainloop), each shared by all three.
+    assert_eq!(residual.len(), 2);
+    for (unit, arch) in residual.iter().zip([Arch::Sm80, Arch::Sm90]) {
+        assert_eq!(unit.archs, [arch]);
         assert!(
-            unit.source.contains(&format!("Used by: {graph}#{last}\n")),
-            "{}",
-            unit.symbol
+            unit.source
+                .contains("Used by: gemm_bias_residual#0, swiglu_ffn#1, gpt2_mlp#1")
         );
-        let kernels = built.kernels.last().unwrap();
-        assert_eq!(kernels.symbol(DType::F16, Arch::Sm80), Some(sm80.symbol.as_str()));
-        assert_eq!(kernels.symbol(DType::F16, Arch::Sm90), Some(unit.symbol.as_str()));
+        for graph in &lib.graphs {
+            let last = graph.kernels.last().unwrap();
+            assert_eq!(last.symbol(DType::F16, arch), Some(unit.symbol.as_str()));
+        }
     }
     // Symbols are unique.
     let mut symbols: Vec<_> = lib.units.iter().map(|u| &u.symbol).collect();
@@ -996,28 +972,32 @@ fn a_tuned_cache_gives_static_kernels_its_tiles_and_leaves_dynamic_ones_alone() 
         assert!(shipped.contains(needle), "`{needle}` missing from:\n{shipped}");
     }
     // Without the cache, the static graph's kernel is the shipped one with
-    // its small-M alternative fitted to N = 3000 (96 columns) and a 64x64
-    // tile for m <= 128 ahead of the tiers, after the decode kernel: a unit
-    // of its own beside the dynamic graph's.
+    // its small-M alternative fitted to N = 3000 (96 columns), a unit of
+    // its own beside the dynamic graph's.
     let plain = render("k", &[Arch::Sm90], &graphs).unwrap();
     assert_eq!(plain.units.len(), lib.units.len());
     let fitted = &plain
         .units
         .iter()
-        .find(|u| u.symbol == "k_gemm_bias_gelu_nk_f16_sm90_w96_few64m128")
+        .find(|u| u.symbol == "k_gemm_bias_gelu_nk_f16_sm90_w96")
         .expect("a unit fitted to N")
         .source;
     for needle in [
         "using LargeTile = fusion::sm90::TileConfig<128, 256, 4, fusion::sm90::Schedule::Cooperative>;",
         "using SmallAltTile = fusion::sm90::TileConfig<128, 96, 7, fusion::sm90::Schedule::Cooperative>;",
-        "entry 'default (fitted to N: small_m_alt 96 columns, few_m 64x64x64 (8 stages, cooperative, persistent) for m <= 128)'",
-        "using FewMTile = fusion::sm90::TileConfig<64, 64, 8, fusion::sm90::Schedule::Cooperative>;",
-        "  if (p->m <= 16) return f(fusion::DecodeFor<K<LargeTile>>{});\n  if (p->m <= 128) return f(K<FewMTile>{});\n",
-        "{\"few_m\", uint32_t(Kernel<FewMTile>::kSmemBytes)",
+        "entry 'default (small_m_alt fitted to N: 96 columns)'",
         "fusion::LightestTier",
+        // The few-M tile, after the decode kernel and ahead of the tiers
+        // (select::few_m_tile), in the dynamic graph's unit too.
+        "using FewMTile = fusion::sm90::TileConfig<64, 64, 8, fusion::sm90::Schedule::Cooperative>;",
+        "  if (p->m <= 16) return f(fusion::DecodeFor<K<LargeTile>>{});\n  if (fusion::few_m_runs<FewMTile>(p->m, p->n * Chain::kGemmColsPerOutput, p->k)) return f(K<FewMTile>{});\n",
+        "{\"few_m\", uint32_t(Kernel<FewMTile>::kSmemBytes)",
     ] {
         assert!(fitted.contains(needle), "`{needle}` missing from:\n{fitted}");
     }
+    assert!(shipped.contains("few_m_runs<FewMTile>"), "{shipped}");
+    // A tuned cache's tiles keep the bounds they were measured in.
+    assert!(!tuned.contains("FewMTile"), "{tuned}");
 }
 
 /// With the model ([`TunedCache::model`]), a static GEMM's sm90 unit runs

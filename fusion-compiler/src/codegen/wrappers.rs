@@ -44,7 +44,7 @@
 
 use super::{GraphLaunchers, KernelLibrary, ParamsKind, graph_literal};
 use crate::fuse::{Composition, Role};
-use crate::gemm_model::{Costs, UnitTiers};
+use crate::gemm_model::{Costs, TileShape, UnitTiers};
 use crate::generated::struct_name;
 use crate::guard_model::GuardCosts;
 use crate::ir::{DType, Extent, Graph, TensorId, WeightLayout};
@@ -523,19 +523,24 @@ fn struct_fields(costs: &impl serde::Serialize) -> TokenStream {
     quote!(#(#fields),*)
 }
 
+/// `Some(TileShape { .. })` or `None`.
+fn tile_shape(tile: Option<TileShape>) -> TokenStream {
+    match tile {
+        Some(tile) => {
+            let (bm, bn) = (Literal::u32_unsuffixed(tile.bm), Literal::u32_unsuffixed(tile.bn));
+            quote!(Some(fusion::core::gemm_model::TileShape { bm: #bm, bn: #bn }))
+        }
+        None => quote!(None),
+    }
+}
+
 /// Each variant's tiers, `&[Some(UnitTiers { .. }), None, ..]`.
 fn unit_tiers_list(tiers: &[Option<UnitTiers>]) -> TokenStream {
     let units = tiers.iter().map(|unit| {
         let Some(unit) = unit else {
             return quote!(None);
         };
-        let tiles = unit.tiles.iter().map(|tile| match tile {
-            Some(tile) => {
-                let (bm, bn) = (Literal::u32_unsuffixed(tile.bm), Literal::u32_unsuffixed(tile.bn));
-                quote!(Some(fusion::core::gemm_model::TileShape { bm: #bm, bn: #bn }))
-            }
-            None => quote!(None),
-        });
+        let tiles = unit.tiles.iter().map(|tile| tile_shape(*tile));
         let optional = |value: Option<u32>| match value {
             Some(value) => {
                 let value = Literal::u32_unsuffixed(value);
@@ -545,12 +550,14 @@ fn unit_tiers_list(tiers: &[Option<UnitTiers>]) -> TokenStream {
         };
         let (decode_max_m, small_m_max) = (optional(unit.decode_max_m), optional(unit.small_m_max));
         let (gated, source_tile) = (unit.gated, unit.source_tile);
+        let few_m = tile_shape(unit.few_m);
         quote!(Some(fusion::core::gemm_model::UnitTiers {
             tiles: [#(#tiles),*],
             decode_max_m: #decode_max_m,
             small_m_max: #small_m_max,
             gated: #gated,
             source_tile: #source_tile,
+            few_m: #few_m,
         }))
     });
     quote!(&[#(#units),*])

@@ -1,4 +1,4 @@
-//! Small-M tiles whose width is fitted to a GEMM's static N, so that their
+//! A small-M tile whose width is fitted to a GEMM's static N, so that its
 //! tiles fill the SMs' waves.
 //!
 //! The shipped sm90 tiles are 128, 192 or 256 columns wide. At a few hundred
@@ -9,25 +9,16 @@
 //! the shipped tile at (512, 2560, 10240), (512, 3072, 768),
 //! (512, 3584, 4096), (512, 4544, 18176), (512, 5120, 14336) and
 //! (512, 2560, 4096) (the kernel self-test on an H100, benchmarks/HISTORY.md v33),
-//! and 1.05x over the 30 corpus layers it fits at M = 512 and 1000 (v34).
+//! and over the 30 corpus layers it fits 1.10x at M = 512 and 1.00x at
+//! M = 1000, where it needs two waves (geometric means, v34).
 //!
-//! Where N is static, two tiers change:
-//! - the unit's `small_m_alt` (the 128-row tier offered for m <=
-//!   `small_m_max`) becomes 128 x [`fitted_width`]: the narrowest multiple
-//!   of 16 whose tiles, in rows of four (M = 512), fit one wave of
-//!   [`SM90_SMS`] SMs, and in rows of eight (M = 1024) two. The launcher
-//!   still runs whichever tier its busiest CTA loads least for each M
-//!   (`fusion::LightestTier`), so the fitted tile runs only where it needs
-//!   fewer loads than the others;
-//! - a `few_m` tier of 64 x [`few_m_width`] runs every m <=
-//!   [`few_m_max`] (two rows of tiles, or one where K is deeper than
-//!   [`FEW_M_DEEP_K`]) ahead of the others, where that is narrower than
-//!   the 64x128 `small_m`: at M = 64 and 128 the
-//!   64x128 tile leaves so few tiles that the launch splits K and pays for
-//!   the partial tiles' fix-ups, where tiles of one wave need none. On an
-//!   H100 64x64 ran 1.20x-1.45x faster than the shipped units at
-//!   (128, 768, 3072), (128, 1024, 4096), (128, 3584, 3584),
-//!   (64, 1024, 4096) and (64, 3072, 3072) (benchmarks/HISTORY.md v34).
+//! Where N is static, the unit's `small_m_alt` (the 128-row tier offered
+//! for m <= `small_m_max`) becomes 128 x [`fitted_width`]: the narrowest
+//! multiple of 16 whose tiles, in rows of four (M = 512), fit one wave of
+//! [`SM90_SMS`] SMs, and in rows of eight (M = 1024) two. The launcher still
+//! runs whichever tier its busiest CTA loads least for each M
+//! (`fusion::LightestTier`), so the fitted tile runs only where it needs
+//! fewer loads than the others.
 //!
 //! Not here: the kernel's rules for a tile
 //! (`kernels/include/fusion/sm90/tile_config.cuh`), which each unit
@@ -48,27 +39,6 @@ const WIDTH_STEP: u32 = 16;
 const FITTED_ROWS: u32 = 128;
 /// Rows of tiles a wave is fitted for: M = 512 in 128-row tiles.
 const ROWS_PER_WAVE: u64 = 4;
-/// The `few_m` tile's rows: one wgmma row block.
-const FEW_M_ROWS: u32 = 64;
-/// The largest M the `few_m` tile runs: two rows of its tiles, which
-/// [`few_m_width`] fits into one wave. At M = 256 four rows of 64x64
-/// took 1.3x-1.6x the shipped tiles' time wherever they needed a second
-/// wave (benchmarks/HISTORY.md v34).
-pub const FEW_M_MAX: u32 = 2 * FEW_M_ROWS;
-/// The deepest K at which the `few_m` tile runs two rows (M up to
-/// [`FEW_M_MAX`]); deeper, it runs one (M up to 64). Two rows of whole-K
-/// 64-row tiles load each k-block of B twice per column, where the
-/// 64x128 tile with K split over 2-3 CTAs loads fewer bytes per CTA, and a
-/// deep K pays for the split's fix-ups: over the corpus at M = 128 on an
-/// H100 the 64-row tile was 0.99x-1.32x the shipped units' speed up to
-/// K = 8192 and 0.87x-0.98x from K = 9728 on at N <= 4096; at M = 64 it
-/// was 0.98x-1.46x at every K (benchmarks/HISTORY.md v34).
-pub const FEW_M_DEEP_K: u64 = 8192;
-/// The narrowest `few_m` tile: 64 columns. At M = 128, 64x32 and 64x48
-/// tiles were no faster than 64x64 (slower at K = 6400 and 8192), though
-/// they would need wgmma widths the kernel does not instantiate
-/// (benchmarks/HISTORY.md v34).
-const MIN_FEW_M_WIDTH: u32 = 64;
 
 /// An sm90 block's shared memory (`kSmemPerBlock` in tile_config.cuh).
 const SMEM_PER_BLOCK: u32 = 227 * 1024;
@@ -92,18 +62,6 @@ pub fn fitted_width(n: u64) -> u32 {
     u32::try_from(width).map_or(MAX_WIDTH, |w| w.min(MAX_WIDTH))
 }
 
-/// The width, a multiple of 16 and at least 64, at which N's 64-row
-/// tiles in rows of two (M = 128) just fit one wave of [`SM90_SMS`]: N / 66
-/// rounded up (3072 → 64, 4544 → 80, 6144 → 96), at most 256.
-pub fn few_m_width(n: u64) -> u32 {
-    let columns_per_wave = SM90_SMS / u64::from(FEW_M_MAX / FEW_M_ROWS);
-    let width = n
-        .div_ceil(columns_per_wave)
-        .next_multiple_of(u64::from(WIDTH_STEP))
-        .max(u64::from(MIN_FEW_M_WIDTH));
-    u32::try_from(width).map_or(MAX_WIDTH, |w| w.min(MAX_WIDTH))
-}
-
 /// The stages a cooperative 128 x `width` tile gets: as many as fit beside
 /// its whole staging tile (2 bytes per element of C, which a residual or
 /// multiplier tile needs whole), up to 8: 7 at 80 and 96
@@ -114,45 +72,17 @@ pub fn fitted_stages(width: u32) -> u32 {
 
 /// The stages a cooperative `rows` x `width` tile gets: as many as fit
 /// beside its whole staging tile, up to 8.
-fn stages_beside_staging(rows: u32, width: u32) -> u32 {
+pub(super) fn stages_beside_staging(rows: u32, width: u32) -> u32 {
     let staging = rows * width * 2;
     let per_stage = (rows + width) * STAGE_ROW_BYTES;
     ((SMEM_PER_BLOCK - SMEM_FIXED - staging) / per_stage).min(MAX_STAGES)
-}
-
-/// `config` with its small-M tiers fitted to a static `n` and `k`: its
-/// `small_m_alt` ([`fit_small_m_alt`]) and a `few_m` tile for m up to
-/// [`few_m_max`] ([`fit_few_m`]). `None` where neither applies.
-pub fn fit_to_n(
-    config: &KernelConfig,
-    arch: Arch,
-    kernel: &KernelKind,
-    n: u64,
-    k: u64,
-) -> Option<KernelConfig> {
-    let alt = fit_small_m_alt(config, arch, kernel, n);
-    let few_m = fit_few_m(config, arch, kernel, n);
-    if alt.is_none() && few_m.is_none() {
-        return None;
-    }
-    Some(KernelConfig {
-        few_m,
-        few_m_max: few_m.map(|_| few_m_max(k)),
-        ..alt.unwrap_or(*config)
-    })
-}
-
-/// The largest M a `few_m` tile runs at depth `k`: two rows of it
-/// ([`FEW_M_MAX`]) up to [`FEW_M_DEEP_K`], one row deeper.
-pub fn few_m_max(k: u64) -> u32 {
-    if k <= FEW_M_DEEP_K { FEW_M_MAX } else { FEW_M_ROWS }
 }
 
 /// Whether `config`'s small-M tiers can be fitted to N for `kernel` on
 /// `arch`: an sm90 GEMM of 16-bit elements with B stored [N, K] (a [K, N]
 /// B loads in 64-column boxes) that is not gated (a gated tile writes half
 /// its columns in 64-column boxes) and has no tile per M bucket.
-fn fittable(config: &KernelConfig, arch: Arch, kernel: &KernelKind) -> bool {
+pub(super) fn fittable(config: &KernelConfig, arch: Arch, kernel: &KernelKind) -> bool {
     arch == Arch::Sm90
         && kernel.layout == WeightLayout::NK
         && !kernel.gated
@@ -162,28 +92,10 @@ fn fittable(config: &KernelConfig, arch: Arch, kernel: &KernelKind) -> bool {
 
 /// `tile` when it is a cooperative tile of `rows` rows and one CTA, the
 /// kind a fitted tile is made from.
-fn cooperative_of_rows(tile: TileConfig, rows: u32) -> Option<TileConfig> {
+pub(super) fn cooperative_of_rows(tile: TileConfig, rows: u32) -> Option<TileConfig> {
     let fields = *tile.sm90_fields()?;
     let cooperative = fields.schedule.is_none_or(|s| s == super::Schedule::Cooperative);
     (tile.bm == rows && cooperative && fields.cluster_m <= 1).then_some(tile)
-}
-
-/// The `few_m` tile for a static `n` where `config` can be fitted
-/// ([`fittable`]) and has a cooperative 64-row `small_m` of one CTA: 64 x
-/// [`few_m_width`], with as many stages as fit beside its whole staging
-/// tile. `None` where that is not narrower than the `small_m` (N above
-/// 7392 for the shipped 64x128).
-pub fn fit_few_m(config: &KernelConfig, arch: Arch, kernel: &KernelKind, n: u64) -> Option<TileConfig> {
-    if !fittable(config, arch, kernel) {
-        return None;
-    }
-    let small = cooperative_of_rows(config.small_m?, FEW_M_ROWS)?;
-    let width = few_m_width(n);
-    (width < small.bn).then(|| TileConfig {
-        bn: width,
-        stages: stages_beside_staging(FEW_M_ROWS, width),
-        ..small
-    })
 }
 
 /// `config` with its `small_m_alt` fitted to a static `n`
@@ -358,116 +270,5 @@ mod tests {
             fit_small_m_alt(&shipped(&gated), Arch::Sm90, &gated, 2 * 2560),
             None
         );
-    }
-
-    #[test]
-    fn few_m_widths_fit_two_rows_into_one_wave() {
-        for (n, width) in [
-            (768, 64),
-            (3072, 64),
-            (4224, 64),
-            (4225, 80),
-            (4544, 80),
-            (6144, 96),
-            (7392, 112),
-            (7393, 128),
-        ] {
-            assert_eq!(few_m_width(n), width, "n = {n}");
-        }
-        for n in (64..20_000u64).step_by(8) {
-            let width = few_m_width(n);
-            assert_eq!(width % WIDTH_STEP, 0, "n = {n}");
-            assert!(width >= MIN_FEW_M_WIDTH, "n = {n}");
-            let tiles = 2 * n.div_ceil(u64::from(width));
-            assert!(
-                tiles <= SM90_SMS || width == MAX_WIDTH,
-                "n = {n}: {tiles} tiles of 64x{width}"
-            );
-            // One step narrower, where the kernel has it, would need a second wave.
-            if width > MIN_FEW_M_WIDTH && width < MAX_WIDTH {
-                let narrower = 2 * n.div_ceil(u64::from(width - WIDTH_STEP));
-                assert!(
-                    narrower > SM90_SMS,
-                    "n = {n}: {narrower} tiles at {}",
-                    width - WIDTH_STEP
-                );
-            }
-        }
-        assert_eq!(few_m_width(100_000), MAX_WIDTH);
-    }
-
-    #[test]
-    fn fits_a_few_m_tile_narrower_than_the_small_m() {
-        let plain = kind("gemm_residual", DType::F16, WeightLayout::NK, true, false);
-        let config = shipped(&plain);
-        let small = config.small_m.expect("a small-M tile");
-        assert_eq!((small.bm, small.bn), (64, 128));
-        let few = fit_few_m(&config, Arch::Sm90, &plain, 3072).expect("fitted");
-        assert_eq!((few.bm, few.bn, few.stages), (64, 64, 8));
-        assert_eq!(few.fields, small.fields);
-        assert_eq!(
-            fit_few_m(&config, Arch::Sm90, &plain, 6144).map(|t| t.bn),
-            Some(96)
-        );
-        // From N = 7393 on the fit is the small-M tile's own 128 columns.
-        assert_eq!(fit_few_m(&config, Arch::Sm90, &plain, 8192), None);
-        assert_eq!(fit_few_m(&config, Arch::Sm80, &plain, 3072), None);
-        let kn = kind("gemm", DType::F16, WeightLayout::KN, false, false);
-        assert_eq!(fit_few_m(&shipped(&kn), Arch::Sm90, &kn, 3072), None);
-        let gated = kind("gemm_silu_glu", DType::F16, WeightLayout::NK, false, true);
-        assert_eq!(fit_few_m(&shipped(&gated), Arch::Sm90, &gated, 2 * 3072), None);
-        // Its stages fill shared memory beside the whole staging tile, up to 8.
-        for width in [64, 80, 96, 112] {
-            assert_eq!(
-                stages_beside_staging(FEW_M_ROWS, width),
-                MAX_STAGES,
-                "width {width}"
-            );
-        }
-    }
-
-    #[test]
-    fn fitting_to_n_sets_either_tier_or_both() {
-        let plain = kind("gemm_bias_residual", DType::F16, WeightLayout::NK, true, false);
-        let config = shipped(&plain);
-        // N = 2560: both.
-        let both = fit_to_n(&config, Arch::Sm90, &plain, 2560, 4096).expect("fitted");
-        assert_eq!(both.small_m_alt.map(|t| t.bn), Some(80));
-        assert_eq!(
-            both.few().map(|(t, max_m)| (t.bm, t.bn, max_m)),
-            Some((64, 64, 128))
-        );
-        // Deeper than FEW_M_DEEP_K, the few_m tile runs one row.
-        let deep = fit_to_n(&config, Arch::Sm90, &plain, 2560, 9728).expect("fitted");
-        assert_eq!(deep.few().map(|(t, max_m)| (t.bn, max_m)), Some((64, 64)));
-        assert_eq!(few_m_max(FEW_M_DEEP_K), FEW_M_MAX);
-        // N = 768 and 4096: no small_m_alt (narrower than measured, or
-        // offered), a few_m tile.
-        for n in [768, 4096] {
-            let few_only = fit_to_n(&config, Arch::Sm90, &plain, n, 4096).expect("fitted");
-            assert_eq!(few_only.small_m_alt, config.small_m_alt, "n = {n}");
-            assert_eq!(few_only.few_m.map(|t| t.bn), Some(64), "n = {n}");
-        }
-        // N = 7168: a small_m_alt of 224, no few_m (112 columns).
-        let wide = fit_to_n(&config, Arch::Sm90, &plain, 7168, 4096).expect("fitted");
-        assert_eq!(wide.small_m_alt.map(|t| t.bn), Some(224));
-        assert_eq!(wide.few_m.map(|t| t.bn), Some(112));
-        // N = 10240: neither.
-        assert_eq!(fit_to_n(&config, Arch::Sm90, &plain, 10240, 4096), None);
-    }
-
-    /// The launcher runs the few_m tile up to FEW_M_MAX, after the decode
-    /// kernel, and the other tiers above it.
-    #[test]
-    fn the_few_m_tile_runs_up_to_its_largest_m() {
-        use crate::select::TierChoice;
-        let plain = kind("gemm", DType::F16, WeightLayout::NK, false, false);
-        let config = fit_to_n(&shipped(&plain), Arch::Sm90, &plain, 3072, 3072).expect("fitted");
-        let few = config.few_m.expect("a few_m tile");
-        let run = |m| config.launched_tile(m, 3072, SM90_SMS, true, TierChoice::LeastLoads);
-        assert_eq!(run(16), None, "the decode kernel");
-        assert_eq!(run(17), Some(few));
-        assert_eq!(run(u64::from(FEW_M_MAX)), Some(few));
-        assert_ne!(run(u64::from(FEW_M_MAX) + 1), Some(few));
     }
 }

@@ -447,7 +447,7 @@ impl Guard {
                 }
                 let times = costs.bucket_times(&work, kind.source_tile, bucket, (n, k), |m| {
                     config
-                        .launched_tile(m, gemm_n, SM90_SMS, decode, rule)
+                        .launched_tile(m, gemm_n, k, SM90_SMS, decode, rule)
                         .map(|tile| TileShape::of(&tile))
                 });
                 BucketVerdict::decide(bucket, times.fused_us, times.vendor_us, Evidence::Model)

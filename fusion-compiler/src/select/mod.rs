@@ -33,14 +33,17 @@
 //!
 //! Not here: measuring configs (the tuner writes the cache this reads).
 
+mod few_m;
 mod fitted;
 pub mod guard;
 pub mod model;
 mod tuned;
 mod tuned_cache;
 
+pub use crate::gemm_model::FEW_M_DEEP_K;
 pub use crate::target::{Arch, Schedule, TierChoice, TileConfig};
-pub use fitted::{FEW_M_DEEP_K, FEW_M_MAX, few_m_width, fitted_stages, fitted_width};
+pub use few_m::few_m_tile;
+pub use fitted::{fitted_stages, fitted_width};
 pub use tuned::{GATED_DEFAULT, SOURCE_TILE_DEFAULT, TunedTable};
 pub use tuned_cache::{CacheEntry, CacheKey, M_BUCKET_BOUNDS, MBucket, SELECT_ENV, TUNED_ENV, TunedCache};
 
@@ -171,26 +174,20 @@ pub struct KernelConfig {
     /// `large` is the last bucket's tile and the other tiers are absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub by_m: Option<[TileConfig; MBucket::COUNT]>,
-    /// A 64-row tile fitted to a GEMM's static N that runs every m <=
-    /// `few_m_max`, after the decode kernel and ahead of the other tiers
-    /// (`select::fitted::fit_few_m` makes it for a static N and K; a candidate
-    /// list may name one to measure it).
+    /// A 64-row tile the sm90 launcher runs after the decode kernel and
+    /// ahead of the other tiers wherever its tiles make one wave, in one
+    /// row or, where K is at most [`FEW_M_DEEP_K`], two (`few_m_runs` in
+    /// gemm.cuh). The selection gives every sm90 GEMM of 16-bit elements
+    /// with B [N, K], not gated, a 64x64 one ([`few_m_tile`]); a table or
+    /// candidate list may name another.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub few_m: Option<TileConfig>,
-    /// The largest M the `few_m` tile runs (at most [`FEW_M_MAX`]).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub few_m_max: Option<u32>,
 }
 
 impl KernelConfig {
     /// The small-M config and its threshold, when both are present.
     pub fn small(&self) -> Option<(TileConfig, u32)> {
         Some((self.small_m?, self.small_m_max?))
-    }
-
-    /// The `few_m` tile and the largest M it runs, when both are present.
-    pub fn few(&self) -> Option<(TileConfig, u32)> {
-        Some((self.few_m?, self.few_m_max?))
     }
 
     /// Each tier by the tuned tables' name for it (which
@@ -237,7 +234,6 @@ impl KernelConfig {
             decode_max_m: None,
             by_m: None,
             few_m: None,
-            few_m_max: None,
         }
     }
 
@@ -363,22 +359,14 @@ pub struct Selected {
     pub warning: Option<String>,
 }
 
-impl Selected {
-    /// Whether its small-M tiers were fitted to a static N
-    /// (`select::fitted::fit_to_n`): a `small_m_alt` of [`fitted_width`], a
-    /// `few_m` tile, or both.
-    pub fn fitted_to_n(&self) -> bool {
-        self.fitted_width.is_some() || self.config.few_m.is_some()
-    }
-}
-
 /// The config for a kernel whose GEMM has static `n` and `k` (`None`:
 /// dynamic): `cache`'s, mapped onto tiers ([`TunedCache::config_for`]),
 /// where N and K are static and it has entries for the kernel on `arch`;
 /// else, where N and K are static and the cache carries a model
 /// ([`TunedCache::model`]), one tile per M bucket by the model
-/// ([`model::select_by_model`]); else `table`'s ([`select_sourced`]), its
-/// `small_m_alt` fitted to a static N where that applies
+/// ([`model::select_by_model`]); else `table`'s ([`select_sourced`]), with
+/// a `few_m` tile where it applies ([`few_m_tile`]) and, where N is
+/// static, its `small_m_alt` fitted to N where that applies
 /// (`select::fitted`). A cached config that fails the
 /// table's checks ([`check_config`]) is a warning, and the table's config (fitted).
 pub fn select_tuned(
@@ -391,7 +379,7 @@ pub fn select_tuned(
 ) -> Result<Selected, SelectError> {
     let (config, origin) = select_sourced(table, arch, kernel)?;
     let shipped = Selected {
-        config,
+        config: few_m::with_few_m(&config, arch, kernel),
         origin,
         tuned_for: None,
         fitted_width: None,
@@ -403,9 +391,9 @@ pub fn select_tuned(
     // The model chooses among the tiers a build with this N has, the
     // fitted one among them; a tuned cache maps its buckets onto the
     // table's.
-    let fitted = fit_to_n(shipped.clone(), arch, kernel, n, k);
+    let fitted = fit_to_n(shipped.clone(), arch, kernel, n);
     let Some((tuned, tuned_origin)) = cache
-        .config_for(arch, kernel, n, k, &shipped.config)
+        .config_for(arch, kernel, n, k, &config)
         .or_else(|| model::select_by_model(cache.model.as_ref()?, arch, kernel, n, k, &fitted.config))
     else {
         return Ok(fitted);
@@ -425,27 +413,19 @@ pub fn select_tuned(
     })
 }
 
-/// `shipped` with its small-M tiers fitted to the static `n` and `k`
-/// ([`fitted::fit_to_n`]), its origin saying so; else as it is.
-fn fit_to_n(shipped: Selected, arch: Arch, kernel: &KernelKind, n: u64, k: u64) -> Selected {
-    let Some(config) = fitted::fit_to_n(&shipped.config, arch, kernel, n, k) else {
+/// `shipped` with its `small_m_alt` fitted to the static `n`
+/// ([`fitted::fit_small_m_alt`]), its origin saying so; else as it is.
+fn fit_to_n(shipped: Selected, arch: Arch, kernel: &KernelKind, n: u64) -> Selected {
+    let Some(config) = fitted::fit_small_m_alt(&shipped.config, arch, kernel, n) else {
         return shipped;
     };
-    let width = (config.small_m_alt != shipped.config.small_m_alt)
-        .then_some(config.small_m_alt)
-        .flatten()
-        .map(|tile| tile.bn);
-    let fits: Vec<String> = [
-        width.map(|w| format!("small_m_alt {w} columns")),
-        config
-            .few()
-            .map(|(tile, max_m)| format!("few_m {} for m <= {max_m}", tile.summary())),
-    ]
-    .into_iter()
-    .flatten()
-    .collect();
+    let width = config.small_m_alt.map(|tile| tile.bn);
     let origin = ConfigSource {
-        entry: format!("{} (fitted to N: {})", shipped.origin.entry, fits.join(", ")),
+        entry: format!(
+            "{} (small_m_alt fitted to N: {} columns)",
+            shipped.origin.entry,
+            width.unwrap_or_default()
+        ),
         ..shipped.origin
     };
     Selected {
@@ -496,8 +476,8 @@ pub fn check_config(
         (
             config.few_m,
             "few_m",
-            config.by_m.is_none() && config.few_m_max.is_some_and(|max_m| max_m <= FEW_M_MAX),
-            "`few_m` needs `few_m_max`, the largest M it serves (at most 128), and runs ahead of the tiers, which a config with `by_m` does not have",
+            config.by_m.is_none(),
+            "`few_m` runs ahead of the tiers, which a config with `by_m` does not have",
         ),
     ];
     if let Some(tiles) = &config.by_m {

@@ -248,7 +248,6 @@ pub fn choose_by_m(
         decode_max_m: shipped.decode_max_m,
         by_m: Some(tiles),
         few_m: None,
-        few_m_max: None,
     }
 }
 
@@ -303,14 +302,15 @@ impl KernelConfig {
             small_m_max: self.small().map(|(_, max_m)| max_m),
             gated: kernel.gated,
             source_tile: kernel.source_tile,
+            few_m: self.few_m.as_ref().map(TileShape::of),
         }
     }
 
     /// The tile the sm90 launcher runs for an `m` x `n` output (GEMM
-    /// columns) on `sms` SMs, as the unit's `with_kernel` chooses it: its
-    /// `few_m` tile up to its `few_m_max`, then the bucket's tile
-    /// where the config has one per M bucket, else by `rule` among its
-    /// tiers ([`UnitTiers::launcher_tier`];
+    /// columns) over `k` on `sms` SMs, as the unit's `with_kernel` chooses
+    /// it: its `few_m` tile where its tiles make one wave
+    /// (`few_m_runs` in gemm.cuh), then the bucket's tile where
+    /// the config has one per M bucket, else by `rule` among its tiers ([`UnitTiers::launcher_tier`];
     /// [`super::tier_choice`] says which rule a unit runs). `None` where
     /// the decode kernel runs (`decode` says whether the kernel has it,
     /// [`KernelConfig::decode_for`]).
@@ -318,6 +318,7 @@ impl KernelConfig {
         &self,
         m: u64,
         n: u64,
+        k: u64,
         sms: u64,
         decode: bool,
         rule: TierChoice,
@@ -325,7 +326,10 @@ impl KernelConfig {
         if decode && self.decode_max_m.is_some_and(|max| m <= u64::from(max)) {
             return None;
         }
-        if let Some((tile, _)) = self.few().filter(|&(_, max_m)| m <= u64::from(max_m)) {
+        if let Some(tile) = self
+            .few_m
+            .filter(|tile| super::super::gemm_model::few_m_runs(TileShape::of(tile), m, n, k, sms))
+        {
             return Some(tile);
         }
         if let Some(tiles) = &self.by_m {
@@ -338,6 +342,7 @@ impl KernelConfig {
             small_m_max: self.small().map(|(_, max_m)| max_m),
             gated: false,
             source_tile: false,
+            few_m: None,
         };
         let tier = unit.launcher_tier(m, n, sms, rule)?;
         tiers[tier].1

@@ -410,7 +410,6 @@ impl TunedCache {
             decode_max_m: shipped.decode_max_m,
             by_m: None,
             few_m: None,
-            few_m_max: None,
         };
         if let Some(last_small) = buckets.iter().rposition(|(_, tile)| *tile != large) {
             let small = &buckets[..=last_small];

@@ -74,7 +74,6 @@ fn every_candidate_passes_the_check_of_the_shipped_tables() {
                     decode_max_m: None,
                     by_m: None,
                     few_m: None,
-                    few_m_max: None,
                 };
                 check_config(&config, &source, arch, &kind).unwrap();
             }

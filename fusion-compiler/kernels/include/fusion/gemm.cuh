@@ -176,6 +176,25 @@ bool clearly_fewer_waves(int64_t m, int64_t n) {
   return 10 * detail::wave_area_of<Alt>(m, n, sms) <= 9 * detail::wave_area_of<Large>(m, n, sms);
 }
 
+// The deepest K at which the few-M tile (gemm.cu.hbs's FewMTile) runs two
+// rows of its tiles; deeper, one. fusion-compiler's select::FEW_M_DEEP_K
+// copies it.
+constexpr int64_t kFewMDeepK = 8192;
+
+// Whether a launch of an `m` x `n` output over `k` runs the few-M tile, a
+// 64-row tile offered ahead of the tiers: where its tiles make one wave on
+// the current device's SMs in one row, or in two where K is at most
+// kFewMDeepK. There the launch needs no split of K, whose partial tiles'
+// fix-ups cost more than they save at M = 64 and 128; deeper, two rows of
+// whole-K tiles load each k-block of B twice per column and lose to the
+// 64x128 tile with K split (benchmarks/HISTORY.md v34).
+template <typename Tile>
+bool few_m_runs(int64_t m, int64_t n, int64_t k) {
+  const int64_t rows = (m + Tile::BM - 1) / Tile::BM;
+  if (rows > 2 || (rows == 2 && k > kFewMDeepK)) return false;
+  return rows * ((n + Tile::BN - 1) / Tile::BN) <= detail::current_sm_count();
+}
+
 // The sm90 launchers' choice among a unit's tile configs for an m x n
 // output on the current device: the one whose busiest CTA loads the fewest
 // operand elements per k-block step, waves x (BM + BN), as a tile's

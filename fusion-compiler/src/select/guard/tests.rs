@@ -612,9 +612,13 @@ fn the_verdict_per_call_is_the_builds_on_the_corpus() {
                 )
                 .unwrap();
                 // A static N also fits the table's small-M tiers to N, which
-                // the dynamic unit cannot: compare with the table's tiles,
-                // and with the model's choice among them.
-                let table_config = super::super::select_with(&table, Arch::Sm90, &kind).unwrap();
+                // the dynamic unit cannot: compare with a dynamic N's tiles
+                // (the table's and a 64x64 few_m tile), and with the model's
+                // choice among them.
+                let table_config =
+                    super::super::select_tuned(&table, &TunedCache::default(), Arch::Sm90, &kind, None, None)
+                        .unwrap()
+                        .config;
                 if let Some(model) = cache.model.as_ref() {
                     let (config, _) = crate::select::model::select_by_model(
                         model,
@@ -626,7 +630,7 @@ fn the_verdict_per_call_is_the_builds_on_the_corpus() {
                     )
                     .unwrap();
                     selected.config = config;
-                } else if selected.fitted_to_n() {
+                } else if selected.fitted_width.is_some() {
                     selected.config = table_config;
                 }
                 let at_build = guard.verdicts(

@@ -127,7 +127,7 @@ fn launched_tile_repeats_the_launchers_choice() {
     let decode = config.decode_for(kind.layout).is_some();
     let tile = |m, n| {
         config
-            .launched_tile(m, n, 132, decode, TierChoice::LeastLoads)
+            .launched_tile(m, n, 4096, 132, decode, TierChoice::LeastLoads)
             .map(|t| (t.bm, t.bn))
     };
     // 112 128x128 tiles, one wave: 256 loads against 384 for two waves of
@@ -199,7 +199,7 @@ fn timed_rows(file: &str) -> (Option<String>, Vec<TimedRow>) {
             None => {
                 let decode = config.decode_for(kind.layout).is_some();
                 let gemm_n = kind_n(&kind, dims[1]);
-                config.launched_tile(dims[0], gemm_n, SM90_SMS, decode, TierChoice::LeastLoads)
+                config.launched_tile(dims[0], gemm_n, dims[2], SM90_SMS, decode, TierChoice::LeastLoads)
             }
         };
         let Some(tile) = tile else {
@@ -357,6 +357,7 @@ fn unit(tiles: &[(u32, u32)]) -> UnitTiers {
         small_m_max: None,
         gated: false,
         source_tile: false,
+        few_m: None,
     };
     for (slot, &(bm, bn)) in unit.tiles.iter_mut().zip(tiles) {
         *slot = Some(TileShape { bm, bn });
@@ -422,6 +423,7 @@ fn the_run_times_choice_agrees_with_the_builds_on_the_corpus() {
                 let at_build = built.launched_tile(
                     m,
                     kind_n(&kind, shape.n),
+                    shape.k,
                     SM90_SMS,
                     unit.decode_max_m.is_some(),
                     TierChoice::LeastLoads,
@@ -543,7 +545,7 @@ fn the_launchers_tier_is_near_the_fastest_on_the_measured_corpus() {
         let gemm_n = kind_n(&kind, n);
         let decode = config.decode_for(kind.layout).is_some();
         let chosen = config
-            .launched_tile(m, gemm_n, SM90_SMS, decode, TierChoice::LeastLoads)
+            .launched_tile(m, gemm_n, k, SM90_SMS, decode, TierChoice::LeastLoads)
             .unwrap();
         let time_of = |tile: TileConfig| row.times.iter().find(|(t, _)| *t == tile).map(|(_, us)| *us);
         let chosen_us = time_of(chosen)
@@ -579,7 +581,7 @@ fn the_wave_area_rule_keeps_the_small_tiers_for_small_m() {
     let decode = config.decode_for(kind.layout).is_some();
     let tile = |m, n, rule| {
         config
-            .launched_tile(m, n, 132, decode, rule)
+            .launched_tile(m, n, 4096, 132, decode, rule)
             .map(|t| (t.bm, t.bn))
     };
     assert_eq!(tile(512, 10240, TierChoice::WaveArea), Some((64, 128)));

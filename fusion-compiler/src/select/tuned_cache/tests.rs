@@ -363,7 +363,6 @@ fn buckets_map_onto_the_large_and_small_m_tiers() {
             decode_max_m: Some(16),
             by_m: None,
             few_m: None,
-            few_m_max: None,
         }
     );
     assert!(shipped.large_alt.is_some());

@@ -177,6 +177,10 @@ mod __gemm_bias_residual {
                                     small_m_max: Some(1024),
                                     gated: false,
                                     source_tile: true,
+                                    few_m: Some(fusion::core::gemm_model::TileShape {
+                                        bm: 64,
+                                        bn: 64,
+                                    }),
                                 }),
                                 None,
                                 Some(fusion::core::gemm_model::UnitTiers {
@@ -202,6 +206,10 @@ mod __gemm_bias_residual {
                                     small_m_max: Some(1024),
                                     gated: false,
                                     source_tile: true,
+                                    few_m: Some(fusion::core::gemm_model::TileShape {
+                                        bm: 64,
+                                        bn: 64,
+                                    }),
                                 }),
                             ],
                         },

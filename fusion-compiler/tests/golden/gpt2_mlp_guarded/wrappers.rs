@@ -175,15 +175,15 @@ mod __gpt2_mlp {
                 launchers: Launchers::Gemm {
                     launch: &[
                         ffi::fusion_kernels_layernorm_gemm_bias_gelu_nk_f16_sm80,
-                        ffi::fusion_kernels_layernorm_gemm_bias_gelu_nk_f16_sm90_w96_few64m128,
+                        ffi::fusion_kernels_layernorm_gemm_bias_gelu_nk_f16_sm90_w96,
                         ffi::fusion_kernels_layernorm_gemm_bias_gelu_nk_bf16_sm80,
-                        ffi::fusion_kernels_layernorm_gemm_bias_gelu_nk_bf16_sm90_w96_few64m128,
+                        ffi::fusion_kernels_layernorm_gemm_bias_gelu_nk_bf16_sm90_w96,
                     ],
                     query: &[
                         ffi::fusion_kernels_layernorm_gemm_bias_gelu_nk_f16_sm80_workspace_bytes,
-                        ffi::fusion_kernels_layernorm_gemm_bias_gelu_nk_f16_sm90_w96_few64m128_workspace_bytes,
+                        ffi::fusion_kernels_layernorm_gemm_bias_gelu_nk_f16_sm90_w96_workspace_bytes,
                         ffi::fusion_kernels_layernorm_gemm_bias_gelu_nk_bf16_sm80_workspace_bytes,
-                        ffi::fusion_kernels_layernorm_gemm_bias_gelu_nk_bf16_sm90_w96_few64m128_workspace_bytes,
+                        ffi::fusion_kernels_layernorm_gemm_bias_gelu_nk_bf16_sm90_w96_workspace_bytes,
                     ],
                     folded: &[
                         (
@@ -191,23 +191,23 @@ mod __gpt2_mlp {
                             ffi::fusion_kernels_layernorm_gemm_bias_gelu_nk_f16_sm80_folded_workspace_bytes,
                         ),
                         (
-                            ffi::fusion_kernels_layernorm_gemm_bias_gelu_nk_f16_sm90_w96_few64m128_folded,
-                            ffi::fusion_kernels_layernorm_gemm_bias_gelu_nk_f16_sm90_w96_few64m128_folded_workspace_bytes,
+                            ffi::fusion_kernels_layernorm_gemm_bias_gelu_nk_f16_sm90_w96_folded,
+                            ffi::fusion_kernels_layernorm_gemm_bias_gelu_nk_f16_sm90_w96_folded_workspace_bytes,
                         ),
                         (
                             ffi::fusion_kernels_layernorm_gemm_bias_gelu_nk_bf16_sm80_folded,
                             ffi::fusion_kernels_layernorm_gemm_bias_gelu_nk_bf16_sm80_folded_workspace_bytes,
                         ),
                         (
-                            ffi::fusion_kernels_layernorm_gemm_bias_gelu_nk_bf16_sm90_w96_few64m128_folded,
-                            ffi::fusion_kernels_layernorm_gemm_bias_gelu_nk_bf16_sm90_w96_few64m128_folded_workspace_bytes,
+                            ffi::fusion_kernels_layernorm_gemm_bias_gelu_nk_bf16_sm90_w96_folded,
+                            ffi::fusion_kernels_layernorm_gemm_bias_gelu_nk_bf16_sm90_w96_folded_workspace_bytes,
                         ),
                     ],
                     fold: &[
                         ffi::fusion_kernels_layernorm_gemm_bias_gelu_nk_f16_sm80_fold_weights,
-                        ffi::fusion_kernels_layernorm_gemm_bias_gelu_nk_f16_sm90_w96_few64m128_fold_weights,
+                        ffi::fusion_kernels_layernorm_gemm_bias_gelu_nk_f16_sm90_w96_fold_weights,
                         ffi::fusion_kernels_layernorm_gemm_bias_gelu_nk_bf16_sm80_fold_weights,
-                        ffi::fusion_kernels_layernorm_gemm_bias_gelu_nk_bf16_sm90_w96_few64m128_fold_weights,
+                        ffi::fusion_kernels_layernorm_gemm_bias_gelu_nk_bf16_sm90_w96_fold_weights,
                     ],
                 },
             },
@@ -232,15 +232,15 @@ mod __gpt2_mlp {
                 launchers: Launchers::Gemm {
                     launch: &[
                         ffi::fusion_kernels_gemm_bias_residual_nk_f16_sm80,
-                        ffi::fusion_kernels_gemm_bias_residual_nk_f16_sm90_few64m128,
+                        ffi::fusion_kernels_gemm_bias_residual_nk_f16_sm90,
                         ffi::fusion_kernels_gemm_bias_residual_nk_bf16_sm80,
-                        ffi::fusion_kernels_gemm_bias_residual_nk_bf16_sm90_few64m128,
+                        ffi::fusion_kernels_gemm_bias_residual_nk_bf16_sm90,
                     ],
                     query: &[
                         ffi::fusion_kernels_gemm_bias_residual_nk_f16_sm80_workspace_bytes,
-                        ffi::fusion_kernels_gemm_bias_residual_nk_f16_sm90_few64m128_workspace_bytes,
+                        ffi::fusion_kernels_gemm_bias_residual_nk_f16_sm90_workspace_bytes,
                         ffi::fusion_kernels_gemm_bias_residual_nk_bf16_sm80_workspace_bytes,
-                        ffi::fusion_kernels_gemm_bias_residual_nk_bf16_sm90_few64m128_workspace_bytes,
+                        ffi::fusion_kernels_gemm_bias_residual_nk_bf16_sm90_workspace_bytes,
                     ],
                     folded: &[],
                     fold: &[],

@@ -28,6 +28,8 @@ using LargeAltTile = fusion::sm90::TileConfig<128, 192, 4, fusion::sm90::Schedul
 using SmallTile = fusion::sm90::TileConfig<64, 128, 8, fusion::sm90::Schedule::Cooperative>;
 // 128x128x64 (6 stages, cooperative, persistent), for m <= 1024 where its busiest CTA loads least
 using SmallAltTile = fusion::sm90::TileConfig<128, 128, 6, fusion::sm90::Schedule::Cooperative>;
+// 64x64x64 (8 stages, cooperative, persistent), ahead of the other tiers where its tiles make one wave (gemm.cuh's few_m_runs)
+using FewMTile = fusion::sm90::TileConfig<64, 64, 8, fusion::sm90::Schedule::Cooperative>;
 // The decode kernel (fusion/decode.cuh) for m <= 16: one pass over B at the
 // weight-read floor, the chain once after its reduction.
 static_assert(16 <= fusion::kDecodeMaxM, "decode_max_m 16 from kernels/tuned/sm90.json, entry 'default' for 'layernorm_gemm' is more rows than the decode kernel takes (fusion::kDecodeMaxM)");
@@ -67,6 +69,15 @@ static_assert(Kernel<SmallAltTile>::kEpilogueFits, "tile config from kernels/tun
 static_assert(FoldedKernel<SmallAltTile>::kBlockSmemBytes <= fusion::sm90::kSmemPerBlock,
               "tile config from kernels/tuned/sm90.json, entry 'default' for 'layernorm_gemm' (small_m_alt) does not fit sm90: 128x128x64 (6 stages, cooperative, persistent) needs more shared memory per block than sm90 allows");
 static_assert(FoldedKernel<SmallAltTile>::kEpilogueFits, "tile config from kernels/tuned/sm90.json, entry 'default' for 'layernorm_gemm' (small_m_alt) does not fit sm90: 128x128x64 (6 stages, cooperative, persistent) leaves too little shared memory to bring its epilogue's [M, N] source tile (residual, mul) in whole beside the stages: use fewer stages (see the tuned table's 'default.source_tile')");
+static_assert(fusion::sm90::tile_valid<fusion::LayoutB::NK, FewMTile> && FewMTile::BK == 64 &&
+                  FewMTile::kStages == 8,
+              "tile config from kernels/tuned/sm90.json, entry 'default' for 'layernorm_gemm' (few_m) does not fit sm90: 64x64x64 (8 stages, cooperative, persistent) is not a tile the sm90 mainloop takes: a rule of its TileConfig fails (an error above names it), or bk or stages differ from the template's own");
+static_assert(Kernel<FewMTile>::kBlockSmemBytes <= fusion::sm90::kSmemPerBlock,
+              "tile config from kernels/tuned/sm90.json, entry 'default' for 'layernorm_gemm' (few_m) does not fit sm90: 64x64x64 (8 stages, cooperative, persistent) needs more shared memory per block than sm90 allows");
+static_assert(Kernel<FewMTile>::kEpilogueFits, "tile config from kernels/tuned/sm90.json, entry 'default' for 'layernorm_gemm' (few_m) does not fit sm90: 64x64x64 (8 stages, cooperative, persistent) leaves too little shared memory to bring its epilogue's [M, N] source tile (residual, mul) in whole beside the stages: use fewer stages (see the tuned table's 'default.source_tile')");
+static_assert(FoldedKernel<FewMTile>::kBlockSmemBytes <= fusion::sm90::kSmemPerBlock,
+              "tile config from kernels/tuned/sm90.json, entry 'default' for 'layernorm_gemm' (few_m) does not fit sm90: 64x64x64 (8 stages, cooperative, persistent) needs more shared memory per block than sm90 allows");
+static_assert(FoldedKernel<FewMTile>::kEpilogueFits, "tile config from kernels/tuned/sm90.json, entry 'default' for 'layernorm_gemm' (few_m) does not fit sm90: 64x64x64 (8 stages, cooperative, persistent) leaves too little shared memory to bring its epilogue's [M, N] source tile (residual, mul) in whole beside the stages: use fewer stages (see the tuned table's 'default.source_tile')");
 
 fusion::GemmArgs<Element> args_of(const fusion_gemm_params* p) {
   fusion::GemmArgs<Element> args{};
@@ -107,6 +118,7 @@ cudaError_t with_kernel(const fusion_gemm_params* p, F&& f) {
       break;
   }
   if (p->m <= 16) return f(fusion::DecodeFor<K<LargeTile>>{});
+  if (fusion::few_m_runs<FewMTile>(p->m, p->n * Chain::kGemmColsPerOutput, p->k)) return f(K<FewMTile>{});
   // The tier whose busiest CTA loads least (gemm.cuh's LightestTier).
   fusion::LightestTier lightest(p->m, p->n * Chain::kGemmColsPerOutput);
   lightest.offer<LargeTile>(FUSION_GEMM_TILE_LARGE);
@@ -185,6 +197,7 @@ extern "C" int fusion_kernels_layernorm_gemm_nk_f16_sm90_resources(fusion_tile_r
       {"large_alt", uint32_t(Kernel<LargeAltTile>::kSmemBytes), uint32_t(Kernel<LargeAltTile>::kThreads)},
       {"small_m", uint32_t(Kernel<SmallTile>::kSmemBytes), uint32_t(Kernel<SmallTile>::kThreads)},
       {"small_m_alt", uint32_t(Kernel<SmallAltTile>::kSmemBytes), uint32_t(Kernel<SmallAltTile>::kThreads)},
+      {"few_m", uint32_t(Kernel<FewMTile>::kSmemBytes), uint32_t(Kernel<FewMTile>::kThreads)},
       {"decode", uint32_t(fusion::DecodeFor<Kernel<LargeTile>>::kSmemBytes),
        uint32_t(fusion::DecodeFor<Kernel<LargeTile>>::kThreads)},
   };

@@ -191,6 +191,10 @@ mod __rmsnorm_gemm {
                                         small_m_max: Some(1024),
                                         gated: false,
                                         source_tile: false,
+                                        few_m: Some(fusion::core::gemm_model::TileShape {
+                                            bm: 64,
+                                            bn: 64,
+                                        }),
                                     }),
                                     None,
                                     Some(fusion::core::gemm_model::UnitTiers {
@@ -216,6 +220,10 @@ mod __rmsnorm_gemm {
                                         small_m_max: Some(1024),
                                         gated: false,
                                         source_tile: false,
+                                        few_m: Some(fusion::core::gemm_model::TileShape {
+                                            bm: 64,
+                                            bn: 64,
+                                        }),
                                     }),
                                 ],
                             },

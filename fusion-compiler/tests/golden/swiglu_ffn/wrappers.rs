@@ -181,15 +181,15 @@ mod __swiglu_ffn {
                 launchers: Launchers::Gemm {
                     launch: &[
                         ffi::fusion_kernels_gemm_bias_residual_nk_f16_sm80,
-                        ffi::fusion_kernels_gemm_bias_residual_nk_f16_sm90_few64m64,
+                        ffi::fusion_kernels_gemm_bias_residual_nk_f16_sm90,
                         ffi::fusion_kernels_gemm_bias_residual_nk_bf16_sm80,
-                        ffi::fusion_kernels_gemm_bias_residual_nk_bf16_sm90_few64m64,
+                        ffi::fusion_kernels_gemm_bias_residual_nk_bf16_sm90,
                     ],
                     query: &[
                         ffi::fusion_kernels_gemm_bias_residual_nk_f16_sm80_workspace_bytes,
-                        ffi::fusion_kernels_gemm_bias_residual_nk_f16_sm90_few64m64_workspace_bytes,
+                        ffi::fusion_kernels_gemm_bias_residual_nk_f16_sm90_workspace_bytes,
                         ffi::fusion_kernels_gemm_bias_residual_nk_bf16_sm80_workspace_bytes,
-                        ffi::fusion_kernels_gemm_bias_residual_nk_bf16_sm90_few64m64_workspace_bytes,
+                        ffi::fusion_kernels_gemm_bias_residual_nk_bf16_sm90_workspace_bytes,
                     ],
                     folded: &[],
                     fold: &[],
