@@ -45,7 +45,8 @@ impl TileModel {
     /// of `variant` at (`m`, `n`, `k`), with `n` C's columns: with the tier
     /// the model chooses named in them ([`GemmTile`]), or as they are where
     /// they name a tier already (`FUSION_GEMM_TILE`), where the variant has
-    /// no tiers, and where the decode kernel takes `m`.
+    /// no tiers, and where the decode kernel or the unit's few-M tile takes
+    /// the call ([`UnitTiers::few_m_run`]), which the launcher then runs.
     pub fn flags(&'static self, variant: usize, flags: u32, m: i64, n: i64, k: i64) -> u32 {
         if flags & abi::FUSION_GEMM_TILE_MASK != 0 {
             return flags;
@@ -56,7 +57,7 @@ impl TileModel {
         let (Ok(m), Ok(n), Ok(k)) = (u64::try_from(m), u64::try_from(n), u64::try_from(k)) else {
             return flags;
         };
-        if unit.decodes(m) {
+        if unit.decodes(m) || unit.few_m_run(m, n, k).is_some() {
             return flags;
         }
         let bucket = bucket_of(m);
@@ -162,6 +163,29 @@ pub(crate) mod tests {
         assert_ne!(model.flags(0, 0, 17, 4096, 4096), 0);
         assert_eq!(model.flags(1, 0, 8192, 14336, 4096), 0);
         assert_eq!(model.flags(2, 0, 8192, 14336, 4096), 0);
+    }
+
+    /// Where the unit's few-M tile runs, the call names no tier, so that
+    /// the launcher runs it; elsewhere the model's tier.
+    #[test]
+    fn the_few_m_tiles_calls_are_left_to_the_launcher() {
+        let few = TileModel {
+            costs: costs(),
+            units: Box::leak(Box::new([Some(UnitTiers {
+                few_m: Some(TileShape { bm: 64, bn: 64 }),
+                ..UNIT
+            })])),
+        };
+        let few: &'static TileModel = Box::leak(Box::new(few));
+        // Two rows of 64x64 tiles, 64 columns: one wave of 128 tiles.
+        assert_eq!(few.flags(0, 0, 128, 4096, 4096), 0);
+        assert_eq!(few.flags(0, 0, 17, 4096, 4096), 0);
+        // Deeper than FEW_M_DEEP_K two rows are not: the model's tier.
+        assert_ne!(few.flags(0, 0, 128, 4096, 16384), 0);
+        assert_eq!(few.flags(0, 0, 64, 4096, 16384), 0);
+        // Three rows, or a second wave: the model's tier.
+        assert_ne!(few.flags(0, 0, 129, 4096, 4096), 0);
+        assert_ne!(few.flags(0, 0, 128, 8192, 4096), 0);
     }
 
     #[test]

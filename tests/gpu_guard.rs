@@ -323,7 +323,7 @@ fn per_call(
         .map(|&(dtype, variant_arch)| {
             (variant_arch == arch).then(|| {
                 let kind = KernelKind::of(composition, dtype);
-                select::select(Arch::Sm90, &kind).unwrap().unit_tiers(&kind)
+                dynamic_config(Arch::Sm90, &kind).unit_tiers(&kind)
             })
         })
         .collect();
@@ -567,3 +567,12 @@ per_call_test!(
     None,
     norm Rmsnorm
 );
+
+/// The config a build gives a GEMM of `kind` whose N and K are dynamic:
+/// the shipped table's, with the few-M tile.
+fn dynamic_config(arch: Arch, kind: &select::KernelKind) -> select::KernelConfig {
+    let table = select::TunedTable::shipped(arch).unwrap();
+    select::select_tuned(&table, &select::TunedCache::default(), arch, kind, None, None)
+        .unwrap()
+        .config
+}

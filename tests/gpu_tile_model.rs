@@ -52,7 +52,7 @@ fn modelled(name: &str, table: &'static PlanTable) -> &'static PlanTable {
                 .map(|&(dtype, arch)| {
                     (arch == Arch::Sm90).then(|| {
                         let kind = KernelKind::of(composition, dtype);
-                        select::select(arch, &kind).unwrap().unit_tiers(&kind)
+                        dynamic_config(arch, &kind).unit_tiers(&kind)
                     })
                 })
                 .collect();
@@ -221,4 +221,13 @@ fn gemm_silu_glu_runs_each_tier_the_model_chooses() {
     check_modelled::<f16>(name, f16_table, &GATED_SHAPES, true);
     check_modelled::<bf16>(name, bf16_table, &GATED_SHAPES, true);
     check_modelled::<f16>(name, f16_table, &GATED_SHAPES, false);
+}
+
+/// The config a build gives a GEMM of `kind` whose N and K are dynamic:
+/// the shipped table's, with the few-M tile.
+fn dynamic_config(arch: Arch, kind: &select::KernelKind) -> select::KernelConfig {
+    let table = select::TunedTable::shipped(arch).unwrap();
+    select::select_tuned(&table, &select::TunedCache::default(), arch, kind, None, None)
+        .unwrap()
+        .config
 }

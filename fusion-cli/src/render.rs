@@ -331,12 +331,15 @@ fn unit_table(file: &str, units: &[CandidateUnit]) -> String {
     text
 }
 
-/// The large tile, the small-M ones when there are, and the decode kernel's
-/// threshold when it has one.
+/// The large tile, the decode kernel's threshold when it has one, the
+/// few-M tile and the small-M ones when there are.
 fn tile_summary(u: &CandidateUnit) -> String {
     let mut summary = u.config.large.summary();
     if let Some(max_m) = u.config.decode_for(u.composition.b_layout) {
         let _ = write!(summary, "; m <= {max_m}: decode");
+    }
+    if let Some(few) = u.config.few_m {
+        let _ = write!(summary, "; few-M: {}", few.summary());
     }
     if let Some((small, max_m)) = u.config.small() {
         let _ = write!(summary, "; m <= {max_m}: {}", small.summary());

@@ -646,29 +646,37 @@ impl UnitTiers {
         lightest.map(|(tier, _)| tier)
     }
 
-    /// The tile a call of `m` rows of C's `n` columns over `k` runs: where
+    /// The tile a call of `m` rows of C's `n` columns over `k` runs: its
+    /// `few_m` tile where that runs ([`UnitTiers::few_m_run`]); else, where
     /// the plan names the model's tier per call (`tiers_by`, the model's
-    /// costs), [`UnitTiers::choose`]'s; else the launcher's own: its
-    /// `few_m` tile where [`few_m_runs`], else
+    /// costs), [`UnitTiers::choose`]'s; else the launcher's own
     /// ([`UnitTiers::launcher_tier`], on the calibration's [`SM90_SMS`],
     /// by [`TierChoice::LeastLoads`]: a plan table carries tiers only for a
     /// unit whose N or K is dynamic, never one of a tuned cache, which
     /// needs both static). `None` where the decode kernel takes `m`.
     pub fn tile_run(&self, tiers_by: Option<&Costs>, m: u64, n: u64, k: u64) -> Option<TileShape> {
+        if let Some(few_m) = self.few_m_run(m, n, k) {
+            return Some(few_m);
+        }
         let tier = match tiers_by {
             Some(costs) => self.choose(costs, m, n, k)?,
             None => {
                 let gemm_n = if self.gated { n.saturating_mul(2) } else { n };
-                if let Some(few_m) = self
-                    .few_m
-                    .filter(|&tile| !self.decodes(m) && few_m_runs(tile, m, gemm_n, k, SM90_SMS))
-                {
-                    return Some(few_m);
-                }
                 self.launcher_tier(m, gemm_n, SM90_SMS, TierChoice::LeastLoads)?
             }
         };
         self.tiles[tier]
+    }
+
+    /// Its `few_m` tile where a call of `m` rows of C's `n` columns over
+    /// `k` runs it: where the decode kernel does not take `m` and
+    /// [`few_m_runs`] holds on the calibration's [`SM90_SMS`] (the launcher
+    /// counts the device's SMs). A plan that names the model's tier per
+    /// call names none for these calls, so that the launcher runs it.
+    pub fn few_m_run(&self, m: u64, n: u64, k: u64) -> Option<TileShape> {
+        let gemm_n = if self.gated { n.saturating_mul(2) } else { n };
+        self.few_m
+            .filter(|&tile| !self.decodes(m) && few_m_runs(tile, m, gemm_n, k, SM90_SMS))
     }
 }
 
@@ -691,12 +699,49 @@ mod tests {
         assert!(header.contains(&line), "workspace.cuh lacks `{}`", line.trim());
     }
 
-    /// gemm.cuh's few-M tile runs two rows up to [`super::FEW_M_DEEP_K`].
+    /// gemm.cuh's few-M tile runs two rows up to [`super::FEW_M_DEEP_K`],
+    /// by the rule [`super::few_m_runs`] repeats.
     #[test]
-    fn gemm_cuh_declares_the_few_m_depth() {
+    fn gemm_cuh_declares_the_few_m_rule() {
         let header = include_str!("../kernels/include/fusion/gemm.cuh");
-        let line = format!("constexpr int64_t kFewMDeepK = {};\n", super::FEW_M_DEEP_K);
-        assert!(header.contains(&line), "gemm.cuh lacks `{}`", line.trim());
+        for line in [
+            format!("constexpr int64_t kFewMDeepK = {};\n", super::FEW_M_DEEP_K),
+            "  const int64_t rows = (m + Tile::BM - 1) / Tile::BM;\n".to_owned(),
+            "  if (rows > 2 || (rows == 2 && k > kFewMDeepK)) return false;\n".to_owned(),
+            "  return rows * ((n + Tile::BN - 1) / Tile::BN) <= detail::current_sm_count();\n".to_owned(),
+        ] {
+            assert!(header.contains(&line), "gemm.cuh lacks `{}`", line.trim());
+        }
+    }
+
+    /// A unit's few-M tile runs after the decode kernel, ahead of the
+    /// model's tier and the launcher's, on a gated GEMM's doubled columns.
+    #[test]
+    fn the_few_m_tile_runs_ahead_of_the_tiers() {
+        use super::{SM90_SMS, TIERS, TileShape, UnitTiers};
+        let few = TileShape { bm: 64, bn: 64 };
+        let large = TileShape { bm: 128, bn: 256 };
+        let unit = UnitTiers {
+            tiles: [Some(large); TIERS],
+            decode_max_m: Some(16),
+            small_m_max: None,
+            gated: false,
+            source_tile: false,
+            few_m: Some(few),
+        };
+        assert_eq!(unit.tile_run(None, 16, 4096, 4096), None, "the decode kernel");
+        assert_eq!(unit.tile_run(None, 17, 4096, 4096), Some(few));
+        assert_eq!(unit.tile_run(None, 129, 4096, 4096), Some(large));
+        // One row of 132 tiles; a gated GEMM's 2N columns need two waves.
+        let n = 66 * 64;
+        assert_eq!(unit.tile_run(None, 64, n, 4096), Some(few));
+        let gated = UnitTiers { gated: true, ..unit };
+        assert_eq!(gated.tile_run(None, 64, n, 4096), Some(few));
+        assert_eq!(gated.tile_run(None, 64, n + 8, 4096), Some(large));
+        assert!(super::few_m_runs(few, 64, 2 * n, 4096, SM90_SMS));
+        // Without one, the tiers.
+        let plain = UnitTiers { few_m: None, ..unit };
+        assert_eq!(plain.tile_run(None, 64, 4096, 4096), Some(large));
     }
 
     /// gemm.cuh's grouped tile order walks down [`super::GROUP_ROWS`] rows.

@@ -273,8 +273,10 @@ fn an_sm90_unit_reports_each_tile_configs_resources() {
     // Its 128x192 alternative stages its whole tile (4 x 40 KB of stages,
     // 48 KB of staging, the same slack and bookkeeping).
     assert!(printed.contains("\nlarge_alt 214264 384\n"), "{printed}");
-    // The few-M tile every such unit has: 64x64 with 8 stages.
-    assert!(printed.contains("\nfew_m "), "{printed}");
+    // The few-M tile every such unit has, 64x64 with 8 stages: 8 x 16 KB
+    // of stages, its whole 8 KB staging tile, the same slack and 368 bytes
+    // of bookkeeping.
+    assert!(printed.contains("\nfew_m 140656 256\n"), "{printed}");
     // The decode kernel: 8 warps, its partial sums in static shared memory.
     assert!(printed.ends_with("decode 0 256\n"), "{printed}");
 }

@@ -321,9 +321,15 @@ fn tune_kernel(
     }
     // The shipped config's own tiles are candidates too, so that the best
     // single tile is never worse than the tile the shipped config runs.
-    for tile in [Some(shipped.large), shipped.small_m, shipped.small_m_alt]
-        .into_iter()
-        .flatten()
+    for tile in [
+        Some(shipped.large),
+        shipped.large_alt,
+        shipped.small_m,
+        shipped.small_m_alt,
+        shipped.few_m,
+    ]
+    .into_iter()
+    .flatten()
     {
         if !search.candidates.contains(&tile) {
             search.candidates.push(tile);

@@ -536,6 +536,7 @@ fn tiles_of(key: &KernelKey) -> Vec<String> {
     config
         .tiers()
         .into_iter()
+        .chain([("few_m", config.few_m)])
         .filter_map(|(which, tile)| Some(format!("{which}: {}", tile?.summary())))
         .chain(config.tiers_by_m().into_iter().map(|(max_m, tile)| match max_m {
             Some(max_m) => format!("m <= {max_m}: {}", tile.summary()),

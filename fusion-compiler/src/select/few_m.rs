@@ -4,7 +4,7 @@
 //! At M = 64 and 128 the table's 64x128 small-M tile leaves so few tiles
 //! that the launch splits K over several CTAs, and the partial tiles'
 //! fix-ups cost more than the split saves. Tiles of 64x64 that make one
-//! wave need no split. On an H100 (the kernel self-test,
+//! wave split K over fewer CTAs, or none. On an H100 (the kernel self-test,
 //! benchmarks/HISTORY.md v34) `gemm_residual`'s 64x64 tile ran 1.20x-1.45x
 //! faster than the shipped unit at (128, 768, 3072), (128, 1024, 4096),
 //! (128, 3584, 3584), (64, 1024, 4096) and (64, 3072, 3072); over 56 corpus
@@ -120,5 +120,24 @@ mod tests {
         assert_ne!(run(64, 132 * 64 + 8, 3072), Some(few));
         assert_eq!(run(128, 66 * 64, 3072), Some(few));
         assert_ne!(run(128, 66 * 64 + 8, 3072), Some(few));
+    }
+
+    /// A config may name a few-M tile only where the sm90 launchers run
+    /// one: 16-bit, B [N, K], not gated.
+    #[test]
+    fn a_config_names_a_few_m_tile_only_where_it_runs() {
+        use crate::select::{ConfigSource, check_config};
+        let source = ConfigSource {
+            file: "table.json".into(),
+            entry: "gemm".into(),
+        };
+        let plain = kind("gemm", WeightLayout::NK, false);
+        let config = with_few_m(&shipped(&plain), Arch::Sm90, &plain);
+        assert!(check_config(&config, &source, Arch::Sm90, &plain).is_ok());
+        let kn = kind("gemm", WeightLayout::KN, false);
+        let error = check_config(&config, &source, Arch::Sm90, &kn).unwrap_err();
+        assert!(error.to_string().contains("few_m"), "{error}");
+        let gated = kind("gemm_silu_glu", WeightLayout::NK, true);
+        assert!(check_config(&config, &source, Arch::Sm90, &gated).is_err());
     }
 }

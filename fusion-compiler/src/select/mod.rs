@@ -177,9 +177,10 @@ pub struct KernelConfig {
     /// A 64-row tile the sm90 launcher runs after the decode kernel and
     /// ahead of the other tiers wherever its tiles make one wave, in one
     /// row or, where K is at most [`FEW_M_DEEP_K`], two (`few_m_runs` in
-    /// gemm.cuh). The selection gives every sm90 GEMM of 16-bit elements
-    /// with B [N, K], not gated, a 64x64 one ([`few_m_tile`]); a table or
-    /// candidate list may name another.
+    /// gemm.cuh), ahead of `by_m` too. The selection gives every sm90 GEMM
+    /// of 16-bit elements with B [N, K], not gated, a 64x64 one
+    /// ([`few_m_tile`]); a table or candidate list may name another for
+    /// such a GEMM.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub few_m: Option<TileConfig>,
 }
@@ -393,7 +394,7 @@ pub fn select_tuned(
     // table's.
     let fitted = fit_to_n(shipped.clone(), arch, kernel, n);
     let Some((tuned, tuned_origin)) = cache
-        .config_for(arch, kernel, n, k, &config)
+        .config_for(arch, kernel, n, k, &shipped.config)
         .or_else(|| model::select_by_model(cache.model.as_ref()?, arch, kernel, n, k, &fitted.config))
     else {
         return Ok(fitted);
@@ -476,8 +477,11 @@ pub fn check_config(
         (
             config.few_m,
             "few_m",
-            config.by_m.is_none(),
-            "`few_m` runs ahead of the tiers, which a config with `by_m` does not have",
+            arch == Arch::Sm90
+                && kernel.layout == WeightLayout::NK
+                && !kernel.gated
+                && !kernel.dtype.is_fp8(),
+            "`few_m` is a tile of the sm90 launchers of 16-bit GEMMs with B [N, K] that are not gated",
         ),
     ];
     if let Some(tiles) = &config.by_m {

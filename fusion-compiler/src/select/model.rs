@@ -247,7 +247,7 @@ pub fn choose_by_m(
         large_alt: None,
         decode_max_m: shipped.decode_max_m,
         by_m: Some(tiles),
-        few_m: None,
+        few_m: shipped.few_m,
     }
 }
 

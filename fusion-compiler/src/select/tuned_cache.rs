@@ -369,7 +369,8 @@ impl TunedCache {
     /// at least `shipped`'s); below the smallest bucket, when no bucket
     /// holds an M of `shipped`'s small tier and the buckets chose one tile,
     /// that small tier stays. Elsewhere the nearest measured bucket's tile
-    /// serves.
+    /// serves. `shipped.few_m` stays where no bucket holds an M it can run
+    /// (two rows of its tiles: up to 128).
     pub fn config_for(
         &self,
         arch: Arch,
@@ -409,7 +410,8 @@ impl TunedCache {
             large_alt: None,
             decode_max_m: shipped.decode_max_m,
             by_m: None,
-            few_m: None,
+            // The few-M tile runs at most two rows of its tiles.
+            few_m: shipped.few_m.filter(|few| buckets[0].0.min_m() > 2 * few.bm),
         };
         if let Some(last_small) = buckets.iter().rposition(|(_, tile)| *tile != large) {
             let small = &buckets[..=last_small];

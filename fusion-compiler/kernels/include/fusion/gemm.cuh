@@ -184,8 +184,9 @@ constexpr int64_t kFewMDeepK = 8192;
 // Whether a launch of an `m` x `n` output over `k` runs the few-M tile, a
 // 64-row tile offered ahead of the tiers: where its tiles make one wave on
 // the current device's SMs in one row, or in two where K is at most
-// kFewMDeepK. There the launch needs no split of K, whose partial tiles'
-// fix-ups cost more than they save at M = 64 and 128; deeper, two rows of
+// kFewMDeepK. There K is split over fewer CTAs or none, where the 64x128
+// tile's fewer tiles split it further and its partial tiles' fix-ups cost
+// more than they save at M = 64 and 128; deeper, two rows of
 // whole-K tiles load each k-block of B twice per column and lose to the
 // 64x128 tile with K split (benchmarks/HISTORY.md v34).
 template <typename Tile>

@@ -464,3 +464,24 @@ fn ms_the_cache_did_not_measure_keep_the_shipped_tiers() {
     let config = config_of(&[("m<=128", other_large), ("m>4096", other_large)]);
     assert_eq!((config.large, config.small_m), (other_large, None));
 }
+
+/// A cached config keeps the shipped few-M tile where none of its buckets
+/// holds an M that tile runs (two rows of 64: up to 128), and drops it
+/// where one does: those Ms run the tile the tuner measured.
+#[test]
+fn a_cached_config_keeps_the_few_m_tile_only_above_its_ms() {
+    let (large, few) = (sm90_tile(128, 256, 4), sm90_tile(64, 64, 8));
+    let kind = gemm_bias_gelu();
+    let shipped = KernelConfig {
+        few_m: Some(few),
+        ..shipped()
+    };
+    let above = cache_of(&[("m<=256", large), ("m>4096", large)]);
+    let (config, _) = above.config_for(Arch::Sm90, &kind, 3000, 1000, &shipped).unwrap();
+    assert_eq!(config.few_m, Some(few));
+    let measured = cache_of(&[("m<=128", large), ("m>4096", large)]);
+    let (config, _) = measured
+        .config_for(Arch::Sm90, &kind, 3000, 1000, &shipped)
+        .unwrap();
+    assert_eq!(config.few_m, None);
+}
