@@ -239,7 +239,7 @@ for step in $steps; do
       # FUSION_TILES_TIERS, FUSION_TILES_TOKENS and FUSION_TILES_SHARD (I/N
       # of the rows) split a long run over several.
       shard=(); [[ -n ${FUSION_TILES_SHARD:-} ]] && shard=(--shard "$FUSION_TILES_SHARD")
-      for tier in ${FUSION_TILES_TIERS:-large large_alt small_m small_m_alt}; do
+      for tier in ${FUSION_TILES_TIERS:-large large_alt small_m small_m_alt few_m}; do
         FUSION_GEMM_TILE=$tier run "tiles-$tier.log" ./fusion bench --corpus corpus.toml \
           --corpus-tokens "${FUSION_TILES_TOKENS:-128,512,2048}" "${shard[@]}" \
           --runs "${FUSION_TILES_RUNS:-10}" --json "$out/tiles-$tier.json"

@@ -43,6 +43,8 @@ pub const FUSION_GEMM_TILE_LARGE_ALT: u32 = 2;
 pub const FUSION_GEMM_TILE_SMALL_M: u32 = 3;
 /// A tile tier's code: `small_m_alt`.
 pub const FUSION_GEMM_TILE_SMALL_M_ALT: u32 = 4;
+/// A tile tier's code: the sm90 few-M tile, `few_m`.
+pub const FUSION_GEMM_TILE_FEW_M: u32 = 5;
 /// The most steps an elementwise launcher chains.
 pub const FUSION_ELEMENTWISE_MAX_STEPS: usize = 4;
 
@@ -225,6 +227,7 @@ mod tests {
             ("LARGE_ALT", FUSION_GEMM_TILE_LARGE_ALT),
             ("SMALL_M", FUSION_GEMM_TILE_SMALL_M),
             ("SMALL_M_ALT", FUSION_GEMM_TILE_SMALL_M_ALT),
+            ("FEW_M", FUSION_GEMM_TILE_FEW_M),
         ] {
             let line = format!("#define FUSION_GEMM_TILE_{name} {value}u\n");
             assert!(abi.contains(&line), "abi.h lacks `{}`", line.trim());

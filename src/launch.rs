@@ -1154,6 +1154,9 @@ pub enum GemmTile {
     SmallM,
     /// `small_m_alt`.
     SmallMAlt,
+    /// `few_m`: the sm90 few-M tile, which is not a table tier (not in
+    /// [`GemmTile::ALL`]).
+    FewM,
 }
 
 impl GemmTile {
@@ -1172,6 +1175,7 @@ impl GemmTile {
             GemmTile::LargeAlt => "large_alt",
             GemmTile::SmallM => "small_m",
             GemmTile::SmallMAlt => "small_m_alt",
+            GemmTile::FewM => "few_m",
         }
     }
 
@@ -1182,6 +1186,7 @@ impl GemmTile {
             GemmTile::LargeAlt => abi::FUSION_GEMM_TILE_LARGE_ALT,
             GemmTile::SmallM => abi::FUSION_GEMM_TILE_SMALL_M,
             GemmTile::SmallMAlt => abi::FUSION_GEMM_TILE_SMALL_M_ALT,
+            GemmTile::FewM => abi::FUSION_GEMM_TILE_FEW_M,
         }
     }
 }
@@ -1201,6 +1206,7 @@ fn gemm_tile_of(value: Option<&str>) -> Result<Option<GemmTile>> {
         None | Some("") => Ok(None),
         Some(name) => GemmTile::ALL
             .into_iter()
+            .chain([GemmTile::FewM])
             .find(|tier| tier.name() == name)
             .map(Some)
             .ok_or_else(|| gemm_tile_error(name)),
@@ -1212,8 +1218,8 @@ fn gemm_tile_error(value: &str) -> Error {
     Error::Setting {
         variable: "FUSION_GEMM_TILE",
         value: value.to_owned(),
-        expected: "large, large_alt, small_m or small_m_alt (the tuned tables' tiers), or unset for the launcher's \
-                   own choice",
+        expected: "large, large_alt, small_m or small_m_alt (the tuned tables' tiers), few_m (sm90's few-M tile), or \
+                   unset for the launcher's own choice",
     }
 }
 
@@ -1882,7 +1888,7 @@ mod tests {
     fn the_gemm_tile_setting_names_a_tier_or_nothing() {
         assert_eq!(gemm_tile_of(None).unwrap(), None);
         assert_eq!(gemm_tile_of(Some("")).unwrap(), None);
-        for tier in GemmTile::ALL {
+        for tier in GemmTile::ALL.into_iter().chain([GemmTile::FewM]) {
             assert_eq!(gemm_tile_of(Some(tier.name())).unwrap(), Some(tier));
         }
         let e = gemm_tile_of(Some("huge")).unwrap_err();

@@ -90,6 +90,9 @@ typedef struct fusion_gemm_params {
 #define FUSION_GEMM_TILE_LARGE_ALT 2u
 #define FUSION_GEMM_TILE_SMALL_M 3u
 #define FUSION_GEMM_TILE_SMALL_M_ALT 4u
+/* The sm90 few-M tile (64x64), which the launcher otherwise runs only
+ * where its tiles make one wave (fusion/gemm.cuh's few_m_runs). */
+#define FUSION_GEMM_TILE_FEW_M 5u
 /* fusion_gemm_params::flags: besides split-K where the tiles are fewer than
  * the SMs, share the last wave's tiles out over every CTA (stream-K) where
  * the tiles are more. Off by default: over the layer corpus's GEMMs on an

@@ -190,8 +190,10 @@ fn timed_rows(file: &str) -> (Option<String>, Vec<TimedRow>) {
         let tile = match named {
             Some(name) => {
                 let tiers = config.tiers();
+                let few_m = [("few_m", crate::select::few_m_tile(&config, Arch::Sm90, &kind))];
                 let (_, tile) = tiers
                     .iter()
+                    .chain(&few_m)
                     .find(|(tier, _)| *tier == name)
                     .unwrap_or_else(|| panic!("{file}: gemm_tile {name:?} is no tier"));
                 *tile

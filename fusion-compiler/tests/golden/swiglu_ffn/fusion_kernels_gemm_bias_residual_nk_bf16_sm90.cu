@@ -93,6 +93,8 @@ cudaError_t with_kernel(const fusion_gemm_params* p, F&& f) {
       return f(K<SmallTile>{});
     case FUSION_GEMM_TILE_SMALL_M_ALT:
       return f(K<SmallAltTile>{});
+    case FUSION_GEMM_TILE_FEW_M:
+      return f(K<FewMTile>{});
     default:
       break;
   }
