@@ -108,7 +108,8 @@ pub struct LoadedUnit {
 /// What one tile config of a unit asks for per block.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TileAsk {
-    /// `large`, `small_m`, `small_m_alt` or `decode`.
+    /// `large`, `large_alt`, `small_m`, `small_m_alt`, `few_m` or `decode`
+    /// (abi.h's `fusion_tile_resources`).
     pub tile: String,
     pub smem_bytes: u32,
     pub threads: u32,

@@ -586,7 +586,7 @@ void print_device(int& major, int& minor) {
 }
 
 void print_resources(const Unit& u) {
-  constexpr int kMaxTiles = 8;  // large, small_m, small_m_alt, decode, and room
+  constexpr int kMaxTiles = 8;  // large, large_alt, small_m, small_m_alt, few_m, decode, and room
   fusion_tile_resources tiles[kMaxTiles];
   const int count = u.resources(tiles, kMaxTiles);
   std::printf("  %s:", u.symbol);
