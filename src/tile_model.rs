@@ -169,14 +169,13 @@ pub(crate) mod tests {
     /// the launcher runs it; elsewhere the model's tier.
     #[test]
     fn the_few_m_tiles_calls_are_left_to_the_launcher() {
-        let few = TileModel {
+        let few: &'static TileModel = Box::leak(Box::new(TileModel {
             costs: costs(),
             units: Box::leak(Box::new([Some(UnitTiers {
                 few_m: Some(TileShape { bm: 64, bn: 64 }),
                 ..UNIT
             })])),
-        };
-        let few: &'static TileModel = Box::leak(Box::new(few));
+        }));
         // Two rows of 64x64 tiles, 64 columns: one wave of 128 tiles.
         assert_eq!(few.flags(0, 0, 128, 4096, 4096), 0);
         assert_eq!(few.flags(0, 0, 17, 4096, 4096), 0);

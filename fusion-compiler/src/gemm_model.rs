@@ -47,8 +47,12 @@ const K_BLOCK: u64 = 64;
 /// (`fusion::kGroupRows` in gemm.cuh; no shipped tile sets its own).
 const GROUP_ROWS: u64 = 8;
 
-/// The deepest K at which a unit's `few_m` tile runs two rows of its tiles;
-/// deeper, one (`kFewMDeepK` in gemm.cuh, [`few_m_runs`]).
+/// The most rows of its tiles a unit's `few_m` tile runs ([`few_m_runs`]).
+pub const FEW_M_MAX_ROWS: u64 = 2;
+
+/// The deepest K at which a unit's `few_m` tile runs [`FEW_M_MAX_ROWS`]
+/// rows of its tiles; deeper, one (`kFewMDeepK` in gemm.cuh,
+/// [`few_m_runs`]).
 pub const FEW_M_DEEP_K: u64 = 8192;
 
 /// Whether a launch of an `m` x `n` output (GEMM columns) over `k` on `sms`
@@ -57,7 +61,7 @@ pub const FEW_M_DEEP_K: u64 = 8192;
 /// K is at most [`FEW_M_DEEP_K`], make one wave.
 pub fn few_m_runs(tile: TileShape, m: u64, n: u64, k: u64, sms: u64) -> bool {
     let rows = m.div_ceil(u64::from(tile.bm));
-    if rows > 2 || (rows == 2 && k > FEW_M_DEEP_K) {
+    if rows > FEW_M_MAX_ROWS || (rows == FEW_M_MAX_ROWS && k > FEW_M_DEEP_K) {
         return false;
     }
     rows * n.div_ceil(u64::from(tile.bn)) <= sms
@@ -707,7 +711,10 @@ mod tests {
         for line in [
             format!("constexpr int64_t kFewMDeepK = {};\n", super::FEW_M_DEEP_K),
             "  const int64_t rows = (m + Tile::BM - 1) / Tile::BM;\n".to_owned(),
-            "  if (rows > 2 || (rows == 2 && k > kFewMDeepK)) return false;\n".to_owned(),
+            format!(
+                "  if (rows > {0} || (rows == {0} && k > kFewMDeepK)) return false;\n",
+                super::FEW_M_MAX_ROWS
+            ),
             "  return rows * ((n + Tile::BN - 1) / Tile::BN) <= detail::current_sm_count();\n".to_owned(),
         ] {
             assert!(header.contains(&line), "gemm.cuh lacks `{}`", line.trim());

@@ -303,8 +303,8 @@ fn tune_kernel(
     let shipped_table = TunedTable::shipped(arch).map_err(|e| e.to_string())?;
     // What a build with no cache gives this kernel at this N: the table's
     // tiles, its small-M alternative fitted to N where that applies
-    // (`fusion_compiler::select::fitted_width`), which is then a candidate
-    // too (below).
+    // (`fusion_compiler::select::fitted_width`) and its few-M tile, which
+    // are then candidates too (below).
     let shipped = fusion_compiler::select::select_tuned(
         &shipped_table,
         &fusion_compiler::select::TunedCache::default(),

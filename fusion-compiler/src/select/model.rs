@@ -17,6 +17,7 @@
 //! Not here: which candidates a kernel may run (the tuned table's tiles for
 //! its kind, [`super::select`]) and what the build renders from the choice.
 
+use crate::gemm_model::few_m_runs;
 pub use crate::gemm_model::{
     Costs, GemmShape, SM90_SMS, Split, Splits, TIERS, TierChoice, TileShape, UNKNOWNS, UnitTiers, Work,
     bucket_of, counts, work,
@@ -328,7 +329,7 @@ impl KernelConfig {
         }
         if let Some(tile) = self
             .few_m
-            .filter(|tile| super::super::gemm_model::few_m_runs(TileShape::of(tile), m, n, k, sms))
+            .filter(|tile| few_m_runs(TileShape::of(tile), m, n, k, sms))
         {
             return Some(tile);
         }

@@ -30,6 +30,7 @@
 
 use super::{Arch, ConfigSource, KernelConfig, KernelKind, TileConfig};
 use crate::fuse::pattern::parse_composed_name;
+use crate::gemm_model::FEW_M_MAX_ROWS;
 use crate::ir::{DType, WeightLayout};
 use indexmap::IndexMap;
 use std::collections::{BTreeMap, BTreeSet};
@@ -410,8 +411,9 @@ impl TunedCache {
             large_alt: None,
             decode_max_m: shipped.decode_max_m,
             by_m: None,
-            // The few-M tile runs at most two rows of its tiles.
-            few_m: shipped.few_m.filter(|few| buckets[0].0.min_m() > 2 * few.bm),
+            few_m: shipped
+                .few_m
+                .filter(|few| u64::from(buckets[0].0.min_m()) > FEW_M_MAX_ROWS * u64::from(few.bm)),
         };
         if let Some(last_small) = buckets.iter().rposition(|(_, tile)| *tile != large) {
             let small = &buckets[..=last_small];
